@@ -1,0 +1,156 @@
+"""Bind MLX's BLAS to an optimized OpenBLAS on Linux, before `mlx.core` is imported.
+
+The Linux `mlx-cpu` wheel links the single-threaded netlib reference BLAS, which makes every
+fp32 matmul compute-bound and speculative decoding pointless. MLX resolves `cblas_sgemm`,
+`cblas_dgemm` and `cblas_cgemm` dynamically, so a library loaded with RTLD_GLOBAL first wins.
+
+Routes, in order: a system OpenBLAS (Debian `libopenblas0-pthread`), else the pip wheel
+`scipy-openblas32` through a tiny C shim (its symbols carry a `scipy_` prefix) compiled once
+into the user cache. `DFLASH2_BLAS=stock` opts out. No effect on macOS (Accelerate is used).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import sysconfig
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+_SHIM_SOURCE = r"""
+/* Forward MLX's unprefixed CBLAS calls to scipy-openblas32's prefixed ones. */
+extern void scipy_cblas_sgemm(int, int, int, int, int, int, float, const float *, int,
+                              const float *, int, float, float *, int);
+extern void scipy_cblas_dgemm(int, int, int, int, int, int, double, const double *, int,
+                              const double *, int, double, double *, int);
+extern void scipy_cblas_cgemm(int, int, int, int, int, int, const void *, const void *, int,
+                              const void *, int, const void *, void *, int);
+void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const float *a, int lda,
+                 const float *b, int ldb, float be, float *c, int ldc) {
+  scipy_cblas_sgemm(o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
+}
+void cblas_dgemm(int o, int ta, int tb, int m, int n, int k, double al, const double *a, int lda,
+                 const double *b, int ldb, double be, double *c, int ldc) {
+  scipy_cblas_dgemm(o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
+}
+void cblas_cgemm(int o, int ta, int tb, int m, int n, int k, const void *al, const void *a,
+                 int lda, const void *b, int ldb, const void *be, void *c, int ldc) {
+  scipy_cblas_cgemm(o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
+}
+"""
+
+
+@dataclass(frozen=True)
+class BlasInfo:
+    """What BLAS MLX's CPU matmuls use in this process."""
+
+    route: str  # "accelerate" | "system-openblas" | "scipy-openblas" | "stock"
+    library: str | None
+    note: str = ""
+
+    @property
+    def optimized(self) -> bool:
+        return self.route != "stock"
+
+
+_INFO: BlasInfo | None = None
+_HANDLES: list[ctypes.CDLL] = []
+
+
+def cache_root() -> Path:
+    """The user cache folder of dflash2 (DFLASH2_HOME, else XDG cache)."""
+    if os.environ.get("DFLASH2_HOME"):
+        return Path(os.environ["DFLASH2_HOME"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "dflash2"
+
+
+def _system_openblas() -> str | None:
+    try:
+        out = subprocess.run(
+            ["ldconfig", "-p"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    found = [line.split("=>")[-1].strip() for line in out.splitlines() if "libopenblas" in line]
+    # Prefer the pthread build: it exports the cblas_* names MLX wants.
+    found.sort(key=lambda p: ("pthread" not in p, "openmp" in p, p))
+    return found[0] if found else None
+
+
+def _scipy_openblas_shim() -> str | None:
+    try:
+        import scipy_openblas32  # type: ignore
+    except ImportError:
+        return None
+    lib_dir = Path(scipy_openblas32.get_lib_dir())
+    libs = sorted(lib_dir.glob("libscipy_openblas*.so*"))
+    if not libs:
+        return None
+    lib = libs[0]
+    key = hashlib.sha256((_SHIM_SOURCE + str(lib) + platform.machine()).encode()).hexdigest()[:16]
+    shim = cache_root() / "blas" / f"cblas_shim_{key}.so"
+    if not shim.exists():
+        shim.parent.mkdir(parents=True, exist_ok=True)
+        src = shim.with_suffix(".c")
+        src.write_text(_SHIM_SOURCE)
+        cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+        tmp = shim.with_suffix(f".{os.getpid()}.tmp")
+        cmd = [
+            *cc.split()[:1], "-O2", "-shared", "-fPIC", str(src), "-o", str(tmp),
+            f"-L{lib.parent}", f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}",
+        ]
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise RuntimeError(f"could not compile the OpenBLAS shim ({' '.join(cmd)}): {exc}")
+        os.replace(tmp, shim)
+    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)  # the shim's dependency, loaded first
+    return str(shim)
+
+
+def bind(mode: str | None = None) -> BlasInfo:
+    """Bind an optimized BLAS once per process; later calls return the first result."""
+    global _INFO
+    if _INFO is not None:
+        return _INFO
+    mode = (mode or os.environ.get("DFLASH2_BLAS", "auto")).strip().lower()
+    if sys.platform == "darwin":
+        _INFO = BlasInfo("accelerate", None)
+        return _INFO
+    if mode == "stock":
+        _INFO = BlasInfo("stock", None, "DFLASH2_BLAS=stock: reference BLAS kept by request")
+        return _INFO
+    if mode not in ("auto", "openblas"):
+        warnings.warn(f"DFLASH2_BLAS={mode!r} is not one of auto, openblas, stock; using auto")
+    late = "mlx.core" in sys.modules
+    errors = []
+    for route, find in (("system-openblas", _system_openblas), ("scipy-openblas", _scipy_openblas_shim)):
+        try:
+            path = find()
+        except Exception as exc:  # noqa: BLE001 - report and try the next route
+            errors.append(f"{route}: {exc}")
+            continue
+        if path is None:
+            continue
+        try:
+            _HANDLES.append(ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
+        except OSError as exc:
+            errors.append(f"{route}: {exc}")
+            continue
+        note = "bound after mlx.core was imported: may not take effect" if late else ""
+        _INFO = BlasInfo(route, path, note)
+        return _INFO
+    why = "; ".join(errors) or "no OpenBLAS found (pip install scipy-openblas32, or apt install libopenblas0-pthread)"
+    warnings.warn(f"dflash2: using MLX's slow reference BLAS ({why})", stacklevel=2)
+    _INFO = BlasInfo("stock", None, why)
+    return _INFO
+
+
+def info() -> BlasInfo:
+    return bind()

@@ -1,0 +1,110 @@
+"""Public entry points: pair a target with a drafter, generate text, report the runtime."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import mlx.core as mx
+
+from . import _blas
+from .checkpoint import load_drafter
+from .drafter.model import Drafter
+from .engine.events import GenerationStats, RoundEvent
+from .engine.loop import GenerationParams, Session, SpeculativeDecoder
+from .errors import CompatibilityError
+from .target.adapter import TargetAdapter
+
+
+def check_compatible(adapter: TargetAdapter, drafter: Drafter) -> None:
+    """Raise CompatibilityError if the drafter cannot run on this target."""
+    cfg = drafter.config
+    if cfg.hidden_size != adapter.hidden_size:
+        raise CompatibilityError(
+            f"drafter hidden_size {cfg.hidden_size} != target hidden size {adapter.hidden_size}: "
+            "a drafter shares the target's embedding and LM head, so they must match"
+        )
+    if cfg.vocab_size != adapter.vocab_size:
+        raise CompatibilityError(
+            f"drafter vocab_size {cfg.vocab_size} != target vocabulary {adapter.vocab_size}"
+        )
+    if not 0 <= cfg.mask_token_id < adapter.vocab_size:
+        raise CompatibilityError(
+            f"drafter mask_token_id {cfg.mask_token_id} is outside the target vocabulary"
+        )
+
+
+@dataclass
+class Pair:
+    """A target model, its tokenizer and a drafter, ready to generate."""
+
+    model: Any
+    tokenizer: Any
+    drafter: Drafter
+    decoder: SpeculativeDecoder
+
+    @classmethod
+    def from_models(cls, model, tokenizer, drafter: Drafter, prefill_chunk: int = 512) -> "Pair":
+        adapter = TargetAdapter(model, drafter.config.target_layer_ids)
+        check_compatible(adapter, drafter)
+        return cls(model, tokenizer, drafter, SpeculativeDecoder(adapter, drafter, prefill_chunk))
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        ids = getattr(self.tokenizer, "eos_token_ids", None) or []
+        return frozenset(int(i) for i in ids)
+
+    def new_session(self) -> Session:
+        return self.decoder.new_session()
+
+    def stream(self, prompt_ids, params: GenerationParams, session: Session | None = None
+               ) -> Iterator[RoundEvent]:
+        if not params.stop_token_ids:
+            params = GenerationParams(params.max_tokens, params.sampling, params.block_size,
+                                      params.speculative, self.eos_ids)
+        return self.decoder.stream(prompt_ids, params, session)
+
+    def generate(self, prompt_ids, params: GenerationParams, session: Session | None = None
+                 ) -> tuple[list[int], GenerationStats]:
+        stats = GenerationStats()
+        out: list[int] = []
+        for ev in self.stream(prompt_ids, params, session):
+            stats.add(ev)
+            out.extend(ev.tokens)
+        return out, stats
+
+
+def load_pair(target: str | Path, drafter: str | Path, *, dtype: str | None = None,
+              offline: bool = False) -> Pair:
+    """Load an mlx-lm target (folder or repo id) and a DFlash / DFlash2 drafter."""
+    from mlx_lm import load as load_target
+
+    model, tokenizer = load_target(str(target))
+    adapter_probe = TargetAdapter(model, ())
+    weight_dtype = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}.get(
+        dtype or "", adapter_probe.embed_tokens(mx.array([[0]])).dtype)
+    d = load_drafter(drafter, dtype=weight_dtype, offline=offline)
+    return Pair.from_models(model, tokenizer, d)
+
+
+def doctor() -> dict[str, Any]:
+    """Backend, device, BLAS in use and versions."""
+    import mlx_lm
+
+    blas = _blas.info()
+    metal = bool(getattr(mx, "metal", None) and mx.metal.is_available())
+    return {
+        "platform": f"{platform.system()} {platform.machine()}",
+        "python": sys.version.split()[0],
+        "mlx": getattr(mx, "__version__", "?"),
+        "mlx_lm": getattr(mlx_lm, "__version__", "?"),
+        "device": str(mx.default_device()),
+        "metal": metal,
+        "blas": blas.route,
+        "blas_library": blas.library,
+        "blas_note": blas.note,
+        "cache_dir": str(_blas.cache_root()),
+    }

@@ -1,0 +1,202 @@
+"""Load and save drafters in the official Hugging Face format, with strict validation.
+
+Format: config.json + *.safetensors with the tensor names of z-lab's checkpoints (no prefix,
+no embedding / LM head; DFlash2 codebooks are raw tensors without a ".weight" suffix).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Iterable
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from .config import DrafterConfig
+from .drafter.model import Drafter
+from .errors import CheckpointError, ConfigError
+
+WEIGHTS_NAME = "model.safetensors"
+
+
+def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of an official checkpoint with its shape (no allocation)."""
+    h, d, i_sz = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    shapes = {
+        "fc.weight": (h, len(cfg.target_layer_ids) * h),
+        "hidden_norm.weight": (h,),
+        "norm.weight": (h,),
+    }
+    for n in range(cfg.num_hidden_layers):
+        p = f"layers.{n}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "self_attn.q_norm.weight": (d,),
+            p + "self_attn.k_norm.weight": (d,),
+            p + "mlp.gate_proj.weight": (i_sz, h),
+            p + "mlp.up_proj.weight": (i_sz, h),
+            p + "mlp.down_proj.weight": (h, i_sz),
+        })
+        if cfg.attention_bias:
+            shapes.update({
+                p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                p + "self_attn.v_proj.bias": (kv,), p + "self_attn.o_proj.bias": (h,),
+            })
+        if cfg.version == 2:
+            t, g = cfg.conv_kernel_size, cfg.conv_groups
+            for conv in ("attention_conv", "mlp_conv"):
+                shapes[p + f"{conv}.base_kernel"] = (2, t, h)
+                shapes[p + f"{conv}.kernel_projection.weight"] = (2 * t * g, h)
+    if cfg.version == 2:
+        r, v = cfg.selector_rank, cfg.vocab_size
+        shapes.update({
+            "candidate_selector.hidden_projection.weight": (r, h),
+            "candidate_selector.predecessor_codebook": (v, r),
+            "candidate_selector.successor_codebook": (v, r),
+        })
+    return shapes
+
+
+def parameter_count(cfg: DrafterConfig) -> int:
+    return sum(math.prod(s) for s in expected_shapes(cfg).values())
+
+
+def _canonical_name(name: str) -> str:
+    if name.startswith("model."):
+        name = name[len("model."):]
+    for book in ("predecessor_codebook", "successor_codebook"):
+        if name == f"candidate_selector.{book}.weight":
+            return f"candidate_selector.{book}"
+    return name
+
+
+def check_weights(cfg: DrafterConfig, weights: dict[str, mx.array], source: str) -> dict[str, mx.array]:
+    """Rename tolerated variants, then demand exactly the expected tensors and shapes."""
+    renamed: dict[str, mx.array] = {}
+    for name, value in weights.items():
+        canon = _canonical_name(name)
+        if canon in renamed:
+            raise CheckpointError(f"{source}: tensor '{name}' appears twice (as '{canon}')")
+        renamed[canon] = value
+    expected = expected_shapes(cfg)
+    missing = sorted(set(expected) - set(renamed))
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise CheckpointError(
+            f"{source}: missing tensor {', '.join(repr(m) for m in missing[:5])}{more} "
+            f"for a {cfg.architecture} with {cfg.num_hidden_layers} layers"
+        )
+    unexpected = sorted(set(renamed) - set(expected))
+    if unexpected:
+        more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
+        raise CheckpointError(
+            f"{source}: unexpected tensor {', '.join(repr(u) for u in unexpected[:5])}{more} "
+            f"for a {cfg.architecture}"
+        )
+    for name, shape in expected.items():
+        found = tuple(renamed[name].shape)
+        if found != shape:
+            raise CheckpointError(
+                f"{source}: tensor '{name}' has shape {list(found)}, expected {list(shape)}"
+            )
+    return renamed
+
+
+def resolve_folder(path_or_repo: str | Path, revision: str | None = None, offline: bool = False) -> Path:
+    """A local folder, or a Hugging Face repo id fetched with only *.json / *.safetensors."""
+    path = Path(path_or_repo).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: expected a drafter folder, found a file")
+        return path
+    text = str(path_or_repo)
+    if text.startswith((".", "/", "~")) or text.count("/") != 1:
+        raise CheckpointError(f"{text}: no such folder (and not a Hugging Face repo id 'owner/name')")
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError as exc:  # pragma: no cover - a declared dependency
+        raise CheckpointError(f"{text}: huggingface_hub is needed to download it ({exc})")
+    try:
+        return Path(snapshot_download(
+            text, revision=revision, allow_patterns=["*.json", "*.safetensors"],
+            local_files_only=offline,
+        ))
+    except LocalEntryNotFoundError:
+        raise CheckpointError(
+            f"{text}: not in the local Hugging Face cache and the hub cannot be reached "
+            "(offline?). Download it once with network access, or pass a local folder."
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - hub errors are many; report them plainly
+        raise CheckpointError(f"{text}: download failed: {type(exc).__name__}: {exc}") from None
+
+
+def read_config(folder: Path, mask_token_id: int | None = None) -> DrafterConfig:
+    cfg_path = folder / "config.json"
+    if not cfg_path.exists():
+        raise CheckpointError(f"{folder}: config.json is missing")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{cfg_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+    return DrafterConfig.from_dict(raw, str(cfg_path), mask_token_id=mask_token_id)
+
+
+def read_weights(folder: Path) -> dict[str, mx.array]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder}: no *.safetensors file")
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        try:
+            weights.update(mx.load(str(f)))
+        except Exception as exc:  # noqa: BLE001
+            raise CheckpointError(f"{f}: cannot read safetensors: {exc}") from None
+    return weights
+
+
+def load_drafter(
+    path_or_repo: str | Path,
+    *,
+    dtype: mx.Dtype | None = None,
+    mask_token_id: int | None = None,
+    revision: str | None = None,
+    offline: bool = False,
+) -> Drafter:
+    """Load an official DFlash / DFlash2 drafter; the result still needs `bind()` to a target."""
+    folder = resolve_folder(path_or_repo, revision, offline)
+    cfg = read_config(folder, mask_token_id)
+    weights = check_weights(cfg, read_weights(folder), str(folder))
+    if dtype is not None:
+        weights = {k: v.astype(dtype) for k, v in weights.items()}
+    model = Drafter(cfg)
+    model.load_weights(list(weights.items()), strict=True)
+    model.eval()
+    mx.eval(model.parameters())
+    return model
+
+
+def save_drafter(model: Drafter, folder: str | Path, dtype: mx.Dtype | None = None,
+                 extra_files: Iterable[tuple[str, str]] = ()) -> Path:
+    """Write config.json + model.safetensors in the official format."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    params = dict(tree_flatten(model.parameters()))
+    check_weights(model.config, params, f"{type(model).__name__} parameters")
+    if dtype is not None:
+        params = {k: v.astype(dtype) for k, v in params.items()}
+    cfg = model.config.to_dict()
+    cfg["dtype"] = str(next(iter(params.values())).dtype).replace("mlx.core.", "")
+    mx.save_safetensors(str(folder / WEIGHTS_NAME), params, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    for name, text in extra_files:
+        (folder / name).write_text(text)
+    return folder

@@ -1,0 +1,106 @@
+"""KV-injection attention of the drafter, with its context cache.
+
+Block queries attend to [cached context ; new context ; block] keys. Context rows come from
+the target's fused features and are cached per layer; block rows are recomputed every round.
+Full-attention layers see everything (bidirectional block); sliding layers see context keys
+less than `window` positions back; causal layers (explicit `is_causal`, or sliding by default)
+see block keys at or before the query.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class ContextCache:
+    """Roped context K/V of one drafter layer. `offset` = absolute position of the next row.
+
+    With a window, only the last `window - 1` rows are kept: no block query can see further.
+    """
+
+    def __init__(self, window: int | None = None):
+        self.keep = None if window is None else window - 1
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.offset = 0
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def append(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if self.keys is not None:
+            keys = mx.concatenate([self.keys, keys], axis=2)
+            values = mx.concatenate([self.values, values], axis=2)
+        if self.keep is not None and keys.shape[2] > self.keep:
+            keys, values = keys[:, :, -self.keep:], values[:, :, -self.keep:]
+        self.keys, self.values = keys, values
+        return keys, values
+
+    def trim(self, n: int) -> None:
+        """Forget the last n positions (rows already outside the window are not restored)."""
+        n = min(n, self.offset)
+        self.offset -= n
+        drop = min(n, self.length)
+        if drop:
+            self.keys, self.values = self.keys[:, :, :-drop], self.values[:, :, :-drop]
+
+    @property
+    def state(self):
+        return self.keys, self.values
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
+                 bias: bool, causal: bool, window: int | None):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.scale = head_dim ** -0.5
+        self.causal, self.window = causal, window
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        self.q_norm = nn.RMSNorm(head_dim, eps=eps)
+        self.k_norm = nn.RMSNorm(head_dim, eps=eps)
+
+    def _kv(self, x: mx.array, rope, offset: int):
+        b, n, _ = x.shape
+        k = self.k_norm(self.k_proj(x).reshape(b, n, self.kv_heads, -1)).transpose(0, 2, 1, 3)
+        v = self.v_proj(x).reshape(b, n, self.kv_heads, -1).transpose(0, 2, 1, 3)
+        return rope(k, offset=offset), v
+
+    def mask(self, ctx_len: int, length: int):
+        """Boolean [L, ctx_len + L] visibility, or None when everything is visible."""
+        if not self.causal and self.window is None:
+            return None
+        q = mx.arange(length)[:, None]
+        k = mx.arange(ctx_len + length)[None, :]
+        in_block = k >= ctx_len
+        block_ok = (k - ctx_len <= q) if self.causal else in_block
+        ctx_ok = ~in_block
+        if self.window is not None:
+            ctx_ok = ctx_ok & ((ctx_len + q) - k < self.window)
+        return (in_block & block_ok) | ctx_ok
+
+    def __call__(self, x: mx.array, ctx: mx.array, rope, cache: ContextCache) -> mx.array:
+        """x [B, L, H] block rows at positions cache.offset + S ...; ctx [B, S, H] new context."""
+        b, length, _ = x.shape
+        s = ctx.shape[1]
+        if cache.keep is not None and s > cache.keep:  # rows no query can see: skip them
+            cache.offset += s - cache.keep
+            ctx, s = ctx[:, -cache.keep:], cache.keep
+        start = cache.offset
+        ck, cv = self._kv(ctx, rope, start)
+        cache.offset += s
+        ctx_k, ctx_v = cache.append(ck, cv)
+        bk, bv = self._kv(x, rope, cache.offset)
+        q = self.q_norm(self.q_proj(x).reshape(b, length, self.heads, -1)).transpose(0, 2, 1, 3)
+        q = rope(q, offset=cache.offset)
+        keys = mx.concatenate([ctx_k, bk], axis=2)
+        values = mx.concatenate([ctx_v, bv], axis=2)
+        out = mx.fast.scaled_dot_product_attention(
+            q, keys, values, scale=self.scale, mask=self.mask(ctx_k.shape[2], length)
+        )
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))

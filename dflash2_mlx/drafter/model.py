@@ -1,0 +1,140 @@
+"""DFlash (v1) and DFlash2 drafters.
+
+A small non-causal Qwen3-style transformer that drafts a whole block in one pass. Its input is
+[anchor, MASK, ...] embedded with the target's frozen table; the target's captured layer
+features, fused by `fc` + `hidden_norm`, are injected as extra keys/values in every layer; the
+final-normed rows go through the target's LM head. DFlash2 wraps each sublayer in a grouped
+dynamic conv and re-ranks the top-K candidates with a low-rank pair selector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.rope_utils import initialize_rope
+
+from ..config import DrafterConfig
+from .attention import ContextCache, DrafterAttention
+from .conv import GroupedDynamicConv
+from .selector import CandidateSelector, SelectorOutput
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig, i: int):
+        super().__init__()
+        h = cfg.hidden_size
+        self.self_attn = DrafterAttention(
+            h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+            cfg.rms_norm_eps, cfg.attention_bias, cfg.layer_is_causal(i), cfg.layer_window(i),
+        )
+        self.mlp = MLP(h, cfg.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
+        if cfg.version == 2:
+            self.attention_conv = GroupedDynamicConv(h, cfg.conv_kernel_size, cfg.conv_group_size)
+            self.mlp_conv = GroupedDynamicConv(h, cfg.conv_kernel_size, cfg.conv_group_size)
+        self.conv = cfg.version == 2
+
+    def __call__(self, x: mx.array, ctx: mx.array, rope, cache: ContextCache) -> mx.array:
+        attend = lambda u: self.self_attn(u, ctx, rope, cache)  # noqa: E731
+        x = x + self._sublayer(self.input_layernorm(x), attend, "attention_conv")
+        return x + self._sublayer(self.post_attention_layernorm(x), self.mlp, "mlp_conv")
+
+    def _sublayer(self, u: mx.array, fn: Callable, conv_name: str) -> mx.array:
+        if not self.conv:
+            return fn(u)
+        conv: GroupedDynamicConv = getattr(self, conv_name)
+        u, dyn = conv.prepare(u)
+        return conv.finish(fn(u), dyn)
+
+
+@dataclass(frozen=True)
+class TargetBinding:
+    """The target's frozen embedding and LM head, held by reference (not drafter parameters)."""
+
+    embed: Callable[[mx.array], mx.array]
+    head: Callable[[mx.array], mx.array]
+    embed_scale: float = 1.0
+
+
+class Drafter(nn.Module):
+    """DFlash (version 1) or DFlash2 (version 2) drafter, per `config.version`."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.fc = nn.Linear(len(config.target_layer_ids) * h, h, bias=False)
+        self.hidden_norm = nn.RMSNorm(h, eps=config.rms_norm_eps)
+        self.layers = [DrafterLayer(config, i) for i in range(config.num_hidden_layers)]
+        self.norm = nn.RMSNorm(h, eps=config.rms_norm_eps)
+        if config.version == 2:
+            self.candidate_selector = CandidateSelector(
+                h, config.vocab_size, config.selector_rank, config.selector_top_k
+            )
+        self._rope = initialize_rope(
+            config.head_dim, config.rope_theta, False, config.rope_scaling,
+            config.max_position_embeddings,
+        )
+        self._target: TargetBinding | None = None
+
+    # ------------------------------------------------------------------ binding
+    def bind(self, binding: TargetBinding) -> "Drafter":
+        self._target = binding
+        return self
+
+    @property
+    def target(self) -> TargetBinding:
+        if self._target is None:
+            raise RuntimeError("drafter is not bound to a target (call bind())")
+        return self._target
+
+    def make_cache(self) -> list[ContextCache]:
+        return [ContextCache(self.config.layer_window(i)) for i in range(len(self.layers))]
+
+    # ------------------------------------------------------------------ forward
+    def context(self, features: mx.array) -> mx.array:
+        """Fused target features [B, S, N_f*H] -> context rows [B, S, H]."""
+        return self.hidden_norm(self.fc(features))
+
+    def hidden(self, block_ids: mx.array, features: mx.array, cache: list[ContextCache]) -> mx.array:
+        """Block ids [B, L] at positions cache.offset + S ..., new features [B, S, N_f*H]
+        for the S positions just before the block -> final-normed hidden [B, L, H].
+        Appends the new context rows to `cache`."""
+        t = self.target
+        x = t.embed(block_ids) * (t.embed_scale * self.config.input_embedding_scale)
+        ctx = self.context(features)
+        for layer, c in zip(self.layers, cache):
+            x = layer(x, ctx, self._rope, c)
+        return self.norm(x)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        z = self.target.head(hidden)
+        if self.config.output_multiplier != 1.0:
+            z = z * self.config.output_multiplier
+        cap = self.config.final_logit_softcapping
+        if cap:
+            z = mx.tanh(z / cap) * cap
+        return z
+
+    def __call__(self, block_ids, features, cache):
+        return self.logits(self.hidden(block_ids, features, cache))
+
+    def select(self, hidden: mx.array, logits: mx.array, anchor: mx.array,
+               temperature: float = 0.0, key: mx.array | None = None) -> SelectorOutput:
+        """DFlash2 path selection for one block's drafted rows (hidden [γ, H], logits [γ, V])."""
+        return self.candidate_selector.select(hidden, logits, anchor, temperature, key)

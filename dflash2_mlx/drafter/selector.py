@@ -1,0 +1,93 @@
+"""DFlash2 candidate path selector (pure-MLX reference).
+
+Per drafted row t: top-K candidates C_t of the unary logits U_t, a projected hidden
+h_t = W_H n_t (rank r), and pair scores S_t[a, b] = U_t[C_t[b]] + sum_j A[a, j] h_t[j] B[C_t[b], j]
+for each predecessor a (the anchor for t = 1, else the K candidates of row t-1). The whole
+[γ, K, K] lattice is computed in one vectorised pass; only the walk is sequential and it stays
+on device (no host sync).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+@dataclass
+class SelectorOutput:
+    tokens: mx.array  # [γ] chosen ids
+    candidates: mx.array  # [γ, K] candidate ids
+    q: mx.array | None  # [γ, K] walk probabilities (sampling), None when greedy
+
+
+def pair_scores(
+    unary: mx.array, hidden: mx.array, pred_rows: mx.array, succ_rows: mx.array
+) -> mx.array:
+    """unary [γ, K]; hidden [γ, r]; pred_rows [γ, P, r]; succ_rows [γ, K, r] -> [γ, P, K] (fp32).
+
+    Reference op; the Metal kernel in metal/pair_scores.metal has this signature.
+    """
+    weighted = pred_rows.astype(mx.float32) * hidden.astype(mx.float32)[:, None, :]
+    edges = weighted @ succ_rows.astype(mx.float32).swapaxes(-1, -2)
+    return unary.astype(mx.float32)[:, None, :] + edges
+
+
+def walk(lattice: mx.array, temperature: float, key: mx.array | None = None):
+    """Walk the lattice: row 0 has one predecessor (the anchor), row t>0 indexes by the
+    previous choice. Returns (choice indices [γ], q [γ, K] or None)."""
+    gamma = lattice.shape[0]
+    keys = mx.random.split(key, gamma) if (temperature > 0 and key is not None) else None
+    prev = mx.array(0, dtype=mx.uint32)
+    picks, qs = [], []
+    for t in range(gamma):
+        scores = lattice[t, 0] if t == 0 else lattice[t][prev]
+        if temperature > 0:
+            logits = scores / temperature
+            q = mx.softmax(logits, axis=-1)
+            choice = mx.random.categorical(logits, key=None if keys is None else keys[t])
+            qs.append(q)
+        else:
+            choice = mx.argmax(scores, axis=-1)
+        prev = choice.astype(mx.uint32)
+        picks.append(prev)
+    return mx.stack(picks), (mx.stack(qs) if qs else None)
+
+
+class CandidateSelector(nn.Module):
+    def __init__(self, hidden_size: int, vocab_size: int, rank: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
+        # Raw tensors, as in the official checkpoints (no ".weight" suffix).
+        self.predecessor_codebook = mx.random.normal((vocab_size, rank)) * 0.02
+        self.successor_codebook = mx.zeros((vocab_size, rank))
+
+    def candidates(self, logits: mx.array) -> tuple[mx.array, mx.array]:
+        """Top-K ids (unsorted, argpartition order) and their unary scores."""
+        k = min(self.top_k, logits.shape[-1])
+        ids = mx.argpartition(logits, -k, axis=-1)[..., -k:]
+        return ids, mx.take_along_axis(logits, ids, axis=-1)
+
+    def lattice(self, hidden: mx.array, logits: mx.array, anchor: mx.array):
+        """hidden [γ, H]; logits [γ, V]; anchor scalar id -> (candidates [γ, K], lattice [γ, K|1, K])."""
+        cand, unary = self.candidates(logits)
+        proj = self.hidden_projection(hidden)
+        k = cand.shape[-1]
+        preds = mx.concatenate(
+            [mx.broadcast_to(anchor.reshape(1, 1), (1, k)), cand[:-1]], axis=0
+        )
+        scores = pair_scores(
+            unary, proj, self.predecessor_codebook[preds], self.successor_codebook[cand]
+        )
+        return cand, scores
+
+    def select(
+        self, hidden: mx.array, logits: mx.array, anchor: mx.array,
+        temperature: float = 0.0, key: mx.array | None = None,
+    ) -> SelectorOutput:
+        cand, scores = self.lattice(hidden, logits, anchor)
+        idx, q = walk(scores, temperature, key)
+        tokens = mx.take_along_axis(cand, idx[:, None].astype(mx.int32), axis=-1)[:, 0]
+        return SelectorOutput(tokens, cand, q)

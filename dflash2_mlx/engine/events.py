@@ -1,0 +1,83 @@
+"""Per-round events and running statistics, shown live by the CLI, server and benchmarks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    tokens: list[int]  # committed this round (drafts accepted + bonus; the first event: 1 token)
+    drafted: int  # draft tokens proposed (0 for the prefill token or plain decoding)
+    accepted: int  # of those, accepted by the target
+    block_size: int  # L = anchor + drafted
+    draft_ms: float
+    verify_ms: float
+    finish_reason: str | None = None  # None while going on; "stop" | "length"
+    prefill: bool = False  # the event that carries the first token after prefill
+    prompt_tokens: int = 0  # tokens actually prefilled (after cache reuse), on the prefill event
+    reused_tokens: int = 0  # prompt tokens served from the session cache
+
+
+@dataclass
+class GenerationStats:
+    """Running totals over a generation (or a whole chat session)."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    committed: int = 0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    prefill_ms: float = 0.0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    histogram: Counter = field(default_factory=Counter)  # tokens committed per round -> rounds
+    last_round: int = 0
+
+    def add(self, ev: RoundEvent) -> None:
+        if ev.prefill:
+            self.prefill_ms += ev.verify_ms
+            self.prompt_tokens += ev.prompt_tokens
+            self.reused_tokens += ev.reused_tokens
+            self.committed += len(ev.tokens)
+            return
+        self.rounds += 1
+        self.drafted += ev.drafted
+        self.accepted += ev.accepted
+        self.committed += len(ev.tokens)
+        self.draft_ms += ev.draft_ms
+        self.verify_ms += ev.verify_ms
+        self.histogram[ev.accepted + 1] += 1
+        self.last_round = ev.accepted + 1
+
+    @property
+    def tau(self) -> float:
+        """Mean acceptance length per round, bonus token included (1 .. block size)."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def decode_ms(self) -> float:
+        return self.draft_ms + self.verify_ms
+
+    @property
+    def decode_tps(self) -> float:
+        """Tokens per second after the first token (rounds only)."""
+        n = self.committed - (1 if self.prefill_ms or self.prompt_tokens else 0)
+        return 1000.0 * n / self.decode_ms if self.decode_ms > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+            "committed": self.committed, "tau": round(self.tau, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "draft_ms": round(self.draft_ms, 3), "verify_ms": round(self.verify_ms, 3),
+            "prefill_ms": round(self.prefill_ms, 3), "prompt_tokens": self.prompt_tokens,
+            "reused_tokens": self.reused_tokens, "decode_tps": round(self.decode_tps, 3),
+            "histogram": {str(k): v for k, v in sorted(self.histogram.items())},
+        }

@@ -1,0 +1,112 @@
+"""Sampling filters and lossless (Leviathan) rejection sampling.
+
+The target distribution is p = filter(softmax(logits / T)) with, in order, top_k, top_p and
+min_p. Plain decoding samples from p; speculative decoding accepts a draft d with probability
+min(1, p(d) / q(d)) and otherwise samples the normalized residual max(p - q, 0), so every
+committed token follows p exactly. DFlash2's q lives on K candidates (sparse).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from ..errors import ParameterError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        checks = (
+            (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+             and self.temperature >= 0, "temperature must be a finite number >= 0"),
+            (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,
+             "top_k must be an int >= 0 (0 = off)"),
+            (isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1, "min_p must be in [0, 1)"),
+            (self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
+             "seed must be a non-negative int"),
+        )
+        for ok, msg in checks:
+            if not ok:
+                raise ParameterError(f"{msg}; got {self._describe()}")
+
+    def _describe(self) -> str:
+        return (f"temperature={self.temperature!r}, top_p={self.top_p!r}, top_k={self.top_k!r}, "
+                f"min_p={self.min_p!r}, seed={self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def filtered_probs(logits: mx.array, params: SamplingParams) -> mx.array:
+    """[..., V] logits -> [..., V] fp32 probabilities after temperature, top_k, top_p, min_p."""
+    scores = logits.astype(mx.float32) / params.temperature
+    vocab = scores.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = mx.sort(scores, axis=-1)[..., vocab - params.top_k][..., None]
+        scores = mx.where(scores >= kth, scores, -mx.inf)
+    probs = mx.softmax(scores, axis=-1)
+    if params.top_p < 1.0:
+        order = mx.argsort(-probs, axis=-1)
+        sorted_p = mx.take_along_axis(probs, order, axis=-1)
+        keep_sorted = (mx.cumsum(sorted_p, axis=-1) - sorted_p) < params.top_p
+        keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
+        probs = mx.where(keep, probs, 0.0)
+    if params.min_p > 0:
+        probs = mx.where(probs >= params.min_p * mx.max(probs, axis=-1, keepdims=True), probs, 0.0)
+    return probs / mx.sum(probs, axis=-1, keepdims=True)
+
+
+def sample(probs: mx.array, key: mx.array) -> mx.array:
+    """Draw one id per row of [..., V] probabilities."""
+    return mx.random.categorical(mx.log(probs), key=key)
+
+
+def pick(logits: mx.array, params: SamplingParams, key: mx.array) -> mx.array:
+    """Next token from [..., V] logits: argmax when greedy, else a draw from p."""
+    if params.greedy:
+        return mx.argmax(logits, axis=-1)
+    return sample(filtered_probs(logits, params), key)
+
+
+def rejection_sample(
+    drafts: mx.array,
+    p: mx.array,
+    q: mx.array,
+    candidates: mx.array | None,
+    key: mx.array,
+) -> tuple[int, int]:
+    """drafts [γ]; p [γ+1, V] target probs; q [γ, V] (dense) or [γ, K] over `candidates` [γ, K].
+    Returns (accepted count a, bonus token)."""
+    gamma = drafts.shape[0]
+    k_accept, k_bonus = mx.random.split(key)
+    p_d = mx.take_along_axis(p[:gamma], drafts[:, None], axis=-1)[:, 0]
+    if candidates is None:
+        q_d = mx.take_along_axis(q, drafts[:, None], axis=-1)[:, 0]
+    else:
+        q_d = mx.sum(mx.where(candidates == drafts[:, None], q, 0.0), axis=-1)
+    u = mx.random.uniform(shape=(gamma,), key=k_accept)
+    ok = (u * q_d < p_d).astype(mx.int32)
+    accepted = int(mx.sum(mx.cumprod(ok)).item())
+    if accepted == gamma:
+        return accepted, int(sample(p[gamma], k_bonus).item())
+    row = p[accepted]
+    if candidates is None:
+        residual = row - q[accepted]
+    else:
+        ids = candidates[accepted]
+        residual = mx.put_along_axis(row, ids, row[ids] - q[accepted], axis=-1)
+    residual = mx.maximum(residual, 0.0)
+    total = mx.sum(residual)
+    residual = mx.where(total > 0, residual / mx.maximum(total, 1e-30), row)
+    return accepted, int(sample(residual, k_bonus).item())

@@ -1,0 +1,141 @@
+"""One protocol over mlx-lm causal LMs: forward -> logits + captured layer features; rollback.
+
+Works with any mlx-lm model whose decoder stack is a `layers` list called as
+`layer(h, mask, cache)`: dense families (llama, qwen2/3, mistral, ...) and hybrid
+Gated-DeltaNet families (qwen3_5, qwen3_next). Attention caches roll back by trimming;
+recurrent caches by exact recomputation over the accepted prefix (see rollback.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+from ..drafter.model import TargetBinding
+from ..errors import CompatibilityError
+from .capture import Capture, tapped
+from .rollback import rollback_caches
+
+# Families whose logits are exactly head(inner(ids)); others are called whole.
+_PLAIN_HEAD_FAMILIES = {
+    "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next",
+}
+
+
+def _find_inner(model):
+    for path in ((), ("model",), ("language_model", "model"), ("language_model",)):
+        obj = model
+        try:
+            for name in path:
+                obj = getattr(obj, name)
+        except AttributeError:
+            continue
+        if hasattr(obj, "embed_tokens") and isinstance(getattr(obj, "layers", None), list):
+            return obj
+    raise CompatibilityError(
+        f"target {type(model).__module__}.{type(model).__name__}: cannot find its decoder "
+        "(a module with `embed_tokens` and a `layers` list)"
+    )
+
+
+def _model_type(model) -> str:
+    args = getattr(model, "args", None)
+    return str(getattr(model, "model_type", None) or getattr(args, "model_type", "") or "")
+
+
+@dataclass
+class Forward:
+    """One target forward: logits for the requested rows and the fused features of all rows."""
+
+    logits: mx.array  # [1, L or 1, V]
+    features: mx.array  # [1, L, N_f * H]
+    capture: Capture
+
+
+class TargetAdapter:
+    def __init__(self, model, layer_ids: Sequence[int]):
+        self.model = model
+        self.inner = _find_inner(model)
+        self.layers: list = self.inner.layers
+        self.layer_ids = tuple(int(i) for i in layer_ids)
+        n = len(self.layers)
+        bad = [i for i in self.layer_ids if not 0 <= i < n]
+        if bad:
+            raise CompatibilityError(
+                f"drafter target_layer_ids {list(self.layer_ids)}: {bad} out of range for a "
+                f"target with {n} layers (valid 0..{n - 1})"
+            )
+        self.embed_tokens = self.inner.embed_tokens
+        self.head = self._find_head()
+        self.model_type = _model_type(model)
+        self._plain_head = self.model_type in _PLAIN_HEAD_FAMILIES
+        self.hidden_size = int(self.embed_tokens(mx.array([[0]])).shape[-1])
+        self.vocab_size = int(self.embed_tokens.weight.shape[0])
+
+    def _find_head(self):
+        for owner in (self.model, getattr(self.model, "language_model", None)):
+            head = getattr(owner, "lm_head", None) if owner is not None else None
+            if head is not None:
+                return head
+        return self.embed_tokens.as_linear
+
+    def binding(self) -> TargetBinding:
+        return TargetBinding(self.embed_tokens, self.head, float(getattr(self.inner, "embed_scale", 1.0)))
+
+    # ------------------------------------------------------------------ caches
+    def make_cache(self) -> list:
+        caches = make_prompt_cache(self.model)
+        # A rotating cache cannot be rolled back once it wraps; a plain KV cache with the
+        # model's own window mask is exact and trimmable.
+        return [KVCache() if isinstance(c, RotatingKVCache) else c for c in caches]
+
+    @staticmethod
+    def _recurrent(cache: list) -> dict[int, Any]:
+        return {i: c for i, c in enumerate(cache) if not c.is_trimmable()}
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, ids: mx.array, cache: list, last_logits_only: bool = False) -> Forward:
+        """Run ids [1, L] through the target, extending `cache`."""
+        replay = {} if last_logits_only else self._recurrent(cache)
+        with tapped(self.layers, set(self.layer_ids), replay) as cap:
+            if self._plain_head:
+                hidden = self.inner(ids, cache=cache)
+                logits = self.head(hidden[:, -1:] if last_logits_only else hidden)
+            else:
+                logits = self.model(ids, cache=cache)
+                if last_logits_only:
+                    logits = logits[:, -1:]
+        features = mx.concatenate([cap.features[i] for i in self.layer_ids], axis=-1)
+        return Forward(logits, features, cap)
+
+    def prefill(self, ids: mx.array, cache: list, chunk: int = 512, keep_rows: int | None = None):
+        """Chunked prefill of ids [1, P] -> (last logits [1, 1, V], features of the last
+        `keep_rows` positions (all when None), index of the first kept row)."""
+        total = ids.shape[1]
+        kept: list[mx.array] = []
+        kept_rows = 0
+        start = 0
+        logits = None
+        while start < total:
+            end = min(start + chunk, total)
+            fwd = self.forward(ids[:, start:end], cache, last_logits_only=True)
+            kept.append(fwd.features)
+            kept_rows += end - start
+            if keep_rows is not None:
+                while kept and kept_rows - kept[0].shape[1] >= keep_rows:
+                    kept_rows -= kept.pop(0).shape[1]
+            logits = fwd.logits
+            mx.eval(logits, kept[-1], [c.state for c in cache])
+            start = end
+        features = mx.concatenate(kept, axis=1) if len(kept) > 1 else kept[0]
+        if keep_rows is not None and features.shape[1] > keep_rows:
+            features = features[:, -keep_rows:]
+        return logits, features, total - features.shape[1]
+
+    def rollback(self, cache: list, fwd: Forward, keep: int, length: int) -> None:
+        """Keep only the first `keep` of the `length` rows of the last forward in `cache`."""
+        if keep < length:
+            rollback_caches(cache, fwd.capture.replays, keep, length)

@@ -1,0 +1,100 @@
+"""Drafter building blocks: the dynamic conv, the selector lattice, and v2 ⊇ v1."""
+
+import mlx.core as mx
+import numpy as np
+import tiny
+from mlx.utils import tree_flatten
+
+from dflash2_mlx.drafter.conv import GroupedDynamicConv, dynamic_conv
+from dflash2_mlx.drafter.selector import pair_scores, walk
+from dflash2_mlx.target.adapter import TargetAdapter
+
+
+def naive_conv(x, dyn, base, g):
+    """Loop version of spec §4.1: sum_k (base[k,c] + dyn[t,k,c//g]) * x[t-k, c]."""
+    x, dyn, base = np.array(x), np.array(dyn), np.array(base)
+    L, H = x.shape
+    out = np.zeros_like(x)
+    for t in range(L):
+        for k in range(base.shape[0]):
+            if t - k < 0:
+                continue
+            for c in range(H):
+                out[t, c] += (base[k, c] + dyn[t, k, c // g]) * x[t - k, c]
+    return out
+
+
+def test_dynamic_conv_matches_definition_and_never_crosses_block_start():
+    mx.random.seed(0)
+    for L, taps in [(1, 2), (2, 2), (5, 2), (6, 3)]:
+        x = mx.random.normal((L, 32))
+        dyn = mx.random.normal((L, taps, 4))
+        base = mx.random.normal((taps, 32))
+        got = dynamic_conv(x, dyn, base, 8)
+        np.testing.assert_allclose(np.array(got), naive_conv(x, dyn, base, 8), rtol=1e-5, atol=1e-5)
+    # Row 0 depends on nothing before it: changing rows >= 1 leaves row 0 unchanged,
+    # and changing row t never changes rows < t (causal inside the block).
+    x = mx.random.normal((4, 32))
+    dyn = mx.random.normal((4, 2, 4))
+    base = mx.random.normal((2, 32))
+    y0 = np.array(dynamic_conv(x, dyn, base, 8))
+    x2 = mx.concatenate([x[:2], x[2:] + 5.0])
+    y1 = np.array(dynamic_conv(x2, dyn, base, 8))
+    np.testing.assert_allclose(y0[:2], y1[:2])
+
+
+def test_conv_identity_init():
+    conv = GroupedDynamicConv(32, 2, 8)
+    u = mx.random.normal((1, 5, 32))
+    prepared, dyn = conv.prepare(u)
+    np.testing.assert_allclose(np.array(prepared), np.array(u))
+    np.testing.assert_allclose(np.array(conv.finish(u * 2, dyn)), np.array(u * 2))
+
+
+def test_pair_scores_match_loop():
+    mx.random.seed(1)
+    g, k, r = 4, 5, 7
+    unary, hidden = mx.random.normal((g, k)), mx.random.normal((g, r))
+    preds, succs = mx.random.normal((g, k, r)), mx.random.normal((g, k, r))
+    got = np.array(pair_scores(unary, hidden, preds, succs))
+    for t in range(g):
+        for a in range(k):
+            for b in range(k):
+                want = float(unary[t, b]) + float(mx.sum(preds[t, a] * hidden[t] * succs[t, b]))
+                assert abs(got[t, a, b] - want) < 1e-4
+
+
+def test_greedy_walk_follows_previous_choice():
+    lattice = mx.zeros((3, 2, 2))
+    lattice[0, 0] = mx.array([0.0, 1.0])  # anchor -> pick 1
+    lattice[1, 1] = mx.array([5.0, 0.0])  # after 1 -> pick 0
+    lattice[1, 0] = mx.array([0.0, 5.0])
+    lattice[2, 0] = mx.array([0.0, 3.0])  # after 0 -> pick 1
+    lattice[2, 1] = mx.array([3.0, 0.0])
+    picks, q = walk(lattice, 0.0)
+    assert picks.tolist() == [1, 0, 1] and q is None
+    picks, q = walk(lattice, 0.5, mx.random.key(0))
+    assert q.shape == (3, 2)
+    np.testing.assert_allclose(np.array(q.sum(-1)), 1.0, rtol=1e-6)
+
+
+def test_dflash2_with_identity_conv_and_zero_successors_drafts_like_v1():
+    """Spec §9.10a: identity conv + zero successor codebook => the DFlash v1 drafts."""
+    model = tiny.make_target("llama")
+    v2 = tiny.make_drafter(2, seed=3, randomize_v2=False)
+    v2.candidate_selector.successor_codebook = mx.zeros_like(v2.candidate_selector.successor_codebook)
+    v1 = tiny.make_drafter(1, seed=99)
+    shared = {k: v for k, v in tree_flatten(v2.parameters())
+              if not k.startswith("candidate_selector") and "_conv" not in k}
+    v1.load_weights(list(shared.items()), strict=True)
+    adapter = TargetAdapter(model, v1.config.target_layer_ids)
+    for d in (v1, v2):
+        d.bind(adapter.binding())
+    fwd = adapter.forward(mx.array([[3, 14, 15, 9, 26, 5, 35]]), adapter.make_cache())
+    block = mx.array([[26] + [v1.config.mask_token_id] * 7])
+    h1 = v1.hidden(block, fwd.features, v1.make_cache())[0, 1:]
+    h2 = v2.hidden(block, fwd.features, v2.make_cache())[0, 1:]
+    np.testing.assert_allclose(np.array(h1), np.array(h2), atol=1e-5)
+    drafts_v1 = mx.argmax(v1.logits(h1), axis=-1).tolist()
+    sel = v2.select(h2, v2.logits(h2), mx.array(26), 0.0)
+    assert sel.tokens.tolist() == drafts_v1

@@ -1,0 +1,132 @@
+"""Speculative sampling must follow the target's distribution (rejection sampling)."""
+
+import itertools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import tiny
+
+from dflash2_mlx import GenerationParams, ParameterError, SamplingParams, SpeculativeDecoder
+from dflash2_mlx.engine.sampling import filtered_probs, rejection_sample
+from dflash2_mlx.target.adapter import TargetAdapter
+
+V = 12
+PROMPT = [1, 5, 3]
+
+
+def exact_marginals(model, sp: SamplingParams):
+    """Exact P(t1), P(t2), P(t3) after PROMPT under the filtered target distribution."""
+    p1 = np.array(filtered_probs(model(mx.array([PROMPT]))[0, -1], sp))
+    seq2 = mx.array([PROMPT + [a] for a in range(V)])
+    p2 = np.array(filtered_probs(model(seq2)[:, -1], sp))  # [t1, t2]
+    seq3 = mx.array([PROMPT + [a, b] for a, b in itertools.product(range(V), range(V))])
+    p3 = np.array(filtered_probs(model(seq3)[:, -1], sp)).reshape(V, V, V)
+    j2 = p1[:, None] * p2
+    return p1, j2.sum(0), (j2[:, :, None] * p3).sum((0, 1))
+
+
+def empirical(decoder, sp, n):
+    counts = np.zeros((3, V))
+    for seed in range(n):
+        params = GenerationParams(max_tokens=3, block_size=3,
+                                  sampling=SamplingParams(sp.temperature, sp.top_p, sp.top_k,
+                                                          sp.min_p, seed=seed))
+        out = decoder.generate(PROMPT, params)
+        for i, t in enumerate(out):
+            counts[i, t] += 1
+    return counts / n
+
+
+def tv(a, b):
+    return 0.5 * np.abs(a - b).sum()
+
+
+@pytest.mark.parametrize("version,sp", [
+    (1, SamplingParams(temperature=1.0)),
+    (2, SamplingParams(temperature=1.0)),
+    (1, SamplingParams(temperature=0.8, top_k=6, top_p=0.9)),
+    (2, SamplingParams(temperature=1.2, min_p=0.05)),
+])
+def test_speculative_sampling_matches_target(version, sp):
+    model = tiny.make_target("llama", vocab=V, seed=11)
+    drafter = tiny.make_drafter(version, vocab=V, mask_token_id=V - 1, seed=12, top_k=4)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
+    n = 1200
+    emp = empirical(dec, sp, n)
+    exact = exact_marginals(model, sp)
+    # With 1200 draws over 12 outcomes the expected TV is ~0.04; a biased sampler
+    # (e.g. accepting every draft) is off by far more (checked below).
+    for i in range(3):
+        assert tv(emp[i], exact[i]) < 0.085, (i, tv(emp[i], exact[i]))
+
+
+def test_the_distribution_check_can_fail():
+    """Sanity of the statistic: the draft distribution itself is far from the target's."""
+    model = tiny.make_target("llama", vocab=V, seed=11)
+    sp = SamplingParams(temperature=1.0)
+    drafter = tiny.make_drafter(1, vocab=V, mask_token_id=V - 1, seed=12)
+    adapter = TargetAdapter(model, drafter.config.target_layer_ids)
+    drafter.bind(adapter.binding())
+    fwd = adapter.forward(mx.array([PROMPT]), adapter.make_cache())
+    block = mx.array([[PROMPT[-1], V - 1]])
+    q = np.array(filtered_probs(drafter(block, fwd.features, drafter.make_cache())[0, 1], sp))
+    p = np.array(filtered_probs(fwd.logits[0, -1], sp))
+    assert tv(p, q) > 0.2
+
+
+def test_rejection_sample_unit():
+    """Exact check of the accept / residual rule on a 3-token vocabulary."""
+    p = mx.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
+    q = mx.array([[0.2, 0.7, 0.1]])
+    n = 6000
+    counts = np.zeros(3)
+    accepted = 0
+    for s in range(n):
+        d = int(mx.random.categorical(mx.log(q[0]), key=mx.random.key(10_000 + s)).item())
+        a, bonus = rejection_sample(mx.array([d]), p, q, None, mx.random.key(s))
+        first = d if a == 1 else bonus
+        counts[first] += 1
+        accepted += a
+    assert tv(counts / n, np.array([0.5, 0.3, 0.2])) < 0.03
+    # P(accept) = sum_x min(p, q) = 0.2 + 0.3 + 0.1 = 0.6
+    assert abs(accepted / n - 0.6) < 0.03
+
+
+def test_sparse_rejection_residual():
+    """Sparse q over candidates: rejecting every draft leaves exactly the residual."""
+    p = mx.array([[0.0, 0.5, 0.5, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    q = mx.array([[1.0, 0.0]])  # all mass on candidate 0 (token 0, where p = 0)
+    cand = mx.array([[0, 3]])
+    counts = np.zeros(4)
+    for s in range(2000):
+        a, bonus = rejection_sample(mx.array([0]), p, q, cand, mx.random.key(s))
+        assert a == 0
+        counts[bonus] += 1
+    assert counts[0] == 0 and counts[3] == 0
+    assert abs(counts[1] / 2000 - 0.5) < 0.05
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -2}, "top_k"),
+    ({"min_p": 1.0}, "min_p"),
+    ({"seed": -1}, "seed"),
+])
+def test_bad_sampling_params_are_rejected(kwargs, needle):
+    with pytest.raises(ParameterError, match=needle):
+        SamplingParams(**kwargs)
+
+
+def test_bad_generation_params_are_rejected():
+    with pytest.raises(ParameterError, match="max_tokens"):
+        GenerationParams(max_tokens=0)
+    model = tiny.make_target("llama")
+    drafter = tiny.make_drafter(2, block_size=8)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
+    with pytest.raises(ParameterError, match="trained block size 8"):
+        dec.generate([1, 2], GenerationParams(max_tokens=4, block_size=9))
+    with pytest.raises(ParameterError, match="empty"):
+        dec.generate([], GenerationParams(max_tokens=4))
