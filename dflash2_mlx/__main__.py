@@ -1,0 +1,3 @@
+from dflash2_cli.app import main
+
+main()
