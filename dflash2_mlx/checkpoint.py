@@ -132,7 +132,8 @@ def resolve_folder(path_or_repo: str | Path, revision: str | None = None, offlin
         ))
     except LocalEntryNotFoundError:
         raise CheckpointError(
-            f"{text}: not in the local Hugging Face cache and the hub cannot be reached "
+            f"{text}: no such local folder, and not in the local Hugging Face cache while the "
+            "hub cannot be reached "
             "(offline?). Download it once with network access, or pass a local folder."
         ) from None
     except Exception as exc:  # noqa: BLE001 - hub errors are many; report them plainly

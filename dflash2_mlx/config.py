@@ -123,7 +123,11 @@ class DrafterConfig:
         heads = get("num_attention_heads", int)
         layers = get("num_hidden_layers", int)
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+        if rope is not None and not isinstance(rope, dict):
+            raise ConfigError(f"{source}: 'rope_parameters' / 'rope_scaling' must be an object, found {rope!r}")
         rope_theta = cfg.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0
+        if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) or rope_theta <= 0:
+            raise ConfigError(f"{source}: 'rope_theta' must be a positive number, found {rope_theta!r}")
         num_target_layers = cfg.get("num_target_layers")
 
         if "target_layer_ids" in dflash or "target_layer_ids" in cfg:
@@ -154,6 +158,11 @@ class DrafterConfig:
             raise ConfigError(f"{source}: 'mask_token_id' must be a non-negative int, found {mask!r}")
 
         layer_types = cfg.get("layer_types") or ["full_attention"] * layers
+        if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+            raise ConfigError(f"{source}: 'layer_types' must be a list of strings, found {layer_types!r}")
+        is_causal = cfg.get("is_causal")
+        if is_causal is not None and not isinstance(is_causal, bool):
+            raise ConfigError(f"{source}: 'is_causal' must be true or false, found {is_causal!r}")
         config = cls(
             version=version,
             hidden_size=hidden,
@@ -173,7 +182,7 @@ class DrafterConfig:
             rope_scaling=rope,
             layer_types=tuple(layer_types),
             sliding_window=cfg.get("sliding_window"),
-            is_causal=cfg.get("is_causal"),
+            is_causal=is_causal,
             attention_bias=bool(cfg.get("attention_bias", False)),
             final_logit_softcapping=get("final_logit_softcapping", float, None, nested_first=True),
             input_embedding_scale=get("input_embedding_scale", float, 1.0, nested_first=True),
@@ -212,6 +221,15 @@ class DrafterConfig:
             isinstance(self.sliding_window, int) and self.sliding_window > 1
         ):
             fail(f"sliding_attention layers need an int 'sliding_window' > 1, found {self.sliding_window!r}")
+        if not self.rms_norm_eps > 0:
+            fail(f"'rms_norm_eps' must be positive, found {self.rms_norm_eps}")
+        try:
+            from mlx_lm.models.rope_utils import initialize_rope
+
+            initialize_rope(self.head_dim, self.rope_theta, False, self.rope_scaling,
+                            self.max_position_embeddings)
+        except Exception as exc:  # noqa: BLE001 - mlx-lm raises ValueError / KeyError
+            fail(f"unsupported RoPE settings {self.rope_scaling!r}: {type(exc).__name__}: {exc}")
         if any(i < 0 for i in self.target_layer_ids):
             fail(f"'target_layer_ids' must be >= 0, found {list(self.target_layer_ids)}")
         if self.mask_token_id >= self.vocab_size:
@@ -233,11 +251,11 @@ class DrafterConfig:
         for legacy in ("block_size", "mask_token_id", "target_layer_ids", "rope_theta"):
             out.pop(legacy, None)
         dflash = dict(out.get("dflash_config") or {})
-        dflash.update(
-            block_size=self.block_size,
-            mask_token_id=self.mask_token_id,
-            target_layer_ids=list(self.target_layer_ids),
-        )
+        dflash.update(block_size=self.block_size, mask_token_id=self.mask_token_id,
+                      target_layer_ids=list(self.target_layer_ids))
+        if self.version == 1:  # v1 readers (z-lab PyTorch, transformers 4.x) read the top level
+            out["block_size"] = self.block_size
+            out["rope_theta"] = self.rope_theta
         if self.version == 2:
             dflash.update({name: getattr(self, name) for name in V2_FIELDS})
         for name, default in (("output_multiplier", 1.0), ("input_embedding_scale", 1.0),
