@@ -65,11 +65,22 @@ class DrafterAttention(nn.Module):
         self.q_norm = nn.RMSNorm(head_dim, eps=eps)
         self.k_norm = nn.RMSNorm(head_dim, eps=eps)
 
-    def _kv(self, x: mx.array, rope, offset: int):
+    def project_kv(self, x: mx.array, rope, offset) -> tuple[mx.array, mx.array]:
+        """Rows [B, N, H] -> roped keys and values [B, kv_heads, N, d]; offset int or [B]."""
         b, n, _ = x.shape
         k = self.k_norm(self.k_proj(x).reshape(b, n, self.kv_heads, -1)).transpose(0, 2, 1, 3)
         v = self.v_proj(x).reshape(b, n, self.kv_heads, -1).transpose(0, 2, 1, 3)
         return rope(k, offset=offset), v
+
+    def project_q(self, x: mx.array, rope, offset) -> mx.array:
+        b, n, _ = x.shape
+        q = self.q_norm(self.q_proj(x).reshape(b, n, self.heads, -1)).transpose(0, 2, 1, 3)
+        return rope(q, offset=offset)
+
+    def attend(self, q: mx.array, keys: mx.array, values: mx.array, mask) -> mx.array:
+        b, _, length, _ = q.shape
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
 
     def mask(self, ctx_len: int, length: int):
         """Boolean [L, ctx_len + L] visibility, or None when everything is visible."""
@@ -91,16 +102,11 @@ class DrafterAttention(nn.Module):
         if cache.keep is not None and s > cache.keep:  # rows no query can see: skip them
             cache.offset += s - cache.keep
             ctx, s = ctx[:, -cache.keep:], cache.keep
-        start = cache.offset
-        ck, cv = self._kv(ctx, rope, start)
+        ck, cv = self.project_kv(ctx, rope, cache.offset)
         cache.offset += s
         ctx_k, ctx_v = cache.append(ck, cv)
-        bk, bv = self._kv(x, rope, cache.offset)
-        q = self.q_norm(self.q_proj(x).reshape(b, length, self.heads, -1)).transpose(0, 2, 1, 3)
-        q = rope(q, offset=cache.offset)
+        bk, bv = self.project_kv(x, rope, cache.offset)
+        q = self.project_q(x, rope, cache.offset)
         keys = mx.concatenate([ctx_k, bk], axis=2)
         values = mx.concatenate([ctx_v, bv], axis=2)
-        out = mx.fast.scaled_dot_product_attention(
-            q, keys, values, scale=self.scale, mask=self.mask(ctx_k.shape[2], length)
-        )
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, length, -1))
+        return self.attend(q, keys, values, self.mask(ctx_k.shape[2], length))

@@ -50,8 +50,11 @@ class DrafterLayer(nn.Module):
         self.conv = cfg.version == 2
 
     def __call__(self, x: mx.array, ctx: mx.array, rope, cache: ContextCache) -> mx.array:
-        attend = lambda u: self.self_attn(u, ctx, rope, cache)  # noqa: E731
-        x = x + self._sublayer(self.input_layernorm(x), attend, "attention_conv")
+        return self.forward(x, lambda u: self.self_attn(u, ctx, rope, cache))
+
+    def forward(self, x: mx.array, attention: Callable[[mx.array], mx.array]) -> mx.array:
+        """The layer around any attention core (inference: cached; training: batched)."""
+        x = x + self._sublayer(self.input_layernorm(x), attention, "attention_conv")
         return x + self._sublayer(self.post_attention_layernorm(x), self.mlp, "mlp_conv")
 
     def _sublayer(self, u: mx.array, fn: Callable, conv_name: str) -> mx.array:
@@ -86,7 +89,7 @@ class Drafter(nn.Module):
             self.candidate_selector = CandidateSelector(
                 h, config.vocab_size, config.selector_rank, config.selector_top_k
             )
-        self._rope = initialize_rope(
+        self.rope = initialize_rope(
             config.head_dim, config.rope_theta, False, config.rope_scaling,
             config.max_position_embeddings,
         )
@@ -119,7 +122,7 @@ class Drafter(nn.Module):
         x = t.embed(block_ids) * (t.embed_scale * self.config.input_embedding_scale)
         ctx = self.context(features)
         for layer, c in zip(self.layers, cache):
-            x = layer(x, ctx, self._rope, c)
+            x = layer(x, ctx, self.rope, c)
         return self.norm(x)
 
     def logits(self, hidden: mx.array) -> mx.array:

@@ -17,42 +17,44 @@ import mlx.nn as nn
 
 @dataclass
 class SelectorOutput:
-    tokens: mx.array  # [γ] chosen ids
-    candidates: mx.array  # [γ, K] candidate ids
-    q: mx.array | None  # [γ, K] walk probabilities (sampling), None when greedy
+    tokens: mx.array  # [..., γ] chosen ids
+    candidates: mx.array  # [..., γ, K] candidate ids
+    q: mx.array | None  # [..., γ, K] walk probabilities (sampling), None when greedy
 
 
 def pair_scores(
     unary: mx.array, hidden: mx.array, pred_rows: mx.array, succ_rows: mx.array
 ) -> mx.array:
-    """unary [γ, K]; hidden [γ, r]; pred_rows [γ, P, r]; succ_rows [γ, K, r] -> [γ, P, K] (fp32).
-
-    Reference op; the Metal kernel in metal/pair_scores.metal has this signature.
-    """
-    weighted = pred_rows.astype(mx.float32) * hidden.astype(mx.float32)[:, None, :]
+    """unary [..., γ, K]; hidden [..., γ, r]; pred_rows [..., γ, P, r]; succ_rows [..., γ, K, r]
+    -> [..., γ, P, K] fp32. Reference op; metal/pair_scores.metal has this signature."""
+    weighted = pred_rows.astype(mx.float32) * hidden.astype(mx.float32)[..., None, :]
     edges = weighted @ succ_rows.astype(mx.float32).swapaxes(-1, -2)
-    return unary.astype(mx.float32)[:, None, :] + edges
+    return unary.astype(mx.float32)[..., None, :] + edges
 
 
 def walk(lattice: mx.array, temperature: float, key: mx.array | None = None):
-    """Walk the lattice: row 0 has one predecessor (the anchor), row t>0 indexes by the
-    previous choice. Returns (choice indices [γ], q [γ, K] or None)."""
-    gamma = lattice.shape[0]
+    """Walk lattices [..., γ, P, K]: row 0 has one predecessor (the anchor), row t>0 is
+    indexed by the previous choice. Returns (choices [..., γ], q [..., γ, K] or None)."""
+    *lead, gamma, preds, k = lattice.shape
+    flat = lattice.reshape(-1, gamma, preds, k)
+    n = flat.shape[0]
+    rows = mx.arange(n)
     keys = mx.random.split(key, gamma) if (temperature > 0 and key is not None) else None
-    prev = mx.array(0, dtype=mx.uint32)
+    prev = mx.zeros((n,), dtype=mx.int32)
     picks, qs = [], []
     for t in range(gamma):
-        scores = lattice[t, 0] if t == 0 else lattice[t][prev]
+        scores = flat[:, t, 0] if t == 0 else flat[rows, t, prev]
         if temperature > 0:
             logits = scores / temperature
-            q = mx.softmax(logits, axis=-1)
+            qs.append(mx.softmax(logits, axis=-1))
             choice = mx.random.categorical(logits, key=None if keys is None else keys[t])
-            qs.append(q)
         else:
             choice = mx.argmax(scores, axis=-1)
-        prev = choice.astype(mx.uint32)
+        prev = choice.astype(mx.int32)
         picks.append(prev)
-    return mx.stack(picks), (mx.stack(qs) if qs else None)
+    picks = mx.stack(picks, axis=-1).reshape(*lead, gamma)
+    q = mx.stack(qs, axis=1).reshape(*lead, gamma, k) if qs else None
+    return picks, q
 
 
 class CandidateSelector(nn.Module):
@@ -71,13 +73,12 @@ class CandidateSelector(nn.Module):
         return ids, mx.take_along_axis(logits, ids, axis=-1)
 
     def lattice(self, hidden: mx.array, logits: mx.array, anchor: mx.array):
-        """hidden [γ, H]; logits [γ, V]; anchor scalar id -> (candidates [γ, K], lattice [γ, K|1, K])."""
+        """hidden [..., γ, H]; logits [..., γ, V]; anchor ids [...] ->
+        (candidates [..., γ, K], lattice [..., γ, K, K]); row 0's predecessors are all the anchor."""
         cand, unary = self.candidates(logits)
         proj = self.hidden_projection(hidden)
-        k = cand.shape[-1]
-        preds = mx.concatenate(
-            [mx.broadcast_to(anchor.reshape(1, 1), (1, k)), cand[:-1]], axis=0
-        )
+        first = mx.broadcast_to(anchor[..., None, None], (*cand.shape[:-2], 1, cand.shape[-1]))
+        preds = mx.concatenate([first.astype(cand.dtype), cand[..., :-1, :]], axis=-2)
         scores = pair_scores(
             unary, proj, self.predecessor_codebook[preds], self.successor_codebook[cand]
         )
@@ -89,5 +90,5 @@ class CandidateSelector(nn.Module):
     ) -> SelectorOutput:
         cand, scores = self.lattice(hidden, logits, anchor)
         idx, q = walk(scores, temperature, key)
-        tokens = mx.take_along_axis(cand, idx[:, None].astype(mx.int32), axis=-1)[:, 0]
+        tokens = mx.take_along_axis(cand, idx[..., None], axis=-1)[..., 0]
         return SelectorOutput(tokens, cand, q)

@@ -97,9 +97,9 @@ class TargetAdapter:
         return {i: c for i, c in enumerate(cache) if not c.is_trimmable()}
 
     # ------------------------------------------------------------------ forward
-    def forward(self, ids: mx.array, cache: list, last_logits_only: bool = False) -> Forward:
-        """Run ids [1, L] through the target, extending `cache`."""
-        replay = {} if last_logits_only else self._recurrent(cache)
+    def forward(self, ids: mx.array, cache: list | None, last_logits_only: bool = False) -> Forward:
+        """Run ids [B, L] through the target, extending `cache` (None: no cache, e.g. training)."""
+        replay = {} if (last_logits_only or cache is None) else self._recurrent(cache)
         with tapped(self.layers, set(self.layer_ids), replay) as cap:
             if self._plain_head:
                 hidden = self.inner(ids, cache=cache)

@@ -1,0 +1,168 @@
+"""Target hidden states of `target_layer_ids`, computed once (teacher forcing) and cached on disk.
+
+Layout of a feature folder:
+    meta.json                 layer ids, feature width, dtype, target fingerprint
+    index.jsonl               one line per sequence: id, temperature, shard, row, length, response_start
+    shard_00000.npy ...       float16 [rows, N_f * H], sequences stored back to back
+
+Shards are written atomically and the index is appended after each shard, so an interrupted
+run (Ctrl-C, disk full) resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import DFlash2Error
+from ..target.adapter import TargetAdapter
+
+
+class FeatureCacheError(DFlash2Error):
+    """The feature cache cannot be written or does not match the target."""
+
+
+@dataclass(frozen=True)
+class Sequence_:
+    id: str
+    temperature: float
+    tokens: list[int]
+    response_start: int  # index of the first response token
+
+
+@dataclass(frozen=True)
+class StoredSequence:
+    id: str
+    temperature: float
+    tokens: np.ndarray  # int32 [S]
+    response_start: int
+    features: np.ndarray  # float16 [S, N_f*H] (a view into a memory-mapped shard)
+
+
+def read_regenerations(path: Path, max_len: int) -> list[Sequence_]:
+    """Records of regenerate.py, as sequences (prompt + response), cut to `max_len` tokens."""
+    out = []
+    with open(path) as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                prompt, resp = list(rec["prompt_ids"]), list(rec["response_ids"])
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise FeatureCacheError(f"{path}:{n}: not a regeneration record ({exc})") from None
+            if not resp or len(prompt) + 1 >= max_len:
+                continue
+            out.append(Sequence_(str(rec["id"]), float(rec.get("temperature", 0.0)),
+                                 (prompt + resp)[:max_len], len(prompt)))
+    return out
+
+
+def _key(seq_id: str, temperature: float) -> str:
+    return f"{seq_id}@{temperature:g}"
+
+
+def build_feature_cache(adapter: TargetAdapter, seqs: Sequence[Sequence_], folder: Path, *,
+                        batch: int = 8, shard_rows: int = 32768, log=print) -> Path:
+    """Compute and store features for `seqs` not yet in `folder` (resumable)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    meta_path = folder / "meta.json"
+    meta = {"layer_ids": list(adapter.layer_ids), "width": len(adapter.layer_ids) * adapter.hidden_size,
+            "dtype": "float16", "model_type": adapter.model_type, "vocab": adapter.vocab_size}
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        if old != meta:
+            raise FeatureCacheError(f"{folder}: cached features were made for {old}, not {meta}; "
+                                    "use another --features folder")
+    else:
+        meta_path.write_text(json.dumps(meta))
+    index_path = folder / "index.jsonl"
+    done = set()
+    shard_no = 0
+    if index_path.exists():
+        for line in index_path.read_text().splitlines():
+            rec = json.loads(line)
+            done.add(_key(rec["id"], rec["temperature"]))
+            shard_no = max(shard_no, rec["shard"] + 1)
+    todo = sorted((s for s in seqs if _key(s.id, s.temperature) not in done),
+                  key=lambda s: len(s.tokens))
+    rows: list[np.ndarray] = []
+    entries: list[dict] = []
+    n_rows = 0
+
+    def flush():
+        nonlocal rows, entries, n_rows, shard_no
+        if not rows:
+            return
+        path = folder / f"shard_{shard_no:05d}.npy"
+        tmp = path.with_suffix(".tmp.npy")
+        try:
+            np.save(tmp, np.concatenate(rows, axis=0))
+            os.replace(tmp, path)
+            with open(index_path, "a") as fh:
+                fh.writelines(json.dumps(e) + "\n" for e in entries)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            why = "the disk is full" if exc.errno == errno.ENOSPC else str(exc)
+            raise FeatureCacheError(
+                f"{folder}: cannot write {path.name}: {why}. Free space and rerun: "
+                f"{len(done)} sequences are cached and will be kept") from None
+        done.update(_key(e["id"], e["temperature"]) for e in entries)
+        rows, entries, n_rows = [], [], 0
+        shard_no += 1
+
+    for start in range(0, len(todo), batch):
+        group = todo[start:start + batch]
+        width = max(len(s.tokens) for s in group)
+        ids = mx.array([s.tokens + [0] * (width - len(s.tokens)) for s in group])
+        fwd = adapter.forward(ids, None, last_logits_only=True)  # right padding: causal, harmless
+        feats = np.array(fwd.features.astype(mx.float16))
+        for s, f in zip(group, feats):
+            entries.append({"id": s.id, "temperature": s.temperature, "shard": shard_no,
+                            "row": n_rows, "length": len(s.tokens),
+                            "response_start": s.response_start, "tokens": s.tokens})
+            rows.append(f[: len(s.tokens)])
+            n_rows += len(s.tokens)
+        if n_rows >= shard_rows:
+            flush()
+            log(f"features: {len(done)}/{len(done) + len(todo) - start - len(group)} sequences")
+    flush()
+    return folder
+
+
+def load_feature_cache(folder: Path) -> list[StoredSequence]:
+    index_path = folder / "index.jsonl"
+    if not index_path.exists():
+        raise FeatureCacheError(f"{folder}: no index.jsonl (build the feature cache first)")
+    shards: dict[int, np.ndarray] = {}
+    out = []
+    for line in index_path.read_text().splitlines():
+        e = json.loads(line)
+        if e["shard"] not in shards:
+            shards[e["shard"]] = np.load(folder / f"shard_{e['shard']:05d}.npy", mmap_mode="r")
+        feats = shards[e["shard"]][e["row"]: e["row"] + e["length"]]
+        out.append(StoredSequence(e["id"], e["temperature"], np.array(e["tokens"], dtype=np.int32),
+                                  e["response_start"], feats))
+    return out
+
+
+def feature_scale(seqs: Iterable[StoredSequence], sample_rows: int = 20000,
+                  skip_first: int = 4) -> np.ndarray:
+    """Per-dimension 1/RMS of the features (early sink rows skipped), so a few massive
+    dimensions do not dominate `fc`'s input. Folded into fc.weight when saving."""
+    acc, n = None, 0
+    for s in seqs:
+        f = np.asarray(s.features[skip_first:], dtype=np.float32)
+        acc = (f ** 2).sum(0) if acc is None else acc + (f ** 2).sum(0)
+        n += f.shape[0]
+        if n >= sample_rows:
+            break
+    rms = np.sqrt(acc / max(n, 1))
+    return (1.0 / np.maximum(rms, 1e-3)).astype(np.float32)

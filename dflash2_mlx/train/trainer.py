@@ -1,0 +1,271 @@
+"""Distil a DFlash2 (or DFlash v1) drafter for an mlx-lm target from cached target features.
+
+Resumable: `out/checkpoint/` holds the drafter, optimizer state and step; Ctrl-C saves it.
+The result is an official-format drafter folder (config.json + model.safetensors + README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from ..checkpoint import load_drafter, save_drafter
+from ..config import DrafterConfig, default_target_layer_ids
+from ..drafter.model import Drafter
+from ..errors import DFlash2Error
+from ..target.adapter import TargetAdapter
+from .features import StoredSequence
+from .objective import Blocks, VocabSubset, cosine_lr, decay_weights, loss_terms, proxy_acceptance
+
+
+@dataclass
+class TrainConfig:
+    version: int = 2
+    layers: int = 2
+    block_size: int = 8
+    target_layer_ids: tuple[int, ...] | None = None
+    mask_token_id: int | None = None
+    steps: int = 2000
+    batch_seqs: int = 8
+    anchors_per_seq: int = 16
+    lr: float = 6e-4
+    warmup: float = 0.04
+    clip: float = 1.0
+    selector_weight: float = 1.0
+    vocab_subset: bool = True
+    negatives: int = 2048
+    qk_norm_init: float = 2.0
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 64
+    selector_top_k: int = 16
+    eval_every: int = 200
+    checkpoint_every: int = 200
+    seed: int = 0
+    command: str = ""  # recorded in the model card
+    extra: dict = field(default_factory=dict)
+
+
+def drafter_config_for(adapter: TargetAdapter, target_config: dict, cfg: TrainConfig) -> DrafterConfig:
+    """A drafter config shaped like the target's own layers (Qwen3-style, official fields)."""
+    n_layers = len(adapter.layers)
+    ids = list(cfg.target_layer_ids or default_target_layer_ids(n_layers, 5))
+    bad = [i for i in ids if not 0 <= i < n_layers]
+    if bad:
+        raise DFlash2Error(f"target_layer_ids {bad} out of range: the target has {n_layers} layers "
+                           f"(valid 0..{n_layers - 1})")
+    if cfg.mask_token_id is None:
+        raise DFlash2Error("a mask token id is needed (an id the target never emits)")
+    tc = target_config.get("text_config", target_config)
+    heads = int(tc.get("num_attention_heads", 8))
+    raw = {
+        "architectures": ["DFlash2DraftModel" if cfg.version == 2 else "DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": adapter.hidden_size,
+        "intermediate_size": int(tc.get("intermediate_size", 4 * adapter.hidden_size)),
+        "num_hidden_layers": cfg.layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(tc.get("num_key_value_heads", heads)),
+        "head_dim": int(tc.get("head_dim") or adapter.hidden_size // heads),
+        "rms_norm_eps": float(tc.get("rms_norm_eps", 1e-6)),
+        "vocab_size": adapter.vocab_size,
+        "max_position_embeddings": int(tc.get("max_position_embeddings", 8192)),
+        "rope_theta": float(tc.get("rope_theta", 10000.0)),
+        "num_target_layers": n_layers,
+        "tie_word_embeddings": False,
+        "is_causal": False,
+        "dflash_config": {"block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
+                          "target_layer_ids": ids},
+    }
+    if cfg.version == 2:
+        raw["dflash_config"].update(
+            conv_kernel_size=cfg.conv_kernel_size, conv_group_size=cfg.conv_group_size,
+            selector_rank=cfg.selector_rank, selector_top_k=cfg.selector_top_k)
+    return DrafterConfig.from_dict(raw, "generated drafter config")
+
+
+def init_drafter(dcfg: DrafterConfig, cfg: TrainConfig) -> Drafter:
+    mx.random.seed(cfg.seed)
+    d = Drafter(dcfg)
+    if cfg.qk_norm_init != 1.0:  # sharper initial attention than uniform (training_notes.md)
+        for layer in d.layers:
+            layer.self_attn.q_norm.weight = mx.full(dcfg.head_dim, cfg.qk_norm_init)
+            layer.self_attn.k_norm.weight = mx.full(dcfg.head_dim, cfg.qk_norm_init)
+    mx.eval(d.parameters())
+    return d
+
+
+def head_weight(adapter: TargetAdapter) -> mx.array:
+    head = adapter.head
+    w = getattr(head, "weight", None)
+    if w is None:  # tied: embed_tokens.as_linear
+        w = adapter.embed_tokens.weight
+    if hasattr(head, "scales") or hasattr(adapter.embed_tokens, "scales"):
+        raise DFlash2Error("training needs an unquantized target (its LM head is quantized)")
+    return w
+
+
+def make_subset(seqs: list[StoredSequence], head_w: mx.array, negatives: int, seed: int) -> VocabSubset:
+    vocab = head_w.shape[0]
+    seen = np.unique(np.concatenate([s.tokens for s in seqs]))
+    rng = np.random.default_rng(seed)
+    others = np.setdiff1d(np.arange(vocab), seen)
+    neg = rng.choice(others, size=min(negatives, len(others)), replace=False)
+    ids = np.sort(np.concatenate([seen, neg])).astype(np.int32)
+    remap = np.zeros(vocab, dtype=np.int32)
+    remap[ids] = np.arange(len(ids), dtype=np.int32)
+    ids_mx = mx.array(ids)
+    return VocabSubset(ids_mx, mx.array(remap), head_w[ids_mx])
+
+
+def make_blocks(seq: StoredSequence, n: int, block: int, mask_id: int, scale: mx.array,
+                rng: random.Random, every: int | None = None) -> Blocks | None:
+    lo, hi = max(seq.response_start - 1, 1), len(seq.tokens) - block
+    if hi < lo:
+        return None
+    pool = list(range(lo, hi + 1, every)) if every else list(range(lo, hi + 1))
+    anchors = sorted(pool if every else rng.sample(pool, min(n, len(pool))))
+    toks = seq.tokens
+    ids = [[int(toks[a])] + [mask_id] * (block - 1) for a in anchors]
+    labels = [toks[a + 1: a + block].tolist() for a in anchors]
+    feats = mx.array(np.asarray(seq.features, dtype=np.float32))[None] * scale
+    return Blocks(feats, mx.array(anchors, dtype=mx.int32), mx.array(ids), mx.array(labels))
+
+
+def evaluate_proxy(drafter: Drafter, seqs: list[StoredSequence], scale: mx.array,
+                   max_seqs: int = 24) -> dict:
+    taus, per_pos = [], []
+    for s in seqs[:max_seqs]:
+        b = make_blocks(s, 0, drafter.config.block_size, drafter.config.mask_token_id, scale,
+                        random.Random(0), every=2)
+        if b is None:
+            continue
+        tau, acc = proxy_acceptance(drafter, b)
+        taus.append((tau, b.anchors.shape[0]))
+        per_pos.append(acc)
+    total = sum(n for _, n in taus)
+    return {"proxy_tau": sum(t * n for t, n in taus) / max(total, 1),
+            "position_accuracy": np.mean(np.array(per_pos), axis=0).round(3).tolist() if per_pos else []}
+
+
+def folded_copy(drafter: Drafter, scale: mx.array) -> Drafter:
+    """A drafter whose fc absorbs the feature scaling: fc(F * s) == fc'(F)."""
+    out = Drafter(drafter.config)
+    params = dict(tree_flatten(drafter.parameters()))
+    params["fc.weight"] = params["fc.weight"] * scale[None, :]
+    out.load_weights(list(params.items()), strict=True)
+    return out
+
+
+class Trainer:
+    def __init__(self, adapter: TargetAdapter, drafter: Drafter, train: list[StoredSequence],
+                 heldout: list[StoredSequence], cfg: TrainConfig, out: Path,
+                 log: Callable[[str], None] = print):
+        self.adapter, self.drafter, self.cfg, self.out, self.log = adapter, drafter, cfg, out, log
+        self.train, self.heldout = train, heldout
+        drafter.bind(adapter.binding())
+        from .features import feature_scale
+
+        self.scale = mx.array(feature_scale(train))
+        self.subset = make_subset(train, head_weight(adapter), cfg.negatives, cfg.seed) \
+            if cfg.vocab_subset else None
+        self.weights = decay_weights(cfg.block_size)
+        self.opt = optim.AdamW(learning_rate=cfg.lr, betas=[0.9, 0.95], weight_decay=0.0)
+        self.step = 0
+        self.history: list[dict] = []
+        self.rng = random.Random(cfg.seed)
+
+    # ------------------------------------------------------------- checkpoints
+    @property
+    def ckpt(self) -> Path:
+        return self.out / "checkpoint"
+
+    def save_checkpoint(self) -> None:
+        tmp = self.out / "checkpoint.tmp"
+        save_drafter(self.drafter, tmp)
+        mx.savez(str(tmp / "optimizer.npz"), **dict(tree_flatten(self.opt.state)))
+        np.save(tmp / "feature_scale.npy", np.array(self.scale))
+        (tmp / "state.json").write_text(json.dumps({
+            "step": self.step, "history": self.history, "config": asdict(self.cfg),
+            "rng": self.rng.getstate()[1][:10]}, default=str))
+        if self.ckpt.exists():
+            import shutil
+
+            shutil.rmtree(self.ckpt)
+        tmp.rename(self.ckpt)
+
+    def try_resume(self) -> bool:
+        if not (self.ckpt / "state.json").exists():
+            return False
+        state = json.loads((self.ckpt / "state.json").read_text())
+        loaded = load_drafter(self.ckpt)
+        self.drafter.load_weights(list(tree_flatten(loaded.parameters())), strict=True)
+        opt_state = mx.load(str(self.ckpt / "optimizer.npz"))
+        self.opt.state = tree_unflatten(list(opt_state.items()))
+        self.scale = mx.array(np.load(self.ckpt / "feature_scale.npy"))
+        self.step, self.history = state["step"], state["history"]
+        self.rng = random.Random(self.cfg.seed + self.step)
+        return True
+
+    # ------------------------------------------------------------- training
+    def _loss(self, model, batch: list[Blocks]):
+        total, parts_sum = 0.0, {}
+        for b in batch:
+            loss, parts = loss_terms(model, b, self.weights, self.subset, self.cfg.selector_weight)
+            total = total + loss
+            for k, v in parts.items():
+                parts_sum[k] = parts_sum.get(k, 0.0) + v
+        n = len(batch)
+        return total / n, {k: v / n for k, v in parts_sum.items()}
+
+    def run(self, on_step: Callable[[dict], None] | None = None) -> dict:
+        cfg = self.cfg
+        grad_fn = nn.value_and_grad(self.drafter, lambda m, batch: self._loss(m, batch))
+        t0, tokens = time.perf_counter(), 0
+        try:
+            while self.step < cfg.steps:
+                batch = []
+                while len(batch) < cfg.batch_seqs:
+                    b = make_blocks(self.rng.choice(self.train), cfg.anchors_per_seq,
+                                    cfg.block_size, self.drafter.config.mask_token_id,
+                                    self.scale, self.rng)
+                    if b is not None:
+                        batch.append(b)
+                self.opt.learning_rate = cosine_lr(self.step, cfg.steps, cfg.lr, cfg.warmup)
+                (loss, parts), grads = grad_fn(self.drafter, batch)
+                grads, gnorm = optim.clip_grad_norm(grads, cfg.clip)
+                self.opt.update(self.drafter, grads)
+                mx.eval(self.drafter.parameters(), self.opt.state, loss, parts)
+                self.step += 1
+                tokens += sum(int(b.labels.size) for b in batch)
+                rec = {"step": self.step, "loss": float(loss),
+                       "lr": float(self.opt.learning_rate), "grad_norm": float(gnorm),
+                       "tok_s": tokens / (time.perf_counter() - t0),
+                       **{k: float(v) for k, v in parts.items()}}
+                if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                    rec.update(evaluate_proxy(self.drafter, self.heldout, self.scale))
+                    self.history.append(rec)
+                if on_step:
+                    on_step(rec)
+                if self.step % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+        except KeyboardInterrupt:
+            self.save_checkpoint()
+            self.log(f"interrupted: checkpoint saved at step {self.step} in {self.ckpt}")
+            raise
+        self.save_checkpoint()
+        return self.history[-1] if self.history else {}
+
+    def export(self, folder: Path, dtype=mx.bfloat16, card: str = "") -> Path:
+        return save_drafter(folded_copy(self.drafter, self.scale), folder, dtype=dtype,
+                            extra_files=[("README.md", card)] if card else [])
