@@ -1,16 +1,33 @@
-"""`dflash2`: parse and dispatch only. Model code is imported inside commands, never at import."""
+"""`dflash2`: parse and dispatch only. Model code is imported inside commands, never at import.
+
+Commands live in their own modules (chat.py, models.py) and are added with `register(app)`.
+`main()` turns every user mistake (a usage error, a `DFlash2Error`) into one line on stderr and
+exit code 2, without a traceback.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import typer
 
+try:  # typer >= 0.22 vendors click; older typers use the click package
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exceptions
+
+from . import chat, models, serve, train
+from .common import EXIT_USAGE, is_user_error, print_error
+
 app = typer.Typer(
     name="dflash2",
-    help="Lossless DFlash 2 speculative decoding for local LLMs on MLX.",
+    help="Lossless DFlash 2 speculative decoding for local LLMs on MLX.\n\n"
+         "Example: dflash2 chat qwen3-4b",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
 
 
@@ -27,7 +44,10 @@ def main_options(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ):
-    """Lossless DFlash 2 speculative decoding for local LLMs on MLX."""
+    """Lossless DFlash 2 speculative decoding for local LLMs on MLX.
+
+    Example: dflash2 chat qwen3-4b
+    """
 
 
 @app.command()
@@ -46,8 +66,41 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
         typer.echo(f"{k:>14}: {v}")
 
 
-def main():
-    app()
+models.register(app)
+chat.register(app)
+serve.register(app)
+train.register(app)
+
+
+_NO_ARGS = getattr(click_exceptions, "NoArgsIsHelpError", ())
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI on `argv` (default: sys.argv[1:]) and return the exit code."""
+    try:
+        rv = app(args=argv, prog_name="dflash2", standalone_mode=False)
+    except _NO_ARGS as exc:  # bare `dflash2`: the help, not an error
+        typer.echo(exc.format_message())
+        return 0
+    except click_exceptions.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "dflash2"
+        print_error(f"{exc.format_message()} (see '{where} --help')")
+        return EXIT_USAGE
+    except typer.Abort:
+        return 130
+    except BrokenPipeError:  # `dflash2 ... | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as exc:  # noqa: BLE001 - user errors only; everything else re-raises
+        if not is_user_error(exc):
+            raise
+        print_error(str(exc))
+        return EXIT_USAGE
+    return rv if isinstance(rv, int) else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    sys.exit(run(argv))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import mlx.core as mx
 
-from . import _blas
+from . import _blas, kernels
 from .checkpoint import load_drafter
 from .drafter.model import Drafter
 from .engine.events import GenerationStats, RoundEvent
@@ -82,7 +82,11 @@ def load_pair(target: str | Path, drafter: str | Path, *, dtype: str | None = No
     """Load an mlx-lm target (folder or repo id) and a DFlash / DFlash2 drafter."""
     from mlx_lm import load as load_target
 
-    model, tokenizer = load_target(str(target))
+    try:
+        model, tokenizer = load_target(str(target))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError) as exc:
+        raise CompatibilityError(
+            f"{target}: cannot load the target with mlx-lm: {type(exc).__name__}: {exc}") from None
     adapter_probe = TargetAdapter(model, ())
     weight_dtype = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}.get(
         dtype or "", adapter_probe.embed_tokens(mx.array([[0]])).dtype)
@@ -107,4 +111,5 @@ def doctor() -> dict[str, Any]:
         "blas_library": blas.library,
         "blas_note": blas.note,
         "cache_dir": str(_blas.cache_root()),
+        "kernels": kernels.describe(),
     }

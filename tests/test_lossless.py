@@ -126,3 +126,28 @@ def test_session_reuse_across_turns(family):
     # An edited history (diverging early) falls back correctly too.
     turn3 = turn1[:2] + [50, 51]
     assert dec.generate(turn3, params, session) == tiny.greedy_reference(model, turn3, 12)
+
+
+def test_session_survives_an_interrupted_round():
+    """Abandoning a stream mid-round (hard Ctrl-C) leaves the session usable and exact."""
+    model = tiny.make_target("llama")
+    drafter = tiny.make_drafter(2)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
+    session = dec.new_session()
+    real_verify = dec._verify
+    calls = []
+
+    def verify_then_interrupt(*args):
+        out = real_verify(*args)  # the target cache has grown by the whole block
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return out
+
+    dec._verify = verify_then_interrupt  # this instance only
+    with pytest.raises(KeyboardInterrupt):
+        dec.generate(PROMPTS[0], GenerationParams(max_tokens=30, block_size=4), session)
+    dec._verify = real_verify
+    prompt = PROMPTS[0] + [7, 8]
+    assert dec.generate(prompt, GenerationParams(max_tokens=10), session) == \
+        tiny.greedy_reference(model, prompt, 10)

@@ -48,6 +48,7 @@ class Session:
     drafter_cache: list
     tokens: list[int] = field(default_factory=list)  # committed ids, prompt included
     pending: mx.array | None = None  # features for positions drafter_offset .. len(tokens)-2
+    in_round: bool = False  # a round was interrupted midway: the caches are not consistent
 
     @property
     def fed(self) -> int:
@@ -71,6 +72,11 @@ class SpeculativeDecoder:
         return Session(self.target.make_cache(), self.drafter.make_cache())
 
     # --------------------------------------------------------------- prefill
+    def _clear(self, session: Session) -> None:
+        fresh = self.new_session()
+        session.target_cache, session.drafter_cache = fresh.target_cache, fresh.drafter_cache
+        session.pending, session.tokens, session.in_round = None, [], False
+
     def _reuse(self, session: Session, prompt: list[int]) -> int:
         """Roll the session back to its longest prefix shared with `prompt`; return its length."""
         fed = session.fed
@@ -79,9 +85,7 @@ class SpeculativeDecoder:
         while common < limit and session.tokens[common] == prompt[common]:
             common += 1
         if common == 0 or (common < fed and not all(c.is_trimmable() for c in session.target_cache)):
-            fresh = self.new_session()
-            session.target_cache, session.drafter_cache = fresh.target_cache, fresh.drafter_cache
-            session.pending, session.tokens = None, []
+            self._clear(session)
             return 0
         if common < fed:
             for c in session.target_cache:
@@ -101,6 +105,8 @@ class SpeculativeDecoder:
 
     def _prefill(self, session: Session, prompt: list[int], params: GenerationParams, key):
         t0 = time.perf_counter()
+        if session.in_round:  # interrupted mid-round last time: start clean
+            self._clear(session)
         reused = self._reuse(session, prompt) if session.tokens else 0
         new = mx.array(prompt[reused:])[None]
         keep = self.drafter.config.context_rows_needed
@@ -182,6 +188,7 @@ class SpeculativeDecoder:
             length = min(block, params.max_tokens - produced)
             anchor = session.tokens[-1]
             key, k_draft, k_verify = mx.random.split(key, 3)
+            session.in_round = True
             t0 = time.perf_counter()
             drafts, q, cand = [], None, None
             if length > 1:
@@ -204,6 +211,7 @@ class SpeculativeDecoder:
             mx.eval(session.pending, [c.state for c in session.target_cache])
             verify_ms = _ms(t1)
             session.tokens.extend(commit)
+            session.in_round = False
             produced += len(commit)
             finish = "stop" if hit is not None else ("length" if produced >= params.max_tokens else None)
             done = finish is not None

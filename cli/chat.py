@@ -1,0 +1,87 @@
+"""`dflash2 chat [MODEL]`: options only; the terminal chat itself is in chat_repl (imported
+inside the command, so `dflash2 --help` never loads MLX)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import typer
+
+from .common import fail
+
+
+@dataclass
+class ChatOptions:
+    model: Optional[str]
+    target: Optional[str]
+    drafter: Optional[str]
+    prompt: Optional[str]
+    system: Optional[str]
+    max_tokens: int
+    temp: float
+    top_p: float
+    top_k: int
+    min_p: float
+    seed: Optional[int]
+    block: Optional[int]
+    spec: bool
+    thinking: Optional[bool]
+    offline: bool
+
+
+def chat(
+    model: Optional[str] = typer.Argument(
+        None, help="A model alias (see `dflash2 models`); default: smollm2-135m, the embedded "
+        "model.", show_default=False),
+    target: Optional[str] = typer.Option(
+        None, "--target", help="Target model: an mlx-lm folder or a Hugging Face repo id "
+        "(replaces the alias's target)."),
+    drafter: Optional[str] = typer.Option(
+        None, "--drafter", help="DFlash / DFlash2 drafter: a folder or a Hugging Face repo id "
+        "(replaces the alias's drafter)."),
+    prompt: Optional[str] = typer.Option(
+        None, "--prompt", "-p", help="Answer this one message, print the answer and a stats "
+        "line, and exit."),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
+    max_tokens: int = typer.Option(512, "--max-tokens", help="Most tokens per answer."),
+    temp: float = typer.Option(0.0, "--temp", help="Sampling temperature; 0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass, in (0, 1]."),
+    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens; 0 = off."),
+    min_p: float = typer.Option(0.0, "--min-p", help="Drop tokens below min_p x the top "
+                                "probability, in [0, 1)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling."),
+    block: Optional[int] = typer.Option(
+        None, "--block", help="Block size: tokens verified per round (default: the alias's "
+        "recommendation, else the drafter's trained block size)."),
+    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding (no drafter), same "
+                                 "sampler: for comparison."),
+    thinking: Optional[bool] = typer.Option(
+        None, "--thinking/--no-thinking", help="Turn a Qwen-style template's thinking on or "
+        "off (default: the template's own).", show_default=False),
+    offline: bool = typer.Option(False, "--offline", help="Never download: use folders and "
+                                 "the local Hugging Face cache only."),
+):
+    """Chat in the terminal with live acceptance stats (streamed, multi-turn, cached).
+
+    Type /help inside for the commands (/temp, /block, /stats, /spec, ...). Ctrl-C stops an
+    answer, Ctrl-D exits.
+
+    Example: dflash2 chat qwen3-4b --temp 0.6 --top-p 0.95
+
+    Example: dflash2 chat --target ./my-model --drafter ./my-drafter --prompt "Hi" --max-tokens 64
+    """
+    for flag, value in (("--prompt", prompt), ("--system", system)):
+        if value is not None and not value.strip():
+            fail(f"{flag} is empty")
+    if no_spec and block is not None:
+        fail("--block has no effect with --no-spec (plain decoding verifies one token a round)")
+    opts = ChatOptions(model, target, drafter, prompt, system, max_tokens, temp, top_p, top_k,
+                       min_p, seed, block, not no_spec, thinking, offline)
+    from .chat_repl import run_chat
+
+    return run_chat(opts)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("chat")(chat)

@@ -1,0 +1,322 @@
+"""The terminal chat: load a pair, then one turn (--prompt) or a read-eval loop.
+
+One `Session` serves the whole conversation: each turn re-templates the history and the engine
+reuses the cached common prefix (shown as "reused" on the status line). Ctrl-C during an answer
+sets a flag checked between rounds, so the engine stops at a round boundary with a consistent
+cache and the conversation goes on; a second Ctrl-C interrupts at once and resets the cache.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from dataclasses import replace
+
+from rich.console import Console
+from rich.text import Text
+
+from dflash2_mlx import GenerationParams, GenerationStats, SamplingParams
+from dflash2_mlx.errors import DFlash2Error
+from dflash2_mlx.registry import fetch, resolve
+from dflash2_mlx.text import chat_prompt_ids, stream_text
+
+from .chat import ChatOptions
+from .chat_view import HELP, AnswerView, stats_table, status_text
+from .common import fail, raised_in
+
+
+class _StopFlag:
+    """SIGINT sets a flag (first press) or raises KeyboardInterrupt (second press)."""
+
+    def __init__(self):
+        self.set = False
+
+    def _handler(self, signum, frame):
+        if self.set:
+            raise KeyboardInterrupt
+        self.set = True
+
+    def __enter__(self):
+        self.old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self.old)
+
+
+def _template_has_thinking(tokenizer) -> bool:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = " ".join(str(v) for v in template.values())
+    return bool(template) and "enable_thinking" in str(template)
+
+
+class Chat:
+    def __init__(self, pair, opts: ChatOptions, resolved, console: Console, err: Console):
+        self.pair, self.opts, self.console, self.err = pair, opts, console, err
+        self.trained = pair.drafter.config.block_size
+        self.recommended = min(resolved.block_size or self.trained, self.trained)
+        if resolved.block_size and resolved.block_size > self.trained:
+            self.note(f"{resolved.name} recommends block {resolved.block_size} but the drafter "
+                      f"is trained at {self.trained}: using {self.trained}")
+        if opts.block is not None and opts.block > self.trained:
+            fail(f"--block {opts.block} exceeds the drafter's trained block size {self.trained}")
+        if opts.thinking is not None and not _template_has_thinking(pair.tokenizer):
+            fail(f"--{'' if opts.thinking else 'no-'}thinking: this model's chat template has no "
+                 "thinking switch")
+        self.block = opts.block or self.recommended
+        self.sampling = SamplingParams(opts.temp, opts.top_p, opts.top_k, opts.min_p, opts.seed)
+        self.max_tokens = opts.max_tokens
+        self.spec, self.thinking = opts.spec, opts.thinking
+        self.params()  # validate now, before the first turn
+        self.system = opts.system
+        self.history: list[dict] = []
+        self.session = pair.new_session()  # one Session for the whole conversation
+        self.total = GenerationStats()
+        self.turns = 0
+        self.warn_greedy_filters()
+
+    # ----------------------------------------------------------------- helpers
+    def note(self, text: str) -> None:
+        self.err.print(Text(f"note: {text}", style="yellow"))
+
+    def params(self) -> GenerationParams:
+        return GenerationParams(self.max_tokens, self.sampling,
+                                self.block if self.spec else None, self.spec)
+
+    def status(self, stats: GenerationStats, finish: str | None = None) -> Text:
+        return status_text(stats, block=self.block if self.spec else 1, spec=self.spec,
+                           finish=finish)
+
+    def warn_greedy_filters(self) -> None:
+        sp = self.sampling
+        if not sp.greedy:
+            return
+        idle = [n for n, on in (("top_p", sp.top_p < 1), ("top_k", sp.top_k > 0),
+                                ("min_p", sp.min_p > 0), ("seed", sp.seed is not None)) if on]
+        if idle:
+            self.note(f"{', '.join(idle)} has no effect at temperature 0 (greedy decoding)")
+
+    def messages(self, user: str) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.history + [{"role": "user", "content": user}]
+
+    def prompt_ids(self, user: str) -> list[int]:
+        try:
+            return chat_prompt_ids(self.pair.tokenizer, self.messages(user), thinking=self.thinking)
+        except DFlash2Error:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a Jinja template error, say what it was
+            fail(f"the chat template failed: {type(exc).__name__}: {exc}")
+
+    # ----------------------------------------------------------------- one turn
+    def turn(self, user: str, live: bool) -> tuple[str, GenerationStats, str]:
+        """Answer `user`; returns (text, stats of this answer, finish reason)."""
+        ids = self.prompt_ids(user)
+        params = self.params()
+        stats, parts, finish = GenerationStats(), [], "length"
+        view = AnswerView(self.console) if live else None
+        if view:
+            view.__enter__()
+        try:
+            with _StopFlag() as stop:
+                chunks = stream_text(self.pair, ids, params, session=self.session)
+                try:
+                    for chunk in chunks:
+                        stats.add(chunk.event)
+                        self.total.add(chunk.event)
+                        parts.append(chunk.text)
+                        finish = chunk.finish_reason or finish
+                        if view:
+                            view.update(chunk.text, self.status(stats))
+                        elif chunk.text:
+                            sys.stdout.write(chunk.text)
+                            sys.stdout.flush()
+                        if stop.set:
+                            finish = "stopped"
+                            break
+                finally:
+                    chunks.close()
+        except KeyboardInterrupt:  # a second Ctrl-C: the engine may be mid-round
+            finish = "interrupted"
+            self.session = self.pair.new_session()
+        finally:
+            if view:
+                view.update("", self.status(stats, finish), force=True)
+                view.__exit__(None, None, None)
+        if finish == "interrupted":
+            self.note("interrupted mid-round: the cache was reset (the next turn prefills "
+                      "the conversation again)")
+        text = "".join(parts)
+        self.history += [{"role": "user", "content": user},
+                         {"role": "assistant", "content": text}]
+        self.turns += 1
+        return text, stats, finish
+
+    # ----------------------------------------------------------------- slash commands
+    def command(self, line: str) -> bool:
+        """Run a slash command; False means exit."""
+        name, _, arg = line.strip().partition(" ")
+        name, arg = name.lower(), arg.strip()
+        try:
+            return self._command(name, arg)
+        except DFlash2Error as exc:
+            self.err.print(Text(f"error: {exc}", style="red"))
+            return True
+
+    def _bad(self, text: str) -> bool:
+        self.err.print(Text(f"error: {text}", style="red"))
+        return True
+
+    def _number(self, name: str, arg: str, kind):
+        try:
+            return kind(arg)
+        except ValueError:
+            raise _Bad(f"{name} needs {'an integer' if kind is int else 'a number'}, "
+                       f"got {arg or 'nothing'!r}") from None
+
+    def _command(self, name: str, arg: str) -> bool:
+        say = self.console.print
+        try:
+            if name in ("/exit", "/quit"):
+                return False
+            if name == "/help":
+                say(Text(HELP))
+            elif name == "/clear":
+                self.history = []
+                say(Text("conversation cleared", style="dim"))
+            elif name == "/system":
+                if not arg:
+                    say(Text(f"system: {self.system!r}" if self.system else "no system prompt"))
+                else:
+                    self.system = None if arg == "-" else arg
+                    say(Text("system prompt removed" if arg == "-" else "system prompt set",
+                             style="dim"))
+            elif name in ("/temp", "/top_p", "/top_k", "/min_p", "/seed"):
+                field = {"/temp": "temperature"}.get(name, name[1:])
+                if name == "/seed" and arg.lower() == "off":
+                    value = None
+                else:
+                    value = self._number(name, arg, int if name in ("/top_k", "/seed") else float)
+                self.sampling = replace(self.sampling, **{field: value})
+                say(Text(f"{field} = {value}", style="dim"))
+                self.warn_greedy_filters()
+            elif name == "/max":
+                value = self._number(name, arg, int)
+                GenerationParams(value)  # validates
+                self.max_tokens = value
+                say(Text(f"max tokens = {value}", style="dim"))
+            elif name == "/block":
+                if not arg:
+                    say(Text(f"block {self.block} (trained {self.trained})"))
+                    return True
+                value = self.recommended if arg == "auto" else self._number(name, arg, int)
+                if not 1 <= value <= self.trained:
+                    return self._bad(f"/block must be 1 .. {self.trained} (the drafter's trained "
+                                     f"block size), got {value}")
+                self.block = value
+                say(Text(f"block = {value}" + ("" if self.spec else " (used when /spec on)"),
+                         style="dim"))
+            elif name == "/spec":
+                if arg not in ("on", "off"):
+                    return self._bad(f"/spec needs on or off, got {arg or 'nothing'!r}")
+                self.spec = arg == "on"
+                say(Text(f"speculative decoding {arg}", style="dim"))
+            elif name == "/thinking":
+                if arg not in ("on", "off"):
+                    return self._bad(f"/thinking needs on or off, got {arg or 'nothing'!r}")
+                if not _template_has_thinking(self.pair.tokenizer):
+                    return self._bad("this model's chat template has no thinking switch")
+                self.thinking = arg == "on"
+                say(Text(f"thinking {arg}", style="dim"))
+            elif name == "/stats":
+                say(stats_table(self.total, self.turns, len(self.session.tokens),
+                                self.settings(), self.block))
+            else:
+                return self._bad(f"unknown command {name} (type /help)")
+        except _Bad as exc:
+            return self._bad(str(exc))
+        return True
+
+    def settings(self) -> dict:
+        sp = self.sampling
+        return {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k,
+                "min_p": sp.min_p, "seed": sp.seed, "max tokens": self.max_tokens,
+                "block": f"{self.block} (trained {self.trained})",
+                "speculative": "on" if self.spec else "off",
+                "thinking": {None: "template default", True: "on", False: "off"}[self.thinking],
+                "system": self.system or "-"}
+
+    # ----------------------------------------------------------------- the loop
+    def repl(self) -> int:
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:  # pragma: no cover
+            pass
+        say = self.console.print
+        while True:
+            try:
+                line = input(">>> ")
+            except EOFError:
+                say()
+                return 0
+            except KeyboardInterrupt:
+                say(Text("\n(Ctrl-D or /exit quits)", style="dim"))
+                continue
+            if not line.strip():
+                continue
+            if line.startswith("/"):
+                if not self.command(line):
+                    return 0
+                continue
+            live = self.console.is_terminal
+            try:
+                _, stats, finish = self.turn(line, live=live)
+                if not live:  # piped: the answer was written as is; the status line follows
+                    sys.stdout.write("\n")
+                    self.console.print(self.status(stats, finish), soft_wrap=True)
+            except DFlash2Error as exc:
+                self.err.print(Text(f"error: {exc}", style="red"))
+
+
+class _Bad(Exception):
+    pass
+
+
+def load(opts: ChatOptions, err: Console):
+    from dflash2_mlx import load_pair
+
+    resolved = resolve(opts.model, opts.target, opts.drafter)
+    target = fetch(resolved.target, "target", offline=opts.offline)
+    drafter = fetch(resolved.drafter, "drafter", offline=opts.offline)
+    alias = f"{resolved.alias}: " if resolved.alias else ""
+    err.print(Text(f"loading {alias}target {resolved.target} + drafter {resolved.drafter}",
+                   style="dim"))
+    try:
+        pair = load_pair(target, drafter, offline=opts.offline)
+    except DFlash2Error:
+        raise
+    except Exception as exc:  # noqa: BLE001 - mlx-lm's errors for a bad target folder only
+        if not raised_in(exc, "mlx_lm"):
+            raise
+        fail(f"cannot load target {resolved.target}: {type(exc).__name__}: {exc}")
+    return pair, resolved
+
+
+def run_chat(opts: ChatOptions) -> int:
+    console, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    # Validate generation parameters before any model loads.
+    GenerationParams(opts.max_tokens, SamplingParams(opts.temp, opts.top_p, opts.top_k,
+                                                     opts.min_p, opts.seed), opts.block)
+    pair, resolved = load(opts, err)
+    chat = Chat(pair, opts, resolved, console, err)
+    if opts.prompt is not None:
+        _, stats, finish = chat.turn(opts.prompt, live=False)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        err.print(chat.status(stats, finish), soft_wrap=True)
+        return 130 if finish in ("stopped", "interrupted") else 0
+    err.print(Text(f"{resolved.name}: block {chat.block} (trained {chat.trained}), "
+                   f"temperature {chat.sampling.temperature}. /help for commands, Ctrl-C stops "
+                   "an answer, Ctrl-D exits.", style="dim"))
+    return chat.repl()

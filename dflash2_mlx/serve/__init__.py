@@ -1,0 +1,40 @@
+"""OpenAI-compatible HTTP server (FastAPI + uvicorn) over one `Pair`: `dflash2 serve`.
+
+Endpoints
+  POST /v1/chat/completions   messages -> chat template -> generation (stream: SSE)
+  POST /v1/completions        prompt (string, token ids, or a batch of one) -> generation
+  GET  /v1/models, /v1/models/{id}, GET /health, GET /metrics (Prometheus text format)
+
+Request fields honoured: model (optional; must name the served model, else 404), messages /
+prompt, max_tokens or max_completion_tokens (default: the server's, clipped to the context),
+temperature (default 1.0, as OpenAI; 0 = greedy), top_p, top_k (0 or -1 = off), min_p, stop
+(string or up to 16 strings; never emitted), seed, stream, stream_options.include_usage.
+Sampling is the library's lossless rejection sampling: output follows the target exactly.
+Refused with a 400 naming the field unless neutral: n, logprobs, top_logprobs, tools,
+tool_choice, functions, function_call, response_format, presence/frequency/repetition
+penalties, logit_bias, modalities, audio, prediction, reasoning_effort, web_search_options,
+store, best_of, echo, suffix; unknown fields. Accepted and unused (cannot change the output):
+user, metadata, service_tier, parallel_tool_calls, prompt_cache_key, safety_identifier.
+Messages: roles system / developer (sent to the template as system) / user / assistant;
+content a string or a list of text parts (joined with newlines).
+
+Extension fields
+  usage.dflash2 = {rounds, drafted, accepted, tau, acceptance_rate, block_size, speculative,
+                   prefill_ms, decode_ms, decode_tokens_per_s}
+      rounds: draft-verify rounds (the prefill is not one); drafted / accepted: draft tokens
+      proposed / kept; tau = (accepted + rounds) / rounds, tokens per round bonus included;
+      block_size: tokens verified per round (1 with speculative off).
+      usage.completion_tokens counts every token the engine committed, the end-of-turn token
+      and tokens of the last round past a stop string included.
+  /v1/models data[i].dflash2 = {speculative, drafter, drafter_version, block_size,
+                                trained_block_size, context_length, default_max_tokens,
+                                max_queue}
+
+Errors: {"error": {"message", "type", "param", "code"}}; 400 bad input, 404 unknown model or
+route, 503 + Retry-After when the queue is full. Requests run one at a time on a worker thread;
+`max_queue` more may wait. A client that disconnects cancels its generation.
+"""
+
+from .app import create_app, default_context_length
+
+__all__ = ["create_app", "default_context_length"]

@@ -1,0 +1,169 @@
+"""The OpenAI-compatible HTTP server: one model, one worker thread, a bounded queue.
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions (SSE streaming or not),
+GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import DFlash2Error
+from . import metrics as metrics_mod
+from .handler import Handler, Settings, error_response, unknown_model
+from .queue import Worker
+from .schemas import APIError, parse_chat, parse_completion
+
+log = logging.getLogger("dflash2.serve")
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+
+
+def default_context_length(model) -> int:
+    """The target's max_position_embeddings (text_config included), else 4096."""
+    args = getattr(model, "args", None)
+    for src in (args, getattr(args, "text_config", None)):
+        v = src.get("max_position_embeddings") if isinstance(src, dict) else getattr(
+            src, "max_position_embeddings", None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return 4096
+
+
+class _CountResponses:
+    """ASGI middleware: counts every response by endpoint and status (streams included)."""
+
+    def __init__(self, app, metrics: metrics_mod.Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        endpoint = next((e for e in ENDPOINTS if path == e or path.startswith(e + "/")), "other")
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.count_response(endpoint, message["status"])
+            await send(message)
+
+        return await self.app(scope, receive, counting_send)
+
+
+async def _json_body(request: Request) -> dict:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"could not parse the JSON body: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int | None = None,
+               default_max_tokens: int = 512, block_size: int | None = None,
+               speculative: bool = True, drafter_name: str | None = None) -> FastAPI:
+    """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
+
+    max_queue: requests that may wait while one generates (beyond: 503 + Retry-After).
+    context_length: prompt + max_tokens limit (default: the target's max_position_embeddings,
+    else 4096). default_max_tokens: for requests that give none, clipped to what the context
+    leaves. block_size / speculative: the engine settings of every request. drafter_name: shown
+    in /v1/models. The worker thread starts and stops with the app (its lifespan).
+    """
+    trained = pair.drafter.config.block_size
+    if block_size is not None and not 1 <= block_size <= trained:
+        raise DFlash2Error(f"block_size must be in [1, {trained}] (the drafter's trained block "
+                           f"size); got {block_size}")
+    if max_queue < 0:
+        raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
+    if default_max_tokens < 1:
+        raise DFlash2Error(f"default_max_tokens must be >= 1; got {default_max_tokens}")
+    context = context_length or default_context_length(pair.model)
+    if context < 2:
+        raise DFlash2Error(f"context_length must be >= 2; got {context}")
+    settings = Settings(model_name, context, default_max_tokens, block_size, speculative,
+                        (block_size or trained) if speculative else 1,
+                        pair.decoder.target.vocab_size)
+    metrics = metrics_mod.Metrics()
+    worker = Worker(pair, max_queue, metrics)
+    handler = Handler(pair, worker, settings)
+    started = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        try:
+            yield
+        finally:
+            worker.stop()
+
+    app = FastAPI(title="dflash2", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.worker, app.state.metrics, app.state.settings = worker, metrics, settings
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, err: APIError):
+        return error_response(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        msg = f"{request.method} {request.url.path}: {exc.detail}"
+        return error_response(APIError(exc.status_code, msg, code=code))
+
+    @app.exception_handler(Exception)
+    async def _server_error(request, exc: Exception):
+        log.exception("unhandled error")
+        return error_response(APIError(500, f"internal error: {type(exc).__name__}",
+                                       type="server_error", code="internal_error"))
+
+    def model_card() -> dict:
+        """The model object, with `dflash2`: the engine every request of this server runs."""
+        return {"id": model_name, "object": "model", "created": started, "owned_by": "dflash2",
+                "dflash2": {
+                    "speculative": speculative, "drafter": drafter_name,
+                    "drafter_version": pair.drafter.config.version,
+                    "block_size": settings.effective_block, "trained_block_size": trained,
+                    "context_length": context, "default_max_tokens": default_max_tokens,
+                    "max_queue": max_queue}}
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str):
+        if model_id != model_name:
+            raise unknown_model(model_id, model_name)
+        return model_card()
+
+    @app.get("/health")
+    async def health():
+        ok = worker.alive
+        body = {"status": "ok" if ok else "error", "model": model_name,
+                "queue_depth": worker.waiting, "in_flight": worker.running}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def get_metrics():
+        return PlainTextResponse(metrics.render(), media_type=metrics_mod.CONTENT_TYPE)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await handler.handle(request, parse_chat(await _json_body(request)))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handler.handle(request, parse_completion(await _json_body(request)))
+
+    app.add_middleware(_CountResponses, metrics=metrics)
+    return app

@@ -1,0 +1,230 @@
+"""One generation request: tokenize, check the context, queue, then answer whole or as SSE.
+
+A client that leaves is noticed while the request waits or generates (non-streaming: polled;
+streaming: Starlette cancels the response) and its job is cancelled, freeing the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..engine.events import GenerationStats
+from ..engine.loop import GenerationParams
+from ..errors import DFlash2Error
+from ..text import chat_prompt_ids
+from .format import SSE_DONE, Formatter, sse, usage
+from .queue import Item, Job, QueueFull, Worker
+from .schemas import APIError, GenRequest, invalid
+
+log = logging.getLogger("dflash2.serve")
+
+DISCONNECT_POLL_S = 0.2
+CLIENT_GONE = 499  # nginx's "client closed request": counted in /metrics, never seen by anyone
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def _from_worker(err: BaseException) -> APIError:
+    if isinstance(err, DFlash2Error):
+        return APIError(400, str(err))
+    return APIError(500, f"generation failed: {type(err).__name__}: {err}", type="server_error",
+                    code="internal_error")
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_name: str
+    context: int  # prompt + max_tokens limit
+    default_max_tokens: int
+    block_size: int | None  # None: the drafter's trained block size
+    speculative: bool
+    effective_block: int  # tokens verified per round (1 when speculative is off)
+    vocab: int
+
+
+class _Reader:
+    """Reads a job's items; optionally notices a client that left (polled)."""
+
+    def __init__(self, job: Job, request: Request):
+        self.job, self.request = job, request
+        self._get: asyncio.Task | None = None
+        self.finished = False  # saw "done" or "error": the worker is through with the job
+        self._polled = time.monotonic()
+
+    async def next(self, poll_disconnect: bool) -> Item | None:
+        """The next item, or None if the client has gone (checked every DISCONNECT_POLL_S)."""
+        if self._get is None:
+            self._get = asyncio.ensure_future(self.job.out.get())
+        while True:
+            wait = max(0.0, self._polled + DISCONNECT_POLL_S - time.monotonic())
+            done, _ = await asyncio.wait({self._get}, timeout=wait if poll_disconnect else None)
+            if poll_disconnect and time.monotonic() - self._polled >= DISCONNECT_POLL_S:
+                self._polled = time.monotonic()
+                if await self.request.is_disconnected():
+                    return None
+            if done:
+                item, self._get = self._get.result(), None
+                self.finished = item.kind in ("done", "error")
+                return item
+
+    def close(self) -> None:
+        if self._get is not None:
+            self._get.cancel()
+            self._get = None
+
+
+class _SSEResponse(StreamingResponse):
+    """A stream that releases its job however it ends, even if never iterated."""
+
+    def __init__(self, content, release):
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._release = release
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+            with contextlib.suppress(RuntimeError):
+                await self.body_iterator.aclose()
+
+
+class Handler:
+    def __init__(self, pair, worker: Worker, settings: Settings):
+        self.pair, self.worker, self.s = pair, worker, settings
+
+    # ------------------------------------------------------------------ before the queue
+    def tokenize(self, req: GenRequest) -> list[int]:
+        tok = self.pair.tokenizer
+        if req.kind == "chat":
+            try:
+                return chat_prompt_ids(tok, req.messages)
+            except DFlash2Error as e:
+                raise invalid("messages", str(e)) from None
+            except Exception as e:
+                if type(e).__module__.startswith("jinja2"):  # the template refused them
+                    raise invalid("messages", f"the chat template rejected the messages: {e}") \
+                        from None
+                raise
+        if isinstance(req.prompt, str):
+            return [int(t) for t in tok.encode(req.prompt)]
+        bad = next((t for t in req.prompt if not 0 <= t < self.s.vocab), None)
+        if bad is not None:
+            raise invalid("prompt", f"token id {bad} is outside the vocabulary [0, {self.s.vocab})")
+        return list(req.prompt)
+
+    def plan(self, req: GenRequest, ids: list[int]) -> GenerationParams:
+        s = self.s
+        where = "messages" if req.kind == "chat" else "prompt"
+        if not ids:
+            raise invalid(where, "the prompt is empty after tokenization")
+        room = s.context - len(ids)
+        if room < 1:
+            raise APIError(400, f"the prompt has {len(ids)} tokens; this server's context length "
+                           f"is {s.context}", param=where, code="context_length_exceeded")
+        max_tokens = req.max_tokens
+        if max_tokens is None:
+            max_tokens = min(s.default_max_tokens, room)
+        elif max_tokens > room:
+            raise invalid(req.max_tokens_param,
+                          f"{req.max_tokens_param}={max_tokens} plus the prompt's {len(ids)} "
+                          f"tokens exceeds the context length {s.context}")
+        return GenerationParams(max_tokens=max_tokens, sampling=req.sampling,
+                                block_size=s.block_size, speculative=s.speculative)
+
+    # ------------------------------------------------------------------ the request
+    async def handle(self, request: Request, req: GenRequest) -> Response:
+        try:
+            return await self._handle(request, req)
+        except APIError:
+            raise
+        except Exception as e:  # a server bug: answer 500 (counted), keep serving
+            log.exception("request failed")
+            raise APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error",
+                           code="internal_error") from None
+
+    async def _handle(self, request: Request, req: GenRequest) -> Response:
+        if req.model is not None and req.model != self.s.model_name:
+            raise unknown_model(req.model, self.s.model_name)
+        ids = await asyncio.to_thread(self.tokenize, req)
+        job = Job(ids, self.plan(req, ids), req.stop)
+        try:
+            self.worker.submit(job)
+        except QueueFull as e:
+            raise APIError(503, str(e), type="server_error", code="queue_full",
+                           headers={"Retry-After": str(e.retry_after)}) from None
+        reader = _Reader(job, request)
+
+        def release():
+            reader.close()
+            if not reader.finished:
+                self.worker.cancel(job)
+
+        handed_over = False
+        try:
+            first = await reader.next(poll_disconnect=True)
+            if first is None:
+                return Response(status_code=CLIENT_GONE)
+            if first.kind == "error":
+                return error_response(_from_worker(first.error))
+            fmt = Formatter(req.kind, self.s.model_name)
+            if req.stream:
+                handed_over = True
+                return _SSEResponse(self._stream(fmt, req, len(ids), first, reader), release)
+            return await self._complete(fmt, len(ids), first, reader)
+        finally:
+            if not handed_over:
+                release()
+
+    def _usage(self, n_prompt: int, stats: GenerationStats) -> dict:
+        return usage(n_prompt, stats, self.s.effective_block, self.s.speculative)
+
+    async def _complete(self, fmt: Formatter, n_prompt: int, item: Item | None,
+                        reader: _Reader) -> Response:
+        stats, parts, finish = GenerationStats(), [], "length"
+        while True:
+            if item is None:
+                return Response(status_code=CLIENT_GONE)
+            if item.kind == "error":
+                return error_response(_from_worker(item.error))
+            if item.kind == "done":
+                break
+            stats.add(item.event)
+            parts.append(item.text)
+            finish = item.finish_reason or finish
+            item = await reader.next(poll_disconnect=True)
+        return JSONResponse(fmt.full("".join(parts), finish, self._usage(n_prompt, stats)))
+
+    async def _stream(self, fmt: Formatter, req: GenRequest, n_prompt: int, item: Item,
+                      reader: _Reader):
+        stats, finish, with_usage = GenerationStats(), "length", req.include_usage
+        if req.kind == "chat":
+            yield sse(fmt.chunk("", role=True, with_usage=with_usage))
+        while item.kind == "chunk":
+            stats.add(item.event)
+            finish = item.finish_reason or finish
+            if item.text:
+                yield sse(fmt.chunk(item.text, with_usage=with_usage))
+            item = await reader.next(poll_disconnect=False)  # Starlette watches the client
+        if item.kind == "error":  # headers are sent: report it in the stream
+            yield sse(_from_worker(item.error).body())
+            return
+        yield sse(fmt.chunk(None if req.kind == "chat" else "", finish, with_usage=with_usage))
+        if with_usage:
+            yield sse(fmt.usage_chunk(self._usage(n_prompt, stats)))
+        yield SSE_DONE
+
+
+def unknown_model(name: str, served: str) -> APIError:
+    return APIError(404, f"The model {name!r} does not exist; this server serves {served!r}",
+                    param="model", code="model_not_found")

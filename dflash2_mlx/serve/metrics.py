@@ -1,0 +1,107 @@
+"""Server counters and gauges, rendered in the Prometheus text exposition format (0.0.4)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from ..engine.events import RoundEvent
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    """Thread-safe totals: the event loop counts requests, the worker counts rounds."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.requests: Counter = Counter()  # (endpoint, status) -> responses
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self.rounds = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.generations = 0
+        self.cancelled = 0
+        self.generation_seconds = 0.0
+        self.queue_depth = 0  # waiting, not yet started
+        self.in_flight = 0  # generating now (0 or 1)
+
+    def count_response(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            self.requests[(endpoint, str(status))] += 1
+
+    def count_event(self, ev: RoundEvent) -> None:
+        with self._lock:
+            self.generated_tokens += len(ev.tokens)
+            if ev.prefill:
+                self.prompt_tokens += ev.prompt_tokens + ev.reused_tokens
+                return
+            self.rounds += 1
+            self.drafted += ev.drafted
+            self.accepted += ev.accepted
+
+    def count_generation(self, seconds: float, cancelled: bool) -> None:
+        with self._lock:
+            self.generations += 1
+            self.generation_seconds += seconds
+            self.cancelled += int(cancelled)
+
+    def count_dropped(self) -> None:
+        """A waiting request whose client left before it started."""
+        with self._lock:
+            self.cancelled += 1
+
+    def set_queue(self, waiting: int, running: int) -> None:
+        with self._lock:
+            self.queue_depth, self.in_flight = waiting, running
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per round (accepted drafts + the bonus token)."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def mean_generation_seconds(self) -> float:
+        return self.generation_seconds / self.generations if self.generations else 0.0
+
+    def render(self) -> str:
+        with self._lock:
+            lines: list[str] = []
+
+            def metric(name: str, kind: str, help_: str, samples) -> None:
+                lines.append(f"# HELP {name} {help_}")
+                lines.append(f"# TYPE {name} {kind}")
+                for labels, value in samples:
+                    lab = ",".join(f'{k}="{v}"' for k, v in labels)
+                    lines.append(f"{name}{{{lab}}} {value}" if lab else f"{name} {value}")
+
+            metric("dflash2_requests_total", "counter", "HTTP responses by endpoint and status.",
+                   [((("endpoint", e), ("status", s)), n)
+                    for (e, s), n in sorted(self.requests.items())])
+            for name, help_, value in (
+                ("dflash2_prompt_tokens_total", "Prompt tokens of started generations.",
+                 self.prompt_tokens),
+                ("dflash2_generated_tokens_total", "Tokens committed by the engine.",
+                 self.generated_tokens),
+                ("dflash2_rounds_total", "Draft-verify rounds (the prefill is not a round).",
+                 self.rounds),
+                ("dflash2_drafted_tokens_total", "Draft tokens proposed.", self.drafted),
+                ("dflash2_accepted_tokens_total", "Draft tokens accepted by the target.",
+                 self.accepted),
+                ("dflash2_generations_total", "Generations run (finished or cancelled).",
+                 self.generations),
+                ("dflash2_cancelled_total",
+                 "Requests cancelled by a client disconnect (waiting or generating).",
+                 self.cancelled),
+            ):
+                metric(name, "counter", help_, [((), value)])
+            metric("dflash2_generation_seconds_total", "counter",
+                   "Wall time spent generating.", [((), round(self.generation_seconds, 6))])
+            metric("dflash2_mean_acceptance_length", "gauge",
+                   "Mean tokens per round, bonus included (tau), since start.",
+                   [((), round(self.tau, 6))])
+            metric("dflash2_queue_depth", "gauge", "Requests waiting for the worker.",
+                   [((), self.queue_depth)])
+            metric("dflash2_in_flight", "gauge", "Generations running now.", [((), self.in_flight)])
+            return "\n".join(lines) + "\n"

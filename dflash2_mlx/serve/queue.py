@@ -1,0 +1,162 @@
+"""One worker thread runs one generation at a time; requests wait in a bounded queue.
+
+MLX on one device does not run generations concurrently, so the server serialises them. The
+event loop submits a `Job`; the worker streams its text chunks back into the job's asyncio
+queue. A cancelled job (client gone) is skipped if still waiting, or stopped between rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..engine.loop import GenerationParams
+from ..errors import DFlash2Error
+from ..text import stream_text
+from .metrics import Metrics
+
+log = logging.getLogger("dflash2.serve")
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after: int):
+        super().__init__(f"the server is busy; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+@dataclass
+class Item:
+    """What the worker sends back: a chunk of text, then "done"; or one "error"."""
+
+    kind: str  # "chunk" | "done" | "error"
+    text: str = ""
+    finish_reason: str | None = None
+    event: object = None  # the RoundEvent of a chunk
+    error: BaseException | None = None
+
+
+class Job:
+    def __init__(self, prompt_ids: Sequence[int], params: GenerationParams, stop: Sequence[str]):
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.stop = list(stop)
+        self.loop = asyncio.get_running_loop()
+        self.out: asyncio.Queue[Item] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.state = "waiting"  # waiting -> running -> done, or waiting -> cancelled
+
+    def emit(self, item: Item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (server shutting down)
+            self.cancelled.set()
+
+
+class Worker:
+    """Admits at most `max_queue` waiting jobs besides the one generating."""
+
+    def __init__(self, pair, max_queue: int, metrics: Metrics):
+        self.pair = pair
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self.waiting = 0
+        self.running = 0
+        self._current: Job | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ event loop side
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="dflash2-worker", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._thread is not None:
+            current = self._current
+            if current is not None:
+                current.cancelled.set()
+            self._jobs.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self.waiting + self.running > self.max_queue:
+                raise QueueFull(self._retry_after())
+            self.waiting += 1
+            self._publish()
+        self._jobs.put(job)
+
+    def cancel(self, job: Job) -> None:
+        job.cancelled.set()
+        with self._lock:
+            if job.state == "waiting":
+                job.state = "cancelled"
+                self.waiting -= 1
+                self.metrics.count_dropped()
+                self._publish()
+
+    def _retry_after(self) -> int:
+        per_job = self.metrics.mean_generation_seconds or 1.0
+        return max(1, min(60, math.ceil(per_job * (self.waiting + self.running))))
+
+    def _publish(self) -> None:
+        self.metrics.set_queue(self.waiting, self.running)
+
+    # ------------------------------------------------------------ worker side
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            with self._lock:
+                if job.state != "waiting":
+                    continue
+                job.state = "running"
+                self.waiting -= 1
+                self.running = 1
+                self._current = job
+                self._publish()
+            t0 = time.perf_counter()
+            try:
+                self._generate(job)
+            finally:
+                with self._lock:
+                    job.state = "done"
+                    self.running = 0
+                    self._current = None
+                    self._publish()
+                self.metrics.count_generation(time.perf_counter() - t0, job.cancelled.is_set())
+
+    def _generate(self, job: Job) -> None:
+        chunks = None
+        try:
+            if job.cancelled.is_set():
+                return
+            chunks = stream_text(self.pair, job.prompt_ids, job.params, job.stop)
+            for chunk in chunks:
+                self.metrics.count_event(chunk.event)
+                job.emit(Item("chunk", chunk.text, chunk.finish_reason, chunk.event))
+                if job.cancelled.is_set():
+                    return
+            job.emit(Item("done"))
+        except DFlash2Error as e:
+            job.emit(Item("error", error=e))
+        except Exception as e:  # a server bug: log it, answer 500, keep serving
+            log.exception("generation failed")
+            job.emit(Item("error", error=e))
+        finally:
+            if chunks is not None:
+                chunks.close()

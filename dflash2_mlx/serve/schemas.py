@@ -1,0 +1,262 @@
+"""OpenAI request bodies in, library parameters out. Every field is honoured or refused.
+
+A field that would change the output and is not implemented (n > 1, logprobs, tools,
+penalties, logit_bias, response_format, ...) is refused with a 400 naming it, unless it has
+its neutral value (n=1, presence_penalty=0, tools=[] ...). Unknown fields are refused too.
+Only fields that cannot change the output (user, metadata, ...) are accepted and unused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..engine.sampling import SamplingParams
+from ..errors import ParameterError
+
+MAX_STOP = 16
+MAX_SEED = 2**64 - 1
+
+
+class APIError(Exception):
+    """An error answered as {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 type: str = "invalid_request_error", code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.type, self.code, self.headers = type, code, headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _neutral(*values) -> Callable[[Any], bool]:
+    def ok(v):
+        return any(v is x or (type(v) is type(x) and v == x)
+                   or (_is_num(v) and _is_num(x) and v == x) for x in values)
+    return ok
+
+
+# field -> (neutral value test, what is unsupported)
+_OUTPUT_CHANGING: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "n": (_neutral(None, 1), "only n=1 is supported"),
+    "presence_penalty": (_neutral(None, 0), "penalties are not supported (only 0)"),
+    "frequency_penalty": (_neutral(None, 0), "penalties are not supported (only 0)"),
+    "repetition_penalty": (_neutral(None, 1), "repetition_penalty is not supported (only 1)"),
+    "logit_bias": (lambda v: v is None or v == {}, "logit_bias is not supported"),
+}
+_CHAT_ONLY = {
+    "logprobs": (_neutral(None, False), "logprobs are not supported"),
+    "top_logprobs": (_neutral(None, 0), "logprobs are not supported"),
+    "tools": (lambda v: v is None or v == [], "tools are not supported"),
+    "tool_choice": (_neutral(None, "none", "auto"), "tools are not supported"),
+    "functions": (lambda v: v is None or v == [], "functions are not supported"),
+    "function_call": (_neutral(None, "none", "auto"), "functions are not supported"),
+    "response_format": (lambda v: v is None or v == {"type": "text"},
+                        "response_format other than {\"type\": \"text\"} is not supported"),
+    "modalities": (lambda v: v is None or v == ["text"], "only text output is supported"),
+    "audio": (_neutral(None), "audio output is not supported"),
+    "prediction": (_neutral(None), "predicted outputs are not supported"),
+    "reasoning_effort": (_neutral(None), "reasoning_effort is not supported"),
+    "web_search_options": (_neutral(None), "web search is not supported"),
+    "store": (_neutral(None, False), "stored completions are not supported"),
+}
+_COMPLETION_ONLY = {
+    "logprobs": (_neutral(None), "logprobs are not supported"),
+    "best_of": (_neutral(None, 1), "only best_of=1 is supported"),
+    "echo": (_neutral(None, False), "echo is not supported"),
+    "suffix": (_neutral(None, ""), "suffix is not supported"),
+}
+# Accepted and unused: they cannot change the generated text.
+_HARMLESS = {"user", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+             "safety_identifier"}
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed",
+           "stream", "stream_options"}
+
+
+@dataclass
+class GenRequest:
+    kind: str  # "chat" | "completion"
+    model: str | None
+    sampling: SamplingParams
+    max_tokens: int | None = None  # None: the server default, clipped to the context
+    max_tokens_param: str = "max_tokens"
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    messages: list[dict] | None = None
+    prompt: str | list[int] | None = None
+
+
+def _check_fields(body: dict, own: set[str], refused: dict) -> None:
+    for name, value in body.items():
+        if name in refused:
+            neutral, why = refused[name]
+            if not neutral(value):
+                raise invalid(name, f"{name}={value!r}: {why}", "unsupported_parameter")
+        elif name not in own and name not in _HARMLESS:
+            raise invalid(name, f"Unrecognized request argument supplied: {name}",
+                          "unknown_parameter")
+
+
+def _opt(body: dict, name: str, test: Callable[[Any], bool], expected: str):
+    v = body.get(name)
+    if v is not None and not test(v):
+        raise invalid(name, f"{name} must be {expected}; got {v!r}", "invalid_type")
+    return v
+
+
+def _sampling(body: dict) -> SamplingParams:
+    def number(name, default, lo, hi, lo_open=False, hi_open=False):
+        v = _opt(body, name, _is_num, "a number")
+        if v is None:
+            return default
+        bad = (not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo)
+               or (hi_open and v == hi))
+        if bad:
+            rng = (f"a finite number >= {lo:g}" if hi == math.inf else
+                   f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}")
+            raise invalid(name, f"{name} must be {rng}; got {v!r}")
+        return float(v)
+
+    temperature = number("temperature", 1.0, 0.0, math.inf)
+    top_p = number("top_p", 1.0, 0.0, 1.0, lo_open=True)
+    min_p = number("min_p", 0.0, 0.0, 1.0, hi_open=True)
+    top_k = _opt(body, "top_k", _is_int, "an integer")
+    if top_k is not None and top_k < -1:
+        raise invalid("top_k", f"top_k must be >= 0 (0 or -1 = off); got {top_k}")
+    seed = _opt(body, "seed", _is_int, "an integer")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise invalid("seed", f"seed must be in [0, 2**64 - 1]; got {seed}")
+    try:
+        return SamplingParams(temperature, top_p, max(top_k or 0, 0), min_p, seed)
+    except ParameterError as e:
+        raise invalid(None, str(e)) from None
+
+
+def _common(body: dict, kind: str, max_param: str) -> GenRequest:
+    model = _opt(body, "model", lambda v: isinstance(v, str), "a string")
+    limit = None
+    for name in ("max_tokens", "max_completion_tokens"):
+        v = _opt(body, name, _is_int, "an integer")
+        if v is not None and v < 1:
+            raise invalid(name, f"{name} must be >= 1; got {v}")
+        if v is not None and limit is not None and v != limit:
+            raise invalid(name, "max_tokens and max_completion_tokens disagree; send one")
+        if v is not None:
+            limit, max_param = v, name
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise invalid("stop", "stop must be a string or a list of strings", "invalid_type")
+    if len(stop) > MAX_STOP or not all(stop):
+        raise invalid("stop", f"stop takes 1 to {MAX_STOP} non-empty strings")
+    stream = bool(_opt(body, "stream", lambda v: isinstance(v, bool), "a boolean"))
+    include_usage = False
+    opts = body.get("stream_options")
+    if opts is not None:
+        if not stream:
+            raise invalid("stream_options", "stream_options is only allowed when stream is true")
+        if not isinstance(opts, dict):
+            raise invalid("stream_options", "stream_options must be an object", "invalid_type")
+        for k, v in opts.items():
+            if k != "include_usage":
+                raise invalid(f"stream_options.{k}", f"stream_options.{k} is not supported",
+                              "unsupported_parameter")
+            if v is not None and not isinstance(v, bool):
+                raise invalid("stream_options.include_usage",
+                              "stream_options.include_usage must be a boolean", "invalid_type")
+            include_usage = bool(v)
+    return GenRequest(kind, model, _sampling(body), limit, max_param, stop, stream, include_usage)
+
+
+def _content(i: int, content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                    part.get("text"), str):
+                raise invalid(f"messages[{i}].content[{j}]",
+                              "only text content parts ({\"type\": \"text\", \"text\": ...}) "
+                              "are supported", "unsupported_parameter")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise invalid(f"messages[{i}].content", "content must be a string or a list of text parts",
+                  "invalid_type")
+
+
+def parse_chat(body: dict) -> GenRequest:
+    _check_fields(body, _COMMON | {"messages", "max_completion_tokens"},
+                  {**_OUTPUT_CHANGING, **_CHAT_ONLY})
+    messages = body.get("messages")
+    if messages is None:
+        raise invalid("messages", "messages is required", "missing_required_parameter")
+    if not isinstance(messages, list):
+        raise invalid("messages", "messages must be a list of messages", "invalid_type")
+    if not messages:
+        raise invalid("messages", "messages is empty: at least one message is needed")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise invalid(f"messages[{i}]", "each message must be an object", "invalid_type")
+        role = m.get("role")
+        if role not in ("system", "developer", "user", "assistant"):
+            raise invalid(f"messages[{i}].role", f"role must be system, developer, user or "
+                          f"assistant (tools are not supported); got {role!r}")
+        for k, v in m.items():
+            if k not in ("role", "content") and v not in (None, []):
+                raise invalid(f"messages[{i}].{k}", f"message field {k!r} is not supported",
+                              "unsupported_parameter")
+        if "content" not in m:
+            raise invalid(f"messages[{i}].content", "content is required",
+                          "missing_required_parameter")
+        # Chat templates know "system"; OpenAI's newer "developer" role means the same.
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _content(i, m["content"])})
+    req = _common(body, "chat", "max_completion_tokens")
+    req.messages = out
+    return req
+
+
+def parse_completion(body: dict) -> GenRequest:
+    _check_fields(body, _COMMON | {"prompt"}, {**_OUTPUT_CHANGING, **_COMPLETION_ONLY})
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise invalid("prompt", "prompt is required", "missing_required_parameter")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list):
+        if prompt and all(isinstance(p, (str, list)) for p in prompt):
+            raise invalid("prompt", "batched prompts are not supported: send one per request",
+                          "unsupported_parameter")
+        if not all(_is_int(t) for t in prompt):
+            raise invalid("prompt", "prompt must be a string or a list of token ids",
+                          "invalid_type")
+    elif not isinstance(prompt, str):
+        raise invalid("prompt", "prompt must be a string or a list of token ids", "invalid_type")
+    if len(prompt) == 0:
+        raise invalid("prompt", "prompt is empty")
+    req = _common(body, "completion", "max_tokens")
+    req.prompt = prompt
+    return req

@@ -1,0 +1,123 @@
+"""`dflash2 train`: prompts → target regenerations → cached features → drafter → model card.
+
+Every stage is resumable from `work/`: regenerations are appended per batch, features per
+shard, training checkpoints every few hundred steps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+
+from ..errors import DFlash2Error
+from ..prompts import load_prompts
+from ..target.adapter import TargetAdapter
+from .features import build_feature_cache, load_feature_cache, read_regenerations
+from .trainer import TrainConfig, Trainer, drafter_config_for, init_drafter
+
+
+@dataclass
+class PipelineConfig:
+    target: str  # mlx-lm folder or repo id
+    out: Path  # drafter folder to write
+    work: Path  # regenerations, features, checkpoints
+    prompts: str = "train"  # bundled split name or a JSONL path
+    heldout: str = "heldout"
+    max_new_tokens: int = 256
+    temperatures: tuple[float, ...] = (0.0, 0.7)
+    regen_batch: int = 32
+    max_len: int = 512
+    skip_bad_lines: bool = False
+    dtype: str = "bfloat16"
+
+
+def _guess_mask_id(tokenizer, vocab: int) -> int:
+    """A token the target never emits: a reserved/unused special token, else the last id."""
+    for name in ("<|MASK|>", "<empty_output>", "<mask>", "<|mask|>"):
+        tid = tokenizer.convert_tokens_to_ids(name) if hasattr(tokenizer, "convert_tokens_to_ids") else None
+        if isinstance(tid, int) and 0 <= tid < vocab and tid != getattr(tokenizer, "unk_token_id", None):
+            return tid
+    return vocab - 1
+
+
+def run_pipeline(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None] = print,
+                 on_step: Callable[[dict], None] | None = None) -> dict:
+    from mlx_lm import load as load_target
+
+    from .regenerate import regenerate
+
+    pc.work.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load_target(str(pc.target))
+    target_cfg = json.loads((Path(pc.target) / "config.json").read_text()) \
+        if Path(pc.target, "config.json").exists() else {}
+    probe = TargetAdapter(model, ())
+    if tc.mask_token_id is None:
+        tc.mask_token_id = _guess_mask_id(tokenizer, probe.vocab_size)
+    dcfg = drafter_config_for(probe, target_cfg, tc)
+    adapter = TargetAdapter(model, dcfg.target_layer_ids)
+
+    stages = {}
+    for split, name in ((pc.prompts, "train"), (pc.heldout, "heldout")):
+        prompts = load_prompts(split, skip_bad=pc.skip_bad_lines)
+        regen = pc.work / f"regen_{name}.jsonl"
+        t0 = time.perf_counter()
+        temps = pc.temperatures if name == "train" else (0.0,)
+        st = regenerate((model, tokenizer), prompts, regen, max_new_tokens=pc.max_new_tokens,
+                        temperatures=temps, batch_size=pc.regen_batch, log=log)
+        stages[f"regen_{name}"] = {"prompts": len(prompts), "new_tokens": st.new_tokens,
+                                   "seconds": round(time.perf_counter() - t0, 1)}
+        feats = pc.work / f"features_{name}_{'-'.join(map(str, dcfg.target_layer_ids))}"
+        t0 = time.perf_counter()
+        build_feature_cache(adapter, read_regenerations(regen, pc.max_len), feats, log=log)
+        stages[f"features_{name}"] = {"seconds": round(time.perf_counter() - t0, 1)}
+    train = load_feature_cache(pc.work / f"features_train_{'-'.join(map(str, dcfg.target_layer_ids))}")
+    held = load_feature_cache(pc.work / f"features_heldout_{'-'.join(map(str, dcfg.target_layer_ids))}")
+    held = [s for s in held if s.temperature == 0.0]
+    if not train:
+        raise DFlash2Error(f"{pc.prompts}: no usable training sequences")
+
+    drafter = init_drafter(dcfg, tc)
+    trainer = Trainer(adapter, drafter, train, held, tc, pc.work / "run", log)
+    if trainer.try_resume():
+        log(f"resumed at step {trainer.step}")
+    t0 = time.perf_counter()
+    final = trainer.run(on_step)
+    stages["train"] = {"steps": trainer.step, "seconds": round(time.perf_counter() - t0, 1)}
+    card = model_card(pc, tc, final, stages)
+    trainer.export(pc.out, dtype=getattr(mx, pc.dtype), card=card)
+    (pc.out / "training.json").write_text(json.dumps(
+        {"pipeline": {k: str(v) for k, v in asdict(pc).items()}, "train": asdict(tc),
+         "final": final, "history": trainer.history, "stages": stages}, indent=2, default=str))
+    return {"final": final, "stages": stages, "out": str(pc.out)}
+
+
+def model_card(pc: PipelineConfig, tc: TrainConfig, final: dict, stages: dict) -> str:
+    kind = "DFlash2" if tc.version == 2 else "DFlash"
+    return f"""# {kind} drafter for `{Path(str(pc.target)).name}`
+
+Trained with dflash2 (`dflash2 train`), official DFlash / DFlash2 checkpoint format: loads in
+dflash2, in Z Lab's `dflash` reference loader, and in SGLang / vLLM DFlash loaders.
+
+- Architecture: {kind}, {tc.layers} layers, block size {tc.block_size}, target layers
+  {list(tc.target_layer_ids or [])} (see config.json), mask token id {tc.mask_token_id}
+- Data: bundled prompt split `{pc.prompts}`, responses regenerated by the target at
+  temperatures {list(pc.temperatures)}, ≤ {pc.max_new_tokens} new tokens
+- Objective: decay-weighted block cross-entropy{" + selector cross-entropy over the top-" + str(tc.selector_top_k) + " candidates" if tc.version == 2 else ""};
+  softmax over {"the seen vocabulary + " + str(tc.negatives) + " sampled negatives" if tc.vocab_subset else "the full vocabulary"}
+- Optimizer: AdamW lr {tc.lr}, warm-up {tc.warmup:.0%}, cosine, clip {tc.clip}; {stages.get('train', {}).get('steps')} steps
+  of {tc.batch_seqs} sequences × {tc.anchors_per_seq} anchors
+- Hardware: {mx.default_device()} (MLX {mx.__version__})
+- Held-out teacher-forced τ at the end: {final.get('proxy_tau', float('nan')):.3f}
+  (per-position accuracy {final.get('position_accuracy')})
+
+Command:
+
+```
+{tc.command}
+```
+"""

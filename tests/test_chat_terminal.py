@@ -1,0 +1,115 @@
+"""`dflash2 chat` as a person uses it: in a pseudo-terminal, typing, reading the screen.
+
+Drives the real console script (live rich rendering, readline input, SIGINT from the
+terminal's Ctrl-C, EOF from Ctrl-D) on a tiny random pair saved to disk.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiny_pair import answer, save_pair
+
+pexpect = pytest.importorskip("pexpect")
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """(target folder, drafter folder) of a tiny random pair saved to disk."""
+    return save_pair(tmp_path_factory.mktemp("tiny_pair"))
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-B]|\r")
+PROMPT = ">>> "
+
+
+def screen(text: str) -> str:
+    """What was printed, without escape sequences, whitespace (line wraps) squashed."""
+    return " ".join(ANSI.sub("", text).split())
+
+
+def command() -> list[str]:
+    script = shutil.which("dflash2", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-m", "dflash2_cli.app"]
+
+
+STATUS = re.compile(
+    r"[\d.]+ tok/s │ τ \d+\.\d\d \(last \d+\) │ [·▁▂▃▄▅▆▇█]{%s} │ block %s │ "
+    r"draft [\d.]+ · verify [\d.]+ ms/round │ %s tok │ prompt \d+ new \+ (\d+) reused │ %s")
+
+
+def test_chat_in_a_terminal(tiny_pair):
+    target, drafter = tiny_pair
+    expected = answer(target, drafter, [{"role": "user", "content": "hello model"}], 12)
+    exe, *pre = command()
+    env = dict(os.environ, TERM="xterm-256color", COLUMNS="", LINES="")
+    child = pexpect.spawn(exe, pre + ["chat", "--target", str(target), "--drafter", str(drafter),
+                                      "--max-tokens", "12"],
+                          env=env, encoding="utf-8", dimensions=(40, 160), timeout=90)
+    try:
+        child.expect_exact(PROMPT)
+        assert "/help for commands" in screen(child.before)
+
+        # a first turn: the answer streams, then the status line stays on screen
+        child.sendline("hello model")
+        child.expect_exact(PROMPT)
+        shown = screen(child.before)
+        assert screen(expected) in shown
+        first = STATUS.pattern % (8, 8, 12, "length")
+        assert re.search(first, shown), shown
+        assert re.search(first, shown).group(1) == "0"  # nothing to reuse on turn one
+
+        # a second turn re-templates the history; the cache serves the common prefix
+        child.sendline("why")
+        child.expect_exact(PROMPT)
+        reused = re.search(STATUS.pattern % (8, 8, 12, "length"), screen(child.before))
+        assert reused and int(reused.group(1)) > 0, screen(child.before)
+
+        # slash commands: good and bad values; the session goes on
+        for line, reply in [("/temp 0.5", "temperature = 0.5"), ("/block 2", "block = 2"),
+                            ("/block 99", "error: /block must be 1 .. 8"),
+                            ("/top_p nope", "error: /top_p needs a number"),
+                            ("/temp -1", "error: temperature must be"),
+                            ("/spec sideways", "error: /spec needs on or off"),
+                            ("/nosuch", "unknown command /nosuch"), ("/help", "/spec on|off")]:
+            child.sendline(line)
+            child.expect_exact(PROMPT)
+            assert reply in screen(child.before), (line, screen(child.before))
+        child.sendline("/stats")
+        child.expect_exact(PROMPT)
+        stats = screen(child.before)
+        for text in ("turns 2", "answer tokens 24", "τ (tokens / round)", "reused from cache",
+                     "temperature 0.5", "block 2 (trained 8)", "tokens committed per round"):
+            assert text in stats, (text, stats)
+
+        # Ctrl-C during a long answer stops it and keeps the session
+        child.sendline("/max 100000")
+        child.expect_exact(PROMPT)
+        child.sendline("tell me a long story")
+        child.expect("tok/s")  # the live status line: the answer is being generated
+        child.expect("tok/s")
+        child.sendintr()
+        child.expect_exact(PROMPT, timeout=30)
+        stopped = screen(child.before)
+        assert re.search(STATUS.pattern % (2, 2, r"\d+", "stopped"), stopped), stopped
+        assert "Traceback" not in stopped
+
+        # the session survives: a new prompt works and reuses the conversation's cache
+        child.sendline("/max 5")
+        child.expect_exact(PROMPT)
+        child.sendline("hello")
+        child.expect_exact(PROMPT)
+        after = re.search(STATUS.pattern % (2, 2, 5, "length"), screen(child.before))
+        assert after and int(after.group(1)) > 0, screen(child.before)
+
+        # Ctrl-D exits cleanly
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, (child.exitstatus, child.signalstatus)

