@@ -52,6 +52,7 @@ class BlasInfo:
     route: str  # "accelerate" | "system-openblas" | "scipy-openblas" | "stock"
     library: str | None
     note: str = ""
+    threads: int | None = None
 
     @property
     def optimized(self) -> bool:
@@ -114,6 +115,14 @@ def _scipy_openblas_shim() -> str | None:
     return str(shim)
 
 
+def default_threads() -> int:
+    """BLAS threads: DFLASH2_BLAS_THREADS, else half the cores (at least 1)."""
+    env = os.environ.get("DFLASH2_BLAS_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 def bind(mode: str | None = None) -> BlasInfo:
     """Bind an optimized BLAS once per process; later calls return the first result."""
     global _INFO
@@ -129,6 +138,9 @@ def bind(mode: str | None = None) -> BlasInfo:
     if mode not in ("auto", "openblas"):
         warnings.warn(f"DFLASH2_BLAS={mode!r} is not one of auto, openblas, stock; using auto")
     late = "mlx.core" in sys.modules
+    # OpenBLAS spin-waits its threads: with 2 threads on a 2-core machine that is also running
+    # anything else, a decode step was measured 5x slower than with 1 thread.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(default_threads()))
     errors = []
     for route, find in (("system-openblas", _system_openblas), ("scipy-openblas", _scipy_openblas_shim)):
         try:
@@ -144,7 +156,8 @@ def bind(mode: str | None = None) -> BlasInfo:
             errors.append(f"{route}: {exc}")
             continue
         note = "bound after mlx.core was imported: may not take effect" if late else ""
-        _INFO = BlasInfo(route, path, note)
+        _INFO = BlasInfo(route, path, note, int(os.environ["OPENBLAS_NUM_THREADS"])
+                         if os.environ["OPENBLAS_NUM_THREADS"].isdigit() else None)
         return _INFO
     why = "; ".join(errors) or "no OpenBLAS found (pip install scipy-openblas32, or apt install libopenblas0-pthread)"
     warnings.warn(f"dflash2: using MLX's slow reference BLAS ({why})", stacklevel=2)

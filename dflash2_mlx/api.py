@@ -109,6 +109,7 @@ def doctor() -> dict[str, Any]:
         "metal": metal,
         "blas": blas.route,
         "blas_library": blas.library,
+        "blas_threads": blas.threads,
         "blas_note": blas.note,
         "cache_dir": str(_blas.cache_root()),
         "kernels": kernels.describe(),

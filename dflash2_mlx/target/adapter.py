@@ -138,4 +138,4 @@ class TargetAdapter:
     def rollback(self, cache: list, fwd: Forward, keep: int, length: int) -> None:
         """Keep only the first `keep` of the `length` rows of the last forward in `cache`."""
         if keep < length:
-            rollback_caches(cache, fwd.capture.replays, keep, length)
+            rollback_caches(cache, fwd.capture, keep, length)

@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 import mlx.core as mx
 
+from . import gdn
+
 
 @dataclass
 class ReplayRecord:
@@ -29,7 +31,8 @@ class ReplayRecord:
 @dataclass
 class Capture:
     features: dict[int, mx.array] = field(default_factory=dict)  # layer index -> output
-    replays: list[ReplayRecord] = field(default_factory=list)
+    replays: list[ReplayRecord] = field(default_factory=list)  # generic recurrent layers
+    gdn: list[gdn.GDNRecord] = field(default_factory=list)  # Gated-DeltaNet mixers (fast path)
 
 
 def snapshot_state(cache) -> Any:
@@ -61,6 +64,21 @@ class _Proxy:
         return getattr(self._layer, name)
 
 
+class _MixerProxy:
+    """Stands in for a Gated-DeltaNet mixer: same computation, inputs recorded."""
+
+    __slots__ = ("_mixer", "_records")
+
+    def __init__(self, mixer, records):
+        self._mixer, self._records = mixer, records
+
+    def __call__(self, inputs, mask=None, cache=None):
+        return gdn.forward(self._mixer, inputs, mask, cache, self._records)
+
+    def __getattr__(self, name):
+        return getattr(self._mixer, name)
+
+
 _LOCKS: dict[int, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
 
@@ -75,13 +93,21 @@ def tapped(layers: list, feature_ids: set[int], replay_caches: dict[int, Any]) -
     """Within the block, `layers[i]` record their output (i in feature_ids) and, for i in
     replay_caches, their call arguments plus a snapshot of that layer's cache."""
     capture = Capture()
-    watched = sorted(feature_ids | set(replay_caches))
+    fast = {i for i in replay_caches if gdn.supports(getattr(layers[i], "linear_attn", None))}
+    mixers = [layers[i] for i in sorted(fast)]
+    generic = {i: c for i, c in replay_caches.items() if i not in fast}
+    watched = sorted(feature_ids | set(generic))
     with _lock_for(layers):
         originals = {i: layers[i] for i in watched}
         try:
+            for layer in mixers:  # an instance attribute shadows the module's child, for now
+                object.__setattr__(layer, "linear_attn", _MixerProxy(layer.linear_attn, capture.gdn))
             for i in watched:
-                layers[i] = _Proxy(originals[i], i, capture, replay_caches.get(i), i in feature_ids)
+                layers[i] = _Proxy(originals[i], i, capture, generic.get(i), i in feature_ids)
             yield capture
         finally:
             for i, layer in originals.items():
                 layers[i] = layer
+            for layer in mixers:
+                if "linear_attn" in vars(layer):
+                    object.__delattr__(layer, "linear_attn")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .capture import ReplayRecord
+from . import gdn
+from .capture import Capture
 
 
 def _prefix(value, keep: int, length: int):
@@ -21,12 +22,14 @@ def _prefix(value, keep: int, length: int):
     return value
 
 
-def rollback_caches(cache: list, replays: list[ReplayRecord], keep: int, length: int) -> None:
-    replayed = {id(r.cache) for r in replays}
+def rollback_caches(cache: list, capture: Capture, keep: int, length: int) -> None:
+    recurrent = {id(r.cache) for r in capture.replays} | {id(r.cache) for r in capture.gdn}
     for c in cache:
-        if id(c) not in replayed:
+        if id(c) not in recurrent:
             c.trim(length - keep)
-    for r in replays:
+    for g in capture.gdn:
+        gdn.rollback(g, keep)
+    for r in capture.replays:
         r.cache.state = r.snapshot
         if keep == 0:
             continue
