@@ -10,11 +10,14 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from .. import kernels
+
 
 def dynamic_conv(x: mx.array, dynamic: mx.array, base: mx.array, group_size: int) -> mx.array:
     """x [..., L, H]; dynamic [..., L, T, G]; base [T, H] -> [..., L, H].
 
-    Reference op; the Metal kernel in metal/dynamic_conv.metal has this signature.
+    Reference op; the Metal kernel in metal/dynamic_conv.metal has this signature
+    (`kernels.dynamic_conv` dispatches between the two).
     """
     *lead, length, hidden = x.shape
     taps, groups = base.shape[0], hidden // group_size
@@ -52,7 +55,8 @@ class GroupedDynamicConv(nn.Module):
 
     def prepare(self, u: mx.array) -> tuple[mx.array, mx.array]:
         dyn = self.coefficients(u)
-        return dynamic_conv(u, dyn[..., 0, :, :], self.base_kernel[0], self.group_size), dyn
+        out = kernels.dynamic_conv(u, dyn[..., 0, :, :], self.base_kernel[0], self.group_size)
+        return out, dyn
 
     def finish(self, y: mx.array, dyn: mx.array) -> mx.array:
-        return dynamic_conv(y, dyn[..., 1, :, :], self.base_kernel[1], self.group_size)
+        return kernels.dynamic_conv(y, dyn[..., 1, :, :], self.base_kernel[1], self.group_size)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from .. import kernels
+
 
 @dataclass
 class SelectorOutput:
@@ -26,7 +28,8 @@ def pair_scores(
     unary: mx.array, hidden: mx.array, pred_rows: mx.array, succ_rows: mx.array
 ) -> mx.array:
     """unary [..., γ, K]; hidden [..., γ, r]; pred_rows [..., γ, P, r]; succ_rows [..., γ, K, r]
-    -> [..., γ, P, K] fp32. Reference op; metal/pair_scores.metal has this signature."""
+    -> [..., γ, P, K] fp32. Reference op; metal/pair_scores.metal has this signature
+    (`kernels.pair_scores` dispatches between the two)."""
     weighted = pred_rows.astype(mx.float32) * hidden.astype(mx.float32)[..., None, :]
     edges = weighted @ succ_rows.astype(mx.float32).swapaxes(-1, -2)
     return unary.astype(mx.float32)[..., None, :] + edges
@@ -34,7 +37,8 @@ def pair_scores(
 
 def walk(lattice: mx.array, temperature: float, key: mx.array | None = None):
     """Walk lattices [..., γ, P, K]: row 0 has one predecessor (the anchor), row t>0 is
-    indexed by the previous choice. Returns (choices [..., γ], q [..., γ, K] or None)."""
+    indexed by the previous choice. Returns (choices [..., γ], q [..., γ, K] or None).
+    Reference op; metal/walk_greedy.metal and walk_sampled.metal (`kernels.walk`) match it."""
     *lead, gamma, preds, k = lattice.shape
     flat = lattice.reshape(-1, gamma, preds, k)
     n = flat.shape[0]
@@ -79,7 +83,7 @@ class CandidateSelector(nn.Module):
         proj = self.hidden_projection(hidden)
         first = mx.broadcast_to(anchor[..., None, None], (*cand.shape[:-2], 1, cand.shape[-1]))
         preds = mx.concatenate([first.astype(cand.dtype), cand[..., :-1, :]], axis=-2)
-        scores = pair_scores(
+        scores = kernels.pair_scores(
             unary, proj, self.predecessor_codebook[preds], self.successor_codebook[cand]
         )
         return cand, scores
@@ -89,6 +93,6 @@ class CandidateSelector(nn.Module):
         temperature: float = 0.0, key: mx.array | None = None,
     ) -> SelectorOutput:
         cand, scores = self.lattice(hidden, logits, anchor)
-        idx, q = walk(scores, temperature, key)
+        idx, q = kernels.walk(scores, temperature, key)
         tokens = mx.take_along_axis(cand, idx[..., None], axis=-1)[..., 0]
         return SelectorOutput(tokens, cand, q)

@@ -1,0 +1,555 @@
+"""Custom Metal kernels (metal/*.metal) against the pure-MLX references.
+
+Every kernel-vs-reference case runs on two executors:
+- "harness": the kernel body compiled with the system C++ compiler against tests/harness/
+  metal_shim.h, inside the signature MLX would generate, run over the whole grid on the CPU
+  (every CI run; skipped only when no C++ compiler exists);
+- "metal": the real `mx.fast.metal_kernel` on the GPU (Apple Silicon only; skipped elsewhere,
+  and a failure instead of a skip under DFLASH2_KERNELS=on).
+Both execute the runtime's own launch plans (dflash2_mlx.kernels._launch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from harness import runner, signature
+
+import dflash2_mlx
+from dflash2_mlx import kernels
+from dflash2_mlx.drafter import conv as conv_ref
+from dflash2_mlx.drafter import selector as sel_ref
+from dflash2_mlx.drafter.conv import GroupedDynamicConv
+from dflash2_mlx.drafter.selector import CandidateSelector
+from dflash2_mlx.kernels import _dispatch, _launch, _reference, _settings
+
+EPS = {mx.float32: 2.0**-23, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}
+
+
+# ----------------------------------------------------------------------------- executors
+def _require_metal():
+    if kernels.metal_available():
+        return
+    if kernels.SETTING.mode is kernels.KernelMode.ON:
+        pytest.fail("DFLASH2_KERNELS=on but Metal is unavailable on this machine")
+    pytest.skip("Metal unavailable: the real kernels run on Apple Silicon only "
+                "(the CPU harness covers the same cases here)")
+
+
+@pytest.fixture(scope="session")
+def harness(tmp_path_factory):
+    if runner.find_compiler() is None:
+        pytest.skip("no C++ compiler (g++, c++, clang++ or $CXX): CPU kernel harness not run")
+    return runner.CpuMetal(tmp_path_factory.mktemp("metal_harness"))
+
+
+def _harness_exec(cpu):
+    return lambda launch: cpu.run_launch(launch, kernels.kernel_source(launch.spec.file))
+
+
+def _metal_exec(launch):
+    return kernels.execute(launch)  # lazy: also usable inside mx.grad (see kernels_via)
+
+
+@pytest.fixture(params=["harness", "metal"])
+def run_kernel(request):
+    if request.param == "metal":
+        _require_metal()
+        return _metal_exec
+    return _harness_exec(request.getfixturevalue("harness"))
+
+
+def _f32(a):
+    return np.array(a.astype(mx.float32))
+
+
+# ----------------------------------------------------------------------------- dynamic conv
+CONV_SHAPES = [
+    # (lead, L, H, group)
+    ((), 1, 32, 16),  # block length 1: tap 1 reads only zero padding
+    ((), 2, 32, 16),  # block length 2: row 1 reads the anchor row
+    ((1,), 16, 64, 16),
+    ((2, 3), 5, 48, 16),  # several blocks: taps never cross a block start
+    ((), 1, 16, 16),  # one group: `dynamic` has 2 elements (constant address space)
+    ((3,), 7, 40, 8),
+]
+
+
+def _conv_inputs(lead, length, hidden, group, dtype, seed, scale=1.0):
+    k = mx.random.split(mx.random.key(seed), 3)
+    x = (scale * mx.random.normal((*lead, length, hidden), key=k[0])).astype(dtype)
+    dyn = (0.5 * mx.random.normal((*lead, length, 2, hidden // group), key=k[1])).astype(dtype)
+    base = mx.random.normal((2, hidden), key=k[2])
+    return x, dyn, base
+
+
+def _check_conv(got, x, dyn, base, group):
+    dtype = x.dtype
+    assert got.dtype == dtype and got.shape == x.shape
+    got = _f32(got)
+    # Same math in fp32 (base rounded to the dtype first, as the launch does), rounded once.
+    b = base.astype(dtype).astype(mx.float32)
+    exact = conv_ref.dynamic_conv(x.astype(mx.float32), dyn.astype(mx.float32), b, group)
+    mag = _f32(conv_ref.dynamic_conv(mx.abs(x.astype(mx.float32)),
+                                     mx.abs(dyn.astype(mx.float32)), mx.abs(b), group))
+    want = _f32(exact.astype(dtype))
+    # <= 1 ulp of the dtype from the fp32 result rounded once (plus fp32 noise on cancellation).
+    assert np.all(np.abs(got - want) <= EPS[dtype] * np.abs(want) + 4 * 2.0**-23 * mag), \
+        np.max(np.abs(got - want))
+    # And close to the reference computed in the dtype itself (several roundings there).
+    ref = _f32(conv_ref.dynamic_conv(x, dyn, base, group))
+    assert np.all(np.abs(got - ref) <= 4 * EPS[dtype] * mag + 1e-30)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+def test_dynamic_conv_matches_reference(run_kernel, dtype):
+    for i, (lead, length, hidden, group) in enumerate(CONV_SHAPES):
+        x, dyn, base = _conv_inputs(lead, length, hidden, group, dtype, seed=i)
+        launch = _launch.conv_launch(x, dyn, base, group)
+        assert launch is not None
+        _check_conv(run_kernel(launch)[0], x, dyn, base, group)
+    if dtype != mx.float16:  # large activations (fp16 would overflow near 6.5e4)
+        x, dyn, base = _conv_inputs((2,), 4, 32, 16, dtype, seed=99, scale=1e4)
+        _check_conv(run_kernel(_launch.conv_launch(x, dyn, base, 16))[0], x, dyn, base, 16)
+
+
+def test_dynamic_conv_taps_never_cross_a_block_start(run_kernel):
+    x, dyn, base = _conv_inputs((2,), 4, 32, 16, mx.float32, seed=5)
+    y0 = np.array(run_kernel(_launch.conv_launch(x, dyn, base, 16))[0])
+    # Perturb block 0's rows >= 2: block 0 rows < 2 and all of block 1 stay bit-identical.
+    x2 = x.at[0, 2:].add(7.0)
+    y1 = np.array(run_kernel(_launch.conv_launch(x2, dyn, base, 16))[0])
+    np.testing.assert_array_equal(y0[0, :2], y1[0, :2])
+    np.testing.assert_array_equal(y0[1], y1[1])
+    assert not np.array_equal(y0[0, 2:], y1[0, 2:])
+
+
+# ----------------------------------------------------------------------------- pair scores
+PAIR_CASES = [
+    # (lead, P, K, rank, dtypes of (unary, hidden, pred, succ), unary scale)
+    ((15,), 16, 16, 256, (mx.float32,) * 4, 1.0),  # the shipped sizes
+    ((3,), 5, 5, 37, (mx.float32,) * 4, 1.0),  # K < 16, rank not a multiple of 32
+    ((1,), 1, 16, 100, (mx.float32,) * 4, 1.0),  # one drafted row, one predecessor (anchor)
+    ((2, 4), 16, 16, 64, (mx.float32, mx.bfloat16, mx.bfloat16, mx.bfloat16), 1.0),
+    ((6,), 16, 16, 96, (mx.float16,) * 4, 1.0),
+    ((4,), 16, 16, 256, (mx.bfloat16, mx.float32, mx.bfloat16, mx.float16), 1.0),
+    ((5,), 16, 16, 33, (mx.float32,) * 4, 1e4),  # large logits ~1e4
+]
+
+
+def _pair_inputs(lead, preds, k, rank, dtypes, scale, seed):
+    ks = mx.random.split(mx.random.key(seed), 4)
+    unary = (scale * mx.random.normal((*lead, k), key=ks[0])).astype(dtypes[0])
+    hidden = mx.random.normal((*lead, rank), key=ks[1]).astype(dtypes[1])
+    pred = (0.3 * mx.random.normal((*lead, preds, rank), key=ks[2])).astype(dtypes[2])
+    succ = (0.3 * mx.random.normal((*lead, k, rank), key=ks[3])).astype(dtypes[3])
+    return unary, hidden, pred, succ
+
+
+def test_pair_scores_match_reference(run_kernel):
+    for i, case in enumerate(PAIR_CASES):
+        args = _pair_inputs(*case, seed=10 + i)
+        launch = _launch.pair_scores_launch(*args)
+        assert launch is not None
+        got = run_kernel(launch)[0]
+        ref = sel_ref.pair_scores(*args)
+        assert got.dtype == mx.float32 and got.shape == ref.shape
+        scale = sel_ref.pair_scores(*(mx.abs(a.astype(mx.float32)) for a in args))
+        err = np.abs(np.array(got) - np.array(ref))
+        assert np.all(err <= 1e-5 * np.array(scale) + 1e-6), (case, err.max())
+
+
+# ----------------------------------------------------------------------------- walks
+def _lattice(lead, gamma, k, seed, scale=3.0):
+    return scale * mx.random.normal((*lead, gamma, k, k), key=mx.random.key(seed))
+
+
+WALK_SHAPES = [((), 15, 16), ((), 1, 16), ((), 4, 5), ((3,), 6, 16), ((2, 2), 3, 7)]
+
+
+def test_greedy_walk_matches_reference(run_kernel):
+    lattices = [_lattice(lead, g, k, seed=20 + i) for i, (lead, g, k) in enumerate(WALK_SHAPES)]
+    lattices.append(_lattice((), 8, 16, seed=30, scale=1e4))  # large logits
+    ties = mx.zeros((5, 16, 16))  # all tied: the lowest index, every step
+    ties = ties.at[2, 0, 3].add(1.0).at[2, 0, 9].add(1.0)  # a two-way tie at step 2
+    lattices.append(ties)
+    for lat in lattices:
+        got = run_kernel(_launch.walk_launch(lat, 0.0))
+        want, q = sel_ref.walk(lat, 0.0)
+        assert len(got) == 1 and q is None
+        assert got[0].dtype == mx.int32 and got[0].tolist() == want.tolist()
+    assert run_kernel(_launch.walk_launch(ties, 0.0))[0].tolist() == [0, 0, 3, 0, 0]
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_sampled_walk_matches_reference(run_kernel, temperature):
+    cases = [_lattice(lead, g, k, seed=40 + i) for i, (lead, g, k) in enumerate(WALK_SHAPES)]
+    cases.append(_lattice((2,), 8, 16, seed=49, scale=1e4))  # large logits: near one-hot q
+    for i, lat in enumerate(cases):
+        *lead, gamma, _, k = lat.shape
+        key = mx.random.key(100 + i)
+        uniforms = _reference.draw_walk_uniforms(tuple(lead), gamma, k, key)
+        picks, q = run_kernel(_launch.walk_launch(lat, temperature, uniforms))
+        want_picks, want_q = _reference.walk_with_uniforms(lat, temperature, uniforms)
+        assert picks.dtype == mx.int32 and picks.tolist() == want_picks.tolist()
+        assert q.shape == want_q.shape and np.all(np.isfinite(np.array(q)))
+        np.testing.assert_allclose(np.array(q), np.array(want_q), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.array(q.sum(-1)), 1.0, rtol=1e-5)
+
+
+def test_sampled_walk_draws_from_q(run_kernel):
+    """Many independent walks of one lattice: step 0's choices follow q (5 sigma), and step 1
+    follows the row of the step-0 choice."""
+    n, k = 6000, 5
+    one = mx.array([[[1.0, 0.0, -1.0, 2.0, 0.5]] * k,
+                    [[0.0, 3.0, 0.0, 0.0, 0.0], [2.0, 2.0, 0.0, 0.0, -9.0]] + [[0.0] * k] * 3])
+    lat = mx.broadcast_to(one, (n, 2, k, k))
+    uniforms = _reference.draw_walk_uniforms((n,), 2, k, mx.random.key(0))
+    picks, q = run_kernel(_launch.walk_launch(lat, 1.0, uniforms))
+    picks, q = np.array(picks), np.array(q)
+    p0 = q[0, 0]
+    np.testing.assert_allclose(p0, np.exp(one[0, 0]) / np.exp(one[0, 0]).sum(), rtol=1e-6)
+    freq = np.bincount(picks[:, 0], minlength=k) / n
+    assert np.all(np.abs(freq - p0) <= 5 * np.sqrt(p0 * (1 - p0) / n) + 1e-9), (freq, p0)
+    for prev in (0, 1):
+        sel = picks[:, 0] == prev
+        row = np.array(one[1, prev])
+        p1 = np.exp(row) / np.exp(row).sum()
+        np.testing.assert_allclose(q[sel, 1], np.broadcast_to(p1, (sel.sum(), k)), rtol=1e-6)
+        f1 = np.bincount(picks[sel, 1], minlength=k) / sel.sum()
+        assert np.all(np.abs(f1 - p1) <= 5 * np.sqrt(p1 * (1 - p1) / sel.sum()) + 1e-9)
+
+
+def test_walk_uniforms_follow_the_reference_keys():
+    """Pure MLX. Greedy: identical to selector.walk. Sampled: step-0 q identical; the global PRNG
+    advances as the reference's does (key None); and for batched walks, where MLX's categorical
+    is Gumbel-max, the draws are the reference's own (single walks: same law, other draws)."""
+    for i, (lead, gamma, k) in enumerate(WALK_SHAPES + [((4,), 5, 16)]):
+        lat = _lattice(lead, gamma, k, seed=60 + i)
+        key = mx.random.key(i)
+        uniforms = _reference.draw_walk_uniforms(tuple(lead), gamma, k, key)
+        assert sel_ref.walk(lat, 0.0)[0].tolist() == \
+            _reference.walk_with_uniforms(lat, 0.0, None)[0].tolist()
+        want = sel_ref.walk(lat, 0.7, key)
+        got = _reference.walk_with_uniforms(lat, 0.7, uniforms)
+        assert mx.array_equal(got[1][..., 0, :], want[1][..., 0, :])  # step 0: same q
+        if int(np.prod(lead)) > 1:  # same draws, hence the same path and q throughout
+            assert got[0].tolist() == want[0].tolist() and mx.array_equal(got[1], want[1])
+        mx.random.seed(7)
+        sel_ref.walk(lat, 1.0, None)
+        after_ref = mx.random.uniform(shape=(3,))
+        mx.random.seed(7)
+        _reference.draw_walk_uniforms(tuple(lead), gamma, k, None)
+        assert mx.array_equal(mx.random.uniform(shape=(3,)), after_ref)
+
+
+# ----------------------------------------------------------------------------- the harness itself
+CAST_BODY = "uint i = thread_position_in_grid.x;\nout[i] = static_cast<T>(inp[i]);"
+WIDEN_BODY = "uint i = thread_position_in_grid.x;\nout[i] = float(inp[i]);"
+
+
+def _cast(cpu, body, x, out_dtype, t):
+    return cpu.run("cast", ["inp"], ["out"], body, [x], [x.shape], [out_dtype],
+                   (x.size, 1, 1), (256, 1, 1), [("T", t)])[0]
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)
+def test_harness_half_and_bfloat_match_mlx_bit_for_bit(harness, dtype):
+    bits = mx.arange(0, 65536, dtype=mx.uint32).astype(mx.uint16)
+    every = bits.view(dtype)  # all 65536 encodings
+    widened = _cast(harness, WIDEN_BODY, every, mx.float32, dtype)
+    want = np.array(every.astype(mx.float32))
+    got = np.array(widened)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan) and np.array_equal(got[~nan], want[~nan])
+    # Narrowing: every representable value, the midpoints between neighbours (ties to even),
+    # one float ulp either side of them, random floats across the range, and specials.
+    vals = want[np.isfinite(want)].astype(np.float32)
+    vals = np.unique(vals)
+    mids = ((vals[:-1].astype(np.float64) + vals[1:]) / 2).astype(np.float32)
+    probes = np.concatenate([
+        vals, mids, np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf)),
+        np.random.default_rng(0).standard_normal(20000).astype(np.float32)
+        * np.float32(10.0) ** np.random.default_rng(1).integers(-30, 30, 20000).astype(np.float32),
+        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, 65536, 1e38,
+                  3e-8, 2.98e-8, 5.96e-8, 1e-45, -1e-45], dtype=np.float32),
+    ]).astype(np.float32)
+    x = mx.array(probes)
+    got = np.array(_cast(harness, CAST_BODY, x, dtype, dtype).view(mx.uint16))
+    want = np.array(x.astype(dtype).view(mx.uint16))
+    back = np.array(x.astype(dtype).astype(mx.float32))
+    nan = np.isnan(back)
+    assert np.array_equal(got[~nan], want[~nan])
+    assert np.all(np.isnan(np.array(mx.array(got).view(dtype).astype(mx.float32))[nan]))
+
+
+def test_harness_generates_mlx_signature():
+    body = "uint i = thread_position_in_grid.x;\nout[i] = static_cast<T>(x[i] * s + x_shape[0]);"
+    infos = [signature.InputInfo("x", mx.float16, 2, 64),
+             signature.InputInfo("s", mx.float32, 0, 1),
+             signature.InputInfo("w", mx.int32, 1, 3)]
+    gen = signature.generate("demo", ["x", "s", "w"], ["out"], body, "", infos, [mx.float16],
+                             (("T", mx.float16), ("N", 4), ("B", True)))
+    assert gen.kernel_name == \
+        "custom_kernel_demo__float16_t_4_1_float16_t_floats_int32_tc_float16_t"
+    assert gen.source == (
+        "template <typename T, int N, bool B>\n"
+        f"[[kernel]] void {gen.kernel_name}(\n"
+        "  const device float16_t* x [[buffer(0)]],\n"
+        "  const constant int* x_shape [[buffer(1)]],\n"
+        "  const constant float& s [[buffer(2)]],\n"
+        "  const constant int32_t* w [[buffer(3)]],\n"
+        "  device float16_t* out [[buffer(4)]],\n"
+        "  uint3 thread_position_in_grid [[thread_position_in_grid]]) {\n"
+        f"{body}\n}}\n\n"
+        f'template [[host_name("{gen.kernel_name}")]] [[kernel]] '
+        f"decltype({gen.kernel_name}<float16_t, 4, 1>) {gen.kernel_name}<float16_t, 4, 1>;\n"
+    )
+
+
+def test_harness_catches_out_of_bounds_and_unwritten_outputs(harness):
+    x = mx.arange(16, dtype=mx.float32)
+    run = lambda body, n: harness.run("oob", ["inp"], ["out"], body, [x], [(n,)], [mx.float32],
+                                      (16, 1, 1), (16, 1, 1))[0]
+    with pytest.raises(AssertionError, match="out of bounds"):
+        run("uint i = thread_position_in_grid.x;\nout[i + 1u] = inp[i];", 16)
+    got = np.array(run("uint i = thread_position_in_grid.x;\nout[i] = inp[i + 1u];", 16))
+    assert np.isnan(got[15]) and np.array_equal(got[:15], np.arange(1, 16))  # guard read: NaN
+    got = np.array(run("uint i = thread_position_in_grid.x;\nout[2u * i] = inp[i];", 32))
+    assert np.isnan(got[1::2]).all()  # never written: NaN
+
+
+def test_harness_models_grid_attributes_shapes_and_strides(harness):
+    """The work-item attributes the loop provides, on a 3-D grid that the threadgroup does not
+    divide, plus the _shape / _strides / _ndim buffers."""
+    body = """uint3 p = thread_position_in_grid;
+uint3 n = threads_per_grid;
+uint i = (p.z * n.y + p.y) * n.x + p.x;
+out[i] = int32_t(thread_position_in_threadgroup.x * 1000000u
+    + threadgroup_position_in_grid.x * 10000u + thread_position_in_threadgroup.y * 1000u + uint(inp_strides[0]) * 10u
+    + uint(inp_shape[1]) + uint(inp_ndim));"""
+    grid, group = (10, 5, 2), (4, 3, 1)
+    x = mx.zeros((3, 5, 7))
+    got = np.array(harness.run("attrs", ["inp"], ["out"], body, [x], [(2, 5, 10)], [mx.int32],
+                               grid, group)[0])
+    z, y, xx = np.meshgrid(range(2), range(5), range(10), indexing="ij")
+    want = ((xx % 4) * 1000000 + (xx // 4) * 10000
+            + (y % 3) * 1000 + 35 * 10 + 5 + 3)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(runner.NotModelled):
+        harness.run("simd", ["inp"], ["out"], "out[0] = int32_t(thread_index_in_simdgroup);",
+                    [x], [(1,)], [mx.int32], (1, 1, 1), (1, 1, 1))
+
+
+def test_metal_launches_bind_to_mlx_metal_kernel():
+    """Without Metal, MLX still checks the call's arguments before refusing to run."""
+    if kernels.metal_available():
+        pytest.skip("Metal available: the real kernels run in the [metal] tests")
+    x, dyn, base = _conv_inputs((1,), 3, 32, 16, mx.bfloat16, seed=3)
+    launches = [_launch.conv_launch(x, dyn, base, 16),
+                _launch.pair_scores_launch(*_pair_inputs((3,), 4, 4, 8, (mx.float32,) * 4, 1, 0)),
+                _launch.walk_launch(_lattice((), 3, 4, 0), 0.0),
+                _launch.walk_launch(_lattice((), 3, 4, 0), 1.0, mx.full((3, 4), 0.5))]
+    for launch in launches:
+        with pytest.raises(RuntimeError, match="No Metal back-end"):
+            mx.eval(_dispatch.execute(launch))
+
+
+def test_kernel_bodies_stay_within_the_harness_model():
+    """The harness makes address spaces empty macros and models only some attributes: bodies
+    must not name address spaces (a constant/device mismatch would only fail on a Mac), and
+    may use only modelled attributes, no SIMD-group, threadgroup-memory or atomic features."""
+    assert set(kernels.SPECS) == {"dflash2_dynamic_conv", "dflash2_pair_scores",
+                                  "dflash2_walk_greedy", "dflash2_walk_sampled"}
+    for spec in kernels.SPECS.values():
+        src = kernels.kernel_source(spec.file)
+        code = re.sub(r"//[^\n]*", "", src)
+        assert not re.search(r"\b(device|constant|thread|threadgroup)\b", code), spec.file
+        assert not re.search(r"simd_|quad_|atomic|barrier", code), spec.file
+        for attr, _ in signature.attributes(src):
+            assert attr in runner.MODELLED_ATTRIBUTES, (spec.file, attr)
+        assert "thread_position_in_grid" in code
+
+
+# ----------------------------------------------------------------------------- dispatch
+def test_setting_resolution():
+    r = _settings.resolve
+    assert r(None).mode is kernels.KernelMode.AUTO and not r(None).note
+    assert r("off").mode is r("0").mode is r("Reference").mode is kernels.KernelMode.OFF
+    assert r("ON").mode is r("1").mode is kernels.KernelMode.ON
+    bad = r("sometimes")
+    assert bad.mode is kernels.KernelMode.AUTO and "sometimes" in bad.note
+    off = _dispatch.status(r("off"))
+    assert off["path"] == "reference" and "DFLASH2_KERNELS=off" in off["reason"]
+    assert not _dispatch.kernels_active(r("off"))
+    assert _dispatch.describe(r("off")).startswith("reference (forced by DFLASH2_KERNELS=off")
+
+
+def test_setting_is_read_once_at_import():
+    probe = ("import dflash2_mlx.kernels as k, json; "
+             "print(json.dumps([k.SETTING.mode.value, k.status()['path']]))")
+    env = dict(os.environ, DFLASH2_KERNELS="off")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == '["off", "reference"]'
+
+
+def test_doctor_reports_the_kernel_path():
+    line = dflash2_mlx.doctor()["kernels"]
+    assert line == kernels.describe()
+    assert line.startswith("metal" if kernels.kernels_active() else "reference")
+
+
+def test_unsupported_shapes_and_dtypes_have_no_launch():
+    x = mx.zeros((4, 32))
+    assert _launch.conv_launch(x, mx.zeros((4, 3, 2)), mx.zeros((3, 32)), 16) is None  # 3 taps
+    assert _launch.conv_launch(x, mx.zeros((4, 2, 2), mx.float16), mx.zeros((2, 32)), 16) is None
+    assert _launch.conv_launch(x, mx.zeros((4, 2, 3)), mx.zeros((2, 32)), 12) is None  # 32 % 12
+    assert _launch.conv_launch(x.astype(mx.int32), mx.zeros((4, 2, 2), mx.int32),
+                               mx.zeros((2, 32)), 16) is None
+    empty = mx.zeros((0, 32))
+    assert _launch.conv_launch(empty, mx.zeros((0, 2, 2)), mx.zeros((2, 32)), 16) is None
+    u, h, p, s = mx.zeros((3, 4)), mx.zeros((3, 8)), mx.zeros((3, 4, 8)), mx.zeros((3, 4, 8))
+    assert _launch.pair_scores_launch(u, h, p, s) is not None
+    assert _launch.pair_scores_launch(u, h, p, s.astype(mx.int32)) is None
+    assert _launch.pair_scores_launch(u, h[:2], p, s) is None
+    assert _launch.walk_launch(mx.zeros((3, 4, 4), mx.bfloat16), 0.0) is None
+    assert _launch.walk_launch(mx.zeros((3, 2, 4)), 0.0) is None  # P < K beyond step 0
+    assert _launch.walk_launch(mx.zeros((1, 1, 4)), 0.0) is not None
+    assert _launch.walk_launch(mx.zeros((3, 4, 4)), 1.0, None) is None  # sampled needs uniforms
+
+
+def test_ops_use_the_references_when_kernels_are_inactive(monkeypatch):
+    called = []
+    monkeypatch.setattr(_dispatch, "execute", lambda launch: called.append(launch))
+    monkeypatch.setattr(_dispatch, "SETTING", _settings.resolve("off"))
+    monkeypatch.setattr(_dispatch, "metal_available", lambda: True)
+    x, dyn, base = _conv_inputs((1,), 5, 32, 16, mx.float32, seed=1)
+    assert mx.array_equal(kernels.dynamic_conv(x, dyn, base, 16),
+                          conv_ref.dynamic_conv(x, dyn, base, 16))
+    args = _pair_inputs((3,), 4, 4, 8, (mx.float32,) * 4, 1.0, seed=2)
+    assert mx.array_equal(kernels.pair_scores(*args), sel_ref.pair_scores(*args))
+    lat = _lattice((), 3, 4, seed=3)
+    assert kernels.walk(lat, 0.5, mx.random.key(1))[0].tolist() == \
+        sel_ref.walk(lat, 0.5, mx.random.key(1))[0].tolist()
+    assert not called
+
+
+@pytest.fixture
+def kernels_via(monkeypatch):
+    """Pretend Metal is present and route launches to an executor (the harness or Metal)."""
+    def route(execute):
+        monkeypatch.setattr(_dispatch, "SETTING", _settings.resolve("auto"))
+        monkeypatch.setattr(_dispatch, "metal_available", lambda: True)
+        monkeypatch.setattr(_dispatch, "execute", execute)
+    return route
+
+
+def test_model_paths_through_the_kernels(run_kernel, kernels_via):
+    """GroupedDynamicConv and CandidateSelector routed through the kernels (the harness here,
+    the GPU on a Mac): same outputs, and the conv / pair-score gradients are the references'."""
+    calls = []
+    kernels_via(lambda launch: calls.append(launch.spec.name) or run_kernel(launch))
+    conv = GroupedDynamicConv(32, 2, 16)
+    ks = mx.random.split(mx.random.key(11), 4)
+    conv.base_kernel = mx.random.normal((2, 2, 32), key=ks[0])
+    conv.kernel_projection.weight = 0.1 * mx.random.normal((2 * 2 * 2, 32), key=ks[1])
+    u = mx.random.normal((2, 6, 32), key=ks[2])
+
+    def loss(params, u):
+        conv.update(params)
+        x, dyn = conv.prepare(u)
+        return (conv.finish(mx.tanh(x), dyn) * mx.arange(32)).sum()
+
+    params = conv.trainable_parameters()
+    val, (g_params, g_u) = mx.value_and_grad(loss, argnums=(0, 1))(params, u)
+    assert calls.count("dflash2_dynamic_conv") >= 2
+    with monkeypatch_reference():
+        want_val, (w_params, w_u) = mx.value_and_grad(loss, argnums=(0, 1))(params, u)
+    np.testing.assert_allclose(val.item(), want_val.item(), rtol=1e-5)
+    np.testing.assert_allclose(np.array(g_u), np.array(w_u), rtol=1e-4, atol=1e-5)
+    for got, want in ((g_params["base_kernel"], w_params["base_kernel"]),
+                      (g_params["kernel_projection"]["weight"],
+                       w_params["kernel_projection"]["weight"])):
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+
+    sel = CandidateSelector(24, 50, 40, 16)
+    sel.successor_codebook = 0.05 * mx.random.normal((50, 40), key=ks[3])
+    hid = mx.random.normal((5, 24), key=mx.random.key(12))
+    logits = 4 * mx.random.normal((5, 50), key=mx.random.key(13))
+    calls.clear()
+    greedy = sel.select(hid, logits, mx.array(7), 0.0)
+    sampled = sel.select(hid, logits, mx.array(7), 0.8, mx.random.key(14))
+    assert {"dflash2_pair_scores", "dflash2_walk_greedy", "dflash2_walk_sampled"} <= set(calls)
+    with monkeypatch_reference():
+        want_g = sel.select(hid, logits, mx.array(7), 0.0)
+        cand, scores = sel.lattice(hid, logits, mx.array(7))
+    assert greedy.tokens.tolist() == want_g.tokens.tolist() and greedy.q is None
+    # Sampled: the reference walk on the reference lattice with the key's uniforms.
+    idx, q = _reference.walk_with_uniforms(
+        scores, 0.8, _reference.draw_walk_uniforms((), 5, 16, mx.random.key(14)))
+    assert sampled.tokens.tolist() == mx.take_along_axis(cand, idx[:, None], axis=-1)[:, 0].tolist()
+    np.testing.assert_allclose(np.array(sampled.q), np.array(q), rtol=1e-5, atol=1e-6)
+
+    def sel_loss(w):
+        sel.successor_codebook = w
+        _, scores = sel.lattice(hid, logits, mx.array(7))
+        return mx.logsumexp(scores, axis=-1).sum()
+
+    w = sel.successor_codebook
+    g_k = mx.grad(sel_loss)(w)
+    with monkeypatch_reference():
+        g_r = mx.grad(sel_loss)(w)
+    np.testing.assert_allclose(np.array(g_k), np.array(g_r), rtol=1e-4, atol=1e-6)
+
+
+@contextlib.contextmanager
+def monkeypatch_reference():
+    """Force the references for a block (the module-level SETTING, as DFLASH2_KERNELS=off)."""
+    saved = _dispatch.SETTING
+    _dispatch.SETTING = _settings.resolve("off")
+    try:
+        yield
+    finally:
+        _dispatch.SETTING = saved
+
+
+# ----------------------------------------------------------------------------- bench, Metal-only
+def test_bench_kernels_reports_what_ran():
+    report = kernels.bench_kernels(repeats=1, warmup=0)
+    assert report["kernels_run"] == kernels.metal_available() == report["metal"]
+    ops = [r["op"] for r in report["results"]]
+    assert {"dynamic_conv", "pair_scores", "walk_greedy", "walk_sampled"} <= set(ops)
+    for row in report["results"]:
+        assert row["reference_ms"] > 0
+        assert (row["kernel_ms"] is None) == (not report["kernels_run"])
+    if not report["kernels_run"]:
+        assert "not run" in report["note"]
+
+
+def test_metal_generated_source_matches_the_harness(capfd):
+    """On a Mac: MLX's own generated source (verbose=True) is what the harness compiles."""
+    _require_metal()
+    x, dyn, base = _conv_inputs((1,), 3, 32, 16, mx.bfloat16, seed=3)
+    launch = _launch.conv_launch(x, dyn, base, 16)
+    capfd.readouterr()
+    mx.eval(_dispatch._kernel(launch.spec.name)(**launch.kwargs(), verbose=True))
+    printed = capfd.readouterr().out
+    spec = launch.spec
+    gen = signature.generate(
+        spec.name, list(spec.input_names), list(spec.output_names),
+        kernels.kernel_source(spec.file), spec.header,
+        [signature.InputInfo(n, a.dtype, a.ndim, a.size)
+         for n, a in zip(spec.input_names, launch.inputs)],
+        list(launch.output_dtypes), launch.template)
+    # Kernel names carry MLX-version-specific suffixes; the rest must be identical.
+    name = re.compile(r"custom_kernel_\w+")
+    assert name.sub("K", gen.source.strip()) in name.sub("K", printed), printed
