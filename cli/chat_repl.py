@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from dflash2_mlx import GenerationParams, GenerationStats, SamplingParams
+from dflash2_mlx.autotune import recommended_block
 from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.registry import fetch, resolve
 from dflash2_mlx.text import chat_prompt_ids, stream_text
@@ -55,7 +56,8 @@ class Chat:
     def __init__(self, pair, opts: ChatOptions, resolved, console: Console, err: Console):
         self.pair, self.opts, self.console, self.err = pair, opts, console, err
         self.trained = pair.drafter.config.block_size
-        self.recommended = min(resolved.block_size or self.trained, self.trained)
+        tuned = recommended_block(pair, resolved.target, resolved.drafter)  # bench --autotune
+        self.recommended = min(tuned or resolved.block_size or self.trained, self.trained)
         if resolved.block_size and resolved.block_size > self.trained:
             self.note(f"{resolved.name} recommends block {resolved.block_size} but the drafter "
                       f"is trained at {self.trained}: using {self.trained}")

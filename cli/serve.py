@@ -109,7 +109,10 @@ def serve(
         if block is not None and block > trained:
             fail(f"--block {block} exceeds the drafter's trained block size {trained}")
         if block is None and not no_spec:
-            block = min(resolved.block_size or trained, trained)
+            from dflash2_mlx.autotune import recommended_block
+
+            tuned = recommended_block(pair, resolved.target, resolved.drafter)
+            block = min(tuned or resolved.block_size or trained, trained)
         name = model_name or resolved.name
         app = create_app(pair, model_name=name, max_queue=max_queue,
                          context_length=context_length, default_max_tokens=max_tokens,

@@ -3,13 +3,10 @@ decoding, on held-out prompts. Results are plain dicts, written as JSON by the c
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections import defaultdict
 from typing import Sequence
 
-import mlx.core as mx
-
+from .. import bench
 from ..api import Pair
 from ..engine.events import GenerationStats
 from ..engine.loop import GenerationParams
@@ -45,72 +42,26 @@ def measure_tau(pair: Pair, prompts: Sequence[Prompt], *, block_sizes=(4, 8, 16)
     return out
 
 
-def _plain_mlx_lm(pair: Pair, ids: list[int], max_tokens: int) -> tuple[list[int], float]:
-    """Baseline: mlx-lm's own greedy generate_step; returns tokens and decode seconds
-    (first token excluded, as for dflash2)."""
-    from mlx_lm.generate import generate_step
-
-    eos = pair.eos_ids
-    out, t_first = [], None
-    for tok, _ in generate_step(mx.array(ids), pair.model, max_tokens=max_tokens,
-                                sampler=lambda x: mx.argmax(x, axis=-1)):
-        tok = int(tok)
-        if t_first is None:
-            t_first = time.perf_counter()
-        out.append(tok)
-        if tok in eos:
-            break
-    return out, time.perf_counter() - t_first
-
-
 def measure_speed(pair: Pair, prompts: Sequence[Prompt], *, block_size: int | None = None,
                   max_tokens: int = 128, repeats: int = 1) -> dict:
     """Greedy tokens/s of plain mlx-lm decoding vs dflash2 on the same prompt ids; outputs
-    must be identical. Medians over prompts (each prompt: best of `repeats`)."""
-    rows = []
-    warm = chat_prompt_ids(pair.tokenizer, prompts[0].messages)
-    _plain_mlx_lm(pair, warm, 8)
-    pair.generate(warm, GenerationParams(max_tokens=8, block_size=block_size))
-    for p in prompts:
-        ids = chat_prompt_ids(pair.tokenizer, p.messages)
-        base_s, spec_s = [], []
-        for _ in range(repeats):
-            base, secs = _plain_mlx_lm(pair, ids, max_tokens)
-            base_s.append(secs)
-            spec, stats = pair.generate(ids, GenerationParams(max_tokens=max_tokens,
-                                                              block_size=block_size))
-            spec_s.append(stats.decode_ms / 1000)
-        rows.append({
-            "id": p.id, "category": p.category, "tokens": len(base), "identical": base == spec,
-            "plain_tps": (len(base) - 1) / min(base_s), "dflash2_tps": (len(spec) - 1) / min(spec_s),
-            "tau": stats.tau, "draft_ms_per_round": stats.draft_ms / max(stats.rounds, 1),
-            "verify_ms_per_round": stats.verify_ms / max(stats.rounds, 1),
-        })
-    speedups = [r["dflash2_tps"] / r["plain_tps"] for r in rows if r["plain_tps"] > 0]
+    must be identical. Medians over prompts (each prompt: median of `repeats`).
+    A thin view of dflash2_mlx.bench.run_bench (which `dflash2 bench` uses too)."""
+    block = block_size or pair.drafter.config.block_size
+    run = bench.run_bench(pair, prompts, [block], max_tokens=max_tokens, repeats=repeats)
+    res = run["results"][0]
+    s = res["summary"]
     return {
-        "median_speedup": round(statistics.median(speedups), 3) if speedups else None,
-        "median_plain_tps": round(statistics.median(r["plain_tps"] for r in rows), 2),
-        "median_dflash2_tps": round(statistics.median(r["dflash2_tps"] for r in rows), 2),
-        "all_identical": all(r["identical"] for r in rows),
-        "rows": rows,
+        "median_speedup": s["speedup"],
+        "median_plain_tps": s["plain_tps"],
+        "median_dflash2_tps": s["dflash2_tps"],
+        "all_identical": run["all_identical"],
+        "rows": res["rows"],
     }
 
 
 def verify_cost_ratios(pair: Pair, widths=(1, 2, 4, 8, 16), context: int = 256, reps: int = 5) -> dict:
-    """cost(k-token verify) / cost(1-token) with a warm cache of `context` tokens (medians)."""
-    adapter = pair.decoder.target
-    cache = adapter.make_cache()
-    adapter.prefill(mx.array([[i % 1000 + 10 for i in range(context)]]), cache)
-    times = {}
-    for k in widths:
-        samples = []
-        for _ in range(reps + 1):
-            t0 = time.perf_counter()
-            fwd = adapter.forward(mx.array([[11] * k]), cache)
-            mx.eval(fwd.logits, fwd.features)
-            samples.append(time.perf_counter() - t0)
-            for c in cache:
-                c.trim(k)
-        times[k] = statistics.median(samples[1:])
-    return {"ms": {k: round(v * 1000, 2) for k, v in times.items()},
-            "ratio": {k: round(v / times[widths[0]], 3) for k, v in times.items()}}
+    """cost(k-token verify) / cost(smallest width) with a warm cache of `context` tokens
+    (medians; dflash2_mlx.bench.verify_costs)."""
+    vc = bench.verify_costs(pair, widths, context=context, repeats=reps)
+    return {"ms": vc["ms"], "ratio": vc["ratio"]}

@@ -1,0 +1,378 @@
+"""Speed measurement: plain mlx-lm decoding vs dflash2 on identical prompt token ids.
+
+Used by `dflash2 bench`, by the autotuner (dflash2_mlx.autotune) and by train/evaluate.py.
+The rules (docs/architecture.md, "Measuring speed"): the same prompt ids, max tokens and
+sampling (greedy) both ways; a warm-up run first; medians over repeats; greedy outputs compared
+token by token. Tokens/s count the tokens after the first (prefill excluded) over the wall time
+from the first token to the last, both ways.
+
+Costs are timed as dependent chains: each timed call's input is computed from the previous
+call's output (so no two calls can overlap), each call is evaluated before the next starts (as
+in the engine), and widths are interleaved across repeats so that drift affects them alike.
+Everything returns plain dicts, ready for JSON.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import mlx.core as mx
+
+from .engine.events import GenerationStats
+from .engine.loop import GenerationParams
+from .engine.sampling import SamplingParams
+from .prompts import Prompt
+from .text import chat_prompt_ids
+
+SCHEMA = "dflash2.bench/1"
+
+
+# ----------------------------------------------------------------------------- environment
+def chip_name() -> str:
+    """The chip or CPU model ('Apple M3 Max', 'AMD EPYC'), best effort."""
+    try:
+        name = str(mx.device_info().get("device_name") or "")
+        if name:
+            return name
+    except (AttributeError, RuntimeError, TypeError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def environment() -> dict:
+    """doctor() plus the chip name: what a benchmark result depends on."""
+    from .api import doctor
+
+    info = doctor()
+    info["chip"] = chip_name()
+    return info
+
+
+# ----------------------------------------------------------------------------- one generation
+@dataclass
+class Timed:
+    tokens: list[int]
+    seconds: float  # wall time from the first token to the last
+    stats: GenerationStats | None = None  # dflash2 only
+
+    @property
+    def tps(self) -> float | None:
+        """Tokens per second after the first token; None when fewer than 2 tokens."""
+        n = len(self.tokens) - 1
+        return n / self.seconds if n > 0 and self.seconds > 0 else None
+
+
+def plain_decode(pair, ids: Sequence[int], max_tokens: int) -> Timed:
+    """Baseline: mlx-lm's own greedy `generate_step` on the pair's target, stopping at EOS."""
+    from mlx_lm.generate import generate_step
+
+    eos = pair.eos_ids
+    out: list[int] = []
+    t_first = None
+    for tok, _ in generate_step(mx.array(list(ids)), pair.model, max_tokens=max_tokens,
+                                sampler=lambda x: mx.argmax(x, axis=-1)):
+        tok = int(tok)
+        if t_first is None:
+            t_first = time.perf_counter()
+        out.append(tok)
+        if tok in eos:
+            break
+    secs = time.perf_counter() - t_first if t_first is not None else 0.0
+    return Timed(out, secs)
+
+
+def dflash2_decode(pair, ids: Sequence[int], max_tokens: int, block: int | None) -> Timed:
+    """dflash2, greedy, at `block` (None: the drafter's trained block size)."""
+    stats = GenerationStats()
+    out: list[int] = []
+    t_first = None
+    params = GenerationParams(max_tokens=max_tokens, block_size=block,
+                              sampling=SamplingParams(temperature=0.0))
+    for ev in pair.stream(list(ids), params):
+        if t_first is None:
+            t_first = time.perf_counter()
+        stats.add(ev)
+        out.extend(ev.tokens)
+    secs = time.perf_counter() - t_first if t_first is not None else 0.0
+    return Timed(out, secs, stats)
+
+
+def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first difference of two token lists (a length difference counts)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# ----------------------------------------------------------------------------- prompts
+def select_prompts(prompts: Sequence[Prompt], limit: int | None) -> list[Prompt]:
+    """At most `limit` prompts, taken round-robin over the categories (file order within each),
+    so that a small limit still covers every category; all of them when limit is None."""
+    if limit is None or limit >= len(prompts):
+        return list(prompts)
+    by_cat: dict[str, list[Prompt]] = defaultdict(list)
+    for p in prompts:
+        by_cat[p.category].append(p)
+    queues = list(by_cat.values())
+    out: list[Prompt] = []
+    i = 0
+    while len(out) < limit:
+        q = queues[i % len(queues)]
+        if q:
+            out.append(q.pop(0))
+        i += 1
+    return out
+
+
+def context_ids(vocab: int, n: int) -> list[int]:
+    """A deterministic, non-repeating-looking context of n token ids below `vocab`."""
+    return [(i * 7919 + 13) % vocab for i in range(n)]
+
+
+# ----------------------------------------------------------------------------- cost curves
+def _median_ms(samples: list[float]) -> float:
+    return round(statistics.median(samples) * 1000.0, 4)
+
+
+def verify_costs(pair, widths: Iterable[int], *, context: int = 256, repeats: int = 5,
+                 warmup: int = 1) -> dict:
+    """The target's cost of one verify forward of each width (anchor + width-1 drafts) on a warm
+    cache holding `context` tokens: median ms per width, and cost(w)/cost(smallest w).
+
+    Timed as in the engine: forward, argmax read back (a sync), cache state evaluated; the next
+    call's first token is this call's last argmax (a dependent chain). The cache is rolled back
+    after each call (outside the timing), so every call sees the same depth (± the few rows a
+    recurrent cache keeps)."""
+    widths = sorted({int(w) for w in widths})
+    adapter = pair.decoder.target
+    vocab = adapter.vocab_size
+    cache = adapter.make_cache()
+    ctx = context_ids(vocab, max(context, 1))
+    adapter.prefill(mx.array([ctx]), cache, pair.decoder.prefill_chunk, 1)
+    trimmable = all(c.is_trimmable() for c in cache)
+    token = ctx[-1]
+    samples: dict[int, list[float]] = {w: [] for w in widths}
+    for rep in range(warmup + repeats):
+        order = widths[rep % len(widths):] + widths[: rep % len(widths)]  # rotate the order
+        for w in order:
+            ids = mx.array([[token] + [(token + 17 * j) % vocab for j in range(1, w)]])
+            t0 = time.perf_counter()
+            fwd = adapter.forward(ids, cache)
+            nxt = mx.argmax(fwd.logits[0], axis=-1).tolist()
+            mx.eval(fwd.features, [c.state for c in cache])
+            dt = time.perf_counter() - t0
+            adapter.rollback(cache, fwd, 1, w)
+            if trimmable:
+                for c in cache:
+                    c.trim(1)
+            token = int(nxt[-1])
+            if rep >= warmup:
+                samples[w].append(dt)
+    ms = {w: _median_ms(samples[w]) for w in widths}
+    base = ms[widths[0]] or float("nan")
+    return {"context": context, "repeats": repeats, "ms": ms,
+            "ratio": {w: round(ms[w] / base, 4) for w in widths}}
+
+
+def draft_costs(pair, blocks: Iterable[int], *, context: int = 256, repeats: int = 5,
+                warmup: int = 1, feature_rows: int = 2) -> dict:
+    """The drafter's cost of one round at each block size b (b - 1 drafted tokens): embed the
+    block, run the drafter over `feature_rows` new context rows, logits, and (DFlash2) the
+    candidate path selector; drafts read back (a sync). Block 1 drafts nothing: 0 ms.
+    Median ms per block; the drafter cache is trimmed back after each call."""
+    blocks = sorted({int(b) for b in blocks})
+    dec = pair.decoder
+    vocab = dec.target.vocab_size
+    session = dec.new_session()
+    sp = SamplingParams(temperature=0.0)
+    key = mx.random.key(0)
+    ctx = context_ids(vocab, max(context, feature_rows + 1))
+    token, _, _ = dec._prefill(session, ctx, GenerationParams(max_tokens=2), key)
+    # First call consumes all pending prefill rows (building the drafter's context cache).
+    dec._draft(session, token, 2, sp, key)[0].tolist()
+    full = dec.target.forward(mx.array([ctx[-feature_rows:]]), None).features
+    mx.eval(full)
+    samples: dict[int, list[float]] = {b: [] for b in blocks if b > 1}
+    drafted = sorted(samples)
+    for rep in range(warmup + repeats):
+        order = drafted[rep % max(len(drafted), 1):] + drafted[: rep % max(len(drafted), 1)]
+        for b in order:
+            session.pending = full
+            t0 = time.perf_counter()
+            tokens = dec._draft(session, token, b, sp, key)[0].tolist()
+            dt = time.perf_counter() - t0
+            for c in session.drafter_cache:
+                c.trim(feature_rows)
+            token = int(tokens[-1]) if tokens else token
+            if rep >= warmup:
+                samples[b].append(dt)
+    ms = {b: (_median_ms(samples[b]) if b > 1 else 0.0) for b in blocks}
+    return {"context": context, "repeats": repeats, "feature_rows": feature_rows, "ms": ms}
+
+
+# ----------------------------------------------------------------------------- the benchmark
+def _summary(rows: list[dict]) -> dict:
+    """Medians over prompts, pooled τ and per-round costs, totals."""
+    def med(key):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return round(statistics.median(vals), 4) if vals else None
+
+    rounds = sum(r["rounds"] for r in rows)
+
+    def per_round(key):
+        return round(sum(r[key] for r in rows) / rounds, 4) if rounds else None
+
+    accepted = sum(r["accepted"] for r in rows)
+    plain_s = sum(r["plain_s"] for r in rows)
+    spec_s = sum(r["dflash2_s"] for r in rows)
+    tokens = sum(max(r["tokens"] - 1, 0) for r in rows)
+    plain_total = tokens / plain_s if plain_s > 0 else None
+    spec_total = tokens / spec_s if spec_s > 0 else None
+    return {
+        "prompts": len(rows),
+        "identical": sum(1 for r in rows if r["identical"]),
+        "tokens": sum(r["tokens"] for r in rows),
+        "plain_tps": med("plain_tps"),
+        "dflash2_tps": med("dflash2_tps"),
+        "speedup": med("speedup"),
+        "plain_tps_total": round(plain_total, 4) if plain_total else None,
+        "dflash2_tps_total": round(spec_total, 4) if spec_total else None,
+        "speedup_total": round(spec_total / plain_total, 4) if plain_total and spec_total else None,
+        "tau": round((accepted + rounds) / rounds, 4) if rounds else None,
+        "rounds": rounds,
+        "draft_ms_per_round": per_round("draft_ms"),
+        "verify_ms_per_round": per_round("verify_ms"),
+    }
+
+
+def _row(p: Prompt, ids, plain: list[Timed], spec: list[Timed], mism: int | None) -> dict:
+    plain_s = statistics.median(t.seconds for t in plain)
+    spec_s = statistics.median(t.seconds for t in spec)
+    n = len(spec[-1].tokens)
+    m = len(plain[-1].tokens)
+    ptps = (m - 1) / plain_s if m > 1 and plain_s > 0 else None
+    stps = (n - 1) / spec_s if n > 1 and spec_s > 0 else None
+    st = spec[-1].stats
+    rounds = st.rounds
+    return {
+        "id": p.id, "category": p.category, "prompt_tokens": len(ids), "tokens": n,
+        "identical": mism is None, "first_mismatch": mism,
+        "plain_s": round(plain_s, 6), "dflash2_s": round(spec_s, 6),
+        "plain_tps": round(ptps, 4) if ptps else None,
+        "dflash2_tps": round(stps, 4) if stps else None,
+        "speedup": round(stps / ptps, 4) if ptps and stps else None,
+        "tau": round(st.tau, 4), "rounds": rounds, "accepted": st.accepted,
+        "acceptance_rate": round(st.acceptance_rate, 4),
+        "draft_ms": round(statistics.median(t.stats.draft_ms for t in spec), 4),
+        "verify_ms": round(statistics.median(t.stats.verify_ms for t in spec), 4),
+        "draft_ms_per_round": round(statistics.median(t.stats.draft_ms for t in spec) / rounds, 4)
+        if rounds else None,
+        "verify_ms_per_round": round(statistics.median(t.stats.verify_ms for t in spec) / rounds, 4)
+        if rounds else None,
+        "histogram": {str(k): v for k, v in sorted(st.histogram.items())},
+    }
+
+
+def run_bench(pair, prompts: Sequence[Prompt], blocks: Sequence[int], *, max_tokens: int = 128,
+              repeats: int = 3, warmup: bool = True, thinking: bool | None = None,
+              progress: Callable[[int, int, dict, dict[int, dict]], None] | None = None) -> dict:
+    """Plain mlx-lm vs dflash2 at each block size, greedy, on the same prompt ids.
+
+    Per prompt and repeat: one plain run, then one dflash2 run per block (interleaved, so drift
+    hits both alike); every dflash2 output is compared with the plain output of the same repeat.
+    Returns {"results": [{"block", "summary", "per_category", "rows"}], "all_identical",
+    "mismatches": [{"block", "id", "category", "index", "plain", "dflash2"}]}.
+    `progress(i, n, prompt_info, rows_by_block)` is called after each prompt."""
+    blocks = [int(b) for b in blocks]
+    encoded = [(p, chat_prompt_ids(pair.tokenizer, p.messages, thinking=thinking)) for p in prompts]
+    if warmup and encoded:
+        ids = encoded[0][1]
+        plain_decode(pair, ids, min(16, max_tokens))
+        for b in blocks:
+            dflash2_decode(pair, ids, min(16, max_tokens), b)
+    rows: dict[int, list[dict]] = {b: [] for b in blocks}
+    mismatches: list[dict] = []
+    for i, (p, ids) in enumerate(encoded):
+        plain: list[Timed] = []
+        spec: dict[int, list[Timed]] = {b: [] for b in blocks}
+        mism: dict[int, int | None] = {b: None for b in blocks}
+        for _ in range(max(1, repeats)):
+            base = plain_decode(pair, ids, max_tokens)
+            plain.append(base)
+            for b in blocks:
+                run = dflash2_decode(pair, ids, max_tokens, b)
+                spec[b].append(run)
+                m = first_mismatch(base.tokens, run.tokens)
+                if m is not None and mism[b] is None:
+                    mism[b] = m
+                    mismatches.append({
+                        "block": b, "id": p.id, "category": p.category, "index": m,
+                        "plain": base.tokens[m: m + 8], "dflash2": run.tokens[m: m + 8]})
+        done = {}
+        for b in blocks:
+            rows[b].append(_row(p, ids, plain, spec[b], mism[b]))
+            done[b] = rows[b][-1]
+        if progress is not None:
+            progress(i + 1, len(encoded), {"id": p.id, "category": p.category}, done)
+    results = []
+    for b in blocks:
+        cats: dict[str, list[dict]] = defaultdict(list)
+        for r in rows[b]:
+            cats[r["category"]].append(r)
+        results.append({
+            "block": b, "summary": _summary(rows[b]),
+            "per_category": {c: _summary(rs) for c, rs in cats.items()},
+            "rows": rows[b],
+        })
+    return {"results": results, "all_identical": not mismatches, "mismatches": mismatches}
+
+
+# ----------------------------------------------------------------------------- the plot
+def write_plot(report: dict, path: str | Path) -> Path:
+    """PNG: speedup and τ per category, one bar per block size (matplotlib, Agg backend).
+    Raises ImportError when matplotlib is not installed."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    results = report["results"]
+    cats = list(results[0]["per_category"]) + ["all"]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.3 * len(cats) + 4), 4.2), dpi=110)
+    width = 0.8 / max(len(results), 1)
+    for j, res in enumerate(results):
+        per = dict(res["per_category"], all=res["summary"])
+        xs = [i + (j - (len(results) - 1) / 2) * width for i in range(len(cats))]
+        for ax, key in zip(axes, ("speedup", "tau")):
+            vals = [per[c].get(key) or 0.0 for c in cats]
+            ax.bar(xs, vals, width, label=f"block {res['block']}")
+    title = Path(str(report.get("pair", {}).get("name", ""))).name
+    chip = report.get("environment", {}).get("chip")
+    title += f" · {chip}" if chip else ""
+    for ax, label in zip(axes, ("speedup vs plain mlx-lm (x)", "τ (tokens per round)")):
+        ax.set_xticks(range(len(cats)))
+        ax.set_xticklabels(cats, rotation=30, ha="right")
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].axhline(1.0, color="black", linewidth=0.8)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"dflash2 bench: {title}")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path

@@ -1,0 +1,201 @@
+"""The block-size autotuner: the decision is the argmax of the expected-throughput formula,
+per-position acceptance from round counts, quantization detection and the cap at 5, profiles
+stored and found again by key (and ignored when any part of the key changes), and
+`bench --autotune` end to end on a tiny pair (then `bench` without --block uses the profile)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.nn as nn
+import pytest
+
+import dflash2_mlx as d2
+from dflash2_cli.app import run
+from dflash2_mlx import autotune as A
+from dflash2_mlx import bench
+from tiny import make_drafter, make_target
+from tiny_pair import save_pair
+
+VERIFY = {1: 10.0, 2: 10.5, 3: 11.0, 4: 11.6, 5: 12.5, 6: 14.0, 7: 16.0, 8: 19.0}
+DRAFT = {1: 0.0, 2: 2.0, 3: 2.1, 4: 2.2, 5: 2.3, 6: 2.4, 7: 2.5, 8: 2.6}
+PROBS = [0.95, 0.9, 0.9, 0.85, 0.85, 0.8, 0.8]
+
+
+def brute_force(verify, draft, probs, blocks):
+    """The formula written out independently: E[tokens at b] / (draft + verify)."""
+    def e(b):
+        total = 1.0
+        for k in range(1, b):
+            prod = 1.0
+            for j in range(k):
+                prod *= probs[j]
+            total += prod
+        return total
+
+    scores = {b: e(b) / (verify[b] + (draft[b] if b > 1 else 0.0)) for b in blocks}
+    return max(blocks, key=lambda b: (scores[b], -b)), scores
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH2_HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    return d2.Pair.from_models(make_target("llama"), None, make_drafter(2, block_size=8))
+
+
+@pytest.fixture(scope="module")
+def quant_pair():
+    model = make_target("llama")
+    nn.quantize(model, group_size=32, bits=4)
+    return d2.Pair.from_models(model, None, make_drafter(2, block_size=8))
+
+
+# ------------------------------------------------------------------------------ the decision
+def test_expected_tokens_and_acceptance_probs():
+    assert A.expected_tokens([0.5, 0.5], 1) == 1.0
+    assert A.expected_tokens([0.5, 0.5], 3) == pytest.approx(1.75)
+    assert A.expected_tokens([1.0] * 7, 8) == 8.0
+    probs, counts = A.acceptance_probs([(3, 0), (3, 1), (3, 3), (3, 2)], 3)
+    assert probs == pytest.approx([0.75, 2 / 3, 0.5]) and counts == [4, 3, 2]
+    # A round that drafted fewer (cut short) does not count at positions it never drafted.
+    probs, counts = A.acceptance_probs([(1, 1), (3, 3)], 3)
+    assert probs == [1.0, 1.0, 1.0] and counts == [2, 1, 1]
+    assert A.acceptance_probs([], 2) == ([0.0, 0.0], [0, 0])
+
+
+def test_choose_block_is_the_argmax_of_the_formula():
+    choice = A.choose_block(VERIFY, DRAFT, PROBS, max_block=8)
+    best, scores = brute_force(VERIFY, DRAFT, PROBS, range(1, 9))
+    assert choice.block == best
+    for row in choice.rows:
+        assert row.expected_tps == pytest.approx(1000 * scores[row.block], rel=1e-3)
+        assert row.round_ms == pytest.approx(VERIFY[row.block] + DRAFT[row.block])
+
+
+@pytest.mark.parametrize("probs, verify, draft, blocks", [
+    ([0.0] * 7, VERIFY, DRAFT, range(1, 9)),  # nothing accepted: park at block 1
+    ([0.99] * 7, {b: 10.0 for b in range(1, 9)}, {b: 1.0 for b in range(1, 9)}, range(1, 9)),
+    ([0.6] * 7, {b: 10.0 + 3 * b for b in range(1, 9)}, DRAFT, range(1, 9)),
+    ([0.9, 0.2, 0.9, 0.9, 0.9, 0.9, 0.9], VERIFY, DRAFT, range(1, 9)),
+])
+def test_choose_block_matches_brute_force(probs, verify, draft, blocks):
+    assert A.choose_block(verify, draft, probs, max_block=8).block == \
+        brute_force(verify, draft, probs, blocks)[0]
+
+
+def test_cap_limits_the_choice_but_keeps_the_curve():
+    flat = {b: 10.0 for b in range(1, 9)}
+    free = A.choose_block(flat, DRAFT, [0.99] * 7, max_block=8)
+    assert free.block == 8
+    capped = A.choose_block(flat, DRAFT, [0.99] * 7, max_block=8, cap=5)
+    assert capped.block == 5 and capped.cap == 5
+    assert len(capped.rows) == 8 and [r.allowed for r in capped.rows] == [True] * 5 + [False] * 3
+
+
+# ------------------------------------------------------------------------------ quantization
+def test_quantization_is_detected(tiny_pair, quant_pair):
+    assert A.quantized_layers(tiny_pair.model) == []
+    assert not A.is_quantized(A.quant_signature(tiny_pair))
+    groups = A.quantized_layers(quant_pair.model)
+    assert {(g["bits"], g["group_size"], g["mode"]) for g in groups} == {(4, 32, "affine")}
+    assert {g["kind"] for g in groups} == {"Linear", "Embedding"}
+    sig = A.quant_signature(quant_pair)
+    assert A.is_quantized(sig) and sig["drafter"]["quantized"] == []
+    assert "q4 g32 affine" in A.describe_quant(sig)
+
+
+def _fake_measurements(monkeypatch, best_block=8):
+    """Costs and acceptance under which `best_block` wins without a cap."""
+    monkeypatch.setattr(bench, "verify_costs", lambda pair, widths, **kw: {
+        "context": 8, "repeats": 1, "ms": {w: 10.0 for w in widths},
+        "ratio": {w: 1.0 for w in widths}})
+    monkeypatch.setattr(bench, "draft_costs", lambda pair, blocks, **kw: {
+        "context": 8, "repeats": 1, "feature_rows": 2,
+        "ms": {b: (0.0 if b == 1 else 1.0) for b in blocks}})
+    probs = [0.99] * (best_block - 1) + [0.0] * (8 - best_block)
+    monkeypatch.setattr(A, "calibrate", lambda pair, prompts, block, **kw: {
+        "block": block, "prompts": 0, "max_tokens": 8, "rounds": 100, "tau": 5.0,
+        "position_probs": probs[: block - 1], "position_rounds": [100] * (block - 1)})
+
+
+def test_quantized_target_caps_the_block_at_5(quant_pair, tiny_pair, monkeypatch):
+    _fake_measurements(monkeypatch)
+    q = A.autotune(quant_pair, [], target="t", drafter="d")
+    assert q["cap"] == 5 and q["chosen_block"] == 5 and "q4 g32 affine" in q["cap_reason"]
+    free = A.autotune(tiny_pair, [], target="t", drafter="d")
+    assert free["cap"] is None and free["chosen_block"] == 8
+
+
+# ------------------------------------------------------------------------------ profiles
+def test_profile_is_stored_found_and_ignored_when_the_key_changes(tiny_pair, quant_pair,
+                                                                  monkeypatch, tmp_path):
+    _fake_measurements(monkeypatch, best_block=6)
+    profile = A.autotune(tiny_pair, [], target="org/target", drafter="org/drafter")
+    assert profile["chosen_block"] == 6
+    root = tmp_path / "profiles"
+    path = A.save_profile(profile, root)
+    assert path.parent == root and json.loads(path.read_text())["key"] == profile["key"]
+    assert A.recommended_block(tiny_pair, "org/target", "org/drafter", root=root) == 6
+    # Other models, or the same target quantized: another key, no recommendation.
+    assert A.recommended_block(tiny_pair, "org/target", "org/other", root=root) is None
+    assert A.recommended_block(tiny_pair, "org/other", "org/drafter", root=root) is None
+    assert A.recommended_block(quant_pair, "org/target", "org/drafter", root=root) is None
+    # Another mlx version or device: no recommendation either.
+    device_key = A.device_key
+    monkeypatch.setattr(A, "device_key", lambda: "gpu Some Other Chip")
+    assert A.recommended_block(tiny_pair, "org/target", "org/drafter", root=root) is None
+    monkeypatch.setattr(A, "device_key", device_key)
+    # The default root is cache_root()/autotune; a corrupt file counts as no profile.
+    default = A.save_profile(profile)
+    assert default.parent == Path(str(tmp_path / "home")) / "autotune"
+    assert A.recommended_block(tiny_pair, "org/target", "org/drafter") == 6
+    default.write_text("{not json")
+    assert A.recommended_block(tiny_pair, "org/target", "org/drafter") is None
+
+
+def test_folders_are_keyed_by_absolute_path(tiny_pair, tmp_path, monkeypatch):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert A.profile_key(tiny_pair, "m", "org/d")["target"] == str(folder.resolve())
+
+
+# ------------------------------------------------------------------------------ end to end
+def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys):
+    t, d = save_pair(tmp_path / "pair")
+    base = ["bench", "--target", str(t), "--drafter", str(d), "--limit", "2", "--max-tokens",
+            "8", "--repeats", "1", "--context", "16"]
+    assert run(base + ["--autotune", "--block", "4", "--json", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert "◀ chosen" in out and "exp. tok/s" in out and "chosen block" in out
+    report = json.loads((tmp_path / "a.json").read_text())
+    prof = report["autotune"]
+    assert prof["max_block"] == 4 and 1 <= prof["chosen_block"] <= 4
+    assert [r["block"] for r in prof["table"]] == [1, 2, 3, 4]
+    assert set(prof["verify"]["ms"]) == {"1", "2", "3", "4"}
+    assert len(prof["acceptance"]["position_probs"]) == 3
+    assert Path(prof["path"]).is_file()
+    pair = d2.load_pair(t, d)
+    assert A.recommended_block(pair, str(t), str(d)) == prof["chosen_block"]
+    assert run(base + ["--no-plot", "--json", str(tmp_path / "b.json")]) == 0
+    settings = json.loads((tmp_path / "b.json").read_text())["settings"]
+    assert settings["block_source"] == "autotune profile"
+    assert settings["blocks"] == [prof["chosen_block"]]
+
+
+def test_chat_uses_the_stored_profile_unless_block_is_given(tmp_path, capsys, monkeypatch):
+    t, d = save_pair(tmp_path / "pair")
+    pair = d2.load_pair(t, d)
+    _fake_measurements(monkeypatch, best_block=6)
+    A.save_profile(A.autotune(pair, [], target=str(t), drafter=str(d)))
+    chat = ["chat", "--target", str(t), "--drafter", str(d), "--prompt", "hello", "--max-tokens",
+            "4"]
+    assert run(chat) == 0
+    assert "block 6" in capsys.readouterr().err
+    assert run(chat + ["--block", "3"]) == 0
+    assert "block 3" in capsys.readouterr().err

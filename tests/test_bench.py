@@ -1,0 +1,196 @@
+"""`dflash2 bench` and dflash2_mlx.bench on a tiny real pair: the JSON structure, the per-prompt
+greedy equality check (and that a mismatch is reported loudly, exit 1), the PNG, the kernel
+table, one-line user errors, and the help example."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import dflash2_mlx as d2
+from dflash2_cli.app import run
+from dflash2_mlx import bench
+from dflash2_mlx.prompts import load_prompts
+from tiny_pair import save_pair
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    return save_pair(tmp_path_factory.mktemp("bench_pair"))
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_dirs):
+    return d2.load_pair(*tiny_dirs)
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH2_HOME", str(tmp_path / "home"))  # autotune profiles go here
+
+
+def _args(dirs, tmp_path, *extra) -> list[str]:
+    return ["bench", "--target", str(dirs[0]), "--drafter", str(dirs[1]), "--max-tokens", "8",
+            "--repeats", "1", "--json", str(tmp_path / "r.json"), *extra]
+
+
+# ------------------------------------------------------------------------------ pure helpers
+def test_first_mismatch():
+    assert bench.first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert bench.first_mismatch([1, 2, 3], [1, 5, 3]) == 1
+    assert bench.first_mismatch([1, 2], [1, 2, 3]) == 2
+
+
+def test_select_prompts_round_robin_over_categories():
+    prompts = load_prompts("heldout")
+    cats = {p.category for p in prompts}
+    chosen = bench.select_prompts(prompts, len(cats))
+    assert {p.category for p in chosen} == cats  # one per category
+    assert bench.select_prompts(prompts, None) == prompts
+    assert len(bench.select_prompts(prompts, 3)) == 3
+
+
+# ------------------------------------------------------------------------------ library
+def test_run_bench_structure_and_equality(pair):
+    prompts = bench.select_prompts(load_prompts("heldout"), 3)
+    out = bench.run_bench(pair, prompts, [2, 4], max_tokens=10, repeats=2)
+    assert out["all_identical"] and out["mismatches"] == []
+    assert [r["block"] for r in out["results"]] == [2, 4]
+    for res in out["results"]:
+        assert len(res["rows"]) == 3
+        assert set(res["per_category"]) == {p.category for p in prompts}
+        for key in ("prompts", "identical", "plain_tps", "dflash2_tps", "speedup", "tau",
+                    "draft_ms_per_round", "verify_ms_per_round", "speedup_total"):
+            assert key in res["summary"], key
+        for row in res["rows"]:
+            assert row["identical"] and row["first_mismatch"] is None
+            assert row["tokens"] == 10 and row["plain_tps"] > 0 and row["dflash2_tps"] > 0
+            assert 1.0 <= row["tau"] <= res["block"]
+
+
+def test_run_bench_reports_a_mismatch(pair, monkeypatch):
+    real = bench.plain_decode
+
+    def corrupted(p, ids, max_tokens):
+        t = real(p, ids, max_tokens)
+        t.tokens[3] = (t.tokens[3] + 1) % 90
+        return t
+
+    monkeypatch.setattr(bench, "plain_decode", corrupted)
+    prompts = load_prompts("heldout")[:1]
+    out = bench.run_bench(pair, prompts, [4], max_tokens=8, repeats=1, warmup=False)
+    assert not out["all_identical"]
+    (m,) = out["mismatches"]
+    assert m["index"] == 3 and m["block"] == 4 and m["id"] == prompts[0].id
+    assert out["results"][0]["rows"][0]["first_mismatch"] == 3
+
+
+def test_cost_curves(pair):
+    vc = bench.verify_costs(pair, [1, 2, 4], context=32, repeats=2)
+    assert set(vc["ms"]) == {1, 2, 4} and vc["ratio"][1] == 1.0
+    assert all(v > 0 for v in vc["ms"].values())
+    dc = bench.draft_costs(pair, [1, 2, 4], context=32, repeats=2)
+    assert dc["ms"][1] == 0.0 and dc["ms"][2] > 0 and dc["ms"][4] > 0
+
+
+# ------------------------------------------------------------------------------ the command
+def test_bench_command_json_and_png(tiny_dirs, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    assert run(_args(tiny_dirs, tmp_path, "--limit", "2", "--block", "2,4", "--context",
+                     "32")) == 0
+    out = capsys.readouterr().out
+    assert "speedup" in out and "all outputs identical" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["schema"] == "dflash2.bench/1"
+    env = report["environment"]
+    for key in ("mlx", "device", "blas", "blas_threads", "chip"):
+        assert key in env
+    assert report["pair"]["trained_block"] == 8 and report["pair"]["drafter_version"] == 2
+    assert report["settings"]["blocks"] == [2, 4] and report["settings"]["block_source"] == "--block"
+    assert report["all_identical"] is True
+    assert set(report["verify_cost"]["ratio"]) == {"1", "2", "4"}
+    assert [r["block"] for r in report["results"]] == [2, 4]
+    assert report["results"][1]["summary"]["verify_cost_ratio"] > 0
+    png = Path(report["plot"])
+    assert png == tmp_path / "r.png" and png.read_bytes()[:8] == PNG
+
+
+def test_bench_command_mismatch_is_loud(tiny_dirs, tmp_path, capsys, monkeypatch):
+    real = bench.plain_decode
+
+    def corrupted(p, ids, max_tokens):
+        t = real(p, ids, max_tokens)
+        t.tokens[-1] = (t.tokens[-1] + 1) % 90
+        return t
+
+    monkeypatch.setattr(bench, "plain_decode", corrupted)
+    assert run(_args(tiny_dirs, tmp_path, "--limit", "1", "--block", "4", "--no-plot")) == 1
+    err = capsys.readouterr().err
+    assert "MISMATCH block 4" in err and "LOSSLESSNESS VIOLATED" in err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["all_identical"] is False and report["mismatches"][0]["index"] == 7
+
+
+def test_bench_kernels_alone_loads_no_model(tmp_path, capsys, monkeypatch):
+    import dflash2_mlx.kernels as K
+
+    fake = {"metal": False, "kernels_run": False, "setting": "auto", "note": "reference only",
+            "repeats": 20, "device": "cpu",
+            "results": [{"op": "pair_scores", "case": "tiny", "reference_ms": 0.5,
+                         "kernel_ms": None, "speedup": None, "max_abs_diff": None}]}
+    monkeypatch.setattr(K, "bench_kernels", lambda repeats=20: fake)
+    monkeypatch.setattr(d2, "load_pair", lambda *a, **k: pytest.fail("loaded a model"))
+    assert run(["bench", "--kernels", "--json", str(tmp_path / "k.json")]) == 0
+    cap = capsys.readouterr()
+    assert "pair_scores" in cap.out and "not run" in cap.out
+    assert "not run on this machine" in cap.err
+    report = json.loads((tmp_path / "k.json").read_text())
+    assert report["kernels"]["available"] and "results" not in report
+
+
+def test_bench_kernels_missing_says_so(tmp_path, capsys, monkeypatch):
+    import dflash2_mlx.kernels as K
+
+    monkeypatch.delattr(K, "bench_kernels")
+    assert run(["bench", "--kernels", "--json", str(tmp_path / "k.json")]) == 0
+    assert "kernel benchmarks are not available" in capsys.readouterr().err
+    assert json.loads((tmp_path / "k.json").read_text())["kernels"]["available"] is False
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--block", "0"], "--block must be >= 1"),
+    (["--block", "x"], "--block needs integers"),
+    (["--autotune", "--block", "2,4"], "--autotune takes one --block"),
+    (["--limit", "0"], "--limit must be >= 1"),
+    (["--max-tokens", "1"], "--max-tokens must be >= 2"),
+    (["--plot", "a.png", "--no-plot"], "contradict"),
+    (["--prompts", "/nonexistent.jsonl"], "cannot read prompt file"),
+])
+def test_user_errors_are_one_line(argv, message, capsys):
+    assert run(["bench", "--target", "/nonexistent-t", "--drafter", "/nonexistent-d", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_block_above_trained_is_a_user_error(tiny_dirs, tmp_path, capsys):
+    assert run(_args(tiny_dirs, tmp_path, "--block", "9", "--limit", "1")) == 2
+    assert "exceeds the drafter's trained block size 8" in capsys.readouterr().err
+
+
+def test_help_has_an_example(capsys):
+    assert run(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "Example: dflash2 bench" in out and "--autotune" in out and "--kernels" in out
+
+
+def test_cost_curves_on_a_hybrid_gated_deltanet_target():
+    from tiny import make_drafter, make_target
+
+    hybrid = d2.Pair.from_models(make_target("qwen3_5"), None, make_drafter(2, block_size=8))
+    vc = bench.verify_costs(hybrid, [1, 4], context=24, repeats=2)
+    dc = bench.draft_costs(hybrid, [1, 4], context=24, repeats=2)
+    assert vc["ms"][4] > 0 and dc["ms"][4] > 0
