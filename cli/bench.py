@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from .common import fail
+from .common import DrafterOpt, ModelArg, TargetOpt, fail
 
 
 def parse_blocks(values: Optional[List[str]]) -> list[int]:
@@ -37,15 +37,9 @@ def default_json_path() -> Path:
 
 
 def bench(
-    model: Optional[str] = typer.Argument(
-        None, help="A model alias (see `dflash2 models`); default: smollm2-135m, the embedded "
-        "model.", show_default=False),
-    target: Optional[str] = typer.Option(
-        None, "--target", help="Target model: an mlx-lm folder or a Hugging Face repo id "
-        "(replaces the alias's target)."),
-    drafter: Optional[str] = typer.Option(
-        None, "--drafter", help="DFlash / DFlash2 drafter: a folder or a Hugging Face repo id "
-        "(replaces the alias's drafter)."),
+    model: ModelArg = None,
+    target: TargetOpt = None,
+    drafter: DrafterOpt = None,
     prompts: str = typer.Option(
         "heldout", "--prompts", help="Prompt set: 'heldout' or 'train' (bundled, with "
         "categories), or a JSONL file of {id, category, messages}."),
@@ -129,27 +123,9 @@ def _fmt(x, spec: str = ".1f", none: str = "—") -> str:
 def _load(model, target, drafter, offline, err):
     from rich.text import Text
 
-    from dflash2_mlx import load_pair
-    from dflash2_mlx.errors import DFlash2Error
-    from dflash2_mlx.registry import fetch, resolve
+    from .common import load_resolved
 
-    from .common import raised_in
-
-    resolved = resolve(model, target, drafter)
-    tdir = fetch(resolved.target, "target", offline=offline)
-    ddir = fetch(resolved.drafter, "drafter", offline=offline)
-    alias = f"{resolved.alias}: " if resolved.alias else ""
-    err.print(Text(f"loading {alias}target {resolved.target} + drafter {resolved.drafter}",
-                   style="dim"))
-    try:
-        pair = load_pair(tdir, ddir, offline=offline)
-    except DFlash2Error:
-        raise
-    except Exception as exc:  # noqa: BLE001 - mlx-lm's errors for a bad target folder only
-        if not raised_in(exc, "mlx_lm"):
-            raise
-        fail(f"cannot load target {resolved.target}: {type(exc).__name__}: {exc}")
-    return pair, resolved
+    return load_resolved(model, target, drafter, offline, lambda msg: err.print(Text(msg, style="dim")))
 
 
 def _env_line(env: dict) -> str:

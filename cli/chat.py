@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import fail
+from .common import DrafterOpt, ModelArg, TargetOpt, fail
 
 
 @dataclass
@@ -31,15 +31,9 @@ class ChatOptions:
 
 
 def chat(
-    model: Optional[str] = typer.Argument(
-        None, help="A model alias (see `dflash2 models`); default: smollm2-135m, the embedded "
-        "model.", show_default=False),
-    target: Optional[str] = typer.Option(
-        None, "--target", help="Target model: an mlx-lm folder or a Hugging Face repo id "
-        "(replaces the alias's target)."),
-    drafter: Optional[str] = typer.Option(
-        None, "--drafter", help="DFlash / DFlash2 drafter: a folder or a Hugging Face repo id "
-        "(replaces the alias's drafter)."),
+    model: ModelArg = None,
+    target: TargetOpt = None,
+    drafter: DrafterOpt = None,
     prompt: Optional[str] = typer.Option(
         None, "--prompt", "-p", help="Answer this one message, print the answer and a stats "
         "line, and exit."),

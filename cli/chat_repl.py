@@ -18,12 +18,11 @@ from rich.text import Text
 from dflash2_mlx import GenerationParams, GenerationStats, SamplingParams
 from dflash2_mlx.autotune import recommended_block
 from dflash2_mlx.errors import DFlash2Error
-from dflash2_mlx.registry import fetch, resolve
 from dflash2_mlx.text import chat_prompt_ids, stream_text
 
 from .chat import ChatOptions
 from .chat_view import HELP, AnswerView, stats_table, status_text
-from .common import fail, raised_in
+from .common import fail, load_resolved
 
 
 class _StopFlag:
@@ -286,23 +285,8 @@ class _Bad(Exception):
 
 
 def load(opts: ChatOptions, err: Console):
-    from dflash2_mlx import load_pair
-
-    resolved = resolve(opts.model, opts.target, opts.drafter)
-    target = fetch(resolved.target, "target", offline=opts.offline)
-    drafter = fetch(resolved.drafter, "drafter", offline=opts.offline)
-    alias = f"{resolved.alias}: " if resolved.alias else ""
-    err.print(Text(f"loading {alias}target {resolved.target} + drafter {resolved.drafter}",
-                   style="dim"))
-    try:
-        pair = load_pair(target, drafter, offline=opts.offline)
-    except DFlash2Error:
-        raise
-    except Exception as exc:  # noqa: BLE001 - mlx-lm's errors for a bad target folder only
-        if not raised_in(exc, "mlx_lm"):
-            raise
-        fail(f"cannot load target {resolved.target}: {type(exc).__name__}: {exc}")
-    return pair, resolved
+    return load_resolved(opts.model, opts.target, opts.drafter, opts.offline,
+                         lambda msg: err.print(Text(msg, style="dim")))
 
 
 def run_chat(opts: ChatOptions) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated, Callable, Optional
 
 import typer
 
@@ -30,14 +31,26 @@ def print_error(message: str) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
 
 
+# The model selection shared by chat, serve and bench.
+ModelArg = Annotated[Optional[str], typer.Argument(
+    help="A model alias (see `dflash2 models`); default: smollm2-135m, the embedded model.",
+    show_default=False)]
+TargetOpt = Annotated[Optional[str], typer.Option(
+    "--target", help="Target model: an mlx-lm folder or a Hugging Face repo id "
+    "(replaces the alias's target).")]
+DrafterOpt = Annotated[Optional[str], typer.Option(
+    "--drafter", help="DFlash / DFlash2 drafter: a folder or a Hugging Face repo id "
+    "(replaces the alias's drafter).")]
 
-def raised_in(exc: BaseException, package: str) -> bool:
-    """Whether `exc` came through `package` (e.g. mlx-lm rejecting a model folder, possibly via
-    transformers or safetensors: the user's mistake, not a bug of ours)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        name = tb.tb_frame.f_globals.get("__name__", "")
-        if name == package or name.startswith(package + "."):
-            return True
-        tb = tb.tb_next
-    return False
+
+def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], None]):
+    """Resolve an alias / --target / --drafter, fetch both, load the pair: (pair, resolved)."""
+    from dflash2_mlx import load_pair
+    from dflash2_mlx.registry import fetch, resolve
+
+    resolved = resolve(model, target, drafter)
+    tdir = fetch(resolved.target, "target", offline=offline)
+    ddir = fetch(resolved.drafter, "drafter", offline=offline)
+    alias = f"{resolved.alias}: " if resolved.alias else ""
+    say(f"loading {alias}target {resolved.target} + drafter {resolved.drafter}")
+    return load_pair(tdir, ddir, offline=offline), resolved

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from .common import fail
+from .common import DrafterOpt, ModelArg, TargetOpt, fail, load_resolved
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -29,24 +29,10 @@ def _listen(host: str, port: int):
     return sock
 
 
-def _raised_in(exc: BaseException, package: str) -> bool:
-    tb, last = exc.__traceback__, None
-    while tb is not None:
-        last, tb = tb, tb.tb_next
-    name = last.tb_frame.f_globals.get("__name__", "") if last is not None else ""
-    return name == package or name.startswith(package + ".")
-
-
 def serve(
-    model: Optional[str] = typer.Argument(
-        None, help="A model alias (see `dflash2 models`); default: smollm2-135m, the embedded "
-        "model.", show_default=False),
-    target: Optional[str] = typer.Option(
-        None, "--target", help="Target model: an mlx-lm folder or a Hugging Face repo id "
-        "(replaces the alias's target)."),
-    drafter: Optional[str] = typer.Option(
-        None, "--drafter", help="DFlash / DFlash2 drafter: a folder or a Hugging Face repo id "
-        "(replaces the alias's drafter)."),
+    model: ModelArg = None,
+    target: TargetOpt = None,
+    drafter: DrafterOpt = None,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
     model_name: Optional[str] = typer.Option(
@@ -88,23 +74,11 @@ def serve(
 
     import uvicorn
 
-    from dflash2_mlx import load_pair
-    from dflash2_mlx.errors import DFlash2Error
-    from dflash2_mlx.registry import fetch, resolve
     from dflash2_mlx.serve import create_app
 
     try:
-        resolved = resolve(model, target, drafter)
-        typer.echo(f"loading target {resolved.target} + drafter {resolved.drafter}", err=True)
-        try:
-            pair = load_pair(fetch(resolved.target, "target", offline=offline),
-                             fetch(resolved.drafter, "drafter", offline=offline), offline=offline)
-        except DFlash2Error:
-            raise
-        except Exception as exc:  # mlx-lm rejecting a target folder; anything else re-raises
-            if not _raised_in(exc, "mlx_lm"):
-                raise
-            fail(f"cannot load target {resolved.target}: {type(exc).__name__}: {exc}")
+        pair, resolved = load_resolved(model, target, drafter, offline,
+                                       lambda msg: typer.echo(msg, err=True))
         trained = pair.drafter.config.block_size
         if block is not None and block > trained:
             fail(f"--block {block} exceeds the drafter's trained block size {trained}")

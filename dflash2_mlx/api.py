@@ -84,7 +84,8 @@ def load_pair(target: str | Path, drafter: str | Path, *, dtype: str | None = No
 
     try:
         model, tokenizer = load_target(str(target))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError,
+            RuntimeError) as exc:
         raise CompatibilityError(
             f"{target}: cannot load the target with mlx-lm: {type(exc).__name__}: {exc}") from None
     adapter_probe = TargetAdapter(model, ())
