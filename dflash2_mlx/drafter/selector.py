@@ -4,17 +4,23 @@ Per drafted row t: top-K candidates C_t of the unary logits U_t, a projected hid
 h_t = W_H n_t (rank r), and pair scores S_t[a, b] = U_t[C_t[b]] + sum_j A[a, j] h_t[j] B[C_t[b], j]
 for each predecessor a (the anchor for t = 1, else the K candidates of row t-1). The whole
 [γ, K, K] lattice is computed in one vectorised pass; only the walk is sequential and it stays
-on device (no host sync).
+on device (no host sync). A sampled walk picks each step by Gumbel-max over uniforms drawn
+from the key, so the Metal walk (which takes the uniforms) makes the very same draws.
 """
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .. import kernels
+
+# mx.random.gumbel draws uniform(nextafter(0, 1), 1): the smallest positive float32.
+_TINY = struct.unpack("<f", struct.pack("<I", 1))[0]
 
 
 @dataclass
@@ -38,12 +44,34 @@ def pair_scores(
 def walk(lattice: mx.array, temperature: float, key: mx.array | None = None):
     """Walk lattices [..., γ, P, K]: row 0 has one predecessor (the anchor), row t>0 is
     indexed by the previous choice. Returns (choices [..., γ], q [..., γ, K] or None).
-    Reference op; metal/walk_greedy.metal and walk_sampled.metal (`kernels.walk`) match it."""
+    Sampling draws its noise from `key` (global PRNG when None), then walks it."""
+    *lead, gamma, _, k = lattice.shape
+    uniforms = None if temperature <= 0 else draw_walk_uniforms(tuple(lead), gamma, k, key)
+    return walk_with_uniforms(lattice, temperature, uniforms)
+
+
+def draw_walk_uniforms(
+    lead: tuple[int, ...], gamma: int, k: int, key: mx.array | None
+) -> mx.array:
+    """The uniforms [*lead, gamma, k] that `selector.walk(..., key)` consumes (key None: the
+    global PRNG, advanced exactly as the reference walk advances it)."""
+    n = math.prod(lead)
+    keys = mx.random.split(key, gamma) if key is not None else None
+    steps = [
+        mx.random.uniform(_TINY, 1.0, (n, k), mx.float32, key=None if keys is None else keys[t])
+        for t in range(gamma)
+    ]
+    return mx.stack(steps, axis=1).reshape(*lead, gamma, k)
+
+
+def walk_with_uniforms(lattice: mx.array, temperature: float, uniforms: mx.array | None):
+    """Reference walk over lattices [..., g, P, K] with the sampling noise given as uniforms
+    [..., g, K] (ignored when greedy). Returns (choices [..., g] int32, q [..., g, K] or None)."""
     *lead, gamma, preds, k = lattice.shape
     flat = lattice.reshape(-1, gamma, preds, k)
     n = flat.shape[0]
     rows = mx.arange(n)
-    keys = mx.random.split(key, gamma) if (temperature > 0 and key is not None) else None
+    u = None if temperature <= 0 else uniforms.reshape(n, gamma, k)
     prev = mx.zeros((n,), dtype=mx.int32)
     picks, qs = [], []
     for t in range(gamma):
@@ -51,7 +79,8 @@ def walk(lattice: mx.array, temperature: float, key: mx.array | None = None):
         if temperature > 0:
             logits = scores / temperature
             qs.append(mx.softmax(logits, axis=-1))
-            choice = mx.random.categorical(logits, key=None if keys is None else keys[t])
+            gumbel = -mx.log(-mx.log(u[:, t]))
+            choice = mx.argmax(logits + gumbel, axis=-1)
         else:
             choice = mx.argmax(scores, axis=-1)
         prev = choice.astype(mx.int32)

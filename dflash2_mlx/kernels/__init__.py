@@ -15,12 +15,11 @@ from ._dispatch import (
     describe, dynamic_conv, execute, kernels_active, metal_available, pair_scores, status, walk,
     walk_with_uniforms,
 )
-from ._reference import draw_walk_uniforms
 from ._settings import ENV_VAR, SETTING, KernelMode, KernelSetting
 from ._specs import SPECS, KernelSpec, kernel_source
 
 __all__ = [
     "bench_kernels", "describe", "dynamic_conv", "execute", "kernels_active", "metal_available",
-    "pair_scores", "status", "walk", "walk_with_uniforms", "draw_walk_uniforms", "ENV_VAR",
+    "pair_scores", "status", "walk", "walk_with_uniforms", "ENV_VAR",
     "SETTING", "KernelMode", "KernelSetting", "SPECS", "KernelSpec", "kernel_source",
 ]

@@ -8,7 +8,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from . import _dispatch, _launch, _reference
+from . import _dispatch, _launch
 from ._settings import SETTING
 
 
@@ -45,10 +45,10 @@ def _cases():
         lambda: selector.walk(lattice, 0.0)[0],
         lambda: _launch.walk_launch(lattice, 0.0),
     ))
-    uniforms = _reference.draw_walk_uniforms((), gamma, top_k, ks[7])
+    uniforms = selector.draw_walk_uniforms((), gamma, top_k, ks[7])
     out.append((
         "walk_sampled", f"lattice[{gamma},{top_k},{top_k}] T=1 (given uniforms)",
-        lambda: _reference.walk_with_uniforms(lattice, 1.0, uniforms),
+        lambda: selector.walk_with_uniforms(lattice, 1.0, uniforms),
         lambda: _launch.walk_launch(lattice, 1.0, uniforms),
     ))
     return out

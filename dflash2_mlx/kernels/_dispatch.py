@@ -11,7 +11,7 @@ import functools
 
 import mlx.core as mx
 
-from . import _launch, _reference
+from . import _launch
 from ._settings import SETTING, KernelMode, KernelSetting
 from ._specs import SPECS, source_location, kernel_source
 from ._launch import Launch
@@ -105,14 +105,13 @@ def pair_scores(
 
 
 def walk(lattice: mx.array, temperature: float, key: mx.array | None = None):
-    """Same contract as `drafter.selector.walk`. The sampled kernel takes uniforms drawn with the
-    reference's per-step keys: exact samples of q, deterministic per key (draws equal the
-    reference's only where MLX's categorical uses Gumbel-max; see _reference.py)."""
+    """Same contract as `drafter.selector.walk`: the sampled kernel takes the very uniforms the
+    reference draws from `key`, so both paths make the same choices."""
     if kernels_active() and _launch.walk_supported(lattice):
         uniforms = None
         if temperature > 0:
             *lead, gamma, _, k = lattice.shape
-            uniforms = _reference.draw_walk_uniforms(tuple(lead), gamma, k, key)
+            uniforms = _ref_selector().draw_walk_uniforms(tuple(lead), gamma, k, key)
         outs = execute(_launch.walk_launch(lattice, temperature, uniforms))
         return outs[0], (outs[1] if temperature > 0 else None)
     return _ref_selector().walk(lattice, temperature, key)
@@ -125,7 +124,7 @@ def walk_with_uniforms(lattice: mx.array, temperature: float, uniforms: mx.array
         if launch is not None:
             outs = execute(launch)
             return outs[0], (outs[1] if temperature > 0 else None)
-    return _reference.walk_with_uniforms(lattice, temperature, uniforms)
+    return _ref_selector().walk_with_uniforms(lattice, temperature, uniforms)
 
 
 # ----------------------------------------------------------------------------- reporting
