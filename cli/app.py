@@ -18,7 +18,7 @@ try:  # typer >= 0.22 vendors click; older typers use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions
 
-from . import bench, chat, models, serve, train
+from . import bench, chat, evaluate, models, serve, train
 from .common import EXIT_USAGE, is_user_error, print_error
 
 app = typer.Typer(
@@ -71,6 +71,7 @@ chat.register(app)
 serve.register(app)
 train.register(app)
 bench.register(app)
+evaluate.register(app)
 
 
 _NO_ARGS = getattr(click_exceptions, "NoArgsIsHelpError", ())

@@ -241,3 +241,18 @@ def test_sparkline_and_status_line():
     assert "τ 3.00 (last 4)" in line and "▄··█" in line and "10 tok" in line and "block 4" in line
     assert "draft 2.0 · verify 4.0 ms/round" in line and "prompt 7 new + 20 reused" in line
     assert "spec off" in status_text(stats, block=1, spec=False).plain
+
+
+def test_evaluate_writes_tau_per_setting_and_category(tiny_pair, tmp_path, capsys):
+    target, drafter = tiny_pair
+    out = tmp_path / "tau.json"
+    assert run(["evaluate", "--target", str(target), "--drafter", str(drafter), "--limit", "3",
+                "--max-tokens", "6", "--blocks", "2,4,99", "--temperatures", "0,1",
+                "--json", str(out)]) == 0
+    res = json.loads(out.read_text())["results"]
+    assert sorted(res) == ["T=0/B=2", "T=0/B=4", "T=1/B=2", "T=1/B=4"]  # 99 > trained: skipped
+    for r in res.values():
+        assert 1.0 <= r["tau"] <= 4.0 and r["per_category"]
+    assert "T=0/B=4" in capsys.readouterr().out
+    assert run(["evaluate", "--target", str(target), "--drafter", str(drafter),
+                "--blocks", "4,x"]) == 2

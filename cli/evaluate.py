@@ -1,0 +1,65 @@
+"""`dflash2 evaluate`: a drafter's acceptance length τ on held-out prompts, per category."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .common import DrafterOpt, ModelArg, TargetOpt, fail, load_resolved
+
+
+def evaluate(
+    model: ModelArg = None,
+    target: TargetOpt = None,
+    drafter: DrafterOpt = None,
+    prompts: str = typer.Option("heldout", help="Bundled split name or a JSONL file."),
+    limit: Optional[int] = typer.Option(None, min=1, help="At most N prompts, spread over the "
+                                        "categories."),
+    max_tokens: int = typer.Option(128, min=1, help="Tokens generated per prompt."),
+    blocks: str = typer.Option("4,8,16", help="Block sizes (those above the trained size are "
+                               "skipped)."),
+    temperatures: str = typer.Option("0,1", help="Sampling temperatures."),
+    seed: int = typer.Option(0, min=0),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the results here."),
+    offline: bool = typer.Option(False, help="Never download."),
+):
+    """Measure τ (mean tokens committed per round, bonus included) per temperature, block
+    size and prompt category, with the real engine.
+
+    Example: dflash2 evaluate --limit 14 --blocks 4,8 --json results/tau.json
+    """
+    try:
+        block_list = tuple(int(b) for b in blocks.split(","))
+        temps = tuple(float(t) for t in temperatures.split(","))
+    except ValueError:
+        fail("--blocks and --temperatures take comma-separated numbers")
+    from rich.console import Console
+    from rich.table import Table
+
+    from dflash2_mlx.bench import environment, select_prompts
+    from dflash2_mlx.prompts import load_prompts
+    from dflash2_mlx.train.evaluate import measure_tau
+
+    err = Console(stderr=True)
+    pair, resolved = load_resolved(model, target, drafter, offline, lambda m: err.print(m, style="dim"))
+    chosen = select_prompts(load_prompts(prompts), limit)
+    result = measure_tau(pair, chosen, block_sizes=block_list, temperatures=temps,
+                         max_tokens=max_tokens, seed=seed)
+    cats = sorted({c for r in result.values() for c in r["per_category"]})
+    table = Table("setting", "τ", *cats, title=f"τ on {len(chosen)} '{prompts}' prompts")
+    for name, r in result.items():
+        table.add_row(name, f"{r['tau']:.3f}", *(f"{r['per_category'].get(c, 0):.2f}" for c in cats))
+    Console().print(table)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps({
+            "environment": environment(), "target": resolved.target, "drafter": resolved.drafter,
+            "prompts": prompts, "prompt_ids": [p.id for p in chosen], "max_tokens": max_tokens,
+            "seed": seed, "results": result}, indent=2))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(evaluate)
