@@ -73,9 +73,14 @@ def run_pipeline(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None]
                                    "seconds": round(time.perf_counter() - t0, 1)}
         feats = pc.work / f"features_{name}_{'-'.join(map(str, dcfg.target_layer_ids))}"
         t0 = time.perf_counter()
-        build_feature_cache(adapter, read_regenerations(regen, pc.max_len), feats, log=log)
+        wanted = {p.id for p in prompts}
+        seqs = [q for q in read_regenerations(regen, pc.max_len)
+                if q.id in wanted and q.temperature in temps]
+        build_feature_cache(adapter, seqs, feats, log=log)
         stages[f"features_{name}"] = {"seconds": round(time.perf_counter() - t0, 1)}
     train = load_feature_cache(pc.work / f"features_train_{'-'.join(map(str, dcfg.target_layer_ids))}")
+    keep = {p.id for p in load_prompts(pc.prompts, skip_bad=pc.skip_bad_lines)}
+    train = [s for s in train if s.id in keep and s.temperature in pc.temperatures]
     held = load_feature_cache(pc.work / f"features_heldout_{'-'.join(map(str, dcfg.target_layer_ids))}")
     held = [s for s in held if s.temperature == 0.0]
     if not train:
