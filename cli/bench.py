@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from .common import DrafterOpt, ModelArg, TargetOpt, fail
+from .common import DrafterOpt, ModelArg, OfflineOpt, TargetOpt, ThinkingOpt, fail
 
 
 def parse_blocks(values: Optional[List[str]]) -> list[int]:
@@ -68,11 +68,8 @@ def bench(
     kernels: bool = typer.Option(
         False, "--kernels", help="Time the custom Metal kernels against their references. "
         "Alone (no MODEL, --target, --drafter or --autotune) it loads no model."),
-    thinking: Optional[bool] = typer.Option(
-        None, "--thinking/--no-thinking", help="Turn a Qwen-style template's thinking on or "
-        "off (default: the template's own).", show_default=False),
-    offline: bool = typer.Option(False, "--offline", help="Never download: use folders and "
-                                 "the local Hugging Face cache only."),
+    thinking: ThinkingOpt = None,
+    offline: OfflineOpt = False,
 ):
     """Benchmark plain mlx-lm decoding against dflash2 (greedy, same prompt ids, outputs
     checked token for token), or autotune the block size for this machine.

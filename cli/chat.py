@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import DrafterOpt, ModelArg, TargetOpt, fail
+from .common import DrafterOpt, ModelArg, OfflineOpt, TargetOpt, ThinkingOpt, fail
 
 
 @dataclass
@@ -50,11 +50,8 @@ def chat(
         "recommendation, else the drafter's trained block size)."),
     no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding (no drafter), same "
                                  "sampler: for comparison."),
-    thinking: Optional[bool] = typer.Option(
-        None, "--thinking/--no-thinking", help="Turn a Qwen-style template's thinking on or "
-        "off (default: the template's own).", show_default=False),
-    offline: bool = typer.Option(False, "--offline", help="Never download: use folders and "
-                                 "the local Hugging Face cache only."),
+    thinking: ThinkingOpt = None,
+    offline: OfflineOpt = False,
 ):
     """Chat in the terminal with live acceptance stats (streamed, multi-turn, cached).
 

@@ -42,6 +42,12 @@ DrafterOpt = Annotated[Optional[str], typer.Option(
     "--drafter", help="DFlash / DFlash2 drafter: a folder or a Hugging Face repo id "
     "(replaces the alias's drafter).")]
 
+ThinkingOpt = Annotated[Optional[bool], typer.Option(
+    "--thinking/--no-thinking", help="Turn a Qwen-style template's thinking on or off "
+    "(default: the template's own).", show_default=False)]
+OfflineOpt = Annotated[bool, typer.Option(
+    "--offline", help="Never download: use folders and the local Hugging Face cache only.")]
+
 
 def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], None]):
     """Resolve an alias / --target / --drafter, fetch both, load the pair: (pair, resolved)."""

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from .common import DrafterOpt, ModelArg, TargetOpt, fail, load_resolved
+from .common import DrafterOpt, ModelArg, OfflineOpt, TargetOpt, fail, load_resolved
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -50,8 +50,7 @@ def serve(
         "alias's recommendation, else the drafter's trained block size)."),
     no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding (no drafter), same "
                                  "sampler: for comparison."),
-    offline: bool = typer.Option(False, "--offline", help="Never download: use folders and "
-                                 "the local Hugging Face cache only."),
+    offline: OfflineOpt = False,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: "
                                   + ", ".join(LOG_LEVELS) + "."),
 ):
