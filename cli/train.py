@@ -3,14 +3,33 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from .common import fail
+
+
+def _command_line(params: dict) -> str:
+    """The running command as typed options (defaults left out), for the model card."""
+    import inspect
+
+    parts = ["dflash2", "train", str(params["target"])]
+    for name, p in inspect.signature(train).parameters.items():
+        value = params.get(name)
+        if name in ("ctx", "target") or value == getattr(p.default, "default", None):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parts.append(flag if value else "--no-" + flag[2:])
+        else:
+            parts += [flag, str(value)]
+    return " ".join(shlex.quote(p) for p in parts)
+
 
 def train(
+    ctx: typer.Context,
     target: str = typer.Argument(..., help="mlx-lm target: a folder or a Hugging Face repo id "
                                  "('smollm2-135m' = the embedded default)."),
     out: Path = typer.Option(..., "--out", "-o", help="Drafter folder to write."),
@@ -28,6 +47,15 @@ def train(
     anchors: int = typer.Option(32, min=1, help="Anchors (blocks) per sequence and step."),
     lr: float = typer.Option(6e-4, min=0.0), max_new_tokens: int = typer.Option(256, min=8),
     temperatures: str = typer.Option("0,0.7", help="Regeneration temperatures."),
+    conv: bool = typer.Option(True, help="DFlash2: train the dynamic convs (--no-conv keeps "
+                              "them identity; for ablations)."),
+    selector: bool = typer.Option(True, help="DFlash2: train the path selector (--no-selector "
+                                  "keeps it neutral: drafts are the per-position argmax)."),
+    init_from_target: bool = typer.Option(False, help="Start the drafter layers from the "
+                                          "target's top layers."),
+    ablation: bool = typer.Option(False, help="Train DFlash, DFlash2 conv-only, selector-only "
+                                  "and both at this same budget into OUT/<variant>/ and write "
+                                  "OUT/ablation.json (held-out τ side by side)."),
     full_vocab: bool = typer.Option(False, help="Full-vocabulary softmax (slower) instead of "
                                     "seen vocabulary + sampled negatives."),
     skip_bad_lines: bool = typer.Option(False, help="Skip malformed prompt lines (default: stop)."),
@@ -38,7 +66,7 @@ def train(
     Example: dflash2 train smollm2-135m --out my-drafter --steps 3000
     """
     from dflash2_mlx.errors import DFlash2Error
-    from dflash2_mlx.train.pipeline import PipelineConfig, run_pipeline
+    from dflash2_mlx.train.pipeline import PipelineConfig, run_ablation, run_pipeline
     from dflash2_mlx.train.trainer import TrainConfig
 
     try:
@@ -46,6 +74,10 @@ def train(
         temps = tuple(float(x) for x in temperatures.split(","))
     except ValueError:
         raise typer.BadParameter("--layer-ids and --temperatures take comma-separated numbers")
+    if version == 1 and not (conv and selector):
+        fail("--no-conv / --no-selector are DFlash2 parts; --version 1 has neither")
+    if ablation and not (conv and selector and version == 2):
+        fail("--ablation trains every variant itself; drop --version / --no-conv / --no-selector")
     if target == "smollm2-135m":
         from dflash2_mlx.embedded import ensure_smollm2
 
@@ -56,7 +88,9 @@ def train(
     tc = TrainConfig(version=version, layers=layers, block_size=block_size, target_layer_ids=ids,
                      mask_token_id=mask_token_id, steps=steps, batch_seqs=batch,
                      anchors_per_seq=anchors, lr=lr, vocab_subset=not full_vocab, seed=seed,
-                     command="dflash2 train " + " ".join(shlex.quote(a) for a in sys.argv[2:]))
+                     selector_weight=1.0 if selector else 0.0, train_conv=conv,
+                     init_from_target=init_from_target,
+                     command=_command_line(ctx.params))
     from rich.console import Console
 
     console = Console()
@@ -68,6 +102,13 @@ def train(
                           f"lr {rec['lr']:.2e}  {rec['tok_s']:.0f} tok/s{extra}")
 
     try:
+        if ablation:
+            summary = run_ablation(pc, tc, log=console.print, on_step=on_step)
+            for name, r in summary["variants"].items():
+                console.print(f"{name:<24} τ {r['proxy_tau']:.3f}  ({r['gain_over_dflash']:+.1%} "
+                              f"vs DFlash)")
+            console.print(f"ablation written to {out / 'ablation.json'}")
+            return
         result = run_pipeline(pc, tc, log=console.print, on_step=on_step)
     except KeyboardInterrupt:
         console.print("[yellow]stopped; rerun the same command to resume[/]")

@@ -14,7 +14,9 @@ from dflash2_mlx.train.features import (
     FeatureCacheError, Sequence_, StoredSequence, build_feature_cache, load_feature_cache,
 )
 from dflash2_mlx.train.objective import Blocks, block_hidden
-from dflash2_mlx.train.trainer import TrainConfig, Trainer, drafter_config_for, init_drafter
+from dflash2_mlx.train.trainer import (
+    TrainConfig, Trainer, drafter_config_for, init_drafter, make_blocks, sample_anchors,
+)
 
 TARGET_CFG = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
               "head_dim": 16}
@@ -50,17 +52,18 @@ def test_training_forward_equals_inference_forward(target, version, kw):
     feats = adapter.forward(mx.array([seq]), None).features
     anchors = [5, 11, 20]
     ids = mx.array([[seq[a]] + [d.config.mask_token_id] * 7 for a in anchors])
-    h = block_hidden(d, Blocks(feats, mx.array(anchors), ids, mx.zeros((3, 7), dtype=mx.int32)))
+    h = block_hidden(d, Blocks(feats, mx.array([anchors]), ids[None],
+                               mx.zeros((1, 3, 7), dtype=mx.int32)))
     for j, a in enumerate(anchors):
         ref = d.hidden(ids[j:j + 1], feats[:, :a], d.make_cache())[0]
         np.testing.assert_allclose(np.array(h[j]), np.array(ref), atol=1e-4)
 
 
-def _trainer(target, sequences, out: Path, version=2, steps=40):
+def _trainer(target, sequences, out: Path, version=2, steps=40, **kw):
     cfg = TrainConfig(version=version, layers=2, block_size=8, target_layer_ids=(0, 2),
                       mask_token_id=95, steps=steps, batch_seqs=3, anchors_per_seq=8,
                       eval_every=steps, checkpoint_every=10, lr=3e-3, negatives=16,
-                      selector_rank=8)
+                      selector_rank=8, **kw)
     adapter = TargetAdapter(target, (0, 2))
     d = init_drafter(drafter_config_for(adapter, TARGET_CFG, cfg), cfg)
     return Trainer(adapter, d, sequences, sequences, cfg, out, log=lambda s: None)
@@ -121,3 +124,119 @@ def test_feature_cache_roundtrip_resume_and_disk_full(target, tmp_path):
     os.symlink("/dev/full", full / "shard_00000.tmp.npy")
     with pytest.raises(FeatureCacheError, match="disk is full"):
         build_feature_cache(adapter, seqs, full, batch=2, shard_rows=1, log=lambda s: None)
+
+
+def test_batched_blocks_of_unequal_sequences_match_inference(target):
+    """Two sequences right-padded into one batch: every block equals the cached inference forward."""
+    d = tiny.make_drafter(2, block_size=8)
+    adapter = TargetAdapter(target, d.config.target_layer_ids)
+    d.bind(adapter.binding())
+    seqs = [list(range(3, 40)), list(range(50, 70))]
+    stored = [StoredSequence(f"u{i}", 0.0, np.array(s, dtype=np.int32), 2,
+                             np.array(adapter.forward(mx.array([s]), None).features[0]))
+              for i, s in enumerate(seqs)]
+    anchors = [[5, 20, 29], [3, 9, 12]]
+    b = make_blocks(stored, anchors, 8, d.config.mask_token_id, mx.ones(stored[0].features.shape[1]))
+    assert b.features.shape[1] == 64  # padded to a multiple of 64 rows
+    h = block_hidden(d, b)
+    for i, s in enumerate(seqs):
+        for j, a in enumerate(anchors[i]):
+            ids = mx.array([[s[a]] + [d.config.mask_token_id] * 7])
+            ref = d.hidden(ids, b.features[i:i + 1, :a], d.make_cache())[0]
+            np.testing.assert_allclose(np.array(h[i * 3 + j]), np.array(ref), atol=1e-4)
+            assert b.labels[i, j].tolist() == s[a + 1: a + 8]
+
+
+def test_anchors_sampled_with_replacement_when_the_response_is_short():
+    import random
+
+    seq = StoredSequence("s", 0.0, np.arange(14, dtype=np.int32), 4, np.zeros((14, 2), np.float16))
+    got = sample_anchors(seq, 10, 8, random.Random(0))
+    assert len(got) == 10 and set(got) <= set(range(3, 7))
+    assert sample_anchors(seq, 0, 8, random.Random(0), every=2) == [3, 5]
+    assert sample_anchors(StoredSequence("t", 0.0, np.arange(9, dtype=np.int32), 6,
+                                         np.zeros((9, 2), np.float16)), 4, 8, random.Random(0)) is None
+
+
+def test_ablation_switches_keep_their_part_neutral(target, sequences, tmp_path):
+    """--no-selector: the selector never trains, so its walk is the per-position argmax;
+    --no-conv: the convs stay the identity."""
+    no_sel = _trainer(target, sequences, tmp_path / "a", steps=6, selector_weight=0.0)
+    no_sel.run()
+    d = no_sel.drafter
+    assert not np.any(np.array(d.candidate_selector.successor_codebook))
+    h = mx.random.normal((7, d.config.hidden_size))
+    logits = d.logits(d.norm(h))
+    assert d.select(d.norm(h), logits, mx.array(3), 0.0).tokens.tolist() == \
+        mx.argmax(logits, axis=-1).tolist()
+    no_conv = _trainer(target, sequences, tmp_path / "b", steps=6, train_conv=False)
+    before = [np.array(layer.mlp_conv.base_kernel) for layer in no_conv.drafter.layers]
+    no_conv.run()
+    for layer, b0 in zip(no_conv.drafter.layers, before):
+        for conv in (layer.attention_conv, layer.mlp_conv):
+            np.testing.assert_array_equal(np.array(conv.base_kernel), b0)
+            assert not np.any(np.array(conv.kernel_projection.weight))
+    assert no_conv.drafter.fc.weight.abs().sum().item() > 0
+
+
+def test_init_from_target_copies_the_top_layers(target, sequences, tmp_path):
+    tr = _trainer(target, sequences, tmp_path, steps=1, init_from_target=True)
+    d, n = tr.drafter, len(tr.adapter.layers)
+    for j, layer in enumerate(d.layers):
+        src = tr.adapter.layers[n - len(d.layers) + j]
+        np.testing.assert_array_equal(np.array(layer.mlp.down_proj.weight),
+                                      np.array(src.mlp.down_proj.weight))
+        np.testing.assert_array_equal(np.array(layer.self_attn.q_proj.weight),
+                                      np.array(src.self_attn.q_proj.weight))
+    # The context rows start as the (normed) last captured feature, whatever the scaling.
+    s = sequences[0]
+    feats = mx.array(s.features.astype(np.float32))[None]
+    h = d.config.hidden_size
+    want = d.hidden_norm(feats[..., -h:])
+    np.testing.assert_allclose(np.array(d.context(feats * tr.scale)), np.array(want), atol=1e-3)
+
+
+def _prompt_file(path: Path, n: int, stem: str) -> Path:
+    import json
+
+    words = ["the", "sea", "is", "blue", "and", "wide", "cats", "sleep", "all", "day"]
+    path.write_text("".join(json.dumps({"id": f"{stem}{i}", "category": "chat", "messages": [
+        {"role": "user", "content": " ".join(words[(i + k) % len(words)] for k in range(4))}]}) + "\n"
+        for i in range(n)))
+    return path
+
+
+def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
+    """`dflash2 train` on a tiny real target folder: regenerate, cache features, train, export an
+    official-format folder with its card; `--ablation` trains the four variants side by side."""
+    import json
+
+    from dflash2_cli.app import run
+    from tiny_pair import save_target
+
+    target_dir = save_target(tmp_path / "target")
+    common = ["--work", str(tmp_path / "work"),
+              "--prompts", str(_prompt_file(tmp_path / "p.jsonl", 6, "p")),
+              "--heldout", str(_prompt_file(tmp_path / "h.jsonl", 2, "h")),
+              "--batch", "2", "--anchors", "4", "--max-new-tokens", "16", "--layers", "1",
+              "--temperatures", "0", "--layer-ids", "0,2", "--block-size", "4"]
+    out = tmp_path / "drafter"
+    assert run(["train", str(target_dir), "--out", str(out), "--steps", "4", *common]) == 0
+    d = load_drafter(out)
+    assert d.config.version == 2 and d.config.block_size == 4 and d.config.target_layer_ids == (0, 2)
+    assert "--steps 4" in (out / "README.md").read_text()
+    assert json.loads((out / "training.json").read_text())["stages"]["train"]["steps"] == 4
+
+    abl = tmp_path / "ablation"
+    assert run(["train", str(target_dir), "--out", str(abl), "--steps", "3", "--ablation",
+                *common]) == 0
+    summary = json.loads((abl / "ablation.json").read_text())
+    assert list(summary["variants"]) == ["dflash", "dflash2-conv-only", "dflash2-selector-only",
+                                         "dflash2"]
+    assert all(v["proxy_tau"] >= 1.0 for v in summary["variants"].values())
+    assert load_drafter(abl / "dflash").config.version == 1
+    assert "DFlash vs" not in capsys.readouterr().err
+
+    assert run(["train", str(target_dir), "--out", str(out), "--version", "1", "--no-conv",
+                *common]) == 2
+    assert "--version 1 has neither" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """Batched training forward of a drafter and the DFlash / DFlash2 objective.
 
-One sequence at a time: its target features give the context rows (projected once per layer),
-and n random anchors give n blocks [x_a, MASK, ...] drafted in parallel. Block j's queries see
+A batch of sequences at once (features right-padded): each sequence's target features give its
+context rows (projected once per layer), and n anchors per sequence give n blocks
+[x_a, MASK, ...] drafted in parallel. Block j's queries see
 context keys strictly before its anchor (within the window for sliding layers) and their own
 block (bidirectionally, or causally for causal layers) — the same visibility as inference.
 
@@ -23,12 +24,18 @@ from ..drafter.model import Drafter
 
 @dataclass
 class Blocks:
-    """Training blocks of one sequence."""
+    """Training blocks of a batch of sequences (features right-padded to a common length S;
+    padding is never visible because every anchor is at most the real length - B)."""
 
-    features: mx.array  # [1, S, N_f*H] (already scaled)
-    anchors: mx.array  # [n] int32 anchor positions
-    block_ids: mx.array  # [n, B] = [x_a, MASK, ...]
-    labels: mx.array  # [n, B-1] = x_{a+1} .. x_{a+B-1}
+    features: mx.array  # [b, S, N_f*H] (already scaled)
+    anchors: mx.array  # [b, n] int32 anchor positions
+    block_ids: mx.array  # [b, n, B] = [x_a, MASK, ...]
+    labels: mx.array  # [b, n, B-1] = x_{a+1} .. x_{a+B-1}
+
+    def flat(self) -> tuple[mx.array, mx.array, mx.array]:
+        """(anchors [b*n], block ids [b*n, B], labels [b*n, B-1])."""
+        return (self.anchors.reshape(-1), self.block_ids.reshape(-1, self.block_ids.shape[-1]),
+                self.labels.reshape(-1, self.labels.shape[-1]))
 
 
 def decay_weights(block_size: int, gamma: float | None = None) -> mx.array:
@@ -39,7 +46,7 @@ def decay_weights(block_size: int, gamma: float | None = None) -> mx.array:
 
 
 def _visibility(attn, anchors: mx.array, ctx_len: int, block: int) -> mx.array:
-    """[n, 1, B, S + B] boolean mask for the blocks anchored at `anchors`."""
+    """[N, 1, B, S + B] boolean mask for the blocks anchored at `anchors` [N]."""
     i = mx.arange(block)[None, :, None]  # query row in block
     k = mx.arange(ctx_len)[None, None, :]  # context key position
     a = anchors[:, None, None]
@@ -53,21 +60,22 @@ def _visibility(attn, anchors: mx.array, ctx_len: int, block: int) -> mx.array:
 
 
 def block_hidden(drafter: Drafter, b: Blocks) -> mx.array:
-    """Final-normed hidden states of every block row: [n, B, H]."""
+    """Final-normed hidden states of every block row: [b*n, B, H] (sequence-major)."""
     t = drafter.target
-    x = t.embed(b.block_ids) * (t.embed_scale * drafter.config.input_embedding_scale)
+    anchors, block_ids, _ = b.flat()
+    x = t.embed(block_ids) * (t.embed_scale * drafter.config.input_embedding_scale)
     ctx = drafter.context(b.features)
-    n, block = b.block_ids.shape
+    seqs, n, block = b.block_ids.shape
     for layer in drafter.layers:
         attn = layer.self_attn
-        ck, cv = attn.project_kv(ctx, drafter.rope, 0)
-        shape = (n, *ck.shape[1:])
-        ck, cv = mx.broadcast_to(ck, shape), mx.broadcast_to(cv, shape)
-        mask = _visibility(attn, b.anchors, ctx.shape[1], block)
+        ck, cv = attn.project_kv(ctx, drafter.rope, 0)  # [b, kv, S, d], shared by n blocks
+        shape = (seqs, n, *ck.shape[1:])
+        ck, cv = (mx.broadcast_to(c[:, None], shape).reshape(seqs * n, *shape[2:]) for c in (ck, cv))
+        mask = _visibility(attn, anchors, ctx.shape[1], block)
 
         def core(u, attn=attn, ck=ck, cv=cv, mask=mask):
-            bk, bv = attn.project_kv(u, drafter.rope, b.anchors)
-            q = attn.project_q(u, drafter.rope, b.anchors)
+            bk, bv = attn.project_kv(u, drafter.rope, anchors)
+            q = attn.project_q(u, drafter.rope, anchors)
             return attn.attend(q, mx.concatenate([ck, bk], axis=2),
                                mx.concatenate([cv, bv], axis=2), mask)
 
@@ -98,10 +106,11 @@ class VocabSubset:
 
 def loss_terms(drafter: Drafter, b: Blocks, weights: mx.array, subset: VocabSubset | None,
                selector_weight: float = 1.0) -> tuple[mx.array, dict]:
-    """(total loss, parts) for one sequence's blocks."""
-    h = block_hidden(drafter, b)[:, 1:]  # [n, B-1, H]
+    """(total loss, parts) for a batch of blocks."""
+    _, block_ids, gold = b.flat()
+    h = block_hidden(drafter, b)[:, 1:]  # [N, B-1, H]
     logits = _head_logits(drafter, h, None if subset is None else subset.head_weight)
-    labels = b.labels if subset is None else subset.remap[b.labels]
+    labels = gold if subset is None else subset.remap[gold]
     ce = nn.losses.cross_entropy(logits, labels)  # [n, B-1]
     wsum = weights.sum() * ce.shape[0]
     base = (ce * weights).sum() / wsum
@@ -113,11 +122,11 @@ def loss_terms(drafter: Drafter, b: Blocks, weights: mx.array, subset: VocabSubs
         cand = mx.stop_gradient(mx.argpartition(logits, -k, axis=-1)[..., -k:])
         unary = mx.take_along_axis(logits, cand, axis=-1)
         cand_full = cand if subset is None else subset.ids[cand]
-        prev = mx.concatenate([b.block_ids[:, :1], b.labels[:, :-1]], axis=1)
+        prev = mx.concatenate([block_ids[:, :1], gold[:, :-1]], axis=1)
         proj = sel.hidden_projection(h) * sel.predecessor_codebook[prev]  # [n, B-1, r]
         edges = (proj[..., None, :] @ sel.successor_codebook[cand_full].swapaxes(-1, -2))[..., 0, :]
         scores = unary.astype(mx.float32) + edges
-        hit = cand_full == b.labels[..., None]
+        hit = cand_full == gold[..., None]
         present = hit.any(axis=-1).astype(mx.float32)
         target = mx.argmax(hit.astype(mx.int32), axis=-1)
         sce = nn.losses.cross_entropy(scores, target) * present
@@ -131,13 +140,14 @@ def proxy_acceptance(drafter: Drafter, b: Blocks) -> tuple[float, list[float]]:
     """Teacher-forced τ: mean over blocks of 1 + leading drafts equal to the labels (full
     vocabulary, the real selector walk). Exact for greedy when the sequence is the target's
     own greedy output. Also per-position accuracy."""
+    _, block_ids, gold = b.flat()
     h = block_hidden(drafter, b)[:, 1:]
     logits = drafter.logits(h)
     if drafter.config.version == 2:
-        drafts = drafter.select(h, logits, b.block_ids[:, 0], 0.0).tokens
+        drafts = drafter.select(h, logits, block_ids[:, 0], 0.0).tokens
     else:
         drafts = mx.argmax(logits, axis=-1)
-    ok = (drafts == b.labels).astype(mx.int32)
+    ok = (drafts == gold).astype(mx.int32)
     lead = mx.cumprod(ok, axis=-1).sum(axis=-1)
     return float((lead + 1).astype(mx.float32).mean().item()), ok.astype(mx.float32).mean(0).tolist()
 

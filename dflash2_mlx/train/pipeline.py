@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -45,8 +45,19 @@ def _guess_mask_id(tokenizer, vocab: int) -> int:
     return vocab - 1
 
 
-def run_pipeline(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None] = print,
-                 on_step: Callable[[dict], None] | None = None) -> dict:
+@dataclass
+class PreparedData:
+    model: object
+    adapter: TargetAdapter
+    target_config: dict
+    train: list
+    heldout: list
+    stages: dict
+
+
+def prepare_data(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None] = print) -> PreparedData:
+    """Regenerate responses and cache the target's features (both resumable); fills in
+    tc.mask_token_id when unset."""
     from mlx_lm import load as load_target
 
     from .regenerate import regenerate
@@ -60,6 +71,7 @@ def run_pipeline(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None]
         tc.mask_token_id = _guess_mask_id(tokenizer, probe.vocab_size)
     dcfg = drafter_config_for(probe, target_cfg, tc)
     adapter = TargetAdapter(model, dcfg.target_layer_ids)
+    tag = "-".join(map(str, dcfg.target_layer_ids))
 
     stages = {}
     for split, name in ((pc.prompts, "train"), (pc.heldout, "heldout")):
@@ -71,28 +83,36 @@ def run_pipeline(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None]
                         temperatures=temps, batch_size=pc.regen_batch, log=log)
         stages[f"regen_{name}"] = {"prompts": len(prompts), "new_tokens": st.new_tokens,
                                    "seconds": round(time.perf_counter() - t0, 1)}
-        feats = pc.work / f"features_{name}_{'-'.join(map(str, dcfg.target_layer_ids))}"
         t0 = time.perf_counter()
         wanted = {p.id for p in prompts}
         seqs = [q for q in read_regenerations(regen, pc.max_len)
                 if q.id in wanted and q.temperature in temps]
-        build_feature_cache(adapter, seqs, feats, log=log)
+        build_feature_cache(adapter, seqs, pc.work / f"features_{name}_{tag}", log=log)
         stages[f"features_{name}"] = {"seconds": round(time.perf_counter() - t0, 1)}
-    train = load_feature_cache(pc.work / f"features_train_{'-'.join(map(str, dcfg.target_layer_ids))}")
+    train = load_feature_cache(pc.work / f"features_train_{tag}")
     keep = {p.id for p in load_prompts(pc.prompts, skip_bad=pc.skip_bad_lines)}
     train = [s for s in train if s.id in keep and s.temperature in pc.temperatures]
-    held = load_feature_cache(pc.work / f"features_heldout_{'-'.join(map(str, dcfg.target_layer_ids))}")
+    held = load_feature_cache(pc.work / f"features_heldout_{tag}")
     held = [s for s in held if s.temperature == 0.0]
     if not train:
         raise DFlash2Error(f"{pc.prompts}: no usable training sequences")
+    return PreparedData(model, adapter, target_cfg, train, held, stages)
 
+
+def train_drafter(pc: PipelineConfig, tc: TrainConfig, data: PreparedData,
+                  log: Callable[[str], None] = print,
+                  on_step: Callable[[dict], None] | None = None) -> dict:
+    """Train (or resume) into `pc.work/run-<out name>/`, then export `pc.out` with its card."""
+    dcfg = drafter_config_for(data.adapter, data.target_config, tc)
     drafter = init_drafter(dcfg, tc)
-    trainer = Trainer(adapter, drafter, train, held, tc, pc.work / "run", log)
+    trainer = Trainer(data.adapter, drafter, data.train, data.heldout, tc,
+                      pc.work / f"run-{pc.out.name}", log)
     if trainer.try_resume():
         log(f"resumed at step {trainer.step}")
-    t0 = time.perf_counter()
+    start, t0 = trainer.step, time.perf_counter()
     final = trainer.run(on_step)
-    stages["train"] = {"steps": trainer.step, "seconds": round(time.perf_counter() - t0, 1)}
+    stages = {**data.stages, "train": {"steps": trainer.step, "resumed_at_step": start,
+                                       "seconds_this_run": round(time.perf_counter() - t0, 1)}}
     card = model_card(pc, tc, final, stages)
     trainer.export(pc.out, dtype=getattr(mx, pc.dtype), card=card)
     (pc.out / "training.json").write_text(json.dumps(
@@ -101,8 +121,50 @@ def run_pipeline(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None]
     return {"final": final, "stages": stages, "out": str(pc.out)}
 
 
+def run_pipeline(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None] = print,
+                 on_step: Callable[[dict], None] | None = None) -> dict:
+    return train_drafter(pc, tc, prepare_data(pc, tc, log), log, on_step)
+
+
+# The DFlash 2 ablation: the same data, budget and seed; only the drafter's parts differ.
+ABLATION_VARIANTS = {
+    "dflash": {"version": 1},
+    "dflash2-conv-only": {"version": 2, "selector_weight": 0.0},
+    "dflash2-selector-only": {"version": 2, "train_conv": False},
+    "dflash2": {"version": 2},
+}
+
+
+def run_ablation(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None] = print,
+                 on_step: Callable[[dict], None] | None = None) -> dict:
+    """Train every variant into pc.out/<variant>/ and write pc.out/ablation.json with the
+    held-out teacher-forced τ (exact for greedy decoding) and per-position accuracy."""
+    data = prepare_data(pc, tc, log)
+    results = {}
+    for name, change in ABLATION_VARIANTS.items():
+        log(f"ablation: {name}")
+        vtc = replace(tc, **change, command=f"{tc.command}  # variant {name}")
+        vpc = replace(pc, out=pc.out / name)
+        final = train_drafter(vpc, vtc, data, log, on_step)["final"]
+        results[name] = {k: final.get(k) for k in ("proxy_tau", "position_accuracy", "loss")}
+    base = results["dflash"]["proxy_tau"]
+    for r in results.values():
+        r["gain_over_dflash"] = round(r["proxy_tau"] / base - 1, 4) if base else None
+    summary = {"budget": {"steps": tc.steps, "batch_seqs": tc.batch_seqs,
+                          "anchors_per_seq": tc.anchors_per_seq, "block_size": tc.block_size,
+                          "layers": tc.layers, "seed": tc.seed},
+               "heldout_sequences": len(data.heldout), "variants": results,
+               "command": tc.command}
+    pc.out.mkdir(parents=True, exist_ok=True)
+    (pc.out / "ablation.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 def model_card(pc: PipelineConfig, tc: TrainConfig, final: dict, stages: dict) -> str:
     kind = "DFlash2" if tc.version == 2 else "DFlash"
+    train = stages.get("train", {})
+    resumed = (f" (the command below resumed a checkpoint at step {train['resumed_at_step']}; "
+               "training.json has the whole history)") if train.get("resumed_at_step") else ""
     return f"""# {kind} drafter for `{Path(str(pc.target)).name}`
 
 Trained with dflash2 (`dflash2 train`), official DFlash / DFlash2 checkpoint format: loads in
@@ -114,8 +176,8 @@ dflash2, in Z Lab's `dflash` reference loader, and in SGLang / vLLM DFlash loade
   temperatures {list(pc.temperatures)}, ≤ {pc.max_new_tokens} new tokens
 - Objective: decay-weighted block cross-entropy{" + selector cross-entropy over the top-" + str(tc.selector_top_k) + " candidates" if tc.version == 2 else ""};
   softmax over {"the seen vocabulary + " + str(tc.negatives) + " sampled negatives" if tc.vocab_subset else "the full vocabulary"}
-- Optimizer: AdamW lr {tc.lr}, warm-up {tc.warmup:.0%}, cosine, clip {tc.clip}; {stages.get('train', {}).get('steps')} steps
-  of {tc.batch_seqs} sequences × {tc.anchors_per_seq} anchors
+- Optimizer: AdamW lr {tc.lr}, warm-up {tc.warmup:.0%}, cosine, clip {tc.clip}; {train.get('steps')} steps
+  of {tc.batch_seqs} sequences × {tc.anchors_per_seq} anchors{resumed}
 - Hardware: {mx.default_device()} (MLX {mx.__version__})
 - Held-out teacher-forced τ at the end: {final.get('proxy_tau', float('nan')):.3f}
   (per-position accuracy {final.get('position_accuracy')})

@@ -45,12 +45,14 @@ class TrainConfig:
     vocab_subset: bool = True
     negatives: int = 2048
     qk_norm_init: float = 2.0
+    init_from_target: bool = False  # copy the target's top layers (see init_from_target)
+    train_conv: bool = True  # False: DFlash2 convs stay identity (ablation "selector only")
     conv_kernel_size: int = 2
     conv_group_size: int = 16
     selector_rank: int = 64
     selector_top_k: int = 16
-    eval_every: int = 200
-    checkpoint_every: int = 200
+    eval_every: int = 100
+    checkpoint_every: int = 100
     seed: int = 0
     command: str = ""  # recorded in the model card
     extra: dict = field(default_factory=dict)
@@ -105,6 +107,28 @@ def init_drafter(dcfg: DrafterConfig, cfg: TrainConfig) -> Drafter:
     return d
 
 
+def init_from_target(drafter: Drafter, adapter: TargetAdapter, scale: mx.array) -> None:
+    """Start from the target's own top layers: drafter layer j <- target layer N-L+j (same
+    shapes by construction), and fc passes the last captured feature through so the context
+    rows start as the target's top hidden states (normed by the first copied layer's norm)."""
+    cfg, n_target = drafter.config, len(adapter.layers)
+    params = {}
+    for j in range(cfg.num_hidden_layers):
+        src = dict(tree_flatten(adapter.layers[n_target - cfg.num_hidden_layers + j].parameters()))
+        mine = dict(tree_flatten(drafter.layers[j].parameters()))
+        for name, value in src.items():
+            if name in mine and mine[name].shape == value.shape:
+                params[f"layers.{j}.{name}"] = value.astype(mx.float32)
+    h = cfg.hidden_size
+    fc = mx.zeros((h, len(cfg.target_layer_ids) * h))
+    fc[:, -h:] = mx.diag(1.0 / scale[-h:])
+    params["fc.weight"] = fc
+    first = adapter.layers[n_target - cfg.num_hidden_layers]
+    params["hidden_norm.weight"] = first.input_layernorm.weight.astype(mx.float32)
+    drafter.load_weights(list(params.items()), strict=False)
+    mx.eval(drafter.parameters())
+
+
 def head_weight(adapter: TargetAdapter) -> mx.array:
     head = adapter.head
     w = getattr(head, "weight", None)
@@ -128,30 +152,44 @@ def make_subset(seqs: list[StoredSequence], head_w: mx.array, negatives: int, se
     return VocabSubset(ids_mx, mx.array(remap), head_w[ids_mx])
 
 
-def make_blocks(seq: StoredSequence, n: int, block: int, mask_id: int, scale: mx.array,
-                rng: random.Random, every: int | None = None) -> Blocks | None:
+def sample_anchors(seq: StoredSequence, n: int, block: int, rng: random.Random,
+                   every: int | None = None) -> list[int] | None:
+    """n random anchors in the response (with replacement when it is short), or every
+    `every`-th one; None when the response is shorter than a block."""
     lo, hi = max(seq.response_start - 1, 1), len(seq.tokens) - block
     if hi < lo:
         return None
-    pool = list(range(lo, hi + 1, every)) if every else list(range(lo, hi + 1))
-    anchors = sorted(pool if every else rng.sample(pool, min(n, len(pool))))
-    toks = seq.tokens
-    ids = [[int(toks[a])] + [mask_id] * (block - 1) for a in anchors]
-    labels = [toks[a + 1: a + block].tolist() for a in anchors]
-    feats = mx.array(np.asarray(seq.features, dtype=np.float32))[None] * scale
-    return Blocks(feats, mx.array(anchors, dtype=mx.int32), mx.array(ids), mx.array(labels))
+    pool = range(lo, hi + 1)
+    if every:
+        return list(pool[::every])
+    return sorted(rng.sample(pool, n) if len(pool) >= n else rng.choices(pool, k=n))
+
+
+def make_blocks(seqs: list[StoredSequence], anchors: list[list[int]], block: int, mask_id: int,
+                scale: mx.array, pad_to: int = 64) -> Blocks:
+    """One batch: features right-padded to a multiple of `pad_to` rows (fewer distinct shapes)."""
+    width = -(-max(len(s.tokens) for s in seqs) // pad_to) * pad_to
+    feats = np.zeros((len(seqs), width, seqs[0].features.shape[1]), dtype=np.float16)
+    ids, labels = [], []
+    for i, (s, a_list) in enumerate(zip(seqs, anchors)):
+        feats[i, : len(s.tokens)] = s.features
+        ids.append([[int(s.tokens[a])] + [mask_id] * (block - 1) for a in a_list])
+        labels.append([s.tokens[a + 1: a + block].tolist() for a in a_list])
+    return Blocks(mx.array(feats).astype(mx.float32) * scale, mx.array(anchors, dtype=mx.int32),
+                  mx.array(ids), mx.array(labels))
 
 
 def evaluate_proxy(drafter: Drafter, seqs: list[StoredSequence], scale: mx.array,
                    max_seqs: int = 24) -> dict:
     taus, per_pos = [], []
+    cfg = drafter.config
     for s in seqs[:max_seqs]:
-        b = make_blocks(s, 0, drafter.config.block_size, drafter.config.mask_token_id, scale,
-                        random.Random(0), every=2)
-        if b is None:
+        anchors = sample_anchors(s, 0, cfg.block_size, random.Random(0), every=2)
+        if anchors is None:
             continue
+        b = make_blocks([s], [anchors], cfg.block_size, cfg.mask_token_id, scale)
         tau, acc = proxy_acceptance(drafter, b)
-        taus.append((tau, b.anchors.shape[0]))
+        taus.append((tau, len(anchors)))
         per_pos.append(acc)
     total = sum(n for _, n in taus)
     return {"proxy_tau": sum(t * n for t, n in taus) / max(total, 1),
@@ -177,6 +215,15 @@ class Trainer:
         from .features import feature_scale
 
         self.scale = mx.array(feature_scale(train))
+        if cfg.init_from_target:
+            init_from_target(drafter, adapter, self.scale)
+        if not cfg.train_conv:
+            if drafter.config.version != 2:
+                raise DFlash2Error("train_conv=False freezes DFlash2's convs; a DFlash (v1) "
+                                   "drafter has none")
+            for layer in drafter.layers:
+                layer.attention_conv.freeze()
+                layer.mlp_conv.freeze()
         self.subset = make_subset(train, head_weight(adapter), cfg.negatives, cfg.seed) \
             if cfg.vocab_subset else None
         self.weights = decay_weights(cfg.block_size)
@@ -219,6 +266,7 @@ class Trainer:
 
     # ------------------------------------------------------------- training
     def _loss(self, model, batch: list[Blocks]):
+        # One sequence per call: padding a batch to a common context length measured slower.
         total, parts_sum = 0.0, {}
         for b in batch:
             loss, parts = loss_terms(model, b, self.weights, self.subset, self.cfg.selector_weight)
@@ -228,32 +276,39 @@ class Trainer:
         n = len(batch)
         return total / n, {k: v / n for k, v in parts_sum.items()}
 
+    def next_batch(self) -> list[Blocks]:
+        cfg, seqs, anchors = self.cfg, [], []
+        while len(seqs) < cfg.batch_seqs:
+            s = self.rng.choice(self.train)
+            a = sample_anchors(s, cfg.anchors_per_seq, cfg.block_size, self.rng)
+            if a is not None:
+                seqs.append(s)
+                anchors.append(a)
+        return [make_blocks([s], [a], cfg.block_size, self.drafter.config.mask_token_id,
+                            self.scale, pad_to=1) for s, a in zip(seqs, anchors)]
+
     def run(self, on_step: Callable[[dict], None] | None = None) -> dict:
         cfg = self.cfg
         grad_fn = nn.value_and_grad(self.drafter, lambda m, batch: self._loss(m, batch))
         t0, tokens = time.perf_counter(), 0
         try:
             while self.step < cfg.steps:
-                batch = []
-                while len(batch) < cfg.batch_seqs:
-                    b = make_blocks(self.rng.choice(self.train), cfg.anchors_per_seq,
-                                    cfg.block_size, self.drafter.config.mask_token_id,
-                                    self.scale, self.rng)
-                    if b is not None:
-                        batch.append(b)
+                batch = self.next_batch()
                 self.opt.learning_rate = cosine_lr(self.step, cfg.steps, cfg.lr, cfg.warmup)
                 (loss, parts), grads = grad_fn(self.drafter, batch)
                 grads, gnorm = optim.clip_grad_norm(grads, cfg.clip)
                 self.opt.update(self.drafter, grads)
                 mx.eval(self.drafter.parameters(), self.opt.state, loss, parts)
                 self.step += 1
-                tokens += sum(int(b.labels.size) for b in batch)
+                tokens += sum(b.labels.size for b in batch)
                 rec = {"step": self.step, "loss": float(loss),
                        "lr": float(self.opt.learning_rate), "grad_norm": float(gnorm),
                        "tok_s": tokens / (time.perf_counter() - t0),
                        **{k: float(v) for k, v in parts.items()}}
                 if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
-                    rec.update(evaluate_proxy(self.drafter, self.heldout, self.scale))
+                    final = self.step == cfg.steps  # the last evaluation uses every sequence
+                    rec.update(evaluate_proxy(self.drafter, self.heldout, self.scale,
+                                              len(self.heldout) if final else 24))
                     self.history.append(rec)
                 if on_step:
                     on_step(rec)
