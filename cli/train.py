@@ -53,6 +53,9 @@ def train(
                                   "keeps it neutral: drafts are the per-position argmax)."),
     init_from_target: bool = typer.Option(False, help="Start the drafter layers from the "
                                           "target's top layers."),
+    init_from: Optional[Path] = typer.Option(None, help="Start from this drafter folder's "
+                                             "weights (same kind and shapes; its block size may "
+                                             "differ), e.g. to fine-tune for a larger block."),
     ablation: bool = typer.Option(False, help="Train DFlash, DFlash2 conv-only, selector-only "
                                   "and both at this same budget into OUT/<variant>/ and write "
                                   "OUT/ablation.json (held-out τ side by side)."),
@@ -90,6 +93,7 @@ def train(
                      anchors_per_seq=anchors, lr=lr, vocab_subset=not full_vocab, seed=seed,
                      selector_weight=1.0 if selector else 0.0, train_conv=conv,
                      init_from_target=init_from_target,
+                     init_from=str(init_from) if init_from else None,
                      command=_command_line(ctx.params))
     from rich.console import Console
 

@@ -78,3 +78,17 @@ def test_generic_layer_replay_is_exact_too(monkeypatch):
     for prompt in ([3, 14, 15, 9, 26], [5, 35, 8, 9]):
         assert dec.generate(prompt, GenerationParams(max_tokens=24, block_size=6)) == \
             tiny.greedy_reference(model, prompt, 24)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_cpu_head_is_transposed_once_and_bit_identical(tied):
+    """On the CPU the adapter multiplies by a pre-transposed copy of the head (faster for the
+    few rows of a decode step); its logits equal the model's own call exactly."""
+    from dflash2_mlx.target.adapter import TransposedHead
+
+    model = tiny.make_target("llama", tie_word_embeddings=tied)
+    adapter = TargetAdapter(model, (0, 2))
+    assert isinstance(adapter.head, TransposedHead) == (mx.default_device() == mx.cpu)
+    for ids in ([[3, 1, 4]], [[1, 5, 9, 2, 6, 5, 3, 5, 8]]):
+        got = adapter.forward(mx.array(ids), adapter.make_cache()).logits
+        assert mx.array_equal(got, model(mx.array(ids), cache=adapter.make_cache())).item()

@@ -9,6 +9,7 @@ import pytest
 import tiny
 
 from dflash2_mlx import load_drafter
+from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.target.adapter import TargetAdapter
 from dflash2_mlx.train.features import (
     FeatureCacheError, Sequence_, StoredSequence, build_feature_cache, load_feature_cache,
@@ -59,8 +60,8 @@ def test_training_forward_equals_inference_forward(target, version, kw):
         np.testing.assert_allclose(np.array(h[j]), np.array(ref), atol=1e-4)
 
 
-def _trainer(target, sequences, out: Path, version=2, steps=40, **kw):
-    cfg = TrainConfig(version=version, layers=2, block_size=8, target_layer_ids=(0, 2),
+def _trainer(target, sequences, out: Path, version=2, steps=40, block_size=8, **kw):
+    cfg = TrainConfig(version=version, layers=2, block_size=block_size, target_layer_ids=(0, 2),
                       mask_token_id=95, steps=steps, batch_seqs=3, anchors_per_seq=8,
                       eval_every=steps, checkpoint_every=10, lr=3e-3, negatives=16,
                       selector_rank=8, **kw)
@@ -240,3 +241,24 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     assert run(["train", str(target_dir), "--out", str(out), "--version", "1", "--no-conv",
                 *common]) == 2
     assert "--version 1 has neither" in capsys.readouterr().err
+
+
+def test_init_from_an_exported_drafter_even_at_another_block_size(target, sequences, tmp_path):
+    tr = _trainer(target, sequences, tmp_path / "a", steps=8)
+    tr.run()
+    exported = tr.export(tmp_path / "drafter", dtype=mx.float32)
+    again = _trainer(target, sequences, tmp_path / "b", steps=1, block_size=16,
+                     init_from=str(exported))
+    assert again.drafter.config.block_size == 16
+    s = sequences[1]
+    feats = mx.array(s.features.astype(np.float32))[None, :12] * tr.scale
+    block = mx.array([[int(s.tokens[12])] + [95] * 7])
+    np.testing.assert_allclose(
+        np.array(again.drafter.hidden(block, feats, again.drafter.make_cache())),
+        np.array(tr.drafter.hidden(block, feats, tr.drafter.make_cache())), atol=1e-4)
+    from_ckpt = _trainer(target, sequences, tmp_path / "e", steps=1, init_from=str(tr.ckpt))
+    np.testing.assert_allclose(np.array(from_ckpt.drafter.fc.weight * from_ckpt.scale),
+                               np.array(tr.drafter.fc.weight * tr.scale), rtol=1e-5, atol=1e-6)
+    v1 = _trainer(target, sequences, tmp_path / "c", version=1, steps=1).export(tmp_path / "v1")
+    with pytest.raises(DFlash2Error, match="has no tensor 'layers.0.attention_conv"):
+        _trainer(target, sequences, tmp_path / "d", steps=1, init_from=str(v1))

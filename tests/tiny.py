@@ -18,7 +18,7 @@ def make_target(family: str = "llama", seed: int = 0, vocab: int = VOCAB, layers
     mx.random.seed(seed)
     common = dict(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=2 * hidden,
                   num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-                  vocab_size=vocab, tie_word_embeddings=True)
+                  vocab_size=vocab, tie_word_embeddings=extra.pop("tie_word_embeddings", True))
     if family == "llama":
         from mlx_lm.models import llama
         model = llama.Model(llama.ModelArgs(model_type="llama", rope_theta=10000.0, **common, **extra))

@@ -46,6 +46,7 @@ class TrainConfig:
     negatives: int = 2048
     qk_norm_init: float = 2.0
     init_from_target: bool = False  # copy the target's top layers (see init_from_target)
+    init_from: str | None = None  # start from this drafter folder's weights (see init_from_drafter)
     train_conv: bool = True  # False: DFlash2 convs stay identity (ablation "selector only")
     conv_kernel_size: int = 2
     conv_group_size: int = 16
@@ -126,6 +127,28 @@ def init_from_target(drafter: Drafter, adapter: TargetAdapter, scale: mx.array) 
     first = adapter.layers[n_target - cfg.num_hidden_layers]
     params["hidden_norm.weight"] = first.input_layernorm.weight.astype(mx.float32)
     drafter.load_weights(list(params.items()), strict=False)
+    mx.eval(drafter.parameters())
+
+
+def init_from_drafter(drafter: Drafter, folder: str | Path, scale: mx.array) -> None:
+    """Start from a drafter with the same shapes (its block size may differ: block positions
+    are RoPE'd, not learned): an exported folder (feature scaling folded into fc) or a training
+    checkpoint folder (fc unfolded, its scaling beside it in feature_scale.npy)."""
+    src = dict(tree_flatten(load_drafter(folder).parameters()))
+    ckpt_scale = Path(folder) / "feature_scale.npy"
+    if ckpt_scale.exists():
+        src["fc.weight"] = src["fc.weight"] * mx.array(np.load(ckpt_scale))[None, :]
+    mine = dict(tree_flatten(drafter.parameters()))
+    for name, value in mine.items():
+        if name not in src:
+            raise DFlash2Error(f"{folder}: has no tensor {name!r}; --init-from needs a drafter "
+                               f"of the same kind (DFlash {drafter.config.version}, "
+                               f"{drafter.config.num_hidden_layers} layers)")
+        if src[name].shape != value.shape:
+            raise DFlash2Error(f"{folder}: tensor {name!r} has shape {tuple(src[name].shape)}, "
+                               f"expected {tuple(value.shape)}")
+    src["fc.weight"] = src["fc.weight"] / scale[None, :]
+    drafter.load_weights([(k, src[k].astype(mx.float32)) for k in mine], strict=True)
     mx.eval(drafter.parameters())
 
 
@@ -215,8 +238,12 @@ class Trainer:
         from .features import feature_scale
 
         self.scale = mx.array(feature_scale(train))
+        if cfg.init_from_target and cfg.init_from:
+            raise DFlash2Error("init_from_target and init_from are exclusive: pick one start")
         if cfg.init_from_target:
             init_from_target(drafter, adapter, self.scale)
+        if cfg.init_from:
+            init_from_drafter(drafter, cfg.init_from, self.scale)
         if not cfg.train_conv:
             if drafter.config.version != 2:
                 raise DFlash2Error("train_conv=False freezes DFlash2's convs; a DFlash (v1) "
