@@ -2,7 +2,8 @@
 
 Each line of a prompt file is `{"id": str, "category": str, "messages": [{"role", "content"}, ...]}`
 where the messages end with a user turn. `load_prompts("train")` / `load_prompts("heldout")` read
-the bundled sets; any other value is taken as a path.
+the bundled sets (`train-extra`: template-built prompts that add variety for distillation, made
+by tools/make_train_extra.py); any other value is taken as a path; "a+b" joins several.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from .errors import DFlash2Error
 
 ASSETS = Path(__file__).resolve().parent / "assets" / "prompts"
-SPLITS = ("train", "heldout")
+SPLITS = ("train", "train-extra", "heldout")
 _ROLES = {"system", "user", "assistant"}
 
 
@@ -67,6 +68,8 @@ def load_prompts(split: str | Path, *, skip_bad: bool = False) -> list[Prompt]:
     A malformed or empty line raises PromptFileError naming the file and line number, or is skipped
     with a warning when `skip_bad` is true. Duplicate ids are errors too.
     """
+    if isinstance(split, str) and "+" in split and not prompt_path(split).exists():
+        return _joined([load_prompts(part, skip_bad=skip_bad) for part in split.split("+")], split)
     path = prompt_path(split)
     try:
         text = path.read_text(encoding="utf-8")
@@ -95,3 +98,14 @@ def load_prompts(split: str | Path, *, skip_bad: bool = False) -> list[Prompt]:
     if not prompts:
         raise PromptFileError(f"{path}: no prompts")
     return prompts
+
+
+def _joined(sets: list[list[Prompt]], name: str) -> list[Prompt]:
+    out, seen = [], set()
+    for prompts in sets:
+        for p in prompts:
+            if p.id in seen:
+                raise PromptFileError(f"{name}: prompt id {p.id!r} appears in more than one set")
+            seen.add(p.id)
+            out.append(p)
+    return out

@@ -98,3 +98,14 @@ def test_missing_and_empty_files(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(PromptFileError, match="no prompts"):
         load_prompts(tmp_path / "empty.jsonl")
+
+
+def test_train_extra_is_disjoint_from_heldout_and_joins_with_train():
+    extra, held = load_prompts("train-extra"), load_prompts("heldout")
+    assert len(extra) >= 800 and {p.category for p in extra} == CATEGORIES
+    last_user = lambda p: p.messages[-1]["content"].strip().lower()  # noqa: E731
+    assert not {last_user(p) for p in extra} & {last_user(p) for p in held}
+    both = load_prompts("train+train-extra")
+    assert len(both) == len(load_prompts("train")) + len(extra)
+    with pytest.raises(PromptFileError, match="appears in more than one set"):
+        load_prompts("train+train")

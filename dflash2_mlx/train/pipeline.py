@@ -138,7 +138,8 @@ ABLATION_VARIANTS = {
 def run_ablation(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None] = print,
                  on_step: Callable[[dict], None] | None = None) -> dict:
     """Train every variant into pc.out/<variant>/ and write pc.out/ablation.json with the
-    held-out teacher-forced τ (exact for greedy decoding) and per-position accuracy."""
+    held-out teacher-forced τ (each block exactly what greedy decoding drafts at its anchor),
+    per-position accuracy and the final loss parts."""
     data = prepare_data(pc, tc, log)
     results = {}
     for name, change in ABLATION_VARIANTS.items():
@@ -146,7 +147,8 @@ def run_ablation(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None]
         vtc = replace(tc, **change, command=f"{tc.command}  # variant {name}")
         vpc = replace(pc, out=pc.out / name)
         final = train_drafter(vpc, vtc, data, log, on_step)["final"]
-        results[name] = {k: final.get(k) for k in ("proxy_tau", "position_accuracy", "loss")}
+        results[name] = {k: final.get(k) for k in
+                         ("proxy_tau", "position_accuracy", "loss", "base", "selector")}
     base = results["dflash"]["proxy_tau"]
     for r in results.values():
         r["gain_over_dflash"] = round(r["proxy_tau"] / base - 1, 4) if base else None
