@@ -35,7 +35,9 @@ def train(
     out: Path = typer.Option(..., "--out", "-o", help="Drafter folder to write."),
     work: Optional[Path] = typer.Option(None, help="Work folder for regenerations, features and "
                                         "checkpoints (default: OUT.work). Reruns resume from it."),
-    prompts: str = typer.Option("train", help="Bundled split name or a JSONL file of prompts."),
+    prompts: str = typer.Option("train+train-extra", help="Bundled split names or JSONL files of "
+                                "prompts, joined with '+' (train: 564 hand-written, train-extra: "
+                                "843 template-built)."),
     heldout: str = typer.Option("heldout", help="Held-out prompts (never trained on)."),
     version: int = typer.Option(2, min=1, max=2, help="2 = DFlash2 (conv + selector), 1 = DFlash."),
     layers: int = typer.Option(2, min=1, max=16, help="Drafter layers."),

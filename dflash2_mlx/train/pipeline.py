@@ -26,7 +26,7 @@ class PipelineConfig:
     target: str  # mlx-lm folder or repo id
     out: Path  # drafter folder to write
     work: Path  # regenerations, features, checkpoints
-    prompts: str = "train"  # bundled split name or a JSONL path
+    prompts: str = "train+train-extra"  # bundled split names or JSONL paths, '+'-joined
     heldout: str = "heldout"
     max_new_tokens: int = 256
     temperatures: tuple[float, ...] = (0.0, 0.7)
