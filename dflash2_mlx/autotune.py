@@ -233,10 +233,17 @@ def autotune(pair, prompts, *, target: str, drafter: str, max_block: int | None 
 
 # ----------------------------------------------------------------------------- profiles
 def _identity(name: str) -> str:
-    """A folder as its absolute path; a repo id (or anything else) as given."""
+    """A folder as its absolute path plus a fingerprint of its config and weight files (so a
+    drafter retrained into the same folder gets a new profile); a repo id as given."""
     p = Path(str(name)).expanduser()
     try:
-        return str(p.resolve()) if p.exists() else str(name)
+        if not p.exists():
+            return str(name)
+        p = p.resolve()
+        files = sorted(f for f in p.iterdir() if f.suffix in (".json", ".safetensors")) \
+            if p.is_dir() else [p]
+        stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+        return f"{p}#{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:12]}"
     except OSError:
         return str(name)
 

@@ -158,11 +158,21 @@ def test_profile_is_stored_found_and_ignored_when_the_key_changes(tiny_pair, qua
     assert A.recommended_block(tiny_pair, "org/target", "org/drafter") is None
 
 
-def test_folders_are_keyed_by_absolute_path(tiny_pair, tmp_path, monkeypatch):
+def test_folders_are_keyed_by_absolute_path_and_content(tiny_pair, tmp_path, monkeypatch):
+    import os
+
     folder = tmp_path / "m"
     folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"old weights")
     monkeypatch.chdir(tmp_path)
-    assert A.profile_key(tiny_pair, "m", "org/d")["target"] == str(folder.resolve())
+    key = A.profile_key(tiny_pair, "m", "org/d")
+    assert key["target"].split("#")[0] == str(folder.resolve()) and key["drafter"] == "org/d"
+    assert A.profile_key(tiny_pair, str(folder), "org/d") == key
+    # Retrained into the same folder: another key, so a stale profile is not used.
+    (folder / "model.safetensors").write_bytes(b"new weights!")
+    os.utime(folder / "model.safetensors", ns=(1, 1))
+    assert A.profile_key(tiny_pair, "m", "org/d")["target"] != key["target"]
 
 
 # ------------------------------------------------------------------------------ end to end
