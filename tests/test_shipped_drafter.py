@@ -12,7 +12,7 @@ from dflash2_mlx.prompts import load_prompts
 from dflash2_mlx.registry import EMBEDDED_DRAFTER
 from dflash2_mlx.text import chat_prompt_ids
 
-TAU_FLOOR = 1.2
+TAU_FLOOR = 1.4
 
 
 @pytest.fixture(scope="module")
