@@ -100,7 +100,24 @@ def serve(
                + f", context {app.state.settings.context}, queue {max_queue})", err=True)
     # After Ctrl-C, open streams get 3 s; then they are cancelled (and their generations).
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3))
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+        code = 0
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it captured once it has shut down
+        code = 130
+    _exit_after_shutdown(code)
+
+
+def _exit_after_shutdown(code: int) -> None:
+    """Leave without the interpreter's teardown: the server and its worker thread are stopped
+    by now, and MLX's static destructors can abort ("terminate called without an active
+    exception", seen in CI) when threads that ran MLX work are torn down at exit."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def register(app: typer.Typer) -> None:
