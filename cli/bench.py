@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from .common import DrafterOpt, ModelArg, OfflineOpt, TargetOpt, ThinkingOpt, fail
+from .common import DrafterOpt, FullVocabOpt, ModelArg, OfflineOpt, TargetOpt, ThinkingOpt, fail
 
 
 def parse_blocks(values: Optional[List[str]]) -> list[int]:
@@ -70,6 +70,7 @@ def bench(
         "Alone (no MODEL, --target, --drafter or --autotune) it loads no model."),
     thinking: ThinkingOpt = None,
     offline: OfflineOpt = False,
+    full_vocab: FullVocabOpt = False,
 ):
     """Benchmark plain mlx-lm decoding against dflash2 (greedy, same prompt ids, outputs
     checked token for token), or autotune the block size for this machine.
@@ -103,7 +104,7 @@ def bench(
         max_tokens=max_tokens, repeats=repeats, blocks=blocks, context=context,
         json_path=json_path or default_json_path(), plot=False if no_plot else plot,
         autotune=autotune, kernels=kernels, kernels_only=kernels_only, thinking=thinking,
-        offline=offline, argv=sys.argv[1:])
+        offline=offline, full_vocab=full_vocab, argv=sys.argv[1:])
 
 
 def register(app: typer.Typer) -> None:
@@ -117,12 +118,13 @@ def _fmt(x, spec: str = ".1f", none: str = "—") -> str:
     return none if x is None else format(x, spec)
 
 
-def _load(model, target, drafter, offline, err):
+def _load(model, target, drafter, offline, full_vocab, err):
     from rich.text import Text
 
     from .common import load_resolved
 
-    return load_resolved(model, target, drafter, offline, lambda msg: err.print(Text(msg, style="dim")))
+    return load_resolved(model, target, drafter, offline,
+                         lambda msg: err.print(Text(msg, style="dim")), full_vocab)
 
 
 def _env_line(env: dict) -> str:
@@ -233,7 +235,7 @@ def _write_json(report: dict, path: Path) -> Path:
 
 def run_bench_command(*, model, target, drafter, prompts, limit, max_tokens, repeats, blocks,
                       context, json_path, plot, autotune, kernels, kernels_only, thinking,
-                      offline, argv) -> int:
+                      offline, full_vocab, argv) -> int:
     from rich.console import Console
     from rich.text import Text
 
@@ -256,15 +258,17 @@ def run_bench_command(*, model, target, drafter, prompts, limit, max_tokens, rep
     if not kernels_only:
         from dflash2_mlx import autotune as A
 
-        pair, resolved = _load(model, target, drafter, offline, err)
+        pair, resolved = _load(model, target, drafter, offline, full_vocab, err)
         trained = pair.drafter.config.block_size
         too_big = [b for b in blocks if b > trained]
         if too_big:
             fail(f"--block {too_big[0]} exceeds the drafter's trained block size {trained}")
         qsig = A.quant_signature(pair)
+        vocab = pair.drafter.draft_vocab
         report["pair"] = {"name": resolved.name, "alias": resolved.alias,
                           "target": resolved.target, "drafter": resolved.drafter,
                           "drafter_version": pair.drafter.config.version,
+                          "draft_vocab": None if vocab is None else int(vocab.size),
                           "trained_block": trained, "quantization": qsig,
                           "quantization_text": A.describe_quant(qsig)}
         report["settings"] = {"prompts": str(prompts), "limit": limit,

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import DrafterOpt, ModelArg, OfflineOpt, TargetOpt, ThinkingOpt, fail
+from .common import DrafterOpt, FullVocabOpt, ModelArg, OfflineOpt, TargetOpt, ThinkingOpt, fail
 
 
 @dataclass
@@ -28,6 +28,7 @@ class ChatOptions:
     spec: bool
     thinking: Optional[bool]
     offline: bool
+    full_vocab: bool = False
 
 
 def chat(
@@ -52,6 +53,7 @@ def chat(
                                  "sampler: for comparison."),
     thinking: ThinkingOpt = None,
     offline: OfflineOpt = False,
+    full_vocab: FullVocabOpt = False,
 ):
     """Chat in the terminal with live acceptance stats (streamed, multi-turn, cached).
 
@@ -68,7 +70,7 @@ def chat(
     if no_spec and block is not None:
         fail("--block has no effect with --no-spec (plain decoding verifies one token a round)")
     opts = ChatOptions(model, target, drafter, prompt, system, max_tokens, temp, top_p, top_k,
-                       min_p, seed, block, not no_spec, thinking, offline)
+                       min_p, seed, block, not no_spec, thinking, offline, full_vocab)
     from .chat_repl import run_chat
 
     return run_chat(opts)

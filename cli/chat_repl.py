@@ -286,7 +286,7 @@ class _Bad(Exception):
 
 def load(opts: ChatOptions, err: Console):
     return load_resolved(opts.model, opts.target, opts.drafter, opts.offline,
-                         lambda msg: err.print(Text(msg, style="dim")))
+                         lambda msg: err.print(Text(msg, style="dim")), opts.full_vocab)
 
 
 def run_chat(opts: ChatOptions) -> int:

@@ -47,9 +47,13 @@ ThinkingOpt = Annotated[Optional[bool], typer.Option(
     "(default: the template's own).", show_default=False)]
 OfflineOpt = Annotated[bool, typer.Option(
     "--offline", help="Never download: use folders and the local Hugging Face cache only.")]
+FullVocabOpt = Annotated[bool, typer.Option(
+    "--full-vocab", help="Draft from the whole vocabulary, not the drafter's draft vocabulary "
+    "(draft_vocab.json: a smaller, cheaper draft head; outputs are the same either way).")]
 
 
-def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], None]):
+def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], None],
+                  full_vocab: bool = False):
     """Resolve an alias / --target / --drafter, fetch both, load the pair: (pair, resolved)."""
     from dflash2_mlx import load_pair
     from dflash2_mlx.registry import fetch, resolve
@@ -59,4 +63,9 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     ddir = fetch(resolved.drafter, "drafter", offline=offline)
     alias = f"{resolved.alias}: " if resolved.alias else ""
     say(f"loading {alias}target {resolved.target} + drafter {resolved.drafter}")
-    return load_pair(tdir, ddir, offline=offline), resolved
+    pair = load_pair(tdir, ddir, offline=offline, full_vocab=full_vocab)
+    vocab = pair.drafter.draft_vocab
+    if vocab is not None:
+        say(f"draft vocabulary: {vocab.size:,} of {pair.drafter.config.vocab_size:,} tokens "
+            "(--full-vocab for all)")
+    return pair, resolved

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from .common import DrafterOpt, ModelArg, TargetOpt, fail, load_resolved
+from .common import DrafterOpt, FullVocabOpt, ModelArg, TargetOpt, fail, load_resolved
 
 
 def evaluate(
@@ -25,6 +25,7 @@ def evaluate(
     seed: int = typer.Option(0, min=0),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the results here."),
     offline: bool = typer.Option(False, help="Never download."),
+    full_vocab: FullVocabOpt = False,
 ):
     """Measure τ (mean tokens committed per round, bonus included) per temperature, block
     size and prompt category, with the real engine.
@@ -44,7 +45,8 @@ def evaluate(
     from dflash2_mlx.train.evaluate import measure_tau
 
     err = Console(stderr=True)
-    pair, resolved = load_resolved(model, target, drafter, offline, lambda m: err.print(m, style="dim"))
+    pair, resolved = load_resolved(model, target, drafter, offline,
+                                   lambda m: err.print(m, style="dim"), full_vocab)
     chosen = select_prompts(load_prompts(prompts), limit)
     result = measure_tau(pair, chosen, block_sizes=block_list, temperatures=temps,
                          max_tokens=max_tokens, seed=seed)

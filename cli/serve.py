@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from .common import DrafterOpt, ModelArg, OfflineOpt, TargetOpt, fail, load_resolved
+from .common import DrafterOpt, FullVocabOpt, ModelArg, OfflineOpt, TargetOpt, fail, load_resolved
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -51,6 +51,7 @@ def serve(
     no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding (no drafter), same "
                                  "sampler: for comparison."),
     offline: OfflineOpt = False,
+    full_vocab: FullVocabOpt = False,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: "
                                   + ", ".join(LOG_LEVELS) + "."),
 ):
@@ -77,7 +78,7 @@ def serve(
 
     try:
         pair, resolved = load_resolved(model, target, drafter, offline,
-                                       lambda msg: typer.echo(msg, err=True))
+                                       lambda msg: typer.echo(msg, err=True), full_vocab)
         trained = pair.drafter.config.block_size
         if block is not None and block > trained:
             fail(f"--block {block} exceeds the drafter's trained block size {trained}")

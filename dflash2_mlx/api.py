@@ -78,8 +78,9 @@ class Pair:
 
 
 def load_pair(target: str | Path, drafter: str | Path, *, dtype: str | None = None,
-              offline: bool = False) -> Pair:
-    """Load an mlx-lm target (folder or repo id) and a DFlash / DFlash2 drafter."""
+              offline: bool = False, full_vocab: bool = False) -> Pair:
+    """Load an mlx-lm target (folder or repo id) and a DFlash / DFlash2 drafter.
+    `full_vocab`: draft from the whole vocabulary even if the drafter has a draft_vocab.json."""
     from mlx_lm import load as load_target
 
     try:
@@ -91,7 +92,7 @@ def load_pair(target: str | Path, drafter: str | Path, *, dtype: str | None = No
     adapter_probe = TargetAdapter(model, ())
     weight_dtype = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}.get(
         dtype or "", adapter_probe.embed_tokens(mx.array([[0]])).dtype)
-    d = load_drafter(drafter, dtype=weight_dtype, offline=offline)
+    d = load_drafter(drafter, dtype=weight_dtype, offline=offline, draft_vocab=not full_vocab)
     return Pair.from_models(model, tokenizer, d)
 
 

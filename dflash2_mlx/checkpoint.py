@@ -16,6 +16,7 @@ from mlx.utils import tree_flatten
 
 from .config import DrafterConfig
 from .drafter.model import Drafter
+from .drafter.vocab import read_draft_vocab
 from .errors import CheckpointError, ConfigError
 
 WEIGHTS_NAME = "model.safetensors"
@@ -171,8 +172,11 @@ def load_drafter(
     mask_token_id: int | None = None,
     revision: str | None = None,
     offline: bool = False,
+    draft_vocab: bool = True,
 ) -> Drafter:
-    """Load an official DFlash / DFlash2 drafter; the result still needs `bind()` to a target."""
+    """Load an official DFlash / DFlash2 drafter; the result still needs `bind()` to a target.
+    `draft_vocab`: use the folder's draft_vocab.json when it has one (False: draft from the
+    whole vocabulary)."""
     folder = resolve_folder(path_or_repo, revision, offline)
     cfg = read_config(folder, mask_token_id)
     weights = check_weights(cfg, read_weights(folder), str(folder))
@@ -182,6 +186,8 @@ def load_drafter(
     model.load_weights(list(weights.items()), strict=True)
     model.eval()
     mx.eval(model.parameters())
+    if draft_vocab:
+        model.set_draft_vocab(read_draft_vocab(folder, cfg.vocab_size))
     return model
 
 

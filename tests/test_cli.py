@@ -189,6 +189,27 @@ def test_chat_prompt_prints_answer_and_stats(tiny_pair, capsys):
     assert cap.out == expected + "\n" and "block 3" in cap.err
 
 
+def test_chat_with_a_draft_vocabulary_and_full_vocab(tiny_pair, tmp_path, capsys):
+    """A drafter folder with draft_vocab.json drafts from it (said on load); --full-vocab turns
+    it off; the answer is the same text either way."""
+    import shutil
+    from collections import Counter
+
+    from dflash2_mlx.drafter.vocab import write_draft_vocab
+
+    target, drafter = tiny_pair
+    shutil.copytree(drafter, tmp_path / "d")
+    write_draft_vocab(tmp_path / "d", Counter(range(0, 64)), "test")
+    expected = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 10)
+    pair = (target, tmp_path / "d")
+    assert run(_chat(pair, "--prompt", "hello model", "--max-tokens", "10")) == 0
+    cap = capsys.readouterr()
+    assert cap.out == expected + "\n" and "draft vocabulary: 64 of 96 tokens" in cap.err
+    assert run(_chat(pair, "--prompt", "hello model", "--max-tokens", "10", "--full-vocab")) == 0
+    cap = capsys.readouterr()
+    assert cap.out == expected + "\n" and "draft vocabulary" not in cap.err
+
+
 def test_chat_prompt_thinking_and_system(tiny_pair, capsys):
     msgs = [{"role": "system", "content": "be fast"}, {"role": "user", "content": "why"}]
     expected = answer(*tiny_pair, msgs, 6, thinking=False)

@@ -100,12 +100,16 @@ def test_missing_and_empty_files(tmp_path):
         load_prompts(tmp_path / "empty.jsonl")
 
 
-def test_train_extra_is_disjoint_from_heldout_and_joins_with_train():
-    extra, held = load_prompts("train-extra"), load_prompts("heldout")
+def test_template_splits_are_disjoint_from_heldout_and_join_with_train():
+    extra, more, held = load_prompts("train-extra"), load_prompts("train-more"), load_prompts("heldout")
     assert len(extra) >= 800 and {p.category for p in extra} == CATEGORIES
+    assert len(more) >= 400 and {p.category for p in more} == CATEGORIES
     last_user = lambda p: p.messages[-1]["content"].strip().lower()  # noqa: E731
-    assert not {last_user(p) for p in extra} & {last_user(p) for p in held}
+    assert not {last_user(p) for p in extra + more} & {last_user(p) for p in held}
+    conversation = lambda p: json.dumps(p.messages)  # noqa: E731
+    assert not {conversation(p) for p in extra} & {conversation(p) for p in more}
     both = load_prompts("train+train-extra")
     assert len(both) == len(load_prompts("train")) + len(extra)
+    assert len(load_prompts("train+train-extra+train-more")) == len(both) + len(more)
     with pytest.raises(PromptFileError, match="appears in more than one set"):
         load_prompts("train+train")

@@ -84,7 +84,7 @@ def test_generic_layer_replay_is_exact_too(monkeypatch):
 def test_cpu_head_is_transposed_once_and_bit_identical(tied):
     """On the CPU the adapter multiplies by a pre-transposed copy of the head (faster for the
     few rows of a decode step); its logits equal the model's own call exactly."""
-    from dflash2_mlx.target.adapter import TransposedHead
+    from dflash2_mlx.target.head import TransposedHead
 
     model = tiny.make_target("llama", tie_word_embeddings=tied)
     adapter = TargetAdapter(model, (0, 2))

@@ -227,6 +227,10 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     assert d.config.version == 2 and d.config.block_size == 4 and d.config.target_layer_ids == (0, 2)
     assert "--steps 4" in (out / "README.md").read_text()
     assert json.loads((out / "training.json").read_text())["stages"]["train"]["steps"] == 4
+    # The draft vocabulary: every token of the training responses, loaded with the drafter.
+    regen = [json.loads(line) for line in (tmp_path / "work" / "regen_train.jsonl").open()]
+    emitted = {t for r in regen for t in r["response_ids"]}
+    assert set(d.draft_vocab.tolist()) == emitted
 
     abl = tmp_path / "ablation"
     assert run(["train", str(target_dir), "--out", str(abl), "--steps", "3", "--ablation",

@@ -1,7 +1,9 @@
-"""Build dflash2_mlx/assets/prompts/train-extra.jsonl: template-built training prompts (topics x
-instruction templates, coding tasks, story seeds, arithmetic word problems, short follow-ups)
-that add variety to the hand-written `train` split for drafter distillation. Prompts whose text
-is in the held-out split are dropped. Deterministic (seeded): `python tools/make_train_extra.py`."""
+"""Build dflash2_mlx/assets/prompts/train-extra.jsonl and train-more.jsonl: template-built training
+prompts (topics x instruction templates, coding tasks, story seeds, arithmetic word problems,
+short follow-ups) that add variety to the hand-written `train` split for drafter distillation.
+`train-more` uses only combinations `train-extra` did not (it was added later; train-extra's file
+is unchanged by it). Prompts whose text is in the held-out split are dropped. Deterministic
+(seeded): `python tools/make_train_extra.py`."""
 from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "dflash2_mlx" / "assets" / "prompts"
 import json, random, itertools
@@ -61,10 +63,10 @@ def math_p():
     return rng.choice(forms)
 out, seen = [], set()
 held = {json.loads(l)["messages"][-1]["content"] for l in open(ROOT / "heldout.jsonl")}
-def add(cat, messages):
+def add(cat, messages, prefix="x"):
     key = json.dumps(messages)
     if key in seen or messages[-1]["content"] in held: return
-    seen.add(key); out.append({"id": f"x-{cat}-{len(out):04d}", "category": cat, "messages": messages})
+    seen.add(key); out.append({"id": f"{prefix}-{cat}-{len(out):04d}", "category": cat, "messages": messages})
 for t in topics:
     for tmpl in rng.sample(chat_t, 3): add("chat", [{"role":"user","content":tmpl.format(t=t)}])
     for tmpl in rng.sample(instr_t, 2): add("instructions", [{"role":"user","content":tmpl.format(t=t)}])
@@ -81,4 +83,26 @@ for t in rng.sample(topics, 60):
 rng.shuffle(out)
 import collections; print(len(out), collections.Counter(o["category"] for o in out))
 with open(ROOT / "train-extra.jsonl", "w") as f:
+    for o in out: f.write(json.dumps(o)+"\n")
+
+# train-more: unused combinations only (`seen` still holds every train-extra prompt), weighted
+# toward chat, instructions and summaries, the categories the first drafters accepted least.
+out = []
+user = lambda text: [{"role": "user", "content": text}]
+for t in topics:
+    for tmpl in rng.sample(chat_t, 4): add("chat", user(tmpl.format(t=t)), "m")
+    for tmpl in rng.sample(instr_t, 2): add("instructions", user(tmpl.format(t=t)), "m")
+    for tmpl in rng.sample(summ_t, 1): add("summaries", user(tmpl.format(t=t)), "m")
+out = rng.sample(out, 300)
+for k in rng.sample(tasks, 20):
+    add("code", user(rng.choice(code_t).format(l=rng.choice(langs), k=k)), "m")
+for c, s in rng.sample(list(itertools.product(chars, settings)), 40):
+    add("stories", user(rng.choice(story_t).format(c=c, s=s)), "m")
+for _ in range(40): add("math", user(math_p()), "m")
+for t in rng.sample(topics, 30):
+    add("multi-turn", user(rng.choice(chat_t).format(t=t)) + [{"role":"assistant","content":f"{t[0].upper()+t[1:]} is a fascinating subject. Here is the short version."},
+                      {"role":"user","content":rng.choice(["Tell me more.","What is the most surprising part?","Explain it like I am five.","Can you give a real-world example?"])}], "m")
+rng.shuffle(out)
+print(len(out), collections.Counter(o["category"] for o in out))
+with open(ROOT / "train-more.jsonl", "w") as f:
     for o in out: f.write(json.dumps(o)+"\n")

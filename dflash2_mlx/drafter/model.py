@@ -10,7 +10,7 @@ dynamic conv and re-ranks the top-K candidates with a low-rank pair selector.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -72,6 +72,19 @@ class TargetBinding:
     embed: Callable[[mx.array], mx.array]
     head: Callable[[mx.array], mx.array]
     embed_scale: float = 1.0
+    # ids [N] -> a head whose logits are head(x)[..., ids], reading only those rows
+    restrict: Callable[[mx.array], Callable[[mx.array], mx.array]] | None = None
+
+    def restricted(self, ids: mx.array) -> Callable[[mx.array], mx.array]:
+        if self.restrict is not None:
+            return self.restrict(ids)
+        return lambda x: mx.take(self.head(x), ids, axis=-1)
+
+
+@dataclass(frozen=True)
+class DraftVocab:
+    ids: mx.array  # [N] int32 token ids
+    head: Callable[[mx.array], mx.array] | None  # the target head's rows at `ids` (once bound)
 
 
 class Drafter(nn.Module):
@@ -94,11 +107,29 @@ class Drafter(nn.Module):
             config.max_position_embeddings,
         )
         self._target: TargetBinding | None = None
+        self._vocab: DraftVocab | None = None
 
     # ------------------------------------------------------------------ binding
     def bind(self, binding: TargetBinding) -> "Drafter":
         self._target = binding
+        if self._vocab is not None:
+            self.set_draft_vocab(self._vocab.ids.tolist())
         return self
+
+    def set_draft_vocab(self, ids: Sequence[int] | None) -> "Drafter":
+        """Draft only from `ids` (None: the whole vocabulary); see drafter/vocab.py."""
+        if ids is None:
+            self._vocab = None
+            return self
+        vocab = mx.array(list(ids), dtype=mx.int32)
+        head = self._target.restricted(vocab) if self._target is not None else None
+        self._vocab = DraftVocab(vocab, head)  # head: built by bind() when not bound yet
+        return self
+
+    @property
+    def draft_vocab(self) -> mx.array | None:
+        """The ids drafts may use (None: all); `draft_logits` columns follow this order."""
+        return None if self._vocab is None else self._vocab.ids
 
     @property
     def target(self) -> TargetBinding:
@@ -126,7 +157,17 @@ class Drafter(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden: mx.array) -> mx.array:
-        z = self.target.head(hidden)
+        """Logits over the whole vocabulary [..., V]."""
+        return self._finish(self.target.head(hidden))
+
+    def draft_logits(self, hidden: mx.array) -> mx.array:
+        """Logits over the draft vocabulary [..., N] (the whole one when none is set)."""
+        if self._vocab is None:
+            return self.logits(hidden)
+        self.target  # noqa: B018 - raises when not bound (the restricted head needs the target)
+        return self._finish(self._vocab.head(hidden))
+
+    def _finish(self, z: mx.array) -> mx.array:
         if self.config.output_multiplier != 1.0:
             z = z * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
@@ -138,6 +179,8 @@ class Drafter(nn.Module):
         return self.logits(self.hidden(block_ids, features, cache))
 
     def select(self, hidden: mx.array, logits: mx.array, anchor: mx.array,
-               temperature: float = 0.0, key: mx.array | None = None) -> SelectorOutput:
-        """DFlash2 path selection for one block's drafted rows (hidden [γ, H], logits [γ, V])."""
-        return self.candidate_selector.select(hidden, logits, anchor, temperature, key)
+               temperature: float = 0.0, key: mx.array | None = None,
+               vocab: mx.array | None = None) -> SelectorOutput:
+        """DFlash2 path selection for one block's drafted rows (hidden [γ, H], logits [γ, V],
+        or [γ, N] over the ids `vocab`); candidates come back as token ids."""
+        return self.candidate_selector.select(hidden, logits, anchor, temperature, key, vocab)

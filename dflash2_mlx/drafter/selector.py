@@ -105,10 +105,14 @@ class CandidateSelector(nn.Module):
         ids = mx.argpartition(logits, -k, axis=-1)[..., -k:]
         return ids, mx.take_along_axis(logits, ids, axis=-1)
 
-    def lattice(self, hidden: mx.array, logits: mx.array, anchor: mx.array):
-        """hidden [..., γ, H]; logits [..., γ, V]; anchor ids [...] ->
-        (candidates [..., γ, K], lattice [..., γ, K, K]); row 0's predecessors are all the anchor."""
+    def lattice(self, hidden: mx.array, logits: mx.array, anchor: mx.array,
+                vocab: mx.array | None = None):
+        """hidden [..., γ, H]; logits [..., γ, V] (or [..., γ, N] over the ids `vocab`); anchor
+        ids [...] -> (candidate ids [..., γ, K], lattice [..., γ, K, K]); row 0's predecessors
+        are all the anchor."""
         cand, unary = self.candidates(logits)
+        if vocab is not None:
+            cand = vocab[cand]
         proj = self.hidden_projection(hidden)
         first = mx.broadcast_to(anchor[..., None, None], (*cand.shape[:-2], 1, cand.shape[-1]))
         preds = mx.concatenate([first.astype(cand.dtype), cand[..., :-1, :]], axis=-2)
@@ -119,9 +123,9 @@ class CandidateSelector(nn.Module):
 
     def select(
         self, hidden: mx.array, logits: mx.array, anchor: mx.array,
-        temperature: float = 0.0, key: mx.array | None = None,
+        temperature: float = 0.0, key: mx.array | None = None, vocab: mx.array | None = None,
     ) -> SelectorOutput:
-        cand, scores = self.lattice(hidden, logits, anchor)
+        cand, scores = self.lattice(hidden, logits, anchor, vocab)
         idx, q = kernels.walk(scores, temperature, key)
         tokens = mx.take_along_axis(cand, idx[..., None], axis=-1)[..., 0]
         return SelectorOutput(tokens, cand, q)

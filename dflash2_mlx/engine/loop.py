@@ -129,14 +129,19 @@ class SpeculativeDecoder:
         block = mx.array([[anchor] + [self.mask_id] * (length - 1)])
         hidden = self.drafter.hidden(block, session.pending, session.drafter_cache)[0, 1:]
         session.pending = None
-        logits = self.drafter.logits(hidden)
+        logits = self.drafter.draft_logits(hidden)  # over the draft vocabulary when it has one
+        vocab = self.drafter.draft_vocab
         if self.drafter.config.version == 2:
-            out = self.drafter.select(hidden, logits, mx.array(anchor), sp.temperature, key)
+            out = self.drafter.select(hidden, logits, mx.array(anchor), sp.temperature, key, vocab)
             return out.tokens, out.q, out.candidates
         if sp.greedy:
-            return mx.argmax(logits, axis=-1), None, None
+            ids = mx.argmax(logits, axis=-1)
+            return (ids if vocab is None else vocab[ids]), None, None
         q = filtered_probs(logits, sp)
-        return sample(q, key), q, None
+        ids = sample(q, key)
+        if vocab is None:
+            return ids, q, None
+        return vocab[ids], q, mx.broadcast_to(vocab, q.shape)  # q is sparse over the vocab
 
     def _verify(self, session: Session, anchor: int, drafts: list[int], q, cand, sp, key):
         ids = mx.array([[anchor] + drafts])

@@ -86,7 +86,8 @@ def rejection_sample(
     candidates: mx.array | None,
     key: mx.array,
 ) -> tuple[int, int]:
-    """drafts [γ]; p [γ+1, V] target probs; q [γ, V] (dense) or [γ, K] over `candidates` [γ, K].
+    """drafts [γ]; p [γ+1, V] target probs; q [γ, V] (dense) or [γ, K] over `candidates` [γ, K]
+    (distinct ids per row: DFlash2's top-K, or a draft vocabulary).
     Returns (accepted count a, bonus token)."""
     gamma = drafts.shape[0]
     k_accept, k_bonus = mx.random.split(key)

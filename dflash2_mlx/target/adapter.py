@@ -12,43 +12,18 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from ..drafter.model import TargetBinding
 from ..errors import CompatibilityError
 from .capture import Capture, tapped
+from .head import cpu_head, restricted_head
 from .rollback import rollback_caches
 
 # Families whose logits are exactly head(inner(ids)); others are called whole.
 _PLAIN_HEAD_FAMILIES = {
     "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next",
 }
-
-
-class TransposedHead:
-    """`x @ W.T` with W.T stored contiguous. On the CPU, OpenBLAS runs the few-row products of
-    decoding about 2x faster on a pre-transposed head (bit-identical results, measured on
-    49k x 576); it costs one copy of the head, so it is used on the CPU only."""
-
-    def __init__(self, weight: mx.array):
-        self.weight = weight
-        self.weight_t = mx.contiguous(weight.T)
-        mx.eval(self.weight_t)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return x @ self.weight_t
-
-
-def _cpu_head(head, embed_tokens):
-    """A TransposedHead for an unquantized, bias-free head on the CPU; else `head` itself."""
-    if mx.default_device() != mx.cpu:
-        return head
-    if type(head) is nn.Linear and "bias" not in head:
-        return TransposedHead(head.weight)
-    if getattr(head, "__self__", None) is embed_tokens and type(embed_tokens) is nn.Embedding:
-        return TransposedHead(embed_tokens.weight)  # tied: embed_tokens.as_linear
-    return head
 
 
 def _find_inner(model):
@@ -95,7 +70,7 @@ class TargetAdapter:
                 f"target with {n} layers (valid 0..{n - 1})"
             )
         self.embed_tokens = self.inner.embed_tokens
-        self.head = _cpu_head(self._find_head(), self.embed_tokens)
+        self.head = cpu_head(self._find_head())
         self.model_type = _model_type(model)
         self._plain_head = self.model_type in _PLAIN_HEAD_FAMILIES
         self.hidden_size = int(self.embed_tokens(mx.array([[0]])).shape[-1])
@@ -109,7 +84,9 @@ class TargetAdapter:
         return self.embed_tokens.as_linear
 
     def binding(self) -> TargetBinding:
-        return TargetBinding(self.embed_tokens, self.head, float(getattr(self.inner, "embed_scale", 1.0)))
+        head = self.head
+        return TargetBinding(self.embed_tokens, head, float(getattr(self.inner, "embed_scale", 1.0)),
+                             lambda ids: restricted_head(head, ids))
 
     # ------------------------------------------------------------------ caches
     def make_cache(self) -> list:

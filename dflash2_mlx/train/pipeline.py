@@ -17,6 +17,7 @@ import mlx.core as mx
 from ..errors import DFlash2Error
 from ..prompts import load_prompts
 from ..target.adapter import TargetAdapter
+from ..drafter.vocab import count_tokens, write_draft_vocab
 from .features import build_feature_cache, load_feature_cache, read_regenerations
 from .trainer import TrainConfig, Trainer, drafter_config_for, init_drafter
 
@@ -115,6 +116,10 @@ def train_drafter(pc: PipelineConfig, tc: TrainConfig, data: PreparedData,
                                        "seconds_this_run": round(time.perf_counter() - t0, 1)}}
     card = model_card(pc, tc, final, stages)
     trainer.export(pc.out, dtype=getattr(mx, pc.dtype), card=card)
+    # What the drafter learned to emit: every response token of its training data.
+    write_draft_vocab(pc.out, count_tokens(s.tokens[s.response_start:] for s in data.train),
+                      f"response tokens of the {len(data.train)} training regenerations "
+                      f"({pc.prompts})")
     (pc.out / "training.json").write_text(json.dumps(
         {"pipeline": {k: str(v) for k, v in asdict(pc).items()}, "train": asdict(tc),
          "final": final, "history": trainer.history, "stages": stages}, indent=2, default=str))
@@ -180,6 +185,9 @@ dflash2, in Z Lab's `dflash` reference loader, and in SGLang / vLLM DFlash loade
   softmax over {"the seen vocabulary + " + str(tc.negatives) + " sampled negatives" if tc.vocab_subset else "the full vocabulary"}
 - Optimizer: AdamW lr {tc.lr}, warm-up {tc.warmup:.0%}, cosine, clip {tc.clip}; {train.get('steps')} steps
   of {tc.batch_seqs} sequences × {tc.anchors_per_seq} anchors{resumed}
+- Draft vocabulary: `draft_vocab.json` holds every token of the training responses (dflash2
+  drafts from those rows of the LM head only: a cheaper draft; `--full-vocab` turns it off;
+  other loaders ignore the file)
 - Hardware: {mx.default_device()} (MLX {mx.__version__})
 - Held-out teacher-forced τ at the end: {final.get('proxy_tau', float('nan')):.3f}
   (per-position accuracy {final.get('position_accuracy')})
