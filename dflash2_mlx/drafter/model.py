@@ -164,7 +164,8 @@ class Drafter(nn.Module):
         """Logits over the draft vocabulary [..., N] (the whole one when none is set)."""
         if self._vocab is None:
             return self.logits(hidden)
-        self.target  # noqa: B018 - raises when not bound (the restricted head needs the target)
+        if self._vocab.head is None:  # its rows come from the target's head
+            raise RuntimeError("drafter is not bound to a target (call bind())")
         return self._finish(self._vocab.head(hidden))
 
     def _finish(self, z: mx.array) -> mx.array:

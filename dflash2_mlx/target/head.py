@@ -35,7 +35,7 @@ class RowsHead:
 
     def __init__(self, weight: mx.array, bias: mx.array | None = None):
         self.weight, self.bias = weight, bias
-        mx.eval(weight, *(() if bias is None else (bias,)))
+        mx.eval(weight, bias)
 
     def __call__(self, x: mx.array) -> mx.array:
         y = x @ self.weight.T
@@ -52,7 +52,7 @@ class QuantizedRowsHead:
         self.biases = None if biases is None else biases[ids]
         self.bias = layer["bias"][ids] if "bias" in layer else None
         self.group_size, self.bits, self.mode = layer.group_size, layer.bits, layer.mode
-        mx.eval(self.weight, self.scales, *(a for a in (self.biases, self.bias) if a is not None))
+        mx.eval(self.weight, self.scales, self.biases, self.bias)
 
     def __call__(self, x: mx.array) -> mx.array:
         y = mx.quantized_matmul(x, self.weight, scales=self.scales, biases=self.biases,
