@@ -270,7 +270,9 @@ def test_evaluate_writes_tau_per_setting_and_category(tiny_pair, tmp_path, capsy
     assert run(["evaluate", "--target", str(target), "--drafter", str(drafter), "--limit", "3",
                 "--max-tokens", "6", "--blocks", "2,4,99", "--temperatures", "0,1",
                 "--json", str(out)]) == 0
-    res = json.loads(out.read_text())["results"]
+    report = json.loads(out.read_text())
+    assert report["draft_vocab"] is None and report["command"].startswith("dflash2 ")
+    res = report["results"]
     assert sorted(res) == ["T=0/B=2", "T=0/B=4", "T=1/B=2", "T=1/B=4"]  # 99 > trained: skipped
     for r in res.values():
         assert 1.0 <= r["tau"] <= 4.0 and r["per_category"]
