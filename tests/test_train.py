@@ -220,7 +220,8 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
               "--prompts", str(_prompt_file(tmp_path / "p.jsonl", 6, "p")),
               "--heldout", str(_prompt_file(tmp_path / "h.jsonl", 2, "h")),
               "--batch", "2", "--anchors", "4", "--max-new-tokens", "16", "--layers", "1",
-              "--temperatures", "0", "--layer-ids", "0,2", "--block-size", "4"]
+              "--temperatures", "0", "--layer-ids", "0,2", "--block-size", "4",
+              "--regen-batch", "3"]
     out = tmp_path / "drafter"
     assert run(["train", str(target_dir), "--out", str(out), "--steps", "4", *common]) == 0
     d = load_drafter(out)
