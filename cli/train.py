@@ -35,9 +35,10 @@ def train(
     out: Path = typer.Option(..., "--out", "-o", help="Drafter folder to write."),
     work: Optional[Path] = typer.Option(None, help="Work folder for regenerations, features and "
                                         "checkpoints (default: OUT.work). Reruns resume from it."),
-    prompts: str = typer.Option("train+train-extra", help="Bundled split names or JSONL files of "
-                                "prompts, joined with '+' (train: 564 hand-written, train-extra: "
-                                "843 template-built)."),
+    prompts: str = typer.Option("train+train-extra+train-more", help="Bundled split names or "
+                                "JSONL files of prompts, joined with '+' (train: 564 "
+                                "hand-written; train-extra, train-more: 843 and 424 "
+                                "template-built)."),
     heldout: str = typer.Option("heldout", help="Held-out prompts (never trained on)."),
     version: int = typer.Option(2, min=1, max=2, help="2 = DFlash2 (conv + selector), 1 = DFlash."),
     layers: int = typer.Option(2, min=1, max=16, help="Drafter layers."),
