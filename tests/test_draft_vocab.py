@@ -45,6 +45,16 @@ def test_restricted_head_is_the_full_heads_columns(tied, quantized):
     assert mx.allclose(fallback, want, atol=1e-6).item()
 
 
+def test_restricted_head_of_a_linear_with_bias():
+    head = nn.Linear(tiny.HIDDEN, tiny.VOCAB, bias=True)
+    head.bias = mx.random.normal((tiny.VOCAB,), key=mx.random.key(1))
+    ids = mx.array([3, 90, 41], dtype=mx.int32)
+    x = mx.random.normal((2, tiny.HIDDEN), key=mx.random.key(2))
+    restricted = restricted_head(head, ids)
+    assert type(restricted).__name__ == "RowsHead"
+    assert mx.allclose(restricted(x), mx.take(head(x), ids, axis=-1), atol=1e-5).item()
+
+
 def _decoder(model, drafter, vocab):
     drafter.set_draft_vocab(vocab)
     return SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
