@@ -264,11 +264,10 @@ def run_bench_command(*, model, target, drafter, prompts, limit, max_tokens, rep
         if too_big:
             fail(f"--block {too_big[0]} exceeds the drafter's trained block size {trained}")
         qsig = A.quant_signature(pair)
-        vocab = pair.drafter.draft_vocab
         report["pair"] = {"name": resolved.name, "alias": resolved.alias,
                           "target": resolved.target, "drafter": resolved.drafter,
                           "drafter_version": pair.drafter.config.version,
-                          "draft_vocab": None if vocab is None else int(vocab.size),
+                          "draft_vocab": pair.drafter.draft_vocab_size,
                           "trained_block": trained, "quantization": qsig,
                           "quantization_text": A.describe_quant(qsig)}
         report["settings"] = {"prompts": str(prompts), "limit": limit,

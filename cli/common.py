@@ -64,8 +64,8 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     alias = f"{resolved.alias}: " if resolved.alias else ""
     say(f"loading {alias}target {resolved.target} + drafter {resolved.drafter}")
     pair = load_pair(tdir, ddir, offline=offline, full_vocab=full_vocab)
-    vocab = pair.drafter.draft_vocab
-    if vocab is not None:
-        say(f"draft vocabulary: {vocab.size:,} of {pair.drafter.config.vocab_size:,} tokens "
+    size = pair.drafter.draft_vocab_size
+    if size is not None:
+        say(f"draft vocabulary: {size:,} of {pair.drafter.config.vocab_size:,} tokens "
             "(--full-vocab for all)")
     return pair, resolved

@@ -58,11 +58,10 @@ def evaluate(
     Console().print(table)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        vocab = pair.drafter.draft_vocab
         json_path.write_text(json.dumps({
             "command": "dflash2 " + " ".join(sys.argv[1:]),
             "environment": environment(), "target": resolved.target, "drafter": resolved.drafter,
-            "draft_vocab": None if vocab is None else int(vocab.size),
+            "draft_vocab": pair.drafter.draft_vocab_size,
             "prompts": prompts, "prompt_ids": [p.id for p in chosen], "max_tokens": max_tokens,
             "seed": seed, "results": result}, indent=2))
 

@@ -268,11 +268,10 @@ def device_key() -> str:
 def profile_key(pair, target: str, drafter: str) -> dict:
     import mlx.core as mx
 
-    vocab = pair.drafter.draft_vocab  # a draft vocabulary changes the draft cost
     return {"device": device_key(), "mlx": getattr(mx, "__version__", "?"),
             "target": _identity(target), "drafter": _identity(drafter),
             "quantization": quant_signature(pair),
-            "draft_vocab": None if vocab is None else int(vocab.size)}
+            "draft_vocab": pair.drafter.draft_vocab_size}  # it changes the draft cost
 
 
 def profile_dir(root: str | Path | None = None) -> Path:

@@ -112,8 +112,8 @@ class Drafter(nn.Module):
     # ------------------------------------------------------------------ binding
     def bind(self, binding: TargetBinding) -> "Drafter":
         self._target = binding
-        if self._vocab is not None:
-            self.set_draft_vocab(self._vocab.ids.tolist())
+        if self._vocab is not None:  # the restricted head reads this target's head
+            self._vocab = DraftVocab(self._vocab.ids, binding.restricted(self._vocab.ids))
         return self
 
     def set_draft_vocab(self, ids: Sequence[int] | None) -> "Drafter":
@@ -130,6 +130,11 @@ class Drafter(nn.Module):
     def draft_vocab(self) -> mx.array | None:
         """The ids drafts may use (None: all); `draft_logits` columns follow this order."""
         return None if self._vocab is None else self._vocab.ids
+
+    @property
+    def draft_vocab_size(self) -> int | None:
+        """How many ids drafts may use (None: the whole vocabulary), for reports."""
+        return None if self._vocab is None else int(self._vocab.ids.size)
 
     @property
     def target(self) -> TargetBinding:

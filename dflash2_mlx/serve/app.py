@@ -126,15 +126,13 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
         return error_response(APIError(500, f"internal error: {type(exc).__name__}",
                                        type="server_error", code="internal_error"))
 
-    vocab = pair.drafter.draft_vocab
-
     def model_card() -> dict:
         """The model object, with `dflash2`: the engine every request of this server runs."""
         return {"id": model_name, "object": "model", "created": started, "owned_by": "dflash2",
                 "dflash2": {
                     "speculative": speculative, "drafter": drafter_name,
                     "drafter_version": pair.drafter.config.version,
-                    "draft_vocab": None if vocab is None else int(vocab.size),
+                    "draft_vocab": pair.drafter.draft_vocab_size,
                     "block_size": settings.effective_block, "trained_block_size": trained,
                     "context_length": context, "default_max_tokens": default_max_tokens,
                     "max_queue": max_queue}}

@@ -14,10 +14,10 @@ from typing import Callable
 
 import mlx.core as mx
 
+from ..drafter.vocab import count_tokens, write_draft_vocab
 from ..errors import DFlash2Error
 from ..prompts import load_prompts
 from ..target.adapter import TargetAdapter
-from ..drafter.vocab import count_tokens, write_draft_vocab
 from .features import build_feature_cache, load_feature_cache, read_regenerations
 from .trainer import TrainConfig, Trainer, drafter_config_for, init_drafter
 
