@@ -38,7 +38,8 @@ def train(
     prompts: str = typer.Option("train+train-extra+train-more", help="Bundled split names or "
                                 "JSONL files of prompts, joined with '+' (train: 564 "
                                 "hand-written; train-extra, train-more: 843 and 424 "
-                                "template-built)."),
+                                "template-built). NAME@0,0.7 gives a set its own "
+                                "regeneration temperatures."),
     heldout: str = typer.Option("heldout", help="Held-out prompts (never trained on)."),
     version: int = typer.Option(2, min=1, max=2, help="2 = DFlash2 (conv + selector), 1 = DFlash."),
     layers: int = typer.Option(2, min=1, max=16, help="Drafter layers."),
@@ -49,7 +50,8 @@ def train(
     steps: int = typer.Option(2000, min=1), batch: int = typer.Option(8, min=1),
     anchors: int = typer.Option(32, min=1, help="Anchors (blocks) per sequence and step."),
     lr: float = typer.Option(6e-4, min=0.0), max_new_tokens: int = typer.Option(256, min=8),
-    temperatures: str = typer.Option("0,0.7", help="Regeneration temperatures."),
+    temperatures: str = typer.Option("0,0.7", help="Regeneration temperatures (of the prompt "
+                                     "sets without their own @temperatures)."),
     regen_batch: int = typer.Option(32, min=1, help="Sequences regenerated together; larger "
                                     "is faster while memory allows (SmolLM2 on one CPU core: "
                                     "30 tok/s at 32, 55 at 96)."),
@@ -57,6 +59,9 @@ def train(
                               "them identity; for ablations)."),
     selector: bool = typer.Option(True, help="DFlash2: train the path selector (--no-selector "
                                   "keeps it neutral: drafts are the per-position argmax)."),
+    distill: float = typer.Option(0.0, min=0.0, help="Weight of the distillation term: KL from "
+                                  "the target's whole next-token distribution (read off its last "
+                                  "layer, which --layer-ids must then end with) to the drafter's."),
     init_from_target: bool = typer.Option(False, help="Start the drafter layers from the "
                                           "target's top layers."),
     init_from: Optional[Path] = typer.Option(None, help="Start from this drafter folder's "
@@ -99,28 +104,25 @@ def train(
                      mask_token_id=mask_token_id, steps=steps, batch_seqs=batch,
                      anchors_per_seq=anchors, lr=lr, vocab_subset=not full_vocab, seed=seed,
                      selector_weight=1.0 if selector else 0.0, train_conv=conv,
+                     distill_weight=distill,
                      init_from_target=init_from_target,
                      init_from=str(init_from) if init_from else None,
                      command=_command_line(ctx.params))
     from rich.console import Console
 
     console = Console()
-
-    def on_step(rec: dict):
-        if rec["step"] % 10 == 0 or "proxy_tau" in rec:
-            extra = f"  τ(held-out) {rec['proxy_tau']:.3f}" if "proxy_tau" in rec else ""
-            console.print(f"step {rec['step']:>6}/{steps}  loss {rec['loss']:.3f}  "
-                          f"lr {rec['lr']:.2e}  {rec['tok_s']:.0f} tok/s{extra}")
-
+    progress, on_step = _progress(console, steps)
     try:
         if ablation:
-            summary = run_ablation(pc, tc, log=console.print, on_step=on_step)
+            with progress:
+                summary = run_ablation(pc, tc, log=console.print, on_step=on_step)
             for name, r in summary["variants"].items():
                 console.print(f"{name:<24} τ {r['proxy_tau']:.3f}  ({r['gain_over_dflash']:+.1%} "
                               f"vs DFlash)")
             console.print(f"ablation written to {out / 'ablation.json'}")
             return
-        result = run_pipeline(pc, tc, log=console.print, on_step=on_step)
+        with progress:
+            result = run_pipeline(pc, tc, log=console.print, on_step=on_step)
     except KeyboardInterrupt:
         console.print("[yellow]stopped; rerun the same command to resume[/]")
         raise typer.Exit(130)
@@ -128,6 +130,32 @@ def train(
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2)
     console.print(f"drafter written to {result['out']}")
+
+
+def _progress(console, steps: int):
+    """A progress bar (loss, tokens/s, ETA) on a terminal; a line every 10 steps in a log.
+    Held-out τ evaluations are always printed as lines."""
+    from rich.progress import (
+        BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn,
+    )
+
+    progress = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
+                        console=console, disable=not console.is_terminal)
+    task: dict = {}
+
+    def on_step(rec: dict):
+        step = rec["step"]
+        if task.get("last", step) >= step:  # first step, or the next ablation variant's run
+            task["id"] = progress.add_task("train", total=steps, completed=step - 1, stats="")
+        task["last"] = step
+        stats = f"loss {rec['loss']:.3f}  lr {rec['lr']:.2e}  {rec['tok_s']:.0f} tok/s"
+        progress.update(task["id"], completed=step, stats=stats)
+        if "proxy_tau" in rec or (not console.is_terminal and step % 10 == 0):
+            extra = f"  τ(held-out) {rec['proxy_tau']:.3f}" if "proxy_tau" in rec else ""
+            progress.console.print(f"step {step:>6}/{steps}  {stats}{extra}")
+
+    return progress, on_step
 
 
 def register(app: typer.Typer) -> None:

@@ -60,12 +60,13 @@ def test_training_forward_equals_inference_forward(target, version, kw):
         np.testing.assert_allclose(np.array(h[j]), np.array(ref), atol=1e-4)
 
 
-def _trainer(target, sequences, out: Path, version=2, steps=40, block_size=8, **kw):
-    cfg = TrainConfig(version=version, layers=2, block_size=block_size, target_layer_ids=(0, 2),
+def _trainer(target, sequences, out: Path, version=2, steps=40, block_size=8, layer_ids=(0, 2),
+             **kw):
+    cfg = TrainConfig(version=version, layers=2, block_size=block_size, target_layer_ids=layer_ids,
                       mask_token_id=95, steps=steps, batch_seqs=3, anchors_per_seq=8,
                       eval_every=steps, checkpoint_every=10, lr=3e-3, negatives=16,
                       selector_rank=8, **kw)
-    adapter = TargetAdapter(target, (0, 2))
+    adapter = TargetAdapter(target, layer_ids)
     d = init_drafter(drafter_config_for(adapter, TARGET_CFG, cfg), cfg)
     return Trainer(adapter, d, sequences, sequences, cfg, out, log=lambda s: None)
 
@@ -180,6 +181,43 @@ def test_ablation_switches_keep_their_part_neutral(target, sequences, tmp_path):
     assert no_conv.drafter.fc.weight.abs().sum().item() > 0
 
 
+@pytest.fixture(scope="module")
+def sequences_with_last_layer(target, sequences):
+    """The same sequences with features of layers (0, 3): 3 is the tiny target's last layer."""
+    adapter = TargetAdapter(target, (0, 3))
+    return [StoredSequence(s.id, 0.0, s.tokens, s.response_start, np.array(
+        adapter.forward(mx.array([s.tokens.tolist()]), None).features[0].astype(mx.float16)))
+        for s in sequences]
+
+
+def test_distillation_teacher_is_the_targets_own_next_token_logits(target, sequences_with_last_layer,
+                                                                  tmp_path):
+    seqs = sequences_with_last_layer
+    tr = _trainer(target, seqs, tmp_path, steps=1, layer_ids=(0, 3), distill_weight=1.0)
+    s, anchors = seqs[1], [6, 13, 30]
+    b = make_blocks([s], [anchors], 8, 95, tr.scale)
+    got = np.array(tr.teacher().logits(b))  # [3, 7, len(subset)]
+    full = np.array(target(mx.array([s.tokens.tolist()]))[0])  # [S, V]
+    cols = np.array(tr.subset.ids)
+    for j, a in enumerate(anchors):
+        want = full[a:a + 7][:, cols]  # the logits that predict x_{a+1} .. x_{a+7}
+        np.testing.assert_allclose(got[j], want, atol=2e-2 * np.abs(want).max())
+        assert (cols[got[j].argmax(-1)] == s.tokens[a + 1:a + 8]).all()  # greedy data
+
+
+def test_distillation_run_lowers_the_kl_and_needs_the_last_layer(target, sequences,
+                                                                  sequences_with_last_layer, tmp_path):
+    tr = _trainer(target, sequences_with_last_layer, tmp_path, steps=30, layer_ids=(0, 3),
+                  distill_weight=1.0)
+    recs = []
+    tr.run(on_step=recs.append)
+    kl = [r["distill"] for r in recs]
+    assert np.mean(kl[-5:]) < 0.5 * np.mean(kl[:5]), kl
+    assert recs[-1]["loss"] > recs[-1]["base"]  # the KL is part of the loss
+    with pytest.raises(DFlash2Error, match=r"last layer \(3\)"):
+        _trainer(target, sequences, tmp_path / "b", layer_ids=(0, 2), distill_weight=1.0)
+
+
 def test_init_from_target_copies_the_top_layers(target, sequences, tmp_path):
     tr = _trainer(target, sequences, tmp_path, steps=1, init_from_target=True)
     d, n = tr.drafter, len(tr.adapter.layers)
@@ -195,6 +233,16 @@ def test_init_from_target_copies_the_top_layers(target, sequences, tmp_path):
     h = d.config.hidden_size
     want = d.hidden_norm(feats[..., -h:])
     np.testing.assert_allclose(np.array(d.context(feats * tr.scale)), np.array(want), atol=1e-3)
+
+
+def test_prompt_parts_name_their_own_temperatures():
+    from dflash2_mlx.train.pipeline import prompt_parts
+
+    assert prompt_parts("train@0,0.7+train-extra", (0.0,)) == [("train", (0.0, 0.7)),
+                                                               ("train-extra", (0.0,))]
+    # A suffix that is not numbers belongs to a file name.
+    assert prompt_parts("my@work/p.jsonl+train", (0.5,)) == [("my@work/p.jsonl", (0.5,)),
+                                                              ("train", (0.5,))]
 
 
 def _prompt_file(path: Path, n: int, stem: str) -> Path:
@@ -216,14 +264,16 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     from tiny_pair import save_target
 
     target_dir = save_target(tmp_path / "target")
-    common = ["--work", str(tmp_path / "work"),
-              "--prompts", str(_prompt_file(tmp_path / "p.jsonl", 6, "p")),
+    prompts = str(_prompt_file(tmp_path / "p.jsonl", 6, "p"))
+    common = ["--work", str(tmp_path / "work"), "--prompts", prompts,
               "--heldout", str(_prompt_file(tmp_path / "h.jsonl", 2, "h")),
               "--batch", "2", "--anchors", "4", "--max-new-tokens", "16", "--layers", "1",
               "--temperatures", "0", "--layer-ids", "0,2", "--block-size", "4",
               "--regen-batch", "3"]
     out = tmp_path / "drafter"
-    assert run(["train", str(target_dir), "--out", str(out), "--steps", "4", *common]) == 0
+    # This set of prompts is also regenerated at T=0.7 (PATH@temperatures overrides --temperatures).
+    assert run(["train", str(target_dir), "--out", str(out), "--steps", "4", *common,
+                "--prompts", prompts + "@0,0.7"]) == 0
     d = load_drafter(out)
     assert d.config.version == 2 and d.config.block_size == 4 and d.config.target_layer_ids == (0, 2)
     assert "--steps 4" in (out / "README.md").read_text()
@@ -232,6 +282,9 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     regen = [json.loads(line) for line in (tmp_path / "work" / "regen_train.jsonl").open()]
     emitted = {t for r in regen for t in r["response_ids"]}
     assert set(d.draft_vocab.tolist()) == emitted
+    assert sorted((r["id"], r["temperature"]) for r in regen) == sorted(
+        (f"p{i}", t) for i in range(6) for t in (0.0, 0.7))
+    assert "of the 12 training regenerations" in (out / "draft_vocab.json").read_text()
 
     abl = tmp_path / "ablation"
     assert run(["train", str(target_dir), "--out", str(abl), "--steps", "3", "--ablation",
@@ -246,6 +299,11 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     assert run(["train", str(target_dir), "--out", str(out), "--version", "1", "--no-conv",
                 *common]) == 2
     assert "--version 1 has neither" in capsys.readouterr().err
+    # Distillation reads the target's last layer: refused up front when it is not captured.
+    assert run(["train", str(target_dir), "--out", str(tmp_path / "kd"), "--distill", "1",
+                *common]) == 2
+    assert "distillation needs the target's last layer" in capsys.readouterr().out
+    assert not (tmp_path / "work" / "run-kd").exists()
 
 
 def test_init_from_an_exported_drafter_even_at_another_block_size(target, sequences, tmp_path):
@@ -267,3 +325,33 @@ def test_init_from_an_exported_drafter_even_at_another_block_size(target, sequen
     v1 = _trainer(target, sequences, tmp_path / "c", version=1, steps=1).export(tmp_path / "v1")
     with pytest.raises(DFlash2Error, match="has no tensor 'layers.0.attention_conv"):
         _trainer(target, sequences, tmp_path / "d", steps=1, init_from=str(v1))
+
+
+def test_train_progress_shows_loss_speed_and_eta_on_a_terminal():
+    import io
+
+    from dflash2_cli.train import _progress
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120)
+    progress, on_step = _progress(console, steps=20)
+    with progress:
+        for step in range(1, 21):
+            rec = {"step": step, "loss": 5.0 - step / 10, "lr": 1e-3, "tok_s": 1234.0}
+            if step == 20:
+                rec["proxy_tau"] = 1.75
+            on_step(rec)
+    import re
+
+    out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())
+    assert "20/20" in out and "loss 3.000" in out and "1234 tok/s" in out
+    assert "0:00:00" in out  # the ETA column
+    assert "τ(held-out) 1.750" in out
+    # A log (not a terminal) gets plain lines every 10 steps instead of a bar.
+    buf = io.StringIO()
+    progress, on_step = _progress(Console(file=buf, force_terminal=False), steps=20)
+    with progress:
+        for step in range(1, 21):
+            on_step({"step": step, "loss": 1.0, "lr": 1e-3, "tok_s": 10.0})
+    assert buf.getvalue().count("step ") == 2

@@ -83,6 +83,11 @@ class TargetAdapter:
                 return head
         return self.embed_tokens.as_linear
 
+    def final_norm(self):
+        """The norm between the last decoder layer and the LM head, for families whose logits
+        are exactly head(norm(h)); None for the others (softcaps, multipliers)."""
+        return getattr(self.inner, "norm", None) if self._plain_head else None
+
     def binding(self) -> TargetBinding:
         head = self.head
         return TargetBinding(self.embed_tokens, head, float(getattr(self.inner, "embed_scale", 1.0)),

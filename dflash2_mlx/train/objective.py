@@ -7,14 +7,18 @@ context keys strictly before its anchor (within the window for sliding layers) a
 block (bidirectionally, or causally for causal layers) — the same visibility as inference.
 
 Loss = decay-weighted block cross-entropy (w_k = exp(-(k-1)/γ)) + λ · selector cross-entropy
-over the top-K candidates scored with the gold predecessor (DFlash2). The softmax may run over
-a vocabulary subset (the tokens seen in training plus sampled negatives) to save compute.
+over the top-K candidates scored with the gold predecessor (DFlash2) + μ · decay-weighted
+KL(target ‖ drafter) at every block position (distillation: the target's whole next-token
+distribution, read off its last layer's cached output, carries far more per position than the
+one gold token — the lever when training data is scarce). The softmax may run over a
+vocabulary subset (the tokens seen in training plus sampled negatives) to save compute.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -104,8 +108,28 @@ class VocabSubset:
     head_weight: mx.array  # [len(ids), H] rows of the frozen LM head
 
 
+@dataclass
+class Teacher:
+    """The target's next-token logits from its last decoder layer's output (the last slice of
+    the cached features): head(final_norm(h)), over the training softmax's vocabulary."""
+
+    final_norm: Callable[[mx.array], mx.array]
+    head_weight: mx.array  # [V or len(subset), H]
+    unscale: mx.array  # [H]: undoes the feature scaling of the last slice
+
+    def logits(self, b: Blocks) -> mx.array:
+        """[b*n, B-1, V'] logits for x_{a+1} .. x_{a+B-1} (rows a .. a+B-2 of the sequence)."""
+        seqs, n, block = b.block_ids.shape
+        h = self.unscale.shape[0]
+        rows = (b.anchors[..., None] + mx.arange(block - 1)).reshape(seqs, -1, 1)
+        hid = mx.take_along_axis(b.features[..., -h:], rows, axis=1) * self.unscale
+        z = self.final_norm(hid) @ self.head_weight.T
+        return mx.stop_gradient(z.reshape(seqs * n, block - 1, -1))
+
+
 def loss_terms(drafter: Drafter, b: Blocks, weights: mx.array, subset: VocabSubset | None,
-               selector_weight: float = 1.0) -> tuple[mx.array, dict]:
+               selector_weight: float = 1.0, teacher: Teacher | None = None,
+               distill_weight: float = 0.0) -> tuple[mx.array, dict]:
     """(total loss, parts) for a batch of blocks."""
     _, block_ids, gold = b.flat()
     h = block_hidden(drafter, b)[:, 1:]  # [N, B-1, H]
@@ -116,6 +140,11 @@ def loss_terms(drafter: Drafter, b: Blocks, weights: mx.array, subset: VocabSubs
     base = (ce * weights).sum() / wsum
     parts = {"base": base}
     total = base
+    if teacher is not None and distill_weight > 0:
+        log_p = nn.log_softmax(teacher.logits(b).astype(mx.float32), axis=-1)
+        kl = (mx.exp(log_p) * (log_p - nn.log_softmax(logits, axis=-1))).sum(axis=-1)
+        parts["distill"] = (kl * weights).sum() / wsum
+        total = total + distill_weight * parts["distill"]
     if drafter.config.version == 2 and selector_weight > 0:
         sel = drafter.candidate_selector
         k = min(sel.top_k, logits.shape[-1])

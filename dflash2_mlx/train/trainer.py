@@ -25,7 +25,9 @@ from ..drafter.model import Drafter
 from ..errors import DFlash2Error
 from ..target.adapter import TargetAdapter
 from .features import StoredSequence
-from .objective import Blocks, VocabSubset, cosine_lr, decay_weights, loss_terms, proxy_acceptance
+from .objective import (
+    Blocks, Teacher, VocabSubset, cosine_lr, decay_weights, loss_terms, proxy_acceptance,
+)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class TrainConfig:
     warmup: float = 0.04
     clip: float = 1.0
     selector_weight: float = 1.0
+    distill_weight: float = 0.0  # KL to the target's distribution (needs its last layer captured)
     vocab_subset: bool = True
     negatives: int = 2048
     qk_norm_init: float = 2.0
@@ -162,6 +165,18 @@ def head_weight(adapter: TargetAdapter) -> mx.array:
     return w
 
 
+def check_distillable(adapter: TargetAdapter) -> None:
+    """Distillation reads the target's logits off its last layer's cached output."""
+    last = len(adapter.layers) - 1
+    if not adapter.layer_ids or adapter.layer_ids[-1] != last:
+        raise DFlash2Error(f"distillation needs the target's last layer ({last}) as the last of "
+                           f"the layer ids (got {list(adapter.layer_ids)}); add it, or train "
+                           "without --distill")
+    if adapter.final_norm() is None:
+        raise DFlash2Error(f"distillation is not supported for {adapter.model_type!r} targets "
+                           "(their logits are not head(norm(h))); train without --distill")
+
+
 def make_subset(seqs: list[StoredSequence], head_w: mx.array, negatives: int, seed: int) -> VocabSubset:
     vocab = head_w.shape[0]
     seen = np.unique(np.concatenate([s.tokens for s in seqs]))
@@ -254,6 +269,8 @@ class Trainer:
         self.subset = make_subset(train, head_weight(adapter), cfg.negatives, cfg.seed) \
             if cfg.vocab_subset else None
         self.weights = decay_weights(cfg.block_size)
+        if cfg.distill_weight > 0:
+            check_distillable(adapter)
         self.opt = optim.AdamW(learning_rate=cfg.lr, betas=[0.9, 0.95], weight_decay=0.0)
         self.step = 0
         self.history: list[dict] = []
@@ -292,11 +309,20 @@ class Trainer:
         return True
 
     # ------------------------------------------------------------- training
-    def _loss(self, model, batch: list[Blocks]):
+    def teacher(self) -> Teacher | None:
+        """Built from the current feature scaling (a resumed run restores its own)."""
+        if self.cfg.distill_weight <= 0:
+            return None
+        h = self.adapter.hidden_size
+        w = self.subset.head_weight if self.subset is not None else head_weight(self.adapter)
+        return Teacher(self.adapter.final_norm(), w, 1.0 / self.scale[-h:])
+
+    def _loss(self, model, batch: list[Blocks], teacher: Teacher | None = None):
         # One sequence per call: padding a batch to a common context length measured slower.
         total, parts_sum = 0.0, {}
         for b in batch:
-            loss, parts = loss_terms(model, b, self.weights, self.subset, self.cfg.selector_weight)
+            loss, parts = loss_terms(model, b, self.weights, self.subset, self.cfg.selector_weight,
+                                     teacher, self.cfg.distill_weight)
             total = total + loss
             for k, v in parts.items():
                 parts_sum[k] = parts_sum.get(k, 0.0) + v
@@ -316,7 +342,8 @@ class Trainer:
 
     def run(self, on_step: Callable[[dict], None] | None = None) -> dict:
         cfg = self.cfg
-        grad_fn = nn.value_and_grad(self.drafter, lambda m, batch: self._loss(m, batch))
+        teacher = self.teacher()
+        grad_fn = nn.value_and_grad(self.drafter, lambda m, batch: self._loss(m, batch, teacher))
         t0, tokens = time.perf_counter(), 0
         try:
             while self.step < cfg.steps:
