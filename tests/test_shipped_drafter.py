@@ -12,7 +12,7 @@ from dflash2_mlx.prompts import load_prompts
 from dflash2_mlx.registry import EMBEDDED_DRAFTER
 from dflash2_mlx.text import chat_prompt_ids
 
-TAU_FLOOR = 1.4
+TAU_FLOOR = 1.5
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def test_shipped_drafter_is_dflash2_in_official_format():
     assert (EMBEDDED_DRAFTER / "README.md").read_text().count("dflash2 train") >= 1
     size = (EMBEDDED_DRAFTER / "model.safetensors").stat().st_size
     assert size <= 60 * 2**20
-    # It drafts from the tokens of its training responses: a fifth of SmolLM2's 49k rows.
+    # It drafts from the tokens of its training responses: under a quarter of SmolLM2's 49k rows.
     assert d.draft_vocab is not None and 5_000 < d.draft_vocab.size < d.config.vocab_size // 4
 
 
