@@ -52,12 +52,12 @@ def prompt_parts(spec: str, temperatures: tuple[float, ...]) -> list[tuple[str, 
     parts = [spec] if Path(spec).exists() else spec.split("+")
     out = []
     for part in parts:
-        name, _, temps = part.rpartition("@")
-        try:  # a suffix that is not numbers is part of a file name
-            out.append((name, tuple(float(t) for t in temps.split(","))) if name else
-                       (part, temperatures))
-        except ValueError:
-            out.append((part, temperatures))
+        name, _, suffix = part.rpartition("@")
+        try:
+            own = tuple(float(t) for t in suffix.split(",")) if name else None
+        except ValueError:  # a suffix that is not numbers is part of a file name
+            own = None
+        out.append((name, own) if own else (part, temperatures))
     return out
 
 
