@@ -152,7 +152,8 @@ def _progress(console, steps: int):
         stats = f"loss {rec['loss']:.3f}  lr {rec['lr']:.2e}  {rec['tok_s']:.0f} tok/s"
         progress.update(task["id"], completed=step, stats=stats)
         if "proxy_tau" in rec or (not console.is_terminal and step % 10 == 0):
-            extra = f"  τ(held-out) {rec['proxy_tau']:.3f}" if "proxy_tau" in rec else ""
+            extra = (f"  τ(held-out) {rec['proxy_tau']:.3f}  τ(train) {rec['train_tau']:.3f}"
+                     if "proxy_tau" in rec else "")
             progress.console.print(f"step {step:>6}/{steps}  {stats}{extra}")
 
     return progress, on_step

@@ -16,7 +16,8 @@ from dflash2_mlx.train.features import (
 )
 from dflash2_mlx.train.objective import Blocks, block_hidden
 from dflash2_mlx.train.trainer import (
-    TrainConfig, Trainer, drafter_config_for, init_drafter, make_blocks, sample_anchors,
+    TrainConfig, Trainer, drafter_config_for, evaluate_proxy, init_drafter, make_blocks,
+    sample_anchors,
 )
 
 TARGET_CFG = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
@@ -78,6 +79,10 @@ def test_tiny_training_run_lowers_the_loss(target, sequences, tmp_path, version)
     final = tr.run(on_step=lambda r: losses.append(r["loss"]))
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
     assert final["proxy_tau"] > 1.5
+    # the training-set τ is measured on training sequences, with the trained drafter
+    assert tr.fit_probe and all(any(p is s for s in sequences) for p in tr.fit_probe)
+    assert final["train_tau"] == pytest.approx(
+        evaluate_proxy(tr.drafter, tr.fit_probe, tr.scale, len(tr.fit_probe))["proxy_tau"])
 
 
 def test_export_reloads_and_drafts_identically(target, sequences, tmp_path):
@@ -276,8 +281,11 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
                 "--prompts", prompts + "@0,0.7"]) == 0
     d = load_drafter(out)
     assert d.config.version == 2 and d.config.block_size == 4 and d.config.target_layer_ids == (0, 2)
-    assert "--steps 4" in (out / "README.md").read_text()
-    assert json.loads((out / "training.json").read_text())["stages"]["train"]["steps"] == 4
+    card = (out / "README.md").read_text()
+    assert "--steps 4" in card
+    log = json.loads((out / "training.json").read_text())
+    assert log["stages"]["train"]["steps"] == 4
+    assert f"at most): {log['final']['train_tau']:.3f}" in card
     # The draft vocabulary: every token of the training responses, loaded with the drafter.
     regen = [json.loads(line) for line in (tmp_path / "work" / "regen_train.jsonl").open()]
     emitted = {t for r in regen for t in r["response_ids"]}
@@ -340,14 +348,14 @@ def test_train_progress_shows_loss_speed_and_eta_on_a_terminal():
         for step in range(1, 21):
             rec = {"step": step, "loss": 5.0 - step / 10, "lr": 1e-3, "tok_s": 1234.0}
             if step == 20:
-                rec["proxy_tau"] = 1.75
+                rec.update(proxy_tau=1.75, train_tau=2.5)
             on_step(rec)
     import re
 
     out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())
     assert "20/20" in out and "loss 3.000" in out and "1234 tok/s" in out
     assert "0:00:00" in out  # the ETA column
-    assert "τ(held-out) 1.750" in out
+    assert "τ(held-out) 1.750  τ(train) 2.500" in out
     # A log (not a terminal) gets plain lines every 10 steps instead of a bar.
     buf = io.StringIO()
     progress, on_step = _progress(Console(file=buf, force_terminal=False), steps=20)

@@ -19,7 +19,9 @@ from ..errors import DFlash2Error
 from ..prompts import load_prompts
 from ..target.adapter import TargetAdapter
 from .features import build_feature_cache, load_feature_cache, read_regenerations
-from .trainer import TrainConfig, Trainer, check_distillable, drafter_config_for, init_drafter
+from .trainer import (
+    FIT_PROBE, TrainConfig, Trainer, check_distillable, drafter_config_for, init_drafter,
+)
 
 
 @dataclass
@@ -210,7 +212,8 @@ dflash2, in Z Lab's `dflash` reference loader, and in SGLang / vLLM DFlash loade
   other loaders ignore the file)
 - Hardware: {mx.default_device()} (MLX {mx.__version__})
 - Held-out teacher-forced τ at the end: {final.get('proxy_tau', float('nan')):.3f}
-  (per-position accuracy {final.get('position_accuracy')})
+  (per-position accuracy {final.get('position_accuracy')}); on training sequences ({FIT_PROBE}
+  at most): {final.get('train_tau', float('nan')):.3f} (a wide gap: more data would help more than more steps)
 
 Command:
 

@@ -217,6 +217,9 @@ def make_blocks(seqs: list[StoredSequence], anchors: list[list[int]], block: int
                   mx.array(ids), mx.array(labels))
 
 
+FIT_PROBE = 24  # training sequences whose τ is logged beside the held-out τ
+
+
 def evaluate_proxy(drafter: Drafter, seqs: list[StoredSequence], scale: mx.array,
                    max_seqs: int = 24) -> dict:
     taus, per_pos = [], []
@@ -275,6 +278,8 @@ class Trainer:
         self.step = 0
         self.history: list[dict] = []
         self.rng = random.Random(cfg.seed)
+        # τ on training sequences beside the held-out τ: the gap shows memorisation (data-bound)
+        self.fit_probe = random.Random(cfg.seed + 1).sample(train, min(FIT_PROBE, len(train)))
 
     # ------------------------------------------------------------- checkpoints
     @property
@@ -363,6 +368,8 @@ class Trainer:
                     final = self.step == cfg.steps  # the last evaluation uses every sequence
                     rec.update(evaluate_proxy(self.drafter, self.heldout, self.scale,
                                               len(self.heldout) if final else 24))
+                    rec["train_tau"] = evaluate_proxy(self.drafter, self.fit_probe, self.scale,
+                                                      FIT_PROBE)["proxy_tau"]
                     self.history.append(rec)
                 if on_step:
                     on_step(rec)
