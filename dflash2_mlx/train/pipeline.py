@@ -29,7 +29,7 @@ class PipelineConfig:
     target: str  # mlx-lm folder or repo id
     out: Path  # drafter folder to write
     work: Path  # regenerations, features, checkpoints
-    prompts: str = "train+train-wide+train-extra+train-more"  # bundled split names or JSONL paths, '+'-joined
+    prompts: str = "train+train-wide+train-extra+train-more"  # bundled splits or JSONL, '+'-joined
     heldout: str = "heldout"
     max_new_tokens: int = 256
     temperatures: tuple[float, ...] = (0.0, 0.7)
@@ -213,7 +213,8 @@ dflash2, in Z Lab's `dflash` reference loader, and in SGLang / vLLM DFlash loade
 - Hardware: {mx.default_device()} (MLX {mx.__version__})
 - Held-out teacher-forced τ at the end: {final.get('proxy_tau', float('nan')):.3f}
   (per-position accuracy {final.get('position_accuracy')}); on training sequences ({FIT_PROBE}
-  at most): {final.get('train_tau', float('nan')):.3f} (a wide gap: more data would help more than more steps)
+  at most): {final.get('train_tau', float('nan')):.3f} (a wide gap: more data would help more
+  than more steps)
 
 Command:
 
