@@ -12,7 +12,10 @@ from typing import List, Optional
 
 import typer
 
-from .common import DrafterOpt, FullVocabOpt, ModelArg, OfflineOpt, TargetOpt, ThinkingOpt, fail
+from .common import (
+    DEFAULT_LOOKUP, DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
+    OfflineOpt, TargetOpt, ThinkingOpt, fail,
+)
 
 
 def parse_blocks(values: Optional[List[str]]) -> list[int]:
@@ -71,6 +74,8 @@ def bench(
     thinking: ThinkingOpt = None,
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
+    draft_vocab: DraftVocabOpt = None,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
 ):
     """Benchmark plain mlx-lm decoding against dflash2 (greedy, same prompt ids, outputs
     checked token for token), or autotune the block size for this machine.
@@ -104,7 +109,7 @@ def bench(
         max_tokens=max_tokens, repeats=repeats, blocks=blocks, context=context,
         json_path=json_path or default_json_path(), plot=False if no_plot else plot,
         autotune=autotune, kernels=kernels, kernels_only=kernels_only, thinking=thinking,
-        offline=offline, full_vocab=full_vocab, argv=sys.argv[1:])
+        offline=offline, draft=DraftOptions(full_vocab, draft_vocab, lookup), argv=sys.argv[1:])
 
 
 def register(app: typer.Typer) -> None:
@@ -118,13 +123,13 @@ def _fmt(x, spec: str = ".1f", none: str = "—") -> str:
     return none if x is None else format(x, spec)
 
 
-def _load(model, target, drafter, offline, full_vocab, err):
+def _load(model, target, drafter, offline, draft, err):
     from rich.text import Text
 
     from .common import load_resolved
 
     return load_resolved(model, target, drafter, offline,
-                         lambda msg: err.print(Text(msg, style="dim")), full_vocab)
+                         lambda msg: err.print(Text(msg, style="dim")), draft)
 
 
 def _env_line(env: dict) -> str:
@@ -235,7 +240,7 @@ def _write_json(report: dict, path: Path) -> Path:
 
 def run_bench_command(*, model, target, drafter, prompts, limit, max_tokens, repeats, blocks,
                       context, json_path, plot, autotune, kernels, kernels_only, thinking,
-                      offline, full_vocab, argv) -> int:
+                      offline, draft, argv) -> int:
     from rich.console import Console
     from rich.text import Text
 
@@ -258,7 +263,7 @@ def run_bench_command(*, model, target, drafter, prompts, limit, max_tokens, rep
     if not kernels_only:
         from dflash2_mlx import autotune as A
 
-        pair, resolved = _load(model, target, drafter, offline, full_vocab, err)
+        pair, resolved = _load(model, target, drafter, offline, draft, err)
         trained = pair.drafter.config.block_size
         too_big = [b for b in blocks if b > trained]
         if too_big:
@@ -268,6 +273,7 @@ def run_bench_command(*, model, target, drafter, prompts, limit, max_tokens, rep
                           "target": resolved.target, "drafter": resolved.drafter,
                           "drafter_version": pair.drafter.config.version,
                           "draft_vocab": pair.drafter.draft_vocab_size,
+                          "lookup": pair.decoder.lookup,
                           "trained_block": trained, "quantization": qsig,
                           "quantization_text": A.describe_quant(qsig)}
         report["settings"] = {"prompts": str(prompts), "limit": limit,

@@ -8,7 +8,10 @@ from typing import Optional
 
 import typer
 
-from .common import DrafterOpt, FullVocabOpt, ModelArg, OfflineOpt, TargetOpt, ThinkingOpt, fail
+from .common import (
+    DEFAULT_LOOKUP, DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
+    OfflineOpt, TargetOpt, ThinkingOpt, fail,
+)
 
 
 @dataclass
@@ -28,7 +31,7 @@ class ChatOptions:
     spec: bool
     thinking: Optional[bool]
     offline: bool
-    full_vocab: bool = False
+    draft: DraftOptions = DraftOptions()
 
 
 def chat(
@@ -54,6 +57,8 @@ def chat(
     thinking: ThinkingOpt = None,
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
+    draft_vocab: DraftVocabOpt = None,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
 ):
     """Chat in the terminal with live acceptance stats (streamed, multi-turn, cached).
 
@@ -70,7 +75,8 @@ def chat(
     if no_spec and block is not None:
         fail("--block has no effect with --no-spec (plain decoding verifies one token a round)")
     opts = ChatOptions(model, target, drafter, prompt, system, max_tokens, temp, top_p, top_k,
-                       min_p, seed, block, not no_spec, thinking, offline, full_vocab)
+                       min_p, seed, block, not no_spec, thinking, offline,
+                       DraftOptions(full_vocab, draft_vocab, lookup))
     from .chat_repl import run_chat
 
     return run_chat(opts)

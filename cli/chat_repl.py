@@ -245,6 +245,8 @@ class Chat:
                 "min_p": sp.min_p, "seed": sp.seed, "max tokens": self.max_tokens,
                 "block": f"{self.block} (trained {self.trained})",
                 "speculative": "on" if self.spec else "off",
+                "context lookup": (f"after a repeat of the last {self.pair.decoder.lookup} tokens"
+                                   if self.pair.decoder.lookup else "off"),
                 "thinking": {None: "template default", True: "on", False: "off"}[self.thinking],
                 "system": self.system or "-"}
 
@@ -286,7 +288,7 @@ class _Bad(Exception):
 
 def load(opts: ChatOptions, err: Console):
     return load_resolved(opts.model, opts.target, opts.drafter, opts.offline,
-                         lambda msg: err.print(Text(msg, style="dim")), opts.full_vocab)
+                         lambda msg: err.print(Text(msg, style="dim")), opts.draft)
 
 
 def run_chat(opts: ChatOptions) -> int:

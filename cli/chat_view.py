@@ -42,7 +42,8 @@ def sparkline(histogram, block: int) -> str:
 
 
 def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> Text:
-    """tok/s · τ mean (last) · sparkline · block · draft vs verify ms per round · prompt reuse."""
+    """tok/s · τ mean (last) · sparkline · block · lookup share · draft vs verify ms per round ·
+    prompt reuse."""
     t = Text(style="dim")
     tps = stats.decode_tps
     t.append(f"{tps:7.1f} tok/s" if tps else "    — tok/s", style="bold cyan")
@@ -51,6 +52,8 @@ def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> 
         t.append(" │ ")
         t.append(sparkline(stats.histogram, block), style="green")
         t.append(f" │ block {block}")
+        if stats.lookup_rounds:
+            t.append(f" │ lookup {100 * stats.lookup_rounds / max(stats.rounds, 1):.0f}%")
     else:
         t.append(" │ spec off (plain decoding)", style="yellow")
     rounds = max(stats.rounds, 1)
@@ -71,6 +74,7 @@ def stats_table(total, turns: int, context_tokens: int, settings: dict, block: i
         ("turns", turns), ("answer tokens", total.committed), ("rounds", total.rounds),
         ("τ (tokens / round)", f"{total.tau:.3f}"),
         ("draft acceptance", f"{100 * total.acceptance_rate:.1f}% of {total.drafted} drafted"),
+        ("context lookup", f"{total.lookup_rounds} of {total.rounds} rounds"),
         ("decode speed", f"{total.decode_tps:.1f} tok/s"),
         ("draft / verify", f"{total.draft_ms:.0f} ms / {total.verify_ms:.0f} ms"),
         ("prefill", f"{total.prompt_tokens} tokens in {total.prefill_ms:.0f} ms"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Annotated, Callable, Optional
 
 import typer
@@ -50,11 +51,31 @@ OfflineOpt = Annotated[bool, typer.Option(
 FullVocabOpt = Annotated[bool, typer.Option(
     "--full-vocab", help="Draft from the whole vocabulary, not the drafter's draft vocabulary "
     "(draft_vocab.json: a smaller, cheaper draft head; outputs are the same either way).")]
+DraftVocabOpt = Annotated[Optional[int], typer.Option(
+    "--draft-vocab", min=1, metavar="N", help="Draft from only the N most frequent tokens of "
+    "the draft vocabulary: a smaller draft head, cheaper rounds; outputs are the same (`dflash2 "
+    "bench` measures the trade).", show_default=False)]
+LookupOpt = Annotated[int, typer.Option(
+    "--lookup", min=0, metavar="N", help="Context lookup: when the last N tokens occurred "
+    "earlier in the prompt or answer, propose what followed them instead of drafting (free, "
+    "often long and right; outputs are the same). 0: always the drafter.")]
+DEFAULT_LOOKUP = 3  # = dflash2_mlx.engine.lookup.DEFAULT_LOOKUP (not imported: no MLX here)
+
+
+@dataclass(frozen=True)
+class DraftOptions:
+    """Where drafts come from: the drafter's (limited) draft vocabulary, and context lookup."""
+
+    full_vocab: bool = False
+    draft_vocab: int | None = None
+    lookup: int = DEFAULT_LOOKUP
 
 
 def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], None],
-                  full_vocab: bool = False):
+                  draft: DraftOptions = DraftOptions()):
     """Resolve an alias / --target / --drafter, fetch both, load the pair: (pair, resolved)."""
+    if draft.full_vocab and draft.draft_vocab is not None:
+        fail("--draft-vocab and --full-vocab contradict each other")
     from dflash2_mlx import load_pair
     from dflash2_mlx.registry import fetch, resolve
 
@@ -63,9 +84,12 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     ddir = fetch(resolved.drafter, "drafter", offline=offline)
     alias = f"{resolved.alias}: " if resolved.alias else ""
     say(f"loading {alias}target {resolved.target} + drafter {resolved.drafter}")
-    pair = load_pair(tdir, ddir, offline=offline, full_vocab=full_vocab)
+    pair = load_pair(tdir, ddir, offline=offline, full_vocab=draft.full_vocab,
+                     draft_vocab_limit=draft.draft_vocab, lookup=draft.lookup)
     size = pair.drafter.draft_vocab_size
     if size is not None:
         say(f"draft vocabulary: {size:,} of {pair.drafter.config.vocab_size:,} tokens "
             "(--full-vocab for all)")
+    if draft.lookup:
+        say(f"context lookup: after a repeat of the last {draft.lookup} tokens (--lookup 0: off)")
     return pair, resolved

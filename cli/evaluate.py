@@ -9,7 +9,10 @@ from typing import Optional
 
 import typer
 
-from .common import DrafterOpt, FullVocabOpt, ModelArg, TargetOpt, fail, load_resolved
+from .common import (
+    DEFAULT_LOOKUP, DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
+    TargetOpt, fail, load_resolved,
+)
 
 
 def evaluate(
@@ -27,6 +30,8 @@ def evaluate(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the results here."),
     offline: bool = typer.Option(False, help="Never download."),
     full_vocab: FullVocabOpt = False,
+    draft_vocab: DraftVocabOpt = None,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
 ):
     """Measure τ (mean tokens committed per round, bonus included) per temperature, block
     size and prompt category, with the real engine.
@@ -47,7 +52,8 @@ def evaluate(
 
     err = Console(stderr=True)
     pair, resolved = load_resolved(model, target, drafter, offline,
-                                   lambda m: err.print(m, style="dim"), full_vocab)
+                                   lambda m: err.print(m, style="dim"),
+                                   DraftOptions(full_vocab, draft_vocab, lookup))
     chosen = select_prompts(load_prompts(prompts), limit)
     result = measure_tau(pair, chosen, block_sizes=block_list, temperatures=temps,
                          max_tokens=max_tokens, seed=seed)
@@ -61,7 +67,7 @@ def evaluate(
         json_path.write_text(json.dumps({
             "command": "dflash2 " + " ".join(sys.argv[1:]),
             "environment": environment(), "target": resolved.target, "drafter": resolved.drafter,
-            "draft_vocab": pair.drafter.draft_vocab_size,
+            "draft_vocab": pair.drafter.draft_vocab_size, "lookup": pair.decoder.lookup,
             "prompts": prompts, "prompt_ids": [p.id for p in chosen], "max_tokens": max_tokens,
             "seed": seed, "results": result}, indent=2))
 

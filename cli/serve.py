@@ -10,7 +10,10 @@ from typing import Optional
 
 import typer
 
-from .common import DrafterOpt, FullVocabOpt, ModelArg, OfflineOpt, TargetOpt, fail, load_resolved
+from .common import (
+    DEFAULT_LOOKUP, DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
+    OfflineOpt, TargetOpt, fail, load_resolved,
+)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -52,6 +55,8 @@ def serve(
                                  "sampler: for comparison."),
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
+    draft_vocab: DraftVocabOpt = None,
+    lookup: LookupOpt = DEFAULT_LOOKUP,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: "
                                   + ", ".join(LOG_LEVELS) + "."),
 ):
@@ -78,7 +83,8 @@ def serve(
 
     try:
         pair, resolved = load_resolved(model, target, drafter, offline,
-                                       lambda msg: typer.echo(msg, err=True), full_vocab)
+                                       lambda msg: typer.echo(msg, err=True),
+                                       DraftOptions(full_vocab, draft_vocab, lookup))
         trained = pair.drafter.config.block_size
         if block is not None and block > trained:
             fail(f"--block {block} exceeds the drafter's trained block size {trained}")

@@ -62,6 +62,9 @@ def train(
     distill: float = typer.Option(0.0, min=0.0, help="Weight of the distillation term: KL from "
                                   "the target's whole next-token distribution (read off its last "
                                   "layer, which --layer-ids must then end with) to the drafter's."),
+    dropout: float = typer.Option(0.0, min=0.0, max=0.9, help="Dropout on the context rows "
+                                  "and every attention / MLP output (against memorising a small "
+                                  "training set)."),
     init_from_target: bool = typer.Option(False, help="Start the drafter layers from the "
                                           "target's top layers."),
     init_from: Optional[Path] = typer.Option(None, help="Start from this drafter folder's "
@@ -104,7 +107,7 @@ def train(
                      mask_token_id=mask_token_id, steps=steps, batch_seqs=batch,
                      anchors_per_seq=anchors, lr=lr, vocab_subset=not full_vocab, seed=seed,
                      selector_weight=1.0 if selector else 0.0, train_conv=conv,
-                     distill_weight=distill,
+                     distill_weight=distill, dropout=dropout,
                      init_from_target=init_from_target,
                      init_from=str(init_from) if init_from else None,
                      command=_command_line(ctx.params))

@@ -14,6 +14,7 @@ from . import _blas, kernels
 from .checkpoint import load_drafter
 from .drafter.model import Drafter
 from .engine.events import GenerationStats, RoundEvent
+from .engine.lookup import DEFAULT_LOOKUP
 from .engine.loop import GenerationParams, Session, SpeculativeDecoder
 from .errors import CompatibilityError
 from .target.adapter import TargetAdapter
@@ -47,10 +48,14 @@ class Pair:
     decoder: SpeculativeDecoder
 
     @classmethod
-    def from_models(cls, model, tokenizer, drafter: Drafter, prefill_chunk: int = 512) -> "Pair":
+    def from_models(cls, model, tokenizer, drafter: Drafter, prefill_chunk: int = 512,
+                    lookup: int = DEFAULT_LOOKUP) -> "Pair":
+        """`lookup` > 0: context-lookup drafts where the context repeats (engine/lookup.py);
+        0: the drafter alone."""
         adapter = TargetAdapter(model, drafter.config.target_layer_ids)
         check_compatible(adapter, drafter)
-        return cls(model, tokenizer, drafter, SpeculativeDecoder(adapter, drafter, prefill_chunk))
+        return cls(model, tokenizer, drafter,
+                   SpeculativeDecoder(adapter, drafter, prefill_chunk, lookup=lookup))
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -78,9 +83,12 @@ class Pair:
 
 
 def load_pair(target: str | Path, drafter: str | Path, *, dtype: str | None = None,
-              offline: bool = False, full_vocab: bool = False) -> Pair:
+              offline: bool = False, full_vocab: bool = False,
+              draft_vocab_limit: int | None = None, lookup: int = DEFAULT_LOOKUP) -> Pair:
     """Load an mlx-lm target (folder or repo id) and a DFlash / DFlash2 drafter.
-    `full_vocab`: draft from the whole vocabulary even if the drafter has a draft_vocab.json."""
+    `full_vocab`: draft from the whole vocabulary even if the drafter has a draft_vocab.json;
+    `draft_vocab_limit`: draft from only its N most frequent tokens; `lookup` > 0: propose the
+    context's own continuation where the last `lookup` tokens repeat (engine/lookup.py)."""
     from mlx_lm import load as load_target
 
     try:
@@ -92,8 +100,9 @@ def load_pair(target: str | Path, drafter: str | Path, *, dtype: str | None = No
     adapter_probe = TargetAdapter(model, ())
     weight_dtype = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}.get(
         dtype or "", adapter_probe.embed_tokens(mx.array([[0]])).dtype)
-    d = load_drafter(drafter, dtype=weight_dtype, offline=offline, draft_vocab=not full_vocab)
-    return Pair.from_models(model, tokenizer, d)
+    d = load_drafter(drafter, dtype=weight_dtype, offline=offline, draft_vocab=not full_vocab,
+                     draft_vocab_limit=draft_vocab_limit)
+    return Pair.from_models(model, tokenizer, d, lookup=lookup)
 
 
 def doctor() -> dict[str, Any]:

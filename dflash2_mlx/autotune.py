@@ -271,7 +271,8 @@ def profile_key(pair, target: str, drafter: str) -> dict:
     return {"device": device_key(), "mlx": getattr(mx, "__version__", "?"),
             "target": _identity(target), "drafter": _identity(drafter),
             "quantization": quant_signature(pair),
-            "draft_vocab": pair.drafter.draft_vocab_size}  # it changes the draft cost
+            "draft_vocab": pair.drafter.draft_vocab_size,  # it changes the draft cost
+            "lookup": pair.decoder.lookup}  # it changes the acceptance
 
 
 def profile_dir(root: str | Path | None = None) -> Path:

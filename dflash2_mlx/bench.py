@@ -253,6 +253,7 @@ def _summary(rows: list[dict]) -> dict:
         "speedup_total": round(spec_total / plain_total, 4) if plain_total and spec_total else None,
         "tau": round((accepted + rounds) / rounds, 4) if rounds else None,
         "rounds": rounds,
+        "lookup_rounds": sum(r["lookup_rounds"] for r in rows),
         "draft_ms_per_round": per_round("draft_ms"),
         "verify_ms_per_round": per_round("verify_ms"),
     }
@@ -275,7 +276,7 @@ def _row(p: Prompt, ids, plain: list[Timed], spec: list[Timed], mism: int | None
         "dflash2_tps": round(stps, 4) if stps else None,
         "speedup": round(stps / ptps, 4) if ptps and stps else None,
         "tau": round(st.tau, 4), "rounds": rounds, "accepted": st.accepted,
-        "acceptance_rate": round(st.acceptance_rate, 4),
+        "lookup_rounds": st.lookup_rounds, "acceptance_rate": round(st.acceptance_rate, 4),
         "draft_ms": round(statistics.median(t.stats.draft_ms for t in spec), 4),
         "verify_ms": round(statistics.median(t.stats.verify_ms for t in spec), 4),
         "draft_ms_per_round": round(statistics.median(t.stats.draft_ms for t in spec) / rounds, 4)

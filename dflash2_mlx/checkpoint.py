@@ -16,8 +16,8 @@ from mlx.utils import tree_flatten
 
 from .config import DrafterConfig
 from .drafter.model import Drafter
-from .drafter.vocab import read_draft_vocab
-from .errors import CheckpointError, ConfigError
+from .drafter.vocab import DRAFT_VOCAB_FILE, read_draft_vocab
+from .errors import CheckpointError, ConfigError, ParameterError
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -173,12 +173,17 @@ def load_drafter(
     revision: str | None = None,
     offline: bool = False,
     draft_vocab: bool = True,
+    draft_vocab_limit: int | None = None,
 ) -> Drafter:
     """Load an official DFlash / DFlash2 drafter; the result still needs `bind()` to a target.
     `draft_vocab`: use the folder's draft_vocab.json when it has one (False: draft from the
-    whole vocabulary)."""
+    whole vocabulary); `draft_vocab_limit`: only its N most frequent ids (a smaller draft head;
+    the rare ids it drops are almost never drafted right anyway)."""
     folder = resolve_folder(path_or_repo, revision, offline)
     cfg = read_config(folder, mask_token_id)
+    ids = read_draft_vocab(folder, cfg.vocab_size) if draft_vocab else None
+    if draft_vocab_limit is not None:  # checked before the weights are read
+        ids = _limit_draft_vocab(ids, draft_vocab_limit, draft_vocab, cfg, folder)
     weights = check_weights(cfg, read_weights(folder), str(folder))
     if dtype is not None:
         weights = {k: v.astype(dtype) for k, v in weights.items()}
@@ -186,9 +191,23 @@ def load_drafter(
     model.load_weights(list(weights.items()), strict=True)
     model.eval()
     mx.eval(model.parameters())
-    if draft_vocab:
-        model.set_draft_vocab(read_draft_vocab(folder, cfg.vocab_size))
-    return model
+    return model.set_draft_vocab(ids)
+
+
+def _limit_draft_vocab(ids: list[int] | None, limit: int, use_file: bool, cfg: DrafterConfig,
+                       folder: Path) -> list[int]:
+    """The `limit` most frequent ids (draft_vocab.json lists them most frequent first)."""
+    if not use_file:
+        raise ParameterError("a draft-vocabulary limit contradicts drafting from the whole "
+                             "vocabulary")
+    if ids is None:
+        raise CheckpointError(f"{folder}: has no {DRAFT_VOCAB_FILE}, so there is no draft "
+                              "vocabulary to limit (dflash2 train writes one)")
+    least = cfg.selector_top_k if cfg.version == 2 else 1  # the selector ranks top-K ids
+    if limit < least:
+        raise ParameterError(f"the draft-vocabulary limit is {limit}; it must be at least "
+                             f"{least}" + (" (the selector's top-K)" if least > 1 else ""))
+    return ids[:limit]
 
 
 def save_drafter(model: Drafter, folder: str | Path, dtype: mx.Dtype | None = None,

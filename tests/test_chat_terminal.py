@@ -40,7 +40,8 @@ def command() -> list[str]:
 
 STATUS = re.compile(
     r"[\d.]+ tok/s │ τ \d+\.\d\d \(last \d+\) │ [·▁▂▃▄▅▆▇█]{%s} │ block %s │ "
-    r"draft [\d.]+ · verify [\d.]+ ms/round │ %s tok │ prompt \d+ new \+ (\d+) reused │ %s")
+    r"(?:lookup \d+%% │ )?draft [\d.]+ · verify [\d.]+ ms/round │ %s tok │ "
+    r"prompt \d+ new \+ (\d+) reused │ %s")
 
 
 def test_chat_in_a_terminal(tiny_pair):

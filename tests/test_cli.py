@@ -191,7 +191,8 @@ def test_chat_prompt_prints_answer_and_stats(tiny_pair, capsys):
 
 def test_chat_with_a_draft_vocabulary_and_full_vocab(tiny_pair, tmp_path, capsys):
     """A drafter folder with draft_vocab.json drafts from it (said on load); --full-vocab turns
-    it off; the answer is the same text either way."""
+    it off, --draft-vocab N keeps its N most frequent ids; the answer is the same text every
+    way; contradictions and a limit below the selector's top-K are refused."""
     import shutil
     from collections import Counter
 
@@ -208,6 +209,13 @@ def test_chat_with_a_draft_vocabulary_and_full_vocab(tiny_pair, tmp_path, capsys
     assert run(_chat(pair, "--prompt", "hello model", "--max-tokens", "10", "--full-vocab")) == 0
     cap = capsys.readouterr()
     assert cap.out == expected + "\n" and "draft vocabulary" not in cap.err
+    assert run(_chat(pair, "--prompt", "hello model", "--max-tokens", "10", "--draft-vocab", "20")) == 0
+    cap = capsys.readouterr()
+    assert cap.out == expected + "\n" and "draft vocabulary: 20 of 96 tokens" in cap.err
+    code = run(_chat(pair, "-p", "hi", "--draft-vocab", "20", "--full-vocab"))
+    assert code != 0 and "--draft-vocab and --full-vocab contradict" in capsys.readouterr().err
+    code = run(_chat(pair, "-p", "hi", "--draft-vocab", "8"))  # the selector ranks 16
+    assert code != 0 and "it must be at least 16" in capsys.readouterr().err
 
 
 def test_chat_prompt_thinking_and_system(tiny_pair, capsys):

@@ -2,6 +2,7 @@
 stays exactly the target's (greedy) or follows its distribution (sampling)."""
 
 import json
+from collections import Counter
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -14,7 +15,7 @@ from test_sampling import empirical, exact_marginals, tv
 from dflash2_mlx import GenerationParams, GenerationStats, SamplingParams, SpeculativeDecoder
 from dflash2_mlx import load_drafter, save_drafter
 from dflash2_mlx.drafter.vocab import DRAFT_VOCAB_FILE, count_tokens, read_draft_vocab, write_draft_vocab
-from dflash2_mlx.errors import CheckpointError
+from dflash2_mlx.errors import CheckpointError, ParameterError
 from dflash2_mlx.target.adapter import TargetAdapter
 from dflash2_mlx.target.head import restricted_head
 
@@ -121,6 +122,25 @@ def test_file_round_trip_and_loading(tmp_path):
     assert data["token_ids"] == [9, 5, 1] and data["counts"] == [3, 2, 1]
     assert load_drafter(tmp_path).draft_vocab.tolist() == [9, 5, 1]
     assert load_drafter(tmp_path, draft_vocab=False).draft_vocab is None
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_limit_keeps_the_most_frequent_ids(tmp_path, version):
+    """draft_vocab_limit=N drafts from the file's first N ids (most frequent first); a limit
+    over the file's size keeps them all; nonsense limits are refused before any weight is read."""
+    save_drafter(tiny.make_drafter(version), tmp_path)
+    ranked = list(range(90, 20, -1))  # 70 ids, most frequent first
+    write_draft_vocab(tmp_path, Counter({t: 100 - i for i, t in enumerate(ranked)}), "test")
+    assert load_drafter(tmp_path, draft_vocab_limit=16).draft_vocab.tolist() == ranked[:16]
+    assert load_drafter(tmp_path, draft_vocab_limit=500).draft_vocab.tolist() == ranked
+    least = 16 if version == 2 else 1  # the tiny DFlash2 selector ranks 16 candidates
+    with pytest.raises(ParameterError, match=f"limit is {least - 1}; it must be at least {least}"):
+        load_drafter(tmp_path, draft_vocab_limit=least - 1)
+    with pytest.raises(ParameterError, match="contradicts drafting from the whole vocabulary"):
+        load_drafter(tmp_path, draft_vocab=False, draft_vocab_limit=20)
+    (tmp_path / DRAFT_VOCAB_FILE).unlink()
+    with pytest.raises(CheckpointError, match=f"{tmp_path}: has no draft_vocab.json"):
+        load_drafter(tmp_path, draft_vocab_limit=20)
 
 
 @pytest.mark.parametrize("content,needle", [

@@ -15,24 +15,24 @@ V = 12
 PROMPT = [1, 5, 3]
 
 
-def exact_marginals(model, sp: SamplingParams):
-    """Exact P(t1), P(t2), P(t3) after PROMPT under the filtered target distribution."""
-    p1 = np.array(filtered_probs(model(mx.array([PROMPT]))[0, -1], sp))
-    seq2 = mx.array([PROMPT + [a] for a in range(V)])
+def exact_marginals(model, sp: SamplingParams, prompt=PROMPT):
+    """Exact P(t1), P(t2), P(t3) after `prompt` under the filtered target distribution."""
+    p1 = np.array(filtered_probs(model(mx.array([prompt]))[0, -1], sp))
+    seq2 = mx.array([prompt + [a] for a in range(V)])
     p2 = np.array(filtered_probs(model(seq2)[:, -1], sp))  # [t1, t2]
-    seq3 = mx.array([PROMPT + [a, b] for a, b in itertools.product(range(V), range(V))])
+    seq3 = mx.array([prompt + [a, b] for a, b in itertools.product(range(V), range(V))])
     p3 = np.array(filtered_probs(model(seq3)[:, -1], sp)).reshape(V, V, V)
     j2 = p1[:, None] * p2
     return p1, j2.sum(0), (j2[:, :, None] * p3).sum((0, 1))
 
 
-def empirical(decoder, sp, n):
+def empirical(decoder, sp, n, prompt=PROMPT):
     counts = np.zeros((3, V))
     for seed in range(n):
         params = GenerationParams(max_tokens=3, block_size=3,
                                   sampling=SamplingParams(sp.temperature, sp.top_p, sp.top_k,
                                                           sp.min_p, seed=seed))
-        out = decoder.generate(PROMPT, params)
+        out = decoder.generate(prompt, params)
         for i, t in enumerate(out):
             counts[i, t] += 1
     return counts / n

@@ -61,6 +61,21 @@ def test_training_forward_equals_inference_forward(target, version, kw):
         np.testing.assert_allclose(np.array(h[j]), np.array(ref), atol=1e-4)
 
 
+def test_dropout_is_training_only_and_random(target):
+    """drop > 0 perturbs the training forward (a different mask every call); drop = 0 is the
+    inference forward (above), and evaluation never drops."""
+    d = tiny.make_drafter(2, block_size=8)
+    adapter = TargetAdapter(target, d.config.target_layer_ids)
+    d.bind(adapter.binding())
+    seq = list(range(3, 40))
+    b = Blocks(adapter.forward(mx.array([seq]), None).features, mx.array([[5, 20]]),
+               mx.array([[[seq[a]] + [95] * 7 for a in (5, 20)]]), mx.zeros((1, 2, 7), dtype=mx.int32))
+    plain = np.array(block_hidden(d, b))
+    np.testing.assert_array_equal(np.array(block_hidden(d, b, 0.0)), plain)
+    one, two = np.array(block_hidden(d, b, 0.3)), np.array(block_hidden(d, b, 0.3))
+    assert np.abs(one - plain).max() > 1e-2 and np.abs(one - two).max() > 1e-2
+
+
 def _trainer(target, sequences, out: Path, version=2, steps=40, block_size=8, layer_ids=(0, 2),
              **kw):
     cfg = TrainConfig(version=version, layers=2, block_size=block_size, target_layer_ids=layer_ids,
@@ -83,6 +98,13 @@ def test_tiny_training_run_lowers_the_loss(target, sequences, tmp_path, version)
     assert tr.fit_probe and all(any(p is s for s in sequences) for p in tr.fit_probe)
     assert final["train_tau"] == pytest.approx(
         evaluate_proxy(tr.drafter, tr.fit_probe, tr.scale, len(tr.fit_probe))["proxy_tau"])
+
+
+def test_training_with_dropout_still_lowers_the_loss(target, sequences, tmp_path):
+    tr = _trainer(target, sequences, tmp_path, steps=30, dropout=0.1)
+    losses = []
+    tr.run(on_step=lambda r: losses.append(r["loss"]))
+    assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
 
 
 def test_export_reloads_and_drafts_identically(target, sequences, tmp_path):

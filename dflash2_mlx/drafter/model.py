@@ -52,10 +52,12 @@ class DrafterLayer(nn.Module):
     def __call__(self, x: mx.array, ctx: mx.array, rope, cache: ContextCache) -> mx.array:
         return self.forward(x, lambda u: self.self_attn(u, ctx, rope, cache))
 
-    def forward(self, x: mx.array, attention: Callable[[mx.array], mx.array]) -> mx.array:
-        """The layer around any attention core (inference: cached; training: batched)."""
+    def forward(self, x: mx.array, attention: Callable[[mx.array], mx.array],
+                mlp: Callable[[mx.array], mx.array] | None = None) -> mx.array:
+        """The layer around any attention core (inference: cached; training: batched) and
+        MLP (training may wrap its own, e.g. with dropout)."""
         x = x + self._sublayer(self.input_layernorm(x), attention, "attention_conv")
-        return x + self._sublayer(self.post_attention_layernorm(x), self.mlp, "mlp_conv")
+        return x + self._sublayer(self.post_attention_layernorm(x), mlp or self.mlp, "mlp_conv")
 
     def _sublayer(self, u: mx.array, fn: Callable, conv_name: str) -> mx.array:
         if not self.conv:

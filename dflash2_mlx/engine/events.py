@@ -18,6 +18,7 @@ class RoundEvent:
     prefill: bool = False  # the event that carries the first token after prefill
     prompt_tokens: int = 0  # tokens actually prefilled (after cache reuse), on the prefill event
     reused_tokens: int = 0  # prompt tokens served from the session cache
+    lookup: bool = False  # the drafts came from context lookup, not the drafter
 
 
 @dataclass
@@ -35,6 +36,7 @@ class GenerationStats:
     reused_tokens: int = 0
     histogram: Counter = field(default_factory=Counter)  # tokens committed per round -> rounds
     last_round: int = 0
+    lookup_rounds: int = 0  # rounds whose drafts came from context lookup
 
     def add(self, ev: RoundEvent) -> None:
         if ev.prefill:
@@ -51,6 +53,7 @@ class GenerationStats:
         self.verify_ms += ev.verify_ms
         self.histogram[ev.accepted + 1] += 1
         self.last_round = ev.accepted + 1
+        self.lookup_rounds += ev.lookup
 
     @property
     def tau(self) -> float:
@@ -79,5 +82,6 @@ class GenerationStats:
             "draft_ms": round(self.draft_ms, 3), "verify_ms": round(self.verify_ms, 3),
             "prefill_ms": round(self.prefill_ms, 3), "prompt_tokens": self.prompt_tokens,
             "reused_tokens": self.reused_tokens, "decode_tps": round(self.decode_tps, 3),
+            "lookup_rounds": self.lookup_rounds,
             "histogram": {str(k): v for k, v in sorted(self.histogram.items())},
         }

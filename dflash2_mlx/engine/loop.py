@@ -20,6 +20,7 @@ from ..drafter.model import Drafter
 from ..errors import ParameterError
 from ..target.adapter import TargetAdapter
 from .events import RoundEvent
+from .lookup import ContextLookup
 from .sampling import SamplingParams, filtered_probs, pick, rejection_sample, sample
 
 
@@ -49,6 +50,7 @@ class Session:
     tokens: list[int] = field(default_factory=list)  # committed ids, prompt included
     pending: mx.array | None = None  # features for positions drafter_offset .. len(tokens)-2
     in_round: bool = False  # a round was interrupted midway: the caches are not consistent
+    lookup: ContextLookup | None = None  # n-gram index of `tokens` (context lookup drafts)
 
     @property
     def fed(self) -> int:
@@ -61,15 +63,24 @@ def _ms(t0: float) -> float:
 
 
 class SpeculativeDecoder:
-    def __init__(self, target: TargetAdapter, drafter: Drafter, prefill_chunk: int = 512):
+    """`lookup`: propose the continuation of an earlier occurrence of the last `lookup`
+    committed tokens when there is one, else the drafter's block (engine/lookup.py); 0: the
+    drafter always."""
+
+    def __init__(self, target: TargetAdapter, drafter: Drafter, prefill_chunk: int = 512,
+                 lookup: int = 0):
+        if not isinstance(lookup, int) or isinstance(lookup, bool) or lookup < 0:
+            raise ParameterError(f"lookup must be an int >= 0 (0: off), got {lookup!r}")
         self.target = target
         self.drafter = drafter
         self.prefill_chunk = prefill_chunk
+        self.lookup = lookup
         self.mask_id = drafter.config.mask_token_id
         drafter.bind(target.binding())
 
     def new_session(self) -> Session:
-        return Session(self.target.make_cache(), self.drafter.make_cache())
+        return Session(self.target.make_cache(), self.drafter.make_cache(),
+                       lookup=ContextLookup(self.lookup) if self.lookup else None)
 
     # --------------------------------------------------------------- prefill
     def _clear(self, session: Session) -> None:
@@ -122,9 +133,20 @@ class SpeculativeDecoder:
         session.pending = feats
         token = int(pick(logits[0, -1], params.sampling, key).item())
         session.tokens = list(prompt) + [token]
+        if session.lookup is not None:
+            session.lookup.reset(session.tokens)
         return token, reused, _ms(t0)
 
     # --------------------------------------------------------------- rounds
+    def _propose(self, session: Session, anchor: int, length: int, sp: SamplingParams, key):
+        """(drafts [length - 1], q, candidates, from lookup?): the context's own continuation
+        when it has one (a point mass: q = 1 on the one candidate), else the drafter's."""
+        found = session.lookup.propose(length - 1) if session.lookup is not None else []
+        if found:
+            ids = mx.array(found)
+            return ids, mx.ones((len(found), 1)), ids[:, None], True
+        return (*self._draft(session, anchor, length, sp, key), False)
+
     def _draft(self, session: Session, anchor: int, length: int, sp: SamplingParams, key):
         block = mx.array([[anchor] + [self.mask_id] * (length - 1)])
         hidden = self.drafter.hidden(block, session.pending, session.drafter_cache)[0, 1:]
@@ -195,9 +217,9 @@ class SpeculativeDecoder:
             key, k_draft, k_verify = mx.random.split(key, 3)
             session.in_round = True
             t0 = time.perf_counter()
-            drafts, q, cand = [], None, None
+            drafts, q, cand, looked_up = [], None, None, False
             if length > 1:
-                d, q, cand = self._draft(session, anchor, length, sp, k_draft)
+                d, q, cand, looked_up = self._propose(session, anchor, length, sp, k_draft)
                 drafts = d.tolist()
             draft_ms = _ms(t0)
             t1 = time.perf_counter()
@@ -216,12 +238,14 @@ class SpeculativeDecoder:
             mx.eval(session.pending, [c.state for c in session.target_cache])
             verify_ms = _ms(t1)
             session.tokens.extend(commit)
+            if session.lookup is not None:
+                session.lookup.extend(commit)
             session.in_round = False
             produced += len(commit)
             finish = "stop" if hit is not None else ("length" if produced >= params.max_tokens else None)
             done = finish is not None
             yield RoundEvent(commit, len(drafts), min(accepted, len(commit)), len(drafts) + 1,
-                             draft_ms, verify_ms, finish)
+                             draft_ms, verify_ms, finish, lookup=looked_up)
 
     def generate(self, prompt: Sequence[int], params: GenerationParams,
                  session: Session | None = None) -> list[int]:

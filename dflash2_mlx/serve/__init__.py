@@ -19,16 +19,17 @@ Messages: roles system / developer (sent to the template as system) / user / ass
 content a string or a list of text parts (joined with newlines).
 
 Extension fields
-  usage.dflash2 = {rounds, drafted, accepted, tau, acceptance_rate, block_size, speculative,
-                   prefill_ms, decode_ms, decode_tokens_per_s}
+  usage.dflash2 = {rounds, drafted, accepted, tau, acceptance_rate, lookup_rounds, block_size,
+                   speculative, prefill_ms, decode_ms, decode_tokens_per_s}
       rounds: draft-verify rounds (the prefill is not one); drafted / accepted: draft tokens
       proposed / kept; tau = (accepted + rounds) / rounds, tokens per round bonus included;
+      lookup_rounds: rounds drafted by context lookup (the --lookup option) instead of the drafter;
       block_size: tokens verified per round (1 with speculative off).
       usage.completion_tokens counts every token the engine committed, the end-of-turn token
       and tokens of the last round past a stop string included.
-  /v1/models data[i].dflash2 = {speculative, drafter, drafter_version, block_size,
-                                trained_block_size, context_length, default_max_tokens,
-                                max_queue}
+  /v1/models data[i].dflash2 = {speculative, drafter, drafter_version, draft_vocab, lookup,
+                                block_size, trained_block_size, context_length,
+                                default_max_tokens, max_queue}
 
 Errors: {"error": {"message", "type", "param", "code"}}; 400 bad input, 404 unknown model or
 route, 503 + Retry-After when the queue is full. Requests run one at a time on a worker thread;

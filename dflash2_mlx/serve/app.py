@@ -133,6 +133,7 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
                     "speculative": speculative, "drafter": drafter_name,
                     "drafter_version": pair.drafter.config.version,
                     "draft_vocab": pair.drafter.draft_vocab_size,
+                    "lookup": pair.decoder.lookup,
                     "block_size": settings.effective_block, "trained_block_size": trained,
                     "context_length": context, "default_max_tokens": default_max_tokens,
                     "max_queue": max_queue}}

@@ -25,6 +25,7 @@ def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculati
 
     rounds: draft-verify rounds (the prefill is not one); drafted / accepted: draft tokens
     proposed / kept by the target; tau: mean tokens committed per round, bonus included;
+    lookup_rounds: rounds whose drafts came from context lookup rather than the drafter;
     block_size: tokens verified per round (anchor + drafts; 1 when speculative is off).
     """
     return {
@@ -37,6 +38,7 @@ def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculati
             "accepted": stats.accepted,
             "tau": round(stats.tau, 4),
             "acceptance_rate": round(stats.acceptance_rate, 4),
+            "lookup_rounds": stats.lookup_rounds,
             "block_size": block_size,
             "speculative": speculative,
             "prefill_ms": round(stats.prefill_ms, 3),

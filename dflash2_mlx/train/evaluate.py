@@ -37,6 +37,7 @@ def measure_tau(pair: Pair, prompts: Sequence[Prompt], *, block_sizes=(4, 8, 16)
                 "tau": round(total.tau, 4),
                 "acceptance_rate": round(total.acceptance_rate, 4),
                 "rounds": total.rounds,
+                "lookup_rounds": total.lookup_rounds,
                 "per_category": {c: round(s.tau, 4) for c, s in sorted(per_cat.items())},
             }
     return out

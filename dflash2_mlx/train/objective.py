@@ -63,12 +63,21 @@ def _visibility(attn, anchors: mx.array, ctx_len: int, block: int) -> mx.array:
     return mx.concatenate([ctx_ok, blk_ok], axis=-1)[:, None]
 
 
-def block_hidden(drafter: Drafter, b: Blocks) -> mx.array:
-    """Final-normed hidden states of every block row: [b*n, B, H] (sequence-major)."""
+def dropout(x: mx.array, p: float) -> mx.array:
+    """Inverted dropout (training only; p = 0 is the identity)."""
+    if p <= 0:
+        return x
+    return x * mx.random.bernoulli(1.0 - p, x.shape).astype(x.dtype) / (1.0 - p)
+
+
+def block_hidden(drafter: Drafter, b: Blocks, drop: float = 0.0) -> mx.array:
+    """Final-normed hidden states of every block row: [b*n, B, H] (sequence-major). `drop`:
+    dropout on the context rows and on every attention / MLP output (against memorising the
+    training sequences: the drafter is data-bound)."""
     t = drafter.target
     anchors, block_ids, _ = b.flat()
     x = t.embed(block_ids) * (t.embed_scale * drafter.config.input_embedding_scale)
-    ctx = drafter.context(b.features)
+    ctx = dropout(drafter.context(b.features), drop)
     seqs, n, block = b.block_ids.shape
     for layer in drafter.layers:
         attn = layer.self_attn
@@ -80,10 +89,10 @@ def block_hidden(drafter: Drafter, b: Blocks) -> mx.array:
         def core(u, attn=attn, ck=ck, cv=cv, mask=mask):
             bk, bv = attn.project_kv(u, drafter.rope, anchors)
             q = attn.project_q(u, drafter.rope, anchors)
-            return attn.attend(q, mx.concatenate([ck, bk], axis=2),
-                               mx.concatenate([cv, bv], axis=2), mask)
+            return dropout(attn.attend(q, mx.concatenate([ck, bk], axis=2),
+                                       mx.concatenate([cv, bv], axis=2), mask), drop)
 
-        x = layer.forward(x, core)
+        x = layer.forward(x, core, lambda u, mlp=layer.mlp: dropout(mlp(u), drop))
     return drafter.norm(x)
 
 
@@ -129,10 +138,10 @@ class Teacher:
 
 def loss_terms(drafter: Drafter, b: Blocks, weights: mx.array, subset: VocabSubset | None,
                selector_weight: float = 1.0, teacher: Teacher | None = None,
-               distill_weight: float = 0.0) -> tuple[mx.array, dict]:
-    """(total loss, parts) for a batch of blocks."""
+               distill_weight: float = 0.0, drop: float = 0.0) -> tuple[mx.array, dict]:
+    """(total loss, parts) for a batch of blocks (`drop`: dropout rate, see block_hidden)."""
     _, block_ids, gold = b.flat()
-    h = block_hidden(drafter, b)[:, 1:]  # [N, B-1, H]
+    h = block_hidden(drafter, b, drop)[:, 1:]  # [N, B-1, H]
     logits = _head_logits(drafter, h, None if subset is None else subset.head_weight)
     labels = gold if subset is None else subset.remap[gold]
     ce = nn.losses.cross_entropy(logits, labels)  # [n, B-1]

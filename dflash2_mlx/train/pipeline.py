@@ -205,7 +205,7 @@ dflash2, in Z Lab's `dflash` reference loader, and in SGLang / vLLM DFlash loade
   temperatures {list(pc.temperatures)}, ≤ {pc.max_new_tokens} new tokens
 - Objective: decay-weighted block cross-entropy{" + selector cross-entropy over the top-" + str(tc.selector_top_k) + " candidates" if tc.version == 2 else ""}{" + " + format(tc.distill_weight, "g") + " × KL from the target's next-token distribution" if tc.distill_weight > 0 else ""};
   softmax over {"the seen vocabulary + " + str(tc.negatives) + " sampled negatives" if tc.vocab_subset else "the full vocabulary"}
-- Optimizer: AdamW lr {tc.lr}, warm-up {tc.warmup:.0%}, cosine, clip {tc.clip}; {train.get('steps')} steps
+- Optimizer: AdamW lr {tc.lr}, warm-up {tc.warmup:.0%}, cosine, clip {tc.clip}{f", dropout {tc.dropout:g}" if tc.dropout else ""}; {train.get('steps')} steps
   of {tc.batch_seqs} sequences × {tc.anchors_per_seq} anchors{resumed}
 - Draft vocabulary: `draft_vocab.json` holds every token of the training responses (dflash2
   drafts from those rows of the LM head only: a cheaper draft; `--full-vocab` turns it off;

@@ -45,6 +45,7 @@ class TrainConfig:
     clip: float = 1.0
     selector_weight: float = 1.0
     distill_weight: float = 0.0  # KL to the target's distribution (needs its last layer captured)
+    dropout: float = 0.0  # on context rows and attention / MLP outputs (objective.block_hidden)
     vocab_subset: bool = True
     negatives: int = 2048
     qk_norm_init: float = 2.0
@@ -327,7 +328,7 @@ class Trainer:
         total, parts_sum = 0.0, {}
         for b in batch:
             loss, parts = loss_terms(model, b, self.weights, self.subset, self.cfg.selector_weight,
-                                     teacher, self.cfg.distill_weight)
+                                     teacher, self.cfg.distill_weight, self.cfg.dropout)
             total = total + loss
             for k, v in parts.items():
                 parts_sum[k] = parts_sum.get(k, 0.0) + v
