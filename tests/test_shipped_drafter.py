@@ -7,7 +7,7 @@ TAU_FLOOR is what the shipped drafter reaches with margin; issue 5's goal is τ 
 import pytest
 from smollm2 import any_conversion
 
-from dflash2_mlx import GenerationParams, GenerationStats, Pair, load_drafter
+from dflash2_mlx import GenerationParams, GenerationStats, Pair, SpeculativeDecoder, load_drafter
 from dflash2_mlx.prompts import load_prompts
 from dflash2_mlx.registry import EMBEDDED_DRAFTER
 from dflash2_mlx.text import chat_prompt_ids
@@ -21,7 +21,9 @@ def pair(tmp_path_factory):
     from mlx_lm import load
 
     model, tokenizer = load(str(any_conversion(tmp_path_factory)))
-    return Pair.from_models(model, tokenizer, load_drafter(EMBEDDED_DRAFTER, dtype=mx.float32))
+    # lookup=0: the drafter alone (context lookup would add its own accepted drafts)
+    return Pair.from_models(model, tokenizer, load_drafter(EMBEDDED_DRAFTER, dtype=mx.float32),
+                            lookup=0)
 
 
 def test_shipped_drafter_is_dflash2_in_official_format():
@@ -56,4 +58,9 @@ def test_shipped_drafter_is_lossless_and_accepts_drafts(pair):
             if int(tok) in pair.eos_ids:
                 break
         assert out == plain, p.id
+        with_lookup = Pair(pair.model, pair.tokenizer, pair.drafter, SpeculativeDecoder(
+            pair.decoder.target, pair.drafter, lookup=1))  # fires often: exercises it
+        looked = list(with_lookup.stream(ids, GenerationParams(max_tokens=40, block_size=8)))
+        assert [t for ev in looked for t in ev.tokens] == plain, p.id
+        assert any(ev.lookup for ev in looked), p.id
     assert stats.accepted > 0 and stats.tau >= TAU_FLOOR, stats.as_dict()
