@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 
 from .common import (
-    DEFAULT_LOOKUP, DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
+    DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
     OfflineOpt, TargetOpt, ThinkingOpt, fail,
 )
 
@@ -75,7 +75,7 @@ def bench(
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
-    lookup: LookupOpt = DEFAULT_LOOKUP,
+    lookup: LookupOpt = None,
 ):
     """Benchmark plain mlx-lm decoding against dflash2 (greedy, same prompt ids, outputs
     checked token for token), or autotune the block size for this machine.

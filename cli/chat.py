@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from .common import (
-    DEFAULT_LOOKUP, DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
+    DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
     OfflineOpt, TargetOpt, ThinkingOpt, fail,
 )
 
@@ -58,7 +58,7 @@ def chat(
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
-    lookup: LookupOpt = DEFAULT_LOOKUP,
+    lookup: LookupOpt = None,
 ):
     """Chat in the terminal with live acceptance stats (streamed, multi-turn, cached).
 
@@ -74,6 +74,8 @@ def chat(
             fail(f"{flag} is empty")
     if no_spec and block is not None:
         fail("--block has no effect with --no-spec (plain decoding verifies one token a round)")
+    if no_spec and lookup is not None:
+        fail("--lookup has no effect with --no-spec (plain decoding drafts nothing)")
     opts = ChatOptions(model, target, drafter, prompt, system, max_tokens, temp, top_p, top_k,
                        min_p, seed, block, not no_spec, thinking, offline,
                        DraftOptions(full_vocab, draft_vocab, lookup))

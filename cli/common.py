@@ -55,11 +55,12 @@ DraftVocabOpt = Annotated[Optional[int], typer.Option(
     "--draft-vocab", min=1, metavar="N", help="Draft from only the N most frequent tokens of "
     "the draft vocabulary: a smaller draft head, cheaper rounds; outputs are the same (`dflash2 "
     "bench` measures the trade).", show_default=False)]
-LookupOpt = Annotated[int, typer.Option(
+DEFAULT_LOOKUP = 3  # = dflash2_mlx.engine.lookup.DEFAULT_LOOKUP (not imported: no MLX here)
+LookupOpt = Annotated[Optional[int], typer.Option(
     "--lookup", min=0, metavar="N", help="Context lookup: when the last N tokens occurred "
     "earlier in the prompt or answer, propose what followed them instead of drafting (free, "
-    "often long and right; outputs are the same). 0: always the drafter.")]
-DEFAULT_LOOKUP = 3  # = dflash2_mlx.engine.lookup.DEFAULT_LOOKUP (not imported: no MLX here)
+    f"often long and right; outputs are the same). 0: always the drafter. [default: "
+    f"{DEFAULT_LOOKUP}]", show_default=False)]
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,11 @@ class DraftOptions:
 
     full_vocab: bool = False
     draft_vocab: int | None = None
-    lookup: int = DEFAULT_LOOKUP
+    lookup: int | None = None  # None: DEFAULT_LOOKUP
+
+    @property
+    def lookup_n(self) -> int:
+        return DEFAULT_LOOKUP if self.lookup is None else self.lookup
 
 
 def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], None],
@@ -85,11 +90,11 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     alias = f"{resolved.alias}: " if resolved.alias else ""
     say(f"loading {alias}target {resolved.target} + drafter {resolved.drafter}")
     pair = load_pair(tdir, ddir, offline=offline, full_vocab=draft.full_vocab,
-                     draft_vocab_limit=draft.draft_vocab, lookup=draft.lookup)
+                     draft_vocab_limit=draft.draft_vocab, lookup=draft.lookup_n)
     size = pair.drafter.draft_vocab_size
     if size is not None:
         say(f"draft vocabulary: {size:,} of {pair.drafter.config.vocab_size:,} tokens "
             "(--full-vocab for all)")
-    if draft.lookup:
-        say(f"context lookup: after a repeat of the last {draft.lookup} tokens (--lookup 0: off)")
+    if draft.lookup_n:
+        say(f"context lookup: after a repeat of the last {draft.lookup_n} tokens (--lookup 0: off)")
     return pair, resolved

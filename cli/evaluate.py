@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from .common import (
-    DEFAULT_LOOKUP, DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
+    DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
     TargetOpt, fail, load_resolved,
 )
 
@@ -31,7 +31,7 @@ def evaluate(
     offline: bool = typer.Option(False, help="Never download."),
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
-    lookup: LookupOpt = DEFAULT_LOOKUP,
+    lookup: LookupOpt = None,
 ):
     """Measure τ (mean tokens committed per round, bonus included) per temperature, block
     size and prompt category, with the real engine.

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from .common import (
-    DEFAULT_LOOKUP, DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
+    DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
     OfflineOpt, TargetOpt, fail, load_resolved,
 )
 
@@ -56,7 +56,7 @@ def serve(
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
-    lookup: LookupOpt = DEFAULT_LOOKUP,
+    lookup: LookupOpt = None,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: "
                                   + ", ".join(LOG_LEVELS) + "."),
 ):
@@ -73,6 +73,8 @@ def serve(
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
     if no_spec and block is not None:
         fail("--block has no effect with --no-spec (plain decoding verifies one token a round)")
+    if no_spec and lookup is not None:
+        fail("--lookup has no effect with --no-spec (plain decoding drafts nothing)")
     if model_name is not None and not model_name.strip():
         fail("--model-name is empty")
     sock = _listen(host, port)

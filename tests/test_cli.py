@@ -84,6 +84,9 @@ BAD = [
     (["chat", "--max-tokens", "many"], "--max-tokens"),
     (["chat", "--block", "0"], "block_size must be"),
     (["chat", "--block", "3", "--no-spec"], "--block has no effect with --no-spec"),
+    (["chat", "--lookup", "2", "--no-spec"], "--lookup has no effect with --no-spec"),
+    (["serve", "--lookup", "0", "--no-spec"], "--lookup has no effect with --no-spec"),
+    (["chat", "--lookup", "-1"], "--lookup"),
     (["chat", "--prompt", "  "], "--prompt is empty"),
     (["chat", "qwen3-4bb"], "did you mean qwen3-4b"),
     (["chat", "--drafter", "x/y"], "--drafter needs --target"),
@@ -187,6 +190,13 @@ def test_chat_prompt_prints_answer_and_stats(tiny_pair, capsys):
     assert run(_chat(tiny_pair, "-p", "hello model", "--max-tokens", "10", "--block", "3")) == 0
     cap = capsys.readouterr()
     assert cap.out == expected + "\n" and "block 3" in cap.err
+    # context lookup is on by default (said on load); --lookup 0 / 1 give the same text
+    assert "context lookup: after a repeat of the last 3 tokens" in cap.err
+    for n in ("0", "1"):
+        assert run(_chat(tiny_pair, "-p", "hello model", "--max-tokens", "10", "--lookup", n)) == 0
+        cap = capsys.readouterr()
+        assert cap.out == expected + "\n"
+        assert ("context lookup" in cap.err) == (n != "0")
 
 
 def test_chat_with_a_draft_vocabulary_and_full_vocab(tiny_pair, tmp_path, capsys):
