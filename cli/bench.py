@@ -109,7 +109,8 @@ def bench(
         max_tokens=max_tokens, repeats=repeats, blocks=blocks, context=context,
         json_path=json_path or default_json_path(), plot=False if no_plot else plot,
         autotune=autotune, kernels=kernels, kernels_only=kernels_only, thinking=thinking,
-        offline=offline, draft=DraftOptions(full_vocab, draft_vocab, lookup), argv=sys.argv[1:])
+        offline=offline, draft=DraftOptions.from_flags(full_vocab, draft_vocab, lookup),
+        argv=sys.argv[1:])
 
 
 def register(app: typer.Typer) -> None:

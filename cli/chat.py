@@ -78,7 +78,7 @@ def chat(
         fail("--lookup has no effect with --no-spec (plain decoding drafts nothing)")
     opts = ChatOptions(model, target, drafter, prompt, system, max_tokens, temp, top_p, top_k,
                        min_p, seed, block, not no_spec, thinking, offline,
-                       DraftOptions(full_vocab, draft_vocab, lookup))
+                       DraftOptions.from_flags(full_vocab, draft_vocab, lookup))
     from .chat_repl import run_chat
 
     return run_chat(opts)

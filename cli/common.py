@@ -69,11 +69,12 @@ class DraftOptions:
 
     full_vocab: bool = False
     draft_vocab: int | None = None
-    lookup: int | None = None  # None: DEFAULT_LOOKUP
+    lookup: int = DEFAULT_LOOKUP
 
-    @property
-    def lookup_n(self) -> int:
-        return DEFAULT_LOOKUP if self.lookup is None else self.lookup
+    @classmethod
+    def from_flags(cls, full_vocab: bool, draft_vocab: int | None, lookup: int | None):
+        """From the options as given (`--lookup` absent: the default)."""
+        return cls(full_vocab, draft_vocab, DEFAULT_LOOKUP if lookup is None else lookup)
 
 
 def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], None],
@@ -90,11 +91,11 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     alias = f"{resolved.alias}: " if resolved.alias else ""
     say(f"loading {alias}target {resolved.target} + drafter {resolved.drafter}")
     pair = load_pair(tdir, ddir, offline=offline, full_vocab=draft.full_vocab,
-                     draft_vocab_limit=draft.draft_vocab, lookup=draft.lookup_n)
+                     draft_vocab_limit=draft.draft_vocab, lookup=draft.lookup)
     size = pair.drafter.draft_vocab_size
     if size is not None:
         say(f"draft vocabulary: {size:,} of {pair.drafter.config.vocab_size:,} tokens "
             "(--full-vocab for all)")
-    if draft.lookup_n:
-        say(f"context lookup: after a repeat of the last {draft.lookup_n} tokens (--lookup 0: off)")
+    if draft.lookup:
+        say(f"context lookup: after a repeat of the last {draft.lookup} tokens (--lookup 0: off)")
     return pair, resolved

@@ -53,7 +53,7 @@ def evaluate(
     err = Console(stderr=True)
     pair, resolved = load_resolved(model, target, drafter, offline,
                                    lambda m: err.print(m, style="dim"),
-                                   DraftOptions(full_vocab, draft_vocab, lookup))
+                                   DraftOptions.from_flags(full_vocab, draft_vocab, lookup))
     chosen = select_prompts(load_prompts(prompts), limit)
     result = measure_tau(pair, chosen, block_sizes=block_list, temperatures=temps,
                          max_tokens=max_tokens, seed=seed)

@@ -86,7 +86,7 @@ def serve(
     try:
         pair, resolved = load_resolved(model, target, drafter, offline,
                                        lambda msg: typer.echo(msg, err=True),
-                                       DraftOptions(full_vocab, draft_vocab, lookup))
+                                       DraftOptions.from_flags(full_vocab, draft_vocab, lookup))
         trained = pair.drafter.config.block_size
         if block is not None and block > trained:
             fail(f"--block {block} exceeds the drafter's trained block size {trained}")
