@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -68,8 +68,7 @@ class Pair:
     def stream(self, prompt_ids, params: GenerationParams, session: Session | None = None
                ) -> Iterator[RoundEvent]:
         if not params.stop_token_ids:
-            params = GenerationParams(params.max_tokens, params.sampling, params.block_size,
-                                      params.speculative, self.eos_ids)
+            params = replace(params, stop_token_ids=self.eos_ids)
         return self.decoder.stream(prompt_ids, params, session)
 
     def generate(self, prompt_ids, params: GenerationParams, session: Session | None = None

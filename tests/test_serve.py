@@ -114,6 +114,27 @@ def test_greedy_chat_equals_plain_greedy(pair, client):
     assert ext["tau"] == pytest.approx((ext["accepted"] + ext["rounds"]) / ext["rounds"], abs=1e-3)
 
 
+def test_predicted_outputs_draft_and_change_nothing(pair, client):
+    """OpenAI's Predicted Outputs: the expected answer is drafted from; the output is still
+    exactly greedy, and usage counts the prediction's accepted / rejected draft tokens."""
+    want, n = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 16)
+    for guess, accepted in ((want, True), ("zz" + want[2:], True), ("qqqq", False)):
+        r = client.chat.completions.create(
+            model="tiny", messages=HI, max_tokens=16, temperature=0,
+            prediction={"type": "content", "content": [{"type": "text", "text": guess}]})
+        assert r.choices[0].message.content == want, guess
+        details = r.usage.completion_tokens_details
+        if accepted:
+            assert details.accepted_prediction_tokens > 0, (guess, r.usage)
+        else:
+            assert details.accepted_prediction_tokens == 0, r.usage
+    r = client.chat.completions.create(model="tiny", messages=HI, max_tokens=16, temperature=0,
+                                       prediction={"type": "content", "content": want})
+    details = r.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens >= n - 1 - r.usage.model_extra["dflash2"]["rounds"]
+    assert details.rejected_prediction_tokens <= 3
+
+
 def test_greedy_completion_stream_token_prompt(pair, client):
     ids = [5, 9, 14, 20, 33, 40]
     want, _ = reference(pair, ids, 10)
@@ -219,6 +240,15 @@ BAD = [
     ("chat", {"messages": HI, "frequency_penalty": 1}, 400, "frequency_penalty"),
     ("chat", {"messages": HI, "logit_bias": {"5": 10}}, 400, "logit_bias"),
     ("chat", {"messages": HI, "frobnicate": 1}, 400, "frobnicate"),
+    ("chat", {"messages": HI, "prediction": "abc"}, 400, "prediction"),
+    ("chat", {"messages": HI, "prediction": {"type": "text", "content": "a"}}, 400,
+     "prediction.type"),
+    ("chat", {"messages": HI, "prediction": {"type": "content", "content": 5}}, 400,
+     "prediction.content"),
+    ("chat", {"messages": HI, "prediction": {"type": "content", "content": "a", "x": 1}}, 400,
+     "prediction.x"),
+    ("completions", {"prompt": "ab", "prediction": {"type": "content", "content": "a"}}, 400,
+     "prediction"),
     ("chat", {"messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
     ("completions", {"prompt": LONG}, 400, "prompt"),
     ("completions", {"prompt": ""}, 400, "prompt"),

@@ -19,6 +19,7 @@ class RoundEvent:
     prompt_tokens: int = 0  # tokens actually prefilled (after cache reuse), on the prefill event
     reused_tokens: int = 0  # prompt tokens served from the session cache
     lookup: bool = False  # the drafts came from context lookup, not the drafter
+    predicted: bool = False  # the drafts came from the request's prediction
 
 
 @dataclass
@@ -37,6 +38,8 @@ class GenerationStats:
     histogram: Counter = field(default_factory=Counter)  # tokens committed per round -> rounds
     last_round: int = 0
     lookup_rounds: int = 0  # rounds whose drafts came from context lookup
+    prediction_drafted: int = 0  # draft tokens taken from the request's prediction
+    prediction_accepted: int = 0  # of those, accepted
 
     def add(self, ev: RoundEvent) -> None:
         if ev.prefill:
@@ -54,6 +57,9 @@ class GenerationStats:
         self.histogram[ev.accepted + 1] += 1
         self.last_round = ev.accepted + 1
         self.lookup_rounds += ev.lookup
+        if ev.predicted:
+            self.prediction_drafted += ev.drafted
+            self.prediction_accepted += ev.accepted
 
     @property
     def tau(self) -> float:
@@ -83,5 +89,7 @@ class GenerationStats:
             "prefill_ms": round(self.prefill_ms, 3), "prompt_tokens": self.prompt_tokens,
             "reused_tokens": self.reused_tokens, "decode_tps": round(self.decode_tps, 3),
             "lookup_rounds": self.lookup_rounds,
+            "prediction_drafted": self.prediction_drafted,
+            "prediction_accepted": self.prediction_accepted,
             "histogram": {str(k): v for k, v in sorted(self.histogram.items())},
         }

@@ -49,3 +49,45 @@ class ContextLookup:
         if i is None:
             return []
         return t[i + n:i + n + length]
+
+
+class PredictionLookup:
+    """Drafts from a caller's guess of the answer (OpenAI's Predicted Outputs: an editor sends
+    the file it expects back, nearly unchanged). While the answer has followed the prediction,
+    its next tokens are proposed; after a divergence, the continuation of the first occurrence
+    of the answer's last `min_match` tokens at or after the last aligned point (else anywhere)
+    is, so an edit costs a round or two and the rest is drafted again. A hint only: the verify
+    decides every token."""
+
+    def __init__(self, predicted: Sequence[int], min_match: int = DEFAULT_LOOKUP):
+        self.lookup = ContextLookup(min_match)  # reused for the n-gram arithmetic
+        self.predicted = [int(t) for t in predicted]
+        self._starts: dict[tuple[int, ...], list[int]] = {}
+        n = min_match
+        for i in range(len(self.predicted) - n):
+            self._starts.setdefault(tuple(self.predicted[i:i + n]), []).append(i + n)
+        self.cursor: int | None = 0  # where the answer is aligned with the prediction
+        self._last = 0  # the latest aligned point (where a re-sync is looked for first)
+        self.answer: list[int] = []
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """The answer's newly committed tokens."""
+        tokens = [int(t) for t in tokens]
+        self.answer.extend(tokens)
+        c = self.cursor
+        if c is not None and self.predicted[c:c + len(tokens)] == tokens:
+            self.cursor = self._last = c + len(tokens)
+        else:
+            self.cursor = None
+
+    def propose(self, length: int) -> list[int]:
+        if length < 1:
+            return []
+        if self.cursor is None:
+            n = self.lookup.n
+            starts = self._starts.get(tuple(self.answer[-n:])) if len(self.answer) >= n else None
+            if not starts:
+                return []
+            after = [s for s in starts if s >= self._last]
+            self.cursor = after[0] if after else starts[-1]
+        return self.predicted[self.cursor:self.cursor + length]

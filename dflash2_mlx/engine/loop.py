@@ -20,7 +20,7 @@ from ..drafter.model import Drafter
 from ..errors import ParameterError
 from ..target.adapter import TargetAdapter
 from .events import RoundEvent
-from .lookup import ContextLookup
+from .lookup import ContextLookup, PredictionLookup
 from .sampling import SamplingParams, filtered_probs, pick, rejection_sample, sample
 
 
@@ -31,8 +31,14 @@ class GenerationParams:
     block_size: int | None = None  # None = the drafter's trained block size
     speculative: bool = True  # False = plain decoding with the same sampler
     stop_token_ids: frozenset[int] = frozenset()
+    # A guess of the answer's tokens (OpenAI's Predicted Outputs): drafted from where the
+    # answer follows it; never changes the output.
+    prediction: tuple[int, ...] = ()
 
     def __post_init__(self):
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                   for t in self.prediction):
+            raise ParameterError("prediction must be a sequence of token ids (ints >= 0)")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise ParameterError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if self.block_size is not None and (
@@ -51,6 +57,7 @@ class Session:
     pending: mx.array | None = None  # features for positions drafter_offset .. len(tokens)-2
     in_round: bool = False  # a round was interrupted midway: the caches are not consistent
     lookup: ContextLookup | None = None  # n-gram index of `tokens` (context lookup drafts)
+    prediction: PredictionLookup | None = None  # the current generation's predicted answer
 
     @property
     def fed(self) -> int:
@@ -139,13 +146,15 @@ class SpeculativeDecoder:
 
     # --------------------------------------------------------------- rounds
     def _propose(self, session: Session, anchor: int, length: int, sp: SamplingParams, key):
-        """(drafts [length - 1], q, candidates, from lookup?): the context's own continuation
-        when it has one (a point mass: q = 1 on the one candidate), else the drafter's."""
-        found = session.lookup.propose(length - 1) if session.lookup is not None else []
-        if found:
-            ids = mx.array(found)
-            return ids, mx.ones((len(found), 1)), ids[:, None], True
-        return (*self._draft(session, anchor, length, sp, key), False)
+        """(drafts [length - 1], q, candidates, source): the prediction's or the context's own
+        continuation when there is one (a point mass: q = 1 on the one candidate), else the
+        drafter's block. source: "prediction", "lookup" or "drafter"."""
+        for source, index in (("prediction", session.prediction), ("lookup", session.lookup)):
+            found = index.propose(length - 1) if index is not None else []
+            if found:
+                ids = mx.array(found)
+                return ids, mx.ones((len(found), 1)), ids[:, None], source
+        return (*self._draft(session, anchor, length, sp, key), "drafter")
 
     def _draft(self, session: Session, anchor: int, length: int, sp: SamplingParams, key):
         block = mx.array([[anchor] + [self.mask_id] * (length - 1)])
@@ -198,6 +207,9 @@ class SpeculativeDecoder:
             )
         if not params.speculative:
             block = 1
+        vocab = self.target.vocab_size
+        if any(t >= vocab for t in params.prediction):
+            raise ParameterError(f"prediction holds token ids outside the vocabulary [0, {vocab})")
         sp = params.sampling
         seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
         key = mx.random.key(seed)
@@ -206,6 +218,9 @@ class SpeculativeDecoder:
 
         key, sub = mx.random.split(key)
         token, reused, prefill_ms = self._prefill(session, prompt, params, sub)
+        session.prediction = PredictionLookup(params.prediction) if params.prediction else None
+        if session.prediction is not None:
+            session.prediction.extend([token])
         produced = 1
         done = token in stops or produced >= params.max_tokens
         finish = ("stop" if token in stops else "length") if done else None
@@ -217,9 +232,9 @@ class SpeculativeDecoder:
             key, k_draft, k_verify = mx.random.split(key, 3)
             session.in_round = True
             t0 = time.perf_counter()
-            drafts, q, cand, looked_up = [], None, None, False
+            drafts, q, cand, source = [], None, None, "drafter"
             if length > 1:
-                d, q, cand, looked_up = self._propose(session, anchor, length, sp, k_draft)
+                d, q, cand, source = self._propose(session, anchor, length, sp, k_draft)
                 drafts = d.tolist()
             draft_ms = _ms(t0)
             t1 = time.perf_counter()
@@ -238,14 +253,16 @@ class SpeculativeDecoder:
             mx.eval(session.pending, [c.state for c in session.target_cache])
             verify_ms = _ms(t1)
             session.tokens.extend(commit)
-            if session.lookup is not None:
-                session.lookup.extend(commit)
+            for index in (session.lookup, session.prediction):
+                if index is not None:
+                    index.extend(commit)
             session.in_round = False
             produced += len(commit)
             finish = "stop" if hit is not None else ("length" if produced >= params.max_tokens else None)
             done = finish is not None
             yield RoundEvent(commit, len(drafts), min(accepted, len(commit)), len(drafts) + 1,
-                             draft_ms, verify_ms, finish, lookup=looked_up)
+                             draft_ms, verify_ms, finish, lookup=source == "lookup",
+                             predicted=source == "prediction")
 
     def generate(self, prompt: Sequence[int], params: GenerationParams,
                  session: Session | None = None) -> list[int]:

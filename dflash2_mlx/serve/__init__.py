@@ -8,11 +8,13 @@ Endpoints
 Request fields honoured: model (optional; must name the served model, else 404), messages /
 prompt, max_tokens or max_completion_tokens (default: the server's, clipped to the context),
 temperature (default 1.0, as OpenAI; 0 = greedy), top_p, top_k (0 or -1 = off), min_p, stop
-(string or up to 16 strings; never emitted), seed, stream, stream_options.include_usage.
+(string or up to 16 strings; never emitted), seed, stream, stream_options.include_usage,
+and on chat prediction ({"type": "content", "content": text}: Predicted Outputs, a hint that
+only drafts: where the answer follows it, its tokens are proposed; the output is unchanged).
 Sampling is the library's lossless rejection sampling: output follows the target exactly.
 Refused with a 400 naming the field unless neutral: n, logprobs, top_logprobs, tools,
 tool_choice, functions, function_call, response_format, presence/frequency/repetition
-penalties, logit_bias, modalities, audio, prediction, reasoning_effort, web_search_options,
+penalties, logit_bias, modalities, audio, reasoning_effort, web_search_options,
 store, best_of, echo, suffix; unknown fields. Accepted and unused (cannot change the output):
 user, metadata, service_tier, parallel_tool_calls, prompt_cache_key, safety_identifier.
 Messages: roles system / developer (sent to the template as system) / user / assistant;
@@ -25,6 +27,8 @@ Extension fields
       proposed / kept; tau = (accepted + rounds) / rounds, tokens per round bonus included;
       lookup_rounds: rounds drafted by context lookup (the --lookup option) instead of the drafter;
       block_size: tokens verified per round (1 with speculative off).
+      usage.completion_tokens_details.{accepted,rejected}_prediction_tokens: draft tokens
+      taken from the prediction that the target kept / refused.
       usage.completion_tokens counts every token the engine committed, the end-of-turn token
       and tokens of the last round past a stop string included.
   /v1/models data[i].dflash2 = {speculative, drafter, drafter_version, draft_vocab, lookup,

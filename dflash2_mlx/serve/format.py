@@ -27,11 +27,17 @@ def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculati
     proposed / kept by the target; tau: mean tokens committed per round, bonus included;
     lookup_rounds: rounds whose drafts came from context lookup rather than the drafter;
     block_size: tokens verified per round (anchor + drafts; 1 when speculative is off).
+    completion_tokens_details counts the draft tokens taken from the request's `prediction`
+    that the target accepted / rejected (OpenAI's Predicted Outputs fields).
     """
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": stats.committed,
         "total_tokens": prompt_tokens + stats.committed,
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": stats.prediction_accepted,
+            "rejected_prediction_tokens": stats.prediction_drafted - stats.prediction_accepted,
+        },
         "dflash2": {
             "rounds": stats.rounds,
             "drafted": stats.drafted,

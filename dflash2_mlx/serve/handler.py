@@ -139,8 +139,11 @@ class Handler:
             raise invalid(req.max_tokens_param,
                           f"{req.max_tokens_param}={max_tokens} plus the prompt's {len(ids)} "
                           f"tokens exceeds the context length {s.context}")
+        predicted = tuple(self.pair.tokenizer.encode(req.prediction, add_special_tokens=False)) \
+            if req.prediction else ()
         return GenerationParams(max_tokens=max_tokens, sampling=req.sampling,
-                                block_size=s.block_size, speculative=s.speculative)
+                                block_size=s.block_size, speculative=s.speculative,
+                                prediction=predicted)
 
     # ------------------------------------------------------------------ the request
     async def handle(self, request: Request, req: GenRequest) -> Response:

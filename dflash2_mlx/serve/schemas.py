@@ -72,7 +72,6 @@ _CHAT_ONLY = {
                         "response_format other than {\"type\": \"text\"} is not supported"),
     "modalities": (lambda v: v is None or v == ["text"], "only text output is supported"),
     "audio": (_neutral(None), "audio output is not supported"),
-    "prediction": (_neutral(None), "predicted outputs are not supported"),
     "reasoning_effort": (_neutral(None), "reasoning_effort is not supported"),
     "web_search_options": (_neutral(None), "web search is not supported"),
     "store": (_neutral(None, False), "stored completions are not supported"),
@@ -102,6 +101,7 @@ class GenRequest:
     include_usage: bool = False
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
+    prediction: str | None = None  # predicted output (a drafting hint), chat only
 
 
 def _check_fields(body: dict, own: set[str], refused: dict) -> None:
@@ -206,8 +206,34 @@ def _content(i: int, content) -> str:
                   "invalid_type")
 
 
+def _prediction(value) -> str | None:
+    """OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts}."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid("prediction", "prediction must be an object", "invalid_type")
+    for k in value:
+        if k not in ("type", "content"):
+            raise invalid(f"prediction.{k}", f"prediction.{k} is not supported",
+                          "unsupported_parameter")
+    if value.get("type") != "content":
+        raise invalid("prediction.type", "prediction.type must be \"content\"; got "
+                      f"{value.get('type')!r}")
+    content = value.get("content")
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text"
+                   and isinstance(p.get("text"), str) for p in content):
+            raise invalid("prediction.content", "prediction.content parts must be "
+                          "{\"type\": \"text\", \"text\": ...}", "invalid_type")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise invalid("prediction.content", "prediction.content must be a string or a list of "
+                      "text parts", "invalid_type")
+    return content
+
+
 def parse_chat(body: dict) -> GenRequest:
-    _check_fields(body, _COMMON | {"messages", "max_completion_tokens"},
+    _check_fields(body, _COMMON | {"messages", "max_completion_tokens", "prediction"},
                   {**_OUTPUT_CHANGING, **_CHAT_ONLY})
     messages = body.get("messages")
     if messages is None:
@@ -236,6 +262,7 @@ def parse_chat(body: dict) -> GenRequest:
                     "content": _content(i, m["content"])})
     req = _common(body, "chat", "max_completion_tokens")
     req.messages = out
+    req.prediction = _prediction(body.get("prediction"))
     return req
 
 
