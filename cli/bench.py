@@ -311,7 +311,9 @@ def _autotune(A, pair, resolved, prompts, blocks, trained, max_tokens, repeats, 
     acc = profile["acceptance"]
     console.print(autotune_table(profile))
     console.print(Text(f"calibration: {acc['rounds']} rounds at block {acc['block']} on "
-                       f"{acc['prompts']} prompts, τ {acc['tau']:.2f}; p(draft k accepted | "
+                       f"{acc['prompts']} prompts, τ {acc['tau']:.2f}, "
+                       f"{1 - acc['drafter_share']:.0%} drafted by lookup (no draft pass); "
+                       "p(draft k accepted | "
                        "1..k-1 accepted) = " + ", ".join(f"{p:.2f}" for p in
                                                           acc["position_probs"])))
     if profile["cap"]:

@@ -11,7 +11,9 @@ and picks the block b <= B that maximizes expected committed tokens per second,
     E[tokens/round at b] / (draft_ms(b) + verify_ms(b)),   E = 1 + sum_{k<b} prod_{j<=k} p_j
 
 (`choose_block`, a pure function). The acceptance measured at block B stands in for every
-smaller block (draft k is assumed as likely to be accepted at block b > k as at B). Block 1
+smaller block (draft k is assumed as likely to be accepted at block b > k as at B). Rounds
+drafted by context lookup run no draft pass: draft_ms(b) counts only the calibration's share
+of drafter rounds (`draft_share`), so a context that repeats itself favours longer blocks. Block 1
 (plain decoding, "park") is a candidate. When the target or the drafter has quantized matmuls
 (QuantizedLinear / QuantizedEmbedding or any layer with `bits` and `group_size`), the block is
 capped at 5: a quantized verify is cheap per token but its cost grows fast with width on MLX
@@ -142,16 +144,19 @@ class Choice:
 
 
 def choose_block(verify_ms: Mapping[int, float], draft_ms: Mapping[int, float],
-                 probs: Sequence[float], *, max_block: int, cap: int | None = None) -> Choice:
-    """The block b in 1..min(max_block, cap) maximizing E[tokens/round at b] / (draft_ms(b) +
-    verify_ms(b)) (ties: the smaller block). Blocks without both costs are skipped."""
+                 probs: Sequence[float], *, max_block: int, cap: int | None = None,
+                 draft_share: float = 1.0) -> Choice:
+    """The block b in 1..min(max_block, cap) maximizing E[tokens/round at b] / (draft_share *
+    draft_ms(b) + verify_ms(b)) (ties: the smaller block); draft_share: the share of rounds
+    that run the drafter (the others are drafted by context lookup, at no cost). Blocks
+    without both costs are skipped. Rows report the expected draft ms per round."""
     limit = min(max_block, cap) if cap else max_block
     rows: list[BlockRow] = []
     for b in range(1, max_block + 1):
         if b not in verify_ms or (b > 1 and b not in draft_ms):
             continue
         v = float(verify_ms[b])
-        d = float(draft_ms[b]) if b > 1 else 0.0
+        d = draft_share * float(draft_ms[b]) if b > 1 else 0.0
         e = expected_tokens(probs, b)
         ms = v + d
         tps = 1000.0 * e / ms if ms > 0 else 0.0
@@ -169,22 +174,26 @@ def calibrate(pair, prompts, block: int, *, max_tokens: int = 128,
               thinking: bool | None = None,
               progress: Callable[[int, int], None] | None = None) -> dict:
     """Greedy dflash2 runs at `block` over `prompts`: (drafted, accepted) of every full round
-    (the last round of each generation is left out: it may be cut by max tokens or a stop)."""
+    (the last round of each generation is left out: it may be cut by max tokens or a stop),
+    and the share of those rounds that ran the drafter (the rest were drafted by lookup)."""
     from .engine.loop import GenerationParams
     from .text import chat_prompt_ids
 
     rounds: list[tuple[int, int]] = []
+    looked_up = 0
     for i, p in enumerate(prompts):
         ids = chat_prompt_ids(pair.tokenizer, p.messages, thinking=thinking)
         for ev in pair.stream(ids, GenerationParams(max_tokens=max_tokens, block_size=block)):
             if not ev.prefill and ev.finish_reason is None and ev.drafted:
                 rounds.append((ev.drafted, ev.accepted))
+                looked_up += ev.lookup
         if progress is not None:
             progress(i + 1, len(prompts))
     probs, counts = acceptance_probs(rounds, block - 1)
     tau = sum(a + 1 for _, a in rounds) / len(rounds) if rounds else 0.0
     return {"block": block, "prompts": len(prompts), "max_tokens": max_tokens,
             "rounds": len(rounds), "tau": round(tau, 4),
+            "drafter_share": round(1 - looked_up / len(rounds), 4) if rounds else 1.0,
             "position_probs": [round(p, 4) for p in probs], "position_rounds": counts}
 
 
@@ -210,7 +219,8 @@ def autotune(pair, prompts, *, target: str, drafter: str, max_block: int | None 
     say(f"calibration: greedy at block {B} on {len(prompts)} prompts")
     calib = calibrate(pair, prompts, B, max_tokens=max_tokens, thinking=thinking,
                       progress=lambda i, n: say(f"calibration {i}/{n}"))
-    choice = choose_block(verify["ms"], draft["ms"], calib["position_probs"], max_block=B, cap=cap)
+    choice = choose_block(verify["ms"], draft["ms"], calib["position_probs"], max_block=B, cap=cap,
+                          draft_share=calib["drafter_share"])
     return {
         "schema": SCHEMA,
         "key": key,

@@ -88,6 +88,18 @@ def test_choose_block_matches_brute_force(probs, verify, draft, blocks):
         brute_force(verify, draft, probs, blocks)[0]
 
 
+def test_lookup_rounds_cost_no_draft_pass():
+    """With half the rounds drafted by lookup, the expected draft cost per round halves; a
+    draft cost that parks the drafter alone no longer does."""
+    verify = {b: 10.0 for b in range(1, 9)}
+    draft = {b: 6.0 for b in range(1, 9)}
+    probs = [0.3] * 7  # E(8) = 1.43 tokens a round
+    alone = A.choose_block(verify, draft, probs, max_block=8)
+    shared = A.choose_block(verify, draft, probs, max_block=8, draft_share=0.25)
+    assert alone.block == 1 and shared.block == 8  # 1.43 / 16 < 1 / 10 < 1.43 / 11.5
+    assert shared.rows[2].draft_ms == pytest.approx(1.5)
+
+
 def test_cap_limits_the_choice_but_keeps_the_curve():
     flat = {b: 10.0 for b in range(1, 9)}
     free = A.choose_block(flat, DRAFT, [0.99] * 7, max_block=8)
@@ -120,7 +132,7 @@ def _fake_measurements(monkeypatch, best_block=8):
     probs = [0.99] * (best_block - 1) + [0.0] * (8 - best_block)
     monkeypatch.setattr(A, "calibrate", lambda pair, prompts, block, **kw: {
         "block": block, "prompts": 0, "max_tokens": 8, "rounds": 100, "tau": 5.0,
-        "position_probs": probs[: block - 1], "position_rounds": [100] * (block - 1)})
+        "drafter_share": 1.0, "position_probs": probs[: block - 1], "position_rounds": [100] * (block - 1)})
 
 
 def test_quantized_target_caps_the_block_at_5(quant_pair, tiny_pair, monkeypatch):

@@ -103,12 +103,16 @@ def test_missing_and_empty_files(tmp_path):
 def test_extra_splits_are_disjoint_from_heldout_and_join_with_train():
     train, held = load_prompts("train"), load_prompts("heldout")
     wide, extra, more = load_prompts("train-wide"), load_prompts("train-extra"), load_prompts("train-more")
+    deep = load_prompts("train-deep")
     assert len(wide) >= 700 and {p.category for p in wide} == CATEGORIES
+    assert len(deep) >= 1000 and {p.category for p in deep} == CATEGORIES
     assert len(extra) >= 800 and {p.category for p in extra} == CATEGORIES
     assert len(more) >= 400 and {p.category for p in more} == CATEGORIES
     last_user = lambda p: p.messages[-1]["content"].strip().lower()  # noqa: E731
-    assert not {last_user(p) for p in wide + extra + more} & {last_user(p) for p in held}
+    assert not {last_user(p) for p in wide + deep + extra + more} & {last_user(p) for p in held}
     assert not {last_user(p) for p in wide} & {last_user(p) for p in train + extra + more}
+    assert not {last_user(p) for p in deep} & {last_user(p) for p in train + wide + extra + more}
+    assert len({last_user(p) for p in deep}) == len(deep)
     conversation = lambda p: json.dumps(p.messages)  # noqa: E731
     assert not {conversation(p) for p in extra} & {conversation(p) for p in more}
     assert len(load_prompts("train+train-wide")) == len(train) + len(wide)
