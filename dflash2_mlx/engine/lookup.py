@@ -17,14 +17,18 @@ from typing import Sequence
 DEFAULT_LOOKUP = 3
 
 
+def _checked(min_match: int) -> int:
+    if not isinstance(min_match, int) or isinstance(min_match, bool) or min_match < 1:
+        raise ValueError(f"min_match must be an int >= 1, got {min_match!r}")
+    return min_match
+
+
 class ContextLookup:
     """Index of the committed tokens' n-grams (n = `min_match`) -> their latest start that has
     at least one token after it. Extended as tokens are committed; rebuilt by `reset`."""
 
     def __init__(self, min_match: int):
-        if not isinstance(min_match, int) or isinstance(min_match, bool) or min_match < 1:
-            raise ValueError(f"min_match must be an int >= 1, got {min_match!r}")
-        self.n = min_match
+        self.n = _checked(min_match)
         self.tokens: list[int] = []
         self._latest: dict[tuple[int, ...], int] = {}
 
@@ -60,10 +64,9 @@ class PredictionLookup:
     decides every token."""
 
     def __init__(self, predicted: Sequence[int], min_match: int = DEFAULT_LOOKUP):
-        self.lookup = ContextLookup(min_match)  # reused for the n-gram arithmetic
+        self.n = n = _checked(min_match)
         self.predicted = [int(t) for t in predicted]
-        self._starts: dict[tuple[int, ...], list[int]] = {}
-        n = min_match
+        self._starts: dict[tuple[int, ...], list[int]] = {}  # n-gram -> where what follows starts
         for i in range(len(self.predicted) - n):
             self._starts.setdefault(tuple(self.predicted[i:i + n]), []).append(i + n)
         self.cursor: int | None = 0  # where the answer is aligned with the prediction
@@ -84,7 +87,7 @@ class PredictionLookup:
         if length < 1:
             return []
         if self.cursor is None:
-            n = self.lookup.n
+            n = self.n
             starts = self._starts.get(tuple(self.answer[-n:])) if len(self.answer) >= n else None
             if not starts:
                 return []
