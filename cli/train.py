@@ -35,10 +35,11 @@ def train(
     out: Path = typer.Option(..., "--out", "-o", help="Drafter folder to write."),
     work: Optional[Path] = typer.Option(None, help="Work folder for regenerations, features and "
                                         "checkpoints (default: OUT.work). Reruns resume from it."),
-    prompts: str = typer.Option("train+train-wide+train-extra+train-more", help="Bundled split "
-                                "names or JSONL files of prompts, joined with '+' (train, "
-                                "train-wide: 564 and 704 hand-written; train-extra, train-more: "
-                                "843 and 424 template-built). NAME@0,0.7 gives a set its own "
+    prompts: str = typer.Option("train+train-wide+train-deep+train-extra+train-more",
+                                help="Bundled split names or JSONL files of prompts, joined "
+                                "with '+' (train, train-wide, train-deep: 564, 704 and 1,070 "
+                                "hand-written; train-extra, train-more: 843 and 424 "
+                                "template-built). NAME@0,0.7 gives a set its own "
                                 "regeneration temperatures."),
     heldout: str = typer.Option("heldout", help="Held-out prompts (never trained on)."),
     version: int = typer.Option(2, min=1, max=2, help="2 = DFlash2 (conv + selector), 1 = DFlash."),

@@ -29,7 +29,7 @@ class PipelineConfig:
     target: str  # mlx-lm folder or repo id
     out: Path  # drafter folder to write
     work: Path  # regenerations, features, checkpoints
-    prompts: str = "train+train-wide+train-extra+train-more"  # bundled splits or JSONL, '+'-joined
+    prompts: str = "train+train-wide+train-deep+train-extra+train-more"  # splits or JSONL, '+'-joined
     heldout: str = "heldout"
     max_new_tokens: int = 256
     temperatures: tuple[float, ...] = (0.0, 0.7)
