@@ -22,6 +22,8 @@ def test_follows_the_prediction_and_resyncs_after_an_edit():
     assert pl.propose(2) == [13, 14]
     pl.extend([99])  # the answer diverged: "12 99" occurs nowhere
     assert pl.propose(3) == []
+    pl.extend([13, 14])
+    assert pl.propose(3, resync=False) == []  # not aligned; a re-sync was not asked for
     pl.extend([13, 14])  # "13 14" occurs twice; the first at or after the aligned point 3
     assert pl.propose(3) == [15, 16, 17]
     pl.extend([15, 16, 17, 12, 13])

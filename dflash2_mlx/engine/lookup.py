@@ -83,13 +83,17 @@ class PredictionLookup:
         else:
             self.cursor = None
 
-    def propose(self, length: int) -> list[int]:
+    def propose(self, length: int, resync: bool = True) -> list[int]:
+        """The next `length` predicted tokens while aligned; else, with `resync`, those after
+        a re-sync on the answer's last `min_match` tokens (the engine asks context lookup
+        first: the prompt usually quotes what is predicted, and it knows the answer's own
+        repeats)."""
         if length < 1:
             return []
         if self.cursor is None:
             n = self.n
             starts = self._starts.get(tuple(self.answer[-n:])) if len(self.answer) >= n else None
-            if not starts:
+            if not resync or not starts:
                 return []
             after = [s for s in starts if s >= self._last]
             self.cursor = after[0] if after else starts[-1]

@@ -146,14 +146,21 @@ class SpeculativeDecoder:
 
     # --------------------------------------------------------------- rounds
     def _propose(self, session: Session, anchor: int, length: int, sp: SamplingParams, key):
-        """(drafts [length - 1], q, candidates, source): the prediction's or the context's own
-        continuation when there is one (a point mass: q = 1 on the one candidate), else the
-        drafter's block. source: "prediction", "lookup" or "drafter"."""
-        for source, index in (("prediction", session.prediction), ("lookup", session.lookup)):
-            found = index.propose(length - 1) if index is not None else []
-            if found:
-                ids = mx.array(found)
-                return ids, mx.ones((len(found), 1)), ids[:, None], source
+        """(drafts [length - 1], q, candidates, source): the prediction's continuation while
+        the answer follows it, else the context's own, else the prediction's after a re-sync
+        (each a point mass: q = 1 on the one candidate), else the drafter's block.
+        source: "prediction", "lookup" or "drafter"."""
+        pred, look, n = session.prediction, session.lookup, length - 1
+        found, source = [], "drafter"
+        if pred is not None:
+            found, source = pred.propose(n, resync=False), "prediction"
+        if not found and look is not None:
+            found, source = look.propose(n), "lookup"
+        if not found and pred is not None:
+            found, source = pred.propose(n), "prediction"
+        if found:
+            ids = mx.array(found)
+            return ids, mx.ones((len(found), 1)), ids[:, None], source
         return (*self._draft(session, anchor, length, sp, key), "drafter")
 
     def _draft(self, session: Session, anchor: int, length: int, sp: SamplingParams, key):

@@ -1,5 +1,6 @@
-"""Predicted Outputs on the embedded SmolLM2 pair: code-edit requests whose prediction is the
-code they quote, greedy, with and without the prediction -> smollm2-prediction.json.
+"""Predicted Outputs on the embedded SmolLM2 pair, greedy, with and without the prediction:
+code-edit requests whose prediction is the code they quote, and questions whose prediction is
+the answer to a paraphrase -> smollm2-prediction.json.
 Usage: python prediction_tau.py OUT.json  (tokens per round are load-independent)."""
 import json
 import sys
@@ -15,6 +16,11 @@ CODE = [
     "def is_palindrome(s):\n    cleaned = ''.join(c.lower() for c in s if c.isalnum())\n    return cleaned == cleaned[::-1]\n\n\ndef longest_palindrome(words):\n    best = ''\n    for w in words:\n        if is_palindrome(w) and len(w) > len(best):\n            best = w\n    return best\n",
     "SELECT customers.name, COUNT(orders.id) AS order_count\nFROM customers\nJOIN orders ON orders.customer_id = customers.id\nWHERE orders.created_at >= '2024-01-01'\nGROUP BY customers.name\nORDER BY order_count DESC;\n",
 ]
+# The predicted text is not in the prompt: the prediction is the model's answer to a paraphrase
+# (an editor re-asking, a regenerated reply).
+PARA = [("Explain what a hash table is in three sentences.",
+         "In three sentences, explain what a hash table is."),
+        ("Give me four tips for sleeping better.", "What are four tips for better sleep?")]
 ASK = ["Add a docstring to this function and return the code:\n\n",
        "Rewrite this code using const instead of let where possible and return it:\n\n",
        "Add type hints to this code and return it:\n\n",
@@ -24,10 +30,14 @@ ASK = ["Add a docstring to this function and return the code:\n\n",
 def main(out_path):
     pair = d2.load_pair(ensure_smollm2(), EMBEDDED_DRAFTER)
     rows = []
-    for code, ask in zip(CODE, ASK):
-        ids = chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": ask + code}])
-        pred = tuple(pair.tokenizer.encode(code, add_special_tokens=False))
-        row = {"request": ask.strip(), "prediction_tokens": len(pred)}
+    cases = [(ask + code, tuple(pair.tokenizer.encode(code, add_special_tokens=False)))
+             for code, ask in zip(CODE, ASK)]
+    for ask, para in PARA:
+        ids = chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": para}])
+        cases.append((ask, tuple(pair.generate(ids, d2.GenerationParams(max_tokens=160))[0])))
+    for request, pred in cases:
+        ids = chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": request}])
+        row = {"request": request.split("\n")[0], "prediction_tokens": len(pred)}
         outs = {}
         for name, p in (("no prediction", ()), ("prediction", pred)):
             for block in (4, 8):
@@ -42,9 +52,11 @@ def main(out_path):
         row["outputs_identical"] = len({tuple(o) for o in outs.values()}) == 1
         rows.append(row)
         print(json.dumps(row), flush=True)
-    res = {"what": "Greedy (T=0) code-edit chat requests on the embedded SmolLM2-135M pair (shipped "
-                   "drafter, context lookup 3 on in both arms), max 160 tokens; the prediction is "
-                   "the code quoted in the request, as an editor sends it. tau = tokens per round.",
+    res = {"what": "Greedy (T=0) chat requests on the embedded SmolLM2-135M pair (shipped drafter, "
+                   "context lookup 3 on in both arms), max 160 tokens. Code edits: the prediction "
+                   "is the code quoted in the request, as an editor sends it. Questions: the "
+                   "prediction is the model's own answer to a paraphrase of the question (text "
+                   "the prompt does not hold). tau = tokens per round.",
            "script": "docs/results/scripts/prediction_tau.py", "rows": rows}
     json.dump(res, open(out_path, "w"), indent=1)
 
