@@ -305,6 +305,7 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     assert d.config.version == 2 and d.config.block_size == 4 and d.config.target_layer_ids == (0, 2)
     card = (out / "README.md").read_text()
     assert "--steps 4" in card
+    assert f"({prompts} at T = 0, 0.7)" in card  # the temperatures each set was regenerated at
     log = json.loads((out / "training.json").read_text())
     assert log["stages"]["train"]["steps"] == 4
     assert f"at most): {log['final']['train_tau']:.3f}" in card
