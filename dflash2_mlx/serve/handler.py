@@ -123,7 +123,13 @@ class Handler:
             raise invalid("prompt", f"token id {bad} is outside the vocabulary [0, {self.s.vocab})")
         return list(req.prompt)
 
-    def plan(self, req: GenRequest, ids: list[int]) -> GenerationParams:
+    def predicted_ids(self, req: GenRequest) -> tuple[int, ...]:
+        if not req.prediction:
+            return ()
+        return tuple(self.pair.tokenizer.encode(req.prediction, add_special_tokens=False))
+
+    def plan(self, req: GenRequest, ids: list[int], predicted: tuple[int, ...]
+             ) -> GenerationParams:
         s = self.s
         where = "messages" if req.kind == "chat" else "prompt"
         if not ids:
@@ -139,8 +145,6 @@ class Handler:
             raise invalid(req.max_tokens_param,
                           f"{req.max_tokens_param}={max_tokens} plus the prompt's {len(ids)} "
                           f"tokens exceeds the context length {s.context}")
-        predicted = tuple(self.pair.tokenizer.encode(req.prediction, add_special_tokens=False)) \
-            if req.prediction else ()
         return GenerationParams(max_tokens=max_tokens, sampling=req.sampling,
                                 block_size=s.block_size, speculative=s.speculative,
                                 prediction=predicted)
@@ -160,7 +164,8 @@ class Handler:
         if req.model is not None and req.model != self.s.model_name:
             raise unknown_model(req.model, self.s.model_name)
         ids = await asyncio.to_thread(self.tokenize, req)
-        job = Job(ids, self.plan(req, ids), req.stop)
+        predicted = await asyncio.to_thread(self.predicted_ids, req)
+        job = Job(ids, self.plan(req, ids, predicted), req.stop)
         try:
             self.worker.submit(job)
         except QueueFull as e:

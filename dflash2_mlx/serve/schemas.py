@@ -189,7 +189,8 @@ def _common(body: dict, kind: str, max_param: str) -> GenRequest:
     return GenRequest(kind, model, _sampling(body), limit, max_param, stop, stream, include_usage)
 
 
-def _content(i: int, content) -> str:
+def _text(param: str, content, sep: str) -> str:
+    """A string, or a list of text parts joined with `sep`."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -197,13 +198,12 @@ def _content(i: int, content) -> str:
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
                     part.get("text"), str):
-                raise invalid(f"messages[{i}].content[{j}]",
+                raise invalid(f"{param}[{j}]",
                               "only text content parts ({\"type\": \"text\", \"text\": ...}) "
                               "are supported", "unsupported_parameter")
             texts.append(part["text"])
-        return "\n".join(texts)
-    raise invalid(f"messages[{i}].content", "content must be a string or a list of text parts",
-                  "invalid_type")
+        return sep.join(texts)
+    raise invalid(param, f"{param} must be a string or a list of text parts", "invalid_type")
 
 
 def _prediction(value) -> str | None:
@@ -219,17 +219,7 @@ def _prediction(value) -> str | None:
     if value.get("type") != "content":
         raise invalid("prediction.type", "prediction.type must be \"content\"; got "
                       f"{value.get('type')!r}")
-    content = value.get("content")
-    if isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text"
-                   and isinstance(p.get("text"), str) for p in content):
-            raise invalid("prediction.content", "prediction.content parts must be "
-                          "{\"type\": \"text\", \"text\": ...}", "invalid_type")
-        content = "".join(p["text"] for p in content)
-    if not isinstance(content, str):
-        raise invalid("prediction.content", "prediction.content must be a string or a list of "
-                      "text parts", "invalid_type")
-    return content
+    return _text("prediction.content", value.get("content"), "")
 
 
 def parse_chat(body: dict) -> GenRequest:
@@ -259,7 +249,7 @@ def parse_chat(body: dict) -> GenRequest:
                           "missing_required_parameter")
         # Chat templates know "system"; OpenAI's newer "developer" role means the same.
         out.append({"role": "system" if role == "developer" else role,
-                    "content": _content(i, m["content"])})
+                    "content": _text(f"messages[{i}].content", m["content"], "\n")})
     req = _common(body, "chat", "max_completion_tokens")
     req.messages = out
     req.prediction = _prediction(body.get("prediction"))
