@@ -1,9 +1,15 @@
 """Round-by-round simulation of context lookup + drafter from teacher_forced_ok.json
-(lookup_teacher_forced.py) -> smollm2-lookup-sim.json."""
+(lookup_teacher_forced.py) -> smollm2-lookup-sim.json.
+Usage: python lookup_sim.py [--input teacher_forced_ok.json] [--out smollm2-lookup-sim.json]"""
+import argparse
 import collections
 import json
 
-data = json.load(open("teacher_forced_ok.json"))
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ap.add_argument("--input", default="teacher_forced_ok.json")
+ap.add_argument("--out", default="smollm2-lookup-sim.json")
+args = ap.parse_args()
+data = json.load(open(args.input))
 def lookup(ctx, m, n):
     key = ctx[-m:]
     for i in range(len(ctx) - m - 1, -1, -1):
@@ -39,6 +45,6 @@ for L in (64, 128, 256):
         for m in (2, 3, 4):
             row[f"lookup {m}"] = run(lambda c, n, m=m: lookup(c, m, n), B, L)
         res["runs"].append(row)
-json.dump(res, open("smollm2-lookup-sim.json", "w"), indent=1)
+json.dump(res, open(args.out, "w"), indent=1)
 for r in res["runs"]:
     print(r["max_tokens"], r["block"], r["drafter"]["tau"], {k: (v["tau"], v["lookup_share"]) for k, v in r.items() if k.startswith("lookup")})

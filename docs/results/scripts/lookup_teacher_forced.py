@@ -1,10 +1,11 @@
 """Teacher-forced drafts of a drafter checkpoint at every anchor of the held-out greedy
 continuations -> teacher_forced_ok.json (input of lookup_sim.py).
-Usage: python lookup_teacher_forced.py CHECKPOINT_DIR WORK_DIR  (WORK_DIR: a `dflash2 train`
-work folder with features_heldout_1-8-15-22-29; CHECKPOINT_DIR has feature_scale.npy)."""
+Usage: python lookup_teacher_forced.py CHECKPOINT_DIR WORK_DIR [--target DIR] [--regen FILE]
+  [--out teacher_forced_ok.json]  (WORK_DIR: a `dflash2 train` work folder with
+features_heldout_1-8-15-22-29; CHECKPOINT_DIR has feature_scale.npy)."""
 import dflash2_mlx  # noqa: F401  (binds the fast BLAS before MLX loads)
+import argparse
 import json
-import sys
 from pathlib import Path
 import mlx.core as mx, numpy as np
 from mlx_lm import load
@@ -13,13 +14,21 @@ from dflash2_mlx.target.adapter import TargetAdapter
 from dflash2_mlx.train.features import load_feature_cache
 from dflash2_mlx.train.trainer import make_blocks
 from dflash2_mlx.train.objective import block_hidden
-ck, W = Path(sys.argv[1]), Path(sys.argv[2])
-model, tok = load(str(Path.home() / ".cache/dflash2/models/smollm2-135m-instruct"))
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ap.add_argument("checkpoint", type=Path)
+ap.add_argument("work", type=Path)
+ap.add_argument("--target", default=str(Path.home() / ".cache/dflash2/models/smollm2-135m-instruct"))
+ap.add_argument("--regen", type=Path,
+                default=Path(__file__).parents[3] / "data/smollm2/regen_heldout.jsonl")
+ap.add_argument("--out", default="teacher_forced_ok.json")
+args = ap.parse_args()
+ck, W = args.checkpoint, args.work
+model, tok = load(args.target)
 d = load_drafter(ck, dtype=mx.float32)
 d.bind(TargetAdapter(model, d.config.target_layer_ids).binding())
 scale = mx.array(np.load(ck / "feature_scale.npy"))
 held = [s for s in load_feature_cache(W / "features_heldout_1-8-15-22-29") if s.temperature == 0.0]
-cats = {json.loads(l)["id"]: json.loads(l)["category"] for l in open(Path(__file__).parents[3] / "data/smollm2/regen_heldout.jsonl")}
+cats = {json.loads(l)["id"]: json.loads(l)["category"] for l in open(args.regen)}
 out = []
 for s in held:
     lo, hi = s.response_start, len(s.tokens) - 8
@@ -36,4 +45,4 @@ for s in held:
         lead += np.array(mx.cumprod(ok, axis=-1)).tolist()
     out.append({"id": s.id, "cat": cats.get(s.id, "?"), "tokens": s.tokens.tolist(), "start": lo, "ok": lead})
     print(s.id, len(anchors), flush=True)
-json.dump(out, open("teacher_forced_ok.json", "w"))
+json.dump(out, open(args.out, "w"))

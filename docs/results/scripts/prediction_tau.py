@@ -1,9 +1,10 @@
 """Predicted Outputs on the embedded SmolLM2 pair, greedy, with and without the prediction:
 code-edit requests whose prediction is the code they quote, and questions whose prediction is
 the answer to a paraphrase -> smollm2-prediction.json.
-Usage: python prediction_tau.py OUT.json  (tokens per round are load-independent)."""
+Usage: python prediction_tau.py OUT.json [--max-tokens 160]  (tokens per round are
+load-independent)."""
+import argparse
 import json
-import sys
 
 import dflash2_mlx as d2
 from dflash2_mlx.embedded import ensure_smollm2
@@ -27,21 +28,21 @@ ASK = ["Add a docstring to this function and return the code:\n\n",
        "Format this SQL query nicely and return it:\n\n"]
 
 
-def main(out_path):
+def main(out_path, max_tokens=160):
     pair = d2.load_pair(ensure_smollm2(), EMBEDDED_DRAFTER)
     rows = []
     cases = [(ask + code, tuple(pair.tokenizer.encode(code, add_special_tokens=False)))
              for code, ask in zip(CODE, ASK)]
     for ask, para in PARA:
         ids = chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": para}])
-        cases.append((ask, tuple(pair.generate(ids, d2.GenerationParams(max_tokens=160))[0])))
+        cases.append((ask, tuple(pair.generate(ids, d2.GenerationParams(max_tokens=max_tokens))[0])))
     for request, pred in cases:
         ids = chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": request}])
         row = {"request": request.split("\n")[0], "prediction_tokens": len(pred)}
         outs = {}
         for name, p in (("no prediction", ()), ("prediction", pred)):
             for block in (4, 8):
-                params = d2.GenerationParams(max_tokens=160, block_size=block, prediction=p)
+                params = d2.GenerationParams(max_tokens=max_tokens, block_size=block, prediction=p)
                 out, st = pair.generate(ids, params)
                 outs[(name, block)] = out
                 row[f"{name}, block {block}"] = {
@@ -62,4 +63,8 @@ def main(out_path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--max-tokens", type=int, default=160)
+    args = ap.parse_args()
+    main(args.out, args.max_tokens)
