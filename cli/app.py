@@ -51,11 +51,23 @@ def main_options(
 
 
 @app.command()
-def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
+def doctor(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    kernels: bool = typer.Option(
+        False, "--kernels",
+        help="Run every custom Metal kernel against its pure-MLX reference on this machine and "
+             "print a table to paste into a bug report (exit 1 if one fails)."),
+):
     """Report backend, device, BLAS in use and versions.
 
     Example: dflash2 doctor --json
     """
+    if kernels:
+        from dflash2_mlx.kernels import check_kernels
+
+        report = check_kernels()
+        typer.echo(json.dumps(report, indent=2) if as_json else _kernel_table(report))
+        raise typer.Exit(0 if report["ok"] or not report["ran"] else 1)
     import dflash2_mlx
 
     info = dflash2_mlx.doctor()
@@ -64,6 +76,23 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
         return
     for k, v in info.items():
         typer.echo(f"{k:>14}: {v}")
+
+
+def _kernel_table(report: dict) -> str:
+    """`doctor --kernels` as Markdown: the machine, then one row per kernel and dtype."""
+    where = (f"mlx {report['mlx']} · {report['platform']} · {report['device']} · "
+             f"{report['setting']}")
+    if not report["ran"]:
+        return (f"Custom kernels not run: {report['reason']} ({where}).\n"
+                "The pure-MLX references are used on this machine.")
+    num = lambda v: "-" if v is None else f"{v:.3g}"
+    lines = [f"dflash2 kernels vs references ({where})", "",
+             "| kernel | dtype | shape | max abs err | tolerance | status |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['kernel']} | {r['dtype']} | {r['shape']} | {num(r['max_abs_err'])} | "
+              f"{num(r['tolerance'])} | {r['status']} |" for r in report["rows"]]
+    lines += [f"\n{r['kernel']} {r['dtype']}: {r['error']}" for r in report["rows"] if r["error"]]
+    return "\n".join(lines)
 
 
 models.register(app)

@@ -4,7 +4,10 @@
 //   q[..., t, :]   = softmax(logits)
 //   choices[..., t] = argmax_k(logits[k] - log(-log(uniforms[..., t, k])))    (Gumbel-max)
 // an exact sample of q (mx.random.categorical samples batched distributions the same way).
-// Lowest index on ties. Grid (walks, 1, 1): one walk per work item.
+// The argmax is the greedy walk's (lowest index on ties, NaN never chosen, else 0).
+// exp / log are metal::precise: the unqualified names follow the library's math mode (fast
+// by default on macOS 15), and the draws must be the reference's (MLX's exp / log are precise).
+// Grid (walks, 1, 1): one walk per work item.
 uint n = thread_position_in_grid.x;
 int nd = lattice_ndim;
 uint K = uint(lattice_shape[nd - 1]);
@@ -15,21 +18,24 @@ uint prev = 0u;
 for (uint t = 0u; t < steps; ++t) {
   uint row = ((n * steps + t) * P + prev) * K;
   uint out_row = (n * steps + t) * K;
-  float m = lattice[row] / temp;
-  for (uint k = 1u; k < K; ++k) {
-    m = metal::max(m, lattice[row + k] / temp);
+  float m = -INFINITY;
+  for (uint k = 0u; k < K; ++k) {
+    float logit = lattice[row + k] / temp;
+    if (logit > m) {
+      m = logit;
+    }
   }
   float total = 0.0f;
   for (uint k = 0u; k < K; ++k) {
-    total += metal::exp(lattice[row + k] / temp - m);
+    total += metal::precise::exp(lattice[row + k] / temp - m);
   }
   uint best = 0u;
-  float best_v = 0.0f;
+  float best_v = -INFINITY;
   for (uint k = 0u; k < K; ++k) {
     float logit = lattice[row + k] / temp;
-    q[out_row + k] = metal::exp(logit - m) / total;
-    float v = logit - metal::log(-metal::log(uniforms[out_row + k]));
-    if (k == 0u || v > best_v) {
+    q[out_row + k] = metal::precise::exp(logit - m) / total;
+    float v = logit - metal::precise::log(-metal::precise::log(uniforms[out_row + k]));
+    if (v > best_v) {
       best = k;
       best_v = v;
     }

@@ -20,7 +20,7 @@ import sys
 import mlx.core as mx
 import numpy as np
 import pytest
-from harness import runner, signature
+from harness import msl_lint, runner, signature
 
 import dflash2_mlx
 from dflash2_mlx import kernels
@@ -29,7 +29,7 @@ from dflash2_mlx.drafter import selector as sel_ref
 from dflash2_mlx.drafter.conv import GroupedDynamicConv
 from dflash2_mlx.drafter.selector import CandidateSelector
 from dflash2_mlx.drafter import selector as _reference
-from dflash2_mlx.kernels import _dispatch, _launch, _settings
+from dflash2_mlx.kernels import _checks, _dispatch, _launch, _settings
 
 EPS = {mx.float32: 2.0**-23, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}
 
@@ -48,7 +48,7 @@ def _require_metal():
 def harness(tmp_path_factory):
     if runner.find_compiler() is None:
         pytest.skip("no C++ compiler (g++, c++, clang++ or $CXX): CPU kernel harness not run")
-    return runner.CpuMetal(tmp_path_factory.mktemp("metal_harness"))
+    return runner.CpuMetal(tmp_path_factory.getbasetemp() / "metal_harness")
 
 
 def _harness_exec(cpu):
@@ -248,6 +248,45 @@ def test_walk_uniforms_follow_the_reference_keys():
         assert mx.array_equal(mx.random.uniform(shape=(3,)), after_ref)
 
 
+def _nan_lattice(seed):
+    """Three walks whose first rows hold NaN: only NaN / -inf (-> 0), NaN beside a tie for
+    the maximum (-> 2, the lower index), NaN before +inf (-> 5)."""
+    nan, inf = float("nan"), float("inf")
+    lat = _lattice((3,), 4, 6, seed=seed)
+    lat[0, 0, 0] = mx.array([nan, -inf, nan, -inf, -inf, -inf])
+    lat[1, 0, 0] = mx.array([1.0, nan, 5.0, 5.0, nan, 2.0])
+    lat[2, 0, 0] = mx.array([nan, 1.0, 2.0, nan, 3.0, inf])
+    return lat
+
+
+def test_walks_never_choose_nan(run_kernel):
+    """NaN never wins the argmax of either walk (as Metal's mx.argmax: from -inf with a strict
+    `>`; the reference masks NaN, since CPU's mx.argmax picks the first NaN), ties go to the
+    lowest index and a row of only NaN / -inf picks 0: kernel and reference agree."""
+    lat = _nan_lattice(70)
+    got = run_kernel(_launch.walk_launch(lat, 0.0))[0]
+    assert got.tolist() == sel_ref.walk(lat, 0.0)[0].tolist()
+    assert got[:, 0].tolist() == [0, 2, 5]
+    for temperature in (0.5, 1.0):
+        uniforms = _reference.draw_walk_uniforms((3,), 4, 6, mx.random.key(71))
+        picks, q = run_kernel(_launch.walk_launch(lat, temperature, uniforms))
+        want_picks, want_q = _reference.walk_with_uniforms(lat, temperature, uniforms)
+        assert picks.tolist() == want_picks.tolist()
+        assert picks[0, 0].item() == 0 and picks[1, 0].item() not in (1, 4)
+        q, want_q = np.array(q), np.array(want_q)
+        assert np.isnan(q[:, 0]).all() and np.isnan(want_q[:, 0]).all()  # softmax of a NaN row
+        np.testing.assert_allclose(q, want_q, rtol=1e-5, atol=1e-6)  # NaN where the other is
+
+
+def test_reference_argmax_only_differs_from_mx_argmax_on_nan():
+    """Pure MLX: the reference's argmax is mx.argmax wherever there is no NaN."""
+    x = mx.random.normal((50, 9), key=mx.random.key(3))
+    x = mx.concatenate([x, mx.zeros((2, 9)), mx.full((1, 9), -float("inf"))])
+    assert sel_ref.argmax_skipping_nan(x).tolist() == mx.argmax(x, axis=-1).tolist()
+    rows = mx.array([[float("nan"), 1.0, 3.0], [2.0, float("nan"), float("nan")]])
+    assert sel_ref.argmax_skipping_nan(rows).tolist() == [2, 0]
+
+
 # ----------------------------------------------------------------------------- the harness itself
 CAST_BODY = "uint i = thread_position_in_grid.x;\nout[i] = static_cast<T>(inp[i]);"
 WIDEN_BODY = "uint i = thread_position_in_grid.x;\nout[i] = float(inp[i]);"
@@ -346,6 +385,78 @@ out[i] = int32_t(thread_position_in_threadgroup.x * 1000000u
                     [x], [(1,)], [mx.int32], (1, 1, 1), (1, 1, 1))
 
 
+# The harness refuses what Metal refuses (each body compiles as C++ here).
+MSL_VIOLATIONS = [
+    ("float v = float(std::abs(inp[i]));", "std::"),
+    ("double v = double(inp[i]);", "double"),
+    ("out[i] = inp[i] * 0.5;", "without an `f` suffix"),
+    ("out[i] = inp[i] * 1e-3;", "without an `f` suffix"),
+    ("out[i] = [](float a) { return a; }(inp[i]);", "lambda"),
+    ("float* p = new float[2];\nout[i] = inp[i];\ndelete[] p;", "`new`"),
+    ("static uint calls = 0u;\nout[i] = inp[i];", "`static`"),
+    ("const float* p = inp;\nout[i] = p[i];", "pointer to `float` without an address space"),
+    ("const float& r = inp[i];\nout[i] = r;", "reference to `float` without an address space"),
+    ("uint half = i;\nout[i] = inp[half];", "`half` names a variable"),
+    ("float float2 = inp[i];\nout[i] = float2;", "`float2` names a variable"),
+    ("const device float* p = inp;\nout[i] = p[i];", "`device`"),
+    ("out[i] = exp(inp[i]);", "`exp(` without `metal::`"),
+    ("out[i] = fmax(inp[i], 0.0f);", "`fmax(` without `metal::`"),
+]
+
+
+@pytest.mark.parametrize("line, why", MSL_VIOLATIONS, ids=[w for _, w in MSL_VIOLATIONS])
+def test_harness_rejects_what_metal_rejects(harness, line, why):
+    body = "uint i = thread_position_in_grid.x;\n" + line
+    x = mx.arange(16, dtype=mx.float32)
+    with pytest.raises(runner.MslViolation, match=re.escape(why)):
+        harness.run("msl", ["inp"], ["out"], body, [x], [(16,)], [mx.float32], (16, 1, 1),
+                    (16, 1, 1))
+
+
+def test_shipped_bodies_are_clean_msl():
+    for spec in kernels.SPECS.values():
+        assert msl_lint.lint(kernels.kernel_source(spec.file), spec.template_names) == [], \
+            spec.file
+
+
+def test_harness_compiles_as_cpp14_and_caps_threadgroups(harness):
+    """MSL is C++14: a C++17 construct fails here as on a Mac; Metal runs at most 1024
+    threads per threadgroup."""
+    x = mx.arange(16, dtype=mx.float32)
+    run = lambda body, group: harness.run("cxx14", ["inp"], ["out"], body, [x], [(16,)],
+                                          [mx.float32], (16, 1, 1), group)
+    body = "uint i = thread_position_in_grid.x;\nout[i] = inp[i];"
+    assert np.array_equal(np.array(run(body, (16, 1, 1))[0]), np.arange(16))
+    with pytest.raises(RuntimeError, match="compile failed"):
+        run("uint i = thread_position_in_grid.x;\nif constexpr (true) { out[i] = inp[i]; }",
+            (16, 1, 1))
+    with pytest.raises(AssertionError, match="1024"):
+        run(body, (32, 32, 2))
+    with pytest.raises(AssertionError, match="1024"):
+        run(body, (0, 1, 1))
+
+
+def test_harness_models_precise_and_fast_math(harness):
+    """metal::precise:: is the C library's math, metal::fast:: the fast-math evaluation (exp
+    via exp2, NaN operands of max unspecified); unqualified exp / log / max on float do not
+    compile: on Metal their precision follows the library's math mode."""
+    x = mx.array(np.linspace(-80, 80, 1601, dtype=np.float32))
+    run = lambda expr: np.array(harness.run(
+        "math", ["inp"], ["out"], f"uint i = thread_position_in_grid.x;\nout[i] = {expr};",
+        [x], [x.shape], [mx.float32], (x.size, 1, 1), (256, 1, 1))[0])
+    want = np.exp(np.array(x).astype(np.float64))
+    precise, fast = run("metal::precise::exp(inp[i])"), run("metal::fast::exp(inp[i])")
+    rel = lambda got: np.abs(got - want) / want
+    assert rel(precise).max() < 2**-23 and 2**-20 < rel(fast).max() < 2**-12
+    logs = run("metal::precise::log(metal::precise::exp(inp[i] / 16.0f))")
+    np.testing.assert_allclose(logs, np.array(x) / 16, rtol=1e-6, atol=1e-6)
+    nan_max = run("metal::precise::max(inp[i] - inp[i] * (inp[i] > 0.0f ? 0.0f : NAN), 1.0f)")
+    assert not np.isnan(nan_max).any()  # a NaN operand loses
+    for unqualified in ("metal::exp(inp[i])", "metal::log(inp[i])", "metal::max(inp[i], 1.0f)"):
+        with pytest.raises(RuntimeError, match="deleted"):
+            run(unqualified)
+
+
 def test_metal_launches_bind_to_mlx_metal_kernel():
     """Without Metal, MLX still checks the call's arguments before refusing to run."""
     if kernels.metal_available():
@@ -425,11 +536,33 @@ def test_unsupported_shapes_and_dtypes_have_no_launch():
     assert _launch.walk_launch(mx.zeros((3, 4, 4)), 1.0, None) is None  # sampled needs uniforms
 
 
-def test_ops_use_the_references_when_kernels_are_inactive(monkeypatch):
-    called = []
-    monkeypatch.setattr(_dispatch, "execute", lambda launch: called.append(launch))
-    monkeypatch.setattr(_dispatch, "SETTING", _settings.resolve("off"))
-    monkeypatch.setattr(_dispatch, "metal_available", lambda: True)
+class _Recorder:
+    """A launcher that can run anywhere and records what it is asked to run."""
+
+    name = "recorder"
+
+    def __init__(self, execute=None):
+        self.calls, self.execute = [], execute
+
+    def unavailable(self):
+        return None
+
+    def device(self):
+        return "recorder"
+
+    def __call__(self, launch, source):
+        self.calls.append(launch)
+        return self.execute(launch)
+
+
+def test_ops_use_the_references_when_kernels_are_inactive():
+    recorder = _Recorder()
+    with kernels.override(launcher=recorder, setting=_settings.resolve("off")):
+        _ops_against_references()
+    assert not recorder.calls
+
+
+def _ops_against_references():
     x, dyn, base = _conv_inputs((1,), 5, 32, 16, mx.float32, seed=1)
     assert mx.array_equal(kernels.dynamic_conv(x, dyn, base, 16),
                           conv_ref.dynamic_conv(x, dyn, base, 16))
@@ -438,17 +571,18 @@ def test_ops_use_the_references_when_kernels_are_inactive(monkeypatch):
     lat = _lattice((), 3, 4, seed=3)
     assert kernels.walk(lat, 0.5, mx.random.key(1))[0].tolist() == \
         sel_ref.walk(lat, 0.5, mx.random.key(1))[0].tolist()
-    assert not called
 
 
 @pytest.fixture
-def kernels_via(monkeypatch):
-    """Pretend Metal is present and route launches to an executor (the harness or Metal)."""
-    def route(execute):
-        monkeypatch.setattr(_dispatch, "SETTING", _settings.resolve("auto"))
-        monkeypatch.setattr(_dispatch, "metal_available", lambda: True)
-        monkeypatch.setattr(_dispatch, "execute", execute)
-    return route
+def kernels_via():
+    """Route launches to an executor (the harness or Metal) under `auto`, as if Metal were
+    present (the dispatch's launcher is swapped; the kernels' self-checks run through it)."""
+    with contextlib.ExitStack() as stack:
+        def route(execute):
+            launcher = _Recorder(execute)
+            stack.enter_context(kernels.override(launcher=launcher,
+                                                 setting=_settings.resolve("auto")))
+        yield route
 
 
 def test_model_paths_through_the_kernels(run_kernel, kernels_via):
@@ -456,6 +590,7 @@ def test_model_paths_through_the_kernels(run_kernel, kernels_via):
     the GPU on a Mac): same outputs, and the conv / pair-score gradients are the references'."""
     calls = []
     kernels_via(lambda launch: calls.append(launch.spec.name) or run_kernel(launch))
+    assert kernels.kernels_active()
     conv = GroupedDynamicConv(32, 2, 16)
     ks = mx.random.split(mx.random.key(11), 4)
     conv.base_kernel = mx.random.normal((2, 2, 32), key=ks[0])
@@ -509,15 +644,9 @@ def test_model_paths_through_the_kernels(run_kernel, kernels_via):
     np.testing.assert_allclose(np.array(g_k), np.array(g_r), rtol=1e-4, atol=1e-6)
 
 
-@contextlib.contextmanager
 def monkeypatch_reference():
-    """Force the references for a block (the module-level SETTING, as DFLASH2_KERNELS=off)."""
-    saved = _dispatch.SETTING
-    _dispatch.SETTING = _settings.resolve("off")
-    try:
-        yield
-    finally:
-        _dispatch.SETTING = saved
+    """Force the references for a block (as DFLASH2_KERNELS=off)."""
+    return kernels.override(setting=_settings.resolve("off"))
 
 
 # ----------------------------------------------------------------------------- bench, Metal-only
@@ -533,21 +662,24 @@ def test_bench_kernels_reports_what_ran():
         assert "not run" in report["note"]
 
 
-def test_metal_generated_source_matches_the_harness(capfd):
-    """On a Mac: MLX's own generated source (verbose=True) is what the harness compiles."""
+@pytest.mark.parametrize("spec_name", sorted(kernels.SPECS))
+def test_metal_generated_source_matches_the_harness(capfd, spec_name):
+    """On a Mac: MLX's own generated source (verbose=True) is what the harness compiles, for
+    every kernel and each dtype combination `doctor --kernels` checks."""
     _require_metal()
-    x, dyn, base = _conv_inputs((1,), 3, 32, 16, mx.bfloat16, seed=3)
-    launch = _launch.conv_launch(x, dyn, base, 16)
-    capfd.readouterr()
-    mx.eval(_dispatch._kernel(launch.spec.name)(**launch.kwargs(), verbose=True))
-    printed = capfd.readouterr().out
-    spec = launch.spec
-    gen = signature.generate(
-        spec.name, list(spec.input_names), list(spec.output_names),
-        kernels.kernel_source(spec.file), spec.header,
-        [signature.InputInfo(n, a.dtype, a.ndim, a.size)
-         for n, a in zip(spec.input_names, launch.inputs)],
-        list(launch.output_dtypes), launch.template)
-    # Kernel names carry MLX-version-specific suffixes; the rest must be identical.
-    name = re.compile(r"custom_kernel_\w+")
-    assert name.sub("K", gen.source.strip()) in name.sub("K", printed), printed
+    spec = kernels.SPECS[spec_name]
+    launcher = kernels.MetalLauncher()
+    name = re.compile(r"custom_kernel_\w+")  # names carry MLX-version-specific suffixes
+    for dtypes in _checks.DOCTOR_DTYPES[spec_name]:
+        launch = _checks.case(spec, dtypes).launch
+        capfd.readouterr()
+        source = kernels.kernel_source(spec.file)
+        mx.eval(launcher.kernel(spec, source)(**launch.kwargs(), verbose=True,
+                                              stream=mx.gpu))
+        printed = capfd.readouterr().out
+        gen = signature.generate(
+            spec.name, list(spec.input_names), list(spec.output_names), source, spec.header,
+            [signature.InputInfo(n, a.dtype, a.ndim, a.size)
+             for n, a in zip(spec.input_names, launch.inputs)],
+            list(launch.output_dtypes), launch.template)
+        assert name.sub("K", gen.source.strip()) in name.sub("K", printed), (dtypes, printed)

@@ -64,6 +64,13 @@ def draw_walk_uniforms(
     return mx.stack(steps, axis=1).reshape(*lead, gamma, k)
 
 
+def argmax_skipping_nan(x: mx.array) -> mx.array:
+    """argmax over the last axis where NaN never wins (lowest index on ties; a row of only NaN
+    or -inf gives 0): what Metal's mx.argmax does and the walk kernels do. CPU's mx.argmax
+    picks the first NaN instead, so the NaN are masked to keep one rule on every device."""
+    return mx.argmax(mx.where(mx.isnan(x), -mx.inf, x), axis=-1)
+
+
 def walk_with_uniforms(lattice: mx.array, temperature: float, uniforms: mx.array | None):
     """Reference walk over lattices [..., g, P, K] with the sampling noise given as uniforms
     [..., g, K] (ignored when greedy). Returns (choices [..., g] int32, q [..., g, K] or None)."""
@@ -80,9 +87,9 @@ def walk_with_uniforms(lattice: mx.array, temperature: float, uniforms: mx.array
             logits = scores / temperature
             qs.append(mx.softmax(logits, axis=-1))
             gumbel = -mx.log(-mx.log(u[:, t]))
-            choice = mx.argmax(logits + gumbel, axis=-1)
+            choice = argmax_skipping_nan(logits + gumbel)
         else:
-            choice = mx.argmax(scores, axis=-1)
+            choice = argmax_skipping_nan(scores)
         prev = choice.astype(mx.int32)
         picks.append(prev)
     picks = mx.stack(picks, axis=-1).reshape(*lead, gamma)

@@ -5,21 +5,30 @@
 - `walk`: the selector's greedy walk and sampled walk (`walk_with_uniforms` takes the noise).
 
 Each op dispatches to its kernel (metal/*.metal bodies, built once with
-`mx.fast.metal_kernel`) when Metal is available, `DFLASH2_KERNELS` is not `off` and the
-shape/dtype is supported; otherwise to the pure-MLX reference in dflash2_mlx.drafter.
-`status()` / `describe()` report the active path; `bench_kernels()` times kernels vs references.
+`mx.fast.metal_kernel`) when Metal is available, `DFLASH2_KERNELS` is not `off`, the
+shape/dtype is supported and the kernel passed its self-check against the reference (once per
+process and dtype; under `auto` a failure falls back with one `KernelFallbackWarning`, under
+`on` it raises); otherwise to the pure-MLX reference (`_references`).
+`status()` / `describe()` report the active path; `check_kernels()` runs every kernel against
+its reference (`dflash2 doctor --kernels`); `bench_kernels()` times kernels vs references.
 """
 
+from ._backend import Launcher, MetalLauncher, metal_available
 from ._bench import bench_kernels
+from ._checks import CheckResult
 from ._dispatch import (
-    describe, dynamic_conv, execute, kernels_active, metal_available, pair_scores, status, walk,
-    walk_with_uniforms,
+    Dispatcher, KernelCheckError, KernelFallbackWarning, current, describe, execute,
+    kernels_active, override, status,
 )
+from ._doctor import check_kernels
+from ._ops import dynamic_conv, pair_scores, walk, walk_with_uniforms
 from ._settings import ENV_VAR, SETTING, KernelMode, KernelSetting
 from ._specs import SPECS, KernelSpec, kernel_source
 
 __all__ = [
-    "bench_kernels", "describe", "dynamic_conv", "execute", "kernels_active", "metal_available",
-    "pair_scores", "status", "walk", "walk_with_uniforms", "ENV_VAR",
-    "SETTING", "KernelMode", "KernelSetting", "SPECS", "KernelSpec", "kernel_source",
+    "bench_kernels", "check_kernels", "describe", "dynamic_conv", "execute", "kernels_active",
+    "metal_available", "override", "current", "pair_scores", "status", "walk",
+    "walk_with_uniforms", "CheckResult", "Dispatcher", "KernelCheckError",
+    "KernelFallbackWarning", "Launcher", "MetalLauncher", "ENV_VAR", "SETTING", "KernelMode",
+    "KernelSetting", "SPECS", "KernelSpec", "kernel_source",
 ]

@@ -9,14 +9,12 @@ from typing import Callable
 import mlx.core as mx
 
 from . import _dispatch, _launch
-from ._settings import SETTING
+from . import _references as ref
 
 
 def _cases():
     """(op, case label, reference thunk, launch thunk) at the shipped drafter's sizes:
     H = 5120, g = 16, block 16 (15 drafted rows), K = 16, rank 256."""
-    from ..drafter import conv, selector
-
     k = mx.random.key(0)
     ks = mx.random.split(k, 8)
     hidden, group, length, gamma, top_k, rank = 5120, 16, 16, 15, 16, 256
@@ -27,7 +25,7 @@ def _cases():
         base = mx.random.normal((2, hidden), key=ks[2])
         out.append((
             "dynamic_conv", f"x[1,{length},{hidden}] {str(dtype).split('.')[-1]} g={group}",
-            lambda x=x, d=dyn, b=base: conv.dynamic_conv(x, d, b, group),
+            lambda x=x, d=dyn, b=base: ref.dynamic_conv(x, d, b, group),
             lambda x=x, d=dyn, b=base: _launch.conv_launch(x, d, b, group),
         ))
     unary = 10 * mx.random.normal((gamma, top_k), key=ks[3])
@@ -36,19 +34,19 @@ def _cases():
     succ = (0.1 * mx.random.normal((gamma, top_k, rank), key=ks[6])).astype(mx.bfloat16)
     out.append((
         "pair_scores", f"g={gamma} K={top_k} r={rank} bf16 rows",
-        lambda: selector.pair_scores(unary, h, pred, succ),
+        lambda: ref.pair_scores(unary, h, pred, succ),
         lambda: _launch.pair_scores_launch(unary, h, pred, succ),
     ))
-    lattice = selector.pair_scores(unary, h, pred, succ)
+    lattice = ref.pair_scores(unary, h, pred, succ)
     out.append((
         "walk_greedy", f"lattice[{gamma},{top_k},{top_k}]",
-        lambda: selector.walk(lattice, 0.0)[0],
+        lambda: ref.walk_with_uniforms(lattice, 0.0, None)[0],
         lambda: _launch.walk_launch(lattice, 0.0),
     ))
-    uniforms = selector.draw_walk_uniforms((), gamma, top_k, ks[7])
+    uniforms = ref.draw_walk_uniforms((), gamma, top_k, ks[7])
     out.append((
         "walk_sampled", f"lattice[{gamma},{top_k},{top_k}] T=1 (given uniforms)",
-        lambda: selector.walk_with_uniforms(lattice, 1.0, uniforms),
+        lambda: ref.walk_with_uniforms(lattice, 1.0, uniforms),
         lambda: _launch.walk_launch(lattice, 1.0, uniforms),
     ))
     return out
@@ -103,5 +101,6 @@ def bench_kernels(repeats: int = 20, warmup: int = 3) -> dict:
     note = ("custom Metal kernels timed against the pure-MLX references" if metal else
             "Metal unavailable: the custom kernels were not run; reference timings only "
             "(they are checked on this machine by the CPU harness in tests/test_kernels.py)")
-    return {"metal": metal, "kernels_run": metal, "setting": SETTING.mode.value, "note": note,
+    setting = _dispatch.current().setting.mode.value
+    return {"metal": metal, "kernels_run": metal, "setting": setting, "note": note,
             "repeats": repeats, "device": str(mx.default_device()), "results": results}

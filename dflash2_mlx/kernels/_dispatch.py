@@ -1,182 +1,162 @@
-"""Dispatch: the custom Metal kernel where Metal is available, `DFLASH2_KERNELS` allows it and the
-shape/dtype is supported; else the pure-MLX reference (dflash2_mlx.drafter.conv / .selector).
+"""Dispatch: whether a call takes its custom kernel or its pure-MLX reference.
 
-Differentiable ops (dynamic_conv, pair_scores) run the kernel forward under `mx.custom_function`
-whose VJP is the reference's, so training through them behaves as with the references.
+A kernel runs where `DFLASH2_KERNELS` is not `off`, the launcher can run here (Metal), the
+shape/dtype is supported, and the kernel passed its self-check for those input dtypes: once
+per process, on first use, a small input against the reference (`_checks`). Under `auto` a
+compile error, launch error or mismatch turns that kernel off for the rest of the process with
+one `KernelFallbackWarning`; under `on` it raises `KernelCheckError` (every call).
+
+The state lives in a `Dispatcher`; `override()` swaps in another one (another launcher, setting
+or kernel sources, a fresh self-check state) for a block: tests, `doctor --kernels`.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import threading
+import warnings
+from typing import Callable
 
 import mlx.core as mx
 
-from . import _launch
-from ._settings import SETTING, KernelMode, KernelSetting
-from ._specs import SPECS, source_location, kernel_source
+from . import _checks, _launch
+from ._backend import Launcher, MetalLauncher, metal_available
 from ._launch import Launch
+from ._settings import ENV_VAR, SETTING, KernelMode, KernelSetting
+from ._specs import KernelSpec, kernel_source, source_location
 
 
-@functools.lru_cache(maxsize=1)
-def metal_available() -> bool:
-    """Metal GPU present and MLX built with custom-kernel support."""
-    try:
-        return bool(mx.metal.is_available()) and hasattr(mx.fast, "metal_kernel")
-    except Exception:  # noqa: BLE001 - an MLX without the metal module
+class KernelFallbackWarning(RuntimeWarning):
+    """A custom kernel failed its self-check; its pure-MLX reference is used instead."""
+
+
+class KernelCheckError(RuntimeError):
+    """DFLASH2_KERNELS=on and a custom kernel failed its self-check."""
+
+
+def shipped_source(spec: KernelSpec) -> str:
+    return kernel_source(spec.file)
+
+
+class Dispatcher:
+    def __init__(self, setting: KernelSetting = SETTING, launcher: Launcher | None = None,
+                 source: Callable[[KernelSpec], str] = shipped_source):
+        self.setting = setting
+        self.launcher = launcher if launcher is not None else MetalLauncher()
+        self.source = source
+        self._unavailable: list[str | None] = []  # filled on first ask
+        self._passed: set[tuple[str, tuple]] = set()
+        self._failed: dict[str, _checks.CheckResult] = {}
+        self._lock = threading.Lock()
+
+    def unavailable(self) -> str | None:
+        """Why the launcher cannot run here (None: it can), asked once."""
+        if not self._unavailable:
+            self._unavailable.append(self.launcher.unavailable())
+        return self._unavailable[0]
+
+    def active(self, setting: KernelSetting | None = None) -> bool:
+        setting = self.setting if setting is None else setting
+        return setting.mode is not KernelMode.OFF and self.unavailable() is None
+
+    def execute(self, launch: Launch) -> list[mx.array]:
+        return self.launcher(launch, self.source(launch.spec))
+
+    def failures(self) -> dict[str, _checks.CheckResult]:
+        """Kernels turned off by a failed self-check, by kernel name."""
+        return dict(self._failed)
+
+    def use_kernel(self, launch: Launch | None) -> bool:
+        """Whether this call runs its kernel (runs the self-check on a kernel's first use
+        with these input dtypes)."""
+        if launch is None or not self.active() or not _launch.device_buffers_only(launch):
+            return False
+        name, key = launch.spec.name, launch.input_dtypes
+        if (name, key) in self._passed:
+            return True
+        first_failure = False
+        with self._lock:  # one check per kernel and dtypes, even with several threads
+            if name not in self._failed and (name, key) not in self._passed:
+                result = _checks.run(_checks.case(launch.spec, key), self.execute)
+                if result.ok:
+                    self._passed.add((name, key))
+                else:
+                    self._failed[name] = result
+                    first_failure = True
+        failure = self._failed.get(name)
+        if failure is None:
+            return True
+        if self.setting.mode is KernelMode.ON:
+            raise KernelCheckError(f"custom kernel {failure.describe()} ({ENV_VAR}=on)")
+        if first_failure:
+            warnings.warn(
+                f"dflash2: custom kernel {failure.describe()}; using its pure-MLX reference "
+                f"for the rest of this process ({ENV_VAR}=off skips the kernels, "
+                f"{ENV_VAR}=on makes this an error)", KernelFallbackWarning, stacklevel=3)
         return False
 
 
-def kernels_active(setting: KernelSetting | None = None) -> bool:
-    """Whether supported calls go to the custom kernels under `setting` (default: SETTING)."""
-    setting = SETTING if setting is None else setting
-    return setting.mode is not KernelMode.OFF and metal_available()
+_current = Dispatcher()
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(name: str):
-    """Build the `mx.fast.metal_kernel` callable once per kernel (the Metal JIT compiles each
-    template instantiation on first use and MLX caches the library)."""
-    spec = SPECS[name]
-    return mx.fast.metal_kernel(
-        name=spec.name, input_names=list(spec.input_names), output_names=list(spec.output_names),
-        source=kernel_source(spec.file), header=spec.header,
-    )
+def current() -> Dispatcher:
+    return _current
+
+
+@contextlib.contextmanager
+def override(*, launcher: Launcher | None = None, setting: KernelSetting | None = None,
+             source: Callable[[KernelSpec], str] | None = None):
+    """A block with another launcher / setting / kernel sources and a fresh self-check state;
+    the previous dispatcher (and what it learned) is back afterwards."""
+    global _current
+    saved = _current
+    _current = Dispatcher(saved.setting if setting is None else setting,
+                          saved.launcher if launcher is None else launcher,
+                          saved.source if source is None else source)
+    try:
+        yield _current
+    finally:
+        _current = saved
 
 
 def execute(launch: Launch) -> list[mx.array]:
-    """Run a launch plan on the Metal GPU."""
-    return _kernel(launch.spec.name)(**launch.kwargs())
+    """Run a launch plan with the current launcher (the Metal GPU unless overridden)."""
+    return _current.execute(launch)
 
 
-# ----------------------------------------------------------------------------- references
-def _ref_conv():
-    from ..drafter.conv import dynamic_conv
-    return dynamic_conv
+def kernels_active(setting: KernelSetting | None = None) -> bool:
+    """Whether supported calls go to the custom kernels under `setting` (default: the
+    current one), before self-checks."""
+    return _current.active(setting)
 
 
-def _ref_selector():
-    from ..drafter import selector
-    return selector
-
-
-# Without Metal kernels the references run compiled: they are chains of small element-wise ops
-# and gathers whose per-op dispatch dominates a draft round on the CPU (measured: the drafter
-# forward ~35% faster). Each is a pure function of its array arguments, so compiling is safe.
-@functools.lru_cache(maxsize=None)
-def _compiled_conv(group_size: int):
-    ref = _ref_conv()
-    return mx.compile(lambda x, dynamic, base: ref(x, dynamic, base, group_size))
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled_pair_scores():
-    return mx.compile(_ref_selector().pair_scores)
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled_walk(temperature: float):
-    sel = _ref_selector()
-    if temperature <= 0:
-        return mx.compile(lambda lattice: sel.walk_with_uniforms(lattice, 0.0, None)[0])
-    return mx.compile(lambda lattice, uniforms: sel.walk_with_uniforms(lattice, temperature, uniforms))
-
-
-def _ref_walk(lattice: mx.array, temperature: float, uniforms: mx.array | None):
-    if temperature <= 0:
-        return _compiled_walk(0.0)(lattice), None
-    return tuple(_compiled_walk(float(temperature))(lattice, uniforms))
-
-
-# ----------------------------------------------------------------------------- ops
-@functools.lru_cache(maxsize=None)
-def _conv_fn(group_size: int):
-    @mx.custom_function
-    def conv(x, dynamic, base):
-        return execute(_launch.conv_launch(x, dynamic, base, group_size))[0]
-
-    @conv.vjp
-    def conv_vjp(primals, cotangent, output):
-        ref = _ref_conv()
-        _, grads = mx.vjp(lambda x, d, b: ref(x, d, b, group_size), list(primals), [cotangent])
-        return tuple(grads)
-
-    return conv
-
-
-@mx.custom_function
-def _pair_scores_fn(unary, hidden, pred_rows, succ_rows):
-    return execute(_launch.pair_scores_launch(unary, hidden, pred_rows, succ_rows))[0]
-
-
-@_pair_scores_fn.vjp
-def _pair_scores_vjp(primals, cotangent, output):
-    _, grads = mx.vjp(_ref_selector().pair_scores, list(primals), [cotangent])
-    return tuple(grads)
-
-
-def dynamic_conv(x: mx.array, dynamic: mx.array, base: mx.array, group_size: int) -> mx.array:
-    """Same contract as `drafter.conv.dynamic_conv` (x [..., L, H]; dynamic [..., L, T, G];
-    base [T, H]); the Metal kernel for two taps and fp32/fp16/bf16 with matching x/dynamic."""
-    if kernels_active() and _launch.conv_supported(x, dynamic, base, group_size):
-        return _conv_fn(int(group_size))(x, dynamic, base)
-    return _compiled_conv(int(group_size))(x, dynamic, base)
-
-
-def pair_scores(
-    unary: mx.array, hidden: mx.array, pred_rows: mx.array, succ_rows: mx.array
-) -> mx.array:
-    """Same contract as `drafter.selector.pair_scores` ([..., g, P, K] float32)."""
-    if (kernels_active()
-            and _launch.pair_scores_launch(unary, hidden, pred_rows, succ_rows) is not None):
-        return _pair_scores_fn(unary, hidden, pred_rows, succ_rows)
-    return _compiled_pair_scores()(unary, hidden, pred_rows, succ_rows)
-
-
-def walk(lattice: mx.array, temperature: float, key: mx.array | None = None):
-    """Same contract as `drafter.selector.walk`: the sampled kernel takes the very uniforms the
-    reference draws from `key`, so both paths make the same choices."""
-    uniforms = None
-    if temperature > 0:
-        *lead, gamma, _, k = lattice.shape
-        uniforms = _ref_selector().draw_walk_uniforms(tuple(lead), gamma, k, key)
-    if kernels_active() and _launch.walk_supported(lattice):
-        outs = execute(_launch.walk_launch(lattice, temperature, uniforms))
-        return outs[0], (outs[1] if temperature > 0 else None)
-    return _ref_walk(lattice, temperature, uniforms)
-
-
-def walk_with_uniforms(lattice: mx.array, temperature: float, uniforms: mx.array | None):
-    """The walk with its sampling noise given (uniforms [..., g, K]; ignored when greedy)."""
-    if kernels_active():
-        launch = _launch.walk_launch(lattice, temperature, uniforms)
-        if launch is not None:
-            outs = execute(launch)
-            return outs[0], (outs[1] if temperature > 0 else None)
-    return _ref_walk(lattice, temperature, uniforms)
-
-
-# ----------------------------------------------------------------------------- reporting
 OPS = ("dynamic_conv", "pair_scores", "walk_greedy", "walk_sampled")
 
 
 def status(setting: KernelSetting | None = None) -> dict:
     """Which path the ops take, and why."""
-    setting = SETTING if setting is None else setting
-    metal = metal_available()
-    active = kernels_active(setting)
+    d = _current
+    setting = d.setting if setting is None else setting
+    unavailable = d.unavailable()
+    failed = {_checks.label(name): r.describe() for name, r in d.failures().items()}
     if setting.mode is KernelMode.OFF:
-        reason = "forced by DFLASH2_KERNELS=off"
-    elif not metal:
-        reason = "Metal unavailable" + (" (DFLASH2_KERNELS=on was asked)"
-                                        if setting.mode is KernelMode.ON else "")
+        reason = f"forced by {ENV_VAR}=off"
+    elif unavailable is not None:
+        reason = unavailable + (f" ({ENV_VAR}=on was asked)"
+                                if setting.mode is KernelMode.ON else "")
     else:
-        reason = "Metal available; unsupported shapes/dtypes fall back per call"
+        reason = ("Metal available; each kernel checks itself on first use per dtype, "
+                  "unsupported shapes/dtypes fall back per call")
+        if failed:
+            reason += "; failed their self-check (reference used): " + ", ".join(failed)
     return {
-        "path": "metal" if active else "reference",
+        "path": "metal" if d.active(setting) else "reference",
         "reason": reason,
         "setting": setting.mode.value,
         "setting_note": setting.note,
-        "metal": metal,
+        "metal": metal_available(),
+        "launcher": d.launcher.name,
+        "failed": failed,
         "ops": list(OPS),
         "sources": source_location(),
     }
@@ -185,5 +165,5 @@ def status(setting: KernelSetting | None = None) -> dict:
 def describe(setting: KernelSetting | None = None) -> str:
     """One line for `dflash2 doctor`."""
     s = status(setting)
-    line = f"{s['path']} ({s['reason']}; DFLASH2_KERNELS={s['setting']})"
+    line = f"{s['path']} ({s['reason']}; {ENV_VAR}={s['setting']})"
     return line + (f" [{s['setting_note']}]" if s["setting_note"] else "")

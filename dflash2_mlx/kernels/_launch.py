@@ -18,6 +18,9 @@ from ._specs import DYNAMIC_CONV, PAIR_SCORES, WALK_GREEDY, WALK_SAMPLED, Kernel
 FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 CONV_TAPS = 2  # the dynamic-conv body is the two-tap form (T_c = 2)
 _MAX_ELEMENTS = 2**31 - 1  # bodies index with 32-bit unsigned arithmetic
+# MLX passes an input under this many elements in the constant address space, which makes it
+# another kernel instantiation than the one the self-check tried (see `device_buffers_only`).
+CONSTANT_BUFFER_LIMIT = 8
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,11 @@ class Launch:
     output_shapes: tuple[tuple[int, ...], ...]
     output_dtypes: tuple[mx.Dtype, ...]
 
+    @property
+    def input_dtypes(self) -> tuple[mx.Dtype, ...]:
+        """The dtypes that, with the template, pick the compiled instantiation."""
+        return tuple(a.dtype for a in self.inputs)
+
     def kwargs(self) -> dict:
         """Keyword arguments for the `mx.fast.metal_kernel` callable."""
         return dict(
@@ -37,6 +45,12 @@ class Launch:
             threadgroup=self.threadgroup, output_shapes=[list(s) for s in self.output_shapes],
             output_dtypes=list(self.output_dtypes),
         )
+
+
+def device_buffers_only(launch: Launch) -> bool:
+    """Every array input in device memory (scalars aside): the instantiation the per-dtype
+    self-check runs. Smaller inputs take the reference (they are never a hot path)."""
+    return all(a.ndim == 0 or a.size >= CONSTANT_BUFFER_LIMIT for a in launch.inputs)
 
 
 def _fits(*arrays: mx.array) -> bool:

@@ -1,18 +1,25 @@
 // CPU stand-ins for the Metal built-ins dflash2's kernel bodies use, so that the source MLX
 // generates for `mx.fast.metal_kernel` (header + signature + body + template instantiation)
-// compiles with g++ -std=c++17 and runs one work item per call (tests/harness/runner.py).
+// compiles with a C++14 compiler (MSL is C++14-based) and runs one work item per call
+// (tests/harness/runner.py; msl_lint.py rejects what C++ accepts and MSL does not).
 //
 // Modelled:
 //   - address spaces `device`, `constant`, `thread` as empty macros (bodies must not name them:
 //     a lint in tests/test_kernels.py keeps them out, since mismatches would only fail on a Mac);
 //   - `[[kernel]]`, `[[buffer(i)]]`, `[[host_name(..)]]`, `[[thread_position_in_grid]]` ...:
 //     unknown attributes, ignored by g++ (-Wno-attributes);
-//   - scalar types uint, uint3 (x, y, z), int32_t, int64_t, ...;
+//   - scalar types uint, uint3 (x, y, z), int32_t, int64_t, ...; INFINITY and NAN (float);
 //   - half / float16_t and bfloat / bfloat16_t as 16-bit storage types with EXPLICIT conversion
 //     to and from float (round to nearest even, IEEE specials and subnormals). No arithmetic on
 //     them: bodies convert to float, compute, and static_cast the result back;
-//   - metal::{exp, log, sqrt, rsqrt, abs, fabs, fma, max, min, fmax, fmin, floor, ceil} on float
-//     (and max/min on integers).
+//   - metal::{fma, abs, fabs, floor, ceil} on float (exact on both sides) and max/min on
+//     integers;
+//   - metal::precise::{exp, exp2, log, log2, sqrt, rsqrt, max, min, fmax, fmin} as the C++
+//     library's (IEEE NaN handling: a NaN operand of max/min loses), and metal::fast::{...} the
+//     way fast math evaluates them: exp(x) = exp2(x * log2(e)), log(x) = log2(x) * ln(2) in
+//     float, NaN operands of max/min unspecified (modelled as the plain comparison).
+//   The UNQUALIFIED float forms of those are deleted: on Metal they follow the library's math
+//   mode (fast by default since macOS 15), so a body must say which one it means.
 // Not modelled (a body using them does not compile here): threadgroup memory and barriers,
 // SIMD-group/quad functions, atomics, vector types other than uint3, half/bfloat arithmetic.
 #pragma once
@@ -108,21 +115,51 @@ typedef bfloat bfloat16_t;
 static_assert(sizeof(half) == 2 && sizeof(bfloat) == 2, "16-bit storage");
 
 namespace metal {
-inline float exp(float x) { return std::exp(x); }
-inline float log(float x) { return std::log(x); }
-inline float sqrt(float x) { return std::sqrt(x); }
-inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
 inline float abs(float x) { return std::fabs(x); }
 inline float fabs(float x) { return std::fabs(x); }
 inline float floor(float x) { return std::floor(x); }
 inline float ceil(float x) { return std::ceil(x); }
 inline float fma(float a, float b, float c) { return std::fma(a, b, c); }
-inline float max(float a, float b) { return std::fmax(a, b); }
-inline float min(float a, float b) { return std::fmin(a, b); }
-inline float fmax(float a, float b) { return std::fmax(a, b); }
-inline float fmin(float a, float b) { return std::fmin(a, b); }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline uint max(uint a, uint b) { return a > b ? a : b; }
 inline uint min(uint a, uint b) { return a < b ? a : b; }
+
+// Math-mode dependent on Metal: name metal::precise:: or metal::fast:: instead.
+float exp(float) = delete;
+float exp2(float) = delete;
+float log(float) = delete;
+float log2(float) = delete;
+float sqrt(float) = delete;
+float rsqrt(float) = delete;
+float max(float, float) = delete;
+float min(float, float) = delete;
+float fmax(float, float) = delete;
+float fmin(float, float) = delete;
+
+namespace precise {
+inline float exp(float x) { return std::exp(x); }
+inline float exp2(float x) { return std::exp2(x); }
+inline float log(float x) { return std::log(x); }
+inline float log2(float x) { return std::log2(x); }
+inline float sqrt(float x) { return std::sqrt(x); }
+inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float fmax(float a, float b) { return std::fmax(a, b); }
+inline float fmin(float a, float b) { return std::fmin(a, b); }
+}  // namespace precise
+
+namespace fast {
+inline float exp2(float x) { return std::exp2(x); }
+inline float exp(float x) { return std::exp2(x * 1.44269504f); }
+inline float log2(float x) { return std::log2(x); }
+inline float log(float x) { return std::log2(x) * 0.693147181f; }
+inline float sqrt(float x) { return std::sqrt(x); }
+inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
+inline float max(float a, float b) { return a > b ? a : b; }
+inline float min(float a, float b) { return a < b ? a : b; }
+inline float fmax(float a, float b) { return a > b ? a : b; }
+inline float fmin(float a, float b) { return a < b ? a : b; }
+}  // namespace fast
 }  // namespace metal

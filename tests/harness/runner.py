@@ -1,6 +1,6 @@
-"""Run Metal kernel bodies on the CPU: generate the source MLX would (signature.py), compile it
-with the system C++ compiler against metal_shim.h, and call the kernel once per work item over
-the whole grid through a generated `extern "C"` entry point (ctypes).
+"""Run Metal kernel bodies on the CPU: lint the body as MSL (msl_lint.py), generate the source
+MLX would (signature.py), compile it as C++14 against metal_shim.h, and call the kernel once per
+work item over the whole grid through a generated `extern "C"` entry point (ctypes).
 
 Buffers are passed row-contiguous (as `ensure_row_contiguous=True` guarantees on Metal) inside
 guard zones: input guards hold NaN bit patterns (an out-of-bounds read poisons the result), output
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import shutil
 import subprocess
@@ -21,10 +22,11 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from . import signature
+from . import msl_lint, signature
 
 HERE = Path(__file__).resolve().parent
 GUARD = 64  # elements of guard zone on each side of every buffer
+MAX_THREADS_PER_THREADGROUP = 1024  # Metal's limit on every Apple GPU
 
 # Work-item attributes the loop provides (expressions over x, y, z, the grid g and group t).
 # Not modelled (NotModelled is raised): SIMD/quad indices, thread_index_in_threadgroup and
@@ -48,6 +50,10 @@ _NUMPY = {
 
 class NotModelled(Exception):
     """The body uses something metal_shim.h / the loop does not model."""
+
+
+class MslViolation(Exception):
+    """The body uses something C++ accepts and Metal does not (see msl_lint.py)."""
 
 
 def find_compiler() -> str | None:
@@ -134,7 +140,8 @@ class CpuMetal:
         )
 
     def _flags(self) -> list[str]:
-        common = ["-std=c++17", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-Wall"]
+        common = ["-std=c++14", "-pedantic-errors", "-O1", "-shared", "-fPIC",
+                  "-ffp-contract=off", "-Wall"]
         if self.is_clang:  # e.g. Xcode's: Metal attributes are unknown attributes there
             return common + ["-Wno-unknown-attributes", "-Wno-ignored-attributes"]
         return common + ["-Werror", "-Wno-attributes"]
@@ -146,17 +153,19 @@ class CpuMetal:
             # call instantiates the template anyway.
             source = source.split("\ntemplate [[host_name(")[0]
         text = '#include "metal_shim.h"\n' + source + self._driver(gen)
-        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        shim = (HERE / "metal_shim.h").read_text()
+        digest = hashlib.sha256("\0".join([text, shim, *self._flags()]).encode()).hexdigest()[:16]
         if digest in self._cache:
             return self._cache[digest]
         src = self.build_dir / f"{gen.kernel_name}_{digest}.cpp"
         lib = src.with_suffix(".so")
-        src.write_text(text)
-        cmd = [self.compiler, *self._flags(), f"-I{HERE}", str(src), "-o", str(lib)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"harness compile failed ({' '.join(cmd)}):\n{proc.stderr}")
-        self.compiles += 1
+        if not lib.exists():  # a build directory shared by test modules keeps its libraries
+            src.write_text(text)
+            cmd = [self.compiler, *self._flags(), f"-I{HERE}", str(src), "-o", str(lib)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"harness compile failed ({' '.join(cmd)}):\n{proc.stderr}")
+            self.compiles += 1
         library = ctypes.CDLL(str(lib))
         entry = library.dflash2_harness_run
         entry.restype = None
@@ -170,6 +179,13 @@ class CpuMetal:
     def run(self, name: str, input_names, output_names, source: str, inputs: list[mx.array],
             output_shapes, output_dtypes, grid, threadgroup, template=(), header: str = ""
             ) -> list[mx.array]:
+        problems = msl_lint.lint(header + "\n" + source, [n for n, _ in template])
+        if problems:
+            raise MslViolation(f"{name}: not valid MSL:\n  " + "\n  ".join(problems))
+        if (any(int(t) < 1 for t in threadgroup)
+                or math.prod(int(t) for t in threadgroup) > MAX_THREADS_PER_THREADGROUP):
+            raise AssertionError(f"{name}: threadgroup {tuple(threadgroup)} is not 1 to "
+                                 f"{MAX_THREADS_PER_THREADGROUP} threads (Metal's limit)")
         infos = [signature.InputInfo(n, a.dtype, a.ndim, a.size)
                  for n, a in zip(input_names, inputs)]
         gen = signature.generate(name, list(input_names), list(output_names), source, header,
@@ -231,3 +247,22 @@ class CpuMetal:
         return self.run(spec.name, list(spec.input_names), list(spec.output_names), source,
                         list(launch.inputs), launch.output_shapes, launch.output_dtypes,
                         launch.grid, launch.threadgroup, launch.template, spec.header)
+
+
+class HarnessLauncher:
+    """A dflash2_mlx.kernels launcher that runs the kernels on the CPU harness: with it the
+    dispatch (self-checks, fallbacks, the model paths) runs on any machine."""
+
+    name = "cpu-harness"
+
+    def __init__(self, cpu: CpuMetal):
+        self.cpu = cpu
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def device(self) -> str:
+        return f"CPU harness ({Path(self.cpu.compiler).name})"
+
+    def __call__(self, launch, source: str) -> list[mx.array]:
+        return self.cpu.run_launch(launch, source)
