@@ -58,7 +58,7 @@ def doctor(
         help="Run every custom Metal kernel against its pure-MLX reference on this machine and "
              "print a table to paste into a bug report (exit 1 if one fails)."),
 ):
-    """Report backend, device, BLAS in use and versions.
+    """Report backend, device, BLAS in use and versions; --kernels checks the Metal kernels.
 
     Example: dflash2 doctor --json
     """
