@@ -9,7 +9,7 @@ from typing import Callable
 import mlx.core as mx
 
 from . import _dispatch, _launch
-from . import _references as ref
+from . import _references as references
 
 
 def _cases():
@@ -25,7 +25,7 @@ def _cases():
         base = mx.random.normal((2, hidden), key=ks[2])
         out.append((
             "dynamic_conv", f"x[1,{length},{hidden}] {str(dtype).split('.')[-1]} g={group}",
-            lambda x=x, d=dyn, b=base: ref.dynamic_conv(x, d, b, group),
+            lambda x=x, d=dyn, b=base: references.dynamic_conv(x, d, b, group),
             lambda x=x, d=dyn, b=base: _launch.conv_launch(x, d, b, group),
         ))
     unary = 10 * mx.random.normal((gamma, top_k), key=ks[3])
@@ -34,19 +34,19 @@ def _cases():
     succ = (0.1 * mx.random.normal((gamma, top_k, rank), key=ks[6])).astype(mx.bfloat16)
     out.append((
         "pair_scores", f"g={gamma} K={top_k} r={rank} bf16 rows",
-        lambda: ref.pair_scores(unary, h, pred, succ),
+        lambda: references.pair_scores(unary, h, pred, succ),
         lambda: _launch.pair_scores_launch(unary, h, pred, succ),
     ))
-    lattice = ref.pair_scores(unary, h, pred, succ)
+    lattice = references.pair_scores(unary, h, pred, succ)
     out.append((
         "walk_greedy", f"lattice[{gamma},{top_k},{top_k}]",
-        lambda: ref.walk_with_uniforms(lattice, 0.0, None)[0],
+        lambda: references.walk_with_uniforms(lattice, 0.0, None)[0],
         lambda: _launch.walk_launch(lattice, 0.0),
     ))
-    uniforms = ref.draw_walk_uniforms((), gamma, top_k, ks[7])
+    uniforms = references.draw_walk_uniforms((), gamma, top_k, ks[7])
     out.append((
         "walk_sampled", f"lattice[{gamma},{top_k},{top_k}] T=1 (given uniforms)",
-        lambda: ref.walk_with_uniforms(lattice, 1.0, uniforms),
+        lambda: references.walk_with_uniforms(lattice, 1.0, uniforms),
         lambda: _launch.walk_launch(lattice, 1.0, uniforms),
     ))
     return out
