@@ -13,8 +13,8 @@ from typing import List, Optional
 import typer
 
 from .common import (
-    DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
-    OfflineOpt, TargetOpt, ThinkingOpt, fail,
+    DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg, OfflineOpt, TargetOpt,
+    ThinkingOpt, engine_flags, fail,
 )
 
 
@@ -53,7 +53,8 @@ def bench(
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per prompt (medians)."),
     block: Optional[List[str]] = typer.Option(
         None, "--block", help="Block size(s) to measure: --block 8, --block 4,8,16 or repeated "
-        "(default: the autotuned block, else the alias's, else the drafter's trained size). "
+        "(default: this machine's autotune profile, else the alias's recommendation, else the "
+        "drafter's trained size). "
         "With --autotune: the largest block considered.", show_default=False),
     context: int = typer.Option(256, "--context", help="Cache depth (tokens) at which verify "
                                 "and draft costs are timed."),
@@ -109,7 +110,8 @@ def bench(
         max_tokens=max_tokens, repeats=repeats, blocks=blocks, context=context,
         json_path=json_path or default_json_path(), plot=False if no_plot else plot,
         autotune=autotune, kernels=kernels, kernels_only=kernels_only, thinking=thinking,
-        offline=offline, draft=DraftOptions.from_flags(full_vocab, draft_vocab, lookup),
+        offline=offline, engine=engine_flags(lookup=lookup, full_vocab=full_vocab,
+                                             draft_vocab=draft_vocab),
         argv=sys.argv[1:])
 
 
@@ -124,13 +126,17 @@ def _fmt(x, spec: str = ".1f", none: str = "—") -> str:
     return none if x is None else format(x, spec)
 
 
-def _load(model, target, drafter, offline, draft, err):
+def _load(model, target, drafter, offline, engine, err):
+    """The pair and its engine settings; bench is greedy, so no generation_config.json."""
     from rich.text import Text
+
+    from dflash2_mlx.settings import resolve_engine
 
     from .common import load_resolved
 
-    return load_resolved(model, target, drafter, offline,
-                         lambda msg: err.print(Text(msg, style="dim")), draft)
+    pair, resolved, _ = load_resolved(model, target, drafter, offline,
+                                      lambda msg: err.print(Text(msg, style="dim")), engine)
+    return pair, resolved, resolve_engine(engine, pair, resolved, target_dir=None)
 
 
 def _env_line(env: dict) -> str:
@@ -241,7 +247,7 @@ def _write_json(report: dict, path: Path) -> Path:
 
 def run_bench_command(*, model, target, drafter, prompts, limit, max_tokens, repeats, blocks,
                       context, json_path, plot, autotune, kernels, kernels_only, thinking,
-                      offline, draft, argv) -> int:
+                      offline, engine, argv) -> int:
     from rich.console import Console
     from rich.text import Text
 
@@ -264,11 +270,12 @@ def run_bench_command(*, model, target, drafter, prompts, limit, max_tokens, rep
     if not kernels_only:
         from dflash2_mlx import autotune as A
 
-        pair, resolved = _load(model, target, drafter, offline, draft, err)
-        trained = pair.drafter.config.block_size
-        too_big = [b for b in blocks if b > trained]
-        if too_big:
-            fail(f"--block {too_big[0]} exceeds the drafter's trained block size {trained}")
+        from dflash2_mlx.settings import check_block
+
+        pair, resolved, settings = _load(model, target, drafter, offline, engine, err)
+        trained = settings.block.trained
+        for b in blocks:
+            check_block(b, trained)
         qsig = A.quant_signature(pair)
         report["pair"] = {"name": resolved.name, "alias": resolved.alias,
                           "target": resolved.target, "drafter": resolved.drafter,
@@ -288,7 +295,7 @@ def run_bench_command(*, model, target, drafter, prompts, limit, max_tokens, rep
             code = _autotune(A, pair, resolved, chosen, blocks, trained, max_tokens, repeats,
                              context, thinking, report, console, err)
         else:
-            code = _speed(B, A, pair, resolved, chosen, blocks, trained, max_tokens, repeats,
+            code = _speed(B, pair, chosen, blocks, settings.block, max_tokens, repeats,
                           context, thinking, report, json_path, plot, console, err)
     if kernels:
         report["kernels"] = kernels_report(20, console, err)
@@ -327,19 +334,17 @@ def _autotune(A, pair, resolved, prompts, blocks, trained, max_tokens, repeats, 
     return 0
 
 
-def _speed(B, A, pair, resolved, prompts, blocks, trained, max_tokens, repeats, context,
-           thinking, report, json_path, plot, console, err) -> int:
+def _speed(B, pair, prompts, blocks, auto, max_tokens, repeats, context, thinking, report,
+           json_path, plot, console, err) -> int:
     from rich.text import Text
 
-    source = "--block"
-    if not blocks:
-        tuned = A.recommended_block(pair, resolved.target, resolved.drafter)
-        if tuned:
-            blocks, source = [tuned], "autotune profile"
-        elif resolved.block_size:
-            blocks, source = [min(resolved.block_size, trained)], "alias recommendation"
-        else:
-            blocks, source = [trained], "drafter's trained block"
+    from dflash2_mlx.settings import BY_FLAG
+
+    source = BY_FLAG
+    if not blocks:  # the rule chat and serve use (dflash2_mlx.settings)
+        blocks, source = [auto.size], auto.reason
+        if auto.note:
+            err.print(Text(f"note: {auto.note}", style="yellow"))
     report["settings"].update(blocks=blocks, block_source=source)
     console.print(Text(f"{len(prompts)} prompts · max {max_tokens} tokens · {repeats} repeats · "
                        f"greedy · block {', '.join(map(str, blocks))} ({source})", style="dim"))

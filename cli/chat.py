@@ -4,13 +4,14 @@ inside the command, so `dflash2 --help` never loads MLX)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from .common import (
-    DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
-    OfflineOpt, TargetOpt, ThinkingOpt, fail,
+    BlockOpt, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, MinPOpt, ModelArg, NoSpecOpt,
+    OfflineOpt, SeedOpt, TargetOpt, TempOpt, ThinkingOpt, TopKOpt, TopPOpt, engine_flags, fail,
+    sampling_flags,
 )
 
 
@@ -22,16 +23,9 @@ class ChatOptions:
     prompt: Optional[str]
     system: Optional[str]
     max_tokens: int
-    temp: float
-    top_p: float
-    top_k: int
-    min_p: float
-    seed: Optional[int]
-    block: Optional[int]
-    spec: bool
     thinking: Optional[bool]
     offline: bool
-    draft: DraftOptions = DraftOptions()
+    engine: Any  # dflash2_mlx.settings.EngineFlags: block, spec, lookup, vocabulary, sampling
 
 
 def chat(
@@ -43,17 +37,13 @@ def chat(
         "line, and exit."),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = typer.Option(512, "--max-tokens", help="Most tokens per answer."),
-    temp: float = typer.Option(0.0, "--temp", help="Sampling temperature; 0 = greedy."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass, in (0, 1]."),
-    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens; 0 = off."),
-    min_p: float = typer.Option(0.0, "--min-p", help="Drop tokens below min_p x the top "
-                                "probability, in [0, 1)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for sampling."),
-    block: Optional[int] = typer.Option(
-        None, "--block", help="Block size: tokens verified per round (default: the alias's "
-        "recommendation, else the drafter's trained block size)."),
-    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding (no drafter), same "
-                                 "sampler: for comparison."),
+    temp: TempOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    min_p: MinPOpt = None,
+    seed: SeedOpt = None,
+    block: BlockOpt = None,
+    no_spec: NoSpecOpt = False,
     thinking: ThinkingOpt = None,
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
@@ -72,13 +62,11 @@ def chat(
     for flag, value in (("--prompt", prompt), ("--system", system)):
         if value is not None and not value.strip():
             fail(f"{flag} is empty")
-    if no_spec and block is not None:
-        fail("--block has no effect with --no-spec (plain decoding verifies one token a round)")
-    if no_spec and lookup is not None:
-        fail("--lookup has no effect with --no-spec (plain decoding drafts nothing)")
-    opts = ChatOptions(model, target, drafter, prompt, system, max_tokens, temp, top_p, top_k,
-                       min_p, seed, block, not no_spec, thinking, offline,
-                       DraftOptions.from_flags(full_vocab, draft_vocab, lookup))
+    engine = engine_flags(block=block, spec=not no_spec, lookup=lookup, full_vocab=full_vocab,
+                          draft_vocab=draft_vocab,
+                          sampling=sampling_flags(temp, top_p, top_k, min_p, seed))
+    opts = ChatOptions(model, target, drafter, prompt, system, max_tokens, thinking, offline,
+                       engine)
     from .chat_repl import run_chat
 
     return run_chat(opts)

@@ -15,9 +15,9 @@ from dataclasses import replace
 from rich.console import Console
 from rich.text import Text
 
-from dflash2_mlx import GenerationParams, GenerationStats, SamplingParams
-from dflash2_mlx.autotune import recommended_block
+from dflash2_mlx import GenerationParams, GenerationStats
 from dflash2_mlx.errors import DFlash2Error
+from dflash2_mlx.settings import EngineSettings, check_block, idle_when_greedy
 from dflash2_mlx.text import chat_prompt_ids, stream_text
 
 from .chat import ChatOptions
@@ -52,30 +52,27 @@ def _template_has_thinking(tokenizer) -> bool:
 
 
 class Chat:
-    def __init__(self, pair, opts: ChatOptions, resolved, console: Console, err: Console):
+    def __init__(self, pair, opts: ChatOptions, settings: EngineSettings, console: Console,
+                 err: Console):
         self.pair, self.opts, self.console, self.err = pair, opts, console, err
-        self.trained = pair.drafter.config.block_size
-        tuned = recommended_block(pair, resolved.target, resolved.drafter)  # bench --autotune
-        self.recommended = min(tuned or resolved.block_size or self.trained, self.trained)
-        if resolved.block_size and resolved.block_size > self.trained:
-            self.note(f"{resolved.name} recommends block {resolved.block_size} but the drafter "
-                      f"is trained at {self.trained}: using {self.trained}")
-        if opts.block is not None and opts.block > self.trained:
-            fail(f"--block {opts.block} exceeds the drafter's trained block size {self.trained}")
         if opts.thinking is not None and not _template_has_thinking(pair.tokenizer):
             fail(f"--{'' if opts.thinking else 'no-'}thinking: this model's chat template has no "
                  "thinking switch")
-        self.block = opts.block or self.recommended
-        self.sampling = SamplingParams(opts.temp, opts.top_p, opts.top_k, opts.min_p, opts.seed)
+        self.engine = settings
+        if settings.auto_block.note:  # a recommendation above the trained size, clamped
+            self.note(settings.auto_block.note)
+        self.trained = settings.block.trained
+        self.block = settings.block.size
+        self.sampling = settings.sampling.params
         self.max_tokens = opts.max_tokens
-        self.spec, self.thinking = opts.spec, opts.thinking
+        self.spec, self.thinking = settings.speculative, opts.thinking
         self.params()  # validate now, before the first turn
         self.system = opts.system
         self.history: list[dict] = []
         self.session = pair.new_session()  # one Session for the whole conversation
         self.total = GenerationStats()
         self.turns = 0
-        self.warn_greedy_filters()
+        self.warn_greedy_filters(only=settings.sampling.from_flags)
 
     # ----------------------------------------------------------------- helpers
     def note(self, text: str) -> None:
@@ -89,12 +86,10 @@ class Chat:
         return status_text(stats, block=self.block if self.spec else 1, spec=self.spec,
                            finish=finish)
 
-    def warn_greedy_filters(self) -> None:
-        sp = self.sampling
-        if not sp.greedy:
-            return
-        idle = [n for n, on in (("top_p", sp.top_p < 1), ("top_k", sp.top_k > 0),
-                                ("min_p", sp.min_p > 0), ("seed", sp.seed is not None)) if on]
+    def warn_greedy_filters(self, only: tuple[str, ...] | None = None) -> None:
+        """Never silently ignored: say which fields greedy decoding does not use (at start,
+        only those the user gave, not the model's generation_config.json)."""
+        idle = [n for n in idle_when_greedy(self.sampling) if only is None or n in only]
         if idle:
             self.note(f"{', '.join(idle)} has no effect at temperature 0 (greedy decoding)")
 
@@ -209,12 +204,11 @@ class Chat:
                 say(Text(f"max tokens = {value}", style="dim"))
             elif name == "/block":
                 if not arg:
-                    say(Text(f"block {self.block} (trained {self.trained})"))
+                    say(Text(f"block {self.block} (trained {self.trained}); /block auto: "
+                             f"{self.engine.auto_block.describe()}"))
                     return True
-                value = self.recommended if arg == "auto" else self._number(name, arg, int)
-                if not 1 <= value <= self.trained:
-                    return self._bad(f"/block must be 1 .. {self.trained} (the drafter's trained "
-                                     f"block size), got {value}")
+                value = (self.engine.auto_block.size if arg == "auto"
+                         else check_block(self._number(name, arg, int), self.trained, "/block"))
                 self.block = value
                 say(Text(f"block = {value}" + ("" if self.spec else " (used when /spec on)"),
                          style="dim"))
@@ -287,24 +281,27 @@ class _Bad(Exception):
 
 
 def load(opts: ChatOptions, err: Console):
-    return load_resolved(opts.model, opts.target, opts.drafter, opts.offline,
-                         lambda msg: err.print(Text(msg, style="dim")), opts.draft)
+    """The pair and the engine settings (the same resolver as `dflash2 serve`)."""
+    from dflash2_mlx.settings import resolve_engine
+
+    pair, resolved, target_dir = load_resolved(
+        opts.model, opts.target, opts.drafter, opts.offline,
+        lambda msg: err.print(Text(msg, style="dim")), opts.engine)
+    return pair, resolved, resolve_engine(opts.engine, pair, resolved, target_dir)
 
 
 def run_chat(opts: ChatOptions) -> int:
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
-    # Validate generation parameters before any model loads.
-    GenerationParams(opts.max_tokens, SamplingParams(opts.temp, opts.top_p, opts.top_k,
-                                                     opts.min_p, opts.seed), opts.block)
-    pair, resolved = load(opts, err)
-    chat = Chat(pair, opts, resolved, console, err)
+    GenerationParams(opts.max_tokens)  # validated before any model loads (the rest is too)
+    pair, resolved, settings = load(opts, err)
+    chat = Chat(pair, opts, settings, console, err)
     if opts.prompt is not None:
         _, stats, finish = chat.turn(opts.prompt, live=False)
         sys.stdout.write("\n")
         sys.stdout.flush()
         err.print(chat.status(stats, finish), soft_wrap=True)
         return 130 if finish in ("stopped", "interrupted") else 0
-    err.print(Text(f"{resolved.name}: block {chat.block} (trained {chat.trained}), "
-                   f"temperature {chat.sampling.temperature}. /help for commands, Ctrl-C stops "
-                   "an answer, Ctrl-D exits.", style="dim"))
+    spec = settings.block.describe() if chat.spec else "speculative off"
+    err.print(Text(f"{resolved.name}: {spec}, {settings.sampling.describe()}. /help for "
+                   "commands, Ctrl-C stops an answer, Ctrl-D exits.", style="dim"))
     return chat.repl()

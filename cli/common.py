@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Annotated, Callable, Optional
 
 import typer
@@ -55,33 +54,52 @@ DraftVocabOpt = Annotated[Optional[int], typer.Option(
     "--draft-vocab", min=1, metavar="N", help="Draft from only the N most frequent tokens of "
     "the draft vocabulary: a smaller draft head, cheaper rounds; outputs are the same (`dflash2 "
     "bench` measures the trade).", show_default=False)]
-DEFAULT_LOOKUP = 3  # = dflash2_mlx.engine.lookup.DEFAULT_LOOKUP (not imported: no MLX here)
+BlockOpt = Annotated[Optional[int], typer.Option(
+    "--block", help="Block size: tokens verified per round (default: this machine's autotune "
+    "profile from `dflash2 bench --autotune`, else the alias's recommendation, else the "
+    "drafter's trained block size).", show_default=False)]
+NoSpecOpt = Annotated[bool, typer.Option(
+    "--no-spec", help="Plain decoding (no drafter), same sampler: for comparison.")]
 LookupOpt = Annotated[Optional[int], typer.Option(
     "--lookup", min=0, metavar="N", help="Context lookup: when the last N tokens occurred "
     "earlier in the prompt or answer, propose what followed them instead of drafting (free, "
-    f"often long and right; outputs are the same). 0: always the drafter. [default: "
-    f"{DEFAULT_LOOKUP}]", show_default=False)]
+    "often long and right; outputs are the same). 0: always the drafter. [default: 3]",
+    show_default=False)]  # the default is the library's DEFAULT_LOOKUP (a test pins the 3)
+
+# Sampling: chat uses these for every turn, serve for the fields a request leaves out. Not
+# given: the target's generation_config.json, else greedy (dflash2_mlx.settings).
+_FROM_MODEL = " [default: the target's generation_config.json, else greedy]"
+TempOpt = Annotated[Optional[float], typer.Option(
+    "--temp", help="Sampling temperature; 0 = greedy." + _FROM_MODEL, show_default=False)]
+TopPOpt = Annotated[Optional[float], typer.Option(
+    "--top-p", help="Nucleus sampling mass, in (0, 1]." + _FROM_MODEL, show_default=False)]
+TopKOpt = Annotated[Optional[int], typer.Option(
+    "--top-k", help="Keep the k most likely tokens; 0 = off." + _FROM_MODEL,
+    show_default=False)]
+MinPOpt = Annotated[Optional[float], typer.Option(
+    "--min-p", help="Drop tokens below min_p x the top probability, in [0, 1)." + _FROM_MODEL,
+    show_default=False)]
+SeedOpt = Annotated[Optional[int], typer.Option(
+    "--seed", help="Random seed for sampling [default: a random one].", show_default=False)]
 
 
-@dataclass(frozen=True)
-class DraftOptions:
-    """Where drafts come from: the drafter's (limited) draft vocabulary, and context lookup."""
-
-    full_vocab: bool = False
-    draft_vocab: int | None = None
-    lookup: int = DEFAULT_LOOKUP
-
-    @classmethod
-    def from_flags(cls, full_vocab: bool, draft_vocab: int | None, lookup: int | None):
-        """From the options as given (`--lookup` absent: the default)."""
-        return cls(full_vocab, draft_vocab, DEFAULT_LOOKUP if lookup is None else lookup)
+def sampling_flags(temp, top_p, top_k, min_p, seed) -> dict:
+    """The sampling options as dflash2_mlx.settings names them (None: not given)."""
+    return {"temperature": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p, "seed": seed}
 
 
-def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], None],
-                  draft: DraftOptions = DraftOptions()):
-    """Resolve an alias / --target / --drafter, fetch both, load the pair: (pair, resolved)."""
-    if draft.full_vocab and draft.draft_vocab is not None:
-        fail("--draft-vocab and --full-vocab contradict each other")
+def engine_flags(*, block=None, spec=True, lookup=None, full_vocab=False, draft_vocab=None,
+                 sampling=None):
+    """The engine options as given, checked (contradictions refused) before any model loads."""
+    from dflash2_mlx.settings import EngineFlags
+
+    return EngineFlags(block=block, speculative=spec, lookup=lookup, full_vocab=full_vocab,
+                       draft_vocab=draft_vocab, sampling=sampling or {})
+
+
+def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], None], flags):
+    """Resolve an alias / --target / --drafter, fetch both, load the pair with `flags` (an
+    EngineFlags): (pair, resolved, the target's folder)."""
     from dflash2_mlx import load_pair
     from dflash2_mlx.registry import fetch, resolve
 
@@ -90,12 +108,13 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     ddir = fetch(resolved.drafter, "drafter", offline=offline)
     alias = f"{resolved.alias}: " if resolved.alias else ""
     say(f"loading {alias}target {resolved.target} + drafter {resolved.drafter}")
-    pair = load_pair(tdir, ddir, offline=offline, full_vocab=draft.full_vocab,
-                     draft_vocab_limit=draft.draft_vocab, lookup=draft.lookup)
+    pair = load_pair(tdir, ddir, offline=offline, full_vocab=flags.full_vocab,
+                     draft_vocab_limit=flags.draft_vocab, lookup=flags.lookup_or_default)
     size = pair.drafter.draft_vocab_size
     if size is not None:
         say(f"draft vocabulary: {size:,} of {pair.drafter.config.vocab_size:,} tokens "
             "(--full-vocab for all)")
-    if draft.lookup:
-        say(f"context lookup: after a repeat of the last {draft.lookup} tokens (--lookup 0: off)")
-    return pair, resolved
+    if pair.decoder.lookup:
+        say(f"context lookup: after a repeat of the last {pair.decoder.lookup} tokens "
+            "(--lookup 0: off)")
+    return pair, resolved, tdir

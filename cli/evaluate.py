@@ -10,8 +10,8 @@ from typing import Optional
 import typer
 
 from .common import (
-    DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
-    TargetOpt, fail, load_resolved,
+    DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg, TargetOpt, engine_flags,
+    fail, load_resolved,
 )
 
 
@@ -51,9 +51,10 @@ def evaluate(
     from dflash2_mlx.train.evaluate import measure_tau
 
     err = Console(stderr=True)
-    pair, resolved = load_resolved(model, target, drafter, offline,
-                                   lambda m: err.print(m, style="dim"),
-                                   DraftOptions.from_flags(full_vocab, draft_vocab, lookup))
+    pair, resolved, _ = load_resolved(model, target, drafter, offline,
+                                      lambda m: err.print(m, style="dim"),
+                                      engine_flags(lookup=lookup, full_vocab=full_vocab,
+                                                   draft_vocab=draft_vocab))
     chosen = select_prompts(load_prompts(prompts), limit)
     result = measure_tau(pair, chosen, block_sizes=block_list, temperatures=temps,
                          max_tokens=max_tokens, seed=seed)

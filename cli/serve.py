@@ -11,8 +11,9 @@ from typing import Optional
 import typer
 
 from .common import (
-    DraftOptions, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg,
-    OfflineOpt, TargetOpt, fail, load_resolved,
+    BlockOpt, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, MinPOpt, ModelArg, NoSpecOpt,
+    OfflineOpt, SeedOpt, TargetOpt, TempOpt, TopKOpt, TopPOpt, engine_flags, fail, load_resolved,
+    sampling_flags,
 )
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -48,11 +49,13 @@ def serve(
                                    help="max_tokens of requests that give none."),
     max_queue: int = typer.Option(8, "--max-queue", min=0, help="Requests that may wait while "
                                   "one generates; more get 503 with Retry-After."),
-    block: Optional[int] = typer.Option(
-        None, "--block", min=1, help="Block size: tokens verified per round (default: the "
-        "alias's recommendation, else the drafter's trained block size)."),
-    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding (no drafter), same "
-                                 "sampler: for comparison."),
+    block: BlockOpt = None,
+    no_spec: NoSpecOpt = False,
+    temp: TempOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    min_p: MinPOpt = None,
+    seed: SeedOpt = None,
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
@@ -65,16 +68,19 @@ def serve(
     One generation runs at a time; others wait in a bounded queue. Usage in every response
     carries acceptance stats in `usage.dflash2`; /v1/models shows the engine in `dflash2`.
 
+    --temp, --top-p, --top-k, --min-p and --seed are the defaults for the fields a request
+    leaves out (its own fields always win); not given: the target's generation_config.json,
+    else greedy. /v1/models shows them in `sampling_defaults`.
+
     Example: dflash2 serve qwen3-4b --port 8000
 
     Example: dflash2 serve --target ./my-model --drafter ./my-drafter --max-queue 4
     """
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
-    if no_spec and block is not None:
-        fail("--block has no effect with --no-spec (plain decoding verifies one token a round)")
-    if no_spec and lookup is not None:
-        fail("--lookup has no effect with --no-spec (plain decoding drafts nothing)")
+    flags = engine_flags(block=block, spec=not no_spec, lookup=lookup, full_vocab=full_vocab,
+                         draft_vocab=draft_vocab,
+                         sampling=sampling_flags(temp, top_p, top_k, min_p, seed))
     if model_name is not None and not model_name.strip():
         fail("--model-name is empty")
     sock = _listen(host, port)
@@ -82,31 +88,29 @@ def serve(
     import uvicorn
 
     from dflash2_mlx.serve import create_app
+    from dflash2_mlx.settings import resolve_engine
+
+    def say(msg: str) -> None:
+        typer.echo(msg, err=True)
 
     try:
-        pair, resolved = load_resolved(model, target, drafter, offline,
-                                       lambda msg: typer.echo(msg, err=True),
-                                       DraftOptions.from_flags(full_vocab, draft_vocab, lookup))
-        trained = pair.drafter.config.block_size
-        if block is not None and block > trained:
-            fail(f"--block {block} exceeds the drafter's trained block size {trained}")
-        if block is None and not no_spec:
-            from dflash2_mlx.autotune import recommended_block
-
-            tuned = recommended_block(pair, resolved.target, resolved.drafter)
-            block = min(tuned or resolved.block_size or trained, trained)
+        pair, resolved, target_dir = load_resolved(model, target, drafter, offline, say, flags)
+        settings = resolve_engine(flags, pair, resolved, target_dir)
+        if settings.auto_block.note:
+            say(f"note: {settings.auto_block.note}")
         name = model_name or resolved.name
         app = create_app(pair, model_name=name, max_queue=max_queue,
                          context_length=context_length, default_max_tokens=max_tokens,
-                         block_size=block, speculative=not no_spec,
-                         drafter_name=resolved.drafter)
+                         block_size=settings.block.size, speculative=settings.speculative,
+                         drafter_name=resolved.drafter, sampling=settings.sampling)
     except BaseException:
         sock.close()
         raise
     shown = f"[{host}]" if ":" in host else host
-    typer.echo(f"serving {name!r} on http://{shown}:{port}/v1 ("
-               + (f"block {block}" if not no_spec else "speculative off")
-               + f", context {app.state.settings.context}, queue {max_queue})", err=True)
+    say(f"sampling defaults (for fields a request leaves out): {settings.sampling.describe()}")
+    say(f"serving {name!r} on http://{shown}:{port}/v1 ("
+        + (settings.block.describe() if settings.speculative else "speculative off")
+        + f", context {app.state.settings.context}, queue {max_queue})")
     # After Ctrl-C, open streams get 3 s; then they are cancelled (and their generations).
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3))
     try:

@@ -324,7 +324,8 @@ def load_profile(key: Mapping, root: str | Path | None = None) -> dict | None:
 def recommended_block(pair, target: str, drafter: str, *,
                       root: str | Path | None = None) -> int | None:
     """The autotuned block for this pair on this machine (`dflash2 bench --autotune`), or None
-    when no profile matches (other device, mlx version, models or quantization)."""
+    when no profile matches (other device, mlx version, models or quantization). Not clamped:
+    settings.choose_block clamps every recommendation to the trained size, with the reason."""
     try:
         profile = load_profile(profile_key(pair, target, drafter), root)
     except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
@@ -332,4 +333,4 @@ def recommended_block(pair, target: str, drafter: str, *,
     block = profile.get("chosen_block") if profile else None
     if not isinstance(block, int) or isinstance(block, bool) or block < 1:
         return None
-    return min(block, pair.drafter.config.block_size)
+    return block

@@ -114,8 +114,17 @@ def test_sampling_with_lookup_follows_the_target():
 
 
 def test_the_cli_default_is_the_librarys():
-    from dflash2_cli.common import DEFAULT_LOOKUP as CLI_DEFAULT
+    """The CLI resolves --lookup through the library (one DEFAULT_LOOKUP); its help says it."""
+    import typer
+
+    from dflash2_cli.app import app
+    from dflash2_cli.common import engine_flags
 
     from dflash2_mlx.engine.lookup import DEFAULT_LOOKUP
 
+    CLI_DEFAULT = engine_flags().lookup_or_default
     assert CLI_DEFAULT == DEFAULT_LOOKUP == 3
+    for name, command in typer.main.get_command(app).commands.items():
+        for option in command.params:
+            if "--lookup" in option.opts:
+                assert f"[default: {DEFAULT_LOOKUP}]" in option.help, name

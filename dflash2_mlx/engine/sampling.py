@@ -9,11 +9,35 @@ committed token follows p exactly. DFlash2's q lives on K candidates (sparse).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import mlx.core as mx
 
 from ..errors import ParameterError
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# field -> (test of a value, what a valid value is): one rule per field, used by
+# SamplingParams and by front ends that check one field at a time (flags, request fields).
+_CHECKS = {
+    "temperature": (lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
+                    "temperature must be a finite number >= 0"),
+    "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "top_p must be in (0, 1]"),
+    "top_k": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+              "top_k must be an int >= 0 (0 = off)"),
+    "min_p": (lambda v: _is_number(v) and 0 <= v < 1, "min_p must be in [0, 1)"),
+    "seed": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+             "seed must be a non-negative int"),
+}
+
+
+def field_problem(name: str, value) -> str | None:
+    """What is wrong with `value` for SamplingParams field `name`, or None if it is valid."""
+    ok, rule = _CHECKS[name]
+    return None if ok(value) else rule
 
 
 @dataclass(frozen=True)
@@ -25,23 +49,13 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        checks = (
-            (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-             and self.temperature >= 0, "temperature must be a finite number >= 0"),
-            (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,
-             "top_k must be an int >= 0 (0 = off)"),
-            (isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1, "min_p must be in [0, 1)"),
-            (self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
-             "seed must be a non-negative int"),
-        )
-        for ok, msg in checks:
-            if not ok:
-                raise ParameterError(f"{msg}; got {self._describe()}")
+        for name in _CHECKS:
+            problem = field_problem(name, getattr(self, name))
+            if problem:
+                raise ParameterError(f"{problem}; got {self._describe()}")
 
     def _describe(self) -> str:
-        return (f"temperature={self.temperature!r}, top_p={self.top_p!r}, top_k={self.top_k!r}, "
-                f"min_p={self.min_p!r}, seed={self.seed!r}")
+        return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
 
     @property
     def greedy(self) -> bool:

@@ -7,8 +7,10 @@ Endpoints
 
 Request fields honoured: model (optional; must name the served model, else 404), messages /
 prompt, max_tokens or max_completion_tokens (default: the server's, clipped to the context),
-temperature (default 1.0, as OpenAI; 0 = greedy), top_p, top_k (0 or -1 = off), min_p, stop
-(string or up to 16 strings; never emitted), seed, stream, stream_options.include_usage,
+temperature (0 = greedy), top_p, top_k (0 or -1 = off), min_p, seed: each one a request leaves
+out takes the server's default (`dflash2 serve --temp/--top-p/--top-k/--min-p/--seed`, else
+the target's generation_config.json, else greedy; not OpenAI's T = 1), stop
+(string or up to 16 strings; never emitted), stream, stream_options.include_usage,
 and on chat prediction ({"type": "content", "content": text}: Predicted Outputs, a hint that
 only drafts: where the answer follows it, its tokens are proposed; the output is unchanged).
 Sampling is the library's lossless rejection sampling: output follows the target exactly.
@@ -34,6 +36,9 @@ Extension fields
   /v1/models data[i].dflash2 = {speculative, drafter, drafter_version, draft_vocab, lookup,
                                 block_size, trained_block_size, context_length,
                                 default_max_tokens, max_queue}
+  /v1/models data[i].sampling_defaults = {temperature, top_p, top_k, min_p, seed,
+                                          source: {field: "--temp" ... | "generation_config.json"
+                                                   | "default"}}
 
 Errors: {"error": {"message", "type", "param", "code"}}; 400 bad input, 404 unknown model or
 route, 503 + Retry-After when the queue is full. Requests run one at a time on a worker thread;

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import DFlash2Error
+from ..settings import SamplingDefaults, check_block
 from . import metrics as metrics_mod
 from .handler import Handler, Settings, error_response, unknown_model
 from .queue import Worker
@@ -70,19 +71,21 @@ async def _json_body(request: Request) -> dict:
 
 def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int | None = None,
                default_max_tokens: int = 512, block_size: int | None = None,
-               speculative: bool = True, drafter_name: str | None = None) -> FastAPI:
+               speculative: bool = True, drafter_name: str | None = None,
+               sampling: SamplingDefaults | None = None) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
 
     max_queue: requests that may wait while one generates (beyond: 503 + Retry-After).
     context_length: prompt + max_tokens limit (default: the target's max_position_embeddings,
     else 4096). default_max_tokens: for requests that give none, clipped to what the context
     leaves. block_size / speculative: the engine settings of every request. drafter_name: shown
-    in /v1/models. The worker thread starts and stops with the app (its lifespan).
+    in /v1/models. sampling: what a request gets for the sampling fields it leaves out
+    (dflash2_mlx.settings.resolve_sampling; default: greedy). The worker thread starts and stops
+    with the app (its lifespan).
     """
     trained = pair.drafter.config.block_size
-    if block_size is not None and not 1 <= block_size <= trained:
-        raise DFlash2Error(f"block_size must be in [1, {trained}] (the drafter's trained block "
-                           f"size); got {block_size}")
+    if block_size is not None:
+        check_block(block_size, trained, "block_size")
     if max_queue < 0:
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
     if default_max_tokens < 1:
@@ -92,7 +95,7 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
         raise DFlash2Error(f"context_length must be >= 2; got {context}")
     settings = Settings(model_name, context, default_max_tokens, block_size, speculative,
                         (block_size or trained) if speculative else 1,
-                        pair.decoder.target.vocab_size)
+                        pair.decoder.target.vocab_size, sampling or SamplingDefaults())
     metrics = metrics_mod.Metrics()
     worker = Worker(pair, max_queue, metrics)
     handler = Handler(pair, worker, settings)
@@ -136,7 +139,8 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
                     "lookup": pair.decoder.lookup,
                     "block_size": settings.effective_block, "trained_block_size": trained,
                     "context_length": context, "default_max_tokens": default_max_tokens,
-                    "max_queue": max_queue}}
+                    "max_queue": max_queue},
+                "sampling_defaults": settings.sampling.to_json()}
 
     @app.get("/v1/models")
     async def list_models():

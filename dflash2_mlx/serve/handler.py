@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..engine.events import GenerationStats
 from ..engine.loop import GenerationParams
 from ..errors import DFlash2Error
+from ..settings import SamplingDefaults
 from ..text import chat_prompt_ids
 from .format import SSE_DONE, Formatter, sse, usage
 from .queue import Item, Job, QueueFull, Worker
@@ -49,6 +50,7 @@ class Settings:
     speculative: bool
     effective_block: int  # tokens verified per round (1 when speculative is off)
     vocab: int
+    sampling: SamplingDefaults = SamplingDefaults()  # for the fields a request leaves out
 
 
 class _Reader:
@@ -145,7 +147,8 @@ class Handler:
             raise invalid(req.max_tokens_param,
                           f"{req.max_tokens_param}={max_tokens} plus the prompt's {len(ids)} "
                           f"tokens exceeds the context length {s.context}")
-        return GenerationParams(max_tokens=max_tokens, sampling=req.sampling,
+        return GenerationParams(max_tokens=max_tokens,
+                                sampling=s.sampling.complete(req.sampling_fields),
                                 block_size=s.block_size, speculative=s.speculative,
                                 prediction=predicted)
 

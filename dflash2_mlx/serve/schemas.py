@@ -8,12 +8,11 @@ Only fields that cannot change the output (user, metadata, ...) are accepted and
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..engine.sampling import SamplingParams
-from ..errors import ParameterError
+from ..engine.sampling import field_problem
+from ..settings import SAMPLING_FLAGS
 
 MAX_STOP = 16
 MAX_SEED = 2**64 - 1
@@ -93,7 +92,7 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "sto
 class GenRequest:
     kind: str  # "chat" | "completion"
     model: str | None
-    sampling: SamplingParams
+    sampling_fields: dict[str, Any]  # as given; the others take the server's defaults
     max_tokens: int | None = None  # None: the server default, clipped to the context
     max_tokens_param: str = "max_tokens"
     stop: list[str] = field(default_factory=list)
@@ -122,32 +121,30 @@ def _opt(body: dict, name: str, test: Callable[[Any], bool], expected: str):
     return v
 
 
-def _sampling(body: dict) -> SamplingParams:
-    def number(name, default, lo, hi, lo_open=False, hi_open=False):
-        v = _opt(body, name, _is_num, "a number")
-        if v is None:
-            return default
-        bad = (not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo)
-               or (hi_open and v == hi))
-        if bad:
-            rng = (f"a finite number >= {lo:g}" if hi == math.inf else
-                   f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}")
-            raise invalid(name, f"{name} must be {rng}; got {v!r}")
-        return float(v)
+_INT_FIELDS = ("top_k", "seed")
 
-    temperature = number("temperature", 1.0, 0.0, math.inf)
-    top_p = number("top_p", 1.0, 0.0, 1.0, lo_open=True)
-    min_p = number("min_p", 0.0, 0.0, 1.0, hi_open=True)
-    top_k = _opt(body, "top_k", _is_int, "an integer")
-    if top_k is not None and top_k < -1:
-        raise invalid("top_k", f"top_k must be >= 0 (0 or -1 = off); got {top_k}")
-    seed = _opt(body, "seed", _is_int, "an integer")
-    if seed is not None and not 0 <= seed <= MAX_SEED:
-        raise invalid("seed", f"seed must be in [0, 2**64 - 1]; got {seed}")
-    try:
-        return SamplingParams(temperature, top_p, max(top_k or 0, 0), min_p, seed)
-    except ParameterError as e:
-        raise invalid(None, str(e)) from None
+
+def _sampling(body: dict) -> dict[str, Any]:
+    """The sampling fields the request gives, each checked by the library's rule for it.
+    Omitted (or null) fields are not here: they take the server's defaults (handler)."""
+    given = {}
+    for name in SAMPLING_FLAGS:
+        v = body.get(name)
+        if v is None:
+            continue
+        integer = name in _INT_FIELDS
+        if not (_is_int(v) if integer else _is_num(v)):
+            raise invalid(name, f"{name} must be {'an integer' if integer else 'a number'}; "
+                          f"got {v!r}", "invalid_type")
+        if name == "top_k" and v == -1:  # vLLM's and mlx-lm's "off"
+            v = 0
+        if name == "seed" and v > MAX_SEED:
+            raise invalid("seed", f"seed must be in [0, 2**64 - 1]; got {v}")
+        problem = field_problem(name, v)
+        if problem:
+            raise invalid(name, f"{problem}; got {v!r}")
+        given[name] = v if integer else float(v)
+    return given
 
 
 def _common(body: dict, kind: str, max_param: str) -> GenRequest:

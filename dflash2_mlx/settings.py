@@ -1,0 +1,258 @@
+"""Engine settings, resolved once and the same way for every front end (chat, serve, bench).
+
+Front ends parse their flags into `EngineFlags` and render what `resolve_engine` returns; the
+rules live here and nowhere else:
+- contradicting flags (--no-spec with --block or --lookup, --full-vocab with --draft-vocab)
+  are refused, naming the flags;
+- the block size: --block, else this machine's autotune profile (`dflash2 bench --autotune`),
+  else the alias's recommendation, else the drafter's trained size. An explicit block above
+  the trained size is an error; a recommendation above it is clamped. The reason is kept;
+- sampling defaults, field by field: the flag, else the target's generation_config.json
+  (`do_sample: false` means greedy), else greedy. A request (serve) or a slash command
+  (chat) overrides them field by field; a request's own fields always win.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from .engine.lookup import DEFAULT_LOOKUP
+from .engine.sampling import SamplingParams, field_problem
+from .errors import ConfigError, ParameterError
+
+# SamplingParams field -> its flag in `dflash2 chat` and `dflash2 serve`.
+SAMPLING_FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k",
+                  "min_p": "--min-p", "seed": "--seed"}
+GENERATION_CONFIG = "generation_config.json"
+CONFIG_FIELDS = ("temperature", "top_p", "top_k", "min_p")  # read from it (never a seed)
+DEFAULT_SOURCE = "default"
+
+# Why a block size was chosen (bench writes these into its JSON as `block_source`).
+BY_FLAG = "--block"
+BY_PROFILE = "autotune profile"
+BY_ALIAS = "alias recommendation"
+BY_TRAINED = "drafter's trained block"
+
+
+# ----------------------------------------------------------------------------- block size
+def check_block(value, trained: int | None = None, flag: str = "--block") -> int:
+    """`value` if it is a usable block size, else a ParameterError naming `flag`: an int >= 1,
+    and at most the drafter's trained block size when that is known."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ParameterError(f"{flag}: block_size must be an int >= 1, got {value!r}")
+    if trained is not None and value > trained:
+        raise ParameterError(f"{flag} must be 1 .. {trained}: {value} exceeds the drafter's "
+                             f"trained block size {trained}")
+    return value
+
+
+@dataclass(frozen=True)
+class BlockChoice:
+    """Tokens verified per round, and why."""
+
+    size: int
+    trained: int  # the drafter's trained block size
+    reason: str  # BY_FLAG, BY_PROFILE, BY_ALIAS or BY_TRAINED
+    clamped_from: int | None = None  # a recommendation above the trained size
+
+    @property
+    def note(self) -> str | None:
+        """Said to the user when a recommendation was clamped."""
+        if self.clamped_from is None:
+            return None
+        return (f"the {self.reason} (block {self.clamped_from}) exceeds the drafter's trained "
+                f"block size {self.trained}: using {self.trained}")
+
+    def describe(self) -> str:
+        return f"block {self.size} ({self.reason}, trained {self.trained})"
+
+
+def choose_block(trained: int, *, flag: int | None = None, profile: int | None = None,
+                 alias: int | None = None) -> BlockChoice:
+    """The block rule: the flag, the autotune profile, the alias's recommendation, the
+    drafter's trained size; clamped to the trained size (a flag above it is an error)."""
+    if flag is not None:
+        return BlockChoice(check_block(flag, trained), trained, BY_FLAG)
+    for value, reason in ((profile, BY_PROFILE), (alias, BY_ALIAS)):
+        if value:
+            if value > trained:
+                return BlockChoice(trained, trained, reason, clamped_from=value)
+            return BlockChoice(value, trained, reason)
+    return BlockChoice(trained, trained, BY_TRAINED)
+
+
+# ----------------------------------------------------------------------------- sampling
+def check_sampling(given: Mapping[str, Any], names: Mapping[str, str] = SAMPLING_FLAGS
+                   ) -> dict[str, Any]:
+    """The fields that were given (None = not given), each checked; errors use `names`
+    (field -> how the user wrote it: a flag, a request field)."""
+    out = {}
+    for name, value in given.items():
+        if name not in SAMPLING_FLAGS:
+            raise ParameterError(f"unknown sampling field {name!r}; expected one of "
+                                 f"{', '.join(SAMPLING_FLAGS)}")
+        if value is None:
+            continue
+        problem = field_problem(name, value)
+        if problem:
+            raise ParameterError(f"{names.get(name, name)}: {problem}, got {value!r}")
+        out[name] = value
+    return out
+
+
+def generation_config(target_dir: str | Path | None, skip: tuple[str, ...] = ()
+                      ) -> dict[str, Any]:
+    """The sampling fields the target's generation_config.json sets (those in `skip`, which
+    flags give, are not read). `do_sample: false` means greedy (temperature 0); other fields
+    still count, as in transformers when a caller asks for sampling. No file: {}."""
+    if target_dir is None:
+        return {}
+    path = Path(target_dir) / GENERATION_CONFIG
+    if not path.is_file():
+        return {}
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read it as JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: expected a JSON object, found {type(cfg).__name__}")
+    do_sample = cfg.get("do_sample")
+    if do_sample is not None and not isinstance(do_sample, bool):
+        raise ConfigError(f"{path}: field 'do_sample' must be true or false, found {do_sample!r}")
+    out: dict[str, Any] = {}
+    for name in CONFIG_FIELDS:
+        value = 0.0 if name == "temperature" and do_sample is False else cfg.get(name)
+        if name in skip or value is None:
+            continue
+        problem = field_problem(name, value)
+        if problem:
+            raise ConfigError(f"{path}: field '{name}': {problem}, found {value!r} (pass "
+                              f"{SAMPLING_FLAGS[name]} to use another value)")
+        out[name] = value
+    return out
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a turn or request gets for each sampling field it leaves out, and from where."""
+
+    params: SamplingParams = SamplingParams()
+    sources: tuple[tuple[str, str], ...] = ()  # (field, a flag or GENERATION_CONFIG)
+
+    def source(self, name: str) -> str:
+        return dict(self.sources).get(name, DEFAULT_SOURCE)
+
+    @property
+    def from_flags(self) -> tuple[str, ...]:
+        return tuple(n for n, src in self.sources if src == SAMPLING_FLAGS[n])
+
+    def complete(self, given: Mapping[str, Any]) -> SamplingParams:
+        """These defaults with the fields `given` (None: not given) in their place."""
+        return replace(self.params, **check_sampling(given, {}))
+
+    def describe(self) -> str:
+        """E.g. 'greedy (default)' or 'temperature 0.6, top_p 0.95 (generation_config.json)'."""
+        p = self.params
+        if p.greedy:
+            return f"greedy ({self.source('temperature')})"
+        neutral = SamplingParams()
+        groups: dict[str, list[str]] = {}
+        for name in SAMPLING_FLAGS:
+            value = getattr(p, name)
+            if name == "temperature" or value != getattr(neutral, name):
+                groups.setdefault(self.source(name), []).append(f"{name} {value}")
+        return "; ".join(f"{', '.join(parts)} ({src})" for src, parts in groups.items())
+
+    def to_json(self) -> dict:
+        """The values and, per field, where each came from (for /v1/models)."""
+        return {**{n: getattr(self.params, n) for n in SAMPLING_FLAGS},
+                "source": {n: self.source(n) for n in SAMPLING_FLAGS}}
+
+
+def idle_when_greedy(params: SamplingParams) -> list[str]:
+    """The fields set away from neutral that greedy decoding ignores (worth a note)."""
+    if not params.greedy:
+        return []
+    neutral = SamplingParams()
+    return [n for n in SAMPLING_FLAGS
+            if n != "temperature" and getattr(params, n) != getattr(neutral, n)]
+
+
+def resolve_sampling(flags: Mapping[str, Any], target_dir: str | Path | None = None
+                     ) -> SamplingDefaults:
+    """Per field: the flag, else the target's generation_config.json, else greedy."""
+    given = check_sampling(flags)
+    sources = {n: SAMPLING_FLAGS[n] for n in given}
+    from_config = generation_config(target_dir, skip=tuple(given))
+    sources.update((n, GENERATION_CONFIG) for n in from_config)
+    params = SamplingParams(**{**from_config, **given})
+    return SamplingDefaults(params, tuple((n, sources[n]) for n in SAMPLING_FLAGS if n in sources))
+
+
+# ----------------------------------------------------------------------------- everything
+@dataclass(frozen=True)
+class EngineFlags:
+    """The engine options as a front end was given them (None / False: not given).
+    Contradictions and bad values are refused here, before any model loads."""
+
+    block: int | None = None
+    speculative: bool = True
+    lookup: int | None = None
+    full_vocab: bool = False
+    draft_vocab: int | None = None
+    sampling: Mapping[str, Any] = field(default_factory=dict)  # field -> value (None: not given)
+
+    def __post_init__(self):
+        if not self.speculative and self.block is not None:
+            raise ParameterError("--block has no effect with --no-spec (plain decoding verifies "
+                                 "one token a round)")
+        if not self.speculative and self.lookup is not None:
+            raise ParameterError("--lookup has no effect with --no-spec (plain decoding drafts "
+                                 "nothing)")
+        if self.full_vocab and self.draft_vocab is not None:
+            raise ParameterError("--draft-vocab and --full-vocab contradict each other")
+        if self.block is not None:
+            check_block(self.block)
+        for flag, value, low in (("--lookup", self.lookup, 0), ("--draft-vocab",
+                                                                self.draft_vocab, 1)):
+            if value is not None and (not isinstance(value, int) or value < low):
+                raise ParameterError(f"{flag} must be an int >= {low}, got {value!r}")
+        check_sampling(self.sampling)
+
+    @property
+    def lookup_or_default(self) -> int:
+        return DEFAULT_LOOKUP if self.lookup is None else self.lookup
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What every turn or request of a front end runs with (a request may override sampling)."""
+
+    speculative: bool
+    block: BlockChoice  # the block when speculative (chat can switch speculation on)
+    auto_block: BlockChoice  # the block without --block (chat's `/block auto`)
+    lookup: int  # context lookup: min_match, 0 = off
+    sampling: SamplingDefaults
+
+    @property
+    def effective_block(self) -> int:
+        """Tokens verified per round: 1 when speculative decoding is off."""
+        return self.block.size if self.speculative else 1
+
+
+def resolve_engine(flags: EngineFlags, pair, resolved, target_dir: str | Path | None
+                   ) -> EngineSettings:
+    """Settings for a loaded `pair` (dflash2_mlx.api.Pair) of `resolved` (a registry
+    ResolvedPair) whose target lives in `target_dir`."""
+    from .autotune import recommended_block
+
+    trained = pair.drafter.config.block_size
+    auto = choose_block(trained, profile=recommended_block(pair, resolved.target,
+                                                           resolved.drafter),
+                        alias=resolved.block_size)
+    block = choose_block(trained, flag=flags.block) if flags.block is not None else auto
+    return EngineSettings(flags.speculative, block, auto, pair.decoder.lookup,
+                          resolve_sampling(flags.sampling, target_dir))
