@@ -108,9 +108,9 @@ def serve(
         raise
     shown = f"[{host}]" if ":" in host else host
     say(f"sampling defaults (for fields a request leaves out): {settings.sampling.describe()}")
-    say(f"serving {name!r} on http://{shown}:{port}/v1 ("
+    say(f"serving {name!r} on http://{shown}:{port}/v1: "
         + (settings.block.describe() if settings.speculative else "speculative off")
-        + f", context {app.state.settings.context}, queue {max_queue})")
+        + f", context {app.state.settings.context}, queue {max_queue}")
     # After Ctrl-C, open streams get 3 s; then they are cancelled (and their generations).
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3))
     try:

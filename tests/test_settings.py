@@ -1,0 +1,209 @@
+"""The engine-settings resolver every front end uses (dflash2_mlx.settings): the block rule
+step by step with its reason and clamping, contradicting flags refused naming the flags, and
+sampling defaults field by field (flag, then generation_config.json, then greedy)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+import dflash2_mlx as d2
+from dflash2_mlx import autotune as A
+from dflash2_mlx.engine.lookup import DEFAULT_LOOKUP
+from dflash2_mlx.engine.sampling import SamplingParams
+from dflash2_mlx.errors import ConfigError, ParameterError
+from dflash2_mlx.registry import ResolvedPair
+from dflash2_mlx.settings import (
+    BY_ALIAS, BY_FLAG, BY_PROFILE, BY_TRAINED, GENERATION_CONFIG, SAMPLING_FLAGS, EngineFlags,
+    SamplingDefaults, check_block, choose_block, generation_config, idle_when_greedy,
+    resolve_engine, resolve_sampling,
+)
+from tiny import make_drafter, make_target
+
+
+# ------------------------------------------------------------------------------ block rule
+def test_block_precedence_flag_profile_alias_trained():
+    assert choose_block(8, flag=3, profile=6, alias=5) == choose_block(8, flag=3)
+    c = choose_block(8, flag=3, profile=6, alias=5)
+    assert (c.size, c.reason, c.note) == (3, BY_FLAG, None)
+    c = choose_block(8, profile=6, alias=5)
+    assert (c.size, c.reason) == (6, BY_PROFILE)
+    c = choose_block(8, alias=5)
+    assert (c.size, c.reason) == (5, BY_ALIAS)
+    c = choose_block(8)
+    assert (c.size, c.reason, c.trained) == (8, BY_TRAINED, 8)
+    assert c.describe() == "block 8 (drafter's trained block, trained 8)"
+
+
+def test_a_recommendation_above_the_trained_size_is_clamped_with_the_reason():
+    c = choose_block(8, alias=16)
+    assert (c.size, c.reason, c.clamped_from) == (8, BY_ALIAS, 16)
+    assert c.note == ("the alias recommendation (block 16) exceeds the drafter's trained block "
+                      "size 8: using 8")
+    c = choose_block(4, profile=6, alias=2)  # the profile wins, clamped; the alias is not used
+    assert (c.size, c.reason, c.clamped_from) == (4, BY_PROFILE, 6)
+
+
+@pytest.mark.parametrize("value, trained, flag, message", [
+    (9, 8, "--block", "--block must be 1 .. 8: 9 exceeds the drafter's trained block size 8"),
+    (99, 8, "/block", "/block must be 1 .. 8: 99 exceeds"),
+    (0, 8, "--block", "--block: block_size must be an int >= 1, got 0"),
+    (0, None, "block_size", "block_size: block_size must be an int >= 1"),
+    (2.5, None, "--block", "must be an int >= 1, got 2.5"),
+])
+def test_a_block_above_the_trained_size_or_below_one_is_refused_naming_the_flag(
+        value, trained, flag, message):
+    with pytest.raises(ParameterError) as err:
+        check_block(value, trained, flag)
+    assert message in str(err.value)
+    with pytest.raises(ParameterError, match="--block must be 1 .. 8"):
+        choose_block(8, flag=9, profile=4)  # an explicit block is never clamped
+
+
+# ------------------------------------------------------------------------------ flags
+@pytest.mark.parametrize("kw, message", [
+    (dict(speculative=False, block=4), "--block has no effect with --no-spec"),
+    (dict(speculative=False, lookup=2), "--lookup has no effect with --no-spec"),
+    (dict(full_vocab=True, draft_vocab=20), "--draft-vocab and --full-vocab contradict"),
+    (dict(block=0), "--block: block_size must be an int >= 1"),
+    (dict(lookup=-1), "--lookup must be an int >= 0"),
+    (dict(sampling={"temperature": -1.0}), "--temp: temperature must be a finite number >= 0"),
+    (dict(sampling={"top_p": 0.0}), "--top-p: top_p must be in (0, 1]"),
+    (dict(sampling={"top_k": -3}), "--top-k: top_k must be an int >= 0"),
+    (dict(sampling={"min_p": 1.0}), "--min-p: min_p must be in [0, 1)"),
+    (dict(sampling={"seed": -1}), "--seed: seed must be a non-negative int"),
+    (dict(sampling={"typical_p": 0.5}), "unknown sampling field 'typical_p'"),
+])
+def test_contradicting_or_bad_flags_are_refused_naming_the_flag(kw, message):
+    with pytest.raises(ParameterError) as err:
+        EngineFlags(**kw)
+    assert message in str(err.value)
+
+
+def test_flags_defaults():
+    f = EngineFlags()
+    assert f.lookup_or_default == DEFAULT_LOOKUP and EngineFlags(lookup=0).lookup_or_default == 0
+    EngineFlags(speculative=False, full_vocab=True, sampling={"temperature": None})  # fine
+
+
+def test_every_sampling_parameter_has_a_flag():
+    """Adding a SamplingParams field without a flag (and so without the resolver) fails here."""
+    assert set(SAMPLING_FLAGS) == {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+# ------------------------------------------------------------------------------ sampling
+def _config(folder, **fields):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / GENERATION_CONFIG).write_text(json.dumps(fields))
+    return folder
+
+
+def test_no_generation_config_means_greedy(tmp_path):
+    for where in (None, tmp_path):
+        d = resolve_sampling({}, where)
+        assert d.params == SamplingParams() and d.params.greedy
+        assert d.source("temperature") == "default" and d.describe() == "greedy (default)"
+    _config(tmp_path, bos_token_id=1, eos_token_id=2)  # a config without sampling fields
+    assert resolve_sampling({}, tmp_path).params == SamplingParams()
+
+
+def test_generation_config_then_flags_field_by_field(tmp_path):
+    folder = _config(tmp_path / "m", do_sample=True, temperature=0.6, top_p=0.95, top_k=20,
+                     eos_token_id=2)
+    d = resolve_sampling({}, folder)
+    assert d.params == SamplingParams(0.6, 0.95, 20, 0.0, None)
+    assert d.source("top_k") == GENERATION_CONFIG and d.source("min_p") == "default"
+    assert d.describe() == "temperature 0.6, top_p 0.95, top_k 20 (generation_config.json)"
+    d = resolve_sampling({"temperature": 0.9, "min_p": 0.05, "seed": 3, "top_p": None}, folder)
+    assert d.params == SamplingParams(0.9, 0.95, 20, 0.05, 3)
+    assert [d.source(n) for n in SAMPLING_FLAGS] == [
+        "--temp", GENERATION_CONFIG, GENERATION_CONFIG, "--min-p", "--seed"]
+    assert d.from_flags == ("temperature", "min_p", "seed")
+    assert d.describe() == ("temperature 0.9 (--temp); top_p 0.95, top_k 20 "
+                            "(generation_config.json); min_p 0.05 (--min-p); seed 3 (--seed)")
+    card = d.to_json()
+    assert card["temperature"] == 0.9 and card["top_k"] == 20
+    assert card["source"] == {"temperature": "--temp", "top_p": GENERATION_CONFIG,
+                              "top_k": GENERATION_CONFIG, "min_p": "--min-p", "seed": "--seed"}
+
+
+def test_do_sample_false_means_greedy_unless_a_flag_asks_for_sampling(tmp_path):
+    folder = _config(tmp_path, do_sample=False, temperature=0.7, top_p=0.8)
+    d = resolve_sampling({}, folder)
+    assert d.params.greedy and d.source("temperature") == GENERATION_CONFIG
+    assert d.describe() == "greedy (generation_config.json)"
+    assert idle_when_greedy(d.params) == ["top_p"]  # chat notes only what the user gave
+    assert d.from_flags == ()
+    d = resolve_sampling({"temperature": 0.5}, folder)  # as transformers: the filters stay
+    assert d.params == SamplingParams(0.5, 0.8)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "cannot read it as JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"do_sample": "yes"}', "field 'do_sample' must be true or false"),
+    ('{"temperature": -0.5}', "field 'temperature': temperature must be a finite number >= 0, "
+                              "found -0.5 (pass --temp to use another value)"),
+    ('{"top_p": 1.5}', "field 'top_p': top_p must be in (0, 1]"),
+    ('{"top_k": 2.5}', "field 'top_k': top_k must be an int >= 0"),
+])
+def test_a_bad_generation_config_is_a_clear_error_naming_file_and_field(tmp_path, content,
+                                                                         message):
+    (tmp_path / GENERATION_CONFIG).write_text(content)
+    with pytest.raises(ConfigError) as err:
+        resolve_sampling({}, tmp_path)
+    assert str(tmp_path / GENERATION_CONFIG) in str(err.value) and message in str(err.value)
+
+
+def test_a_bad_field_that_a_flag_overrides_is_not_read(tmp_path):
+    _config(tmp_path, temperature="hot", top_k=5)
+    assert generation_config(tmp_path, skip=("temperature",)) == {"top_k": 5}
+    assert resolve_sampling({"temperature": 0.3}, tmp_path).params == SamplingParams(0.3, top_k=5)
+
+
+def test_a_request_overrides_the_defaults_field_by_field():
+    d = SamplingDefaults(SamplingParams(0.6, 0.95, 20, 0.0, None),
+                         (("temperature", GENERATION_CONFIG),))
+    assert d.complete({}) == d.params
+    assert d.complete({"temperature": 0.0, "top_p": None}) == SamplingParams(0.0, 0.95, 20)
+    assert d.complete({"top_k": 0, "seed": 9}) == SamplingParams(0.6, 0.95, 0, 0.0, 9)
+    with pytest.raises(ParameterError, match="top_p must be in"):
+        d.complete({"top_p": 2.0})
+
+
+# ------------------------------------------------------------------------------ a loaded pair
+@pytest.fixture
+def pair(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH2_HOME", str(tmp_path / "home"))  # an empty profile store
+    return d2.Pair.from_models(make_target("llama"), None, make_drafter(2, block_size=8),
+                               lookup=2)
+
+
+def _store_profile(pair, target, drafter, block):
+    A.save_profile({"schema": A.SCHEMA, "key": A.profile_key(pair, target, drafter),
+                    "chosen_block": block})
+
+
+def test_resolve_engine_on_a_pair(pair, tmp_path):
+    plain = ResolvedPair("org/target", "org/drafter")
+    alias = ResolvedPair("org/target", "org/drafter", (16, 8), "some-alias")
+    s = resolve_engine(EngineFlags(), pair, plain, None)
+    assert (s.block.size, s.block.reason, s.lookup, s.effective_block) == (8, BY_TRAINED, 2, 8)
+    assert s.auto_block == s.block and s.sampling.params.greedy
+    s = resolve_engine(EngineFlags(), pair, alias, None)
+    assert (s.block.size, s.block.reason, s.block.clamped_from) == (8, BY_ALIAS, 16)
+    _store_profile(pair, "org/target", "org/drafter", 6)  # `bench --autotune` on this machine
+    s = resolve_engine(EngineFlags(), pair, alias, None)
+    assert (s.block.size, s.block.reason, s.block.note) == (6, BY_PROFILE, None)
+    s = resolve_engine(EngineFlags(block=3), pair, alias, None)
+    assert (s.block.size, s.block.reason) == (3, BY_FLAG)
+    assert (s.auto_block.size, s.auto_block.reason) == (6, BY_PROFILE)  # chat's /block auto
+    s = resolve_engine(EngineFlags(speculative=False), pair, alias, None)
+    assert s.effective_block == 1 and s.block.size == 6
+    with pytest.raises(ParameterError, match="9 exceeds the drafter's trained block size 8"):
+        resolve_engine(EngineFlags(block=9), pair, alias, None)
+    folder = _config(tmp_path / "t", do_sample=True, temperature=0.7)
+    s = resolve_engine(EngineFlags(sampling={"top_k": 4}), pair, plain, folder)
+    assert s.sampling.params == SamplingParams(0.7, top_k=4)
