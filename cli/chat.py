@@ -4,7 +4,7 @@ inside the command, so `dflash2 --help` never loads MLX)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -13,6 +13,9 @@ from .common import (
     OfflineOpt, SeedOpt, TargetOpt, TempOpt, ThinkingOpt, TopKOpt, TopPOpt, engine_flags, fail,
     sampling_flags,
 )
+
+if TYPE_CHECKING:  # the library is imported inside the command only
+    from dflash2_mlx.settings import EngineFlags
 
 
 @dataclass
@@ -25,7 +28,7 @@ class ChatOptions:
     max_tokens: int
     thinking: Optional[bool]
     offline: bool
-    engine: Any  # dflash2_mlx.settings.EngineFlags: block, spec, lookup, vocabulary, sampling
+    engine: EngineFlags  # block, spec, lookup, draft vocabulary, sampling: as given
 
 
 def chat(

@@ -84,8 +84,7 @@ _COMPLETION_ONLY = {
 # Accepted and unused: they cannot change the generated text.
 _HARMLESS = {"user", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key",
              "safety_identifier"}
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed",
-           "stream", "stream_options"}
+_COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", *SAMPLING_FLAGS}
 
 
 @dataclass
