@@ -12,7 +12,7 @@ import typer
 
 from .common import (
     BlockOpt, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, MinPOpt, ModelArg, NoSpecOpt,
-    OfflineOpt, SeedOpt, TargetOpt, TempOpt, TopKOpt, TopPOpt, engine_flags, fail, load_resolved,
+    OfflineOpt, SeedOpt, TargetOpt, TempOpt, ThinkingOpt, TopKOpt, TopPOpt, engine_flags, fail, load_resolved,
     sampling_flags,
 )
 
@@ -60,6 +60,7 @@ def serve(
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
     lookup: LookupOpt = None,
+    thinking: ThinkingOpt = None,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: "
                                   + ", ".join(LOG_LEVELS) + "."),
 ):
@@ -67,6 +68,9 @@ def serve(
 
     One generation runs at a time; others wait in a bounded queue. Usage in every response
     carries acceptance stats in `usage.dflash2`; /v1/models shows the engine in `dflash2`.
+    Tool calls (`tools`) and the reasoning split (`reasoning_content`) follow the model's own
+    chat template and mlx-lm's tool parsers; --thinking/--no-thinking sets the default of a
+    request's chat_template_kwargs.enable_thinking.
 
     --temp, --top-p, --top-k, --min-p and --seed are the defaults for the fields a request
     leaves out (its own fields always win); not given: the target's generation_config.json,
@@ -102,7 +106,8 @@ def serve(
         app = create_app(pair, model_name=name, max_queue=max_queue,
                          context_length=context_length, default_max_tokens=max_tokens,
                          block_size=settings.block.size, speculative=settings.speculative,
-                         drafter_name=resolved.drafter, sampling=settings.sampling)
+                         drafter_name=resolved.drafter, sampling=settings.sampling,
+                         thinking=thinking)
     except BaseException:
         sock.close()
         raise

@@ -14,10 +14,12 @@ from .errors import ParameterError
 
 
 def chat_prompt_ids(tokenizer, messages: Sequence[dict], *, thinking: bool | None = None,
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True, tools: Sequence[dict] | None = None,
+                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """Token ids of `messages` under the model's chat template.
 
-    `thinking` is passed as `enable_thinking` (Qwen3-style templates) when not None.
+    `thinking` is passed as `enable_thinking` (Qwen3-style templates) when not None; `tools`
+    (OpenAI function tools) and `template_kwargs` go to the template as they are.
     """
     if not messages:
         raise ParameterError("messages is empty: at least one message is needed")
@@ -26,11 +28,15 @@ def chat_prompt_ids(tokenizer, messages: Sequence[dict], *, thinking: bool | Non
             raise ParameterError(
                 f"messages[{i}] must be an object with a 'role' and a string 'content'")
     if not getattr(tokenizer, "chat_template", None):
+        if tools:
+            raise ParameterError("tools need a chat template; this model has none")
         text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
         return list(tokenizer.encode(text + ("\nassistant:" if add_generation_prompt else "")))
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(template_kwargs or {})
     if thinking is not None:
         kwargs["enable_thinking"] = thinking
+    if tools:
+        kwargs["tools"] = list(tools)
     ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
                                         tokenize=True, **kwargs)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):

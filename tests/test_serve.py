@@ -196,7 +196,8 @@ def test_models_health_and_harmless_fields(url):
     assert card["id"] == "tiny" and card["object"] == "model"
     assert card["dflash2"] == {"speculative": True, "drafter": "tiny-dflash2", "drafter_version": 2,
                                "draft_vocab": None, "lookup": 3, "block_size": 4, "trained_block_size": 4, "context_length": 4096,
-                               "default_max_tokens": 8, "max_queue": 8}
+                               "default_max_tokens": 8, "max_queue": 8, "tool_calling": False,
+                               "thinking": None}
     assert httpx.get(url + "/v1/models/tiny").json()["id"] == "tiny"
     assert httpx.get(url + "/health").json()["status"] == "ok"
     r = httpx.post(url + "/v1/chat/completions", json={
@@ -215,7 +216,8 @@ BAD = [
     ("chat", {"messages": []}, 400, "messages"),
     ("chat", {}, 400, "messages"),
     ("chat", {"messages": [{"role": "user"}]}, 400, "messages[0].content"),
-    ("chat", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
+    ("chat", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
+    ("chat", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].tool_call_id"),
     ("chat", {"messages": HI, "model": "gpt-4"}, 404, "model"),
     ("chat", {"messages": HI, "max_tokens": 0}, 400, "max_tokens"),
     ("chat", {"messages": HI, "max_tokens": -3}, 400, "max_tokens"),

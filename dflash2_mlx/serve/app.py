@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import DFlash2Error
 from ..settings import SamplingDefaults, check_block
 from . import metrics as metrics_mod
+from .chat_prompt import ChatTemplate
 from .handler import Handler, Settings, error_response, unknown_model
 from .queue import Worker
 from .schemas import APIError, parse_chat, parse_completion
@@ -72,7 +73,8 @@ async def _json_body(request: Request) -> dict:
 def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int | None = None,
                default_max_tokens: int = 512, block_size: int | None = None,
                speculative: bool = True, drafter_name: str | None = None,
-               sampling: SamplingDefaults | None = None) -> FastAPI:
+               sampling: SamplingDefaults | None = None,
+               thinking: bool | None = None) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
 
     max_queue: requests that may wait while one generates (beyond: 503 + Retry-After).
@@ -80,8 +82,10 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
     else 4096). default_max_tokens: for requests that give none, clipped to what the context
     leaves. block_size / speculative: the engine settings of every request. drafter_name: shown
     in /v1/models. sampling: what a request gets for the sampling fields it leaves out
-    (dflash2_mlx.settings.resolve_sampling; default: greedy). The worker thread starts and stops
-    with the app (its lifespan).
+    (dflash2_mlx.settings.resolve_sampling; default: greedy). thinking: the `enable_thinking` of
+    requests that do not set it in chat_template_kwargs (None: the template's own default;
+    refused if the template has no such switch). The worker thread starts and stops with the
+    app (its lifespan).
     """
     trained = pair.drafter.config.block_size
     if block_size is not None:
@@ -96,9 +100,10 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
     settings = Settings(model_name, context, default_max_tokens, block_size, speculative,
                         (block_size or trained) if speculative else 1,
                         pair.decoder.target.vocab_size, sampling or SamplingDefaults())
+    chat = ChatTemplate(pair.tokenizer, thinking)
     metrics = metrics_mod.Metrics()
     worker = Worker(pair, max_queue, metrics)
-    handler = Handler(pair, worker, settings)
+    handler = Handler(pair, worker, settings, chat)
     started = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -139,7 +144,8 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
                     "lookup": pair.decoder.lookup,
                     "block_size": settings.effective_block, "trained_block_size": trained,
                     "context_length": context, "default_max_tokens": default_max_tokens,
-                    "max_queue": max_queue},
+                    "max_queue": max_queue, "tool_calling": chat.tool_calling,
+                    "thinking": thinking},
                 "sampling_defaults": settings.sampling.to_json()}
 
     @app.get("/v1/models")

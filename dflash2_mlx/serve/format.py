@@ -6,7 +6,10 @@ import json
 import time
 import uuid
 
+from dataclasses import dataclass
+
 from ..engine.events import GenerationStats
+from .reasoning import ThinkingStats
 
 
 def new_id(kind: str) -> str:
@@ -20,7 +23,16 @@ def sse(obj) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
-def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculative: bool) -> dict:
+@dataclass(frozen=True)
+class ReplyStats:
+    """What a chat reply held: tool calls, and the thinking section's share."""
+
+    tool_calls: int
+    thinking: ThinkingStats
+
+
+def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculative: bool,
+          reply: ReplyStats | None = None) -> dict:
     """OpenAI usage plus `dflash2`: speculative decoding statistics of this request.
 
     rounds: draft-verify rounds (the prefill is not one); drafted / accepted: draft tokens
@@ -29,8 +41,11 @@ def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculati
     block_size: tokens verified per round (anchor + drafts; 1 when speculative is off).
     completion_tokens_details counts the draft tokens taken from the request's `prediction`
     that the target accepted / rejected (OpenAI's Predicted Outputs fields).
+    A chat reply (`reply`) adds completion_tokens_details.reasoning_tokens and, in `dflash2`,
+    tool_calls and `reasoning`: the thinking section's tokens and the rounds that began in it
+    (with their drafted / accepted tokens and tau).
     """
-    return {
+    out = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": stats.committed,
         "total_tokens": prompt_tokens + stats.committed,
@@ -52,6 +67,14 @@ def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculati
             "decode_tokens_per_s": round(stats.decode_tps, 3),
         },
     }
+    if reply is not None:
+        t = reply.thinking
+        out["completion_tokens_details"]["reasoning_tokens"] = t.tokens
+        out["dflash2"]["tool_calls"] = reply.tool_calls
+        out["dflash2"]["reasoning"] = {"tokens": t.tokens, "rounds": t.rounds,
+                                       "drafted": t.drafted, "accepted": t.accepted,
+                                       "tau": round(t.tau, 4)}
+    return out
 
 
 class Formatter:
@@ -66,11 +89,17 @@ class Formatter:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": None}
 
-    def full(self, text: str, finish: str, usage_: dict) -> dict:
+    def full(self, text: str, finish: str, usage_: dict, *, reasoning: str = "",
+             tool_calls: list[dict] | None = None) -> dict:
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text,
-                                              "refusal": None},
-                      "logprobs": None, "finish_reason": finish}
+            message = {"role": "assistant", "content": text or (None if tool_calls else text),
+                       "refusal": None}
+            if reasoning:
+                message["reasoning_content"] = reasoning
+            if tool_calls:
+                message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"}
+                                         for c in tool_calls]
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             return {**self._head("chat.completion"), "choices": [choice], "usage": usage_}
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice], "usage": usage_}
@@ -88,6 +117,14 @@ class Formatter:
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
             out = {**self._head("text_completion"), "choices": [choice]}
+        if with_usage:
+            out["usage"] = None
+        return out
+
+    def delta_chunk(self, delta: dict, *, with_usage: bool = False) -> dict:
+        """A chat chunk carrying `delta` (reasoning_content, or tool_calls fragments)."""
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         if with_usage:
             out["usage"] = None
         return out

@@ -19,9 +19,10 @@ from ..engine.events import GenerationStats
 from ..engine.loop import GenerationParams
 from ..errors import DFlash2Error
 from ..settings import SamplingDefaults
-from ..text import chat_prompt_ids
-from .format import SSE_DONE, Formatter, sse, usage
+from .chat_prompt import ChatPrompt, ChatTemplate
+from .format import SSE_DONE, Formatter, ReplyStats, sse, usage
 from .queue import Item, Job, QueueFull, Worker
+from .reply import ChatReply, Delta
 from .schemas import APIError, GenRequest, invalid
 
 log = logging.getLogger("dflash2.serve")
@@ -102,22 +103,15 @@ class _SSEResponse(StreamingResponse):
 
 
 class Handler:
-    def __init__(self, pair, worker: Worker, settings: Settings):
-        self.pair, self.worker, self.s = pair, worker, settings
+    def __init__(self, pair, worker: Worker, settings: Settings, chat: ChatTemplate):
+        self.pair, self.worker, self.s, self.chat = pair, worker, settings, chat
 
     # ------------------------------------------------------------------ before the queue
+    def chat_prompt(self, req: GenRequest) -> ChatPrompt:
+        return self.chat.prompt(req.messages, req.tools, req.template_kwargs)
+
     def tokenize(self, req: GenRequest) -> list[int]:
         tok = self.pair.tokenizer
-        if req.kind == "chat":
-            try:
-                return chat_prompt_ids(tok, req.messages)
-            except DFlash2Error as e:
-                raise invalid("messages", str(e)) from None
-            except Exception as e:
-                if type(e).__module__.startswith("jinja2"):  # the template refused them
-                    raise invalid("messages", f"the chat template rejected the messages: {e}") \
-                        from None
-                raise
         if isinstance(req.prompt, str):
             return [int(t) for t in tok.encode(req.prompt)]
         bad = next((t for t in req.prompt if not 0 <= t < self.s.vocab), None)
@@ -166,9 +160,15 @@ class Handler:
     async def _handle(self, request: Request, req: GenRequest) -> Response:
         if req.model is not None and req.model != self.s.model_name:
             raise unknown_model(req.model, self.s.model_name)
-        ids = await asyncio.to_thread(self.tokenize, req)
+        prompt = None
+        if req.kind == "chat":
+            prompt = await asyncio.to_thread(self.chat_prompt, req)
+            ids = prompt.ids
+        else:
+            ids = await asyncio.to_thread(self.tokenize, req)
         predicted = await asyncio.to_thread(self.predicted_ids, req)
-        job = Job(ids, self.plan(req, ids, predicted), req.stop)
+        job = Job(ids, self.plan(req, ids, predicted), req.stop + list(prompt.stops if prompt
+                                                                       else ()))
         try:
             self.worker.submit(job)
         except QueueFull as e:
@@ -189,19 +189,27 @@ class Handler:
             if first.kind == "error":
                 return error_response(_from_worker(first.error))
             fmt = Formatter(req.kind, self.s.model_name)
+            reply = ChatReply(self.pair.tokenizer, prompt) if prompt is not None else None
             if req.stream:
                 handed_over = True
-                return _SSEResponse(self._stream(fmt, req, len(ids), first, reader), release)
-            return await self._complete(fmt, len(ids), first, reader)
+                return _SSEResponse(self._stream(fmt, req, len(ids), first, reader, reply),
+                                    release)
+            return await self._complete(fmt, len(ids), first, reader, reply)
         finally:
             if not handed_over:
                 release()
 
-    def _usage(self, n_prompt: int, stats: GenerationStats) -> dict:
-        return usage(n_prompt, stats, self.s.effective_block, self.s.speculative)
+    def _usage(self, n_prompt: int, stats: GenerationStats, reply: ReplyStats | None) -> dict:
+        return usage(n_prompt, stats, self.s.effective_block, self.s.speculative, reply)
+
+    def _finished(self, reply: ChatReply) -> ReplyStats:
+        """A finished chat reply's statistics, counted in /metrics."""
+        counted = ReplyStats(len(reply.calls), reply.thinking.stats)
+        self.worker.metrics.count_reply(counted.tool_calls, reply.unparsed, counted.thinking)
+        return counted
 
     async def _complete(self, fmt: Formatter, n_prompt: int, item: Item | None,
-                        reader: _Reader) -> Response:
+                        reader: _Reader, reply: ChatReply | None) -> Response:
         stats, parts, finish = GenerationStats(), [], "length"
         while True:
             if item is None:
@@ -211,29 +219,64 @@ class Handler:
             if item.kind == "done":
                 break
             stats.add(item.event)
-            parts.append(item.text)
+            if reply is not None:
+                reply.feed(item.text, item.event)
+            else:
+                parts.append(item.text)
             finish = item.finish_reason or finish
             item = await reader.next(poll_disconnect=True)
-        return JSONResponse(fmt.full("".join(parts), finish, self._usage(n_prompt, stats)))
+        if reply is None:
+            return JSONResponse(fmt.full("".join(parts), finish, self._usage(n_prompt, stats,
+                                                                             None)))
+        _, finish = reply.finish(finish)
+        return JSONResponse(fmt.full("".join(reply.content), finish,
+                                     self._usage(n_prompt, stats, self._finished(reply)),
+                                     reasoning="".join(reply.reasoning), tool_calls=reply.calls))
 
     async def _stream(self, fmt: Formatter, req: GenRequest, n_prompt: int, item: Item,
-                      reader: _Reader):
+                      reader: _Reader, reply: ChatReply | None):
         stats, finish, with_usage = GenerationStats(), "length", req.include_usage
         if req.kind == "chat":
             yield sse(fmt.chunk("", role=True, with_usage=with_usage))
         while item.kind == "chunk":
             stats.add(item.event)
             finish = item.finish_reason or finish
-            if item.text:
+            if reply is not None:
+                for chunk in _delta_chunks(fmt, reply.feed(item.text, item.event), with_usage):
+                    yield sse(chunk)
+            elif item.text:
                 yield sse(fmt.chunk(item.text, with_usage=with_usage))
             item = await reader.next(poll_disconnect=False)  # Starlette watches the client
         if item.kind == "error":  # headers are sent: report it in the stream
             yield sse(_from_worker(item.error).body())
             return
+        counted = None
+        if reply is not None:
+            deltas, finish = reply.finish(finish)
+            for chunk in _delta_chunks(fmt, deltas, with_usage):
+                yield sse(chunk)
+            counted = self._finished(reply)
         yield sse(fmt.chunk(None if req.kind == "chat" else "", finish, with_usage=with_usage))
         if with_usage:
-            yield sse(fmt.usage_chunk(self._usage(n_prompt, stats)))
+            yield sse(fmt.usage_chunk(self._usage(n_prompt, stats, counted)))
         yield SSE_DONE
+
+
+def _delta_chunks(fmt: Formatter, deltas: list[Delta], with_usage: bool):
+    """Chat chunks for a reply's deltas. A tool call goes out as the official client
+    reassembles one: its index, id, type and name first, then its arguments."""
+    for d in deltas:
+        if d.kind == "content":
+            yield fmt.chunk(d.text, with_usage=with_usage)
+        elif d.kind == "reasoning":
+            yield fmt.delta_chunk({"reasoning_content": d.text}, with_usage=with_usage)
+        else:
+            c = d.call
+            head = {"index": c["index"], "id": c["id"], "type": "function",
+                    "function": {"name": c["function"]["name"], "arguments": ""}}
+            yield fmt.delta_chunk({"tool_calls": [head]}, with_usage=with_usage)
+            args = {"index": c["index"], "function": {"arguments": c["function"]["arguments"]}}
+            yield fmt.delta_chunk({"tool_calls": [args]}, with_usage=with_usage)
 
 
 def unknown_model(name: str, served: str) -> APIError:

@@ -6,6 +6,7 @@ import threading
 from collections import Counter
 
 from ..engine.events import RoundEvent
+from .reasoning import ThinkingStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -25,6 +26,9 @@ class Metrics:
         self.cancelled = 0
         self.generation_seconds = 0.0
         self.queue_depth = 0  # waiting, not yet started
+        self.tool_calls = 0
+        self.unparsed_tool_calls = 0
+        self.reasoning = ThinkingStats()  # summed over finished chat replies
         self.in_flight = 0  # generating now (0 or 1)
 
     def count_response(self, endpoint: str, status: int) -> None:
@@ -46,6 +50,15 @@ class Metrics:
             self.generations += 1
             self.generation_seconds += seconds
             self.cancelled += int(cancelled)
+
+    def count_reply(self, tool_calls: int, unparsed: int, thinking: ThinkingStats) -> None:
+        """A finished chat reply: its tool calls and its thinking section."""
+        with self._lock:
+            self.tool_calls += tool_calls
+            self.unparsed_tool_calls += unparsed
+            r = self.reasoning
+            r.tokens, r.rounds = r.tokens + thinking.tokens, r.rounds + thinking.rounds
+            r.drafted, r.accepted = r.drafted + thinking.drafted, r.accepted + thinking.accepted
 
     def count_dropped(self) -> None:
         """A waiting request whose client left before it started."""
@@ -94,6 +107,20 @@ class Metrics:
                 ("dflash2_cancelled_total",
                  "Requests cancelled by a client disconnect (waiting or generating).",
                  self.cancelled),
+                ("dflash2_tool_calls_total", "Tool calls returned in chat replies.",
+                 self.tool_calls),
+                ("dflash2_unparsed_tool_calls_total",
+                 "Tool-call texts the tool parser refused (returned as content).",
+                 self.unparsed_tool_calls),
+                ("dflash2_reasoning_tokens_total",
+                 "Generated tokens inside thinking sections (markers included).",
+                 self.reasoning.tokens),
+                ("dflash2_reasoning_rounds_total",
+                 "Draft-verify rounds that began inside a thinking section.",
+                 self.reasoning.rounds),
+                ("dflash2_reasoning_accepted_tokens_total",
+                 "Draft tokens accepted in rounds inside thinking sections.",
+                 self.reasoning.accepted),
             ):
                 metric(name, "counter", help_, [((), value)])
             metric("dflash2_generation_seconds_total", "counter",

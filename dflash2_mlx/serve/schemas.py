@@ -1,8 +1,9 @@
 """OpenAI request bodies in, library parameters out. Every field is honoured or refused.
 
-A field that would change the output and is not implemented (n > 1, logprobs, tools,
-penalties, logit_bias, response_format, ...) is refused with a 400 naming it, unless it has
-its neutral value (n=1, presence_penalty=0, tools=[] ...). Unknown fields are refused too.
+A field that would change the output and is not implemented (n > 1, logprobs, penalties,
+logit_bias, response_format, ...) is refused with a 400 naming it, unless it has its neutral
+value (n=1, presence_penalty=0, ...). Tools are validated in tools.py, chat_template_kwargs in
+reasoning.py; whether the model supports them is checked against its template (chat_prompt.py). Unknown fields are refused too.
 Only fields that cannot change the output (user, metadata, ...) are accepted and unused.
 """
 
@@ -13,28 +14,12 @@ from typing import Any, Callable
 
 from ..engine.sampling import field_problem
 from ..settings import SAMPLING_FLAGS
+from .api_error import APIError, invalid
+from .reasoning import parse_template_kwargs
+from .tools import ToolRequest, history_tool_calls, parse_tools, tool_call_id
 
 MAX_STOP = 16
 MAX_SEED = 2**64 - 1
-
-
-class APIError(Exception):
-    """An error answered as {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None,
-                 headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-        self.type, self.code, self.headers = type, code, headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
-def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
 
 
 def _is_int(v) -> bool:
@@ -63,10 +48,9 @@ _OUTPUT_CHANGING: dict[str, tuple[Callable[[Any], bool], str]] = {
 _CHAT_ONLY = {
     "logprobs": (_neutral(None, False), "logprobs are not supported"),
     "top_logprobs": (_neutral(None, 0), "logprobs are not supported"),
-    "tools": (lambda v: v is None or v == [], "tools are not supported"),
-    "tool_choice": (_neutral(None, "none", "auto"), "tools are not supported"),
-    "functions": (lambda v: v is None or v == [], "functions are not supported"),
-    "function_call": (_neutral(None, "none", "auto"), "functions are not supported"),
+    "functions": (lambda v: v is None or v == [], "functions are not supported (use tools)"),
+    "function_call": (_neutral(None, "none", "auto"),
+                      "functions are not supported (use tools and tool_choice)"),
     "response_format": (lambda v: v is None or v == {"type": "text"},
                         "response_format other than {\"type\": \"text\"} is not supported"),
     "modalities": (lambda v: v is None or v == ["text"], "only text output is supported"),
@@ -82,8 +66,7 @@ _COMPLETION_ONLY = {
     "suffix": (_neutral(None, ""), "suffix is not supported"),
 }
 # Accepted and unused: they cannot change the generated text.
-_HARMLESS = {"user", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key",
-             "safety_identifier"}
+_HARMLESS = {"user", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"}
 _COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", *SAMPLING_FLAGS}
 
 
@@ -100,6 +83,8 @@ class GenRequest:
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
     prediction: str | None = None  # predicted output (a drafting hint), chat only
+    tools: ToolRequest | None = None  # chat only: tools, tool_choice, parallel_tool_calls
+    template_kwargs: dict = field(default_factory=dict)  # chat only: chat_template_kwargs
 
 
 def _check_fields(body: dict, own: set[str], refused: dict) -> None:
@@ -218,8 +203,51 @@ def _prediction(value) -> str | None:
     return _text("prediction.content", value.get("content"), "")
 
 
+# Message fields besides role and content, by role.
+_MESSAGE_FIELDS = {"system": (), "developer": (), "user": (),
+                   "assistant": ("tool_calls", "reasoning_content"),
+                   "tool": ("tool_call_id", "name")}
+
+
+def _message(i: int, m) -> dict:
+    """One message, as the chat template takes it."""
+    if not isinstance(m, dict):
+        raise invalid(f"messages[{i}]", "each message must be an object", "invalid_type")
+    role = m.get("role")
+    if role not in _MESSAGE_FIELDS:
+        raise invalid(f"messages[{i}].role", "role must be system, developer, user, assistant "
+                      f"or tool; got {role!r}")
+    for k, v in m.items():
+        if k not in ("role", "content", *_MESSAGE_FIELDS[role]) and v not in (None, []):
+            raise invalid(f"messages[{i}].{k}", f"message field {k!r} is not supported"
+                          + (f" on a {role} message" if k in _MESSAGE_FIELDS["assistant"]
+                             + _MESSAGE_FIELDS["tool"] else ""), "unsupported_parameter")
+    calls = m.get("tool_calls") if role == "assistant" else None
+    if m.get("content") is None and calls:
+        content = ""  # an assistant turn that only calls tools
+    elif "content" not in m:
+        raise invalid(f"messages[{i}].content", "content is required",
+                      "missing_required_parameter")
+    else:
+        content = _text(f"messages[{i}].content", m["content"], "\n")
+    # Chat templates know "system"; OpenAI's newer "developer" role means the same.
+    out = {"role": "system" if role == "developer" else role, "content": content}
+    if calls:
+        out["tool_calls"] = history_tool_calls(i, calls)
+    if role == "tool":
+        out["tool_call_id"] = tool_call_id(i, m.get("tool_call_id"))
+    for k in ("name", "reasoning_content"):
+        if k in _MESSAGE_FIELDS[role] and m.get(k) is not None:
+            if not isinstance(m[k], str):
+                raise invalid(f"messages[{i}].{k}", f"messages[{i}].{k} must be a string",
+                              "invalid_type")
+            out[k] = m[k]
+    return out
+
+
 def parse_chat(body: dict) -> GenRequest:
-    _check_fields(body, _COMMON | {"messages", "max_completion_tokens", "prediction"},
+    _check_fields(body, _COMMON | {"messages", "max_completion_tokens", "prediction", "tools",
+                                   "tool_choice", "parallel_tool_calls", "chat_template_kwargs"},
                   {**_OUTPUT_CHANGING, **_CHAT_ONLY})
     messages = body.get("messages")
     if messages is None:
@@ -228,27 +256,12 @@ def parse_chat(body: dict) -> GenRequest:
         raise invalid("messages", "messages must be a list of messages", "invalid_type")
     if not messages:
         raise invalid("messages", "messages is empty: at least one message is needed")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise invalid(f"messages[{i}]", "each message must be an object", "invalid_type")
-        role = m.get("role")
-        if role not in ("system", "developer", "user", "assistant"):
-            raise invalid(f"messages[{i}].role", f"role must be system, developer, user or "
-                          f"assistant (tools are not supported); got {role!r}")
-        for k, v in m.items():
-            if k not in ("role", "content") and v not in (None, []):
-                raise invalid(f"messages[{i}].{k}", f"message field {k!r} is not supported",
-                              "unsupported_parameter")
-        if "content" not in m:
-            raise invalid(f"messages[{i}].content", "content is required",
-                          "missing_required_parameter")
-        # Chat templates know "system"; OpenAI's newer "developer" role means the same.
-        out.append({"role": "system" if role == "developer" else role,
-                    "content": _text(f"messages[{i}].content", m["content"], "\n")})
+    out = [_message(i, m) for i, m in enumerate(messages)]
     req = _common(body, "chat", "max_completion_tokens")
     req.messages = out
     req.prediction = _prediction(body.get("prediction"))
+    req.tools = parse_tools(body)
+    req.template_kwargs = parse_template_kwargs(body.get("chat_template_kwargs"))
     return req
 
 

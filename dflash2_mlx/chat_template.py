@@ -1,0 +1,85 @@
+"""What a model's chat template can do, read once from the template itself.
+
+A Jinja chat template names the variables it reads (`tools`, `enable_thinking`, a model's own
+switches); jinja2's `meta.find_undeclared_variables` lists them without rendering anything.
+The tokenizer (mlx-lm's TokenizerWrapper) says whether the model has thinking markers and a
+tool-call format mlx-lm can parse (`has_thinking`, `has_tool_calling`, `tool_parser`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger("dflash2")
+
+THINKING_KWARG = "enable_thinking"
+
+
+def _template_source(tokenizer) -> str | None:
+    """The Jinja source mlx-lm renders, or None (no template, or a Python renderer)."""
+    if getattr(tokenizer, "_chat_template", None) is not None:  # mlx-lm's chat_template_type
+        return None
+    src = getattr(tokenizer, "chat_template", None)
+    if isinstance(src, dict):  # named templates ("default", "tool_use", ...): any may render
+        src = "\n".join(str(v) for v in src.values())
+    return src if isinstance(src, str) and src else None
+
+
+def template_variables(source: str) -> frozenset[str] | None:
+    """The variables a Jinja template reads from its caller; None if jinja2 cannot parse it."""
+    import jinja2
+    from jinja2 import meta
+
+    env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        return frozenset(meta.find_undeclared_variables(env.parse(source)))
+    except jinja2.TemplateError as e:  # e.g. a tag of a transformers extension
+        log.debug("cannot read the chat template's variables: %s", e)
+        return None
+
+
+@dataclass(frozen=True)
+class TemplateInfo:
+    """What the chat template and the tokenizer support (`variables` None: not known)."""
+
+    has_template: bool
+    variables: frozenset[str] | None
+    source: str | None
+    thinks: bool  # the tokenizer has thinking markers (<think> ... </think>)
+    tool_calling: bool  # the tokenizer declares a tool-call format mlx-lm parses
+
+    @classmethod
+    def of(cls, tokenizer) -> "TemplateInfo":
+        source = _template_source(tokenizer)
+        has = bool(getattr(tokenizer, "has_chat_template", source is not None))
+        return cls(has, template_variables(source) if source else None, source,
+                   bool(getattr(tokenizer, "has_thinking", False)),
+                   bool(getattr(tokenizer, "has_tool_calling", False))
+                   and getattr(tokenizer, "tool_parser", None) is not None)
+
+    def reads(self, name: str) -> bool | None:
+        """Whether the template reads `name` (None: cannot tell, e.g. a Python renderer)."""
+        if self.variables is not None:
+            return name in self.variables
+        if self.source is not None:
+            return name in self.source
+        return None
+
+    @property
+    def thinking_switch(self) -> bool:
+        """The template turns thinking on or off with `enable_thinking` (Qwen3-style)."""
+        return bool(self.reads(THINKING_KWARG))
+
+    @property
+    def renders_tools(self) -> bool:
+        return self.has_template and self.reads("tools") is not False
+
+
+def render_text(tokenizer, messages: list[dict], *, tools=None, add_generation_prompt=True,
+                **kwargs) -> str:
+    """The chat template's text for `messages` (and `tools`), untokenized."""
+    if tools:
+        kwargs["tools"] = tools
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                         tokenize=False, **kwargs)

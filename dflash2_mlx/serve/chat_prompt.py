@@ -1,0 +1,137 @@
+"""A chat request's prompt: messages, tools and template switches through the model's own chat
+template, checked against what that template supports (else a 400 naming the field).
+
+`tool_choice` "required" or a named function is honoured without touching the sampler: the
+opening of a call, as the template itself renders one, is prefilled after the generation
+prompt, so the reply starts inside a call (to that function). The opening is the text two
+renderings of an assistant call share (different names and arguments for "required", the same
+name with different arguments for a named function); a template whose calls do not open with
+a fixed text (the name included, for a named function) gets a 400.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..chat_template import THINKING_KWARG, TemplateInfo, render_text
+from ..errors import DFlash2Error
+from ..text import chat_prompt_ids
+from .api_error import invalid
+from .reasoning import opens_thinking
+from .tools import ToolRequest
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    ids: list[int]
+    state: str = "normal"  # where the reply starts: "normal" | "reasoning" | "tool"
+    call_prefix: str = ""  # the forced call's text after the start marker (already in ids)
+    stops: tuple[str, ...] = ()  # stop strings the tools add (parallel_tool_calls false)
+    tools: ToolRequest | None = None  # active tools: the reply's calls are parsed
+
+
+def _template_call(fn) -> object:
+    """Run a template render; a template that refuses the input is the client's 400."""
+    try:
+        return fn()
+    except DFlash2Error as e:
+        raise invalid("messages", str(e)) from None
+    except Exception as e:
+        if type(e).__module__.startswith("jinja2"):
+            raise invalid("messages", f"the chat template rejected the messages: {e}") from None
+        raise
+
+
+class ChatTemplate:
+    """The served model's chat template: what it supports, and requests turned into prompts."""
+
+    def __init__(self, tokenizer, thinking: bool | None = None):
+        self.tok = tokenizer
+        self.info = TemplateInfo.of(tokenizer)
+        if thinking is not None and not self.info.thinking_switch:
+            raise DFlash2Error(f"{'--thinking' if thinking else '--no-thinking'}: this model's "
+                               "chat template has no thinking switch (enable_thinking)")
+        self.thinking = thinking
+
+    @property
+    def tool_calling(self) -> bool:
+        return self.info.tool_calling and self.info.renders_tools
+
+    # ------------------------------------------------------------------ checks
+    def template_kwargs(self, given: dict) -> dict:
+        """The request's template variables, checked; the server's thinking default added."""
+        out = {}
+        for k, v in given.items():
+            if k == THINKING_KWARG and not self.info.thinking_switch:
+                if v is False and not self.info.thinks:
+                    continue  # a model without thinking: off is what it does anyway
+                raise invalid(f"chat_template_kwargs.{k}", f"chat_template_kwargs.{k}={v}: this "
+                              "model's chat template has no thinking switch")
+            if self.info.reads(k) is False:
+                raise invalid(f"chat_template_kwargs.{k}", f"this model's chat template does "
+                              f"not read {k!r}", "unsupported_parameter")
+            out[k] = v
+        if THINKING_KWARG not in out and self.thinking is not None:
+            out[THINKING_KWARG] = self.thinking
+        return out
+
+    def _check_tools(self, tools: ToolRequest) -> None:
+        if not self.info.tool_calling:
+            raise invalid("tools", "this model declares no tool-call format that mlx-lm can "
+                          "parse (its tokenizer has no tool parser), so tools are not supported",
+                          "unsupported_parameter")
+        if not self.info.renders_tools:
+            raise invalid("tools", "this model's chat template does not render tools, so tools "
+                          "are not supported", "unsupported_parameter")
+
+    # ------------------------------------------------------------------ the prompt
+    def prompt(self, messages: list[dict], tools: ToolRequest | None, given: dict) -> ChatPrompt:
+        kwargs = self.template_kwargs(given)
+        active = tools if tools is not None and tools.active else None
+        if active is not None:
+            self._check_tools(active)
+        listed = list(active.tools) if active else None
+        ids = _template_call(lambda: chat_prompt_ids(self.tok, messages, tools=listed,
+                                                     template_kwargs=kwargs))
+        state = "reasoning" if opens_thinking(self.tok, ids) else "normal"
+        stops = ()
+        if active is not None and not active.parallel:
+            if not self.tok.tool_call_end:
+                raise invalid("parallel_tool_calls", "parallel_tool_calls false needs a tool "
+                              "call end marker, and this model's tool-call format has none",
+                              "unsupported_parameter")
+            stops = (self.tok.tool_call_end,)  # the end of the first call ends the reply
+        if active is None or not active.forced:
+            return ChatPrompt(ids, state, "", stops, active)
+        if state == "reasoning":
+            raise invalid("tool_choice", f"tool_choice {active.name or active.choice!r} makes "
+                          "the reply open with a tool call, but this prompt opens a thinking "
+                          "section; send chat_template_kwargs {\"enable_thinking\": false}")
+        prefix = _template_call(lambda: self._call_opening(messages, listed, kwargs, active.name))
+        ids = ids + [int(t) for t in self.tok.encode(prefix, add_special_tokens=False)]
+        return ChatPrompt(ids, "tool", prefix[len(self.tok.tool_call_start):], stops, active)
+
+    def _call_opening(self, messages: list[dict], tools: list[dict], kwargs: dict,
+                      name: str | None) -> str:
+        """The text every call (to `name`, if given) opens with, start marker first."""
+        def render(fn: str, args: dict) -> str:
+            call = {"id": "call_0", "type": "function",
+                    "function": {"name": fn, "arguments": args}}
+            turn = {"role": "assistant", "content": "", "tool_calls": [call]}
+            return render_text(self.tok, [*messages, turn], tools=tools,
+                               add_generation_prompt=False, **kwargs)
+
+        if name is None:
+            a, b = render("a_", {}), render("b_", {"x_": "y"})
+        else:
+            a, b = render(name, {}), render(name, {"x_": "y"})
+        base = render_text(self.tok, messages, tools=tools, add_generation_prompt=False, **kwargs)
+        shared = os.path.commonprefix([a, b])
+        at = shared.rfind(self.tok.tool_call_start)
+        if at < len(os.path.commonprefix([a, base])) or (name and name not in shared[at:]):
+            raise invalid("tool_choice", "this model's chat template does not open a tool call "
+                          f"with a fixed text{' naming the function' if name else ''}, so "
+                          f"tool_choice {name or 'required'!r} cannot be honoured; use \"auto\"",
+                          "unsupported_parameter")
+        return shared[at:]

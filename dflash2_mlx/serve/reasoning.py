@@ -1,0 +1,90 @@
+"""Thinking: the request's `chat_template_kwargs`, and statistics of the thinking section.
+
+The reply's text is split into reasoning / content by the chat reply (reply.py); here the
+generated tokens are followed exactly (the tokenizer's think markers as token ids), so that
+`usage` says how many tokens, and how many draft-verify rounds, were spent thinking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..chat_template import THINKING_KWARG
+from ..engine.events import RoundEvent
+from .api_error import invalid
+
+# Arguments of apply_chat_template itself, or set by the server: not the client's to pass.
+RESERVED = frozenset({
+    "messages", "conversation", "tools", "documents", "add_generation_prompt",
+    "continue_final_message", "tokenize", "return_dict", "return_tensors", "padding",
+    "truncation", "max_length", "chat_template", "tokenizer_kwargs", "return_assistant_tokens_mask",
+    "raise_exception", "strftime_now", "bos_token", "eos_token", "unk_token", "pad_token",
+})
+
+
+def parse_template_kwargs(value) -> dict:
+    """`chat_template_kwargs`: an object of template variables (checked against the model's
+    template when the prompt is built)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid("chat_template_kwargs", "chat_template_kwargs must be an object",
+                      "invalid_type")
+    for k, v in value.items():
+        if k in RESERVED:
+            raise invalid(f"chat_template_kwargs.{k}", f"chat_template_kwargs.{k} is set by the "
+                          "server, not by the request", "unsupported_parameter")
+        if k == THINKING_KWARG and not isinstance(v, bool):
+            raise invalid(f"chat_template_kwargs.{k}", f"chat_template_kwargs.{k} must be a "
+                          f"boolean; got {v!r}", "invalid_type")
+    return dict(value)
+
+
+@dataclass
+class ThinkingStats:
+    """Tokens and rounds inside the thinking section (markers included)."""
+
+    tokens: int = 0
+    rounds: int = 0  # draft-verify rounds that began inside it
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tau(self) -> float:
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+
+class ThinkingTracker:
+    """Follows the think markers through the generated tokens, round by round."""
+
+    def __init__(self, tokenizer, inside: bool):
+        self.start = tuple(getattr(tokenizer, "think_start_tokens", None) or ())
+        self.end = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
+        self.inside = inside and bool(self.end)
+        self.tail: list[int] = []
+        self.stats = ThinkingStats()
+
+    def add(self, ev: RoundEvent) -> None:
+        if not self.start or not self.end:
+            return
+        if self.inside and not ev.prefill:
+            s = self.stats
+            s.rounds, s.drafted, s.accepted = s.rounds + 1, s.drafted + ev.drafted, \
+                s.accepted + ev.accepted
+        keep = max(len(self.start), len(self.end))
+        for t in ev.tokens:
+            self.tail = (self.tail + [t])[-keep:]
+            if self.inside:
+                self.stats.tokens += 1
+                if tuple(self.tail[-len(self.end):]) == self.end:
+                    self.inside = False
+            elif tuple(self.tail[-len(self.start):]) == self.start:
+                self.inside = True
+                self.stats.tokens += len(self.start)
+
+
+def opens_thinking(tokenizer, ids: list[int]) -> bool:
+    """The prompt leaves a thinking section open (the template starts the reply inside it)."""
+    if not getattr(tokenizer, "has_thinking", False):
+        return False
+    return tokenizer.rfind_think_start(ids) > tokenizer.rfind_think_end(ids)

@@ -1,0 +1,118 @@
+"""A chat reply taken apart as it is generated: reasoning, content and tool calls.
+
+mlx-lm's TextStateMachine (the one mlx_lm.server uses) follows the think and tool-call markers
+through the decoded text, a round of several tokens at a time included; the tool parser the
+tokenizer declares (mlx_lm/tool_parsers/) turns each call's text into a name and arguments. A
+call that does not parse stays in the content, verbatim: nothing the model wrote is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+
+from mlx_lm.generate import TextStateMachine, make_text_state_machine
+
+from .chat_prompt import ChatPrompt
+from .reasoning import ThinkingTracker
+
+log = logging.getLogger("dflash2.serve")
+
+
+@dataclass(frozen=True)
+class Delta:
+    kind: str  # "content" | "reasoning" | "tool_call"
+    text: str = ""
+    call: dict | None = None  # {"index", "id", "type", "function": {"name", "arguments"}}
+
+
+def _machine(tokenizer, tools: bool) -> TextStateMachine | None:
+    """Marker transitions: thinking, and tool calls when the request has tools."""
+    if tools:
+        return make_text_state_machine(tokenizer)
+    if getattr(tokenizer, "has_thinking", False):
+        return TextStateMachine({"normal": [(tokenizer.think_start, "reasoning")],
+                                 "reasoning": [(tokenizer.think_end, "normal")]})
+    return None
+
+
+class ChatReply:
+    """Feed each round's text and event; get the deltas to send; `finish` at the end."""
+
+    def __init__(self, tokenizer, prompt: ChatPrompt):
+        self.tok, self.tools = tokenizer, prompt.tools
+        self.machine = _machine(tokenizer, prompt.tools is not None)
+        self.state = self.machine.make_state(prompt.state) if self.machine else None
+        self.current = prompt.state
+        self.call_text = prompt.call_prefix
+        self.thinking = ThinkingTracker(tokenizer, prompt.state == "reasoning")
+        self.calls: list[dict] = []
+        self.unparsed = 0  # call texts the parser refused (kept as content)
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+
+    def feed(self, text: str, event) -> list[Delta]:
+        self.thinking.add(event)
+        if self.machine is None:
+            return self._emit([("normal", text)])
+        self.state, segments = TextStateMachine.split(self.state, text)
+        return self._emit(segments)
+
+    def finish(self, finish_reason: str) -> tuple[list[Delta], str]:
+        """The held-back text and an unclosed call; "stop" becomes "tool_calls" after calls."""
+        out: list[Delta] = []
+        if self.machine is not None:
+            self.state, rest, state = TextStateMachine.flush(self.state)
+            out = self._emit([(state, rest)])
+        if self.current == "tool":  # cut by max_tokens, or by parallel_tool_calls' stop
+            out += self._close_call(complete=False)
+        if self.calls and finish_reason == "stop":
+            finish_reason = "tool_calls"
+        return out, finish_reason
+
+    def _emit(self, segments) -> list[Delta]:
+        out: list[Delta] = []
+        for state, text in segments:
+            if self.current == "tool" and state != "tool":
+                out += self._close_call(complete=True)
+            self.current = state
+            if not text:
+                continue
+            if state == "tool":
+                self.call_text += text
+            elif state == "reasoning":
+                self.reasoning.append(text)
+                out.append(Delta("reasoning", text))
+            else:
+                self.content.append(text)
+                out.append(Delta("content", text))
+        return out
+
+    def _close_call(self, complete: bool) -> list[Delta]:
+        text, self.call_text = self.call_text, ""
+        try:
+            parsed = self.tok.tool_parser(text, list(self.tools.tools))
+            calls = parsed if isinstance(parsed, list) else [parsed]
+            if not calls or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
+                                    for c in calls):
+                raise ValueError(f"no function name in {parsed!r}")
+        except Exception as e:  # the model's text, not a server fault: keep it as content
+            log.warning("a tool call did not parse (%s: %s); kept as content", type(e).__name__, e)
+            self.unparsed += 1
+            end = (self.tok.tool_call_end or "") if complete else ""
+            raw = self.tok.tool_call_start + text + end
+            self.content.append(raw)
+            return [Delta("content", raw)]
+        out = []
+        for c in calls:
+            args = c.get("arguments", {})
+            call = {"index": len(self.calls), "id": c.get("id") or f"call_{uuid.uuid4().hex[:24]}",
+                    "type": "function", "function": {
+                        "name": c["name"],
+                        "arguments": args if isinstance(args, str) else
+                        json.dumps(args, ensure_ascii=False)}}
+            self.calls.append(call)
+            out.append(Delta("tool_call", call=call))
+        return out

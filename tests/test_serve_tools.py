@@ -1,0 +1,263 @@
+"""`dflash2 serve` for agents: tool calls and the reasoning split, with a tiny target trained in
+the session to really call a tool and to think (tests/tiny_tools.py), a real uvicorn server on
+127.0.0.1 and the official openai client. The calls are parsed by mlx-lm's tool parser (the
+one mlx-lm infers from the template); the answers are the target's greedy ones."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+import tiny_tools as tt
+from test_serve import metric, running
+
+from dflash2_mlx.engine.events import RoundEvent
+from dflash2_mlx.serve import create_app
+from dflash2_mlx.serve.chat_prompt import ChatPrompt
+from dflash2_mlx.serve.reply import ChatReply
+from dflash2_mlx.serve.tools import ToolRequest
+from dflash2_mlx.text import chat_prompt_ids
+
+WEATHER_CHOICE = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="session")
+def tool_pair(tmp_path_factory):
+    return tt.trained_pair(tmp_path_factory.mktemp("tiny-tools"))
+
+
+@pytest.fixture(scope="module")
+def tool_url(tool_pair):
+    app = create_app(tool_pair, model_name="tools", default_max_tokens=64, context_length=1024)
+    with running(app) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(tool_url):
+    return openai.OpenAI(base_url=tool_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def ask(client, messages, **kw):
+    return client.chat.completions.create(model="tools", messages=messages, temperature=0,
+                                          max_tokens=64, **kw)
+
+
+def streamed(client, messages, **kw):
+    """Stream a reply and put it back together as a client does: content, reasoning_content,
+    and tool calls by index (id, type and name once, arguments concatenated)."""
+    content, reasoning, calls, finish, usage = "", "", {}, None, None
+    for chunk in ask(client, messages, stream=True, stream_options={"include_usage": True},
+                     **kw):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        delta = choice.delta
+        content += delta.content or ""
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        for tc in delta.tool_calls or []:
+            call = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+            call["id"] = tc.id or call["id"]
+            if tc.function is not None:
+                call["name"] += tc.function.name or ""
+                call["arguments"] += tc.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return content, reasoning, [calls[i] for i in sorted(calls)], finish, usage
+
+
+def weather_calls(calls) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in calls]
+
+
+# ------------------------------------------------------------------ tool calls
+def test_tool_round_trip(client):
+    r = ask(client, tt.ASK, tools=tt.TOOLS)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    assert weather_calls(choice.message.tool_calls) == [("get_weather", tt.CALL_ARGS)]
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.id.startswith("call_")
+    assert r.usage.model_extra["dflash2"]["tool_calls"] == 1
+    # The agent runs the tool and sends the assistant message back as it came, plus the result.
+    history = tt.ASK + [choice.message, {"role": "tool", "tool_call_id": call.id,
+                                         "content": tt.RESULT}]
+    final = ask(client, history, tools=tt.TOOLS)
+    assert final.choices[0].message.content == tt.FINAL
+    assert final.choices[0].finish_reason == "stop"
+    assert final.choices[0].message.tool_calls is None
+    assert final.usage.model_extra["dflash2"]["tool_calls"] == 0
+
+
+def test_tool_round_trip_streaming(client):
+    content, reasoning, calls, finish, usage = streamed(client, tt.ASK, tools=tt.TOOLS)
+    assert (content, reasoning, finish) == ("", "", "tool_calls")
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        ("get_weather", tt.CALL_ARGS)]
+    assert calls[0]["id"].startswith("call_") and usage.model_extra["dflash2"]["tool_calls"] == 1
+    # The SDK's own accumulator (client.chat.completions.stream) reads the same call.
+    with client.chat.completions.stream(model="tools", messages=tt.ASK, tools=tt.TOOLS,
+                                        temperature=0, max_tokens=64) as s:
+        final = s.get_final_completion()
+    assert weather_calls(final.choices[0].message.tool_calls) == [("get_weather", tt.CALL_ARGS)]
+    history = tt.ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": calls[0]["id"], "type": "function",
+         "function": {"name": calls[0]["name"], "arguments": calls[0]["arguments"]}}]},
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": tt.RESULT}]
+    content, _, calls, finish, _ = streamed(client, history, tools=tt.TOOLS)
+    assert (content, calls, finish) == (tt.FINAL, [], "stop")
+
+
+def test_parallel_calls_and_parallel_tool_calls_false(client):
+    r = ask(client, tt.ASK_TWO, tools=tt.TOOLS)
+    assert weather_calls(r.choices[0].message.tool_calls) == [
+        ("get_weather", {"city": "paris"}), ("get_weather", {"city": "rome"})]
+    one = ask(client, tt.ASK_TWO, tools=tt.TOOLS, parallel_tool_calls=False)
+    assert one.choices[0].finish_reason == "tool_calls"
+    assert weather_calls(one.choices[0].message.tool_calls) == [("get_weather", {"city": "paris"})]
+    _, _, calls, finish, _ = streamed(client, tt.ASK_TWO, tools=tt.TOOLS,
+                                      parallel_tool_calls=False)
+    assert [c["name"] for c in calls] == ["get_weather"] and finish == "tool_calls"
+
+
+def test_tool_choice_required_named_and_none(tool_pair, client):
+    auto = ask(client, tt.ASK, tools=tt.TOOLS)
+    for choice in ("required", WEATHER_CHOICE):
+        r = ask(client, tt.ASK, tools=tt.TOOLS, tool_choice=choice)
+        assert r.choices[0].finish_reason == "tool_calls", choice
+        assert weather_calls(r.choices[0].message.tool_calls) == [("get_weather", tt.CALL_ARGS)]
+        # the opening of the call is prefilled: part of the prompt, not of the completion
+        assert r.usage.prompt_tokens > auto.usage.prompt_tokens
+        assert r.usage.completion_tokens < auto.usage.completion_tokens
+        _, _, calls, finish, _ = streamed(client, tt.ASK, tools=tt.TOOLS, tool_choice=choice)
+        assert [c["name"] for c in calls] == ["get_weather"] and finish == "tool_calls"
+    none = ask(client, tt.ASK, tools=tt.TOOLS, tool_choice="none")
+    assert none.choices[0].message.tool_calls is None
+    assert none.choices[0].finish_reason in ("stop", "length")
+    # "none": the tools are left out of the prompt
+    assert none.usage.prompt_tokens == len(chat_prompt_ids(tool_pair.tokenizer, tt.ASK))
+
+
+# ------------------------------------------------------------------ reasoning
+def thought_tokens(tokenizer) -> int:
+    return len(tokenizer.encode(f"<think>\n{tt.THOUGHT}\n</think>", add_special_tokens=False))
+
+
+def test_reasoning_split(tool_pair, client):
+    r = ask(client, tt.HI)
+    msg = r.choices[0].message
+    assert msg.model_extra["reasoning_content"].strip() == tt.THOUGHT
+    assert msg.content.strip() == tt.ANSWER and "<think>" not in msg.content
+    assert r.usage.completion_tokens_details.reasoning_tokens == thought_tokens(
+        tool_pair.tokenizer)
+    thinking = r.usage.model_extra["dflash2"]["reasoning"]
+    assert thinking["tokens"] == r.usage.completion_tokens_details.reasoning_tokens
+    assert thinking["rounds"] >= 1 and thinking["drafted"] > 0  # speculation ran in there
+    assert thinking["rounds"] <= r.usage.model_extra["dflash2"]["rounds"]
+    content, reasoning, calls, finish, usage = streamed(client, tt.HI)
+    assert (content, reasoning, calls, finish) == (msg.content, msg.model_extra[
+        "reasoning_content"], [], "stop")
+    assert usage.completion_tokens_details.reasoning_tokens == thought_tokens(tool_pair.tokenizer)
+
+
+def test_thinking_switch_per_request_and_server_default(tool_pair, client):
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    r = ask(client, tt.HI, extra_body=off)
+    assert r.choices[0].message.content == tt.SHORT_ANSWER
+    assert "reasoning_content" not in r.choices[0].message.model_extra
+    assert r.usage.completion_tokens_details.reasoning_tokens == 0
+    content, reasoning, _, _, _ = streamed(client, tt.HI, extra_body=off)
+    assert (content, reasoning) == (tt.SHORT_ANSWER, "")
+    app = create_app(tool_pair, model_name="tools", default_max_tokens=64, thinking=False)
+    with running(app) as base:
+        quiet = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        assert ask(quiet, tt.HI).choices[0].message.content == tt.SHORT_ANSWER
+        on = ask(quiet, tt.HI, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        assert on.choices[0].message.model_extra["reasoning_content"].strip() == tt.THOUGHT
+        assert httpx.get(base + "/v1/models").json()["data"][0]["dflash2"]["thinking"] is False
+
+
+def test_metrics_count_tool_calls_and_reasoning(tool_url, client):
+    before = httpx.get(tool_url + "/metrics").text
+    ask(client, tt.ASK_TWO, tools=tt.TOOLS)
+    ask(client, tt.HI)
+    after = httpx.get(tool_url + "/metrics").text
+
+    def grew(name):
+        return metric(after, name) - metric(before, name)
+
+    assert grew("dflash2_tool_calls_total") == 2
+    assert grew("dflash2_reasoning_tokens_total") > 0 and grew("dflash2_reasoning_rounds_total") > 0
+    assert httpx.get(tool_url + "/v1/models").json()["data"][0]["dflash2"]["tool_calling"] is True
+
+
+# ------------------------------------------------------------------ bad input
+ASSISTANT_CALL = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{bad"}}]}
+FN = {"name": "f", "parameters": {"type": "object", "properties": {}}}
+BAD = [
+    ({"tools": "get_weather"}, "tools"),
+    ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function"),
+    ({"tools": [{"type": "function", "function": {"description": "x"}}]},
+     "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "two words"}}]},
+     "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {**FN, "parameters": "x"}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {**FN, "strict": True}}]},
+     "tools[0].function.strict"),
+    ({"tools": [{"type": "function", "function": {**FN, "examples": []}}]},
+     "tools[0].function.examples"),
+    ({"tools": [tt.WEATHER, tt.WEATHER]}, "tools[1].function.name"),
+    ({"tools": tt.TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": tt.TOOLS, "tool_choice": {"type": "allowed_tools"}}, "tool_choice.type"),
+    ({"tools": tt.TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice.function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": tt.TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    ({"messages": tt.ASK + [ASSISTANT_CALL]}, "messages[1].tool_calls[0].function.arguments"),
+    ({"messages": tt.ASK + [{"role": "tool", "content": "x"}]}, "messages[1].tool_call_id"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}, {
+        "role": "user", "content": "x", "tool_call_id": "c1"}]}, "messages[1].tool_call_id"),
+    ({"chat_template_kwargs": "thinking"}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs.enable_thinking"),
+    ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools"),
+    ({"chat_template_kwargs": {"frobnicate": 1}}, "chat_template_kwargs.frobnicate"),
+    ({"functions": [FN]}, "functions"),
+]
+
+
+@pytest.mark.parametrize("extra,param", BAD, ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD)])
+def test_bad_tools_and_template_kwargs_are_a_clean_400(tool_url, extra, param):
+    r = httpx.post(tool_url + "/v1/chat/completions", json={"messages": tt.ASK, **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"], err
+
+
+# ------------------------------------------------------------------ the splitter itself
+def test_reply_split_does_not_depend_on_round_boundaries(tool_pair):
+    """Speculative rounds commit several tokens at once: the same text cut anywhere (markers
+    split across rounds, several transitions in one round) splits the same way; a call that
+    does not parse stays in the content, verbatim."""
+    tok = tool_pair.tokenizer
+    broken = '<tool_call>\n{"name": get_weather}\n</tool_call>'
+    text = f"<think>\n{tt.THOUGHT}\n</think>\n\nok {tt.TWO_CALLS} then {broken} end"
+    tools = ToolRequest(tuple(tt.TOOLS))
+    results = set()
+    for step in (1, 2, 3, 7, 11, len(text)):
+        reply = ChatReply(tok, ChatPrompt([1], tools=tools))
+        for i in range(0, len(text), step):
+            reply.feed(text[i:i + step], RoundEvent([5], 0, 0, 1, 0.0, 0.0))
+        _, finish = reply.finish("stop")
+        results.add(("".join(reply.reasoning), "".join(reply.content), finish, reply.unparsed,
+                     tuple((c["function"]["name"], c["function"]["arguments"])
+                           for c in reply.calls)))
+    assert results == {(f"\n{tt.THOUGHT}\n", f"\n\nok \n then {broken} end", "tool_calls", 1,
+                        (("get_weather", '{"city": "paris"}'),
+                         ("get_weather", '{"city": "rome"}')))}
