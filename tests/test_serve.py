@@ -202,7 +202,8 @@ def test_models_health_and_harmless_fields(url):
     assert httpx.get(url + "/health").json()["status"] == "ok"
     r = httpx.post(url + "/v1/chat/completions", json={
         "messages": HI, "user": "u1", "metadata": {"k": "v"}, "n": 1, "presence_penalty": 0,
-        "logprobs": False, "tools": [], "temperature": 0})
+        "logprobs": False, "tools": [], "tool_choice": "none", "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False}})  # a model that does not think
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] <= 8  # default_max_tokens
 
@@ -238,6 +239,8 @@ BAD = [
     ("chat", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]},
      400, "tools"),
     ("chat", {"messages": HI, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("chat", {"messages": HI, "chat_template_kwargs": {"enable_thinking": True}}, 400,
+     "chat_template_kwargs.enable_thinking"),
     ("chat", {"messages": HI, "presence_penalty": 0.5}, 400, "presence_penalty"),
     ("chat", {"messages": HI, "frequency_penalty": 1}, 400, "frequency_penalty"),
     ("chat", {"messages": HI, "logit_bias": {"5": 10}}, 400, "logit_bias"),

@@ -14,10 +14,12 @@ import tiny_tools as tt
 from test_serve import metric, running
 
 from dflash2_mlx.engine.events import RoundEvent
+from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.serve import create_app
-from dflash2_mlx.serve.chat_prompt import ChatPrompt
+from dflash2_mlx.serve.api_error import APIError
+from dflash2_mlx.serve.chat_prompt import ChatPrompt, ChatTemplate
 from dflash2_mlx.serve.reply import ChatReply
-from dflash2_mlx.serve.tools import ToolRequest
+from dflash2_mlx.serve.tools import ToolRequest, parse_tools
 from dflash2_mlx.text import chat_prompt_ids
 
 WEATHER_CHOICE = {"type": "function", "function": {"name": "get_weather"}}
@@ -26,6 +28,11 @@ WEATHER_CHOICE = {"type": "function", "function": {"name": "get_weather"}}
 @pytest.fixture(scope="session")
 def tool_pair(tmp_path_factory):
     return tt.trained_pair(tmp_path_factory.mktemp("tiny-tools"))
+
+
+@pytest.fixture(scope="session")
+def tool_tokenizer(tmp_path_factory):
+    return tt.load_tokenizer(tt.save_tokenizer(tmp_path_factory.mktemp("tiny-tools-tok")))
 
 
 @pytest.fixture(scope="module")
@@ -241,11 +248,11 @@ def test_bad_tools_and_template_kwargs_are_a_clean_400(tool_url, extra, param):
 
 
 # ------------------------------------------------------------------ the splitter itself
-def test_reply_split_does_not_depend_on_round_boundaries(tool_pair):
+def test_reply_split_does_not_depend_on_round_boundaries(tool_tokenizer):
     """Speculative rounds commit several tokens at once: the same text cut anywhere (markers
     split across rounds, several transitions in one round) splits the same way; a call that
     does not parse stays in the content, verbatim."""
-    tok = tool_pair.tokenizer
+    tok = tool_tokenizer
     broken = '<tool_call>\n{"name": get_weather}\n</tool_call>'
     text = f"<think>\n{tt.THOUGHT}\n</think>\n\nok {tt.TWO_CALLS} then {broken} end"
     tools = ToolRequest(tuple(tt.TOOLS))
@@ -261,3 +268,56 @@ def test_reply_split_does_not_depend_on_round_boundaries(tool_pair):
     assert results == {(f"\n{tt.THOUGHT}\n", f"\n\nok \n then {broken} end", "tool_calls", 1,
                         (("get_weather", '{"city": "paris"}'),
                          ("get_weather", '{"city": "rome"}')))}
+
+
+def _tokenizer_with(template: str, tmp_path):
+    hf = tt._hf_tokenizer(list(tt.vocabulary()))
+    hf.chat_template = template
+    hf.save_pretrained(str(tmp_path))
+    return tt.load_tokenizer(tmp_path)
+
+
+def test_forced_call_opening_follows_the_template(tmp_path):
+    """The prefilled opening is read off the template: an XML-style format (mlx-lm's
+    qwen3_coder parser) opens with the function's tag; a format that writes the arguments
+    before the name cannot force a name (400), but "required" still works; a server thinking
+    default needs a template with a switch."""
+    def fmt(call):
+        return ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                "{% for tc in m.tool_calls or [] %}" + call + "{% endfor %}<|im_end|>\n"
+                "{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+    xml = _tokenizer_with(fmt(
+        "<tool_call>\n<function={{ tc.function.name }}>\n{% for k, v in tc.function.arguments"
+        ".items() %}<parameter={{ k }}>\n{{ v }}\n</parameter>\n{% endfor %}</function>\n"
+        "</tool_call>"), tmp_path / "xml")
+    assert xml.tool_parser.__module__.endswith("qwen3_coder")
+    named = parse_tools_body(tool_choice=WEATHER_CHOICE)
+    p = ChatTemplate(xml).prompt(tt.ASK, named, {})
+    assert xml.decode(p.ids).endswith("assistant\n<tool_call>\n<function=get_weather>")
+    assert p.state == "tool" and p.call_prefix == "\n<function=get_weather>"
+    reply = ChatReply(xml, p)
+    reply.feed("\n<parameter=city>\nparis\n</parameter>\n</function>\n</tool_call>",
+               RoundEvent([5], 0, 0, 1, 0.0, 0.0))
+    assert reply.finish("stop")[1] == "tool_calls"
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in reply.calls] == [("get_weather", tt.CALL_ARGS)]
+
+    args_first = _tokenizer_with(fmt(
+        "{% set tool_call = tc.function %}<tool_call>\n{\"arguments\": "
+        "{{ tool_call.arguments | tojson }}, \"name\": \"{{ tool_call.name }}\"}\n</tool_call>"),
+        tmp_path / "args-first")
+    assert args_first.tool_parser.__module__.endswith("json_tools")
+    chat = ChatTemplate(args_first)
+    with pytest.raises(APIError) as e:
+        chat.prompt(tt.ASK, named, {})
+    assert e.value.param == "tool_choice" and "cannot be honoured" in e.value.message
+    required = chat.prompt(tt.ASK, parse_tools_body(tool_choice="required"), {})
+    assert args_first.decode(required.ids).endswith('<tool_call>\n{"arguments":')
+    with pytest.raises(DFlash2Error, match="no thinking switch"):
+        ChatTemplate(args_first, thinking=False)
+
+
+def parse_tools_body(**kw) -> ToolRequest:
+    return parse_tools({"tools": tt.TOOLS, **kw})

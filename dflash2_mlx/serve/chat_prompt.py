@@ -5,13 +5,15 @@ template, checked against what that template supports (else a 400 naming the fie
 opening of a call, as the template itself renders one, is prefilled after the generation
 prompt, so the reply starts inside a call (to that function). The opening is the text two
 renderings of an assistant call share (different names and arguments for "required", the same
-name with different arguments for a named function); a template whose calls do not open with
-a fixed text (the name included, for a named function) gets a 400.
+name with different arguments for a named function), up to its last whitespace; what the
+template puts before a call (Qwen3: an empty thinking section) comes with it. A template whose
+calls do not open with a fixed text (the name included, for a named function) gets a 400.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from ..chat_template import THINKING_KWARG, TemplateInfo, render_text
@@ -104,17 +106,19 @@ class ChatTemplate:
             stops = (self.tok.tool_call_end,)  # the end of the first call ends the reply
         if active is None or not active.forced:
             return ChatPrompt(ids, state, "", stops, active)
-        if state == "reasoning":
+        lead, opening = _template_call(lambda: self._call_opening(messages, listed, kwargs,
+                                                                   active.name))
+        ids = ids + [int(t) for t in self.tok.encode(lead + opening, add_special_tokens=False)]
+        if opens_thinking(self.tok, ids):
             raise invalid("tool_choice", f"tool_choice {active.name or active.choice!r} makes "
-                          "the reply open with a tool call, but this prompt opens a thinking "
-                          "section; send chat_template_kwargs {\"enable_thinking\": false}")
-        prefix = _template_call(lambda: self._call_opening(messages, listed, kwargs, active.name))
-        ids = ids + [int(t) for t in self.tok.encode(prefix, add_special_tokens=False)]
-        return ChatPrompt(ids, "tool", prefix[len(self.tok.tool_call_start):], stops, active)
+                          "the reply open with a tool call, but this prompt leaves a thinking "
+                          "section open; send chat_template_kwargs {\"enable_thinking\": false}")
+        return ChatPrompt(ids, "tool", opening[len(self.tok.tool_call_start):], stops, active)
 
     def _call_opening(self, messages: list[dict], tools: list[dict], kwargs: dict,
-                      name: str | None) -> str:
-        """The text every call (to `name`, if given) opens with, start marker first."""
+                      name: str | None) -> tuple[str, str]:
+        """What the template puts between the generation prompt and a call (Qwen3: an empty
+        thinking section), and the text every call (to `name`, if given) opens with."""
         def render(fn: str, args: dict) -> str:
             call = {"id": "call_0", "type": "function",
                     "function": {"name": fn, "arguments": args}}
@@ -128,10 +132,17 @@ class ChatTemplate:
             a, b = render(name, {}), render(name, {"x_": "y"})
         base = render_text(self.tok, messages, tools=tools, add_generation_prompt=False, **kwargs)
         shared = os.path.commonprefix([a, b])
-        at = shared.rfind(self.tok.tool_call_start)
-        if at < len(os.path.commonprefix([a, base])) or (name and name not in shared[at:]):
+        start = self.tok.tool_call_start
+        at = shared.rfind(start)
+        # End before the last whitespace: the model writes the next word with its leading
+        # space itself, as unforced (no token boundary inside a word).
+        end = max(shared.rfind(" "), shared.rfind("\n"), shared.rfind("\t"), at + len(start))
+        if at < len(os.path.commonprefix([a, base])) or (name and not re.search(
+                rf"{re.escape(name)}[^A-Za-z0-9_-]", shared[at:end])):
             raise invalid("tool_choice", "this model's chat template does not open a tool call "
                           f"with a fixed text{' naming the function' if name else ''}, so "
                           f"tool_choice {name or 'required'!r} cannot be honoured; use \"auto\"",
                           "unsupported_parameter")
-        return shared[at:]
+        prompt = render_text(self.tok, messages, tools=tools, **kwargs)
+        lead = shared[len(prompt):at] if shared.startswith(prompt) and at >= len(prompt) else ""
+        return lead, shared[at:end]
