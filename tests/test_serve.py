@@ -403,6 +403,11 @@ def test_cli_serve_end_to_end(pair, tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "needs --drafter" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, "-c", CLI, "serve", "--target", str(target),
+                          "--drafter", str(drafter), "--no-thinking"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "no thinking switch" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
     proc = subprocess.Popen(
         [sys.executable, "-c", CLI, "serve", "--target", str(target), "--drafter", str(drafter),
          "--port", str(port), "--context-length", "512", "--model-name", "tiny-cli",

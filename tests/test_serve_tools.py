@@ -169,6 +169,10 @@ def test_reasoning_split(tool_pair, client):
     assert (content, reasoning, calls, finish) == (msg.content, msg.model_extra[
         "reasoning_content"], [], "stop")
     assert usage.completion_tokens_details.reasoning_tokens == thought_tokens(tool_pair.tokenizer)
+    # the client may send the reasoning back with the assistant turn
+    history = tt.HI + [msg, {"role": "user", "content": "hi"}]
+    assert "reasoning_content" in msg.model_dump()
+    assert ask(client, history, max_tokens=2).usage.completion_tokens >= 1
 
 
 def test_thinking_switch_per_request_and_server_default(tool_pair, client):

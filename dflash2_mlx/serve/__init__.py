@@ -14,13 +14,35 @@ the target's generation_config.json, else greedy; not OpenAI's T = 1), stop
 and on chat prediction ({"type": "content", "content": text}: Predicted Outputs, a hint that
 only drafts: where the answer follows it, its tokens are proposed; the output is unchanged).
 Sampling is the library's lossless rejection sampling: output follows the target exactly.
-Refused with a 400 naming the field unless neutral: n, logprobs, top_logprobs, tools,
-tool_choice, functions, function_call, response_format, presence/frequency/repetition
-penalties, logit_bias, modalities, audio, reasoning_effort, web_search_options,
-store, best_of, echo, suffix; unknown fields. Accepted and unused (cannot change the output):
-user, metadata, service_tier, parallel_tool_calls, prompt_cache_key, safety_identifier.
-Messages: roles system / developer (sent to the template as system) / user / assistant;
+Refused with a 400 naming the field unless neutral: n, logprobs, top_logprobs, functions,
+function_call (use tools), response_format, presence/frequency/repetition penalties,
+logit_bias, modalities, audio, reasoning_effort, web_search_options, store, best_of, echo,
+suffix; unknown fields. Accepted and unused (cannot change the output): user, metadata,
+service_tier, prompt_cache_key, safety_identifier.
+Messages: roles system / developer (sent to the template as system) / user / assistant (with
+tool_calls, and reasoning_content, which the template may drop) / tool (tool_call_id);
 content a string or a list of text parts (joined with newlines).
+
+Tools (chat): tools (function tools; strict true is refused: arguments are the model's own),
+tool_choice, parallel_tool_calls. They are rendered by the model's own chat template and the
+reply is parsed by the tool parser mlx-lm declares for the tokenizer (mlx_lm/tool_parsers/); a
+model without one, or whose template does not render tools, answers tools with a 400.
+  auto      calls are parsed into message.tool_calls, finish_reason "tool_calls"
+  none      the tools are left out of the prompt and nothing is parsed
+  required  the opening of a call, as the template renders one, is prefilled: the reply
+  {"type": "function", "function": {"name": N}}   is a call (to N: the opening names it);
+            a template whose calls do not open with a fixed text gets a 400
+  parallel_tool_calls false: the reply ends with the first call.
+A call text the parser refuses stays in content, verbatim. Streaming sends each call as
+delta.tool_calls: {index, id, type, function: {name, arguments: ""}}, then {index, function:
+{arguments}} (the official client joins them).
+
+Reasoning (chat): with a template that has a thinking section (<think>...</think>, as Qwen3),
+message.reasoning_content / delta.reasoning_content carry it and content the answer.
+chat_template_kwargs: variables for the template, each checked against the variables it reads
+(enable_thinking: a boolean; on a model that does not think, false is accepted). The server's
+default: `dflash2 serve --thinking/--no-thinking` (create_app(thinking=...)). Speculation runs
+through the thinking section like anywhere else.
 
 Extension fields
   usage.dflash2 = {rounds, drafted, accepted, tau, acceptance_rate, lookup_rounds, block_size,
@@ -33,16 +55,40 @@ Extension fields
       taken from the prediction that the target kept / refused.
       usage.completion_tokens counts every token the engine committed, the end-of-turn token
       and tokens of the last round past a stop string included.
+  chat only: usage.completion_tokens_details.reasoning_tokens (thinking markers included);
+  usage.dflash2.tool_calls; usage.dflash2.reasoning = {tokens, rounds, drafted, accepted, tau}:
+      the rounds that began inside the thinking section and their drafts.
   /v1/models data[i].dflash2 = {speculative, drafter, drafter_version, draft_vocab, lookup,
                                 block_size, trained_block_size, context_length,
-                                default_max_tokens, max_queue}
+                                default_max_tokens, max_queue, tool_calling, thinking}
   /v1/models data[i].sampling_defaults = {temperature, top_p, top_k, min_p, seed,
                                           source: {field: "--temp" ... | "generation_config.json"
                                                    | "default"}}
+  /metrics adds dflash2_tool_calls_total, dflash2_unparsed_tool_calls_total,
+  dflash2_reasoning_{tokens,rounds,accepted_tokens}_total.
 
 Errors: {"error": {"message", "type", "param", "code"}}; 400 bad input, 404 unknown model or
 route, 503 + Retry-After when the queue is full. Requests run one at a time on a worker thread;
 `max_queue` more may wait. A client that disconnects cancels its generation.
+
+Pointing an agent at the server: any OpenAI client, base URL http://127.0.0.1:8000/v1, any API
+key, model = the served id (GET /v1/models). A tool loop with the official client:
+
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="local")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    while True:
+        msg = client.chat.completions.create(model="qwen3-4b", messages=messages,
+                                             tools=tools).choices[0].message
+        messages.append(msg)
+        if not msg.tool_calls:
+            break
+        for call in msg.tool_calls:  # run each tool, send its result back
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": get_weather(**json.loads(call.function.arguments))})
+    print(msg.content)
 """
 
 from .app import create_app, default_context_length
