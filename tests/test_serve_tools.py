@@ -48,8 +48,8 @@ def client(tool_url):
 
 
 def ask(client, messages, **kw):
-    return client.chat.completions.create(model="tools", messages=messages, temperature=0,
-                                          max_tokens=64, **kw)
+    kw.setdefault("max_tokens", 64)
+    return client.chat.completions.create(model="tools", messages=messages, temperature=0, **kw)
 
 
 def streamed(client, messages, **kw):
