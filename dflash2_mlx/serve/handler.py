@@ -160,15 +160,14 @@ class Handler:
     async def _handle(self, request: Request, req: GenRequest) -> Response:
         if req.model is not None and req.model != self.s.model_name:
             raise unknown_model(req.model, self.s.model_name)
-        prompt = None
+        prompt, stop = None, req.stop
         if req.kind == "chat":
             prompt = await asyncio.to_thread(self.chat_prompt, req)
-            ids = prompt.ids
+            ids, stop = prompt.ids, stop + list(prompt.stops)
         else:
             ids = await asyncio.to_thread(self.tokenize, req)
         predicted = await asyncio.to_thread(self.predicted_ids, req)
-        job = Job(ids, self.plan(req, ids, predicted), req.stop + list(prompt.stops if prompt
-                                                                       else ()))
+        job = Job(ids, self.plan(req, ids, predicted), stop)
         try:
             self.worker.submit(job)
         except QueueFull as e:
