@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from dflash2_mlx import GenerationParams, GenerationStats
+from dflash2_mlx.chat_template import TemplateInfo
 from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.settings import EngineSettings, check_block, idle_when_greedy
 from dflash2_mlx.text import chat_prompt_ids, stream_text
@@ -45,10 +46,7 @@ class _StopFlag:
 
 
 def _template_has_thinking(tokenizer) -> bool:
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):
-        template = " ".join(str(v) for v in template.values())
-    return bool(template) and "enable_thinking" in str(template)
+    return TemplateInfo.of(tokenizer).thinking_switch  # as `serve` decides it
 
 
 class Chat:
