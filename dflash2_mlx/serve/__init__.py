@@ -40,7 +40,8 @@ delta.tool_calls: {index, id, type, function: {name, arguments: ""}}, then {inde
 Reasoning (chat): with a template that has a thinking section (<think>...</think>, as Qwen3),
 message.reasoning_content / delta.reasoning_content carry it and content the answer.
 chat_template_kwargs: variables for the template, each checked against the variables it reads
-(enable_thinking: a boolean; on a model that does not think, false is accepted). The server's
+(enable_thinking: a boolean; without a switch in the template, only what the model does
+anyway: false without thinking markers, true with them). The server's
 default: `dflash2 serve --thinking/--no-thinking` (create_app(thinking=...)). Speculation runs
 through the thinking section like anywhere else.
 

@@ -66,8 +66,8 @@ class ChatTemplate:
         out = {}
         for k, v in given.items():
             if k == THINKING_KWARG and not self.info.thinking_switch:
-                if v is False and not self.info.thinks:
-                    continue  # a model without thinking: off is what it does anyway
+                if v is self.info.thinks:
+                    continue  # what the model does anyway (it always / never thinks)
                 raise invalid(f"chat_template_kwargs.{k}", f"chat_template_kwargs.{k}={v}: this "
                               "model's chat template has no thinking switch")
             if self.info.reads(k) is False:
