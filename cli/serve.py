@@ -12,8 +12,8 @@ import typer
 
 from .common import (
     BlockOpt, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, MinPOpt, ModelArg, NoSpecOpt,
-    OfflineOpt, SeedOpt, TargetOpt, TempOpt, ThinkingOpt, TopKOpt, TopPOpt, engine_flags, fail, load_resolved,
-    sampling_flags,
+    OfflineOpt, SeedOpt, TargetOpt, TempOpt, ThinkingOpt, TopKOpt, TopPOpt, engine_flags, fail,
+    load_resolved, sampling_flags,
 )
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")

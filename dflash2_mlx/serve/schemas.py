@@ -2,9 +2,10 @@
 
 A field that would change the output and is not implemented (n > 1, logprobs, penalties,
 logit_bias, response_format, ...) is refused with a 400 naming it, unless it has its neutral
-value (n=1, presence_penalty=0, ...). Tools are validated in tools.py, chat_template_kwargs in
-reasoning.py; whether the model supports them is checked against its template (chat_prompt.py). Unknown fields are refused too.
-Only fields that cannot change the output (user, metadata, ...) are accepted and unused.
+value (n=1, presence_penalty=0, ...). Unknown fields are refused too. Only fields that cannot
+change the output (user, metadata, ...) are accepted and unused. Tools are validated in
+tools.py, chat_template_kwargs in reasoning.py; whether the model supports them is checked
+against its template (chat_prompt.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Callable
 
 from ..engine.sampling import field_problem
 from ..settings import SAMPLING_FLAGS
-from .api_error import APIError, invalid
+from .api_error import APIError, invalid  # noqa: F401  (APIError is imported from here)
 from .reasoning import parse_template_kwargs
 from .tools import ToolRequest, history_tool_calls, parse_tools, tool_call_id
 
