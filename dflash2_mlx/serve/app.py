@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error
 from ..settings import SamplingDefaults, check_block
 from . import metrics as metrics_mod
@@ -23,6 +24,8 @@ from .queue import Worker
 from .schemas import APIError, parse_chat, parse_completion
 
 log = logging.getLogger("dflash2.serve")
+
+DEFAULT_PROMPT_CACHE_MB = 1024
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 
@@ -72,7 +75,8 @@ async def _json_body(request: Request) -> dict:
 def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int | None = None,
                default_max_tokens: int = 512, block_size: int | None = None,
                speculative: bool = True, drafter_name: str | None = None,
-               sampling: SamplingDefaults | None = None) -> FastAPI:
+               sampling: SamplingDefaults | None = None,
+               prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
 
     max_queue: requests that may wait while one generates (beyond: 503 + Retry-After).
@@ -80,8 +84,10 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
     else 4096). default_max_tokens: for requests that give none, clipped to what the context
     leaves. block_size / speculative: the engine settings of every request. drafter_name: shown
     in /v1/models. sampling: what a request gets for the sampling fields it leaves out
-    (dflash2_mlx.settings.resolve_sampling; default: greedy). The worker thread starts and stops
-    with the app (its lifespan).
+    (dflash2_mlx.settings.resolve_sampling; default: greedy). prompt_cache_mb: memory for the
+    engine state of recent conversations, reused by prompt prefix across requests
+    (engine/prompt_cache.py); 0: off. The worker thread starts and stops with the app (its
+    lifespan).
     """
     trained = pair.drafter.config.block_size
     if block_size is not None:
@@ -90,6 +96,8 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
     if default_max_tokens < 1:
         raise DFlash2Error(f"default_max_tokens must be >= 1; got {default_max_tokens}")
+    if not isinstance(prompt_cache_mb, int) or prompt_cache_mb < 0:
+        raise DFlash2Error(f"prompt_cache_mb must be an int >= 0 (0: off); got {prompt_cache_mb!r}")
     context = context_length or default_context_length(pair.model)
     if context < 2:
         raise DFlash2Error(f"context_length must be >= 2; got {context}")
@@ -97,7 +105,10 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
                         (block_size or trained) if speculative else 1,
                         pair.decoder.target.vocab_size, sampling or SamplingDefaults())
     metrics = metrics_mod.Metrics()
-    worker = Worker(pair, max_queue, metrics)
+    prompt_cache = PromptCache(pair.decoder, prompt_cache_mb << 20) if prompt_cache_mb else None
+    if prompt_cache is not None:
+        metrics.prompt_cache = prompt_cache.stats
+    worker = Worker(pair, max_queue, metrics, prompt_cache)
     handler = Handler(pair, worker, settings)
     started = int(time.time())
 
@@ -139,7 +150,7 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
                     "lookup": pair.decoder.lookup,
                     "block_size": settings.effective_block, "trained_block_size": trained,
                     "context_length": context, "default_max_tokens": default_max_tokens,
-                    "max_queue": max_queue},
+                    "max_queue": max_queue, "prompt_cache_mb": prompt_cache_mb},
                 "sampling_defaults": settings.sampling.to_json()}
 
     @app.get("/v1/models")

@@ -29,11 +29,14 @@ def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculati
     block_size: tokens verified per round (anchor + drafts; 1 when speculative is off).
     completion_tokens_details counts the draft tokens taken from the request's `prediction`
     that the target accepted / rejected (OpenAI's Predicted Outputs fields).
+    prompt_tokens_details.cached_tokens (and dflash2.cached_tokens): prompt tokens served by
+    the prompt cache, not prefilled.
     """
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": stats.committed,
         "total_tokens": prompt_tokens + stats.committed,
+        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens},
         "completion_tokens_details": {
             "accepted_prediction_tokens": stats.prediction_accepted,
             "rejected_prediction_tokens": stats.prediction_drafted - stats.prediction_accepted,
@@ -47,6 +50,7 @@ def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculati
             "lookup_rounds": stats.lookup_rounds,
             "block_size": block_size,
             "speculative": speculative,
+            "cached_tokens": stats.reused_tokens,
             "prefill_ms": round(stats.prefill_ms, 3),
             "decode_ms": round(stats.decode_ms, 3),
             "decode_tokens_per_s": round(stats.decode_tps, 3),
