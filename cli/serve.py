@@ -58,9 +58,9 @@ def serve(
     min_p: MinPOpt = None,
     seed: SeedOpt = None,
     prompt_cache_mb: int = typer.Option(
-        DEFAULT_PROMPT_CACHE_MB, "--prompt-cache-mb", min=0, help="Memory (MiB) for the engine state of recent "
-        "conversations: a request extending a cached prefix prefills only its new tokens "
-        "(least recently used out first). 0: off."),
+        DEFAULT_PROMPT_CACHE_MB, "--prompt-cache-mb", min=0, help="Memory (MiB) for the "
+        "engine state of recent conversations: a request extending a cached prefix prefills "
+        "only its new tokens (least recently used out first). 0: off."),
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,

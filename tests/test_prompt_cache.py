@@ -156,19 +156,43 @@ def test_threads_never_lease_the_same_session():
         t.join(30)
     assert len(got) == n and len({id(lease.session) for lease in got}) == n
     assert sorted(lease.served > 0 for lease in got) == [False] * (n - 1) + [True]
-    for lease in got:
-        lease.close()  # the unused fresh sessions hold nothing and are not kept
-    assert cache.stats().entries == 1 and cache.stats().nbytes == before
+    want = cold(dec, prompt)
+    for lease in got:  # the generations themselves run one at a time, as in the server
+        with lease:
+            events = [lease.observe(ev) or ev for ev in dec.stream(prompt, PARAMS, lease.session)]
+        assert [t for ev in events for t in ev.tokens] == want
+        assert events[0].reused_tokens == lease.served
+    # Equal states replace each other: one entry, the size of one conversation.
+    assert cache.stats().entries == 1 and cache.stats().nbytes < 2 * before
 
 
-def test_an_interrupted_generation_is_not_kept():
+def test_an_interrupted_generation_is_not_kept(monkeypatch):
+    """A round stopped midway, or a prefill stopped after extending the caches: the session
+    is not consistent and is not stored; the next request is still exact."""
     dec = decoder("llama")
     cache = PromptCache(dec, 1 << 30)
     lease = cache.lease(TURN1)
     stream = dec.stream(TURN1, PARAMS, lease.session)
-    next(stream)
+    lease.observe(next(stream))
     lease.session.in_round = True  # as after an exception inside a round
     stream.close()
     lease.close()
     assert cache.stats().entries == 0
+    out1, _, _ = run(dec, cache, TURN1)
+    real = dec.target.prefill
+
+    def prefill_then_fail(*args, **kw):
+        real(*args, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dec.target, "prefill", prefill_then_fail)  # this instance only
+    turn2 = TURN1 + out1 + [40, 41]
+    with pytest.raises(KeyboardInterrupt), cache.lease(turn2) as lease:
+        assert lease.served > 0
+        for ev in dec.stream(turn2, PARAMS, lease.session):
+            lease.observe(ev)
+    assert cache.stats().entries == 0
+    monkeypatch.undo()
+    out2, ev, _ = run(dec, cache, turn2)
+    assert ev.reused_tokens == 0 and out2 == cold(dec, turn2)
     assert session_nbytes(dec.new_session()) == 0

@@ -231,24 +231,34 @@ class PromptCache:
 
 
 class Lease:
-    """One request's use of the cache: `session` for the engine; back into the cache on close."""
+    """One request's use of the cache: `session` for the engine; back into the cache on close.
+
+    Pass every event of the generation to `observe`: the session goes back only if its
+    prefill finished (a prefill stopped midway leaves the caches ahead of the tokens), and not
+    after a round stopped midway.
+    """
 
     def __init__(self, cache: PromptCache, session: Session, prompt_len: int, served: int):
         self.cache, self.session = cache, session
         self.prompt_len = prompt_len
         self.served = served  # prompt tokens the session holds (the engine reports the same)
+        self._prefilled = False
         self._closed = False
 
     def observe(self, event: RoundEvent) -> None:
-        """Pass each event of the generation: after the prefill, a target that cannot roll
-        back stores a copy of its state at the end of the prompt."""
-        if event.prefill and not self.cache.trimmable:
-            self.cache._store(clone_session(self.session), self.prompt_len)
+        """After the prefill, a target that cannot roll back stores a copy of its state at
+        the end of the prompt."""
+        if event.prefill:
+            self._prefilled = True
+            if not self.cache.trimmable:
+                self.cache._store(clone_session(self.session), self.prompt_len)
 
     def close(self) -> None:
         """Return the session (call once the generation has stopped)."""
-        if not self._closed:
-            self._closed = True
+        if self._closed:
+            return
+        self._closed = True
+        if self._prefilled:
             self.cache._store(self.session, self.prompt_len)
 
     def __enter__(self) -> "Lease":
