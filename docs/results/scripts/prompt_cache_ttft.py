@@ -148,8 +148,9 @@ def main():
     ap.add_argument("--block", type=int, default=None)
     ap.add_argument("--report", default="2,5,10")
     args = ap.parse_args()
-    block = args.block or resolve(None, None, None, build_embedded=False).block_size
     pair = d2.load_pair(ensure_smollm2(), EMBEDDED_DRAFTER)
+    block = (args.block or resolve(None, None, None, build_embedded=False).block_size
+             or pair.drafter.config.block_size)
     params = d2.GenerationParams(max_tokens=args.max_tokens, block_size=block)
     chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": "warm up"}])
     pair.generate(chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": "Hi"}]), params)
