@@ -16,6 +16,7 @@ from .common import (
     load_resolved, sampling_flags,
 )
 
+DEFAULT_PROMPT_CACHE_MB = 1024  # = dflash2_mlx.serve.app's (not imported: no MLX here)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -56,6 +57,10 @@ def serve(
     top_k: TopKOpt = None,
     min_p: MinPOpt = None,
     seed: SeedOpt = None,
+    prompt_cache_mb: int = typer.Option(
+        DEFAULT_PROMPT_CACHE_MB, "--prompt-cache-mb", min=0, help="Memory (MiB) for the "
+        "engine state of recent conversations: a request extending a cached prefix prefills "
+        "only its new tokens (least recently used out first). 0: off."),
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
@@ -107,7 +112,7 @@ def serve(
                          context_length=context_length, default_max_tokens=max_tokens,
                          block_size=settings.block.size, speculative=settings.speculative,
                          drafter_name=resolved.drafter, sampling=settings.sampling,
-                         thinking=thinking)
+                         thinking=thinking, prompt_cache_mb=prompt_cache_mb)
     except BaseException:
         sock.close()
         raise
@@ -115,7 +120,8 @@ def serve(
     say(f"sampling defaults (for fields a request leaves out): {settings.sampling.describe()}")
     say(f"serving {name!r} on http://{shown}:{port}/v1: "
         + (settings.block.describe() if settings.speculative else "speculative off")
-        + f", context {app.state.settings.context}, queue {max_queue}")
+        + f", context {app.state.settings.context}, queue {max_queue}, prompt cache "
+        + (f"{prompt_cache_mb} MiB" if prompt_cache_mb else "off"))
     # After Ctrl-C, open streams get 3 s; then they are cancelled (and their generations).
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3))
     try:

@@ -14,6 +14,7 @@ from .checkpoint import load_drafter, save_drafter  # noqa: E402
 from .config import DrafterConfig  # noqa: E402
 from .engine.events import GenerationStats, RoundEvent  # noqa: E402
 from .engine.loop import GenerationParams, Session, SpeculativeDecoder  # noqa: E402
+from .engine.prompt_cache import PromptCache  # noqa: E402
 from .engine.sampling import SamplingParams  # noqa: E402
 from .errors import (  # noqa: E402
     CheckpointError, CompatibilityError, ConfigError, DFlash2Error, ParameterError,
@@ -22,6 +23,6 @@ from .errors import (  # noqa: E402
 __all__ = [
     "Pair", "doctor", "load_pair", "load_drafter", "save_drafter", "DrafterConfig",
     "GenerationStats", "RoundEvent", "GenerationParams", "Session", "SpeculativeDecoder",
-    "SamplingParams", "CheckpointError", "CompatibilityError", "ConfigError", "DFlash2Error",
+    "PromptCache", "SamplingParams", "CheckpointError", "CompatibilityError", "ConfigError", "DFlash2Error",
     "ParameterError",
 ]

@@ -197,7 +197,7 @@ def test_models_health_and_harmless_fields(url):
     assert card["dflash2"] == {"speculative": True, "drafter": "tiny-dflash2", "drafter_version": 2,
                                "draft_vocab": None, "lookup": 3, "block_size": 4, "trained_block_size": 4, "context_length": 4096,
                                "default_max_tokens": 8, "max_queue": 8, "tool_calling": False,
-                               "thinking": None}
+                               "thinking": None, "prompt_cache_mb": 1024}
     assert httpx.get(url + "/v1/models/tiny").json()["id"] == "tiny"
     assert httpx.get(url + "/health").json()["status"] == "ok"
     r = httpx.post(url + "/v1/chat/completions", json={

@@ -47,11 +47,13 @@ through the thinking section like anywhere else.
 
 Extension fields
   usage.dflash2 = {rounds, drafted, accepted, tau, acceptance_rate, lookup_rounds, block_size,
-                   speculative, prefill_ms, decode_ms, decode_tokens_per_s}
+                   speculative, cached_tokens, prefill_ms, decode_ms, decode_tokens_per_s}
       rounds: draft-verify rounds (the prefill is not one); drafted / accepted: draft tokens
       proposed / kept; tau = (accepted + rounds) / rounds, tokens per round bonus included;
       lookup_rounds: rounds drafted by context lookup (the --lookup option) instead of the drafter;
       block_size: tokens verified per round (1 with speculative off).
+      cached_tokens (= usage.prompt_tokens_details.cached_tokens): prompt tokens served by the
+      prompt cache (the engine state of recent requests, reused by prefix), not prefilled.
       usage.completion_tokens_details.{accepted,rejected}_prediction_tokens: draft tokens
       taken from the prediction that the target kept / refused.
       usage.completion_tokens counts every token the engine committed, the end-of-turn token
@@ -61,7 +63,8 @@ Extension fields
       the rounds that began inside the thinking section and their drafts.
   /v1/models data[i].dflash2 = {speculative, drafter, drafter_version, draft_vocab, lookup,
                                 block_size, trained_block_size, context_length,
-                                default_max_tokens, max_queue, tool_calling, thinking}
+                                default_max_tokens, max_queue, tool_calling, thinking,
+                                prompt_cache_mb}
   /v1/models data[i].sampling_defaults = {temperature, top_p, top_k, min_p, seed,
                                           source: {field: "--temp" ... | "generation_config.json"
                                                    | "default"}}

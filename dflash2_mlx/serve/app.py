@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error
 from ..settings import SamplingDefaults, check_block
 from . import metrics as metrics_mod
@@ -24,6 +25,8 @@ from .queue import Worker
 from .schemas import APIError, parse_chat, parse_completion
 
 log = logging.getLogger("dflash2.serve")
+
+DEFAULT_PROMPT_CACHE_MB = 1024
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 
@@ -74,7 +77,8 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
                default_max_tokens: int = 512, block_size: int | None = None,
                speculative: bool = True, drafter_name: str | None = None,
                sampling: SamplingDefaults | None = None,
-               thinking: bool | None = None) -> FastAPI:
+               thinking: bool | None = None,
+               prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
 
     max_queue: requests that may wait while one generates (beyond: 503 + Retry-After).
@@ -84,8 +88,10 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
     in /v1/models. sampling: what a request gets for the sampling fields it leaves out
     (dflash2_mlx.settings.resolve_sampling; default: greedy). thinking: the `enable_thinking` of
     requests that do not set it in chat_template_kwargs (None: the template's own default;
-    refused if the template has no such switch). The worker thread starts and stops with the
-    app (its lifespan).
+    refused if the template has no such switch). prompt_cache_mb: memory for the
+    engine state of recent conversations, reused by prompt prefix across requests
+    (engine/prompt_cache.py); 0: off. The worker thread starts and stops with the app (its
+    lifespan).
     """
     trained = pair.drafter.config.block_size
     if block_size is not None:
@@ -94,6 +100,8 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
     if default_max_tokens < 1:
         raise DFlash2Error(f"default_max_tokens must be >= 1; got {default_max_tokens}")
+    if not isinstance(prompt_cache_mb, int) or prompt_cache_mb < 0:
+        raise DFlash2Error(f"prompt_cache_mb must be an int >= 0 (0: off); got {prompt_cache_mb!r}")
     context = context_length or default_context_length(pair.model)
     if context < 2:
         raise DFlash2Error(f"context_length must be >= 2; got {context}")
@@ -102,7 +110,10 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
                         pair.decoder.target.vocab_size, sampling or SamplingDefaults())
     chat = ChatTemplate(pair.tokenizer, thinking)
     metrics = metrics_mod.Metrics()
-    worker = Worker(pair, max_queue, metrics)
+    prompt_cache = PromptCache(pair.decoder, prompt_cache_mb << 20) if prompt_cache_mb else None
+    if prompt_cache is not None:
+        metrics.prompt_cache = prompt_cache.stats
+    worker = Worker(pair, max_queue, metrics, prompt_cache)
     handler = Handler(pair, worker, settings, chat)
     started = int(time.time())
 
@@ -145,7 +156,7 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
                     "block_size": settings.effective_block, "trained_block_size": trained,
                     "context_length": context, "default_max_tokens": default_max_tokens,
                     "max_queue": max_queue, "tool_calling": chat.tool_calling,
-                    "thinking": thinking},
+                    "thinking": thinking, "prompt_cache_mb": prompt_cache_mb},
                 "sampling_defaults": settings.sampling.to_json()}
 
     @app.get("/v1/models")

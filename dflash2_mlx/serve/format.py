@@ -44,11 +44,14 @@ def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculati
     A chat reply (`reply`) adds completion_tokens_details.reasoning_tokens and, in `dflash2`,
     tool_calls and `reasoning`: the thinking section's tokens and the rounds that began in it
     (with their drafted / accepted tokens and tau).
+    prompt_tokens_details.cached_tokens (and dflash2.cached_tokens): prompt tokens served by
+    the prompt cache, not prefilled.
     """
     out = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": stats.committed,
         "total_tokens": prompt_tokens + stats.committed,
+        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens},
         "completion_tokens_details": {
             "accepted_prediction_tokens": stats.prediction_accepted,
             "rejected_prediction_tokens": stats.prediction_drafted - stats.prediction_accepted,
@@ -62,6 +65,7 @@ def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculati
             "lookup_rounds": stats.lookup_rounds,
             "block_size": block_size,
             "speculative": speculative,
+            "cached_tokens": stats.reused_tokens,
             "prefill_ms": round(stats.prefill_ms, 3),
             "decode_ms": round(stats.decode_ms, 3),
             "decode_tokens_per_s": round(stats.decode_tps, 3),

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from typing import TYPE_CHECKING, Callable
 
 from ..engine.events import RoundEvent
 from .reasoning import ThinkingStats
+
+if TYPE_CHECKING:
+    from ..engine.prompt_cache import PromptCacheStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -30,6 +34,8 @@ class Metrics:
         self.unparsed_tool_calls = 0
         self.reasoning = ThinkingStats()  # summed over finished chat replies
         self.in_flight = 0  # generating now (0 or 1)
+        self.cached_prompt_tokens = 0  # prompt tokens served by the prompt cache
+        self.prompt_cache: Callable[[], PromptCacheStats] | None = None  # its counters
 
     def count_response(self, endpoint: str, status: int) -> None:
         with self._lock:
@@ -40,6 +46,7 @@ class Metrics:
             self.generated_tokens += len(ev.tokens)
             if ev.prefill:
                 self.prompt_tokens += ev.prompt_tokens + ev.reused_tokens
+                self.cached_prompt_tokens += ev.reused_tokens
                 return
             self.rounds += 1
             self.drafted += ev.drafted
@@ -131,4 +138,25 @@ class Metrics:
             metric("dflash2_queue_depth", "gauge", "Requests waiting for the worker.",
                    [((), self.queue_depth)])
             metric("dflash2_in_flight", "gauge", "Generations running now.", [((), self.in_flight)])
+            metric("dflash2_cached_prompt_tokens_total", "counter",
+                   "Prompt tokens served by the prompt cache (not prefilled).",
+                   [((), self.cached_prompt_tokens)])
+            if self.prompt_cache is not None:
+                _prompt_cache_metrics(metric, self.prompt_cache())
             return "\n".join(lines) + "\n"
+
+
+def _prompt_cache_metrics(metric, st: PromptCacheStats) -> None:
+    for name, help_, value in (
+        ("dflash2_prompt_cache_hits_total", "Requests that resumed a cached prefix.", st.hits),
+        ("dflash2_prompt_cache_misses_total", "Requests that started cold.", st.misses),
+        ("dflash2_prompt_cache_evictions_total", "Entries dropped to stay within the budget.",
+         st.evictions),
+    ):
+        metric(name, "counter", help_, [((), value)])
+    metric("dflash2_prompt_cache_entries", "gauge", "Conversation states stored.",
+           [((), st.entries)])
+    metric("dflash2_prompt_cache_bytes", "gauge", "Bytes held by the stored states.",
+           [((), st.nbytes)])
+    metric("dflash2_prompt_cache_max_bytes", "gauge", "The prompt cache's budget.",
+           [((), st.max_bytes)])

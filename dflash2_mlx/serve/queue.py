@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..engine.loop import GenerationParams
+from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error
 from ..text import stream_text
 from .metrics import Metrics
@@ -61,10 +62,12 @@ class Job:
 class Worker:
     """Admits at most `max_queue` waiting jobs besides the one generating."""
 
-    def __init__(self, pair, max_queue: int, metrics: Metrics):
+    def __init__(self, pair, max_queue: int, metrics: Metrics,
+                 prompt_cache: PromptCache | None = None):
         self.pair = pair
         self.max_queue = max_queue
         self.metrics = metrics
+        self.prompt_cache = prompt_cache  # None: every job starts from a fresh session
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self.waiting = 0
@@ -141,12 +144,17 @@ class Worker:
                 self.metrics.count_generation(time.perf_counter() - t0, job.cancelled.is_set())
 
     def _generate(self, job: Job) -> None:
-        chunks = None
+        chunks = lease = None
         try:
             if job.cancelled.is_set():
                 return
-            chunks = stream_text(self.pair, job.prompt_ids, job.params, job.stop)
+            if self.prompt_cache is not None:
+                lease = self.prompt_cache.lease(job.prompt_ids)
+            chunks = stream_text(self.pair, job.prompt_ids, job.params, job.stop,
+                                 session=lease.session if lease else None)
             for chunk in chunks:
+                if lease is not None:
+                    lease.observe(chunk.event)
                 self.metrics.count_event(chunk.event)
                 job.emit(Item("chunk", chunk.text, chunk.finish_reason, chunk.event))
                 if job.cancelled.is_set():
@@ -160,3 +168,5 @@ class Worker:
         finally:
             if chunks is not None:
                 chunks.close()
+            if lease is not None:  # after close: the session is between rounds again
+                lease.close()

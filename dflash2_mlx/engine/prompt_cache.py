@@ -1,0 +1,268 @@
+"""A prompt cache across requests: the engine state of recent conversations, reused by prefix.
+
+An entry is a `Session` (target KV and recurrent state, drafter cache and pending features,
+lookup index) keyed by the tokens its target cache holds. A request leases the entry that
+serves the longest prefix of its prompt, and the engine prefills only the rest (it rolls the
+session back to the common prefix, engine/loop.py). A leased entry is out of the cache, so it
+serves one request at a time; it comes back, extended by that request, when the lease ends.
+
+Attention caches trim, so an entry serves any prefix it shares with a prompt. Recurrent caches
+(Gated-DeltaNet: mlx-lm's ArraysCache) cannot be rolled back, so such an entry serves only
+prompts that extend all it holds; for those targets the state at the end of each prompt is
+stored too, since a next turn re-renders the answer through the chat template and seldom
+matches the state after the generation token for token.
+
+A request that continues an entry's conversation (its prompt holds the entry's whole prompt)
+takes the entry; one that branches off inside it (another conversation with the same system
+prompt, an edited history) gets a copy, and the entry stays for its own conversation. A
+recurrent entry is always copied: it is a fixed point that no later state can be rolled back
+to. Copies are cheap: MLX arrays have value semantics, so a copy holds new handles on the same
+buffers and the first write through either handle copies the buffer.
+
+Bounded by a byte budget over the stored entries' arrays; least recently used out first.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import mlx.core as mx
+
+from ..errors import ParameterError
+from .events import RoundEvent
+from .loop import Session, SpeculativeDecoder
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the longest common prefix of a and b, at most `limit` (slice compares)."""
+    n = min(len(a), len(b), limit)
+    if n <= 0:
+        return 0
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _is_cache(x) -> bool:
+    return hasattr(x, "__dict__") and hasattr(type(x), "state")
+
+
+def _clone(x):
+    """x with every array behind a new handle (same buffer), containers and caches copied."""
+    if isinstance(x, mx.array):
+        return x[...]
+    if isinstance(x, (list, tuple)):
+        return type(x)(_clone(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    if _is_cache(x):
+        new = copy.copy(x)
+        for name, value in vars(x).items():
+            setattr(new, name, _clone(value))
+        return new
+    return x
+
+
+def _arrays(x):
+    """The arrays inside x (containers and cache objects walked)."""
+    if isinstance(x, mx.array):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _arrays(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _arrays(v)
+    elif _is_cache(x):
+        for v in vars(x).values():
+            yield from _arrays(v)
+
+
+def clone_session(session: Session) -> Session:
+    """An independent copy of `session`: using either never changes the other."""
+    return replace(session, target_cache=_clone(session.target_cache),
+                   drafter_cache=_clone(session.drafter_cache), tokens=list(session.tokens),
+                   pending=_clone(session.pending), lookup=copy.deepcopy(session.lookup),
+                   prediction=None)
+
+
+def session_nbytes(session: Session) -> int:
+    """Bytes of a session's cache arrays and pending features (what an entry keeps alive)."""
+    return sum(a.nbytes for a in _session_arrays(session))
+
+
+def _session_arrays(session: Session) -> list[mx.array]:
+    return list(_arrays([session.target_cache, session.drafter_cache, session.pending]))
+
+
+@dataclass
+class _Entry:
+    session: Session
+    prompt_len: int  # the prompt of the request that stored it
+    nbytes: int
+
+    @property
+    def fed(self) -> int:
+        return self.session.fed
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.session.tokens
+
+
+@dataclass(frozen=True)
+class PromptCacheStats:
+    hits: int  # leases that reused a stored prefix
+    misses: int  # leases that started cold
+    evictions: int  # entries dropped to stay within the budget
+    entries: int
+    nbytes: int
+    max_bytes: int
+
+
+class PromptCache:
+    """Engine state of recent requests of one decoder, leased by prompt prefix.
+
+    with cache.lease(prompt_ids) as lease:
+        for ev in pair.stream(prompt_ids, params, lease.session):
+            lease.observe(ev)
+            ...
+    """
+
+    def __init__(self, decoder: SpeculativeDecoder, max_bytes: int):
+        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
+            raise ParameterError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+        self.decoder = decoder
+        self.max_bytes = max_bytes
+        probe = decoder.target.make_cache()
+        # Recurrent layers cannot roll back: keep the state at the end of each prompt too.
+        self.trimmable = all(c.is_trimmable() for c in probe)
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # least recently used first
+        self._next_key = 0
+        self._lock = threading.Lock()
+        self._bytes = 0
+        self._hits = self._misses = self._evictions = 0
+
+    def lease(self, prompt: Sequence[int]) -> "Lease":
+        """A session for `prompt`: the stored one that serves its longest prefix (taken, or
+        copied when the prompt branches off inside it), else a fresh one."""
+        prompt = [int(t) for t in prompt]
+        with self._lock:
+            key, served = self._best(prompt)
+            if key is None:
+                self._misses += 1
+                session = None
+            else:
+                self._hits += 1
+                entry = self._entries[key]
+                if self.trimmable and served >= entry.prompt_len:  # its next request
+                    self._remove(key)
+                    session = entry.session
+                else:
+                    self._entries.move_to_end(key)
+                    session = clone_session(entry.session)
+        if session is None:
+            session = self.decoder.new_session()
+        return Lease(self, session, len(prompt), served)
+
+    def stats(self) -> PromptCacheStats:
+        with self._lock:
+            return PromptCacheStats(self._hits, self._misses, self._evictions,
+                                    len(self._entries), self._bytes, self.max_bytes)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+    # ------------------------------------------------------------------ internals
+    def _serves(self, entry: _Entry, prompt: list[int]) -> int:
+        """Prompt tokens `entry` can skip: its prefix shared with the prompt, short of the
+        prompt's last token (fed anew for the first logits); a recurrent entry all or none."""
+        shared = common_prefix(entry.tokens, prompt, min(entry.fed, len(prompt) - 1))
+        if not self.trimmable and shared < entry.fed:
+            return 0
+        return shared
+
+    def _best(self, prompt: list[int]) -> tuple[int | None, int]:
+        best, served = None, 0
+        for key, entry in self._entries.items():  # oldest first: ties go to the newest
+            n = self._serves(entry, prompt)
+            if n and n >= served:
+                best, served = key, n
+        return best, served
+
+    def _remove(self, key: int) -> _Entry:
+        entry = self._entries.pop(key)
+        self._bytes -= entry.nbytes
+        return entry
+
+    def _supersedes(self, new: _Entry, old: _Entry) -> bool:
+        """`new` serves every prompt `old` serves."""
+        if old.fed > new.fed or (not self.trimmable and old.fed != new.fed):
+            return False
+        return new.tokens[:old.fed] == old.tokens[:old.fed]
+
+    def _store(self, session: Session, prompt_len: int) -> None:
+        if session.in_round or session.fed == 0:  # interrupted mid-round: not consistent
+            return
+        mx.eval(_session_arrays(session))
+        entry = _Entry(session, prompt_len, session_nbytes(session))
+        with self._lock:
+            for key in [k for k, e in self._entries.items() if self._supersedes(entry, e)]:
+                self._remove(key)
+            self._entries[self._next_key] = entry
+            self._next_key += 1
+            self._bytes += entry.nbytes
+            while self._bytes > self.max_bytes:
+                self._remove(next(iter(self._entries)))
+                self._evictions += 1
+
+
+class Lease:
+    """One request's use of the cache: `session` for the engine; back into the cache on close.
+
+    Pass every event of the generation to `observe`: the session goes back only if its
+    prefill finished (a prefill stopped midway leaves the caches ahead of the tokens), and not
+    after a round stopped midway.
+    """
+
+    def __init__(self, cache: PromptCache, session: Session, prompt_len: int, served: int):
+        self.cache, self.session = cache, session
+        self.prompt_len = prompt_len
+        self.served = served  # prompt tokens the session holds (the engine reports the same)
+        self._prefilled = False
+        self._closed = False
+
+    def observe(self, event: RoundEvent) -> None:
+        """After the prefill, a target that cannot roll back stores a copy of its state at
+        the end of the prompt."""
+        if event.prefill:
+            self._prefilled = True
+            if not self.cache.trimmable:
+                self.cache._store(clone_session(self.session), self.prompt_len)
+
+    def close(self) -> None:
+        """Return the session (call once the generation has stopped)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._prefilled:
+            self.cache._store(self.session, self.prompt_len)
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

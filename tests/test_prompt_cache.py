@@ -1,0 +1,198 @@
+"""The prompt cache across requests (engine/prompt_cache.py), library level: a next turn
+prefills only its new tokens and stays exactly greedy, for attention and hybrid
+(Gated-DeltaNet) targets; the byte budget evicts least recently used entries; leases in flight
+at the same time never share or corrupt a session."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import tiny
+
+from dflash2_mlx import GenerationParams, SpeculativeDecoder
+from dflash2_mlx.engine.prompt_cache import PromptCache, common_prefix, session_nbytes
+from dflash2_mlx.errors import ParameterError
+from dflash2_mlx.target.adapter import TargetAdapter
+
+PARAMS = GenerationParams(max_tokens=12, block_size=4)
+TURN1 = [3, 14, 15, 9, 26, 5, 6, 7]
+
+
+def decoder(family: str) -> SpeculativeDecoder:
+    model = tiny.make_target(family)
+    drafter = tiny.make_drafter(2)
+    return SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
+                              lookup=3)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3_5"])
+def dec(request):
+    return decoder(request.param)
+
+
+def run(dec, cache, prompt):
+    """One request through the cache: (output tokens, prefill event, lease)."""
+    with cache.lease(prompt) as lease:
+        events = []
+        for ev in dec.stream(prompt, PARAMS, lease.session):
+            lease.observe(ev)
+            events.append(ev)
+    return [t for ev in events for t in ev.tokens], events[0], lease
+
+
+def cold(dec, prompt):
+    return tiny.greedy_reference(dec.target.model, prompt, PARAMS.max_tokens)
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3, 4], [1, 2, 9], 10) == 2
+    assert common_prefix([1, 2, 3, 4], [1, 2, 3, 4, 5], 3) == 3
+    assert common_prefix([7], [1], 5) == 0 and common_prefix([], [1], 5) == 0
+    a = list(range(1000))
+    assert common_prefix(a, a[:637] + [-1], 2000) == 637
+
+
+def test_budget_must_be_positive(dec):
+    with pytest.raises(ParameterError, match="max_bytes"):
+        PromptCache(dec, 0)
+
+
+def test_next_turn_prefills_only_new_tokens(dec):
+    """Turn 2 extends turn 1 + its answer: only the new tokens are prefilled. A turn whose
+    history re-renders the answer differently resumes where it diverges (attention) or at the
+    end of turn 1's prompt (hybrid: the stored prompt state). Outputs equal cold greedy runs."""
+    cache = PromptCache(dec, 1 << 30)
+    out1, ev, lease = run(dec, cache, TURN1)
+    assert out1 == cold(dec, TURN1) and ev.reused_tokens == 0 and lease.served == 0
+    turn2 = TURN1 + out1 + [40, 41, 42]
+    out2, ev, lease = run(dec, cache, turn2)
+    assert ev.reused_tokens == lease.served == len(TURN1) + len(out1) - 1
+    assert ev.prompt_tokens == 4 and out2 == cold(dec, turn2)
+    rerendered = TURN1 + out1[:5] + [1, 40, 41]  # diverges inside turn 1's answer
+    out3, ev, lease = run(dec, cache, rerendered)
+    want = len(TURN1) + 5 if cache.trimmable else len(TURN1)
+    assert ev.reused_tokens == lease.served == want
+    assert out3 == cold(dec, rerendered)
+    turn4 = turn2 + out2 + [50, 51]  # turn 2's conversation is still there
+    out4, ev, _ = run(dec, cache, turn4)
+    assert ev.reused_tokens == len(turn2) + len(out2) - 1 and out4 == cold(dec, turn4)
+    st = cache.stats()
+    assert (st.hits, st.misses, st.evictions) == (3, 1, 0)
+    assert st.nbytes > 0 and st.entries >= 2
+
+
+def test_lru_eviction_under_a_small_budget():
+    dec = decoder("llama")
+    probe = PromptCache(dec, 1 << 30)
+    run(dec, probe, TURN1)
+    one = probe.stats().nbytes
+    cache = PromptCache(dec, one + one // 2)  # room for one conversation
+    convs = [[60 + i] + TURN1[1:] for i in range(3)]
+    outs = [run(dec, cache, c)[0] for c in convs]
+    st = cache.stats()
+    assert st.entries == 1 and st.evictions == 2 and st.nbytes <= cache.max_bytes
+    # The most recent conversation resumes; the evicted ones start cold, still exact.
+    nxt = convs[2] + outs[2] + [40]
+    out, ev, _ = run(dec, cache, nxt)
+    assert ev.reused_tokens == len(convs[2]) + len(outs[2]) - 1 and out == cold(dec, nxt)
+    nxt = convs[0] + outs[0] + [40]
+    out, ev, _ = run(dec, cache, nxt)
+    assert ev.reused_tokens == 0 and out == cold(dec, nxt)
+    # A state larger than the whole budget is not kept.
+    tiny_cache = PromptCache(dec, one // 4)
+    run(dec, tiny_cache, TURN1)
+    assert tiny_cache.stats().entries == 0 and tiny_cache.stats().evictions == 1
+
+
+def test_leases_in_flight_together_do_not_interfere(dec):
+    """With turn 1 stored: a branch off its prompt (gets a copy), its next turn (takes the
+    entry, or a copy for hybrid) and the same next turn again (the entry is out: another
+    source or cold) run interleaved round by round; each equals its cold run."""
+    cache = PromptCache(dec, 1 << 30)
+    out1, _, _ = run(dec, cache, TURN1)
+    prompts = [TURN1[:5] + [70, 71, 72], TURN1 + out1 + [40, 41], TURN1 + out1 + [40, 41]]
+    leases = [cache.lease(p) for p in prompts]
+    assert len({id(lease.session) for lease in leases}) == 3
+    assert leases[0].served == (5 if cache.trimmable else 0)  # hybrid: no state stored there
+    assert leases[1].served == len(TURN1) + len(out1) - 1
+    streams = [dec.stream(p, PARAMS, lease.session) for p, lease in zip(prompts, leases)]
+    outs = [[] for _ in prompts]
+    live = set(range(len(prompts)))
+    while live:
+        for i in sorted(live):
+            ev = next(streams[i], None)
+            if ev is None:
+                live.discard(i)
+                continue
+            leases[i].observe(ev)
+            outs[i] += ev.tokens
+    for lease in leases:
+        lease.close()
+    for prompt, out in zip(prompts, outs):
+        assert out == cold(dec, prompt), prompt
+    # What came back serves the next turn exactly.
+    nxt = prompts[1] + outs[1] + [50]
+    out, ev, _ = run(dec, cache, nxt)
+    assert ev.reused_tokens == len(prompts[1]) + len(outs[1]) - 1 and out == cold(dec, nxt)
+
+
+def test_threads_never_lease_the_same_session():
+    dec = decoder("llama")
+    cache = PromptCache(dec, 1 << 30)
+    out1, _, _ = run(dec, cache, TURN1)
+    before = cache.stats().nbytes
+    prompt, n = TURN1 + out1 + [40], 6
+    barrier, got = threading.Barrier(n), []
+
+    def worker():
+        barrier.wait()
+        got.append(cache.lease(prompt))
+
+    threads = [threading.Thread(target=worker) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(got) == n and len({id(lease.session) for lease in got}) == n
+    assert sorted(lease.served > 0 for lease in got) == [False] * (n - 1) + [True]
+    want = cold(dec, prompt)
+    for lease in got:  # the generations themselves run one at a time, as in the server
+        with lease:
+            events = [lease.observe(ev) or ev for ev in dec.stream(prompt, PARAMS, lease.session)]
+        assert [t for ev in events for t in ev.tokens] == want
+        assert events[0].reused_tokens == lease.served
+    # Equal states replace each other: one entry, the size of one conversation.
+    assert cache.stats().entries == 1 and cache.stats().nbytes < 2 * before
+
+
+def test_an_interrupted_generation_is_not_kept(monkeypatch):
+    """A round stopped midway, or a prefill stopped after extending the caches: the session
+    is not consistent and is not stored; the next request is still exact."""
+    dec = decoder("llama")
+    cache = PromptCache(dec, 1 << 30)
+    lease = cache.lease(TURN1)
+    stream = dec.stream(TURN1, PARAMS, lease.session)
+    lease.observe(next(stream))
+    lease.session.in_round = True  # as after an exception inside a round
+    stream.close()
+    lease.close()
+    assert cache.stats().entries == 0
+    out1, _, _ = run(dec, cache, TURN1)
+    real = dec.target.prefill
+
+    def prefill_then_fail(*args, **kw):
+        real(*args, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dec.target, "prefill", prefill_then_fail)  # this instance only
+    turn2 = TURN1 + out1 + [40, 41]
+    with pytest.raises(KeyboardInterrupt), cache.lease(turn2) as lease:
+        assert lease.served > 0
+        for ev in dec.stream(turn2, PARAMS, lease.session):
+            lease.observe(ev)
+    assert cache.stats().entries == 0
+    monkeypatch.undo()
+    out2, ev, _ = run(dec, cache, turn2)
+    assert ev.reused_tokens == 0 and out2 == cold(dec, turn2)
+    assert session_nbytes(dec.new_session()) == 0
