@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover
 
 from . import bench, chat, evaluate, models, serve, train
 from .common import EXIT_USAGE, is_user_error, print_error
+from .helptext import TidyGroup
 
 app = typer.Typer(
     name="dflash2",
@@ -28,6 +29,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="rich",  # help is plain text, escaped by TidyGroup
+    cls=TidyGroup,
 )
 
 

@@ -52,7 +52,7 @@ def bench(
     max_tokens: int = typer.Option(128, "--max-tokens", help="Tokens generated per prompt."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per prompt (medians)."),
     block: Optional[List[str]] = typer.Option(
-        None, "--block", help="Block size(s) to measure: --block 8, --block 4,8,16 or repeated "
+        None, "--block", metavar="<int,...>", help="Block size(s) to measure: --block 8, --block 4,8,16 or repeated "
         "(default: this machine's autotune profile, else the alias's recommendation, else the "
         "drafter's trained size). "
         "With --autotune: the largest block considered.", show_default=False),

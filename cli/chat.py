@@ -60,7 +60,7 @@ def chat(
 
     Example: dflash2 chat qwen3-4b --temp 0.6 --top-p 0.95
 
-    Example: dflash2 chat --target ./my-model --drafter ./my-drafter --prompt "Hi" --max-tokens 64
+    Example: dflash2 chat --target ./model --drafter ./drafter --prompt "Hi"
     """
     for flag, value in (("--prompt", prompt), ("--system", system)):
         if value is not None and not value.strip():

@@ -10,7 +10,8 @@ from typing import Optional
 import typer
 
 from .common import (
-    DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg, TargetOpt, engine_flags,
+    DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg, OfflineOpt, TargetOpt,
+    engine_flags,
     fail, load_resolved,
 )
 
@@ -28,7 +29,7 @@ def evaluate(
     temperatures: str = typer.Option("0,1", help="Sampling temperatures."),
     seed: int = typer.Option(0, min=0),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the results here."),
-    offline: bool = typer.Option(False, help="Never download."),
+    offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
     lookup: LookupOpt = None,

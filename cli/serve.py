@@ -83,7 +83,7 @@ def serve(
 
     Example: dflash2 serve qwen3-4b --port 8000
 
-    Example: dflash2 serve --target ./my-model --drafter ./my-drafter --max-queue 4
+    Example: dflash2 serve --target ./model --drafter ./drafter --max-queue 4
     """
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
