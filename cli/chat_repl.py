@@ -22,7 +22,7 @@ from dflash2_mlx.settings import EngineSettings, check_block, idle_when_greedy
 from dflash2_mlx.text import chat_prompt_ids, stream_text
 
 from .chat import ChatOptions
-from .chat_view import HELP, AnswerView, stats_table, status_text
+from .chat_view import HELP, AnswerView, StatusLine, stats_table, status_text
 from .common import fail, load_resolved
 
 
@@ -80,7 +80,7 @@ class Chat:
         return GenerationParams(self.max_tokens, self.sampling,
                                 self.block if self.spec else None, self.spec)
 
-    def status(self, stats: GenerationStats, finish: str | None = None) -> Text:
+    def status(self, stats: GenerationStats, finish: str | None = None) -> StatusLine:
         return status_text(stats, block=self.block if self.spec else 1, spec=self.spec,
                            finish=finish)
 

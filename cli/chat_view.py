@@ -41,29 +41,79 @@ def sparkline(histogram, block: int) -> str:
     return "".join(out)
 
 
-def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> Text:
+# Status line fields, most useful first: each has a widest form and shorter ones ("" drops it).
+# Too wide for the terminal, the line takes these steps in order until it fits: cost and prompt
+# reuse give way first, then τ's last round, lookup, block, tokens and the sparkline; tokens/s
+# stays.
+NARROWING = (("cost", 1), ("prompt", 1), ("cost", 2), ("prompt", 2), ("tau", 1), ("spec", 1),
+             ("tps", 1), ("lookup", 1), ("block", 1), ("tokens", 1), ("spark", 1),
+             ("spec", 2), ("finish", 1), ("tau", 2))
+SEP = " │ "
+
+
+class StatusLine:
+    """The status line, rendered at the widest form that fits the console on one line (never
+    wrapped); not on a terminal, the widest form. `fit(width)` gives that form as Text."""
+
+    def __init__(self, fields: list[tuple[str, tuple[str, ...], str]]):
+        self.fields = fields  # (name, forms widest first, style)
+
+    def fit(self, width: int | None = None) -> Text:
+        level = dict.fromkeys((name for name, _, _ in self.fields), 0)
+        text = self._render(level)
+        for name, form in NARROWING:
+            if width is None or text.cell_len <= width:
+                break
+            if name in level:
+                level[name] = form
+                text = self._render(level)
+        if width is not None and text.cell_len > width:
+            text.truncate(width, overflow="ellipsis")
+        return text
+
+    def _render(self, level: dict[str, int]) -> Text:
+        t = Text(style="dim")
+        for name, forms, style in self.fields:
+            shown = forms[min(level[name], len(forms) - 1)]
+            if shown:
+                if t:
+                    t.append(SEP)
+                t.append(shown, style=style)
+        return t
+
+    @property
+    def plain(self) -> str:
+        return self.fit().plain
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.fit(options.max_width if console.is_terminal else None)
+
+
+def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> StatusLine:
     """tok/s · τ mean (last) · sparkline · block · lookup share · draft vs verify ms per round ·
-    prompt reuse."""
-    t = Text(style="dim")
+    tokens · prompt reuse · finish, each with its shorter forms (see NARROWING)."""
     tps = stats.decode_tps
-    t.append(f"{tps:7.1f} tok/s" if tps else "    — tok/s", style="bold cyan")
+    fields = [("tps", (f"{tps:7.1f} tok/s", f"{tps:.1f} tok/s") if tps
+               else ("    — tok/s", "— tok/s"), "bold cyan")]
     if spec:
-        t.append(f" │ τ {stats.tau:4.2f} (last {stats.last_round})", style="bold green")
-        t.append(" │ ")
-        t.append(sparkline(stats.histogram, block), style="green")
-        t.append(f" │ block {block}")
-        if stats.lookup_rounds:
-            t.append(f" │ lookup {100 * stats.lookup_rounds / max(stats.rounds, 1):.0f}%")
+        share = 100 * stats.lookup_rounds / max(stats.rounds, 1)
+        fields += [("tau", (f"τ {stats.tau:4.2f} (last {stats.last_round})",
+                            f"τ {stats.tau:4.2f}", ""), "bold green"),
+                   ("spark", (sparkline(stats.histogram, block), ""), "green"),
+                   ("block", (f"block {block}", ""), ""),
+                   ("lookup", (f"lookup {share:.0f}%" if stats.lookup_rounds else "", ""), "")]
     else:
-        t.append(" │ spec off (plain decoding)", style="yellow")
+        fields.append(("spec", ("spec off (plain decoding)", "spec off", ""), "yellow"))
     rounds = max(stats.rounds, 1)
-    t.append(f" │ draft {stats.draft_ms / rounds:.1f} · verify {stats.verify_ms / rounds:.1f}"
-             " ms/round")
-    t.append(f" │ {stats.committed} tok │ prompt {stats.prompt_tokens} new + "
-             f"{stats.reused_tokens} reused")
+    draft, verify = stats.draft_ms / rounds, stats.verify_ms / rounds
+    fields += [("cost", (f"draft {draft:.1f} · verify {verify:.1f} ms/round",
+                         f"draft {draft:.1f} · verify {verify:.1f} ms", ""), ""),
+               ("tokens", (f"{stats.committed} tok", ""), ""),
+               ("prompt", (f"prompt {stats.prompt_tokens} new + {stats.reused_tokens} reused",
+                           f"prompt {stats.prompt_tokens}+{stats.reused_tokens}", ""), "")]
     if finish:
-        t.append(f" │ {finish}", style="yellow" if finish == "stopped" else "dim")
-    return t
+        fields.append(("finish", (finish, ""), "yellow" if finish == "stopped" else "dim"))
+    return StatusLine(fields)
 
 
 def stats_table(total, turns: int, context_tokens: int, settings: dict, block: int) -> Group:
@@ -118,7 +168,7 @@ class AnswerView:
     def __init__(self, console: Console, refresh_s: float = 0.05):
         self.console = console
         self.partial = ""
-        self.status = Text("")
+        self.status: StatusLine | Text = Text("")
         self.refresh_s = refresh_s
         self.shown = 0.0
         self.live = Live(console=console, auto_refresh=False, transient=True,
@@ -140,7 +190,7 @@ class AnswerView:
         parts = [_Tail(Text(self.partial), rows)] if self.partial else []
         return Group(*parts, self.status)
 
-    def update(self, text: str, status: Text, force: bool = False) -> None:
+    def update(self, text: str, status: StatusLine, force: bool = False) -> None:
         self.partial += text
         self.status = status
         if "\n" in self.partial:

@@ -114,3 +114,34 @@ def test_chat_in_a_terminal(tiny_pair):
     finally:
         child.close(force=True)
     assert child.exitstatus == 0, (child.exitstatus, child.signalstatus)
+
+
+STYLES = re.compile(r"\x1b\[[0-9;]*m")
+CONTROLS = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-B]|[\r\n]")
+
+
+def test_status_line_fits_an_80_column_terminal(tiny_pair):
+    """At 80 columns every frame of the status line, live and final, is one line of at most 80
+    characters: fields are abbreviated or dropped (chat_view.NARROWING), never wrapped."""
+    target, drafter = tiny_pair
+    exe, *pre = command()
+    env = dict(os.environ, TERM="xterm-256color", COLUMNS="", LINES="")
+    child = pexpect.spawn(exe, pre + ["chat", "--target", str(target), "--drafter", str(drafter),
+                                      "--max-tokens", "40"],
+                          env=env, encoding="utf-8", dimensions=(24, 80), timeout=90)
+    try:
+        child.expect_exact(PROMPT)
+        child.sendline("hello model")
+        child.expect_exact(PROMPT)
+        # what was written between cursor moves and line ends: one screen line each
+        pieces = CONTROLS.split(STYLES.sub("", child.before))
+        frames = [p.rstrip() for p in pieces if "tok/s" in p]
+        assert len(frames) >= 2, pieces  # live frames, then the final one
+        assert all(len(f) <= 80 for f in frames), [f for f in frames if len(f) > 80]
+        final = r"^ *[\d.]+ tok/s │ τ \d+\.\d\d.* │ [·▁▂▃▄▅▆▇█]{8} │ block 8 │ .*40 tok.* │ length$"
+        assert re.match(final, frames[-1]), frames[-1]  # whole: the finish reason is on it
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, (child.exitstatus, child.signalstatus)
