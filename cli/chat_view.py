@@ -41,10 +41,10 @@ def sparkline(histogram, block: int) -> str:
     return "".join(out)
 
 
-# Status line fields, most useful first: each has a widest form and shorter ones ("" drops it).
-# Too wide for the terminal, the line takes these steps in order until it fits: cost and prompt
-# reuse give way first, then τ's last round, lookup, block, tokens and the sparkline; tokens/s
-# stays.
+# Each status field has a widest form and shorter ones ("" drops it). When the line is too wide
+# for the terminal, these steps (field, form) are taken in order until it fits: draft/verify
+# cost and prompt reuse give way first, then τ's last round, lookup, block, tokens and the
+# sparkline; tokens/s stays.
 NARROWING = (("cost", 1), ("prompt", 1), ("cost", 2), ("prompt", 2), ("tau", 1), ("spec", 1),
              ("tps", 1), ("lookup", 1), ("block", 1), ("tokens", 1), ("spark", 1),
              ("spec", 2), ("finish", 1), ("tau", 2))
