@@ -57,7 +57,7 @@ def _tidy_metavar(param) -> None:
     if getattr(param, "is_flag", False) or getattr(param, "count", False):
         param.metavar = ""  # a flag takes no value: no `<bool>`
         return
-    descriptor = getattr(param, "type_descriptor", None)  # typer >= 0.22
+    descriptor = getattr(param, "type_descriptor", None)  # recent typers (0.12: INTEGER RANGE)
     if descriptor is not None and getattr(descriptor, "is_ranged", False):
         param.metavar = f"<{descriptor.ranged_type_name}>"  # not `<int range>`
 
