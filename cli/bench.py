@@ -52,14 +52,16 @@ def bench(
     max_tokens: int = typer.Option(128, "--max-tokens", help="Tokens generated per prompt."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per prompt (medians)."),
     block: Optional[List[str]] = typer.Option(
-        None, "--block", metavar="<int,...>", help="Block size(s) to measure: --block 8, --block 4,8,16 or repeated "
+        None, "--block", metavar="<int,...>", help="Block size(s) to measure: --block 8, "
+        "--block 4,8,16 or repeated "
         "(default: this machine's autotune profile, else the alias's recommendation, else the "
         "drafter's trained size). "
         "With --autotune: the largest block considered.", show_default=False),
     context: int = typer.Option(256, "--context", help="Cache depth (tokens) at which verify "
                                 "and draft costs are timed."),
     json_path: Optional[Path] = typer.Option(
-        None, "--json", help="Write the results here (default: results/bench-<timestamp>.json).",
+        None, "--json",
+        help="Write the results here (default: bench-<timestamp>.json in results/).",
         show_default=False),
     plot: Optional[Path] = typer.Option(
         None, "--plot", help="PNG of speedup and τ per category (default: the JSON path with "

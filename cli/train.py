@@ -66,17 +66,20 @@ def train(
     dropout: float = typer.Option(0.0, min=0.0, max=0.9, help="Dropout on the context rows "
                                   "and every attention / MLP output (against memorising a small "
                                   "training set)."),
-    init_from_target: bool = typer.Option(False, "--init-from-target", help="Start the drafter layers from the "
-                                          "target's top layers."),
+    init_from_target: bool = typer.Option(
+        False, "--init-from-target", help="Start the drafter layers from the target's top layers."),
     init_from: Optional[Path] = typer.Option(None, help="Start from this drafter folder's "
                                              "weights (same kind and shapes; its block size may "
                                              "differ), e.g. to fine-tune for a larger block."),
-    ablation: bool = typer.Option(False, "--ablation", help="Train DFlash, DFlash2 conv-only, selector-only "
-                                  "and both at this same budget into OUT/<variant>/ and write "
-                                  "OUT/ablation.json (held-out τ side by side)."),
-    full_vocab: bool = typer.Option(False, "--full-vocab", help="Full-vocabulary softmax (slower) instead of "
-                                    "seen vocabulary + sampled negatives."),
-    skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed prompt lines (default: stop)."),
+    ablation: bool = typer.Option(
+        False, "--ablation", help="Train DFlash, DFlash2 conv-only, selector-only and both at "
+        "this same budget into OUT/<variant>/ and write OUT/ablation.json (held-out τ side by "
+        "side)."),
+    full_vocab: bool = typer.Option(
+        False, "--full-vocab", help="Full-vocabulary softmax (slower) instead of seen "
+        "vocabulary + sampled negatives."),
+    skip_bad_lines: bool = typer.Option(
+        False, "--skip-bad-lines", help="Skip malformed prompt lines (default: stop)."),
     seed: int = typer.Option(0, min=0),
 ):
     """Distil a drafter: regenerate responses with the target, cache its features, train.

@@ -53,7 +53,8 @@ def panel_cells(lines: list[str], title: str) -> tuple[list[list[str]], int]:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("argv", [[]] + [[c] for c in COMMANDS], ids=lambda a: "-".join(a) or "dflash2")
+@pytest.mark.parametrize("argv", [[]] + [[c] for c in COMMANDS],
+                         ids=lambda a: "-".join(a) or "dflash2")
 def test_help_flows_at_any_width(argv, width, capsys, monkeypatch):
     lines = render(argv, width, capsys, monkeypatch)
     text = "\n".join(lines)
