@@ -29,7 +29,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",  # help is plain text, escaped by TidyGroup
+    rich_markup_mode=None,  # click's layout: option help gets the rest of the line (helptext.py)
     cls=TidyGroup,
 )
 

@@ -1,11 +1,13 @@
 """`--help` that reads as flowing text: the app's command group tidies every command's help once.
 
-Typer's rich renderer keeps the line breaks of a docstring (so a help paragraph wrapped at 100
-columns in the source shows broken mid-sentence at any terminal width), parses `[...]` in help
-as rich markup (so "[default: 3]" vanishes), and labels flags `<bool>` and ranged numbers
-`<int range>`. `TidyGroup` fixes all of that in one place, for every command present or future:
-paragraphs become one logical line each (blank lines and "Example:" lines stay), markup is
-escaped, flags show no metavar and `<int range>` reads `<int>` (the range is printed beside it).
+`dflash2` uses click's help layout (rich_markup_mode=None in app.py): at 80 columns typer's rich
+panels give option help a 17-30 character column and cut long words with "…". `TidyGroup` works
+under either layout, for every command present or future: docstring paragraphs become one
+logical line each (rich keeps the source's line breaks; blank lines and "Example:" lines stay),
+the commands list shows each command's whole first paragraph (click would cut it at "..."),
+`[...]` in help is escaped where rich would parse it as markup (so "[default: 3]" shows), flags
+show no metavar (no `<bool>`) and ranged numbers read `<int>`, not `<int range>` (the range is
+printed beside it).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import inspect
 import re
 
-from rich.markup import escape
 from typer.core import TyperGroup
 
 # A line that starts a new line even inside a paragraph: an example, a list item.
@@ -42,13 +43,23 @@ def _join_lines(paragraph: str) -> str:
 
 def tidy_command(command) -> None:
     """Flowing help for `command`, markup escaped where rich renders it; no flag metavars."""
-    rich = getattr(command, "rich_markup_mode", None) == "rich"
-    literal = (lambda text: escape(text) if text else text) if rich else (lambda text: text)
+    literal = _literal if getattr(command, "rich_markup_mode", None) == "rich" else _as_is
     command.help = literal(flow(command.help))
-    command.short_help = literal(flow(command.short_help))
+    # the commands list shows the whole first paragraph (click would cut it at "...")
+    command.short_help = literal(flow(command.short_help)) or (command.help or "").split("\n\n")[0]
     for param in command.params:
         param.help = literal(getattr(param, "help", None))
         _tidy_metavar(param)
+
+
+def _literal(text: str | None) -> str | None:
+    from rich.markup import escape  # only where rich renders the help
+
+    return escape(text) if text else text
+
+
+def _as_is(text: str | None) -> str | None:
+    return text
 
 
 def _tidy_metavar(param) -> None:
