@@ -35,6 +35,7 @@ class Sequence_:
     temperature: float
     tokens: list[int]
     response_start: int  # index of the first response token
+    spans: tuple[tuple[int, int], ...] | None = None  # assistant turns [start, end) (fixed text)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class StoredSequence:
     tokens: np.ndarray  # int32 [S]
     response_start: int
     features: np.ndarray  # float16 [S, N_f*H] (a view into a memory-mapped shard)
+    greedy: np.ndarray | None = None  # int32 [S]: the target's argmax after each position
+    spans: tuple[tuple[int, int], ...] | None = None  # assistant turns (fixed text)
 
 
 def read_regenerations(path: Path, max_len: int) -> list[Sequence_]:
@@ -70,8 +73,10 @@ def _key(seq_id: str, temperature: float) -> str:
 
 
 def build_feature_cache(adapter: TargetAdapter, seqs: Sequence[Sequence_], folder: Path, *,
-                        batch: int = 8, shard_rows: int = 32768, log=print) -> Path:
-    """Compute and store features for `seqs` not yet in `folder` (resumable)."""
+                        batch: int = 8, shard_rows: int = 32768, greedy: bool = False,
+                        log=print) -> Path:
+    """Compute and store features for `seqs` not yet in `folder` (resumable). `greedy`: also
+    store the target's argmax next token at every position (labels of fixed text)."""
     folder.mkdir(parents=True, exist_ok=True)
     meta_path = folder / "meta.json"
     meta = {"layer_ids": list(adapter.layer_ids), "width": len(adapter.layer_ids) * adapter.hidden_size,
@@ -122,12 +127,19 @@ def build_feature_cache(adapter: TargetAdapter, seqs: Sequence[Sequence_], folde
         group = todo[start:start + batch]
         width = max(len(s.tokens) for s in group)
         ids = mx.array([s.tokens + [0] * (width - len(s.tokens)) for s in group])
-        fwd = adapter.forward(ids, None, last_logits_only=True)  # right padding: causal, harmless
+        # right padding: causal, harmless
+        fwd = adapter.forward(ids, None, last_logits_only=not greedy)
         feats = np.array(fwd.features.astype(mx.float16))
-        for s, f in zip(group, feats):
-            entries.append({"id": s.id, "temperature": s.temperature, "shard": shard_no,
-                            "row": n_rows, "length": len(s.tokens),
-                            "response_start": s.response_start, "tokens": s.tokens})
+        top = np.array(mx.argmax(fwd.logits, axis=-1)) if greedy else None
+        for j, (s, f) in enumerate(zip(group, feats)):
+            entry = {"id": s.id, "temperature": s.temperature, "shard": shard_no,
+                     "row": n_rows, "length": len(s.tokens),
+                     "response_start": s.response_start, "tokens": s.tokens}
+            if top is not None:
+                entry["greedy"] = top[j, : len(s.tokens)].tolist()
+            if s.spans:
+                entry["spans"] = [list(x) for x in s.spans]
+            entries.append(entry)
             rows.append(f[: len(s.tokens)])
             n_rows += len(s.tokens)
         if n_rows >= shard_rows:
@@ -148,8 +160,10 @@ def load_feature_cache(folder: Path) -> list[StoredSequence]:
         if e["shard"] not in shards:
             shards[e["shard"]] = np.load(folder / f"shard_{e['shard']:05d}.npy", mmap_mode="r")
         feats = shards[e["shard"]][e["row"]: e["row"] + e["length"]]
+        greedy = np.array(e["greedy"], dtype=np.int32) if "greedy" in e else None
+        spans = tuple(tuple(x) for x in e["spans"]) if "spans" in e else None
         out.append(StoredSequence(e["id"], e["temperature"], np.array(e["tokens"], dtype=np.int32),
-                                  e["response_start"], feats))
+                                  e["response_start"], feats, greedy, spans))
     return out
 
 

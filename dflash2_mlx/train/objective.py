@@ -34,7 +34,9 @@ class Blocks:
     features: mx.array  # [b, S, N_f*H] (already scaled)
     anchors: mx.array  # [b, n] int32 anchor positions
     block_ids: mx.array  # [b, n, B] = [x_a, MASK, ...]
-    labels: mx.array  # [b, n, B-1] = x_{a+1} .. x_{a+B-1}
+    labels: mx.array  # [b, n, B-1] = x_{a+1} .. x_{a+B-1} (fixed text: the target's argmax)
+    mask: mx.array | None = None  # [b, n, B-1] 1 where the label is exact (fixed text)
+    fixed: bool = False  # fixed text labelled by the target (its own distillation weight)
 
     def flat(self) -> tuple[mx.array, mx.array, mx.array]:
         """(anchors [b*n], block ids [b*n, B], labels [b*n, B-1])."""
@@ -145,7 +147,11 @@ def loss_terms(drafter: Drafter, b: Blocks, weights: mx.array, subset: VocabSubs
     logits = _head_logits(drafter, h, None if subset is None else subset.head_weight)
     labels = gold if subset is None else subset.remap[gold]
     ce = nn.losses.cross_entropy(logits, labels)  # [n, B-1]
-    wsum = weights.sum() * ce.shape[0]
+    if b.mask is not None:  # unsupervised positions weigh nothing
+        weights = weights * b.mask.reshape(ce.shape)
+    else:
+        weights = mx.broadcast_to(weights, ce.shape)
+    wsum = mx.maximum(weights.sum(), 1e-6)
     base = (ce * weights).sum() / wsum
     parts = {"base": base}
     total = base

@@ -25,6 +25,8 @@ from ..drafter.model import Drafter
 from ..errors import DFlash2Error
 from ..target.adapter import TargetAdapter
 from .features import StoredSequence
+from .stream import FixedTextStream
+from .fixed_text import block_labels, sample_text_anchors
 from .objective import (
     Blocks, Teacher, VocabSubset, cosine_lr, decay_weights, loss_terms, proxy_acceptance,
 )
@@ -45,6 +47,8 @@ class TrainConfig:
     clip: float = 1.0
     selector_weight: float = 1.0
     distill_weight: float = 0.0  # KL to the target's distribution (needs its last layer captured)
+    fixed_ratio: float = 0.0  # share of each batch's sequences drawn from fixed text (a stream)
+    fixed_distill_weight: float = 1.0  # KL weight on fixed text's supervised positions
     dropout: float = 0.0  # on context rows and attention / MLP outputs (objective.block_hidden)
     vocab_subset: bool = True
     negatives: int = 2048
@@ -178,9 +182,11 @@ def check_distillable(adapter: TargetAdapter) -> None:
                            "(their logits are not head(norm(h))); train without --distill")
 
 
-def make_subset(seqs: list[StoredSequence], head_w: mx.array, negatives: int, seed: int) -> VocabSubset:
+def make_subset(tokens: list, head_w: mx.array, negatives: int, seed: int) -> VocabSubset:
+    """The training softmax's vocabulary: every token of `tokens` (arrays or lists) plus
+    `negatives` sampled others."""
     vocab = head_w.shape[0]
-    seen = np.unique(np.concatenate([s.tokens for s in seqs]))
+    seen = np.unique(np.concatenate([np.asarray(t, dtype=np.int64) for t in tokens]))
     rng = np.random.default_rng(seed)
     others = np.setdiff1d(np.arange(vocab), seen)
     neg = rng.choice(others, size=min(negatives, len(others)), replace=False)
@@ -205,17 +211,31 @@ def sample_anchors(seq: StoredSequence, n: int, block: int, rng: random.Random,
 
 
 def make_blocks(seqs: list[StoredSequence], anchors: list[list[int]], block: int, mask_id: int,
-                scale: mx.array, pad_to: int = 64) -> Blocks:
-    """One batch: features right-padded to a multiple of `pad_to` rows (fewer distinct shapes)."""
+                scale: mx.array, pad_to: int = 64, known: np.ndarray | None = None) -> Blocks:
+    """One batch: features right-padded to a multiple of `pad_to` rows (fewer distinct shapes).
+    Sequences with target labels (`greedy`, fixed text) get those labels and a mask of the
+    exact ones (fixed_text.block_labels); `known` [V] bool masks labels outside the training
+    softmax's vocabulary too. All sequences of a batch must be of one kind."""
     width = -(-max(len(s.tokens) for s in seqs) // pad_to) * pad_to
     feats = np.zeros((len(seqs), width, seqs[0].features.shape[1]), dtype=np.float16)
-    ids, labels = [], []
+    fixed = seqs[0].greedy is not None
+    if any((s.greedy is not None) != fixed for s in seqs):
+        raise DFlash2Error("a batch mixes fixed text and regenerations; make one per kind")
+    ids, labels, masks = [], [], []
     for i, (s, a_list) in enumerate(zip(seqs, anchors)):
         feats[i, : len(s.tokens)] = s.features
         ids.append([[int(s.tokens[a])] + [mask_id] * (block - 1) for a in a_list])
-        labels.append([s.tokens[a + 1: a + block].tolist() for a in a_list])
+        if fixed:
+            lab, m = block_labels(s.tokens, s.greedy, a_list, block)
+            if known is not None:
+                m = m * known[lab]
+            labels.append(lab)
+            masks.append(m)
+        else:
+            labels.append([s.tokens[a + 1: a + block].tolist() for a in a_list])
     return Blocks(mx.array(feats).astype(mx.float32) * scale, mx.array(anchors, dtype=mx.int32),
-                  mx.array(ids), mx.array(labels))
+                  mx.array(ids), mx.array(np.array(labels, dtype=np.int32)),
+                  mx.array(np.stack(masks)) if fixed else None, fixed)
 
 
 FIT_PROBE = 24  # training sequences whose τ is logged beside the held-out τ
@@ -250,9 +270,17 @@ def folded_copy(drafter: Drafter, scale: mx.array) -> Drafter:
 class Trainer:
     def __init__(self, adapter: TargetAdapter, drafter: Drafter, train: list[StoredSequence],
                  heldout: list[StoredSequence], cfg: TrainConfig, out: Path,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, fixed: FixedTextStream | None = None):
+        """`fixed`: a stream of target-labelled fixed text; cfg.fixed_ratio of each batch's
+        sequences come from it (at ratio 0 it only widens the vocabulary subset, so that
+        runs with and without it share one training softmax)."""
         self.adapter, self.drafter, self.cfg, self.out, self.log = adapter, drafter, cfg, out, log
-        self.train, self.heldout = train, heldout
+        self.train, self.heldout, self.fixed = train, heldout, fixed
+        if cfg.fixed_ratio > 0 and fixed is None:
+            raise DFlash2Error(f"fixed_ratio {cfg.fixed_ratio} needs a fixed-text stream (a corpus)")
+        if not 0 <= cfg.fixed_ratio < 1:
+            raise DFlash2Error(f"fixed_ratio must be in [0, 1) (got {cfg.fixed_ratio}): every "
+                               "batch keeps some regenerations")
         drafter.bind(adapter.binding())
         from .features import feature_scale
 
@@ -270,10 +298,15 @@ class Trainer:
             for layer in drafter.layers:
                 layer.attention_conv.freeze()
                 layer.mlp_conv.freeze()
-        self.subset = make_subset(train, head_weight(adapter), cfg.negatives, cfg.seed) \
+        tokens = [s.tokens for s in train] + (fixed.tokens if fixed is not None else [])
+        self.subset = make_subset(tokens, head_weight(adapter), cfg.negatives, cfg.seed) \
             if cfg.vocab_subset else None
+        self.known = None  # target labels outside the subset are masked, not remapped
+        if self.subset is not None:
+            self.known = np.zeros(adapter.vocab_size, dtype=np.float32)
+            self.known[np.array(self.subset.ids)] = 1.0
         self.weights = decay_weights(cfg.block_size)
-        if cfg.distill_weight > 0:
+        if self.distills:
             check_distillable(adapter)
         self.opt = optim.AdamW(learning_rate=cfg.lr, betas=[0.9, 0.95], weight_decay=0.0)
         self.step = 0
@@ -281,6 +314,11 @@ class Trainer:
         self.rng = random.Random(cfg.seed)
         # τ on training sequences beside the held-out τ: the gap shows memorisation (data-bound)
         self.fit_probe = random.Random(cfg.seed + 1).sample(train, min(FIT_PROBE, len(train)))
+
+    @property
+    def distills(self) -> bool:
+        c = self.cfg
+        return c.distill_weight > 0 or (c.fixed_ratio > 0 and c.fixed_distill_weight > 0)
 
     # ------------------------------------------------------------- checkpoints
     @property
@@ -294,6 +332,7 @@ class Trainer:
         np.save(tmp / "feature_scale.npy", np.array(self.scale))
         (tmp / "state.json").write_text(json.dumps({
             "step": self.step, "history": self.history, "config": asdict(self.cfg),
+            "stream": self.fixed.state() if self.fixed is not None else None,
             "rng": self.rng.getstate()[1][:10]}, default=str))
         if self.ckpt.exists():
             import shutil
@@ -311,13 +350,15 @@ class Trainer:
         self.opt.state = tree_unflatten(list(opt_state.items()))
         self.scale = mx.array(np.load(self.ckpt / "feature_scale.npy"))
         self.step, self.history = state["step"], state["history"]
+        if self.fixed is not None and state.get("stream"):
+            self.fixed.restore(state["stream"])
         self.rng = random.Random(self.cfg.seed + self.step)
         return True
 
     # ------------------------------------------------------------- training
     def teacher(self) -> Teacher | None:
         """Built from the current feature scaling (a resumed run restores its own)."""
-        if self.cfg.distill_weight <= 0:
+        if not self.distills:
             return None
         h = self.adapter.hidden_size
         w = self.subset.head_weight if self.subset is not None else head_weight(self.adapter)
@@ -327,8 +368,9 @@ class Trainer:
         # One sequence per call: padding a batch to a common context length measured slower.
         total, parts_sum = 0.0, {}
         for b in batch:
+            distill = self.cfg.fixed_distill_weight if b.fixed else self.cfg.distill_weight
             loss, parts = loss_terms(model, b, self.weights, self.subset, self.cfg.selector_weight,
-                                     teacher, self.cfg.distill_weight, self.cfg.dropout)
+                                     teacher, distill, self.cfg.dropout)
             total = total + loss
             for k, v in parts.items():
                 parts_sum[k] = parts_sum.get(k, 0.0) + v
@@ -336,7 +378,17 @@ class Trainer:
         return total / n, {k: v / n for k, v in parts_sum.items()}
 
     def next_batch(self) -> list[Blocks]:
+        """batch_seqs sequences: round(fixed_ratio x batch_seqs) of fixed text (anchors where
+        it agrees with the target preferred), the rest regenerations."""
         cfg, seqs, anchors = self.cfg, [], []
+        n_fixed = round(cfg.fixed_ratio * cfg.batch_seqs) if self.fixed is not None else 0
+        while len(seqs) < n_fixed:
+            s = self.fixed.draw(self.rng)
+            a = sample_text_anchors(s.tokens, s.greedy, s.spans, s.response_start,
+                                    cfg.anchors_per_seq, cfg.block_size, self.rng)
+            if a is not None:
+                seqs.append(s)
+                anchors.append(a)
         while len(seqs) < cfg.batch_seqs:
             s = self.rng.choice(self.train)
             a = sample_anchors(s, cfg.anchors_per_seq, cfg.block_size, self.rng)
@@ -344,7 +396,7 @@ class Trainer:
                 seqs.append(s)
                 anchors.append(a)
         return [make_blocks([s], [a], cfg.block_size, self.drafter.config.mask_token_id,
-                            self.scale, pad_to=1) for s, a in zip(seqs, anchors)]
+                            self.scale, pad_to=1, known=self.known) for s, a in zip(seqs, anchors)]
 
     def run(self, on_step: Callable[[dict], None] | None = None) -> dict:
         cfg = self.cfg
@@ -360,7 +412,8 @@ class Trainer:
                 self.opt.update(self.drafter, grads)
                 mx.eval(self.drafter.parameters(), self.opt.state, loss, parts)
                 self.step += 1
-                tokens += sum(b.labels.size for b in batch)
+                tokens += sum(b.labels.size if b.mask is None else int(b.mask.sum().item())
+                              for b in batch)
                 rec = {"step": self.step, "loss": float(loss),
                        "lr": float(self.opt.learning_rate), "grad_norm": float(gnorm),
                        "tok_s": tokens / (time.perf_counter() - t0),

