@@ -18,7 +18,7 @@ try:  # typer >= 0.22 vendors click; older typers use the click package
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions
 
-from . import bench, chat, evaluate, models, serve, train
+from . import bench, chat, corpus, evaluate, models, serve, train
 from .common import EXIT_USAGE, is_user_error, print_error
 from .helptext import TidyGroup
 
@@ -102,6 +102,7 @@ models.register(app)
 chat.register(app)
 serve.register(app)
 train.register(app)
+corpus.register(app)
 bench.register(app)
 evaluate.register(app)
 

@@ -66,6 +66,20 @@ def train(
     dropout: float = typer.Option(0.0, min=0.0, max=0.9, help="Dropout on the context rows "
                                   "and every attention / MLP output (against memorising a small "
                                   "training set)."),
+    corpus: Optional[Path] = typer.Option(None, help="Fixed text to mix in: a `dflash2 corpus` "
+                                          "folder or a JSONL file of chat records. It is "
+                                          "labelled by the target (its greedy next token, "
+                                          "exact until the text leaves its greedy path, + KL)."),
+    corpus_ratio: float = typer.Option(0.5, min=0.0, max=0.95, help="Share of each batch's "
+                                       "sequences from --corpus (the rest regenerations)."),
+    corpus_tokens: int = typer.Option(2_000_000, min=1000, help="Tokens of --corpus to use "
+                                      "(records shuffled with --seed, then cut)."),
+    corpus_distill: float = typer.Option(1.0, min=0.0, help="Weight of the KL to the target's "
+                                         "distribution on --corpus's exactly-labelled positions."),
+    stream_disk_gb: float = typer.Option(2.0, min=0.0, help="Disk for --corpus features: they "
+                                         "are computed a shard at a time, trained on, deleted."),
+    stream_passes: float = typer.Option(2.0, min=0.1, help="Draws per sequence of a --corpus "
+                                        "shard before the next shard is computed."),
     init_from_target: bool = typer.Option(
         False, "--init-from-target", help="Start the drafter layers from the target's top layers."),
     init_from: Optional[Path] = typer.Option(None, help="Start from this drafter folder's "
@@ -95,6 +109,11 @@ def train(
         temps = tuple(float(x) for x in temperatures.split(","))
     except ValueError:
         raise typer.BadParameter("--layer-ids and --temperatures take comma-separated numbers")
+    corpus_flags = {"--corpus-ratio": (corpus_ratio, 0.5), "--corpus-tokens": (corpus_tokens, 2_000_000),
+                    "--corpus-distill": (corpus_distill, 1.0), "--stream-disk-gb": (stream_disk_gb, 2.0),
+                    "--stream-passes": (stream_passes, 2.0)}
+    if corpus is None and (used := [k for k, (v, d) in corpus_flags.items() if v != d]):
+        fail(f"{', '.join(used)} only apply with --corpus")
     if version == 1 and not (conv and selector):
         fail("--no-conv / --no-selector are DFlash2 parts; --version 1 has neither")
     if ablation and not (conv and selector and version == 2):
@@ -106,12 +125,16 @@ def train(
     pc = PipelineConfig(target=target, out=out, work=work or out.with_name(out.name + ".work"),
                         prompts=prompts, heldout=heldout, max_new_tokens=max_new_tokens,
                         temperatures=temps, regen_batch=regen_batch,
-                        skip_bad_lines=skip_bad_lines)
+                        skip_bad_lines=skip_bad_lines, corpus=str(corpus) if corpus else None,
+                        corpus_tokens=corpus_tokens, stream_disk_bytes=int(stream_disk_gb * 1e9),
+                        stream_passes=stream_passes)
     tc = TrainConfig(version=version, layers=layers, block_size=block_size, target_layer_ids=ids,
                      mask_token_id=mask_token_id, steps=steps, batch_seqs=batch,
                      anchors_per_seq=anchors, lr=lr, vocab_subset=not full_vocab, seed=seed,
                      selector_weight=1.0 if selector else 0.0, train_conv=conv,
                      distill_weight=distill, dropout=dropout,
+                     fixed_ratio=corpus_ratio if corpus else 0.0,
+                     fixed_distill_weight=corpus_distill,
                      init_from_target=init_from_target,
                      init_from=str(init_from) if init_from else None,
                      command=_command_line(ctx.params))

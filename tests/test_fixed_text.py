@@ -225,3 +225,38 @@ def test_chat_rendering_spans_and_corpus_sequences(tmp_path):
     path.write_text('{"id": 1}\n')
     with pytest.raises(DFlash2Error, match=r"c.jsonl:1: not a corpus record"):
         corpus_sequences(tok, path, max_tokens=40)
+
+
+def test_train_command_mixes_a_corpus_and_deletes_its_features(tmp_path, capsys):
+    from dflash2_cli.app import run
+    from tiny_pair import save_target
+
+    target_dir = save_target(tmp_path / "target")
+    words = "the cat is red and the dog is blue one two three yes no maybe".split()
+
+    def chat(i, n):
+        return [{"role": "user", "content": " ".join(words[(i + k) % len(words)] for k in range(4))},
+                {"role": "assistant", "content": " ".join(words[(3 * i + k) % len(words)] for k in range(n))}]
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "c.jsonl").write_text("".join(
+        json.dumps({"id": f"c{i}", "messages": chat(i, 20)}) + "\n" for i in range(8)))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "category": "chat",
+                                           "messages": chat(i, 0)[:1]}) + "\n" for i in range(4)))
+    out, work = tmp_path / "drafter", tmp_path / "work"
+    common = ["--work", str(work), "--prompts", str(prompts), "--heldout", str(prompts),
+              "--batch", "2", "--anchors", "4", "--max-new-tokens", "16", "--layers", "1",
+              "--temperatures", "0", "--layer-ids", "0,3", "--block-size", "4", "--regen-batch", "4"]
+    assert run(["train", str(target_dir), "--out", str(out), "--steps", "4", *common,
+                "--corpus", str(corpus), "--stream-disk-gb", "0.00003", "--stream-passes", "0.5"]) == 0
+    log = json.loads((out / "training.json").read_text())
+    c = log["stages"]["corpus"]
+    assert c["sequences"] == 8 and c["shards"] > 1 and c["stream_at_end"]["shard"] >= 1
+    assert all("distill" in h for h in log["history"])
+    assert "50% of each batch fixed text" in (out / "README.md").read_text()
+    assert not list(work.glob("stream_*"))  # the features are gone after training
+    assert run(["train", str(target_dir), "--out", str(out), "--corpus-ratio", "0.3",
+                *common]) == 2
+    assert "--corpus-ratio only apply with --corpus" in capsys.readouterr().err

