@@ -124,6 +124,63 @@ def arm(name: str, W: Path, corpus: Path):
     log(f"{name}: done, held-out tau {final.get('proxy_tau')}")
 
 
+def report(W: Path):
+    """Both arms' curves (held-out tau on the first 24 continuations every EVAL_EVERY steps,
+    on all 61 at the last step) -> docs/results/smollm2-fixed-text-ab.json."""
+    import platform
+
+    from dflash2_mlx import _blas
+
+    arms = {}
+    for name in ("regen", "mixed"):
+        path = W / f"result-{name}.json"
+        if not path.exists():
+            continue
+        r = json.loads(path.read_text())
+        hist = r["history"]
+        arms[name] = {
+            "finished": "final" in r,
+            "curve": [{"step": h["step"], "heldout_tau": round(h["proxy_tau"], 4),
+                       "heldout_sequences": 61 if h["step"] == STEPS else 24,
+                       "train_tau_24": round(h["train_tau"], 4), "loss": round(h["loss"], 4),
+                       **{k: round(h[k], 4) for k in ("base", "selector", "distill") if k in h}}
+                      for h in hist],
+            "final_all_61": ({"tau": round(r["final"]["proxy_tau"], 4),
+                              "position_accuracy": r["final"]["position_accuracy"]}
+                             if "final" in r else None),
+            "seconds": round(r.get("seconds_this_run", r.get("seconds", 0))),
+        }
+    step0 = json.loads((W / "step0.json").read_text()) if (W / "step0.json").exists() else None
+    b = _blas.info()
+    out = {
+        "what": "Fixed-text A/B from the shipped stage-8 SmolLM2 drafter: STEPS more steps on "
+                "regenerations only vs half of each batch from target-labelled packaged text",
+        "start": {"drafter": "dflash2_mlx/assets/drafters/smollm2-135m-dflash2 (stage 8)",
+                  "heldout_tau_all_61": round(step0["proxy_tau"], 4) if step0 else None},
+        "budget": {"steps": STEPS, "batch_seqs": BATCH, "anchors_per_seq": ANCHORS, "lr": LR,
+                   "schedule": "AdamW (fresh), 4% warm-up, cosine to 10%", "seed": SEED},
+        "data": {"regenerations": f"{N_REGEN} sampled (seed {SEED}) from stage 8's 4,366 "
+                                  f"({', '.join(STAGE8_FILES)})",
+                 "fixed_text": f"the first {CORPUS_TOKENS:,} tokens of the shuffled corpus "
+                               "(dflash2 corpus: chitchat + wiki + python-docs), greedy labels "
+                               "up to the first off-path position + 1 x KL there; anchors "
+                               "weighted by exact labels; streamed in shards of "
+                               f"{DISK_BYTES / 1e6:.0f} MB",
+                 "mixed_ratio": 0.5},
+        "heldout": "teacher-forced tau (anchors every 2nd position) on the first 24 held-out "
+                   "greedy continuations during training, all 61 at the last step; noise ~ +-0.02",
+        "arms": arms,
+        "hardware": f"{platform.machine()}, {os.cpu_count()} cores shared with other jobs "
+                    f"(load ~10), fp32, {b.route}, {b.threads} BLAS thread per arm, "
+                    "both arms concurrently, MLX " + mx.__version__,
+        "commands": [f"python docs/results/scripts/fixed_text_ab.py {c} W CORPUS"
+                     for c in ("prep", "regen", "mixed")] + ["dflash2 corpus --out CORPUS"],
+    }
+    dest = REPO / "docs/results/smollm2-fixed-text-ab.json"
+    dest.write_text(json.dumps(out, indent=1) + "\n")
+    print(dest)
+
+
 if __name__ == "__main__":
     cmd, W = sys.argv[1], Path(sys.argv[2])
     W.mkdir(parents=True, exist_ok=True)
@@ -131,5 +188,7 @@ if __name__ == "__main__":
         prep(W)
     elif cmd in ("regen", "mixed"):
         arm(cmd, W, Path(sys.argv[3]))
+    elif cmd == "report":
+        report(W)
     else:
         raise SystemExit(f"unknown command {cmd}")
