@@ -8,10 +8,11 @@ block (bidirectionally, or causally for causal layers) — the same visibility a
 
 Loss = decay-weighted block cross-entropy (w_k = exp(-(k-1)/γ)) + λ · selector cross-entropy
 over the top-K candidates scored with the gold predecessor (DFlash2) + μ · decay-weighted
-KL(target ‖ drafter) at every block position (distillation: the target's whole next-token
-distribution, read off its last layer's cached output, carries far more per position than the
-one gold token — the lever when training data is scarce). The softmax may run over a
-vocabulary subset (the tokens seen in training plus sampled negatives) to save compute.
+KL(target ‖ drafter) at every supervised block position (distillation: the target's whole
+next-token distribution, read off its last layer's cached output, carries far more per position
+than the one gold token — the lever when training data is scarce). Fixed text (fixed_text.py)
+carries a mask: only its exactly-labelled positions count, in every term. The softmax may run
+over a vocabulary subset (the tokens seen in training plus sampled negatives) to save compute.
 """
 
 from __future__ import annotations
