@@ -5,7 +5,7 @@ would need 58 GB of cached features. The stream cuts its sequences (in their giv
 order) into shards of at most `max_disk_bytes` each and keeps one shard on disk: the trainer
 draws sequences from it, and after `passes` x (its sequences) draws the shard is deleted and
 the next one is computed. Its position (shard, draws) is saved in the trainer's checkpoint;
-a shard interrupted while being computed resumes sequence by sequence (features.py).
+a shard interrupted while being computed resumes from its last written piece (features.py).
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ class FixedTextStream:
             group = self.shards[self.index]
             self.log(f"fixed text: computing shard {self.index + 1}/{len(self.shards)} "
                      f"({len(group)} sequences, {sum(len(s.tokens) for s in group):,} tokens)")
-            build_feature_cache(self.adapter, group, mine, greedy=True, shard_rows=1 << 30,
+            # written in pieces of 8k rows: an interrupted shard resumes from its last piece
+            build_feature_cache(self.adapter, group, mine, greedy=True, shard_rows=8192,
                                 log=self.log)
             self._pool = load_feature_cache(mine)
         return self._pool
