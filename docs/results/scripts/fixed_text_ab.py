@@ -1,7 +1,7 @@
 """A/B: does target-labelled fixed text help the shipped SmolLM2 drafter (stage 8)?
 
 Both arms start from the shipped drafter (fresh AdamW), same seed, same budget (STEPS steps
-of 8 sequences x 16 anchors, lr 3e-4, warm-up then cosine) and the same vocabulary subset;
+of 8 sequences x 8 anchors, lr 3e-4, warm-up then cosine) and the same vocabulary subset;
 arm `regen` draws all 8 sequences from regenerations, arm `mixed` 4 from regenerations and 4
 from the packaged corpus (chitchat + wiki + Python docs), labelled by the target (greedy
 labels up to the first off-path position + KL at those positions), features streamed.
@@ -38,11 +38,11 @@ SHIPPED = REPO / "dflash2_mlx/assets/drafters/smollm2-135m-dflash2"
 STAGE8_FILES = ["regen_train.jsonl", "regen_train-t07.jsonl", "regen_train-extra.jsonl",
                 "regen_train-more.jsonl", "regen_extra-more-t07.jsonl", "regen_train-wide.jsonl"]
 IDS = (1, 8, 15, 22, 29)
-STEPS, BATCH, ANCHORS, LR, SEED = 300, 8, 16, 3e-4, 0
+STEPS, BATCH, ANCHORS, LR, SEED = 300, 8, 8, 3e-4, 0
 N_REGEN = 200
-CORPUS_TOKENS = 120_000
+CORPUS_TOKENS = 60_000
 DISK_BYTES = 150_000_000  # ~26k tokens of features a shard
-EVAL_EVERY = 50
+EVAL_EVERY = 100
 if os.environ.get("AB_SMOKE"):  # a minute-long check of the whole flow
     STEPS, N_REGEN, CORPUS_TOKENS, DISK_BYTES, EVAL_EVERY = 4, 6, 4000, 10_000_000, 2
 
