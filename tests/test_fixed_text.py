@@ -4,7 +4,6 @@ random models."""
 
 import json
 import random
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np

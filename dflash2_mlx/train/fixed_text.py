@@ -81,7 +81,8 @@ def sample_text_anchors(tokens: np.ndarray, greedy: np.ndarray, spans, response_
 
 
 # ----------------------------------------------------------------- corpus -> token sequences
-def render_with_spans(tokenizer, messages: list[dict], max_len: int) -> tuple[list[int], list[tuple[int, int]]]:
+def render_with_spans(tokenizer, messages: list[dict],
+                      max_len: int) -> tuple[list[int], list[tuple[int, int]]]:
     """Token ids of the conversation rendered by the chat template, cut to max_len, and the
     [start, end) token spans of its assistant turns (turn header excluded, end-of-turn
     included), found by character offsets (a token straddling a turn's start is left out)."""

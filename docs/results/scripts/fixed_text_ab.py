@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 from mlx_lm import load
 
 from dflash2_mlx.embedded import ensure_smollm2
