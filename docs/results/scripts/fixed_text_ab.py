@@ -180,14 +180,24 @@ def report(W: Path):
     print(dest)
 
 
-if __name__ == "__main__":
-    cmd, W = sys.argv[1], Path(sys.argv[2])
-    W.mkdir(parents=True, exist_ok=True)
-    if cmd == "prep":
-        prep(W)
-    elif cmd in ("regen", "mixed"):
-        arm(cmd, W, Path(sys.argv[3]))
-    elif cmd == "report":
-        report(W)
+def main():
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("command", choices=["prep", "regen", "mixed", "report"])
+    ap.add_argument("work", type=Path, help="work folder (features, checkpoints, logs' results)")
+    ap.add_argument("corpus", type=Path, nargs="?", help="`dflash2 corpus` folder (arms only)")
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.command == "prep":
+        prep(args.work)
+    elif args.command == "report":
+        report(args.work)
+    elif args.corpus is None:
+        ap.error(f"{args.command} needs the corpus folder")
     else:
-        raise SystemExit(f"unknown command {cmd}")
+        arm(args.command, args.work, args.corpus)
+
+
+if __name__ == "__main__":
+    main()
