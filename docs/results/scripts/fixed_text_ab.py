@@ -185,7 +185,7 @@ def main():
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=["prep", "regen", "mixed", "report"])
-    ap.add_argument("work", type=Path, help="work folder (features, checkpoints, logs' results)")
+    ap.add_argument("work", type=Path, help="work folder (features, checkpoints, results)")
     ap.add_argument("corpus", type=Path, nargs="?", help="`dflash2 corpus` folder (arms only)")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
