@@ -11,12 +11,18 @@ and picks the block b <= B that maximizes expected committed tokens per second,
     E[tokens/round at b] / (draft_ms(b) + verify_ms(b)),   E = 1 + sum_{k<b} prod_{j<=k} p_j
 
 (`choose_block`, a pure function). The acceptance measured at block B stands in for every
-smaller block (draft k is assumed as likely to be accepted at block b > k as at B). Rounds
-drafted by context lookup run no draft pass: draft_ms(b) counts only the calibration's share
-of drafter rounds (`draft_share`), so a context that repeats itself favours longer blocks. Block 1
-(plain decoding, "park") is a candidate. When the target or the drafter has quantized matmuls
-(QuantizedLinear / QuantizedEmbedding or any layer with `bits` and `group_size`), the block is
-capped at 5: a quantized verify is cheap per token but its cost grows fast with width on MLX
+smaller block (draft k is assumed as likely to be accepted at block b > k as at B); only drafter
+rounds count. Block 1 (no drafter pass, "park") is a candidate.
+
+Rounds drafted by context lookup run no draft pass and have their own limit, the lookup block
+L (GenerationParams.lookup_block): the calibration runs them at the widest candidate, and
+`choose_lookup_block` picks the L that maximizes their committed tokens per verify ms, each
+round replayed as if cut at L (it would propose min(d, L - 1) tokens and commit
+min(a, L - 1) + 1), costed on the verify curve measured up to the widest candidate
+(`recommended_lookup_block` finds it again).
+
+When the target or the drafter has quantized matmuls (QuantizedLinear / QuantizedEmbedding or
+any layer with `bits` and `group_size`), the block is capped at 5: a quantized verify is cheap per token but its cost grows fast with width on MLX
 (spec 6.7).
 
 The profile is stored as JSON under `cache_root()/autotune`, keyed by device (chip, and the
@@ -37,6 +43,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 SCHEMA = "dflash2.autotune/1"
 QUANT_CAP = 5
+# Lookup-block candidates measured beyond the drafter's blocks (tokens verified per round).
+LOOKUP_WIDTHS = (4, 6, 8, 12, 16, 24, 32)
 
 
 # ----------------------------------------------------------------------------- quantization
@@ -147,8 +155,9 @@ def choose_block(verify_ms: Mapping[int, float], draft_ms: Mapping[int, float],
                  probs: Sequence[float], *, max_block: int, cap: int | None = None,
                  draft_share: float = 1.0) -> Choice:
     """The block b in 1..min(max_block, cap) maximizing E[tokens/round at b] / (draft_share *
-    draft_ms(b) + verify_ms(b)) (ties: the smaller block); draft_share: the share of rounds
-    that run the drafter (the others are drafted by context lookup, at no cost). Blocks
+    draft_ms(b) + verify_ms(b)) (ties: the smaller block); draft_share: the share of the
+    rounds in `probs` that run the drafter (1 when probs count drafter rounds only, as
+    `autotune` does: lookup rounds are priced apart, by choose_lookup_block). Blocks
     without both costs are skipped. Rows report the expected draft ms per round."""
     limit = min(max_block, cap) if cap else max_block
     rows: list[BlockRow] = []
@@ -169,32 +178,115 @@ def choose_block(verify_ms: Mapping[int, float], draft_ms: Mapping[int, float],
     return Choice(best.block, rows, cap)
 
 
+def verify_at(ms: Mapping[int, float], width: int) -> float:
+    """The verify cost at `width` from costs measured at some widths: exact where measured,
+    linear between the measured widths around it, along the last two beyond the widest."""
+    if width in ms:
+        return float(ms[width])
+    known = sorted(ms)
+    below = [w for w in known if w < width]
+    above = [w for w in known if w > width]
+    if below and above:
+        lo, hi = below[-1], above[0]
+    elif len(below) >= 2:
+        lo, hi = below[-2], below[-1]
+    else:
+        return float(ms[known[0]]) if known else 0.0
+    return float(ms[lo]) + (float(ms[hi]) - float(ms[lo])) * (width - lo) / (hi - lo)
+
+
+@dataclass(frozen=True)
+class LookupRow:
+    lookup_block: int
+    verify_ms: float  # mean verify cost of a lookup round cut at this block
+    expected_tokens: float  # mean tokens committed by such a round
+    expected_tps: float
+
+
+@dataclass(frozen=True)
+class LookupChoice:
+    lookup_block: int | None  # None: no lookup round to measure
+    rows: list[LookupRow]
+    rounds: int
+
+    def as_dict(self) -> dict:
+        return {"lookup_block": self.lookup_block, "rounds": self.rounds,
+                "rows": [asdict(r) for r in self.rows]}
+
+
+def choose_lookup_block(verify_ms: Mapping[int, float], rounds: Iterable[tuple[int, int]],
+                        candidates: Iterable[int]) -> LookupChoice:
+    """The lookup block L (tokens verified in a lookup round) maximizing the lookup rounds'
+    committed tokens per verify ms (ties: the larger L: a wider limit costs nothing where no
+    repeat is that long). `rounds`: (drafted, accepted) of
+    lookup rounds run at a block at least as wide as every candidate; cut at L, a round
+    proposes min(d, L - 1) tokens, commits min(a, L - 1) + 1 and costs verify(min(d, L-1) + 1)
+    (`verify_at`). No rounds: no choice (lookup_block None)."""
+    rounds = list(rounds)
+    if not rounds:
+        return LookupChoice(None, [], 0)
+    rows = []
+    for L in sorted({int(c) for c in candidates if c >= 2}):
+        tokens = sum(min(a, L - 1) + 1 for _, a in rounds) / len(rounds)
+        ms = sum(verify_at(verify_ms, min(d, L - 1) + 1) for d, _ in rounds) / len(rounds)
+        tps = 1000.0 * tokens / ms if ms > 0 else 0.0
+        rows.append(LookupRow(L, round(ms, 4), round(tokens, 4), round(tps, 3)))
+    best = max(rows, key=lambda r: (r.expected_tps, r.lookup_block))
+    return LookupChoice(best.lookup_block, rows, len(rounds))
+
+
 # ----------------------------------------------------------------------------- measurement
-def calibrate(pair, prompts, block: int, *, max_tokens: int = 128,
-              thinking: bool | None = None,
+def calibrate(pair, prompts, block: int, *, lookup_block: int = max(LOOKUP_WIDTHS),
+              max_tokens: int = 128, thinking: bool | None = None,
               progress: Callable[[int, int], None] | None = None) -> dict:
-    """Greedy dflash2 runs at `block` over `prompts`: (drafted, accepted) of every full round
-    (the last round of each generation is left out: it may be cut by max tokens or a stop),
-    and the share of those rounds that ran the drafter (the rest were drafted by lookup)."""
+    """Greedy dflash2 runs at `block` (lookup rounds up to `lookup_block`) over `prompts`:
+    (drafted, accepted) of every full round (the last round of each generation is left out:
+    it may be cut by max tokens or a stop), drafter rounds for the per-position acceptance,
+    lookup rounds apart (as [drafted, accepted, rounds] counts), and the share of drafting
+    rounds that ran the drafter."""
     from .engine.loop import GenerationParams
     from .text import chat_prompt_ids
 
     rounds: list[tuple[int, int]] = []
-    looked_up = 0
+    looked_up: Counter = Counter()
+    params = GenerationParams(max_tokens=max_tokens, block_size=block, lookup_block=lookup_block)
     for i, p in enumerate(prompts):
         ids = chat_prompt_ids(pair.tokenizer, p.messages, thinking=thinking)
-        for ev in pair.stream(ids, GenerationParams(max_tokens=max_tokens, block_size=block)):
+        for ev in pair.stream(ids, params):
             if not ev.prefill and ev.finish_reason is None and ev.drafted:
-                rounds.append((ev.drafted, ev.accepted))
-                looked_up += ev.lookup
+                if ev.source == "drafter":
+                    rounds.append((ev.drafted, ev.accepted))
+                else:
+                    looked_up[(ev.drafted, ev.accepted)] += 1
         if progress is not None:
             progress(i + 1, len(prompts))
     probs, counts = acceptance_probs(rounds, block - 1)
     tau = sum(a + 1 for _, a in rounds) / len(rounds) if rounds else 0.0
-    return {"block": block, "prompts": len(prompts), "max_tokens": max_tokens,
-            "rounds": len(rounds), "tau": round(tau, 4),
-            "drafter_share": round(1 - looked_up / len(rounds), 4) if rounds else 1.0,
-            "position_probs": [round(p, 4) for p in probs], "position_rounds": counts}
+    n_lookup = sum(looked_up.values())
+    lookup_tau = sum((a + 1) * n for (_, a), n in looked_up.items()) / n_lookup if n_lookup else 0.0
+    total = len(rounds) + n_lookup
+    return {"block": block, "lookup_block": lookup_block, "prompts": len(prompts),
+            "max_tokens": max_tokens, "rounds": len(rounds), "tau": round(tau, 4),
+            "drafter_share": round(len(rounds) / total, 4) if total else 1.0,
+            "position_probs": [round(p, 4) for p in probs], "position_rounds": counts,
+            "lookup_rounds": n_lookup, "lookup_tau": round(lookup_tau, 4),
+            "lookup_counts": [[d, a, n] for (d, a), n in sorted(looked_up.items())]}
+
+
+def _lookup_profile(pair, verify_ms: Mapping[int, float], calib: Mapping, widths) -> dict:
+    """The lookup-block part of a profile: the choice, its table and the costs behind it."""
+    rounds = [(d, a) for d, a, n in calib.get("lookup_counts", []) for _ in range(n)]
+    choice = choose_lookup_block(verify_ms, rounds, widths)
+    if not pair.decoder.lookup:
+        reason = "context lookup is off (--lookup 0)"
+    elif choice.lookup_block is None:
+        reason = "no lookup round in the calibration (nothing repeated)"
+    else:
+        reason = f"best measured tokens per verify ms over {choice.rounds} lookup rounds"
+    return {"candidates": sorted(widths), "calibration_block": calib.get("lookup_block"),
+            "verify_ms": {str(w): verify_ms[w] for w in sorted(verify_ms)},
+            "table": [asdict(r) for r in choice.rows], "chosen": choice.lookup_block,
+            "reason": reason}
 
 
 def autotune(pair, prompts, *, target: str, drafter: str, max_block: int | None = None,
@@ -212,15 +304,20 @@ def autotune(pair, prompts, *, target: str, drafter: str, max_block: int | None 
         raise ParameterError(f"block {B} must be in 1..{trained} (the drafter's trained block size)")
     key = profile_key(pair, target, drafter)
     cap = QUANT_CAP if is_quantized(key["quantization"]) and B > QUANT_CAP else None
-    say(f"verify cost, widths 1..{B}, context {context}")
-    verify = bench.verify_costs(pair, range(1, B + 1), context=context, repeats=repeats)
+    lookup_widths = sorted(set(range(2, B + 1)) | set(LOOKUP_WIDTHS)) if pair.decoder.lookup \
+        else []
+    widths = sorted(set(range(1, B + 1)) | set(lookup_widths))
+    say(f"verify cost, widths {', '.join(map(str, widths))}, context {context}")
+    verify = bench.verify_costs(pair, widths, context=context, repeats=repeats)
     say(f"draft cost, blocks 2..{B}")
     draft = bench.draft_costs(pair, range(1, B + 1), context=context, repeats=repeats)
     say(f"calibration: greedy at block {B} on {len(prompts)} prompts")
-    calib = calibrate(pair, prompts, B, max_tokens=max_tokens, thinking=thinking,
+    calib = calibrate(pair, prompts, B, lookup_block=max(lookup_widths, default=B),
+                      max_tokens=max_tokens, thinking=thinking,
                       progress=lambda i, n: say(f"calibration {i}/{n}"))
-    choice = choose_block(verify["ms"], draft["ms"], calib["position_probs"], max_block=B, cap=cap,
-                          draft_share=calib["drafter_share"])
+    block_ms = {w: verify["ms"][w] for w in range(1, B + 1)}
+    choice = choose_block(block_ms, draft["ms"], calib["position_probs"], max_block=B, cap=cap)
+    lookup = _lookup_profile(pair, verify["ms"], calib, lookup_widths)
     return {
         "schema": SCHEMA,
         "key": key,
@@ -231,13 +328,15 @@ def autotune(pair, prompts, *, target: str, drafter: str, max_block: int | None 
         "cap_reason": (f"quantized matmuls ({describe_quant(key['quantization'])}): block capped "
                        f"at {QUANT_CAP}") if cap else None,
         "verify": {"context": context, "repeats": repeats,
-                   "ms": {str(k): v for k, v in verify["ms"].items()},
-                   "ratio": {str(k): v for k, v in verify["ratio"].items()}},
+                   "ms": {str(k): v for k, v in block_ms.items()},
+                   "ratio": {str(k): verify["ratio"][k] for k in block_ms}},
         "draft": {"ms": {str(k): v for k, v in draft["ms"].items()},
                   "feature_rows": draft["feature_rows"]},
         "acceptance": calib,
         "table": [asdict(r) for r in choice.rows],
         "chosen_block": choice.block,
+        "lookup": lookup,
+        "chosen_lookup_block": lookup["chosen"],
     }
 
 
@@ -321,16 +420,27 @@ def load_profile(key: Mapping, root: str | Path | None = None) -> dict | None:
     return profile
 
 
+def _recommended(pair, target: str, drafter: str, field: str, root) -> int | None:
+    try:
+        profile = load_profile(profile_key(pair, target, drafter), root)
+    except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
+        return None
+    value = profile.get(field) if profile else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return None
+    return value
+
+
 def recommended_block(pair, target: str, drafter: str, *,
                       root: str | Path | None = None) -> int | None:
     """The autotuned block for this pair on this machine (`dflash2 bench --autotune`), or None
     when no profile matches (other device, mlx version, models or quantization). Not clamped:
     settings.choose_block clamps every recommendation to the trained size, with the reason."""
-    try:
-        profile = load_profile(profile_key(pair, target, drafter), root)
-    except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
-        return None
-    block = profile.get("chosen_block") if profile else None
-    if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-        return None
-    return block
+    return _recommended(pair, target, drafter, "chosen_block", root)
+
+
+def recommended_lookup_block(pair, target: str, drafter: str, *,
+                             root: str | Path | None = None) -> int | None:
+    """The autotuned lookup block (GenerationParams.lookup_block) for this pair on this
+    machine, or None when no profile matches or it measured no lookup round."""
+    return _recommended(pair, target, drafter, "chosen_lookup_block", root)

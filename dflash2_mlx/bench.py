@@ -192,29 +192,32 @@ def draft_costs(pair, blocks: Iterable[int], *, context: int = 256, repeats: int
     """The drafter's cost of one round at each block size b (b - 1 drafted tokens): embed the
     block, run the drafter over `feature_rows` new context rows, logits, and (DFlash2) the
     candidate path selector; drafts read back (a sync). Block 1 drafts nothing: 0 ms.
-    Median ms per block; the drafter cache is trimmed back after each call."""
+    Median ms per block; the drafter cache is trimmed back after each call.
+
+    Timed through `Drafter.draft_block`, the call the engine makes in a drafter round."""
     blocks = sorted({int(b) for b in blocks})
-    dec = pair.decoder
-    vocab = dec.target.vocab_size
-    session = dec.new_session()
+    drafter, target = pair.drafter, pair.decoder.target
+    vocab = target.vocab_size
     sp = SamplingParams(temperature=0.0)
     key = mx.random.key(0)
     ctx = context_ids(vocab, max(context, feature_rows + 1))
-    token, _, _ = dec._prefill(session, ctx, GenerationParams(max_tokens=2), key)
-    # First call consumes all pending prefill rows (building the drafter's context cache).
-    dec._draft(session, token, 2, sp, key)[0].tolist()
-    full = dec.target.forward(mx.array([ctx[-feature_rows:]]), None).features
+    cache = drafter.make_cache()
+    _, features, _ = target.prefill(mx.array([ctx]), target.make_cache(),
+                                    pair.decoder.prefill_chunk, None)
+    token = ctx[-1]
+    # First call consumes the whole context (building the drafter's context cache).
+    drafter.draft_block(token, 2, features, cache, sp, key).tokens.tolist()
+    full = target.forward(mx.array([ctx[-feature_rows:]]), None).features
     mx.eval(full)
     samples: dict[int, list[float]] = {b: [] for b in blocks if b > 1}
     drafted = sorted(samples)
     for rep in range(warmup + repeats):
         order = drafted[rep % max(len(drafted), 1):] + drafted[: rep % max(len(drafted), 1)]
         for b in order:
-            session.pending = full
             t0 = time.perf_counter()
-            tokens = dec._draft(session, token, b, sp, key)[0].tolist()
+            tokens = drafter.draft_block(token, b, full, cache, sp, key).tokens.tolist()
             dt = time.perf_counter() - t0
-            for c in session.drafter_cache:
+            for c in cache:
                 c.trim(feature_rows)
             token = int(tokens[-1]) if tokens else token
             if rep >= warmup:

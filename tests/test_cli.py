@@ -273,9 +273,11 @@ def test_sparkline_and_status_line():
     assert sparkline(Counter({1: 4, 3: 1, 8: 2}), 8) == "█·▂····▄"
     assert sparkline(Counter(), 4) == "····"
     stats = GenerationStats()
-    stats.add(RoundEvent([5], 0, 0, 1, 0.0, 3.0, prefill=True, prompt_tokens=7, reused_tokens=20))
+    stats.add(RoundEvent(tokens=[5], prefill_ms=3.0, prefill=True, prompt_tokens=7,
+                         reused_tokens=20))
     for accepted in (3, 0, 3):
-        stats.add(RoundEvent([1] * (accepted + 1), 3, accepted, 4, 2.0, 4.0))
+        stats.add(RoundEvent(tokens=[1] * (accepted + 1), drafted=3, accepted=accepted,
+                             block_size=4, draft_ms=2.0, verify_ms=4.0))
     line = status_text(stats, block=4, spec=True, finish="length").plain
     assert "τ 3.00 (last 4)" in line and "▄··█" in line and "10 tok" in line and "block 4" in line
     assert "draft 2.0 · verify 4.0 ms/round" in line and "prompt 7 new + 20 reused" in line

@@ -72,8 +72,9 @@ def test_drafts_only_use_the_draft_vocabulary(version, temperature):
     sp = SamplingParams(temperature=temperature, seed=0)
     key = mx.random.key(0)
     token, _, _ = dec._prefill(session, [3, 14, 15, 9, 26], GenerationParams(max_tokens=9), key)
-    drafts, q, cand = dec._draft(session, token, 8, sp, key)
-    assert drafts.shape == (7,) and set(drafts.tolist()) <= set(vocab)
+    proposal = dec._draft(session, token, 8, sp, key)
+    drafts, q, cand = proposal.drafts, proposal.q, proposal.candidates
+    assert len(drafts) == 7 and set(drafts) <= set(vocab)
     if temperature > 0:  # q is a distribution over candidate ids from the vocabulary
         assert set(np.array(cand).ravel().tolist()) <= set(vocab)
         assert np.allclose(np.array(q).sum(-1), 1.0, atol=1e-5)

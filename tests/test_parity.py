@@ -315,7 +315,7 @@ def official_generate(om, target, oracle, prompt, eos, **kw):
 def our_generate(decoder, prompt, log, **kw):
     def draft(session, anchor, length, sp, key):
         out = original(session, anchor, length, sp, key)
-        log.append((length, out[0].tolist()))
+        log.append((length, out.drafts))
         return out
 
     original = decoder._draft

@@ -57,10 +57,18 @@ def test_greedy_with_a_prediction_equals_plain_decoding(family, version):
             if kind == "edited":
                 assert stats.prediction_accepted > 19, stats.as_dict()
     exact = GenerationStats()
-    for ev in dec.stream(PROMPT, GenerationParams(max_tokens=48, block_size=8, prediction=tuple(ref))):
+    for ev in dec.stream(PROMPT, GenerationParams(max_tokens=48, block_size=8, lookup_block=8,
+                                                  prediction=tuple(ref))):
         exact.add(ev)
     assert exact.prediction_accepted == exact.prediction_drafted == exact.accepted
     assert exact.rounds == 6  # 1 + 6 × 8 = 49 > 48: every round takes the whole block
+    # Prediction rounds run no draft pass: by default they verify up to 16 tokens, past the
+    # drafter's block (the last one cut to what max_tokens leaves), with the same output.
+    events = list(dec.stream(PROMPT, GenerationParams(max_tokens=48, block_size=8,
+                                                      prediction=tuple(ref))))
+    assert [t for ev in events for t in ev.tokens] == ref
+    assert [ev.block_size for ev in events[1:]] == [16, 16, 15]  # 1 + 16 + 16 + 15 = 48
+    assert all(ev.source == "prediction" for ev in events[1:])
 
 
 def test_the_next_generation_does_not_keep_the_prediction():

@@ -17,6 +17,7 @@ import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
 from ..config import DrafterConfig
+from ..engine.sampling import SamplingParams, filtered_probs, sample
 from .attention import ContextCache, DrafterAttention
 from .conv import GroupedDynamicConv
 from .selector import CandidateSelector, SelectorOutput
@@ -87,6 +88,17 @@ class TargetBinding:
 class DraftVocab:
     ids: mx.array  # [N] int32 token ids
     head: Callable[[mx.array], mx.array] | None  # the target head's rows at `ids` (once bound)
+
+
+@dataclass(frozen=True)
+class DraftBlock:
+    """One drafted block: `tokens` [γ] ids; `q` the distribution each was drawn from (None
+    when greedy): [γ, V] over the whole vocabulary, or [γ, K] over `candidates` [γ, K] ids
+    (DFlash2's top-K, or a draft vocabulary)."""
+
+    tokens: mx.array
+    q: mx.array | None
+    candidates: mx.array | None
 
 
 class Drafter(nn.Module):
@@ -185,6 +197,29 @@ class Drafter(nn.Module):
 
     def __call__(self, block_ids, features, cache):
         return self.logits(self.hidden(block_ids, features, cache))
+
+    def draft_block(self, anchor: int, length: int, features: mx.array,
+                    cache: list[ContextCache], sampling: SamplingParams,
+                    key: mx.array | None = None) -> DraftBlock:
+        """Draft `length - 1` tokens after `anchor` in one pass: [anchor, MASK, ...] over the
+        new target `features` [1, S, N_f*H] of the S positions before the block (appended to
+        `cache`). Greedy: argmax; else drawn from the filtered distribution (DFlash) or by the
+        candidate path walk (DFlash2)."""
+        block = mx.array([[anchor] + [self.config.mask_token_id] * (length - 1)])
+        hidden = self.hidden(block, features, cache)[0, 1:]
+        logits = self.draft_logits(hidden)  # over the draft vocabulary when it has one
+        vocab = self.draft_vocab
+        if self.config.version == 2:
+            out = self.select(hidden, logits, mx.array(anchor), sampling.temperature, key, vocab)
+            return DraftBlock(out.tokens, out.q, out.candidates)
+        if sampling.greedy:
+            ids = mx.argmax(logits, axis=-1)
+            return DraftBlock(ids if vocab is None else vocab[ids], None, None)
+        q = filtered_probs(logits, sampling)
+        ids = sample(q, key)
+        if vocab is None:
+            return DraftBlock(ids, q, None)
+        return DraftBlock(vocab[ids], q, mx.broadcast_to(vocab, q.shape))  # q: sparse over vocab
 
     def select(self, hidden: mx.array, logits: mx.array, anchor: mx.array,
                temperature: float = 0.0, key: mx.array | None = None,

@@ -4,22 +4,33 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 
-@dataclass(frozen=True)
+# Where a round's drafts came from: the drafter's pass (also a round that drafted nothing),
+# context lookup (engine/lookup.py), or the request's predicted output.
+DraftSource = Literal["drafter", "lookup", "prediction"]
+SOURCES: tuple[str, ...] = get_args(DraftSource)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RoundEvent:
     tokens: list[int]  # committed this round (drafts accepted + bonus; the first event: 1 token)
-    drafted: int  # draft tokens proposed (0 for the prefill token or plain decoding)
-    accepted: int  # of those, accepted by the target
-    block_size: int  # L = anchor + drafted
-    draft_ms: float
-    verify_ms: float
+    drafted: int = 0  # draft tokens proposed (0 for the prefill token or plain decoding)
+    accepted: int = 0  # of those, accepted by the target
+    block_size: int = 1  # tokens verified this round: anchor + drafted
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    prefill_ms: float = 0.0  # the prompt's prefill, on the prefill event
     finish_reason: str | None = None  # None while going on; "stop" | "length"
     prefill: bool = False  # the event that carries the first token after prefill
     prompt_tokens: int = 0  # tokens actually prefilled (after cache reuse), on the prefill event
     reused_tokens: int = 0  # prompt tokens served from the session cache
-    lookup: bool = False  # the drafts came from context lookup, not the drafter
-    predicted: bool = False  # the drafts came from the request's prediction
+    source: DraftSource = "drafter"
+
+    def __post_init__(self):
+        if self.source not in SOURCES:
+            raise ValueError(f"RoundEvent.source must be one of {SOURCES}, got {self.source!r}")
 
 
 @dataclass
@@ -38,12 +49,15 @@ class GenerationStats:
     histogram: Counter = field(default_factory=Counter)  # tokens committed per round -> rounds
     last_round: int = 0
     lookup_rounds: int = 0  # rounds whose drafts came from context lookup
+    lookup_drafted: int = 0  # draft tokens proposed by context lookup
+    lookup_accepted: int = 0  # of those, accepted
+    longest_round: int = 0  # most tokens verified in one round (lookup rounds may pass the block)
     prediction_drafted: int = 0  # draft tokens taken from the request's prediction
     prediction_accepted: int = 0  # of those, accepted
 
     def add(self, ev: RoundEvent) -> None:
         if ev.prefill:
-            self.prefill_ms += ev.verify_ms
+            self.prefill_ms += ev.prefill_ms
             self.prompt_tokens += ev.prompt_tokens
             self.reused_tokens += ev.reused_tokens
             self.committed += len(ev.tokens)
@@ -56,8 +70,12 @@ class GenerationStats:
         self.verify_ms += ev.verify_ms
         self.histogram[ev.accepted + 1] += 1
         self.last_round = ev.accepted + 1
-        self.lookup_rounds += ev.lookup
-        if ev.predicted:
+        self.longest_round = max(self.longest_round, ev.block_size)
+        if ev.source == "lookup":
+            self.lookup_rounds += 1
+            self.lookup_drafted += ev.drafted
+            self.lookup_accepted += ev.accepted
+        elif ev.source == "prediction":
             self.prediction_drafted += ev.drafted
             self.prediction_accepted += ev.accepted
 
@@ -65,6 +83,12 @@ class GenerationStats:
     def tau(self) -> float:
         """Mean acceptance length per round, bonus token included (1 .. block size)."""
         return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def lookup_tau(self) -> float:
+        """τ of the context-lookup rounds alone (0 when none)."""
+        n = self.lookup_rounds
+        return (self.lookup_accepted + n) / n if n else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -88,7 +112,9 @@ class GenerationStats:
             "draft_ms": round(self.draft_ms, 3), "verify_ms": round(self.verify_ms, 3),
             "prefill_ms": round(self.prefill_ms, 3), "prompt_tokens": self.prompt_tokens,
             "reused_tokens": self.reused_tokens, "decode_tps": round(self.decode_tps, 3),
-            "lookup_rounds": self.lookup_rounds,
+            "lookup_rounds": self.lookup_rounds, "lookup_drafted": self.lookup_drafted,
+            "lookup_accepted": self.lookup_accepted, "lookup_tau": round(self.lookup_tau, 4),
+            "longest_round": self.longest_round,
             "prediction_drafted": self.prediction_drafted,
             "prediction_accepted": self.prediction_accepted,
             "histogram": {str(k): v for k, v in sorted(self.histogram.items())},

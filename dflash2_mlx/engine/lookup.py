@@ -15,6 +15,10 @@ from typing import Sequence
 # The high-level API's and the CLI's default min_match: on the held-out prompts (README,
 # "Context lookup") 2 and 3 did alike, 3 fires on fewer, surer repeats.
 DEFAULT_LOOKUP = 3
+# Tokens verified in a round drafted by lookup or a prediction when no profile says otherwise
+# (GenerationParams.lookup_block): such rounds run no draft pass, so a long repeat is worth a
+# wider verify than the drafter's block (`dflash2 bench --autotune` measures the best width).
+DEFAULT_LOOKUP_BLOCK = 16
 
 
 def _checked(min_match: int) -> int:

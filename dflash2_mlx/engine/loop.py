@@ -20,8 +20,9 @@ from ..drafter.model import Drafter
 from ..errors import ParameterError
 from ..target.adapter import TargetAdapter
 from .events import RoundEvent
-from .lookup import ContextLookup, PredictionLookup
-from .sampling import SamplingParams, filtered_probs, pick, rejection_sample, sample
+from .lookup import DEFAULT_LOOKUP_BLOCK, ContextLookup, PredictionLookup
+from .proposal import NOTHING, Proposal
+from .sampling import SamplingParams, filtered_probs, pick, rejection_sample
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class GenerationParams:
     max_tokens: int = 256
     sampling: SamplingParams = SamplingParams()
     block_size: int | None = None  # None = the drafter's trained block size
+    # Tokens verified in a round drafted by context lookup or the prediction (anchor included;
+    # they cost no draft pass, so they may pass the drafter's block). None: DEFAULT_LOOKUP_BLOCK.
+    lookup_block: int | None = None
     speculative: bool = True  # False = plain decoding with the same sampler
     stop_token_ids: frozenset[int] = frozenset()
     # A guess of the answer's tokens (OpenAI's Predicted Outputs): drafted from where the
@@ -41,10 +45,30 @@ class GenerationParams:
             raise ParameterError("prediction must be a sequence of token ids (ints >= 0)")
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise ParameterError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if self.block_size is not None and (
-            not isinstance(self.block_size, int) or self.block_size < 1
-        ):
-            raise ParameterError(f"block_size must be an int >= 1, got {self.block_size!r}")
+        for name in ("block_size", "lookup_block"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                raise ParameterError(f"{name} must be an int >= 1, got {value!r}")
+
+
+@dataclass
+class _Run:
+    """One generation: its resolved limits, random key and progress."""
+
+    params: GenerationParams
+    block: int  # tokens verified in a drafter round (1: the drafter is not run)
+    lookup_block: int  # tokens verified in a lookup or prediction round (1: none)
+    key: mx.array
+    produced: int = 0  # tokens committed so far
+
+    @property
+    def room(self) -> int:
+        """Tokens this generation may still commit."""
+        return self.params.max_tokens - self.produced
+
+    def length_finish(self) -> str | None:
+        return "length" if self.produced >= self.params.max_tokens else None
 
 
 @dataclass
@@ -71,8 +95,8 @@ def _ms(t0: float) -> float:
 
 class SpeculativeDecoder:
     """`lookup`: propose the continuation of an earlier occurrence of the last `lookup`
-    committed tokens when there is one, else the drafter's block (engine/lookup.py); 0: the
-    drafter always."""
+    committed tokens when there is one (up to GenerationParams.lookup_block tokens verified),
+    else the drafter's block (engine/lookup.py); 0: the drafter always."""
 
     def __init__(self, target: TargetAdapter, drafter: Drafter, prefill_chunk: int = 512,
                  lookup: int = 0):
@@ -82,7 +106,6 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.prefill_chunk = prefill_chunk
         self.lookup = lookup
-        self.mask_id = drafter.config.mask_token_id
         drafter.bind(target.binding())
 
     def new_session(self) -> Session:
@@ -145,12 +168,12 @@ class SpeculativeDecoder:
         return token, reused, _ms(t0)
 
     # --------------------------------------------------------------- rounds
-    def _propose(self, session: Session, anchor: int, length: int, sp: SamplingParams, key):
-        """(drafts [length - 1], q, candidates, source): the prediction's continuation while
-        the answer follows it, else the context's own, else the prediction's after a re-sync
-        (each a point mass: q = 1 on the one candidate), else the drafter's block.
-        source: "prediction", "lookup" or "drafter"."""
-        pred, look, n = session.prediction, session.lookup, length - 1
+    def _propose(self, session: Session, anchor: int, run: _Run, key) -> Proposal:
+        """The prediction's continuation while the answer follows it, else the context's own,
+        else the prediction's after a re-sync: up to lookup_block - 1 tokens (no draft pass to
+        pay for them); else the drafter's block - 1. Both cut to what the round may commit."""
+        pred, look = session.prediction, session.lookup
+        n = min(run.lookup_block, run.room) - 1  # propose(n < 1) finds nothing
         found, source = [], "drafter"
         if pred is not None:
             found, source = pred.propose(n, resync=False), "prediction"
@@ -159,29 +182,22 @@ class SpeculativeDecoder:
         if not found and pred is not None:
             found, source = pred.propose(n), "prediction"
         if found:
-            ids = mx.array(found)
-            return ids, mx.ones((len(found), 1)), ids[:, None], source
-        return (*self._draft(session, anchor, length, sp, key), "drafter")
+            return Proposal.point_mass(found, source)
+        length = min(run.block, run.room)
+        if length < 2:
+            return NOTHING
+        return self._draft(session, anchor, length, run.params.sampling, key)
 
-    def _draft(self, session: Session, anchor: int, length: int, sp: SamplingParams, key):
-        block = mx.array([[anchor] + [self.mask_id] * (length - 1)])
-        hidden = self.drafter.hidden(block, session.pending, session.drafter_cache)[0, 1:]
+    def _draft(self, session: Session, anchor: int, length: int, sp: SamplingParams,
+               key) -> Proposal:
+        """The drafter's block (length - 1 drafts) over the features it has not seen yet."""
+        block = self.drafter.draft_block(anchor, length, session.pending, session.drafter_cache,
+                                         sp, key)
         session.pending = None
-        logits = self.drafter.draft_logits(hidden)  # over the draft vocabulary when it has one
-        vocab = self.drafter.draft_vocab
-        if self.drafter.config.version == 2:
-            out = self.drafter.select(hidden, logits, mx.array(anchor), sp.temperature, key, vocab)
-            return out.tokens, out.q, out.candidates
-        if sp.greedy:
-            ids = mx.argmax(logits, axis=-1)
-            return (ids if vocab is None else vocab[ids]), None, None
-        q = filtered_probs(logits, sp)
-        ids = sample(q, key)
-        if vocab is None:
-            return ids, q, None
-        return vocab[ids], q, mx.broadcast_to(vocab, q.shape)  # q is sparse over the vocab
+        return Proposal.from_drafter(block)
 
-    def _verify(self, session: Session, anchor: int, drafts: list[int], q, cand, sp, key):
+    def _verify(self, session: Session, anchor: int, proposal: Proposal, sp, key):
+        drafts = proposal.drafts
         ids = mx.array([[anchor] + drafts])
         fwd = self.target.forward(ids, session.target_cache)
         logits = fwd.logits[0]
@@ -193,83 +209,100 @@ class SpeculativeDecoder:
             bonus = target_ids[accepted]
         elif drafts:
             accepted, bonus = rejection_sample(
-                mx.array(drafts), filtered_probs(logits, sp), q, cand, key
+                mx.array(drafts), filtered_probs(logits, sp), proposal.q, proposal.candidates, key
             )
         else:
             accepted, bonus = 0, int(pick(logits[-1], sp, key).item())
         return fwd, accepted, bonus
 
-    def stream(
-        self, prompt: Sequence[int], params: GenerationParams, session: Session | None = None
-    ) -> Iterator[RoundEvent]:
-        """Generate from `prompt` ids; yields one RoundEvent per round (the first: prefill)."""
+    def _commit(self, session: Session, run: _Run, fwd, width: int, tokens: list[int]):
+        """Commit the accepted `tokens` (cut at max tokens and after a stop token), roll the
+        target cache back to them and queue their features for the drafter.
+        Returns (the committed tokens, the finish reason or None)."""
+        commit = tokens[: run.room]
+        hit = next((i for i, t in enumerate(commit) if t in run.params.stop_token_ids), None)
+        if hit is not None:
+            commit = commit[: hit + 1]
+        # Keep the anchor and the committed tokens except the last (the new anchor).
+        keep = len(commit)
+        self.target.rollback(session.target_cache, fwd, keep, width)
+        pending = fwd.features[:, :keep]
+        session.pending = pending if session.pending is None else mx.concatenate(
+            [session.pending, pending], axis=1)
+        mx.eval(session.pending, [c.state for c in session.target_cache])
+        session.tokens.extend(commit)
+        for index in (session.lookup, session.prediction):
+            if index is not None:
+                index.extend(commit)
+        run.produced += len(commit)
+        return commit, "stop" if hit is not None else run.length_finish()
+
+    def _round(self, session: Session, run: _Run) -> RoundEvent:
+        """One round: propose, verify in one target forward, commit, roll back the rest."""
+        anchor = session.tokens[-1]
+        run.key, k_draft, k_verify = mx.random.split(run.key, 3)
+        session.in_round = True
+        t0 = time.perf_counter()
+        proposal = self._propose(session, anchor, run, k_draft)
+        draft_ms = _ms(t0)
+        t1 = time.perf_counter()
+        fwd, accepted, bonus = self._verify(session, anchor, proposal, run.params.sampling,
+                                            k_verify)
+        drafted = len(proposal.drafts)
+        commit, finish = self._commit(session, run, fwd, drafted + 1,
+                                      proposal.drafts[:accepted] + [bonus])
+        verify_ms = _ms(t1)
+        session.in_round = False
+        return RoundEvent(tokens=commit, drafted=drafted, accepted=min(accepted, len(commit)),
+                          block_size=drafted + 1, draft_ms=draft_ms, verify_ms=verify_ms,
+                          finish_reason=finish, source=proposal.source)
+
+    # --------------------------------------------------------------- generation
+    def _validate(self, prompt: Sequence[int], params: GenerationParams) -> tuple[list[int], _Run]:
+        """The prompt as ints and the generation's limits, or a ParameterError."""
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ParameterError("the prompt is empty: at least one token is needed")
         trained = self.drafter.config.block_size
         block = params.block_size or trained
-        if block > trained:
+        if block > trained:  # the drafter's limit; lookup rounds have their own
             raise ParameterError(
                 f"block_size {block} exceeds the drafter's trained block size {trained}"
             )
-        if not params.speculative:
-            block = 1
         vocab = self.target.vocab_size
         if any(t >= vocab for t in params.prediction):
             raise ParameterError(f"prediction holds token ids outside the vocabulary [0, {vocab})")
+        lookup_block = params.lookup_block or DEFAULT_LOOKUP_BLOCK
+        if not params.speculative:
+            block = lookup_block = 1
         sp = params.sampling
         seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
-        key = mx.random.key(seed)
-        session = session if session is not None else self.new_session()
-        stops = params.stop_token_ids
+        return prompt, _Run(params, block, lookup_block, mx.random.key(seed))
 
-        key, sub = mx.random.split(key)
+    def _start(self, session: Session, prompt: list[int], run: _Run) -> RoundEvent:
+        """Prefill the prompt (reusing what the session holds) and pick the first token."""
+        params = run.params
+        run.key, sub = mx.random.split(run.key)
         token, reused, prefill_ms = self._prefill(session, prompt, params, sub)
         session.prediction = PredictionLookup(params.prediction) if params.prediction else None
         if session.prediction is not None:
             session.prediction.extend([token])
-        produced = 1
-        done = token in stops or produced >= params.max_tokens
-        finish = ("stop" if token in stops else "length") if done else None
-        yield RoundEvent([token], 0, 0, 1, 0.0, prefill_ms, finish, prefill=True,
-                         prompt_tokens=len(prompt) - reused, reused_tokens=reused)
-        while not done:
-            length = min(block, params.max_tokens - produced)
-            anchor = session.tokens[-1]
-            key, k_draft, k_verify = mx.random.split(key, 3)
-            session.in_round = True
-            t0 = time.perf_counter()
-            drafts, q, cand, source = [], None, None, "drafter"
-            if length > 1:
-                d, q, cand, source = self._propose(session, anchor, length, sp, k_draft)
-                drafts = d.tolist()
-            draft_ms = _ms(t0)
-            t1 = time.perf_counter()
-            fwd, accepted, bonus = self._verify(session, anchor, drafts, q, cand, sp, k_verify)
-            commit = drafts[:accepted] + [bonus]
-            commit = commit[: params.max_tokens - produced]
-            hit = next((i for i, t in enumerate(commit) if t in stops), None)
-            if hit is not None:
-                commit = commit[: hit + 1]
-            # Keep the anchor and the committed tokens except the last (the new anchor).
-            keep = len(commit)
-            self.target.rollback(session.target_cache, fwd, keep, len(drafts) + 1)
-            pending = fwd.features[:, :keep]
-            session.pending = pending if session.pending is None else mx.concatenate(
-                [session.pending, pending], axis=1)
-            mx.eval(session.pending, [c.state for c in session.target_cache])
-            verify_ms = _ms(t1)
-            session.tokens.extend(commit)
-            for index in (session.lookup, session.prediction):
-                if index is not None:
-                    index.extend(commit)
-            session.in_round = False
-            produced += len(commit)
-            finish = "stop" if hit is not None else ("length" if produced >= params.max_tokens else None)
-            done = finish is not None
-            yield RoundEvent(commit, len(drafts), min(accepted, len(commit)), len(drafts) + 1,
-                             draft_ms, verify_ms, finish, lookup=source == "lookup",
-                             predicted=source == "prediction")
+        run.produced = 1
+        finish = "stop" if token in params.stop_token_ids else run.length_finish()
+        return RoundEvent(tokens=[token], prefill_ms=prefill_ms, finish_reason=finish,
+                          prefill=True, prompt_tokens=len(prompt) - reused, reused_tokens=reused)
+
+    def stream(
+        self, prompt: Sequence[int], params: GenerationParams, session: Session | None = None
+    ) -> Iterator[RoundEvent]:
+        """Generate from `prompt` ids; yields one RoundEvent per round (the first: prefill)."""
+        prompt, run = self._validate(prompt, params)
+        session = session if session is not None else self.new_session()
+        event = self._start(session, prompt, run)
+        yield event
+        while event.finish_reason is None:
+            event = self._round(session, run)
+            yield event
 
     def generate(self, prompt: Sequence[int], params: GenerationParams,
                  session: Session | None = None) -> list[int]:
