@@ -160,14 +160,15 @@ def speed_tables(report: dict):
                                          if ratio is not None else ""),
                   title_justify="left", header_style="bold")
         for col in ("category", "prompts", "plain tok/s", "dflash2 tok/s", "speedup", "τ",
-                    "draft ms/rd", "verify ms/rd", "identical"):
+                    "lookup τ", "draft ms/rd", "verify ms/rd", "identical"):
             t.add_column(col, justify="left" if col == "category" else "right")
 
         def add(name, s, style=None):
             same = f"{s['identical']}/{s['prompts']}"
             t.add_row(name, str(s["prompts"]), _fmt(s["plain_tps"]), _fmt(s["dflash2_tps"]),
                       _fmt(s["speedup"], ".2f") + ("x" if s["speedup"] is not None else ""),
-                      _fmt(s["tau"], ".2f"), _fmt(s["draft_ms_per_round"], ".2f"),
+                      _fmt(s["tau"], ".2f"), _fmt(s.get("lookup_tau"), ".2f"),
+                      _fmt(s["draft_ms_per_round"], ".2f"),
                       _fmt(s["verify_ms_per_round"], ".2f"),
                       same if s["identical"] == s["prompts"] else f"[bold red]{same}[/]",
                       style=style)
@@ -204,6 +205,25 @@ def autotune_table(profile: dict):
                   f"{r['expected_tokens']:.2f}", f"{r['expected_tps']:.1f}", mark,
                   style="bold green" if b == profile["chosen_block"] else
                   ("dim" if not r["allowed"] else None))
+    return t
+
+
+def lookup_table(profile: dict):
+    """Lookup rounds (no draft pass): expected tokens/round and tok/s per lookup block."""
+    from rich.table import Table
+    from rich.text import Text
+
+    lookup = profile.get("lookup") or {}
+    t = Table(title=Text("autotune, lookup rounds: each calibration lookup round cut at L "
+                         "(tokens verified); expected tok/s = E[tokens/round] / verify ms"),
+              title_justify="left", header_style="bold")
+    for col in ("lookup block", "verify ms", "E tok/round", "exp. tok/s", ""):
+        t.add_column(col, justify="right")
+    for r in lookup.get("table", []):
+        chosen = r["lookup_block"] == lookup.get("chosen")
+        t.add_row(str(r["lookup_block"]), f"{r['verify_ms']:.2f}", f"{r['expected_tokens']:.2f}",
+                  f"{r['expected_tps']:.1f}", "◀ chosen" if chosen else "",
+                  style="bold green" if chosen else None)
     return t
 
 
@@ -297,8 +317,9 @@ def run_bench_command(*, model, target, drafter, prompts, limit, max_tokens, rep
             code = _autotune(A, pair, resolved, chosen, blocks, trained, max_tokens, repeats,
                              context, thinking, report, console, err)
         else:
-            code = _speed(B, pair, chosen, blocks, settings.block, max_tokens, repeats,
-                          context, thinking, report, json_path, plot, console, err)
+            code = _speed(B, pair, chosen, blocks, settings.block, settings.lookup_block,
+                          max_tokens, repeats, context, thinking, report, json_path, plot,
+                          console, err)
     if kernels:
         report["kernels"] = kernels_report(20, console, err)
     path = _write_json(report, json_path)
@@ -331,13 +352,20 @@ def _autotune(A, pair, resolved, prompts, blocks, trained, max_tokens, repeats, 
     console.print(Text(f"chosen block {profile['chosen_block']}: {best['expected_tokens']:.2f} "
                        f"tokens/round in {best['round_ms']:.1f} ms ≈ {best['expected_tps']:.1f} "
                        "tok/s expected", style="bold green"))
+    lookup = profile["lookup"]
+    if lookup["table"]:
+        console.print(lookup_table(profile))
+    console.print(Text(f"lookup block: {lookup['chosen'] or 'engine default'} ({lookup['reason']}"
+                       f"; {acc.get('lookup_rounds', 0)} lookup rounds at lookup block "
+                       f"{lookup['calibration_block']}, τ {acc.get('lookup_tau', 0):.2f})",
+                       style="bold green" if lookup["chosen"] else "dim"))
     console.print(Text(f"profile: {saved} (chat and serve use it when no --block is given)",
                        style="dim"))
     return 0
 
 
-def _speed(B, pair, prompts, blocks, auto, max_tokens, repeats, context, thinking, report,
-           json_path, plot, console, err) -> int:
+def _speed(B, pair, prompts, blocks, auto, lookup_block, max_tokens, repeats, context, thinking,
+           report, json_path, plot, console, err) -> int:
     from rich.text import Text
 
     from dflash2_mlx.settings import BY_FLAG
@@ -347,9 +375,12 @@ def _speed(B, pair, prompts, blocks, auto, max_tokens, repeats, context, thinkin
         blocks, source = [auto.size], auto.reason
         if auto.note:
             err.print(Text(f"note: {auto.note}", style="yellow"))
-    report["settings"].update(blocks=blocks, block_source=source)
+    report["settings"].update(blocks=blocks, block_source=source, lookup_block=lookup_block,
+                              lookup_block_source="autotune profile" if lookup_block
+                              else "engine default")
     console.print(Text(f"{len(prompts)} prompts · max {max_tokens} tokens · {repeats} repeats · "
-                       f"greedy · block {', '.join(map(str, blocks))} ({source})", style="dim"))
+                       f"greedy · block {', '.join(map(str, blocks))} ({source}) · lookup block "
+                       f"{lookup_block or 'default'}", style="dim"))
 
     def progress(i, n, info, rows):
         parts = []
@@ -362,7 +393,7 @@ def _speed(B, pair, prompts, blocks, auto, max_tokens, repeats, context, thinkin
                        f"tok/s · " + " · ".join(parts), style="dim"))
 
     run = B.run_bench(pair, prompts, blocks, max_tokens=max_tokens, repeats=repeats,
-                      thinking=thinking, progress=progress)
+                      thinking=thinking, lookup_block=lookup_block, progress=progress)
     report.update(run)
     err.print(Text(f"verify cost at context {context}: widths {', '.join(map(str, [1] + blocks))}",
                    style="dim"))

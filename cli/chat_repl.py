@@ -78,7 +78,8 @@ class Chat:
 
     def params(self) -> GenerationParams:
         return GenerationParams(self.max_tokens, self.sampling,
-                                self.block if self.spec else None, self.spec)
+                                self.block if self.spec else None, self.spec,
+                                lookup_block=self.engine.lookup_block)
 
     def status(self, stats: GenerationStats, finish: str | None = None) -> StatusLine:
         return status_text(stats, block=self.block if self.spec else 1, spec=self.spec,

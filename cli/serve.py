@@ -112,7 +112,8 @@ def serve(
                          context_length=context_length, default_max_tokens=max_tokens,
                          block_size=settings.block.size, speculative=settings.speculative,
                          drafter_name=resolved.drafter, sampling=settings.sampling,
-                         thinking=thinking, prompt_cache_mb=prompt_cache_mb)
+                         thinking=thinking, prompt_cache_mb=prompt_cache_mb,
+                         lookup_block=settings.lookup_block)
     except BaseException:
         sock.close()
         raise

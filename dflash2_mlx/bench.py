@@ -93,12 +93,14 @@ def plain_decode(pair, ids: Sequence[int], max_tokens: int) -> Timed:
     return Timed(out, secs)
 
 
-def dflash2_decode(pair, ids: Sequence[int], max_tokens: int, block: int | None) -> Timed:
-    """dflash2, greedy, at `block` (None: the drafter's trained block size)."""
+def dflash2_decode(pair, ids: Sequence[int], max_tokens: int, block: int | None,
+                   lookup_block: int | None = None) -> Timed:
+    """dflash2, greedy, at `block` (None: the drafter's trained block size), lookup rounds up
+    to `lookup_block` (None: the engine's default)."""
     stats = GenerationStats()
     out: list[int] = []
     t_first = None
-    params = GenerationParams(max_tokens=max_tokens, block_size=block,
+    params = GenerationParams(max_tokens=max_tokens, block_size=block, lookup_block=lookup_block,
                               sampling=SamplingParams(temperature=0.0))
     for ev in pair.stream(list(ids), params):
         if t_first is None:
@@ -257,9 +259,15 @@ def _summary(rows: list[dict]) -> dict:
         "tau": round((accepted + rounds) / rounds, 4) if rounds else None,
         "rounds": rounds,
         "lookup_rounds": sum(r["lookup_rounds"] for r in rows),
+        "lookup_tau": _pooled_lookup_tau(rows),
         "draft_ms_per_round": per_round("draft_ms"),
         "verify_ms_per_round": per_round("verify_ms"),
     }
+
+
+def _pooled_lookup_tau(rows: list[dict]) -> float | None:
+    n = sum(r["lookup_rounds"] for r in rows)
+    return round((sum(r["lookup_accepted"] for r in rows) + n) / n, 4) if n else None
 
 
 def _row(p: Prompt, ids, plain: list[Timed], spec: list[Timed], mism: int | None) -> dict:
@@ -279,7 +287,9 @@ def _row(p: Prompt, ids, plain: list[Timed], spec: list[Timed], mism: int | None
         "dflash2_tps": round(stps, 4) if stps else None,
         "speedup": round(stps / ptps, 4) if ptps and stps else None,
         "tau": round(st.tau, 4), "rounds": rounds, "accepted": st.accepted,
-        "lookup_rounds": st.lookup_rounds, "acceptance_rate": round(st.acceptance_rate, 4),
+        "lookup_rounds": st.lookup_rounds, "lookup_accepted": st.lookup_accepted,
+        "lookup_tau": round(st.lookup_tau, 4), "longest_round": st.longest_round,
+        "acceptance_rate": round(st.acceptance_rate, 4),
         "draft_ms": round(statistics.median(t.stats.draft_ms for t in spec), 4),
         "verify_ms": round(statistics.median(t.stats.verify_ms for t in spec), 4),
         "draft_ms_per_round": round(statistics.median(t.stats.draft_ms for t in spec) / rounds, 4)
@@ -292,6 +302,7 @@ def _row(p: Prompt, ids, plain: list[Timed], spec: list[Timed], mism: int | None
 
 def run_bench(pair, prompts: Sequence[Prompt], blocks: Sequence[int], *, max_tokens: int = 128,
               repeats: int = 3, warmup: bool = True, thinking: bool | None = None,
+              lookup_block: int | None = None,
               progress: Callable[[int, int, dict, dict[int, dict]], None] | None = None) -> dict:
     """Plain mlx-lm vs dflash2 at each block size, greedy, on the same prompt ids.
 
@@ -306,7 +317,7 @@ def run_bench(pair, prompts: Sequence[Prompt], blocks: Sequence[int], *, max_tok
         ids = encoded[0][1]
         plain_decode(pair, ids, min(16, max_tokens))
         for b in blocks:
-            dflash2_decode(pair, ids, min(16, max_tokens), b)
+            dflash2_decode(pair, ids, min(16, max_tokens), b, lookup_block)
     rows: dict[int, list[dict]] = {b: [] for b in blocks}
     mismatches: list[dict] = []
     for i, (p, ids) in enumerate(encoded):
@@ -317,7 +328,7 @@ def run_bench(pair, prompts: Sequence[Prompt], blocks: Sequence[int], *, max_tok
             base = plain_decode(pair, ids, max_tokens)
             plain.append(base)
             for b in blocks:
-                run = dflash2_decode(pair, ids, max_tokens, b)
+                run = dflash2_decode(pair, ids, max_tokens, b, lookup_block)
                 spec[b].append(run)
                 m = first_mismatch(base.tokens, run.tokens)
                 if m is not None and mism[b] is None:

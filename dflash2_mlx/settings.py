@@ -7,6 +7,8 @@ rules live here and nowhere else:
 - the block size: --block, else this machine's autotune profile (`dflash2 bench --autotune`),
   else the alias's recommendation, else the drafter's trained size. An explicit block above
   the trained size is an error; a recommendation above it is clamped. The reason is kept;
+- the lookup block (tokens verified in a lookup or prediction round): the autotune profile,
+  else the engine's default;
 - sampling defaults, field by field: the flag, else the target's generation_config.json
   (`do_sample: false` means greedy), else greedy. A request (serve) or a slash command
   (chat) overrides them field by field; a request's own fields always win.
@@ -236,6 +238,9 @@ class EngineSettings:
     auto_block: BlockChoice  # the block without --block (chat's `/block auto`)
     lookup: int  # context lookup: min_match, 0 = off
     sampling: SamplingDefaults
+    # Tokens verified in a lookup or prediction round: this machine's autotune profile, else
+    # None (the engine's DEFAULT_LOOKUP_BLOCK). GenerationParams.lookup_block.
+    lookup_block: int | None = None
 
     @property
     def effective_block(self) -> int:
@@ -247,7 +252,7 @@ def resolve_engine(flags: EngineFlags, pair, resolved, target_dir: str | Path | 
                    ) -> EngineSettings:
     """Settings for a loaded `pair` (dflash2_mlx.api.Pair) of `resolved` (a registry
     ResolvedPair) whose target lives in `target_dir`."""
-    from .autotune import recommended_block
+    from .autotune import recommended_block, recommended_lookup_block
 
     trained = pair.drafter.config.block_size
     auto = choose_block(trained, profile=recommended_block(pair, resolved.target,
@@ -255,4 +260,5 @@ def resolve_engine(flags: EngineFlags, pair, resolved, target_dir: str | Path | 
                         alias=resolved.block_size)
     block = choose_block(trained, flag=flags.block) if flags.block is not None else auto
     return EngineSettings(flags.speculative, block, auto, pair.decoder.lookup,
-                          resolve_sampling(flags.sampling, target_dir))
+                          resolve_sampling(flags.sampling, target_dir),
+                          recommended_lookup_block(pair, resolved.target, resolved.drafter))

@@ -100,6 +100,61 @@ def test_lookup_rounds_cost_no_draft_pass():
     assert shared.rows[2].draft_ms == pytest.approx(1.5)
 
 
+def test_verify_cost_between_and_beyond_the_measured_widths():
+    ms = {1: 10.0, 2: 11.0, 4: 13.0, 8: 21.0}
+    assert A.verify_at(ms, 4) == 13.0
+    assert A.verify_at(ms, 3) == pytest.approx(12.0)
+    assert A.verify_at(ms, 6) == pytest.approx(17.0)
+    assert A.verify_at(ms, 12) == pytest.approx(29.0)  # along the last two measured widths
+
+
+def test_choose_lookup_block_replays_each_round_cut_at_each_width():
+    """Brute force: a round that proposed d and had a accepted commits min(a, L-1) + 1 at L and
+    costs verify(min(d, L-1) + 1); the best tokens per ms wins, ties to the wider block."""
+    verify = {w: 10.0 + 0.5 * w for w in range(1, 33)}
+    rounds = [(31, 31), (20, 3), (15, 15), (6, 0), (2, 2), (31, 10)]
+    choice = A.choose_lookup_block(verify, rounds, [2, 4, 8, 16, 32])
+
+    def rate(L):
+        tokens = sum(min(a, L - 1) + 1 for _, a in rounds)
+        return tokens / sum(verify[min(d, L - 1) + 1] for d, _ in rounds)
+
+    assert choice.lookup_block == max([2, 4, 8, 16, 32], key=lambda L: (rate(L), L))
+    for row in choice.rows:
+        assert row.expected_tps == pytest.approx(1000 * rate(row.lookup_block), rel=1e-3)
+    # Verify cost that grows fast with width: short lookup blocks win.
+    steep = {w: 10.0 * w for w in range(1, 33)}
+    assert A.choose_lookup_block(steep, [(31, 0)] * 9 + [(31, 31)], [2, 4, 8, 16, 32]) \
+        .lookup_block == 2
+    # Flat cost, nothing longer than 5 proposed: every block from 6 on ties; the widest wins.
+    assert A.choose_lookup_block({1: 5.0, 40: 5.0}, [(5, 5)], [4, 6, 32]).lookup_block == 32
+    assert A.choose_lookup_block(verify, [], [4, 8]).lookup_block is None
+
+
+def test_the_profile_records_the_lookup_block(tiny_pair, monkeypatch, tmp_path):
+    _fake_measurements(monkeypatch, best_block=6)
+    calib = A.calibrate
+
+    def with_lookups(pair, prompts, block, **kw):
+        out = calib(pair, prompts, block, **kw)  # the fake above
+        out.update(lookup_block=kw["lookup_block"], lookup_rounds=3, lookup_tau=9.0,
+                   lookup_counts=[[31, 31, 2], [31, 0, 1]])
+        return out
+
+    monkeypatch.setattr(A, "calibrate", with_lookups)
+    profile = A.autotune(tiny_pair, [], target="org/t", drafter="org/d", max_block=8)
+    lookup = profile["lookup"]
+    assert lookup["calibration_block"] == max(A.LOOKUP_WIDTHS)
+    assert lookup["candidates"] == sorted(set(range(2, 9)) | set(A.LOOKUP_WIDTHS))
+    assert profile["chosen_lookup_block"] == lookup["chosen"] == max(A.LOOKUP_WIDTHS)  # flat cost
+    assert [r["block"] for r in profile["table"]] == list(range(1, 9))  # the drafter's, apart
+    root = tmp_path / "profiles"
+    A.save_profile(profile, root)
+    assert A.recommended_lookup_block(tiny_pair, "org/t", "org/d", root=root) == 32
+    assert A.recommended_block(tiny_pair, "org/t", "org/d", root=root) == 6
+    assert A.recommended_lookup_block(tiny_pair, "org/t", "org/x", root=root) is None
+
+
 def test_cap_limits_the_choice_but_keeps_the_curve():
     flat = {b: 10.0 for b in range(1, 9)}
     free = A.choose_block(flat, DRAFT, [0.99] * 7, max_block=8)
@@ -204,6 +259,8 @@ def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys):
     assert Path(prof["path"]).is_file()
     pair = d2.load_pair(t, d)
     assert A.recommended_block(pair, str(t), str(d)) == prof["chosen_block"]
+    assert prof["acceptance"]["lookup_block"] == max(A.LOOKUP_WIDTHS)  # lookup rounds, measured apart
+    assert "lookup block:" in out and set(prof["lookup"]) >= {"table", "chosen", "reason"}
     assert run(base + ["--no-plot", "--json", str(tmp_path / "b.json")]) == 0
     settings = json.loads((tmp_path / "b.json").read_text())["settings"]
     assert settings["block_source"] == "autotune profile"

@@ -128,3 +128,107 @@ def test_the_cli_default_is_the_librarys():
         for option in command.params:
             if "--lookup" in option.opts:
                 assert f"[default: {DEFAULT_LOOKUP}]" in option.help, name
+
+
+def cycling_target(period: int = 12):
+    """A real llama whose greedy continuation cycles through blocks of `period` ids (t -> t + 1
+    within each block): its LM head rows are the embeddings of each id's predecessor, and its
+    layers are damped (not removed: attention and the caches still shape every logit).
+    Its answers repeat themselves, so context lookup proposes long and right."""
+    import mlx.core as mx
+
+    model = tiny.make_target("llama", tie_word_embeddings=False)
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * 0.1
+        layer.mlp.down_proj.weight = layer.mlp.down_proj.weight * 0.1
+    pred = [period * (t // period) + (t % period - 1) % period for t in range(tiny.VOCAB)]
+    model.lm_head.weight = model.model.embed_tokens.weight[mx.array(pred)] * 3
+    return model
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_lookup_rounds_run_past_the_drafter_block_and_stay_exact(version):
+    """A repeating answer: lookup rounds verify up to lookup_block tokens (past the drafter's
+    block 4) and commit them; drafter rounds keep the block; the last round is cut to
+    max_tokens; the output is exactly plain greedy decoding, at any lookup_block."""
+    model = cycling_target()
+    drafter = tiny.make_drafter(version, block_size=8)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
+                             lookup=2)
+    prompt = [30, 31, 7, 50]
+    ref = tiny.greedy_reference(model, prompt, 57)
+    assert ref[:14] == [51, 52, 53, 54, 55, 56, 57, 58, 59, 48, 49, 50, 51, 52]  # it cycles
+    rounds = {}
+    for lookup_block in (4, 16, None):
+        params = GenerationParams(max_tokens=57, block_size=4, lookup_block=lookup_block)
+        events = list(dec.stream(prompt, params))
+        assert [t for ev in events for t in ev.tokens] == ref, lookup_block
+        cap = lookup_block or 16
+        looked = [ev for ev in events[1:] if ev.source == "lookup"]
+        assert looked and all(ev.block_size <= cap for ev in looked)
+        assert all(ev.block_size <= 4 for ev in events[1:] if ev.source == "drafter")
+        rounds[lookup_block] = len(events) - 1
+        if cap > 4:  # the 12-token cycle is proposed whole (12 drafts) and accepted
+            assert max(ev.accepted for ev in looked) == 12
+            assert events[-1].finish_reason == "length" and \
+                events[-1].block_size <= 57 - sum(len(ev.tokens) for ev in events[:-1])
+    assert rounds[16] == rounds[None] < rounds[4]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_long_rejected_lookup_proposals_roll_back_exactly(family):
+    """Random targets do not follow the repeat: 15-token lookup proposals are mostly
+    rejected, so wide verifies are rolled back (KV trim, Gated-DeltaNet replay); still
+    exactly plain greedy decoding."""
+    model = tiny.make_target(family)
+    drafter = tiny.make_drafter(2, block_size=4)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
+                             lookup=1)
+    first = tiny.greedy_reference(model, [5, 6, 7], 30)
+    prompt = [5, 6, 7] + first + [5, 6, 7]  # the context repeats itself
+    ref = tiny.greedy_reference(model, prompt, 40)
+    events = list(dec.stream(prompt, GenerationParams(max_tokens=40, block_size=4)))
+    assert [t for ev in events for t in ev.tokens] == ref
+    assert any(ev.source == "lookup" and ev.block_size > 4 for ev in events)
+
+
+def test_lookup_block_is_checked_and_plain_decoding_proposes_nothing():
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ParameterError, match="lookup_block must be an int >= 1"):
+            GenerationParams(lookup_block=bad)
+    model = cycling_target()
+    drafter = tiny.make_drafter(2, block_size=4)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
+                             lookup=2)
+    prompt = [30, 31, 7, 50]
+    ref = tiny.greedy_reference(model, prompt, 30)
+    plain = list(dec.stream(prompt, GenerationParams(max_tokens=30, speculative=False)))
+    assert [t for ev in plain for t in ev.tokens] == ref
+    assert all(ev.drafted == 0 and ev.block_size == 1 for ev in plain)
+    # Block 1 runs no drafter; lookup rounds still propose (they cost no draft pass).
+    only = list(dec.stream(prompt, GenerationParams(max_tokens=30, block_size=1)))
+    assert [t for ev in only for t in ev.tokens] == ref
+    assert all(ev.drafted == 0 for ev in only if ev.source == "drafter")
+    assert any(ev.source == "lookup" and ev.accepted > 1 for ev in only)
+
+
+def test_round_events_are_keyword_only_and_name_their_source():
+    from dflash2_mlx import RoundEvent
+
+    with pytest.raises(TypeError):
+        RoundEvent([1], 0, 0, 1)  # positional fields are refused: build events by keyword
+    with pytest.raises(ValueError, match="source"):
+        RoundEvent(tokens=[1], source="cache")
+    stats = GenerationStats()
+    stats.add(RoundEvent(tokens=[4], prefill=True, prefill_ms=7.5, prompt_tokens=3))
+    stats.add(RoundEvent(tokens=[1, 2, 3], drafted=12, accepted=2, block_size=13,
+                         verify_ms=2.0, source="lookup"))
+    stats.add(RoundEvent(tokens=[5], drafted=3, accepted=0, block_size=4, draft_ms=1.0,
+                         verify_ms=1.0, source="drafter"))
+    stats.add(RoundEvent(tokens=[6, 7], drafted=5, accepted=1, block_size=6, verify_ms=1.0,
+                         source="prediction"))
+    d = stats.as_dict()
+    assert d["prefill_ms"] == 7.5 and d["verify_ms"] == 4.0  # prefill is not a verify
+    assert (d["lookup_rounds"], d["lookup_drafted"], d["lookup_accepted"]) == (1, 12, 2)
+    assert d["lookup_tau"] == 3.0 and d["longest_round"] == 13
+    assert (d["prediction_drafted"], d["prediction_accepted"]) == (5, 1)

@@ -30,14 +30,14 @@ class GenerationParams:
     max_tokens: int = 256
     sampling: SamplingParams = SamplingParams()
     block_size: int | None = None  # None = the drafter's trained block size
-    # Tokens verified in a round drafted by context lookup or the prediction (anchor included;
-    # they cost no draft pass, so they may pass the drafter's block). None: DEFAULT_LOOKUP_BLOCK.
-    lookup_block: int | None = None
     speculative: bool = True  # False = plain decoding with the same sampler
     stop_token_ids: frozenset[int] = frozenset()
     # A guess of the answer's tokens (OpenAI's Predicted Outputs): drafted from where the
     # answer follows it; never changes the output.
     prediction: tuple[int, ...] = ()
+    # Tokens verified in a round drafted by context lookup or the prediction (anchor included;
+    # they cost no draft pass, so they may pass the drafter's block). None: DEFAULT_LOOKUP_BLOCK.
+    lookup_block: int | None = None
 
     def __post_init__(self):
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0

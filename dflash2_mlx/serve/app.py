@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.loop import GenerationParams
 from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error
 from ..settings import SamplingDefaults, check_block
@@ -78,7 +79,8 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
                speculative: bool = True, drafter_name: str | None = None,
                sampling: SamplingDefaults | None = None,
                thinking: bool | None = None,
-               prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB) -> FastAPI:
+               prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB,
+               lookup_block: int | None = None) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
 
     max_queue: requests that may wait while one generates (beyond: 503 + Retry-After).
@@ -90,12 +92,14 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
     requests that do not set it in chat_template_kwargs (None: the template's own default;
     refused if the template has no such switch). prompt_cache_mb: memory for the
     engine state of recent conversations, reused by prompt prefix across requests
-    (engine/prompt_cache.py); 0: off. The worker thread starts and stops with the app (its
-    lifespan).
+    (engine/prompt_cache.py); 0: off. lookup_block: tokens verified in a round drafted by
+    context lookup or a request's prediction (None: the engine's default). The worker thread
+    starts and stops with the app (its lifespan).
     """
     trained = pair.drafter.config.block_size
     if block_size is not None:
         check_block(block_size, trained, "block_size")
+    GenerationParams(lookup_block=lookup_block)  # checked now (ParameterError)
     if max_queue < 0:
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
     if default_max_tokens < 1:
@@ -107,7 +111,8 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
         raise DFlash2Error(f"context_length must be >= 2; got {context}")
     settings = Settings(model_name, context, default_max_tokens, block_size, speculative,
                         (block_size or trained) if speculative else 1,
-                        pair.decoder.target.vocab_size, sampling or SamplingDefaults())
+                        pair.decoder.target.vocab_size, sampling or SamplingDefaults(),
+                        lookup_block)
     chat = ChatTemplate(pair.tokenizer, thinking)
     metrics = metrics_mod.Metrics()
     prompt_cache = PromptCache(pair.decoder, prompt_cache_mb << 20) if prompt_cache_mb else None

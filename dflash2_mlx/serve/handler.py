@@ -52,6 +52,7 @@ class Settings:
     effective_block: int  # tokens verified per round (1 when speculative is off)
     vocab: int
     sampling: SamplingDefaults = SamplingDefaults()  # for the fields a request leaves out
+    lookup_block: int | None = None  # lookup / prediction rounds; None: the engine's default
 
 
 class _Reader:
@@ -144,7 +145,7 @@ class Handler:
         return GenerationParams(max_tokens=max_tokens,
                                 sampling=s.sampling.complete(req.sampling_fields),
                                 block_size=s.block_size, speculative=s.speculative,
-                                prediction=predicted)
+                                prediction=predicted, lookup_block=s.lookup_block)
 
     # ------------------------------------------------------------------ the request
     async def handle(self, request: Request, req: GenRequest) -> Response:
