@@ -124,7 +124,8 @@ def stats_table(total, turns: int, context_tokens: int, settings: dict, block: i
         ("turns", turns), ("answer tokens", total.committed), ("rounds", total.rounds),
         ("τ (tokens / round)", f"{total.tau:.3f}"),
         ("draft acceptance", f"{100 * total.acceptance_rate:.1f}% of {total.drafted} drafted"),
-        ("context lookup", f"{total.lookup_rounds} of {total.rounds} rounds"),
+        ("context lookup", f"{total.lookup_rounds} of {total.rounds} rounds"
+                           + (f", τ {total.lookup_tau:.2f}" if total.lookup_rounds else "")),
         ("decode speed", f"{total.decode_tps:.1f} tok/s"),
         ("draft / verify", f"{total.draft_ms:.0f} ms / {total.verify_ms:.0f} ms"),
         ("prefill", f"{total.prompt_tokens} tokens in {total.prefill_ms:.0f} ms"),
