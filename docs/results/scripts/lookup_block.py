@@ -36,14 +36,8 @@ def prompts(tokenizer, doc_tokens: int):
             ("text-edit", f"Correct any mistakes in this text and return it in full:\n\n{prose}")]
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--doc-tokens", type=int, default=3000)
-    args = ap.parse_args()
-    pair = d2.load_pair(ensure_smollm2(), EMBEDDED_DRAFTER)
+def measure(pair, args):
+    """Per prompt: plain and each lookup block, interleaved; and the L = 32 lookup rounds."""
     rows, lookup_rounds = [], []
     cases = [(name, chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": text}]))
              for name, text in prompts(pair.tokenizer, args.doc_tokens)]
@@ -74,6 +68,18 @@ def main():
                                      lookup_block=max(LOOKUP_BLOCKS))
         lookup_rounds += [(ev.drafted, ev.accepted) for ev in pair.stream(ids, params)
                           if ev.source == "lookup" and ev.finish_reason is None]
+    return rows, lookup_rounds
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--doc-tokens", type=int, default=3000)
+    args = ap.parse_args()
+    pair = d2.load_pair(ensure_smollm2(), EMBEDDED_DRAFTER)
+    rows, lookup_rounds = measure(pair, args)
     widths = sorted(set(range(1, BLOCK + 1)) | set(A.LOOKUP_WIDTHS))
     vc = B.verify_costs(pair, widths, context=1024)
     choice = A.choose_lookup_block(vc["ms"], lookup_rounds, widths[1:])
