@@ -264,7 +264,7 @@ def test_reply_split_does_not_depend_on_round_boundaries(tool_tokenizer):
     for step in (1, 2, 3, 7, 11, len(text)):
         reply = ChatReply(tok, ChatPrompt([1], tools=tools))
         for i in range(0, len(text), step):
-            reply.feed(text[i:i + step], RoundEvent([5], 0, 0, 1, 0.0, 0.0))
+            reply.feed(text[i:i + step], RoundEvent(tokens=[5]))
         _, finish = reply.finish("stop")
         results.add(("".join(reply.reasoning), "".join(reply.content), finish, reply.unparsed,
                      tuple((c["function"]["name"], c["function"]["arguments"])
@@ -303,7 +303,7 @@ def test_forced_call_opening_follows_the_template(tmp_path):
     assert p.state == "tool" and p.call_prefix == "\n<function=get_weather>"
     reply = ChatReply(xml, p)
     reply.feed("\n<parameter=city>\nparis\n</parameter>\n</function>\n</tool_call>",
-               RoundEvent([5], 0, 0, 1, 0.0, 0.0))
+               RoundEvent(tokens=[5]))
     assert reply.finish("stop")[1] == "tool_calls"
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
             for c in reply.calls] == [("get_weather", tt.CALL_ARGS)]

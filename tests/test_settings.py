@@ -207,3 +207,19 @@ def test_resolve_engine_on_a_pair(pair, tmp_path):
     folder = _config(tmp_path / "t", do_sample=True, temperature=0.7)
     s = resolve_engine(EngineFlags(sampling={"top_k": 4}), pair, plain, folder)
     assert s.sampling.params == SamplingParams(0.7, top_k=4)
+
+
+def test_resolve_engine_takes_the_lookup_block_from_the_profile(pair):
+    """No profile (or none measured): None, the engine's default; else the measured one, and a
+    server refuses a bad one before it starts."""
+    plain = ResolvedPair("org/target", "org/drafter")
+    assert resolve_engine(EngineFlags(), pair, plain, None).lookup_block is None
+    A.save_profile({"schema": A.SCHEMA, "key": A.profile_key(pair, "org/target", "org/drafter"),
+                    "chosen_block": 6, "chosen_lookup_block": 12})
+    s = resolve_engine(EngineFlags(), pair, plain, None)
+    assert (s.lookup_block, s.block.size) == (12, 6)
+    pytest.importorskip("fastapi")
+    from dflash2_mlx.serve.app import create_app
+
+    with pytest.raises(ParameterError, match="lookup_block must be an int >= 1"):
+        create_app(pair, model_name="m", lookup_block=0)
