@@ -89,6 +89,44 @@ class Session:
         return max(len(self.tokens) - 1, 0)
 
 
+def accept(logits: mx.array, proposal: Proposal, sp: SamplingParams, key) -> tuple[int, int]:
+    """Verify `proposal` against the target's logits [γ+1, V] of [anchor] + drafts:
+    (drafts accepted, bonus token) by greedy match or lossless rejection sampling."""
+    drafts = proposal.drafts
+    if sp.greedy:
+        target_ids = mx.argmax(logits, axis=-1).tolist()
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == target_ids[accepted]:
+            accepted += 1
+        return accepted, target_ids[accepted]
+    if drafts:
+        return rejection_sample(mx.array(drafts), filtered_probs(logits, sp), proposal.q,
+                                proposal.candidates, key)
+    return 0, int(pick(logits[-1], sp, key).item())
+
+
+def cut(run: _Run, tokens: list[int]) -> tuple[list[int], str | None]:
+    """The accepted tokens this generation commits (cut at its max tokens and after a stop
+    token) and its finish reason (None: it goes on)."""
+    commit = tokens[: run.room]
+    hit = next((i for i, t in enumerate(commit) if t in run.params.stop_token_ids), None)
+    if hit is not None:
+        commit = commit[: hit + 1]
+    run.produced += len(commit)
+    return commit, "stop" if hit is not None else run.length_finish()
+
+
+def record(session: Session, commit: list[int], features: mx.array) -> None:
+    """Append committed tokens to the session; queue their rows' features [1, n, F] (the
+    anchor's and all but the last committed) for the drafter."""
+    session.pending = features if session.pending is None else mx.concatenate(
+        [session.pending, features], axis=1)
+    session.tokens.extend(commit)
+    for index in (session.lookup, session.prediction):
+        if index is not None:
+            index.extend(commit)
+
+
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
@@ -197,45 +235,21 @@ class SpeculativeDecoder:
         return Proposal.from_drafter(block)
 
     def _verify(self, session: Session, anchor: int, proposal: Proposal, sp, key):
-        drafts = proposal.drafts
-        ids = mx.array([[anchor] + drafts])
+        ids = mx.array([[anchor] + proposal.drafts])
         fwd = self.target.forward(ids, session.target_cache)
-        logits = fwd.logits[0]
-        if sp.greedy:
-            target_ids = mx.argmax(logits, axis=-1).tolist()
-            accepted = 0
-            while accepted < len(drafts) and drafts[accepted] == target_ids[accepted]:
-                accepted += 1
-            bonus = target_ids[accepted]
-        elif drafts:
-            accepted, bonus = rejection_sample(
-                mx.array(drafts), filtered_probs(logits, sp), proposal.q, proposal.candidates, key
-            )
-        else:
-            accepted, bonus = 0, int(pick(logits[-1], sp, key).item())
+        accepted, bonus = accept(fwd.logits[0], proposal, sp, key)
         return fwd, accepted, bonus
 
     def _commit(self, session: Session, run: _Run, fwd, width: int, tokens: list[int]):
         """Commit the accepted `tokens` (cut at max tokens and after a stop token), roll the
         target cache back to them and queue their features for the drafter.
         Returns (the committed tokens, the finish reason or None)."""
-        commit = tokens[: run.room]
-        hit = next((i for i, t in enumerate(commit) if t in run.params.stop_token_ids), None)
-        if hit is not None:
-            commit = commit[: hit + 1]
+        commit, finish = cut(run, tokens)
         # Keep the anchor and the committed tokens except the last (the new anchor).
-        keep = len(commit)
-        self.target.rollback(session.target_cache, fwd, keep, width)
-        pending = fwd.features[:, :keep]
-        session.pending = pending if session.pending is None else mx.concatenate(
-            [session.pending, pending], axis=1)
+        self.target.rollback(session.target_cache, fwd, len(commit), width)
+        record(session, commit, fwd.features[:, :len(commit)])
         mx.eval(session.pending, [c.state for c in session.target_cache])
-        session.tokens.extend(commit)
-        for index in (session.lookup, session.prediction):
-            if index is not None:
-                index.extend(commit)
-        run.produced += len(commit)
-        return commit, "stop" if hit is not None else run.length_finish()
+        return commit, finish
 
     def _round(self, session: Session, run: _Run) -> RoundEvent:
         """One round: propose, verify in one target forward, commit, roll back the rest."""
