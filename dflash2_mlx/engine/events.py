@@ -27,6 +27,7 @@ class RoundEvent:
     prompt_tokens: int = 0  # tokens actually prefilled (after cache reuse), on the prefill event
     reused_tokens: int = 0  # prompt tokens served from the session cache
     source: DraftSource = "drafter"
+    batch_size: int = 1  # requests in the verify forward of this round (engine/batch.py)
 
     def __post_init__(self):
         if self.source not in SOURCES:

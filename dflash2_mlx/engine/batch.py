@@ -1,0 +1,191 @@
+"""Several generations in one speculative loop (continuous batching), each exactly as alone.
+
+Every round, each active request proposes its own drafts (context lookup, its prediction, or
+its own drafter pass over its own drafter cache: the drafter runs per row, see docs), then ONE
+target forward verifies all of them (rows right-padded to the widest, each at its own
+positions), each request accepts with its own sampling parameters and random key, and the
+target cache rolls each row back by its own amount (target/batch.py). Requests join between
+rounds (prefilled alone, then merged into the batch cache) and leave when they finish or are
+cancelled. Per request, the proposal, the acceptance rule and the key sequence are those of
+SpeculativeDecoder.stream, so a request returns what it returns alone (up to the float
+rounding of a batched matmul, which can only matter on an exact near-tie of two logits).
+
+Targets whose caches cannot be rolled back per row (target/batch.py `batchable`) run one
+request at a time through the single-sequence engine: same API, no batching.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Iterator, Sequence
+
+import mlx.core as mx
+
+from ..errors import ParameterError
+from ..target import batch as tbatch
+from .events import RoundEvent
+from .loop import GenerationParams, Session, SpeculativeDecoder, _Run, accept, cut, record
+from .proposal import Proposal
+
+
+@dataclass
+class _Row:
+    """One request in the loop: its conversation state and generation limits."""
+
+    rid: int
+    session: Session
+    run: _Run
+    done: bool = False
+
+
+@dataclass
+class _Waiting:
+    rid: int
+    prompt: list[int]
+    run: _Run
+
+
+@dataclass
+class BatchDecoder:
+    """Runs up to `max_batch` generations together; `add` queues one, `step` advances all."""
+
+    decoder: SpeculativeDecoder
+    max_batch: int = 4
+    rows: list[_Row] = field(default_factory=list)
+    waiting: list[_Waiting] = field(default_factory=list)
+    cache: list | None = None  # the target's batch cache, one row per entry of `rows`
+    fallback: str | None = None  # why this target runs one request at a time (None: batched)
+    _next_id: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) \
+                or self.max_batch < 1:
+            raise ParameterError(f"max_batch must be an int >= 1, got {self.max_batch!r}")
+        self.fallback = tbatch.batchable(self.decoder.target)
+
+    @property
+    def capacity(self) -> int:
+        return 1 if self.fallback else self.max_batch
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.rows or self.waiting)
+
+    def add(self, prompt: Sequence[int], params: GenerationParams) -> int:
+        """Queue a generation (it joins at the next step with room); returns its id.
+        Bad parameters raise ParameterError here, before anything runs."""
+        prompt, run = self.decoder._validate(prompt, params)
+        rid, self._next_id = self._next_id, self._next_id + 1
+        self.waiting.append(_Waiting(rid, prompt, run))
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        """Drop a generation now (a client that left): queued, or leaving the batch."""
+        self.waiting = [w for w in self.waiting if w.rid != rid]
+        for row in self.rows:
+            if row.rid == rid:
+                row.done = True
+        self._leave()
+
+    # ------------------------------------------------------------------ rounds
+    def step(self) -> list[tuple[int, RoundEvent]]:
+        """Admit waiting requests while there is room (their prefill events), then run one
+        round over every active request. Returns (request id, event) pairs; a request whose
+        event has a finish_reason has left."""
+        events = self._join()
+        if self.rows:
+            if self.fallback:
+                events += [(r.rid, self._single_round(r)) for r in self.rows]
+            else:
+                events += self._batch_round()
+            self._leave()
+        return events
+
+    def _join(self) -> list[tuple[int, RoundEvent]]:
+        events, joined = [], []
+        while self.waiting and len(self.rows) + len(joined) < self.capacity:
+            w = self.waiting.pop(0)
+            session = self.decoder.new_session()
+            event = self.decoder._start(session, w.prompt, w.run)
+            events.append((w.rid, replace(event, batch_size=len(self.rows) + len(joined) + 1)))
+            if event.finish_reason is None:
+                joined.append(_Row(w.rid, session, w.run))
+        if joined and not self.fallback:
+            new = tbatch.merge([r.session.target_cache for r in joined])
+            self.cache = tbatch.extend(self.cache, new)
+            for r in joined:
+                r.session.target_cache = []  # its rows live in the batch cache now
+        self.rows += joined
+        return events
+
+    def _leave(self) -> None:
+        keep = [i for i, r in enumerate(self.rows) if not r.done]
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        if self.cache is not None:
+            if keep:
+                tbatch.keep_rows(self.cache, keep)
+            else:
+                self.cache = None
+
+    def _single_round(self, row: _Row) -> RoundEvent:
+        event = self.decoder._round(row.session, row.run)
+        row.done = event.finish_reason is not None
+        return event
+
+    def _batch_round(self) -> list[tuple[int, RoundEvent]]:
+        dec, rows = self.decoder, self.rows
+        proposals: list[Proposal] = []
+        verify_keys, draft_ms = [], []
+        for row in rows:
+            row.run.key, k_draft, k_verify = mx.random.split(row.run.key, 3)
+            t0 = time.perf_counter()
+            proposals.append(dec._propose(row.session, row.session.tokens[-1], row.run, k_draft))
+            draft_ms.append((time.perf_counter() - t0) * 1000.0)
+            verify_keys.append(k_verify)
+        width = max(len(p.drafts) for p in proposals) + 1
+        ids = [[r.session.tokens[-1]] + p.drafts + [0] * (width - 1 - len(p.drafts))
+               for r, p in zip(rows, proposals)]
+        t1 = time.perf_counter()
+        fwd = dec.target.forward(mx.array(ids), self.cache)
+        results, keeps = [], []
+        for i, (row, p, key) in enumerate(zip(rows, proposals, verify_keys)):
+            n = len(p.drafts) + 1
+            accepted, bonus = accept(fwd.logits[i, :n], p, row.run.params.sampling, key)
+            commit, finish = cut(row.run, p.drafts[:accepted] + [bonus])
+            record(row.session, commit, fwd.features[i:i + 1, :len(commit)])
+            keeps.append(len(commit))
+            results.append((accepted, commit, finish))
+        tbatch.rollback(self.cache, fwd, keeps, width)
+        mx.eval([r.session.pending for r in rows], [c.state for c in self.cache])
+        verify_ms = (time.perf_counter() - t1) * 1000.0
+        events = []
+        for row, p, ms, (accepted, commit, finish) in zip(rows, proposals, draft_ms, results):
+            row.done = finish is not None
+            events.append((row.rid, RoundEvent(
+                tokens=commit, drafted=len(p.drafts), accepted=min(accepted, len(commit)),
+                block_size=len(p.drafts) + 1, draft_ms=ms, verify_ms=verify_ms,
+                finish_reason=finish, source=p.source, batch_size=len(rows))))
+        return events
+
+    # ------------------------------------------------------------------ whole runs
+    def stream(self, requests: Iterable[tuple[Sequence[int], GenerationParams]]
+               ) -> Iterator[tuple[int, RoundEvent]]:
+        """Run `requests` (prompt ids, params) to the end, up to `max_batch` at a time;
+        yields (index into requests, event). All are validated before any runs."""
+        if self.busy:
+            raise RuntimeError("stream() runs its own requests: this BatchDecoder is busy")
+        ids = {self.add(p, params): i for i, (p, params) in enumerate(list(requests))}
+        while self.busy:
+            for rid, event in self.step():
+                yield ids[rid], event
+
+    def generate(self, requests: Iterable[tuple[Sequence[int], GenerationParams]]
+                 ) -> list[list[int]]:
+        requests = list(requests)
+        out: list[list[int]] = [[] for _ in requests]
+        for i, event in self.stream(requests):
+            out[i].extend(event.tokens)
+        return out
