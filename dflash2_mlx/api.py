@@ -6,17 +6,18 @@ import platform
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import mlx.core as mx
 
 from . import _blas, kernels
 from .checkpoint import load_drafter
 from .drafter.model import Drafter
+from .engine.batch import DEFAULT_MAX_BATCH, BatchDecoder
 from .engine.events import GenerationStats, RoundEvent
 from .engine.lookup import DEFAULT_LOOKUP
 from .engine.loop import GenerationParams, Session, SpeculativeDecoder
-from .errors import CompatibilityError
+from .errors import CompatibilityError, ParameterError
 from .target.adapter import TargetAdapter
 
 
@@ -65,11 +66,39 @@ class Pair:
     def new_session(self) -> Session:
         return self.decoder.new_session()
 
+    def with_defaults(self, params: GenerationParams) -> GenerationParams:
+        """`params` with the tokenizer's EOS ids as stop tokens when it names none."""
+        return params if params.stop_token_ids else replace(params, stop_token_ids=self.eos_ids)
+
     def stream(self, prompt_ids, params: GenerationParams, session: Session | None = None
                ) -> Iterator[RoundEvent]:
-        if not params.stop_token_ids:
-            params = replace(params, stop_token_ids=self.eos_ids)
-        return self.decoder.stream(prompt_ids, params, session)
+        return self.decoder.stream(prompt_ids, self.with_defaults(params), session)
+
+    def batch(self, max_batch: int = DEFAULT_MAX_BATCH) -> BatchDecoder:
+        """A continuous-batching loop over this pair (engine/batch.py): `add` requests (with
+        `with_defaults(params)`) at any time, `step` it; each returns what it returns alone."""
+        return BatchDecoder(self.decoder, max_batch)
+
+    def stream_batch(self, prompts: Sequence, params: GenerationParams | Sequence[GenerationParams],
+                     max_batch: int = DEFAULT_MAX_BATCH) -> Iterator[tuple[int, RoundEvent]]:
+        """Generate from several prompts together; yields (prompt index, event). `params`: one
+        for all, or one per prompt."""
+        if isinstance(params, GenerationParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ParameterError(f"{len(prompts)} prompts but {len(params)} GenerationParams")
+        return self.batch(max_batch).stream(
+            (p, self.with_defaults(g)) for p, g in zip(prompts, params))
+
+    def generate_batch(self, prompts: Sequence,
+                       params: GenerationParams | Sequence[GenerationParams],
+                       max_batch: int = DEFAULT_MAX_BATCH
+                       ) -> list[tuple[list[int], GenerationStats]]:
+        results = [([], GenerationStats()) for _ in prompts]
+        for i, ev in self.stream_batch(prompts, params, max_batch):
+            results[i][0].extend(ev.tokens)
+            results[i][1].add(ev)
+        return results
 
     def generate(self, prompt_ids, params: GenerationParams, session: Session | None = None
                  ) -> tuple[list[int], GenerationStats]:

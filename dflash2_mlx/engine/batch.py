@@ -28,6 +28,10 @@ from .events import RoundEvent
 from .loop import GenerationParams, Session, SpeculativeDecoder, _Run, accept, cut, record
 from .proposal import Proposal
 
+# Requests verified together when the caller names no limit: on bandwidth-bound hardware a
+# verify over 4 rows costs little more than over one (docs/results/batch_*.json).
+DEFAULT_MAX_BATCH = 4
+
 
 @dataclass
 class _Row:
@@ -51,7 +55,7 @@ class BatchDecoder:
     """Runs up to `max_batch` generations together; `add` queues one, `step` advances all."""
 
     decoder: SpeculativeDecoder
-    max_batch: int = 4
+    max_batch: int = DEFAULT_MAX_BATCH
     rows: list[_Row] = field(default_factory=list)
     waiting: list[_Waiting] = field(default_factory=list)
     cache: list | None = None  # the target's batch cache, one row per entry of `rows`

@@ -1,0 +1,153 @@
+"""Batched speculative decoding (engine/batch.py): each request returns what it returns alone.
+
+Token comparisons between the batched and single engines are comparisons of argmaxes (and
+seeded draws) computed by different matmul shapes; the tiny targets' weights are sharpened
+(tests/tiny.py) so their top logits are far apart relative to float32 rounding, as in
+test_lossless.py, which compares the engine to one-token-per-forward decoding the same way.
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import tiny
+from test_sampling import PROMPT, exact_marginals, tv
+from test_sampling import V as SMALL_V
+
+from dflash2_mlx import GenerationParams, ParameterError, SamplingParams, SpeculativeDecoder
+from dflash2_mlx.engine.batch import BatchDecoder
+from dflash2_mlx.target import batch as tbatch
+from dflash2_mlx.target.adapter import TargetAdapter
+
+FIT_PROMPTS = [[1, 2, 3, 4, 5], [7, 7, 8, 9], [20, 21, 22, 23, 24, 25], [40, 3, 41, 3, 42]]
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7], list(range(11, 31)), [5, 5, 5, 5], [60, 2, 61],
+           [33, 34]]
+MAX_TOKENS = [30, 17, 25, 40, 12, 22]
+
+
+def _decoder(family: str, lookup: int = 2) -> SpeculativeDecoder:
+    model = tiny.make_target(family)
+    drafter = tiny.fit_drafter(model, tiny.make_drafter(2, block_size=8), FIT_PROMPTS, steps=150)
+    return SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
+                              lookup=lookup)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3", "qwen3_5"])
+def decoder(request):
+    return _decoder(request.param)
+
+
+def _params(dec: SpeculativeDecoder) -> list[GenerationParams]:
+    """Mixed limits: one request stops on a token of its own answer, one has a smaller block,
+    one a prediction of its answer with an edit (long accepted runs, then a rejection)."""
+    out = [GenerationParams(max_tokens=m) for m in MAX_TOKENS]
+    alone = dec.generate(PROMPTS[0], out[0])
+    out[0] = GenerationParams(max_tokens=30, stop_token_ids=frozenset({alone[9]}))
+    out[2] = GenerationParams(max_tokens=25, block_size=4)
+    guess = dec.generate(PROMPTS[3], out[3])
+    guess[12] = (guess[12] + 1) % tiny.VOCAB
+    out[3] = GenerationParams(max_tokens=40, prediction=tuple(guess))
+    return out
+
+
+def test_batched_greedy_equals_each_alone(decoder):
+    params = _params(decoder)
+    model = decoder.target.model
+    alone = [decoder.generate(p, g) for p, g in zip(PROMPTS, params)]
+    # the single engine is itself plain greedy decoding
+    assert alone[1] == tiny.greedy_reference(model, PROMPTS[1], params[1].max_tokens)
+    assert len(alone[0]) <= 10 and alone[0][-1] in params[0].stop_token_ids
+    batch = BatchDecoder(decoder, max_batch=4)  # six requests: two join as others leave
+    assert batch.fallback is None
+    out: list[list[int]] = [[] for _ in PROMPTS]
+    sizes, accepted = set(), []
+    for i, ev in batch.stream(zip(PROMPTS, params)):
+        out[i].extend(ev.tokens)
+        sizes.add(ev.batch_size)
+        if ev.batch_size > 1 and not ev.prefill:
+            accepted.append(ev.accepted)
+    assert out == alone
+    assert {1, 4} <= sizes or {2, 4} <= sizes, sizes  # it really ran batched, then drained
+    assert len(set(accepted)) > 1, accepted  # rows rolled back by different amounts
+    assert not batch.busy and batch.cache is None
+
+
+def test_requests_join_and_leave_mid_batch(decoder, monkeypatch):
+    # compact the shared left padding as soon as there is any, to exercise that path too
+    monkeypatch.setattr(tbatch, "_COMPACT_AT", 1)
+    params = GenerationParams(max_tokens=24)
+    alone = {i: decoder.generate(PROMPTS[i], params) for i in (0, 1, 2, 3)}
+    batch = BatchDecoder(decoder, max_batch=4)
+    out: dict[int, list[int]] = {}
+    ids = {batch.add(PROMPTS[0], params): 0, batch.add(PROMPTS[1], params): 1}
+    for step in range(12):
+        if step == 3:
+            ids[batch.add(PROMPTS[2], params)] = 2
+        if step == 5:
+            ids[batch.add(PROMPTS[3], params)] = 3
+        if step == 7:  # a client disconnects mid-generation: it leaves at once
+            gone = next(r for r, i in ids.items() if i == 1)
+            batch.cancel(gone)
+            assert all(r.rid != gone for r in batch.rows)
+        for rid, ev in batch.step():
+            out.setdefault(ids[rid], []).extend(ev.tokens)
+    while batch.busy:
+        for rid, ev in batch.step():
+            out.setdefault(ids[rid], []).extend(ev.tokens)
+    for i in (0, 2, 3):
+        assert out[i] == alone[i], i
+    assert out[1] == alone[1][:len(out[1])] and len(out[1]) < len(alone[1])
+
+
+def test_fallback_runs_one_at_a_time():
+    """A target without exact per-row rollback runs through the single-sequence engine."""
+    dec = _decoder("llama")
+    params = GenerationParams(max_tokens=15)
+    alone = [dec.generate(p, params) for p in PROMPTS[:3]]
+    batch = BatchDecoder(dec, max_batch=4)
+    batch.fallback = "forced for this test"
+    sizes = {ev.batch_size for _, ev in batch.stream((p, params) for p in PROMPTS[:3])}
+    assert batch.generate((p, params) for p in PROMPTS[:3]) == alone
+    assert sizes == {1}
+
+
+def test_bad_requests_are_refused_before_running():
+    dec = _decoder("llama")
+    batch = BatchDecoder(dec)
+    with pytest.raises(ParameterError, match="empty"):
+        batch.add([], GenerationParams())
+    with pytest.raises(ParameterError, match="block_size"):
+        batch.add([1, 2], GenerationParams(block_size=99))
+    with pytest.raises(ParameterError, match="max_batch"):
+        BatchDecoder(dec, max_batch=0)
+    assert not batch.busy
+
+
+def test_batched_sampling_matches_target():
+    """Seeded sampled requests batched with others (different prompts and lengths) keep the
+    target's marginals, and each equals its seed's run alone."""
+    model = tiny.make_target("llama", vocab=SMALL_V, seed=11)
+    drafter = tiny.make_drafter(2, vocab=SMALL_V, mask_token_id=SMALL_V - 1, seed=12, top_k=4)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
+    sp = SamplingParams(temperature=1.0)
+    n = 1200
+    requests = []
+    for seed in range(n):
+        params = GenerationParams(max_tokens=3, block_size=3,
+                                  sampling=SamplingParams(1.0, seed=seed))
+        requests.append((PROMPT, params))
+        if seed % 3 == 0:  # a neighbour with another prompt length and its own limits
+            requests.append(([2, 7, 1, 9, 4][: 2 + seed % 4],
+                             GenerationParams(max_tokens=2 + seed % 5,
+                                              sampling=SamplingParams(0.7, top_k=5, seed=seed))))
+    out = BatchDecoder(dec, max_batch=8).generate(requests)
+    mine = [o for (p, _), o in zip(requests, out) if p is PROMPT]
+    counts = np.zeros((3, SMALL_V))
+    for o in mine:
+        for i, t in enumerate(o):
+            counts[i, t] += 1
+    exact = exact_marginals(model, sp)
+    for i in range(3):
+        assert tv(counts[i] / n, exact[i]) < 0.085, (i, tv(counts[i] / n, exact[i]))
+    for k in range(0, 40, 7):
+        assert out[k] == dec.generate(*requests[k]), k
+    mx.clear_cache()
