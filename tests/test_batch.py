@@ -151,3 +151,22 @@ def test_batched_sampling_matches_target():
     for k in range(0, 40, 7):
         assert out[k] == dec.generate(*requests[k]), k
     mx.clear_cache()
+
+
+def test_pair_generate_batch():
+    """The library entry point: one params for all or one per prompt; stats per request."""
+    from dflash2_mlx import Pair
+
+    model = tiny.make_target("qwen3", seed=2)
+    drafter = tiny.make_drafter(2, block_size=4)
+    pair = Pair.from_models(model, None, drafter, lookup=2)
+    params = [GenerationParams(max_tokens=m) for m in (9, 14, 5)]
+    results = pair.generate_batch(PROMPTS[:3], params, max_batch=2)
+    for prompt, p, (tokens, stats) in zip(PROMPTS, params, results):
+        assert tokens == pair.generate(prompt, p)[0]
+        assert stats.committed == len(tokens) == p.max_tokens and stats.rounds >= 1
+    same = pair.generate_batch(PROMPTS[:2], GenerationParams(max_tokens=6))
+    assert [t for t, _ in same] == [pair.generate(p, GenerationParams(max_tokens=6))[0]
+                                    for p in PROMPTS[:2]]
+    with pytest.raises(ParameterError, match="3 prompts but 2"):
+        pair.generate_batch(PROMPTS[:3], params[:2])
