@@ -53,6 +53,7 @@ class BlasInfo:
     library: str | None
     note: str = ""
     threads: int | None = None
+    core: str | None = None  # the OpenBLAS kernel set in use (e.g. "SkylakeX", "Haswell")
 
     @property
     def optimized(self) -> bool:
@@ -115,6 +116,16 @@ def _scipy_openblas_shim() -> str | None:
     return str(shim)
 
 
+def _core_name(handle: ctypes.CDLL) -> str | None:
+    """The kernel set OpenBLAS chose for this CPU (or OPENBLAS_CORETYPE), if it says."""
+    for name in ("openblas_get_corename", "scipy_openblas_get_corename"):
+        fn = getattr(handle, name, None)
+        if fn is not None:
+            fn.restype = ctypes.c_char_p
+            return (fn() or b"").decode() or None
+    return None
+
+
 def default_threads() -> int:
     """BLAS threads: DFLASH2_BLAS_THREADS, else half the cores (at least 1)."""
     env = os.environ.get("DFLASH2_BLAS_THREADS", "")
@@ -151,13 +162,15 @@ def bind(mode: str | None = None) -> BlasInfo:
         if path is None:
             continue
         try:
-            _HANDLES.append(ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
+            handle = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         except OSError as exc:
             errors.append(f"{route}: {exc}")
             continue
+        _HANDLES.append(handle)
         note = "bound after mlx.core was imported: may not take effect" if late else ""
-        _INFO = BlasInfo(route, path, note, int(os.environ["OPENBLAS_NUM_THREADS"])
-                         if os.environ["OPENBLAS_NUM_THREADS"].isdigit() else None)
+        threads = os.environ["OPENBLAS_NUM_THREADS"]
+        _INFO = BlasInfo(route, path, note, int(threads) if threads.isdigit() else None,
+                         _core_name(handle))
         return _INFO
     why = "; ".join(errors) or "no OpenBLAS found (pip install scipy-openblas32, or apt install libopenblas0-pthread)"
     warnings.warn(f"dflash2: using MLX's slow reference BLAS ({why})", stacklevel=2)

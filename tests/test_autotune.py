@@ -21,6 +21,7 @@ from tiny_pair import save_pair
 VERIFY = {1: 10.0, 2: 10.5, 3: 11.0, 4: 11.6, 5: 12.5, 6: 14.0, 7: 16.0, 8: 19.0}
 DRAFT = {1: 0.0, 2: 2.0, 3: 2.1, 4: 2.2, 5: 2.3, 6: 2.4, 7: 2.5, 8: 2.6}
 PROBS = [0.95, 0.9, 0.9, 0.85, 0.85, 0.8, 0.8]
+pytestmark = pytest.mark.usefixtures("dflash2_home")  # profiles go to a private cache
 
 
 def brute_force(verify, draft, probs, blocks):
@@ -38,13 +39,8 @@ def brute_force(verify, draft, probs, blocks):
     return max(blocks, key=lambda b: (scores[b], -b)), scores
 
 
-@pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    monkeypatch.setenv("DFLASH2_HOME", str(tmp_path / "home"))
-
-
 @pytest.fixture(scope="module")
-def tiny_pair():
+def llama_pair():
     return d2.Pair.from_models(make_target("llama"), None, make_drafter(2, block_size=8))
 
 
@@ -165,9 +161,9 @@ def test_cap_limits_the_choice_but_keeps_the_curve():
 
 
 # ------------------------------------------------------------------------------ quantization
-def test_quantization_is_detected(tiny_pair, quant_pair):
-    assert A.quantized_layers(tiny_pair.model) == []
-    assert not A.is_quantized(A.quant_signature(tiny_pair))
+def test_quantization_is_detected(llama_pair, quant_pair):
+    assert A.quantized_layers(llama_pair.model) == []
+    assert not A.is_quantized(A.quant_signature(llama_pair))
     groups = A.quantized_layers(quant_pair.model)
     assert {(g["bits"], g["group_size"], g["mode"]) for g in groups} == {(4, 32, "affine")}
     assert {g["kind"] for g in groups} == {"Linear", "Embedding"}
@@ -190,42 +186,42 @@ def _fake_measurements(monkeypatch, best_block=8):
         "drafter_share": 1.0, "position_probs": probs[: block - 1], "position_rounds": [100] * (block - 1)})
 
 
-def test_quantized_target_caps_the_block_at_5(quant_pair, tiny_pair, monkeypatch):
+def test_quantized_target_caps_the_block_at_5(quant_pair, llama_pair, monkeypatch):
     _fake_measurements(monkeypatch)
     q = A.autotune(quant_pair, [], target="t", drafter="d")
     assert q["cap"] == 5 and q["chosen_block"] == 5 and "q4 g32 affine" in q["cap_reason"]
-    free = A.autotune(tiny_pair, [], target="t", drafter="d")
+    free = A.autotune(llama_pair, [], target="t", drafter="d")
     assert free["cap"] is None and free["chosen_block"] == 8
 
 
 # ------------------------------------------------------------------------------ profiles
-def test_profile_is_stored_found_and_ignored_when_the_key_changes(tiny_pair, quant_pair,
+def test_profile_is_stored_found_and_ignored_when_the_key_changes(llama_pair, quant_pair,
                                                                   monkeypatch, tmp_path):
     _fake_measurements(monkeypatch, best_block=6)
-    profile = A.autotune(tiny_pair, [], target="org/target", drafter="org/drafter")
+    profile = A.autotune(llama_pair, [], target="org/target", drafter="org/drafter")
     assert profile["chosen_block"] == 6
     root = tmp_path / "profiles"
     path = A.save_profile(profile, root)
     assert path.parent == root and json.loads(path.read_text())["key"] == profile["key"]
-    assert A.recommended_block(tiny_pair, "org/target", "org/drafter", root=root) == 6
+    assert A.recommended_block(llama_pair, "org/target", "org/drafter", root=root) == 6
     # Other models, or the same target quantized: another key, no recommendation.
-    assert A.recommended_block(tiny_pair, "org/target", "org/other", root=root) is None
-    assert A.recommended_block(tiny_pair, "org/other", "org/drafter", root=root) is None
+    assert A.recommended_block(llama_pair, "org/target", "org/other", root=root) is None
+    assert A.recommended_block(llama_pair, "org/other", "org/drafter", root=root) is None
     assert A.recommended_block(quant_pair, "org/target", "org/drafter", root=root) is None
     # Another mlx version or device: no recommendation either.
     device_key = A.device_key
     monkeypatch.setattr(A, "device_key", lambda: "gpu Some Other Chip")
-    assert A.recommended_block(tiny_pair, "org/target", "org/drafter", root=root) is None
+    assert A.recommended_block(llama_pair, "org/target", "org/drafter", root=root) is None
     monkeypatch.setattr(A, "device_key", device_key)
     # The default root is cache_root()/autotune; a corrupt file counts as no profile.
     default = A.save_profile(profile)
     assert default.parent == Path(str(tmp_path / "home")) / "autotune"
-    assert A.recommended_block(tiny_pair, "org/target", "org/drafter") == 6
+    assert A.recommended_block(llama_pair, "org/target", "org/drafter") == 6
     default.write_text("{not json")
-    assert A.recommended_block(tiny_pair, "org/target", "org/drafter") is None
+    assert A.recommended_block(llama_pair, "org/target", "org/drafter") is None
 
 
-def test_folders_are_keyed_by_absolute_path_and_content(tiny_pair, tmp_path, monkeypatch):
+def test_folders_are_keyed_by_absolute_path_and_content(llama_pair, tmp_path, monkeypatch):
     import os
 
     folder = tmp_path / "m"
@@ -233,13 +229,13 @@ def test_folders_are_keyed_by_absolute_path_and_content(tiny_pair, tmp_path, mon
     (folder / "config.json").write_text("{}")
     (folder / "model.safetensors").write_bytes(b"old weights")
     monkeypatch.chdir(tmp_path)
-    key = A.profile_key(tiny_pair, "m", "org/d")
+    key = A.profile_key(llama_pair, "m", "org/d")
     assert key["target"].split("#")[0] == str(folder.resolve()) and key["drafter"] == "org/d"
-    assert A.profile_key(tiny_pair, str(folder), "org/d") == key
+    assert A.profile_key(llama_pair, str(folder), "org/d") == key
     # Retrained into the same folder: another key, so a stale profile is not used.
     (folder / "model.safetensors").write_bytes(b"new weights!")
     os.utime(folder / "model.safetensors", ns=(1, 1))
-    assert A.profile_key(tiny_pair, "m", "org/d")["target"] != key["target"]
+    assert A.profile_key(llama_pair, "m", "org/d")["target"] != key["target"]
 
 
 # ------------------------------------------------------------------------------ end to end

@@ -13,24 +13,14 @@ import dflash2_mlx as d2
 from dflash2_cli.app import run
 from dflash2_mlx import bench
 from dflash2_mlx.prompts import load_prompts
-from tiny_pair import save_pair
 
 PNG = b"\x89PNG\r\n\x1a\n"
+pytestmark = pytest.mark.usefixtures("dflash2_home")  # autotune profiles go there
 
 
 @pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory) -> tuple[Path, Path]:
-    return save_pair(tmp_path_factory.mktemp("bench_pair"))
-
-
-@pytest.fixture(scope="module")
-def pair(tiny_dirs):
-    return d2.load_pair(*tiny_dirs)
-
-
-@pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    monkeypatch.setenv("DFLASH2_HOME", str(tmp_path / "home"))  # autotune profiles go here
+def pair(tiny_pair):
+    return d2.load_pair(*tiny_pair)
 
 
 def _args(dirs, tmp_path, *extra) -> list[str]:
@@ -98,9 +88,9 @@ def test_cost_curves(pair):
 
 
 # ------------------------------------------------------------------------------ the command
-def test_bench_command_json_and_png(tiny_dirs, tmp_path, capsys):
+def test_bench_command_json_and_png(tiny_pair, tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    assert run(_args(tiny_dirs, tmp_path, "--limit", "2", "--block", "2,4", "--context",
+    assert run(_args(tiny_pair, tmp_path, "--limit", "2", "--block", "2,4", "--context",
                      "32")) == 0
     out = capsys.readouterr().out
     assert "speedup" in out and "all outputs identical" in out
@@ -119,7 +109,7 @@ def test_bench_command_json_and_png(tiny_dirs, tmp_path, capsys):
     assert png == tmp_path / "r.png" and png.read_bytes()[:8] == PNG
 
 
-def test_bench_command_mismatch_is_loud(tiny_dirs, tmp_path, capsys, monkeypatch):
+def test_bench_command_mismatch_is_loud(tiny_pair, tmp_path, capsys, monkeypatch):
     real = bench.plain_decode
 
     def corrupted(p, ids, max_tokens):
@@ -128,7 +118,7 @@ def test_bench_command_mismatch_is_loud(tiny_dirs, tmp_path, capsys, monkeypatch
         return t
 
     monkeypatch.setattr(bench, "plain_decode", corrupted)
-    assert run(_args(tiny_dirs, tmp_path, "--limit", "1", "--block", "4", "--no-plot")) == 1
+    assert run(_args(tiny_pair, tmp_path, "--limit", "1", "--block", "4", "--no-plot")) == 1
     err = capsys.readouterr().err
     assert "MISMATCH block 4" in err and "LOSSLESSNESS VIOLATED" in err
     report = json.loads((tmp_path / "r.json").read_text())
@@ -176,8 +166,8 @@ def test_user_errors_are_one_line(argv, message, capsys):
     assert message in err and err.count("\n") == 1
 
 
-def test_block_above_trained_is_a_user_error(tiny_dirs, tmp_path, capsys):
-    assert run(_args(tiny_dirs, tmp_path, "--block", "9", "--limit", "1")) == 2
+def test_block_above_trained_is_a_user_error(tiny_pair, tmp_path, capsys):
+    assert run(_args(tiny_pair, tmp_path, "--block", "9", "--limit", "1")) == 2
     assert "exceeds the drafter's trained block size 8" in capsys.readouterr().err
 
 

@@ -42,3 +42,11 @@ def test_doctor_reports_runtime():
     for key in ("platform", "mlx", "mlx_lm", "device", "blas", "metal", "cache_dir"):
         assert key in d
     assert d["mlx"] != "?"
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
+                    reason="OpenBLAS kernel sets are chosen per x86-64 CPU")
+def test_the_openblas_kernel_set_is_reported():
+    """`doctor` names the kernels OpenBLAS really runs (what OPENBLAS_CORETYPE forces)."""
+    forced, _ = probe({"DFLASH2_BLAS": "auto", "OPENBLAS_CORETYPE": "Haswell"})
+    assert forced["blas_core"] == "Haswell", forced

@@ -14,15 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tiny_pair import answer, save_pair
+from tiny_pair import answer
 
 pexpect = pytest.importorskip("pexpect")
-
-@pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
-    """(target folder, drafter folder) of a tiny random pair saved to disk."""
-    return save_pair(tmp_path_factory.mktemp("tiny_pair"))
-
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-B]|\r")
 PROMPT = ">>> "

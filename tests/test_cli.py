@@ -12,15 +12,10 @@ import pytest
 import typer
 
 from dflash2_cli.app import app, run
-from tiny_pair import answer, save_pair
+from offline import fake_hf_repo
+from tiny_pair import answer
 
 COMMANDS = sorted(typer.main.get_command(app).commands)
-@pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory) -> tuple[Path, Path]:
-    """(target folder, drafter folder) of a tiny random pair saved to disk."""
-    return save_pair(tmp_path_factory.mktemp("tiny_pair"))
-
-
 HEAVY = ("mlx", "mlx_lm", "dflash2_mlx", "transformers", "huggingface_hub", "numpy", "tokenizers")
 
 
@@ -120,18 +115,9 @@ def test_console_script_error_has_no_traceback():
 
 # ------------------------------------------------------------------ models and pull
 @pytest.fixture
-def caches(tmp_path, monkeypatch):
-    from huggingface_hub import constants
-
-    from test_registry import _fake_hf_repo
-
-    hf = tmp_path / "hf"
-    hf.mkdir()
-    _fake_hf_repo(hf, "z-lab/Qwen3-4B-DFlash-b16")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("DFLASH2_HOME", str(tmp_path / "d2"))
-    return hf
+def caches(hf_offline, dflash2_home):
+    fake_hf_repo(hf_offline, "z-lab/Qwen3-4B-DFlash-b16")
+    return hf_offline
 
 
 def test_models_lists_aliases_and_caches(caches, capsys):

@@ -29,6 +29,8 @@ def loaded(smollm2_dir):
     return load(str(smollm2_dir))
 
 
+@pytest.mark.network
+@pytest.mark.real_model
 def test_folder_layout_and_config(smollm2_dir):
     assert smollm2_dir.name == "smollm2-135m-instruct" and smollm2_dir.parent.name == "models"
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -46,6 +48,8 @@ def test_folder_layout_and_config(smollm2_dir):
     assert not leftovers  # the temporary conversion folders are gone
 
 
+@pytest.mark.network
+@pytest.mark.real_model
 def test_weights_are_float32(smollm2_dir):
     import mlx.core as mx
 
@@ -56,6 +60,8 @@ def test_weights_are_float32(smollm2_dir):
     assert weights["model.layers.0.self_attn.k_proj.weight"].shape == (192, 576)
 
 
+@pytest.mark.network
+@pytest.mark.real_model
 def test_tokenizer_and_chat_template(loaded):
     _, tok = loaded
     assert tok.chat_template and "<|im_start|>" in tok.chat_template
@@ -70,6 +76,8 @@ def test_tokenizer_and_chat_template(loaded):
     assert tok.encode(" 12") == [216, 33, 34]  # smollm pre-tokenizer: digits split one by one
 
 
+@pytest.mark.network
+@pytest.mark.real_model
 def test_greedy_answer_is_paris(loaded):
     from mlx_lm import generate
 
@@ -80,6 +88,8 @@ def test_greedy_answer_is_paris(loaded):
     assert "Paris" in text, text
 
 
+@pytest.mark.network
+@pytest.mark.real_model
 def test_reuse_is_a_noop(smollm2_dir):
     before = (smollm2_dir / "model.safetensors").stat().st_mtime_ns
     said = []
@@ -89,6 +99,8 @@ def test_reuse_is_a_noop(smollm2_dir):
     assert said == []  # nothing to announce: no fetch, no conversion
 
 
+@pytest.mark.network
+@pytest.mark.real_model
 def test_checksum_mismatch_reconverts(smollm2_dir):
     record_path = smollm2_dir / embedded.CHECKSUM_FILE
     good = json.loads(record_path.read_text())
@@ -106,6 +118,8 @@ def test_checksum_mismatch_reconverts(smollm2_dir):
     assert json.loads(record_path.read_text())["safetensors_sha256"] == good["safetensors_sha256"]
 
 
+@pytest.mark.network
+@pytest.mark.real_model
 def test_corrupt_weights_are_detected(smollm2_dir, tmp_path):
     copy = tmp_path / "copy"
     copy.mkdir()

@@ -42,6 +42,7 @@ import pytest
 import tiny
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import RotatingKVCache
+from offline import require_pypi
 
 from dflash2_mlx import GenerationParams, SpeculativeDecoder, load_drafter, save_drafter
 from dflash2_mlx.target.adapter import TargetAdapter
@@ -57,15 +58,17 @@ LAYOUTS = {  # name -> (layer_types, sliding_window, is_causal)
     "sliding_bidir": (["sliding_attention"] * 2, WINDOW, False),
     "mixed": (["sliding_attention", "full_attention"], WINDOW, None),
 }
+pytestmark = pytest.mark.network  # the oracle is downloaded from the package index
 
 
 # ---------------------------------------------------------------------------- the oracle
 @pytest.fixture(scope="module")
 def om(tmp_path_factory):
     """The official `dflash.model_mlx`, imported from the wheel downloaded right now."""
+    require_pypi(*WHEEL.split("=="))
     root = tmp_path_factory.mktemp("dflash_official")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", WHEEL,
-           "-d", str(root)]
+           "--retries", "1", "--timeout", "30", "-d", str(root)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as exc:

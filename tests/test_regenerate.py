@@ -64,6 +64,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.real_model
 def test_writes_records_and_resumes(tiny_dir, tiny, tmp_path):
     out = tmp_path / "regen.jsonl"
     logs: list[str] = []
@@ -99,6 +100,7 @@ def test_writes_records_and_resumes(tiny_dir, tiny, tmp_path):
     assert {r["id"]: r["response_ids"] for r in _records(solo)} == greedy
 
 
+@pytest.mark.real_model
 def test_torn_last_line_is_dropped_and_redone(tiny, tmp_path):
     out = tmp_path / "regen.jsonl"
     regenerate(tiny, PROMPTS[:2], out, max_new_tokens=4, temperatures=[0.0], log=lambda s: None)
@@ -111,6 +113,7 @@ def test_torn_last_line_is_dropped_and_redone(tiny, tmp_path):
     assert [r["id"] for r in _records(out)] == ["p0", "p1", "p2"]
 
 
+@pytest.mark.real_model
 def test_not_a_regeneration_file(tiny, tmp_path):
     out = tmp_path / "other.jsonl"
     out.write_text('{"something": "else"}\n')
@@ -118,6 +121,7 @@ def test_not_a_regeneration_file(tiny, tmp_path):
         regenerate(tiny, PROMPTS[:1], out, max_new_tokens=2, temperatures=[0.0], log=lambda s: None)
 
 
+@pytest.mark.real_model
 def test_stop_token_is_kept(tiny, tmp_path):
     model, tok = tiny
     saved = set(tok.eos_token_ids)
@@ -131,6 +135,7 @@ def test_stop_token_is_kept(tiny, tmp_path):
         assert r["finish_reason"] == "stop" and len(r["response_ids"]) == 1
 
 
+@pytest.mark.real_model
 def test_cli(tiny_dir, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": p.id, "category": p.category, "messages": p.messages}) + "\n"

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from offline import fake_hf_repo
 
 from dflash2_mlx import registry
 from dflash2_mlx.errors import DFlash2Error
@@ -152,30 +151,6 @@ def test_drafter_for():
 
 
 # ------------------------------------------------------------------ fetch and caches
-def _fake_hf_repo(cache: Path, repo: str, files=("config.json",)) -> None:
-    root = cache / ("models--" + repo.replace("/", "--"))
-    rev = "a" * 40
-    (root / "refs").mkdir(parents=True)
-    (root / "refs" / "main").write_text(rev)
-    (root / "blobs").mkdir()
-    snap = root / "snapshots" / rev
-    snap.mkdir(parents=True)
-    for i, name in enumerate(files):
-        (root / "blobs" / f"b{i}").write_text("{}")
-        (snap / name).symlink_to(Path("../../blobs") / f"b{i}")
-
-
-@pytest.fixture
-def hf_offline(tmp_path, monkeypatch):
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hf"
-    cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return cache
-
-
 def test_fetch_local_folder_and_bad_paths(tmp_path):
     assert registry.fetch(str(tmp_path)) == tmp_path
     f = tmp_path / "file"
@@ -194,7 +169,7 @@ def test_fetch_offline_gives_one_clear_error(hf_offline):
 
 
 def test_fetch_from_cache_and_cache_listing(hf_offline):
-    _fake_hf_repo(hf_offline, "z-lab/Qwen3-4B-DFlash-b16")
+    fake_hf_repo(hf_offline, "z-lab/Qwen3-4B-DFlash-b16")
     path = registry.fetch("z-lab/Qwen3-4B-DFlash-b16", "drafter")
     assert (path / "config.json").is_file()
     repos = registry.hf_cache()

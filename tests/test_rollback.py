@@ -11,7 +11,7 @@ from dflash2_mlx.target.capture import snapshot_state
 
 
 def _gdn_layers(model):
-    return [l for l in model.language_model.model.layers if l.is_linear]
+    return [layer for layer in model.language_model.model.layers if layer.is_linear]
 
 
 def test_mirror_equals_mlx_lm_gated_deltanet():
@@ -81,9 +81,11 @@ def test_generic_layer_replay_is_exact_too(monkeypatch):
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_cpu_head_is_transposed_once_and_bit_identical(tied):
+def test_cpu_head_is_transposed_once_and_equal_to_rounding(tied):
     """On the CPU the adapter multiplies by a pre-transposed copy of the head (faster for the
-    few rows of a decode step); its logits equal the model's own call exactly."""
+    few rows of a decode step); its logits equal the model's own call up to float rounding.
+    Not bit for bit: the two layouts take different BLAS paths (OpenBLAS's SkylakeX kernels
+    differ by 1 ulp where its Haswell/Zen kernels agree exactly)."""
     from dflash2_mlx.target.head import TransposedHead
 
     model = tiny.make_target("llama", tie_word_embeddings=tied)
@@ -91,4 +93,5 @@ def test_cpu_head_is_transposed_once_and_bit_identical(tied):
     assert isinstance(adapter.head, TransposedHead) == (mx.default_device() == mx.cpu)
     for ids in ([[3, 1, 4]], [[1, 5, 9, 2, 6, 5, 3, 5, 8]]):
         got = adapter.forward(mx.array(ids), adapter.make_cache()).logits
-        assert mx.array_equal(got, model(mx.array(ids), cache=adapter.make_cache())).item()
+        want = model(mx.array(ids), cache=adapter.make_cache())
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)

@@ -36,6 +36,8 @@ def test_shipped_drafter_is_dflash2_in_official_format():
     assert d.draft_vocab is not None and 5_000 < d.draft_vocab.size < d.config.vocab_size // 3
 
 
+@pytest.mark.real_model
+@pytest.mark.slow
 def test_shipped_drafter_is_lossless_and_accepts_drafts(pair):
     from mlx_lm.generate import generate_step
     import mlx.core as mx

@@ -4,9 +4,13 @@ short follow-ups) that add variety to the hand-written `train` split for drafter
 `train-more` uses only combinations `train-extra` did not (it was added later; train-extra's file
 is unchanged by it). Prompts whose text is in the held-out split are dropped. Deterministic
 (seeded): `python tools/make_train_extra.py`."""
+import collections
+import itertools
+import json
+import random
 from pathlib import Path
+
 ROOT = Path(__file__).resolve().parents[1] / "dflash2_mlx" / "assets" / "prompts"
-import json, random, itertools
 rng = random.Random(7)
 topics = ["volcanoes","the water cycle","black holes","photosynthesis","the Roman Empire","honeybees","electric cars",
 "the internet","vaccines","earthquakes","the stock market","climate change","the human heart","rainforests","glaciers",
@@ -49,7 +53,8 @@ summ_t = ["Summarize the main ideas of {t} in three sentences.","Write a one-par
 "Give a short summary of the history of {t}."]
 def math_p():
     a,b,c = rng.randint(2,40), rng.randint(2,20), rng.randint(2,9)
-    p,q = rng.sample(people,2); th = rng.choice(things)
+    p,q = rng.sample(people,2)
+    th = rng.choice(things)
     forms = [f"{p} has {a} {th}. {q} gives {p} {b} more. How many {th} does {p} have now?",
              f"{p} has {a+b} {th} and gives {b} to {q}. How many are left?",
              f"A box holds {c} {th}. How many {th} are in {b} boxes?",
@@ -62,47 +67,61 @@ def math_p():
              f"{p} saves ${b} each week. How many weeks until {p} has ${b*a}?"]
     return rng.choice(forms)
 out, seen = [], set()
-held = {json.loads(l)["messages"][-1]["content"] for l in open(ROOT / "heldout.jsonl")}
+held = {json.loads(line)["messages"][-1]["content"] for line in open(ROOT / "heldout.jsonl")}
 def add(cat, messages, prefix="x"):
     key = json.dumps(messages)
-    if key in seen or messages[-1]["content"] in held: return
-    seen.add(key); out.append({"id": f"{prefix}-{cat}-{len(out):04d}", "category": cat, "messages": messages})
+    if key in seen or messages[-1]["content"] in held:
+        return
+    seen.add(key)
+    out.append({"id": f"{prefix}-{cat}-{len(out):04d}", "category": cat, "messages": messages})
 for t in topics:
-    for tmpl in rng.sample(chat_t, 3): add("chat", [{"role":"user","content":tmpl.format(t=t)}])
-    for tmpl in rng.sample(instr_t, 2): add("instructions", [{"role":"user","content":tmpl.format(t=t)}])
+    for tmpl in rng.sample(chat_t, 3):
+        add("chat", [{"role":"user","content":tmpl.format(t=t)}])
+    for tmpl in rng.sample(instr_t, 2):
+        add("instructions", [{"role":"user","content":tmpl.format(t=t)}])
     add("summaries", [{"role":"user","content":rng.choice(summ_t).format(t=t)}])
 for k in tasks:
-    for l in rng.sample(langs, 3): add("code", [{"role":"user","content":rng.choice(code_t).format(l=l,k=k)}])
+    for lang in rng.sample(langs, 3):
+        add("code", [{"role":"user","content":rng.choice(code_t).format(l=lang,k=k)}])
 for c, s in itertools.product(chars, settings):
-    if rng.random() < 0.45: add("stories", [{"role":"user","content":rng.choice(story_t).format(c=c,s=s)}])
-for _ in range(130): add("math", [{"role":"user","content":math_p()}])
+    if rng.random() < 0.45:
+        add("stories", [{"role":"user","content":rng.choice(story_t).format(c=c,s=s)}])
+for _ in range(130):
+    add("math", [{"role":"user","content":math_p()}])
 for t in rng.sample(topics, 60):
     q1 = rng.choice(chat_t).format(t=t)
     add("multi-turn", [{"role":"user","content":q1},{"role":"assistant","content":f"Sure! {t[0].upper()+t[1:]} is a big topic. Let me give you a short overview."},
                        {"role":"user","content":rng.choice(["Can you make it simpler?","Give me an example.","Why does that matter?","Can you summarize that in one sentence?"])}])
 rng.shuffle(out)
-import collections; print(len(out), collections.Counter(o["category"] for o in out))
+print(len(out), collections.Counter(o["category"] for o in out))
 with open(ROOT / "train-extra.jsonl", "w") as f:
-    for o in out: f.write(json.dumps(o)+"\n")
+    for o in out:
+        f.write(json.dumps(o)+"\n")
 
 # train-more: unused combinations only (`seen` still holds every train-extra prompt), weighted
 # toward chat, instructions and summaries, the categories the first drafters accepted least.
 out = []
-user = lambda text: [{"role": "user", "content": text}]
+def user(text):
+    return [{"role": "user", "content": text}]
 for t in topics:
-    for tmpl in rng.sample(chat_t, 4): add("chat", user(tmpl.format(t=t)), "m")
-    for tmpl in rng.sample(instr_t, 2): add("instructions", user(tmpl.format(t=t)), "m")
-    for tmpl in rng.sample(summ_t, 1): add("summaries", user(tmpl.format(t=t)), "m")
+    for tmpl in rng.sample(chat_t, 4):
+        add("chat", user(tmpl.format(t=t)), "m")
+    for tmpl in rng.sample(instr_t, 2):
+        add("instructions", user(tmpl.format(t=t)), "m")
+    for tmpl in rng.sample(summ_t, 1):
+        add("summaries", user(tmpl.format(t=t)), "m")
 out = rng.sample(out, 300)
 for k in rng.sample(tasks, 20):
     add("code", user(rng.choice(code_t).format(l=rng.choice(langs), k=k)), "m")
 for c, s in rng.sample(list(itertools.product(chars, settings)), 40):
     add("stories", user(rng.choice(story_t).format(c=c, s=s)), "m")
-for _ in range(40): add("math", user(math_p()), "m")
+for _ in range(40):
+    add("math", user(math_p()), "m")
 for t in rng.sample(topics, 30):
     add("multi-turn", user(rng.choice(chat_t).format(t=t)) + [{"role":"assistant","content":f"{t[0].upper()+t[1:]} is a fascinating subject. Here is the short version."},
                       {"role":"user","content":rng.choice(["Tell me more.","What is the most surprising part?","Explain it like I am five.","Can you give a real-world example?"])}], "m")
 rng.shuffle(out)
 print(len(out), collections.Counter(o["category"] for o in out))
 with open(ROOT / "train-more.jsonl", "w") as f:
-    for o in out: f.write(json.dumps(o)+"\n")
+    for o in out:
+        f.write(json.dumps(o)+"\n")

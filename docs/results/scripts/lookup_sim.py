@@ -27,12 +27,16 @@ def run(policy, B, maxlen):
             if prop is not None:
                 n = 0
                 for k, x in enumerate(prop):
-                    if a + 1 + k < len(t) and t[a+1+k] == x: n += 1
-                    else: break
+                    if a + 1 + k < len(t) and t[a+1+k] == x:
+                        n += 1
+                    else:
+                        break
                 per[s["cat"]][2] += 1
             else:
                 n = nd
-            per[s["cat"]][0] += n + 1; per[s["cat"]][1] += 1; a += n + 1
+            per[s["cat"]][0] += n + 1
+            per[s["cat"]][1] += 1
+            a += n + 1
     tot = [sum(v[i] for v in per.values()) for i in range(3)]
     return {"tau": round(tot[0]/tot[1], 3), "lookup_share": round(tot[2]/tot[1], 3), "rounds": tot[1],
             "per_category": {c: round(v[0]/v[1], 3) for c, v in sorted(per.items())}}

@@ -28,7 +28,7 @@ d = load_drafter(ck, dtype=mx.float32)
 d.bind(TargetAdapter(model, d.config.target_layer_ids).binding())
 scale = mx.array(np.load(ck / "feature_scale.npy"))
 held = [s for s in load_feature_cache(W / "features_heldout_1-8-15-22-29") if s.temperature == 0.0]
-cats = {json.loads(l)["id"]: json.loads(l)["category"] for l in open(args.regen)}
+cats = {json.loads(line)["id"]: json.loads(line)["category"] for line in open(args.regen)}
 out = []
 for s in held:
     lo, hi = s.response_start, len(s.tokens) - 8
