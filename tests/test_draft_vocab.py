@@ -100,6 +100,7 @@ def test_greedy_is_lossless_with_a_draft_vocabulary(version):
     assert stats.accepted > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", [1, 2])
 def test_sampling_follows_the_target_with_a_draft_vocabulary(version):
     model = tiny.make_target("llama", vocab=SAMPLING_V, seed=11)

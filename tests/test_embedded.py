@@ -29,6 +29,7 @@ def loaded(smollm2_dir):
     return load(str(smollm2_dir))
 
 
+@pytest.mark.slow
 @pytest.mark.network
 @pytest.mark.real_model
 def test_folder_layout_and_config(smollm2_dir):
@@ -99,6 +100,7 @@ def test_reuse_is_a_noop(smollm2_dir):
     assert said == []  # nothing to announce: no fetch, no conversion
 
 
+@pytest.mark.slow
 @pytest.mark.network
 @pytest.mark.real_model
 def test_checksum_mismatch_reconverts(smollm2_dir):

@@ -92,6 +92,7 @@ def test_a_session_reindexes_its_context_on_every_prompt():
     assert session.lookup.tokens == session.tokens
 
 
+@pytest.mark.slow
 def test_sampling_with_lookup_follows_the_target():
     """Lookup proposals are point masses: accepted with probability p(x), else a draw from the
     residual. The first three tokens' marginals match the exact ones."""

@@ -33,6 +33,7 @@ def test_greedy_equals_plain_decoding(target, version, layout):
             assert out == ref, (family, version, layout, block, prompt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 @pytest.mark.parametrize("version", [1, 2])
 def test_lossless_with_accepted_drafts(family, version):

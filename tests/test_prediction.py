@@ -82,6 +82,7 @@ def test_the_next_generation_does_not_keep_the_prediction():
     assert stats.prediction_drafted == 0 and session.prediction is None
 
 
+@pytest.mark.slow
 def test_sampling_with_a_prediction_follows_the_target():
     """Predicted drafts are point masses too (accepted with probability p(x), else a draw from
     the residual): the first three tokens' marginals match the exact ones."""

@@ -42,6 +42,7 @@ def tv(a, b):
     return 0.5 * np.abs(a - b).sum()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version,sp", [
     (1, SamplingParams(temperature=1.0)),
     (2, SamplingParams(temperature=1.0)),
