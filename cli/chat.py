@@ -3,8 +3,7 @@ inside the command, so `dflash2 --help` never loads MLX)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import typer
 
@@ -13,23 +12,6 @@ from .common import (
     OfflineOpt, SeedOpt, TargetOpt, TempOpt, ThinkingOpt, TopKOpt, TopPOpt, engine_flags, fail,
     sampling_flags,
 )
-
-if TYPE_CHECKING:  # the library is imported inside the command only
-    from dflash2_mlx.settings import EngineFlags
-
-
-@dataclass
-class ChatOptions:
-    model: Optional[str]
-    target: Optional[str]
-    drafter: Optional[str]
-    prompt: Optional[str]
-    system: Optional[str]
-    max_tokens: int
-    thinking: Optional[bool]
-    offline: bool
-    engine: EngineFlags  # block, spec, lookup, draft vocabulary, sampling: as given
-
 
 def chat(
     model: ModelArg = None,
@@ -68,10 +50,10 @@ def chat(
     engine = engine_flags(block=block, spec=not no_spec, lookup=lookup, full_vocab=full_vocab,
                           draft_vocab=draft_vocab,
                           sampling=sampling_flags(temp, top_p, top_k, min_p, seed))
+    from .chat_repl import ChatOptions, run_chat
+
     opts = ChatOptions(model, target, drafter, prompt, system, max_tokens, thinking, offline,
                        engine)
-    from .chat_repl import run_chat
-
     return run_chat(opts)
 
 

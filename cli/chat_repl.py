@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import signal
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Optional
 
 from rich.console import Console
 from rich.text import Text
@@ -18,12 +19,26 @@ from rich.text import Text
 from dflash2_mlx import GenerationParams, GenerationStats
 from dflash2_mlx.chat_template import TemplateInfo
 from dflash2_mlx.errors import DFlash2Error
-from dflash2_mlx.settings import EngineSettings, check_block, idle_when_greedy
+from dflash2_mlx.settings import EngineFlags, EngineSettings, check_block, idle_when_greedy
 from dflash2_mlx.text import chat_prompt_ids, stream_text
 
-from .chat import ChatOptions
 from .chat_view import HELP, AnswerView, StatusLine, stats_table, status_text
 from .common import fail, load_resolved
+
+
+@dataclass
+class ChatOptions:
+    """`dflash2 chat`'s options as parsed (cli/chat.py)."""
+
+    model: Optional[str]
+    target: Optional[str]
+    drafter: Optional[str]
+    prompt: Optional[str]
+    system: Optional[str]
+    max_tokens: int
+    thinking: Optional[bool]
+    offline: bool
+    engine: EngineFlags  # block, spec, lookup, draft vocabulary, sampling: as given
 
 
 class _StopFlag:

@@ -7,6 +7,8 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
+from dflash2_mlx.engine.lookup import DEFAULT_LOOKUP  # light: no MLX behind it
+
 EXIT_USAGE = 2  # every user mistake: bad option value, unknown model, bad checkpoint ...
 
 
@@ -63,8 +65,8 @@ NoSpecOpt = Annotated[bool, typer.Option(
 LookupOpt = Annotated[Optional[int], typer.Option(
     "--lookup", min=0, metavar="N", help="Context lookup: when the last N tokens occurred "
     "earlier in the prompt or answer, propose what followed them instead of drafting (free, "
-    "often long and right; outputs are the same). 0: always the drafter. [default: 3]",
-    show_default=False)]  # the default is the library's DEFAULT_LOOKUP (a test pins the 3)
+    f"often long and right; outputs are the same). 0: always the drafter. [default: "
+    f"{DEFAULT_LOOKUP}]", show_default=False)]
 
 # Sampling: chat uses these for every turn, serve for the fields a request leaves out. Not
 # given: the target's generation_config.json, else greedy (dflash2_mlx.settings).

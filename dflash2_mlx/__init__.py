@@ -1,7 +1,13 @@
 """dflash2: DFlash / DFlash2 block-diffusion speculative decoding on MLX.
 
-Importing this package binds an optimized BLAS on Linux before MLX loads (see _blas.py).
+Importing this package binds an optimized BLAS on Linux before MLX loads (see _blas.py); every
+module of the package imports MLX only after this has run. The public names below load on
+first use (PEP 562), so `import dflash2_mlx` and the constants the CLI reads stay light.
 """
+
+from __future__ import annotations
+
+import importlib
 
 from . import _blas
 
@@ -9,21 +15,28 @@ _blas.bind()
 
 __version__ = "0.1.0"
 
-from .api import Pair, doctor, load_pair  # noqa: E402
-from .checkpoint import load_drafter, save_drafter  # noqa: E402
-from .config import DrafterConfig  # noqa: E402
-from .engine.batch import BatchDecoder  # noqa: E402
-from .engine.events import GenerationStats, RoundEvent  # noqa: E402
-from .engine.loop import GenerationParams, Session, SpeculativeDecoder  # noqa: E402
-from .engine.prompt_cache import PromptCache  # noqa: E402
-from .engine.sampling import SamplingParams  # noqa: E402
-from .errors import (  # noqa: E402
-    CheckpointError, CompatibilityError, ConfigError, DFlash2Error, ParameterError,
-)
+_EXPORTS = {  # public name -> the module that defines it
+    "Pair": "api", "doctor": "api", "load_pair": "api", "BatchDecoder": "engine.batch",
+    "load_drafter": "checkpoint", "save_drafter": "checkpoint",
+    "DrafterConfig": "config",
+    "GenerationStats": "engine.events", "RoundEvent": "engine.events",
+    "GenerationParams": "engine.loop", "Session": "engine.loop", "SpeculativeDecoder": "engine.loop",
+    "PromptCache": "engine.prompt_cache", "SamplingParams": "engine.sampling",
+    "CheckpointError": "errors", "CompatibilityError": "errors", "ConfigError": "errors",
+    "DFlash2Error": "errors", "ParameterError": "errors",
+}
+__all__ = list(_EXPORTS)
 
-__all__ = [
-    "Pair", "BatchDecoder", "doctor", "load_pair", "load_drafter", "save_drafter", "DrafterConfig",
-    "GenerationStats", "RoundEvent", "GenerationParams", "Session", "SpeculativeDecoder",
-    "PromptCache", "SamplingParams", "CheckpointError", "CompatibilityError", "ConfigError", "DFlash2Error",
-    "ParameterError",
-]
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+

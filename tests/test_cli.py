@@ -16,7 +16,8 @@ from offline import fake_hf_repo
 from tiny_pair import answer
 
 COMMANDS = sorted(typer.main.get_command(app).commands)
-HEAVY = ("mlx", "mlx_lm", "dflash2_mlx", "transformers", "huggingface_hub", "numpy", "tokenizers")
+HEAVY = ("mlx", "mlx_lm", "transformers", "huggingface_hub", "numpy", "tokenizers", "fastapi",
+         "uvicorn", "matplotlib")
 
 
 def _py(code: str, **kw) -> subprocess.CompletedProcess:

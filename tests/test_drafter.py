@@ -5,8 +5,8 @@ import numpy as np
 import tiny
 from mlx.utils import tree_flatten
 
-from dflash2_mlx.drafter.conv import GroupedDynamicConv, dynamic_conv
-from dflash2_mlx.drafter.selector import pair_scores, walk
+from dflash2_mlx.drafter.conv import GroupedDynamicConv
+from dflash2_mlx.kernels._references import dynamic_conv, pair_scores, walk
 from dflash2_mlx.target.adapter import TargetAdapter
 
 

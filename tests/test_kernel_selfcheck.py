@@ -23,8 +23,8 @@ from harness import runner
 
 from dflash2_cli.app import run
 from dflash2_mlx import kernels
-from dflash2_mlx.drafter import conv as conv_ref
-from dflash2_mlx.drafter import selector as sel_ref
+from dflash2_mlx.kernels import _references as conv_ref
+from dflash2_mlx.kernels import _references as sel_ref
 from dflash2_mlx.drafter.selector import CandidateSelector
 from dflash2_mlx.kernels import _backend, _checks, _settings
 

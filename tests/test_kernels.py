@@ -24,11 +24,11 @@ from harness import runner, signature
 
 import dflash2_mlx
 from dflash2_mlx import kernels
-from dflash2_mlx.drafter import conv as conv_ref
-from dflash2_mlx.drafter import selector as sel_ref
+from dflash2_mlx.kernels import _references as conv_ref
+from dflash2_mlx.kernels import _references as sel_ref
 from dflash2_mlx.drafter.conv import GroupedDynamicConv
 from dflash2_mlx.drafter.selector import CandidateSelector
-from dflash2_mlx.drafter import selector as _reference
+from dflash2_mlx.kernels import _references as _reference
 from dflash2_mlx.kernels import _checks, _dispatch, _launch, _settings
 
 EPS = {mx.float32: 2.0**-23, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}
@@ -229,7 +229,7 @@ def test_sampled_walk_draws_from_q(run_kernel):
 
 
 def test_walk_uniforms_follow_the_reference_keys():
-    """Pure MLX. selector.walk is the walk over uniforms drawn from its key: same picks and q,
+    """Pure MLX. _references.walk is the walk over uniforms drawn from its key: same picks and q,
     greedy and sampled, single and batched; the global PRNG advances the same way (key None)."""
     for i, (lead, gamma, k) in enumerate(WALK_SHAPES + [((4,), 5, 16)]):
         lat = _lattice(lead, gamma, k, seed=60 + i)

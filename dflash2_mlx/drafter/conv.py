@@ -1,8 +1,9 @@
-"""DFlash2's grouped dynamic causal convolution over block positions (pure-MLX reference).
+"""DFlash2's grouped dynamic causal convolution over block positions, as a drafter layer.
 
 coefficient[t, k, c] = base[side, k, c] + dynamic[t, side, k, c // g], where `dynamic` is a
 linear projection of the sublayer's normed input row t. Taps read rows t-k of the same block
-and never cross the block start (rows before 0 are zero).
+and never cross the block start (rows before 0 are zero). The op itself is
+`kernels.dynamic_conv` (a Metal kernel, or the reference in kernels/_references.py).
 """
 
 from __future__ import annotations
@@ -11,26 +12,6 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import kernels
-
-
-def dynamic_conv(x: mx.array, dynamic: mx.array, base: mx.array, group_size: int) -> mx.array:
-    """x [..., L, H]; dynamic [..., L, T, G]; base [T, H] -> [..., L, H].
-
-    Reference op; the Metal kernel in metal/dynamic_conv.metal has this signature
-    (`kernels.dynamic_conv` dispatches between the two).
-    """
-    *lead, length, hidden = x.shape
-    taps, groups = base.shape[0], hidden // group_size
-    xg = x.reshape(*lead, length, groups, group_size)
-    out = None
-    for k in range(min(taps, length)):
-        shifted = xg if k == 0 else mx.concatenate(
-            [mx.zeros_like(xg[..., :k, :, :]), xg[..., : length - k, :, :]], axis=-3
-        )
-        coeff = base[k].reshape(groups, group_size).astype(x.dtype) + dynamic[..., k, :, None]
-        term = coeff * shifted
-        out = term if out is None else out + term
-    return out.reshape(x.shape)
 
 
 class GroupedDynamicConv(nn.Module):

@@ -18,6 +18,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from ..config import DrafterConfig
 from ..engine.sampling import SamplingParams, filtered_probs, sample
+from ..target.head import TargetBinding
 from .attention import ContextCache, DrafterAttention
 from .conv import GroupedDynamicConv
 from .selector import CandidateSelector, SelectorOutput
@@ -66,22 +67,6 @@ class DrafterLayer(nn.Module):
         conv: GroupedDynamicConv = getattr(self, conv_name)
         u, dyn = conv.prepare(u)
         return conv.finish(fn(u), dyn)
-
-
-@dataclass(frozen=True)
-class TargetBinding:
-    """The target's frozen embedding and LM head, held by reference (not drafter parameters)."""
-
-    embed: Callable[[mx.array], mx.array]
-    head: Callable[[mx.array], mx.array]
-    embed_scale: float = 1.0
-    # ids [N] -> a head whose logits are head(x)[..., ids], reading only those rows
-    restrict: Callable[[mx.array], Callable[[mx.array], mx.array]] | None = None
-
-    def restricted(self, ids: mx.array) -> Callable[[mx.array], mx.array]:
-        if self.restrict is not None:
-            return self.restrict(ids)
-        return lambda x: mx.take(self.head(x), ids, axis=-1)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def _pair_scores_vjp(primals, cotangent, output):
 
 
 def dynamic_conv(x: mx.array, dynamic: mx.array, base: mx.array, group_size: int) -> mx.array:
-    """Same contract as `drafter.conv.dynamic_conv` (x [..., L, H]; dynamic [..., L, T, G];
+    """Same contract as `_references.dynamic_conv` (x [..., L, H]; dynamic [..., L, T, G];
     base [T, H]); the Metal kernel for two taps and fp32/fp16/bf16 with matching x/dynamic."""
     d = current()
     if d.active() and d.use_kernel(_launch.conv_launch(x, dynamic, base, group_size)):
@@ -54,7 +54,7 @@ def dynamic_conv(x: mx.array, dynamic: mx.array, base: mx.array, group_size: int
 def pair_scores(
     unary: mx.array, hidden: mx.array, pred_rows: mx.array, succ_rows: mx.array
 ) -> mx.array:
-    """Same contract as `drafter.selector.pair_scores` ([..., g, P, K] float32)."""
+    """Same contract as `_references.pair_scores` ([..., g, P, K] float32)."""
     d = current()
     if d.active() and d.use_kernel(_launch.pair_scores_launch(unary, hidden, pred_rows,
                                                               succ_rows)):
@@ -74,7 +74,7 @@ def walk_with_uniforms(lattice: mx.array, temperature: float, uniforms: mx.array
 
 
 def walk(lattice: mx.array, temperature: float, key: mx.array | None = None):
-    """Same contract as `drafter.selector.walk`: the sampled kernel takes the very uniforms the
+    """Same contract as `_references.walk`: the sampled kernel takes the very uniforms the
     reference draws from `key`, so both paths make the same choices."""
     uniforms = None
     if temperature > 0:

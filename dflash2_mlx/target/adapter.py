@@ -14,10 +14,9 @@ from typing import Any, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-from ..drafter.model import TargetBinding
 from ..errors import CompatibilityError
 from .capture import Capture, tapped
-from .head import cpu_head, restricted_head
+from .head import TargetBinding, cpu_head, restricted_head
 from .rollback import rollback_caches
 
 # Families whose logits are exactly head(inner(ids)); others are called whole.

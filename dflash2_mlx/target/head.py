@@ -1,4 +1,5 @@
-"""The target's LM head as the drafter uses it: whole, or restricted to a draft vocabulary.
+"""The target's LM head as the drafter uses it: whole, or restricted to a draft vocabulary,
+and `TargetBinding`, what a drafter holds of its target (the embedding and the head).
 
 A drafter's LM head is the target's (49k-250k rows), and reading it is most of a draft pass on
 bandwidth-bound hardware. `restricted_head` multiplies by the rows of a draft vocabulary only
@@ -8,12 +9,29 @@ quantized heads. Verification always uses the full head, so outputs stay exactly
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 
 Head = Callable[[mx.array], mx.array]
+
+
+@dataclass(frozen=True)
+class TargetBinding:
+    """The target's frozen embedding and LM head, held by reference (not drafter parameters)."""
+
+    embed: Callable[[mx.array], mx.array]
+    head: Callable[[mx.array], mx.array]
+    embed_scale: float = 1.0
+    # ids [N] -> a head whose logits are head(x)[..., ids], reading only those rows
+    restrict: Callable[[mx.array], Callable[[mx.array], mx.array]] | None = None
+
+    def restricted(self, ids: mx.array) -> Callable[[mx.array], mx.array]:
+        if self.restrict is not None:
+            return self.restrict(ids)
+        return lambda x: mx.take(self.head(x), ids, axis=-1)
 
 
 class TransposedHead:

@@ -1,3 +1,0 @@
-from dflash2_cli.app import main
-
-main()
