@@ -231,12 +231,8 @@ def kernels_report(repeats: int, console, err) -> dict:
     from rich.table import Table
     from rich.text import Text
 
-    try:
-        from dflash2_mlx.kernels import bench_kernels
-    except ImportError as exc:
-        msg = f"kernel benchmarks are not available in this build ({exc})"
-        err.print(Text(f"note: {msg}", style="yellow"))
-        return {"available": False, "note": msg}
+    from dflash2_mlx.kernels import bench_kernels
+
     res = bench_kernels(repeats=repeats)
     t = Table(title=f"kernels (device {res.get('device', '?')}, setting "
                     f"{res.get('setting', '?')}, {res.get('repeats')} repeats, median ms)",
@@ -254,7 +250,7 @@ def kernels_report(repeats: int, console, err) -> dict:
                        + (res.get("note") or "no Metal; reference timings only"), style="yellow"))
     elif res.get("note"):
         console.print(Text(res["note"], style="dim"))
-    return dict(res, available=True)
+    return res
 
 
 def _write_json(report: dict, path: Path) -> Path:

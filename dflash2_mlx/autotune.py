@@ -22,8 +22,8 @@ min(a, L - 1) + 1), costed on the verify curve measured up to the widest candida
 (`recommended_lookup_block` finds it again).
 
 When the target or the drafter has quantized matmuls (QuantizedLinear / QuantizedEmbedding or
-any layer with `bits` and `group_size`), the block is capped at 5: a quantized verify is cheap per token but its cost grows fast with width on MLX
-(spec 6.7).
+any layer with `bits` and `group_size`), the block is capped at 5: a quantized verify is cheap per token but its cost grows fast with
+width on MLX (z-lab's MLX instructions run their 4-bit targets at block 5).
 
 The profile is stored as JSON under `cache_root()/autotune`, keyed by device (chip, and the
 BLAS on CPU), mlx version, target, drafter and quantization signature (bits, group size, mode
@@ -244,6 +244,7 @@ def calibrate(pair, prompts, block: int, *, lookup_block: int = max(LOOKUP_WIDTH
     it may be cut by max tokens or a stop), drafter rounds for the per-position acceptance,
     lookup rounds apart (as [drafted, accepted, rounds] counts), and the share of drafting
     rounds that ran the drafter."""
+    from .engine.events import tau
     from .engine.loop import GenerationParams
     from .text import chat_prompt_ids
 
@@ -261,15 +262,15 @@ def calibrate(pair, prompts, block: int, *, lookup_block: int = max(LOOKUP_WIDTH
         if progress is not None:
             progress(i + 1, len(prompts))
     probs, counts = acceptance_probs(rounds, block - 1)
-    tau = sum(a + 1 for _, a in rounds) / len(rounds) if rounds else 0.0
     n_lookup = sum(looked_up.values())
-    lookup_tau = sum((a + 1) * n for (_, a), n in looked_up.items()) / n_lookup if n_lookup else 0.0
+    lookup_accepted = sum(a * n for (_, a), n in looked_up.items())
     total = len(rounds) + n_lookup
     return {"block": block, "lookup_block": lookup_block, "prompts": len(prompts),
-            "max_tokens": max_tokens, "rounds": len(rounds), "tau": round(tau, 4),
+            "max_tokens": max_tokens, "rounds": len(rounds),
+            "tau": round(tau(sum(a for _, a in rounds), len(rounds)), 4),
             "drafter_share": round(len(rounds) / total, 4) if total else 1.0,
             "position_probs": [round(p, 4) for p in probs], "position_rounds": counts,
-            "lookup_rounds": n_lookup, "lookup_tau": round(lookup_tau, 4),
+            "lookup_rounds": n_lookup, "lookup_tau": round(tau(lookup_accepted, n_lookup), 4),
             "lookup_counts": [[d, a, n] for (d, a), n in sorted(looked_up.items())]}
 
 

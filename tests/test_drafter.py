@@ -11,7 +11,7 @@ from dflash2_mlx.target.adapter import TargetAdapter
 
 
 def naive_conv(x, dyn, base, g):
-    """Loop version of spec §4.1: sum_k (base[k,c] + dyn[t,k,c//g]) * x[t-k, c]."""
+    """Loop version of the DFlash2 grouped dynamic conv: sum_k (base[k,c] + dyn[t,k,c//g]) * x[t-k, c]."""
     x, dyn, base = np.array(x), np.array(dyn), np.array(base)
     L, H = x.shape
     out = np.zeros_like(x)

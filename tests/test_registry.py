@@ -144,12 +144,6 @@ def test_embedded_conversion_errors_are_user_errors(embedded, monkeypatch):
         resolve()
 
 
-def test_drafter_for():
-    assert registry.drafter_for("mlx-community/Qwen3-4B-bf16") == "z-lab/Qwen3-4B-DFlash-b16"
-    assert registry.drafter_for("QWEN3.8-27B-BF16") == "z-lab/Qwen3.8-27B-DFlash2"
-    assert registry.drafter_for("someone/else") is None
-
-
 # ------------------------------------------------------------------ fetch and caches
 def test_fetch_local_folder_and_bad_paths(tmp_path):
     assert registry.fetch(str(tmp_path)) == tmp_path

@@ -162,7 +162,7 @@ class Drafter(nn.Module):
 
     def logits(self, hidden: mx.array) -> mx.array:
         """Logits over the whole vocabulary [..., V]."""
-        return self._finish(self.target.head(hidden))
+        return self.finish_logits(self.target.head(hidden))
 
     def draft_logits(self, hidden: mx.array) -> mx.array:
         """Logits over the draft vocabulary [..., N] (the whole one when none is set)."""
@@ -170,9 +170,11 @@ class Drafter(nn.Module):
             return self.logits(hidden)
         if self._vocab.head is None:  # its rows come from the target's head
             raise RuntimeError("drafter is not bound to a target (call bind())")
-        return self._finish(self._vocab.head(hidden))
+        return self.finish_logits(self._vocab.head(hidden))
 
-    def _finish(self, z: mx.array) -> mx.array:
+    def finish_logits(self, z: mx.array) -> mx.array:
+        """Head outputs -> logits: the config's output multiplier, then its final softcap (the
+        one place both apply: inference and training)."""
         if self.config.output_multiplier != 1.0:
             z = z * self.config.output_multiplier
         cap = self.config.final_logit_softcapping

@@ -83,7 +83,7 @@ class GenerationStats:
     @property
     def tau(self) -> float:
         """Mean acceptance length per round, bonus token included (1 .. block size)."""
-        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+        return tau(self.accepted, self.rounds)
 
     @property
     def lookup_tau(self) -> float:
@@ -120,3 +120,9 @@ class GenerationStats:
             "prediction_accepted": self.prediction_accepted,
             "histogram": {str(k): v for k, v in sorted(self.histogram.items())},
         }
+
+
+def tau(accepted: int, rounds: int) -> float:
+    """τ, the one definition: mean tokens committed per round, accepted drafts plus the bonus
+    token (1 .. block size); 0.0 before any round."""
+    return (accepted + rounds) / rounds if rounds else 0.0

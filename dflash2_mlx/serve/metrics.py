@@ -7,6 +7,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Callable
 
 from ..engine.events import RoundEvent
+from ..engine.events import tau as tau_of
 from .reasoning import ThinkingStats
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class Metrics:
     @property
     def tau(self) -> float:
         """Mean tokens committed per round (accepted drafts + the bonus token)."""
-        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+        return tau_of(self.accepted, self.rounds)
 
     @property
     def mean_generation_seconds(self) -> float:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..chat_template import THINKING_KWARG
 from ..engine.events import RoundEvent
+from ..engine.events import tau as tau_of
 from .api_error import invalid
 
 # Arguments of apply_chat_template itself, or set by the server: not the client's to pass.
@@ -51,7 +52,7 @@ class ThinkingStats:
 
     @property
     def tau(self) -> float:
-        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+        return tau_of(self.accepted, self.rounds)
 
 
 class ThinkingTracker:

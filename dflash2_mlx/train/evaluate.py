@@ -1,12 +1,12 @@
-"""Measure a drafter with the real engine: τ per category and block size, and speed vs plain
-decoding, on held-out prompts. Results are plain dicts, written as JSON by the callers."""
+"""Measure a drafter with the real engine: τ per category, temperature and block size on
+held-out prompts (`dflash2 evaluate`; speed is `dflash2 bench`). Results are plain dicts,
+written as JSON by the callers."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Sequence
 
-from .. import bench
 from ..api import Pair
 from ..engine.events import GenerationStats
 from ..engine.loop import GenerationParams
@@ -41,28 +41,3 @@ def measure_tau(pair: Pair, prompts: Sequence[Prompt], *, block_sizes=(4, 8, 16)
                 "per_category": {c: round(s.tau, 4) for c, s in sorted(per_cat.items())},
             }
     return out
-
-
-def measure_speed(pair: Pair, prompts: Sequence[Prompt], *, block_size: int | None = None,
-                  max_tokens: int = 128, repeats: int = 1) -> dict:
-    """Greedy tokens/s of plain mlx-lm decoding vs dflash2 on the same prompt ids; outputs
-    must be identical. Medians over prompts (each prompt: median of `repeats`).
-    A thin view of dflash2_mlx.bench.run_bench (which `dflash2 bench` uses too)."""
-    block = block_size or pair.drafter.config.block_size
-    run = bench.run_bench(pair, prompts, [block], max_tokens=max_tokens, repeats=repeats)
-    res = run["results"][0]
-    s = res["summary"]
-    return {
-        "median_speedup": s["speedup"],
-        "median_plain_tps": s["plain_tps"],
-        "median_dflash2_tps": s["dflash2_tps"],
-        "all_identical": run["all_identical"],
-        "rows": res["rows"],
-    }
-
-
-def verify_cost_ratios(pair: Pair, widths=(1, 2, 4, 8, 16), context: int = 256, reps: int = 5) -> dict:
-    """cost(k-token verify) / cost(smallest width) with a warm cache of `context` tokens
-    (medians; dflash2_mlx.bench.verify_costs)."""
-    vc = bench.verify_costs(pair, widths, context=context, repeats=reps)
-    return {"ms": vc["ms"], "ratio": vc["ratio"]}

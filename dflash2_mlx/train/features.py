@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import DFlash2Error
 from ..target.adapter import TargetAdapter
+from .regenerate import read_records
 
 
 class FeatureCacheError(DFlash2Error):
@@ -52,19 +53,11 @@ class StoredSequence:
 def read_regenerations(path: Path, max_len: int) -> list[Sequence_]:
     """Records of regenerate.py, as sequences (prompt + response), cut to `max_len` tokens."""
     out = []
-    with open(path) as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                prompt, resp = list(rec["prompt_ids"]), list(rec["response_ids"])
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise FeatureCacheError(f"{path}:{n}: not a regeneration record ({exc})") from None
-            if not resp or len(prompt) + 1 >= max_len:
-                continue
-            out.append(Sequence_(str(rec["id"]), float(rec.get("temperature", 0.0)),
-                                 (prompt + resp)[:max_len], len(prompt)))
+    for rec in read_records(path):
+        prompt, resp = rec["prompt_ids"], rec["response_ids"]
+        if not resp or len(prompt) + 1 >= max_len:
+            continue
+        out.append(Sequence_(rec["id"], rec["temperature"], (prompt + resp)[:max_len], len(prompt)))
     return out
 
 

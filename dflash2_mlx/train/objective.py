@@ -102,13 +102,7 @@ def block_hidden(drafter: Drafter, b: Blocks, drop: float = 0.0) -> mx.array:
 def _head_logits(drafter: Drafter, h: mx.array, head_weight: mx.array | None) -> mx.array:
     if head_weight is None:
         return drafter.logits(h)
-    z = h @ head_weight.T
-    cfg = drafter.config
-    if cfg.output_multiplier != 1.0:
-        z = z * cfg.output_multiplier
-    if cfg.final_logit_softcapping:
-        z = mx.tanh(z / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
-    return z
+    return drafter.finish_logits(h @ head_weight.T)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -65,7 +65,6 @@ class TrainConfig:
     checkpoint_every: int = 100
     seed: int = 0
     command: str = ""  # recorded in the model card
-    extra: dict = field(default_factory=dict)
 
 
 def drafter_config_for(adapter: TargetAdapter, target_config: dict, cfg: TrainConfig) -> DrafterConfig:
@@ -109,7 +108,7 @@ def drafter_config_for(adapter: TargetAdapter, target_config: dict, cfg: TrainCo
 def init_drafter(dcfg: DrafterConfig, cfg: TrainConfig) -> Drafter:
     mx.random.seed(cfg.seed)
     d = Drafter(dcfg)
-    if cfg.qk_norm_init != 1.0:  # sharper initial attention than uniform (training_notes.md)
+    if cfg.qk_norm_init != 1.0:  # sharper initial attention than uniform
         for layer in d.layers:
             layer.self_attn.q_norm.weight = mx.full(dcfg.head_dim, cfg.qk_norm_init)
             layer.self_attn.k_norm.weight = mx.full(dcfg.head_dim, cfg.qk_norm_init)
