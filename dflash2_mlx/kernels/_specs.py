@@ -5,9 +5,9 @@ signature from `input_names` (plus `<name>_shape` / `_strides` / `_ndim` when th
 them), `output_names`, the call's dtypes and template arguments. The CPU harness in tests/harness
 generates the same signature, so the names here are the single source of truth for both.
 
-Sources are package data of `dflash2_mlx.kernels.metal` (the repository's `metal/` directory,
-mapped into the package at build time); in a source checkout without that mapping they are read
-from `<repo>/metal/` directly.
+Sources are package data of `dflash2_mlx.kernels.metal`: the repository's `metal/` directory,
+mapped into the package by pyproject.toml (for wheels and editable installs alike), and read
+through importlib.resources only.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from __future__ import annotations
 import functools
 import importlib.resources
 from dataclasses import dataclass
-from pathlib import Path
 
 SOURCE_PACKAGE = "dflash2_mlx.kernels.metal"
-CHECKOUT_DIR = Path(__file__).resolve().parents[2] / "metal"
 
 
 @dataclass(frozen=True)
@@ -52,23 +50,16 @@ SPECS: dict[str, KernelSpec] = {
 
 
 def source_location() -> str:
-    """Where the bodies are read from (package data, or the checkout's metal/)."""
-    try:
-        return str(importlib.resources.files(SOURCE_PACKAGE))
-    except ModuleNotFoundError:
-        return str(CHECKOUT_DIR)
+    """Where the bodies are read from (the package data folder)."""
+    return str(importlib.resources.files(SOURCE_PACKAGE))
 
 
 @functools.lru_cache(maxsize=None)
 def kernel_source(file: str) -> str:
-    """The text of metal/<file>, from package data if installed so, else from the checkout."""
+    """The text of metal/<file>, from the package data of SOURCE_PACKAGE."""
     try:
         return (importlib.resources.files(SOURCE_PACKAGE) / file).read_text(encoding="utf-8")
-    except (ModuleNotFoundError, FileNotFoundError):
-        path = CHECKOUT_DIR / file
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"Metal kernel source {file!r} not found in package {SOURCE_PACKAGE} "
-                f"nor in {CHECKOUT_DIR}"
-            ) from None
-        return path.read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError) as exc:
+        raise FileNotFoundError(
+            f"Metal kernel source {file!r} not found in package {SOURCE_PACKAGE} ({exc}); "
+            "is dflash2 installed (pip install -e . or pip install .)?") from None
