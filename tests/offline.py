@@ -12,8 +12,9 @@ import pytest
 
 
 @functools.lru_cache(maxsize=None)
-def _index_has(name: str, version: str) -> str | None:
-    """None when pip (with this machine's pip config) can find `name==version`; else why not."""
+def _index_has(name: str, version: str | None) -> str | None:
+    """None when pip (with this machine's pip config) can find `name==version` (any version
+    when None); else why not."""
     cmd = [sys.executable, "-m", "pip", "index", "versions", name, "--retries", "0",
            "--timeout", "15", "--disable-pip-version-check"]
     try:
@@ -21,17 +22,19 @@ def _index_has(name: str, version: str) -> str | None:
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{type(exc).__name__}: {exc}"
     listed = [line for line in proc.stdout.splitlines() if line.startswith("Available versions:")]
-    if proc.returncode == 0 and listed and version in listed[0].split(":", 1)[1].replace(",", " ").split():
+    versions = listed[0].split(":", 1)[1].replace(",", " ").split() if listed else []
+    if proc.returncode == 0 and versions and (version is None or version in versions):
         return None
     lines = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
     return f"pip exit {proc.returncode}: {lines[-1]}"
 
 
-def require_pypi(name: str, version: str) -> None:
-    """Skip the calling test when the package index cannot serve `name==version`."""
+def require_pypi(name: str, version: str | None = None) -> None:
+    """Skip the calling test when the package index cannot serve `name==version` (or `name`)."""
     why = _index_has(name, version)
     if why is not None:
-        pytest.skip(f"needs {name}=={version} from the package index, which cannot be reached ({why})")
+        spec = name if version is None else f"{name}=={version}"
+        pytest.skip(f"needs {spec} from the package index, which cannot be reached ({why})")
 
 
 def fake_hf_repo(cache: Path, repo: str, files=("config.json",), rev: str = "a" * 40) -> Path:
