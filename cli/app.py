@@ -88,7 +88,10 @@ def _kernel_table(report: dict) -> str:
     if not report["ran"]:
         return (f"Custom kernels not run: {report['reason']} ({where}).\n"
                 "The pure-MLX references are used on this machine.")
-    num = lambda v: "-" if v is None else f"{v:.3g}"
+
+    def num(v):
+        return "-" if v is None else f"{v:.3g}"
+
     lines = [f"dflash2 kernels vs references ({where})", "",
              "| kernel | dtype | shape | max abs err | tolerance | status |",
              "|---|---|---|---|---|---|"]

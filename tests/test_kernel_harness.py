@@ -91,8 +91,11 @@ def test_harness_generates_mlx_signature():
 
 def test_harness_catches_out_of_bounds_and_unwritten_outputs(harness):
     x = mx.arange(16, dtype=mx.float32)
-    run = lambda body, n: harness.run("oob", ["inp"], ["out"], body, [x], [(n,)], [mx.float32],
-                                      (16, 1, 1), (16, 1, 1))[0]
+
+    def run(body, n):
+        return harness.run("oob", ["inp"], ["out"], body, [x], [(n,)], [mx.float32],
+                           (16, 1, 1), (16, 1, 1))[0]
+
     with pytest.raises(AssertionError, match="out of bounds"):
         run("uint i = thread_position_in_grid.x;\nout[i + 1u] = inp[i];", 16)
     got = np.array(run("uint i = thread_position_in_grid.x;\nout[i] = inp[i + 1u];", 16))
@@ -161,8 +164,11 @@ def test_harness_compiles_as_cpp14_and_caps_threadgroups(harness):
     """MSL is C++14: a C++17 construct fails here as on a Mac; Metal runs at most 1024
     threads per threadgroup."""
     x = mx.arange(16, dtype=mx.float32)
-    run = lambda body, group: harness.run("cxx14", ["inp"], ["out"], body, [x], [(16,)],
-                                          [mx.float32], (16, 1, 1), group)
+
+    def run(body, group):
+        return harness.run("cxx14", ["inp"], ["out"], body, [x], [(16,)],
+                           [mx.float32], (16, 1, 1), group)
+
     body = "uint i = thread_position_in_grid.x;\nout[i] = inp[i];"
     assert np.array_equal(np.array(run(body, (16, 1, 1))[0]), np.arange(16))
     with pytest.raises(RuntimeError, match="compile failed"):
@@ -179,12 +185,17 @@ def test_harness_models_precise_and_fast_math(harness):
     via exp2, NaN operands of max unspecified); unqualified exp / log / max on float do not
     compile: on Metal their precision follows the library's math mode."""
     x = mx.array(np.linspace(-80, 80, 1601, dtype=np.float32))
-    run = lambda expr: np.array(harness.run(
-        "math", ["inp"], ["out"], f"uint i = thread_position_in_grid.x;\nout[i] = {expr};",
-        [x], [x.shape], [mx.float32], (x.size, 1, 1), (256, 1, 1))[0])
+
+    def run(expr):
+        return np.array(harness.run(
+            "math", ["inp"], ["out"], f"uint i = thread_position_in_grid.x;\nout[i] = {expr};",
+            [x], [x.shape], [mx.float32], (x.size, 1, 1), (256, 1, 1))[0])
+
     want = np.exp(np.array(x).astype(np.float64))
     precise, fast = run("metal::precise::exp(inp[i])"), run("metal::fast::exp(inp[i])")
-    rel = lambda got: np.abs(got - want) / want
+    def rel(got):
+        return np.abs(got - want) / want
+
     assert rel(precise).max() < 2**-23 and 2**-20 < rel(fast).max() < 2**-12
     logs = run("metal::precise::log(metal::precise::exp(inp[i] / 16.0f))")
     np.testing.assert_allclose(logs, np.array(x) / 16, rtol=1e-6, atol=1e-6)

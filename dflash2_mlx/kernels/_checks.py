@@ -77,9 +77,12 @@ def _conv_case(dtypes) -> Case:
     x = _normal((2, 3, 32), 1, dtype)
     dyn = _normal((2, 3, 2, 2), 2, dtype, 0.5)
     base = _normal((2, 32), 3, dtype)
+
     # Arithmetic in float rounded once (kernel) vs several roundings in the dtype (reference).
-    mag = lambda: ref.dynamic_conv(mx.abs(x).astype(F32), mx.abs(dyn).astype(F32),
-                                   mx.abs(base).astype(F32), group)
+    def mag():
+        return ref.dynamic_conv(mx.abs(x).astype(F32), mx.abs(dyn).astype(F32),
+                                mx.abs(base).astype(F32), group)
+
     return Case(label(DYNAMIC_CONV.name), dtype_label([dtype]), f"x[2,3,32] g={group}",
                 _launch.conv_launch(x, dyn, base, group),
                 lambda: [ref.dynamic_conv(x, dyn, base, group)],
@@ -91,7 +94,10 @@ def _pair_scores_case(dtypes) -> Case:
     args = (_normal((*lead, k), 4, dtypes[0]), _normal((*lead, rank), 5, dtypes[1]),
             _normal((*lead, preds, rank), 6, dtypes[2], 0.3),
             _normal((*lead, k, rank), 7, dtypes[3], 0.3))
-    scale = lambda: ref.pair_scores(*(mx.abs(a.astype(F32)) for a in args))
+
+    def scale():
+        return ref.pair_scores(*(mx.abs(a.astype(F32)) for a in args))
+
     return Case(label(PAIR_SCORES.name), dtype_label(dtypes), f"g=3 P={preds} K={k} r={rank}",
                 _launch.pair_scores_launch(*args),
                 lambda: [ref.pair_scores(*args)],

@@ -7,7 +7,8 @@ import dflash2_mlx  # noqa: F401  (binds the fast BLAS before MLX loads)
 import argparse
 import json
 from pathlib import Path
-import mlx.core as mx, numpy as np
+import mlx.core as mx
+import numpy as np
 from mlx_lm import load
 from dflash2_mlx.checkpoint import load_drafter
 from dflash2_mlx.target.adapter import TargetAdapter
@@ -32,7 +33,8 @@ cats = {json.loads(line)["id"]: json.loads(line)["category"] for line in open(ar
 out = []
 for s in held:
     lo, hi = s.response_start, len(s.tokens) - 8
-    if hi < lo: continue
+    if hi < lo:
+        continue
     anchors = list(range(lo, hi + 1))
     lead = []
     for i in range(0, len(anchors), 64):
