@@ -18,7 +18,6 @@ import dflash2_mlx  # noqa: F401  (binds the fast BLAS before MLX loads)
 import json
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
