@@ -127,7 +127,7 @@ def test_choose_lookup_block_replays_each_round_cut_at_each_width():
     assert A.choose_lookup_block(verify, [], [4, 8]).lookup_block is None
 
 
-def test_the_profile_records_the_lookup_block(tiny_pair, monkeypatch, tmp_path):
+def test_the_profile_records_the_lookup_block(llama_pair, monkeypatch, tmp_path):
     _fake_measurements(monkeypatch, best_block=6)
     calib = A.calibrate
 
@@ -138,7 +138,7 @@ def test_the_profile_records_the_lookup_block(tiny_pair, monkeypatch, tmp_path):
         return out
 
     monkeypatch.setattr(A, "calibrate", with_lookups)
-    profile = A.autotune(tiny_pair, [], target="org/t", drafter="org/d", max_block=8)
+    profile = A.autotune(llama_pair, [], target="org/t", drafter="org/d", max_block=8)
     lookup = profile["lookup"]
     assert lookup["calibration_block"] == max(A.LOOKUP_WIDTHS)
     assert lookup["candidates"] == sorted(set(range(2, 9)) | set(A.LOOKUP_WIDTHS))
@@ -146,9 +146,9 @@ def test_the_profile_records_the_lookup_block(tiny_pair, monkeypatch, tmp_path):
     assert [r["block"] for r in profile["table"]] == list(range(1, 9))  # the drafter's, apart
     root = tmp_path / "profiles"
     A.save_profile(profile, root)
-    assert A.recommended_lookup_block(tiny_pair, "org/t", "org/d", root=root) == 32
-    assert A.recommended_block(tiny_pair, "org/t", "org/d", root=root) == 6
-    assert A.recommended_lookup_block(tiny_pair, "org/t", "org/x", root=root) is None
+    assert A.recommended_lookup_block(llama_pair, "org/t", "org/d", root=root) == 32
+    assert A.recommended_block(llama_pair, "org/t", "org/d", root=root) == 6
+    assert A.recommended_lookup_block(llama_pair, "org/t", "org/x", root=root) is None
 
 
 def test_cap_limits_the_choice_but_keeps_the_curve():
