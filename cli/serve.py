@@ -6,7 +6,7 @@ for `dflash2 chat` (dflash2_mlx.registry). Model code is imported inside the com
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -68,6 +68,28 @@ def serve(
     thinking: ThinkingOpt = None,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: "
                                   + ", ".join(LOG_LEVELS) + "."),
+    max_body_mb: float = typer.Option(4.0, "--max-body-mb", min=0.001, help="Largest request "
+                                      "body in MiB; larger ones get 413 while being read."),
+    max_prompt_tokens: Optional[int] = typer.Option(
+        None, "--max-prompt-tokens", min=1, help="Longest prompt (default: what the context "
+        "length allows)."),
+    max_prediction_tokens: Optional[int] = typer.Option(
+        None, "--max-prediction-tokens", min=1, help="Longest `prediction` (default: the "
+        "context length)."),
+    shutdown_grace: float = typer.Option(10.0, "--shutdown-grace", min=0, help="Seconds a "
+                                         "running generation may finish after Ctrl-C."),
+    allowed_hosts: Optional[List[str]] = typer.Option(
+        None, "--allowed-hosts", help="Host header values answered besides loopback names "
+        "(comma-separated or repeated; * = any). The --host address is allowed already."),
+    cors: Optional[List[str]] = typer.Option(
+        None, "--cors", help="Browser origins allowed cross-origin, e.g. "
+        "http://localhost:3000 (comma-separated or repeated; * = any)."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="DFLASH2_API_KEY", show_envvar=True,
+        help="Require `Authorization: Bearer KEY` on every endpoint but /health."),
+    trust_proxy: Optional[List[str]] = typer.Option(
+        None, "--trust-proxy", help="Addresses of reverse proxies whose X-Forwarded-For / "
+        "-Proto headers are believed (default: none)."),
 ):
     """Serve a model over an OpenAI-compatible HTTP API (chat, completions, models, metrics).
 
@@ -92,11 +114,11 @@ def serve(
                          sampling=sampling_flags(temp, top_p, top_k, min_p, seed))
     if model_name is not None and not model_name.strip():
         fail("--model-name is empty")
+    limits, security = _policies(host, max_body_mb, max_prompt_tokens, max_prediction_tokens,
+                                 shutdown_grace, allowed_hosts, cors, api_key, trust_proxy)
     sock = _listen(host, port)
 
-    import uvicorn
-
-    from dflash2_mlx.serve import create_app
+    from dflash2_mlx.serve import create_app, display_name, run_server
     from dflash2_mlx.settings import resolve_engine
 
     def say(msg: str) -> None:
@@ -107,13 +129,13 @@ def serve(
         settings = resolve_engine(flags, pair, resolved, target_dir)
         if settings.auto_block.note:
             say(f"note: {settings.auto_block.note}")
-        name = model_name or resolved.name
+        name = model_name or display_name(resolved.name)  # a folder's name, not its path
         app = create_app(pair, model_name=name, max_queue=max_queue,
                          context_length=context_length, default_max_tokens=max_tokens,
                          block_size=settings.block.size, speculative=settings.speculative,
                          drafter_name=resolved.drafter, sampling=settings.sampling,
                          thinking=thinking, prompt_cache_mb=prompt_cache_mb,
-                         lookup_block=settings.lookup_block)
+                         lookup_block=settings.lookup_block, limits=limits, security=security)
     except BaseException:
         sock.close()
         raise
@@ -123,14 +145,36 @@ def serve(
         + (settings.block.describe() if settings.speculative else "speculative off")
         + f", context {app.state.settings.context}, queue {max_queue}, prompt cache "
         + (f"{prompt_cache_mb} MiB" if prompt_cache_mb else "off"))
-    # After Ctrl-C, open streams get 3 s; then they are cancelled (and their generations).
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3))
+    # After Ctrl-C: waiting requests get 503, the running one --shutdown-grace seconds.
+    _exit_after_shutdown(run_server(app, sock, log_level=log_level))
+
+
+def _items(values: Optional[List[str]]) -> tuple[str, ...]:
+    """Repeated and comma-separated values, flattened."""
+    return tuple(v.strip() for value in values or () for v in value.split(",") if v.strip())
+
+
+def _policies(host, max_body_mb, max_prompt_tokens, max_prediction_tokens, shutdown_grace,
+              allowed_hosts, cors, api_key, trust_proxy):
+    """The flags as ServeLimits and SecurityPolicy (serve/limits.py, serve/security.py)."""
+    from dflash2_mlx.errors import DFlash2Error
+    from dflash2_mlx.serve import SecurityPolicy, ServeLimits
+    from dflash2_mlx.serve.security import WILDCARDS, hosts_for_bind
+
+    hosts = hosts_for_bind(host, _items(allowed_hosts))
+    if host in WILDCARDS and not hosts:
+        typer.echo(f"note: listening on {host}, but only requests whose Host is a loopback "
+                   "name are answered; add --allowed-hosts NAME,... for the others", err=True)
     try:
-        server.run(sockets=[sock])
-        code = 0
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it captured once it has shut down
-        code = 130
-    _exit_after_shutdown(code)
+        limits = ServeLimits(max_body_bytes=int(max_body_mb * 1024 * 1024),
+                             max_prompt_tokens=max_prompt_tokens,
+                             max_prediction_tokens=max_prediction_tokens,
+                             shutdown_grace_s=shutdown_grace)
+        security = SecurityPolicy(allowed_hosts=hosts, cors_origins=_items(cors),
+                                  api_key=api_key, trusted_proxies=_items(trust_proxy))
+    except DFlash2Error as e:
+        fail(str(e))
+    return limits, security
 
 
 def _exit_after_shutdown(code: int) -> None:

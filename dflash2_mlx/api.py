@@ -6,7 +6,7 @@ import platform
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import mlx.core as mx
 
@@ -70,9 +70,10 @@ class Pair:
         """`params` with the tokenizer's EOS ids as stop tokens when it names none."""
         return params if params.stop_token_ids else replace(params, stop_token_ids=self.eos_ids)
 
-    def stream(self, prompt_ids, params: GenerationParams, session: Session | None = None
-               ) -> Iterator[RoundEvent]:
-        return self.decoder.stream(prompt_ids, self.with_defaults(params), session)
+    def stream(self, prompt_ids, params: GenerationParams, session: Session | None = None,
+               cancel: Callable[[], bool] | None = None) -> Iterator[RoundEvent]:
+        """`cancel`: polled between prefill chunks (True: the stream ends, no event)."""
+        return self.decoder.stream(prompt_ids, self.with_defaults(params), session, cancel)
 
     def batch(self, max_batch: int = DEFAULT_MAX_BATCH) -> BatchDecoder:
         """A continuous-batching loop over this pair (engine/batch.py): `add` requests (with

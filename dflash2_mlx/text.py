@@ -5,8 +5,9 @@ Shared by the chat front end and the server, so both stop, count and report iden
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .engine.events import GenerationStats, RoundEvent
 from .engine.loop import GenerationParams, Session
@@ -61,34 +62,75 @@ class TextResult:
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
+class IncrementalDecoder:
+    """The text of generated ids exactly as the tokenizer decodes them after the prompt.
+
+    Each `add` decodes a short window (the ids of the previous add as context, then the new
+    ones) and returns what the new ones add to it. Streaming detokenizers that start from
+    nothing drop the first token's leading space (" Paris" -> "Paris"); the context keeps it.
+    A window ending in an incomplete UTF-8 character is held back until it completes.
+    """
+
+    CONTEXT = 4  # prompt ids seeding the first window
+    UTF8_MAX = 4  # ids an incomplete character can span (one byte each at most)
+
+    def __init__(self, tokenizer, context: Sequence[int] = ()):
+        self.tokenizer = tokenizer
+        self.ids = [int(t) for t in context][-self.CONTEXT:]
+        self.start = 0  # window start: the context of the next add
+        self.read = len(self.ids)  # ids up to here are shown
+        self.text = ""  # everything returned so far
+
+    def _decode(self, ids: list[int]) -> str:
+        try:
+            return self.tokenizer.decode(ids, skip_special_tokens=False,
+                                         clean_up_tokenization_spaces=False)
+        except TypeError:  # a tokenizer without HF's keyword arguments
+            return self.tokenizer.decode(ids)
+
+    def add(self, tokens: Sequence[int], final: bool = False) -> str:
+        self.ids.extend(int(t) for t in tokens)
+        end = len(self.ids)
+        if end == self.read:
+            return ""
+        full = self._decode(self.ids[self.start:end])
+        if full.endswith("\ufffd") and not final:
+            # Hold back the ids of an incomplete character; more than UTF8_MAX ids that
+            # never complete one are invalid bytes: shown as decoded.
+            for held in range(1, min(self.UTF8_MAX, end - self.read) + 1):
+                text = self._decode(self.ids[self.start:end - held])
+                if not text.endswith("\ufffd"):
+                    end, full = end - held, text
+                    break
+            if end == self.read:
+                return ""
+        shown = self._decode(self.ids[self.start:self.read])
+        common = len(shown) if full.startswith(shown) else len(os.path.commonprefix([shown, full]))
+        new = full[common:]
+        self.start, self.read = self.read, end
+        self.text += new
+        return new
+
+
 class TextStream:
     """Turns round events into text, cutting at the first stop string (never emitted).
 
     Text that could be the start of a stop string is held back until it is decided.
+    `context`: the prompt ids (the text continues them: a leading space is kept).
     """
 
-    def __init__(self, tokenizer, stop: Sequence[str] = ()):
+    def __init__(self, tokenizer, stop: Sequence[str] = (), context: Sequence[int] = ()):
         if isinstance(stop, str):
             stop = [stop]
         self.stop = [s for s in stop if s]
-        self.detok = tokenizer.detokenizer if hasattr(tokenizer, "detokenizer") else None
-        if self.detok is None:
-            from mlx_lm.tokenizer_utils import TokenizerWrapper
-            self.detok = TokenizerWrapper(tokenizer).detokenizer
-        self.detok.reset()
+        self.decoder = IncrementalDecoder(tokenizer, context)
         self.sent = 0  # chars of the decoded text already emitted
         self.stopped = False
 
-    def _decoded(self) -> str:
-        return self.detok.text
-
     def feed(self, tokens: list[int], final: bool) -> tuple[str, bool]:
         """Add tokens; return (text safe to emit now, hit a stop string)."""
-        for t in tokens:
-            self.detok.add_token(t)
-        if final:
-            self.detok.finalize()
-        text = self._decoded()
+        self.decoder.add(tokens, final)
+        text = self.decoder.text
         for s in self.stop:
             i = text.find(s, max(0, self.sent - len(s) + 1))
             if i != -1:
@@ -110,11 +152,13 @@ class TextStream:
 
 
 def stream_text(pair, prompt_ids: Sequence[int], params: GenerationParams,
-                stop: Sequence[str] = (), session: Session | None = None) -> Iterator[TextChunk]:
-    """Generate and yield text per round; stops at EOS, a stop string or max_tokens."""
-    ts = TextStream(pair.tokenizer, stop)
+                stop: Sequence[str] = (), session: Session | None = None,
+                cancel: Callable[[], bool] | None = None) -> Iterator[TextChunk]:
+    """Generate and yield text per round; stops at EOS, a stop string or max_tokens.
+    `cancel`: polled between prefill chunks (True: ends without a chunk)."""
+    ts = TextStream(pair.tokenizer, stop, context=prompt_ids)
     hidden = params.stop_token_ids or pair.eos_ids  # end-of-turn tokens are not text
-    events = pair.stream(prompt_ids, params, session)
+    events = pair.stream(prompt_ids, params, session, cancel)
     try:
         for ev in events:
             visible = [t for t in ev.tokens if t not in hidden]

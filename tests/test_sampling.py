@@ -131,3 +131,27 @@ def test_bad_generation_params_are_rejected():
         dec.generate([1, 2], GenerationParams(max_tokens=4, block_size=9))
     with pytest.raises(ParameterError, match="empty"):
         dec.generate([], GenerationParams(max_tokens=4))
+
+
+def test_underflowing_temperature_and_top_p_never_sample_nans():
+    """A temperature so small that logits / T overflows float32, or a top_p that rounds to 0
+    in float32, is the T -> 0 / top-1 limit: greedy, never a vocabulary of NaNs."""
+    logits = mx.array([[1.0, 30.0, 29.5, -4.0]])
+    for t in (1e-31, 1e-38, 1e-39, 5e-324):
+        sp = SamplingParams(temperature=t)
+        assert sp.greedy and sp.temperature == 0.0
+        assert np.array(filtered_probs(logits, sp)).tolist() == [[0.0, 1.0, 0.0, 0.0]]
+    honoured = SamplingParams(temperature=1e-29)  # above the limit: sampled, still finite
+    assert not honoured.greedy
+    p = np.array(filtered_probs(logits * 1e6, honoured))
+    assert np.isfinite(p).all() and p.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+    p = np.array(filtered_probs(logits, SamplingParams(temperature=1.0, top_p=1e-46)))
+    assert p.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+    model = tiny.make_target("llama", vocab=V, seed=11)
+    drafter = tiny.make_drafter(2, vocab=V, mask_token_id=V - 1, seed=12, top_k=4)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
+    greedy = dec.generate(PROMPT, GenerationParams(max_tokens=8, block_size=4))
+    for sp in (SamplingParams(temperature=1e-39, seed=1), SamplingParams(temperature=1e-29, seed=1),
+               SamplingParams(temperature=1.0, top_p=1e-46, seed=1)):
+        out = dec.generate(PROMPT, GenerationParams(max_tokens=8, block_size=4, sampling=sp))
+        assert out == greedy, sp

@@ -411,7 +411,8 @@ def test_cli_serve_end_to_end(pair, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-c", CLI, "serve", "--target", str(target), "--drafter", str(drafter),
          "--port", str(port), "--context-length", "512", "--model-name", "tiny-cli",
-         "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--log-level", "warning", "--api-key", "unused", "--allowed-hosts", "box.lan",
+         "--shutdown-grace", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 45
@@ -421,9 +422,12 @@ def test_cli_serve_end_to_end(pair, tmp_path):
                     break
             time.sleep(0.1)
         assert proc.poll() is None, proc.communicate()[1]
-        card = httpx.get(base + "/v1/models").json()["data"][0]
+        key = {"Authorization": "Bearer unused"}
+        assert httpx.get(base + "/v1/models").status_code == 401
+        assert httpx.get(base + "/v1/models", headers={**key, "Host": "box.lan"}).status_code == 200
+        card = httpx.get(base + "/v1/models", headers=key).json()["data"][0]
         assert card["id"] == "tiny-cli" and card["dflash2"]["context_length"] == 512
-        assert card["dflash2"]["drafter"] == str(drafter)
+        assert card["dflash2"]["drafter"] == drafter.name  # a name, never a server path
         want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 8)
         cli = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
         r = cli.chat.completions.create(model="tiny-cli", messages=HI, max_tokens=8, temperature=0)

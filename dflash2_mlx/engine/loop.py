@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import mlx.core as mx
 
@@ -131,6 +131,10 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
+class _Cancelled(Exception):
+    """Raised between prefill chunks when the caller's `cancel` says so."""
+
+
 class SpeculativeDecoder:
     """`lookup`: propose the continuation of an earlier occurrence of the last `lookup`
     committed tokens when there is one (up to GenerationParams.lookup_block tokens verified),
@@ -182,14 +186,23 @@ class SpeculativeDecoder:
     def drafter_offset(self, session: Session) -> int:
         return session.drafter_cache[0].offset if session.drafter_cache else 0
 
-    def _prefill(self, session: Session, prompt: list[int], params: GenerationParams, key):
+    def _prefill(self, session: Session, prompt: list[int], params: GenerationParams, key,
+                 cancel: Callable[[], bool] | None = None):
         t0 = time.perf_counter()
         if session.in_round:  # interrupted mid-round last time: start clean
             self._clear(session)
         reused = self._reuse(session, prompt) if session.tokens else 0
         new = mx.array(prompt[reused:])[None]
         keep = self.drafter.config.context_rows_needed
-        logits, feats, first = self.target.prefill(new, session.target_cache, self.prefill_chunk, keep)
+
+        def between_chunks() -> None:
+            if cancel is not None and cancel():
+                raise _Cancelled
+
+        session.in_round = True  # a cancelled prefill leaves the caches half-filled
+        logits, feats, first = self.target.prefill(new, session.target_cache, self.prefill_chunk,
+                                                   keep, between_chunks)
+        session.in_round = False
         first += reused
         d_off = self.drafter_offset(session)
         pending = session.pending
@@ -293,11 +306,13 @@ class SpeculativeDecoder:
         seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
         return prompt, _Run(params, block, lookup_block, mx.random.key(seed))
 
-    def _start(self, session: Session, prompt: list[int], run: _Run) -> RoundEvent:
-        """Prefill the prompt (reusing what the session holds) and pick the first token."""
+    def _start(self, session: Session, prompt: list[int], run: _Run,
+               cancel: Callable[[], bool] | None = None) -> RoundEvent:
+        """Prefill the prompt (reusing what the session holds) and pick the first token.
+        Raises _Cancelled between prefill chunks when `cancel()` is true."""
         params = run.params
         run.key, sub = mx.random.split(run.key)
-        token, reused, prefill_ms = self._prefill(session, prompt, params, sub)
+        token, reused, prefill_ms = self._prefill(session, prompt, params, sub, cancel)
         session.prediction = PredictionLookup(params.prediction) if params.prediction else None
         if session.prediction is not None:
             session.prediction.extend([token])
@@ -307,12 +322,18 @@ class SpeculativeDecoder:
                           prefill=True, prompt_tokens=len(prompt) - reused, reused_tokens=reused)
 
     def stream(
-        self, prompt: Sequence[int], params: GenerationParams, session: Session | None = None
+        self, prompt: Sequence[int], params: GenerationParams, session: Session | None = None,
+        cancel: Callable[[], bool] | None = None,
     ) -> Iterator[RoundEvent]:
-        """Generate from `prompt` ids; yields one RoundEvent per round (the first: prefill)."""
+        """Generate from `prompt` ids; yields one RoundEvent per round (the first: prefill).
+        `cancel`: polled between prefill chunks; when it returns True the stream ends without
+        an event (a long prompt does not run on after its client left)."""
         prompt, run = self._validate(prompt, params)
         session = session if session is not None else self.new_session()
-        event = self._start(session, prompt, run)
+        try:
+            event = self._start(session, prompt, run, cancel)
+        except _Cancelled:
+            return
         yield event
         while event.finish_reason is None:
             event = self._round(session, run)

@@ -15,6 +15,11 @@ import mlx.core as mx
 
 from ..errors import ParameterError
 
+# Below this temperature the distribution is numerically argmax already (two distinct fp32
+# logits differ by far more than 1e-30 * 87, where exp underflows), while logits / T would
+# overflow float32 (1e-38, 1e-46: a vocabulary of NaNs); so it is greedy.
+GREEDY_BELOW = 1e-30
+
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -53,6 +58,8 @@ class SamplingParams:
             problem = field_problem(name, getattr(self, name))
             if problem:
                 raise ParameterError(f"{problem}; got {self._describe()}")
+        if self.temperature < GREEDY_BELOW:  # the T -> 0 limit: exactly greedy (see above)
+            object.__setattr__(self, "temperature", 0.0)
 
     def _describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
@@ -63,8 +70,14 @@ class SamplingParams:
 
 
 def filtered_probs(logits: mx.array, params: SamplingParams) -> mx.array:
-    """[..., V] logits -> [..., V] fp32 probabilities after temperature, top_k, top_p, min_p."""
-    scores = logits.astype(mx.float32) / params.temperature
+    """[..., V] logits -> [..., V] fp32 probabilities after temperature, top_k, top_p, min_p.
+    Greedy (temperature 0): the T -> 0 limit, one-hot on the argmax."""
+    scores = logits.astype(mx.float32)
+    if params.greedy:
+        vocab = scores.shape[-1]
+        return (mx.arange(vocab) == mx.argmax(scores, axis=-1, keepdims=True)).astype(mx.float32)
+    # Shift first (softmax is shift-invariant): the top row is exactly 0, never inf - inf.
+    scores = (scores - mx.max(scores, axis=-1, keepdims=True)) / params.temperature
     vocab = scores.shape[-1]
     if 0 < params.top_k < vocab:
         kth = mx.sort(scores, axis=-1)[..., vocab - params.top_k][..., None]
@@ -74,6 +87,8 @@ def filtered_probs(logits: mx.array, params: SamplingParams) -> mx.array:
         order = mx.argsort(-probs, axis=-1)
         sorted_p = mx.take_along_axis(probs, order, axis=-1)
         keep_sorted = (mx.cumsum(sorted_p, axis=-1) - sorted_p) < params.top_p
+        # The most likely token is always kept: a top_p below float32's range rounds to 0.
+        keep_sorted = keep_sorted | (mx.arange(keep_sorted.shape[-1]) == 0)
         keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
         probs = mx.where(keep, probs, 0.0)
     if params.min_p > 0:

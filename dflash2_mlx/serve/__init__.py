@@ -71,12 +71,38 @@ Extension fields
   /metrics adds dflash2_tool_calls_total, dflash2_unparsed_tool_calls_total,
   dflash2_reasoning_{tokens,rounds,accepted_tokens}_total.
 
-Errors: {"error": {"message", "type", "param", "code"}}; 400 bad input, 404 unknown model or
-route, 503 + Retry-After when the queue is full. Requests run one at a time on a worker thread;
-`max_queue` more may wait. A client that disconnects cancels its generation.
+Errors: {"error": {"message", "type", "param", "code"}}, each counted in /metrics by endpoint
+and status and logged as one line (no traceback); a bad value is quoted by its first characters
+only. 400 bad input (invalid JSON, nested over 64 levels, a lone UTF-16 surrogate anywhere, a
+prompt / prediction / stop string over its limit), 401 missing or wrong API key, 403 Host or
+Origin not allowed, 404 unknown model or route, 413 body over --max-body-mb (refused while it is
+read), 415 a POST that is not application/json, 499 (counted only) a client that left, 500 a
+server fault (details in the log only), 503 queue full (+ Retry-After: the queue's length times
+an exponential average of recent generation times) or shutting down.
+
+Limits (serve/limits.py, `ServeLimits`): the body size while it is read; prompt, prediction and
+stop lengths in characters before tokenizing (a bound only text over the token limit exceeds)
+and in tokens before queueing. Requests run one at a time on a worker thread; `max_queue` more
+may wait, a request being tokenized (off the event loop, one at a time) holding its place. A
+client that disconnects cancels its generation, between prefill chunks too; one log line each.
+temperature below 1e-30 is greedy (its limit; float32 would overflow); top_p always keeps the
+most likely token.
+
+Local by design (serve/security.py, `SecurityPolicy`): binds 127.0.0.1; answers only Host
+headers that name a loopback host (or --allowed-hosts); refuses cross-origin browser requests
+unless --cors names the origin (then CORS headers and preflights); only application/json POSTs;
+--api-key: `Authorization: Bearer KEY` on all but /health (constant-time compare); responses
+show a drafter's name, never a server path; X-Forwarded-For only from --trust-proxy addresses.
+
+Shutdown (serve/lifecycle.py): on Ctrl-C / SIGTERM the port closes, waiting requests get a JSON
+503, the running generation has --shutdown-grace seconds, then a stream ends with an error
+event and `data: [DONE]`, a whole answer with a JSON 503.
+
+Text is exactly the tokenizer's decode of the generated ids, continuing the prompt (a first
+token's leading space is kept; text.py's IncrementalDecoder).
 
 Pointing an agent at the server: any OpenAI client, base URL http://127.0.0.1:8000/v1, any API
-key, model = the served id (GET /v1/models). A tool loop with the official client:
+key (unless --api-key), model = the served id (GET /v1/models). A tool loop with the official client:
 
     from openai import OpenAI
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="local")
@@ -95,6 +121,10 @@ key, model = the served id (GET /v1/models). A tool loop with the official clien
     print(msg.content)
 """
 
-from .app import create_app, default_context_length
+from .app import create_app, default_context_length, display_name
+from .lifecycle import run as run_server
+from .limits import ServeLimits
+from .security import SecurityPolicy
 
-__all__ = ["create_app", "default_context_length"]
+__all__ = ["SecurityPolicy", "ServeLimits", "create_app", "default_context_length",
+           "display_name", "run_server"]

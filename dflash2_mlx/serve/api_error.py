@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+import reprlib
+
+MAX_MESSAGE = 600  # characters of an error message; a bad value is quoted by `brief`
+MAX_PARAM = 120
+
+_brief = reprlib.Repr()
+_brief.maxstring, _brief.maxother, _brief.maxlong = 60, 60, 40
+_brief.maxlist = _brief.maxdict = _brief.maxtuple = 6
+
+
+def brief(value) -> str:
+    """repr(value), shortened: an error quotes the start of a bad value, never all 5 MB."""
+    return _brief.repr(value)
+
 
 class APIError(Exception):
     """An error answered as {"error": {"message", "type", "param", "code"}}."""
@@ -9,6 +23,10 @@ class APIError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  type: str = "invalid_request_error", code: str | None = None,
                  headers: dict[str, str] | None = None):
+        if len(message) > MAX_MESSAGE:  # whatever a message quotes, it stays short
+            message = message[:MAX_MESSAGE] + "..."
+        if param is not None and len(param) > MAX_PARAM:
+            param = param[:MAX_PARAM] + "..."
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
         self.type, self.code, self.headers = type, code, headers or {}

@@ -7,12 +7,13 @@ GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text)
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import os
 import time
+from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.loop import GenerationParams
@@ -20,10 +21,15 @@ from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error
 from ..settings import SamplingDefaults, check_block
 from . import metrics as metrics_mod
+from .body import ClientGone, read_json
 from .chat_prompt import ChatTemplate
-from .handler import Handler, Settings, error_response, unknown_model
+from .guard import FaultGuard
+from .handler import CLIENT_GONE, Handler, Settings, error_response, unknown_model
+from .lifecycle import Drain
+from .limits import RequestLimits, ServeLimits
 from .queue import Worker
 from .schemas import APIError, parse_chat, parse_completion
+from .security import SecurityGate, SecurityPolicy
 
 log = logging.getLogger("dflash2.serve")
 
@@ -63,15 +69,13 @@ class _CountResponses:
         return await self.app(scope, receive, counting_send)
 
 
-async def _json_body(request: Request) -> dict:
-    raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(400, f"could not parse the JSON body: {e}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-    return body
+def display_name(name: str | None) -> str | None:
+    """A folder's name instead of its path: responses never show the server's filesystem."""
+    if name is None:
+        return None
+    if os.path.isabs(os.path.expanduser(name)) or name.startswith(".") or Path(name).exists():
+        return Path(name).name or name
+    return name
 
 
 def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int | None = None,
@@ -80,22 +84,28 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
                sampling: SamplingDefaults | None = None,
                thinking: bool | None = None,
                prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB,
-               lookup_block: int | None = None) -> FastAPI:
+               lookup_block: int | None = None,
+               limits: ServeLimits | None = None, security: SecurityPolicy | None = None
+               ) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
 
     max_queue: requests that may wait while one generates (beyond: 503 + Retry-After).
     context_length: prompt + max_tokens limit (default: the target's max_position_embeddings,
     else 4096). default_max_tokens: for requests that give none, clipped to what the context
     leaves. block_size / speculative: the engine settings of every request. drafter_name: shown
-    in /v1/models. sampling: what a request gets for the sampling fields it leaves out
+    in /v1/models (a path shows as its last part). sampling: what a request gets for the sampling fields it leaves out
     (dflash2_mlx.settings.resolve_sampling; default: greedy). thinking: the `enable_thinking` of
     requests that do not set it in chat_template_kwargs (None: the template's own default;
     refused if the template has no such switch). prompt_cache_mb: memory for the
     engine state of recent conversations, reused by prompt prefix across requests
     (engine/prompt_cache.py); 0: off. lookup_block: tokens verified in a round drafted by
-    context lookup or a request's prediction (None: the engine's default). The worker thread
-    starts and stops with the app (its lifespan).
+    context lookup or a request's prediction (None: the engine's default). limits: body size,
+    prompt / prediction / stop lengths, shutdown grace (serve/limits.py); security: hosts,
+    origins, API key (serve/security.py). The worker thread starts and stops with the app (its
+    lifespan).
     """
+    limits = limits or ServeLimits()
+    security = security or SecurityPolicy()
     trained = pair.drafter.config.block_size
     if block_size is not None:
         check_block(block_size, trained, "block_size")
@@ -119,8 +129,11 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
     if prompt_cache is not None:
         metrics.prompt_cache = prompt_cache.stats
     worker = Worker(pair, max_queue, metrics, prompt_cache)
-    handler = Handler(pair, worker, settings, chat)
+    handler = Handler(pair, worker, settings, chat,
+                      RequestLimits(limits, pair.tokenizer, context))
+    drain = Drain(worker, limits.shutdown_grace_s)
     started = int(time.time())
+    drafter_shown = display_name(drafter_name)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -129,32 +142,34 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
             yield
         finally:
             worker.stop()
+            handler.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="dflash2", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.worker, app.state.metrics, app.state.settings = worker, metrics, settings
+    app.state.limits, app.state.security, app.state.drain = limits, security, drain
 
     @app.exception_handler(APIError)
     async def _api_error(request, err: APIError):
-        return error_response(err)
+        return error_response(err, request)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request, exc: ClientGone):
+        log.info("%s %s: the client closed the connection during its upload", request.method,
+                 request.url.path)
+        return Response(status_code=CLIENT_GONE)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        msg = f"{request.method} {request.url.path}: {exc.detail}"
-        return error_response(APIError(exc.status_code, msg, code=code))
-
-    @app.exception_handler(Exception)
-    async def _server_error(request, exc: Exception):
-        log.exception("unhandled error")
-        return error_response(APIError(500, f"internal error: {type(exc).__name__}",
-                                       type="server_error", code="internal_error"))
+        msg = f"{request.method} {request.url.path[:100]}: {exc.detail}"
+        return error_response(APIError(exc.status_code, msg, code=code), request)
 
     def model_card() -> dict:
         """The model object, with `dflash2`: the engine every request of this server runs."""
         return {"id": model_name, "object": "model", "created": started, "owned_by": "dflash2",
                 "dflash2": {
-                    "speculative": speculative, "drafter": drafter_name,
+                    "speculative": speculative, "drafter": drafter_shown,
                     "drafter_version": pair.drafter.config.version,
                     "draft_vocab": pair.drafter.draft_vocab_size,
                     "lookup": pair.decoder.lookup,
@@ -176,8 +191,9 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
 
     @app.get("/health")
     async def health():
-        ok = worker.alive
-        body = {"status": "ok" if ok else "error", "model": model_name,
+        ok = worker.alive and not drain.draining
+        status = "ok" if ok else ("shutting_down" if drain.draining else "error")
+        body = {"status": status, "model": model_name,
                 "queue_depth": worker.waiting, "in_flight": worker.running}
         return JSONResponse(body, status_code=200 if ok else 503)
 
@@ -185,13 +201,19 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
     async def get_metrics():
         return PlainTextResponse(metrics.render(), media_type=metrics_mod.CONTENT_TYPE)
 
+    async def json_body(request: Request) -> dict:
+        return await read_json(request, limits.max_body_bytes)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await handler.handle(request, parse_chat(await _json_body(request)))
+        return await handler.handle(request, parse_chat(await json_body(request)))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await handler.handle(request, parse_completion(await _json_body(request)))
+        return await handler.handle(request, parse_completion(await json_body(request)))
 
+    # Outermost last: every response is counted, refusals included; faults become JSON 500s.
+    app.add_middleware(FaultGuard)
+    app.add_middleware(SecurityGate, policy=security)
     app.add_middleware(_CountResponses, metrics=metrics)
     return app

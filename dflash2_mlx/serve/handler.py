@@ -1,4 +1,5 @@
-"""One generation request: tokenize, check the context, queue, then answer whole or as SSE.
+"""One generation request: check lengths, reserve a queue place, tokenize (off the event loop,
+one at a time), check the context, queue, then answer whole or as SSE.
 
 A client that leaves is noticed while the request waits or generates (non-streaming: polled;
 streaming: Starlette cancels the response) and its job is cancelled, freeing the worker.
@@ -10,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -21,8 +23,10 @@ from ..errors import DFlash2Error
 from ..settings import SamplingDefaults
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .format import SSE_DONE, Formatter, ReplyStats, sse, usage
-from .queue import Item, Job, QueueFull, Worker
+from .limits import RequestLimits
+from .queue import Item, Job, QueueFull, ShuttingDown, Worker
 from .reply import ChatReply, Delta
+from .api_error import brief
 from .schemas import APIError, GenRequest, invalid
 
 log = logging.getLogger("dflash2.serve")
@@ -31,15 +35,31 @@ DISCONNECT_POLL_S = 0.2
 CLIENT_GONE = 499  # nginx's "client closed request": counted in /metrics, never seen by anyone
 
 
-def error_response(err: APIError) -> JSONResponse:
+def error_response(err: APIError, request: Request | None = None) -> JSONResponse:
+    """The JSON error, logged as one line (a client's mistake is not the server's)."""
+    where = f"{request.method} {request.url.path}: " if request is not None else ""
+    log.log(logging.ERROR if err.status >= 500 and err.status != 503 else logging.INFO,
+            "%s%d %s: %s", where, err.status, err.code or err.type, err.message)
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", type="server_error",
+                    code="shutting_down")
+
+
+def internal_error(exc: BaseException) -> APIError:
+    """A server fault: the type only (details, paths included, go to the server log)."""
+    return APIError(500, f"internal error ({type(exc).__name__}); see the server log",
+                    type="server_error", code="internal_error")
+
+
 def _from_worker(err: BaseException) -> APIError:
+    if isinstance(err, ShuttingDown):
+        return shutting_down()
     if isinstance(err, DFlash2Error):
         return APIError(400, str(err))
-    return APIError(500, f"generation failed: {type(err).__name__}: {err}", type="server_error",
-                    code="internal_error")
+    return internal_error(err)
 
 
 @dataclass(frozen=True)
@@ -104,8 +124,12 @@ class _SSEResponse(StreamingResponse):
 
 
 class Handler:
-    def __init__(self, pair, worker: Worker, settings: Settings, chat: ChatTemplate):
+    def __init__(self, pair, worker: Worker, settings: Settings, chat: ChatTemplate,
+                 limits: RequestLimits):
         self.pair, self.worker, self.s, self.chat = pair, worker, settings, chat
+        self.limits = limits
+        # One tokenization at a time: a burst of long prompts cannot multiply the memory.
+        self.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="dflash2-tokenize")
 
     # ------------------------------------------------------------------ before the queue
     def chat_prompt(self, req: GenRequest) -> ChatPrompt:
@@ -155,25 +179,48 @@ class Handler:
             raise
         except Exception as e:  # a server bug: answer 500 (counted), keep serving
             log.exception("request failed")
-            raise APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error",
-                           code="internal_error") from None
+            raise internal_error(e) from None
+
+    def _encode(self, req: GenRequest):
+        """(chat prompt or None, prompt ids, stop strings, predicted ids)."""
+        prompt, stop = None, req.stop
+        if req.kind == "chat":
+            prompt = self.chat_prompt(req)
+            ids, stop = prompt.ids, stop + list(prompt.stops)
+        else:
+            ids = self.tokenize(req)
+        return prompt, ids, stop, self.predicted_ids(req)
+
+    async def _queue(self, req: GenRequest) -> tuple[Job, ChatPrompt | None, int]:
+        """Reserve a place (503 when full), tokenize in it, queue the job; (job, chat prompt,
+        prompt length). A request waiting to be tokenized holds its place."""
+        self.limits.check_text(req)
+        try:
+            self.worker.reserve()
+        except QueueFull as e:
+            raise APIError(503, str(e), type="server_error", code="queue_full",
+                           headers={"Retry-After": str(e.retry_after)}) from None
+        except ShuttingDown:
+            raise shutting_down() from None
+        try:
+            loop = asyncio.get_running_loop()
+            prompt, ids, stop, predicted = await loop.run_in_executor(
+                self.tokenizer_thread, self._encode, req)
+            self.limits.check_tokens(req, ids, predicted)
+            job = Job(ids, self.plan(req, ids, predicted), stop)
+        except BaseException:
+            self.worker.unreserve()
+            raise
+        try:
+            self.worker.submit(job)
+        except ShuttingDown:
+            raise shutting_down() from None
+        return job, prompt, len(ids)
 
     async def _handle(self, request: Request, req: GenRequest) -> Response:
         if req.model is not None and req.model != self.s.model_name:
             raise unknown_model(req.model, self.s.model_name)
-        prompt, stop = None, req.stop
-        if req.kind == "chat":
-            prompt = await asyncio.to_thread(self.chat_prompt, req)
-            ids, stop = prompt.ids, stop + list(prompt.stops)
-        else:
-            ids = await asyncio.to_thread(self.tokenize, req)
-        predicted = await asyncio.to_thread(self.predicted_ids, req)
-        job = Job(ids, self.plan(req, ids, predicted), stop)
-        try:
-            self.worker.submit(job)
-        except QueueFull as e:
-            raise APIError(503, str(e), type="server_error", code="queue_full",
-                           headers={"Retry-After": str(e.retry_after)}) from None
+        job, prompt, n_prompt = await self._queue(req)
         reader = _Reader(job, request)
 
         def release():
@@ -187,14 +234,14 @@ class Handler:
             if first is None:
                 return Response(status_code=CLIENT_GONE)
             if first.kind == "error":
-                return error_response(_from_worker(first.error))
+                return error_response(_from_worker(first.error), request)
             fmt = Formatter(req.kind, self.s.model_name)
             reply = ChatReply(self.pair.tokenizer, prompt) if prompt is not None else None
             if req.stream:
                 handed_over = True
-                return _SSEResponse(self._stream(fmt, req, len(ids), first, reader, reply),
+                return _SSEResponse(self._stream(fmt, req, n_prompt, first, reader, reply),
                                     release)
-            return await self._complete(fmt, len(ids), first, reader, reply)
+            return await self._complete(fmt, n_prompt, first, reader, reply)
         finally:
             if not handed_over:
                 release()
@@ -215,7 +262,7 @@ class Handler:
             if item is None:
                 return Response(status_code=CLIENT_GONE)
             if item.kind == "error":
-                return error_response(_from_worker(item.error))
+                return error_response(_from_worker(item.error), reader.request)
             if item.kind == "done":
                 break
             stats.add(item.event)
@@ -247,8 +294,11 @@ class Handler:
             elif item.text:
                 yield sse(fmt.chunk(item.text, with_usage=with_usage))
             item = await reader.next(poll_disconnect=False)  # Starlette watches the client
-        if item.kind == "error":  # headers are sent: report it in the stream
-            yield sse(_from_worker(item.error).body())
+        if item.kind == "error":  # headers are sent: report it in the stream, then end it
+            err = _from_worker(item.error)
+            log.info("stream ended by %d %s: %s", err.status, err.code, err.message)
+            yield sse(err.body())
+            yield SSE_DONE
             return
         counted = None
         if reply is not None:
@@ -280,5 +330,5 @@ def _delta_chunks(fmt: Formatter, deltas: list[Delta], with_usage: bool):
 
 
 def unknown_model(name: str, served: str) -> APIError:
-    return APIError(404, f"The model {name!r} does not exist; this server serves {served!r}",
+    return APIError(404, f"The model {brief(name)} does not exist; this server serves {served!r}",
                     param="model", code="model_not_found")

@@ -15,14 +15,12 @@ from typing import Any, Callable
 
 from ..engine.sampling import field_problem
 from ..settings import SAMPLING_FLAGS
-from .api_error import APIError, invalid  # noqa: F401  (APIError is imported from here)
+from .api_error import APIError, brief, invalid  # noqa: F401  (APIError is imported from here)
 from .reasoning import parse_template_kwargs
 from .tools import ToolRequest, history_tool_calls, parse_tools, tool_call_id
 
 MAX_STOP = 16
 MAX_SEED = 2**64 - 1
-
-
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -93,16 +91,16 @@ def _check_fields(body: dict, own: set[str], refused: dict) -> None:
         if name in refused:
             neutral, why = refused[name]
             if not neutral(value):
-                raise invalid(name, f"{name}={value!r}: {why}", "unsupported_parameter")
+                raise invalid(name, f"{name}={brief(value)}: {why}", "unsupported_parameter")
         elif name not in own and name not in _HARMLESS:
-            raise invalid(name, f"Unrecognized request argument supplied: {name}",
+            raise invalid(name, f"Unrecognized request argument supplied: {name[:60]}",
                           "unknown_parameter")
 
 
 def _opt(body: dict, name: str, test: Callable[[Any], bool], expected: str):
     v = body.get(name)
     if v is not None and not test(v):
-        raise invalid(name, f"{name} must be {expected}; got {v!r}", "invalid_type")
+        raise invalid(name, f"{name} must be {expected}; got {brief(v)}", "invalid_type")
     return v
 
 
@@ -120,14 +118,14 @@ def _sampling(body: dict) -> dict[str, Any]:
         integer = name in _INT_FIELDS
         if not (_is_int(v) if integer else _is_num(v)):
             raise invalid(name, f"{name} must be {'an integer' if integer else 'a number'}; "
-                          f"got {v!r}", "invalid_type")
+                          f"got {brief(v)}", "invalid_type")
         if name == "top_k" and v == -1:  # vLLM's and mlx-lm's "off"
             v = 0
         if name == "seed" and v > MAX_SEED:
             raise invalid("seed", f"seed must be in [0, 2**64 - 1]; got {v}")
         problem = field_problem(name, v)
         if problem:
-            raise invalid(name, f"{problem}; got {v!r}")
+            raise invalid(name, f"{problem}; got {brief(v)}")
         given[name] = v if integer else float(v)
     return given
 
@@ -200,7 +198,7 @@ def _prediction(value) -> str | None:
                           "unsupported_parameter")
     if value.get("type") != "content":
         raise invalid("prediction.type", "prediction.type must be \"content\"; got "
-                      f"{value.get('type')!r}")
+                      f"{brief(value.get('type'))}")
     return _text("prediction.content", value.get("content"), "")
 
 
@@ -217,10 +215,10 @@ def _message(i: int, m) -> dict:
     role = m.get("role")
     if role not in _MESSAGE_FIELDS:
         raise invalid(f"messages[{i}].role", "role must be system, developer, user, assistant "
-                      f"or tool; got {role!r}")
+                      f"or tool; got {brief(role)}")
     for k, v in m.items():
         if k not in ("role", "content", *_MESSAGE_FIELDS[role]) and v not in (None, []):
-            raise invalid(f"messages[{i}].{k}", f"message field {k!r} is not supported"
+            raise invalid(f"messages[{i}].{k}", f"message field {brief(k)} is not supported"
                           + (f" on a {role} message" if k in _MESSAGE_FIELDS["assistant"]
                              + _MESSAGE_FIELDS["tool"] else ""), "unsupported_parameter")
     calls = m.get("tool_calls") if role == "assistant" else None

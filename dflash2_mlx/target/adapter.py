@@ -9,7 +9,7 @@ recurrent caches by exact recomputation over the accepted prefix (see rollback.p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
@@ -118,9 +118,11 @@ class TargetAdapter:
         features = mx.concatenate([cap.features[i] for i in self.layer_ids], axis=-1)
         return Forward(logits, features, cap)
 
-    def prefill(self, ids: mx.array, cache: list, chunk: int = 512, keep_rows: int | None = None):
+    def prefill(self, ids: mx.array, cache: list, chunk: int = 512, keep_rows: int | None = None,
+                between: Callable[[], None] | None = None):
         """Chunked prefill of ids [1, P] -> (last logits [1, 1, V], features of the last
-        `keep_rows` positions (all when None), index of the first kept row)."""
+        `keep_rows` positions (all when None), index of the first kept row).
+        `between` is called after each chunk but the last (it may raise to stop)."""
         total = ids.shape[1]
         kept: list[mx.array] = []
         kept_rows = 0
@@ -137,6 +139,8 @@ class TargetAdapter:
             logits = fwd.logits
             mx.eval(logits, kept[-1], [c.state for c in cache])
             start = end
+            if between is not None and start < total:
+                between()
         features = mx.concatenate(kept, axis=1) if len(kept) > 1 else kept[0]
         if keep_rows is not None and features.shape[1] > keep_rows:
             features = features[:, -keep_rows:]

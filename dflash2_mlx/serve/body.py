@@ -1,0 +1,99 @@
+"""Request bodies: read with a size limit (enforced while reading), parsed, checked for JSON
+that Python accepts but nothing downstream can use (deep nesting, lone surrogates).
+
+Every failure is a 4xx `APIError` naming what was wrong, without quoting the body; a client
+that leaves mid-upload raises `ClientGone` (answered 499, counted, one log line).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from starlette.requests import ClientDisconnect, Request
+
+from .schemas import APIError
+
+MAX_DEPTH = 64  # OpenAI bodies nest a few levels (tool schemas a dozen)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its request was read."""
+
+
+def _invalid_json(message: str) -> APIError:
+    return APIError(400, message, code="invalid_json")
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed `max_bytes` (a declared
+    Content-Length before reading anything, else while the chunks arrive)."""
+    too_large = APIError(413, f"the request body exceeds this server's limit of {max_bytes} "
+                         "bytes", code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_bytes:
+                raise too_large
+    except ClientDisconnect:
+        raise ClientGone from None
+    return bytes(body)
+
+
+async def read_json(request: Request, max_bytes: int) -> dict:
+    """The body as a JSON object: size-limited, parsed, free of lone surrogates."""
+    raw = await read_body(request, max_bytes)
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise _invalid_json("could not parse the JSON body: it is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:  # the message names a position, not a value
+        raise _invalid_json(f"could not parse the JSON body: {str(e)[:120]}") from None
+    del raw
+    if not isinstance(body, dict):
+        raise _invalid_json("the request body must be a JSON object")
+    check_tree(body)
+    return body
+
+
+def check_tree(body) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and strings (keys included) holding a lone
+    UTF-16 surrogate ("\\ud800": valid JSON, not valid Unicode: no tokenizer or encoder takes
+    it). Iterative, so no depth can exhaust the stack; paths are spelled only for an error."""
+    stack: list = [(body, None, 0)]  # (value, trail: (parent trail, key or index), depth)
+    while stack:
+        value, trail, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _invalid_json(f"the JSON body is nested more than {MAX_DEPTH} levels deep")
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise _surrogate(_path(trail), "")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if _SURROGATE.search(k):
+                    raise _surrogate(_path(trail), "a key in ")
+                if isinstance(v, (str, dict, list)):
+                    stack.append((v, (trail, k), depth + 1))
+        elif isinstance(value, list):
+            stack.extend((v, (trail, i), depth + 1) for i, v in enumerate(value)
+                         if isinstance(v, (str, dict, list)))
+
+
+def _path(trail) -> str:
+    """messages[0].content, from a trail of keys and indices."""
+    parts = []
+    while trail is not None:
+        trail, key = trail
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    return "".join(reversed(parts)).lstrip(".")
+
+
+def _surrogate(path: str, where: str) -> APIError:
+    return APIError(400, f"{where}{path or 'the body'} holds a lone UTF-16 surrogate (an "
+                    "unpaired \\ud800-\\udfff escape): not valid Unicode", param=path or None,
+                    code="invalid_unicode")

@@ -1,0 +1,42 @@
+"""The last line of defence: an exception no route handled becomes one JSON 500.
+
+Starlette's own fallback answers 500 and then re-raises, so every fault is logged twice (once
+by the app, once by uvicorn, whole tracebacks) and the keep-alive connection drops. Here a
+fault is logged once, answered once (when the response has not started) and the connection
+lives on; a stream that fails midway just ends.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi.responses import JSONResponse
+
+from .handler import internal_error
+
+log = logging.getLogger("dflash2.serve")
+
+
+class FaultGuard:
+    """ASGI middleware: see the module docstring."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # noqa: BLE001 - a server fault, reported, not propagated
+            log.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
+            if not started:
+                err = internal_error(exc)
+                await JSONResponse(err.body(), status_code=500)(scope, receive, send)

@@ -1,0 +1,85 @@
+"""Running the app under uvicorn, and shutting it down gracefully.
+
+On Ctrl-C (SIGINT) or SIGTERM: the listening socket closes (uvicorn); new requests on open
+connections and every request still waiting in the queue get a JSON 503; the running
+generation may finish for `grace` seconds, after which it is stopped: a stream ends with an
+error event and `data: [DONE]`, a whole answer is a JSON 503. Then the worker stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import uvicorn
+
+from .queue import ShuttingDown, Worker
+from .security import SecurityPolicy
+
+log = logging.getLogger("dflash2.serve")
+
+# uvicorn's own deadline comes after ours, so a stopped stream can still send its last events.
+DELIVERY_MARGIN_S = 2.0
+
+
+class Drain:
+    """Shutdown state of one app (app.state.drain): begun once by the server."""
+
+    def __init__(self, worker: Worker, grace_s: float):
+        self.worker, self.grace_s = worker, grace_s
+        self.draining = False
+
+    def begin(self) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        self.worker.close()
+        log.info("shutting down: waiting requests answered 503; running generation has %g s",
+                 self.grace_s)
+        asyncio.get_running_loop().call_later(self.grace_s, self.worker.cut, ShuttingDown())
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose shutdown first drains the app's queue (see the module doc)."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain):
+        super().__init__(config)
+        self.drain = drain
+
+    async def shutdown(self, sockets=None) -> None:
+        self.drain.begin()
+        await super().shutdown(sockets)
+
+
+def show_logs(log_level: str) -> None:
+    """The server's own lines (refusals, cancellations, shutdown) on stderr, as uvicorn's."""
+    from uvicorn.logging import DefaultFormatter
+
+    logger = logging.getLogger("dflash2")
+    logger.setLevel(log_level.upper() if log_level != "trace" else logging.DEBUG)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+        logger.addHandler(handler)
+
+
+def make_server(app, *, log_level: str = "info") -> DrainingServer:
+    """A server for an app made by `create_app`: its grace period, its forwarding policy."""
+    show_logs(log_level)
+    drain: Drain = app.state.drain
+    security: SecurityPolicy = app.state.security
+    config = uvicorn.Config(app, log_level=log_level,
+                            timeout_graceful_shutdown=drain.grace_s + DELIVERY_MARGIN_S,
+                            **security.uvicorn_options())
+    return DrainingServer(config, drain)
+
+
+def run(app, sock: socket.socket, *, log_level: str = "info") -> int:
+    """Serve on a bound socket until Ctrl-C / SIGTERM; the exit code (130 after Ctrl-C)."""
+    server = make_server(app, log_level=log_level)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it captured once it has shut down
+        return 130
+    return 0

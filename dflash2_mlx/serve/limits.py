@@ -1,0 +1,104 @@
+"""What one request may make the server do: body size, prompt / prediction / stop lengths.
+
+Every bound is checked before the work it protects: the body size while it is read (before
+parsing), lengths in characters before tokenizing (a bound that only refuses text that must
+exceed the token limit), lengths in tokens before the request is queued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import DFlash2Error
+from .schemas import APIError, GenRequest
+
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """Resolved once from the command line (cli/serve.py) and passed to `create_app`.
+
+    max_body_bytes: a larger request body is refused with 413 while it is read.
+    max_prompt_tokens / max_prediction_tokens: None = the context length allows.
+    max_stop_chars: the longest stop string.
+    shutdown_grace_s: after Ctrl-C, how long running generations may finish.
+    """
+
+    max_body_bytes: int = 4 * MB
+    max_prompt_tokens: int | None = None
+    max_prediction_tokens: int | None = None
+    max_stop_chars: int = 1000
+    shutdown_grace_s: float = 10.0
+
+    def __post_init__(self):
+        for name in ("max_body_bytes", "max_stop_chars"):
+            if getattr(self, name) < 1:
+                raise DFlash2Error(f"{name} must be >= 1; got {getattr(self, name)}")
+        for name in ("max_prompt_tokens", "max_prediction_tokens"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise DFlash2Error(f"{name} must be >= 1; got {v}")
+        if not self.shutdown_grace_s >= 0:
+            raise DFlash2Error(f"shutdown_grace_s must be >= 0; got {self.shutdown_grace_s}")
+
+
+def longest_token_chars(tokenizer) -> int | None:
+    """An upper bound on the characters one token covers (None: unknown). Vocabulary strings
+    are at least as long as the text they decode to (byte-level and SentencePiece alike)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without HF's vocabulary accessor: no character bound
+        return None
+    return max((len(t) for t in vocab), default=None) or None
+
+
+class RequestLimits:
+    """ServeLimits resolved against one server's tokenizer and context length."""
+
+    def __init__(self, limits: ServeLimits, tokenizer, context: int):
+        self.prompt_tokens = min(limits.max_prompt_tokens or context - 1, context - 1)
+        self.prediction_tokens = limits.max_prediction_tokens or context
+        self.stop_chars = limits.max_stop_chars
+        per_token = longest_token_chars(tokenizer)
+        # Text longer than this holds more tokens than allowed, however it tokenizes.
+        self.prompt_chars = per_token and per_token * self.prompt_tokens
+        self.prediction_chars = per_token and per_token * self.prediction_tokens
+
+    def check_text(self, req: GenRequest) -> None:
+        """Before tokenizing: lengths in characters."""
+        for i, s in enumerate(req.stop):
+            if len(s) > self.stop_chars:
+                raise _too_long(f"stop[{i}]" if len(req.stop) > 1 else "stop",
+                                f"a stop string has {len(s)} characters; the limit is "
+                                f"{self.stop_chars}")
+        where = "messages" if req.kind == "chat" else "prompt"
+        if req.kind == "chat":
+            chars = sum(len(m["content"]) for m in req.messages or ())
+        else:
+            chars = len(req.prompt) if isinstance(req.prompt, str) else 0
+            if isinstance(req.prompt, list) and len(req.prompt) > self.prompt_tokens:
+                raise self.prompt_error(where, len(req.prompt))
+        if self.prompt_chars and chars > self.prompt_chars:
+            raise _too_long(where, f"the prompt has {chars} characters: more than "
+                            f"{self.prompt_tokens} tokens, this server's prompt limit",
+                            "context_length_exceeded")
+        if self.prediction_chars and req.prediction and len(req.prediction) > self.prediction_chars:
+            raise _too_long("prediction", f"the prediction has {len(req.prediction)} characters: "
+                            f"more than {self.prediction_tokens} tokens, this server's limit")
+
+    def check_tokens(self, req: GenRequest, ids: list[int], predicted) -> None:
+        """After tokenizing, before queueing: lengths in tokens."""
+        if len(ids) > self.prompt_tokens:
+            raise self.prompt_error("messages" if req.kind == "chat" else "prompt", len(ids))
+        if len(predicted) > self.prediction_tokens:
+            raise _too_long("prediction", f"the prediction has {len(predicted)} tokens; this "
+                            f"server's limit is {self.prediction_tokens}")
+
+    def prompt_error(self, where: str, n: int) -> APIError:
+        return _too_long(where, f"the prompt has {n} tokens; this server's limit is "
+                         f"{self.prompt_tokens}", "context_length_exceeded")
+
+
+def _too_long(param: str, message: str, code: str = "too_long") -> APIError:
+    return APIError(400, message, param=param, code=code)

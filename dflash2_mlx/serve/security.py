@@ -1,0 +1,171 @@
+"""Local by design: which requests the server answers at all.
+
+A server on 127.0.0.1 is still reachable from any web page the user opens: a page can POST to
+it (a `text/plain` "simple request" needs no preflight), and through DNS rebinding
+(evil.example resolving to 127.0.0.1) read the answers. So, before any route runs:
+- the Host header must name a loopback host (localhost, 127.x.x.x, ::1) or one the operator
+  allows (`--allowed-hosts`): a rebound name is refused;
+- a browser's cross-origin request (an Origin header other than the server's own) is refused
+  unless `--cors` names that origin; allowed origins get CORS headers and preflights;
+- POST bodies must be `application/json` (never a form or text/plain a page can send freely);
+- with `--api-key`, every endpoint but /health needs `Authorization: Bearer <key>` (compared in
+  constant time).
+Forwarding headers (X-Forwarded-For) are trusted only from `--trust-proxy` addresses (uvicorn).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+from dataclasses import dataclass
+
+from fastapi.responses import JSONResponse, Response
+
+from ..errors import DFlash2Error
+from .schemas import APIError
+
+log = logging.getLogger("dflash2.serve")
+
+OPEN_PATHS = ("/health",)  # answered without the API key (liveness probes)
+PREFLIGHT_MAX_AGE = "600"
+
+
+@dataclass(frozen=True)
+class SecurityPolicy:
+    """Resolved once from the command line (cli/serve.py) and passed to `create_app`.
+
+    allowed_hosts: Host names/addresses answered besides loopback ones ("*": any).
+    cors_origins: browser origins allowed cross-origin, e.g. "http://localhost:3000" ("*": any).
+    api_key: the Bearer token every request but /health must carry (None: none needed).
+    trusted_proxies: addresses whose X-Forwarded-For / -Proto headers are believed.
+    """
+
+    allowed_hosts: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    api_key: str | None = None
+    trusted_proxies: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "allowed_hosts", tuple(h.strip().lower().strip("[]")
+                                                        for h in self.allowed_hosts if h.strip()))
+        object.__setattr__(self, "cors_origins", tuple(o.strip().rstrip("/").lower()
+                                                       for o in self.cors_origins if o.strip()))
+        for origin in self.cors_origins:
+            if origin != "*" and "://" not in origin:
+                raise DFlash2Error(f"--cors {origin!r}: an origin is scheme://host[:port], "
+                                   "e.g. http://localhost:3000 (or * for any)")
+        if self.api_key is not None and not self.api_key.strip():
+            raise DFlash2Error("--api-key is empty")
+
+    def uvicorn_options(self) -> dict:
+        """Forwarding headers: believed only from the trusted proxies (none by default)."""
+        if not self.trusted_proxies:
+            return {"proxy_headers": False}
+        return {"proxy_headers": True, "forwarded_allow_ips": ",".join(self.trusted_proxies)}
+
+
+def split_host(header: str) -> str:
+    """'Example.com:8000' -> 'example.com'; '[::1]:8000' -> '::1'."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    if header.count(":") == 1:
+        return header.split(":", 1)[0]
+    return header
+
+
+WILDCARDS = ("0.0.0.0", "::")
+
+
+def hosts_for_bind(bind_host: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """`allowed` plus the address the server listens on (its clients name it in Host), unless
+    that is a loopback or wildcard address."""
+    bound = split_host(bind_host)
+    if bound and bound not in WILDCARDS and not is_loopback(bound):
+        return (*allowed, bound)
+    return allowed
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class SecurityGate:
+    """ASGI middleware enforcing a SecurityPolicy (see the module docstring)."""
+
+    def __init__(self, app, policy: SecurityPolicy):
+        self.app, self.policy = app, policy
+        self._key = policy.api_key.encode() if policy.api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            cors = self._check(scope, headers)
+        except APIError as err:
+            log.info("refused %s %s: %s", scope["method"], scope["path"], err.message)
+            return await JSONResponse(err.body(), err.status, err.headers)(scope, receive, send)
+        if cors is None:
+            return await self.app(scope, receive, send)
+        if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+            allow = headers.get("access-control-request-headers", "authorization, content-type")
+            return await Response(status_code=204, headers={
+                **cors, "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                "Access-Control-Allow-Headers": allow[:200],
+                "Access-Control-Max-Age": PREFLIGHT_MAX_AGE})(scope, receive, send)
+        extra = [(k.lower().encode(), v.encode()) for k, v in cors.items()]
+
+        async def with_cors(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": list(message.get("headers", [])) + extra}
+            await send(message)
+
+        return await self.app(scope, receive, with_cors)
+
+    def _check(self, scope, headers: dict) -> dict | None:
+        """Raise APIError to refuse; return the CORS headers for an allowed cross-origin
+        request, else None."""
+        p = self.policy
+        host_header = headers.get("host")
+        if not host_header:
+            raise APIError(400, "the Host header is required", code="host_required")
+        host = split_host(host_header)
+        if not (is_loopback(host) or "*" in p.allowed_hosts or host in p.allowed_hosts):
+            raise APIError(403, f"Host {host[:60]!r} is not allowed: this server answers "
+                           "loopback names only unless started with --allowed-hosts",
+                           code="host_not_allowed")
+        cors = None
+        origin = headers.get("origin")
+        if origin is not None:
+            own = origin.lower().rstrip("/") in (f"http://{host_header.lower()}",
+                                                 f"https://{host_header.lower()}")
+            if not own:
+                if "*" not in p.cors_origins and origin.lower().rstrip("/") not in p.cors_origins:
+                    raise APIError(403, f"cross-origin requests from {origin[:60]!r} are not "
+                                   "allowed unless the server is started with --cors naming "
+                                   "the origin", code="origin_not_allowed")
+                cors = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+        if scope["method"] == "OPTIONS":
+            return cors
+        if self._key is not None and scope["path"] not in OPEN_PATHS:
+            auth = headers.get("authorization", "")
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                    token.strip().encode("latin-1"), self._key):
+                raise APIError(401, "a valid API key is required: Authorization: Bearer <key>",
+                               type="authentication_error", code="invalid_api_key",
+                               headers={**(cors or {}), "WWW-Authenticate": "Bearer"})
+        if scope["method"] == "POST":
+            media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if media != "application/json":
+                raise APIError(415, "the request body must be JSON sent as Content-Type: "
+                               f"application/json; got {media[:60] or 'none'!r}",
+                               code="unsupported_media_type", headers=cors)
+        return cors

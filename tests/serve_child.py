@@ -1,0 +1,39 @@
+"""A tiny-pair `dflash2 serve` in a process of its own, for tests that signal it.
+
+`python tests/serve_child.py GRACE_S` prints its port, serves until SIGINT, exits with the
+server's code (130 after Ctrl-C), as `dflash2 serve` does.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import dflash2_mlx  # noqa: F401  (binds the optimized BLAS before MLX loads)
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tiny  # noqa: E402
+from test_serve import make_tokenizer  # noqa: E402
+
+from dflash2_mlx.api import Pair  # noqa: E402
+from dflash2_mlx.serve import ServeLimits, create_app, run_server  # noqa: E402
+
+
+def main(grace: float) -> int:
+    pair = Pair.from_models(tiny.make_target("llama"), make_tokenizer(),
+                            tiny.make_drafter(2, block_size=4))
+    app = create_app(pair, model_name="tiny", max_queue=4, default_max_tokens=8,
+                     limits=ServeLimits(shutdown_grace_s=grace))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    print(sock.getsockname()[1], flush=True)
+    return run_server(app, sock, log_level="info")
+
+
+if __name__ == "__main__":
+    code = main(float(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # as the CLI: no interpreter teardown after MLX ran on other threads

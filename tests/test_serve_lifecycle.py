@@ -1,0 +1,315 @@
+"""`dflash2 serve` over time, on a real uvicorn server on 127.0.0.1: a client that leaves during
+a long prefill frees the worker within a chunk; shutdown lets the running request finish,
+answers waiting ones 503, and (Ctrl-C on a real process) ends a cut stream with an error event
+and [DONE]; only loopback Hosts, same-origin or --cors origins, JSON bodies and the API key get
+through; forwarding headers are not believed; Retry-After follows recent generations."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import tiny
+from test_serve import HI, _open_long_stream, make_tokenizer, metric, reference, running
+
+from dflash2_mlx.api import Pair
+from dflash2_mlx.engine.loop import GenerationParams
+from dflash2_mlx.serve import SecurityPolicy, ServeLimits, create_app
+from dflash2_mlx.serve.lifecycle import make_server
+from dflash2_mlx.text import chat_prompt_ids
+
+LONG_PROMPT = [5 + (i * 7) % 80 for i in range(3000)]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """Prefill in chunks of 64 tokens: a 3000-token prompt is ~47 chunks."""
+    return Pair.from_models(tiny.make_target("llama"), make_tokenizer(),
+                            tiny.make_drafter(2, block_size=4), prefill_chunk=64)
+
+
+@pytest.fixture
+def logs(caplog):
+    """caplog, also hearing uvicorn (whose loggers do not propagate to the root)."""
+    caplog.set_level(logging.INFO)
+    uv = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.access")]
+    for lg in uv:
+        lg.addHandler(caplog.handler)
+    yield caplog
+    for lg in uv:
+        lg.removeHandler(caplog.handler)
+
+
+@contextlib.contextmanager
+def serving(app, log_level: str = "warning"):
+    """`running`, but with the server `dflash2 serve` runs (make_server: drain on shutdown,
+    its forwarding policy); yields (base URL, server, thread)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = make_server(app, log_level=log_level)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started and time.time() < deadline:
+        time.sleep(0.01)
+    assert server.started
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def health(base: str) -> dict:
+    return httpx.get(base + "/health", timeout=10).json()
+
+
+# ------------------------------------------------------------------ cancellable prefill
+def test_library_cancel_stops_the_prefill_and_the_session_recovers(pair):
+    calls = []
+    session = pair.new_session()
+    events = list(pair.stream(LONG_PROMPT[:300], GenerationParams(max_tokens=4), session,
+                              cancel=lambda: calls.append(1) or True))
+    assert events == [] and len(calls) == 1  # stopped after the first chunk of 64
+    prompt = LONG_PROMPT[:100]
+    out, _ = pair.generate(prompt, GenerationParams(max_tokens=6), session)  # reused session
+    assert out == tiny.greedy_reference(pair.model, prompt, 6, eos=set(pair.eos_ids))
+
+
+def test_client_leaving_during_a_long_prefill_frees_the_worker(pair, logs):
+    t0 = time.perf_counter()  # what half of the long prompt's prefill costs, measured here
+    first = pair.stream(LONG_PROMPT[:1500], GenerationParams(max_tokens=1))
+    next(first)
+    first.close()
+    half_prefill = time.perf_counter() - t0
+    app = create_app(pair, model_name="tiny", default_max_tokens=4)
+    with running(app) as base:
+        before = httpx.get(base + "/metrics").text
+        with pytest.raises(httpx.ReadTimeout):  # leaves 0.5 s into its 3000-token prefill
+            httpx.post(base + "/v1/completions", timeout=0.5,
+                       json={"prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0})
+        t0 = time.perf_counter()
+        r = httpx.post(base + "/v1/completions", timeout=120,
+                       json={"prompt": "ab", "max_tokens": 3, "temperature": 0})
+        waited = time.perf_counter() - t0
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        after = httpx.get(base + "/metrics").text
+    # The next request waited for a chunk at most, not for the rest of the prefill.
+    assert waited < half_prefill, (waited, half_prefill)
+    assert (metric(after, "dflash2_prompt_tokens_total")
+            - metric(before, "dflash2_prompt_tokens_total")) == 2  # the long one never ended
+    assert (metric(after, "dflash2_cancelled_total")
+            - metric(before, "dflash2_cancelled_total")) == 1
+    lines = [r.getMessage() for r in logs.records if "cancelled" in r.getMessage()]
+    assert len(lines) == 1 and "prefill" in lines[0] and "client left" in lines[0], lines
+
+
+# ------------------------------------------------------------------ shutdown
+def test_shutdown_lets_the_running_request_finish_and_refuses_the_waiting(pair):
+    app = create_app(pair, model_name="tiny", max_queue=4,
+                     limits=ServeLimits(shutdown_grace_s=60))
+    results: dict = {}
+
+    def post(name, max_tokens):
+        results[name] = httpx.post(base + "/v1/completions", timeout=120, json={
+            "prompt": "abc", "max_tokens": max_tokens, "temperature": 0})
+
+    with serving(app) as (base, server, thread):
+        running_one = threading.Thread(target=post, args=("running", 2500))
+        running_one.start()
+        wait_for(lambda: health(base)["in_flight"] == 1, what="the first request to run")
+        waiting_one = threading.Thread(target=post, args=("waiting", 4))
+        waiting_one.start()
+        wait_for(lambda: health(base)["queue_depth"] == 1, what="the second to wait")
+        server.should_exit = True  # what Ctrl-C does
+        waiting_one.join(30)
+        assert "running" not in results, "the running request was cut, not let finish"
+        running_one.join(120)
+        thread.join(30)
+    refused = results["waiting"]
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+    done = results["running"]
+    assert done.status_code == 200, done.text
+    usage = done.json()["usage"]
+    assert usage["completion_tokens"] == 2500 or done.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_sigint_ends_a_cut_stream_with_an_error_and_done(tmp_path):
+    """A real process, a real Ctrl-C: the waiting requests get JSON 503 at once; the running
+    stream gets its grace period (1 s), then an error event and [DONE]; the port closes; the
+    exit code is 130; no traceback."""
+    child = Path(__file__).with_name("serve_child.py")
+    proc = subprocess.Popen([sys.executable, str(child), "1.0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{int(proc.stdout.readline())}"
+        wait_for(lambda: _up(base), 60, "the server to start")
+        results: list = []
+        with httpx.Client(timeout=60) as http:
+            cm, lines = _open_long_stream(http, base)
+            threads = [threading.Thread(target=lambda: results.append(httpx.post(
+                base + "/v1/completions", timeout=60,
+                json={"prompt": "q", "max_tokens": 2, "temperature": 0}))) for _ in range(2)]
+            for t in threads:
+                t.start()
+            wait_for(lambda: health(base)["queue_depth"] == 2, what="two waiting requests")
+            proc.send_signal(signal.SIGINT)
+            t0 = time.time()
+            for t in threads:
+                t.join(30)
+            answered = time.time() - t0
+            rest = [line for line in lines if line.startswith("data: ")]
+            ended = time.time() - t0
+            cm.__exit__(None, None, None)
+        assert [r.status_code for r in results] == [503, 503]
+        assert all(r.json()["error"]["code"] == "shutting_down" for r in results)
+        assert answered < 0.9  # before the grace period ended
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][6:])["error"]["code"] == "shutting_down"
+        assert 0.9 <= ended < 6, ended
+        with pytest.raises(httpx.TransportError):  # no longer accepting
+            httpx.get(base + "/health", timeout=2)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert "cancelled" in err and "shutting down" in err
+
+
+def _up(base: str) -> bool:
+    with contextlib.suppress(httpx.TransportError):
+        return httpx.get(base + "/health", timeout=1).status_code == 200
+    return False
+
+
+# ------------------------------------------------------------------ local by design
+def test_hosts_origins_content_type_and_api_key(pair, logs):
+    policy = SecurityPolicy(cors_origins=("http://localhost:3000",), api_key="s3cret")
+    app = create_app(pair, model_name="tiny", default_max_tokens=2, security=policy,
+                     drafter_name="/srv/models/secret-dir/my-drafter")
+    key = {"Authorization": "Bearer s3cret"}
+    body = {"messages": HI, "max_tokens": 2}
+    with serving(app, log_level="info") as (base, _, _):
+        for name in ("uvicorn", "uvicorn.access"):  # uvicorn's config reset their handlers
+            logging.getLogger(name).addHandler(logs.handler)
+        port = base.rsplit(":", 1)[1]
+
+        def post(headers, **kw):
+            return httpx.post(base + "/v1/chat/completions", headers={**key, **headers},
+                              timeout=30, **kw)
+
+        # Host: loopback names only (a DNS-rebound name is refused)
+        for host, status in ((f"localhost:{port}", 200), (f"127.0.0.2:{port}", 200),
+                             (f"[::1]:{port}", 200), (f"evil.example:{port}", 403),
+                             (f"192.168.1.5:{port}", 403)):
+            r = post({"Host": host}, json=body)
+            assert r.status_code == status, (host, r.text)
+        assert r.json()["error"]["code"] == "host_not_allowed"
+        # Origin: cross-origin refused unless --cors names it; a text/plain "simple request"
+        evil = {"Origin": "http://evil.example"}
+        r = post({**evil, "Content-Type": "text/plain"}, content=json.dumps(body))
+        assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed"
+        assert "access-control-allow-origin" not in r.headers
+        r = post(evil, json=body)
+        assert r.status_code == 403
+        r = post({"Origin": f"http://127.0.0.1:{port}"}, json=body)  # same origin
+        assert r.status_code == 200
+        ok = {"Origin": "http://localhost:3000"}
+        r = post(ok, json=body)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ok["Origin"]
+        pre = httpx.options(base + "/v1/chat/completions", headers={
+            **ok, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        assert pre.status_code == 204 and "POST" in pre.headers["access-control-allow-methods"]
+        pre = httpx.options(base + "/v1/chat/completions", headers={
+            **evil, "Access-Control-Request-Method": "POST"})
+        assert pre.status_code == 403
+        # Content type: JSON only
+        for ctype in ("text/plain", "application/x-www-form-urlencoded", None):
+            headers = {"Content-Type": ctype} if ctype else {}
+            r = httpx.post(base + "/v1/chat/completions", content=json.dumps(body).encode(),
+                           headers={**key, **headers})
+            assert r.status_code == 415, (ctype, r.text)
+        r = post({"Content-Type": "application/json; charset=utf-8"}, content=json.dumps(body))
+        assert r.status_code == 200
+        # API key
+        client = openai.OpenAI(base_url=base + "/v1", api_key="s3cret", max_retries=0)
+        want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 2)
+        assert client.chat.completions.create(model="tiny", messages=HI, max_tokens=2,
+                                              temperature=0).choices[0].message.content == want
+        for auth in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = httpx.get(base + "/v1/models", headers=auth)
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", auth
+        assert httpx.get(base + "/health").status_code == 200  # liveness needs no key
+        # no server paths in answers
+        card = httpx.get(base + "/v1/models", headers=key).json()["data"][0]
+        assert card["dflash2"]["drafter"] == "my-drafter"
+        assert "/srv" not in httpx.get(base + "/v1/models", headers=key).text
+        # forwarding headers are not believed
+        httpx.get(base + "/v1/models", headers={**key, "X-Forwarded-For": "6.6.6.6"})
+        text = httpx.get(base + "/metrics", headers=key).text
+    access = [r for r in logs.records if r.name == "uvicorn.access"]
+    assert access and not any("6.6.6.6" in r.getMessage() for r in access)
+    assert metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions",
+                  status="403") == 5  # 2 hosts, 2 origins, 1 preflight
+    assert metric(text, "dflash2_requests_total", endpoint="/v1/models", status="401") == 3
+    assert not [r for r in logs.records if r.exc_info]
+
+
+def test_trusted_proxy_options():
+    assert SecurityPolicy().uvicorn_options() == {"proxy_headers": False}
+    opts = SecurityPolicy(trusted_proxies=("10.0.0.2",)).uvicorn_options()
+    assert opts == {"proxy_headers": True, "forwarded_allow_ips": "10.0.0.2"}
+
+
+# ------------------------------------------------------------------ Retry-After
+def test_retry_after_follows_the_queue_and_recent_generations(pair):
+    app = create_app(pair, model_name="tiny", max_queue=1, default_max_tokens=2)
+    worker = app.state.worker
+    with running(app) as base, httpx.Client(timeout=60) as http:
+        generations = app.state.metrics
+
+        def ran(n):  # the worker books a generation just after its answer is sent
+            wait_for(lambda: generations.generations == n, what=f"{n} generations")
+
+        http.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 300,
+                                                  "temperature": 0})
+        ran(1)
+        long_s = worker.recent_seconds
+        for i in range(5):
+            http.post(base + "/v1/completions", json={"prompt": "a", "max_tokens": 1})
+            ran(2 + i)
+        assert worker.recent_seconds < long_s  # recent ones weigh most
+        cm, _lines = _open_long_stream(http, base)  # 1 running
+        waiting = threading.Thread(target=lambda: httpx.post(
+            base + "/v1/completions", timeout=60, json={"prompt": "q", "max_tokens": 1}))
+        waiting.start()
+        wait_for(lambda: worker.waiting == 1, what="a waiting request")
+        r = httpx.post(base + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
+        assert r.status_code == 503
+        assert int(r.headers["retry-after"]) == max(1, math.ceil(worker.recent_seconds * 2))
+        cm.__exit__(None, None, None)
+        waiting.join(60)
