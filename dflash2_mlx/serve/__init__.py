@@ -102,7 +102,8 @@ Text is exactly the tokenizer's decode of the generated ids, continuing the prom
 token's leading space is kept; text.py's IncrementalDecoder).
 
 Pointing an agent at the server: any OpenAI client, base URL http://127.0.0.1:8000/v1, any API
-key (unless --api-key), model = the served id (GET /v1/models). A tool loop with the official client:
+key (the --api-key one if set), model = the served id (GET /v1/models). A tool loop with the
+official client:
 
     from openai import OpenAI
     client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="local")

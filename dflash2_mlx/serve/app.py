@@ -93,16 +93,16 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
     context_length: prompt + max_tokens limit (default: the target's max_position_embeddings,
     else 4096). default_max_tokens: for requests that give none, clipped to what the context
     leaves. block_size / speculative: the engine settings of every request. drafter_name: shown
-    in /v1/models (a path shows as its last part). sampling: what a request gets for the sampling fields it leaves out
-    (dflash2_mlx.settings.resolve_sampling; default: greedy). thinking: the `enable_thinking` of
-    requests that do not set it in chat_template_kwargs (None: the template's own default;
-    refused if the template has no such switch). prompt_cache_mb: memory for the
-    engine state of recent conversations, reused by prompt prefix across requests
-    (engine/prompt_cache.py); 0: off. lookup_block: tokens verified in a round drafted by
-    context lookup or a request's prediction (None: the engine's default). limits: body size,
-    prompt / prediction / stop lengths, shutdown grace (serve/limits.py); security: hosts,
-    origins, API key (serve/security.py). The worker thread starts and stops with the app (its
-    lifespan).
+    in /v1/models (a path shows as its last part). sampling: what a request gets for the
+    sampling fields it leaves out (dflash2_mlx.settings.resolve_sampling; default: greedy).
+    thinking: the `enable_thinking` of requests that do not set it in chat_template_kwargs
+    (None: the template's own default; refused if the template has no such switch).
+    prompt_cache_mb: memory for the engine state of recent conversations, reused by prompt
+    prefix across requests (engine/prompt_cache.py); 0: off. lookup_block: tokens verified in
+    a round drafted by context lookup or a request's prediction (None: the engine's default).
+    limits: body size, prompt / prediction / stop lengths, shutdown grace (serve/limits.py);
+    security: hosts, origins, API key (serve/security.py). The worker thread starts and stops
+    with the app (its lifespan).
     """
     limits = limits or ServeLimits()
     security = security or SecurityPolicy()
