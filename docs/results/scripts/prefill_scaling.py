@@ -2,9 +2,10 @@
 event of `Pair.stream`: chunked target forward with feature capture, first token, lookup index)
 against plain mlx-lm's prefill of the same ids in the same process (mlx_lm.generate's way:
 chunks through the model evaluating only the cache, the last row's logits at the end), same
-chunk size, alternating, plus the engine's per-chunk times (they grow with the chunk's offset:
-attention over the cache) -> JSON.
-Usage: python prefill_scaling.py OUT.json [LENGTHS, default 512,1024,2048,4096,8192]."""
+chunk size, plus the engine's per-chunk times (they grow with the chunk's offset: attention over
+the cache) -> JSON. With --abba each length runs plain, engine, engine, plain (the means cancel
+a load that drifts linearly; the first run of a new size also pays for fresh buffers).
+Usage: python prefill_scaling.py OUT.json [LENGTHS, default 512,1024,2048,4096,8192] [--abba]"""
 import json
 import os
 import platform
@@ -58,7 +59,7 @@ def engine_prefill(pair, ids: list[int]) -> tuple[float, list[float]]:
     return end - t0, [round(b - a, 3) for a, b in zip(edges, edges[1:])]
 
 
-def main(out_path: str, lengths: list[int]) -> None:
+def main(out_path: str, lengths: list[int], abba: bool = False) -> None:
     pair = d2.load_pair(ensure_smollm2(), EMBEDDED_DRAFTER)
     assert pair.decoder.prefill_chunk == CHUNK
     warm = prompt_ids(pair.tokenizer, 64)
@@ -67,12 +68,19 @@ def main(out_path: str, lengths: list[int]) -> None:
     rows = []
     for n in lengths:
         ids = prompt_ids(pair.tokenizer, n)
-        plain_s = plain_prefill(pair.model, ids)
-        engine_s, chunks = engine_prefill(pair, ids)
+        plain, engine, chunks = [plain_prefill(pair.model, ids)], [], None
+        for _ in range(2 if abba else 1):
+            seconds, chunks = engine_prefill(pair, ids)
+            engine.append(seconds)
+        if abba:
+            plain.append(plain_prefill(pair.model, ids))
+        plain_s, engine_s = sum(plain) / len(plain), sum(engine) / len(engine)
         row = {"prompt_tokens": n, "plain_mlx_lm_s": round(plain_s, 2),
                "engine_s": round(engine_s, 2), "engine_over_plain": round(engine_s / plain_s, 3),
                "plain_tokens_per_s": round(n / plain_s, 1),
                "engine_tokens_per_s": round(n / engine_s, 1), "engine_chunk_s": chunks,
+               "runs_s": {"plain": [round(x, 2) for x in plain],
+                          "engine": [round(x, 2) for x in engine]},
                "load_average": os.getloadavg()[0]}
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -81,8 +89,9 @@ def main(out_path: str, lengths: list[int]) -> None:
                    f"drafter, chunks of {CHUNK}. plain = mlx-lm's own prefill of the same ids "
                    "(chunks evaluating the cache only, then the last row's logits); engine = the "
                    "first event of Pair.stream (the same chunks through the target with the "
-                   "drafter's layer features captured, the first token, the lookup index). Run "
-                   "alternating in one process; one repeat per length.",
+                   "drafter's layer features captured, the first token, the lookup index). One "
+                   "process; " + ("per length plain, engine, engine, plain (means)." if abba
+                                  else "per length plain then engine, once."),
            "script": "docs/results/scripts/prefill_scaling.py",
            "environment": {"platform": f"{platform.system()} {platform.machine()}",
                            "cpu_count": os.cpu_count(), "blas": blas.route,
@@ -94,6 +103,7 @@ def main(out_path: str, lengths: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    lens = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else [
+    args = [a for a in sys.argv[1:] if a != "--abba"]
+    lens = [int(x) for x in args[1].split(",")] if len(args) > 1 else [
         512, 1024, 2048, 4096, 8192]
-    main(sys.argv[1], lens)
+    main(args[0], lens, abba="--abba" in sys.argv)
