@@ -74,21 +74,21 @@ def serve(
         None, "--max-prompt-tokens", min=1, help="Longest prompt (default: what the context "
         "length allows)."),
     max_prediction_tokens: Optional[int] = typer.Option(
-        None, "--max-prediction-tokens", min=1, help="Longest `prediction` (default: the "
+        None, "--max-prediction", min=1, help="Longest `prediction` in tokens (default: the "
         "context length)."),
     shutdown_grace: float = typer.Option(10.0, "--shutdown-grace", min=0, help="Seconds a "
                                          "running generation may finish after Ctrl-C."),
     allowed_hosts: Optional[List[str]] = typer.Option(
-        None, "--allowed-hosts", help="Host header values answered besides loopback names "
+        None, "--allowed-hosts", metavar="<str,...>", help="Host header values answered besides loopback names "
         "(comma-separated or repeated; * = any). The --host address is allowed already."),
     cors: Optional[List[str]] = typer.Option(
-        None, "--cors", help="Browser origins allowed cross-origin, e.g. "
+        None, "--cors", metavar="<str,...>", help="Browser origins allowed cross-origin, e.g. "
         "http://localhost:3000 (comma-separated or repeated; * = any)."),
     api_key: Optional[str] = typer.Option(
         None, "--api-key", envvar="DFLASH2_API_KEY", show_envvar=True,
         help="Require `Authorization: Bearer KEY` on every endpoint but /health."),
     trust_proxy: Optional[List[str]] = typer.Option(
-        None, "--trust-proxy", help="Addresses of reverse proxies whose X-Forwarded-For / "
+        None, "--trust-proxy", metavar="<str,...>", help="Addresses of reverse proxies whose X-Forwarded-For / "
         "-Proto headers are believed (default: none)."),
 ):
     """Serve a model over an OpenAI-compatible HTTP API (chat, completions, models, metrics).
