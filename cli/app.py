@@ -25,7 +25,7 @@ from .helptext import TidyGroup
 app = typer.Typer(
     name="dflash2",
     help="Lossless DFlash 2 speculative decoding for local LLMs on MLX.\n\n"
-         "Example: dflash2 chat qwen3-4b",
+    "Example: dflash2 chat qwen3-4b",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -44,8 +44,9 @@ def _version(value: bool):
 
 @app.callback()
 def main_options(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ):
     """Lossless DFlash 2 speculative decoding for local LLMs on MLX.
 
@@ -57,9 +58,11 @@ def main_options(
 def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     kernels: bool = typer.Option(
-        False, "--kernels",
+        False,
+        "--kernels",
         help="Run every custom Metal kernel against its pure-MLX reference on this machine and "
-             "print a table to paste into a bug report (exit 1 if one fails)."),
+        "print a table to paste into a bug report (exit 1 if one fails).",
+    ),
 ):
     """Report backend, device, BLAS in use and versions; --kernels checks the Metal kernels.
 
@@ -83,20 +86,27 @@ def doctor(
 
 def _kernel_table(report: dict) -> str:
     """`doctor --kernels` as Markdown: the machine, then one row per kernel and dtype."""
-    where = (f"mlx {report['mlx']} · {report['platform']} · {report['device']} · "
-             f"{report['setting']}")
+    where = f"mlx {report['mlx']} · {report['platform']} · {report['device']} · {report['setting']}"
     if not report["ran"]:
-        return (f"Custom kernels not run: {report['reason']} ({where}).\n"
-                "The pure-MLX references are used on this machine.")
+        return (
+            f"Custom kernels not run: {report['reason']} ({where}).\n"
+            "The pure-MLX references are used on this machine."
+        )
 
     def num(v):
         return "-" if v is None else f"{v:.3g}"
 
-    lines = [f"dflash2 kernels vs references ({where})", "",
-             "| kernel | dtype | shape | max abs err | tolerance | status |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r['kernel']} | {r['dtype']} | {r['shape']} | {num(r['max_abs_err'])} | "
-              f"{num(r['tolerance'])} | {r['status']} |" for r in report["rows"]]
+    lines = [
+        f"dflash2 kernels vs references ({where})",
+        "",
+        "| kernel | dtype | shape | max abs err | tolerance | status |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['kernel']} | {r['dtype']} | {r['shape']} | {num(r['max_abs_err'])} | "
+        f"{num(r['tolerance'])} | {r['status']} |"
+        for r in report["rows"]
+    ]
     lines += [f"\n{r['kernel']} {r['dtype']}: {r['error']}" for r in report["rows"] if r["error"]]
     return "\n".join(lines)
 

@@ -8,18 +8,37 @@ from typing import Optional
 import typer
 
 from .common import (
-    BlockOpt, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, MinPOpt, ModelArg, NoSpecOpt,
-    OfflineOpt, SeedOpt, TargetOpt, TempOpt, ThinkingOpt, TopKOpt, TopPOpt, engine_flags, fail,
+    BlockOpt,
+    DraftVocabOpt,
+    DrafterOpt,
+    FullVocabOpt,
+    LookupOpt,
+    MinPOpt,
+    ModelArg,
+    NoSpecOpt,
+    OfflineOpt,
+    SeedOpt,
+    TargetOpt,
+    TempOpt,
+    ThinkingOpt,
+    TopKOpt,
+    TopPOpt,
+    engine_flags,
+    fail,
     sampling_flags,
 )
+
 
 def chat(
     model: ModelArg = None,
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
     prompt: Optional[str] = typer.Option(
-        None, "--prompt", "-p", help="Answer this one message, print the answer and a stats "
-        "line, and exit."),
+        None,
+        "--prompt",
+        "-p",
+        help="Answer this one message, print the answer and a stats line, and exit.",
+    ),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = typer.Option(512, "--max-tokens", help="Most tokens per answer."),
     temp: TempOpt = None,
@@ -47,13 +66,19 @@ def chat(
     for flag, value in (("--prompt", prompt), ("--system", system)):
         if value is not None and not value.strip():
             fail(f"{flag} is empty")
-    engine = engine_flags(block=block, spec=not no_spec, lookup=lookup, full_vocab=full_vocab,
-                          draft_vocab=draft_vocab,
-                          sampling=sampling_flags(temp, top_p, top_k, min_p, seed))
+    engine = engine_flags(
+        block=block,
+        spec=not no_spec,
+        lookup=lookup,
+        full_vocab=full_vocab,
+        draft_vocab=draft_vocab,
+        sampling=sampling_flags(temp, top_p, top_k, min_p, seed),
+    )
     from .chat_repl import ChatOptions, run_chat
 
-    opts = ChatOptions(model, target, drafter, prompt, system, max_tokens, thinking, offline,
-                       engine)
+    opts = ChatOptions(
+        model, target, drafter, prompt, system, max_tokens, thinking, offline, engine
+    )
     return run_chat(opts)
 
 

@@ -65,12 +65,15 @@ def _template_has_thinking(tokenizer) -> bool:
 
 
 class Chat:
-    def __init__(self, pair, opts: ChatOptions, settings: EngineSettings, console: Console,
-                 err: Console):
+    def __init__(
+        self, pair, opts: ChatOptions, settings: EngineSettings, console: Console, err: Console
+    ):
         self.pair, self.opts, self.console, self.err = pair, opts, console, err
         if opts.thinking is not None and not _template_has_thinking(pair.tokenizer):
-            fail(f"--{'' if opts.thinking else 'no-'}thinking: this model's chat template has no "
-                 "thinking switch")
+            fail(
+                f"--{'' if opts.thinking else 'no-'}thinking: this model's chat template has no "
+                "thinking switch"
+            )
         self.engine = settings
         if settings.auto_block.note:  # a recommendation above the trained size, clamped
             self.note(settings.auto_block.note)
@@ -92,13 +95,18 @@ class Chat:
         self.err.print(Text(f"note: {text}", style="yellow"))
 
     def params(self) -> GenerationParams:
-        return GenerationParams(self.max_tokens, self.sampling,
-                                self.block if self.spec else None, self.spec,
-                                lookup_block=self.engine.lookup_block)
+        return GenerationParams(
+            self.max_tokens,
+            self.sampling,
+            self.block if self.spec else None,
+            self.spec,
+            lookup_block=self.engine.lookup_block,
+        )
 
     def status(self, stats: GenerationStats, finish: str | None = None) -> StatusLine:
-        return status_text(stats, block=self.block if self.spec else 1, spec=self.spec,
-                           finish=finish)
+        return status_text(
+            stats, block=self.block if self.spec else 1, spec=self.spec, finish=finish
+        )
 
     def warn_greedy_filters(self, only: tuple[str, ...] | None = None) -> None:
         """Never silently ignored: say which fields greedy decoding does not use (at start,
@@ -155,11 +163,12 @@ class Chat:
                 view.update("", self.status(stats, finish), force=True)
                 view.__exit__(None, None, None)
         if finish == "interrupted":
-            self.note("interrupted mid-round: the cache was reset (the next turn prefills "
-                      "the conversation again)")
+            self.note(
+                "interrupted mid-round: the cache was reset (the next turn prefills "
+                "the conversation again)"
+            )
         text = "".join(parts)
-        self.history += [{"role": "user", "content": user},
-                         {"role": "assistant", "content": text}]
+        self.history += [{"role": "user", "content": user}, {"role": "assistant", "content": text}]
         self.turns += 1
         return text, stats, finish
 
@@ -182,8 +191,10 @@ class Chat:
         try:
             return kind(arg)
         except ValueError:
-            raise _Bad(f"{name} needs {'an integer' if kind is int else 'a number'}, "
-                       f"got {arg or 'nothing'!r}") from None
+            raise _Bad(
+                f"{name} needs {'an integer' if kind is int else 'a number'}, "
+                f"got {arg or 'nothing'!r}"
+            ) from None
 
     def _command(self, name: str, arg: str) -> bool:
         say = self.console.print
@@ -200,8 +211,12 @@ class Chat:
                     say(Text(f"system: {self.system!r}" if self.system else "no system prompt"))
                 else:
                     self.system = None if arg == "-" else arg
-                    say(Text("system prompt removed" if arg == "-" else "system prompt set",
-                             style="dim"))
+                    say(
+                        Text(
+                            "system prompt removed" if arg == "-" else "system prompt set",
+                            style="dim",
+                        )
+                    )
             elif name in ("/temp", "/top_p", "/top_k", "/min_p", "/seed"):
                 field = {"/temp": "temperature"}.get(name, name[1:])
                 if name == "/seed" and arg.lower() == "off":
@@ -218,14 +233,25 @@ class Chat:
                 say(Text(f"max tokens = {value}", style="dim"))
             elif name == "/block":
                 if not arg:
-                    say(Text(f"block {self.block} (trained {self.trained}); /block auto: "
-                             f"{self.engine.auto_block.describe()}"))
+                    say(
+                        Text(
+                            f"block {self.block} (trained {self.trained}); /block auto: "
+                            f"{self.engine.auto_block.describe()}"
+                        )
+                    )
                     return True
-                value = (self.engine.auto_block.size if arg == "auto"
-                         else check_block(self._number(name, arg, int), self.trained, "/block"))
+                value = (
+                    self.engine.auto_block.size
+                    if arg == "auto"
+                    else check_block(self._number(name, arg, int), self.trained, "/block")
+                )
                 self.block = value
-                say(Text(f"block = {value}" + ("" if self.spec else " (used when /spec on)"),
-                         style="dim"))
+                say(
+                    Text(
+                        f"block = {value}" + ("" if self.spec else " (used when /spec on)"),
+                        style="dim",
+                    )
+                )
             elif name == "/spec":
                 if arg not in ("on", "off"):
                     return self._bad(f"/spec needs on or off, got {arg or 'nothing'!r}")
@@ -239,8 +265,15 @@ class Chat:
                 self.thinking = arg == "on"
                 say(Text(f"thinking {arg}", style="dim"))
             elif name == "/stats":
-                say(stats_table(self.total, self.turns, len(self.session.tokens),
-                                self.settings(), self.block))
+                say(
+                    stats_table(
+                        self.total,
+                        self.turns,
+                        len(self.session.tokens),
+                        self.settings(),
+                        self.block,
+                    )
+                )
             else:
                 return self._bad(f"unknown command {name} (type /help)")
         except _Bad as exc:
@@ -249,14 +282,23 @@ class Chat:
 
     def settings(self) -> dict:
         sp = self.sampling
-        return {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k,
-                "min_p": sp.min_p, "seed": sp.seed, "max tokens": self.max_tokens,
-                "block": f"{self.block} (trained {self.trained})",
-                "speculative": "on" if self.spec else "off",
-                "context lookup": (f"after a repeat of the last {self.pair.decoder.lookup} tokens"
-                                   if self.pair.decoder.lookup else "off"),
-                "thinking": {None: "template default", True: "on", False: "off"}[self.thinking],
-                "system": self.system or "-"}
+        return {
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "top_k": sp.top_k,
+            "min_p": sp.min_p,
+            "seed": sp.seed,
+            "max tokens": self.max_tokens,
+            "block": f"{self.block} (trained {self.trained})",
+            "speculative": "on" if self.spec else "off",
+            "context lookup": (
+                f"after a repeat of the last {self.pair.decoder.lookup} tokens"
+                if self.pair.decoder.lookup
+                else "off"
+            ),
+            "thinking": {None: "template default", True: "on", False: "off"}[self.thinking],
+            "system": self.system or "-",
+        }
 
     # ----------------------------------------------------------------- the loop
     def repl(self) -> int:
@@ -299,8 +341,13 @@ def load(opts: ChatOptions, err: Console):
     from dflash2_mlx.settings import resolve_engine
 
     pair, resolved, target_dir = load_resolved(
-        opts.model, opts.target, opts.drafter, opts.offline,
-        lambda msg: err.print(Text(msg, style="dim")), opts.engine)
+        opts.model,
+        opts.target,
+        opts.drafter,
+        opts.offline,
+        lambda msg: err.print(Text(msg, style="dim")),
+        opts.engine,
+    )
     return pair, resolved, resolve_engine(opts.engine, pair, resolved, target_dir)
 
 
@@ -316,6 +363,11 @@ def run_chat(opts: ChatOptions) -> int:
         err.print(chat.status(stats, finish), soft_wrap=True)
         return 130 if finish in ("stopped", "interrupted") else 0
     spec = settings.block.describe() if chat.spec else "speculative off"
-    err.print(Text(f"{resolved.name}: {spec}, {settings.sampling.describe()}. /help for "
-                   "commands, Ctrl-C stops an answer, Ctrl-D exits.", style="dim"))
+    err.print(
+        Text(
+            f"{resolved.name}: {spec}, {settings.sampling.describe()}. /help for "
+            "commands, Ctrl-C stops an answer, Ctrl-D exits.",
+            style="dim",
+        )
+    )
     return chat.repl()

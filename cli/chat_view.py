@@ -45,9 +45,22 @@ def sparkline(histogram, block: int) -> str:
 # for the terminal, these steps (field, form) are taken in order until it fits: draft/verify
 # cost and prompt reuse give way first, then τ's last round, lookup, block, tokens and the
 # sparkline; tokens/s stays.
-NARROWING = (("cost", 1), ("prompt", 1), ("cost", 2), ("prompt", 2), ("tau", 1), ("spec", 1),
-             ("tps", 1), ("lookup", 1), ("block", 1), ("tokens", 1), ("spark", 1),
-             ("spec", 2), ("finish", 1), ("tau", 2))
+NARROWING = (
+    ("cost", 1),
+    ("prompt", 1),
+    ("cost", 2),
+    ("prompt", 2),
+    ("tau", 1),
+    ("spec", 1),
+    ("tps", 1),
+    ("lookup", 1),
+    ("block", 1),
+    ("tokens", 1),
+    ("spark", 1),
+    ("spec", 2),
+    ("finish", 1),
+    ("tau", 2),
+)
 SEP = " │ "
 
 
@@ -93,24 +106,50 @@ def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> 
     """tok/s · τ mean (last) · sparkline · block · lookup share · draft vs verify ms per round ·
     tokens · prompt reuse · finish, each with its shorter forms (see NARROWING)."""
     tps = stats.decode_tps
-    fields = [("tps", (f"{tps:7.1f} tok/s", f"{tps:.1f} tok/s") if tps
-               else ("    — tok/s", "— tok/s"), "bold cyan")]
+    fields = [
+        (
+            "tps",
+            (f"{tps:7.1f} tok/s", f"{tps:.1f} tok/s") if tps else ("    — tok/s", "— tok/s"),
+            "bold cyan",
+        )
+    ]
     if spec:
         share = 100 * stats.lookup_rounds / max(stats.rounds, 1)
-        fields += [("tau", (f"τ {stats.tau:4.2f} (last {stats.last_round})",
-                            f"τ {stats.tau:4.2f}", ""), "bold green"),
-                   ("spark", (sparkline(stats.histogram, block), ""), "green"),
-                   ("block", (f"block {block}", ""), ""),
-                   ("lookup", (f"lookup {share:.0f}%" if stats.lookup_rounds else "", ""), "")]
+        fields += [
+            (
+                "tau",
+                (f"τ {stats.tau:4.2f} (last {stats.last_round})", f"τ {stats.tau:4.2f}", ""),
+                "bold green",
+            ),
+            ("spark", (sparkline(stats.histogram, block), ""), "green"),
+            ("block", (f"block {block}", ""), ""),
+            ("lookup", (f"lookup {share:.0f}%" if stats.lookup_rounds else "", ""), ""),
+        ]
     else:
         fields.append(("spec", ("spec off (plain decoding)", "spec off", ""), "yellow"))
     rounds = max(stats.rounds, 1)
     draft, verify = stats.draft_ms / rounds, stats.verify_ms / rounds
-    fields += [("cost", (f"draft {draft:.1f} · verify {verify:.1f} ms/round",
-                         f"draft {draft:.1f} · verify {verify:.1f} ms", ""), ""),
-               ("tokens", (f"{stats.committed} tok", ""), ""),
-               ("prompt", (f"prompt {stats.prompt_tokens} new + {stats.reused_tokens} reused",
-                           f"prompt {stats.prompt_tokens}+{stats.reused_tokens}", ""), "")]
+    fields += [
+        (
+            "cost",
+            (
+                f"draft {draft:.1f} · verify {verify:.1f} ms/round",
+                f"draft {draft:.1f} · verify {verify:.1f} ms",
+                "",
+            ),
+            "",
+        ),
+        ("tokens", (f"{stats.committed} tok", ""), ""),
+        (
+            "prompt",
+            (
+                f"prompt {stats.prompt_tokens} new + {stats.reused_tokens} reused",
+                f"prompt {stats.prompt_tokens}+{stats.reused_tokens}",
+                "",
+            ),
+            "",
+        ),
+    ]
     if finish:
         fields.append(("finish", (finish, ""), "yellow" if finish == "stopped" else "dim"))
     return StatusLine(fields)
@@ -121,11 +160,16 @@ def stats_table(total, turns: int, context_tokens: int, settings: dict, block: i
     table.add_column(style="bold")
     table.add_column()
     rows = [
-        ("turns", turns), ("answer tokens", total.committed), ("rounds", total.rounds),
+        ("turns", turns),
+        ("answer tokens", total.committed),
+        ("rounds", total.rounds),
         ("τ (tokens / round)", f"{total.tau:.3f}"),
         ("draft acceptance", f"{100 * total.acceptance_rate:.1f}% of {total.drafted} drafted"),
-        ("context lookup", f"{total.lookup_rounds} of {total.rounds} rounds"
-                           + (f", τ {total.lookup_tau:.2f}" if total.lookup_rounds else "")),
+        (
+            "context lookup",
+            f"{total.lookup_rounds} of {total.rounds} rounds"
+            + (f", τ {total.lookup_tau:.2f}" if total.lookup_rounds else ""),
+        ),
         ("decode speed", f"{total.decode_tps:.1f} tok/s"),
         ("draft / verify", f"{total.draft_ms:.0f} ms / {total.verify_ms:.0f} ms"),
         ("prefill", f"{total.prompt_tokens} tokens in {total.prefill_ms:.0f} ms"),
@@ -158,7 +202,7 @@ class _Tail:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         lines = console.render_lines(self.text, options, pad=False)
-        for line in lines[-self.rows:]:
+        for line in lines[-self.rows :]:
             yield from line
             yield Segment.line()
 
@@ -172,8 +216,13 @@ class AnswerView:
         self.status: StatusLine | Text = Text("")
         self.refresh_s = refresh_s
         self.shown = 0.0
-        self.live = Live(console=console, auto_refresh=False, transient=True,
-                         redirect_stdout=False, redirect_stderr=False)
+        self.live = Live(
+            console=console,
+            auto_refresh=False,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
 
     def __enter__(self):
         self.live.start()

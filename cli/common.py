@@ -34,55 +34,127 @@ def print_error(message: str) -> None:
 
 
 # The model selection shared by chat, serve and bench.
-ModelArg = Annotated[Optional[str], typer.Argument(
-    help="A model alias (see `dflash2 models`); default: smollm2-135m, the embedded model.",
-    show_default=False)]
-TargetOpt = Annotated[Optional[str], typer.Option(
-    "--target", help="Target model: an mlx-lm folder or a Hugging Face repo id "
-    "(replaces the alias's target).")]
-DrafterOpt = Annotated[Optional[str], typer.Option(
-    "--drafter", help="DFlash / DFlash2 drafter: a folder or a Hugging Face repo id "
-    "(replaces the alias's drafter).")]
+ModelArg = Annotated[
+    Optional[str],
+    typer.Argument(
+        help="A model alias (see `dflash2 models`); default: smollm2-135m, the embedded model.",
+        show_default=False,
+    ),
+]
+TargetOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--target",
+        help="Target model: an mlx-lm folder or a Hugging Face repo id "
+        "(replaces the alias's target).",
+    ),
+]
+DrafterOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--drafter",
+        help="DFlash / DFlash2 drafter: a folder or a Hugging Face repo id "
+        "(replaces the alias's drafter).",
+    ),
+]
 
-ThinkingOpt = Annotated[Optional[bool], typer.Option(
-    "--thinking/--no-thinking", help="Turn a Qwen-style template's thinking on or off "
-    "(default: the template's own).", show_default=False)]
-OfflineOpt = Annotated[bool, typer.Option(
-    "--offline", help="Never download: use folders and the local Hugging Face cache only.")]
-FullVocabOpt = Annotated[bool, typer.Option(
-    "--full-vocab", help="Draft from the whole vocabulary, not the drafter's draft vocabulary "
-    "(draft_vocab.json: a smaller, cheaper draft head; outputs are the same either way).")]
-DraftVocabOpt = Annotated[Optional[int], typer.Option(
-    "--draft-vocab", min=1, metavar="N", help="Draft from only the N most frequent tokens of "
-    "the draft vocabulary: a smaller draft head, cheaper rounds; outputs are the same (`dflash2 "
-    "bench` measures the trade).", show_default=False)]
-BlockOpt = Annotated[Optional[int], typer.Option(
-    "--block", help="Block size: tokens verified per round (default: this machine's autotune "
-    "profile from `dflash2 bench --autotune`, else the alias's recommendation, else the "
-    "drafter's trained block size).", show_default=False)]
-NoSpecOpt = Annotated[bool, typer.Option(
-    "--no-spec", help="Plain decoding (no drafter), same sampler: for comparison.")]
-LookupOpt = Annotated[Optional[int], typer.Option(
-    "--lookup", min=0, metavar="N", help="Context lookup: when the last N tokens occurred "
-    "earlier in the prompt or answer, propose what followed them instead of drafting (free, "
-    f"often long and right; outputs are the same). 0: always the drafter. [default: "
-    f"{DEFAULT_LOOKUP}]", show_default=False)]
+ThinkingOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--thinking/--no-thinking",
+        help="Turn a Qwen-style template's thinking on or off (default: the template's own).",
+        show_default=False,
+    ),
+]
+OfflineOpt = Annotated[
+    bool,
+    typer.Option(
+        "--offline", help="Never download: use folders and the local Hugging Face cache only."
+    ),
+]
+FullVocabOpt = Annotated[
+    bool,
+    typer.Option(
+        "--full-vocab",
+        help="Draft from the whole vocabulary, not the drafter's draft vocabulary "
+        "(draft_vocab.json: a smaller, cheaper draft head; outputs are the same either way).",
+    ),
+]
+DraftVocabOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--draft-vocab",
+        min=1,
+        metavar="N",
+        help="Draft from only the N most frequent tokens of "
+        "the draft vocabulary: a smaller draft head, cheaper rounds; outputs are the same (`dflash2 "
+        "bench` measures the trade).",
+        show_default=False,
+    ),
+]
+BlockOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--block",
+        help="Block size: tokens verified per round (default: this machine's autotune "
+        "profile from `dflash2 bench --autotune`, else the alias's recommendation, else the "
+        "drafter's trained block size).",
+        show_default=False,
+    ),
+]
+NoSpecOpt = Annotated[
+    bool,
+    typer.Option("--no-spec", help="Plain decoding (no drafter), same sampler: for comparison."),
+]
+LookupOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--lookup",
+        min=0,
+        metavar="N",
+        help="Context lookup: when the last N tokens occurred "
+        "earlier in the prompt or answer, propose what followed them instead of drafting (free, "
+        f"often long and right; outputs are the same). 0: always the drafter. [default: "
+        f"{DEFAULT_LOOKUP}]",
+        show_default=False,
+    ),
+]
 
 # Sampling: chat uses these for every turn, serve for the fields a request leaves out. Not
 # given: the target's generation_config.json, else greedy (dflash2_mlx.settings).
 _FROM_MODEL = " [default: the target's generation_config.json, else greedy]"
-TempOpt = Annotated[Optional[float], typer.Option(
-    "--temp", help="Sampling temperature; 0 = greedy." + _FROM_MODEL, show_default=False)]
-TopPOpt = Annotated[Optional[float], typer.Option(
-    "--top-p", help="Nucleus sampling mass, in (0, 1]." + _FROM_MODEL, show_default=False)]
-TopKOpt = Annotated[Optional[int], typer.Option(
-    "--top-k", help="Keep the k most likely tokens; 0 = off." + _FROM_MODEL,
-    show_default=False)]
-MinPOpt = Annotated[Optional[float], typer.Option(
-    "--min-p", help="Drop tokens below min_p x the top probability, in [0, 1)." + _FROM_MODEL,
-    show_default=False)]
-SeedOpt = Annotated[Optional[int], typer.Option(
-    "--seed", help="Random seed for sampling [default: a random one].", show_default=False)]
+TempOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--temp", help="Sampling temperature; 0 = greedy." + _FROM_MODEL, show_default=False
+    ),
+]
+TopPOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--top-p", help="Nucleus sampling mass, in (0, 1]." + _FROM_MODEL, show_default=False
+    ),
+]
+TopKOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--top-k", help="Keep the k most likely tokens; 0 = off." + _FROM_MODEL, show_default=False
+    ),
+]
+MinPOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--min-p",
+        help="Drop tokens below min_p x the top probability, in [0, 1)." + _FROM_MODEL,
+        show_default=False,
+    ),
+]
+SeedOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--seed", help="Random seed for sampling [default: a random one].", show_default=False
+    ),
+]
 
 
 def sampling_flags(temp, top_p, top_k, min_p, seed) -> dict:
@@ -90,13 +162,20 @@ def sampling_flags(temp, top_p, top_k, min_p, seed) -> dict:
     return {"temperature": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p, "seed": seed}
 
 
-def engine_flags(*, block=None, spec=True, lookup=None, full_vocab=False, draft_vocab=None,
-                 sampling=None):
+def engine_flags(
+    *, block=None, spec=True, lookup=None, full_vocab=False, draft_vocab=None, sampling=None
+):
     """The engine options as given, checked (contradictions refused) before any model loads."""
     from dflash2_mlx.settings import EngineFlags
 
-    return EngineFlags(block=block, speculative=spec, lookup=lookup, full_vocab=full_vocab,
-                       draft_vocab=draft_vocab, sampling=sampling or {})
+    return EngineFlags(
+        block=block,
+        speculative=spec,
+        lookup=lookup,
+        full_vocab=full_vocab,
+        draft_vocab=draft_vocab,
+        sampling=sampling or {},
+    )
 
 
 def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], None], flags):
@@ -110,13 +189,23 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     ddir = fetch(resolved.drafter, "drafter", offline=offline)
     alias = f"{resolved.alias}: " if resolved.alias else ""
     say(f"loading {alias}target {resolved.target} + drafter {resolved.drafter}")
-    pair = load_pair(tdir, ddir, offline=offline, full_vocab=flags.full_vocab,
-                     draft_vocab_limit=flags.draft_vocab, lookup=flags.lookup_or_default)
+    pair = load_pair(
+        tdir,
+        ddir,
+        offline=offline,
+        full_vocab=flags.full_vocab,
+        draft_vocab_limit=flags.draft_vocab,
+        lookup=flags.lookup_or_default,
+    )
     size = pair.drafter.draft_vocab_size
     if size is not None:
-        say(f"draft vocabulary: {size:,} of {pair.drafter.config.vocab_size:,} tokens "
-            "(--full-vocab for all)")
+        say(
+            f"draft vocabulary: {size:,} of {pair.drafter.config.vocab_size:,} tokens "
+            "(--full-vocab for all)"
+        )
     if pair.decoder.lookup:
-        say(f"context lookup: after a repeat of the last {pair.decoder.lookup} tokens "
-            "(--lookup 0: off)")
+        say(
+            f"context lookup: after a repeat of the last {pair.decoder.lookup} tokens "
+            "(--lookup 0: off)"
+        )
     return pair, resolved, tdir

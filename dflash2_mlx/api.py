@@ -49,14 +49,24 @@ class Pair:
     decoder: SpeculativeDecoder
 
     @classmethod
-    def from_models(cls, model, tokenizer, drafter: Drafter, prefill_chunk: int = 512,
-                    lookup: int = DEFAULT_LOOKUP) -> "Pair":
+    def from_models(
+        cls,
+        model,
+        tokenizer,
+        drafter: Drafter,
+        prefill_chunk: int = 512,
+        lookup: int = DEFAULT_LOOKUP,
+    ) -> "Pair":
         """`lookup` > 0: context-lookup drafts where the context repeats (engine/lookup.py);
         0: the drafter alone."""
         adapter = TargetAdapter(model, drafter.config.target_layer_ids)
         check_compatible(adapter, drafter)
-        return cls(model, tokenizer, drafter,
-                   SpeculativeDecoder(adapter, drafter, prefill_chunk, lookup=lookup))
+        return cls(
+            model,
+            tokenizer,
+            drafter,
+            SpeculativeDecoder(adapter, drafter, prefill_chunk, lookup=lookup),
+        )
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -70,8 +80,13 @@ class Pair:
         """`params` with the tokenizer's EOS ids as stop tokens when it names none."""
         return params if params.stop_token_ids else replace(params, stop_token_ids=self.eos_ids)
 
-    def stream(self, prompt_ids, params: GenerationParams, session: Session | None = None,
-               cancel: Callable[[], bool] | None = None) -> Iterator[RoundEvent]:
+    def stream(
+        self,
+        prompt_ids,
+        params: GenerationParams,
+        session: Session | None = None,
+        cancel: Callable[[], bool] | None = None,
+    ) -> Iterator[RoundEvent]:
         """`cancel`: polled between prefill chunks (True: the stream ends, no event)."""
         return self.decoder.stream(prompt_ids, self.with_defaults(params), session, cancel)
 
@@ -80,8 +95,12 @@ class Pair:
         `with_defaults(params)`) at any time, `step` it; each returns what it returns alone."""
         return BatchDecoder(self.decoder, max_batch)
 
-    def stream_batch(self, prompts: Sequence, params: GenerationParams | Sequence[GenerationParams],
-                     max_batch: int = DEFAULT_MAX_BATCH) -> Iterator[tuple[int, RoundEvent]]:
+    def stream_batch(
+        self,
+        prompts: Sequence,
+        params: GenerationParams | Sequence[GenerationParams],
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> Iterator[tuple[int, RoundEvent]]:
         """Generate from several prompts together; yields (prompt index, event). `params`: one
         for all, or one per prompt."""
         if isinstance(params, GenerationParams):
@@ -89,20 +108,24 @@ class Pair:
         if len(params) != len(prompts):
             raise ParameterError(f"{len(prompts)} prompts but {len(params)} GenerationParams")
         return self.batch(max_batch).stream(
-            (p, self.with_defaults(g)) for p, g in zip(prompts, params))
+            (p, self.with_defaults(g)) for p, g in zip(prompts, params)
+        )
 
-    def generate_batch(self, prompts: Sequence,
-                       params: GenerationParams | Sequence[GenerationParams],
-                       max_batch: int = DEFAULT_MAX_BATCH
-                       ) -> list[tuple[list[int], GenerationStats]]:
+    def generate_batch(
+        self,
+        prompts: Sequence,
+        params: GenerationParams | Sequence[GenerationParams],
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> list[tuple[list[int], GenerationStats]]:
         results = [([], GenerationStats()) for _ in prompts]
         for i, ev in self.stream_batch(prompts, params, max_batch):
             results[i][0].extend(ev.tokens)
             results[i][1].add(ev)
         return results
 
-    def generate(self, prompt_ids, params: GenerationParams, session: Session | None = None
-                 ) -> tuple[list[int], GenerationStats]:
+    def generate(
+        self, prompt_ids, params: GenerationParams, session: Session | None = None
+    ) -> tuple[list[int], GenerationStats]:
         stats = GenerationStats()
         out: list[int] = []
         for ev in self.stream(prompt_ids, params, session):
@@ -111,9 +134,16 @@ class Pair:
         return out, stats
 
 
-def load_pair(target: str | Path, drafter: str | Path, *, dtype: str | None = None,
-              offline: bool = False, full_vocab: bool = False,
-              draft_vocab_limit: int | None = None, lookup: int = DEFAULT_LOOKUP) -> Pair:
+def load_pair(
+    target: str | Path,
+    drafter: str | Path,
+    *,
+    dtype: str | None = None,
+    offline: bool = False,
+    full_vocab: bool = False,
+    draft_vocab_limit: int | None = None,
+    lookup: int = DEFAULT_LOOKUP,
+) -> Pair:
     """Load an mlx-lm target (folder or repo id) and a DFlash / DFlash2 drafter.
     `full_vocab`: draft from the whole vocabulary even if the drafter has a draft_vocab.json;
     `draft_vocab_limit`: draft from only its N most frequent tokens; `lookup` > 0: propose the
@@ -122,15 +152,29 @@ def load_pair(target: str | Path, drafter: str | Path, *, dtype: str | None = No
 
     try:
         model, tokenizer = load_target(str(target))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError,
-            RuntimeError) as exc:
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        ImportError,
+        RuntimeError,
+    ) as exc:
         raise CompatibilityError(
-            f"{target}: cannot load the target with mlx-lm: {type(exc).__name__}: {exc}") from None
+            f"{target}: cannot load the target with mlx-lm: {type(exc).__name__}: {exc}"
+        ) from None
     adapter_probe = TargetAdapter(model, ())
     weight_dtype = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}.get(
-        dtype or "", adapter_probe.embed_tokens(mx.array([[0]])).dtype)
-    d = load_drafter(drafter, dtype=weight_dtype, offline=offline, draft_vocab=not full_vocab,
-                     draft_vocab_limit=draft_vocab_limit)
+        dtype or "", adapter_probe.embed_tokens(mx.array([[0]])).dtype
+    )
+    d = load_drafter(
+        drafter,
+        dtype=weight_dtype,
+        offline=offline,
+        draft_vocab=not full_vocab,
+        draft_vocab_limit=draft_vocab_limit,
+    )
     return Pair.from_models(model, tokenizer, d, lookup=lookup)
 
 

@@ -63,8 +63,10 @@ def quantized_layers(module) -> list[dict]:
         else:
             continue
         groups[(kind, int(m.bits), int(m.group_size), str(getattr(m, "mode", "affine")))] += 1
-    return [{"kind": k, "bits": b, "group_size": g, "mode": mode, "count": n}
-            for (k, b, g, mode), n in sorted(groups.items())]
+    return [
+        {"kind": k, "bits": b, "group_size": g, "mode": mode, "count": n}
+        for (k, b, g, mode), n in sorted(groups.items())
+    ]
 
 
 def weight_dtype(module) -> str:
@@ -83,8 +85,10 @@ def quant_signature(pair) -> dict:
     """{"target": {"dtype", "quantized": [...]}, "drafter": {...}} of a loaded pair."""
     return {
         "target": {"dtype": weight_dtype(pair.model), "quantized": quantized_layers(pair.model)},
-        "drafter": {"dtype": weight_dtype(pair.drafter),
-                    "quantized": quantized_layers(pair.drafter)},
+        "drafter": {
+            "dtype": weight_dtype(pair.drafter),
+            "quantized": quantized_layers(pair.drafter),
+        },
     }
 
 
@@ -100,14 +104,16 @@ def describe_quant(signature: Mapping) -> str:
         modes = sorted({(q["bits"], q["group_size"], q["mode"]) for q in qs})
         n = sum(q["count"] for q in qs)
         q = ", ".join(f"q{b} g{g} {m}" for b, g, m in modes)
-        parts.append(f"{name} {q} ({n} layers), {part.get('dtype')}" if qs
-                     else f"{name} {part.get('dtype')}")
+        parts.append(
+            f"{name} {q} ({n} layers), {part.get('dtype')}" if qs else f"{name} {part.get('dtype')}"
+        )
     return "; ".join(parts)
 
 
 # ----------------------------------------------------------------------------- the decision
-def acceptance_probs(rounds: Iterable[tuple[int, int]],
-                     max_drafted: int) -> tuple[list[float], list[int]]:
+def acceptance_probs(
+    rounds: Iterable[tuple[int, int]], max_drafted: int
+) -> tuple[list[float], list[int]]:
     """p_k for k = 1..max_drafted from (drafted, accepted) per round: the share of rounds that
     accepted draft k among those that drafted k and accepted drafts 1..k-1. Returns (p, the
     number of rounds behind each p_k); p_k = 0 where no round reached k."""
@@ -151,9 +157,15 @@ class Choice:
         return {"block": self.block, "cap": self.cap, "rows": [asdict(r) for r in self.rows]}
 
 
-def choose_block(verify_ms: Mapping[int, float], draft_ms: Mapping[int, float],
-                 probs: Sequence[float], *, max_block: int, cap: int | None = None,
-                 draft_share: float = 1.0) -> Choice:
+def choose_block(
+    verify_ms: Mapping[int, float],
+    draft_ms: Mapping[int, float],
+    probs: Sequence[float],
+    *,
+    max_block: int,
+    cap: int | None = None,
+    draft_share: float = 1.0,
+) -> Choice:
     """The block b in 1..min(max_block, cap) maximizing E[tokens/round at b] / (draft_share *
     draft_ms(b) + verify_ms(b)) (ties: the smaller block); draft_share: the share of the
     rounds in `probs` that run the drafter (1 when probs count drafter rounds only, as
@@ -169,8 +181,11 @@ def choose_block(verify_ms: Mapping[int, float], draft_ms: Mapping[int, float],
         e = expected_tokens(probs, b)
         ms = v + d
         tps = 1000.0 * e / ms if ms > 0 else 0.0
-        rows.append(BlockRow(b, round(v, 4), round(d, 4), round(ms, 4), round(e, 4),
-                             round(tps, 3), b <= limit))
+        rows.append(
+            BlockRow(
+                b, round(v, 4), round(d, 4), round(ms, 4), round(e, 4), round(tps, 3), b <= limit
+            )
+        )
     allowed = [r for r in rows if r.allowed]
     if not allowed:
         raise ValueError("no block size has both a verify and a draft cost")
@@ -210,12 +225,16 @@ class LookupChoice:
     rounds: int
 
     def as_dict(self) -> dict:
-        return {"lookup_block": self.lookup_block, "rounds": self.rounds,
-                "rows": [asdict(r) for r in self.rows]}
+        return {
+            "lookup_block": self.lookup_block,
+            "rounds": self.rounds,
+            "rows": [asdict(r) for r in self.rows],
+        }
 
 
-def choose_lookup_block(verify_ms: Mapping[int, float], rounds: Iterable[tuple[int, int]],
-                        candidates: Iterable[int]) -> LookupChoice:
+def choose_lookup_block(
+    verify_ms: Mapping[int, float], rounds: Iterable[tuple[int, int]], candidates: Iterable[int]
+) -> LookupChoice:
     """The lookup block L (tokens verified in a lookup round) maximizing the lookup rounds'
     committed tokens per verify ms (ties: the larger L: a wider limit costs nothing where no
     repeat is that long). `rounds`: (drafted, accepted) of
@@ -236,9 +255,16 @@ def choose_lookup_block(verify_ms: Mapping[int, float], rounds: Iterable[tuple[i
 
 
 # ----------------------------------------------------------------------------- measurement
-def calibrate(pair, prompts, block: int, *, lookup_block: int = max(LOOKUP_WIDTHS),
-              max_tokens: int = 128, thinking: bool | None = None,
-              progress: Callable[[int, int], None] | None = None) -> dict:
+def calibrate(
+    pair,
+    prompts,
+    block: int,
+    *,
+    lookup_block: int = max(LOOKUP_WIDTHS),
+    max_tokens: int = 128,
+    thinking: bool | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
     """Greedy dflash2 runs at `block` (lookup rounds up to `lookup_block`) over `prompts`:
     (drafted, accepted) of every full round (the last round of each generation is left out:
     it may be cut by max tokens or a stop), drafter rounds for the per-position acceptance,
@@ -265,13 +291,20 @@ def calibrate(pair, prompts, block: int, *, lookup_block: int = max(LOOKUP_WIDTH
     n_lookup = sum(looked_up.values())
     lookup_accepted = sum(a * n for (_, a), n in looked_up.items())
     total = len(rounds) + n_lookup
-    return {"block": block, "lookup_block": lookup_block, "prompts": len(prompts),
-            "max_tokens": max_tokens, "rounds": len(rounds),
-            "tau": round(tau(sum(a for _, a in rounds), len(rounds)), 4),
-            "drafter_share": round(len(rounds) / total, 4) if total else 1.0,
-            "position_probs": [round(p, 4) for p in probs], "position_rounds": counts,
-            "lookup_rounds": n_lookup, "lookup_tau": round(tau(lookup_accepted, n_lookup), 4),
-            "lookup_counts": [[d, a, n] for (d, a), n in sorted(looked_up.items())]}
+    return {
+        "block": block,
+        "lookup_block": lookup_block,
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+        "rounds": len(rounds),
+        "tau": round(tau(sum(a for _, a in rounds), len(rounds)), 4),
+        "drafter_share": round(len(rounds) / total, 4) if total else 1.0,
+        "position_probs": [round(p, 4) for p in probs],
+        "position_rounds": counts,
+        "lookup_rounds": n_lookup,
+        "lookup_tau": round(tau(lookup_accepted, n_lookup), 4),
+        "lookup_counts": [[d, a, n] for (d, a), n in sorted(looked_up.items())],
+    }
 
 
 def _lookup_profile(pair, verify_ms: Mapping[int, float], calib: Mapping, widths) -> dict:
@@ -284,16 +317,29 @@ def _lookup_profile(pair, verify_ms: Mapping[int, float], calib: Mapping, widths
         reason = "no lookup round in the calibration (nothing repeated)"
     else:
         reason = f"best measured tokens per verify ms over {choice.rounds} lookup rounds"
-    return {"candidates": sorted(widths), "calibration_block": calib.get("lookup_block"),
-            "verify_ms": {str(w): verify_ms[w] for w in sorted(verify_ms)},
-            "table": [asdict(r) for r in choice.rows], "chosen": choice.lookup_block,
-            "reason": reason}
+    return {
+        "candidates": sorted(widths),
+        "calibration_block": calib.get("lookup_block"),
+        "verify_ms": {str(w): verify_ms[w] for w in sorted(verify_ms)},
+        "table": [asdict(r) for r in choice.rows],
+        "chosen": choice.lookup_block,
+        "reason": reason,
+    }
 
 
-def autotune(pair, prompts, *, target: str, drafter: str, max_block: int | None = None,
-             context: int = 256, repeats: int = 5, max_tokens: int = 128,
-             thinking: bool | None = None,
-             progress: Callable[[str], None] | None = None) -> dict:
+def autotune(
+    pair,
+    prompts,
+    *,
+    target: str,
+    drafter: str,
+    max_block: int | None = None,
+    context: int = 256,
+    repeats: int = 5,
+    max_tokens: int = 128,
+    thinking: bool | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Measure and decide; returns the profile (not stored: see save_profile)."""
     from . import bench
 
@@ -302,20 +348,28 @@ def autotune(pair, prompts, *, target: str, drafter: str, max_block: int | None 
     B = int(max_block or trained)
     if not 1 <= B <= trained:
         from .errors import ParameterError
-        raise ParameterError(f"block {B} must be in 1..{trained} (the drafter's trained block size)")
+
+        raise ParameterError(
+            f"block {B} must be in 1..{trained} (the drafter's trained block size)"
+        )
     key = profile_key(pair, target, drafter)
     cap = QUANT_CAP if is_quantized(key["quantization"]) and B > QUANT_CAP else None
-    lookup_widths = sorted(set(range(2, B + 1)) | set(LOOKUP_WIDTHS)) if pair.decoder.lookup \
-        else []
+    lookup_widths = sorted(set(range(2, B + 1)) | set(LOOKUP_WIDTHS)) if pair.decoder.lookup else []
     widths = sorted(set(range(1, B + 1)) | set(lookup_widths))
     say(f"verify cost, widths {', '.join(map(str, widths))}, context {context}")
     verify = bench.verify_costs(pair, widths, context=context, repeats=repeats)
     say(f"draft cost, blocks 2..{B}")
     draft = bench.draft_costs(pair, range(1, B + 1), context=context, repeats=repeats)
     say(f"calibration: greedy at block {B} on {len(prompts)} prompts")
-    calib = calibrate(pair, prompts, B, lookup_block=max(lookup_widths, default=B),
-                      max_tokens=max_tokens, thinking=thinking,
-                      progress=lambda i, n: say(f"calibration {i}/{n}"))
+    calib = calibrate(
+        pair,
+        prompts,
+        B,
+        lookup_block=max(lookup_widths, default=B),
+        max_tokens=max_tokens,
+        thinking=thinking,
+        progress=lambda i, n: say(f"calibration {i}/{n}"),
+    )
     block_ms = {w: verify["ms"][w] for w in range(1, B + 1)}
     choice = choose_block(block_ms, draft["ms"], calib["position_probs"], max_block=B, cap=cap)
     lookup = _lookup_profile(pair, verify["ms"], calib, lookup_widths)
@@ -326,13 +380,22 @@ def autotune(pair, prompts, *, target: str, drafter: str, max_block: int | None 
         "max_block": B,
         "trained_block": trained,
         "cap": cap,
-        "cap_reason": (f"quantized matmuls ({describe_quant(key['quantization'])}): block capped "
-                       f"at {QUANT_CAP}") if cap else None,
-        "verify": {"context": context, "repeats": repeats,
-                   "ms": {str(k): v for k, v in block_ms.items()},
-                   "ratio": {str(k): verify["ratio"][k] for k in block_ms}},
-        "draft": {"ms": {str(k): v for k, v in draft["ms"].items()},
-                  "feature_rows": draft["feature_rows"]},
+        "cap_reason": (
+            f"quantized matmuls ({describe_quant(key['quantization'])}): block capped "
+            f"at {QUANT_CAP}"
+        )
+        if cap
+        else None,
+        "verify": {
+            "context": context,
+            "repeats": repeats,
+            "ms": {str(k): v for k, v in block_ms.items()},
+            "ratio": {str(k): verify["ratio"][k] for k in block_ms},
+        },
+        "draft": {
+            "ms": {str(k): v for k, v in draft["ms"].items()},
+            "feature_rows": draft["feature_rows"],
+        },
         "acceptance": calib,
         "table": [asdict(r) for r in choice.rows],
         "chosen_block": choice.block,
@@ -350,8 +413,11 @@ def _identity(name: str) -> str:
         if not p.exists():
             return str(name)
         p = p.resolve()
-        files = sorted(f for f in p.iterdir() if f.suffix in (".json", ".safetensors")) \
-            if p.is_dir() else [p]
+        files = (
+            sorted(f for f in p.iterdir() if f.suffix in (".json", ".safetensors"))
+            if p.is_dir()
+            else [p]
+        )
         stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
         return f"{p}#{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:12]}"
     except OSError:
@@ -378,11 +444,15 @@ def device_key() -> str:
 def profile_key(pair, target: str, drafter: str) -> dict:
     import mlx.core as mx
 
-    return {"device": device_key(), "mlx": getattr(mx, "__version__", "?"),
-            "target": _identity(target), "drafter": _identity(drafter),
-            "quantization": quant_signature(pair),
-            "draft_vocab": pair.drafter.draft_vocab_size,  # it changes the draft cost
-            "lookup": pair.decoder.lookup}  # it changes the acceptance
+    return {
+        "device": device_key(),
+        "mlx": getattr(mx, "__version__", "?"),
+        "target": _identity(target),
+        "drafter": _identity(drafter),
+        "quantization": quant_signature(pair),
+        "draft_vocab": pair.drafter.draft_vocab_size,  # it changes the draft cost
+        "lookup": pair.decoder.lookup,
+    }  # it changes the acceptance
 
 
 def profile_dir(root: str | Path | None = None) -> Path:
@@ -432,16 +502,18 @@ def _recommended(pair, target: str, drafter: str, field: str, root) -> int | Non
     return value
 
 
-def recommended_block(pair, target: str, drafter: str, *,
-                      root: str | Path | None = None) -> int | None:
+def recommended_block(
+    pair, target: str, drafter: str, *, root: str | Path | None = None
+) -> int | None:
     """The autotuned block for this pair on this machine (`dflash2 bench --autotune`), or None
     when no profile matches (other device, mlx version, models or quantization). Not clamped:
     settings.choose_block clamps every recommendation to the trained size, with the reason."""
     return _recommended(pair, target, drafter, "chosen_block", root)
 
 
-def recommended_lookup_block(pair, target: str, drafter: str, *,
-                             root: str | Path | None = None) -> int | None:
+def recommended_lookup_block(
+    pair, target: str, drafter: str, *, root: str | Path | None = None
+) -> int | None:
     """The autotuned lookup block (GenerationParams.lookup_block) for this pair on this
     machine, or None when no profile matches or it measured no lookup round."""
     return _recommended(pair, target, drafter, "chosen_lookup_block", root)

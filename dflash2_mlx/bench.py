@@ -81,8 +81,12 @@ def plain_decode(pair, ids: Sequence[int], max_tokens: int) -> Timed:
     eos = pair.eos_ids
     out: list[int] = []
     t_first = None
-    for tok, _ in generate_step(mx.array(list(ids)), pair.model, max_tokens=max_tokens,
-                                sampler=lambda x: mx.argmax(x, axis=-1)):
+    for tok, _ in generate_step(
+        mx.array(list(ids)),
+        pair.model,
+        max_tokens=max_tokens,
+        sampler=lambda x: mx.argmax(x, axis=-1),
+    ):
         tok = int(tok)
         if t_first is None:
             t_first = time.perf_counter()
@@ -93,15 +97,20 @@ def plain_decode(pair, ids: Sequence[int], max_tokens: int) -> Timed:
     return Timed(out, secs)
 
 
-def dflash2_decode(pair, ids: Sequence[int], max_tokens: int, block: int | None,
-                   lookup_block: int | None = None) -> Timed:
+def dflash2_decode(
+    pair, ids: Sequence[int], max_tokens: int, block: int | None, lookup_block: int | None = None
+) -> Timed:
     """dflash2, greedy, at `block` (None: the drafter's trained block size), lookup rounds up
     to `lookup_block` (None: the engine's default)."""
     stats = GenerationStats()
     out: list[int] = []
     t_first = None
-    params = GenerationParams(max_tokens=max_tokens, block_size=block, lookup_block=lookup_block,
-                              sampling=SamplingParams(temperature=0.0))
+    params = GenerationParams(
+        max_tokens=max_tokens,
+        block_size=block,
+        lookup_block=lookup_block,
+        sampling=SamplingParams(temperature=0.0),
+    )
     for ev in pair.stream(list(ids), params):
         if t_first is None:
             t_first = time.perf_counter()
@@ -149,8 +158,9 @@ def _median_ms(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1000.0, 4)
 
 
-def verify_costs(pair, widths: Iterable[int], *, context: int = 256, repeats: int = 5,
-                 warmup: int = 1) -> dict:
+def verify_costs(
+    pair, widths: Iterable[int], *, context: int = 256, repeats: int = 5, warmup: int = 1
+) -> dict:
     """The target's cost of one verify forward of each width (anchor + width-1 drafts) on a warm
     cache holding `context` tokens: median ms per width, and cost(w)/cost(smallest w).
 
@@ -168,7 +178,7 @@ def verify_costs(pair, widths: Iterable[int], *, context: int = 256, repeats: in
     token = ctx[-1]
     samples: dict[int, list[float]] = {w: [] for w in widths}
     for rep in range(warmup + repeats):
-        order = widths[rep % len(widths):] + widths[: rep % len(widths)]  # rotate the order
+        order = widths[rep % len(widths) :] + widths[: rep % len(widths)]  # rotate the order
         for w in order:
             ids = mx.array([[token] + [(token + 17 * j) % vocab for j in range(1, w)]])
             t0 = time.perf_counter()
@@ -185,12 +195,23 @@ def verify_costs(pair, widths: Iterable[int], *, context: int = 256, repeats: in
                 samples[w].append(dt)
     ms = {w: _median_ms(samples[w]) for w in widths}
     base = ms[widths[0]] or float("nan")
-    return {"context": context, "repeats": repeats, "ms": ms,
-            "ratio": {w: round(ms[w] / base, 4) for w in widths}}
+    return {
+        "context": context,
+        "repeats": repeats,
+        "ms": ms,
+        "ratio": {w: round(ms[w] / base, 4) for w in widths},
+    }
 
 
-def draft_costs(pair, blocks: Iterable[int], *, context: int = 256, repeats: int = 5,
-                warmup: int = 1, feature_rows: int = 2) -> dict:
+def draft_costs(
+    pair,
+    blocks: Iterable[int],
+    *,
+    context: int = 256,
+    repeats: int = 5,
+    warmup: int = 1,
+    feature_rows: int = 2,
+) -> dict:
     """The drafter's cost of one round at each block size b (b - 1 drafted tokens): embed the
     block, run the drafter over `feature_rows` new context rows, logits, and (DFlash2) the
     candidate path selector; drafts read back (a sync). Block 1 drafts nothing: 0 ms.
@@ -204,8 +225,9 @@ def draft_costs(pair, blocks: Iterable[int], *, context: int = 256, repeats: int
     key = mx.random.key(0)
     ctx = context_ids(vocab, max(context, feature_rows + 1))
     cache = drafter.make_cache()
-    _, features, _ = target.prefill(mx.array([ctx]), target.make_cache(),
-                                    pair.decoder.prefill_chunk, None)
+    _, features, _ = target.prefill(
+        mx.array([ctx]), target.make_cache(), pair.decoder.prefill_chunk, None
+    )
     token = ctx[-1]
     # First call consumes the whole context (building the drafter's context cache).
     drafter.draft_block(token, 2, features, cache, sp, key).tokens.tolist()
@@ -214,7 +236,7 @@ def draft_costs(pair, blocks: Iterable[int], *, context: int = 256, repeats: int
     samples: dict[int, list[float]] = {b: [] for b in blocks if b > 1}
     drafted = sorted(samples)
     for rep in range(warmup + repeats):
-        order = drafted[rep % max(len(drafted), 1):] + drafted[: rep % max(len(drafted), 1)]
+        order = drafted[rep % max(len(drafted), 1) :] + drafted[: rep % max(len(drafted), 1)]
         for b in order:
             t0 = time.perf_counter()
             tokens = drafter.draft_block(token, b, full, cache, sp, key).tokens.tolist()
@@ -231,6 +253,7 @@ def draft_costs(pair, blocks: Iterable[int], *, context: int = 256, repeats: int
 # ----------------------------------------------------------------------------- the benchmark
 def _summary(rows: list[dict]) -> dict:
     """Medians over prompts, pooled τ and per-round costs, totals."""
+
     def med(key):
         vals = [r[key] for r in rows if r.get(key) is not None]
         return round(statistics.median(vals), 4) if vals else None
@@ -280,30 +303,49 @@ def _row(p: Prompt, ids, plain: list[Timed], spec: list[Timed], mism: int | None
     st = spec[-1].stats
     rounds = st.rounds
     return {
-        "id": p.id, "category": p.category, "prompt_tokens": len(ids), "tokens": n,
-        "identical": mism is None, "first_mismatch": mism,
-        "plain_s": round(plain_s, 6), "dflash2_s": round(spec_s, 6),
+        "id": p.id,
+        "category": p.category,
+        "prompt_tokens": len(ids),
+        "tokens": n,
+        "identical": mism is None,
+        "first_mismatch": mism,
+        "plain_s": round(plain_s, 6),
+        "dflash2_s": round(spec_s, 6),
         "plain_tps": round(ptps, 4) if ptps else None,
         "dflash2_tps": round(stps, 4) if stps else None,
         "speedup": round(stps / ptps, 4) if ptps and stps else None,
-        "tau": round(st.tau, 4), "rounds": rounds, "accepted": st.accepted,
-        "lookup_rounds": st.lookup_rounds, "lookup_accepted": st.lookup_accepted,
-        "lookup_tau": round(st.lookup_tau, 4), "longest_round": st.longest_round,
+        "tau": round(st.tau, 4),
+        "rounds": rounds,
+        "accepted": st.accepted,
+        "lookup_rounds": st.lookup_rounds,
+        "lookup_accepted": st.lookup_accepted,
+        "lookup_tau": round(st.lookup_tau, 4),
+        "longest_round": st.longest_round,
         "acceptance_rate": round(st.acceptance_rate, 4),
         "draft_ms": round(statistics.median(t.stats.draft_ms for t in spec), 4),
         "verify_ms": round(statistics.median(t.stats.verify_ms for t in spec), 4),
         "draft_ms_per_round": round(statistics.median(t.stats.draft_ms for t in spec) / rounds, 4)
-        if rounds else None,
+        if rounds
+        else None,
         "verify_ms_per_round": round(statistics.median(t.stats.verify_ms for t in spec) / rounds, 4)
-        if rounds else None,
+        if rounds
+        else None,
         "histogram": {str(k): v for k, v in sorted(st.histogram.items())},
     }
 
 
-def run_bench(pair, prompts: Sequence[Prompt], blocks: Sequence[int], *, max_tokens: int = 128,
-              repeats: int = 3, warmup: bool = True, thinking: bool | None = None,
-              lookup_block: int | None = None,
-              progress: Callable[[int, int, dict, dict[int, dict]], None] | None = None) -> dict:
+def run_bench(
+    pair,
+    prompts: Sequence[Prompt],
+    blocks: Sequence[int],
+    *,
+    max_tokens: int = 128,
+    repeats: int = 3,
+    warmup: bool = True,
+    thinking: bool | None = None,
+    lookup_block: int | None = None,
+    progress: Callable[[int, int, dict, dict[int, dict]], None] | None = None,
+) -> dict:
     """Plain mlx-lm vs dflash2 at each block size, greedy, on the same prompt ids.
 
     Per prompt and repeat: one plain run, then one dflash2 run per block (interleaved, so drift
@@ -333,9 +375,16 @@ def run_bench(pair, prompts: Sequence[Prompt], blocks: Sequence[int], *, max_tok
                 m = first_mismatch(base.tokens, run.tokens)
                 if m is not None and mism[b] is None:
                     mism[b] = m
-                    mismatches.append({
-                        "block": b, "id": p.id, "category": p.category, "index": m,
-                        "plain": base.tokens[m: m + 8], "dflash2": run.tokens[m: m + 8]})
+                    mismatches.append(
+                        {
+                            "block": b,
+                            "id": p.id,
+                            "category": p.category,
+                            "index": m,
+                            "plain": base.tokens[m : m + 8],
+                            "dflash2": run.tokens[m : m + 8],
+                        }
+                    )
         done = {}
         for b in blocks:
             rows[b].append(_row(p, ids, plain, spec[b], mism[b]))
@@ -347,11 +396,14 @@ def run_bench(pair, prompts: Sequence[Prompt], blocks: Sequence[int], *, max_tok
         cats: dict[str, list[dict]] = defaultdict(list)
         for r in rows[b]:
             cats[r["category"]].append(r)
-        results.append({
-            "block": b, "summary": _summary(rows[b]),
-            "per_category": {c: _summary(rs) for c, rs in cats.items()},
-            "rows": rows[b],
-        })
+        results.append(
+            {
+                "block": b,
+                "summary": _summary(rows[b]),
+                "per_category": {c: _summary(rs) for c, rs in cats.items()},
+                "rows": rows[b],
+            }
+        )
     return {"results": results, "all_identical": not mismatches, "mismatches": mismatches}
 
 

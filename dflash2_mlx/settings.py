@@ -26,8 +26,13 @@ from .engine.sampling import SamplingParams, field_problem
 from .errors import ConfigError, ParameterError
 
 # SamplingParams field -> its flag in `dflash2 chat` and `dflash2 serve`.
-SAMPLING_FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k",
-                  "min_p": "--min-p", "seed": "--seed"}
+SAMPLING_FLAGS = {
+    "temperature": "--temp",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "min_p": "--min-p",
+    "seed": "--seed",
+}
 GENERATION_CONFIG = "generation_config.json"
 CONFIG_FIELDS = ("temperature", "top_p", "top_k", "min_p")  # read from it (never a seed)
 DEFAULT_SOURCE = "default"
@@ -46,8 +51,10 @@ def check_block(value, trained: int | None = None, flag: str = "--block") -> int
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ParameterError(f"{flag}: block_size must be an int >= 1, got {value!r}")
     if trained is not None and value > trained:
-        raise ParameterError(f"{flag} must be 1 .. {trained}: {value} exceeds the drafter's "
-                             f"trained block size {trained}")
+        raise ParameterError(
+            f"{flag} must be 1 .. {trained}: {value} exceeds the drafter's "
+            f"trained block size {trained}"
+        )
     return value
 
 
@@ -65,15 +72,18 @@ class BlockChoice:
         """Said to the user when a recommendation was clamped."""
         if self.clamped_from is None:
             return None
-        return (f"the {self.reason} (block {self.clamped_from}) exceeds the drafter's trained "
-                f"block size {self.trained}: using {self.trained}")
+        return (
+            f"the {self.reason} (block {self.clamped_from}) exceeds the drafter's trained "
+            f"block size {self.trained}: using {self.trained}"
+        )
 
     def describe(self) -> str:
         return f"block {self.size} ({self.reason}, trained {self.trained})"
 
 
-def choose_block(trained: int, *, flag: int | None = None, profile: int | None = None,
-                 alias: int | None = None) -> BlockChoice:
+def choose_block(
+    trained: int, *, flag: int | None = None, profile: int | None = None, alias: int | None = None
+) -> BlockChoice:
     """The block rule: the flag, the autotune profile, the alias's recommendation, the
     drafter's trained size; clamped to the trained size (a flag above it is an error)."""
     if flag is not None:
@@ -87,15 +97,17 @@ def choose_block(trained: int, *, flag: int | None = None, profile: int | None =
 
 
 # ----------------------------------------------------------------------------- sampling
-def check_sampling(given: Mapping[str, Any], names: Mapping[str, str] = SAMPLING_FLAGS
-                   ) -> dict[str, Any]:
+def check_sampling(
+    given: Mapping[str, Any], names: Mapping[str, str] = SAMPLING_FLAGS
+) -> dict[str, Any]:
     """The fields that were given (None = not given), each checked; errors use `names`
     (field -> how the user wrote it: a flag, a request field)."""
     out = {}
     for name, value in given.items():
         if name not in SAMPLING_FLAGS:
-            raise ParameterError(f"unknown sampling field {name!r}; expected one of "
-                                 f"{', '.join(SAMPLING_FLAGS)}")
+            raise ParameterError(
+                f"unknown sampling field {name!r}; expected one of {', '.join(SAMPLING_FLAGS)}"
+            )
         if value is None:
             continue
         problem = field_problem(name, value)
@@ -105,8 +117,7 @@ def check_sampling(given: Mapping[str, Any], names: Mapping[str, str] = SAMPLING
     return out
 
 
-def generation_config(target_dir: str | Path | None, skip: tuple[str, ...] = ()
-                      ) -> dict[str, Any]:
+def generation_config(target_dir: str | Path | None, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """The sampling fields the target's generation_config.json sets (those in `skip`, which
     flags give, are not read). `do_sample: false` means greedy (temperature 0); other fields
     still count, as in transformers when a caller asks for sampling. No file: {}."""
@@ -131,8 +142,10 @@ def generation_config(target_dir: str | Path | None, skip: tuple[str, ...] = ()
             continue
         problem = field_problem(name, value)
         if problem:
-            raise ConfigError(f"{path}: field '{name}': {problem}, found {value!r} (pass "
-                              f"{SAMPLING_FLAGS[name]} to use another value)")
+            raise ConfigError(
+                f"{path}: field '{name}': {problem}, found {value!r} (pass "
+                f"{SAMPLING_FLAGS[name]} to use another value)"
+            )
         out[name] = value
     return out
 
@@ -170,8 +183,10 @@ class SamplingDefaults:
 
     def to_json(self) -> dict:
         """The values and, per field, where each came from (for /v1/models)."""
-        return {**{n: getattr(self.params, n) for n in SAMPLING_FLAGS},
-                "source": {n: self.source(n) for n in SAMPLING_FLAGS}}
+        return {
+            **{n: getattr(self.params, n) for n in SAMPLING_FLAGS},
+            "source": {n: self.source(n) for n in SAMPLING_FLAGS},
+        }
 
 
 def idle_when_greedy(params: SamplingParams) -> list[str]:
@@ -179,12 +194,16 @@ def idle_when_greedy(params: SamplingParams) -> list[str]:
     if not params.greedy:
         return []
     neutral = SamplingParams()
-    return [n for n in SAMPLING_FLAGS
-            if n != "temperature" and getattr(params, n) != getattr(neutral, n)]
+    return [
+        n
+        for n in SAMPLING_FLAGS
+        if n != "temperature" and getattr(params, n) != getattr(neutral, n)
+    ]
 
 
-def resolve_sampling(flags: Mapping[str, Any], target_dir: str | Path | None = None
-                     ) -> SamplingDefaults:
+def resolve_sampling(
+    flags: Mapping[str, Any], target_dir: str | Path | None = None
+) -> SamplingDefaults:
     """Per field: the flag, else the target's generation_config.json, else greedy."""
     given = check_sampling(flags)
     sources = {n: SAMPLING_FLAGS[n] for n in given}
@@ -209,17 +228,21 @@ class EngineFlags:
 
     def __post_init__(self):
         if not self.speculative and self.block is not None:
-            raise ParameterError("--block has no effect with --no-spec (plain decoding verifies "
-                                 "one token a round)")
+            raise ParameterError(
+                "--block has no effect with --no-spec (plain decoding verifies one token a round)"
+            )
         if not self.speculative and self.lookup is not None:
-            raise ParameterError("--lookup has no effect with --no-spec (plain decoding drafts "
-                                 "nothing)")
+            raise ParameterError(
+                "--lookup has no effect with --no-spec (plain decoding drafts nothing)"
+            )
         if self.full_vocab and self.draft_vocab is not None:
             raise ParameterError("--draft-vocab and --full-vocab contradict each other")
         if self.block is not None:
             check_block(self.block)
-        for flag, value, low in (("--lookup", self.lookup, 0), ("--draft-vocab",
-                                                                self.draft_vocab, 1)):
+        for flag, value, low in (
+            ("--lookup", self.lookup, 0),
+            ("--draft-vocab", self.draft_vocab, 1),
+        ):
             if value is not None and (not isinstance(value, int) or value < low):
                 raise ParameterError(f"{flag} must be an int >= {low}, got {value!r}")
         check_sampling(self.sampling)
@@ -248,17 +271,25 @@ class EngineSettings:
         return self.block.size if self.speculative else 1
 
 
-def resolve_engine(flags: EngineFlags, pair, resolved, target_dir: str | Path | None
-                   ) -> EngineSettings:
+def resolve_engine(
+    flags: EngineFlags, pair, resolved, target_dir: str | Path | None
+) -> EngineSettings:
     """Settings for a loaded `pair` (dflash2_mlx.api.Pair) of `resolved` (a registry
     ResolvedPair) whose target lives in `target_dir`."""
     from .autotune import recommended_block, recommended_lookup_block
 
     trained = pair.drafter.config.block_size
-    auto = choose_block(trained, profile=recommended_block(pair, resolved.target,
-                                                           resolved.drafter),
-                        alias=resolved.block_size)
+    auto = choose_block(
+        trained,
+        profile=recommended_block(pair, resolved.target, resolved.drafter),
+        alias=resolved.block_size,
+    )
     block = choose_block(trained, flag=flags.block) if flags.block is not None else auto
-    return EngineSettings(flags.speculative, block, auto, pair.decoder.lookup,
-                          resolve_sampling(flags.sampling, target_dir),
-                          recommended_lookup_block(pair, resolved.target, resolved.drafter))
+    return EngineSettings(
+        flags.speculative,
+        block,
+        auto,
+        pair.decoder.lookup,
+        resolve_sampling(flags.sampling, target_dir),
+        recommended_lookup_block(pair, resolved.target, resolved.drafter),
+    )

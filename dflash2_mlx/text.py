@@ -14,9 +14,15 @@ from .engine.loop import GenerationParams, Session
 from .errors import ParameterError
 
 
-def chat_prompt_ids(tokenizer, messages: Sequence[dict], *, thinking: bool | None = None,
-                    add_generation_prompt: bool = True, tools: Sequence[dict] | None = None,
-                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
+def chat_prompt_ids(
+    tokenizer,
+    messages: Sequence[dict],
+    *,
+    thinking: bool | None = None,
+    add_generation_prompt: bool = True,
+    tools: Sequence[dict] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
     """Token ids of `messages` under the model's chat template.
 
     `thinking` is passed as `enable_thinking` (Qwen3-style templates) when not None; `tools`
@@ -27,7 +33,8 @@ def chat_prompt_ids(tokenizer, messages: Sequence[dict], *, thinking: bool | Non
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
             raise ParameterError(
-                f"messages[{i}] must be an object with a 'role' and a string 'content'")
+                f"messages[{i}] must be an object with a 'role' and a string 'content'"
+            )
     if not getattr(tokenizer, "chat_template", None):
         if tools:
             raise ParameterError("tools need a chat template; this model has none")
@@ -38,8 +45,9 @@ def chat_prompt_ids(tokenizer, messages: Sequence[dict], *, thinking: bool | Non
         kwargs["enable_thinking"] = thinking
     if tools:
         kwargs["tools"] = list(tools)
-    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
-                                        tokenize=True, **kwargs)
+    ids = tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=add_generation_prompt, tokenize=True, **kwargs
+    )
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return [int(t) for t in ids]
@@ -76,15 +84,16 @@ class IncrementalDecoder:
 
     def __init__(self, tokenizer, context: Sequence[int] = ()):
         self.tokenizer = tokenizer
-        self.ids = [int(t) for t in context][-self.CONTEXT:]
+        self.ids = [int(t) for t in context][-self.CONTEXT :]
         self.start = 0  # window start: the context of the next add
         self.read = len(self.ids)  # ids up to here are shown
         self.text = ""  # everything returned so far
 
     def _decode(self, ids: list[int]) -> str:
         try:
-            return self.tokenizer.decode(ids, skip_special_tokens=False,
-                                         clean_up_tokenization_spaces=False)
+            return self.tokenizer.decode(
+                ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
         except TypeError:  # a tokenizer without HF's keyword arguments
             return self.tokenizer.decode(ids)
 
@@ -93,18 +102,18 @@ class IncrementalDecoder:
         end = len(self.ids)
         if end == self.read:
             return ""
-        full = self._decode(self.ids[self.start:end])
+        full = self._decode(self.ids[self.start : end])
         if full.endswith("\ufffd") and not final:
             # Hold back the ids of an incomplete character; more than UTF8_MAX ids that
             # never complete one are invalid bytes: shown as decoded.
             for held in range(1, min(self.UTF8_MAX, end - self.read) + 1):
-                text = self._decode(self.ids[self.start:end - held])
+                text = self._decode(self.ids[self.start : end - held])
                 if not text.endswith("\ufffd"):
                     end, full = end - held, text
                     break
             if end == self.read:
                 return ""
-        shown = self._decode(self.ids[self.start:self.read])
+        shown = self._decode(self.ids[self.start : self.read])
         common = len(shown) if full.startswith(shown) else len(os.path.commonprefix([shown, full]))
         new = full[common:]
         self.start, self.read = self.read, end
@@ -134,7 +143,7 @@ class TextStream:
         for s in self.stop:
             i = text.find(s, max(0, self.sent - len(s) + 1))
             if i != -1:
-                out = text[self.sent:i]
+                out = text[self.sent : i]
                 self.sent = i
                 self.stopped = True
                 return out, True
@@ -146,14 +155,19 @@ class TextStream:
                         hold = max(hold, k)
                         break
         end = len(text) - hold
-        out = text[self.sent:end] if end > self.sent else ""
+        out = text[self.sent : end] if end > self.sent else ""
         self.sent = max(self.sent, end)
         return out, False
 
 
-def stream_text(pair, prompt_ids: Sequence[int], params: GenerationParams,
-                stop: Sequence[str] = (), session: Session | None = None,
-                cancel: Callable[[], bool] | None = None) -> Iterator[TextChunk]:
+def stream_text(
+    pair,
+    prompt_ids: Sequence[int],
+    params: GenerationParams,
+    stop: Sequence[str] = (),
+    session: Session | None = None,
+    cancel: Callable[[], bool] | None = None,
+) -> Iterator[TextChunk]:
     """Generate and yield text per round; stops at EOS, a stop string or max_tokens.
     `cancel`: polled between prefill chunks (True: ends without a chunk)."""
     ts = TextStream(pair.tokenizer, stop, context=prompt_ids)
@@ -173,8 +187,13 @@ def stream_text(pair, prompt_ids: Sequence[int], params: GenerationParams,
         events.close()
 
 
-def generate_text(pair, prompt_ids: Sequence[int], params: GenerationParams,
-                  stop: Sequence[str] = (), session: Session | None = None) -> TextResult:
+def generate_text(
+    pair,
+    prompt_ids: Sequence[int],
+    params: GenerationParams,
+    stop: Sequence[str] = (),
+    session: Session | None = None,
+) -> TextResult:
     parts: list[str] = []
     tokens: list[int] = []
     stats = GenerationStats()

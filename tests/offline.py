@@ -15,8 +15,19 @@ import pytest
 def _index_has(name: str, version: str | None) -> str | None:
     """None when pip (with this machine's pip config) can find `name==version` (any version
     when None); else why not."""
-    cmd = [sys.executable, "-m", "pip", "index", "versions", name, "--retries", "0",
-           "--timeout", "15", "--disable-pip-version-check"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "index",
+        "versions",
+        name,
+        "--retries",
+        "0",
+        "--timeout",
+        "15",
+        "--disable-pip-version-check",
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as exc:

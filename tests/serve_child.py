@@ -22,10 +22,16 @@ from dflash2_mlx.serve import ServeLimits, create_app, run_server  # noqa: E402
 
 
 def main(grace: float) -> int:
-    pair = Pair.from_models(tiny.make_target("llama"), make_tokenizer(),
-                            tiny.make_drafter(2, block_size=4))
-    app = create_app(pair, model_name="tiny", max_queue=4, default_max_tokens=8,
-                     limits=ServeLimits(shutdown_grace_s=grace))
+    pair = Pair.from_models(
+        tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2, block_size=4)
+    )
+    app = create_app(
+        pair,
+        model_name="tiny",
+        max_queue=4,
+        default_max_tokens=8,
+        limits=ServeLimits(shutdown_grace_s=grace),
+    )
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     print(sock.getsockname()[1], flush=True)

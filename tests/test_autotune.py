@@ -26,6 +26,7 @@ pytestmark = pytest.mark.usefixtures("dflash2_home")  # profiles go to a private
 
 def brute_force(verify, draft, probs, blocks):
     """The formula written out independently: E[tokens at b] / (draft + verify)."""
+
     def e(b):
         total = 1.0
         for k in range(1, b):
@@ -73,15 +74,20 @@ def test_choose_block_is_the_argmax_of_the_formula():
         assert row.round_ms == pytest.approx(VERIFY[row.block] + DRAFT[row.block])
 
 
-@pytest.mark.parametrize("probs, verify, draft, blocks", [
-    ([0.0] * 7, VERIFY, DRAFT, range(1, 9)),  # nothing accepted: park at block 1
-    ([0.99] * 7, {b: 10.0 for b in range(1, 9)}, {b: 1.0 for b in range(1, 9)}, range(1, 9)),
-    ([0.6] * 7, {b: 10.0 + 3 * b for b in range(1, 9)}, DRAFT, range(1, 9)),
-    ([0.9, 0.2, 0.9, 0.9, 0.9, 0.9, 0.9], VERIFY, DRAFT, range(1, 9)),
-])
+@pytest.mark.parametrize(
+    "probs, verify, draft, blocks",
+    [
+        ([0.0] * 7, VERIFY, DRAFT, range(1, 9)),  # nothing accepted: park at block 1
+        ([0.99] * 7, {b: 10.0 for b in range(1, 9)}, {b: 1.0 for b in range(1, 9)}, range(1, 9)),
+        ([0.6] * 7, {b: 10.0 + 3 * b for b in range(1, 9)}, DRAFT, range(1, 9)),
+        ([0.9, 0.2, 0.9, 0.9, 0.9, 0.9, 0.9], VERIFY, DRAFT, range(1, 9)),
+    ],
+)
 def test_choose_block_matches_brute_force(probs, verify, draft, blocks):
-    assert A.choose_block(verify, draft, probs, max_block=8).block == \
-        brute_force(verify, draft, probs, blocks)[0]
+    assert (
+        A.choose_block(verify, draft, probs, max_block=8).block
+        == brute_force(verify, draft, probs, blocks)[0]
+    )
 
 
 def test_lookup_rounds_cost_no_draft_pass():
@@ -120,8 +126,10 @@ def test_choose_lookup_block_replays_each_round_cut_at_each_width():
         assert row.expected_tps == pytest.approx(1000 * rate(row.lookup_block), rel=1e-3)
     # Verify cost that grows fast with width: short lookup blocks win.
     steep = {w: 10.0 * w for w in range(1, 33)}
-    assert A.choose_lookup_block(steep, [(31, 0)] * 9 + [(31, 31)], [2, 4, 8, 16, 32]) \
-        .lookup_block == 2
+    assert (
+        A.choose_lookup_block(steep, [(31, 0)] * 9 + [(31, 31)], [2, 4, 8, 16, 32]).lookup_block
+        == 2
+    )
     # Flat cost, nothing longer than 5 proposed: every block from 6 on ties; the widest wins.
     assert A.choose_lookup_block({1: 5.0, 40: 5.0}, [(5, 5)], [4, 6, 32]).lookup_block == 32
     assert A.choose_lookup_block(verify, [], [4, 8]).lookup_block is None
@@ -133,8 +141,12 @@ def test_the_profile_records_the_lookup_block(llama_pair, monkeypatch, tmp_path)
 
     def with_lookups(pair, prompts, block, **kw):
         out = calib(pair, prompts, block, **kw)  # the fake above
-        out.update(lookup_block=kw["lookup_block"], lookup_rounds=3, lookup_tau=9.0,
-                   lookup_counts=[[31, 31, 2], [31, 0, 1]])
+        out.update(
+            lookup_block=kw["lookup_block"],
+            lookup_rounds=3,
+            lookup_tau=9.0,
+            lookup_counts=[[31, 31, 2], [31, 0, 1]],
+        )
         return out
 
     monkeypatch.setattr(A, "calibrate", with_lookups)
@@ -174,16 +186,41 @@ def test_quantization_is_detected(llama_pair, quant_pair):
 
 def _fake_measurements(monkeypatch, best_block=8):
     """Costs and acceptance under which `best_block` wins without a cap."""
-    monkeypatch.setattr(bench, "verify_costs", lambda pair, widths, **kw: {
-        "context": 8, "repeats": 1, "ms": {w: 10.0 for w in widths},
-        "ratio": {w: 1.0 for w in widths}})
-    monkeypatch.setattr(bench, "draft_costs", lambda pair, blocks, **kw: {
-        "context": 8, "repeats": 1, "feature_rows": 2,
-        "ms": {b: (0.0 if b == 1 else 1.0) for b in blocks}})
+    monkeypatch.setattr(
+        bench,
+        "verify_costs",
+        lambda pair, widths, **kw: {
+            "context": 8,
+            "repeats": 1,
+            "ms": {w: 10.0 for w in widths},
+            "ratio": {w: 1.0 for w in widths},
+        },
+    )
+    monkeypatch.setattr(
+        bench,
+        "draft_costs",
+        lambda pair, blocks, **kw: {
+            "context": 8,
+            "repeats": 1,
+            "feature_rows": 2,
+            "ms": {b: (0.0 if b == 1 else 1.0) for b in blocks},
+        },
+    )
     probs = [0.99] * (best_block - 1) + [0.0] * (8 - best_block)
-    monkeypatch.setattr(A, "calibrate", lambda pair, prompts, block, **kw: {
-        "block": block, "prompts": 0, "max_tokens": 8, "rounds": 100, "tau": 5.0,
-        "drafter_share": 1.0, "position_probs": probs[: block - 1], "position_rounds": [100] * (block - 1)})
+    monkeypatch.setattr(
+        A,
+        "calibrate",
+        lambda pair, prompts, block, **kw: {
+            "block": block,
+            "prompts": 0,
+            "max_tokens": 8,
+            "rounds": 100,
+            "tau": 5.0,
+            "drafter_share": 1.0,
+            "position_probs": probs[: block - 1],
+            "position_rounds": [100] * (block - 1),
+        },
+    )
 
 
 def test_quantized_target_caps_the_block_at_5(quant_pair, llama_pair, monkeypatch):
@@ -195,8 +232,9 @@ def test_quantized_target_caps_the_block_at_5(quant_pair, llama_pair, monkeypatc
 
 
 # ------------------------------------------------------------------------------ profiles
-def test_profile_is_stored_found_and_ignored_when_the_key_changes(llama_pair, quant_pair,
-                                                                  monkeypatch, tmp_path):
+def test_profile_is_stored_found_and_ignored_when_the_key_changes(
+    llama_pair, quant_pair, monkeypatch, tmp_path
+):
     _fake_measurements(monkeypatch, best_block=6)
     profile = A.autotune(llama_pair, [], target="org/target", drafter="org/drafter")
     assert profile["chosen_block"] == 6
@@ -241,8 +279,21 @@ def test_folders_are_keyed_by_absolute_path_and_content(llama_pair, tmp_path, mo
 # ------------------------------------------------------------------------------ end to end
 def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys):
     t, d = save_pair(tmp_path / "pair")
-    base = ["bench", "--target", str(t), "--drafter", str(d), "--limit", "2", "--max-tokens",
-            "8", "--repeats", "1", "--context", "16"]
+    base = [
+        "bench",
+        "--target",
+        str(t),
+        "--drafter",
+        str(d),
+        "--limit",
+        "2",
+        "--max-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--context",
+        "16",
+    ]
     assert run(base + ["--autotune", "--block", "4", "--json", str(tmp_path / "a.json")]) == 0
     out = capsys.readouterr().out
     assert "◀ chosen" in out and "exp. tok/s" in out and "chosen block" in out
@@ -255,7 +306,9 @@ def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys):
     assert Path(prof["path"]).is_file()
     pair = d2.load_pair(t, d)
     assert A.recommended_block(pair, str(t), str(d)) == prof["chosen_block"]
-    assert prof["acceptance"]["lookup_block"] == max(A.LOOKUP_WIDTHS)  # lookup rounds, measured apart
+    assert prof["acceptance"]["lookup_block"] == max(
+        A.LOOKUP_WIDTHS
+    )  # lookup rounds, measured apart
     assert "lookup block:" in out and set(prof["lookup"]) >= {"table", "chosen", "reason"}
     assert run(base + ["--no-plot", "--json", str(tmp_path / "b.json")]) == 0
     settings = json.loads((tmp_path / "b.json").read_text())["settings"]
@@ -268,8 +321,17 @@ def test_chat_uses_the_stored_profile_unless_block_is_given(tmp_path, capsys, mo
     pair = d2.load_pair(t, d)
     _fake_measurements(monkeypatch, best_block=6)
     A.save_profile(A.autotune(pair, [], target=str(t), drafter=str(d)))
-    chat = ["chat", "--target", str(t), "--drafter", str(d), "--prompt", "hello", "--max-tokens",
-            "4"]
+    chat = [
+        "chat",
+        "--target",
+        str(t),
+        "--drafter",
+        str(d),
+        "--prompt",
+        "hello",
+        "--max-tokens",
+        "4",
+    ]
     assert run(chat) == 0
     assert "block 6" in capsys.readouterr().err
     assert run(chat + ["--block", "3"]) == 0

@@ -19,16 +19,23 @@ from dflash2_mlx.target import batch as tbatch
 from dflash2_mlx.target.adapter import TargetAdapter
 
 FIT_PROMPTS = [[1, 2, 3, 4, 5], [7, 7, 8, 9], [20, 21, 22, 23, 24, 25], [40, 3, 41, 3, 42]]
-PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7], list(range(11, 31)), [5, 5, 5, 5], [60, 2, 61],
-           [33, 34]]
+PROMPTS = [
+    [1, 2, 3, 4, 5, 6, 7],
+    [9, 8, 7],
+    list(range(11, 31)),
+    [5, 5, 5, 5],
+    [60, 2, 61],
+    [33, 34],
+]
 MAX_TOKENS = [30, 17, 25, 40, 12, 22]
 
 
 def _decoder(family: str, lookup: int = 2) -> SpeculativeDecoder:
     model = tiny.make_target(family)
     drafter = tiny.fit_drafter(model, tiny.make_drafter(2, block_size=8), FIT_PROMPTS, steps=150)
-    return SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
-                              lookup=lookup)
+    return SpeculativeDecoder(
+        TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=lookup
+    )
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3", "qwen3_5"])
@@ -95,7 +102,7 @@ def test_requests_join_and_leave_mid_batch(decoder, monkeypatch):
             out.setdefault(ids[rid], []).extend(ev.tokens)
     for i in (0, 2, 3):
         assert out[i] == alone[i], i
-    assert out[1] == alone[1][:len(out[1])] and len(out[1]) < len(alone[1])
+    assert out[1] == alone[1][: len(out[1])] and len(out[1]) < len(alone[1])
 
 
 def test_fallback_runs_one_at_a_time():
@@ -132,13 +139,19 @@ def test_batched_sampling_matches_target():
     n = 1200
     requests = []
     for seed in range(n):
-        params = GenerationParams(max_tokens=3, block_size=3,
-                                  sampling=SamplingParams(1.0, seed=seed))
+        params = GenerationParams(
+            max_tokens=3, block_size=3, sampling=SamplingParams(1.0, seed=seed)
+        )
         requests.append((PROMPT, params))
         if seed % 3 == 0:  # a neighbour with another prompt length and its own limits
-            requests.append(([2, 7, 1, 9, 4][: 2 + seed % 4],
-                             GenerationParams(max_tokens=2 + seed % 5,
-                                              sampling=SamplingParams(0.7, top_k=5, seed=seed))))
+            requests.append(
+                (
+                    [2, 7, 1, 9, 4][: 2 + seed % 4],
+                    GenerationParams(
+                        max_tokens=2 + seed % 5, sampling=SamplingParams(0.7, top_k=5, seed=seed)
+                    ),
+                )
+            )
     out = BatchDecoder(dec, max_batch=8).generate(requests)
     mine = [o for (p, _), o in zip(requests, out) if p is PROMPT]
     counts = np.zeros((3, SMALL_V))
@@ -166,7 +179,8 @@ def test_pair_generate_batch():
         assert tokens == pair.generate(prompt, p)[0]
         assert stats.committed == len(tokens) == p.max_tokens and stats.rounds >= 1
     same = pair.generate_batch(PROMPTS[:2], GenerationParams(max_tokens=6))
-    assert [t for t, _ in same] == [pair.generate(p, GenerationParams(max_tokens=6))[0]
-                                    for p in PROMPTS[:2]]
+    assert [t for t, _ in same] == [
+        pair.generate(p, GenerationParams(max_tokens=6))[0] for p in PROMPTS[:2]
+    ]
     with pytest.raises(ParameterError, match="3 prompts but 2"):
         pair.generate_batch(PROMPTS[:3], params[:2])

@@ -24,8 +24,20 @@ def pair(tiny_pair):
 
 
 def _args(dirs, tmp_path, *extra) -> list[str]:
-    return ["bench", "--target", str(dirs[0]), "--drafter", str(dirs[1]), "--max-tokens", "8",
-            "--repeats", "1", "--json", str(tmp_path / "r.json"), *extra]
+    return [
+        "bench",
+        "--target",
+        str(dirs[0]),
+        "--drafter",
+        str(dirs[1]),
+        "--max-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--json",
+        str(tmp_path / "r.json"),
+        *extra,
+    ]
 
 
 # ------------------------------------------------------------------------------ pure helpers
@@ -53,8 +65,17 @@ def test_run_bench_structure_and_equality(pair):
     for res in out["results"]:
         assert len(res["rows"]) == 3
         assert set(res["per_category"]) == {p.category for p in prompts}
-        for key in ("prompts", "identical", "plain_tps", "dflash2_tps", "speedup", "tau",
-                    "draft_ms_per_round", "verify_ms_per_round", "speedup_total"):
+        for key in (
+            "prompts",
+            "identical",
+            "plain_tps",
+            "dflash2_tps",
+            "speedup",
+            "tau",
+            "draft_ms_per_round",
+            "verify_ms_per_round",
+            "speedup_total",
+        ):
             assert key in res["summary"], key
         for row in res["rows"]:
             assert row["identical"] and row["first_mismatch"] is None
@@ -90,8 +111,7 @@ def test_cost_curves(pair):
 # ------------------------------------------------------------------------------ the command
 def test_bench_command_json_and_png(tiny_pair, tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    assert run(_args(tiny_pair, tmp_path, "--limit", "2", "--block", "2,4", "--context",
-                     "32")) == 0
+    assert run(_args(tiny_pair, tmp_path, "--limit", "2", "--block", "2,4", "--context", "32")) == 0
     out = capsys.readouterr().out
     assert "speedup" in out and "all outputs identical" in out
     report = json.loads((tmp_path / "r.json").read_text())
@@ -100,7 +120,9 @@ def test_bench_command_json_and_png(tiny_pair, tmp_path, capsys):
     for key in ("mlx", "device", "blas", "blas_threads", "chip"):
         assert key in env
     assert report["pair"]["trained_block"] == 8 and report["pair"]["drafter_version"] == 2
-    assert report["settings"]["blocks"] == [2, 4] and report["settings"]["block_source"] == "--block"
+    assert (
+        report["settings"]["blocks"] == [2, 4] and report["settings"]["block_source"] == "--block"
+    )
     assert report["all_identical"] is True
     assert set(report["verify_cost"]["ratio"]) == {"1", "2", "4"}
     assert [r["block"] for r in report["results"]] == [2, 4]
@@ -128,10 +150,24 @@ def test_bench_command_mismatch_is_loud(tiny_pair, tmp_path, capsys, monkeypatch
 def test_bench_kernels_alone_loads_no_model(tmp_path, capsys, monkeypatch):
     import dflash2_mlx.kernels as K
 
-    fake = {"metal": False, "kernels_run": False, "setting": "auto", "note": "reference only",
-            "repeats": 20, "device": "cpu",
-            "results": [{"op": "pair_scores", "case": "tiny", "reference_ms": 0.5,
-                         "kernel_ms": None, "speedup": None, "max_abs_diff": None}]}
+    fake = {
+        "metal": False,
+        "kernels_run": False,
+        "setting": "auto",
+        "note": "reference only",
+        "repeats": 20,
+        "device": "cpu",
+        "results": [
+            {
+                "op": "pair_scores",
+                "case": "tiny",
+                "reference_ms": 0.5,
+                "kernel_ms": None,
+                "speedup": None,
+                "max_abs_diff": None,
+            }
+        ],
+    }
     monkeypatch.setattr(K, "bench_kernels", lambda repeats=20: fake)
     monkeypatch.setattr(d2, "load_pair", lambda *a, **k: pytest.fail("loaded a model"))
     assert run(["bench", "--kernels", "--json", str(tmp_path / "k.json")]) == 0
@@ -142,15 +178,18 @@ def test_bench_kernels_alone_loads_no_model(tmp_path, capsys, monkeypatch):
     assert report["kernels"]["kernels_run"] is False and "results" not in report
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--block", "0"], "--block must be >= 1"),
-    (["--block", "x"], "--block needs integers"),
-    (["--autotune", "--block", "2,4"], "--autotune takes one --block"),
-    (["--limit", "0"], "--limit must be >= 1"),
-    (["--max-tokens", "1"], "--max-tokens must be >= 2"),
-    (["--plot", "a.png", "--no-plot"], "contradict"),
-    (["--prompts", "/nonexistent.jsonl"], "cannot read prompt file"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--block", "0"], "--block must be >= 1"),
+        (["--block", "x"], "--block needs integers"),
+        (["--autotune", "--block", "2,4"], "--autotune takes one --block"),
+        (["--limit", "0"], "--limit must be >= 1"),
+        (["--max-tokens", "1"], "--max-tokens must be >= 2"),
+        (["--plot", "a.png", "--no-plot"], "contradict"),
+        (["--prompts", "/nonexistent.jsonl"], "cannot read prompt file"),
+    ],
+)
 def test_user_errors_are_one_line(argv, message, capsys):
     assert run(["bench", "--target", "/nonexistent-t", "--drafter", "/nonexistent-d", *argv]) == 2
     err = capsys.readouterr().err

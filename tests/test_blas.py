@@ -22,8 +22,9 @@ PROBE = (
 
 def probe(env_extra):
     env = dict(os.environ, **env_extra)
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                         env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
@@ -45,8 +46,10 @@ def test_doctor_reports_runtime():
     assert d["mlx"] != "?"
 
 
-@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
-                    reason="OpenBLAS kernel sets are chosen per x86-64 CPU")
+@pytest.mark.skipif(
+    sys.platform != "linux" or os.uname().machine != "x86_64",
+    reason="OpenBLAS kernel sets are chosen per x86-64 CPU",
+)
 def test_the_openblas_kernel_set_is_reported():
     """`doctor` names the kernels OpenBLAS really runs (what OPENBLAS_CORETYPE forces)."""
     forced, _ = probe({"DFLASH2_BLAS": "auto", "OPENBLAS_CORETYPE": "Haswell"})

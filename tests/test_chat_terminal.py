@@ -35,7 +35,8 @@ def command() -> list[str]:
 STATUS = re.compile(
     r"[\d.]+ tok/s │ τ \d+\.\d\d \(last \d+\) │ [·▁▂▃▄▅▆▇█]{%s} │ block %s │ "
     r"(?:lookup \d+%% │ )?draft [\d.]+ · verify [\d.]+ ms/round │ %s tok │ "
-    r"prompt \d+ new \+ (\d+) reused │ %s")
+    r"prompt \d+ new \+ (\d+) reused │ %s"
+)
 
 
 def test_chat_in_a_terminal(tiny_pair):
@@ -43,9 +44,14 @@ def test_chat_in_a_terminal(tiny_pair):
     expected = answer(target, drafter, [{"role": "user", "content": "hello model"}], 12)
     exe, *pre = command()
     env = dict(os.environ, TERM="xterm-256color", COLUMNS="", LINES="")
-    child = pexpect.spawn(exe, pre + ["chat", "--target", str(target), "--drafter", str(drafter),
-                                      "--max-tokens", "12"],
-                          env=env, encoding="utf-8", dimensions=(40, 160), timeout=90)
+    child = pexpect.spawn(
+        exe,
+        pre + ["chat", "--target", str(target), "--drafter", str(drafter), "--max-tokens", "12"],
+        env=env,
+        encoding="utf-8",
+        dimensions=(40, 160),
+        timeout=90,
+    )
     try:
         child.expect_exact(PROMPT)
         assert "/help for commands" in screen(child.before)
@@ -66,20 +72,31 @@ def test_chat_in_a_terminal(tiny_pair):
         assert reused and int(reused.group(1)) > 0, screen(child.before)
 
         # slash commands: good and bad values; the session goes on
-        for line, reply in [("/temp 0.5", "temperature = 0.5"), ("/block 2", "block = 2"),
-                            ("/block 99", "error: /block must be 1 .. 8"),
-                            ("/top_p nope", "error: /top_p needs a number"),
-                            ("/temp -1", "error: temperature must be"),
-                            ("/spec sideways", "error: /spec needs on or off"),
-                            ("/nosuch", "unknown command /nosuch"), ("/help", "/spec on|off")]:
+        for line, reply in [
+            ("/temp 0.5", "temperature = 0.5"),
+            ("/block 2", "block = 2"),
+            ("/block 99", "error: /block must be 1 .. 8"),
+            ("/top_p nope", "error: /top_p needs a number"),
+            ("/temp -1", "error: temperature must be"),
+            ("/spec sideways", "error: /spec needs on or off"),
+            ("/nosuch", "unknown command /nosuch"),
+            ("/help", "/spec on|off"),
+        ]:
             child.sendline(line)
             child.expect_exact(PROMPT)
             assert reply in screen(child.before), (line, screen(child.before))
         child.sendline("/stats")
         child.expect_exact(PROMPT)
         stats = screen(child.before)
-        for text in ("turns 2", "answer tokens 24", "τ (tokens / round)", "reused from cache",
-                     "temperature 0.5", "block 2 (trained 8)", "tokens committed per round"):
+        for text in (
+            "turns 2",
+            "answer tokens 24",
+            "τ (tokens / round)",
+            "reused from cache",
+            "temperature 0.5",
+            "block 2 (trained 8)",
+            "tokens committed per round",
+        ):
             assert text in stats, (text, stats)
 
         # Ctrl-C during a long answer stops it and keeps the session
@@ -120,9 +137,14 @@ def test_status_line_fits_an_80_column_terminal(tiny_pair):
     target, drafter = tiny_pair
     exe, *pre = command()
     env = dict(os.environ, TERM="xterm-256color", COLUMNS="", LINES="")
-    child = pexpect.spawn(exe, pre + ["chat", "--target", str(target), "--drafter", str(drafter),
-                                      "--max-tokens", "40"],
-                          env=env, encoding="utf-8", dimensions=(24, 80), timeout=90)
+    child = pexpect.spawn(
+        exe,
+        pre + ["chat", "--target", str(target), "--drafter", str(drafter), "--max-tokens", "40"],
+        env=env,
+        encoding="utf-8",
+        dimensions=(24, 80),
+        timeout=90,
+    )
     try:
         child.expect_exact(PROMPT)
         child.sendline("hello model")

@@ -22,12 +22,7 @@ from dflash2_mlx import checkpoint
 from dflash2_mlx.api import Pair, check_compatible
 from dflash2_mlx.checkpoint import WEIGHTS_NAME, load_drafter, save_drafter
 from dflash2_mlx.config import DrafterConfig
-from dflash2_mlx.errors import (
-    CheckpointError,
-    CompatibilityError,
-    ConfigError,
-    DFlash2Error,
-)
+from dflash2_mlx.errors import CheckpointError, CompatibilityError, ConfigError, DFlash2Error
 from dflash2_mlx.target.adapter import TargetAdapter
 
 import published_configs as pc
@@ -55,8 +50,14 @@ def random_weights(cfg: DrafterConfig, seed: int = 0, dtype=mx.bfloat16) -> dict
     return out
 
 
-def write_folder(folder: Path, cfg: dict, weights: dict[str, mx.array] | None = None, *,
-                 mask_token_id: int | None = None, seed: int = 0) -> dict[str, mx.array]:
+def write_folder(
+    folder: Path,
+    cfg: dict,
+    weights: dict[str, mx.array] | None = None,
+    *,
+    mask_token_id: int | None = None,
+    seed: int = 0,
+) -> dict[str, mx.array]:
     """config.json + model.safetensors; returns the tensors written."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -105,8 +106,9 @@ def raises(exc_type, fn, *args, **kwargs) -> str:
 
 @pytest.fixture(scope="module")
 def target():
-    return make_target("qwen3", vocab=pc.TINY_VOCAB, hidden=pc.TINY_HIDDEN,
-                       layers=pc.TINY_TARGET_LAYERS)
+    return make_target(
+        "qwen3", vocab=pc.TINY_VOCAB, hidden=pc.TINY_HIDDEN, layers=pc.TINY_TARGET_LAYERS
+    )
 
 
 @pytest.fixture()
@@ -235,8 +237,15 @@ def test_tiny_published_schema_load_save_roundtrip(name, tmp_path, target):
     assert saved["hidden_size"] == pc.TINY_HIDDEN and saved["vocab_size"] == pc.TINY_VOCAB
     # unknown fields of the published file survive
     source = pc.tiny(name)
-    for key in ("model_type", "max_position_embeddings", "num_target_layers", "auto_map",
-                "eos_token_id", "initializer_range", "tie_word_embeddings"):
+    for key in (
+        "model_type",
+        "max_position_embeddings",
+        "num_target_layers",
+        "auto_map",
+        "eos_token_id",
+        "initializer_range",
+        "tie_word_embeddings",
+    ):
         if key in source:
             assert saved[key] == source[key], key
     assert saved["dtype"] == "bfloat16"
@@ -266,8 +275,9 @@ def test_tiny_published_schema_load_save_roundtrip(name, tmp_path, target):
         assert mx.array_equal(sel1.candidates, sel2.candidates).item()
 
 
-@pytest.mark.parametrize("name", ["Qwen3-4B-DFlash-b16", "Qwen3.5-27B-DFlash",
-                                  "SpecForge-qwen3-8b-dflash"])
+@pytest.mark.parametrize(
+    "name", ["Qwen3-4B-DFlash-b16", "Qwen3.5-27B-DFlash", "SpecForge-qwen3-8b-dflash"]
+)
 def test_saved_v1_config_keeps_v1_readers_fields(name, tmp_path):
     """A saved v1 drafter keeps the fields its published schema declares at the top level:
     v1 readers (z-lab's HF remote code named by the kept `auto_map`, transformers 4.x Qwen3Config
@@ -288,8 +298,9 @@ def test_saved_v1_config_keeps_v1_readers_fields(name, tmp_path):
 def test_model_prefix_keys_load(v2_folder, tmp_path):
     folder, weights = v2_folder
     prefixed = tmp_path / "prefixed"
-    write_folder(prefixed, pc.tiny("Qwen3.8-27B-DFlash2"),
-                 {f"model.{k}": v for k, v in weights.items()})
+    write_folder(
+        prefixed, pc.tiny("Qwen3.8-27B-DFlash2"), {f"model.{k}": v for k, v in weights.items()}
+    )
     d = load_drafter(prefixed)
     same_tensors(params(d), weights)
 
@@ -304,8 +315,9 @@ def test_weight_suffixed_codebooks_load(v2_folder, tmp_path):
     same_tensors(params(d), weights)
     # and with a model. prefix on top
     both2 = tmp_path / "prefixed_suffixed"
-    write_folder(both2, pc.tiny("Qwen3.8-27B-DFlash2"),
-                 {f"model.{k}": v for k, v in renamed.items()})
+    write_folder(
+        both2, pc.tiny("Qwen3.8-27B-DFlash2"), {f"model.{k}": v for k, v in renamed.items()}
+    )
     same_tensors(params(load_drafter(both2)), weights)
 
 
@@ -316,10 +328,12 @@ def test_sharded_checkpoint_loads(v2_folder, tmp_path):
     (sharded / "config.json").write_text((folder / "config.json").read_text())
     names = sorted(weights)
     half = len(names) // 2
-    mx.save_safetensors(str(sharded / "model-00001-of-00002.safetensors"),
-                        {k: weights[k] for k in names[:half]})
-    mx.save_safetensors(str(sharded / "model-00002-of-00002.safetensors"),
-                        {k: weights[k] for k in names[half:]})
+    mx.save_safetensors(
+        str(sharded / "model-00001-of-00002.safetensors"), {k: weights[k] for k in names[:half]}
+    )
+    mx.save_safetensors(
+        str(sharded / "model-00002-of-00002.safetensors"), {k: weights[k] for k in names[half:]}
+    )
     same_tensors(params(load_drafter(sharded)), weights)
 
 
@@ -351,8 +365,11 @@ def test_error_unknown_architecture(tmp_path):
 def test_error_missing_tensor(v2_folder, tmp_path):
     _, weights = v2_folder
     gone = "layers.1.mlp_conv.kernel_projection.weight"
-    write_folder(tmp_path / "d", pc.tiny("Qwen3.8-27B-DFlash2"),
-                 {k: v for k, v in weights.items() if k != gone})
+    write_folder(
+        tmp_path / "d",
+        pc.tiny("Qwen3.8-27B-DFlash2"),
+        {k: v for k, v in weights.items() if k != gone},
+    )
     msg = raises(CheckpointError, load_drafter, tmp_path / "d")
     assert "missing" in msg and repr(gone) in msg and str(tmp_path / "d") in msg
 
@@ -476,6 +493,7 @@ def test_error_layer_types_length(tmp_path):
 def test_error_unknown_layer_type(tmp_path):
     def mutate(c):
         c["layer_types"][0] = "linear_attention"
+
     msg = _config_error(tmp_path, mutate)
     assert "linear_attention" in msg and "full_attention" in msg
 
@@ -484,13 +502,15 @@ def test_error_sliding_without_window(tmp_path):
     msg = _config_error(tmp_path, lambda c: c.pop("sliding_window"))
     assert "sliding_window" in msg and "None" in msg
     # published v1 schema with an explicit null window
-    msg = _config_error(tmp_path / "null", lambda c: c.update(sliding_window=None),
-                        "Qwen3.5-27B-DFlash")
+    msg = _config_error(
+        tmp_path / "null", lambda c: c.update(sliding_window=None), "Qwen3.5-27B-DFlash"
+    )
     assert "sliding_window" in msg and "None" in msg
 
 
-@pytest.mark.parametrize("field", ["selector_top_k", "selector_rank", "conv_kernel_size",
-                                   "conv_group_size"])
+@pytest.mark.parametrize(
+    "field", ["selector_top_k", "selector_rank", "conv_kernel_size", "conv_group_size"]
+)
 def test_error_v2_field_missing(tmp_path, field):
     msg = _config_error(tmp_path, lambda c: c["dflash_config"].pop(field))
     assert f"'{field}'" in msg and "missing" in msg
@@ -529,6 +549,7 @@ def test_error_heads_not_multiple_of_kv_heads(tmp_path):
 def test_error_target_layer_ids_missing_without_num_target_layers(tmp_path):
     def mutate(c):
         c.pop("num_target_layers")
+
     msg = _config_error(tmp_path, mutate, "SpecForge-qwen3-8b-dflash")
     assert "target_layer_ids" in msg and "num_target_layers" in msg
 
@@ -540,10 +561,18 @@ def test_error_bad_target_layer_ids(tmp_path):
 
 MALFORMED = [
     # (schema, field path, value, text the message must contain)
-    ("Qwen3.8-27B-DFlash2", ("rope_parameters",), {"rope_type": "no-such-rope", "rope_theta": 1e4},
-     "no-such-rope"),
-    ("Qwen3.8-27B-DFlash2", ("rope_parameters",), {"rope_type": "yarn", "rope_theta": 1e4},
-     "factor"),
+    (
+        "Qwen3.8-27B-DFlash2",
+        ("rope_parameters",),
+        {"rope_type": "no-such-rope", "rope_theta": 1e4},
+        "no-such-rope",
+    ),
+    (
+        "Qwen3.8-27B-DFlash2",
+        ("rope_parameters",),
+        {"rope_type": "yarn", "rope_theta": 1e4},
+        "factor",
+    ),
     ("Qwen3.8-27B-DFlash2", ("rope_parameters",), ["rope_theta", 1e4], "rope_parameters"),
     ("Qwen3-4B-DFlash-b16", ("rope_scaling",), "linear", "rope_scaling"),
     ("Qwen3-4B-DFlash-b16", ("rope_theta",), "fast", "rope_theta"),
@@ -555,8 +584,9 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize("schema,path,value,needle", MALFORMED,
-                         ids=[f"{p[-1]}={v!r}" for _, p, v, _ in MALFORMED])
+@pytest.mark.parametrize(
+    "schema,path,value,needle", MALFORMED, ids=[f"{p[-1]}={v!r}" for _, p, v, _ in MALFORMED]
+)
 def test_error_malformed_value_is_a_config_error(tmp_path, schema, path, value, needle):
     """Malformed config values must be a ConfigError naming the field, not a raw
     ValueError / KeyError / TypeError / AttributeError from model construction, and never
@@ -624,8 +654,16 @@ def test_compatible_pair_builds(tmp_path, target):
 
 
 # ----------------------------------------------------------------------------- paths
-@pytest.mark.parametrize("path", ["/definitely/not/here", "./not-here", "not-a-repo",
-                                  "a/b/c", "~/no-such-dflash-drafter-folder"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/definitely/not/here",
+        "./not-here",
+        "not-a-repo",
+        "a/b/c",
+        "~/no-such-dflash-drafter-folder",
+    ],
+)
 def test_error_path_neither_folder_nor_repo_id(path):
     t0 = time.monotonic()
     msg = raises(CheckpointError, load_drafter, path, offline=True)
@@ -642,8 +680,10 @@ def test_error_path_is_a_file(v2_folder):
 @pytest.fixture()
 def hang_guard():
     """Fail instead of hanging if something reaches for the network."""
+
     def alarm(*_):
         raise TimeoutError("load_drafter hung (network access?)")
+
     old = signal.signal(signal.SIGALRM, alarm)
     signal.alarm(20)
     yield

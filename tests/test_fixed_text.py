@@ -15,17 +15,29 @@ from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.target.adapter import TargetAdapter
 from dflash2_mlx.train.features import Sequence_, build_feature_cache, load_feature_cache
 from dflash2_mlx.train.fixed_text import (
-    anchor_pool, block_labels, corpus_sequences, render_with_spans, sample_text_anchors,
+    anchor_pool,
+    block_labels,
+    corpus_sequences,
+    render_with_spans,
+    sample_text_anchors,
     supervised_lengths,
 )
 from dflash2_mlx.train.objective import decay_weights, loss_terms
 from dflash2_mlx.train.stream import FixedTextStream, plan_shards
 from dflash2_mlx.train.trainer import (
-    TrainConfig, Trainer, drafter_config_for, init_drafter, make_blocks,
+    TrainConfig,
+    Trainer,
+    drafter_config_for,
+    init_drafter,
+    make_blocks,
 )
 
-TARGET_CFG = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-              "head_dim": 16}
+TARGET_CFG = {
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "head_dim": 16,
+}
 B = 8
 
 
@@ -47,11 +59,16 @@ def _text(target, prompt, n=40, edits=(12, 25)):
 def fixed(target, tmp_path_factory):
     """Stored fixed-text sequences (layers 0 and 3: 3 is the last, for the KL)."""
     prompts = [[3, 14, 15, 9, 26], [5, 35, 8, 9, 7, 9], [2, 7, 1, 8, 2, 8], [60, 61, 62]]
-    seqs = [Sequence_(f"t{i}", 0.0, _text(target, p, edits=(12 + i, 25 - i)), len(p),
-                      ((len(p), len(p) + 41),)) for i, p in enumerate(prompts)]
+    seqs = [
+        Sequence_(
+            f"t{i}", 0.0, _text(target, p, edits=(12 + i, 25 - i)), len(p), ((len(p), len(p) + 41),)
+        )
+        for i, p in enumerate(prompts)
+    ]
     folder = tmp_path_factory.mktemp("fixed")
-    build_feature_cache(TargetAdapter(target, (0, 3)), seqs, folder, batch=3, greedy=True,
-                        log=lambda s: None)
+    build_feature_cache(
+        TargetAdapter(target, (0, 3)), seqs, folder, batch=3, greedy=True, log=lambda s: None
+    )
     return load_feature_cache(folder)
 
 
@@ -88,7 +105,8 @@ def test_supervised_labels_equal_a_greedy_rollout_from_the_anchor(target, fixed)
     assert checked_partial > 10  # the edits really cut blocks short
     s = fixed[0]
     np.testing.assert_array_equal(
-        supervised_lengths(s.tokens, s.greedy, B)[anchors[:3]], mask[:3].sum(-1))
+        supervised_lengths(s.tokens, s.greedy, B)[anchors[:3]], mask[:3].sum(-1)
+    )
 
 
 def test_regenerated_text_is_supervised_in_full(target):
@@ -105,8 +123,11 @@ def test_anchors_stay_in_assistant_spans_and_prefer_agreement():
     pool = anchor_pool(40, [(5, 12), (18, 36)], 5, B)
     assert pool.tolist() == list(range(4, 11)) + list(range(17, 33))
     rng = random.Random(0)
-    picks = [a for _ in range(200) for a in sample_text_anchors(
-        tokens, greedy, [(5, 12), (18, 36)], 5, 4, B, rng)]
+    picks = [
+        a
+        for _ in range(200)
+        for a in sample_text_anchors(tokens, greedy, [(5, 12), (18, 36)], 5, 4, B, rng)
+    ]
     assert set(picks) <= set(pool.tolist())
     heavy = sum(20 <= a <= 28 for a in picks) / len(picks)
     assert heavy > 9 / len(pool) * 1.5  # weighted by exact labels, not uniform
@@ -137,14 +158,18 @@ def test_masked_positions_do_not_touch_the_loss(target, fixed):
 
 def _seqs(target, n=6):
     prompts = [[3 + i, 14, 15 + i, 9] for i in range(n)]
-    return [Sequence_(f"f{i}", 0.0, _text(target, p, 30, edits=(8, 17)), 4, ((4, 34),))
-            for i, p in enumerate(prompts)]
+    return [
+        Sequence_(f"f{i}", 0.0, _text(target, p, 30, edits=(8, 17)), 4, ((4, 34),))
+        for i, p in enumerate(prompts)
+    ]
 
 
 def _regen(target):
     adapter = TargetAdapter(target, (0, 3))
-    seqs = [Sequence_(f"r{i}", 0.0, [7 + i, 8, 9] + tiny.greedy_reference(target, [7 + i, 8, 9], 30), 3)
-            for i in range(4)]
+    seqs = [
+        Sequence_(f"r{i}", 0.0, [7 + i, 8, 9] + tiny.greedy_reference(target, [7 + i, 8, 9], 30), 3)
+        for i in range(4)
+    ]
     return adapter, seqs
 
 
@@ -153,11 +178,30 @@ def _mixed_trainer(target, tmp_path, steps, ratio=0.5, resume_stream=None):
     folder = tmp_path / "regen"
     build_feature_cache(adapter, regen, folder, log=lambda s: None)
     per_token = 2 * 64 * 2 + 16
-    stream = FixedTextStream(adapter, _seqs(target), tmp_path / "stream",
-                             max_disk_bytes=per_token * 70, passes=1.0, log=lambda s: None)
-    cfg = TrainConfig(version=2, layers=2, block_size=B, target_layer_ids=(0, 3), mask_token_id=95,
-                      steps=steps, batch_seqs=4, anchors_per_seq=6, eval_every=steps,
-                      checkpoint_every=3, lr=3e-3, negatives=16, selector_rank=8, fixed_ratio=ratio)
+    stream = FixedTextStream(
+        adapter,
+        _seqs(target),
+        tmp_path / "stream",
+        max_disk_bytes=per_token * 70,
+        passes=1.0,
+        log=lambda s: None,
+    )
+    cfg = TrainConfig(
+        version=2,
+        layers=2,
+        block_size=B,
+        target_layer_ids=(0, 3),
+        mask_token_id=95,
+        steps=steps,
+        batch_seqs=4,
+        anchors_per_seq=6,
+        eval_every=steps,
+        checkpoint_every=3,
+        lr=3e-3,
+        negatives=16,
+        selector_rank=8,
+        fixed_ratio=ratio,
+    )
     d = init_drafter(drafter_config_for(adapter, TARGET_CFG, cfg), cfg)
     train = load_feature_cache(folder)
     return Trainer(adapter, d, train, train, cfg, tmp_path / "run", lambda s: None, stream), stream
@@ -194,11 +238,19 @@ def test_fixed_ratio_needs_a_stream_and_keeps_regenerations(target, tmp_path):
     build_feature_cache(adapter, regen, tmp_path / "r", log=lambda s: None)
     train = load_feature_cache(tmp_path / "r")
     for ratio, msg in ((0.5, "needs a fixed-text stream"), (1.0, "keeps some regenerations")):
-        cfg = TrainConfig(target_layer_ids=(0, 3), mask_token_id=95, fixed_ratio=ratio,
-                          selector_rank=8, negatives=16)
+        cfg = TrainConfig(
+            target_layer_ids=(0, 3),
+            mask_token_id=95,
+            fixed_ratio=ratio,
+            selector_rank=8,
+            negatives=16,
+        )
         d = init_drafter(drafter_config_for(adapter, TARGET_CFG, cfg), cfg)
-        stream = None if ratio == 0.5 else FixedTextStream(adapter, _seqs(target), tmp_path / "s",
-                                                           max_disk_bytes=10**6)
+        stream = (
+            None
+            if ratio == 0.5
+            else FixedTextStream(adapter, _seqs(target), tmp_path / "s", max_disk_bytes=10**6)
+        )
         with pytest.raises(DFlash2Error, match=msg):
             Trainer(adapter, d, train, train, cfg, tmp_path / "run", lambda s: None, stream)
     with pytest.raises(DFlash2Error, match="less than the longest sequence"):
@@ -210,17 +262,25 @@ def test_chat_rendering_spans_and_corpus_sequences(tmp_path):
 
     save_tokenizer(tmp_path / "tok")
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
-    msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the cat is red"},
-            {"role": "user", "content": "why"}, {"role": "assistant", "content": "the sun"}]
+    msgs = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "the cat is red"},
+        {"role": "user", "content": "why"},
+        {"role": "assistant", "content": "the sun"},
+    ]
     ids, spans = render_with_spans(tok, msgs, 100)
-    assert [tok.decode(ids[s:e]) for s, e in spans] == ["the cat is red <|im_end|>",
-                                                         "the sun <|im_end|>"]
+    assert [tok.decode(ids[s:e]) for s, e in spans] == [
+        "the cat is red <|im_end|>",
+        "the sun <|im_end|>",
+    ]
     ids_cut, spans_cut = render_with_spans(tok, msgs, 14)
     assert ids_cut == ids[:14] and spans_cut == [spans[0]]  # the second turn is cut off
     path = tmp_path / "c.jsonl"
     path.write_text("".join(json.dumps({"id": f"r{i}", "messages": msgs}) + "\n" for i in range(5)))
     seqs = corpus_sequences(tok, path, max_tokens=40, seed=1)
-    assert len(seqs) == 2 and seqs[0].spans == tuple(spans) and seqs[0].response_start == spans[0][0]
+    assert (
+        len(seqs) == 2 and seqs[0].spans == tuple(spans) and seqs[0].response_start == spans[0][0]
+    )
     path.write_text('{"id": 1}\n')
     with pytest.raises(DFlash2Error, match=r"c.jsonl:1: not a corpus record"):
         corpus_sequences(tok, path, max_tokens=40)
@@ -234,28 +294,76 @@ def test_train_command_mixes_a_corpus_and_deletes_its_features(tmp_path, capsys)
     words = "the cat is red and the dog is blue one two three yes no maybe".split()
 
     def chat(i, n):
-        return [{"role": "user", "content": " ".join(words[(i + k) % len(words)] for k in range(4))},
-                {"role": "assistant", "content": " ".join(words[(3 * i + k) % len(words)] for k in range(n))}]
+        return [
+            {"role": "user", "content": " ".join(words[(i + k) % len(words)] for k in range(4))},
+            {
+                "role": "assistant",
+                "content": " ".join(words[(3 * i + k) % len(words)] for k in range(n)),
+            },
+        ]
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    (corpus / "c.jsonl").write_text("".join(
-        json.dumps({"id": f"c{i}", "messages": chat(i, 20)}) + "\n" for i in range(8)))
+    (corpus / "c.jsonl").write_text(
+        "".join(json.dumps({"id": f"c{i}", "messages": chat(i, 20)}) + "\n" for i in range(8))
+    )
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "category": "chat",
-                                           "messages": chat(i, 0)[:1]}) + "\n" for i in range(4)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": f"p{i}", "category": "chat", "messages": chat(i, 0)[:1]}) + "\n"
+            for i in range(4)
+        )
+    )
     out, work = tmp_path / "drafter", tmp_path / "work"
-    common = ["--work", str(work), "--prompts", str(prompts), "--heldout", str(prompts),
-              "--batch", "2", "--anchors", "4", "--max-new-tokens", "16", "--layers", "1",
-              "--temperatures", "0", "--layer-ids", "0,3", "--block-size", "4", "--regen-batch", "4"]
-    assert run(["train", str(target_dir), "--out", str(out), "--steps", "4", *common,
-                "--corpus", str(corpus), "--stream-disk-gb", "0.00003", "--stream-passes", "0.5"]) == 0
+    common = [
+        "--work",
+        str(work),
+        "--prompts",
+        str(prompts),
+        "--heldout",
+        str(prompts),
+        "--batch",
+        "2",
+        "--anchors",
+        "4",
+        "--max-new-tokens",
+        "16",
+        "--layers",
+        "1",
+        "--temperatures",
+        "0",
+        "--layer-ids",
+        "0,3",
+        "--block-size",
+        "4",
+        "--regen-batch",
+        "4",
+    ]
+    assert (
+        run(
+            [
+                "train",
+                str(target_dir),
+                "--out",
+                str(out),
+                "--steps",
+                "4",
+                *common,
+                "--corpus",
+                str(corpus),
+                "--stream-disk-gb",
+                "0.00003",
+                "--stream-passes",
+                "0.5",
+            ]
+        )
+        == 0
+    )
     log = json.loads((out / "training.json").read_text())
     c = log["stages"]["corpus"]
     assert c["sequences"] == 8 and c["shards"] > 1 and c["stream_at_end"]["shard"] >= 1
     assert all("distill" in h for h in log["history"])
     assert "50% of each batch fixed text" in (out / "README.md").read_text()
     assert not list(work.glob("stream_*"))  # the features are gone after training
-    assert run(["train", str(target_dir), "--out", str(out), "--corpus-ratio", "0.3",
-                *common]) == 2
+    assert run(["train", str(target_dir), "--out", str(out), "--corpus-ratio", "0.3", *common]) == 2
     assert "--corpus-ratio only apply with --corpus" in capsys.readouterr().err

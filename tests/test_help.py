@@ -26,8 +26,11 @@ def broken_lines(rows: list[str]) -> list[tuple[str, str]]:
     fitted on the row before (the block's widest row is a lower bound of its wrap width): a
     line break that word wrapping did not make."""
     width = max(map(len, rows), default=0)
-    return [(a, b) for a, b in zip(rows, rows[1:])
-            if a and b and not b.startswith("Example:") and len(a) + 1 + len(b.split()[0]) <= width]
+    return [
+        (a, b)
+        for a, b in zip(rows, rows[1:])
+        if a and b and not b.startswith("Example:") and len(a) + 1 + len(b.split()[0]) <= width
+    ]
 
 
 def section(lines: list[str], start: str, ends: tuple[str, ...]) -> list[str]:
@@ -35,7 +38,7 @@ def section(lines: list[str], start: str, ends: tuple[str, ...]) -> list[str]:
     `ends` (or the end), right-stripped."""
     first = next(i for i, line in enumerate(lines) if line.strip().startswith(start))
     rows = []
-    for line in lines[first + 1:]:
+    for line in lines[first + 1 :]:
         if line.strip().startswith(ends):
             break
         rows.append(line.rstrip())
@@ -56,8 +59,9 @@ def cells(rows: list[str]) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("argv", [[]] + [[c] for c in COMMANDS],
-                         ids=lambda a: "-".join(a) or "dflash2")
+@pytest.mark.parametrize(
+    "argv", [[]] + [[c] for c in COMMANDS], ids=lambda a: "-".join(a) or "dflash2"
+)
 def test_help_flows_at_any_width(argv, width, capsys, monkeypatch):
     lines = render(argv, width, capsys, monkeypatch)
     text = "\n".join(lines)
@@ -66,8 +70,11 @@ def test_help_flows_at_any_width(argv, width, capsys, monkeypatch):
     about = [r.strip() for r in section(lines, "Usage:", ("Arguments:", "Options:"))]
     assert not broken_lines(about)
     examples = [i for i, row in enumerate(about) if row.startswith("Example:")]
-    assert examples and all(about[i + 1] == "" or about[i + 1].startswith("Example:")
-                            for i in examples if i + 1 < len(about))  # each on one line
+    assert examples and all(
+        about[i + 1] == "" or about[i + 1].startswith("Example:")
+        for i in examples
+        if i + 1 < len(about)
+    )  # each on one line
     assert not [line for line in lines if re.search(r"(^|\s)--[\w-]*-$", line)]  # --no-\nx
     if not argv:
         listed = cells(section(lines, "Commands:", ()))
@@ -85,8 +92,11 @@ def squashed(lines: list[str]) -> str:
 def test_known_sentences_are_whole(capsys, monkeypatch):
     serve = render(["serve"], 80, capsys, monkeypatch)
     assert "Usage in every response carries acceptance stats" in squashed(serve)
-    assert re.search(r"^  --port <int> +Port to listen on\. +\[default: 8000; 1<=x<=65535\]$",
-                     "\n".join(serve), re.M)  # a range is still shown, after a plain <int>
+    assert re.search(
+        r"^  --port <int> +Port to listen on\. +\[default: 8000; 1<=x<=65535\]$",
+        "\n".join(serve),
+        re.M,
+    )  # a range is still shown, after a plain <int>
     bench = squashed(render(["bench"], 80, capsys, monkeypatch))
     assert "(greedy, same prompt ids, outputs checked token for token)" in bench
     listed = squashed(render([], 80, capsys, monkeypatch))
@@ -116,8 +126,10 @@ def test_flow_joins_wrapped_lines_and_keeps_the_rest():
         kept
         as is
     """
-    assert flow(source) == ("First line goes on here.\n\nA second paragraph, wrapped.\n"
-                            "Example: dflash2 chat\nExample: dflash2 serve\n\n\b\nkept\nas is")
+    assert flow(source) == (
+        "First line goes on here.\n\nA second paragraph, wrapped.\n"
+        "Example: dflash2 chat\nExample: dflash2 serve\n\n\b\nkept\nas is"
+    )
     assert flow("- one\n- two\n  continued") == "- one\n- two continued"
     assert flow(None) is None and flow("") == ""
 
@@ -129,8 +141,10 @@ def test_tidy_group_in_rich_mode(capsys, monkeypatch):
     demo = typer.Typer(cls=TidyGroup, rich_markup_mode="rich", add_completion=False)
 
     @demo.command()
-    def go(fast: bool = typer.Option(False, "--fast", help="Go fast [default: slow]."),
-           n: int = typer.Option(1, "--n", min=1, help="How many.")):
+    def go(
+        fast: bool = typer.Option(False, "--fast", help="Go fast [default: slow]."),
+        n: int = typer.Option(1, "--n", min=1, help="How many."),
+    ):
         """Go somewhere, a sentence wrapped
         in the source.
 

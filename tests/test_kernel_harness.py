@@ -31,8 +31,18 @@ WIDEN_BODY = "uint i = thread_position_in_grid.x;\nout[i] = float(inp[i]);"
 
 
 def _cast(cpu, body, x, out_dtype, t):
-    return cpu.run("cast", ["inp"], ["out"], body, [x], [x.shape], [out_dtype],
-                   (x.size, 1, 1), (256, 1, 1), [("T", t)])[0]
+    return cpu.run(
+        "cast",
+        ["inp"],
+        ["out"],
+        body,
+        [x],
+        [x.shape],
+        [out_dtype],
+        (x.size, 1, 1),
+        (256, 1, 1),
+        [("T", t)],
+    )[0]
 
 
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)
@@ -49,13 +59,37 @@ def test_harness_half_and_bfloat_match_mlx_bit_for_bit(harness, dtype):
     vals = want[np.isfinite(want)].astype(np.float32)
     vals = np.unique(vals)
     mids = ((vals[:-1].astype(np.float64) + vals[1:]) / 2).astype(np.float32)
-    probes = np.concatenate([
-        vals, mids, np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf)),
-        np.random.default_rng(0).standard_normal(20000).astype(np.float32)
-        * np.float32(10.0) ** np.random.default_rng(1).integers(-30, 30, 20000).astype(np.float32),
-        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, 65536, 1e38,
-                  3e-8, 2.98e-8, 5.96e-8, 1e-45, -1e-45], dtype=np.float32),
-    ]).astype(np.float32)
+    probes = np.concatenate(
+        [
+            vals,
+            mids,
+            np.nextafter(mids, np.float32(np.inf)),
+            np.nextafter(mids, np.float32(-np.inf)),
+            np.random.default_rng(0).standard_normal(20000).astype(np.float32)
+            * np.float32(10.0)
+            ** np.random.default_rng(1).integers(-30, 30, 20000).astype(np.float32),
+            np.array(
+                [
+                    0.0,
+                    -0.0,
+                    np.inf,
+                    -np.inf,
+                    np.nan,
+                    65504,
+                    65519.99,
+                    65520,
+                    65536,
+                    1e38,
+                    3e-8,
+                    2.98e-8,
+                    5.96e-8,
+                    1e-45,
+                    -1e-45,
+                ],
+                dtype=np.float32,
+            ),
+        ]
+    ).astype(np.float32)
     x = mx.array(probes)
     got = np.array(_cast(harness, CAST_BODY, x, dtype, dtype).view(mx.uint16))
     want = np.array(x.astype(dtype).view(mx.uint16))
@@ -67,13 +101,24 @@ def test_harness_half_and_bfloat_match_mlx_bit_for_bit(harness, dtype):
 
 def test_harness_generates_mlx_signature():
     body = "uint i = thread_position_in_grid.x;\nout[i] = static_cast<T>(x[i] * s + x_shape[0]);"
-    infos = [signature.InputInfo("x", mx.float16, 2, 64),
-             signature.InputInfo("s", mx.float32, 0, 1),
-             signature.InputInfo("w", mx.int32, 1, 3)]
-    gen = signature.generate("demo", ["x", "s", "w"], ["out"], body, "", infos, [mx.float16],
-                             (("T", mx.float16), ("N", 4), ("B", True)))
-    assert gen.kernel_name == \
-        "custom_kernel_demo__float16_t_4_1_float16_t_floats_int32_tc_float16_t"
+    infos = [
+        signature.InputInfo("x", mx.float16, 2, 64),
+        signature.InputInfo("s", mx.float32, 0, 1),
+        signature.InputInfo("w", mx.int32, 1, 3),
+    ]
+    gen = signature.generate(
+        "demo",
+        ["x", "s", "w"],
+        ["out"],
+        body,
+        "",
+        infos,
+        [mx.float16],
+        (("T", mx.float16), ("N", 4), ("B", True)),
+    )
+    assert (
+        gen.kernel_name == "custom_kernel_demo__float16_t_4_1_float16_t_floats_int32_tc_float16_t"
+    )
     assert gen.source == (
         "template <typename T, int N, bool B>\n"
         f"[[kernel]] void {gen.kernel_name}(\n"
@@ -93,8 +138,9 @@ def test_harness_catches_out_of_bounds_and_unwritten_outputs(harness):
     x = mx.arange(16, dtype=mx.float32)
 
     def run(body, n):
-        return harness.run("oob", ["inp"], ["out"], body, [x], [(n,)], [mx.float32],
-                           (16, 1, 1), (16, 1, 1))[0]
+        return harness.run(
+            "oob", ["inp"], ["out"], body, [x], [(n,)], [mx.float32], (16, 1, 1), (16, 1, 1)
+        )[0]
 
     with pytest.raises(AssertionError, match="out of bounds"):
         run("uint i = thread_position_in_grid.x;\nout[i + 1u] = inp[i];", 16)
@@ -115,15 +161,24 @@ out[i] = int32_t(thread_position_in_threadgroup.x * 1000000u
     + uint(inp_shape[1]) + uint(inp_ndim));"""
     grid, group = (10, 5, 2), (4, 3, 1)
     x = mx.zeros((3, 5, 7))
-    got = np.array(harness.run("attrs", ["inp"], ["out"], body, [x], [(2, 5, 10)], [mx.int32],
-                               grid, group)[0])
+    got = np.array(
+        harness.run("attrs", ["inp"], ["out"], body, [x], [(2, 5, 10)], [mx.int32], grid, group)[0]
+    )
     z, y, xx = np.meshgrid(range(2), range(5), range(10), indexing="ij")
-    want = ((xx % 4) * 1000000 + (xx // 4) * 10000
-            + (y % 3) * 1000 + 35 * 10 + 5 + 3)
+    want = (xx % 4) * 1000000 + (xx // 4) * 10000 + (y % 3) * 1000 + 35 * 10 + 5 + 3
     np.testing.assert_array_equal(got, want)
     with pytest.raises(runner.NotModelled):
-        harness.run("simd", ["inp"], ["out"], "out[0] = int32_t(thread_index_in_simdgroup);",
-                    [x], [(1,)], [mx.int32], (1, 1, 1), (1, 1, 1))
+        harness.run(
+            "simd",
+            ["inp"],
+            ["out"],
+            "out[0] = int32_t(thread_index_in_simdgroup);",
+            [x],
+            [(1,)],
+            [mx.int32],
+            (1, 1, 1),
+            (1, 1, 1),
+        )
 
 
 # The harness refuses what Metal refuses (each body compiles as C++ here).
@@ -150,14 +205,14 @@ def test_harness_rejects_what_metal_rejects(harness, line, why):
     body = "uint i = thread_position_in_grid.x;\n" + line
     x = mx.arange(16, dtype=mx.float32)
     with pytest.raises(runner.MslViolation, match=re.escape(why)):
-        harness.run("msl", ["inp"], ["out"], body, [x], [(16,)], [mx.float32], (16, 1, 1),
-                    (16, 1, 1))
+        harness.run(
+            "msl", ["inp"], ["out"], body, [x], [(16,)], [mx.float32], (16, 1, 1), (16, 1, 1)
+        )
 
 
 def test_shipped_bodies_are_clean_msl():
     for spec in kernels.SPECS.values():
-        assert msl_lint.lint(kernels.kernel_source(spec.file), spec.template_names) == [], \
-            spec.file
+        assert msl_lint.lint(kernels.kernel_source(spec.file), spec.template_names) == [], spec.file
 
 
 def test_harness_compiles_as_cpp14_and_caps_threadgroups(harness):
@@ -166,14 +221,17 @@ def test_harness_compiles_as_cpp14_and_caps_threadgroups(harness):
     x = mx.arange(16, dtype=mx.float32)
 
     def run(body, group):
-        return harness.run("cxx14", ["inp"], ["out"], body, [x], [(16,)],
-                           [mx.float32], (16, 1, 1), group)
+        return harness.run(
+            "cxx14", ["inp"], ["out"], body, [x], [(16,)], [mx.float32], (16, 1, 1), group
+        )
 
     body = "uint i = thread_position_in_grid.x;\nout[i] = inp[i];"
     assert np.array_equal(np.array(run(body, (16, 1, 1))[0]), np.arange(16))
     with pytest.raises(RuntimeError, match="compile failed"):
-        run("uint i = thread_position_in_grid.x;\nif constexpr (true) { out[i] = inp[i]; }",
-            (16, 1, 1))
+        run(
+            "uint i = thread_position_in_grid.x;\nif constexpr (true) { out[i] = inp[i]; }",
+            (16, 1, 1),
+        )
     with pytest.raises(AssertionError, match="1024"):
         run(body, (32, 32, 2))
     with pytest.raises(AssertionError, match="1024"):
@@ -187,12 +245,23 @@ def test_harness_models_precise_and_fast_math(harness):
     x = mx.array(np.linspace(-80, 80, 1601, dtype=np.float32))
 
     def run(expr):
-        return np.array(harness.run(
-            "math", ["inp"], ["out"], f"uint i = thread_position_in_grid.x;\nout[i] = {expr};",
-            [x], [x.shape], [mx.float32], (x.size, 1, 1), (256, 1, 1))[0])
+        return np.array(
+            harness.run(
+                "math",
+                ["inp"],
+                ["out"],
+                f"uint i = thread_position_in_grid.x;\nout[i] = {expr};",
+                [x],
+                [x.shape],
+                [mx.float32],
+                (x.size, 1, 1),
+                (256, 1, 1),
+            )[0]
+        )
 
     want = np.exp(np.array(x).astype(np.float64))
     precise, fast = run("metal::precise::exp(inp[i])"), run("metal::fast::exp(inp[i])")
+
     def rel(got):
         return np.abs(got - want) / want
 
@@ -210,8 +279,12 @@ def test_kernel_bodies_stay_within_the_harness_model():
     """The harness makes address spaces empty macros and models only some attributes: bodies
     must not name address spaces (a constant/device mismatch would only fail on a Mac), and
     may use only modelled attributes, no SIMD-group, threadgroup-memory or atomic features."""
-    assert set(kernels.SPECS) == {"dflash2_dynamic_conv", "dflash2_pair_scores",
-                                  "dflash2_walk_greedy", "dflash2_walk_sampled"}
+    assert set(kernels.SPECS) == {
+        "dflash2_dynamic_conv",
+        "dflash2_pair_scores",
+        "dflash2_walk_greedy",
+        "dflash2_walk_sampled",
+    }
     for spec in kernels.SPECS.values():
         src = kernels.kernel_source(spec.file)
         code = re.sub(r"//[^\n]*", "", src)

@@ -74,8 +74,12 @@ def test_each_kernel_checks_itself_once_per_dtype(cpu):
             x, dyn, base = _conv_args(dtype)
             got = kernels.dynamic_conv(x, dyn, base, 16)
             ref = conv_ref.dynamic_conv(x, dyn, base, 16)
-            np.testing.assert_allclose(np.array(got.astype(mx.float32)),
-                                       np.array(ref.astype(mx.float32)), rtol=0.05, atol=0.05)
+            np.testing.assert_allclose(
+                np.array(got.astype(mx.float32)),
+                np.array(ref.astype(mx.float32)),
+                rtol=0.05,
+                atol=0.05,
+            )
         # float32: check + 3 calls; bfloat16: check + 1 call
         assert launcher.calls.count("dynamic_conv") == 6
         lattice = _lattice()
@@ -94,8 +98,10 @@ def test_a_wrong_result_falls_back_with_one_warning_or_raises_under_on(cpu, sett
     logits = 4 * mx.random.normal((5, 50), key=mx.random.key(5))
     with kernels.override(setting=_settings.resolve("off")):
         want = selector.select(hidden, logits, mx.array(7), 0.0).tokens.tolist()
-    with kernels.override(launcher=launcher, setting=setting), \
-            warnings.catch_warnings(record=True) as record:
+    with (
+        kernels.override(launcher=launcher, setting=setting),
+        warnings.catch_warnings(record=True) as record,
+    ):
         warnings.simplefilter("always")
         if setting is ON:
             for _ in range(2):  # every call, not only the first
@@ -105,8 +111,7 @@ def test_a_wrong_result_falls_back_with_one_warning_or_raises_under_on(cpu, sett
             return
         for seed in range(3):
             lattice = _lattice(seed)
-            assert kernels.walk(lattice, 0.0)[0].tolist() == \
-                sel_ref.walk(lattice, 0.0)[0].tolist()
+            assert kernels.walk(lattice, 0.0)[0].tolist() == sel_ref.walk(lattice, 0.0)[0].tolist()
         assert selector.select(hidden, logits, mx.array(7), 0.0).tokens.tolist() == want
         messages = _fallback_warnings(record)
         assert len(messages) == 1, messages
@@ -122,14 +127,16 @@ def _broken(spec_name, edit):
     def source(spec):
         text = kernels.kernel_source(spec.file)
         return edit(text) if spec.name == spec_name else text
+
     return source
 
 
 BROKEN = {
-    "compile error": (lambda s: s.replace("prev = best;", "prev = best_index;"),
-                      "compile failed"),
-    "not MSL": (lambda s: s.replace("float temp = temperature;",
-                                    "double temp = double(temperature);"), "double"),
+    "compile error": (lambda s: s.replace("prev = best;", "prev = best_index;"), "compile failed"),
+    "not MSL": (
+        lambda s: s.replace("float temp = temperature;", "double temp = double(temperature);"),
+        "double",
+    ),
 }
 
 
@@ -139,8 +146,10 @@ def test_a_broken_kernel_source_falls_back_or_raises_under_on(cpu, broken):
     source = _broken("dflash2_walk_sampled", edit)
     lattice, key = _lattice(7), mx.random.key(8)
     want_picks, want_q = sel_ref.walk(lattice, 0.7, key)
-    with kernels.override(launcher=Counting(cpu), setting=AUTO, source=source), \
-            warnings.catch_warnings(record=True) as record:
+    with (
+        kernels.override(launcher=Counting(cpu), setting=AUTO, source=source),
+        warnings.catch_warnings(record=True) as record,
+    ):
         warnings.simplefilter("always")
         for _ in range(2):
             picks, q = kernels.walk(lattice, 0.7, key)
@@ -164,16 +173,19 @@ def test_a_launch_error_from_mlx_falls_back_or_raises_under_on(setting):
     if kernels.metal_available():
         pytest.skip("Metal available: the launch succeeds here")
     x, dyn, base = _conv_args()
-    with kernels.override(launcher=PretendMetal(), setting=setting), \
-            warnings.catch_warnings(record=True) as record:
+    with (
+        kernels.override(launcher=PretendMetal(), setting=setting),
+        warnings.catch_warnings(record=True) as record,
+    ):
         warnings.simplefilter("always")
         if setting is ON:
             with pytest.raises(kernels.KernelCheckError, match="No Metal back-end"):
                 kernels.dynamic_conv(x, dyn, base, 16)
             return
         for _ in range(2):
-            assert mx.array_equal(kernels.dynamic_conv(x, dyn, base, 16),
-                                  conv_ref.dynamic_conv(x, dyn, base, 16))
+            assert mx.array_equal(
+                kernels.dynamic_conv(x, dyn, base, 16), conv_ref.dynamic_conv(x, dyn, base, 16)
+            )
     messages = _fallback_warnings(record)
     assert len(messages) == 1
     assert "dynamic_conv" in messages[0] and "No Metal back-end" in messages[0]
@@ -184,8 +196,9 @@ def test_inputs_under_8_elements_take_the_reference(cpu):
     launcher = Counting(cpu)
     x, dyn, base = _conv_args(length=1, hidden=16)  # dynamic [2, 1, 2, 1]: 4 elements
     with kernels.override(launcher=launcher, setting=AUTO):
-        assert mx.array_equal(kernels.dynamic_conv(x, dyn, base, 16),
-                              conv_ref.dynamic_conv(x, dyn, base, 16))
+        assert mx.array_equal(
+            kernels.dynamic_conv(x, dyn, base, 16), conv_ref.dynamic_conv(x, dyn, base, 16)
+        )
         tiny = _lattice(lead=())[:1, :2, :2]  # 4 elements
         assert kernels.walk(tiny, 0.0)[0].tolist() == sel_ref.walk(tiny, 0.0)[0].tolist()
     assert launcher.calls == []
@@ -198,9 +211,10 @@ def test_metal_launcher_builds_once_and_launches_on_the_gpu():
 
     def factory(**spec):
         built.append(spec)
-        return lambda **kw: launched.append(kw) or [mx.zeros(s, d) for s, d in
-                                                     zip(kw["output_shapes"],
-                                                         kw["output_dtypes"])]
+        return lambda **kw: (
+            launched.append(kw)
+            or [mx.zeros(s, d) for s, d in zip(kw["output_shapes"], kw["output_dtypes"])]
+        )
 
     launcher = kernels.MetalLauncher(factory=factory)
     launch = _checks.case(kernels.SPECS["dflash2_walk_greedy"], (mx.float32,)).launch
@@ -254,8 +268,12 @@ def test_doctor_kernels_prints_a_table(cpu, capsys):
     for name in ("dynamic_conv", "pair_scores", "walk_greedy", "walk_sampled"):
         assert any(line.startswith(f"| {name} |") for line in table)
     assert report["ran"] and report["ok"] and len(report["rows"]) == rows_expected
-    assert {r["dtype"] for r in report["rows"]} >= {"float32", "float16", "bfloat16",
-                                                     "float32/bfloat16"}
+    assert {r["dtype"] for r in report["rows"]} >= {
+        "float32",
+        "float16",
+        "bfloat16",
+        "float32/bfloat16",
+    }
     for row in report["rows"]:
         assert 0 <= row["max_abs_err"] <= row["tolerance"] and row["error"] == ""
 

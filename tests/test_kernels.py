@@ -40,8 +40,10 @@ def _require_metal():
         return
     if kernels.SETTING.mode is kernels.KernelMode.ON:
         pytest.fail("DFLASH2_KERNELS=on but Metal is unavailable on this machine")
-    pytest.skip("Metal unavailable: the real kernels run on Apple Silicon only "
-                "(the CPU harness covers the same cases here)")
+    pytest.skip(
+        "Metal unavailable: the real kernels run on Apple Silicon only "
+        "(the CPU harness covers the same cases here)"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -98,12 +100,16 @@ def _check_conv(got, x, dyn, base, group):
     # Same math in fp32 (base rounded to the dtype first, as the launch does), rounded once.
     b = base.astype(dtype).astype(mx.float32)
     exact = conv_ref.dynamic_conv(x.astype(mx.float32), dyn.astype(mx.float32), b, group)
-    mag = _f32(conv_ref.dynamic_conv(mx.abs(x.astype(mx.float32)),
-                                     mx.abs(dyn.astype(mx.float32)), mx.abs(b), group))
+    mag = _f32(
+        conv_ref.dynamic_conv(
+            mx.abs(x.astype(mx.float32)), mx.abs(dyn.astype(mx.float32)), mx.abs(b), group
+        )
+    )
     want = _f32(exact.astype(dtype))
     # <= 1 ulp of the dtype from the fp32 result rounded once (plus fp32 noise on cancellation).
-    assert np.all(np.abs(got - want) <= EPS[dtype] * np.abs(want) + 4 * 2.0**-23 * mag), \
-        np.max(np.abs(got - want))
+    assert np.all(np.abs(got - want) <= EPS[dtype] * np.abs(want) + 4 * 2.0**-23 * mag), np.max(
+        np.abs(got - want)
+    )
     # And close to the reference computed in the dtype itself (several roundings there).
     ref = _f32(conv_ref.dynamic_conv(x, dyn, base, group))
     assert np.all(np.abs(got - ref) <= 4 * EPS[dtype] * mag + 1e-30)
@@ -209,8 +215,12 @@ def test_sampled_walk_draws_from_q(run_kernel):
     """Many independent walks of one lattice: step 0's choices follow q (5 sigma), and step 1
     follows the row of the step-0 choice."""
     n, k = 6000, 5
-    one = mx.array([[[1.0, 0.0, -1.0, 2.0, 0.5]] * k,
-                    [[0.0, 3.0, 0.0, 0.0, 0.0], [2.0, 2.0, 0.0, 0.0, -9.0]] + [[0.0] * k] * 3])
+    one = mx.array(
+        [
+            [[1.0, 0.0, -1.0, 2.0, 0.5]] * k,
+            [[0.0, 3.0, 0.0, 0.0, 0.0], [2.0, 2.0, 0.0, 0.0, -9.0]] + [[0.0] * k] * 3,
+        ]
+    )
     lat = mx.broadcast_to(one, (n, 2, k, k))
     uniforms = _reference.draw_walk_uniforms((n,), 2, k, mx.random.key(0))
     picks, q = run_kernel(_launch.walk_launch(lat, 1.0, uniforms))
@@ -235,8 +245,10 @@ def test_walk_uniforms_follow_the_reference_keys():
         lat = _lattice(lead, gamma, k, seed=60 + i)
         key = mx.random.key(i)
         uniforms = _reference.draw_walk_uniforms(tuple(lead), gamma, k, key)
-        assert sel_ref.walk(lat, 0.0)[0].tolist() == \
-            _reference.walk_with_uniforms(lat, 0.0, None)[0].tolist()
+        assert (
+            sel_ref.walk(lat, 0.0)[0].tolist()
+            == _reference.walk_with_uniforms(lat, 0.0, None)[0].tolist()
+        )
         want = sel_ref.walk(lat, 0.7, key)
         got = _reference.walk_with_uniforms(lat, 0.7, uniforms)
         assert got[0].tolist() == want[0].tolist() and mx.array_equal(got[1], want[1])
@@ -292,10 +304,12 @@ def test_metal_launches_bind_to_mlx_metal_kernel():
     if kernels.metal_available():
         pytest.skip("Metal available: the real kernels run in the [metal] tests")
     x, dyn, base = _conv_inputs((1,), 3, 32, 16, mx.bfloat16, seed=3)
-    launches = [_launch.conv_launch(x, dyn, base, 16),
-                _launch.pair_scores_launch(*_pair_inputs((3,), 4, 4, 8, (mx.float32,) * 4, 1, 0)),
-                _launch.walk_launch(_lattice((), 3, 4, 0), 0.0),
-                _launch.walk_launch(_lattice((), 3, 4, 0), 1.0, mx.full((3, 4), 0.5))]
+    launches = [
+        _launch.conv_launch(x, dyn, base, 16),
+        _launch.pair_scores_launch(*_pair_inputs((3,), 4, 4, 8, (mx.float32,) * 4, 1, 0)),
+        _launch.walk_launch(_lattice((), 3, 4, 0), 0.0),
+        _launch.walk_launch(_lattice((), 3, 4, 0), 1.0, mx.full((3, 4), 0.5)),
+    ]
     for launch in launches:
         with pytest.raises(RuntimeError, match="No Metal back-end"):
             mx.eval(_dispatch.execute(launch))
@@ -316,11 +330,14 @@ def test_setting_resolution():
 
 
 def test_setting_is_read_once_at_import():
-    probe = ("import dflash2_mlx.kernels as k, json; "
-             "print(json.dumps([k.SETTING.mode.value, k.status()['path']]))")
+    probe = (
+        "import dflash2_mlx.kernels as k, json; "
+        "print(json.dumps([k.SETTING.mode.value, k.status()['path']]))"
+    )
     env = dict(os.environ, DFLASH2_KERNELS="off")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == '["off", "reference"]'
 
@@ -336,8 +353,12 @@ def test_unsupported_shapes_and_dtypes_have_no_launch():
     assert _launch.conv_launch(x, mx.zeros((4, 3, 2)), mx.zeros((3, 32)), 16) is None  # 3 taps
     assert _launch.conv_launch(x, mx.zeros((4, 2, 2), mx.float16), mx.zeros((2, 32)), 16) is None
     assert _launch.conv_launch(x, mx.zeros((4, 2, 3)), mx.zeros((2, 32)), 12) is None  # 32 % 12
-    assert _launch.conv_launch(x.astype(mx.int32), mx.zeros((4, 2, 2), mx.int32),
-                               mx.zeros((2, 32)), 16) is None
+    assert (
+        _launch.conv_launch(
+            x.astype(mx.int32), mx.zeros((4, 2, 2), mx.int32), mx.zeros((2, 32)), 16
+        )
+        is None
+    )
     empty = mx.zeros((0, 32))
     assert _launch.conv_launch(empty, mx.zeros((0, 2, 2)), mx.zeros((2, 32)), 16) is None
     u, h, p, s = mx.zeros((3, 4)), mx.zeros((3, 8)), mx.zeros((3, 4, 8)), mx.zeros((3, 4, 8))
@@ -378,13 +399,16 @@ def test_ops_use_the_references_when_kernels_are_inactive():
 
 def _ops_against_references():
     x, dyn, base = _conv_inputs((1,), 5, 32, 16, mx.float32, seed=1)
-    assert mx.array_equal(kernels.dynamic_conv(x, dyn, base, 16),
-                          conv_ref.dynamic_conv(x, dyn, base, 16))
+    assert mx.array_equal(
+        kernels.dynamic_conv(x, dyn, base, 16), conv_ref.dynamic_conv(x, dyn, base, 16)
+    )
     args = _pair_inputs((3,), 4, 4, 8, (mx.float32,) * 4, 1.0, seed=2)
     assert mx.array_equal(kernels.pair_scores(*args), sel_ref.pair_scores(*args))
     lat = _lattice((), 3, 4, seed=3)
-    assert kernels.walk(lat, 0.5, mx.random.key(1))[0].tolist() == \
-        sel_ref.walk(lat, 0.5, mx.random.key(1))[0].tolist()
+    assert (
+        kernels.walk(lat, 0.5, mx.random.key(1))[0].tolist()
+        == sel_ref.walk(lat, 0.5, mx.random.key(1))[0].tolist()
+    )
 
 
 @pytest.fixture
@@ -392,10 +416,13 @@ def kernels_via():
     """Route launches to an executor (the harness or Metal) under `auto`, as if Metal were
     present (the dispatch's launcher is swapped; the kernels' self-checks run through it)."""
     with contextlib.ExitStack() as stack:
+
         def route(execute):
             launcher = _Recorder(execute)
-            stack.enter_context(kernels.override(launcher=launcher,
-                                                 setting=_settings.resolve("auto")))
+            stack.enter_context(
+                kernels.override(launcher=launcher, setting=_settings.resolve("auto"))
+            )
+
         yield route
 
 
@@ -423,9 +450,10 @@ def test_model_paths_through_the_kernels(run_kernel, kernels_via):
         want_val, (w_params, w_u) = mx.value_and_grad(loss, argnums=(0, 1))(params, u)
     np.testing.assert_allclose(val.item(), want_val.item(), rtol=1e-5)
     np.testing.assert_allclose(np.array(g_u), np.array(w_u), rtol=1e-4, atol=1e-5)
-    for got, want in ((g_params["base_kernel"], w_params["base_kernel"]),
-                      (g_params["kernel_projection"]["weight"],
-                       w_params["kernel_projection"]["weight"])):
+    for got, want in (
+        (g_params["base_kernel"], w_params["base_kernel"]),
+        (g_params["kernel_projection"]["weight"], w_params["kernel_projection"]["weight"]),
+    ):
         np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
 
     sel = CandidateSelector(24, 50, 40, 16)
@@ -442,7 +470,8 @@ def test_model_paths_through_the_kernels(run_kernel, kernels_via):
     assert greedy.tokens.tolist() == want_g.tokens.tolist() and greedy.q is None
     # Sampled: the reference walk on the reference lattice with the key's uniforms.
     idx, q = _reference.walk_with_uniforms(
-        scores, 0.8, _reference.draw_walk_uniforms((), 5, 16, mx.random.key(14)))
+        scores, 0.8, _reference.draw_walk_uniforms((), 5, 16, mx.random.key(14))
+    )
     assert sampled.tokens.tolist() == mx.take_along_axis(cand, idx[:, None], axis=-1)[:, 0].tolist()
     np.testing.assert_allclose(np.array(sampled.q), np.array(q), rtol=1e-5, atol=1e-6)
 
@@ -488,12 +517,19 @@ def test_metal_generated_source_matches_the_harness(capfd, spec_name):
         launch = _checks.case(spec, dtypes).launch
         capfd.readouterr()
         source = kernels.kernel_source(spec.file)
-        mx.eval(launcher.kernel(spec, source)(**launch.kwargs(), verbose=True,
-                                              stream=mx.gpu))
+        mx.eval(launcher.kernel(spec, source)(**launch.kwargs(), verbose=True, stream=mx.gpu))
         printed = capfd.readouterr().out
         gen = signature.generate(
-            spec.name, list(spec.input_names), list(spec.output_names), source, spec.header,
-            [signature.InputInfo(n, a.dtype, a.ndim, a.size)
-             for n, a in zip(spec.input_names, launch.inputs)],
-            list(launch.output_dtypes), launch.template)
+            spec.name,
+            list(spec.input_names),
+            list(spec.output_names),
+            source,
+            spec.header,
+            [
+                signature.InputInfo(n, a.dtype, a.ndim, a.size)
+                for n, a in zip(spec.input_names, launch.inputs)
+            ],
+            list(launch.output_dtypes),
+            launch.template,
+        )
         assert name.sub("K", gen.source.strip()) in name.sub("K", printed), (dtypes, printed)

@@ -12,8 +12,11 @@ from dflash2_mlx.engine.lookup import ContextLookup
 from dflash2_mlx.target.adapter import TargetAdapter
 
 # Repeats in the prompt, and tiny random targets loop: lookup has something to find.
-PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [3, 14, 15, 9, 26, 3, 14, 15],
-           [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9, 0, 4, 5, 2, 3, 5, 3, 6, 0, 2, 8, 7]]
+PROMPTS = [
+    [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],
+    [3, 14, 15, 9, 26, 3, 14, 15],
+    [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9, 0, 4, 5, 2, 3, 5, 3, 6, 0, 2, 8, 7],
+]
 
 
 def test_proposes_what_followed_the_latest_earlier_occurrence():
@@ -36,8 +39,8 @@ def test_extending_equals_indexing_at_once():
         step, whole = ContextLookup(n), ContextLookup(n)
         step.reset(tokens[:7])
         for i in range(7, len(tokens), 3):
-            step.extend(tokens[i:i + 3])
-            whole.reset(tokens[:i + 3])
+            step.extend(tokens[i : i + 3])
+            whole.reset(tokens[: i + 3])
             assert step.propose(5) == whole.propose(5)
             assert step._latest == whole._latest
 
@@ -49,8 +52,11 @@ def test_bad_min_match_is_refused(bad):
     model = tiny.make_target("llama")
     drafter = tiny.make_drafter(2)
     with pytest.raises(ParameterError, match="lookup must be an int >= 0"):
-        SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
-                           lookup=-1 if bad == 0 else bad)
+        SpeculativeDecoder(
+            TargetAdapter(model, drafter.config.target_layer_ids),
+            drafter,
+            lookup=-1 if bad == 0 else bad,
+        )
 
 
 # (the tiny qwen3_5 target repeats single tokens, not pairs: lookup 1 is what fires there)
@@ -61,8 +67,9 @@ def test_greedy_with_lookup_equals_plain_decoding(family, version, lookup):
     rounds it skipped); every output is exactly plain greedy decoding."""
     model = tiny.make_target(family)
     drafter = tiny.make_drafter(version, block_size=8)
-    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
-                             lookup=lookup)
+    dec = SpeculativeDecoder(
+        TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=lookup
+    )
     stats = GenerationStats()
     for prompt in PROMPTS:
         ref = tiny.greedy_reference(model, prompt, 40)
@@ -81,8 +88,9 @@ def test_a_session_reindexes_its_context_on_every_prompt():
     follows the rolled-back context, so the output is still exactly greedy."""
     model = tiny.make_target("llama")
     drafter = tiny.make_drafter(2, block_size=8)
-    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
-                             lookup=2)
+    dec = SpeculativeDecoder(
+        TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=2
+    )
     session = dec.new_session()
     first = PROMPTS[0]
     out1 = dec.generate(first, GenerationParams(max_tokens=20), session)
@@ -99,13 +107,16 @@ def test_sampling_with_lookup_follows_the_target():
     prompt = [1, 5, 3, 7, 2, 9, 4, 0, 6, 8, 10, 1, 5, 3]  # every token has a successor to propose
     model = tiny.make_target("llama", vocab=SAMPLING_V, seed=11)
     drafter = tiny.make_drafter(2, vocab=SAMPLING_V, mask_token_id=SAMPLING_V - 1, seed=12, top_k=4)
-    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
-                             lookup=1)
+    dec = SpeculativeDecoder(
+        TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=1
+    )
     sp = SamplingParams(temperature=1.0)
     stats = GenerationStats()
     for seed in range(20):
-        for ev in dec.stream(prompt, GenerationParams(max_tokens=3, block_size=3,
-                                                      sampling=SamplingParams(1.0, seed=seed))):
+        for ev in dec.stream(
+            prompt,
+            GenerationParams(max_tokens=3, block_size=3, sampling=SamplingParams(1.0, seed=seed)),
+        ):
             stats.add(ev)
     assert stats.lookup_rounds >= 10  # in at least half of the generations
     emp = empirical(dec, sp, 1200, prompt)
@@ -154,8 +165,9 @@ def test_lookup_rounds_run_past_the_drafter_block_and_stay_exact(version):
     max_tokens; the output is exactly plain greedy decoding, at any lookup_block."""
     model = cycling_target()
     drafter = tiny.make_drafter(version, block_size=8)
-    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
-                             lookup=2)
+    dec = SpeculativeDecoder(
+        TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=2
+    )
     prompt = [30, 31, 7, 50]
     ref = tiny.greedy_reference(model, prompt, 57)
     assert ref[:14] == [51, 52, 53, 54, 55, 56, 57, 58, 59, 48, 49, 50, 51, 52]  # it cycles
@@ -171,8 +183,9 @@ def test_lookup_rounds_run_past_the_drafter_block_and_stay_exact(version):
         rounds[lookup_block] = len(events) - 1
         if cap > 4:  # the 12-token cycle is proposed whole (12 drafts) and accepted
             assert max(ev.accepted for ev in looked) == 12
-            assert events[-1].finish_reason == "length" and \
-                events[-1].block_size <= 57 - sum(len(ev.tokens) for ev in events[:-1])
+            assert events[-1].finish_reason == "length" and events[-1].block_size <= 57 - sum(
+                len(ev.tokens) for ev in events[:-1]
+            )
     assert rounds[16] == rounds[None] < rounds[4]
 
 
@@ -183,8 +196,9 @@ def test_long_rejected_lookup_proposals_roll_back_exactly(family):
     exactly plain greedy decoding."""
     model = tiny.make_target(family)
     drafter = tiny.make_drafter(2, block_size=4)
-    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
-                             lookup=1)
+    dec = SpeculativeDecoder(
+        TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=1
+    )
     first = tiny.greedy_reference(model, [5, 6, 7], 30)
     prompt = [5, 6, 7] + first + [5, 6, 7]  # the context repeats itself
     ref = tiny.greedy_reference(model, prompt, 40)
@@ -199,8 +213,9 @@ def test_lookup_block_is_checked_and_plain_decoding_proposes_nothing():
             GenerationParams(lookup_block=bad)
     model = cycling_target()
     drafter = tiny.make_drafter(2, block_size=4)
-    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
-                             lookup=2)
+    dec = SpeculativeDecoder(
+        TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=2
+    )
     prompt = [30, 31, 7, 50]
     ref = tiny.greedy_reference(model, prompt, 30)
     plain = list(dec.stream(prompt, GenerationParams(max_tokens=30, speculative=False)))
@@ -222,12 +237,27 @@ def test_round_events_are_keyword_only_and_name_their_source():
         RoundEvent(tokens=[1], source="cache")
     stats = GenerationStats()
     stats.add(RoundEvent(tokens=[4], prefill=True, prefill_ms=7.5, prompt_tokens=3))
-    stats.add(RoundEvent(tokens=[1, 2, 3], drafted=12, accepted=2, block_size=13,
-                         verify_ms=2.0, source="lookup"))
-    stats.add(RoundEvent(tokens=[5], drafted=3, accepted=0, block_size=4, draft_ms=1.0,
-                         verify_ms=1.0, source="drafter"))
-    stats.add(RoundEvent(tokens=[6, 7], drafted=5, accepted=1, block_size=6, verify_ms=1.0,
-                         source="prediction"))
+    stats.add(
+        RoundEvent(
+            tokens=[1, 2, 3], drafted=12, accepted=2, block_size=13, verify_ms=2.0, source="lookup"
+        )
+    )
+    stats.add(
+        RoundEvent(
+            tokens=[5],
+            drafted=3,
+            accepted=0,
+            block_size=4,
+            draft_ms=1.0,
+            verify_ms=1.0,
+            source="drafter",
+        )
+    )
+    stats.add(
+        RoundEvent(
+            tokens=[6, 7], drafted=5, accepted=1, block_size=6, verify_ms=1.0, source="prediction"
+        )
+    )
     d = stats.as_dict()
     assert d["prefill_ms"] == 7.5 and d["verify_ms"] == 4.0  # prefill is not a verify
     assert (d["lookup_rounds"], d["lookup_drafted"], d["lookup_accepted"]) == (1, 12, 2)

@@ -22,8 +22,11 @@ def target(request):
 @pytest.mark.parametrize("layout", ["full", "sliding"])
 def test_greedy_equals_plain_decoding(target, version, layout):
     family, model = target
-    kw = {} if layout == "full" else dict(
-        layer_types=["sliding_attention", "full_attention"], sliding_window=8)
+    kw = (
+        {}
+        if layout == "full"
+        else dict(layer_types=["sliding_attention", "full_attention"], sliding_window=8)
+    )
     drafter = tiny.make_drafter(version, **kw)
     dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
     for prompt in PROMPTS:
@@ -39,7 +42,9 @@ def test_greedy_equals_plain_decoding(target, version, layout):
 def test_lossless_with_accepted_drafts(family, version):
     """A drafter distilled on the target accepts drafts; output is still exactly greedy."""
     model = tiny.make_target(family)
-    drafter = tiny.fit_drafter(model, tiny.make_drafter(version, block_size=8), FIT_PROMPTS, steps=150)
+    drafter = tiny.fit_drafter(
+        model, tiny.make_drafter(version, block_size=8), FIT_PROMPTS, steps=150
+    )
     dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
     stats = GenerationStats()
     for prompt in FIT_PROMPTS + PROMPTS:
@@ -57,8 +62,9 @@ def test_sliding_only_drafter_long_prompt():
     drafter = tiny.make_drafter(2, layer_types=["sliding_attention"] * 2, sliding_window=6)
     dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
     prompt = list(range(1, 40))
-    assert dec.generate(prompt, GenerationParams(max_tokens=30, block_size=6)) == \
-        tiny.greedy_reference(model, prompt, 30)
+    assert dec.generate(
+        prompt, GenerationParams(max_tokens=30, block_size=6)
+    ) == tiny.greedy_reference(model, prompt, 30)
 
 
 def test_stops_on_eos_and_max_tokens():
@@ -69,8 +75,11 @@ def test_stops_on_eos_and_max_tokens():
     ref = tiny.greedy_reference(model, prompt, 30)
     eos = ref[7]
     first = ref.index(eos)
-    events = list(dec.stream(prompt, GenerationParams(max_tokens=30, block_size=5,
-                                                      stop_token_ids=frozenset({eos}))))
+    events = list(
+        dec.stream(
+            prompt, GenerationParams(max_tokens=30, block_size=5, stop_token_ids=frozenset({eos}))
+        )
+    )
     out = [t for ev in events for t in ev.tokens]
     assert out == ref[: first + 1] and events[-1].finish_reason == "stop"
     events = list(dec.stream(prompt, GenerationParams(max_tokens=11, block_size=16)))
@@ -150,5 +159,6 @@ def test_session_survives_an_interrupted_round():
         dec.generate(PROMPTS[0], GenerationParams(max_tokens=30, block_size=4), session)
     dec._verify = real_verify
     prompt = PROMPTS[0] + [7, 8]
-    assert dec.generate(prompt, GenerationParams(max_tokens=10), session) == \
-        tiny.greedy_reference(model, prompt, 10)
+    assert dec.generate(prompt, GenerationParams(max_tokens=10), session) == tiny.greedy_reference(
+        model, prompt, 10
+    )

@@ -65,9 +65,11 @@ def test_the_package_list_matches_the_tree():
     tomllib = pytest.importorskip("tomllib")
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     mapped = cfg["package-dir"]
-    found = {".".join(p.parent.relative_to(ROOT).parts)
-             for p in (ROOT / "dflash2_mlx").rglob("__init__.py")
-             if "__pycache__" not in p.parts}
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "dflash2_mlx").rglob("__init__.py")
+        if "__pycache__" not in p.parts
+    }
     found |= {name for name, folder in mapped.items() if (ROOT / folder / "__init__.py").is_file()}
     assert sorted(cfg["packages"]) == sorted(found)
 
@@ -94,10 +96,20 @@ def test_a_built_wheel_ships_kernels_assets_and_the_cli(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
     for folder in ("dflash2_mlx", "cli", "metal"):
-        shutil.copytree(ROOT / folder, src / folder,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),
-           str(src)]
+        shutil.copytree(
+            ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "-q",
+        "-w",
+        str(tmp_path / "dist"),
+        str(src),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     wheel = next((tmp_path / "dist").glob("dflash2-*.whl"))
@@ -108,7 +120,11 @@ def test_a_built_wheel_ships_kernels_assets_and_the_cli(tmp_path):
     for name in ("config.json", "model.safetensors", "draft_vocab.json"):
         assert f"{drafter}/{name}" in names, name
     assert "dflash2_mlx/assets/prompts/heldout.jsonl" in names
-    assert {"dflash2_cli/app.py", "dflash2_cli/__main__.py", "dflash2_mlx/kernels/_references.py"} <= names
+    assert {
+        "dflash2_cli/app.py",
+        "dflash2_cli/__main__.py",
+        "dflash2_mlx/kernels/_references.py",
+    } <= names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "dflash2 = dflash2_cli.app:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
     assert not any(n.startswith(("tests/", "cli/", "metal/")) for n in names)

@@ -67,8 +67,21 @@ def om(tmp_path_factory):
     """The official `dflash.model_mlx`, imported from the wheel downloaded right now."""
     require_pypi(*WHEEL.split("=="))
     root = tmp_path_factory.mktemp("dflash_official")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", WHEEL,
-           "--retries", "1", "--timeout", "30", "-d", str(root)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        WHEEL,
+        "--retries",
+        "1",
+        "--timeout",
+        "30",
+        "-d",
+        str(root),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -76,12 +89,16 @@ def om(tmp_path_factory):
     wheels = sorted(root.glob("dflash-0.1.0-*.whl"))
     if proc.returncode != 0 or not wheels:
         why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"cannot download the reference wheel {WHEEL} from the package registry "
-                    f"(pip exit {proc.returncode}): {why}")
+        pytest.skip(
+            f"cannot download the reference wheel {WHEEL} from the package registry "
+            f"(pip exit {proc.returncode}): {why}"
+        )
     src = root / "src"
     with zipfile.ZipFile(wheels[0]) as zf:
         zf.extractall(src)
-    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "dflash" or k.startswith("dflash.")}
+    saved = {
+        k: sys.modules.pop(k) for k in list(sys.modules) if k == "dflash" or k.startswith("dflash.")
+    }
     sys.path.insert(0, str(src))
     try:
         module = importlib.import_module("dflash.model_mlx")
@@ -96,18 +113,31 @@ def om(tmp_path_factory):
 
 def official_config(om, c):
     return om.DFlashConfig(
-        hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers,
-        num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
-        head_dim=c.head_dim, intermediate_size=c.intermediate_size, vocab_size=c.vocab_size,
-        rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
-        max_position_embeddings=c.max_position_embeddings, block_size=c.block_size,
-        target_layer_ids=tuple(c.target_layer_ids), num_target_layers=c.num_target_layers,
-        mask_token_id=c.mask_token_id, rope_scaling=c.rope_scaling,
-        layer_types=tuple(c.layer_types), sliding_window=c.sliding_window,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        intermediate_size=c.intermediate_size,
+        vocab_size=c.vocab_size,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_theta=c.rope_theta,
+        max_position_embeddings=c.max_position_embeddings,
+        block_size=c.block_size,
+        target_layer_ids=tuple(c.target_layer_ids),
+        num_target_layers=c.num_target_layers,
+        mask_token_id=c.mask_token_id,
+        rope_scaling=c.rope_scaling,
+        layer_types=tuple(c.layer_types),
+        sliding_window=c.sliding_window,
         final_logit_softcapping=c.final_logit_softcapping,
-        input_embedding_scale=c.input_embedding_scale, output_multiplier=c.output_multiplier,
-        conv_kernel_size=c.conv_kernel_size, conv_group_size=c.conv_group_size,
-        selector_rank=c.selector_rank, selector_top_k=c.selector_top_k, is_causal=c.is_causal,
+        input_embedding_scale=c.input_embedding_scale,
+        output_multiplier=c.output_multiplier,
+        conv_kernel_size=c.conv_kernel_size,
+        conv_group_size=c.conv_group_size,
+        selector_rank=c.selector_rank,
+        selector_top_k=c.selector_top_k,
+        is_causal=c.is_causal,
     )
 
 
@@ -135,8 +165,10 @@ class ConcatRotatingKVCache(RotatingKVCache):
 
 
 def temporal_caches(caches):
-    return [ConcatRotatingKVCache(c.max_size, c.keep) if isinstance(c, RotatingKVCache) else c
-            for c in caches]
+    return [
+        ConcatRotatingKVCache(c.max_size, c.keep) if isinstance(c, RotatingKVCache) else c
+        for c in caches
+    ]
 
 
 def assert_logits_close(ours, theirs, what):
@@ -155,8 +187,14 @@ def llama():
 
 def _case(llama, version, layout, seed=1):
     layer_types, window, causal = LAYOUTS[layout]
-    drafter = tiny.make_drafter(version, seed=seed, block_size=8, layer_types=layer_types,
-                                sliding_window=window, is_causal=causal)
+    drafter = tiny.make_drafter(
+        version,
+        seed=seed,
+        block_size=8,
+        layer_types=layer_types,
+        sliding_window=window,
+        is_causal=causal,
+    )
     adapter = TargetAdapter(llama, drafter.config.target_layer_ids)
     drafter.bind(adapter.binding())
     mx.random.seed(7)
@@ -172,7 +210,7 @@ def _rounds(drafter, oracle, ids, feats, schedule, recompute=False, caches=None)
     theirs_cache = caches if caches is not None else oracle.make_cache()
     pos = 0
     for i, (new_rows, length) in enumerate(schedule):
-        ctx = feats[:, pos:pos + new_rows]
+        ctx = feats[:, pos : pos + new_rows]
         pos += new_rows  # the block's anchor sits at position `pos`
         block = mx.array([[int(ids[0, pos])] + [mask] * (length - 1)])
         ours = drafter.logits(drafter.hidden(block, ctx, ours_cache))[:, 1:]
@@ -309,8 +347,9 @@ class TemporalRecording:
 
 
 def official_generate(om, target, oracle, prompt, eos, **kw):
-    gen = om.stream_generate(target, oracle, make_tokenizer(eos), mx.array(prompt),
-                             temperature=0.0, **kw)
+    gen = om.stream_generate(
+        target, oracle, make_tokenizer(eos), mx.array(prompt), temperature=0.0, **kw
+    )
     with contextlib.closing(gen):  # always restore the official's GatedDeltaNet patch
         return [r.tokens for r in gen if r.tokens]
 
@@ -354,18 +393,23 @@ GEN_CASES = [  # family, version, drafter layout, block sizes, prompt (all with 
 ]
 
 
-@pytest.mark.parametrize("family,version,layout,blocks,prompt", GEN_CASES,
-                         ids=[f"{f}-v{v}-{la}" for f, v, la, _, _ in GEN_CASES])
+@pytest.mark.parametrize(
+    "family,version,layout,blocks,prompt",
+    GEN_CASES,
+    ids=[f"{f}-v{v}-{la}" for f, v, la, _, _ in GEN_CASES],
+)
 def test_greedy_generation(om, family, version, layout, blocks, prompt):
     max_tokens = 32
     target = tiny.make_target(family)
     official_target = tiny.make_target(family)  # the reference wraps its target's layers
-    for (k, a), (_, b) in zip(tree_flatten(target.parameters()),
-                              tree_flatten(official_target.parameters())):
+    for (k, a), (_, b) in zip(
+        tree_flatten(target.parameters()), tree_flatten(official_target.parameters())
+    ):
         assert mx.array_equal(a, b), k
     layer_types, window, causal = LAYOUTS[layout]
-    drafter = tiny.make_drafter(version, block_size=8, layer_types=layer_types,
-                                sliding_window=window, is_causal=causal)
+    drafter = tiny.make_drafter(
+        version, block_size=8, layer_types=layer_types, sliding_window=window, is_causal=causal
+    )
     # Distil a little so that rounds accept drafts (rollback paths), not only rejections.
     drafter = tiny.fit_drafter(target, drafter, PROMPTS, steps=40, gen_tokens=32)
     decoder = SpeculativeDecoder(TargetAdapter(target, drafter.config.target_layer_ids), drafter)
@@ -382,8 +426,9 @@ def test_greedy_generation(om, family, version, layout, blocks, prompt):
         log_ours: list = []
         log_theirs.clear()
         ours = our_generate(decoder, prompt, log_ours, max_tokens=max_tokens, block_size=block)
-        theirs = official_generate(om, official_target, oracle, prompt, eos,
-                                   block_size=block, max_tokens=max_tokens)
+        theirs = official_generate(
+            om, official_target, oracle, prompt, eos, block_size=block, max_tokens=max_tokens
+        )
         assert sum(ours, []) == ref, f"block {block}: ours != plain greedy"
         assert sum(theirs, []) == ref, f"block {block}: reference != plain greedy"
         assert [len(t) for t in ours] == [len(t) for t in theirs], f"block {block}: rounds"
@@ -394,10 +439,17 @@ def test_greedy_generation(om, family, version, layout, blocks, prompt):
     # A stop token: both stop right after its first occurrence.
     stop = ref[len(ref) // 2]
     want = ref[: ref.index(stop) + 1]
-    ours = our_generate(decoder, prompt, [], max_tokens=max_tokens, block_size=blocks[-1],
-                        stop_token_ids=frozenset({stop}))
-    theirs = official_generate(om, official_target, oracle, prompt, stop,
-                               block_size=blocks[-1], max_tokens=max_tokens)
+    ours = our_generate(
+        decoder,
+        prompt,
+        [],
+        max_tokens=max_tokens,
+        block_size=blocks[-1],
+        stop_token_ids=frozenset({stop}),
+    )
+    theirs = official_generate(
+        om, official_target, oracle, prompt, stop, block_size=blocks[-1], max_tokens=max_tokens
+    )
     assert sum(ours, []) == sum(theirs, []) == want
 
 
@@ -412,10 +464,14 @@ def test_saved_checkpoint_loads_in_reference(om, llama, tmp_path, monkeypatch, v
     assert type(theirs) is (om.DFlash2DraftModel if version == 2 else om.DFlashDraftModel)
     # Our config.json spells the default RoPE out as rope_parameters (same RoPE as None).
     assert (theirs.config.rope_scaling or {}).get("rope_type", "default") == "default"
-    assert dataclasses.replace(theirs.config, rope_scaling=None) == official_config(om, drafter.config)
+    assert dataclasses.replace(theirs.config, rope_scaling=None) == official_config(
+        om, drafter.config
+    )
     ours = load_drafter(folder)
     ours.bind(drafter.target)
     block = mx.array([[int(ids[0, 20])] + [drafter.config.mask_token_id] * 7])
-    assert_logits_close(ours(block, feats[:, :20], ours.make_cache())[:, 1:],
-                        theirs(block, feats[:, :20], theirs.make_cache(), logits_start=1),
-                        f"v{version} reloaded")
+    assert_logits_close(
+        ours(block, feats[:, :20], ours.make_cache())[:, 1:],
+        theirs(block, feats[:, :20], theirs.make_cache(), logits_start=1),
+        f"v{version} reloaded",
+    )

@@ -34,8 +34,9 @@ def test_follows_the_prediction_and_resyncs_after_an_edit():
 def _decoder(version=2, family="llama", **kw):
     model = tiny.make_target(family)
     drafter = tiny.make_drafter(version, block_size=8)
-    return model, SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids),
-                                     drafter, **kw)
+    return model, SpeculativeDecoder(
+        TargetAdapter(model, drafter.config.target_layer_ids), drafter, **kw
+    )
 
 
 @pytest.mark.parametrize("family,version", [("llama", 1), ("llama", 2), ("qwen3_5", 2)])
@@ -44,8 +45,11 @@ def test_greedy_with_a_prediction_equals_plain_decoding(family, version):
     ref = tiny.greedy_reference(model, PROMPT, 48)
     edited = ref[:20] + [1, 2] + ref[23:]  # an edit: two tokens replace three
     rng = np.random.default_rng(0)
-    for prediction, kind in ((ref, "exact"), (edited, "edited"),
-                             (rng.integers(0, 90, 48).tolist(), "random")):
+    for prediction, kind in (
+        (ref, "exact"),
+        (edited, "edited"),
+        (rng.integers(0, 90, 48).tolist(), "random"),
+    ):
         for block in (3, 8):
             out, stats = [], GenerationStats()
             params = GenerationParams(max_tokens=48, block_size=block, prediction=tuple(prediction))
@@ -57,15 +61,17 @@ def test_greedy_with_a_prediction_equals_plain_decoding(family, version):
             if kind == "edited":
                 assert stats.prediction_accepted > 19, stats.as_dict()
     exact = GenerationStats()
-    for ev in dec.stream(PROMPT, GenerationParams(max_tokens=48, block_size=8, lookup_block=8,
-                                                  prediction=tuple(ref))):
+    for ev in dec.stream(
+        PROMPT, GenerationParams(max_tokens=48, block_size=8, lookup_block=8, prediction=tuple(ref))
+    ):
         exact.add(ev)
     assert exact.prediction_accepted == exact.prediction_drafted == exact.accepted
     assert exact.rounds == 6  # 1 + 6 × 8 = 49 > 48: every round takes the whole block
     # Prediction rounds run no draft pass: by default they verify up to 16 tokens, past the
     # drafter's block (the last one cut to what max_tokens leaves), with the same output.
-    events = list(dec.stream(PROMPT, GenerationParams(max_tokens=48, block_size=8,
-                                                      prediction=tuple(ref))))
+    events = list(
+        dec.stream(PROMPT, GenerationParams(max_tokens=48, block_size=8, prediction=tuple(ref)))
+    )
     assert [t for ev in events for t in ev.tokens] == ref
     assert [ev.block_size for ev in events[1:]] == [16, 16, 15]  # 1 + 16 + 16 + 15 = 48
     assert all(ev.source == "prediction" for ev in events[1:])
@@ -94,8 +100,9 @@ def test_sampling_with_a_prediction_follows_the_target():
     guess = tuple(tiny.greedy_reference(model, prompt, 3))
     n, counts, stats = 1200, np.zeros((3, SAMPLING_V)), GenerationStats()
     for seed in range(n):
-        params = GenerationParams(max_tokens=3, block_size=3, prediction=guess,
-                                  sampling=SamplingParams(1.0, seed=seed))
+        params = GenerationParams(
+            max_tokens=3, block_size=3, prediction=guess, sampling=SamplingParams(1.0, seed=seed)
+        )
         out = []
         for ev in dec.stream(prompt, params):
             stats.add(ev)

@@ -22,8 +22,9 @@ TURN1 = [3, 14, 15, 9, 26, 5, 6, 7]
 def decoder(family: str) -> SpeculativeDecoder:
     model = tiny.make_target(family)
     drafter = tiny.make_drafter(2)
-    return SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter,
-                              lookup=3)
+    return SpeculativeDecoder(
+        TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=3
+    )
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3_5"])

@@ -50,8 +50,10 @@ def test_bundled_prompt_shapes():
 def test_split_names_and_paths(tmp_path):
     assert prompt_path("train").name == "train.jsonl" and prompt_path("train").is_file()
     f = tmp_path / "p.jsonl"
-    f.write_text(json.dumps({"id": "a", "category": "chat",
-                             "messages": [{"role": "user", "content": "Hi"}]}) + "\n")
+    f.write_text(
+        json.dumps({"id": "a", "category": "chat", "messages": [{"role": "user", "content": "Hi"}]})
+        + "\n"
+    )
     assert load_prompts(f) == [Prompt("a", "chat", [{"role": "user", "content": "Hi"}])]
     assert load_prompts(str(f))[0].id == "a"
 
@@ -65,19 +67,31 @@ def _write(tmp_path, lines):
 GOOD = json.dumps({"id": "ok", "category": "chat", "messages": [{"role": "user", "content": "Hi"}]})
 
 
-@pytest.mark.parametrize("bad, why", [
-    ('{"id": "x", "category": "chat", "messages": [', "invalid JSON"),
-    ("", "empty line"),
-    ("   ", "empty line"),
-    ('["not", "an", "object"]', "expected a JSON object"),
-    ('{"category": "chat", "messages": [{"role": "user", "content": "Hi"}]}', "'id'"),
-    ('{"id": "x", "category": "chat", "messages": []}', "'messages'"),
-    ('{"id": "x", "category": "chat", "messages": [{"role": "robot", "content": "Hi"}]}', "messages[0]"),
-    ('{"id": "x", "category": "chat", "messages": [{"role": "user", "content": " "}]}', "empty content"),
-    ('{"id": "x", "category": "chat", "messages": [{"role": "user", "content": "a"}, '
-     '{"role": "assistant", "content": "b"}]}', "last message"),
-    (GOOD, "duplicate id"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ('{"id": "x", "category": "chat", "messages": [', "invalid JSON"),
+        ("", "empty line"),
+        ("   ", "empty line"),
+        ('["not", "an", "object"]', "expected a JSON object"),
+        ('{"category": "chat", "messages": [{"role": "user", "content": "Hi"}]}', "'id'"),
+        ('{"id": "x", "category": "chat", "messages": []}', "'messages'"),
+        (
+            '{"id": "x", "category": "chat", "messages": [{"role": "robot", "content": "Hi"}]}',
+            "messages[0]",
+        ),
+        (
+            '{"id": "x", "category": "chat", "messages": [{"role": "user", "content": " "}]}',
+            "empty content",
+        ),
+        (
+            '{"id": "x", "category": "chat", "messages": [{"role": "user", "content": "a"}, '
+            '{"role": "assistant", "content": "b"}]}',
+            "last message",
+        ),
+        (GOOD, "duplicate id"),
+    ],
+)
 def test_malformed_line_names_file_and_line(tmp_path, bad, why):
     f = _write(tmp_path, [GOOD, bad, GOOD.replace('"ok"', '"ok2"')])
     with pytest.raises(PromptFileError) as err:
@@ -102,7 +116,11 @@ def test_missing_and_empty_files(tmp_path):
 
 def test_extra_splits_are_disjoint_from_heldout_and_join_with_train():
     train, held = load_prompts("train"), load_prompts("heldout")
-    wide, extra, more = load_prompts("train-wide"), load_prompts("train-extra"), load_prompts("train-more")
+    wide, extra, more = (
+        load_prompts("train-wide"),
+        load_prompts("train-extra"),
+        load_prompts("train-more"),
+    )
     deep = load_prompts("train-deep")
     assert len(wide) >= 700 and {p.category for p in wide} == CATEGORIES
     assert len(deep) >= 1000 and {p.category for p in deep} == CATEGORIES

@@ -19,12 +19,31 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 PROMPTS = [
     Prompt("p0", "chat", [{"role": "user", "content": "Hi there!"}]),
     Prompt("p1", "math", [{"role": "user", "content": "What is 2 + 2?"}]),
-    Prompt("p2", "code", [{"role": "user", "content": "Write a Python function that adds two numbers."}]),
-    Prompt("p3", "multi-turn", [{"role": "user", "content": "Name a color."},
-                                {"role": "assistant", "content": "Blue."},
-                                {"role": "user", "content": "Another one?"}]),
-    Prompt("p4", "stories", [{"role": "user", "content": "Tell me a very short story about a cat who "
-                                                         "wants to become a sailor on the sea."}]),
+    Prompt(
+        "p2",
+        "code",
+        [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+    ),
+    Prompt(
+        "p3",
+        "multi-turn",
+        [
+            {"role": "user", "content": "Name a color."},
+            {"role": "assistant", "content": "Blue."},
+            {"role": "user", "content": "Another one?"},
+        ],
+    ),
+    Prompt(
+        "p4",
+        "stories",
+        [
+            {
+                "role": "user",
+                "content": "Tell me a very short story about a cat who "
+                "wants to become a sailor on the sea.",
+            }
+        ],
+    ),
 ]
 
 
@@ -39,11 +58,23 @@ def tiny_dir(tmp_path_factory) -> Path:
     src = any_conversion(tmp_path_factory)
     folder = tmp_path_factory.mktemp("tiny_llama")
     mx.random.seed(0)
-    config = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-                  vocab_size=VOCAB, rope_theta=10000.0, tie_word_embeddings=True, eos_token_id=2)
+    config = dict(
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=VOCAB,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        eos_token_id=2,
+    )
     model = llama.Model(llama.ModelArgs.from_dict(config))
-    model.update(tree_map(lambda p: p * 4.0 if p.ndim == 2 else p, model.parameters()))  # sharp argmaxes
+    model.update(
+        tree_map(lambda p: p * 4.0 if p.ndim == 2 else p, model.parameters())
+    )  # sharp argmaxes
     mx.eval(model.parameters())
     save_model(folder, model)
     save_config(config, folder / "config.json")
@@ -68,23 +99,44 @@ def _records(path: Path) -> list[dict]:
 def test_writes_records_and_resumes(tiny_dir, tiny, tmp_path):
     out = tmp_path / "regen.jsonl"
     logs: list[str] = []
-    st = regenerate(tiny_dir, PROMPTS[:3], out, max_new_tokens=6, temperatures=[0.0, 0.7],
-                    batch_size=2, seed=1, log=logs.append)
+    st = regenerate(
+        tiny_dir,
+        PROMPTS[:3],
+        out,
+        max_new_tokens=6,
+        temperatures=[0.0, 0.7],
+        batch_size=2,
+        seed=1,
+        log=logs.append,
+    )
     assert (st.written, st.skipped) == (6, 0) and st.new_tokens == 36 and st.tokens_per_s > 0
     recs = _records(out)
-    assert {(r["id"], r["temperature"]) for r in recs} == {(p.id, t) for p in PROMPTS[:3] for t in (0.0, 0.7)}
+    assert {(r["id"], r["temperature"]) for r in recs} == {
+        (p.id, t) for p in PROMPTS[:3] for t in (0.0, 0.7)
+    }
     _, tok = tiny
     for r in recs:
-        assert set(r) == {"id", "category", "temperature", "prompt_ids", "response_ids", "finish_reason"}
+        assert set(r) == {
+            "id",
+            "category",
+            "temperature",
+            "prompt_ids",
+            "response_ids",
+            "finish_reason",
+        }
         p = next(p for p in PROMPTS if p.id == r["id"])
         assert r["category"] == p.category
-        assert r["prompt_ids"] == list(tok.apply_chat_template(p.messages, add_generation_prompt=True))
+        assert r["prompt_ids"] == list(
+            tok.apply_chat_template(p.messages, add_generation_prompt=True)
+        )
         assert len(r["response_ids"]) == 6 and r["finish_reason"] == "length"
         assert all(0 <= t < VOCAB for t in r["response_ids"])
     assert any("tok/s" in line for line in logs)
 
     # Resume: only the two new prompts are generated, for both temperatures.
-    st2 = regenerate(tiny, PROMPTS, out, max_new_tokens=6, temperatures=[0.0, 0.7], batch_size=4, log=logs.append)
+    st2 = regenerate(
+        tiny, PROMPTS, out, max_new_tokens=6, temperatures=[0.0, 0.7], batch_size=4, log=logs.append
+    )
     assert (st2.written, st2.skipped) == (4, 6)
     recs2 = _records(out)
     assert recs2[:6] == recs and len(recs2) == 10
@@ -95,7 +147,9 @@ def test_writes_records_and_resumes(tiny_dir, tiny, tmp_path):
 
     # Greedy decoding does not depend on how sequences were batched.
     solo = tmp_path / "solo.jsonl"
-    regenerate(tiny, PROMPTS, solo, max_new_tokens=6, temperatures=[0.0], batch_size=1, log=logs.append)
+    regenerate(
+        tiny, PROMPTS, solo, max_new_tokens=6, temperatures=[0.0], batch_size=1, log=logs.append
+    )
     greedy = {r["id"]: r["response_ids"] for r in recs2 if r["temperature"] == 0.0}
     assert {r["id"]: r["response_ids"] for r in _records(solo)} == greedy
 
@@ -108,7 +162,9 @@ def test_torn_last_line_is_dropped_and_redone(tiny, tmp_path):
     out.write_text(good + '{"id": "p2", "category": "co')  # a crash mid-write
     assert _done_pairs(out) == {("p0", 0.0), ("p1", 0.0)}
     assert out.read_text() == good
-    st = regenerate(tiny, PROMPTS[:3], out, max_new_tokens=4, temperatures=[0.0], log=lambda s: None)
+    st = regenerate(
+        tiny, PROMPTS[:3], out, max_new_tokens=4, temperatures=[0.0], log=lambda s: None
+    )
     assert (st.written, st.skipped) == (1, 2)
     assert [r["id"] for r in _records(out)] == ["p0", "p1", "p2"]
 
@@ -128,7 +184,9 @@ def test_stop_token_is_kept(tiny, tmp_path):
     tok.eos_token_ids = set(range(VOCAB))  # every token stops
     try:
         out = tmp_path / "stop.jsonl"
-        regenerate((model, tok), PROMPTS[:2], out, max_new_tokens=5, temperatures=[0.0], log=lambda s: None)
+        regenerate(
+            (model, tok), PROMPTS[:2], out, max_new_tokens=5, temperatures=[0.0], log=lambda s: None
+        )
     finally:
         tok.eos_token_ids = saved
     for r in _records(out):
@@ -138,11 +196,31 @@ def test_stop_token_is_kept(tiny, tmp_path):
 @pytest.mark.real_model
 def test_cli(tiny_dir, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": p.id, "category": p.category, "messages": p.messages}) + "\n"
-                               for p in PROMPTS))
+    prompts.write_text(
+        "".join(
+            json.dumps({"id": p.id, "category": p.category, "messages": p.messages}) + "\n"
+            for p in PROMPTS
+        )
+    )
     out = tmp_path / "cli.jsonl"
-    main(["--model", str(tiny_dir), "--prompts", str(prompts), "--out", str(out), "--limit", "2",
-          "--max-new-tokens", "3", "--temperatures", "0", "--batch-size", "2"])
+    main(
+        [
+            "--model",
+            str(tiny_dir),
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(out),
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "3",
+            "--temperatures",
+            "0",
+            "--batch-size",
+            "2",
+        ]
+    )
     assert len(_records(out)) == 2
     assert "wrote 2 sequences" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
@@ -161,13 +239,17 @@ def _nucleus(row: np.ndarray, temperature: float, top_p: float) -> tuple[set[int
     return set(order[keep].tolist()), p
 
 
-@pytest.mark.parametrize("scale", [12.0, 1.0])  # peaked (fast top-k path) and flat (full-sort fallback)
+@pytest.mark.parametrize(
+    "scale", [12.0, 1.0]
+)  # peaked (fast top-k path) and flat (full-sort fallback)
 def test_sampler_is_exact_top_p(scale):
     import mlx.core as mx
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(3, 4096)).astype(np.float32) * scale
-    logprobs = mx.array(logits - np.log(np.exp(logits.astype(np.float64)).sum(-1, keepdims=True)).astype(np.float32))
+    logprobs = mx.array(
+        logits - np.log(np.exp(logits.astype(np.float64)).sum(-1, keepdims=True)).astype(np.float32)
+    )
     sampler = make_sampler(0.7, 0.9, seed=3)
     draws = np.stack([np.array(sampler(logprobs)) for _ in range(400)])
     assert draws.shape == (400, 3) and draws.dtype == np.uint32

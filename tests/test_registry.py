@@ -66,10 +66,15 @@ def test_synonym_and_target_repo_resolve():
     assert resolve(None, "mlx-community/Qwen3-8B-bf16").drafter == "z-lab/Qwen3-8B-DFlash-b16"
 
 
-@pytest.mark.parametrize("typo, suggestion", [
-    ("qwen3-4", "qwen3-4b"), ("Qwen3.8-27B-4bt", "qwen3.8-27b-4bit"),
-    ("musee-glimmer", "muse-glimmer-30b"), ("smolm2-135m", "smollm2-135m"),
-])
+@pytest.mark.parametrize(
+    "typo, suggestion",
+    [
+        ("qwen3-4", "qwen3-4b"),
+        ("Qwen3.8-27B-4bt", "qwen3.8-27b-4bit"),
+        ("musee-glimmer", "muse-glimmer-30b"),
+        ("smolm2-135m", "smollm2-135m"),
+    ],
+)
 def test_unknown_alias_lists_closest(typo, suggestion):
     with pytest.raises(ModelNotFoundError, match="unknown model") as err:
         resolve(typo)
@@ -101,12 +106,15 @@ def test_alias_with_overrides_keeps_its_block_sizes(tmp_path):
     assert r.drafter == "me/drafter" and r.target == "mlx-community/Qwen3.8-27B-bf16"
 
 
-@pytest.mark.parametrize("args, message", [
-    ((None, None, "owner/drafter"), "--drafter needs --target"),
-    ((None, "owner/unknown", None), "needs --drafter"),
-    (("", None, None), "MODEL is empty"),
-    ((None, " ", "x/y"), "--target is empty"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((None, None, "owner/drafter"), "--drafter needs --target"),
+        ((None, "owner/unknown", None), "needs --drafter"),
+        (("", None, None), "MODEL is empty"),
+        ((None, " ", "x/y"), "--target is empty"),
+    ],
+)
 def test_incomplete_pairs(args, message):
     with pytest.raises(ModelNotFoundError, match=message):
         resolve(*args)

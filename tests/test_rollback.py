@@ -49,8 +49,12 @@ def test_rollback_equals_feeding_only_the_kept_rows(keep):
                     np.testing.assert_allclose(np.array(x), np.array(y), rtol=1e-5, atol=1e-5)
     # The next forward sees identical logits either way.
     nxt = mx.array([[40]])
-    np.testing.assert_allclose(np.array(adapter.forward(nxt, ours).logits),
-                               np.array(adapter.forward(nxt, ref).logits), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        np.array(adapter.forward(nxt, ours).logits),
+        np.array(adapter.forward(nxt, ref).logits),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def test_mixer_is_restored_after_each_call():
@@ -69,15 +73,17 @@ def test_generic_layer_replay_is_exact_too(monkeypatch):
 
     monkeypatch.setattr(gdn, "supports", lambda mixer: False)
     model = tiny.make_target("qwen3_5")
-    drafter = tiny.fit_drafter(model, tiny.make_drafter(1, block_size=6),
-                               [[3, 14, 15, 9, 26], [5, 35, 8, 9]], steps=60)
+    drafter = tiny.fit_drafter(
+        model, tiny.make_drafter(1, block_size=6), [[3, 14, 15, 9, 26], [5, 35, 8, 9]], steps=60
+    )
     dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
     cache = dec.target.make_cache()
     fwd = dec.target.forward(mx.array([[1, 2, 3]]), cache)
     assert fwd.capture.replays and not fwd.capture.gdn
     for prompt in ([3, 14, 15, 9, 26], [5, 35, 8, 9]):
-        assert dec.generate(prompt, GenerationParams(max_tokens=24, block_size=6)) == \
-            tiny.greedy_reference(model, prompt, 24)
+        assert dec.generate(
+            prompt, GenerationParams(max_tokens=24, block_size=6)
+        ) == tiny.greedy_reference(model, prompt, 24)
 
 
 @pytest.mark.parametrize("tied", [True, False])

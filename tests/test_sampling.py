@@ -29,9 +29,11 @@ def exact_marginals(model, sp: SamplingParams, prompt=PROMPT):
 def empirical(decoder, sp, n, prompt=PROMPT):
     counts = np.zeros((3, V))
     for seed in range(n):
-        params = GenerationParams(max_tokens=3, block_size=3,
-                                  sampling=SamplingParams(sp.temperature, sp.top_p, sp.top_k,
-                                                          sp.min_p, seed=seed))
+        params = GenerationParams(
+            max_tokens=3,
+            block_size=3,
+            sampling=SamplingParams(sp.temperature, sp.top_p, sp.top_k, sp.min_p, seed=seed),
+        )
         out = decoder.generate(prompt, params)
         for i, t in enumerate(out):
             counts[i, t] += 1
@@ -43,12 +45,15 @@ def tv(a, b):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version,sp", [
-    (1, SamplingParams(temperature=1.0)),
-    (2, SamplingParams(temperature=1.0)),
-    (1, SamplingParams(temperature=0.8, top_k=6, top_p=0.9)),
-    (2, SamplingParams(temperature=1.2, min_p=0.05)),
-])
+@pytest.mark.parametrize(
+    "version,sp",
+    [
+        (1, SamplingParams(temperature=1.0)),
+        (2, SamplingParams(temperature=1.0)),
+        (1, SamplingParams(temperature=0.8, top_k=6, top_p=0.9)),
+        (2, SamplingParams(temperature=1.2, min_p=0.05)),
+    ],
+)
 def test_speculative_sampling_matches_target(version, sp):
     model = tiny.make_target("llama", vocab=V, seed=11)
     drafter = tiny.make_drafter(version, vocab=V, mask_token_id=V - 1, seed=12, top_k=4)
@@ -108,14 +113,17 @@ def test_sparse_rejection_residual():
     assert abs(counts[1] / 2000 - 0.5) < 0.05
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"temperature": -1}, "temperature"),
-    ({"top_p": 0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"top_k": -2}, "top_k"),
-    ({"min_p": 1.0}, "min_p"),
-    ({"seed": -1}, "seed"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.0}, "min_p"),
+        ({"seed": -1}, "seed"),
+    ],
+)
 def test_bad_sampling_params_are_rejected(kwargs, needle):
     with pytest.raises(ParameterError, match=needle):
         SamplingParams(**kwargs)
@@ -151,7 +159,10 @@ def test_underflowing_temperature_and_top_p_never_sample_nans():
     drafter = tiny.make_drafter(2, vocab=V, mask_token_id=V - 1, seed=12, top_k=4)
     dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
     greedy = dec.generate(PROMPT, GenerationParams(max_tokens=8, block_size=4))
-    for sp in (SamplingParams(temperature=1e-39, seed=1), SamplingParams(temperature=1e-29, seed=1),
-               SamplingParams(temperature=1.0, top_p=1e-46, seed=1)):
+    for sp in (
+        SamplingParams(temperature=1e-39, seed=1),
+        SamplingParams(temperature=1e-29, seed=1),
+        SamplingParams(temperature=1.0, top_p=1e-46, seed=1),
+    ):
         out = dec.generate(PROMPT, GenerationParams(max_tokens=8, block_size=4, sampling=sp))
         assert out == greedy, sp

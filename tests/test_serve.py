@@ -22,8 +22,10 @@ from dflash2_mlx.serve import create_app
 from dflash2_mlx.text import chat_prompt_ids
 
 EOS = 2
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 HI = [{"role": "user", "content": "Hi there"}]
 
 
@@ -40,9 +42,13 @@ def make_tokenizer(vocab_size: int = tiny.VOCAB):
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
-                                 additional_special_tokens=["<|im_start|>", "<mask>"],
-                                 clean_up_tokenization_spaces=False)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>", "<mask>"],
+        clean_up_tokenization_spaces=False,
+    )
     hf.chat_template = TEMPLATE
     assert hf.eos_token_id == EOS
     return TokenizerWrapper(hf)
@@ -75,8 +81,14 @@ def pair():
 
 @pytest.fixture(scope="module")
 def url(pair):
-    app = create_app(pair, model_name="tiny", max_queue=8, context_length=None,
-                     default_max_tokens=8, drafter_name="tiny-dflash2")
+    app = create_app(
+        pair,
+        model_name="tiny",
+        max_queue=8,
+        context_length=None,
+        default_max_tokens=8,
+        drafter_name="tiny-dflash2",
+    )
     with running(app) as base:
         yield base
 
@@ -94,8 +106,9 @@ def reference(pair, ids, n):
 
 def metric(text: str, name: str, **labels) -> float:
     lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    m = re.search(rf"^{re.escape(name)}{re.escape('{' + lab + '}') if lab else ''} (\S+)$", text,
-                  re.M)
+    m = re.search(
+        rf"^{re.escape(name)}{re.escape('{' + lab + '}') if lab else ''} (\S+)$", text, re.M
+    )
     return float(m.group(1)) if m else 0.0
 
 
@@ -120,16 +133,25 @@ def test_predicted_outputs_draft_and_change_nothing(pair, client):
     want, n = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 16)
     for guess, accepted in ((want, True), ("zz" + want[2:], True), ("qqqq", False)):
         r = client.chat.completions.create(
-            model="tiny", messages=HI, max_tokens=16, temperature=0,
-            prediction={"type": "content", "content": [{"type": "text", "text": guess}]})
+            model="tiny",
+            messages=HI,
+            max_tokens=16,
+            temperature=0,
+            prediction={"type": "content", "content": [{"type": "text", "text": guess}]},
+        )
         assert r.choices[0].message.content == want, guess
         details = r.usage.completion_tokens_details
         if accepted:
             assert details.accepted_prediction_tokens > 0, (guess, r.usage)
         else:
             assert details.accepted_prediction_tokens == 0, r.usage
-    r = client.chat.completions.create(model="tiny", messages=HI, max_tokens=16, temperature=0,
-                                       prediction={"type": "content", "content": want})
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=HI,
+        max_tokens=16,
+        temperature=0,
+        prediction={"type": "content", "content": want},
+    )
     details = r.usage.completion_tokens_details
     assert details.accepted_prediction_tokens >= n - 1 - r.usage.model_extra["dflash2"]["rounds"]
     assert details.rejected_prediction_tokens <= 3
@@ -138,37 +160,61 @@ def test_predicted_outputs_draft_and_change_nothing(pair, client):
 def test_greedy_completion_stream_token_prompt(pair, client):
     ids = [5, 9, 14, 20, 33, 40]
     want, _ = reference(pair, ids, 10)
-    chunks = list(client.completions.create(model="tiny", prompt=ids, max_tokens=10,
-                                            temperature=0, stream=True))
+    chunks = list(
+        client.completions.create(
+            model="tiny", prompt=ids, max_tokens=10, temperature=0, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == want
     assert all(c.usage is None for c in chunks)  # no include_usage: no usage chunk
-    text = client.completions.create(model="tiny", prompt=pair.tokenizer.decode(ids),
-                                     max_tokens=10, temperature=0)
+    text = client.completions.create(
+        model="tiny", prompt=pair.tokenizer.decode(ids), max_tokens=10, temperature=0
+    )
     assert text.choices[0].text == want  # a string prompt tokenizes to the same ids
 
 
 def test_stream_include_usage_and_stop_string(pair, client):
     want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 12)
     stop = want[4:6]
-    chunks = list(client.chat.completions.create(
-        model="tiny", messages=HI, max_tokens=12, temperature=0, stop=[stop, "\x00never"],
-        stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=HI,
+            max_tokens=12,
+            temperature=0,
+            stop=[stop, "\x00never"],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == want[: want.find(stop)] and stop not in text
-    finals = [c.choices[0].finish_reason for c in chunks
-              if c.choices and c.choices[0].finish_reason]
+    finals = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finals == ["stop"]
     last = chunks[-1]
     assert last.choices == [] and last.usage.completion_tokens >= 1
-    assert set(last.usage.model_extra["dflash2"]) >= {"rounds", "drafted", "accepted", "tau",
-                                                       "block_size"}
+    assert set(last.usage.model_extra["dflash2"]) >= {
+        "rounds",
+        "drafted",
+        "accepted",
+        "tau",
+        "block_size",
+    }
 
 
 def test_sampling_is_seeded_and_not_greedy(pair, client):
     greedy, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 12)
-    kw = dict(model="tiny", messages=HI, max_tokens=12, seed=7, top_p=0.95,
-              extra_body={"top_k": 50, "min_p": 0.001})
+    kw = dict(
+        model="tiny",
+        messages=HI,
+        max_tokens=12,
+        seed=7,
+        top_p=0.95,
+        extra_body={"top_k": 50, "min_p": 0.001},
+    )
     a = client.chat.completions.create(temperature=5.0, **kw).choices[0].message.content
     b = client.chat.completions.create(temperature=5.0, **kw).choices[0].message.content
     assert a == b and a != greedy
@@ -178,9 +224,16 @@ def test_four_concurrent_requests_succeed(client):
     results = [None] * 4
 
     def one(i):
-        results[i] = client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=5,
-            temperature=0).choices[0].message.content
+        results[i] = (
+            client.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": f"q{i}"}],
+                max_tokens=5,
+                temperature=0,
+            )
+            .choices[0]
+            .message.content
+        )
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
     for t in threads:
@@ -194,16 +247,38 @@ def test_models_health_and_harmless_fields(url):
     models = httpx.get(url + "/v1/models").json()
     card = models["data"][0]
     assert card["id"] == "tiny" and card["object"] == "model"
-    assert card["dflash2"] == {"speculative": True, "drafter": "tiny-dflash2", "drafter_version": 2,
-                               "draft_vocab": None, "lookup": 3, "block_size": 4, "trained_block_size": 4, "context_length": 4096,
-                               "default_max_tokens": 8, "max_queue": 8, "tool_calling": False,
-                               "thinking": None, "prompt_cache_mb": 1024}
+    assert card["dflash2"] == {
+        "speculative": True,
+        "drafter": "tiny-dflash2",
+        "drafter_version": 2,
+        "draft_vocab": None,
+        "lookup": 3,
+        "block_size": 4,
+        "trained_block_size": 4,
+        "context_length": 4096,
+        "default_max_tokens": 8,
+        "max_queue": 8,
+        "tool_calling": False,
+        "thinking": None,
+        "prompt_cache_mb": 1024,
+    }
     assert httpx.get(url + "/v1/models/tiny").json()["id"] == "tiny"
     assert httpx.get(url + "/health").json()["status"] == "ok"
-    r = httpx.post(url + "/v1/chat/completions", json={
-        "messages": HI, "user": "u1", "metadata": {"k": "v"}, "n": 1, "presence_penalty": 0,
-        "logprobs": False, "tools": [], "tool_choice": "none", "temperature": 0,
-        "chat_template_kwargs": {"enable_thinking": False}})  # a model that does not think
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        json={
+            "messages": HI,
+            "user": "u1",
+            "metadata": {"k": "v"},
+            "n": 1,
+            "presence_penalty": 0,
+            "logprobs": False,
+            "tools": [],
+            "tool_choice": "none",
+            "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    )  # a model that does not think
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] <= 8  # default_max_tokens
 
@@ -236,24 +311,48 @@ BAD = [
     ("chat", {"messages": HI, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("chat", {"messages": HI, "n": 2}, 400, "n"),
     ("chat", {"messages": HI, "logprobs": True}, 400, "logprobs"),
-    ("chat", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]},
-     400, "tools"),
+    (
+        "chat",
+        {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        400,
+        "tools",
+    ),
     ("chat", {"messages": HI, "response_format": {"type": "json_object"}}, 400, "response_format"),
-    ("chat", {"messages": HI, "chat_template_kwargs": {"enable_thinking": True}}, 400,
-     "chat_template_kwargs.enable_thinking"),
+    (
+        "chat",
+        {"messages": HI, "chat_template_kwargs": {"enable_thinking": True}},
+        400,
+        "chat_template_kwargs.enable_thinking",
+    ),
     ("chat", {"messages": HI, "presence_penalty": 0.5}, 400, "presence_penalty"),
     ("chat", {"messages": HI, "frequency_penalty": 1}, 400, "frequency_penalty"),
     ("chat", {"messages": HI, "logit_bias": {"5": 10}}, 400, "logit_bias"),
     ("chat", {"messages": HI, "frobnicate": 1}, 400, "frobnicate"),
     ("chat", {"messages": HI, "prediction": "abc"}, 400, "prediction"),
-    ("chat", {"messages": HI, "prediction": {"type": "text", "content": "a"}}, 400,
-     "prediction.type"),
-    ("chat", {"messages": HI, "prediction": {"type": "content", "content": 5}}, 400,
-     "prediction.content"),
-    ("chat", {"messages": HI, "prediction": {"type": "content", "content": "a", "x": 1}}, 400,
-     "prediction.x"),
-    ("completions", {"prompt": "ab", "prediction": {"type": "content", "content": "a"}}, 400,
-     "prediction"),
+    (
+        "chat",
+        {"messages": HI, "prediction": {"type": "text", "content": "a"}},
+        400,
+        "prediction.type",
+    ),
+    (
+        "chat",
+        {"messages": HI, "prediction": {"type": "content", "content": 5}},
+        400,
+        "prediction.content",
+    ),
+    (
+        "chat",
+        {"messages": HI, "prediction": {"type": "content", "content": "a", "x": 1}},
+        400,
+        "prediction.x",
+    ),
+    (
+        "completions",
+        {"prompt": "ab", "prediction": {"type": "content", "content": "a"}},
+        400,
+        "prediction",
+    ),
     ("chat", {"messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
     ("completions", {"prompt": LONG}, 400, "prompt"),
     ("completions", {"prompt": ""}, 400, "prompt"),
@@ -265,12 +364,16 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("endpoint,body,status,param", BAD,
-                         ids=[f"{i}-{b[3]}" for i, b in enumerate(BAD)])
+@pytest.mark.parametrize(
+    "endpoint,body,status,param", BAD, ids=[f"{i}-{b[3]}" for i, b in enumerate(BAD)]
+)
 def test_bad_input_is_a_clean_4xx(url, endpoint, body, status, param):
     kw = {"content": body} if isinstance(body, bytes) else {"json": body}
-    r = httpx.post(f"{url}/v1/{'chat/completions' if endpoint == 'chat' else 'completions'}",
-                   headers={"content-type": "application/json"}, **kw)
+    r = httpx.post(
+        f"{url}/v1/{'chat/completions' if endpoint == 'chat' else 'completions'}",
+        headers={"content-type": "application/json"},
+        **kw,
+    )
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
@@ -291,8 +394,11 @@ def _open_long_stream(http: httpx.Client, url: str):
     Returns the stream's context manager and its line iterator: closing the iterator (a
     `for ... break`) would close the connection, so the caller keeps both alive.
     """
-    cm = http.stream("POST", url + "/v1/completions", json={
-        "prompt": "abc", "max_tokens": 4000, "temperature": 0, "stream": True})
+    cm = http.stream(
+        "POST",
+        url + "/v1/completions",
+        json={"prompt": "abc", "max_tokens": 4000, "temperature": 0, "stream": True},
+    )
     r = cm.__enter__()
     assert r.status_code == 200
     lines = r.iter_lines()
@@ -307,29 +413,37 @@ def test_client_disconnect_frees_the_worker(url, client):
         cm, _lines = _open_long_stream(http, url)
         cm.__exit__(None, None, None)  # the client leaves mid-stream
     with pytest.raises(httpx.ReadTimeout):  # and one leaves a non-streaming request
-        httpx.post(url + "/v1/completions", timeout=1.0,
-                   json={"prompt": "abc", "max_tokens": 4000, "temperature": 0})
+        httpx.post(
+            url + "/v1/completions",
+            timeout=1.0,
+            json={"prompt": "abc", "max_tokens": 4000, "temperature": 0},
+        )
     t0 = time.time()
     r = client.completions.create(model="tiny", prompt="ab", max_tokens=3, temperature=0)
     assert r.usage.completion_tokens == 3
     assert time.time() - t0 < 15, "the cancelled generation kept the worker busy"
     after = httpx.get(url + "/metrics").text
     assert metric(after, "dflash2_cancelled_total") == metric(before, "dflash2_cancelled_total") + 2
-    generated = (metric(after, "dflash2_generated_tokens_total")
-                 - metric(before, "dflash2_generated_tokens_total"))
+    generated = metric(after, "dflash2_generated_tokens_total") - metric(
+        before, "dflash2_generated_tokens_total"
+    )
     assert generated < 2000  # both stopped long before their 4000 tokens
 
 
 def test_queue_bound_answers_503_with_retry_after(pair):
-    app = create_app(pair, model_name="tiny", max_queue=1, context_length=None,
-                     default_max_tokens=2)
+    app = create_app(
+        pair, model_name="tiny", max_queue=1, context_length=None, default_max_tokens=2
+    )
     with running(app) as base, httpx.Client(timeout=60) as http:
         cm, _lines = _open_long_stream(http, base)  # generating: 1 in flight
         results: list = [None] * 3
 
         def one(i):
-            results[i] = httpx.post(base + "/v1/completions", timeout=60,
-                                    json={"prompt": "q", "max_tokens": 2, "temperature": 0})
+            results[i] = httpx.post(
+                base + "/v1/completions",
+                timeout=60,
+                json={"prompt": "q", "max_tokens": 2, "temperature": 0},
+            )
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
         for t in threads:
@@ -352,16 +466,22 @@ def test_queue_bound_answers_503_with_retry_after(pair):
 
 def test_metrics_exposition(url):
     text = httpx.get(url + "/metrics").text
-    assert metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions",
-                  status="200") >= 5
-    assert metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions",
-                  status="400") >= 20
-    assert metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions",
-                  status="404") >= 1
+    assert (
+        metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions", status="200") >= 5
+    )
+    assert (
+        metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions", status="400") >= 20
+    )
+    assert (
+        metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions", status="404") >= 1
+    )
     assert metric(text, "dflash2_generated_tokens_total") > 0
     assert metric(text, "dflash2_rounds_total") > 0
-    assert 0 <= metric(text, "dflash2_accepted_tokens_total") <= metric(
-        text, "dflash2_drafted_tokens_total")
+    assert (
+        0
+        <= metric(text, "dflash2_accepted_tokens_total")
+        <= metric(text, "dflash2_drafted_tokens_total")
+    )
     assert 1.0 <= metric(text, "dflash2_mean_acceptance_length") <= 4.0
     assert metric(text, "dflash2_queue_depth") == 0 and metric(text, "dflash2_in_flight") == 0
     assert "# TYPE dflash2_requests_total counter" in text
@@ -369,12 +489,14 @@ def test_metrics_exposition(url):
 
 
 # ------------------------------------------------------------------ the command line
-CLI = ("import sys\n"
-       "from dflash2_cli import app as cli\n"
-       "from dflash2_cli.serve import register\n"
-       "if not any(c.name == 'serve' for c in cli.app.registered_commands):\n"
-       "    register(cli.app)\n"
-       "sys.exit(cli.run(sys.argv[1:]))\n")
+CLI = (
+    "import sys\n"
+    "from dflash2_cli import app as cli\n"
+    "from dflash2_cli.serve import register\n"
+    "if not any(c.name == 'serve' for c in cli.app.registered_commands):\n"
+    "    register(cli.app)\n"
+    "sys.exit(cli.run(sys.argv[1:]))\n"
+)
 
 
 def test_cli_serve_end_to_end(pair, tmp_path):
@@ -399,20 +521,61 @@ def test_cli_serve_end_to_end(pair, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    bad = subprocess.run([sys.executable, "-c", CLI, "serve", "--target", str(target)],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-c", CLI, "serve", "--target", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "needs --drafter" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
-    bad = subprocess.run([sys.executable, "-c", CLI, "serve", "--target", str(target),
-                          "--drafter", str(drafter), "--no-thinking"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CLI,
+            "serve",
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--no-thinking",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "no thinking switch" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
     proc = subprocess.Popen(
-        [sys.executable, "-c", CLI, "serve", "--target", str(target), "--drafter", str(drafter),
-         "--port", str(port), "--context-length", "512", "--model-name", "tiny-cli",
-         "--log-level", "warning", "--api-key", "unused", "--allowed-hosts", "box.lan",
-         "--shutdown-grace", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            CLI,
+            "serve",
+            "--target",
+            str(target),
+            "--drafter",
+            str(drafter),
+            "--port",
+            str(port),
+            "--context-length",
+            "512",
+            "--model-name",
+            "tiny-cli",
+            "--log-level",
+            "warning",
+            "--api-key",
+            "unused",
+            "--allowed-hosts",
+            "box.lan",
+            "--shutdown-grace",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 45

@@ -38,9 +38,13 @@ def test_without_a_generation_config_an_omitted_temperature_is_greedy(pair):  # 
     with running(create_app(pair, model_name="tiny")) as base:
         card = httpx.get(base + "/v1/models").json()["data"][0]
         assert card["sampling_defaults"] == {
-            "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
-            "source": dict.fromkeys(("temperature", "top_p", "top_k", "min_p", "seed"),
-                                    "default")}
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "min_p": 0.0,
+            "seed": None,
+            "source": dict.fromkeys(("temperature", "top_p", "top_k", "min_p", "seed"), "default"),
+        }
         client = _client(base)
         assert _say(client) == greedy
         assert _say(client, seed=3) == greedy
@@ -50,8 +54,9 @@ def test_without_a_generation_config_an_omitted_temperature_is_greedy(pair):  # 
 
 def test_generation_config_defaults_and_request_overrides(pair, tmp_path):  # noqa: F811
     greedy, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 12)
-    (tmp_path / GENERATION_CONFIG).write_text(json.dumps(
-        {"do_sample": True, "temperature": 5.0, "top_k": 50, "eos_token_id": 2}))
+    (tmp_path / GENERATION_CONFIG).write_text(
+        json.dumps({"do_sample": True, "temperature": 5.0, "top_k": 50, "eos_token_id": 2})
+    )
     app = create_app(pair, model_name="tiny", sampling=resolve_sampling({}, tmp_path))
     with running(app) as base:
         card = httpx.get(base + "/v1/models/tiny").json()
@@ -63,8 +68,9 @@ def test_generation_config_defaults_and_request_overrides(pair, tmp_path):  # no
         assert omitted != greedy
         assert omitted == _say(client, seed=11, temperature=5.0, extra_body={"top_k": 50})
         assert _say(client, temperature=0) == greedy  # the request's own field wins
-        stream = client.chat.completions.create(model="tiny", messages=HI, max_tokens=12,
-                                                seed=11, stream=True)
+        stream = client.chat.completions.create(
+            model="tiny", messages=HI, max_tokens=12, seed=11, stream=True
+        )
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == omitted
 
 
@@ -74,9 +80,24 @@ def _serve(*args: str):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-c", CLI, "serve", *args, "--port", str(port),
-                             "--model-name", "tiny", "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            CLI,
+            "serve",
+            *args,
+            "--port",
+            str(port),
+            "--model-name",
+            "tiny",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 60
@@ -97,8 +118,9 @@ def test_serve_flags_then_generation_config_and_chat_agrees(tmp_path, capsys):
     top_k 50: the flag wins for temperature, the file gives top_k; `dflash2 chat` with the
     same flags and seed prints what the server answers, and so does chat on the file alone."""
     target, drafter = save_pair(tmp_path / "pair")
-    (target / GENERATION_CONFIG).write_text(json.dumps(
-        {"do_sample": True, "temperature": 0.9, "top_k": 50}))
+    (target / GENERATION_CONFIG).write_text(
+        json.dumps({"do_sample": True, "temperature": 0.9, "top_k": 50})
+    )
     msgs = [{"role": "user", "content": "hello model"}]
     greedy = answer(target, drafter, msgs, 10)
     folders = ["--target", str(target), "--drafter", str(drafter)]
@@ -110,15 +132,33 @@ def test_serve_flags_then_generation_config_and_chat_agrees(tmp_path, capsys):
         client = _client(base)
 
         def say(**kw):
-            return client.chat.completions.create(model="tiny", messages=msgs, max_tokens=10,
-                                                  **kw).choices[0].message.content
+            return (
+                client.chat.completions.create(model="tiny", messages=msgs, max_tokens=10, **kw)
+                .choices[0]
+                .message.content
+            )
 
         at_flag = say(seed=7)
         assert at_flag != greedy and at_flag == say(seed=7, temperature=5, extra_body={"top_k": 50})
         at_file = say(seed=7, temperature=0.9)
         assert say(temperature=0) == greedy
-    assert run(["chat", *folders, "-p", "hello model", "--max-tokens", "10", "--temp", "5",
-                "--seed", "7"]) == 0
+    assert (
+        run(
+            [
+                "chat",
+                *folders,
+                "-p",
+                "hello model",
+                "--max-tokens",
+                "10",
+                "--temp",
+                "5",
+                "--seed",
+                "7",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == at_flag + "\n"
     assert run(["chat", *folders, "-p", "hello model", "--max-tokens", "10", "--seed", "7"]) == 0
     assert capsys.readouterr().out == at_file + "\n"
@@ -127,16 +167,23 @@ def test_serve_flags_then_generation_config_and_chat_agrees(tmp_path, capsys):
 def test_serve_refuses_bad_sampling_flags_and_a_bad_generation_config(tmp_path):
     target, drafter = save_pair(tmp_path / "pair")
     folders = ["--target", str(target), "--drafter", str(drafter)]
-    bad = subprocess.run([sys.executable, "-c", CLI, "serve", *folders, "--top-p", "0"],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-c", CLI, "serve", *folders, "--top-p", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "--top-p: top_p must be in (0, 1]" in bad.stderr, bad.stderr
     (target / GENERATION_CONFIG).write_text('{"do_sample": true, "min_p": 2}')
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    bad = subprocess.run([sys.executable, "-c", CLI, "serve", *folders, "--port", port],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-c", CLI, "serve", *folders, "--port", port],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2, bad.stderr
     assert f"{target / GENERATION_CONFIG}: field 'min_p'" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
-

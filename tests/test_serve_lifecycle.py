@@ -36,8 +36,12 @@ LONG_PROMPT = [5 + (i * 7) % 80 for i in range(3000)]
 @pytest.fixture(scope="module")
 def pair():
     """Prefill in chunks of 64 tokens: a 3000-token prompt is ~47 chunks."""
-    return Pair.from_models(tiny.make_target("llama"), make_tokenizer(),
-                            tiny.make_drafter(2, block_size=4), prefill_chunk=64)
+    return Pair.from_models(
+        tiny.make_target("llama"),
+        make_tokenizer(),
+        tiny.make_drafter(2, block_size=4),
+        prefill_chunk=64,
+    )
 
 
 @pytest.fixture
@@ -88,8 +92,14 @@ def health(base: str) -> dict:
 def test_library_cancel_stops_the_prefill_and_the_session_recovers(pair):
     calls = []
     session = pair.new_session()
-    events = list(pair.stream(LONG_PROMPT[:300], GenerationParams(max_tokens=4), session,
-                              cancel=lambda: calls.append(1) or True))
+    events = list(
+        pair.stream(
+            LONG_PROMPT[:300],
+            GenerationParams(max_tokens=4),
+            session,
+            cancel=lambda: calls.append(1) or True,
+        )
+    )
     assert events == [] and len(calls) == 1  # stopped after the first chunk of 64
     prompt = LONG_PROMPT[:100]
     out, _ = pair.generate(prompt, GenerationParams(max_tokens=6), session)  # reused session
@@ -106,33 +116,43 @@ def test_client_leaving_during_a_long_prefill_frees_the_worker(pair, logs):
     with running(app) as base:
         before = httpx.get(base + "/metrics").text
         with pytest.raises(httpx.ReadTimeout):  # leaves 0.5 s into its 3000-token prefill
-            httpx.post(base + "/v1/completions", timeout=0.5,
-                       json={"prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0})
+            httpx.post(
+                base + "/v1/completions",
+                timeout=0.5,
+                json={"prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0},
+            )
         t0 = time.perf_counter()
-        r = httpx.post(base + "/v1/completions", timeout=120,
-                       json={"prompt": "ab", "max_tokens": 3, "temperature": 0})
+        r = httpx.post(
+            base + "/v1/completions",
+            timeout=120,
+            json={"prompt": "ab", "max_tokens": 3, "temperature": 0},
+        )
         waited = time.perf_counter() - t0
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         after = httpx.get(base + "/metrics").text
     # The next request waited for a chunk at most, not for the rest of the prefill.
     assert waited < half_prefill, (waited, half_prefill)
-    assert (metric(after, "dflash2_prompt_tokens_total")
-            - metric(before, "dflash2_prompt_tokens_total")) == 2  # the long one never ended
-    assert (metric(after, "dflash2_cancelled_total")
-            - metric(before, "dflash2_cancelled_total")) == 1
+    assert (
+        metric(after, "dflash2_prompt_tokens_total") - metric(before, "dflash2_prompt_tokens_total")
+    ) == 2  # the long one never ended
+    assert (
+        metric(after, "dflash2_cancelled_total") - metric(before, "dflash2_cancelled_total")
+    ) == 1
     lines = [r.getMessage() for r in logs.records if "cancelled" in r.getMessage()]
     assert len(lines) == 1 and "prefill" in lines[0] and "client left" in lines[0], lines
 
 
 # ------------------------------------------------------------------ shutdown
 def test_shutdown_lets_the_running_request_finish_and_refuses_the_waiting(pair):
-    app = create_app(pair, model_name="tiny", max_queue=4,
-                     limits=ServeLimits(shutdown_grace_s=60))
+    app = create_app(pair, model_name="tiny", max_queue=4, limits=ServeLimits(shutdown_grace_s=60))
     results: dict = {}
 
     def post(name, max_tokens):
-        results[name] = httpx.post(base + "/v1/completions", timeout=120, json={
-            "prompt": "abc", "max_tokens": max_tokens, "temperature": 0})
+        results[name] = httpx.post(
+            base + "/v1/completions",
+            timeout=120,
+            json={"prompt": "abc", "max_tokens": max_tokens, "temperature": 0},
+        )
 
     with serving(app) as (base, server, thread):
         running_one = threading.Thread(target=post, args=("running", 2500))
@@ -151,7 +171,9 @@ def test_shutdown_lets_the_running_request_finish_and_refuses_the_waiting(pair):
     done = results["running"]
     assert done.status_code == 200, done.text
     usage = done.json()["usage"]
-    assert usage["completion_tokens"] == 2500 or done.json()["choices"][0]["finish_reason"] == "stop"
+    assert (
+        usage["completion_tokens"] == 2500 or done.json()["choices"][0]["finish_reason"] == "stop"
+    )
 
 
 def test_sigint_ends_a_cut_stream_with_an_error_and_done(tmp_path):
@@ -159,17 +181,30 @@ def test_sigint_ends_a_cut_stream_with_an_error_and_done(tmp_path):
     stream gets its grace period (1 s), then an error event and [DONE]; the port closes; the
     exit code is 130; no traceback."""
     child = Path(__file__).with_name("serve_child.py")
-    proc = subprocess.Popen([sys.executable, str(child), "1.0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(child), "1.0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         base = f"http://127.0.0.1:{int(proc.stdout.readline())}"
         wait_for(lambda: _up(base), 60, "the server to start")
         results: list = []
         with httpx.Client(timeout=60) as http:
             cm, lines = _open_long_stream(http, base)
-            threads = [threading.Thread(target=lambda: results.append(httpx.post(
-                base + "/v1/completions", timeout=60,
-                json={"prompt": "q", "max_tokens": 2, "temperature": 0}))) for _ in range(2)]
+            threads = [
+                threading.Thread(
+                    target=lambda: results.append(
+                        httpx.post(
+                            base + "/v1/completions",
+                            timeout=60,
+                            json={"prompt": "q", "max_tokens": 2, "temperature": 0},
+                        )
+                    )
+                )
+                for _ in range(2)
+            ]
             for t in threads:
                 t.start()
             wait_for(lambda: health(base)["queue_depth"] == 2, what="two waiting requests")
@@ -208,8 +243,13 @@ def _up(base: str) -> bool:
 # ------------------------------------------------------------------ local by design
 def test_hosts_origins_content_type_and_api_key(pair, logs):
     policy = SecurityPolicy(cors_origins=("http://localhost:3000",), api_key="s3cret")
-    app = create_app(pair, model_name="tiny", default_max_tokens=2, security=policy,
-                     drafter_name="/srv/models/secret-dir/my-drafter")
+    app = create_app(
+        pair,
+        model_name="tiny",
+        default_max_tokens=2,
+        security=policy,
+        drafter_name="/srv/models/secret-dir/my-drafter",
+    )
     key = {"Authorization": "Bearer s3cret"}
     body = {"messages": HI, "max_tokens": 2}
     with serving(app, log_level="info") as (base, _, _):
@@ -218,13 +258,18 @@ def test_hosts_origins_content_type_and_api_key(pair, logs):
         port = base.rsplit(":", 1)[1]
 
         def post(headers, **kw):
-            return httpx.post(base + "/v1/chat/completions", headers={**key, **headers},
-                              timeout=30, **kw)
+            return httpx.post(
+                base + "/v1/chat/completions", headers={**key, **headers}, timeout=30, **kw
+            )
 
         # Host: loopback names only (a DNS-rebound name is refused)
-        for host, status in ((f"localhost:{port}", 200), (f"127.0.0.2:{port}", 200),
-                             (f"[::1]:{port}", 200), (f"evil.example:{port}", 403),
-                             (f"192.168.1.5:{port}", 403)):
+        for host, status in (
+            (f"localhost:{port}", 200),
+            (f"127.0.0.2:{port}", 200),
+            (f"[::1]:{port}", 200),
+            (f"evil.example:{port}", 403),
+            (f"192.168.1.5:{port}", 403),
+        ):
             r = post({"Host": host}, json=body)
             assert r.status_code == status, (host, r.text)
         assert r.json()["error"]["code"] == "host_not_allowed"
@@ -240,26 +285,39 @@ def test_hosts_origins_content_type_and_api_key(pair, logs):
         ok = {"Origin": "http://localhost:3000"}
         r = post(ok, json=body)
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ok["Origin"]
-        pre = httpx.options(base + "/v1/chat/completions", headers={
-            **ok, "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization, content-type"})
+        pre = httpx.options(
+            base + "/v1/chat/completions",
+            headers={
+                **ok,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type",
+            },
+        )
         assert pre.status_code == 204 and "POST" in pre.headers["access-control-allow-methods"]
-        pre = httpx.options(base + "/v1/chat/completions", headers={
-            **evil, "Access-Control-Request-Method": "POST"})
+        pre = httpx.options(
+            base + "/v1/chat/completions", headers={**evil, "Access-Control-Request-Method": "POST"}
+        )
         assert pre.status_code == 403
         # Content type: JSON only
         for ctype in ("text/plain", "application/x-www-form-urlencoded", None):
             headers = {"Content-Type": ctype} if ctype else {}
-            r = httpx.post(base + "/v1/chat/completions", content=json.dumps(body).encode(),
-                           headers={**key, **headers})
+            r = httpx.post(
+                base + "/v1/chat/completions",
+                content=json.dumps(body).encode(),
+                headers={**key, **headers},
+            )
             assert r.status_code == 415, (ctype, r.text)
         r = post({"Content-Type": "application/json; charset=utf-8"}, content=json.dumps(body))
         assert r.status_code == 200
         # API key
         client = openai.OpenAI(base_url=base + "/v1", api_key="s3cret", max_retries=0)
         want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 2)
-        assert client.chat.completions.create(model="tiny", messages=HI, max_tokens=2,
-                                              temperature=0).choices[0].message.content == want
+        assert (
+            client.chat.completions.create(model="tiny", messages=HI, max_tokens=2, temperature=0)
+            .choices[0]
+            .message.content
+            == want
+        )
         for auth in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             r = httpx.get(base + "/v1/models", headers=auth)
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", auth
@@ -273,8 +331,9 @@ def test_hosts_origins_content_type_and_api_key(pair, logs):
         text = httpx.get(base + "/metrics", headers=key).text
     access = [r for r in logs.records if r.name == "uvicorn.access"]
     assert access and not any("6.6.6.6" in r.getMessage() for r in access)
-    assert metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions",
-                  status="403") == 5  # 2 hosts, 2 origins, 1 preflight
+    assert (
+        metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions", status="403") == 5
+    )  # 2 hosts, 2 origins, 1 preflight
     assert metric(text, "dflash2_requests_total", endpoint="/v1/models", status="401") == 3
     assert not [r for r in logs.records if r.exc_info]
 
@@ -295,8 +354,9 @@ def test_retry_after_follows_the_queue_and_recent_generations(pair):
         def ran(n):  # the worker books a generation just after its answer is sent
             wait_for(lambda: generations.generations == n, what=f"{n} generations")
 
-        http.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 300,
-                                                  "temperature": 0})
+        http.post(
+            base + "/v1/completions", json={"prompt": "abc", "max_tokens": 300, "temperature": 0}
+        )
         ran(1)
         long_s = worker.recent_seconds
         for i in range(5):
@@ -304,8 +364,11 @@ def test_retry_after_follows_the_queue_and_recent_generations(pair):
             ran(2 + i)
         assert worker.recent_seconds < long_s  # recent ones weigh most
         cm, _lines = _open_long_stream(http, base)  # 1 running
-        waiting = threading.Thread(target=lambda: httpx.post(
-            base + "/v1/completions", timeout=60, json={"prompt": "q", "max_tokens": 1}))
+        waiting = threading.Thread(
+            target=lambda: httpx.post(
+                base + "/v1/completions", timeout=60, json={"prompt": "q", "max_tokens": 1}
+            )
+        )
         waiting.start()
         wait_for(lambda: worker.waiting == 1, what="a waiting request")
         r = httpx.post(base + "/v1/completions", json={"prompt": "q", "max_tokens": 1})

@@ -29,8 +29,9 @@ CHAT = "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def pair():
-    return Pair.from_models(tiny.make_target("llama"), make_tokenizer(),
-                            tiny.make_drafter(2, block_size=4))
+    return Pair.from_models(
+        tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2, block_size=4)
+    )
 
 
 @pytest.fixture
@@ -45,30 +46,41 @@ def logs(caplog):
 
 @pytest.fixture(scope="module")
 def url(pair):
-    app = create_app(pair, model_name="tiny", max_queue=4, default_max_tokens=8,
-                     limits=ServeLimits(max_body_bytes=BODY_LIMIT, max_prediction_tokens=64,
-                                        max_stop_chars=50))
+    app = create_app(
+        pair,
+        model_name="tiny",
+        max_queue=4,
+        default_max_tokens=8,
+        limits=ServeLimits(max_body_bytes=BODY_LIMIT, max_prediction_tokens=64, max_stop_chars=50),
+    )
     with running(app) as base:
         yield base
 
 
 def rss_mb(pid: int | None = None) -> float:
     """Resident memory of a process (this one by default), from `ps` (Linux and macOS)."""
-    out = subprocess.run(["ps", "-o", "rss=", "-p", str(pid or os.getpid())],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ps", "-o", "rss=", "-p", str(pid or os.getpid())],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return int(out.strip()) / 1024
 
 
-def raw_post(base: str, path: str, head: dict, chunks, read_early: bool = True
-             ) -> tuple[int, dict]:
+def raw_post(base: str, path: str, head: dict, chunks, read_early: bool = True) -> tuple[int, dict]:
     """POST over a plain socket, sending `chunks` (bytes) one by one until the server answers
     (or the connection breaks); returns (status, JSON body)."""
     import select
 
     port = int(base.rsplit(":", 1)[1])
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
-    lines = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}",
-             "Content-Type: application/json", "Connection: close"]
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        "Content-Type: application/json",
+        "Connection: close",
+    ]
     lines += [f"{k}: {v}" for k, v in head.items()]
     s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
     try:
@@ -128,8 +140,14 @@ def test_large_bodies_are_refused_while_read_and_memory_returns(url):
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
         assert r.json()["error"]["code"] == "context_length_exceeded"
         assert time.time() - t0 < 5  # refused on its length in characters, not tokenized
-        r = httpx.post(url + CHAT, json={"messages": HI, "prediction": {
-            "type": "content", "content": "y" * (BODY_LIMIT - 1000)}}, timeout=30)
+        r = httpx.post(
+            url + CHAT,
+            json={
+                "messages": HI,
+                "prediction": {"type": "content", "content": "y" * (BODY_LIMIT - 1000)},
+            },
+            timeout=30,
+        )
         assert r.status_code == 400 and r.json()["error"]["param"] == "prediction", r.text
     grown = rss_mb() - base
     assert grown < 80, f"resident memory grew by {grown:.0f} MB"
@@ -140,22 +158,34 @@ def test_large_bodies_are_refused_while_read_and_memory_returns(url):
 def test_lengths_in_tokens_and_stop_strings(url, pair):
     r = httpx.post(url + "/v1/completions", json={"prompt": list(range(5, 80)) * 60})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-    r = httpx.post(url + CHAT, json={"messages": HI, "prediction": {
-        "type": "content", "content": "ab" * 40}})  # 80 tokens > 64
+    r = httpx.post(
+        url + CHAT, json={"messages": HI, "prediction": {"type": "content", "content": "ab" * 40}}
+    )  # 80 tokens > 64
     assert r.status_code == 400 and r.json()["error"]["param"] == "prediction", r.text
     assert "80 tokens" in r.json()["error"]["message"]
     r = httpx.post(url + CHAT, json={"messages": HI, "stop": ["a", "s" * 51]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop[1]", r.text
-    ok = httpx.post(url + CHAT, json={"messages": HI, "stop": "s" * 50, "temperature": 0,
-                                      "prediction": {"type": "content", "content": "ab" * 30}})
+    ok = httpx.post(
+        url + CHAT,
+        json={
+            "messages": HI,
+            "stop": "s" * 50,
+            "temperature": 0,
+            "prediction": {"type": "content", "content": "ab" * 30},
+        },
+    )
     assert ok.status_code == 200, ok.text
 
 
 def test_error_messages_quote_a_short_prefix(url):
     big = "v" * 100_000
-    for body in ({"messages": HI, "model": big}, {"messages": HI, "temperature": big},
-                 {"messages": HI, big: 1}, {"messages": [{"role": big, "content": "x"}]},
-                 {"messages": HI, "n": [big[:500]] * 100}):
+    for body in (
+        {"messages": HI, "model": big},
+        {"messages": HI, "temperature": big},
+        {"messages": HI, big: 1},
+        {"messages": [{"role": big, "content": "x"}]},
+        {"messages": HI, "n": [big[:500]] * 100},
+    ):
         r = httpx.post(url + CHAT, json=body)
         assert r.status_code in (400, 404), r.text
         assert len(r.content) < 1200, (r.status_code, len(r.content))
@@ -168,12 +198,14 @@ def test_hostile_json_is_a_counted_400_without_traceback(url, logs):
     cases = [
         (CHAT, deep.encode(), None),
         (CHAT, ('{"messages": ' + "[" * 100 + "]" * 100 + "}").encode(), None),
-        (CHAT, b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
-         "messages[0].content"),
+        (CHAT, b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages[0].content"),
         ("/v1/completions", b'{"prompt": "\\udfff"}', "prompt"),
-        (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "prediction": '
-         b'{"type": "content", "content": [{"type": "text", "text": "\\ud83d"}]}}',
-         "prediction.content[0].text"),
+        (
+            CHAT,
+            b'{"messages": [{"role": "user", "content": "hi"}], "prediction": '
+            b'{"type": "content", "content": [{"type": "text", "text": "\\ud83d"}]}}',
+            "prediction.content[0].text",
+        ),
         (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "\\ud800": 1}', None),
         (CHAT, b'{"messages": "\xff\xfe"}', None),
     ]
@@ -186,8 +218,10 @@ def test_hostile_json_is_a_counted_400_without_traceback(url, logs):
         r = http.post(url + CHAT, json={"messages": HI, "max_tokens": 2})
         assert r.status_code == 200  # the same connection still serves
     after = httpx.get(url + "/metrics").text
-    assert (metric(after, "dflash2_requests_total", endpoint=CHAT, status="400")
-            - metric(before, "dflash2_requests_total", endpoint=CHAT, status="400")) == 6
+    assert (
+        metric(after, "dflash2_requests_total", endpoint=CHAT, status="400")
+        - metric(before, "dflash2_requests_total", endpoint=CHAT, status="400")
+    ) == 6
     assert not [r for r in logs.records if r.exc_info], "a client error logged a traceback"
 
 
@@ -195,14 +229,17 @@ def test_client_closing_mid_upload_is_one_line_and_counted(url, logs):
     before = httpx.get(url + "/metrics").text
     port = int(url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: "
-                  "application/json\r\nContent-Length: 5000\r\n\r\n{\"messages\": [".encode())
+        s.sendall(
+            f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: "
+            'application/json\r\nContent-Length: 5000\r\n\r\n{"messages": ['.encode()
+        )
         time.sleep(0.3)
     deadline = time.time() + 10
     while time.time() < deadline:
         after = httpx.get(url + "/metrics").text
         if metric(after, "dflash2_requests_total", endpoint=CHAT, status="499") > metric(
-                before, "dflash2_requests_total", endpoint=CHAT, status="499"):
+            before, "dflash2_requests_total", endpoint=CHAT, status="499"
+        ):
             break
         time.sleep(0.05)
     else:
@@ -216,8 +253,11 @@ def test_client_closing_mid_upload_is_one_line_and_counted(url, logs):
 def test_underflowing_temperature_and_top_p_are_greedy(pair, url):
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)
     want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 8)
-    for kw in ({"temperature": 1e-39}, {"temperature": 5e-324},
-               {"temperature": 1.0, "top_p": 1e-46, "seed": 3}):
+    for kw in (
+        {"temperature": 1e-39},
+        {"temperature": 5e-324},
+        {"temperature": 1.0, "top_p": 1e-46, "seed": 3},
+    ):
         r = client.chat.completions.create(model="tiny", messages=HI, max_tokens=8, **kw)
         assert r.choices[0].message.content == want, kw
 
@@ -231,26 +271,35 @@ def bpe_pair():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    words = ("the capital of France is Paris and the river Seine runs through it while "
-             "people walk over bridges at night, looking at lights; numbers 12 345 6789 "
-             "and code like def f(x): return x * 2 appear too").split()
+    words = (
+        "the capital of France is Paris and the river Seine runs through it while "
+        "people walk over bridges at night, looking at lights; numbers 12 345 6789 "
+        "and code like def f(x): return x * 2 appear too"
+    ).split()
     corpus = [" ".join(words[i:] + words[:i]) for i in range(len(words))]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False,
-                                  special_tokens=["<unk>", "<|im_start|>", "<|im_end|>", "<mask>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        show_progress=False,
+        special_tokens=["<unk>", "<|im_start|>", "<|im_end|>", "<mask>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus, trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                 additional_special_tokens=["<|im_start|>", "<mask>"],
-                                 clean_up_tokenization_spaces=False)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>", "<mask>"],
+        clean_up_tokenization_spaces=False,
+    )
     hf.chat_template = TEMPLATE
     vocab = len(hf)
     wrapped = TokenizerWrapper(hf, detokenizer_class=BPEStreamingDetokenizer)
     target = tiny.make_target("llama", vocab=vocab, seed=5)
-    drafter = tiny.make_drafter(2, block_size=4, vocab=vocab,
-                                mask_token_id=hf.convert_tokens_to_ids("<mask>"))
+    drafter = tiny.make_drafter(
+        2, block_size=4, vocab=vocab, mask_token_id=hf.convert_tokens_to_ids("<mask>")
+    )
     return Pair.from_models(target, wrapped, drafter), hf, corpus
 
 
@@ -280,14 +329,18 @@ def test_text_is_exactly_the_decode_of_the_generated_ids():
         for i, (prompt, text) in enumerate(cases):
             kw = dict(model="bpe", max_tokens=10, temperature=0)
             got = client.completions.create(prompt=prompt, **kw).choices[0].text
-            streamed = "".join(c.choices[0].text for c in client.completions.create(
-                prompt=prompt, stream=True, **kw))
+            streamed = "".join(
+                c.choices[0].text
+                for c in client.completions.create(prompt=prompt, stream=True, **kw)
+            )
             assert got == streamed == text, (prompt, got, streamed, text)
             if i % 3 == 0:
                 msgs = [{"role": "user", "content": prompt}]
                 text = want(chat_prompt_ids(pair.tokenizer, msgs))
                 got = client.chat.completions.create(messages=msgs, **kw).choices[0].message.content
-                streamed = "".join(c.choices[0].delta.content or "" for c in
-                                   client.chat.completions.create(messages=msgs, stream=True, **kw)
-                                   if c.choices)
+                streamed = "".join(
+                    c.choices[0].delta.content or ""
+                    for c in client.chat.completions.create(messages=msgs, stream=True, **kw)
+                    if c.choices
+                )
                 assert got == streamed == text, (prompt, got, streamed, text)

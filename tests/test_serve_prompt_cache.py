@@ -22,10 +22,16 @@ N = 10
 
 
 def serve(family: str, prompt_cache_mb: int):
-    pair = Pair.from_models(tiny.make_target(family), make_tokenizer(),
-                            tiny.make_drafter(2, block_size=4))
-    app = create_app(pair, model_name="tiny", default_max_tokens=N, drafter_name="tiny-dflash2",
-                     prompt_cache_mb=prompt_cache_mb)
+    pair = Pair.from_models(
+        tiny.make_target(family), make_tokenizer(), tiny.make_drafter(2, block_size=4)
+    )
+    app = create_app(
+        pair,
+        model_name="tiny",
+        default_max_tokens=N,
+        drafter_name="tiny-dflash2",
+        prompt_cache_mb=prompt_cache_mb,
+    )
     return pair, running(app)
 
 
@@ -34,13 +40,15 @@ def client_for(url: str) -> openai.OpenAI:
 
 
 def ask(client, messages, **kw):
-    return client.chat.completions.create(model="tiny", messages=messages, max_tokens=N,
-                                          temperature=0, **kw)
+    return client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=N, temperature=0, **kw
+    )
 
 
 def cached(usage) -> int:
-    assert usage.model_extra["dflash2"]["cached_tokens"] == \
-        usage.prompt_tokens_details.cached_tokens
+    assert (
+        usage.model_extra["dflash2"]["cached_tokens"] == usage.prompt_tokens_details.cached_tokens
+    )
     return usage.prompt_tokens_details.cached_tokens
 
 
@@ -64,15 +72,22 @@ def test_second_turn_prefills_only_new_tokens(family):
         assert second.usage.prompt_tokens == len(ids)
         assert second.choices[0].message.content == reference(pair, ids, N)[0]
         # Streaming reports it in the usage chunk too.
-        chunks = list(ask(client, turn2(first.choices[0].message.content, "Why?"), stream=True,
-                          stream_options={"include_usage": True}))
+        chunks = list(
+            ask(
+                client,
+                turn2(first.choices[0].message.content, "Why?"),
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert cached(chunks[-1].usage) >= len(chat_prompt_ids(pair.tokenizer, HI))
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         why = chat_prompt_ids(pair.tokenizer, turn2(first.choices[0].message.content, "Why?"))
         assert text == reference(pair, why, N)[0]
         body = httpx.get(url + "/metrics").text
-        assert metric(body, "dflash2_cached_prompt_tokens_total") == \
-            cached(second.usage) + cached(chunks[-1].usage)
+        assert metric(body, "dflash2_cached_prompt_tokens_total") == cached(second.usage) + cached(
+            chunks[-1].usage
+        )
         assert metric(body, "dflash2_prompt_cache_hits_total") == 2
         assert metric(body, "dflash2_prompt_cache_misses_total") == 1
         assert 0 < metric(body, "dflash2_prompt_cache_bytes") <= 64 << 20
@@ -85,8 +100,12 @@ def test_concurrent_requests_sharing_a_prefix():
     with server as url:
         client = client_for(url)
         answer = ask(client, HI).choices[0].message.content
-        convs = [turn2(answer), turn2(answer), turn2(answer, "Other?"),
-                 [{"role": "user", "content": "Hi where"}]]
+        convs = [
+            turn2(answer),
+            turn2(answer),
+            turn2(answer, "Other?"),
+            [{"role": "user", "content": "Hi where"}],
+        ]
         results: list = [None] * len(convs)
 
         def go(i):
@@ -110,8 +129,10 @@ def test_small_budget_evicts_and_zero_turns_it_off():
         for i in range(6):
             conv = [{"role": "user", "content": f"Conversation {i} " + "x" * 300}]
             r = ask(client, conv)
-            assert r.choices[0].message.content == \
-                reference(pair, chat_prompt_ids(pair.tokenizer, conv), N)[0]
+            assert (
+                r.choices[0].message.content
+                == reference(pair, chat_prompt_ids(pair.tokenizer, conv), N)[0]
+            )
         body = httpx.get(url + "/metrics").text
         assert metric(body, "dflash2_prompt_cache_evictions_total") >= 1
         assert metric(body, "dflash2_prompt_cache_bytes") <= 1 << 20

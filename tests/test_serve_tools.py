@@ -56,8 +56,7 @@ def streamed(client, messages, **kw):
     """Stream a reply and put it back together as a client does: content, reasoning_content,
     and tool calls by index (id, type and name once, arguments concatenated)."""
     content, reasoning, calls, finish, usage = "", "", {}, None, None
-    for chunk in ask(client, messages, stream=True, stream_options={"include_usage": True},
-                     **kw):
+    for chunk in ask(client, messages, stream=True, stream_options={"include_usage": True}, **kw):
         if chunk.usage is not None:
             usage = chunk.usage
         if not chunk.choices:
@@ -91,8 +90,10 @@ def test_tool_round_trip(client):
     assert call.type == "function" and call.id.startswith("call_")
     assert r.usage.model_extra["dflash2"]["tool_calls"] == 1
     # The agent runs the tool and sends the assistant message back as it came, plus the result.
-    history = tt.ASK + [choice.message, {"role": "tool", "tool_call_id": call.id,
-                                         "content": tt.RESULT}]
+    history = tt.ASK + [
+        choice.message,
+        {"role": "tool", "tool_call_id": call.id, "content": tt.RESULT},
+    ]
     final = ask(client, history, tools=tt.TOOLS)
     assert final.choices[0].message.content == tt.FINAL
     assert final.choices[0].finish_reason == "stop"
@@ -104,17 +105,29 @@ def test_tool_round_trip_streaming(client):
     content, reasoning, calls, finish, usage = streamed(client, tt.ASK, tools=tt.TOOLS)
     assert (content, reasoning, finish) == ("", "", "tool_calls")
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
-        ("get_weather", tt.CALL_ARGS)]
+        ("get_weather", tt.CALL_ARGS)
+    ]
     assert calls[0]["id"].startswith("call_") and usage.model_extra["dflash2"]["tool_calls"] == 1
     # The SDK's own accumulator (client.chat.completions.stream) reads the same call.
-    with client.chat.completions.stream(model="tools", messages=tt.ASK, tools=tt.TOOLS,
-                                        temperature=0, max_tokens=64) as s:
+    with client.chat.completions.stream(
+        model="tools", messages=tt.ASK, tools=tt.TOOLS, temperature=0, max_tokens=64
+    ) as s:
         final = s.get_final_completion()
     assert weather_calls(final.choices[0].message.tool_calls) == [("get_weather", tt.CALL_ARGS)]
-    history = tt.ASK + [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": calls[0]["id"], "type": "function",
-         "function": {"name": calls[0]["name"], "arguments": calls[0]["arguments"]}}]},
-        {"role": "tool", "tool_call_id": calls[0]["id"], "content": tt.RESULT}]
+    history = tt.ASK + [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": calls[0]["id"],
+                    "type": "function",
+                    "function": {"name": calls[0]["name"], "arguments": calls[0]["arguments"]},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": calls[0]["id"], "content": tt.RESULT},
+    ]
     content, _, calls, finish, _ = streamed(client, history, tools=tt.TOOLS)
     assert (content, calls, finish) == (tt.FINAL, [], "stop")
 
@@ -122,12 +135,13 @@ def test_tool_round_trip_streaming(client):
 def test_parallel_calls_and_parallel_tool_calls_false(client):
     r = ask(client, tt.ASK_TWO, tools=tt.TOOLS)
     assert weather_calls(r.choices[0].message.tool_calls) == [
-        ("get_weather", {"city": "paris"}), ("get_weather", {"city": "rome"})]
+        ("get_weather", {"city": "paris"}),
+        ("get_weather", {"city": "rome"}),
+    ]
     one = ask(client, tt.ASK_TWO, tools=tt.TOOLS, parallel_tool_calls=False)
     assert one.choices[0].finish_reason == "tool_calls"
     assert weather_calls(one.choices[0].message.tool_calls) == [("get_weather", {"city": "paris"})]
-    _, _, calls, finish, _ = streamed(client, tt.ASK_TWO, tools=tt.TOOLS,
-                                      parallel_tool_calls=False)
+    _, _, calls, finish, _ = streamed(client, tt.ASK_TWO, tools=tt.TOOLS, parallel_tool_calls=False)
     assert [c["name"] for c in calls] == ["get_weather"] and finish == "tool_calls"
 
 
@@ -159,15 +173,18 @@ def test_reasoning_split(tool_pair, client):
     msg = r.choices[0].message
     assert msg.model_extra["reasoning_content"].strip() == tt.THOUGHT
     assert msg.content.strip() == tt.ANSWER and "<think>" not in msg.content
-    assert r.usage.completion_tokens_details.reasoning_tokens == thought_tokens(
-        tool_pair.tokenizer)
+    assert r.usage.completion_tokens_details.reasoning_tokens == thought_tokens(tool_pair.tokenizer)
     thinking = r.usage.model_extra["dflash2"]["reasoning"]
     assert thinking["tokens"] == r.usage.completion_tokens_details.reasoning_tokens
     assert thinking["rounds"] >= 1 and thinking["drafted"] > 0  # speculation ran in there
     assert thinking["rounds"] <= r.usage.model_extra["dflash2"]["rounds"]
     content, reasoning, calls, finish, usage = streamed(client, tt.HI)
-    assert (content, reasoning, calls, finish) == (msg.content, msg.model_extra[
-        "reasoning_content"], [], "stop")
+    assert (content, reasoning, calls, finish) == (
+        msg.content,
+        msg.model_extra["reasoning_content"],
+        [],
+        "stop",
+    )
     assert usage.completion_tokens_details.reasoning_tokens == thought_tokens(tool_pair.tokenizer)
     # the client may send the reasoning back with the assistant turn
     history = tt.HI + [msg, {"role": "user", "content": "hi"}]
@@ -207,34 +224,55 @@ def test_metrics_count_tool_calls_and_reasoning(tool_url, client):
 
 
 # ------------------------------------------------------------------ bad input
-ASSISTANT_CALL = {"role": "assistant", "content": None, "tool_calls": [
-    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{bad"}}]}
+ASSISTANT_CALL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{bad"}}
+    ],
+}
 FN = {"name": "f", "parameters": {"type": "object", "properties": {}}}
 BAD = [
     ({"tools": "get_weather"}, "tools"),
     ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
     ({"tools": [{"type": "function"}]}, "tools[0].function"),
-    ({"tools": [{"type": "function", "function": {"description": "x"}}]},
-     "tools[0].function.name"),
-    ({"tools": [{"type": "function", "function": {"name": "two words"}}]},
-     "tools[0].function.name"),
-    ({"tools": [{"type": "function", "function": {**FN, "parameters": "x"}}]},
-     "tools[0].function.parameters"),
-    ({"tools": [{"type": "function", "function": {**FN, "strict": True}}]},
-     "tools[0].function.strict"),
-    ({"tools": [{"type": "function", "function": {**FN, "examples": []}}]},
-     "tools[0].function.examples"),
+    ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools[0].function.name"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "two words"}}]},
+        "tools[0].function.name",
+    ),
+    (
+        {"tools": [{"type": "function", "function": {**FN, "parameters": "x"}}]},
+        "tools[0].function.parameters",
+    ),
+    (
+        {"tools": [{"type": "function", "function": {**FN, "strict": True}}]},
+        "tools[0].function.strict",
+    ),
+    (
+        {"tools": [{"type": "function", "function": {**FN, "examples": []}}]},
+        "tools[0].function.examples",
+    ),
     ({"tools": [tt.WEATHER, tt.WEATHER]}, "tools[1].function.name"),
     ({"tools": tt.TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": tt.TOOLS, "tool_choice": {"type": "allowed_tools"}}, "tool_choice.type"),
-    ({"tools": tt.TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-     "tool_choice.function.name"),
+    (
+        {"tools": tt.TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice.function.name",
+    ),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": tt.TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
     ({"messages": tt.ASK + [ASSISTANT_CALL]}, "messages[1].tool_calls[0].function.arguments"),
     ({"messages": tt.ASK + [{"role": "tool", "content": "x"}]}, "messages[1].tool_call_id"),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}, {
-        "role": "user", "content": "x", "tool_call_id": "c1"}]}, "messages[1].tool_call_id"),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": "x", "tool_calls": []},
+                {"role": "user", "content": "x", "tool_call_id": "c1"},
+            ]
+        },
+        "messages[1].tool_call_id",
+    ),
     ({"chat_template_kwargs": "thinking"}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs.enable_thinking"),
     ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools"),
@@ -264,14 +302,26 @@ def test_reply_split_does_not_depend_on_round_boundaries(tool_tokenizer):
     for step in (1, 2, 3, 7, 11, len(text)):
         reply = ChatReply(tok, ChatPrompt([1], tools=tools))
         for i in range(0, len(text), step):
-            reply.feed(text[i:i + step], RoundEvent(tokens=[5]))
+            reply.feed(text[i : i + step], RoundEvent(tokens=[5]))
         _, finish = reply.finish("stop")
-        results.add(("".join(reply.reasoning), "".join(reply.content), finish, reply.unparsed,
-                     tuple((c["function"]["name"], c["function"]["arguments"])
-                           for c in reply.calls)))
-    assert results == {(f"\n{tt.THOUGHT}\n", f"\n\nok \n then {broken} end", "tool_calls", 1,
-                        (("get_weather", '{"city": "paris"}'),
-                         ("get_weather", '{"city": "rome"}')))}
+        results.add(
+            (
+                "".join(reply.reasoning),
+                "".join(reply.content),
+                finish,
+                reply.unparsed,
+                tuple((c["function"]["name"], c["function"]["arguments"]) for c in reply.calls),
+            )
+        )
+    assert results == {
+        (
+            f"\n{tt.THOUGHT}\n",
+            f"\n\nok \n then {broken} end",
+            "tool_calls",
+            1,
+            (("get_weather", '{"city": "paris"}'), ("get_weather", '{"city": "rome"}')),
+        )
+    }
 
 
 def _tokenizer_with(template: str, tmp_path):
@@ -286,32 +336,44 @@ def test_forced_call_opening_follows_the_template(tmp_path):
     qwen3_coder parser) opens with the function's tag; a format that writes the arguments
     before the name cannot force a name (400), but "required" still works; a server thinking
     default needs a template with a switch."""
-    def fmt(call):
-        return ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
-                "{% for tc in m.tool_calls or [] %}" + call + "{% endfor %}<|im_end|>\n"
-                "{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
-                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
-    xml = _tokenizer_with(fmt(
-        "<tool_call>\n<function={{ tc.function.name }}>\n{% for k, v in tc.function.arguments"
-        ".items() %}<parameter={{ k }}>\n{{ v }}\n</parameter>\n{% endfor %}</function>\n"
-        "</tool_call>"), tmp_path / "xml")
+    def fmt(call):
+        return (
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+            "{% for tc in m.tool_calls or [] %}" + call + "{% endfor %}<|im_end|>\n"
+            "{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        )
+
+    xml = _tokenizer_with(
+        fmt(
+            "<tool_call>\n<function={{ tc.function.name }}>\n{% for k, v in tc.function.arguments"
+            ".items() %}<parameter={{ k }}>\n{{ v }}\n</parameter>\n{% endfor %}</function>\n"
+            "</tool_call>"
+        ),
+        tmp_path / "xml",
+    )
     assert xml.tool_parser.__module__.endswith("qwen3_coder")
     named = parse_tools_body(tool_choice=WEATHER_CHOICE)
     p = ChatTemplate(xml).prompt(tt.ASK, named, {})
     assert xml.decode(p.ids).endswith("assistant\n<tool_call>\n<function=get_weather>")
     assert p.state == "tool" and p.call_prefix == "\n<function=get_weather>"
     reply = ChatReply(xml, p)
-    reply.feed("\n<parameter=city>\nparis\n</parameter>\n</function>\n</tool_call>",
-               RoundEvent(tokens=[5]))
+    reply.feed(
+        "\n<parameter=city>\nparis\n</parameter>\n</function>\n</tool_call>", RoundEvent(tokens=[5])
+    )
     assert reply.finish("stop")[1] == "tool_calls"
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-            for c in reply.calls] == [("get_weather", tt.CALL_ARGS)]
+    assert [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply.calls
+    ] == [("get_weather", tt.CALL_ARGS)]
 
-    args_first = _tokenizer_with(fmt(
-        "{% set tool_call = tc.function %}<tool_call>\n{\"arguments\": "
-        "{{ tool_call.arguments | tojson }}, \"name\": \"{{ tool_call.name }}\"}\n</tool_call>"),
-        tmp_path / "args-first")
+    args_first = _tokenizer_with(
+        fmt(
+            '{% set tool_call = tc.function %}<tool_call>\n{"arguments": '
+            '{{ tool_call.arguments | tojson }}, "name": "{{ tool_call.name }}"}\n</tool_call>'
+        ),
+        tmp_path / "args-first",
+    )
     assert args_first.tool_parser.__module__.endswith("json_tools")
     chat = ChatTemplate(args_first)
     with pytest.raises(APIError) as e:

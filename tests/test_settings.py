@@ -16,9 +16,20 @@ from dflash2_mlx.engine.sampling import SamplingParams
 from dflash2_mlx.errors import ConfigError, ParameterError
 from dflash2_mlx.registry import ResolvedPair
 from dflash2_mlx.settings import (
-    BY_ALIAS, BY_FLAG, BY_PROFILE, BY_TRAINED, GENERATION_CONFIG, SAMPLING_FLAGS, EngineFlags,
-    SamplingDefaults, check_block, choose_block, generation_config, idle_when_greedy,
-    resolve_engine, resolve_sampling,
+    BY_ALIAS,
+    BY_FLAG,
+    BY_PROFILE,
+    BY_TRAINED,
+    GENERATION_CONFIG,
+    SAMPLING_FLAGS,
+    EngineFlags,
+    SamplingDefaults,
+    check_block,
+    choose_block,
+    generation_config,
+    idle_when_greedy,
+    resolve_engine,
+    resolve_sampling,
 )
 from tiny import make_drafter, make_target
 
@@ -40,21 +51,26 @@ def test_block_precedence_flag_profile_alias_trained():
 def test_a_recommendation_above_the_trained_size_is_clamped_with_the_reason():
     c = choose_block(8, alias=16)
     assert (c.size, c.reason, c.clamped_from) == (8, BY_ALIAS, 16)
-    assert c.note == ("the alias recommendation (block 16) exceeds the drafter's trained block "
-                      "size 8: using 8")
+    assert c.note == (
+        "the alias recommendation (block 16) exceeds the drafter's trained block size 8: using 8"
+    )
     c = choose_block(4, profile=6, alias=2)  # the profile wins, clamped; the alias is not used
     assert (c.size, c.reason, c.clamped_from) == (4, BY_PROFILE, 6)
 
 
-@pytest.mark.parametrize("value, trained, flag, message", [
-    (9, 8, "--block", "--block must be 1 .. 8: 9 exceeds the drafter's trained block size 8"),
-    (99, 8, "/block", "/block must be 1 .. 8: 99 exceeds"),
-    (0, 8, "--block", "--block: block_size must be an int >= 1, got 0"),
-    (0, None, "block_size", "block_size: block_size must be an int >= 1"),
-    (2.5, None, "--block", "must be an int >= 1, got 2.5"),
-])
+@pytest.mark.parametrize(
+    "value, trained, flag, message",
+    [
+        (9, 8, "--block", "--block must be 1 .. 8: 9 exceeds the drafter's trained block size 8"),
+        (99, 8, "/block", "/block must be 1 .. 8: 99 exceeds"),
+        (0, 8, "--block", "--block: block_size must be an int >= 1, got 0"),
+        (0, None, "block_size", "block_size: block_size must be an int >= 1"),
+        (2.5, None, "--block", "must be an int >= 1, got 2.5"),
+    ],
+)
 def test_a_block_above_the_trained_size_or_below_one_is_refused_naming_the_flag(
-        value, trained, flag, message):
+    value, trained, flag, message
+):
     with pytest.raises(ParameterError) as err:
         check_block(value, trained, flag)
     assert message in str(err.value)
@@ -63,19 +79,22 @@ def test_a_block_above_the_trained_size_or_below_one_is_refused_naming_the_flag(
 
 
 # ------------------------------------------------------------------------------ flags
-@pytest.mark.parametrize("kw, message", [
-    (dict(speculative=False, block=4), "--block has no effect with --no-spec"),
-    (dict(speculative=False, lookup=2), "--lookup has no effect with --no-spec"),
-    (dict(full_vocab=True, draft_vocab=20), "--draft-vocab and --full-vocab contradict"),
-    (dict(block=0), "--block: block_size must be an int >= 1"),
-    (dict(lookup=-1), "--lookup must be an int >= 0"),
-    (dict(sampling={"temperature": -1.0}), "--temp: temperature must be a finite number >= 0"),
-    (dict(sampling={"top_p": 0.0}), "--top-p: top_p must be in (0, 1]"),
-    (dict(sampling={"top_k": -3}), "--top-k: top_k must be an int >= 0"),
-    (dict(sampling={"min_p": 1.0}), "--min-p: min_p must be in [0, 1)"),
-    (dict(sampling={"seed": -1}), "--seed: seed must be a non-negative int"),
-    (dict(sampling={"typical_p": 0.5}), "unknown sampling field 'typical_p'"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(speculative=False, block=4), "--block has no effect with --no-spec"),
+        (dict(speculative=False, lookup=2), "--lookup has no effect with --no-spec"),
+        (dict(full_vocab=True, draft_vocab=20), "--draft-vocab and --full-vocab contradict"),
+        (dict(block=0), "--block: block_size must be an int >= 1"),
+        (dict(lookup=-1), "--lookup must be an int >= 0"),
+        (dict(sampling={"temperature": -1.0}), "--temp: temperature must be a finite number >= 0"),
+        (dict(sampling={"top_p": 0.0}), "--top-p: top_p must be in (0, 1]"),
+        (dict(sampling={"top_k": -3}), "--top-k: top_k must be an int >= 0"),
+        (dict(sampling={"min_p": 1.0}), "--min-p: min_p must be in [0, 1)"),
+        (dict(sampling={"seed": -1}), "--seed: seed must be a non-negative int"),
+        (dict(sampling={"typical_p": 0.5}), "unknown sampling field 'typical_p'"),
+    ],
+)
 def test_contradicting_or_bad_flags_are_refused_naming_the_flag(kw, message):
     with pytest.raises(ParameterError) as err:
         EngineFlags(**kw)
@@ -110,8 +129,9 @@ def test_no_generation_config_means_greedy(tmp_path):
 
 
 def test_generation_config_then_flags_field_by_field(tmp_path):
-    folder = _config(tmp_path / "m", do_sample=True, temperature=0.6, top_p=0.95, top_k=20,
-                     eos_token_id=2)
+    folder = _config(
+        tmp_path / "m", do_sample=True, temperature=0.6, top_p=0.95, top_k=20, eos_token_id=2
+    )
     d = resolve_sampling({}, folder)
     assert d.params == SamplingParams(0.6, 0.95, 20, 0.0, None)
     assert d.source("top_k") == GENERATION_CONFIG and d.source("min_p") == "default"
@@ -119,14 +139,26 @@ def test_generation_config_then_flags_field_by_field(tmp_path):
     d = resolve_sampling({"temperature": 0.9, "min_p": 0.05, "seed": 3, "top_p": None}, folder)
     assert d.params == SamplingParams(0.9, 0.95, 20, 0.05, 3)
     assert [d.source(n) for n in SAMPLING_FLAGS] == [
-        "--temp", GENERATION_CONFIG, GENERATION_CONFIG, "--min-p", "--seed"]
+        "--temp",
+        GENERATION_CONFIG,
+        GENERATION_CONFIG,
+        "--min-p",
+        "--seed",
+    ]
     assert d.from_flags == ("temperature", "min_p", "seed")
-    assert d.describe() == ("temperature 0.9 (--temp); top_p 0.95, top_k 20 "
-                            "(generation_config.json); min_p 0.05 (--min-p); seed 3 (--seed)")
+    assert d.describe() == (
+        "temperature 0.9 (--temp); top_p 0.95, top_k 20 "
+        "(generation_config.json); min_p 0.05 (--min-p); seed 3 (--seed)"
+    )
     card = d.to_json()
     assert card["temperature"] == 0.9 and card["top_k"] == 20
-    assert card["source"] == {"temperature": "--temp", "top_p": GENERATION_CONFIG,
-                              "top_k": GENERATION_CONFIG, "min_p": "--min-p", "seed": "--seed"}
+    assert card["source"] == {
+        "temperature": "--temp",
+        "top_p": GENERATION_CONFIG,
+        "top_k": GENERATION_CONFIG,
+        "min_p": "--min-p",
+        "seed": "--seed",
+    }
 
 
 def test_do_sample_false_means_greedy_unless_a_flag_asks_for_sampling(tmp_path):
@@ -140,17 +172,22 @@ def test_do_sample_false_means_greedy_unless_a_flag_asks_for_sampling(tmp_path):
     assert d.params == SamplingParams(0.5, 0.8)
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{not json", "cannot read it as JSON"),
-    ("[1, 2]", "expected a JSON object"),
-    ('{"do_sample": "yes"}', "field 'do_sample' must be true or false"),
-    ('{"temperature": -0.5}', "field 'temperature': temperature must be a finite number >= 0, "
-                              "found -0.5 (pass --temp to use another value)"),
-    ('{"top_p": 1.5}', "field 'top_p': top_p must be in (0, 1]"),
-    ('{"top_k": 2.5}', "field 'top_k': top_k must be an int >= 0"),
-])
-def test_a_bad_generation_config_is_a_clear_error_naming_file_and_field(tmp_path, content,
-                                                                         message):
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "cannot read it as JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"do_sample": "yes"}', "field 'do_sample' must be true or false"),
+        (
+            '{"temperature": -0.5}',
+            "field 'temperature': temperature must be a finite number >= 0, "
+            "found -0.5 (pass --temp to use another value)",
+        ),
+        ('{"top_p": 1.5}', "field 'top_p': top_p must be in (0, 1]"),
+        ('{"top_k": 2.5}', "field 'top_k': top_k must be an int >= 0"),
+    ],
+)
+def test_a_bad_generation_config_is_a_clear_error_naming_file_and_field(tmp_path, content, message):
     (tmp_path / GENERATION_CONFIG).write_text(content)
     with pytest.raises(ConfigError) as err:
         resolve_sampling({}, tmp_path)
@@ -164,8 +201,9 @@ def test_a_bad_field_that_a_flag_overrides_is_not_read(tmp_path):
 
 
 def test_a_request_overrides_the_defaults_field_by_field():
-    d = SamplingDefaults(SamplingParams(0.6, 0.95, 20, 0.0, None),
-                         (("temperature", GENERATION_CONFIG),))
+    d = SamplingDefaults(
+        SamplingParams(0.6, 0.95, 20, 0.0, None), (("temperature", GENERATION_CONFIG),)
+    )
     assert d.complete({}) == d.params
     assert d.complete({"temperature": 0.0, "top_p": None}) == SamplingParams(0.0, 0.95, 20)
     assert d.complete({"top_k": 0, "seed": 9}) == SamplingParams(0.6, 0.95, 0, 0.0, 9)
@@ -177,13 +215,13 @@ def test_a_request_overrides_the_defaults_field_by_field():
 @pytest.fixture
 def pair(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH2_HOME", str(tmp_path / "home"))  # an empty profile store
-    return d2.Pair.from_models(make_target("llama"), None, make_drafter(2, block_size=8),
-                               lookup=2)
+    return d2.Pair.from_models(make_target("llama"), None, make_drafter(2, block_size=8), lookup=2)
 
 
 def _store_profile(pair, target, drafter, block):
-    A.save_profile({"schema": A.SCHEMA, "key": A.profile_key(pair, target, drafter),
-                    "chosen_block": block})
+    A.save_profile(
+        {"schema": A.SCHEMA, "key": A.profile_key(pair, target, drafter), "chosen_block": block}
+    )
 
 
 def test_resolve_engine_on_a_pair(pair, tmp_path):
@@ -214,8 +252,14 @@ def test_resolve_engine_takes_the_lookup_block_from_the_profile(pair):
     server refuses a bad one before it starts."""
     plain = ResolvedPair("org/target", "org/drafter")
     assert resolve_engine(EngineFlags(), pair, plain, None).lookup_block is None
-    A.save_profile({"schema": A.SCHEMA, "key": A.profile_key(pair, "org/target", "org/drafter"),
-                    "chosen_block": 6, "chosen_lookup_block": 12})
+    A.save_profile(
+        {
+            "schema": A.SCHEMA,
+            "key": A.profile_key(pair, "org/target", "org/drafter"),
+            "chosen_block": 6,
+            "chosen_lookup_block": 12,
+        }
+    )
     s = resolve_engine(EngineFlags(), pair, plain, None)
     assert (s.lookup_block, s.block.size) == (12, 6)
     pytest.importorskip("fastapi")

@@ -22,8 +22,9 @@ def pair(tmp_path_factory):
 
     model, tokenizer = load(str(any_conversion(tmp_path_factory)))
     # lookup=0: the drafter alone (context lookup would add its own accepted drafts)
-    return Pair.from_models(model, tokenizer, load_drafter(EMBEDDED_DRAFTER, dtype=mx.float32),
-                            lookup=0)
+    return Pair.from_models(
+        model, tokenizer, load_drafter(EMBEDDED_DRAFTER, dtype=mx.float32), lookup=0
+    )
 
 
 def test_shipped_drafter_is_dflash2_in_official_format():
@@ -54,14 +55,19 @@ def test_shipped_drafter_is_lossless_and_accepts_drafts(pair):
             stats.add(ev)
             out.extend(ev.tokens)
         plain = []
-        for tok, _ in generate_step(mx.array(ids), pair.model, max_tokens=40,
-                                    sampler=lambda x: mx.argmax(x, axis=-1)):
+        for tok, _ in generate_step(
+            mx.array(ids), pair.model, max_tokens=40, sampler=lambda x: mx.argmax(x, axis=-1)
+        ):
             plain.append(int(tok))
             if int(tok) in pair.eos_ids:
                 break
         assert out == plain, p.id
-        with_lookup = Pair(pair.model, pair.tokenizer, pair.drafter, SpeculativeDecoder(
-            pair.decoder.target, pair.drafter, lookup=1))  # fires often: exercises it
+        with_lookup = Pair(
+            pair.model,
+            pair.tokenizer,
+            pair.drafter,
+            SpeculativeDecoder(pair.decoder.target, pair.drafter, lookup=1),
+        )  # fires often: exercises it
         looked = list(with_lookup.stream(ids, GenerationParams(max_tokens=40, block_size=8)))
         assert [t for ev in looked for t in ev.tokens] == plain, p.id
         assert any(ev.source == "lookup" for ev in looked), p.id

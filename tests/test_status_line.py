@@ -12,16 +12,28 @@ from rich.console import Console
 from dflash2_cli.chat_view import status_text
 from dflash2_mlx import GenerationStats
 
-FULL = ("  550.0 tok/s │ τ 4.40 (last 8) │ ▇▃▄▂▂▂▂█ │ block 8 │ lookup 20% │ draft 2.0 · "
-        "verify 6.0 ms/round │ 177 tok │ prompt 1234 new + 5678 reused │ length")
+FULL = (
+    "  550.0 tok/s │ τ 4.40 (last 8) │ ▇▃▄▂▂▂▂█ │ block 8 │ lookup 20% │ draft 2.0 · "
+    "verify 6.0 ms/round │ 177 tok │ prompt 1234 new + 5678 reused │ length"
+)
 
 
 def stats() -> GenerationStats:
     """40 rounds of a block-8 answer, 8 of them from context lookup, after a cached prompt."""
-    return GenerationStats(rounds=40, drafted=280, accepted=136, committed=177, draft_ms=80.0,
-                           verify_ms=240.0, prefill_ms=9.0, prompt_tokens=1234, reused_tokens=5678,
-                           histogram=Counter({1: 10, 2: 4, 3: 6, 4: 2, 5: 2, 6: 2, 7: 2, 8: 12}),
-                           last_round=8, lookup_rounds=8)
+    return GenerationStats(
+        rounds=40,
+        drafted=280,
+        accepted=136,
+        committed=177,
+        draft_ms=80.0,
+        verify_ms=240.0,
+        prefill_ms=9.0,
+        prompt_tokens=1234,
+        reused_tokens=5678,
+        histogram=Counter({1: 10, 2: 4, 3: 6, 4: 2, 5: 2, 6: 2, 7: 2, 8: 12}),
+        last_round=8,
+        lookup_rounds=8,
+    )
 
 
 def printed(line, width: int, terminal: bool = True, **kw) -> str:
@@ -30,13 +42,19 @@ def printed(line, width: int, terminal: bool = True, **kw) -> str:
     return out.getvalue()
 
 
-@pytest.mark.parametrize("width, expected", [
-    (200, FULL),
-    (120, "  550.0 tok/s │ τ 4.40 (last 8) │ ▇▃▄▂▂▂▂█ │ block 8 │ lookup 20% │ 177 tok │ "
-          "prompt 1234+5678 │ length"),
-    (80, "  550.0 tok/s │ τ 4.40 │ ▇▃▄▂▂▂▂█ │ block 8 │ lookup 20% │ 177 tok │ length"),
-    (40, "550.0 tok/s │ τ 4.40 │ ▇▃▄▂▂▂▂█ │ length"),
-])
+@pytest.mark.parametrize(
+    "width, expected",
+    [
+        (200, FULL),
+        (
+            120,
+            "  550.0 tok/s │ τ 4.40 (last 8) │ ▇▃▄▂▂▂▂█ │ block 8 │ lookup 20% │ 177 tok │ "
+            "prompt 1234+5678 │ length",
+        ),
+        (80, "  550.0 tok/s │ τ 4.40 │ ▇▃▄▂▂▂▂█ │ block 8 │ lookup 20% │ 177 tok │ length"),
+        (40, "550.0 tok/s │ τ 4.40 │ ▇▃▄▂▂▂▂█ │ length"),
+    ],
+)
 def test_widest_form_that_fits(width, expected):
     line = status_text(stats(), block=8, spec=True, finish="length")
     assert line.fit(width).plain == expected

@@ -12,18 +12,37 @@ from dflash2_mlx import load_drafter
 from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.target.adapter import TargetAdapter
 from dflash2_mlx.train.features import (
-    FeatureCacheError, Sequence_, StoredSequence, build_feature_cache, load_feature_cache,
+    FeatureCacheError,
+    Sequence_,
+    StoredSequence,
+    build_feature_cache,
+    load_feature_cache,
 )
 from dflash2_mlx.train.objective import Blocks, block_hidden
 from dflash2_mlx.train.trainer import (
-    TrainConfig, Trainer, drafter_config_for, evaluate_proxy, init_drafter, make_blocks,
+    TrainConfig,
+    Trainer,
+    drafter_config_for,
+    evaluate_proxy,
+    init_drafter,
+    make_blocks,
     sample_anchors,
 )
 
-TARGET_CFG = {"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-              "head_dim": 16}
-PROMPTS = [[3, 14, 15, 9, 26], [5, 35, 8, 9, 7, 9], [2, 7, 1, 8, 2, 8], [60, 61, 62],
-           [11, 12, 13], [40, 41]]
+TARGET_CFG = {
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "head_dim": 16,
+}
+PROMPTS = [
+    [3, 14, 15, 9, 26],
+    [5, 35, 8, 9, 7, 9],
+    [2, 7, 1, 8, 2, 8],
+    [60, 61, 62],
+    [11, 12, 13],
+    [40, 41],
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +61,15 @@ def sequences(target):
     return out
 
 
-@pytest.mark.parametrize("version,kw", [
-    (1, {}), (2, {}), (1, {"is_causal": True}),
-    (2, {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6}),
-])
+@pytest.mark.parametrize(
+    "version,kw",
+    [
+        (1, {}),
+        (2, {}),
+        (1, {"is_causal": True}),
+        (2, {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6}),
+    ],
+)
 def test_training_forward_equals_inference_forward(target, version, kw):
     d = tiny.make_drafter(version, block_size=8, **kw)
     adapter = TargetAdapter(target, d.config.target_layer_ids)
@@ -54,10 +78,11 @@ def test_training_forward_equals_inference_forward(target, version, kw):
     feats = adapter.forward(mx.array([seq]), None).features
     anchors = [5, 11, 20]
     ids = mx.array([[seq[a]] + [d.config.mask_token_id] * 7 for a in anchors])
-    h = block_hidden(d, Blocks(feats, mx.array([anchors]), ids[None],
-                               mx.zeros((1, 3, 7), dtype=mx.int32)))
+    h = block_hidden(
+        d, Blocks(feats, mx.array([anchors]), ids[None], mx.zeros((1, 3, 7), dtype=mx.int32))
+    )
     for j, a in enumerate(anchors):
-        ref = d.hidden(ids[j:j + 1], feats[:, :a], d.make_cache())[0]
+        ref = d.hidden(ids[j : j + 1], feats[:, :a], d.make_cache())[0]
         np.testing.assert_allclose(np.array(h[j]), np.array(ref), atol=1e-4)
 
 
@@ -68,20 +93,37 @@ def test_dropout_is_training_only_and_random(target):
     adapter = TargetAdapter(target, d.config.target_layer_ids)
     d.bind(adapter.binding())
     seq = list(range(3, 40))
-    b = Blocks(adapter.forward(mx.array([seq]), None).features, mx.array([[5, 20]]),
-               mx.array([[[seq[a]] + [95] * 7 for a in (5, 20)]]), mx.zeros((1, 2, 7), dtype=mx.int32))
+    b = Blocks(
+        adapter.forward(mx.array([seq]), None).features,
+        mx.array([[5, 20]]),
+        mx.array([[[seq[a]] + [95] * 7 for a in (5, 20)]]),
+        mx.zeros((1, 2, 7), dtype=mx.int32),
+    )
     plain = np.array(block_hidden(d, b))
     np.testing.assert_array_equal(np.array(block_hidden(d, b, 0.0)), plain)
     one, two = np.array(block_hidden(d, b, 0.3)), np.array(block_hidden(d, b, 0.3))
     assert np.abs(one - plain).max() > 1e-2 and np.abs(one - two).max() > 1e-2
 
 
-def _trainer(target, sequences, out: Path, version=2, steps=40, block_size=8, layer_ids=(0, 2),
-             **kw):
-    cfg = TrainConfig(version=version, layers=2, block_size=block_size, target_layer_ids=layer_ids,
-                      mask_token_id=95, steps=steps, batch_seqs=3, anchors_per_seq=8,
-                      eval_every=steps, checkpoint_every=10, lr=3e-3, negatives=16,
-                      selector_rank=8, **kw)
+def _trainer(
+    target, sequences, out: Path, version=2, steps=40, block_size=8, layer_ids=(0, 2), **kw
+):
+    cfg = TrainConfig(
+        version=version,
+        layers=2,
+        block_size=block_size,
+        target_layer_ids=layer_ids,
+        mask_token_id=95,
+        steps=steps,
+        batch_seqs=3,
+        anchors_per_seq=8,
+        eval_every=steps,
+        checkpoint_every=10,
+        lr=3e-3,
+        negatives=16,
+        selector_rank=8,
+        **kw,
+    )
     adapter = TargetAdapter(target, layer_ids)
     d = init_drafter(drafter_config_for(adapter, TARGET_CFG, cfg), cfg)
     return Trainer(adapter, d, sequences, sequences, cfg, out, log=lambda s: None)
@@ -97,7 +139,8 @@ def test_tiny_training_run_lowers_the_loss(target, sequences, tmp_path, version)
     # the training-set τ is measured on training sequences, with the trained drafter
     assert tr.fit_probe and all(any(p is s for s in sequences) for p in tr.fit_probe)
     assert final["train_tau"] == pytest.approx(
-        evaluate_proxy(tr.drafter, tr.fit_probe, tr.scale, len(tr.fit_probe))["proxy_tau"])
+        evaluate_proxy(tr.drafter, tr.fit_probe, tr.scale, len(tr.fit_probe))["proxy_tau"]
+    )
 
 
 def test_training_with_dropout_still_lowers_the_loss(target, sequences, tmp_path):
@@ -121,8 +164,12 @@ def test_export_reloads_and_drafts_identically(target, sequences, tmp_path):
     loaded = reloaded.hidden(block, feats[:, :9], reloaded.make_cache())
     np.testing.assert_allclose(np.array(trained), np.array(loaded), atol=1e-4)
     hid = loaded[0, 1:]
-    assert reloaded.select(hid, reloaded.logits(hid), mx.array(5), 0.0).tokens.tolist() == \
-        tr.drafter.select(trained[0, 1:], tr.drafter.logits(trained[0, 1:]), mx.array(5), 0.0).tokens.tolist()
+    assert (
+        reloaded.select(hid, reloaded.logits(hid), mx.array(5), 0.0).tokens.tolist()
+        == tr.drafter.select(
+            trained[0, 1:], tr.drafter.logits(trained[0, 1:]), mx.array(5), 0.0
+        ).tokens.tolist()
+    )
     assert (out / "README.md").read_text() == "# card\n"
 
 
@@ -161,19 +208,28 @@ def test_batched_blocks_of_unequal_sequences_match_inference(target):
     adapter = TargetAdapter(target, d.config.target_layer_ids)
     d.bind(adapter.binding())
     seqs = [list(range(3, 40)), list(range(50, 70))]
-    stored = [StoredSequence(f"u{i}", 0.0, np.array(s, dtype=np.int32), 2,
-                             np.array(adapter.forward(mx.array([s]), None).features[0]))
-              for i, s in enumerate(seqs)]
+    stored = [
+        StoredSequence(
+            f"u{i}",
+            0.0,
+            np.array(s, dtype=np.int32),
+            2,
+            np.array(adapter.forward(mx.array([s]), None).features[0]),
+        )
+        for i, s in enumerate(seqs)
+    ]
     anchors = [[5, 20, 29], [3, 9, 12]]
-    b = make_blocks(stored, anchors, 8, d.config.mask_token_id, mx.ones(stored[0].features.shape[1]))
+    b = make_blocks(
+        stored, anchors, 8, d.config.mask_token_id, mx.ones(stored[0].features.shape[1])
+    )
     assert b.features.shape[1] == 64  # padded to a multiple of 64 rows
     h = block_hidden(d, b)
     for i, s in enumerate(seqs):
         for j, a in enumerate(anchors[i]):
             ids = mx.array([[s[a]] + [d.config.mask_token_id] * 7])
-            ref = d.hidden(ids, b.features[i:i + 1, :a], d.make_cache())[0]
+            ref = d.hidden(ids, b.features[i : i + 1, :a], d.make_cache())[0]
             np.testing.assert_allclose(np.array(h[i * 3 + j]), np.array(ref), atol=1e-4)
-            assert b.labels[i, j].tolist() == s[a + 1: a + 8]
+            assert b.labels[i, j].tolist() == s[a + 1 : a + 8]
 
 
 def test_anchors_sampled_with_replacement_when_the_response_is_short():
@@ -183,8 +239,15 @@ def test_anchors_sampled_with_replacement_when_the_response_is_short():
     got = sample_anchors(seq, 10, 8, random.Random(0))
     assert len(got) == 10 and set(got) <= set(range(3, 7))
     assert sample_anchors(seq, 0, 8, random.Random(0), every=2) == [3, 5]
-    assert sample_anchors(StoredSequence("t", 0.0, np.arange(9, dtype=np.int32), 6,
-                                         np.zeros((9, 2), np.float16)), 4, 8, random.Random(0)) is None
+    assert (
+        sample_anchors(
+            StoredSequence("t", 0.0, np.arange(9, dtype=np.int32), 6, np.zeros((9, 2), np.float16)),
+            4,
+            8,
+            random.Random(0),
+        )
+        is None
+    )
 
 
 def test_ablation_switches_keep_their_part_neutral(target, sequences, tmp_path):
@@ -196,8 +259,10 @@ def test_ablation_switches_keep_their_part_neutral(target, sequences, tmp_path):
     assert not np.any(np.array(d.candidate_selector.successor_codebook))
     h = mx.random.normal((7, d.config.hidden_size))
     logits = d.logits(d.norm(h))
-    assert d.select(d.norm(h), logits, mx.array(3), 0.0).tokens.tolist() == \
-        mx.argmax(logits, axis=-1).tolist()
+    assert (
+        d.select(d.norm(h), logits, mx.array(3), 0.0).tokens.tolist()
+        == mx.argmax(logits, axis=-1).tolist()
+    )
     no_conv = _trainer(target, sequences, tmp_path / "b", steps=6, train_conv=False)
     before = [np.array(layer.mlp_conv.base_kernel) for layer in no_conv.drafter.layers]
     no_conv.run()
@@ -212,13 +277,23 @@ def test_ablation_switches_keep_their_part_neutral(target, sequences, tmp_path):
 def sequences_with_last_layer(target, sequences):
     """The same sequences with features of layers (0, 3): 3 is the tiny target's last layer."""
     adapter = TargetAdapter(target, (0, 3))
-    return [StoredSequence(s.id, 0.0, s.tokens, s.response_start, np.array(
-        adapter.forward(mx.array([s.tokens.tolist()]), None).features[0].astype(mx.float16)))
-        for s in sequences]
+    return [
+        StoredSequence(
+            s.id,
+            0.0,
+            s.tokens,
+            s.response_start,
+            np.array(
+                adapter.forward(mx.array([s.tokens.tolist()]), None).features[0].astype(mx.float16)
+            ),
+        )
+        for s in sequences
+    ]
 
 
-def test_distillation_teacher_is_the_targets_own_next_token_logits(target, sequences_with_last_layer,
-                                                                  tmp_path):
+def test_distillation_teacher_is_the_targets_own_next_token_logits(
+    target, sequences_with_last_layer, tmp_path
+):
     seqs = sequences_with_last_layer
     tr = _trainer(target, seqs, tmp_path, steps=1, layer_ids=(0, 3), distill_weight=1.0)
     s, anchors = seqs[1], [6, 13, 30]
@@ -227,15 +302,17 @@ def test_distillation_teacher_is_the_targets_own_next_token_logits(target, seque
     full = np.array(target(mx.array([s.tokens.tolist()]))[0])  # [S, V]
     cols = np.array(tr.subset.ids)
     for j, a in enumerate(anchors):
-        want = full[a:a + 7][:, cols]  # the logits that predict x_{a+1} .. x_{a+7}
+        want = full[a : a + 7][:, cols]  # the logits that predict x_{a+1} .. x_{a+7}
         np.testing.assert_allclose(got[j], want, atol=2e-2 * np.abs(want).max())
-        assert (cols[got[j].argmax(-1)] == s.tokens[a + 1:a + 8]).all()  # greedy data
+        assert (cols[got[j].argmax(-1)] == s.tokens[a + 1 : a + 8]).all()  # greedy data
 
 
-def test_distillation_run_lowers_the_kl_and_needs_the_last_layer(target, sequences,
-                                                                  sequences_with_last_layer, tmp_path):
-    tr = _trainer(target, sequences_with_last_layer, tmp_path, steps=30, layer_ids=(0, 3),
-                  distill_weight=1.0)
+def test_distillation_run_lowers_the_kl_and_needs_the_last_layer(
+    target, sequences, sequences_with_last_layer, tmp_path
+):
+    tr = _trainer(
+        target, sequences_with_last_layer, tmp_path, steps=30, layer_ids=(0, 3), distill_weight=1.0
+    )
     recs = []
     tr.run(on_step=recs.append)
     kl = [r["distill"] for r in recs]
@@ -250,10 +327,12 @@ def test_init_from_target_copies_the_top_layers(target, sequences, tmp_path):
     d, n = tr.drafter, len(tr.adapter.layers)
     for j, layer in enumerate(d.layers):
         src = tr.adapter.layers[n - len(d.layers) + j]
-        np.testing.assert_array_equal(np.array(layer.mlp.down_proj.weight),
-                                      np.array(src.mlp.down_proj.weight))
-        np.testing.assert_array_equal(np.array(layer.self_attn.q_proj.weight),
-                                      np.array(src.self_attn.q_proj.weight))
+        np.testing.assert_array_equal(
+            np.array(layer.mlp.down_proj.weight), np.array(src.mlp.down_proj.weight)
+        )
+        np.testing.assert_array_equal(
+            np.array(layer.self_attn.q_proj.weight), np.array(src.self_attn.q_proj.weight)
+        )
     # The context rows start as the (normed) last captured feature, whatever the scaling.
     s = sequences[0]
     feats = mx.array(s.features.astype(np.float32))[None]
@@ -265,20 +344,39 @@ def test_init_from_target_copies_the_top_layers(target, sequences, tmp_path):
 def test_prompt_parts_name_their_own_temperatures():
     from dflash2_mlx.train.pipeline import prompt_parts
 
-    assert prompt_parts("train@0,0.7+train-extra", (0.0,)) == [("train", (0.0, 0.7)),
-                                                               ("train-extra", (0.0,))]
+    assert prompt_parts("train@0,0.7+train-extra", (0.0,)) == [
+        ("train", (0.0, 0.7)),
+        ("train-extra", (0.0,)),
+    ]
     # A suffix that is not numbers belongs to a file name.
-    assert prompt_parts("my@work/p.jsonl+train", (0.5,)) == [("my@work/p.jsonl", (0.5,)),
-                                                              ("train", (0.5,))]
+    assert prompt_parts("my@work/p.jsonl+train", (0.5,)) == [
+        ("my@work/p.jsonl", (0.5,)),
+        ("train", (0.5,)),
+    ]
 
 
 def _prompt_file(path: Path, n: int, stem: str) -> Path:
     import json
 
     words = ["the", "sea", "is", "blue", "and", "wide", "cats", "sleep", "all", "day"]
-    path.write_text("".join(json.dumps({"id": f"{stem}{i}", "category": "chat", "messages": [
-        {"role": "user", "content": " ".join(words[(i + k) % len(words)] for k in range(4))}]}) + "\n"
-        for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"{stem}{i}",
+                    "category": "chat",
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": " ".join(words[(i + k) % len(words)] for k in range(4)),
+                        }
+                    ],
+                }
+            )
+            + "\n"
+            for i in range(n)
+        )
+    )
     return path
 
 
@@ -292,17 +390,52 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
 
     target_dir = save_target(tmp_path / "target")
     prompts = str(_prompt_file(tmp_path / "p.jsonl", 6, "p"))
-    common = ["--work", str(tmp_path / "work"), "--prompts", prompts,
-              "--heldout", str(_prompt_file(tmp_path / "h.jsonl", 2, "h")),
-              "--batch", "2", "--anchors", "4", "--max-new-tokens", "16", "--layers", "1",
-              "--temperatures", "0", "--layer-ids", "0,2", "--block-size", "4",
-              "--regen-batch", "3"]
+    common = [
+        "--work",
+        str(tmp_path / "work"),
+        "--prompts",
+        prompts,
+        "--heldout",
+        str(_prompt_file(tmp_path / "h.jsonl", 2, "h")),
+        "--batch",
+        "2",
+        "--anchors",
+        "4",
+        "--max-new-tokens",
+        "16",
+        "--layers",
+        "1",
+        "--temperatures",
+        "0",
+        "--layer-ids",
+        "0,2",
+        "--block-size",
+        "4",
+        "--regen-batch",
+        "3",
+    ]
     out = tmp_path / "drafter"
     # This set of prompts is also regenerated at T=0.7 (PATH@temperatures overrides --temperatures).
-    assert run(["train", str(target_dir), "--out", str(out), "--steps", "4", *common,
-                "--prompts", prompts + "@0,0.7"]) == 0
+    assert (
+        run(
+            [
+                "train",
+                str(target_dir),
+                "--out",
+                str(out),
+                "--steps",
+                "4",
+                *common,
+                "--prompts",
+                prompts + "@0,0.7",
+            ]
+        )
+        == 0
+    )
     d = load_drafter(out)
-    assert d.config.version == 2 and d.config.block_size == 4 and d.config.target_layer_ids == (0, 2)
+    assert (
+        d.config.version == 2 and d.config.block_size == 4 and d.config.target_layer_ids == (0, 2)
+    )
     card = (out / "README.md").read_text()
     assert "--steps 4" in card
     assert f"({prompts} at T = 0, 0.7)" in card  # the temperatures each set was regenerated at
@@ -314,25 +447,36 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     emitted = {t for r in regen for t in r["response_ids"]}
     assert set(d.draft_vocab.tolist()) == emitted
     assert sorted((r["id"], r["temperature"]) for r in regen) == sorted(
-        (f"p{i}", t) for i in range(6) for t in (0.0, 0.7))
+        (f"p{i}", t) for i in range(6) for t in (0.0, 0.7)
+    )
     assert "of the 12 training regenerations" in (out / "draft_vocab.json").read_text()
 
     abl = tmp_path / "ablation"
-    assert run(["train", str(target_dir), "--out", str(abl), "--steps", "3", "--ablation",
-                *common]) == 0
+    assert (
+        run(["train", str(target_dir), "--out", str(abl), "--steps", "3", "--ablation", *common])
+        == 0
+    )
     summary = json.loads((abl / "ablation.json").read_text())
-    assert list(summary["variants"]) == ["dflash", "dflash2-conv-only", "dflash2-selector-only",
-                                         "dflash2"]
+    assert list(summary["variants"]) == [
+        "dflash",
+        "dflash2-conv-only",
+        "dflash2-selector-only",
+        "dflash2",
+    ]
     assert all(v["proxy_tau"] >= 1.0 for v in summary["variants"].values())
     assert load_drafter(abl / "dflash").config.version == 1
     assert "DFlash vs" not in capsys.readouterr().err
 
-    assert run(["train", str(target_dir), "--out", str(out), "--version", "1", "--no-conv",
-                *common]) == 2
+    assert (
+        run(["train", str(target_dir), "--out", str(out), "--version", "1", "--no-conv", *common])
+        == 2
+    )
     assert "--version 1 has neither" in capsys.readouterr().err
     # Distillation reads the target's last layer: refused up front when it is not captured.
-    assert run(["train", str(target_dir), "--out", str(tmp_path / "kd"), "--distill", "1",
-                *common]) == 2
+    assert (
+        run(["train", str(target_dir), "--out", str(tmp_path / "kd"), "--distill", "1", *common])
+        == 2
+    )
     assert "distillation needs the target's last layer" in capsys.readouterr().out
     assert not (tmp_path / "work" / "run-kd").exists()
 
@@ -341,18 +485,25 @@ def test_init_from_an_exported_drafter_even_at_another_block_size(target, sequen
     tr = _trainer(target, sequences, tmp_path / "a", steps=8)
     tr.run()
     exported = tr.export(tmp_path / "drafter", dtype=mx.float32)
-    again = _trainer(target, sequences, tmp_path / "b", steps=1, block_size=16,
-                     init_from=str(exported))
+    again = _trainer(
+        target, sequences, tmp_path / "b", steps=1, block_size=16, init_from=str(exported)
+    )
     assert again.drafter.config.block_size == 16
     s = sequences[1]
     feats = mx.array(s.features.astype(np.float32))[None, :12] * tr.scale
     block = mx.array([[int(s.tokens[12])] + [95] * 7])
     np.testing.assert_allclose(
         np.array(again.drafter.hidden(block, feats, again.drafter.make_cache())),
-        np.array(tr.drafter.hidden(block, feats, tr.drafter.make_cache())), atol=1e-4)
+        np.array(tr.drafter.hidden(block, feats, tr.drafter.make_cache())),
+        atol=1e-4,
+    )
     from_ckpt = _trainer(target, sequences, tmp_path / "e", steps=1, init_from=str(tr.ckpt))
-    np.testing.assert_allclose(np.array(from_ckpt.drafter.fc.weight * from_ckpt.scale),
-                               np.array(tr.drafter.fc.weight * tr.scale), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.array(from_ckpt.drafter.fc.weight * from_ckpt.scale),
+        np.array(tr.drafter.fc.weight * tr.scale),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     v1 = _trainer(target, sequences, tmp_path / "c", version=1, steps=1).export(tmp_path / "v1")
     with pytest.raises(DFlash2Error, match="has no tensor 'layers.0.attention_conv"):
         _trainer(target, sequences, tmp_path / "d", steps=1, init_from=str(v1))

@@ -12,29 +12,66 @@ VOCAB = 96
 HIDDEN = 64
 
 
-def make_target(family: str = "llama", seed: int = 0, vocab: int = VOCAB, layers: int = 4,
-                hidden: int = HIDDEN, **extra):
+def make_target(
+    family: str = "llama",
+    seed: int = 0,
+    vocab: int = VOCAB,
+    layers: int = 4,
+    hidden: int = HIDDEN,
+    **extra,
+):
     """A random-weight mlx-lm model of `family` (llama, qwen3 or qwen3_5), in fp32."""
     mx.random.seed(seed)
-    common = dict(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=2 * hidden,
-                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-                  vocab_size=vocab, tie_word_embeddings=extra.pop("tie_word_embeddings", True))
+    common = dict(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=2 * hidden,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        vocab_size=vocab,
+        tie_word_embeddings=extra.pop("tie_word_embeddings", True),
+    )
     if family == "llama":
         from mlx_lm.models import llama
-        model = llama.Model(llama.ModelArgs(model_type="llama", rope_theta=10000.0, **common, **extra))
+
+        model = llama.Model(
+            llama.ModelArgs(model_type="llama", rope_theta=10000.0, **common, **extra)
+        )
     elif family == "qwen3":
         from mlx_lm.models import qwen3
-        model = qwen3.Model(qwen3.ModelArgs(model_type="qwen3", head_dim=hidden // 4,
-                                            rope_theta=10000.0, max_position_embeddings=4096,
-                                            **common, **extra))
+
+        model = qwen3.Model(
+            qwen3.ModelArgs(
+                model_type="qwen3",
+                head_dim=hidden // 4,
+                rope_theta=10000.0,
+                max_position_embeddings=4096,
+                **common,
+                **extra,
+            )
+        )
     elif family == "qwen3_5":
         from mlx_lm.models import qwen3_5
-        text = dict(common, model_type="qwen3_5_text", head_dim=hidden // 4,
-                    linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                    linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
-                    max_position_embeddings=4096,
-                    rope_parameters={"type": "default", "rope_theta": 10000.0,
-                                     "partial_rotary_factor": 0.5}, **extra)
+
+        text = dict(
+            common,
+            model_type="qwen3_5_text",
+            head_dim=hidden // 4,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=2,
+            max_position_embeddings=4096,
+            rope_parameters={
+                "type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+            },
+            **extra,
+        )
         model = qwen3_5.Model(qwen3_5.ModelArgs(model_type="qwen3_5", text_config=text))
     else:
         raise ValueError(family)
@@ -44,22 +81,48 @@ def make_target(family: str = "llama", seed: int = 0, vocab: int = VOCAB, layers
     return model
 
 
-def drafter_config(version: int = 2, *, block_size: int = 16, layer_ids=(0, 2), vocab: int = VOCAB,
-                   hidden: int = HIDDEN, layers: int = 2, layer_types=None, sliding_window=None,
-                   is_causal=None, mask_token_id: int = VOCAB - 1, top_k: int = 16,
-                   **extra) -> DrafterConfig:
+def drafter_config(
+    version: int = 2,
+    *,
+    block_size: int = 16,
+    layer_ids=(0, 2),
+    vocab: int = VOCAB,
+    hidden: int = HIDDEN,
+    layers: int = 2,
+    layer_types=None,
+    sliding_window=None,
+    is_causal=None,
+    mask_token_id: int = VOCAB - 1,
+    top_k: int = 16,
+    **extra,
+) -> DrafterConfig:
     raw = {
         "architectures": ["DFlash2DraftModel" if version == 2 else "DFlashDraftModel"],
-        "model_type": "qwen3", "hidden_size": hidden, "intermediate_size": 2 * hidden,
-        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": vocab,
-        "max_position_embeddings": 4096, "rope_theta": 10000.0, "num_target_layers": 4,
-        "dflash_config": {"block_size": block_size, "mask_token_id": mask_token_id,
-                          "target_layer_ids": list(layer_ids)},
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "num_target_layers": 4,
+        "dflash_config": {
+            "block_size": block_size,
+            "mask_token_id": mask_token_id,
+            "target_layer_ids": list(layer_ids),
+        },
     }
     if version == 2:
-        raw["dflash_config"].update(conv_kernel_size=2, conv_group_size=16, selector_rank=8,
-                                    selector_top_k=min(top_k, vocab))
+        raw["dflash_config"].update(
+            conv_kernel_size=2,
+            conv_group_size=16,
+            selector_rank=8,
+            selector_top_k=min(top_k, vocab),
+        )
     if layer_types is not None:
         raw["layer_types"] = list(layer_types)
     if sliding_window is not None:
@@ -85,7 +148,9 @@ def make_drafter(version: int = 2, seed: int = 1, randomize_v2: bool = True, **k
     return d
 
 
-def greedy_reference(model, prompt: list[int], max_tokens: int, eos: set[int] = frozenset()) -> list[int]:
+def greedy_reference(
+    model, prompt: list[int], max_tokens: int, eos: set[int] = frozenset()
+) -> list[int]:
     """Plain greedy decoding, one token per forward: the ground truth."""
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -101,8 +166,15 @@ def greedy_reference(model, prompt: list[int], max_tokens: int, eos: set[int] = 
     return out
 
 
-def fit_drafter(target, drafter: Drafter, prompts: list[list[int]], steps: int = 200,
-                gen_tokens: int = 48, lr: float = 3e-3, seed: int = 0) -> Drafter:
+def fit_drafter(
+    target,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    steps: int = 200,
+    gen_tokens: int = 48,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> Drafter:
     """Distil `drafter` on the target's own greedy continuations (a few seconds), so that
     tests see accepted drafts, not only rejections. Uses the inference forward path."""
     import random

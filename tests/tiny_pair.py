@@ -43,9 +43,15 @@ CHAT_TEMPLATE = (
 )
 
 TARGET_CONFIG = {
-    "model_type": "llama", "hidden_size": HIDDEN, "num_hidden_layers": 4,
-    "intermediate_size": 2 * HIDDEN, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "tie_word_embeddings": True,
+    "model_type": "llama",
+    "hidden_size": HIDDEN,
+    "num_hidden_layers": 4,
+    "intermediate_size": 2 * HIDDEN,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": VOCAB,
+    "tie_word_embeddings": True,
     "rope_theta": 10000.0,
 }
 
@@ -66,8 +72,9 @@ def save_tokenizer(folder: Path, chat_template: str | None = CHAT_TEMPLATE) -> N
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(SPECIALS[:3] + [MASK])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
-                                   eos_token="<|im_end|>", bos_token="<|im_start|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>", bos_token="<|im_start|>"
+    )
     if chat_template:
         fast.chat_template = chat_template
     fast.save_pretrained(str(folder))
@@ -80,7 +87,8 @@ def save_target(folder: Path, seed: int = 0, chat_template: str | None = CHAT_TE
     eos = vocabulary().index("<|im_end|>")
     emb = weights["model.embed_tokens.weight"]
     weights["model.embed_tokens.weight"] = mx.concatenate(
-        [emb[:eos], mx.zeros((1, emb.shape[1]), emb.dtype), emb[eos + 1:]])
+        [emb[:eos], mx.zeros((1, emb.shape[1]), emb.dtype), emb[eos + 1 :]]
+    )
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
     cfg = dict(TARGET_CONFIG, eos_token_id=eos, bos_token_id=vocabulary().index("<|im_start|>"))
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -88,8 +96,9 @@ def save_target(folder: Path, seed: int = 0, chat_template: str | None = CHAT_TE
     return folder
 
 
-def save_drafter_folder(folder: Path, target_dir: Path | None = None, fit: bool = False,
-                        block_size: int = 8) -> Path:
+def save_drafter_folder(
+    folder: Path, target_dir: Path | None = None, fit: bool = False, block_size: int = 8
+) -> Path:
     from dflash2_mlx import save_drafter
 
     drafter = make_drafter(2, block_size=block_size, layer_ids=(0, 2))
@@ -110,8 +119,7 @@ def save_pair(root: Path, fit: bool = False) -> tuple[Path, Path]:
     return target, drafter
 
 
-def answer(target_dir: Path, drafter_dir: Path, messages: list[dict], max_tokens: int,
-           **kw) -> str:
+def answer(target_dir: Path, drafter_dir: Path, messages: list[dict], max_tokens: int, **kw) -> str:
     """The library's greedy answer (what the chat must print), by the same text layer."""
     import dflash2_mlx as d2
     from dflash2_mlx.text import chat_prompt_ids, generate_text
@@ -124,4 +132,3 @@ def answer(target_dir: Path, drafter_dir: Path, messages: list[dict], max_tokens
 if __name__ == "__main__":
     t, d = save_pair(Path(sys.argv[1]), fit="--fit" in sys.argv)
     print(f"--target {t} --drafter {d}")
-

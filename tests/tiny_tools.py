@@ -41,7 +41,7 @@ TEMPLATE = (
     "{% for tool_call in message.tool_calls or [] %}"
     "{% if tool_call.function %}{% set tool_call = tool_call.function %}{% endif %}"
     "{% if message.content or not loop.first %}\n{% endif %}"
-    "<tool_call>\n{\"name\": \"{{ tool_call.name }}\", \"arguments\": "
+    '<tool_call>\n{"name": "{{ tool_call.name }}", "arguments": '
     "{{ tool_call.arguments | tojson }}}\n</tool_call>"
     "{% endfor %}<|im_end|>\n"
     "{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}"
@@ -53,10 +53,18 @@ TEMPLATE = (
     "{% endif %}{% endif %}"
 )
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "the weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "the weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 TOOLS = [WEATHER]
 ASK = [{"role": "user", "content": "weather in paris?"}]
 CALL_ARGS = {"city": "paris"}
@@ -75,11 +83,18 @@ def followup(call_id: str = "call_1", arguments=None) -> list[dict]:
     """The conversation after the tool call: the assistant's call and the tool's result.
 
     `arguments` as OpenAI sends them (a JSON string) by default; chat templates get a dict."""
-    call = {"id": call_id, "type": "function", "function": {
-        "name": "get_weather", "arguments": json.dumps(CALL_ARGS) if arguments is None
-        else arguments}}
-    return ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                  {"role": "tool", "tool_call_id": call_id, "content": RESULT}]
+    call = {
+        "id": call_id,
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "arguments": json.dumps(CALL_ARGS) if arguments is None else arguments,
+        },
+    }
+    return ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": RESULT},
+    ]
 
 
 def _hf_tokenizer(vocab: list[str]):
@@ -92,28 +107,39 @@ def _hf_tokenizer(vocab: list[str]):
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([AddedToken(t, special=True) for t in SPECIALS[1:] + [MASK]])
     tok.add_tokens([AddedToken(t, special=False) for t in MARKERS])
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token=EOS,
-                                 clean_up_tokenization_spaces=False)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token=EOS, clean_up_tokenization_spaces=False
+    )
     hf.chat_template = TEMPLATE
     return hf
 
 
 def _texts(hf) -> list[str]:
     """Every text the tests render or expect: the vocabulary is made of their pieces."""
+
     def render(messages, **kw):
         return hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kw)
 
-    return [render(ASK, tools=TOOLS), render(ASK_TWO, tools=TOOLS), TWO_CALLS,
-            render(followup(arguments=CALL_ARGS), tools=TOOLS),
-            render(HI, enable_thinking=True), render(HI, enable_thinking=False), CALL_TEXT, FINAL,
-            THOUGHT, ANSWER]
+    return [
+        render(ASK, tools=TOOLS),
+        render(ASK_TWO, tools=TOOLS),
+        TWO_CALLS,
+        render(followup(arguments=CALL_ARGS), tools=TOOLS),
+        render(HI, enable_thinking=True),
+        render(HI, enable_thinking=False),
+        CALL_TEXT,
+        FINAL,
+        THOUGHT,
+        ANSWER,
+    ]
 
 
 @functools.lru_cache(maxsize=1)
 def vocabulary() -> tuple[str, ...]:
     chars = set(string.ascii_letters + string.digits + string.punctuation + " \n")
-    pieces = {p for t in _texts(_hf_tokenizer(SPECIALS + MARKERS + [MASK]))
-              for p in re.findall(PIECES, t)}
+    pieces = {
+        p for t in _texts(_hf_tokenizer(SPECIALS + MARKERS + [MASK])) for p in re.findall(PIECES, t)
+    }
     return tuple(SPECIALS + MARKERS + sorted((pieces | chars) - set(MARKERS)) + [MASK])
 
 
@@ -207,6 +233,12 @@ def trained_pair(folder: Path, block_size: int = 4):
     tokenizer = load_tokenizer(save_tokenizer(Path(folder) / "tokenizer"))
     model = train_target(tokenizer)
     vocab = len(vocabulary())
-    drafter = make_drafter(2, block_size=block_size, vocab=vocab, mask_token_id=vocab - 1,
-                           layer_ids=(0, 1), num_target_layers=2)
+    drafter = make_drafter(
+        2,
+        block_size=block_size,
+        vocab=vocab,
+        mask_token_id=vocab - 1,
+        layer_ids=(0, 1),
+        num_target_layers=2,
+    )
     return Pair.from_models(model, tokenizer, drafter)

@@ -34,7 +34,7 @@ class ContextCache:
             keys = mx.concatenate([self.keys, keys], axis=2)
             values = mx.concatenate([self.values, values], axis=2)
         if self.keep is not None and keys.shape[2] > self.keep:
-            keys, values = keys[:, :, -self.keep:], values[:, :, -self.keep:]
+            keys, values = keys[:, :, -self.keep :], values[:, :, -self.keep :]
         self.keys, self.values = keys, values
         return keys, values
 
@@ -52,11 +52,20 @@ class ContextCache:
 
 
 class DrafterAttention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
-                 bias: bool, causal: bool, window: int | None):
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eps: float,
+        bias: bool,
+        causal: bool,
+        window: int | None,
+    ):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim**-0.5
         self.causal, self.window = causal, window
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
@@ -101,7 +110,7 @@ class DrafterAttention(nn.Module):
         s = ctx.shape[1]
         if cache.keep is not None and s > cache.keep:  # rows no query can see: skip them
             cache.offset += s - cache.keep
-            ctx, s = ctx[:, -cache.keep:], cache.keep
+            ctx, s = ctx[:, -cache.keep :], cache.keep
         ck, cv = self.project_kv(ctx, rope, cache.offset)
         cache.offset += s
         ctx_k, ctx_v = cache.append(ck, cv)

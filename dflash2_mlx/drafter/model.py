@@ -40,8 +40,14 @@ class DrafterLayer(nn.Module):
         super().__init__()
         h = cfg.hidden_size
         self.self_attn = DrafterAttention(
-            h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-            cfg.rms_norm_eps, cfg.attention_bias, cfg.layer_is_causal(i), cfg.layer_window(i),
+            h,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.rms_norm_eps,
+            cfg.attention_bias,
+            cfg.layer_is_causal(i),
+            cfg.layer_window(i),
         )
         self.mlp = MLP(h, cfg.intermediate_size)
         self.input_layernorm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
@@ -54,8 +60,12 @@ class DrafterLayer(nn.Module):
     def __call__(self, x: mx.array, ctx: mx.array, rope, cache: ContextCache) -> mx.array:
         return self.forward(x, lambda u: self.self_attn(u, ctx, rope, cache))
 
-    def forward(self, x: mx.array, attention: Callable[[mx.array], mx.array],
-                mlp: Callable[[mx.array], mx.array] | None = None) -> mx.array:
+    def forward(
+        self,
+        x: mx.array,
+        attention: Callable[[mx.array], mx.array],
+        mlp: Callable[[mx.array], mx.array] | None = None,
+    ) -> mx.array:
         """The layer around any attention core (inference: cached; training: batched) and
         MLP (training may wrap its own, e.g. with dropout)."""
         x = x + self._sublayer(self.input_layernorm(x), attention, "attention_conv")
@@ -102,7 +112,10 @@ class Drafter(nn.Module):
                 h, config.vocab_size, config.selector_rank, config.selector_top_k
             )
         self.rope = initialize_rope(
-            config.head_dim, config.rope_theta, False, config.rope_scaling,
+            config.head_dim,
+            config.rope_theta,
+            False,
+            config.rope_scaling,
             config.max_position_embeddings,
         )
         self._target: TargetBinding | None = None
@@ -149,7 +162,9 @@ class Drafter(nn.Module):
         """Fused target features [B, S, N_f*H] -> context rows [B, S, H]."""
         return self.hidden_norm(self.fc(features))
 
-    def hidden(self, block_ids: mx.array, features: mx.array, cache: list[ContextCache]) -> mx.array:
+    def hidden(
+        self, block_ids: mx.array, features: mx.array, cache: list[ContextCache]
+    ) -> mx.array:
         """Block ids [B, L] at positions cache.offset + S ..., new features [B, S, N_f*H]
         for the S positions just before the block -> final-normed hidden [B, L, H].
         Appends the new context rows to `cache`."""
@@ -185,9 +200,15 @@ class Drafter(nn.Module):
     def __call__(self, block_ids, features, cache):
         return self.logits(self.hidden(block_ids, features, cache))
 
-    def draft_block(self, anchor: int, length: int, features: mx.array,
-                    cache: list[ContextCache], sampling: SamplingParams,
-                    key: mx.array | None = None) -> DraftBlock:
+    def draft_block(
+        self,
+        anchor: int,
+        length: int,
+        features: mx.array,
+        cache: list[ContextCache],
+        sampling: SamplingParams,
+        key: mx.array | None = None,
+    ) -> DraftBlock:
         """Draft `length - 1` tokens after `anchor` in one pass: [anchor, MASK, ...] over the
         new target `features` [1, S, N_f*H] of the S positions before the block (appended to
         `cache`). Greedy: argmax; else drawn from the filtered distribution (DFlash) or by the
@@ -208,9 +229,15 @@ class Drafter(nn.Module):
             return DraftBlock(ids, q, None)
         return DraftBlock(vocab[ids], q, mx.broadcast_to(vocab, q.shape))  # q: sparse over vocab
 
-    def select(self, hidden: mx.array, logits: mx.array, anchor: mx.array,
-               temperature: float = 0.0, key: mx.array | None = None,
-               vocab: mx.array | None = None) -> SelectorOutput:
+    def select(
+        self,
+        hidden: mx.array,
+        logits: mx.array,
+        anchor: mx.array,
+        temperature: float = 0.0,
+        key: mx.array | None = None,
+        vocab: mx.array | None = None,
+    ) -> SelectorOutput:
         """DFlash2 path selection for one block's drafted rows (hidden [γ, H], logits [γ, V],
         or [γ, N] over the ids `vocab`); candidates come back as token ids."""
         return self.candidate_selector.select(hidden, logits, anchor, temperature, key, vocab)

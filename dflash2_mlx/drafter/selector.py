@@ -42,8 +42,9 @@ class CandidateSelector(nn.Module):
         ids = mx.argpartition(logits, -k, axis=-1)[..., -k:]
         return ids, mx.take_along_axis(logits, ids, axis=-1)
 
-    def lattice(self, hidden: mx.array, logits: mx.array, anchor: mx.array,
-                vocab: mx.array | None = None):
+    def lattice(
+        self, hidden: mx.array, logits: mx.array, anchor: mx.array, vocab: mx.array | None = None
+    ):
         """hidden [..., γ, H]; logits [..., γ, V] (or [..., γ, N] over the ids `vocab`); anchor
         ids [...] -> (candidate ids [..., γ, K], lattice [..., γ, K, K]); row 0's predecessors
         are all the anchor."""
@@ -59,8 +60,13 @@ class CandidateSelector(nn.Module):
         return cand, scores
 
     def select(
-        self, hidden: mx.array, logits: mx.array, anchor: mx.array,
-        temperature: float = 0.0, key: mx.array | None = None, vocab: mx.array | None = None,
+        self,
+        hidden: mx.array,
+        logits: mx.array,
+        anchor: mx.array,
+        temperature: float = 0.0,
+        key: mx.array | None = None,
+        vocab: mx.array | None = None,
     ) -> SelectorOutput:
         cand, scores = self.lattice(hidden, logits, anchor, vocab)
         idx, q = kernels.walk(scores, temperature, key)

@@ -33,10 +33,18 @@ def write_draft_vocab(folder: str | Path, counts: Counter, source: str) -> Path:
     """Write every counted id, most frequent first (ties by id, so the file is deterministic)."""
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     path = Path(folder) / DRAFT_VOCAB_FILE
-    path.write_text(json.dumps({
-        "format": _FORMAT, "version": 1, "source": source,
-        "token_ids": [t for t, _ in ranked], "counts": [c for _, c in ranked],
-    }) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "format": _FORMAT,
+                "version": 1,
+                "source": source,
+                "token_ids": [t for t, _ in ranked],
+                "counts": [c for _, c in ranked],
+            }
+        )
+        + "\n"
+    )
     return path
 
 
@@ -50,18 +58,27 @@ def read_draft_vocab(folder: str | Path, vocab_size: int) -> list[int] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
-        raise CheckpointError(f"{path}: expected an object with \"format\": \"{_FORMAT}\"")
+        raise CheckpointError(f'{path}: expected an object with "format": "{_FORMAT}"')
     if data.get("version") != 1:
-        raise CheckpointError(f"{path}: field 'version' is {data.get('version')!r}; "
-                              "this dflash2 reads version 1")
+        raise CheckpointError(
+            f"{path}: field 'version' is {data.get('version')!r}; this dflash2 reads version 1"
+        )
     ids = data.get("token_ids")
     if not isinstance(ids, list) or not ids:
         raise CheckpointError(f"{path}: field 'token_ids' must be a non-empty list of ids")
-    bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool)
-                or not 0 <= t < vocab_size), None)
+    bad = next(
+        (
+            t
+            for t in ids
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size
+        ),
+        None,
+    )
     if bad is not None:
-        raise CheckpointError(f"{path}: field 'token_ids' holds {bad!r}; expected ints in "
-                              f"0..{vocab_size - 1} (the drafter's vocab_size is {vocab_size})")
+        raise CheckpointError(
+            f"{path}: field 'token_ids' holds {bad!r}; expected ints in "
+            f"0..{vocab_size - 1} (the drafter's vocab_size is {vocab_size})"
+        )
     if len(set(ids)) != len(ids):
         raise CheckpointError(f"{path}: field 'token_ids' repeats ids")
     return ids

@@ -63,8 +63,11 @@ class BatchDecoder:
     _next_id: int = 0
 
     def __post_init__(self):
-        if not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) \
-                or self.max_batch < 1:
+        if (
+            not isinstance(self.max_batch, int)
+            or isinstance(self.max_batch, bool)
+            or self.max_batch < 1
+        ):
             raise ParameterError(f"max_batch must be an int >= 1, got {self.max_batch!r}")
         self.fallback = tbatch.batchable(self.decoder.target)
 
@@ -150,8 +153,10 @@ class BatchDecoder:
             draft_ms.append((time.perf_counter() - t0) * 1000.0)
             verify_keys.append(k_verify)
         width = max(len(p.drafts) for p in proposals) + 1
-        ids = [[r.session.tokens[-1]] + p.drafts + [0] * (width - 1 - len(p.drafts))
-               for r, p in zip(rows, proposals)]
+        ids = [
+            [r.session.tokens[-1]] + p.drafts + [0] * (width - 1 - len(p.drafts))
+            for r, p in zip(rows, proposals)
+        ]
         t1 = time.perf_counter()
         fwd = dec.target.forward(mx.array(ids), self.cache)
         results, keeps = [], []
@@ -159,7 +164,7 @@ class BatchDecoder:
             n = len(p.drafts) + 1
             accepted, bonus = accept(fwd.logits[i, :n], p, row.run.params.sampling, key)
             commit, finish = cut(row.run, p.drafts[:accepted] + [bonus])
-            record(row.session, commit, fwd.features[i:i + 1, :len(commit)])
+            record(row.session, commit, fwd.features[i : i + 1, : len(commit)])
             keeps.append(len(commit))
             results.append((accepted, commit, finish))
         tbatch.rollback(self.cache, fwd, keeps, width)
@@ -168,15 +173,28 @@ class BatchDecoder:
         events = []
         for row, p, ms, (accepted, commit, finish) in zip(rows, proposals, draft_ms, results):
             row.done = finish is not None
-            events.append((row.rid, RoundEvent(
-                tokens=commit, drafted=len(p.drafts), accepted=min(accepted, len(commit)),
-                block_size=len(p.drafts) + 1, draft_ms=ms, verify_ms=verify_ms,
-                finish_reason=finish, source=p.source, batch_size=len(rows))))
+            events.append(
+                (
+                    row.rid,
+                    RoundEvent(
+                        tokens=commit,
+                        drafted=len(p.drafts),
+                        accepted=min(accepted, len(commit)),
+                        block_size=len(p.drafts) + 1,
+                        draft_ms=ms,
+                        verify_ms=verify_ms,
+                        finish_reason=finish,
+                        source=p.source,
+                        batch_size=len(rows),
+                    ),
+                )
+            )
         return events
 
     # ------------------------------------------------------------------ whole runs
-    def stream(self, requests: Iterable[tuple[Sequence[int], GenerationParams]]
-               ) -> Iterator[tuple[int, RoundEvent]]:
+    def stream(
+        self, requests: Iterable[tuple[Sequence[int], GenerationParams]]
+    ) -> Iterator[tuple[int, RoundEvent]]:
         """Run `requests` (prompt ids, params) to the end, up to `max_batch` at a time;
         yields (index into requests, event). All are validated before any runs."""
         if self.busy:
@@ -186,8 +204,9 @@ class BatchDecoder:
             for rid, event in self.step():
                 yield ids[rid], event
 
-    def generate(self, requests: Iterable[tuple[Sequence[int], GenerationParams]]
-                 ) -> list[list[int]]:
+    def generate(
+        self, requests: Iterable[tuple[Sequence[int], GenerationParams]]
+    ) -> list[list[int]]:
         requests = list(requests)
         out: list[list[int]] = [[] for _ in requests]
         for i, event in self.stream(requests):

@@ -45,7 +45,7 @@ class ContextLookup:
         self.tokens.extend(int(t) for t in tokens)
         t, n = self.tokens, self.n
         for i in range(start, len(t) - n):
-            self._latest[tuple(t[i:i + n])] = i
+            self._latest[tuple(t[i : i + n])] = i
 
     def propose(self, length: int) -> list[int]:
         """Up to `length` tokens that followed the latest earlier occurrence of the last n
@@ -56,7 +56,7 @@ class ContextLookup:
         i = self._latest.get(tuple(t[-n:]))
         if i is None:
             return []
-        return t[i + n:i + n + length]
+        return t[i + n : i + n + length]
 
 
 class PredictionLookup:
@@ -72,7 +72,7 @@ class PredictionLookup:
         self.predicted = [int(t) for t in predicted]
         self._starts: dict[tuple[int, ...], list[int]] = {}  # n-gram -> where what follows starts
         for i in range(len(self.predicted) - n):
-            self._starts.setdefault(tuple(self.predicted[i:i + n]), []).append(i + n)
+            self._starts.setdefault(tuple(self.predicted[i : i + n]), []).append(i + n)
         self.cursor: int | None = 0  # where the answer is aligned with the prediction
         self._last = 0  # the latest aligned point (where a re-sync is looked for first)
         self.answer: list[int] = []
@@ -82,7 +82,7 @@ class PredictionLookup:
         tokens = [int(t) for t in tokens]
         self.answer.extend(tokens)
         c = self.cursor
-        if c is not None and self.predicted[c:c + len(tokens)] == tokens:
+        if c is not None and self.predicted[c : c + len(tokens)] == tokens:
             self.cursor = self._last = c + len(tokens)
         else:
             self.cursor = None
@@ -101,4 +101,4 @@ class PredictionLookup:
                 return []
             after = [s for s in starts if s >= self._last]
             self.cursor = after[0] if after else starts[-1]
-        return self.predicted[self.cursor:self.cursor + length]
+        return self.predicted[self.cursor : self.cursor + length]

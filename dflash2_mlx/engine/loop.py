@@ -40,15 +40,21 @@ class GenerationParams:
     lookup_block: int | None = None
 
     def __post_init__(self):
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                   for t in self.prediction):
+        if not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.prediction
+        ):
             raise ParameterError("prediction must be a sequence of token ids (ints >= 0)")
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+        if (
+            not isinstance(self.max_tokens, int)
+            or isinstance(self.max_tokens, bool)
+            or self.max_tokens < 1
+        ):
             raise ParameterError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         for name in ("block_size", "lookup_block"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < 1):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
                 raise ParameterError(f"{name} must be an int >= 1, got {value!r}")
 
 
@@ -100,8 +106,9 @@ def accept(logits: mx.array, proposal: Proposal, sp: SamplingParams, key) -> tup
             accepted += 1
         return accepted, target_ids[accepted]
     if drafts:
-        return rejection_sample(mx.array(drafts), filtered_probs(logits, sp), proposal.q,
-                                proposal.candidates, key)
+        return rejection_sample(
+            mx.array(drafts), filtered_probs(logits, sp), proposal.q, proposal.candidates, key
+        )
     return 0, int(pick(logits[-1], sp, key).item())
 
 
@@ -119,8 +126,9 @@ def cut(run: _Run, tokens: list[int]) -> tuple[list[int], str | None]:
 def record(session: Session, commit: list[int], features: mx.array) -> None:
     """Append committed tokens to the session; queue their rows' features [1, n, F] (the
     anchor's and all but the last committed) for the drafter."""
-    session.pending = features if session.pending is None else mx.concatenate(
-        [session.pending, features], axis=1)
+    session.pending = (
+        features if session.pending is None else mx.concatenate([session.pending, features], axis=1)
+    )
     session.tokens.extend(commit)
     for index in (session.lookup, session.prediction):
         if index is not None:
@@ -140,8 +148,9 @@ class SpeculativeDecoder:
     committed tokens when there is one (up to GenerationParams.lookup_block tokens verified),
     else the drafter's block (engine/lookup.py); 0: the drafter always."""
 
-    def __init__(self, target: TargetAdapter, drafter: Drafter, prefill_chunk: int = 512,
-                 lookup: int = 0):
+    def __init__(
+        self, target: TargetAdapter, drafter: Drafter, prefill_chunk: int = 512, lookup: int = 0
+    ):
         if not isinstance(lookup, int) or isinstance(lookup, bool) or lookup < 0:
             raise ParameterError(f"lookup must be an int >= 0 (0: off), got {lookup!r}")
         self.target = target
@@ -151,8 +160,11 @@ class SpeculativeDecoder:
         drafter.bind(target.binding())
 
     def new_session(self) -> Session:
-        return Session(self.target.make_cache(), self.drafter.make_cache(),
-                       lookup=ContextLookup(self.lookup) if self.lookup else None)
+        return Session(
+            self.target.make_cache(),
+            self.drafter.make_cache(),
+            lookup=ContextLookup(self.lookup) if self.lookup else None,
+        )
 
     # --------------------------------------------------------------- prefill
     def _clear(self, session: Session) -> None:
@@ -167,7 +179,9 @@ class SpeculativeDecoder:
         limit = min(fed, len(prompt) - 1)  # at least one prompt token must be fed anew
         while common < limit and session.tokens[common] == prompt[common]:
             common += 1
-        if common == 0 or (common < fed and not all(c.is_trimmable() for c in session.target_cache)):
+        if common == 0 or (
+            common < fed and not all(c.is_trimmable() for c in session.target_cache)
+        ):
             self._clear(session)
             return 0
         if common < fed:
@@ -186,8 +200,14 @@ class SpeculativeDecoder:
     def drafter_offset(self, session: Session) -> int:
         return session.drafter_cache[0].offset if session.drafter_cache else 0
 
-    def _prefill(self, session: Session, prompt: list[int], params: GenerationParams, key,
-                 cancel: Callable[[], bool] | None = None):
+    def _prefill(
+        self,
+        session: Session,
+        prompt: list[int],
+        params: GenerationParams,
+        key,
+        cancel: Callable[[], bool] | None = None,
+    ):
         t0 = time.perf_counter()
         if session.in_round:  # interrupted mid-round last time: start clean
             self._clear(session)
@@ -200,8 +220,9 @@ class SpeculativeDecoder:
                 raise _Cancelled
 
         session.in_round = True  # a cancelled prefill leaves the caches half-filled
-        logits, feats, first = self.target.prefill(new, session.target_cache, self.prefill_chunk,
-                                                   keep, between_chunks)
+        logits, feats, first = self.target.prefill(
+            new, session.target_cache, self.prefill_chunk, keep, between_chunks
+        )
         session.in_round = False
         first += reused
         d_off = self.drafter_offset(session)
@@ -239,11 +260,13 @@ class SpeculativeDecoder:
             return NOTHING
         return self._draft(session, anchor, length, run.params.sampling, key)
 
-    def _draft(self, session: Session, anchor: int, length: int, sp: SamplingParams,
-               key) -> Proposal:
+    def _draft(
+        self, session: Session, anchor: int, length: int, sp: SamplingParams, key
+    ) -> Proposal:
         """The drafter's block (length - 1 drafts) over the features it has not seen yet."""
-        block = self.drafter.draft_block(anchor, length, session.pending, session.drafter_cache,
-                                         sp, key)
+        block = self.drafter.draft_block(
+            anchor, length, session.pending, session.drafter_cache, sp, key
+        )
         session.pending = None
         return Proposal.from_drafter(block)
 
@@ -260,7 +283,7 @@ class SpeculativeDecoder:
         commit, finish = cut(run, tokens)
         # Keep the anchor and the committed tokens except the last (the new anchor).
         self.target.rollback(session.target_cache, fwd, len(commit), width)
-        record(session, commit, fwd.features[:, :len(commit)])
+        record(session, commit, fwd.features[:, : len(commit)])
         mx.eval(session.pending, [c.state for c in session.target_cache])
         return commit, finish
 
@@ -273,16 +296,25 @@ class SpeculativeDecoder:
         proposal = self._propose(session, anchor, run, k_draft)
         draft_ms = _ms(t0)
         t1 = time.perf_counter()
-        fwd, accepted, bonus = self._verify(session, anchor, proposal, run.params.sampling,
-                                            k_verify)
+        fwd, accepted, bonus = self._verify(
+            session, anchor, proposal, run.params.sampling, k_verify
+        )
         drafted = len(proposal.drafts)
-        commit, finish = self._commit(session, run, fwd, drafted + 1,
-                                      proposal.drafts[:accepted] + [bonus])
+        commit, finish = self._commit(
+            session, run, fwd, drafted + 1, proposal.drafts[:accepted] + [bonus]
+        )
         verify_ms = _ms(t1)
         session.in_round = False
-        return RoundEvent(tokens=commit, drafted=drafted, accepted=min(accepted, len(commit)),
-                          block_size=drafted + 1, draft_ms=draft_ms, verify_ms=verify_ms,
-                          finish_reason=finish, source=proposal.source)
+        return RoundEvent(
+            tokens=commit,
+            drafted=drafted,
+            accepted=min(accepted, len(commit)),
+            block_size=drafted + 1,
+            draft_ms=draft_ms,
+            verify_ms=verify_ms,
+            finish_reason=finish,
+            source=proposal.source,
+        )
 
     # --------------------------------------------------------------- generation
     def _validate(self, prompt: Sequence[int], params: GenerationParams) -> tuple[list[int], _Run]:
@@ -306,8 +338,13 @@ class SpeculativeDecoder:
         seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
         return prompt, _Run(params, block, lookup_block, mx.random.key(seed))
 
-    def _start(self, session: Session, prompt: list[int], run: _Run,
-               cancel: Callable[[], bool] | None = None) -> RoundEvent:
+    def _start(
+        self,
+        session: Session,
+        prompt: list[int],
+        run: _Run,
+        cancel: Callable[[], bool] | None = None,
+    ) -> RoundEvent:
         """Prefill the prompt (reusing what the session holds) and pick the first token.
         Raises _Cancelled between prefill chunks when `cancel()` is true."""
         params = run.params
@@ -318,11 +355,20 @@ class SpeculativeDecoder:
             session.prediction.extend([token])
         run.produced = 1
         finish = "stop" if token in params.stop_token_ids else run.length_finish()
-        return RoundEvent(tokens=[token], prefill_ms=prefill_ms, finish_reason=finish,
-                          prefill=True, prompt_tokens=len(prompt) - reused, reused_tokens=reused)
+        return RoundEvent(
+            tokens=[token],
+            prefill_ms=prefill_ms,
+            finish_reason=finish,
+            prefill=True,
+            prompt_tokens=len(prompt) - reused,
+            reused_tokens=reused,
+        )
 
     def stream(
-        self, prompt: Sequence[int], params: GenerationParams, session: Session | None = None,
+        self,
+        prompt: Sequence[int],
+        params: GenerationParams,
+        session: Session | None = None,
         cancel: Callable[[], bool] | None = None,
     ) -> Iterator[RoundEvent]:
         """Generate from `prompt` ids; yields one RoundEvent per round (the first: prefill).
@@ -339,6 +385,7 @@ class SpeculativeDecoder:
             event = self._round(session, run)
             yield event
 
-    def generate(self, prompt: Sequence[int], params: GenerationParams,
-                 session: Session | None = None) -> list[int]:
+    def generate(
+        self, prompt: Sequence[int], params: GenerationParams, session: Session | None = None
+    ) -> list[int]:
         return [t for ev in self.stream(prompt, params, session) for t in ev.tokens]

@@ -91,10 +91,15 @@ def _arrays(x):
 
 def clone_session(session: Session) -> Session:
     """An independent copy of `session`: using either never changes the other."""
-    return replace(session, target_cache=_clone(session.target_cache),
-                   drafter_cache=_clone(session.drafter_cache), tokens=list(session.tokens),
-                   pending=_clone(session.pending), lookup=copy.deepcopy(session.lookup),
-                   prediction=None)
+    return replace(
+        session,
+        target_cache=_clone(session.target_cache),
+        drafter_cache=_clone(session.drafter_cache),
+        tokens=list(session.tokens),
+        pending=_clone(session.pending),
+        lookup=copy.deepcopy(session.lookup),
+        prediction=None,
+    )
 
 
 def session_nbytes(session: Session) -> int:
@@ -178,8 +183,14 @@ class PromptCache:
 
     def stats(self) -> PromptCacheStats:
         with self._lock:
-            return PromptCacheStats(self._hits, self._misses, self._evictions,
-                                    len(self._entries), self._bytes, self.max_bytes)
+            return PromptCacheStats(
+                self._hits,
+                self._misses,
+                self._evictions,
+                len(self._entries),
+                self._bytes,
+                self.max_bytes,
+            )
 
     def clear(self) -> None:
         with self._lock:
@@ -212,7 +223,7 @@ class PromptCache:
         """`new` serves every prompt `old` serves."""
         if old.fed > new.fed or (not self.trimmable and old.fed != new.fed):
             return False
-        return new.tokens[:old.fed] == old.tokens[:old.fed]
+        return new.tokens[: old.fed] == old.tokens[: old.fed]
 
     def _store(self, session: Session, prompt_len: int) -> None:
         if session.in_round or session.fed == 0:  # interrupted mid-round: not consistent

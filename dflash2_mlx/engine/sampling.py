@@ -28,14 +28,20 @@ def _is_number(v) -> bool:
 # field -> (test of a value, what a valid value is): one rule per field, used by
 # SamplingParams and by front ends that check one field at a time (flags, request fields).
 _CHECKS = {
-    "temperature": (lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
-                    "temperature must be a finite number >= 0"),
+    "temperature": (
+        lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
+        "temperature must be a finite number >= 0",
+    ),
     "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "top_p must be in (0, 1]"),
-    "top_k": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-              "top_k must be an int >= 0 (0 = off)"),
+    "top_k": (
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "top_k must be an int >= 0 (0 = off)",
+    ),
     "min_p": (lambda v: _is_number(v) and 0 <= v < 1, "min_p must be in [0, 1)"),
-    "seed": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),
-             "seed must be a non-negative int"),
+    "seed": (
+        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+        "seed must be a non-negative int",
+    ),
 }
 
 
@@ -109,11 +115,7 @@ def pick(logits: mx.array, params: SamplingParams, key: mx.array) -> mx.array:
 
 
 def rejection_sample(
-    drafts: mx.array,
-    p: mx.array,
-    q: mx.array,
-    candidates: mx.array | None,
-    key: mx.array,
+    drafts: mx.array, p: mx.array, q: mx.array, candidates: mx.array | None, key: mx.array
 ) -> tuple[int, int]:
     """drafts [γ]; p [γ+1, V] target probs; q [γ, V] (dense) or [γ, K] over `candidates` [γ, K]
     (distinct ids per row: DFlash2's top-K, or a draft vocabulary).

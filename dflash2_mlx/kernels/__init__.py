@@ -17,8 +17,15 @@ from ._backend import Launcher, MetalLauncher, metal_available
 from ._bench import bench_kernels
 from ._checks import CheckResult
 from ._dispatch import (
-    Dispatcher, KernelCheckError, KernelFallbackWarning, current, describe, execute,
-    kernels_active, override, status,
+    Dispatcher,
+    KernelCheckError,
+    KernelFallbackWarning,
+    current,
+    describe,
+    execute,
+    kernels_active,
+    override,
+    status,
 )
 from ._doctor import check_kernels
 from ._ops import dynamic_conv, pair_scores, walk, walk_with_uniforms
@@ -26,9 +33,30 @@ from ._settings import ENV_VAR, SETTING, KernelMode, KernelSetting
 from ._specs import SPECS, KernelSpec, kernel_source
 
 __all__ = [
-    "bench_kernels", "check_kernels", "describe", "dynamic_conv", "execute", "kernels_active",
-    "metal_available", "override", "current", "pair_scores", "status", "walk",
-    "walk_with_uniforms", "CheckResult", "Dispatcher", "KernelCheckError",
-    "KernelFallbackWarning", "Launcher", "MetalLauncher", "ENV_VAR", "SETTING", "KernelMode",
-    "KernelSetting", "SPECS", "KernelSpec", "kernel_source",
+    "bench_kernels",
+    "check_kernels",
+    "describe",
+    "dynamic_conv",
+    "execute",
+    "kernels_active",
+    "metal_available",
+    "override",
+    "current",
+    "pair_scores",
+    "status",
+    "walk",
+    "walk_with_uniforms",
+    "CheckResult",
+    "Dispatcher",
+    "KernelCheckError",
+    "KernelFallbackWarning",
+    "Launcher",
+    "MetalLauncher",
+    "ENV_VAR",
+    "SETTING",
+    "KernelMode",
+    "KernelSetting",
+    "SPECS",
+    "KernelSpec",
+    "kernel_source",
 ]

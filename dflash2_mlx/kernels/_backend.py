@@ -74,16 +74,21 @@ class MetalLauncher:
         if not hasattr(mx.fast, "metal_kernel"):
             return f"mlx {mlx_version()} has no mx.fast.metal_kernel"
         if _version_tuple(mlx_version()) < MIN_MLX:
-            return (f"mlx {mlx_version()} is older than 0.32.1, whose kernel libraries can "
-                    "collide for small inputs (pip install -U 'mlx>=0.32.1')")
+            return (
+                f"mlx {mlx_version()} is older than 0.32.1, whose kernel libraries can "
+                "collide for small inputs (pip install -U 'mlx>=0.32.1')"
+            )
         return None
 
     def device(self) -> str:
         if self.unavailable() is not None:
             return str(mx.default_device())
         try:  # mx.device_info(device) since mlx 0.30; mx.metal.device_info() before
-            found = (mx.device_info(mx.Device(mx.gpu)) if hasattr(mx, "device_info")
-                     else mx.metal.device_info())
+            found = (
+                mx.device_info(mx.Device(mx.gpu))
+                if hasattr(mx, "device_info")
+                else mx.metal.device_info()
+            )
             return f"{found['device_name']} ({found.get('architecture', '?')})"
         except Exception:  # noqa: BLE001 - older names of the fields
             return str(mx.default_device())
@@ -96,8 +101,11 @@ class MetalLauncher:
             if key not in self._kernels:
                 factory = self._factory or mx.fast.metal_kernel
                 self._kernels[key] = factory(
-                    name=spec.name, input_names=list(spec.input_names),
-                    output_names=list(spec.output_names), source=source, header=spec.header,
+                    name=spec.name,
+                    input_names=list(spec.input_names),
+                    output_names=list(spec.output_names),
+                    source=source,
+                    header=spec.header,
                 )
             return self._kernels[key]
 

@@ -23,32 +23,44 @@ def _cases():
         x = mx.random.normal((1, length, hidden), key=ks[0]).astype(dtype)
         dyn = (0.1 * mx.random.normal((1, length, 2, hidden // group), key=ks[1])).astype(dtype)
         base = mx.random.normal((2, hidden), key=ks[2])
-        out.append((
-            "dynamic_conv", f"x[1,{length},{hidden}] {str(dtype).split('.')[-1]} g={group}",
-            lambda x=x, d=dyn, b=base: references.dynamic_conv(x, d, b, group),
-            lambda x=x, d=dyn, b=base: _launch.conv_launch(x, d, b, group),
-        ))
+        out.append(
+            (
+                "dynamic_conv",
+                f"x[1,{length},{hidden}] {str(dtype).split('.')[-1]} g={group}",
+                lambda x=x, d=dyn, b=base: references.dynamic_conv(x, d, b, group),
+                lambda x=x, d=dyn, b=base: _launch.conv_launch(x, d, b, group),
+            )
+        )
     unary = 10 * mx.random.normal((gamma, top_k), key=ks[3])
     h = mx.random.normal((gamma, rank), key=ks[4]).astype(mx.bfloat16)
     pred = (0.1 * mx.random.normal((gamma, top_k, rank), key=ks[5])).astype(mx.bfloat16)
     succ = (0.1 * mx.random.normal((gamma, top_k, rank), key=ks[6])).astype(mx.bfloat16)
-    out.append((
-        "pair_scores", f"g={gamma} K={top_k} r={rank} bf16 rows",
-        lambda: references.pair_scores(unary, h, pred, succ),
-        lambda: _launch.pair_scores_launch(unary, h, pred, succ),
-    ))
+    out.append(
+        (
+            "pair_scores",
+            f"g={gamma} K={top_k} r={rank} bf16 rows",
+            lambda: references.pair_scores(unary, h, pred, succ),
+            lambda: _launch.pair_scores_launch(unary, h, pred, succ),
+        )
+    )
     lattice = references.pair_scores(unary, h, pred, succ)
-    out.append((
-        "walk_greedy", f"lattice[{gamma},{top_k},{top_k}]",
-        lambda: references.walk_with_uniforms(lattice, 0.0, None)[0],
-        lambda: _launch.walk_launch(lattice, 0.0),
-    ))
+    out.append(
+        (
+            "walk_greedy",
+            f"lattice[{gamma},{top_k},{top_k}]",
+            lambda: references.walk_with_uniforms(lattice, 0.0, None)[0],
+            lambda: _launch.walk_launch(lattice, 0.0),
+        )
+    )
     uniforms = references.draw_walk_uniforms((), gamma, top_k, ks[7])
-    out.append((
-        "walk_sampled", f"lattice[{gamma},{top_k},{top_k}] T=1 (given uniforms)",
-        lambda: references.walk_with_uniforms(lattice, 1.0, uniforms),
-        lambda: _launch.walk_launch(lattice, 1.0, uniforms),
-    ))
+    out.append(
+        (
+            "walk_sampled",
+            f"lattice[{gamma},{top_k},{top_k}] T=1 (given uniforms)",
+            lambda: references.walk_with_uniforms(lattice, 1.0, uniforms),
+            lambda: _launch.walk_launch(lattice, 1.0, uniforms),
+        )
+    )
     return out
 
 
@@ -71,7 +83,8 @@ def _max_diff(a, b) -> float:
     b = b if isinstance(b, (list, tuple)) else [b]
     diffs = [
         float(mx.max(mx.abs(x.astype(mx.float32) - y.astype(mx.float32))).item())
-        for x, y in zip(a, b) if x is not None and y is not None
+        for x, y in zip(a, b)
+        if x is not None and y is not None
     ]
     return max(diffs) if diffs else 0.0
 
@@ -88,19 +101,39 @@ def bench_kernels(repeats: int = 20, warmup: int = 3) -> dict:
     results = []
     for op, case, ref, plan in _cases():
         ref_ms, ref_out = _time(ref, repeats, warmup)
-        row = {"op": op, "case": case, "reference_ms": round(ref_ms, 4), "kernel_ms": None,
-               "speedup": None, "max_abs_diff": None}
+        row = {
+            "op": op,
+            "case": case,
+            "reference_ms": round(ref_ms, 4),
+            "kernel_ms": None,
+            "speedup": None,
+            "max_abs_diff": None,
+        }
         if metal:
             k_ms, k_out = _time(lambda: _dispatch.execute(plan()), repeats, warmup)
             if op == "walk_greedy":
                 k_out = k_out[:1]
-            row.update(kernel_ms=round(k_ms, 4), speedup=round(ref_ms / k_ms, 3) if k_ms else None,
-                       max_abs_diff=_max_diff(list(k_out), list(ref_out)
-                                              if isinstance(ref_out, tuple) else [ref_out]))
+            row.update(
+                kernel_ms=round(k_ms, 4),
+                speedup=round(ref_ms / k_ms, 3) if k_ms else None,
+                max_abs_diff=_max_diff(
+                    list(k_out), list(ref_out) if isinstance(ref_out, tuple) else [ref_out]
+                ),
+            )
         results.append(row)
-    note = ("custom Metal kernels timed against the pure-MLX references" if metal else
-            "Metal unavailable: the custom kernels were not run; reference timings only "
-            "(they are checked on this machine by the CPU harness in tests/test_kernels.py)")
+    note = (
+        "custom Metal kernels timed against the pure-MLX references"
+        if metal
+        else "Metal unavailable: the custom kernels were not run; reference timings only "
+        "(they are checked on this machine by the CPU harness in tests/test_kernels.py)"
+    )
     setting = _dispatch.current().setting.mode.value
-    return {"metal": metal, "kernels_run": metal, "setting": setting, "note": note,
-            "repeats": repeats, "device": str(mx.default_device()), "results": results}
+    return {
+        "metal": metal,
+        "kernels_run": metal,
+        "setting": setting,
+        "note": note,
+        "repeats": repeats,
+        "device": str(mx.default_device()),
+        "results": results,
+    }

@@ -80,28 +80,40 @@ def _conv_case(dtypes) -> Case:
 
     # Arithmetic in float rounded once (kernel) vs several roundings in the dtype (reference).
     def mag():
-        return ref.dynamic_conv(mx.abs(x).astype(F32), mx.abs(dyn).astype(F32),
-                                mx.abs(base).astype(F32), group)
+        return ref.dynamic_conv(
+            mx.abs(x).astype(F32), mx.abs(dyn).astype(F32), mx.abs(base).astype(F32), group
+        )
 
-    return Case(label(DYNAMIC_CONV.name), dtype_label([dtype]), f"x[2,3,32] g={group}",
-                _launch.conv_launch(x, dyn, base, group),
-                lambda: [ref.dynamic_conv(x, dyn, base, group)],
-                lambda: 4 * _EPS[dtype] * _max(mag()) + 1e-6)
+    return Case(
+        label(DYNAMIC_CONV.name),
+        dtype_label([dtype]),
+        f"x[2,3,32] g={group}",
+        _launch.conv_launch(x, dyn, base, group),
+        lambda: [ref.dynamic_conv(x, dyn, base, group)],
+        lambda: 4 * _EPS[dtype] * _max(mag()) + 1e-6,
+    )
 
 
 def _pair_scores_case(dtypes) -> Case:
     lead, preds, k, rank = (3,), 4, 4, 8
-    args = (_normal((*lead, k), 4, dtypes[0]), _normal((*lead, rank), 5, dtypes[1]),
-            _normal((*lead, preds, rank), 6, dtypes[2], 0.3),
-            _normal((*lead, k, rank), 7, dtypes[3], 0.3))
+    args = (
+        _normal((*lead, k), 4, dtypes[0]),
+        _normal((*lead, rank), 5, dtypes[1]),
+        _normal((*lead, preds, rank), 6, dtypes[2], 0.3),
+        _normal((*lead, k, rank), 7, dtypes[3], 0.3),
+    )
 
     def scale():
         return ref.pair_scores(*(mx.abs(a.astype(F32)) for a in args))
 
-    return Case(label(PAIR_SCORES.name), dtype_label(dtypes), f"g=3 P={preds} K={k} r={rank}",
-                _launch.pair_scores_launch(*args),
-                lambda: [ref.pair_scores(*args)],
-                lambda: 1e-5 * _max(scale()) + 1e-6)
+    return Case(
+        label(PAIR_SCORES.name),
+        dtype_label(dtypes),
+        f"g=3 P={preds} K={k} r={rank}",
+        _launch.pair_scores_launch(*args),
+        lambda: [ref.pair_scores(*args)],
+        lambda: 1e-5 * _max(scale()) + 1e-6,
+    )
 
 
 def _walk_lattice() -> mx.array:
@@ -118,24 +130,34 @@ def _walk_lattice() -> mx.array:
 
 def _walk_greedy_case(dtypes) -> Case:
     lattice = _walk_lattice()
-    return Case(label(WALK_GREEDY.name), "float32", "lattice[2,4,8,8] NaN, ties",
-                _launch.walk_launch(lattice, 0.0),
-                lambda: [ref.walk_with_uniforms(lattice, 0.0, None)[0]],
-                lambda: 0.0)
+    return Case(
+        label(WALK_GREEDY.name),
+        "float32",
+        "lattice[2,4,8,8] NaN, ties",
+        _launch.walk_launch(lattice, 0.0),
+        lambda: [ref.walk_with_uniforms(lattice, 0.0, None)[0]],
+        lambda: 0.0,
+    )
 
 
 def _walk_sampled_case(dtypes) -> Case:
     lattice = _normal((2, 4, 8, 8), 9, scale=3.0)
     uniforms = ref.draw_walk_uniforms((2,), 4, 8, mx.random.key(10))
-    return Case(label(WALK_SAMPLED.name), "float32", "lattice[2,4,8,8] T=0.7",
-                _launch.walk_launch(lattice, 0.7, uniforms),
-                lambda: list(ref.walk_with_uniforms(lattice, 0.7, uniforms)),
-                lambda: 1e-5)  # q in [0, 1]; the choices must be equal (an error of >= 1)
+    return Case(
+        label(WALK_SAMPLED.name),
+        "float32",
+        "lattice[2,4,8,8] T=0.7",
+        _launch.walk_launch(lattice, 0.7, uniforms),
+        lambda: list(ref.walk_with_uniforms(lattice, 0.7, uniforms)),
+        lambda: 1e-5,
+    )  # q in [0, 1]; the choices must be equal (an error of >= 1)
 
 
 _BUILDERS: dict[str, Callable[[tuple], Case]] = {
-    DYNAMIC_CONV.name: _conv_case, PAIR_SCORES.name: _pair_scores_case,
-    WALK_GREEDY.name: _walk_greedy_case, WALK_SAMPLED.name: _walk_sampled_case,
+    DYNAMIC_CONV.name: _conv_case,
+    PAIR_SCORES.name: _pair_scores_case,
+    WALK_GREEDY.name: _walk_greedy_case,
+    WALK_SAMPLED.name: _walk_sampled_case,
 }
 
 # What `doctor --kernels` checks: each kernel's supported dtypes, and the mixed pair-score
@@ -182,13 +204,18 @@ def run(check: Case, execute: Callable[[Launch], list[mx.array]]) -> CheckResult
         got = list(execute(check.launch))
         mx.eval(got)
     except Exception as exc:  # noqa: BLE001 - whatever the kernel raised is the finding
-        return CheckResult(**where, max_abs_err=None, tolerance=None, status="error",
-                           error=_short(exc))
+        return CheckResult(
+            **where, max_abs_err=None, tolerance=None, status="error", error=_short(exc)
+        )
     want = check.reference()
     mx.eval(want)
     err, tol = max_abs_err(got, want), float(check.tolerance())
     if err <= tol:
         return CheckResult(**where, max_abs_err=err, tolerance=tol, status="ok")
-    return CheckResult(**where, max_abs_err=err, tolerance=tol, status="mismatch",
-                       error=f"differs from its reference: max abs err {err:.3g} > "
-                             f"tolerance {tol:.3g}")
+    return CheckResult(
+        **where,
+        max_abs_err=err,
+        tolerance=tol,
+        status="mismatch",
+        error=f"differs from its reference: max abs err {err:.3g} > tolerance {tol:.3g}",
+    )

@@ -39,8 +39,12 @@ def shipped_source(spec: KernelSpec) -> str:
 
 
 class Dispatcher:
-    def __init__(self, setting: KernelSetting = SETTING, launcher: Launcher | None = None,
-                 source: Callable[[KernelSpec], str] = shipped_source):
+    def __init__(
+        self,
+        setting: KernelSetting = SETTING,
+        launcher: Launcher | None = None,
+        source: Callable[[KernelSpec], str] = shipped_source,
+    ):
         self.setting = setting
         self.launcher = launcher if launcher is not None else MetalLauncher()
         self.source = source
@@ -92,7 +96,10 @@ class Dispatcher:
             warnings.warn(
                 f"dflash2: custom kernel {failure.describe()}; using its pure-MLX reference "
                 f"for the rest of this process ({ENV_VAR}=off skips the kernels, "
-                f"{ENV_VAR}=on makes this an error)", KernelFallbackWarning, stacklevel=3)
+                f"{ENV_VAR}=on makes this an error)",
+                KernelFallbackWarning,
+                stacklevel=3,
+            )
         return False
 
 
@@ -104,15 +111,21 @@ def current() -> Dispatcher:
 
 
 @contextlib.contextmanager
-def override(*, launcher: Launcher | None = None, setting: KernelSetting | None = None,
-             source: Callable[[KernelSpec], str] | None = None):
+def override(
+    *,
+    launcher: Launcher | None = None,
+    setting: KernelSetting | None = None,
+    source: Callable[[KernelSpec], str] | None = None,
+):
     """A block with another launcher / setting / kernel sources and a fresh self-check state;
     the previous dispatcher (and what it learned) is back afterwards."""
     global _current
     saved = _current
-    _current = Dispatcher(saved.setting if setting is None else setting,
-                          saved.launcher if launcher is None else launcher,
-                          saved.source if source is None else source)
+    _current = Dispatcher(
+        saved.setting if setting is None else setting,
+        saved.launcher if launcher is None else launcher,
+        saved.source if source is None else source,
+    )
     try:
         yield _current
     finally:
@@ -142,11 +155,14 @@ def status(setting: KernelSetting | None = None) -> dict:
     if setting.mode is KernelMode.OFF:
         reason = f"forced by {ENV_VAR}=off"
     elif unavailable is not None:
-        reason = unavailable + (f" ({ENV_VAR}=on was asked)"
-                                if setting.mode is KernelMode.ON else "")
+        reason = unavailable + (
+            f" ({ENV_VAR}=on was asked)" if setting.mode is KernelMode.ON else ""
+        )
     else:
-        reason = ("Metal available; each kernel checks itself on first use per dtype, "
-                  "unsupported shapes/dtypes fall back per call")
+        reason = (
+            "Metal available; each kernel checks itself on first use per dtype, "
+            "unsupported shapes/dtypes fall back per call"
+        )
         if failed:
             reason += "; failed their self-check (reference used): " + ", ".join(failed)
     return {

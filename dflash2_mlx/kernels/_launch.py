@@ -41,8 +41,11 @@ class Launch:
     def kwargs(self) -> dict:
         """Keyword arguments for the `mx.fast.metal_kernel` callable."""
         return dict(
-            inputs=list(self.inputs), template=list(self.template), grid=self.grid,
-            threadgroup=self.threadgroup, output_shapes=[list(s) for s in self.output_shapes],
+            inputs=list(self.inputs),
+            template=list(self.template),
+            grid=self.grid,
+            threadgroup=self.threadgroup,
+            output_shapes=[list(s) for s in self.output_shapes],
             output_dtypes=list(self.output_dtypes),
         )
 

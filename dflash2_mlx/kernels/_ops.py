@@ -24,8 +24,9 @@ def _conv_fn(group_size: int):
 
     @conv.vjp
     def conv_vjp(primals, cotangent, output):
-        _, grads = mx.vjp(lambda x, d, b: ref.dynamic_conv(x, d, b, group_size),
-                          list(primals), [cotangent])
+        _, grads = mx.vjp(
+            lambda x, d, b: ref.dynamic_conv(x, d, b, group_size), list(primals), [cotangent]
+        )
         return tuple(grads)
 
     return conv
@@ -56,8 +57,7 @@ def pair_scores(
 ) -> mx.array:
     """Same contract as `_references.pair_scores` ([..., g, P, K] float32)."""
     d = current()
-    if d.active() and d.use_kernel(_launch.pair_scores_launch(unary, hidden, pred_rows,
-                                                              succ_rows)):
+    if d.active() and d.use_kernel(_launch.pair_scores_launch(unary, hidden, pred_rows, succ_rows)):
         return _pair_scores_fn(unary, hidden, pred_rows, succ_rows)
     return ref.compiled_pair_scores()(unary, hidden, pred_rows, succ_rows)
 

@@ -39,8 +39,12 @@ def dynamic_conv(x: mx.array, dynamic: mx.array, base: mx.array, group_size: int
     xg = x.reshape(*lead, length, groups, group_size)
     out = None
     for k in range(min(taps, length)):
-        shifted = xg if k == 0 else mx.concatenate(
-            [mx.zeros_like(xg[..., :k, :, :]), xg[..., : length - k, :, :]], axis=-3
+        shifted = (
+            xg
+            if k == 0
+            else mx.concatenate(
+                [mx.zeros_like(xg[..., :k, :, :]), xg[..., : length - k, :, :]], axis=-3
+            )
         )
         coeff = base[k].reshape(groups, group_size).astype(x.dtype) + dynamic[..., k, :, None]
         term = coeff * shifted
@@ -68,9 +72,7 @@ def walk(lattice: mx.array, temperature: float, key: mx.array | None = None):
     return walk_with_uniforms(lattice, temperature, uniforms)
 
 
-def draw_walk_uniforms(
-    lead: tuple[int, ...], gamma: int, k: int, key: mx.array | None
-) -> mx.array:
+def draw_walk_uniforms(lead: tuple[int, ...], gamma: int, k: int, key: mx.array | None) -> mx.array:
     """The uniforms [*lead, gamma, k] that `walk(..., key)` consumes (key None: the
     global PRNG, advanced exactly as the reference walk advances it)."""
     n = math.prod(lead)

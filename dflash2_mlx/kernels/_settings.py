@@ -1,10 +1,10 @@
 """`DFLASH2_KERNELS`, resolved once at import into a small typed setting.
 
-    DFLASH2_KERNELS=auto (default)  custom Metal kernels where Metal is available and the
-                                    shape/dtype is supported, the pure-MLX references elsewhere
-    DFLASH2_KERNELS=on              the same dispatch, but kernels are asked for: the Metal-only
-                                    tests fail (instead of skipping) when Metal is unavailable
-    DFLASH2_KERNELS=off             always the pure-MLX references
+DFLASH2_KERNELS=auto (default)  custom Metal kernels where Metal is available and the
+                                shape/dtype is supported, the pure-MLX references elsewhere
+DFLASH2_KERNELS=on              the same dispatch, but kernels are asked for: the Metal-only
+                                tests fail (instead of skipping) when Metal is unavailable
+DFLASH2_KERNELS=off             always the pure-MLX references
 """
 
 from __future__ import annotations
@@ -24,10 +24,18 @@ class KernelMode(enum.Enum):
 
 
 _ALIASES = {
-    "": KernelMode.AUTO, "auto": KernelMode.AUTO, "default": KernelMode.AUTO,
-    "on": KernelMode.ON, "1": KernelMode.ON, "true": KernelMode.ON, "yes": KernelMode.ON,
+    "": KernelMode.AUTO,
+    "auto": KernelMode.AUTO,
+    "default": KernelMode.AUTO,
+    "on": KernelMode.ON,
+    "1": KernelMode.ON,
+    "true": KernelMode.ON,
+    "yes": KernelMode.ON,
     "metal": KernelMode.ON,
-    "off": KernelMode.OFF, "0": KernelMode.OFF, "false": KernelMode.OFF, "no": KernelMode.OFF,
+    "off": KernelMode.OFF,
+    "0": KernelMode.OFF,
+    "false": KernelMode.OFF,
+    "no": KernelMode.OFF,
     "reference": KernelMode.OFF,
 }
 

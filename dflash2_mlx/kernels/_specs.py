@@ -32,16 +32,20 @@ class KernelSpec:
 
 
 DYNAMIC_CONV = KernelSpec(
-    "dflash2_dynamic_conv", "dynamic_conv.metal", ("x", "dynamic", "base"), ("out",),
-    ("T", "GROUP"),
+    "dflash2_dynamic_conv", "dynamic_conv.metal", ("x", "dynamic", "base"), ("out",), ("T", "GROUP")
 )
 PAIR_SCORES = KernelSpec(
-    "dflash2_pair_scores", "pair_scores.metal", ("unary", "hidden", "pred_rows", "succ_rows"),
-    ("scores",), ("TU", "TH", "TP", "TS"),
+    "dflash2_pair_scores",
+    "pair_scores.metal",
+    ("unary", "hidden", "pred_rows", "succ_rows"),
+    ("scores",),
+    ("TU", "TH", "TP", "TS"),
 )
 WALK_GREEDY = KernelSpec("dflash2_walk_greedy", "walk_greedy.metal", ("lattice",), ("choices",))
 WALK_SAMPLED = KernelSpec(
-    "dflash2_walk_sampled", "walk_sampled.metal", ("lattice", "uniforms", "temperature"),
+    "dflash2_walk_sampled",
+    "walk_sampled.metal",
+    ("lattice", "uniforms", "temperature"),
     ("choices", "q"),
 )
 SPECS: dict[str, KernelSpec] = {
@@ -62,4 +66,5 @@ def kernel_source(file: str) -> str:
     except (ModuleNotFoundError, FileNotFoundError) as exc:
         raise FileNotFoundError(
             f"Metal kernel source {file!r} not found in package {SOURCE_PACKAGE} ({exc}); "
-            "is dflash2 installed (pip install -e . or pip install .)?") from None
+            "is dflash2 installed (pip install -e . or pip install .)?"
+        ) from None

@@ -127,5 +127,11 @@ from .lifecycle import run as run_server
 from .limits import ServeLimits
 from .security import SecurityPolicy
 
-__all__ = ["SecurityPolicy", "ServeLimits", "create_app", "default_context_length",
-           "display_name", "run_server"]
+__all__ = [
+    "SecurityPolicy",
+    "ServeLimits",
+    "create_app",
+    "default_context_length",
+    "display_name",
+    "run_server",
+]

@@ -20,9 +20,16 @@ def brief(value) -> str:
 class APIError(Exception):
     """An error answered as {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         if len(message) > MAX_MESSAGE:  # whatever a message quotes, it stays short
             message = message[:MAX_MESSAGE] + "..."
         if param is not None and len(param) > MAX_PARAM:
@@ -32,8 +39,14 @@ class APIError(Exception):
         self.type, self.code, self.headers = type, code, headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:

@@ -42,8 +42,11 @@ def default_context_length(model) -> int:
     """The target's max_position_embeddings (text_config included), else 4096."""
     args = getattr(model, "args", None)
     for src in (args, getattr(args, "text_config", None)):
-        v = src.get("max_position_embeddings") if isinstance(src, dict) else getattr(
-            src, "max_position_embeddings", None)
+        v = (
+            src.get("max_position_embeddings")
+            if isinstance(src, dict)
+            else getattr(src, "max_position_embeddings", None)
+        )
         if isinstance(v, int) and v > 0:
             return v
     return 4096
@@ -78,15 +81,23 @@ def display_name(name: str | None) -> str | None:
     return name
 
 
-def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int | None = None,
-               default_max_tokens: int = 512, block_size: int | None = None,
-               speculative: bool = True, drafter_name: str | None = None,
-               sampling: SamplingDefaults | None = None,
-               thinking: bool | None = None,
-               prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB,
-               lookup_block: int | None = None,
-               limits: ServeLimits | None = None, security: SecurityPolicy | None = None
-               ) -> FastAPI:
+def create_app(
+    pair,
+    *,
+    model_name: str,
+    max_queue: int = 8,
+    context_length: int | None = None,
+    default_max_tokens: int = 512,
+    block_size: int | None = None,
+    speculative: bool = True,
+    drafter_name: str | None = None,
+    sampling: SamplingDefaults | None = None,
+    thinking: bool | None = None,
+    prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB,
+    lookup_block: int | None = None,
+    limits: ServeLimits | None = None,
+    security: SecurityPolicy | None = None,
+) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
 
     max_queue: requests that may wait while one generates (beyond: 503 + Retry-After).
@@ -119,18 +130,24 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
     context = context_length or default_context_length(pair.model)
     if context < 2:
         raise DFlash2Error(f"context_length must be >= 2; got {context}")
-    settings = Settings(model_name, context, default_max_tokens, block_size, speculative,
-                        (block_size or trained) if speculative else 1,
-                        pair.decoder.target.vocab_size, sampling or SamplingDefaults(),
-                        lookup_block)
+    settings = Settings(
+        model_name,
+        context,
+        default_max_tokens,
+        block_size,
+        speculative,
+        (block_size or trained) if speculative else 1,
+        pair.decoder.target.vocab_size,
+        sampling or SamplingDefaults(),
+        lookup_block,
+    )
     chat = ChatTemplate(pair.tokenizer, thinking)
     metrics = metrics_mod.Metrics()
     prompt_cache = PromptCache(pair.decoder, prompt_cache_mb << 20) if prompt_cache_mb else None
     if prompt_cache is not None:
         metrics.prompt_cache = prompt_cache.stats
     worker = Worker(pair, max_queue, metrics, prompt_cache)
-    handler = Handler(pair, worker, settings, chat,
-                      RequestLimits(limits, pair.tokenizer, context))
+    handler = Handler(pair, worker, settings, chat, RequestLimits(limits, pair.tokenizer, context))
     drain = Drain(worker, limits.shutdown_grace_s)
     started = int(time.time())
     drafter_shown = display_name(drafter_name)
@@ -144,8 +161,9 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
             worker.stop()
             handler.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="dflash2", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    app = FastAPI(
+        title="dflash2", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.worker, app.state.metrics, app.state.settings = worker, metrics, settings
     app.state.limits, app.state.security, app.state.drain = limits, security, drain
 
@@ -155,8 +173,11 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
 
     @app.exception_handler(ClientGone)
     async def _client_gone(request, exc: ClientGone):
-        log.info("%s %s: the client closed the connection during its upload", request.method,
-                 request.url.path)
+        log.info(
+            "%s %s: the client closed the connection during its upload",
+            request.method,
+            request.url.path,
+        )
         return Response(status_code=CLIENT_GONE)
 
     @app.exception_handler(StarletteHTTPException)
@@ -167,17 +188,28 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
 
     def model_card() -> dict:
         """The model object, with `dflash2`: the engine every request of this server runs."""
-        return {"id": model_name, "object": "model", "created": started, "owned_by": "dflash2",
-                "dflash2": {
-                    "speculative": speculative, "drafter": drafter_shown,
-                    "drafter_version": pair.drafter.config.version,
-                    "draft_vocab": pair.drafter.draft_vocab_size,
-                    "lookup": pair.decoder.lookup,
-                    "block_size": settings.effective_block, "trained_block_size": trained,
-                    "context_length": context, "default_max_tokens": default_max_tokens,
-                    "max_queue": max_queue, "tool_calling": chat.tool_calling,
-                    "thinking": thinking, "prompt_cache_mb": prompt_cache_mb},
-                "sampling_defaults": settings.sampling.to_json()}
+        return {
+            "id": model_name,
+            "object": "model",
+            "created": started,
+            "owned_by": "dflash2",
+            "dflash2": {
+                "speculative": speculative,
+                "drafter": drafter_shown,
+                "drafter_version": pair.drafter.config.version,
+                "draft_vocab": pair.drafter.draft_vocab_size,
+                "lookup": pair.decoder.lookup,
+                "block_size": settings.effective_block,
+                "trained_block_size": trained,
+                "context_length": context,
+                "default_max_tokens": default_max_tokens,
+                "max_queue": max_queue,
+                "tool_calling": chat.tool_calling,
+                "thinking": thinking,
+                "prompt_cache_mb": prompt_cache_mb,
+            },
+            "sampling_defaults": settings.sampling.to_json(),
+        }
 
     @app.get("/v1/models")
     async def list_models():
@@ -193,8 +225,12 @@ def create_app(pair, *, model_name: str, max_queue: int = 8, context_length: int
     async def health():
         ok = worker.alive and not drain.draining
         status = "ok" if ok else ("shutting_down" if drain.draining else "error")
-        body = {"status": status, "model": model_name,
-                "queue_depth": worker.waiting, "in_flight": worker.running}
+        body = {
+            "status": status,
+            "model": model_name,
+            "queue_depth": worker.waiting,
+            "in_flight": worker.running,
+        }
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")

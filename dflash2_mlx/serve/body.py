@@ -29,8 +29,11 @@ def _invalid_json(message: str) -> APIError:
 async def read_body(request: Request, max_bytes: int) -> bytes:
     """The body, refused with 413 as soon as it is known to exceed `max_bytes` (a declared
     Content-Length before reading anything, else while the chunks arrive)."""
-    too_large = APIError(413, f"the request body exceeds this server's limit of {max_bytes} "
-                         "bytes", code="request_too_large")
+    too_large = APIError(
+        413,
+        f"the request body exceeds this server's limit of {max_bytes} bytes",
+        code="request_too_large",
+    )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise too_large
@@ -80,8 +83,11 @@ def check_tree(body) -> None:
                 if isinstance(v, (str, dict, list)):
                     stack.append((v, (trail, k), depth + 1))
         elif isinstance(value, list):
-            stack.extend((v, (trail, i), depth + 1) for i, v in enumerate(value)
-                         if isinstance(v, (str, dict, list)))
+            stack.extend(
+                (v, (trail, i), depth + 1)
+                for i, v in enumerate(value)
+                if isinstance(v, (str, dict, list))
+            )
 
 
 def _path(trail) -> str:
@@ -94,6 +100,10 @@ def _path(trail) -> str:
 
 
 def _surrogate(path: str, where: str) -> APIError:
-    return APIError(400, f"{where}{path or 'the body'} holds a lone UTF-16 surrogate (an "
-                    "unpaired \\ud800-\\udfff escape): not valid Unicode", param=path or None,
-                    code="invalid_unicode")
+    return APIError(
+        400,
+        f"{where}{path or 'the body'} holds a lone UTF-16 surrogate (an "
+        "unpaired \\ud800-\\udfff escape): not valid Unicode",
+        param=path or None,
+        code="invalid_unicode",
+    )

@@ -52,8 +52,10 @@ class ChatTemplate:
         self.tok = tokenizer
         self.info = TemplateInfo.of(tokenizer)
         if thinking is not None and not self.info.thinking_switch:
-            raise DFlash2Error(f"{'--thinking' if thinking else '--no-thinking'}: this model's "
-                               "chat template has no thinking switch (enable_thinking)")
+            raise DFlash2Error(
+                f"{'--thinking' if thinking else '--no-thinking'}: this model's "
+                "chat template has no thinking switch (enable_thinking)"
+            )
         self.thinking = thinking
 
     @property
@@ -68,11 +70,17 @@ class ChatTemplate:
             if k == THINKING_KWARG and not self.info.thinking_switch:
                 if v is self.info.thinks:
                     continue  # what the model does anyway (it always / never thinks)
-                raise invalid(f"chat_template_kwargs.{k}", f"chat_template_kwargs.{k}={v}: this "
-                              "model's chat template has no thinking switch")
+                raise invalid(
+                    f"chat_template_kwargs.{k}",
+                    f"chat_template_kwargs.{k}={v}: this "
+                    "model's chat template has no thinking switch",
+                )
             if self.info.reads(k) is False:
-                raise invalid(f"chat_template_kwargs.{k}", f"this model's chat template does "
-                              f"not read {k!r}", "unsupported_parameter")
+                raise invalid(
+                    f"chat_template_kwargs.{k}",
+                    f"this model's chat template does not read {k!r}",
+                    "unsupported_parameter",
+                )
             out[k] = v
         if THINKING_KWARG not in out and self.thinking is not None:
             out[THINKING_KWARG] = self.thinking
@@ -80,12 +88,18 @@ class ChatTemplate:
 
     def _check_tools(self, tools: ToolRequest) -> None:
         if not self.info.tool_calling:
-            raise invalid("tools", "this model declares no tool-call format that mlx-lm can "
-                          "parse (its tokenizer has no tool parser), so tools are not supported",
-                          "unsupported_parameter")
+            raise invalid(
+                "tools",
+                "this model declares no tool-call format that mlx-lm can "
+                "parse (its tokenizer has no tool parser), so tools are not supported",
+                "unsupported_parameter",
+            )
         if not self.info.renders_tools:
-            raise invalid("tools", "this model's chat template does not render tools, so tools "
-                          "are not supported", "unsupported_parameter")
+            raise invalid(
+                "tools",
+                "this model's chat template does not render tools, so tools are not supported",
+                "unsupported_parameter",
+            )
 
     # ------------------------------------------------------------------ the prompt
     def prompt(self, messages: list[dict], tools: ToolRequest | None, given: dict) -> ChatPrompt:
@@ -94,37 +108,47 @@ class ChatTemplate:
         if active is not None:
             self._check_tools(active)
         listed = list(active.tools) if active else None
-        ids = _template_call(lambda: chat_prompt_ids(self.tok, messages, tools=listed,
-                                                     template_kwargs=kwargs))
+        ids = _template_call(
+            lambda: chat_prompt_ids(self.tok, messages, tools=listed, template_kwargs=kwargs)
+        )
         state = "reasoning" if opens_thinking(self.tok, ids) else "normal"
         stops = ()
         if active is not None and not active.parallel:
             if not self.tok.tool_call_end:
-                raise invalid("parallel_tool_calls", "parallel_tool_calls false needs a tool "
-                              "call end marker, and this model's tool-call format has none",
-                              "unsupported_parameter")
+                raise invalid(
+                    "parallel_tool_calls",
+                    "parallel_tool_calls false needs a tool "
+                    "call end marker, and this model's tool-call format has none",
+                    "unsupported_parameter",
+                )
             stops = (self.tok.tool_call_end,)  # the end of the first call ends the reply
         if active is None or not active.forced:
             return ChatPrompt(ids, state, "", stops, active)
-        lead, opening = _template_call(lambda: self._call_opening(messages, listed, kwargs,
-                                                                   active.name))
+        lead, opening = _template_call(
+            lambda: self._call_opening(messages, listed, kwargs, active.name)
+        )
         ids = ids + [int(t) for t in self.tok.encode(lead + opening, add_special_tokens=False)]
         if opens_thinking(self.tok, ids):
-            raise invalid("tool_choice", f"tool_choice {active.name or active.choice!r} makes "
-                          "the reply open with a tool call, but this prompt leaves a thinking "
-                          "section open; send chat_template_kwargs {\"enable_thinking\": false}")
-        return ChatPrompt(ids, "tool", opening[len(self.tok.tool_call_start):], stops, active)
+            raise invalid(
+                "tool_choice",
+                f"tool_choice {active.name or active.choice!r} makes "
+                "the reply open with a tool call, but this prompt leaves a thinking "
+                'section open; send chat_template_kwargs {"enable_thinking": false}',
+            )
+        return ChatPrompt(ids, "tool", opening[len(self.tok.tool_call_start) :], stops, active)
 
-    def _call_opening(self, messages: list[dict], tools: list[dict], kwargs: dict,
-                      name: str | None) -> tuple[str, str]:
+    def _call_opening(
+        self, messages: list[dict], tools: list[dict], kwargs: dict, name: str | None
+    ) -> tuple[str, str]:
         """What the template puts between the generation prompt and a call (Qwen3: an empty
         thinking section), and the text every call (to `name`, if given) opens with."""
+
         def render(fn: str, args: dict) -> str:
-            call = {"id": "call_0", "type": "function",
-                    "function": {"name": fn, "arguments": args}}
+            call = {"id": "call_0", "type": "function", "function": {"name": fn, "arguments": args}}
             turn = {"role": "assistant", "content": "", "tool_calls": [call]}
-            return render_text(self.tok, [*messages, turn], tools=tools,
-                               add_generation_prompt=False, **kwargs)
+            return render_text(
+                self.tok, [*messages, turn], tools=tools, add_generation_prompt=False, **kwargs
+            )
 
         if name is None:
             a, b = render("a_", {}), render("b_", {"x_": "y"})
@@ -137,12 +161,16 @@ class ChatTemplate:
         # End before the last whitespace: the model writes the next word with its leading
         # space itself, as unforced (no token boundary inside a word).
         end = max(shared.rfind(" "), shared.rfind("\n"), shared.rfind("\t"), at + len(start))
-        if at < len(os.path.commonprefix([a, base])) or (name and not re.search(
-                rf"{re.escape(name)}[^A-Za-z0-9_-]", shared[at:end])):
-            raise invalid("tool_choice", "this model's chat template does not open a tool call "
-                          f"with a fixed text{' naming the function' if name else ''}, so "
-                          f"tool_choice {name or 'required'!r} cannot be honoured; use \"auto\"",
-                          "unsupported_parameter")
+        if at < len(os.path.commonprefix([a, base])) or (
+            name and not re.search(rf"{re.escape(name)}[^A-Za-z0-9_-]", shared[at:end])
+        ):
+            raise invalid(
+                "tool_choice",
+                "this model's chat template does not open a tool call "
+                f"with a fixed text{' naming the function' if name else ''}, so "
+                f'tool_choice {name or "required"!r} cannot be honoured; use "auto"',
+                "unsupported_parameter",
+            )
         prompt = render_text(self.tok, messages, tools=tools, **kwargs)
-        lead = shared[len(prompt):at] if shared.startswith(prompt) and at >= len(prompt) else ""
+        lead = shared[len(prompt) : at] if shared.startswith(prompt) and at >= len(prompt) else ""
         return lead, shared[at:end]

@@ -31,8 +31,13 @@ class ReplyStats:
     thinking: ThinkingStats
 
 
-def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculative: bool,
-          reply: ReplyStats | None = None) -> dict:
+def usage(
+    prompt_tokens: int,
+    stats: GenerationStats,
+    block_size: int,
+    speculative: bool,
+    reply: ReplyStats | None = None,
+) -> dict:
     """OpenAI usage plus `dflash2`: speculative decoding statistics of this request.
 
     rounds: draft-verify rounds (the prefill is not one); drafted / accepted: draft tokens
@@ -75,9 +80,13 @@ def usage(prompt_tokens: int, stats: GenerationStats, block_size: int, speculati
         t = reply.thinking
         out["completion_tokens_details"]["reasoning_tokens"] = t.tokens
         out["dflash2"]["tool_calls"] = reply.tool_calls
-        out["dflash2"]["reasoning"] = {"tokens": t.tokens, "rounds": t.rounds,
-                                       "drafted": t.drafted, "accepted": t.accepted,
-                                       "tau": round(t.tau, 4)}
+        out["dflash2"]["reasoning"] = {
+            "tokens": t.tokens,
+            "rounds": t.rounds,
+            "drafted": t.drafted,
+            "accepted": t.accepted,
+            "tau": round(t.tau, 4),
+        }
     return out
 
 
@@ -90,26 +99,48 @@ class Formatter:
         self.created = int(time.time())
 
     def _head(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": None}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+        }
 
-    def full(self, text: str, finish: str, usage_: dict, *, reasoning: str = "",
-             tool_calls: list[dict] | None = None) -> dict:
+    def full(
+        self,
+        text: str,
+        finish: str,
+        usage_: dict,
+        *,
+        reasoning: str = "",
+        tool_calls: list[dict] | None = None,
+    ) -> dict:
         if self.kind == "chat":
-            message = {"role": "assistant", "content": text or (None if tool_calls else text),
-                       "refusal": None}
+            message = {
+                "role": "assistant",
+                "content": text or (None if tool_calls else text),
+                "refusal": None,
+            }
             if reasoning:
                 message["reasoning_content"] = reasoning
             if tool_calls:
-                message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"}
-                                         for c in tool_calls]
+                message["tool_calls"] = [
+                    {k: v for k, v in c.items() if k != "index"} for c in tool_calls
+                ]
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             return {**self._head("chat.completion"), "choices": [choice], "usage": usage_}
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice], "usage": usage_}
 
-    def chunk(self, text: str | None, finish: str | None = None, *, role: bool = False,
-              with_usage: bool = False) -> dict:
+    def chunk(
+        self,
+        text: str | None,
+        finish: str | None = None,
+        *,
+        role: bool = False,
+        with_usage: bool = False,
+    ) -> dict:
         if self.kind == "chat":
             delta: dict = {}
             if role:

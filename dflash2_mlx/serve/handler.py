@@ -38,20 +38,29 @@ CLIENT_GONE = 499  # nginx's "client closed request": counted in /metrics, never
 def error_response(err: APIError, request: Request | None = None) -> JSONResponse:
     """The JSON error, logged as one line (a client's mistake is not the server's)."""
     where = f"{request.method} {request.url.path}: " if request is not None else ""
-    log.log(logging.ERROR if err.status >= 500 and err.status != 503 else logging.INFO,
-            "%s%d %s: %s", where, err.status, err.code or err.type, err.message)
+    log.log(
+        logging.ERROR if err.status >= 500 and err.status != 503 else logging.INFO,
+        "%s%d %s: %s",
+        where,
+        err.status,
+        err.code or err.type,
+        err.message,
+    )
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
 def shutting_down() -> APIError:
-    return APIError(503, "the server is shutting down", type="server_error",
-                    code="shutting_down")
+    return APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
 
 
 def internal_error(exc: BaseException) -> APIError:
     """A server fault: the type only (details, paths included, go to the server log)."""
-    return APIError(500, f"internal error ({type(exc).__name__}); see the server log",
-                    type="server_error", code="internal_error")
+    return APIError(
+        500,
+        f"internal error ({type(exc).__name__}); see the server log",
+        type="server_error",
+        code="internal_error",
+    )
 
 
 def _from_worker(err: BaseException) -> APIError:
@@ -110,8 +119,11 @@ class _SSEResponse(StreamingResponse):
     """A stream that releases its job however it ends, even if never iterated."""
 
     def __init__(self, content, release):
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
         self._release = release
 
     async def __call__(self, scope, receive, send):
@@ -124,8 +136,9 @@ class _SSEResponse(StreamingResponse):
 
 
 class Handler:
-    def __init__(self, pair, worker: Worker, settings: Settings, chat: ChatTemplate,
-                 limits: RequestLimits):
+    def __init__(
+        self, pair, worker: Worker, settings: Settings, chat: ChatTemplate, limits: RequestLimits
+    ):
         self.pair, self.worker, self.s, self.chat = pair, worker, settings, chat
         self.limits = limits
         # One tokenization at a time: a burst of long prompts cannot multiply the memory.
@@ -149,27 +162,36 @@ class Handler:
             return ()
         return tuple(self.pair.tokenizer.encode(req.prediction, add_special_tokens=False))
 
-    def plan(self, req: GenRequest, ids: list[int], predicted: tuple[int, ...]
-             ) -> GenerationParams:
+    def plan(self, req: GenRequest, ids: list[int], predicted: tuple[int, ...]) -> GenerationParams:
         s = self.s
         where = "messages" if req.kind == "chat" else "prompt"
         if not ids:
             raise invalid(where, "the prompt is empty after tokenization")
         room = s.context - len(ids)
         if room < 1:
-            raise APIError(400, f"the prompt has {len(ids)} tokens; this server's context length "
-                           f"is {s.context}", param=where, code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"the prompt has {len(ids)} tokens; this server's context length is {s.context}",
+                param=where,
+                code="context_length_exceeded",
+            )
         max_tokens = req.max_tokens
         if max_tokens is None:
             max_tokens = min(s.default_max_tokens, room)
         elif max_tokens > room:
-            raise invalid(req.max_tokens_param,
-                          f"{req.max_tokens_param}={max_tokens} plus the prompt's {len(ids)} "
-                          f"tokens exceeds the context length {s.context}")
-        return GenerationParams(max_tokens=max_tokens,
-                                sampling=s.sampling.complete(req.sampling_fields),
-                                block_size=s.block_size, speculative=s.speculative,
-                                prediction=predicted, lookup_block=s.lookup_block)
+            raise invalid(
+                req.max_tokens_param,
+                f"{req.max_tokens_param}={max_tokens} plus the prompt's {len(ids)} "
+                f"tokens exceeds the context length {s.context}",
+            )
+        return GenerationParams(
+            max_tokens=max_tokens,
+            sampling=s.sampling.complete(req.sampling_fields),
+            block_size=s.block_size,
+            speculative=s.speculative,
+            prediction=predicted,
+            lookup_block=s.lookup_block,
+        )
 
     # ------------------------------------------------------------------ the request
     async def handle(self, request: Request, req: GenRequest) -> Response:
@@ -198,14 +220,20 @@ class Handler:
         try:
             self.worker.reserve()
         except QueueFull as e:
-            raise APIError(503, str(e), type="server_error", code="queue_full",
-                           headers={"Retry-After": str(e.retry_after)}) from None
+            raise APIError(
+                503,
+                str(e),
+                type="server_error",
+                code="queue_full",
+                headers={"Retry-After": str(e.retry_after)},
+            ) from None
         except ShuttingDown:
             raise shutting_down() from None
         try:
             loop = asyncio.get_running_loop()
             prompt, ids, stop, predicted = await loop.run_in_executor(
-                self.tokenizer_thread, self._encode, req)
+                self.tokenizer_thread, self._encode, req
+            )
             self.limits.check_tokens(req, ids, predicted)
             job = Job(ids, self.plan(req, ids, predicted), stop)
         except BaseException:
@@ -239,8 +267,7 @@ class Handler:
             reply = ChatReply(self.pair.tokenizer, prompt) if prompt is not None else None
             if req.stream:
                 handed_over = True
-                return _SSEResponse(self._stream(fmt, req, n_prompt, first, reader, reply),
-                                    release)
+                return _SSEResponse(self._stream(fmt, req, n_prompt, first, reader, reply), release)
             return await self._complete(fmt, n_prompt, first, reader, reply)
         finally:
             if not handed_over:
@@ -255,8 +282,14 @@ class Handler:
         self.worker.metrics.count_reply(counted.tool_calls, reply.unparsed, counted.thinking)
         return counted
 
-    async def _complete(self, fmt: Formatter, n_prompt: int, item: Item | None,
-                        reader: _Reader, reply: ChatReply | None) -> Response:
+    async def _complete(
+        self,
+        fmt: Formatter,
+        n_prompt: int,
+        item: Item | None,
+        reader: _Reader,
+        reply: ChatReply | None,
+    ) -> Response:
         stats, parts, finish = GenerationStats(), [], "length"
         while True:
             if item is None:
@@ -273,15 +306,29 @@ class Handler:
             finish = item.finish_reason or finish
             item = await reader.next(poll_disconnect=True)
         if reply is None:
-            return JSONResponse(fmt.full("".join(parts), finish, self._usage(n_prompt, stats,
-                                                                             None)))
+            return JSONResponse(
+                fmt.full("".join(parts), finish, self._usage(n_prompt, stats, None))
+            )
         _, finish = reply.finish(finish)
-        return JSONResponse(fmt.full("".join(reply.content), finish,
-                                     self._usage(n_prompt, stats, self._finished(reply)),
-                                     reasoning="".join(reply.reasoning), tool_calls=reply.calls))
+        return JSONResponse(
+            fmt.full(
+                "".join(reply.content),
+                finish,
+                self._usage(n_prompt, stats, self._finished(reply)),
+                reasoning="".join(reply.reasoning),
+                tool_calls=reply.calls,
+            )
+        )
 
-    async def _stream(self, fmt: Formatter, req: GenRequest, n_prompt: int, item: Item,
-                      reader: _Reader, reply: ChatReply | None):
+    async def _stream(
+        self,
+        fmt: Formatter,
+        req: GenRequest,
+        n_prompt: int,
+        item: Item,
+        reader: _Reader,
+        reply: ChatReply | None,
+    ):
         stats, finish, with_usage = GenerationStats(), "length", req.include_usage
         if req.kind == "chat":
             yield sse(fmt.chunk("", role=True, with_usage=with_usage))
@@ -322,13 +369,21 @@ def _delta_chunks(fmt: Formatter, deltas: list[Delta], with_usage: bool):
             yield fmt.delta_chunk({"reasoning_content": d.text}, with_usage=with_usage)
         else:
             c = d.call
-            head = {"index": c["index"], "id": c["id"], "type": "function",
-                    "function": {"name": c["function"]["name"], "arguments": ""}}
+            head = {
+                "index": c["index"],
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": ""},
+            }
             yield fmt.delta_chunk({"tool_calls": [head]}, with_usage=with_usage)
             args = {"index": c["index"], "function": {"arguments": c["function"]["arguments"]}}
             yield fmt.delta_chunk({"tool_calls": [args]}, with_usage=with_usage)
 
 
 def unknown_model(name: str, served: str) -> APIError:
-    return APIError(404, f"The model {brief(name)} does not exist; this server serves {served!r}",
-                    param="model", code="model_not_found")
+    return APIError(
+        404,
+        f"The model {brief(name)} does not exist; this server serves {served!r}",
+        param="model",
+        code="model_not_found",
+    )

@@ -35,8 +35,10 @@ class Drain:
             return
         self.draining = True
         self.worker.close()
-        log.info("shutting down: waiting requests answered 503; running generation has %g s",
-                 self.grace_s)
+        log.info(
+            "shutting down: waiting requests answered 503; running generation has %g s",
+            self.grace_s,
+        )
         asyncio.get_running_loop().call_later(self.grace_s, self.worker.cut, ShuttingDown())
 
 
@@ -69,9 +71,12 @@ def make_server(app, *, log_level: str = "info") -> DrainingServer:
     show_logs(log_level)
     drain: Drain = app.state.drain
     security: SecurityPolicy = app.state.security
-    config = uvicorn.Config(app, log_level=log_level,
-                            timeout_graceful_shutdown=drain.grace_s + DELIVERY_MARGIN_S,
-                            **security.uvicorn_options())
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        timeout_graceful_shutdown=drain.grace_s + DELIVERY_MARGIN_S,
+        **security.uvicorn_options(),
+    )
     return DrainingServer(config, drain)
 
 

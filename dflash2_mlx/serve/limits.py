@@ -69,9 +69,10 @@ class RequestLimits:
         """Before tokenizing: lengths in characters."""
         for i, s in enumerate(req.stop):
             if len(s) > self.stop_chars:
-                raise _too_long(f"stop[{i}]" if len(req.stop) > 1 else "stop",
-                                f"a stop string has {len(s)} characters; the limit is "
-                                f"{self.stop_chars}")
+                raise _too_long(
+                    f"stop[{i}]" if len(req.stop) > 1 else "stop",
+                    f"a stop string has {len(s)} characters; the limit is {self.stop_chars}",
+                )
         where = "messages" if req.kind == "chat" else "prompt"
         if req.kind == "chat":
             chars = sum(len(m["content"]) for m in req.messages or ())
@@ -80,24 +81,36 @@ class RequestLimits:
             if isinstance(req.prompt, list) and len(req.prompt) > self.prompt_tokens:
                 raise self.prompt_error(where, len(req.prompt))
         if self.prompt_chars and chars > self.prompt_chars:
-            raise _too_long(where, f"the prompt has {chars} characters: more than "
-                            f"{self.prompt_tokens} tokens, this server's prompt limit",
-                            "context_length_exceeded")
+            raise _too_long(
+                where,
+                f"the prompt has {chars} characters: more than "
+                f"{self.prompt_tokens} tokens, this server's prompt limit",
+                "context_length_exceeded",
+            )
         if self.prediction_chars and req.prediction and len(req.prediction) > self.prediction_chars:
-            raise _too_long("prediction", f"the prediction has {len(req.prediction)} characters: "
-                            f"more than {self.prediction_tokens} tokens, this server's limit")
+            raise _too_long(
+                "prediction",
+                f"the prediction has {len(req.prediction)} characters: "
+                f"more than {self.prediction_tokens} tokens, this server's limit",
+            )
 
     def check_tokens(self, req: GenRequest, ids: list[int], predicted) -> None:
         """After tokenizing, before queueing: lengths in tokens."""
         if len(ids) > self.prompt_tokens:
             raise self.prompt_error("messages" if req.kind == "chat" else "prompt", len(ids))
         if len(predicted) > self.prediction_tokens:
-            raise _too_long("prediction", f"the prediction has {len(predicted)} tokens; this "
-                            f"server's limit is {self.prediction_tokens}")
+            raise _too_long(
+                "prediction",
+                f"the prediction has {len(predicted)} tokens; this "
+                f"server's limit is {self.prediction_tokens}",
+            )
 
     def prompt_error(self, where: str, n: int) -> APIError:
-        return _too_long(where, f"the prompt has {n} tokens; this server's limit is "
-                         f"{self.prompt_tokens}", "context_length_exceeded")
+        return _too_long(
+            where,
+            f"the prompt has {n} tokens; this server's limit is {self.prompt_tokens}",
+            "context_length_exceeded",
+        )
 
 
 def _too_long(param: str, message: str, code: str = "too_long") -> APIError:

@@ -97,51 +97,99 @@ class Metrics:
                     lab = ",".join(f'{k}="{v}"' for k, v in labels)
                     lines.append(f"{name}{{{lab}}} {value}" if lab else f"{name} {value}")
 
-            metric("dflash2_requests_total", "counter", "HTTP responses by endpoint and status.",
-                   [((("endpoint", e), ("status", s)), n)
-                    for (e, s), n in sorted(self.requests.items())])
+            metric(
+                "dflash2_requests_total",
+                "counter",
+                "HTTP responses by endpoint and status.",
+                [
+                    ((("endpoint", e), ("status", s)), n)
+                    for (e, s), n in sorted(self.requests.items())
+                ],
+            )
             for name, help_, value in (
-                ("dflash2_prompt_tokens_total", "Prompt tokens of started generations.",
-                 self.prompt_tokens),
-                ("dflash2_generated_tokens_total", "Tokens committed by the engine.",
-                 self.generated_tokens),
-                ("dflash2_rounds_total", "Draft-verify rounds (the prefill is not a round).",
-                 self.rounds),
+                (
+                    "dflash2_prompt_tokens_total",
+                    "Prompt tokens of started generations.",
+                    self.prompt_tokens,
+                ),
+                (
+                    "dflash2_generated_tokens_total",
+                    "Tokens committed by the engine.",
+                    self.generated_tokens,
+                ),
+                (
+                    "dflash2_rounds_total",
+                    "Draft-verify rounds (the prefill is not a round).",
+                    self.rounds,
+                ),
                 ("dflash2_drafted_tokens_total", "Draft tokens proposed.", self.drafted),
-                ("dflash2_accepted_tokens_total", "Draft tokens accepted by the target.",
-                 self.accepted),
-                ("dflash2_generations_total", "Generations run (finished or cancelled).",
-                 self.generations),
-                ("dflash2_cancelled_total",
-                 "Requests cancelled by a client disconnect (waiting or generating).",
-                 self.cancelled),
-                ("dflash2_tool_calls_total", "Tool calls returned in chat replies.",
-                 self.tool_calls),
-                ("dflash2_unparsed_tool_calls_total",
-                 "Tool-call texts the tool parser refused (returned as content).",
-                 self.unparsed_tool_calls),
-                ("dflash2_reasoning_tokens_total",
-                 "Generated tokens inside thinking sections (markers included).",
-                 self.reasoning.tokens),
-                ("dflash2_reasoning_rounds_total",
-                 "Draft-verify rounds that began inside a thinking section.",
-                 self.reasoning.rounds),
-                ("dflash2_reasoning_accepted_tokens_total",
-                 "Draft tokens accepted in rounds inside thinking sections.",
-                 self.reasoning.accepted),
+                (
+                    "dflash2_accepted_tokens_total",
+                    "Draft tokens accepted by the target.",
+                    self.accepted,
+                ),
+                (
+                    "dflash2_generations_total",
+                    "Generations run (finished or cancelled).",
+                    self.generations,
+                ),
+                (
+                    "dflash2_cancelled_total",
+                    "Requests cancelled by a client disconnect (waiting or generating).",
+                    self.cancelled,
+                ),
+                (
+                    "dflash2_tool_calls_total",
+                    "Tool calls returned in chat replies.",
+                    self.tool_calls,
+                ),
+                (
+                    "dflash2_unparsed_tool_calls_total",
+                    "Tool-call texts the tool parser refused (returned as content).",
+                    self.unparsed_tool_calls,
+                ),
+                (
+                    "dflash2_reasoning_tokens_total",
+                    "Generated tokens inside thinking sections (markers included).",
+                    self.reasoning.tokens,
+                ),
+                (
+                    "dflash2_reasoning_rounds_total",
+                    "Draft-verify rounds that began inside a thinking section.",
+                    self.reasoning.rounds,
+                ),
+                (
+                    "dflash2_reasoning_accepted_tokens_total",
+                    "Draft tokens accepted in rounds inside thinking sections.",
+                    self.reasoning.accepted,
+                ),
             ):
                 metric(name, "counter", help_, [((), value)])
-            metric("dflash2_generation_seconds_total", "counter",
-                   "Wall time spent generating.", [((), round(self.generation_seconds, 6))])
-            metric("dflash2_mean_acceptance_length", "gauge",
-                   "Mean tokens per round, bonus included (tau), since start.",
-                   [((), round(self.tau, 6))])
-            metric("dflash2_queue_depth", "gauge", "Requests waiting for the worker.",
-                   [((), self.queue_depth)])
+            metric(
+                "dflash2_generation_seconds_total",
+                "counter",
+                "Wall time spent generating.",
+                [((), round(self.generation_seconds, 6))],
+            )
+            metric(
+                "dflash2_mean_acceptance_length",
+                "gauge",
+                "Mean tokens per round, bonus included (tau), since start.",
+                [((), round(self.tau, 6))],
+            )
+            metric(
+                "dflash2_queue_depth",
+                "gauge",
+                "Requests waiting for the worker.",
+                [((), self.queue_depth)],
+            )
             metric("dflash2_in_flight", "gauge", "Generations running now.", [((), self.in_flight)])
-            metric("dflash2_cached_prompt_tokens_total", "counter",
-                   "Prompt tokens served by the prompt cache (not prefilled).",
-                   [((), self.cached_prompt_tokens)])
+            metric(
+                "dflash2_cached_prompt_tokens_total",
+                "counter",
+                "Prompt tokens served by the prompt cache (not prefilled).",
+                [((), self.cached_prompt_tokens)],
+            )
             if self.prompt_cache is not None:
                 _prompt_cache_metrics(metric, self.prompt_cache())
             return "\n".join(lines) + "\n"
@@ -151,13 +199,22 @@ def _prompt_cache_metrics(metric, st: PromptCacheStats) -> None:
     for name, help_, value in (
         ("dflash2_prompt_cache_hits_total", "Requests that resumed a cached prefix.", st.hits),
         ("dflash2_prompt_cache_misses_total", "Requests that started cold.", st.misses),
-        ("dflash2_prompt_cache_evictions_total", "Entries dropped to stay within the budget.",
-         st.evictions),
+        (
+            "dflash2_prompt_cache_evictions_total",
+            "Entries dropped to stay within the budget.",
+            st.evictions,
+        ),
     ):
         metric(name, "counter", help_, [((), value)])
-    metric("dflash2_prompt_cache_entries", "gauge", "Conversation states stored.",
-           [((), st.entries)])
-    metric("dflash2_prompt_cache_bytes", "gauge", "Bytes held by the stored states.",
-           [((), st.nbytes)])
-    metric("dflash2_prompt_cache_max_bytes", "gauge", "The prompt cache's budget.",
-           [((), st.max_bytes)])
+    metric(
+        "dflash2_prompt_cache_entries", "gauge", "Conversation states stored.", [((), st.entries)]
+    )
+    metric(
+        "dflash2_prompt_cache_bytes", "gauge", "Bytes held by the stored states.", [((), st.nbytes)]
+    )
+    metric(
+        "dflash2_prompt_cache_max_bytes",
+        "gauge",
+        "The prompt cache's budget.",
+        [((), st.max_bytes)],
+    )

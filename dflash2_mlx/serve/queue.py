@@ -77,8 +77,9 @@ class Job:
 class Worker:
     """Admits at most `max_queue` waiting jobs besides the one generating."""
 
-    def __init__(self, pair, max_queue: int, metrics: Metrics,
-                 prompt_cache: PromptCache | None = None):
+    def __init__(
+        self, pair, max_queue: int, metrics: Metrics, prompt_cache: PromptCache | None = None
+    ):
         self.pair = pair
         self.max_queue = max_queue
         self.metrics = metrics
@@ -203,8 +204,11 @@ class Worker:
                     job.state = "done"
                     self.running = 0
                     self._current = None
-                    self.recent_seconds = seconds if self.recent_seconds is None else (
-                        RETRY_EWMA * seconds + (1 - RETRY_EWMA) * self.recent_seconds)
+                    self.recent_seconds = (
+                        seconds
+                        if self.recent_seconds is None
+                        else (RETRY_EWMA * seconds + (1 - RETRY_EWMA) * self.recent_seconds)
+                    )
                     self._publish()
                 self.metrics.count_generation(seconds, job.cancelled.is_set())
 
@@ -216,9 +220,14 @@ class Worker:
                 return
             if self.prompt_cache is not None:
                 lease = self.prompt_cache.lease(job.prompt_ids)
-            chunks = stream_text(self.pair, job.prompt_ids, job.params, job.stop,
-                                 session=lease.session if lease else None,
-                                 cancel=job.cancelled.is_set)
+            chunks = stream_text(
+                self.pair,
+                job.prompt_ids,
+                job.params,
+                job.stop,
+                session=lease.session if lease else None,
+                cancel=job.cancelled.is_set,
+            )
             for chunk in chunks:
                 if lease is not None:
                     lease.observe(chunk.event)
@@ -229,8 +238,11 @@ class Worker:
                     break
             if job.cancelled.is_set():
                 why = "the server is shutting down" if job.stopped_by else "the client left"
-                when = (f"after {produced} generated tokens" if produced else
-                        f"during the prefill of its {len(job.prompt_ids)} prompt tokens")
+                when = (
+                    f"after {produced} generated tokens"
+                    if produced
+                    else f"during the prefill of its {len(job.prompt_ids)} prompt tokens"
+                )
                 log.info("job %d cancelled %s: %s", job.id, when, why)
                 if job.stopped_by is not None:
                     job.emit(Item("error", error=job.stopped_by))

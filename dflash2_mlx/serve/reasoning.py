@@ -15,12 +15,31 @@ from ..engine.events import tau as tau_of
 from .api_error import invalid
 
 # Arguments of apply_chat_template itself, or set by the server: not the client's to pass.
-RESERVED = frozenset({
-    "messages", "conversation", "tools", "documents", "add_generation_prompt",
-    "continue_final_message", "tokenize", "return_dict", "return_tensors", "padding",
-    "truncation", "max_length", "chat_template", "tokenizer_kwargs", "return_assistant_tokens_mask",
-    "raise_exception", "strftime_now", "bos_token", "eos_token", "unk_token", "pad_token",
-})
+RESERVED = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "return_dict",
+        "return_tensors",
+        "padding",
+        "truncation",
+        "max_length",
+        "chat_template",
+        "tokenizer_kwargs",
+        "return_assistant_tokens_mask",
+        "raise_exception",
+        "strftime_now",
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+    }
+)
 
 
 def parse_template_kwargs(value) -> dict:
@@ -29,15 +48,22 @@ def parse_template_kwargs(value) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise invalid("chat_template_kwargs", "chat_template_kwargs must be an object",
-                      "invalid_type")
+        raise invalid(
+            "chat_template_kwargs", "chat_template_kwargs must be an object", "invalid_type"
+        )
     for k, v in value.items():
         if k in RESERVED:
-            raise invalid(f"chat_template_kwargs.{k}", f"chat_template_kwargs.{k} is set by the "
-                          "server, not by the request", "unsupported_parameter")
+            raise invalid(
+                f"chat_template_kwargs.{k}",
+                f"chat_template_kwargs.{k} is set by the server, not by the request",
+                "unsupported_parameter",
+            )
         if k == THINKING_KWARG and not isinstance(v, bool):
-            raise invalid(f"chat_template_kwargs.{k}", f"chat_template_kwargs.{k} must be a "
-                          f"boolean; got {v!r}", "invalid_type")
+            raise invalid(
+                f"chat_template_kwargs.{k}",
+                f"chat_template_kwargs.{k} must be a boolean; got {v!r}",
+                "invalid_type",
+            )
     return dict(value)
 
 
@@ -70,16 +96,19 @@ class ThinkingTracker:
             return
         if self.inside and not ev.prefill:
             s = self.stats
-            s.rounds, s.drafted, s.accepted = s.rounds + 1, s.drafted + ev.drafted, \
-                s.accepted + ev.accepted
+            s.rounds, s.drafted, s.accepted = (
+                s.rounds + 1,
+                s.drafted + ev.drafted,
+                s.accepted + ev.accepted,
+            )
         keep = max(len(self.start), len(self.end))
         for t in ev.tokens:
             self.tail = (self.tail + [t])[-keep:]
             if self.inside:
                 self.stats.tokens += 1
-                if tuple(self.tail[-len(self.end):]) == self.end:
+                if tuple(self.tail[-len(self.end) :]) == self.end:
                     self.inside = False
-            elif tuple(self.tail[-len(self.start):]) == self.start:
+            elif tuple(self.tail[-len(self.start) :]) == self.start:
                 self.inside = True
                 self.stats.tokens += len(self.start)
 

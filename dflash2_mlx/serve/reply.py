@@ -33,8 +33,12 @@ def _machine(tokenizer, tools: bool) -> TextStateMachine | None:
     if tools:
         return make_text_state_machine(tokenizer)
     if getattr(tokenizer, "has_thinking", False):
-        return TextStateMachine({"normal": [(tokenizer.think_start, "reasoning")],
-                                 "reasoning": [(tokenizer.think_end, "normal")]})
+        return TextStateMachine(
+            {
+                "normal": [(tokenizer.think_start, "reasoning")],
+                "reasoning": [(tokenizer.think_end, "normal")],
+            }
+        )
     return None
 
 
@@ -95,8 +99,9 @@ class ChatReply:
         try:
             parsed = self.tok.tool_parser(text, list(self.tools.tools))
             calls = parsed if isinstance(parsed, list) else [parsed]
-            if not calls or not all(isinstance(c, dict) and isinstance(c.get("name"), str)
-                                    for c in calls):
+            if not calls or not all(
+                isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls
+            ):
                 raise ValueError(f"no function name in {parsed!r}")
         except Exception as e:  # the model's text, not a server fault: keep it as content
             log.warning("a tool call did not parse (%s: %s); kept as content", type(e).__name__, e)
@@ -108,11 +113,17 @@ class ChatReply:
         out = []
         for c in calls:
             args = c.get("arguments", {})
-            call = {"index": len(self.calls), "id": c.get("id") or f"call_{uuid.uuid4().hex[:24]}",
-                    "type": "function", "function": {
-                        "name": c["name"],
-                        "arguments": args if isinstance(args, str) else
-                        json.dumps(args, ensure_ascii=False)}}
+            call = {
+                "index": len(self.calls),
+                "id": c.get("id") or f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": c["name"],
+                    "arguments": args
+                    if isinstance(args, str)
+                    else json.dumps(args, ensure_ascii=False),
+                },
+            }
             self.calls.append(call)
             out.append(Delta("tool_call", call=call))
         return out

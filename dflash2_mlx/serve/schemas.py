@@ -21,6 +21,8 @@ from .tools import ToolRequest, history_tool_calls, parse_tools, tool_call_id
 
 MAX_STOP = 16
 MAX_SEED = 2**64 - 1
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -31,8 +33,11 @@ def _is_num(v) -> bool:
 
 def _neutral(*values) -> Callable[[Any], bool]:
     def ok(v):
-        return any(v is x or (type(v) is type(x) and v == x)
-                   or (_is_num(v) and _is_num(x) and v == x) for x in values)
+        return any(
+            v is x or (type(v) is type(x) and v == x) or (_is_num(v) and _is_num(x) and v == x)
+            for x in values
+        )
+
     return ok
 
 
@@ -48,10 +53,14 @@ _CHAT_ONLY = {
     "logprobs": (_neutral(None, False), "logprobs are not supported"),
     "top_logprobs": (_neutral(None, 0), "logprobs are not supported"),
     "functions": (lambda v: v is None or v == [], "functions are not supported (use tools)"),
-    "function_call": (_neutral(None, "none", "auto"),
-                      "functions are not supported (use tools and tool_choice)"),
-    "response_format": (lambda v: v is None or v == {"type": "text"},
-                        "response_format other than {\"type\": \"text\"} is not supported"),
+    "function_call": (
+        _neutral(None, "none", "auto"),
+        "functions are not supported (use tools and tool_choice)",
+    ),
+    "response_format": (
+        lambda v: v is None or v == {"type": "text"},
+        'response_format other than {"type": "text"} is not supported',
+    ),
     "modalities": (lambda v: v is None or v == ["text"], "only text output is supported"),
     "audio": (_neutral(None), "audio output is not supported"),
     "reasoning_effort": (_neutral(None), "reasoning_effort is not supported"),
@@ -93,8 +102,9 @@ def _check_fields(body: dict, own: set[str], refused: dict) -> None:
             if not neutral(value):
                 raise invalid(name, f"{name}={brief(value)}: {why}", "unsupported_parameter")
         elif name not in own and name not in _HARMLESS:
-            raise invalid(name, f"Unrecognized request argument supplied: {name[:60]}",
-                          "unknown_parameter")
+            raise invalid(
+                name, f"Unrecognized request argument supplied: {name[:60]}", "unknown_parameter"
+            )
 
 
 def _opt(body: dict, name: str, test: Callable[[Any], bool], expected: str):
@@ -117,8 +127,11 @@ def _sampling(body: dict) -> dict[str, Any]:
             continue
         integer = name in _INT_FIELDS
         if not (_is_int(v) if integer else _is_num(v)):
-            raise invalid(name, f"{name} must be {'an integer' if integer else 'a number'}; "
-                          f"got {brief(v)}", "invalid_type")
+            raise invalid(
+                name,
+                f"{name} must be {'an integer' if integer else 'a number'}; got {brief(v)}",
+                "invalid_type",
+            )
         if name == "top_k" and v == -1:  # vLLM's and mlx-lm's "off"
             v = 0
         if name == "seed" and v > MAX_SEED:
@@ -160,11 +173,17 @@ def _common(body: dict, kind: str, max_param: str) -> GenRequest:
             raise invalid("stream_options", "stream_options must be an object", "invalid_type")
         for k, v in opts.items():
             if k != "include_usage":
-                raise invalid(f"stream_options.{k}", f"stream_options.{k} is not supported",
-                              "unsupported_parameter")
+                raise invalid(
+                    f"stream_options.{k}",
+                    f"stream_options.{k} is not supported",
+                    "unsupported_parameter",
+                )
             if v is not None and not isinstance(v, bool):
-                raise invalid("stream_options.include_usage",
-                              "stream_options.include_usage must be a boolean", "invalid_type")
+                raise invalid(
+                    "stream_options.include_usage",
+                    "stream_options.include_usage must be a boolean",
+                    "invalid_type",
+                )
             include_usage = bool(v)
     return GenRequest(kind, model, _sampling(body), limit, max_param, stop, stream, include_usage)
 
@@ -176,11 +195,16 @@ def _text(param: str, content, sep: str) -> str:
     if isinstance(content, list):
         texts = []
         for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
-                    part.get("text"), str):
-                raise invalid(f"{param}[{j}]",
-                              "only text content parts ({\"type\": \"text\", \"text\": ...}) "
-                              "are supported", "unsupported_parameter")
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise invalid(
+                    f"{param}[{j}]",
+                    'only text content parts ({"type": "text", "text": ...}) are supported',
+                    "unsupported_parameter",
+                )
             texts.append(part["text"])
         return sep.join(texts)
     raise invalid(param, f"{param} must be a string or a list of text parts", "invalid_type")
@@ -194,18 +218,24 @@ def _prediction(value) -> str | None:
         raise invalid("prediction", "prediction must be an object", "invalid_type")
     for k in value:
         if k not in ("type", "content"):
-            raise invalid(f"prediction.{k}", f"prediction.{k} is not supported",
-                          "unsupported_parameter")
+            raise invalid(
+                f"prediction.{k}", f"prediction.{k} is not supported", "unsupported_parameter"
+            )
     if value.get("type") != "content":
-        raise invalid("prediction.type", "prediction.type must be \"content\"; got "
-                      f"{brief(value.get('type'))}")
+        raise invalid(
+            "prediction.type", f'prediction.type must be "content"; got {brief(value.get("type"))}'
+        )
     return _text("prediction.content", value.get("content"), "")
 
 
 # Message fields besides role and content, by role.
-_MESSAGE_FIELDS = {"system": (), "developer": (), "user": (),
-                   "assistant": ("tool_calls", "reasoning_content"),
-                   "tool": ("tool_call_id", "name")}
+_MESSAGE_FIELDS = {
+    "system": (),
+    "developer": (),
+    "user": (),
+    "assistant": ("tool_calls", "reasoning_content"),
+    "tool": ("tool_call_id", "name"),
+}
 
 
 def _message(i: int, m) -> dict:
@@ -214,19 +244,27 @@ def _message(i: int, m) -> dict:
         raise invalid(f"messages[{i}]", "each message must be an object", "invalid_type")
     role = m.get("role")
     if role not in _MESSAGE_FIELDS:
-        raise invalid(f"messages[{i}].role", "role must be system, developer, user, assistant "
-                      f"or tool; got {brief(role)}")
+        raise invalid(
+            f"messages[{i}].role",
+            f"role must be system, developer, user, assistant or tool; got {brief(role)}",
+        )
     for k, v in m.items():
         if k not in ("role", "content", *_MESSAGE_FIELDS[role]) and v not in (None, []):
-            raise invalid(f"messages[{i}].{k}", f"message field {brief(k)} is not supported"
-                          + (f" on a {role} message" if k in _MESSAGE_FIELDS["assistant"]
-                             + _MESSAGE_FIELDS["tool"] else ""), "unsupported_parameter")
+            raise invalid(
+                f"messages[{i}].{k}",
+                f"message field {brief(k)} is not supported"
+                + (
+                    f" on a {role} message"
+                    if k in _MESSAGE_FIELDS["assistant"] + _MESSAGE_FIELDS["tool"]
+                    else ""
+                ),
+                "unsupported_parameter",
+            )
     calls = m.get("tool_calls") if role == "assistant" else None
     if m.get("content") is None and calls:
         content = ""  # an assistant turn that only calls tools
     elif "content" not in m:
-        raise invalid(f"messages[{i}].content", "content is required",
-                      "missing_required_parameter")
+        raise invalid(f"messages[{i}].content", "content is required", "missing_required_parameter")
     else:
         content = _text(f"messages[{i}].content", m["content"], "\n")
     # Chat templates know "system"; OpenAI's newer "developer" role means the same.
@@ -238,16 +276,28 @@ def _message(i: int, m) -> dict:
     for k in ("name", "reasoning_content"):
         if k in _MESSAGE_FIELDS[role] and m.get(k) is not None:
             if not isinstance(m[k], str):
-                raise invalid(f"messages[{i}].{k}", f"messages[{i}].{k} must be a string",
-                              "invalid_type")
+                raise invalid(
+                    f"messages[{i}].{k}", f"messages[{i}].{k} must be a string", "invalid_type"
+                )
             out[k] = m[k]
     return out
 
 
 def parse_chat(body: dict) -> GenRequest:
-    _check_fields(body, _COMMON | {"messages", "max_completion_tokens", "prediction", "tools",
-                                   "tool_choice", "parallel_tool_calls", "chat_template_kwargs"},
-                  {**_OUTPUT_CHANGING, **_CHAT_ONLY})
+    _check_fields(
+        body,
+        _COMMON
+        | {
+            "messages",
+            "max_completion_tokens",
+            "prediction",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
+            "chat_template_kwargs",
+        },
+        {**_OUTPUT_CHANGING, **_CHAT_ONLY},
+    )
     messages = body.get("messages")
     if messages is None:
         raise invalid("messages", "messages is required", "missing_required_parameter")
@@ -273,11 +323,15 @@ def parse_completion(body: dict) -> GenRequest:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, list):
         if prompt and all(isinstance(p, (str, list)) for p in prompt):
-            raise invalid("prompt", "batched prompts are not supported: send one per request",
-                          "unsupported_parameter")
+            raise invalid(
+                "prompt",
+                "batched prompts are not supported: send one per request",
+                "unsupported_parameter",
+            )
         if not all(_is_int(t) for t in prompt):
-            raise invalid("prompt", "prompt must be a string or a list of token ids",
-                          "invalid_type")
+            raise invalid(
+                "prompt", "prompt must be a string or a list of token ids", "invalid_type"
+            )
     elif not isinstance(prompt, str):
         raise invalid("prompt", "prompt must be a string or a list of token ids", "invalid_type")
     if len(prompt) == 0:

@@ -47,14 +47,22 @@ class SecurityPolicy:
     trusted_proxies: tuple[str, ...] = ()
 
     def __post_init__(self):
-        object.__setattr__(self, "allowed_hosts", tuple(h.strip().lower().strip("[]")
-                                                        for h in self.allowed_hosts if h.strip()))
-        object.__setattr__(self, "cors_origins", tuple(o.strip().rstrip("/").lower()
-                                                       for o in self.cors_origins if o.strip()))
+        object.__setattr__(
+            self,
+            "allowed_hosts",
+            tuple(h.strip().lower().strip("[]") for h in self.allowed_hosts if h.strip()),
+        )
+        object.__setattr__(
+            self,
+            "cors_origins",
+            tuple(o.strip().rstrip("/").lower() for o in self.cors_origins if o.strip()),
+        )
         for origin in self.cors_origins:
             if origin != "*" and "://" not in origin:
-                raise DFlash2Error(f"--cors {origin!r}: an origin is scheme://host[:port], "
-                                   "e.g. http://localhost:3000 (or * for any)")
+                raise DFlash2Error(
+                    f"--cors {origin!r}: an origin is scheme://host[:port], "
+                    "e.g. http://localhost:3000 (or * for any)"
+                )
         if self.api_key is not None and not self.api_key.strip():
             raise DFlash2Error("--api-key is empty")
 
@@ -116,10 +124,15 @@ class SecurityGate:
             return await self.app(scope, receive, send)
         if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
             allow = headers.get("access-control-request-headers", "authorization, content-type")
-            return await Response(status_code=204, headers={
-                **cors, "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-                "Access-Control-Allow-Headers": allow[:200],
-                "Access-Control-Max-Age": PREFLIGHT_MAX_AGE})(scope, receive, send)
+            return await Response(
+                status_code=204,
+                headers={
+                    **cors,
+                    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                    "Access-Control-Allow-Headers": allow[:200],
+                    "Access-Control-Max-Age": PREFLIGHT_MAX_AGE,
+                },
+            )(scope, receive, send)
         extra = [(k.lower().encode(), v.encode()) for k, v in cors.items()]
 
         async def with_cors(message):
@@ -138,19 +151,28 @@ class SecurityGate:
             raise APIError(400, "the Host header is required", code="host_required")
         host = split_host(host_header)
         if not (is_loopback(host) or "*" in p.allowed_hosts or host in p.allowed_hosts):
-            raise APIError(403, f"Host {host[:60]!r} is not allowed: this server answers "
-                           "loopback names only unless started with --allowed-hosts",
-                           code="host_not_allowed")
+            raise APIError(
+                403,
+                f"Host {host[:60]!r} is not allowed: this server answers "
+                "loopback names only unless started with --allowed-hosts",
+                code="host_not_allowed",
+            )
         cors = None
         origin = headers.get("origin")
         if origin is not None:
-            own = origin.lower().rstrip("/") in (f"http://{host_header.lower()}",
-                                                 f"https://{host_header.lower()}")
+            own = origin.lower().rstrip("/") in (
+                f"http://{host_header.lower()}",
+                f"https://{host_header.lower()}",
+            )
             if not own:
                 if "*" not in p.cors_origins and origin.lower().rstrip("/") not in p.cors_origins:
-                    raise APIError(403, f"cross-origin requests from {origin[:60]!r} are not "
-                                   "allowed unless the server is started with --cors naming "
-                                   "the origin", code="origin_not_allowed")
+                    raise APIError(
+                        403,
+                        f"cross-origin requests from {origin[:60]!r} are not "
+                        "allowed unless the server is started with --cors naming "
+                        "the origin",
+                        code="origin_not_allowed",
+                    )
                 cors = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
         if scope["method"] == "OPTIONS":
             return cors
@@ -158,14 +180,23 @@ class SecurityGate:
             auth = headers.get("authorization", "")
             scheme, _, token = auth.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(
-                    token.strip().encode("latin-1"), self._key):
-                raise APIError(401, "a valid API key is required: Authorization: Bearer <key>",
-                               type="authentication_error", code="invalid_api_key",
-                               headers={**(cors or {}), "WWW-Authenticate": "Bearer"})
+                token.strip().encode("latin-1"), self._key
+            ):
+                raise APIError(
+                    401,
+                    "a valid API key is required: Authorization: Bearer <key>",
+                    type="authentication_error",
+                    code="invalid_api_key",
+                    headers={**(cors or {}), "WWW-Authenticate": "Bearer"},
+                )
         if scope["method"] == "POST":
             media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if media != "application/json":
-                raise APIError(415, "the request body must be JSON sent as Content-Type: "
-                               f"application/json; got {media[:60] or 'none'!r}",
-                               code="unsupported_media_type", headers=cors)
+                raise APIError(
+                    415,
+                    "the request body must be JSON sent as Content-Type: "
+                    f"application/json; got {media[:60] or 'none'!r}",
+                    code="unsupported_media_type",
+                    headers=cors,
+                )
         return cors

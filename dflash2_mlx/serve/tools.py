@@ -40,39 +40,53 @@ def _function(i: int, tool) -> dict:
     if not isinstance(tool, dict):
         raise invalid(where, f"{where} must be an object", "invalid_type")
     if tool.get("type") != "function":
-        raise invalid(f"{where}.type", f"{where}.type must be \"function\" (the only tool type "
-                      f"supported); got {tool.get('type')!r}")
+        raise invalid(
+            f"{where}.type",
+            f'{where}.type must be "function" (the only tool type '
+            f"supported); got {tool.get('type')!r}",
+        )
     for k in tool:
         if k not in ("type", "function"):
-            raise invalid(f"{where}.{k}", f"{where}.{k} is not supported",
-                          "unsupported_parameter")
+            raise invalid(f"{where}.{k}", f"{where}.{k} is not supported", "unsupported_parameter")
     fn = tool.get("function")
     if not isinstance(fn, dict):
-        raise invalid(f"{where}.function", f"{where}.function must be an object",
-                      "missing_required_parameter" if fn is None else "invalid_type")
+        raise invalid(
+            f"{where}.function",
+            f"{where}.function must be an object",
+            "missing_required_parameter" if fn is None else "invalid_type",
+        )
     where += ".function"
     for k in fn:
         if k not in _FUNCTION_KEYS:
-            raise invalid(f"{where}.{k}", f"{where}.{k} is not supported",
-                          "unsupported_parameter")
+            raise invalid(f"{where}.{k}", f"{where}.{k} is not supported", "unsupported_parameter")
     name = fn.get("name")
     if not isinstance(name, str) or not NAME.match(name):
-        raise invalid(f"{where}.name", f"{where}.name must be 1 to 64 letters, digits, _ or -; "
-                      f"got {name!r}", "missing_required_parameter" if name is None else
-                      "invalid_value")
+        raise invalid(
+            f"{where}.name",
+            f"{where}.name must be 1 to 64 letters, digits, _ or -; got {name!r}",
+            "missing_required_parameter" if name is None else "invalid_value",
+        )
     if fn.get("description") is not None and not isinstance(fn["description"], str):
-        raise invalid(f"{where}.description", f"{where}.description must be a string",
-                      "invalid_type")
+        raise invalid(
+            f"{where}.description", f"{where}.description must be a string", "invalid_type"
+        )
     params = fn.get("parameters")
-    if params is not None and (not isinstance(params, dict)
-                               or params.get("type", "object") != "object"):
-        raise invalid(f"{where}.parameters", f"{where}.parameters must be a JSON Schema object "
-                      "with \"type\": \"object\"", "invalid_type")
+    if params is not None and (
+        not isinstance(params, dict) or params.get("type", "object") != "object"
+    ):
+        raise invalid(
+            f"{where}.parameters",
+            f'{where}.parameters must be a JSON Schema object with "type": "object"',
+            "invalid_type",
+        )
     strict = fn.get("strict")
     if strict not in (None, False):
-        raise invalid(f"{where}.strict", f"{where}.strict={strict!r}: strict schema adherence "
-                      "is not supported (arguments are the model's own); send strict false",
-                      "unsupported_parameter")
+        raise invalid(
+            f"{where}.strict",
+            f"{where}.strict={strict!r}: strict schema adherence "
+            "is not supported (arguments are the model's own); send strict false",
+            "unsupported_parameter",
+        )
     return {"type": "function", "function": {k: v for k, v in fn.items() if k != "strict"}}
 
 
@@ -81,22 +95,29 @@ def _choice(value, names: list[str]) -> tuple[str, str | None]:
         return "auto", None
     if isinstance(value, str):
         if value not in CHOICES:
-            raise invalid("tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" "
-                          f"or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}; "
-                          f"got {value!r}")
+            raise invalid(
+                "tool_choice",
+                'tool_choice must be "none", "auto", "required" '
+                f'or {{"type": "function", "function": {{"name": ...}}}}; '
+                f"got {value!r}",
+            )
         if value == "required" and not names:
-            raise invalid("tool_choice", "tool_choice \"required\" needs tools")
+            raise invalid("tool_choice", 'tool_choice "required" needs tools')
         return value, None
     if not isinstance(value, dict):
         raise invalid("tool_choice", "tool_choice must be a string or an object", "invalid_type")
     if value.get("type") != "function":
-        raise invalid("tool_choice.type", "tool_choice.type must be \"function\"; got "
-                      f"{value.get('type')!r}")
+        raise invalid(
+            "tool_choice.type", f'tool_choice.type must be "function"; got {value.get("type")!r}'
+        )
     fn = value.get("function")
     name = fn.get("name") if isinstance(fn, dict) else None
     if name not in names:
-        raise invalid("tool_choice.function.name", f"tool_choice names {name!r}, which is not "
-                      f"among the tools ({', '.join(names) or 'none given'})")
+        raise invalid(
+            "tool_choice.function.name",
+            f"tool_choice names {name!r}, which is not "
+            f"among the tools ({', '.join(names) or 'none given'})",
+        )
     return "function", name
 
 
@@ -113,8 +134,9 @@ def parse_tools(body: dict) -> ToolRequest | None:
     choice, name = _choice(body.get("tool_choice"), names)
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
-        raise invalid("parallel_tool_calls", "parallel_tool_calls must be a boolean",
-                      "invalid_type")
+        raise invalid(
+            "parallel_tool_calls", "parallel_tool_calls must be a boolean", "invalid_type"
+        )
     if not tools:
         return None
     return ToolRequest(tuple(tools), choice, name, parallel is not False)
@@ -142,11 +164,16 @@ def history_tool_calls(i: int, calls) -> list[dict]:
             raise invalid(at, f"{at} must be a function call object", "invalid_type")
         fn = call.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise invalid(f"{at}.function", f"{at}.function must be an object with a name",
-                          "invalid_type")
-        entry = {"type": "function", "function": {
-            "name": fn["name"], "arguments": _arguments(f"{at}.function.arguments",
-                                                         fn.get("arguments", "{}"))}}
+            raise invalid(
+                f"{at}.function", f"{at}.function must be an object with a name", "invalid_type"
+            )
+        entry = {
+            "type": "function",
+            "function": {
+                "name": fn["name"],
+                "arguments": _arguments(f"{at}.function.arguments", fn.get("arguments", "{}")),
+            },
+        }
         if call.get("id") is not None:
             if not isinstance(call["id"], str):
                 raise invalid(f"{at}.id", f"{at}.id must be a string", "invalid_type")
@@ -159,6 +186,9 @@ def tool_call_id(i: int, value) -> str:
     """A tool message's `tool_call_id` (required, as OpenAI's API has it)."""
     where = f"messages[{i}].tool_call_id"
     if not isinstance(value, str) or not value:
-        raise invalid(where, f"a tool message needs {where}: the id of the call it answers",
-                      "missing_required_parameter" if value is None else "invalid_type")
+        raise invalid(
+            where,
+            f"a tool message needs {where}: the id of the call it answers",
+            "missing_required_parameter" if value is None else "invalid_type",
+        )
     return value

@@ -21,7 +21,14 @@ from .rollback import rollback_caches
 
 # Families whose logits are exactly head(inner(ids)); others are called whole.
 _PLAIN_HEAD_FAMILIES = {
-    "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_next",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_next",
 }
 
 
@@ -89,8 +96,12 @@ class TargetAdapter:
 
     def binding(self) -> TargetBinding:
         head = self.head
-        return TargetBinding(self.embed_tokens, head, float(getattr(self.inner, "embed_scale", 1.0)),
-                             lambda ids: restricted_head(head, ids))
+        return TargetBinding(
+            self.embed_tokens,
+            head,
+            float(getattr(self.inner, "embed_scale", 1.0)),
+            lambda ids: restricted_head(head, ids),
+        )
 
     # ------------------------------------------------------------------ caches
     def make_cache(self) -> list:
@@ -118,8 +129,14 @@ class TargetAdapter:
         features = mx.concatenate([cap.features[i] for i in self.layer_ids], axis=-1)
         return Forward(logits, features, cap)
 
-    def prefill(self, ids: mx.array, cache: list, chunk: int = 512, keep_rows: int | None = None,
-                between: Callable[[], None] | None = None):
+    def prefill(
+        self,
+        ids: mx.array,
+        cache: list,
+        chunk: int = 512,
+        keep_rows: int | None = None,
+        between: Callable[[], None] | None = None,
+    ):
         """Chunked prefill of ids [1, P] -> (last logits [1, 1, V], features of the last
         `keep_rows` positions (all when None), index of the first kept row).
         `between` is called after each chunk but the last (it may raise to stop)."""

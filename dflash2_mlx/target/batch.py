@@ -35,9 +35,11 @@ def batchable(adapter: TargetAdapter) -> str | None:
         mixer = getattr(adapter.layers[i], "linear_attn", None)
         if type(c) is ArraysCache and gdn.supports(mixer):
             continue
-        return (f"layer {i} uses {type(c).__name__}"
-                f"{'' if mixer is None else ' (' + type(mixer).__name__ + ')'}, "
-                "which has no exact per-row rollback")
+        return (
+            f"layer {i} uses {type(c).__name__}"
+            f"{'' if mixer is None else ' (' + type(mixer).__name__ + ')'}, "
+            "which has no exact per-row rollback"
+        )
     return None
 
 
@@ -95,8 +97,9 @@ def _compact(c: BatchKVCache) -> None:
 def _rollback_gdn(r: gdn.GDNRecord, keep: mx.array, width: int) -> None:
     steps = mx.arange(width)[None, :] < keep[:, None]
     mask = steps if r.mask is None else (steps & r.mask)
-    _, state = gated_delta.gated_delta_update(r.q, r.k, r.v, r.a, r.b, r.A_log, r.dt_bias,
-                                              r.state, mask)
+    _, state = gated_delta.gated_delta_update(
+        r.q, r.k, r.v, r.a, r.b, r.A_log, r.dt_bias, r.state, mask
+    )
     r.cache[1] = state
     window = (keep[:, None] + mx.arange(r.kernel - 1)[None, :])[..., None]
     r.cache[0] = mx.take_along_axis(r.conv_input, window, axis=1)

@@ -101,7 +101,9 @@ def tapped(layers: list, feature_ids: set[int], replay_caches: dict[int, Any]) -
         originals = {i: layers[i] for i in watched}
         try:
             for layer in mixers:  # an instance attribute shadows the module's child, for now
-                object.__setattr__(layer, "linear_attn", _MixerProxy(layer.linear_attn, capture.gdn))
+                object.__setattr__(
+                    layer, "linear_attn", _MixerProxy(layer.linear_attn, capture.gdn)
+                )
             for i in watched:
                 layers[i] = _Proxy(originals[i], i, capture, generic.get(i), i in feature_ids)
             yield capture

@@ -19,9 +19,12 @@ from mlx_lm.models import gated_delta
 def supports(mixer) -> bool:
     """The qwen3_5 GatedDeltaNet layout this mirror follows (unsharded, unbatched cache)."""
     cls = type(mixer)
-    return (cls.__name__ == "GatedDeltaNet" and cls.__module__.endswith(".qwen3_5")
-            and getattr(mixer, "sharding_group", None) is None
-            and all(hasattr(mixer, n) for n in ("in_proj_qkv", "in_proj_z", "conv1d", "A_log")))
+    return (
+        cls.__name__ == "GatedDeltaNet"
+        and cls.__module__.endswith(".qwen3_5")
+        and getattr(mixer, "sharding_group", None) is None
+        and all(hasattr(mixer, n) for n in ("in_proj_qkv", "in_proj_z", "conv1d", "A_log"))
+    )
 
 
 @dataclass
@@ -55,7 +58,7 @@ def forward(mod, inputs: mx.array, mask, cache, records: list[GDNRecord]) -> mx.
         qkv = mx.where(mask[..., None], qkv, 0)
     conv_input = mx.concatenate([conv_state, qkv], axis=1)
     if cache is not None:
-        cache[0] = mx.contiguous(conv_input[:, -(mod.conv_kernel_size - 1):, :])
+        cache[0] = mx.contiguous(conv_input[:, -(mod.conv_kernel_size - 1) :, :])
     conv_out = nn.silu(mod.conv1d(conv_input))
     q, k, v = [
         t.reshape(B, S, h, d)
@@ -66,11 +69,26 @@ def forward(mod, inputs: mx.array, mask, cache, records: list[GDNRecord]) -> mx.
         )
     ]
     state = cache[1] if cache else None
-    q, k = gated_delta.normalize_qk(q, k, inv_scale=mod.head_k_dim ** -0.5, eps=1e-6)
-    records.append(GDNRecord(cache, q, k, v, a, b, mod.A_log, mod.dt_bias, state, mask,
-                             conv_input, mod.conv_kernel_size))
+    q, k = gated_delta.normalize_qk(q, k, inv_scale=mod.head_k_dim**-0.5, eps=1e-6)
+    records.append(
+        GDNRecord(
+            cache,
+            q,
+            k,
+            v,
+            a,
+            b,
+            mod.A_log,
+            mod.dt_bias,
+            state,
+            mask,
+            conv_input,
+            mod.conv_kernel_size,
+        )
+    )
     out, state = gated_delta.gated_delta_update(
-        q, k, v, a, b, mod.A_log, mod.dt_bias, state, mask, use_kernel=not mod.training)
+        q, k, v, a, b, mod.A_log, mod.dt_bias, state, mask, use_kernel=not mod.training
+    )
     if cache is not None:
         cache[1] = state
         cache.advance(S)
@@ -82,7 +100,15 @@ def rollback(r: GDNRecord, keep: int) -> None:
     """Set the cache to its state after the first `keep` rows of the recorded call."""
     n = keep
     _, state = gated_delta.gated_delta_update(
-        r.q[:, :n], r.k[:, :n], r.v[:, :n], r.a[:, :n], r.b[:, :n], r.A_log, r.dt_bias,
-        r.state, None if r.mask is None else r.mask[:, :n])
+        r.q[:, :n],
+        r.k[:, :n],
+        r.v[:, :n],
+        r.a[:, :n],
+        r.b[:, :n],
+        r.A_log,
+        r.dt_bias,
+        r.state,
+        None if r.mask is None else r.mask[:, :n],
+    )
     r.cache[1] = state
-    r.cache[0] = mx.contiguous(r.conv_input[:, n: n + r.kernel - 1])
+    r.cache[0] = mx.contiguous(r.conv_input[:, n : n + r.kernel - 1])

@@ -74,9 +74,16 @@ class QuantizedRowsHead:
         mx.eval(self.weight, self.scales, self.biases, self.bias)
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = mx.quantized_matmul(x, self.weight, scales=self.scales, biases=self.biases,
-                                transpose=True, group_size=self.group_size, bits=self.bits,
-                                mode=self.mode)
+        y = mx.quantized_matmul(
+            x,
+            self.weight,
+            scales=self.scales,
+            biases=self.biases,
+            transpose=True,
+            group_size=self.group_size,
+            bits=self.bits,
+            mode=self.mode,
+        )
         return y if self.bias is None else y + self.bias
 
 

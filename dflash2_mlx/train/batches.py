@@ -29,8 +29,9 @@ def make_subset(tokens: list, head_w: mx.array, negatives: int, seed: int) -> Vo
     return VocabSubset(ids_mx, mx.array(remap), head_w[ids_mx])
 
 
-def sample_anchors(seq: StoredSequence, n: int, block: int, rng: random.Random,
-                   every: int | None = None) -> list[int] | None:
+def sample_anchors(
+    seq: StoredSequence, n: int, block: int, rng: random.Random, every: int | None = None
+) -> list[int] | None:
     """n random anchors in the response (with replacement when it is short), or every
     `every`-th one; None when the response is shorter than a block."""
     lo, hi = max(seq.response_start - 1, 1), len(seq.tokens) - block
@@ -42,8 +43,15 @@ def sample_anchors(seq: StoredSequence, n: int, block: int, rng: random.Random,
     return sorted(rng.sample(pool, n) if len(pool) >= n else rng.choices(pool, k=n))
 
 
-def make_blocks(seqs: list[StoredSequence], anchors: list[list[int]], block: int, mask_id: int,
-                scale: mx.array, pad_to: int = 64, known: np.ndarray | None = None) -> Blocks:
+def make_blocks(
+    seqs: list[StoredSequence],
+    anchors: list[list[int]],
+    block: int,
+    mask_id: int,
+    scale: mx.array,
+    pad_to: int = 64,
+    known: np.ndarray | None = None,
+) -> Blocks:
     """One batch: features right-padded to a multiple of `pad_to` rows (fewer distinct shapes).
     Sequences with target labels (`greedy`, fixed text) get those labels and a mask of the
     exact ones (fixed_text.block_labels); `known` [V] bool masks labels outside the training
@@ -64,7 +72,12 @@ def make_blocks(seqs: list[StoredSequence], anchors: list[list[int]], block: int
             labels.append(lab)
             masks.append(m)
         else:
-            labels.append([s.tokens[a + 1: a + block].tolist() for a in a_list])
-    return Blocks(mx.array(feats).astype(mx.float32) * scale, mx.array(anchors, dtype=mx.int32),
-                  mx.array(ids), mx.array(np.array(labels, dtype=np.int32)),
-                  mx.array(np.stack(masks)) if fixed else None, fixed)
+            labels.append([s.tokens[a + 1 : a + block].tolist() for a in a_list])
+    return Blocks(
+        mx.array(feats).astype(mx.float32) * scale,
+        mx.array(anchors, dtype=mx.int32),
+        mx.array(ids),
+        mx.array(np.array(labels, dtype=np.int32)),
+        mx.array(np.stack(masks)) if fixed else None,
+        fixed,
+    )

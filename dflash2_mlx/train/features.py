@@ -65,20 +65,34 @@ def _key(seq_id: str, temperature: float) -> str:
     return f"{seq_id}@{temperature:g}"
 
 
-def build_feature_cache(adapter: TargetAdapter, seqs: Sequence[Sequence_], folder: Path, *,
-                        batch: int = 8, shard_rows: int = 32768, greedy: bool = False,
-                        log=print) -> Path:
+def build_feature_cache(
+    adapter: TargetAdapter,
+    seqs: Sequence[Sequence_],
+    folder: Path,
+    *,
+    batch: int = 8,
+    shard_rows: int = 32768,
+    greedy: bool = False,
+    log=print,
+) -> Path:
     """Compute and store features for `seqs` not yet in `folder` (resumable). `greedy`: also
     store the target's argmax next token at every position (labels of fixed text)."""
     folder.mkdir(parents=True, exist_ok=True)
     meta_path = folder / "meta.json"
-    meta = {"layer_ids": list(adapter.layer_ids), "width": len(adapter.layer_ids) * adapter.hidden_size,
-            "dtype": "float16", "model_type": adapter.model_type, "vocab": adapter.vocab_size}
+    meta = {
+        "layer_ids": list(adapter.layer_ids),
+        "width": len(adapter.layer_ids) * adapter.hidden_size,
+        "dtype": "float16",
+        "model_type": adapter.model_type,
+        "vocab": adapter.vocab_size,
+    }
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
         if old != meta:
-            raise FeatureCacheError(f"{folder}: cached features were made for {old}, not {meta}; "
-                                    "use another --features folder")
+            raise FeatureCacheError(
+                f"{folder}: cached features were made for {old}, not {meta}; "
+                "use another --features folder"
+            )
     else:
         meta_path.write_text(json.dumps(meta))
     index_path = folder / "index.jsonl"
@@ -89,8 +103,9 @@ def build_feature_cache(adapter: TargetAdapter, seqs: Sequence[Sequence_], folde
             rec = json.loads(line)
             done.add(_key(rec["id"], rec["temperature"]))
             shard_no = max(shard_no, rec["shard"] + 1)
-    todo = sorted((s for s in seqs if _key(s.id, s.temperature) not in done),
-                  key=lambda s: len(s.tokens))
+    todo = sorted(
+        (s for s in seqs if _key(s.id, s.temperature) not in done), key=lambda s: len(s.tokens)
+    )
     rows: list[np.ndarray] = []
     entries: list[dict] = []
     n_rows = 0
@@ -111,13 +126,14 @@ def build_feature_cache(adapter: TargetAdapter, seqs: Sequence[Sequence_], folde
             why = "the disk is full" if exc.errno == errno.ENOSPC else str(exc)
             raise FeatureCacheError(
                 f"{folder}: cannot write {path.name}: {why}. Free space and rerun: "
-                f"{len(done)} sequences are cached and will be kept") from None
+                f"{len(done)} sequences are cached and will be kept"
+            ) from None
         done.update(_key(e["id"], e["temperature"]) for e in entries)
         rows, entries, n_rows = [], [], 0
         shard_no += 1
 
     for start in range(0, len(todo), batch):
-        group = todo[start:start + batch]
+        group = todo[start : start + batch]
         width = max(len(s.tokens) for s in group)
         ids = mx.array([s.tokens + [0] * (width - len(s.tokens)) for s in group])
         # right padding: causal, harmless
@@ -125,9 +141,15 @@ def build_feature_cache(adapter: TargetAdapter, seqs: Sequence[Sequence_], folde
         feats = np.array(fwd.features.astype(mx.float16))
         top = np.array(mx.argmax(fwd.logits, axis=-1)) if greedy else None
         for j, (s, f) in enumerate(zip(group, feats)):
-            entry = {"id": s.id, "temperature": s.temperature, "shard": shard_no,
-                     "row": n_rows, "length": len(s.tokens),
-                     "response_start": s.response_start, "tokens": s.tokens}
+            entry = {
+                "id": s.id,
+                "temperature": s.temperature,
+                "shard": shard_no,
+                "row": n_rows,
+                "length": len(s.tokens),
+                "response_start": s.response_start,
+                "tokens": s.tokens,
+            }
             if top is not None:
                 entry["greedy"] = top[j, : len(s.tokens)].tolist()
             if s.spans:
@@ -152,22 +174,32 @@ def load_feature_cache(folder: Path) -> list[StoredSequence]:
         e = json.loads(line)
         if e["shard"] not in shards:
             shards[e["shard"]] = np.load(folder / f"shard_{e['shard']:05d}.npy", mmap_mode="r")
-        feats = shards[e["shard"]][e["row"]: e["row"] + e["length"]]
+        feats = shards[e["shard"]][e["row"] : e["row"] + e["length"]]
         greedy = np.array(e["greedy"], dtype=np.int32) if "greedy" in e else None
         spans = tuple(tuple(x) for x in e["spans"]) if "spans" in e else None
-        out.append(StoredSequence(e["id"], e["temperature"], np.array(e["tokens"], dtype=np.int32),
-                                  e["response_start"], feats, greedy, spans))
+        out.append(
+            StoredSequence(
+                e["id"],
+                e["temperature"],
+                np.array(e["tokens"], dtype=np.int32),
+                e["response_start"],
+                feats,
+                greedy,
+                spans,
+            )
+        )
     return out
 
 
-def feature_scale(seqs: Iterable[StoredSequence], sample_rows: int = 20000,
-                  skip_first: int = 4) -> np.ndarray:
+def feature_scale(
+    seqs: Iterable[StoredSequence], sample_rows: int = 20000, skip_first: int = 4
+) -> np.ndarray:
     """Per-dimension 1/RMS of the features (early sink rows skipped), so a few massive
     dimensions do not dominate `fc`'s input. Folded into fc.weight when saving."""
     acc, n = None, 0
     for s in seqs:
         f = np.asarray(s.features[skip_first:], dtype=np.float32)
-        acc = (f ** 2).sum(0) if acc is None else acc + (f ** 2).sum(0)
+        acc = (f**2).sum(0) if acc is None else acc + (f**2).sum(0)
         n += f.shape[0]
         if n >= sample_rows:
             break

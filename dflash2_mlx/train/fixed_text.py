@@ -39,8 +39,9 @@ def supervised_lengths(tokens: np.ndarray, greedy: np.ndarray, block: int) -> np
     return np.minimum(1 + agreement_runs(tokens, greedy), block - 1)
 
 
-def block_labels(tokens: np.ndarray, greedy: np.ndarray, anchors: Sequence[int],
-                 block: int) -> tuple[np.ndarray, np.ndarray]:
+def block_labels(
+    tokens: np.ndarray, greedy: np.ndarray, anchors: Sequence[int], block: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(labels [n, B-1] = g[a .. a+B-2], mask [n, B-1] = 1 on the first m[a] positions)."""
     a = np.asarray(anchors, dtype=np.int64)[:, None]
     k = np.arange(block - 1)[None, :]
@@ -49,8 +50,9 @@ def block_labels(tokens: np.ndarray, greedy: np.ndarray, anchors: Sequence[int],
     return labels, (k < m[:, None]).astype(np.float32)
 
 
-def anchor_pool(length: int, spans: Iterable[tuple[int, int]] | None, response_start: int,
-                block: int) -> np.ndarray:
+def anchor_pool(
+    length: int, spans: Iterable[tuple[int, int]] | None, response_start: int, block: int
+) -> np.ndarray:
     """Anchors whose first drafted token lies in an assistant span (all of them after
     response_start when no spans are known) and whose block fits in the sequence."""
     spans = list(spans) if spans else [(response_start, length)]
@@ -69,8 +71,15 @@ def sample_weighted(pool: np.ndarray, weights: np.ndarray, n: int, rng: random.R
     return sorted(int(x) for x in rng.choices(list(pool), weights=list(weights), k=n))
 
 
-def sample_text_anchors(tokens: np.ndarray, greedy: np.ndarray, spans, response_start: int,
-                        n: int, block: int, rng: random.Random) -> list[int] | None:
+def sample_text_anchors(
+    tokens: np.ndarray,
+    greedy: np.ndarray,
+    spans,
+    response_start: int,
+    n: int,
+    block: int,
+    rng: random.Random,
+) -> list[int] | None:
     """n anchors weighted by their supervised length (where the text agrees with the target,
     a block carries more exact labels); None when no block fits."""
     pool = anchor_pool(len(tokens), spans, response_start, block)
@@ -81,8 +90,9 @@ def sample_text_anchors(tokens: np.ndarray, greedy: np.ndarray, spans, response_
 
 
 # ----------------------------------------------------------------- corpus -> token sequences
-def render_with_spans(tokenizer, messages: list[dict],
-                      max_len: int) -> tuple[list[int], list[tuple[int, int]]]:
+def render_with_spans(
+    tokenizer, messages: list[dict], max_len: int
+) -> tuple[list[int], list[tuple[int, int]]]:
     """Token ids of the conversation rendered by the chat template, cut to max_len, and the
     [start, end) token spans of its assistant turns (turn header excluded, end-of-turn
     included), found by character offsets (a token straddling a turn's start is left out)."""
@@ -98,8 +108,10 @@ def render_with_spans(tokenizer, messages: list[dict],
         head = hf.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
         full = hf.apply_chat_template(messages[: i + 1], tokenize=False)
         if not (text.startswith(head) and text.startswith(full)):
-            raise CorpusError("the chat template does not render a conversation as a prefix of "
-                              "its continuation; fixed-text spans need that")
+            raise CorpusError(
+                "the chat template does not render a conversation as a prefix of "
+                "its continuation; fixed-text spans need that"
+            )
         s, e = bisect_left(starts, len(head)), min(bisect_left(starts, len(full)), max_len)
         if e - s > 1:
             spans.append((s, e))
@@ -137,8 +149,9 @@ def corpus_paths(spec: str | Path) -> list[Path]:
     return paths
 
 
-def corpus_sequences(tokenizer, spec: str | Path, *, max_tokens: int, max_len: int = 512,
-                     seed: int = 0) -> list[Sequence_]:
+def corpus_sequences(
+    tokenizer, spec: str | Path, *, max_tokens: int, max_len: int = 512, seed: int = 0
+) -> list[Sequence_]:
     """Records of the corpus, shuffled (seeded, sources interleaved), tokenized until
     `max_tokens` tokens are collected; each a Sequence_ with its assistant spans."""
     recs = read_corpus(corpus_paths(spec))

@@ -41,8 +41,11 @@ class Blocks:
 
     def flat(self) -> tuple[mx.array, mx.array, mx.array]:
         """(anchors [b*n], block ids [b*n, B], labels [b*n, B-1])."""
-        return (self.anchors.reshape(-1), self.block_ids.reshape(-1, self.block_ids.shape[-1]),
-                self.labels.reshape(-1, self.labels.shape[-1]))
+        return (
+            self.anchors.reshape(-1),
+            self.block_ids.reshape(-1, self.block_ids.shape[-1]),
+            self.labels.reshape(-1, self.labels.shape[-1]),
+        )
 
 
 def decay_weights(block_size: int, gamma: float | None = None) -> mx.array:
@@ -86,14 +89,20 @@ def block_hidden(drafter: Drafter, b: Blocks, drop: float = 0.0) -> mx.array:
         attn = layer.self_attn
         ck, cv = attn.project_kv(ctx, drafter.rope, 0)  # [b, kv, S, d], shared by n blocks
         shape = (seqs, n, *ck.shape[1:])
-        ck, cv = (mx.broadcast_to(c[:, None], shape).reshape(seqs * n, *shape[2:]) for c in (ck, cv))
+        ck, cv = (
+            mx.broadcast_to(c[:, None], shape).reshape(seqs * n, *shape[2:]) for c in (ck, cv)
+        )
         mask = _visibility(attn, anchors, ctx.shape[1], block)
 
         def core(u, attn=attn, ck=ck, cv=cv, mask=mask):
             bk, bv = attn.project_kv(u, drafter.rope, anchors)
             q = attn.project_q(u, drafter.rope, anchors)
-            return dropout(attn.attend(q, mx.concatenate([ck, bk], axis=2),
-                                       mx.concatenate([cv, bv], axis=2), mask), drop)
+            return dropout(
+                attn.attend(
+                    q, mx.concatenate([ck, bk], axis=2), mx.concatenate([cv, bv], axis=2), mask
+                ),
+                drop,
+            )
 
         x = layer.forward(x, core, lambda u, mlp=layer.mlp: dropout(mlp(u), drop))
     return drafter.norm(x)
@@ -133,9 +142,16 @@ class Teacher:
         return mx.stop_gradient(z.reshape(seqs * n, block - 1, -1))
 
 
-def loss_terms(drafter: Drafter, b: Blocks, weights: mx.array, subset: VocabSubset | None,
-               selector_weight: float = 1.0, teacher: Teacher | None = None,
-               distill_weight: float = 0.0, drop: float = 0.0) -> tuple[mx.array, dict]:
+def loss_terms(
+    drafter: Drafter,
+    b: Blocks,
+    weights: mx.array,
+    subset: VocabSubset | None,
+    selector_weight: float = 1.0,
+    teacher: Teacher | None = None,
+    distill_weight: float = 0.0,
+    drop: float = 0.0,
+) -> tuple[mx.array, dict]:
     """(total loss, parts) for a batch of blocks (`drop`: dropout rate, see block_hidden)."""
     _, block_ids, gold = b.flat()
     h = block_hidden(drafter, b, drop)[:, 1:]  # [N, B-1, H]
@@ -188,11 +204,14 @@ def proxy_acceptance(drafter: Drafter, b: Blocks) -> tuple[float, list[float]]:
         drafts = mx.argmax(logits, axis=-1)
     ok = (drafts == gold).astype(mx.int32)
     lead = mx.cumprod(ok, axis=-1).sum(axis=-1)
-    return float((lead + 1).astype(mx.float32).mean().item()), ok.astype(mx.float32).mean(0).tolist()
+    return float((lead + 1).astype(mx.float32).mean().item()), ok.astype(mx.float32).mean(
+        0
+    ).tolist()
 
 
-def cosine_lr(step: int, total: int, peak: float, warmup_frac: float = 0.04,
-              min_ratio: float = 0.1) -> float:
+def cosine_lr(
+    step: int, total: int, peak: float, warmup_frac: float = 0.04, min_ratio: float = 0.1
+) -> float:
     warm = max(1, int(total * warmup_frac))
     if step < warm:
         return peak * (step + 1) / warm

@@ -22,7 +22,12 @@ from .features import build_feature_cache, load_feature_cache, read_regeneration
 from .fixed_text import corpus_sequences
 from .stream import FixedTextStream
 from .trainer import (
-    FIT_PROBE, TrainConfig, Trainer, check_distillable, drafter_config_for, init_drafter,
+    FIT_PROBE,
+    TrainConfig,
+    Trainer,
+    check_distillable,
+    drafter_config_for,
+    init_drafter,
 )
 
 
@@ -31,7 +36,9 @@ class PipelineConfig:
     target: str  # mlx-lm folder or repo id
     out: Path  # drafter folder to write
     work: Path  # regenerations, features, checkpoints
-    prompts: str = "train+train-wide+train-deep+train-extra+train-more"  # splits or JSONL, '+'-joined
+    prompts: str = (
+        "train+train-wide+train-deep+train-extra+train-more"  # splits or JSONL, '+'-joined
+    )
     heldout: str = "heldout"
     max_new_tokens: int = 256
     temperatures: tuple[float, ...] = (0.0, 0.7)
@@ -48,8 +55,16 @@ class PipelineConfig:
 def _guess_mask_id(tokenizer, vocab: int) -> int:
     """A token the target never emits: a reserved/unused special token, else the last id."""
     for name in ("<|MASK|>", "<empty_output>", "<mask>", "<|mask|>"):
-        tid = tokenizer.convert_tokens_to_ids(name) if hasattr(tokenizer, "convert_tokens_to_ids") else None
-        if isinstance(tid, int) and 0 <= tid < vocab and tid != getattr(tokenizer, "unk_token_id", None):
+        tid = (
+            tokenizer.convert_tokens_to_ids(name)
+            if hasattr(tokenizer, "convert_tokens_to_ids")
+            else None
+        )
+        if (
+            isinstance(tid, int)
+            and 0 <= tid < vocab
+            and tid != getattr(tokenizer, "unk_token_id", None)
+        ):
             return tid
     return vocab - 1
 
@@ -80,7 +95,9 @@ class PreparedData:
     fixed: FixedTextStream | None = None
 
 
-def prepare_data(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None] = print) -> PreparedData:
+def prepare_data(
+    pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None] = print
+) -> PreparedData:
     """Regenerate responses and cache the target's features (both resumable); fills in
     tc.mask_token_id when unset."""
     from mlx_lm import load as load_target
@@ -89,8 +106,11 @@ def prepare_data(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None]
 
     pc.work.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_target(str(pc.target))
-    target_cfg = json.loads((Path(pc.target) / "config.json").read_text()) \
-        if Path(pc.target, "config.json").exists() else {}
+    target_cfg = (
+        json.loads((Path(pc.target) / "config.json").read_text())
+        if Path(pc.target, "config.json").exists()
+        else {}
+    )
     probe = TargetAdapter(model, ())
     if tc.mask_token_id is None:
         tc.mask_token_id = _guess_mask_id(tokenizer, probe.vocab_size)
@@ -101,53 +121,95 @@ def prepare_data(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None]
     tag = "-".join(map(str, dcfg.target_layer_ids))
 
     stages, wanted = {}, {}
-    for name, parts in (("train", prompt_parts(pc.prompts, pc.temperatures)),
-                        ("heldout", [(pc.heldout, (0.0,))])):
+    for name, parts in (
+        ("train", prompt_parts(pc.prompts, pc.temperatures)),
+        ("heldout", [(pc.heldout, (0.0,))]),
+    ):
         regen = pc.work / f"regen_{name}.jsonl"
         t0 = time.perf_counter()
         wanted[name], n_prompts, new_tokens = set(), 0, 0
         for temps in dict.fromkeys(t for _, t in parts):  # one batched regeneration per set
-            prompts = load_prompts("+".join(p for p, t in parts if t == temps),
-                                   skip_bad=pc.skip_bad_lines)
-            st = regenerate((model, tokenizer), prompts, regen, max_new_tokens=pc.max_new_tokens,
-                            temperatures=temps, batch_size=pc.regen_batch, log=log)
+            prompts = load_prompts(
+                "+".join(p for p, t in parts if t == temps), skip_bad=pc.skip_bad_lines
+            )
+            st = regenerate(
+                (model, tokenizer),
+                prompts,
+                regen,
+                max_new_tokens=pc.max_new_tokens,
+                temperatures=temps,
+                batch_size=pc.regen_batch,
+                log=log,
+            )
             wanted[name] |= {(p.id, t) for p in prompts for t in temps}
             n_prompts, new_tokens = n_prompts + len(prompts), new_tokens + st.new_tokens
-        stages[f"regen_{name}"] = {"prompts": n_prompts, "new_tokens": new_tokens,
-                                   "seconds": round(time.perf_counter() - t0, 1)}
+        stages[f"regen_{name}"] = {
+            "prompts": n_prompts,
+            "new_tokens": new_tokens,
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
         t0 = time.perf_counter()
-        seqs = [q for q in read_regenerations(regen, pc.max_len)
-                if (q.id, q.temperature) in wanted[name]]
+        seqs = [
+            q
+            for q in read_regenerations(regen, pc.max_len)
+            if (q.id, q.temperature) in wanted[name]
+        ]
         build_feature_cache(adapter, seqs, pc.work / f"features_{name}_{tag}", log=log)
         stages[f"features_{name}"] = {"seconds": round(time.perf_counter() - t0, 1)}
-    train = [s for s in load_feature_cache(pc.work / f"features_train_{tag}")
-             if (s.id, s.temperature) in wanted["train"]]
+    train = [
+        s
+        for s in load_feature_cache(pc.work / f"features_train_{tag}")
+        if (s.id, s.temperature) in wanted["train"]
+    ]
     held = load_feature_cache(pc.work / f"features_heldout_{tag}")
     held = [s for s in held if s.temperature == 0.0]
     if not train:
         raise DFlash2Error(f"{pc.prompts}: no usable training sequences")
     fixed = None
     if pc.corpus:
-        seqs = corpus_sequences(tokenizer, pc.corpus, max_tokens=pc.corpus_tokens,
-                                max_len=pc.max_len, seed=tc.seed)
-        fixed = FixedTextStream(adapter, seqs, pc.work / f"stream_{tag}",
-                                max_disk_bytes=pc.stream_disk_bytes, passes=pc.stream_passes,
-                                log=log)
-        stages["corpus"] = {"sequences": len(seqs), "tokens": sum(len(s.tokens) for s in seqs),
-                            "shards": len(fixed.shards)}
-        log(f"fixed text: {len(seqs):,} sequences, {stages['corpus']['tokens']:,} tokens "
-            f"in {len(fixed.shards)} shards")
+        seqs = corpus_sequences(
+            tokenizer, pc.corpus, max_tokens=pc.corpus_tokens, max_len=pc.max_len, seed=tc.seed
+        )
+        fixed = FixedTextStream(
+            adapter,
+            seqs,
+            pc.work / f"stream_{tag}",
+            max_disk_bytes=pc.stream_disk_bytes,
+            passes=pc.stream_passes,
+            log=log,
+        )
+        stages["corpus"] = {
+            "sequences": len(seqs),
+            "tokens": sum(len(s.tokens) for s in seqs),
+            "shards": len(fixed.shards),
+        }
+        log(
+            f"fixed text: {len(seqs):,} sequences, {stages['corpus']['tokens']:,} tokens "
+            f"in {len(fixed.shards)} shards"
+        )
     return PreparedData(model, adapter, target_cfg, train, held, stages, fixed)
 
 
-def train_drafter(pc: PipelineConfig, tc: TrainConfig, data: PreparedData,
-                  log: Callable[[str], None] = print,
-                  on_step: Callable[[dict], None] | None = None) -> dict:
+def train_drafter(
+    pc: PipelineConfig,
+    tc: TrainConfig,
+    data: PreparedData,
+    log: Callable[[str], None] = print,
+    on_step: Callable[[dict], None] | None = None,
+) -> dict:
     """Train (or resume) into `pc.work/run-<out name>/`, then export `pc.out` with its card."""
     dcfg = drafter_config_for(data.adapter, data.target_config, tc)
     drafter = init_drafter(dcfg, tc)
-    trainer = Trainer(data.adapter, drafter, data.train, data.heldout, tc,
-                      pc.work / f"run-{pc.out.name}", log, data.fixed)
+    trainer = Trainer(
+        data.adapter,
+        drafter,
+        data.train,
+        data.heldout,
+        tc,
+        pc.work / f"run-{pc.out.name}",
+        log,
+        data.fixed,
+    )
     if trainer.try_resume():
         log(f"resumed at step {trainer.step}")
     start, t0 = trainer.step, time.perf_counter()
@@ -155,22 +217,44 @@ def train_drafter(pc: PipelineConfig, tc: TrainConfig, data: PreparedData,
     if data.fixed is not None:  # its features go; the corpus recomputes them when needed
         data.stages.setdefault("corpus", {})["stream_at_end"] = data.fixed.state()
         data.fixed.close()
-    stages = {**data.stages, "train": {"steps": trainer.step, "resumed_at_step": start,
-                                       "seconds_this_run": round(time.perf_counter() - t0, 1)}}
+    stages = {
+        **data.stages,
+        "train": {
+            "steps": trainer.step,
+            "resumed_at_step": start,
+            "seconds_this_run": round(time.perf_counter() - t0, 1),
+        },
+    }
     card = model_card(pc, tc, final, stages)
     trainer.export(pc.out, dtype=getattr(mx, pc.dtype), card=card)
     # What the drafter learned to emit: every response token of its training data.
-    write_draft_vocab(pc.out, count_tokens(s.tokens[s.response_start:] for s in data.train),
-                      f"response tokens of the {len(data.train)} training regenerations "
-                      f"({pc.prompts})")
-    (pc.out / "training.json").write_text(json.dumps(
-        {"pipeline": {k: str(v) for k, v in asdict(pc).items()}, "train": asdict(tc),
-         "final": final, "history": trainer.history, "stages": stages}, indent=2, default=str))
+    write_draft_vocab(
+        pc.out,
+        count_tokens(s.tokens[s.response_start :] for s in data.train),
+        f"response tokens of the {len(data.train)} training regenerations ({pc.prompts})",
+    )
+    (pc.out / "training.json").write_text(
+        json.dumps(
+            {
+                "pipeline": {k: str(v) for k, v in asdict(pc).items()},
+                "train": asdict(tc),
+                "final": final,
+                "history": trainer.history,
+                "stages": stages,
+            },
+            indent=2,
+            default=str,
+        )
+    )
     return {"final": final, "stages": stages, "out": str(pc.out)}
 
 
-def run_pipeline(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None] = print,
-                 on_step: Callable[[dict], None] | None = None) -> dict:
+def run_pipeline(
+    pc: PipelineConfig,
+    tc: TrainConfig,
+    log: Callable[[str], None] = print,
+    on_step: Callable[[dict], None] | None = None,
+) -> dict:
     return train_drafter(pc, tc, prepare_data(pc, tc, log), log, on_step)
 
 
@@ -183,8 +267,12 @@ ABLATION_VARIANTS = {
 }
 
 
-def run_ablation(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None] = print,
-                 on_step: Callable[[dict], None] | None = None) -> dict:
+def run_ablation(
+    pc: PipelineConfig,
+    tc: TrainConfig,
+    log: Callable[[str], None] = print,
+    on_step: Callable[[dict], None] | None = None,
+) -> dict:
     """Train every variant into pc.out/<variant>/ and write pc.out/ablation.json with the
     held-out teacher-forced τ (each block exactly what greedy decoding drafts at its anchor),
     per-position accuracy and the final loss parts."""
@@ -195,16 +283,25 @@ def run_ablation(pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None]
         vtc = replace(tc, **change, command=f"{tc.command}  # variant {name}")
         vpc = replace(pc, out=pc.out / name)
         final = train_drafter(vpc, vtc, data, log, on_step)["final"]
-        results[name] = {k: final.get(k) for k in
-                         ("proxy_tau", "position_accuracy", "loss", "base", "selector")}
+        results[name] = {
+            k: final.get(k) for k in ("proxy_tau", "position_accuracy", "loss", "base", "selector")
+        }
     base = results["dflash"]["proxy_tau"]
     for r in results.values():
         r["gain_over_dflash"] = round(r["proxy_tau"] / base - 1, 4) if base else None
-    summary = {"budget": {"steps": tc.steps, "batch_seqs": tc.batch_seqs,
-                          "anchors_per_seq": tc.anchors_per_seq, "block_size": tc.block_size,
-                          "layers": tc.layers, "seed": tc.seed},
-               "heldout_sequences": len(data.heldout), "variants": results,
-               "command": tc.command}
+    summary = {
+        "budget": {
+            "steps": tc.steps,
+            "batch_seqs": tc.batch_seqs,
+            "anchors_per_seq": tc.anchors_per_seq,
+            "block_size": tc.block_size,
+            "layers": tc.layers,
+            "seed": tc.seed,
+        },
+        "heldout_sequences": len(data.heldout),
+        "variants": results,
+        "command": tc.command,
+    }
     pc.out.mkdir(parents=True, exist_ok=True)
     (pc.out / "ablation.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -214,19 +311,29 @@ def _fixed_text_line(pc: PipelineConfig, tc: TrainConfig, stages: dict) -> str:
     if not pc.corpus or tc.fixed_ratio <= 0:
         return ""
     c = stages.get("corpus", {})
-    return (f"; {tc.fixed_ratio:.0%} of each batch fixed text from `{pc.corpus}` "
-            f"({c.get('tokens', 0):,} tokens, streamed), labelled by the target: its greedy "
-            f"token up to the first position where the text leaves its greedy path, + "
-            f"{tc.fixed_distill_weight:g} × KL there")
+    return (
+        f"; {tc.fixed_ratio:.0%} of each batch fixed text from `{pc.corpus}` "
+        f"({c.get('tokens', 0):,} tokens, streamed), labelled by the target: its greedy "
+        f"token up to the first position where the text leaves its greedy path, + "
+        f"{tc.fixed_distill_weight:g} × KL there"
+    )
 
 
 def model_card(pc: PipelineConfig, tc: TrainConfig, final: dict, stages: dict) -> str:
     kind = "DFlash2" if tc.version == 2 else "DFlash"
-    regen_temperatures = "; ".join(f"{name} at T = {', '.join(format(t, 'g') for t in temps)}"
-                                   for name, temps in prompt_parts(pc.prompts, pc.temperatures))
+    regen_temperatures = "; ".join(
+        f"{name} at T = {', '.join(format(t, 'g') for t in temps)}"
+        for name, temps in prompt_parts(pc.prompts, pc.temperatures)
+    )
     train = stages.get("train", {})
-    resumed = (f" (the command below resumed a checkpoint at step {train['resumed_at_step']}; "
-               "training.json has the whole history)") if train.get("resumed_at_step") else ""
+    resumed = (
+        (
+            f" (the command below resumed a checkpoint at step {train['resumed_at_step']}; "
+            "training.json has the whole history)"
+        )
+        if train.get("resumed_at_step")
+        else ""
+    )
     return f"""# {kind} drafter for `{Path(str(pc.target)).name}`
 
 Trained with dflash2 (`dflash2 train`), official DFlash / DFlash2 checkpoint format: loads in
@@ -238,15 +345,15 @@ dflash2, in Z Lab's `dflash` reference loader, and in SGLang / vLLM DFlash loade
   ({regen_temperatures}), ≤ {pc.max_new_tokens} new tokens{_fixed_text_line(pc, tc, stages)}
 - Objective: decay-weighted block cross-entropy{" + selector cross-entropy over the top-" + str(tc.selector_top_k) + " candidates" if tc.version == 2 else ""}{" + " + format(tc.distill_weight, "g") + " × KL from the target's next-token distribution" if tc.distill_weight > 0 else ""};
   softmax over {"the seen vocabulary + " + str(tc.negatives) + " sampled negatives" if tc.vocab_subset else "the full vocabulary"}
-- Optimizer: AdamW lr {tc.lr}, warm-up {tc.warmup:.0%}, cosine, clip {tc.clip}{f", dropout {tc.dropout:g}" if tc.dropout else ""}; {train.get('steps')} steps
+- Optimizer: AdamW lr {tc.lr}, warm-up {tc.warmup:.0%}, cosine, clip {tc.clip}{f", dropout {tc.dropout:g}" if tc.dropout else ""}; {train.get("steps")} steps
   of {tc.batch_seqs} sequences × {tc.anchors_per_seq} anchors{resumed}
 - Draft vocabulary: `draft_vocab.json` holds every token of the training responses (dflash2
   drafts from those rows of the LM head only: a cheaper draft; `--full-vocab` turns it off;
   other loaders ignore the file)
 - Hardware: {mx.default_device()} (MLX {mx.__version__})
-- Held-out teacher-forced τ at the end: {final.get('proxy_tau', float('nan')):.3f}
-  (per-position accuracy {final.get('position_accuracy')}); on training sequences ({FIT_PROBE}
-  at most): {final.get('train_tau', float('nan')):.3f} (a wide gap: more data would help more
+- Held-out teacher-forced τ at the end: {final.get("proxy_tau", float("nan")):.3f}
+  (per-position accuracy {final.get("position_accuracy")}); on training sequences ({FIT_PROBE}
+  at most): {final.get("train_tau", float("nan")):.3f} (a wide gap: more data would help more
   than more steps)
 
 Command:

@@ -106,9 +106,14 @@ def read_records(path: Path) -> Iterator[dict]:
             try:
                 rec = json.loads(line)
                 rec["id"], rec["temperature"] = str(rec["id"]), float(rec["temperature"])
-                rec["prompt_ids"], rec["response_ids"] = list(rec["prompt_ids"]), list(rec["response_ids"])
+                rec["prompt_ids"], rec["response_ids"] = (
+                    list(rec["prompt_ids"]),
+                    list(rec["response_ids"]),
+                )
             except (ValueError, KeyError, TypeError) as exc:
-                raise RegenerationFileError(f"{path}:{lineno}: not a regeneration record ({exc})") from None
+                raise RegenerationFileError(
+                    f"{path}:{lineno}: not a regeneration record ({exc})"
+                ) from None
             yield rec
 
 
@@ -179,16 +184,21 @@ def regenerate(
             todo.sort(key=lambda p: len(encoded[p.id]))  # similar lengths prefill together
             mx.random.seed(seed)
             gen = BatchGenerator(
-                net, max_tokens=max_new_tokens, sampler=make_sampler(temp, top_p, seed),
+                net,
+                max_tokens=max_new_tokens,
+                sampler=make_sampler(temp, top_p, seed),
                 stop_tokens=[[t] for t in tokenizer.eos_token_ids],
-                completion_batch_size=batch_size, prefill_batch_size=min(8, batch_size),
+                completion_batch_size=batch_size,
+                prefill_batch_size=min(8, batch_size),
             )
             uids = gen.insert([encoded[p.id] for p in todo], [max_new_tokens] * len(todo))
             by_uid = dict(zip(uids, todo))
             tokens: dict[int, list[int]] = {u: [] for u in uids}
             finished = window_tokens = 0
             window_start = time.perf_counter()
-            log(f"[regen] T={temp:g}: {len(todo)} prompts to generate, {len(items) - len(todo)} already done")
+            log(
+                f"[regen] T={temp:g}: {len(todo)} prompts to generate, {len(items) - len(todo)} already done"
+            )
             try:
                 while responses := gen.next_generated():
                     for r in responses:
@@ -198,9 +208,14 @@ def regenerate(
                         if r.finish_reason is None:
                             continue
                         p = by_uid[r.uid]
-                        rec = {"id": p.id, "category": p.category, "temperature": temp,
-                               "prompt_ids": encoded[p.id], "response_ids": tokens.pop(r.uid),
-                               "finish_reason": r.finish_reason}
+                        rec = {
+                            "id": p.id,
+                            "category": p.category,
+                            "temperature": temp,
+                            "prompt_ids": encoded[p.id],
+                            "response_ids": tokens.pop(r.uid),
+                            "finish_reason": r.finish_reason,
+                        }
                         fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
                         fh.flush()
                         stats.written += 1
@@ -209,11 +224,13 @@ def regenerate(
                         if finished % batch_size == 0 or finished == len(todo):
                             now = time.perf_counter()
                             os.fsync(fh.fileno())
-                            log(f"[regen] T={temp:g} {finished}/{len(todo)} done | "
+                            log(
+                                f"[regen] T={temp:g} {finished}/{len(todo)} done | "
                                 f"{window_tokens / max(now - window_start, 1e-9):.1f} tok/s "
                                 f"(last {window_tokens} tokens) | "
                                 f"{generated / max(now - start, 1e-9):.1f} tok/s overall | "
-                                f"{now - start:.0f} s")
+                                f"{now - start:.0f} s"
+                            )
                             window_tokens, window_start = 0, now
             finally:
                 gen.close()
@@ -222,8 +239,12 @@ def regenerate(
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m dflash2_mlx.train.regenerate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None, help="mlx-lm model folder (default: the embedded SmolLM2-135M)")
+    ap = argparse.ArgumentParser(
+        prog="python -m dflash2_mlx.train.regenerate", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument(
+        "--model", default=None, help="mlx-lm model folder (default: the embedded SmolLM2-135M)"
+    )
     ap.add_argument("--prompts", default="train", help="'train', 'heldout' or a JSONL path")
     ap.add_argument("--out", required=True, help="output JSONL (appended; resumable)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -239,16 +260,24 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         stats = regenerate(
-            args.model or ensure_smollm2(), args.prompts, args.out,
-            max_new_tokens=args.max_new_tokens, temperatures=args.temperatures,
-            top_p=args.top_p, batch_size=args.batch_size, seed=args.seed, limit=args.limit,
+            args.model or ensure_smollm2(),
+            args.prompts,
+            args.out,
+            max_new_tokens=args.max_new_tokens,
+            temperatures=args.temperatures,
+            top_p=args.top_p,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            limit=args.limit,
         )
     except (DFlash2Error, ValueError, OSError) as exc:  # bad prompt/output files, fetch errors
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    print(f"[regen] wrote {stats.written} sequences ({stats.new_tokens} tokens, "
-          f"{stats.tokens_per_s:.1f} tok/s), skipped {stats.skipped} already done -> {args.out}",
-          file=sys.stderr)
+    print(
+        f"[regen] wrote {stats.written} sequences ({stats.new_tokens} tokens, "
+        f"{stats.tokens_per_s:.1f} tok/s), skipped {stats.skipped} already done -> {args.out}",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,16 @@ def plan_shards(seqs: Sequence[Sequence_], shard_tokens: int) -> list[list[Seque
 
 
 class FixedTextStream:
-    def __init__(self, adapter: TargetAdapter, seqs: Sequence[Sequence_], folder: Path, *,
-                 max_disk_bytes: int, passes: float = 2.0, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        adapter: TargetAdapter,
+        seqs: Sequence[Sequence_],
+        folder: Path,
+        *,
+        max_disk_bytes: int,
+        passes: float = 2.0,
+        log: Callable[[str], None] = print,
+    ):
         if not seqs:
             raise DFlash2Error("the fixed-text stream has no sequences")
         if passes <= 0:
@@ -47,9 +55,11 @@ class FixedTextStream:
         per_token = len(adapter.layer_ids) * adapter.hidden_size * 2 + INDEX_BYTES_PER_TOKEN
         self.shard_tokens = max_disk_bytes // per_token
         if self.shard_tokens < max(len(s.tokens) for s in seqs):
-            raise DFlash2Error(f"a disk bound of {max_disk_bytes / 1e6:.0f} MB holds "
-                               f"{self.shard_tokens} tokens of features, less than the longest "
-                               "sequence: raise it")
+            raise DFlash2Error(
+                f"a disk bound of {max_disk_bytes / 1e6:.0f} MB holds "
+                f"{self.shard_tokens} tokens of features, less than the longest "
+                "sequence: raise it"
+            )
         self.shards = plan_shards(seqs, self.shard_tokens)
         self.index, self.draws, self.epoch = 0, 0, 0
         self._pool: list[StoredSequence] | None = None
@@ -79,11 +89,14 @@ class FixedTextStream:
                 if old != mine:
                     shutil.rmtree(old, ignore_errors=True)
             group = self.shards[self.index]
-            self.log(f"fixed text: computing shard {self.index + 1}/{len(self.shards)} "
-                     f"({len(group)} sequences, {sum(len(s.tokens) for s in group):,} tokens)")
+            self.log(
+                f"fixed text: computing shard {self.index + 1}/{len(self.shards)} "
+                f"({len(group)} sequences, {sum(len(s.tokens) for s in group):,} tokens)"
+            )
             # written in pieces of 8k rows: an interrupted shard resumes from its last piece
-            build_feature_cache(self.adapter, group, mine, greedy=True, shard_rows=8192,
-                                log=self.log)
+            build_feature_cache(
+                self.adapter, group, mine, greedy=True, shard_rows=8192, log=self.log
+            )
             self._pool = load_feature_cache(mine)
         return self._pool
 

@@ -27,9 +27,7 @@ from ..target.adapter import TargetAdapter
 from .batches import make_blocks, make_subset, sample_anchors
 from .features import StoredSequence
 from .fixed_text import sample_text_anchors
-from .objective import (
-    Blocks, Teacher, cosine_lr, decay_weights, loss_terms, proxy_acceptance,
-)
+from .objective import Blocks, Teacher, cosine_lr, decay_weights, loss_terms, proxy_acceptance
 from .stream import FixedTextStream
 
 
@@ -67,14 +65,18 @@ class TrainConfig:
     command: str = ""  # recorded in the model card
 
 
-def drafter_config_for(adapter: TargetAdapter, target_config: dict, cfg: TrainConfig) -> DrafterConfig:
+def drafter_config_for(
+    adapter: TargetAdapter, target_config: dict, cfg: TrainConfig
+) -> DrafterConfig:
     """A drafter config shaped like the target's own layers (Qwen3-style, official fields)."""
     n_layers = len(adapter.layers)
     ids = list(cfg.target_layer_ids or default_target_layer_ids(n_layers, 5))
     bad = [i for i in ids if not 0 <= i < n_layers]
     if bad:
-        raise DFlash2Error(f"target_layer_ids {bad} out of range: the target has {n_layers} layers "
-                           f"(valid 0..{n_layers - 1})")
+        raise DFlash2Error(
+            f"target_layer_ids {bad} out of range: the target has {n_layers} layers "
+            f"(valid 0..{n_layers - 1})"
+        )
     if cfg.mask_token_id is None:
         raise DFlash2Error("a mask token id is needed (an id the target never emits)")
     tc = target_config.get("text_config", target_config)
@@ -95,13 +97,19 @@ def drafter_config_for(adapter: TargetAdapter, target_config: dict, cfg: TrainCo
         "num_target_layers": n_layers,
         "tie_word_embeddings": False,
         "is_causal": False,
-        "dflash_config": {"block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
-                          "target_layer_ids": ids},
+        "dflash_config": {
+            "block_size": cfg.block_size,
+            "mask_token_id": cfg.mask_token_id,
+            "target_layer_ids": ids,
+        },
     }
     if cfg.version == 2:
         raw["dflash_config"].update(
-            conv_kernel_size=cfg.conv_kernel_size, conv_group_size=cfg.conv_group_size,
-            selector_rank=cfg.selector_rank, selector_top_k=cfg.selector_top_k)
+            conv_kernel_size=cfg.conv_kernel_size,
+            conv_group_size=cfg.conv_group_size,
+            selector_rank=cfg.selector_rank,
+            selector_top_k=cfg.selector_top_k,
+        )
     return DrafterConfig.from_dict(raw, "generated drafter config")
 
 
@@ -149,12 +157,16 @@ def init_from_drafter(drafter: Drafter, folder: str | Path, scale: mx.array) -> 
     mine = dict(tree_flatten(drafter.parameters()))
     for name, value in mine.items():
         if name not in src:
-            raise DFlash2Error(f"{folder}: has no tensor {name!r}; --init-from needs a drafter "
-                               f"of the same kind (DFlash {drafter.config.version}, "
-                               f"{drafter.config.num_hidden_layers} layers)")
+            raise DFlash2Error(
+                f"{folder}: has no tensor {name!r}; --init-from needs a drafter "
+                f"of the same kind (DFlash {drafter.config.version}, "
+                f"{drafter.config.num_hidden_layers} layers)"
+            )
         if src[name].shape != value.shape:
-            raise DFlash2Error(f"{folder}: tensor {name!r} has shape {tuple(src[name].shape)}, "
-                               f"expected {tuple(value.shape)}")
+            raise DFlash2Error(
+                f"{folder}: tensor {name!r} has shape {tuple(src[name].shape)}, "
+                f"expected {tuple(value.shape)}"
+            )
     src["fc.weight"] = src["fc.weight"] / scale[None, :]
     drafter.load_weights([(k, src[k].astype(mx.float32)) for k in mine], strict=True)
     mx.eval(drafter.parameters())
@@ -174,19 +186,24 @@ def check_distillable(adapter: TargetAdapter) -> None:
     """Distillation reads the target's logits off its last layer's cached output."""
     last = len(adapter.layers) - 1
     if not adapter.layer_ids or adapter.layer_ids[-1] != last:
-        raise DFlash2Error(f"distillation needs the target's last layer ({last}) as the last of "
-                           f"the layer ids (got {list(adapter.layer_ids)}); add it, or train "
-                           "without --distill")
+        raise DFlash2Error(
+            f"distillation needs the target's last layer ({last}) as the last of "
+            f"the layer ids (got {list(adapter.layer_ids)}); add it, or train "
+            "without --distill"
+        )
     if adapter.final_norm() is None:
-        raise DFlash2Error(f"distillation is not supported for {adapter.model_type!r} targets "
-                           "(their logits are not head(norm(h))); train without --distill")
+        raise DFlash2Error(
+            f"distillation is not supported for {adapter.model_type!r} targets "
+            "(their logits are not head(norm(h))); train without --distill"
+        )
 
 
 FIT_PROBE = 24  # training sequences whose τ is logged beside the held-out τ
 
 
-def evaluate_proxy(drafter: Drafter, seqs: list[StoredSequence], scale: mx.array,
-                   max_seqs: int = 24) -> dict:
+def evaluate_proxy(
+    drafter: Drafter, seqs: list[StoredSequence], scale: mx.array, max_seqs: int = 24
+) -> dict:
     taus, per_pos = [], []
     cfg = drafter.config
     for s in seqs[:max_seqs]:
@@ -198,8 +215,12 @@ def evaluate_proxy(drafter: Drafter, seqs: list[StoredSequence], scale: mx.array
         taus.append((tau, len(anchors)))
         per_pos.append(acc)
     total = sum(n for _, n in taus)
-    return {"proxy_tau": sum(t * n for t, n in taus) / max(total, 1),
-            "position_accuracy": np.mean(np.array(per_pos), axis=0).round(3).tolist() if per_pos else []}
+    return {
+        "proxy_tau": sum(t * n for t, n in taus) / max(total, 1),
+        "position_accuracy": np.mean(np.array(per_pos), axis=0).round(3).tolist()
+        if per_pos
+        else [],
+    }
 
 
 def folded_copy(drafter: Drafter, scale: mx.array) -> Drafter:
@@ -212,19 +233,31 @@ def folded_copy(drafter: Drafter, scale: mx.array) -> Drafter:
 
 
 class Trainer:
-    def __init__(self, adapter: TargetAdapter, drafter: Drafter, train: list[StoredSequence],
-                 heldout: list[StoredSequence], cfg: TrainConfig, out: Path,
-                 log: Callable[[str], None] = print, fixed: FixedTextStream | None = None):
+    def __init__(
+        self,
+        adapter: TargetAdapter,
+        drafter: Drafter,
+        train: list[StoredSequence],
+        heldout: list[StoredSequence],
+        cfg: TrainConfig,
+        out: Path,
+        log: Callable[[str], None] = print,
+        fixed: FixedTextStream | None = None,
+    ):
         """`fixed`: a stream of target-labelled fixed text; cfg.fixed_ratio of each batch's
         sequences come from it (at ratio 0 it only widens the vocabulary subset, so that
         runs with and without it share one training softmax)."""
         self.adapter, self.drafter, self.cfg, self.out, self.log = adapter, drafter, cfg, out, log
         self.train, self.heldout, self.fixed = train, heldout, fixed
         if cfg.fixed_ratio > 0 and fixed is None:
-            raise DFlash2Error(f"fixed_ratio {cfg.fixed_ratio} needs a fixed-text stream (a corpus)")
+            raise DFlash2Error(
+                f"fixed_ratio {cfg.fixed_ratio} needs a fixed-text stream (a corpus)"
+            )
         if not 0 <= cfg.fixed_ratio < 1:
-            raise DFlash2Error(f"fixed_ratio must be in [0, 1) (got {cfg.fixed_ratio}): every "
-                               "batch keeps some regenerations")
+            raise DFlash2Error(
+                f"fixed_ratio must be in [0, 1) (got {cfg.fixed_ratio}): every "
+                "batch keeps some regenerations"
+            )
         drafter.bind(adapter.binding())
         from .features import feature_scale
 
@@ -237,14 +270,18 @@ class Trainer:
             init_from_drafter(drafter, cfg.init_from, self.scale)
         if not cfg.train_conv:
             if drafter.config.version != 2:
-                raise DFlash2Error("train_conv=False freezes DFlash2's convs; a DFlash (v1) "
-                                   "drafter has none")
+                raise DFlash2Error(
+                    "train_conv=False freezes DFlash2's convs; a DFlash (v1) drafter has none"
+                )
             for layer in drafter.layers:
                 layer.attention_conv.freeze()
                 layer.mlp_conv.freeze()
         tokens = [s.tokens for s in train] + (fixed.tokens if fixed is not None else [])
-        self.subset = make_subset(tokens, head_weight(adapter), cfg.negatives, cfg.seed) \
-            if cfg.vocab_subset else None
+        self.subset = (
+            make_subset(tokens, head_weight(adapter), cfg.negatives, cfg.seed)
+            if cfg.vocab_subset
+            else None
+        )
         self.known = None  # target labels outside the subset are masked, not remapped
         if self.subset is not None:
             self.known = np.zeros(adapter.vocab_size, dtype=np.float32)
@@ -274,10 +311,18 @@ class Trainer:
         save_drafter(self.drafter, tmp)
         mx.savez(str(tmp / "optimizer.npz"), **dict(tree_flatten(self.opt.state)))
         np.save(tmp / "feature_scale.npy", np.array(self.scale))
-        (tmp / "state.json").write_text(json.dumps({
-            "step": self.step, "history": self.history, "config": asdict(self.cfg),
-            "stream": self.fixed.state() if self.fixed is not None else None,
-            "rng": self.rng.getstate()[1][:10]}, default=str))
+        (tmp / "state.json").write_text(
+            json.dumps(
+                {
+                    "step": self.step,
+                    "history": self.history,
+                    "config": asdict(self.cfg),
+                    "stream": self.fixed.state() if self.fixed is not None else None,
+                    "rng": self.rng.getstate()[1][:10],
+                },
+                default=str,
+            )
+        )
         if self.ckpt.exists():
             import shutil
 
@@ -313,8 +358,16 @@ class Trainer:
         total, parts_sum = 0.0, {}
         for b in batch:
             distill = self.cfg.fixed_distill_weight if b.fixed else self.cfg.distill_weight
-            loss, parts = loss_terms(model, b, self.weights, self.subset, self.cfg.selector_weight,
-                                     teacher, distill, self.cfg.dropout)
+            loss, parts = loss_terms(
+                model,
+                b,
+                self.weights,
+                self.subset,
+                self.cfg.selector_weight,
+                teacher,
+                distill,
+                self.cfg.dropout,
+            )
             total = total + loss
             for k, v in parts.items():
                 parts_sum[k] = parts_sum.get(k, 0.0) + v
@@ -328,8 +381,15 @@ class Trainer:
         n_fixed = round(cfg.fixed_ratio * cfg.batch_seqs) if self.fixed is not None else 0
         while len(seqs) < n_fixed:
             s = self.fixed.draw(self.rng)
-            a = sample_text_anchors(s.tokens, s.greedy, s.spans, s.response_start,
-                                    cfg.anchors_per_seq, cfg.block_size, self.rng)
+            a = sample_text_anchors(
+                s.tokens,
+                s.greedy,
+                s.spans,
+                s.response_start,
+                cfg.anchors_per_seq,
+                cfg.block_size,
+                self.rng,
+            )
             if a is not None:
                 seqs.append(s)
                 anchors.append(a)
@@ -339,8 +399,18 @@ class Trainer:
             if a is not None:
                 seqs.append(s)
                 anchors.append(a)
-        return [make_blocks([s], [a], cfg.block_size, self.drafter.config.mask_token_id,
-                            self.scale, pad_to=1, known=self.known) for s, a in zip(seqs, anchors)]
+        return [
+            make_blocks(
+                [s],
+                [a],
+                cfg.block_size,
+                self.drafter.config.mask_token_id,
+                self.scale,
+                pad_to=1,
+                known=self.known,
+            )
+            for s, a in zip(seqs, anchors)
+        ]
 
     def run(self, on_step: Callable[[dict], None] | None = None) -> dict:
         cfg = self.cfg
@@ -356,18 +426,30 @@ class Trainer:
                 self.opt.update(self.drafter, grads)
                 mx.eval(self.drafter.parameters(), self.opt.state, loss, parts)
                 self.step += 1
-                tokens += sum(b.labels.size if b.mask is None else int(b.mask.sum().item())
-                              for b in batch)
-                rec = {"step": self.step, "loss": float(loss),
-                       "lr": float(self.opt.learning_rate), "grad_norm": float(gnorm),
-                       "tok_s": tokens / (time.perf_counter() - t0),
-                       **{k: float(v) for k, v in parts.items()}}
+                tokens += sum(
+                    b.labels.size if b.mask is None else int(b.mask.sum().item()) for b in batch
+                )
+                rec = {
+                    "step": self.step,
+                    "loss": float(loss),
+                    "lr": float(self.opt.learning_rate),
+                    "grad_norm": float(gnorm),
+                    "tok_s": tokens / (time.perf_counter() - t0),
+                    **{k: float(v) for k, v in parts.items()},
+                }
                 if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
                     final = self.step == cfg.steps  # the last evaluation uses every sequence
-                    rec.update(evaluate_proxy(self.drafter, self.heldout, self.scale,
-                                              len(self.heldout) if final else 24))
-                    rec["train_tau"] = evaluate_proxy(self.drafter, self.fit_probe, self.scale,
-                                                      FIT_PROBE)["proxy_tau"]
+                    rec.update(
+                        evaluate_proxy(
+                            self.drafter,
+                            self.heldout,
+                            self.scale,
+                            len(self.heldout) if final else 24,
+                        )
+                    )
+                    rec["train_tau"] = evaluate_proxy(
+                        self.drafter, self.fit_probe, self.scale, FIT_PROBE
+                    )["proxy_tau"]
                     self.history.append(rec)
                 if on_step:
                     on_step(rec)
@@ -381,5 +463,9 @@ class Trainer:
         return self.history[-1] if self.history else {}
 
     def export(self, folder: Path, dtype=mx.bfloat16, card: str = "") -> Path:
-        return save_drafter(folded_copy(self.drafter, self.scale), folder, dtype=dtype,
-                            extra_files=[("README.md", card)] if card else [])
+        return save_drafter(
+            folded_copy(self.drafter, self.scale),
+            folder,
+            dtype=dtype,
+            extra_files=[("README.md", card)] if card else [],
+        )

@@ -41,9 +41,17 @@ MODELLED_ATTRIBUTES = {
 }
 
 _NUMPY = {
-    mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16,
-    mx.int32: np.int32, mx.uint32: np.uint32, mx.int64: np.int64, mx.uint64: np.uint64,
-    mx.int16: np.int16, mx.uint16: np.uint16, mx.int8: np.int8, mx.uint8: np.uint8,
+    mx.float32: np.float32,
+    mx.float16: np.float16,
+    mx.bfloat16: np.uint16,
+    mx.int32: np.int32,
+    mx.uint32: np.uint32,
+    mx.int64: np.int64,
+    mx.uint64: np.uint64,
+    mx.int16: np.int16,
+    mx.uint16: np.uint16,
+    mx.int8: np.int8,
+    mx.uint8: np.uint8,
     mx.bool_: np.bool_,
 }
 
@@ -80,7 +88,7 @@ def _guarded(n: int, np_dtype, fill_byte: int) -> tuple[np.ndarray, np.ndarray]:
     """(whole buffer with guards, the view of its n payload elements)."""
     whole = np.empty(n + 2 * GUARD, dtype=np_dtype)
     whole.view(np.uint8)[:] = fill_byte
-    return whole, whole[GUARD:GUARD + n]
+    return whole, whole[GUARD : GUARD + n]
 
 
 @dataclass
@@ -140,8 +148,15 @@ class CpuMetal:
         )
 
     def _flags(self) -> list[str]:
-        common = ["-std=c++14", "-pedantic-errors", "-O1", "-shared", "-fPIC",
-                  "-ffp-contract=off", "-Wall"]
+        common = [
+            "-std=c++14",
+            "-pedantic-errors",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-ffp-contract=off",
+            "-Wall",
+        ]
         if self.is_clang:  # e.g. Xcode's: Metal attributes are unknown attributes there
             return common + ["-Wno-unknown-attributes", "-Wno-ignored-attributes"]
         return common + ["-Werror", "-Wno-attributes"]
@@ -169,27 +184,54 @@ class CpuMetal:
         library = ctypes.CDLL(str(lib))
         entry = library.dflash2_harness_run
         entry.restype = None
-        entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint),
-                          ctypes.POINTER(ctypes.c_uint)]
+        entry.argtypes = [
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(ctypes.c_uint),
+            ctypes.POINTER(ctypes.c_uint),
+        ]
         compiled = CompiledKernel(gen, library, entry)
         self._cache[digest] = compiled
         return compiled
 
     # ------------------------------------------------------------------ run
-    def run(self, name: str, input_names, output_names, source: str, inputs: list[mx.array],
-            output_shapes, output_dtypes, grid, threadgroup, template=(), header: str = ""
-            ) -> list[mx.array]:
+    def run(
+        self,
+        name: str,
+        input_names,
+        output_names,
+        source: str,
+        inputs: list[mx.array],
+        output_shapes,
+        output_dtypes,
+        grid,
+        threadgroup,
+        template=(),
+        header: str = "",
+    ) -> list[mx.array]:
         problems = msl_lint.lint(header + "\n" + source, [n for n, _ in template])
         if problems:
             raise MslViolation(f"{name}: not valid MSL:\n  " + "\n  ".join(problems))
-        if (any(int(t) < 1 for t in threadgroup)
-                or math.prod(int(t) for t in threadgroup) > MAX_THREADS_PER_THREADGROUP):
-            raise AssertionError(f"{name}: threadgroup {tuple(threadgroup)} is not 1 to "
-                                 f"{MAX_THREADS_PER_THREADGROUP} threads (Metal's limit)")
-        infos = [signature.InputInfo(n, a.dtype, a.ndim, a.size)
-                 for n, a in zip(input_names, inputs)]
-        gen = signature.generate(name, list(input_names), list(output_names), source, header,
-                                 infos, list(output_dtypes), tuple(template))
+        if (
+            any(int(t) < 1 for t in threadgroup)
+            or math.prod(int(t) for t in threadgroup) > MAX_THREADS_PER_THREADGROUP
+        ):
+            raise AssertionError(
+                f"{name}: threadgroup {tuple(threadgroup)} is not 1 to "
+                f"{MAX_THREADS_PER_THREADGROUP} threads (Metal's limit)"
+            )
+        infos = [
+            signature.InputInfo(n, a.dtype, a.ndim, a.size) for n, a in zip(input_names, inputs)
+        ]
+        gen = signature.generate(
+            name,
+            list(input_names),
+            list(output_names),
+            source,
+            header,
+            infos,
+            list(output_dtypes),
+            tuple(template),
+        )
         kernel = self.build(gen)
         keep = []  # host buffers alive until the call returns
         pointers: dict[int, int] = {}
@@ -203,7 +245,7 @@ class CpuMetal:
             if p.kind in ("input", "scalar"):
                 arr = to_numpy(inputs[input_names.index(p.name)])
                 whole, payload = _guarded(max(arr.size, 1), arr.dtype, 0xFF)
-                payload[:arr.size] = arr.reshape(-1)
+                payload[: arr.size] = arr.reshape(-1)
                 add(p.index, whole, payload)
                 guards.append((whole, arr.size, f"input {p.name}"))
             elif p.kind == "shape":
@@ -236,17 +278,28 @@ class CpuMetal:
         for whole, size, label in guards:
             raw = whole.view(np.uint8)
             item = whole.itemsize
-            if (raw[:GUARD * item] != 0xFF).any() or (raw[(GUARD + size) * item:] != 0xFF).any():
+            if (raw[: GUARD * item] != 0xFF).any() or (raw[(GUARD + size) * item :] != 0xFF).any():
                 raise AssertionError(f"{gen.kernel_name}: {label} written out of bounds")
-        return [from_numpy(payload.copy().reshape(shape), dtype)
-                for payload, shape, dtype in outputs]
+        return [
+            from_numpy(payload.copy().reshape(shape), dtype) for payload, shape, dtype in outputs
+        ]
 
     def run_launch(self, launch, source: str) -> list[mx.array]:
         """Execute a dflash2_mlx.kernels launch plan (the runtime's exact call) on the CPU."""
         spec = launch.spec
-        return self.run(spec.name, list(spec.input_names), list(spec.output_names), source,
-                        list(launch.inputs), launch.output_shapes, launch.output_dtypes,
-                        launch.grid, launch.threadgroup, launch.template, spec.header)
+        return self.run(
+            spec.name,
+            list(spec.input_names),
+            list(spec.output_names),
+            source,
+            list(launch.inputs),
+            launch.output_shapes,
+            launch.output_dtypes,
+            launch.grid,
+            launch.threadgroup,
+            launch.template,
+            spec.header,
+        )
 
 
 class HarnessLauncher:

@@ -14,9 +14,18 @@ import mlx.core as mx
 MAX_CONSTANT_ARRAY_SIZE = 8  # inputs with fewer elements go to the constant address space
 
 TYPE_STRINGS = {
-    mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t", mx.bool_: "bool",
-    mx.int8: "int8_t", mx.int16: "int16_t", mx.int32: "int32_t", mx.int64: "int64_t",
-    mx.uint8: "uint8_t", mx.uint16: "uint16_t", mx.uint32: "uint32_t", mx.uint64: "uint64_t",
+    mx.float32: "float",
+    mx.float16: "float16_t",
+    mx.bfloat16: "bfloat16_t",
+    mx.bool_: "bool",
+    mx.int8: "int8_t",
+    mx.int16: "int16_t",
+    mx.int32: "int32_t",
+    mx.int64: "int64_t",
+    mx.uint8: "uint8_t",
+    mx.uint16: "uint16_t",
+    mx.uint32: "uint32_t",
+    mx.uint64: "uint64_t",
 }
 
 # (attribute, type), in MLX's order.
@@ -78,8 +87,10 @@ class Generated:
 
 
 def shape_infos(source: str, input_names) -> list[tuple[bool, bool, bool]]:
-    return [(f"{n}_shape" in source, f"{n}_strides" in source, f"{n}_ndim" in source)
-            for n in input_names]
+    return [
+        (f"{n}_shape" in source, f"{n}_strides" in source, f"{n}_ndim" in source)
+        for n in input_names
+    ]
 
 
 def attributes(source: str) -> list[tuple[str, str]]:
@@ -106,9 +117,17 @@ def _template_param_type(arg) -> str:
     return "typename"
 
 
-def generate(name: str, input_names, output_names, source: str, header: str,
-             inputs: list[InputInfo], output_dtypes, template=(),
-             atomic_outputs: bool = False) -> Generated:
+def generate(
+    name: str,
+    input_names,
+    output_names,
+    source: str,
+    header: str,
+    inputs: list[InputInfo],
+    output_dtypes,
+    template=(),
+    atomic_outputs: bool = False,
+) -> Generated:
     """The kernel name and full source MLX builds for one call (before MLX prepends its utils)."""
     if len(inputs) != len(input_names):
         raise ValueError("inputs and input_names differ in length")
@@ -134,8 +153,9 @@ def generate(name: str, input_names, output_names, source: str, header: str,
 
     out = [header]
     if template:
-        out.append("template <" + ", ".join(
-            f"{_template_param_type(a)} {n}" for n, a in template) + ">\n")
+        out.append(
+            "template <" + ", ".join(f"{_template_param_type(a)} {n}" for n, a in template) + ">\n"
+        )
     out.append(f"[[kernel]] void {kernel_name}(\n")
     params: list[Param] = []
     index = 0
@@ -181,6 +201,7 @@ def generate(name: str, input_names, output_names, source: str, header: str,
     out.append("\n}\n")
     if template:
         full = kernel_name + template_def
-        out.append(f'\ntemplate [[host_name("{kernel_name}")]] [[kernel]] '
-                   f"decltype({full}) {full};\n")
+        out.append(
+            f'\ntemplate [[host_name("{kernel_name}")]] [[kernel]] decltype({full}) {full};\n'
+        )
     return Generated(kernel_name, "".join(out), tuple(params), template_def)

@@ -5,6 +5,7 @@ Aggregate tokens/s = all generated tokens / wall time of the whole set (prefills
 in one process, arms interleaved per repeat; outputs must equal the sequential ones.
 Usage: nice -n 10 python batch_throughput.py OUT.json [--prompts N] [--max-tokens N]
        [--repeats N] [--batches 1,2,4]"""
+
 import argparse
 import json
 import statistics
@@ -41,8 +42,16 @@ def batched(pair, prompts, params, max_batch):
                 rounds += 1
                 verify_ms += ev.verify_ms
     wall = time.perf_counter() - t0
-    return outs, wall, {"rounds": rounds, "mean_batch": round(rows / max(rounds, 1), 3),
-                        "draft_ms": round(draft_ms, 1), "verify_ms": round(verify_ms, 1)}
+    return (
+        outs,
+        wall,
+        {
+            "rounds": rounds,
+            "mean_batch": round(rows / max(rounds, 1), 3),
+            "draft_ms": round(draft_ms, 1),
+            "verify_ms": round(verify_ms, 1),
+        },
+    )
 
 
 def main():
@@ -76,23 +85,32 @@ def main():
             print(name, round(wall, 2), info, flush=True)
     tokens = sum(len(o) for o in reference)
     base = statistics.median(walls["sequential"])
-    arms_out = {name: {"wall_s": [round(w, 3) for w in ws],
-                       "aggregate_tps": round(tokens / statistics.median(ws), 3),
-                       "vs_sequential": round(base / statistics.median(ws), 3),
-                       "identical_to_sequential": identical[name], **details[name]}
-                for name, ws in walls.items()}
+    arms_out = {
+        name: {
+            "wall_s": [round(w, 3) for w in ws],
+            "aggregate_tps": round(tokens / statistics.median(ws), 3),
+            "vs_sequential": round(base / statistics.median(ws), 3),
+            "identical_to_sequential": identical[name],
+            **details[name],
+        }
+        for name, ws in walls.items()
+    }
     env = B.environment()
-    res = {"what": "Greedy chat requests on the embedded SmolLM2-135M pair (shipped drafter, "
-                   "context lookup 3, block 8): aggregate tokens/s (all tokens / wall time of "
-                   "the set, prefills included), sequential single-engine runs vs the batched "
-                   "engine with at most N rows; median of the repeats; the machine is shared "
-                   "with other jobs.",
-           "command": "nice -n 10 python docs/results/scripts/batch_throughput.py "
-                      + " ".join(sys.argv[1:]),
-           "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "machine": {k: env[k] for k in ("chip", "blas", "blas_threads", "mlx", "device")},
-           "prompts": [p.id for p in chosen], "max_tokens": args.max_tokens,
-           "tokens": tokens, "arms": arms_out}
+    res = {
+        "what": "Greedy chat requests on the embedded SmolLM2-135M pair (shipped drafter, "
+        "context lookup 3, block 8): aggregate tokens/s (all tokens / wall time of "
+        "the set, prefills included), sequential single-engine runs vs the batched "
+        "engine with at most N rows; median of the repeats; the machine is shared "
+        "with other jobs.",
+        "command": "nice -n 10 python docs/results/scripts/batch_throughput.py "
+        + " ".join(sys.argv[1:]),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {k: env[k] for k in ("chip", "blas", "blas_threads", "mlx", "device")},
+        "prompts": [p.id for p in chosen],
+        "max_tokens": args.max_tokens,
+        "tokens": tokens,
+        "arms": arms_out,
+    }
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
 
 

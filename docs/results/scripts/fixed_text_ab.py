@@ -14,6 +14,7 @@ labels up to the first off-path position + KL at those positions), features stre
 The regeneration pool is a seeded sample of N_REGEN of the stage-8 training regenerations
 (data/smollm2/*, the files stage 8 trained on); a CPU session cannot featurize all 4,366.
 """
+
 import dflash2_mlx  # noqa: F401  (binds the fast BLAS before MLX loads)
 import json
 import os
@@ -29,12 +30,24 @@ from dflash2_mlx.target.adapter import TargetAdapter
 from dflash2_mlx.train.features import build_feature_cache, load_feature_cache, read_regenerations
 from dflash2_mlx.train.fixed_text import corpus_sequences
 from dflash2_mlx.train.stream import FixedTextStream
-from dflash2_mlx.train.trainer import TrainConfig, Trainer, drafter_config_for, evaluate_proxy, init_drafter
+from dflash2_mlx.train.trainer import (
+    TrainConfig,
+    Trainer,
+    drafter_config_for,
+    evaluate_proxy,
+    init_drafter,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "dflash2_mlx/assets/drafters/smollm2-135m-dflash2"
-STAGE8_FILES = ["regen_train.jsonl", "regen_train-t07.jsonl", "regen_train-extra.jsonl",
-                "regen_train-more.jsonl", "regen_extra-more-t07.jsonl", "regen_train-wide.jsonl"]
+STAGE8_FILES = [
+    "regen_train.jsonl",
+    "regen_train-t07.jsonl",
+    "regen_train-extra.jsonl",
+    "regen_train-more.jsonl",
+    "regen_extra-more-t07.jsonl",
+    "regen_train-wide.jsonl",
+]
 IDS = (1, 8, 15, 22, 29)
 STEPS, BATCH, ANCHORS, LR, SEED = 300, 8, 8, 3e-4, 0
 N_REGEN = 200
@@ -60,8 +73,10 @@ def prep(W: Path):
     for name in STAGE8_FILES:
         seqs += read_regenerations(REPO / "data/smollm2" / name, 512)
     pool = random.Random(SEED).sample(seqs, N_REGEN)
-    log(f"regen pool: {N_REGEN} of {len(seqs)} stage-8 regenerations, "
-        f"{sum(len(s.tokens) for s in pool):,} tokens")
+    log(
+        f"regen pool: {N_REGEN} of {len(seqs)} stage-8 regenerations, "
+        f"{sum(len(s.tokens) for s in pool):,} tokens"
+    )
     held = read_regenerations(REPO / "data/smollm2/regen_heldout.jsonl", 512)
     build_feature_cache(adapter, held, W / "features_heldout", log=log)
     build_feature_cache(adapter, pool, W / "features_regen", log=log)
@@ -70,11 +85,23 @@ def prep(W: Path):
 
 
 def tc_for(arm: str, mask_id: int) -> TrainConfig:
-    return TrainConfig(version=2, layers=2, block_size=8, target_layer_ids=IDS, mask_token_id=mask_id,
-                       steps=STEPS, batch_seqs=BATCH, anchors_per_seq=ANCHORS, lr=LR, seed=SEED,
-                       init_from=str(SHIPPED), eval_every=EVAL_EVERY, checkpoint_every=25,
-                       fixed_ratio=0.5 if arm == "mixed" else 0.0,
-                       command=f"python docs/results/scripts/fixed_text_ab.py {arm} W CORPUS")
+    return TrainConfig(
+        version=2,
+        layers=2,
+        block_size=8,
+        target_layer_ids=IDS,
+        mask_token_id=mask_id,
+        steps=STEPS,
+        batch_seqs=BATCH,
+        anchors_per_seq=ANCHORS,
+        lr=LR,
+        seed=SEED,
+        init_from=str(SHIPPED),
+        eval_every=EVAL_EVERY,
+        checkpoint_every=25,
+        fixed_ratio=0.5 if arm == "mixed" else 0.0,
+        command=f"python docs/results/scripts/fixed_text_ab.py {arm} W CORPUS",
+    )
 
 
 def arm(name: str, W: Path, corpus: Path):
@@ -83,10 +110,13 @@ def arm(name: str, W: Path, corpus: Path):
     fixed_seqs = corpus_sequences(tok, corpus, max_tokens=CORPUS_TOKENS, seed=SEED)
     draws = STEPS * round(0.5 * BATCH)
     passes = max(1.0, draws / len(fixed_seqs))
-    stream = FixedTextStream(adapter, fixed_seqs, W / f"stream-{name}", max_disk_bytes=DISK_BYTES,
-                             passes=passes, log=log)
-    log(f"corpus: {len(fixed_seqs)} sequences, {sum(len(s.tokens) for s in fixed_seqs):,} tokens, "
-        f"{len(stream.shards)} shards, {passes:.2f} passes a shard")
+    stream = FixedTextStream(
+        adapter, fixed_seqs, W / f"stream-{name}", max_disk_bytes=DISK_BYTES, passes=passes, log=log
+    )
+    log(
+        f"corpus: {len(fixed_seqs)} sequences, {sum(len(s.tokens) for s in fixed_seqs):,} tokens, "
+        f"{len(stream.shards)} shards, {passes:.2f} passes a shard"
+    )
     tc = tc_for(name, mask_id)
     if tc.fixed_ratio > 0:
         stream.pool()  # the first shard's features while `prep` may still be running
@@ -94,8 +124,12 @@ def arm(name: str, W: Path, corpus: Path):
         time.sleep(20)
     train = load_feature_cache(W / "features_regen")
     held = [s for s in load_feature_cache(W / "features_heldout") if s.temperature == 0.0]
-    dcfg = drafter_config_for(adapter, json.loads((ensure_smollm2() / "config.json").read_text()), tc)
-    trainer = Trainer(adapter, init_drafter(dcfg, tc), train, held, tc, W / f"run-{name}", log, stream)
+    dcfg = drafter_config_for(
+        adapter, json.loads((ensure_smollm2() / "config.json").read_text()), tc
+    )
+    trainer = Trainer(
+        adapter, init_drafter(dcfg, tc), train, held, tc, W / f"run-{name}", log, stream
+    )
     out = W / f"result-{name}.json"
     if trainer.try_resume():
         log(f"resumed at step {trainer.step}")
@@ -107,16 +141,40 @@ def arm(name: str, W: Path, corpus: Path):
 
     def on_step(rec):
         if rec["step"] % 10 == 0 or "proxy_tau" in rec:
-            log(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rec.items()}))
+            log(
+                json.dumps(
+                    {k: (round(v, 4) if isinstance(v, float) else v) for k, v in rec.items()}
+                )
+            )
         if "proxy_tau" in rec:
-            out.write_text(json.dumps({"arm": name, "config": tc.__dict__, "history": trainer.history,
-                                       "seconds": time.perf_counter() - t0}, default=str, indent=1))
+            out.write_text(
+                json.dumps(
+                    {
+                        "arm": name,
+                        "config": tc.__dict__,
+                        "history": trainer.history,
+                        "seconds": time.perf_counter() - t0,
+                    },
+                    default=str,
+                    indent=1,
+                )
+            )
 
     final = trainer.run(on_step)
-    out.write_text(json.dumps({"arm": name, "config": tc.__dict__, "history": trainer.history,
-                               "final": final, "stream": stream.state(),
-                               "seconds_this_run": round(time.perf_counter() - t0, 1)},
-                              default=str, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "arm": name,
+                "config": tc.__dict__,
+                "history": trainer.history,
+                "final": final,
+                "stream": stream.state(),
+                "seconds_this_run": round(time.perf_counter() - t0, 1),
+            },
+            default=str,
+            indent=1,
+        )
+    )
     trainer.export(W / f"drafter-{name}", dtype=mx.bfloat16)
     stream.close()
     log(f"{name}: done, held-out tau {final.get('proxy_tau')}")
@@ -128,11 +186,15 @@ def start_tau_first24(W: Path) -> float:
     path = W / "step0-24.json"
     if not path.exists():
         model, tok, adapter = target()
-        mask_id = json.loads((SHIPPED / "config.json").read_text())["dflash_config"]["mask_token_id"]
+        mask_id = json.loads((SHIPPED / "config.json").read_text())["dflash_config"][
+            "mask_token_id"
+        ]
         tc = tc_for("regen", mask_id)
         train = load_feature_cache(W / "features_regen")
         held = [s for s in load_feature_cache(W / "features_heldout") if s.temperature == 0.0]
-        dcfg = drafter_config_for(adapter, json.loads((ensure_smollm2() / "config.json").read_text()), tc)
+        dcfg = drafter_config_for(
+            adapter, json.loads((ensure_smollm2() / "config.json").read_text()), tc
+        )
         tr = Trainer(adapter, init_drafter(dcfg, tc), train, held, tc, W / "run-step0", log)
         path.write_text(json.dumps(evaluate_proxy(tr.drafter, held, tr.scale, 24)))
     return json.loads(path.read_text())["proxy_tau"]
@@ -154,46 +216,71 @@ def report(W: Path):
         hist = r["history"]
         arms[name] = {
             "finished": "final" in r,
-            "curve": [{"step": h["step"], "heldout_tau": round(h["proxy_tau"], 4),
-                       "heldout_sequences": 61 if h["step"] == STEPS else 24,
-                       "train_tau_24": round(h["train_tau"], 4), "loss": round(h["loss"], 4),
-                       **{k: round(h[k], 4) for k in ("base", "selector", "distill") if k in h}}
-                      for h in hist],
-            "final_all_61": ({"tau": round(r["final"]["proxy_tau"], 4),
-                              "position_accuracy": r["final"]["position_accuracy"]}
-                             if "final" in r else None),
+            "curve": [
+                {
+                    "step": h["step"],
+                    "heldout_tau": round(h["proxy_tau"], 4),
+                    "heldout_sequences": 61 if h["step"] == STEPS else 24,
+                    "train_tau_24": round(h["train_tau"], 4),
+                    "loss": round(h["loss"], 4),
+                    **{k: round(h[k], 4) for k in ("base", "selector", "distill") if k in h},
+                }
+                for h in hist
+            ],
+            "final_all_61": (
+                {
+                    "tau": round(r["final"]["proxy_tau"], 4),
+                    "position_accuracy": r["final"]["position_accuracy"],
+                }
+                if "final" in r
+                else None
+            ),
             "seconds": round(r.get("seconds_this_run", r.get("seconds", 0))),
         }
     step0 = json.loads((W / "step0.json").read_text()) if (W / "step0.json").exists() else None
     b = _blas.info()
     out = {
         "what": "Fixed-text A/B from the shipped stage-8 SmolLM2 drafter: STEPS more steps on "
-                "regenerations only vs half of each batch from target-labelled packaged text",
-        "start": {"drafter": "dflash2_mlx/assets/drafters/smollm2-135m-dflash2 (stage 8)",
-                  "heldout_tau_all_61": round(step0["proxy_tau"], 4) if step0 else None,
-                  "heldout_tau_first_24": round(start_tau_first24(W), 4)},
-        "budget": {"steps": STEPS, "batch_seqs": BATCH, "anchors_per_seq": ANCHORS, "lr": LR,
-                   "schedule": "AdamW (fresh), 4% warm-up, cosine to 10%", "seed": SEED},
-        "data": {"regenerations": f"{N_REGEN} sampled (seed {SEED}) from stage 8's 4,366 "
-                                  f"({', '.join(STAGE8_FILES)})",
-                 "fixed_text": f"the first {CORPUS_TOKENS:,} tokens of the shuffled corpus "
-                               "(dflash2 corpus: chitchat + wiki + python-docs), greedy labels "
-                               "up to the first off-path position + 1 x KL there; anchors "
-                               "weighted by exact labels; streamed in shards of "
-                               f"{DISK_BYTES / 1e6:.0f} MB",
-                 "mixed_ratio": 0.5},
+        "regenerations only vs half of each batch from target-labelled packaged text",
+        "start": {
+            "drafter": "dflash2_mlx/assets/drafters/smollm2-135m-dflash2 (stage 8)",
+            "heldout_tau_all_61": round(step0["proxy_tau"], 4) if step0 else None,
+            "heldout_tau_first_24": round(start_tau_first24(W), 4),
+        },
+        "budget": {
+            "steps": STEPS,
+            "batch_seqs": BATCH,
+            "anchors_per_seq": ANCHORS,
+            "lr": LR,
+            "schedule": "AdamW (fresh), 4% warm-up, cosine to 10%",
+            "seed": SEED,
+        },
+        "data": {
+            "regenerations": f"{N_REGEN} sampled (seed {SEED}) from stage 8's 4,366 "
+            f"({', '.join(STAGE8_FILES)})",
+            "fixed_text": f"the first {CORPUS_TOKENS:,} tokens of the shuffled corpus "
+            "(dflash2 corpus: chitchat + wiki + python-docs), greedy labels "
+            "up to the first off-path position + 1 x KL there; anchors "
+            "weighted by exact labels; streamed in shards of "
+            f"{DISK_BYTES / 1e6:.0f} MB",
+            "mixed_ratio": 0.5,
+        },
         "heldout": "teacher-forced tau (anchors every 2nd position) on the first 24 held-out "
-                   "greedy continuations during training, all 61 at the last step; noise ~ +-0.02",
+        "greedy continuations during training, all 61 at the last step; noise ~ +-0.02",
         "arms": arms,
         "hardware": f"{platform.machine()}, {os.cpu_count()} cores shared with other jobs "
-                    f"(load ~10), fp32, {b.route}, {b.threads} BLAS thread per arm, "
-                    "both arms concurrently, MLX " + mx.__version__,
-        "commands": [f"python docs/results/scripts/fixed_text_ab.py {c} W CORPUS"
-                     for c in ("prep", "regen", "mixed")] + ["dflash2 corpus --out CORPUS"],
+        f"(load ~10), fp32, {b.route}, {b.threads} BLAS thread per arm, "
+        "both arms concurrently, MLX " + mx.__version__,
+        "commands": [
+            f"python docs/results/scripts/fixed_text_ab.py {c} W CORPUS"
+            for c in ("prep", "regen", "mixed")
+        ]
+        + ["dflash2 corpus --out CORPUS"],
     }
     if all(a.get("final_all_61") for a in arms.values()) and len(arms) == 2:
         out["mixed_minus_regen_all_61"] = round(
-            arms["mixed"]["final_all_61"]["tau"] - arms["regen"]["final_all_61"]["tau"], 4)
+            arms["mixed"]["final_all_61"]["tau"] - arms["regen"]["final_all_61"]["tau"], 4
+        )
     out["notes"] = [
         "Both arms end below the start: the regeneration pool (N_REGEN sequences, all seen in "
         "stage 8) is memorised (train tau 2.0 -> 3.1 in the regen arm), so a continuation "
@@ -202,8 +289,10 @@ def report(W: Path):
         "times; on this shared CPU (load ~11 on 2 cores) target features ran at ~50-70 tok/s "
         "a process, so the 1-2M tokens the issue asks for did not fit in the session.",
     ]
-    out["notes"] = [n.replace("N_REGEN", str(N_REGEN)).replace("CORPUS_TOKENS", f"{CORPUS_TOKENS:,}")
-                    for n in out["notes"]]
+    out["notes"] = [
+        n.replace("N_REGEN", str(N_REGEN)).replace("CORPUS_TOKENS", f"{CORPUS_TOKENS:,}")
+        for n in out["notes"]
+    ]
     dest = REPO / "docs/results/smollm2-fixed-text-ab.json"
     dest.write_text(json.dumps(out, indent=1) + "\n")
     print(dest)

@@ -3,6 +3,7 @@ continuations -> teacher_forced_ok.json (input of lookup_sim.py).
 Usage: python lookup_teacher_forced.py CHECKPOINT_DIR WORK_DIR [--target DIR] [--regen FILE]
   [--out teacher_forced_ok.json]  (WORK_DIR: a `dflash2 train` work folder with
 features_heldout_1-8-15-22-29; CHECKPOINT_DIR has feature_scale.npy)."""
+
 import dflash2_mlx  # noqa: F401  (binds the fast BLAS before MLX loads)
 import argparse
 import json
@@ -15,12 +16,16 @@ from dflash2_mlx.target.adapter import TargetAdapter
 from dflash2_mlx.train.features import load_feature_cache
 from dflash2_mlx.train.trainer import make_blocks
 from dflash2_mlx.train.objective import block_hidden
+
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("checkpoint", type=Path)
 ap.add_argument("work", type=Path)
-ap.add_argument("--target", default=str(Path.home() / ".cache/dflash2/models/smollm2-135m-instruct"))
-ap.add_argument("--regen", type=Path,
-                default=Path(__file__).parents[3] / "data/smollm2/regen_heldout.jsonl")
+ap.add_argument(
+    "--target", default=str(Path.home() / ".cache/dflash2/models/smollm2-135m-instruct")
+)
+ap.add_argument(
+    "--regen", type=Path, default=Path(__file__).parents[3] / "data/smollm2/regen_heldout.jsonl"
+)
 ap.add_argument("--out", default="teacher_forced_ok.json")
 args = ap.parse_args()
 ck, W = args.checkpoint, args.work
@@ -38,13 +43,21 @@ for s in held:
     anchors = list(range(lo, hi + 1))
     lead = []
     for i in range(0, len(anchors), 64):
-        a = anchors[i:i+64]
+        a = anchors[i : i + 64]
         b = make_blocks([s], [a], 8, d.config.mask_token_id, scale)
         _, ids, gold = b.flat()
         h = block_hidden(d, b)[:, 1:]
         drafts = d.select(h, d.logits(h), ids[:, 0], 0.0).tokens
         ok = (drafts == gold).astype(mx.int32)
         lead += np.array(mx.cumprod(ok, axis=-1)).tolist()
-    out.append({"id": s.id, "cat": cats.get(s.id, "?"), "tokens": s.tokens.tolist(), "start": lo, "ok": lead})
+    out.append(
+        {
+            "id": s.id,
+            "cat": cats.get(s.id, "?"),
+            "tokens": s.tokens.tolist(),
+            "start": lo,
+            "ok": lead,
+        }
+    )
     print(s.id, len(anchors), flush=True)
 json.dump(out, open(args.out, "w"))

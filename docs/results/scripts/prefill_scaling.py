@@ -6,6 +6,7 @@ chunk size, plus the engine's per-chunk times (they grow with the chunk's offset
 the cache) -> JSON. With --abba each length runs plain, engine, engine, plain (the means cancel
 a load that drifts linearly; the first run of a new size also pays for fresh buffers).
 Usage: python prefill_scaling.py OUT.json [LENGTHS, default 512,1024,2048,4096,8192] [--abba]"""
+
 import json
 import os
 import platform
@@ -27,8 +28,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def prompt_ids(tokenizer, n: int) -> list[int]:
     """n ids of real text (the repository's docs, repeated as needed)."""
     root = os.path.join(HERE, "..", "..", "..")
-    text = "".join(open(os.path.join(root, p)).read() for p in ("README.md", "docs/architecture.md")
-                   if os.path.exists(os.path.join(root, p)))
+    text = "".join(
+        open(os.path.join(root, p)).read()
+        for p in ("README.md", "docs/architecture.md")
+        if os.path.exists(os.path.join(root, p))
+    )
     ids = tokenizer.encode(text)
     while len(ids) < n:
         ids = ids + ids
@@ -50,8 +54,11 @@ def plain_prefill(model, ids: list[int]) -> float:
 def engine_prefill(pair, ids: list[int]) -> tuple[float, list[float]]:
     marks = []
     t0 = time.perf_counter()
-    events = pair.stream(ids, d2.GenerationParams(max_tokens=1),
-                         cancel=lambda: marks.append(time.perf_counter()) and False)
+    events = pair.stream(
+        ids,
+        d2.GenerationParams(max_tokens=1),
+        cancel=lambda: marks.append(time.perf_counter()) and False,
+    )
     next(events)
     end = time.perf_counter()
     events.close()
@@ -75,35 +82,51 @@ def main(out_path: str, lengths: list[int], abba: bool = False) -> None:
         if abba:
             plain.append(plain_prefill(pair.model, ids))
         plain_s, engine_s = sum(plain) / len(plain), sum(engine) / len(engine)
-        row = {"prompt_tokens": n, "plain_mlx_lm_s": round(plain_s, 2),
-               "engine_s": round(engine_s, 2), "engine_over_plain": round(engine_s / plain_s, 3),
-               "plain_tokens_per_s": round(n / plain_s, 1),
-               "engine_tokens_per_s": round(n / engine_s, 1), "engine_chunk_s": chunks,
-               "runs_s": {"plain": [round(x, 2) for x in plain],
-                          "engine": [round(x, 2) for x in engine]},
-               "load_average": os.getloadavg()[0]}
+        row = {
+            "prompt_tokens": n,
+            "plain_mlx_lm_s": round(plain_s, 2),
+            "engine_s": round(engine_s, 2),
+            "engine_over_plain": round(engine_s / plain_s, 3),
+            "plain_tokens_per_s": round(n / plain_s, 1),
+            "engine_tokens_per_s": round(n / engine_s, 1),
+            "engine_chunk_s": chunks,
+            "runs_s": {
+                "plain": [round(x, 2) for x in plain],
+                "engine": [round(x, 2) for x in engine],
+            },
+            "load_average": os.getloadavg()[0],
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
     blas = _blas.info()
-    res = {"what": "Prefill wall time vs prompt length, embedded SmolLM2-135M (fp32) + shipped "
-                   f"drafter, chunks of {CHUNK}. plain = mlx-lm's own prefill of the same ids "
-                   "(chunks evaluating the cache only, then the last row's logits); engine = the "
-                   "first event of Pair.stream (the same chunks through the target with the "
-                   "drafter's layer features captured, the first token, the lookup index). One "
-                   "process; " + ("per length plain, engine, engine, plain (means)." if abba
-                                  else "per length plain then engine, once."),
-           "script": "docs/results/scripts/prefill_scaling.py",
-           "environment": {"platform": f"{platform.system()} {platform.machine()}",
-                           "cpu_count": os.cpu_count(), "blas": blas.route,
-                           "blas_threads": blas.threads, "mlx": mx.__version__,
-                           "device": str(mx.default_device())},
-           "rows": rows}
+    res = {
+        "what": "Prefill wall time vs prompt length, embedded SmolLM2-135M (fp32) + shipped "
+        f"drafter, chunks of {CHUNK}. plain = mlx-lm's own prefill of the same ids "
+        "(chunks evaluating the cache only, then the last row's logits); engine = the "
+        "first event of Pair.stream (the same chunks through the target with the "
+        "drafter's layer features captured, the first token, the lookup index). One "
+        "process; "
+        + (
+            "per length plain, engine, engine, plain (means)."
+            if abba
+            else "per length plain then engine, once."
+        ),
+        "script": "docs/results/scripts/prefill_scaling.py",
+        "environment": {
+            "platform": f"{platform.system()} {platform.machine()}",
+            "cpu_count": os.cpu_count(),
+            "blas": blas.route,
+            "blas_threads": blas.threads,
+            "mlx": mx.__version__,
+            "device": str(mx.default_device()),
+        },
+        "rows": rows,
+    }
     with open(out_path, "w") as f:
         json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--abba"]
-    lens = [int(x) for x in args[1].split(",")] if len(args) > 1 else [
-        512, 1024, 2048, 4096, 8192]
+    lens = [int(x) for x in args[1].split(",")] if len(args) > 1 else [512, 1024, 2048, 4096, 8192]
     main(args[0], lens, abba="--abba" in sys.argv)

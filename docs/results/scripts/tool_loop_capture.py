@@ -71,8 +71,9 @@ def tool_loop(client, say) -> None:
     messages = list(tt.ASK)
     say(f"-> user: {messages[0]['content']!r}  tools=[get_weather]")
     while True:
-        r = client.chat.completions.create(model=MODEL, messages=messages, tools=tt.TOOLS,
-                                           temperature=0, max_tokens=64)
+        r = client.chat.completions.create(
+            model=MODEL, messages=messages, tools=tt.TOOLS, temperature=0, max_tokens=64
+        )
         choice = r.choices[0]
         msg = choice.message
         messages.append(msg)
@@ -80,15 +81,19 @@ def tool_loop(client, say) -> None:
         if msg.tool_calls:
             calls = [c.model_dump() for c in msg.tool_calls]
             say(f"   tool_calls={json.dumps(calls)}")
-        say(f"   usage: prompt_tokens={r.usage.prompt_tokens} "
-            f"completion_tokens={r.usage.completion_tokens} dflash2={json.dumps(dflash2_usage(r))}")
+        say(
+            f"   usage: prompt_tokens={r.usage.prompt_tokens} "
+            f"completion_tokens={r.usage.completion_tokens} dflash2={json.dumps(dflash2_usage(r))}"
+        )
         if not msg.tool_calls:
             return
         for call in msg.tool_calls:
             result = get_weather(**json.loads(call.function.arguments))
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-            say(f"-> tool: {call.function.name}({call.function.arguments}) ran locally, "
-                f"result {result}")
+            say(
+                f"-> tool: {call.function.name}({call.function.arguments}) ran locally, "
+                f"result {result}"
+            )
 
 
 def main() -> None:
@@ -107,10 +112,11 @@ def main() -> None:
         pair = tt.trained_pair(Path(folder))
     app = create_app(pair, model_name=MODEL, default_max_tokens=64, context_length=1024)
     with serving(app, args.port) as base:
-        say(f"server: {base}/v1  model: {MODEL} (tests/tiny_tools.py: trained 2-layer llama, "
-            f"random drafter)  openai {openai.__version__}")
-        client = openai.OpenAI(base_url=base + "/v1", api_key="local", max_retries=0,
-                               timeout=60)
+        say(
+            f"server: {base}/v1  model: {MODEL} (tests/tiny_tools.py: trained 2-layer llama, "
+            f"random drafter)  openai {openai.__version__}"
+        )
+        client = openai.OpenAI(base_url=base + "/v1", api_key="local", max_retries=0, timeout=60)
         tool_loop(client, say)
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
