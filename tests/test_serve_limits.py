@@ -344,3 +344,36 @@ def test_text_is_exactly_the_decode_of_the_generated_ids():
                     if c.choices
                 )
                 assert got == streamed == text, (prompt, got, streamed, text)
+
+
+def test_a_server_fault_is_a_counted_json_500_and_the_server_keeps_serving(logs):
+    """A fault inside generation (injected into this pair's own target adapter instance) is a
+    JSON 500 without a traceback or a path in the body, counted in /metrics, logged; the next
+    request is served normally."""
+    faulty = Pair.from_models(
+        tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2, block_size=4)
+    )
+    target = faulty.decoder.target
+    real_forward, broken = target.forward, {"on": True}
+
+    def forward(*args, **kwargs):
+        if broken["on"]:
+            raise RuntimeError("injected fault in /secret/path/model.py")
+        return real_forward(*args, **kwargs)
+
+    target.forward = forward  # this adapter instance only
+    app = create_app(faulty, model_name="tiny", default_max_tokens=8)
+    body = {"messages": HI, "max_tokens": 6, "temperature": 0}
+    with running(app) as base:
+        r = httpx.post(base + CHAT, json=body, timeout=60)
+        assert r.status_code == 500
+        err = r.json()["error"]
+        assert err["type"] == "server_error" and "/secret/path" not in err["message"]
+        assert "Traceback" not in r.text
+        broken["on"] = False
+        ok = httpx.post(base + CHAT, json=body, timeout=60)
+        assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
+        text = httpx.get(base + "/metrics", timeout=10).text
+    assert metric(text, "dflash2_requests_total", endpoint=CHAT, status="500") == 1
+    assert metric(text, "dflash2_requests_total", endpoint=CHAT, status="200") == 1
+    assert any("injected fault" in rec.getMessage() or rec.exc_info for rec in logs.records)
