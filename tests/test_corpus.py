@@ -2,13 +2,13 @@
 (no network; the one network test skips unless DFLASH2_NETWORK_TESTS=1)."""
 
 import json
-import os
 import shutil
 import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
+from offline import require_pypi
 from tiny_pair import save_tokenizer
 
 from dflash2_mlx.train.corpus import CorpusConfig, archive_version, build_corpus, fetch
@@ -208,11 +208,9 @@ def test_unknown_source_and_missing_client_are_clear_errors(tmp_path, monkeypatc
         fetch(SOURCES["python-docs"], tmp_path / "dl")
 
 
-@pytest.mark.skipif(
-    os.environ.get("DFLASH2_NETWORK_TESTS") != "1",
-    reason="fetches from PyPI; set DFLASH2_NETWORK_TESTS=1 to run",
-)
+@pytest.mark.network
 def test_fetch_from_pypi(tmp_path):
+    require_pypi("chitchat-dataset")
     got = fetch(SOURCES["chitchat"], tmp_path)
     assert got.name.startswith("chitchat_dataset-") and got.suffix == ".whl"
     assert next(chitchat_records(got))["messages"][0]["role"] == "user"
