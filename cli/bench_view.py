@@ -1,0 +1,187 @@
+"""What `dflash2 bench` prints: the environment line, the speed, autotune and lookup tables,
+and the kernel micro-benchmark table (rich objects; the numbers come from dflash2_mlx)."""
+
+from __future__ import annotations
+
+
+def fmt_number(x, spec: str = ".1f", none: str = "—") -> str:
+    return none if x is None else format(x, spec)
+
+
+def env_line(env: dict) -> str:
+    threads = f" x{env['blas_threads']}" if env.get("blas_threads") else ""
+    return (
+        f"device {env['device']} ({env.get('chip', '?')}) · mlx {env['mlx']} · mlx-lm "
+        f"{env['mlx_lm']} · BLAS {env['blas']}{threads} · {env['platform']}"
+    )
+
+
+def speed_tables(report: dict):
+    """One rich table per block size: categories, then all prompts."""
+    from rich.table import Table
+
+    tables = []
+    ratios = report.get("verify_cost", {}).get("ratio", {})
+    for res in report["results"]:
+        b = res["block"]
+        ratio = ratios.get(str(b))
+        t = Table(
+            title=f"block {b}"
+            + (f" · verify cost({b})/cost(1) = {ratio:.2f}" if ratio is not None else ""),
+            title_justify="left",
+            header_style="bold",
+        )
+        for col in (
+            "category",
+            "prompts",
+            "plain tok/s",
+            "dflash2 tok/s",
+            "speedup",
+            "τ",
+            "lookup τ",
+            "draft ms/rd",
+            "verify ms/rd",
+            "identical",
+        ):
+            t.add_column(col, justify="left" if col == "category" else "right")
+
+        def add(name, s, style=None):
+            same = f"{s['identical']}/{s['prompts']}"
+            t.add_row(
+                name,
+                str(s["prompts"]),
+                fmt_number(s["plain_tps"]),
+                fmt_number(s["dflash2_tps"]),
+                fmt_number(s["speedup"], ".2f") + ("x" if s["speedup"] is not None else ""),
+                fmt_number(s["tau"], ".2f"),
+                fmt_number(s.get("lookup_tau"), ".2f"),
+                fmt_number(s["draft_ms_per_round"], ".2f"),
+                fmt_number(s["verify_ms_per_round"], ".2f"),
+                same if s["identical"] == s["prompts"] else f"[bold red]{same}[/]",
+                style=style,
+            )
+
+        for cat, s in res["per_category"].items():
+            add(cat, s)
+        t.add_section()
+        add("all (median)", res["summary"], style="bold")
+        tables.append(t)
+    return tables
+
+
+def autotune_table(profile: dict):
+    """The measured cost curve and the expected tokens/round and tokens/s per block size."""
+    from rich.table import Table
+    from rich.text import Text
+
+    probs = profile["acceptance"]["position_probs"]
+    ratio = profile["verify"]["ratio"]
+    t = Table(
+        title=Text(
+            "autotune: expected tok/s = E[tokens/round] / (draft ms + verify ms) "
+            "per block b; p(b-1) = P(draft b-1 accepted | drafts before it "
+            "accepted)"
+        ),
+        title_justify="left",
+        header_style="bold",
+    )
+    for col in (
+        "block",
+        "verify ms",
+        "x cost(1)",
+        "draft ms",
+        "round ms",
+        "p(b-1)",
+        "E tok/round",
+        "exp. tok/s",
+        "",
+    ):
+        t.add_column(col, justify="right")
+    for r in profile["table"]:
+        b = r["block"]
+        p = probs[b - 2] if b >= 2 and b - 2 < len(probs) else None
+        mark = (
+            "◀ chosen" if b == profile["chosen_block"] else ("capped" if not r["allowed"] else "")
+        )
+        t.add_row(
+            str(b),
+            f"{r['verify_ms']:.2f}",
+            fmt_number(ratio.get(str(b)), ".2f"),
+            f"{r['draft_ms']:.2f}",
+            f"{r['round_ms']:.2f}",
+            fmt_number(p, ".3f"),
+            f"{r['expected_tokens']:.2f}",
+            f"{r['expected_tps']:.1f}",
+            mark,
+            style="bold green"
+            if b == profile["chosen_block"]
+            else ("dim" if not r["allowed"] else None),
+        )
+    return t
+
+
+def lookup_table(profile: dict):
+    """Lookup rounds (no draft pass): expected tokens/round and tok/s per lookup block."""
+    from rich.table import Table
+    from rich.text import Text
+
+    lookup = profile.get("lookup") or {}
+    t = Table(
+        title=Text(
+            "autotune, lookup rounds: each calibration lookup round cut at L "
+            "(tokens verified); expected tok/s = E[tokens/round] / verify ms"
+        ),
+        title_justify="left",
+        header_style="bold",
+    )
+    for col in ("lookup block", "verify ms", "E tok/round", "exp. tok/s", ""):
+        t.add_column(col, justify="right")
+    for r in lookup.get("table", []):
+        chosen = r["lookup_block"] == lookup.get("chosen")
+        t.add_row(
+            str(r["lookup_block"]),
+            f"{r['verify_ms']:.2f}",
+            f"{r['expected_tokens']:.2f}",
+            f"{r['expected_tps']:.1f}",
+            "◀ chosen" if chosen else "",
+            style="bold green" if chosen else None,
+        )
+    return t
+
+
+def kernels_report(repeats: int, console, err) -> dict:
+    from rich.table import Table
+    from rich.text import Text
+
+    from dflash2_mlx.kernels import bench_kernels
+
+    res = bench_kernels(repeats=repeats)
+    t = Table(
+        title=f"kernels (device {res.get('device', '?')}, setting "
+        f"{res.get('setting', '?')}, {res.get('repeats')} repeats, median ms)",
+        title_justify="left",
+        header_style="bold",
+    )
+    for col in ("op", "case", "reference ms", "kernel ms", "speedup", "max |Δ|"):
+        t.add_column(col, justify="left" if col in ("op", "case") else "right")
+    for r in res.get("results", []):
+        t.add_row(
+            r["op"],
+            r["case"],
+            fmt_number(r.get("reference_ms"), ".3f"),
+            fmt_number(r.get("kernel_ms"), ".3f", "not run"),
+            fmt_number(r.get("speedup"), ".2f") + ("x" if r.get("speedup") is not None else ""),
+            fmt_number(r.get("max_abs_diff"), ".2g"),
+        )
+    console.print(t)
+    if not res.get("kernels_run"):
+        err.print(
+            Text(
+                "note: the custom Metal kernels were not run on this machine: "
+                + (res.get("note") or "no Metal; reference timings only"),
+                style="yellow",
+            )
+        )
+    elif res.get("note"):
+        console.print(Text(res["note"], style="dim"))
+    return res
