@@ -25,7 +25,7 @@ When the target or the drafter has quantized matmuls (QuantizedLinear / Quantize
 any layer with `bits` and `group_size`), the block is capped at 5: a quantized verify is cheap per token but its cost grows fast with
 width on MLX (z-lab's MLX instructions run their 4-bit targets at block 5).
 
-The profile is stored as JSON under `cache_root()/autotune`, keyed by device (chip, and the
+The profile is stored (dflash2_mlx/profiles.py) as JSON under `cache_root()/autotune`, keyed by device (chip, and the
 BLAS on CPU), mlx version, target, drafter and quantization signature (bits, group size, mode
 and weight dtype of each model); `recommended_block(pair, target, drafter)` finds it again for
 `chat` and `serve`, and returns None when any part of the key differs.
@@ -33,81 +33,28 @@ and weight dtype of each model); `recommended_block(pair, target, drafter)` find
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-SCHEMA = "dflash2.autotune/1"
+# Re-exported: callers reach the profiles and the quantization signature through autotune.
+from .profiles import (  # noqa: F401
+    SCHEMA,
+    device_key,
+    load_profile,
+    profile_dir,
+    profile_key,
+    profile_path,
+    recommended_block,
+    recommended_lookup_block,
+    save_profile,
+)
+from .quant import describe_quant, is_quantized, quant_signature, quantized_layers, weight_dtype  # noqa: F401
+
 QUANT_CAP = 5
 # Lookup-block candidates measured beyond the drafter's blocks (tokens verified per round).
 LOOKUP_WIDTHS = (4, 6, 8, 12, 16, 24, 32)
-
-
-# ----------------------------------------------------------------------------- quantization
-def quantized_layers(module) -> list[dict]:
-    """Quantized matmul layers of an MLX module, grouped by (kind, bits, group_size, mode)."""
-    import mlx.nn as nn
-
-    groups: Counter = Counter()
-    for m in module.modules():
-        if isinstance(m, nn.QuantizedEmbedding):
-            kind = "Embedding"
-        elif isinstance(m, nn.QuantizedLinear):
-            kind = "Linear"
-        elif hasattr(m, "bits") and hasattr(m, "group_size") and "scales" in m:
-            kind = type(m).__name__  # e.g. mlx-lm's QuantizedSwitchLinear (MoE experts)
-        else:
-            continue
-        groups[(kind, int(m.bits), int(m.group_size), str(getattr(m, "mode", "affine")))] += 1
-    return [
-        {"kind": k, "bits": b, "group_size": g, "mode": mode, "count": n}
-        for (k, b, g, mode), n in sorted(groups.items())
-    ]
-
-
-def weight_dtype(module) -> str:
-    """The floating dtype holding most of a module's parameters ('bfloat16', 'float32', ...)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    sizes: Counter = Counter()
-    for _, p in tree_flatten(module.parameters()):
-        if mx.issubdtype(p.dtype, mx.floating):
-            sizes[str(p.dtype).split(".")[-1]] += p.size
-    return sizes.most_common(1)[0][0] if sizes else "none"
-
-
-def quant_signature(pair) -> dict:
-    """{"target": {"dtype", "quantized": [...]}, "drafter": {...}} of a loaded pair."""
-    return {
-        "target": {"dtype": weight_dtype(pair.model), "quantized": quantized_layers(pair.model)},
-        "drafter": {
-            "dtype": weight_dtype(pair.drafter),
-            "quantized": quantized_layers(pair.drafter),
-        },
-    }
-
-
-def is_quantized(signature: Mapping) -> bool:
-    return any(part.get("quantized") for part in signature.values())
-
-
-def describe_quant(signature: Mapping) -> str:
-    """'target q4 g64 affine (197 layers), bfloat16; drafter bfloat16' and the like."""
-    parts = []
-    for name, part in signature.items():
-        qs = part.get("quantized") or []
-        modes = sorted({(q["bits"], q["group_size"], q["mode"]) for q in qs})
-        n = sum(q["count"] for q in qs)
-        q = ", ".join(f"q{b} g{g} {m}" for b, g, m in modes)
-        parts.append(
-            f"{name} {q} ({n} layers), {part.get('dtype')}" if qs else f"{name} {part.get('dtype')}"
-        )
-    return "; ".join(parts)
 
 
 # ----------------------------------------------------------------------------- the decision
@@ -402,118 +349,3 @@ def autotune(
         "lookup": lookup,
         "chosen_lookup_block": lookup["chosen"],
     }
-
-
-# ----------------------------------------------------------------------------- profiles
-def _identity(name: str) -> str:
-    """A folder as its absolute path plus a fingerprint of its config and weight files (so a
-    drafter retrained into the same folder gets a new profile); a repo id as given."""
-    p = Path(str(name)).expanduser()
-    try:
-        if not p.exists():
-            return str(name)
-        p = p.resolve()
-        files = (
-            sorted(f for f in p.iterdir() if f.suffix in (".json", ".safetensors"))
-            if p.is_dir()
-            else [p]
-        )
-        stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-        return f"{p}#{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:12]}"
-    except OSError:
-        return str(name)
-
-
-def device_key() -> str:
-    """'gpu Apple M3 Max', or on CPU 'cpu AMD EPYC, blas scipy-openblas x2' (CPU timings
-    depend on the BLAS and its threads)."""
-    import mlx.core as mx
-
-    from . import _blas
-    from .bench import chip_name
-
-    dev = mx.default_device()
-    kind = "gpu" if dev.type == mx.DeviceType.gpu else "cpu"
-    key = f"{kind} {chip_name()}"
-    if kind == "cpu":
-        info = _blas.info()
-        key += f", blas {info.route}" + (f" x{info.threads}" if info.threads else "")
-    return key
-
-
-def profile_key(pair, target: str, drafter: str) -> dict:
-    import mlx.core as mx
-
-    return {
-        "device": device_key(),
-        "mlx": getattr(mx, "__version__", "?"),
-        "target": _identity(target),
-        "drafter": _identity(drafter),
-        "quantization": quant_signature(pair),
-        "draft_vocab": pair.drafter.draft_vocab_size,  # it changes the draft cost
-        "lookup": pair.decoder.lookup,
-    }  # it changes the acceptance
-
-
-def profile_dir(root: str | Path | None = None) -> Path:
-    if root is not None:
-        return Path(root)
-    from ._blas import cache_root
-
-    return cache_root() / "autotune"
-
-
-def profile_path(key: Mapping, root: str | Path | None = None) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return profile_dir(root) / f"{digest}.json"
-
-
-def save_profile(profile: Mapping, root: str | Path | None = None) -> Path:
-    path = profile_path(profile["key"], root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(profile, indent=2) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def load_profile(key: Mapping, root: str | Path | None = None) -> dict | None:
-    """The stored profile with exactly this key, else None (a corrupt file counts as none)."""
-    path = profile_path(key, root)
-    try:
-        profile = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(profile, dict) or profile.get("schema") != SCHEMA:
-        return None
-    if json.dumps(profile.get("key"), sort_keys=True) != json.dumps(key, sort_keys=True):
-        return None
-    return profile
-
-
-def _recommended(pair, target: str, drafter: str, field: str, root) -> int | None:
-    try:
-        profile = load_profile(profile_key(pair, target, drafter), root)
-    except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
-        return None
-    value = profile.get(field) if profile else None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        return None
-    return value
-
-
-def recommended_block(
-    pair, target: str, drafter: str, *, root: str | Path | None = None
-) -> int | None:
-    """The autotuned block for this pair on this machine (`dflash2 bench --autotune`), or None
-    when no profile matches (other device, mlx version, models or quantization). Not clamped:
-    settings.choose_block clamps every recommendation to the trained size, with the reason."""
-    return _recommended(pair, target, drafter, "chosen_block", root)
-
-
-def recommended_lookup_block(
-    pair, target: str, drafter: str, *, root: str | Path | None = None
-) -> int | None:
-    """The autotuned lookup block (GenerationParams.lookup_block) for this pair on this
-    machine, or None when no profile matches or it measured no lookup round."""
-    return _recommended(pair, target, drafter, "chosen_lookup_block", root)

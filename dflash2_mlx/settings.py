@@ -276,7 +276,7 @@ def resolve_engine(
 ) -> EngineSettings:
     """Settings for a loaded `pair` (dflash2_mlx.api.Pair) of `resolved` (a registry
     ResolvedPair) whose target lives in `target_dir`."""
-    from .autotune import recommended_block, recommended_lookup_block
+    from .profiles import recommended_block, recommended_lookup_block
 
     trained = pair.drafter.config.block_size
     auto = choose_block(

@@ -14,7 +14,7 @@ import pytest
 import dflash2_mlx as d2
 from dflash2_cli.app import run
 from dflash2_mlx import autotune as A
-from dflash2_mlx import bench
+from dflash2_mlx import bench, profiles
 from tiny import make_drafter, make_target
 from tiny_pair import save_pair
 
@@ -247,10 +247,10 @@ def test_profile_is_stored_found_and_ignored_when_the_key_changes(
     assert A.recommended_block(llama_pair, "org/other", "org/drafter", root=root) is None
     assert A.recommended_block(quant_pair, "org/target", "org/drafter", root=root) is None
     # Another mlx version or device: no recommendation either.
-    device_key = A.device_key
-    monkeypatch.setattr(A, "device_key", lambda: "gpu Some Other Chip")
+    device_key = profiles.device_key
+    monkeypatch.setattr(profiles, "device_key", lambda: "gpu Some Other Chip")
     assert A.recommended_block(llama_pair, "org/target", "org/drafter", root=root) is None
-    monkeypatch.setattr(A, "device_key", device_key)
+    monkeypatch.setattr(profiles, "device_key", device_key)
     # The default root is cache_root()/autotune; a corrupt file counts as no profile.
     default = A.save_profile(profile)
     assert default.parent == Path(str(tmp_path / "home")) / "autotune"

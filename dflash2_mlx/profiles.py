@@ -1,0 +1,128 @@
+"""Stored autotune profiles: JSON under `cache_root()/autotune`, keyed by device (chip, and
+the BLAS on CPU), mlx version, target, drafter, quantization signature, draft vocabulary and
+lookup; `recommended_block` / `recommended_lookup_block` find them again for chat and serve."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Mapping
+
+from .quant import quant_signature
+
+SCHEMA = "dflash2.autotune/1"
+
+
+def _identity(name: str) -> str:
+    """A folder as its absolute path plus a fingerprint of its config and weight files (so a
+    drafter retrained into the same folder gets a new profile); a repo id as given."""
+    p = Path(str(name)).expanduser()
+    try:
+        if not p.exists():
+            return str(name)
+        p = p.resolve()
+        files = (
+            sorted(f for f in p.iterdir() if f.suffix in (".json", ".safetensors"))
+            if p.is_dir()
+            else [p]
+        )
+        stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+        return f"{p}#{hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:12]}"
+    except OSError:
+        return str(name)
+
+
+def device_key() -> str:
+    """'gpu Apple M3 Max', or on CPU 'cpu AMD EPYC, blas scipy-openblas x2' (CPU timings
+    depend on the BLAS and its threads)."""
+    import mlx.core as mx
+
+    from . import _blas
+    from .bench import chip_name
+
+    dev = mx.default_device()
+    kind = "gpu" if dev.type == mx.DeviceType.gpu else "cpu"
+    key = f"{kind} {chip_name()}"
+    if kind == "cpu":
+        info = _blas.info()
+        key += f", blas {info.route}" + (f" x{info.threads}" if info.threads else "")
+    return key
+
+
+def profile_key(pair, target: str, drafter: str) -> dict:
+    import mlx.core as mx
+
+    return {
+        "device": device_key(),
+        "mlx": getattr(mx, "__version__", "?"),
+        "target": _identity(target),
+        "drafter": _identity(drafter),
+        "quantization": quant_signature(pair),
+        "draft_vocab": pair.drafter.draft_vocab_size,  # it changes the draft cost
+        "lookup": pair.decoder.lookup,
+    }  # it changes the acceptance
+
+
+def profile_dir(root: str | Path | None = None) -> Path:
+    if root is not None:
+        return Path(root)
+    from ._blas import cache_root
+
+    return cache_root() / "autotune"
+
+
+def profile_path(key: Mapping, root: str | Path | None = None) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return profile_dir(root) / f"{digest}.json"
+
+
+def save_profile(profile: Mapping, root: str | Path | None = None) -> Path:
+    path = profile_path(profile["key"], root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(profile, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load_profile(key: Mapping, root: str | Path | None = None) -> dict | None:
+    """The stored profile with exactly this key, else None (a corrupt file counts as none)."""
+    path = profile_path(key, root)
+    try:
+        profile = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(profile, dict) or profile.get("schema") != SCHEMA:
+        return None
+    if json.dumps(profile.get("key"), sort_keys=True) != json.dumps(key, sort_keys=True):
+        return None
+    return profile
+
+
+def _recommended(pair, target: str, drafter: str, field: str, root) -> int | None:
+    try:
+        profile = load_profile(profile_key(pair, target, drafter), root)
+    except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
+        return None
+    value = profile.get(field) if profile else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return None
+    return value
+
+
+def recommended_block(
+    pair, target: str, drafter: str, *, root: str | Path | None = None
+) -> int | None:
+    """The autotuned block for this pair on this machine (`dflash2 bench --autotune`), or None
+    when no profile matches (other device, mlx version, models or quantization). Not clamped:
+    settings.choose_block clamps every recommendation to the trained size, with the reason."""
+    return _recommended(pair, target, drafter, "chosen_block", root)
+
+
+def recommended_lookup_block(
+    pair, target: str, drafter: str, *, root: str | Path | None = None
+) -> int | None:
+    """The autotuned lookup block (GenerationParams.lookup_block) for this pair on this
+    machine, or None when no profile matches or it measured no lookup round."""
+    return _recommended(pair, target, drafter, "chosen_lookup_block", root)
