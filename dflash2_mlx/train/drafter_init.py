@@ -1,0 +1,124 @@
+"""A new drafter for a target: its config shaped like the target's layers, and its starting
+weights (random with sharpened q/k norms, the target's top layers, or another drafter's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+from ..checkpoint import load_drafter
+from ..config import DrafterConfig, default_target_layer_ids
+from ..drafter.model import Drafter
+from ..errors import DFlash2Error
+from ..target.adapter import TargetAdapter
+from .config import TrainConfig
+
+
+def drafter_config_for(
+    adapter: TargetAdapter, target_config: dict, cfg: TrainConfig
+) -> DrafterConfig:
+    """A drafter config shaped like the target's own layers (Qwen3-style, official fields)."""
+    n_layers = len(adapter.layers)
+    ids = list(cfg.target_layer_ids or default_target_layer_ids(n_layers, 5))
+    bad = [i for i in ids if not 0 <= i < n_layers]
+    if bad:
+        raise DFlash2Error(
+            f"target_layer_ids {bad} out of range: the target has {n_layers} layers "
+            f"(valid 0..{n_layers - 1})"
+        )
+    if cfg.mask_token_id is None:
+        raise DFlash2Error("a mask token id is needed (an id the target never emits)")
+    tc = target_config.get("text_config", target_config)
+    heads = int(tc.get("num_attention_heads", 8))
+    raw = {
+        "architectures": ["DFlash2DraftModel" if cfg.version == 2 else "DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": adapter.hidden_size,
+        "intermediate_size": int(tc.get("intermediate_size", 4 * adapter.hidden_size)),
+        "num_hidden_layers": cfg.layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(tc.get("num_key_value_heads", heads)),
+        "head_dim": int(tc.get("head_dim") or adapter.hidden_size // heads),
+        "rms_norm_eps": float(tc.get("rms_norm_eps", 1e-6)),
+        "vocab_size": adapter.vocab_size,
+        "max_position_embeddings": int(tc.get("max_position_embeddings", 8192)),
+        "rope_theta": float(tc.get("rope_theta", 10000.0)),
+        "num_target_layers": n_layers,
+        "tie_word_embeddings": False,
+        "is_causal": False,
+        "dflash_config": {
+            "block_size": cfg.block_size,
+            "mask_token_id": cfg.mask_token_id,
+            "target_layer_ids": ids,
+        },
+    }
+    if cfg.version == 2:
+        raw["dflash_config"].update(
+            conv_kernel_size=cfg.conv_kernel_size,
+            conv_group_size=cfg.conv_group_size,
+            selector_rank=cfg.selector_rank,
+            selector_top_k=cfg.selector_top_k,
+        )
+    return DrafterConfig.from_dict(raw, "generated drafter config")
+
+
+def init_drafter(dcfg: DrafterConfig, cfg: TrainConfig) -> Drafter:
+    mx.random.seed(cfg.seed)
+    d = Drafter(dcfg)
+    if cfg.qk_norm_init != 1.0:  # sharper initial attention than uniform
+        for layer in d.layers:
+            layer.self_attn.q_norm.weight = mx.full(dcfg.head_dim, cfg.qk_norm_init)
+            layer.self_attn.k_norm.weight = mx.full(dcfg.head_dim, cfg.qk_norm_init)
+    mx.eval(d.parameters())
+    return d
+
+
+def init_from_target(drafter: Drafter, adapter: TargetAdapter, scale: mx.array) -> None:
+    """Start from the target's own top layers: drafter layer j <- target layer N-L+j (same
+    shapes by construction), and fc passes the last captured feature through so the context
+    rows start as the target's top hidden states (normed by the first copied layer's norm)."""
+    cfg, n_target = drafter.config, len(adapter.layers)
+    params = {}
+    for j in range(cfg.num_hidden_layers):
+        src = dict(tree_flatten(adapter.layers[n_target - cfg.num_hidden_layers + j].parameters()))
+        mine = dict(tree_flatten(drafter.layers[j].parameters()))
+        for name, value in src.items():
+            if name in mine and mine[name].shape == value.shape:
+                params[f"layers.{j}.{name}"] = value.astype(mx.float32)
+    h = cfg.hidden_size
+    fc = mx.zeros((h, len(cfg.target_layer_ids) * h))
+    fc[:, -h:] = mx.diag(1.0 / scale[-h:])
+    params["fc.weight"] = fc
+    first = adapter.layers[n_target - cfg.num_hidden_layers]
+    params["hidden_norm.weight"] = first.input_layernorm.weight.astype(mx.float32)
+    drafter.load_weights(list(params.items()), strict=False)
+    mx.eval(drafter.parameters())
+
+
+def init_from_drafter(drafter: Drafter, folder: str | Path, scale: mx.array) -> None:
+    """Start from a drafter with the same shapes (its block size may differ: block positions
+    are RoPE'd, not learned): an exported folder (feature scaling folded into fc) or a training
+    checkpoint folder (fc unfolded, its scaling beside it in feature_scale.npy)."""
+    src = dict(tree_flatten(load_drafter(folder).parameters()))
+    ckpt_scale = Path(folder) / "feature_scale.npy"
+    if ckpt_scale.exists():
+        src["fc.weight"] = src["fc.weight"] * mx.array(np.load(ckpt_scale))[None, :]
+    mine = dict(tree_flatten(drafter.parameters()))
+    for name, value in mine.items():
+        if name not in src:
+            raise DFlash2Error(
+                f"{folder}: has no tensor {name!r}; --init-from needs a drafter "
+                f"of the same kind (DFlash {drafter.config.version}, "
+                f"{drafter.config.num_hidden_layers} layers)"
+            )
+        if src[name].shape != value.shape:
+            raise DFlash2Error(
+                f"{folder}: tensor {name!r} has shape {tuple(src[name].shape)}, "
+                f"expected {tuple(value.shape)}"
+            )
+    src["fc.weight"] = src["fc.weight"] / scale[None, :]
+    drafter.load_weights([(k, src[k].astype(mx.float32)) for k in mine], strict=True)
+    mx.eval(drafter.parameters())
