@@ -334,7 +334,9 @@ def _speed(
     if plot is not False:
         png = Path(plot) if plot is not None else Path(json_path).with_suffix(".png")
         try:
-            B.write_plot(report, png)
+            from dflash2_mlx.bench_plot import write_plot
+
+            write_plot(report, png)
             report["plot"] = str(png)
             console.print(Text(f"plot: {png}", style="dim"))
         except ImportError:
