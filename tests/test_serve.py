@@ -5,6 +5,7 @@ keeps serving; the queue bound answers 503; a client that leaves frees the worke
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import re
 import socket
 import string
@@ -52,6 +53,17 @@ def make_tokenizer(vocab_size: int = tiny.VOCAB):
     hf.chat_template = TEMPLATE
     assert hf.eos_token_id == EOS
     return TokenizerWrapper(hf)
+
+
+def wait_until_serving(base: str, proc: subprocess.Popen, seconds: float = 60) -> None:
+    """Poll /health until a `dflash2 serve` subprocess answers 200 (or it exits, or time is up)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline and proc.poll() is None:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[1]
 
 
 @contextlib.contextmanager
@@ -505,7 +517,6 @@ def test_cli_serve_end_to_end(pair, tmp_path):
     import dataclasses
     import json
     import signal
-    import subprocess
     import sys
 
     from mlx_lm.utils import save_model
@@ -578,13 +589,7 @@ def test_cli_serve_end_to_end(pair, tmp_path):
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 45
-        while time.time() < deadline and proc.poll() is None:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.1)
-        assert proc.poll() is None, proc.communicate()[1]
+        wait_until_serving(base, proc, 45)
         key = {"Authorization": "Bearer unused"}
         assert httpx.get(base + "/v1/models").status_code == 401
         assert httpx.get(base + "/v1/models", headers={**key, "Host": "box.lan"}).status_code == 200

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import openai
@@ -19,7 +18,7 @@ from dflash2_cli.app import run
 from dflash2_mlx.serve import create_app
 from dflash2_mlx.settings import GENERATION_CONFIG, resolve_sampling
 from dflash2_mlx.text import chat_prompt_ids
-from test_serve import CLI, HI, pair, reference, running  # noqa: F401  (pair: a fixture)
+from test_serve import CLI, HI, pair, reference, running, wait_until_serving  # noqa: F401  (pair: a fixture)
 from tiny_pair import answer, save_pair
 
 
@@ -100,13 +99,7 @@ def _serve(*args: str):
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline and proc.poll() is None:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.1)
-        assert proc.poll() is None, proc.communicate()[1]
+        wait_until_serving(base, proc)
         yield base, proc
     finally:
         proc.send_signal(signal.SIGINT)
