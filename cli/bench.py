@@ -25,8 +25,8 @@ from .common import (
 )
 
 
-def parse_blocks(values: Optional[List[str]]) -> list[int]:
-    """'--block 4 --block 8' or '--block 4,8,16' -> [4, 8, 16] (sorted, unique)."""
+def parse_ints(values: Optional[List[str]], flag: str, example: str) -> list[int]:
+    """'--block 4 --block 8' or '--block 4,8,16' -> [4, 8, 16] (sorted, unique, >= 1)."""
     out: set[int] = set()
     for value in values or []:
         for part in str(value).replace(" ", ",").split(","):
@@ -35,11 +35,15 @@ def parse_blocks(values: Optional[List[str]]) -> list[int]:
             try:
                 b = int(part)
             except ValueError:
-                fail(f"--block needs integers (e.g. --block 8 or --block 4,8,16), got {part!r}")
+                fail(f"{flag} needs integers (e.g. {example}), got {part!r}")
             if b < 1:
-                fail(f"--block must be >= 1, got {b}")
+                fail(f"{flag} must be >= 1, got {b}")
             out.add(b)
     return sorted(out)
+
+
+def parse_blocks(values: Optional[List[str]]) -> list[int]:
+    return parse_ints(values, "--block", "--block 8 or --block 4,8,16")
 
 
 def default_json_path() -> Path:
@@ -99,6 +103,16 @@ def bench(
         "acceptance, pick the block with the most expected tokens/s and store it as this "
         "machine's profile (chat and serve use it when no --block is given).",
     ),
+    concurrency: Optional[List[str]] = typer.Option(
+        None,
+        "--concurrency",
+        metavar="<int,...>",
+        help="Concurrency mode: run the prompts through the batched engine with at most N "
+        "rows at a time (--concurrency 1,2,4,8) against one at a time through the "
+        "single-sequence engine; aggregate tokens/s, ratios, rows per round, outputs "
+        "checked. One block size.",
+        show_default=False,
+    ),
     kernels: bool = typer.Option(
         False,
         "--kernels",
@@ -114,6 +128,9 @@ def bench(
     """Benchmark plain mlx-lm decoding against dflash2 (greedy, same prompt ids, outputs
     checked token for token), or autotune the block size for this machine.
 
+    With --concurrency: sequential single-sequence runs vs the batched engine at each
+    concurrency (aggregate tokens/s, ratio, rows per round), outputs checked the same way.
+
     Reports tokens/s both ways and their ratio, τ, draft and verify ms per round, the verify
     cost ratio cost(B)/cost(1), BLAS, mlx version and device; writes JSON and a PNG.
     Exit code 1 if any dflash2 output differs from plain decoding.
@@ -122,9 +139,12 @@ def bench(
 
     Example: dflash2 bench qwen3.8-27b-4bit --autotune
 
+    Example: dflash2 bench --concurrency 1,2,4,8 --limit 8
+
     Example: dflash2 bench --kernels
     """
     blocks = parse_blocks(block)
+    levels = parse_ints(concurrency, "--concurrency", "--concurrency 1,2,4,8")
     for flag, value, low in (
         ("--max-tokens", max_tokens, 2),
         ("--repeats", repeats, 1),
@@ -136,9 +156,22 @@ def bench(
         fail(f"--limit must be >= 1, got {limit}")
     if autotune and len(blocks) > 1:
         fail("--autotune takes one --block (the largest block size to consider)")
+    if levels and autotune:
+        fail("--concurrency and --autotune are separate modes: give one")
+    if levels and len(blocks) > 1:
+        fail("--concurrency takes one --block (or none: the block chat and serve use)")
+    if levels and plot is not None:
+        fail("--plot needs the speed benchmark; --concurrency writes no plot")
     if plot is not None and no_plot:
         fail("--plot and --no-plot contradict each other")
-    kernels_only = kernels and not autotune and model is None and target is None and drafter is None
+    kernels_only = (
+        kernels
+        and not autotune
+        and not levels
+        and model is None
+        and target is None
+        and drafter is None
+    )
     if plot is not None and (autotune or kernels_only):
         fail("--plot needs the speed benchmark (it plots speedup and τ per category)")
     from .bench_run import run_bench_command
@@ -156,6 +189,7 @@ def bench(
         json_path=json_path or default_json_path(),
         plot=False if no_plot else plot,
         autotune=autotune,
+        concurrency=levels,
         kernels=kernels,
         kernels_only=kernels_only,
         thinking=thinking,

@@ -57,6 +57,7 @@ def run_bench_command(
     json_path,
     plot,
     autotune,
+    concurrency,
     kernels,
     kernels_only,
     thinking,
@@ -138,6 +139,23 @@ def run_bench_command(
                 max_tokens,
                 repeats,
                 context,
+                thinking,
+                report,
+                console,
+                err,
+            )
+        elif concurrency:
+            from .bench_concurrency import run_concurrency_mode
+
+            code = run_concurrency_mode(
+                pair,
+                chosen,
+                concurrency,
+                blocks,
+                settings.block,
+                settings.lookup_block,
+                max_tokens,
+                repeats,
                 thinking,
                 report,
                 console,

@@ -69,6 +69,51 @@ def speed_tables(report: dict):
     return tables
 
 
+def concurrency_table(result: dict):
+    """Sequential vs the batched engine at each concurrency: aggregate tok/s and ratio."""
+    from rich.table import Table
+
+    t = Table(
+        title="concurrency: aggregate tok/s = all generated tokens / wall time (prefills "
+        "included); vs one at a time through the single-sequence engine",
+        title_justify="left",
+        header_style="bold",
+    )
+    for col in (
+        "max rows",
+        "tokens",
+        "wall s (median)",
+        "aggregate tok/s",
+        "vs sequential",
+        "rows/round",
+        "identical",
+    ):
+        t.add_column(col, justify="right")
+    seq = result["sequential"]
+    t.add_row(
+        "sequential",
+        str(seq["tokens"]),
+        f"{seq['median_wall_s']:.2f}",
+        fmt_number(seq["aggregate_tps"]),
+        "1.00x",
+        fmt_number(seq["mean_rows_per_round"], ".2f"),
+        "—",
+        style="dim",
+    )
+    for r in result["results"]:
+        same = f"{r['identical']}/{r['prompts']}"
+        t.add_row(
+            str(r["concurrency"]),
+            str(r["tokens"]),
+            f"{r['median_wall_s']:.2f}",
+            fmt_number(r["aggregate_tps"]),
+            fmt_number(r["vs_sequential"], ".2f") + ("x" if r["vs_sequential"] else ""),
+            fmt_number(r["mean_rows_per_round"], ".2f"),
+            same if r["identical"] == r["prompts"] else f"[bold red]{same}[/]",
+        )
+    return t
+
+
 def autotune_table(profile: dict):
     """The measured cost curve and the expected tokens/round and tokens/s per block size."""
     from rich.table import Table

@@ -100,6 +100,49 @@ def test_run_bench_reports_a_mismatch(pair, monkeypatch):
     assert out["results"][0]["rows"][0]["first_mismatch"] == 3
 
 
+def test_run_concurrency_structure_and_equality(pair):
+    from dflash2_mlx import bench_batch
+
+    prompts = bench.select_prompts(load_prompts("heldout"), 4)
+    out = bench_batch.run_concurrency(pair, prompts, [3, 1, 2], max_tokens=10, repeats=2)
+    assert out["all_identical"] and out["mismatches"] == []
+    assert out["levels"] == [1, 2, 3] and out["batched_engine"] and out["fallback"] is None
+    assert len(out["prompt_tokens"]) == 4 and min(out["prompt_tokens"]) > 0
+    seq = out["sequential"]
+    assert seq["vs_sequential"] == 1.0 and seq["mean_rows_per_round"] == 1.0
+    assert len(seq["wall_s"]) == 2 and seq["aggregate_tps"] > 0
+    assert seq["tokens"] == 40  # 4 prompts x 10 tokens (the tiny target never emits EOS)
+    for res, n in zip(out["results"], [1, 2, 3]):
+        assert res["concurrency"] == n and res["prompts"] == res["identical"] == 4
+        assert res["tokens"] == seq["tokens"] and len(res["wall_s"]) == 2
+        assert res["aggregate_tps"] > 0 and res["vs_sequential"] > 0
+        # Every row's event is one row of a round; more than one row only when n allows it.
+        assert 1.0 <= res["mean_rows_per_round"] <= n
+        assert (res["mean_rows_per_round"] > 1.0) == (n > 1)
+
+
+def test_run_concurrency_reports_a_mismatch(pair, monkeypatch):
+    from dflash2_mlx import bench_batch
+
+    real = bench_batch.run_batched
+
+    def corrupted(p, prompts, params, max_batch):
+        run = real(p, prompts, params, max_batch)
+        if max_batch == 2:
+            run.outputs[1][4] = (run.outputs[1][4] + 1) % 90
+        return run
+
+    monkeypatch.setattr(bench_batch, "run_batched", corrupted)
+    prompts = load_prompts("heldout")[:2]
+    out = bench_batch.run_concurrency(
+        pair, prompts, [1, 2], max_tokens=8, repeats=1, warmup=False
+    )
+    assert not out["all_identical"]
+    (m,) = out["mismatches"]
+    assert m["concurrency"] == 2 and m["id"] == prompts[1].id and m["index"] == 4
+    assert [r["identical"] for r in out["results"]] == [2, 1]
+
+
 def test_cost_curves(pair):
     vc = bench.verify_costs(pair, [1, 2, 4], context=32, repeats=2)
     assert set(vc["ms"]) == {1, 2, 4} and vc["ratio"][1] == 1.0
@@ -147,6 +190,44 @@ def test_bench_command_mismatch_is_loud(tiny_pair, tmp_path, capsys, monkeypatch
     assert report["all_identical"] is False and report["mismatches"][0]["index"] == 7
 
 
+def test_bench_concurrency_command_json(tiny_pair, tmp_path, capsys):
+    argv = _args(tiny_pair, tmp_path, "--limit", "3", "--concurrency", "2,1", "--block", "4")
+    assert run(argv) == 0
+    out = capsys.readouterr().out
+    assert "aggregate tok/s" in out and "identical to the sequential" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["schema"] == "dflash2.bench/1"
+    for key in ("mlx", "device", "blas", "blas_threads", "chip"):
+        assert key in report["environment"]
+    settings = report["settings"]
+    assert settings["concurrency"] == [1, 2] and settings["blocks"] == [4]
+    assert settings["block_source"] == "--block" and len(settings["prompt_ids"]) == 3
+    conc = report["concurrency"]
+    assert conc["all_identical"] is True and conc["levels"] == [1, 2]
+    assert [r["concurrency"] for r in conc["results"]] == [1, 2]
+    assert all(r["identical"] == 3 and r["vs_sequential"] > 0 for r in conc["results"])
+    assert "results" not in report and "verify_cost" not in report  # the speed mode did not run
+
+
+def test_bench_concurrency_mismatch_is_loud(tiny_pair, tmp_path, capsys, monkeypatch):
+    from dflash2_mlx import bench_batch
+
+    real = bench_batch.run_batched
+
+    def corrupted(p, prompts, params, max_batch):
+        run = real(p, prompts, params, max_batch)
+        run.outputs[0][-1] = (run.outputs[0][-1] + 1) % 90
+        return run
+
+    monkeypatch.setattr(bench_batch, "run_batched", corrupted)
+    assert run(_args(tiny_pair, tmp_path, "--limit", "1", "--concurrency", "2")) == 1
+    err = capsys.readouterr().err
+    assert "MISMATCH concurrency 2" in err and "LOSSLESSNESS VIOLATED" in err
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["concurrency"]["all_identical"] is False
+    assert report["concurrency"]["mismatches"][0]["index"] == 7
+
+
 def test_bench_kernels_alone_loads_no_model(tmp_path, capsys, monkeypatch):
     import dflash2_mlx.kernels as K
 
@@ -188,6 +269,11 @@ def test_bench_kernels_alone_loads_no_model(tmp_path, capsys, monkeypatch):
         (["--max-tokens", "1"], "--max-tokens must be >= 2"),
         (["--plot", "a.png", "--no-plot"], "contradict"),
         (["--prompts", "/nonexistent.jsonl"], "cannot read prompt file"),
+        (["--concurrency", "0"], "--concurrency must be >= 1"),
+        (["--concurrency", "2,x"], "--concurrency needs integers"),
+        (["--concurrency", "2", "--autotune"], "separate modes"),
+        (["--concurrency", "2", "--block", "2,4"], "--concurrency takes one --block"),
+        (["--concurrency", "2", "--plot", "a.png"], "--concurrency writes no plot"),
     ],
 )
 def test_user_errors_are_one_line(argv, message, capsys):
@@ -205,6 +291,7 @@ def test_help_has_an_example(capsys):
     assert run(["bench", "--help"]) == 0
     out = capsys.readouterr().out
     assert "Example: dflash2 bench" in out and "--autotune" in out and "--kernels" in out
+    assert "--concurrency" in out
 
 
 def test_cost_curves_on_a_hybrid_gated_deltanet_target():
