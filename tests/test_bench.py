@@ -134,9 +134,7 @@ def test_run_concurrency_reports_a_mismatch(pair, monkeypatch):
 
     monkeypatch.setattr(bench_batch, "run_batched", corrupted)
     prompts = load_prompts("heldout")[:2]
-    out = bench_batch.run_concurrency(
-        pair, prompts, [1, 2], max_tokens=8, repeats=1, warmup=False
-    )
+    out = bench_batch.run_concurrency(pair, prompts, [1, 2], max_tokens=8, repeats=1, warmup=False)
     assert not out["all_identical"]
     (m,) = out["mismatches"]
     assert m["concurrency"] == 2 and m["id"] == prompts[1].id and m["index"] == 4
