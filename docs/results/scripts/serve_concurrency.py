@@ -331,7 +331,9 @@ def main():
         "what": "Streaming greedy chat requests from C concurrent openai clients (threads) "
         "against each server on the embedded SmolLM2-135M pair; aggregate tok/s = completion "
         "tokens / wall time of the wave; outputs compared with the same server's 1-client "
-        "wave. Servers run one after another on a shared machine: compare within a file.",
+        "wave. Servers run one after another on a shared machine: compare within a file. "
+        "Both keep their prompt caches at the defaults, so a prompt repeated in a later wave "
+        "may reuse its prefill (prompts of ~40-100 tokens against answers of up to max_tokens).",
         "command": "python docs/results/scripts/serve_concurrency.py " + " ".join(sys.argv[1:]),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {k: env[k] for k in ("chip", "blas", "blas_threads", "mlx", "mlx_lm", "device")},
