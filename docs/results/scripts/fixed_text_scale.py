@@ -45,7 +45,7 @@ def run(a):
     n_fixed = round(a.ratio * 8) if a.arm == "mixed" else 0
     steps = a.steps or max(1, round(len(fixed) * a.passes / max(n_fixed, 1)))
     stream = FixedTextStream(
-        adapter, fixed, W / "stream", max_disk_bytes=DISK_BYTES, passes=a.passes, log=log
+        adapter, fixed, W / f"stream-{a.arm}", max_disk_bytes=DISK_BYTES, passes=a.passes, log=log
     )
     shard_tokens = [sum(len(s.tokens) for s in sh) for sh in stream.shards]
     log(
