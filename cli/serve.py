@@ -33,6 +33,7 @@ from .common import (
 )
 
 DEFAULT_PROMPT_CACHE_MB = 1024  # = dflash2_mlx.serve.app's (not imported: no MLX here)
+DEFAULT_MAX_BATCH = 4  # = dflash2_mlx.engine.batch's (not imported: no MLX here)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -75,7 +76,14 @@ def serve(
         8,
         "--max-queue",
         min=0,
-        help="Requests that may wait while one generates; more get 503 with Retry-After.",
+        help="Requests that may wait while others generate; more get 503 with Retry-After.",
+    ),
+    max_batch: int = typer.Option(
+        DEFAULT_MAX_BATCH,
+        "--max-batch",
+        min=1,
+        help="Requests generating together in one batched speculative loop (each exactly as "
+        "alone); 1: one at a time. Targets that cannot be batched run one at a time.",
     ),
     block: BlockOpt = None,
     no_spec: NoSpecOpt = False,
@@ -155,7 +163,8 @@ def serve(
 ):
     """Serve a model over an OpenAI-compatible HTTP API (chat, completions, models, metrics).
 
-    One generation runs at a time; others wait in a bounded queue. Usage in every response
+    Up to --max-batch requests generate together (joining and leaving between rounds, each
+    exactly as alone); others wait in a bounded queue. Usage in every response
     carries acceptance stats in `usage.dflash2`; /v1/models shows the engine in `dflash2`.
     Tool calls (`tools`) and the reasoning split (`reasoning_content`) follow the model's own
     chat template and mlx-lm's tool parsers; --thinking/--no-thinking sets the default of a
@@ -210,6 +219,7 @@ def serve(
             pair,
             model_name=name,
             max_queue=max_queue,
+            max_batch=max_batch,
             context_length=context_length,
             default_max_tokens=max_tokens,
             block_size=settings.block.size,
@@ -230,7 +240,8 @@ def serve(
     say(
         f"serving {name!r} on http://{shown}:{port}/v1: "
         + (settings.block.describe() if settings.speculative else "speculative off")
-        + f", context {app.state.settings.context}, queue {max_queue}, prompt cache "
+        + f", context {app.state.settings.context}, batch {app.state.worker.capacity}"
+        + f", queue {max_queue}, prompt cache "
         + (f"{prompt_cache_mb} MiB" if prompt_cache_mb else "off")
     )
     # After Ctrl-C: waiting requests get 503, the running one --shutdown-grace seconds.

@@ -160,6 +160,20 @@ class TextStream:
         return out, False
 
 
+class EventText:
+    """One generation's text, round event by round event: end-of-turn tokens hidden, stop
+    strings cut (a chunk whose finish_reason is set is the generation's last)."""
+
+    def __init__(self, pair, prompt_ids: Sequence[int], params: GenerationParams, stop=()):
+        self.stream = TextStream(pair.tokenizer, stop, context=prompt_ids)
+        self.hidden = params.stop_token_ids or pair.eos_ids  # end-of-turn tokens are not text
+
+    def chunk(self, ev: RoundEvent) -> TextChunk:
+        visible = [t for t in ev.tokens if t not in self.hidden]
+        text, hit = self.stream.feed(visible, final=ev.finish_reason is not None)
+        return TextChunk(text, ev, "stop" if hit else ev.finish_reason)
+
+
 def stream_text(
     pair,
     prompt_ids: Sequence[int],
@@ -170,18 +184,13 @@ def stream_text(
 ) -> Iterator[TextChunk]:
     """Generate and yield text per round; stops at EOS, a stop string or max_tokens.
     `cancel`: polled between prefill chunks (True: ends without a chunk)."""
-    ts = TextStream(pair.tokenizer, stop, context=prompt_ids)
-    hidden = params.stop_token_ids or pair.eos_ids  # end-of-turn tokens are not text
+    texts = EventText(pair, prompt_ids, params, stop)
     events = pair.stream(prompt_ids, params, session, cancel)
     try:
         for ev in events:
-            visible = [t for t in ev.tokens if t not in hidden]
-            text, hit = ts.feed(visible, final=ev.finish_reason is not None)
-            if hit:
-                yield TextChunk(text, ev, "stop")
-                return
-            yield TextChunk(text, ev, ev.finish_reason)
-            if ev.finish_reason:
+            chunk = texts.chunk(ev)
+            yield chunk
+            if chunk.finish_reason:
                 return
     finally:
         events.close()

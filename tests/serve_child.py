@@ -1,6 +1,6 @@
 """A tiny-pair `dflash2 serve` in a process of its own, for tests that signal it.
 
-`python tests/serve_child.py GRACE_S` prints its port, serves until SIGINT, exits with the
+`python tests/serve_child.py GRACE_S [MAX_BATCH]` prints its port, serves until SIGINT, exits with the
 server's code (130 after Ctrl-C), as `dflash2 serve` does.
 """
 
@@ -21,7 +21,7 @@ from dflash2_mlx.api import Pair  # noqa: E402
 from dflash2_mlx.serve import ServeLimits, create_app, run_server  # noqa: E402
 
 
-def main(grace: float) -> int:
+def main(grace: float, max_batch: int) -> int:
     pair = Pair.from_models(
         tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2, block_size=4)
     )
@@ -29,6 +29,7 @@ def main(grace: float) -> int:
         pair,
         model_name="tiny",
         max_queue=4,
+        max_batch=max_batch,
         default_max_tokens=8,
         limits=ServeLimits(shutdown_grace_s=grace),
     )
@@ -39,7 +40,7 @@ def main(grace: float) -> int:
 
 
 if __name__ == "__main__":
-    code = main(float(sys.argv[1]))
+    code = main(float(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 4)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # as the CLI: no interpreter teardown after MLX ran on other threads

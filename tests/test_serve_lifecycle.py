@@ -143,8 +143,16 @@ def test_client_leaving_during_a_long_prefill_frees_the_worker(pair, logs):
 
 
 # ------------------------------------------------------------------ shutdown
-def test_shutdown_lets_the_running_request_finish_and_refuses_the_waiting(pair):
-    app = create_app(pair, model_name="tiny", max_queue=4, limits=ServeLimits(shutdown_grace_s=60))
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_shutdown_lets_the_running_request_finish_and_refuses_the_waiting(pair, max_batch):
+    """Every running request (one, or a batch of two) finishes; the waiting one gets 503."""
+    app = create_app(
+        pair,
+        model_name="tiny",
+        max_queue=4,
+        max_batch=max_batch,
+        limits=ServeLimits(shutdown_grace_s=60),
+    )
     results: dict = {}
 
     def post(name, max_tokens):
@@ -155,25 +163,31 @@ def test_shutdown_lets_the_running_request_finish_and_refuses_the_waiting(pair):
         )
 
     with serving(app) as (base, server, thread):
-        running_one = threading.Thread(target=post, args=("running", 2500))
-        running_one.start()
-        wait_for(lambda: health(base)["in_flight"] == 1, what="the first request to run")
+        runners = [
+            threading.Thread(target=post, args=(f"running{i}", 2500)) for i in range(max_batch)
+        ]
+        for t in runners:
+            t.start()
+        wait_for(lambda: health(base)["in_flight"] == max_batch, what="the first requests to run")
         waiting_one = threading.Thread(target=post, args=("waiting", 4))
         waiting_one.start()
-        wait_for(lambda: health(base)["queue_depth"] == 1, what="the second to wait")
+        wait_for(lambda: health(base)["queue_depth"] == 1, what="the next one to wait")
         server.should_exit = True  # what Ctrl-C does
         waiting_one.join(30)
-        assert "running" not in results, "the running request was cut, not let finish"
-        running_one.join(120)
+        assert not any(k.startswith("running") for k in results), "a running request was cut"
+        for t in runners:
+            t.join(120)
         thread.join(30)
     refused = results["waiting"]
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
-    done = results["running"]
-    assert done.status_code == 200, done.text
-    usage = done.json()["usage"]
-    assert (
-        usage["completion_tokens"] == 2500 or done.json()["choices"][0]["finish_reason"] == "stop"
-    )
+    for i in range(max_batch):
+        done = results[f"running{i}"]
+        assert done.status_code == 200, done.text
+        usage = done.json()["usage"]
+        assert (
+            usage["completion_tokens"] == 2500
+            or done.json()["choices"][0]["finish_reason"] == "stop"
+        )
 
 
 def test_sigint_ends_a_cut_stream_with_an_error_and_done(tmp_path):
@@ -182,7 +196,7 @@ def test_sigint_ends_a_cut_stream_with_an_error_and_done(tmp_path):
     exit code is 130; no traceback."""
     child = Path(__file__).with_name("serve_child.py")
     proc = subprocess.Popen(
-        [sys.executable, str(child), "1.0"],
+        [sys.executable, str(child), "1.0", "1"],  # one at a time: two wait
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -346,7 +360,7 @@ def test_trusted_proxy_options():
 
 # ------------------------------------------------------------------ Retry-After
 def test_retry_after_follows_the_queue_and_recent_generations(pair):
-    app = create_app(pair, model_name="tiny", max_queue=1, default_max_tokens=2)
+    app = create_app(pair, model_name="tiny", max_queue=1, max_batch=1, default_max_tokens=2)
     worker = app.state.worker
     with running(app) as base, httpx.Client(timeout=60) as http:
         generations = app.state.metrics

@@ -11,21 +11,35 @@ SpeculativeDecoder.stream, so a request returns what it returns alone (up to the
 rounding of a batched matmul, which can only matter on an exact near-tie of two logits).
 
 Targets whose caches cannot be rolled back per row (target/batch.py `batchable`) run one
-request at a time through the single-sequence engine: same API, no batching.
+request at a time through the single-sequence engine: same API, no batching; so does
+max_batch=1.
+
+A request may bring its own `Session` (a prompt cache's: only the uncached suffix of its
+prompt is prefilled); when it leaves, its rows of the batch cache go back into that session as
+single-sequence caches, so the session continues as if the request had run alone.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import mlx.core as mx
 
 from ..errors import ParameterError
 from ..target import batch as tbatch
 from .events import RoundEvent
-from .loop import GenerationParams, Session, SpeculativeDecoder, _Run, accept, cut, record
+from .loop import (
+    GenerationParams,
+    Session,
+    SpeculativeDecoder,
+    _Cancelled,
+    _Run,
+    accept,
+    cut,
+    record,
+)
 from .proposal import Proposal
 
 # Requests verified together when the caller names no limit: on bandwidth-bound hardware a
@@ -48,6 +62,10 @@ class _Waiting:
     rid: int
     prompt: list[int]
     run: _Run
+    session: Session | None  # None: a fresh one
+    cancel: Callable[[], bool] | None  # polled between prefill chunks
+    on_prefill: Callable[[RoundEvent], None] | None
+    added: float  # perf_counter() at `add`
 
 
 @dataclass
@@ -72,19 +90,37 @@ class BatchDecoder:
         self.fallback = tbatch.batchable(self.decoder.target)
 
     @property
+    def batched(self) -> bool:
+        """Rows share one batch cache and one verify forward (else: one at a time, alone)."""
+        return self.fallback is None and self.max_batch > 1
+
+    @property
     def capacity(self) -> int:
-        return 1 if self.fallback else self.max_batch
+        return self.max_batch if self.batched else 1
 
     @property
     def busy(self) -> bool:
         return bool(self.rows or self.waiting)
 
-    def add(self, prompt: Sequence[int], params: GenerationParams) -> int:
+    def add(
+        self,
+        prompt: Sequence[int],
+        params: GenerationParams,
+        session: Session | None = None,
+        cancel: Callable[[], bool] | None = None,
+        on_prefill: Callable[[RoundEvent], None] | None = None,
+    ) -> int:
         """Queue a generation (it joins at the next step with room); returns its id.
-        Bad parameters raise ParameterError here, before anything runs."""
+        `session`: continue it (its cached prefix is not prefilled again; it holds the
+        request's caches again once the request has left). `cancel`: polled between prefill
+        chunks; True drops the request (no event). `on_prefill`: called with the prefill
+        event while `session` still holds the request's own caches, before they join the
+        batch (a prompt cache stores the state at the end of the prompt then). Bad
+        parameters raise ParameterError here, before anything runs."""
         prompt, run = self.decoder._validate(prompt, params)
         rid, self._next_id = self._next_id, self._next_id + 1
-        self.waiting.append(_Waiting(rid, prompt, run))
+        now = time.perf_counter()
+        self.waiting.append(_Waiting(rid, prompt, run, session, cancel, on_prefill, now))
         return rid
 
     def cancel(self, rid: int) -> None:
@@ -102,7 +138,7 @@ class BatchDecoder:
         event has a finish_reason has left."""
         events = self._join()
         if self.rows:
-            if self.fallback:
+            if not self.batched:
                 events += [(r.rid, self._single_round(r)) for r in self.rows]
             else:
                 events += self._batch_round()
@@ -113,12 +149,20 @@ class BatchDecoder:
         events, joined = [], []
         while self.waiting and len(self.rows) + len(joined) < self.capacity:
             w = self.waiting.pop(0)
-            session = self.decoder.new_session()
-            event = self.decoder._start(session, w.prompt, w.run)
-            events.append((w.rid, replace(event, batch_size=len(self.rows) + len(joined) + 1)))
+            session = w.session if w.session is not None else self.decoder.new_session()
+            queue_ms = (time.perf_counter() - w.added) * 1000.0
+            try:
+                event = self.decoder._start(session, w.prompt, w.run, w.cancel)
+            except _Cancelled:
+                continue
+            size = len(self.rows) + len(joined) + 1
+            event = replace(event, batch_size=size, queue_ms=queue_ms)
+            if w.on_prefill is not None:
+                w.on_prefill(event)
+            events.append((w.rid, event))
             if event.finish_reason is None:
                 joined.append(_Row(w.rid, session, w.run))
-        if joined and not self.fallback:
+        if joined and self.batched:
             new = tbatch.merge([r.session.target_cache for r in joined])
             self.cache = tbatch.extend(self.cache, new)
             for r in joined:
@@ -130,6 +174,10 @@ class BatchDecoder:
         keep = [i for i, r in enumerate(self.rows) if not r.done]
         if len(keep) == len(self.rows):
             return
+        if self.cache is not None:  # the leaving rows' caches go back into their sessions
+            for i, row in enumerate(self.rows):
+                if row.done:
+                    row.session.target_cache = tbatch.extract(self.cache, i)
         self.rows = [self.rows[i] for i in keep]
         if self.cache is not None:
             if keep:

@@ -28,6 +28,7 @@ class RoundEvent:
     reused_tokens: int = 0  # prompt tokens served from the session cache
     source: DraftSource = "drafter"
     batch_size: int = 1  # requests in the verify forward of this round (engine/batch.py)
+    queue_ms: float = 0.0  # on the prefill event: waited from `add` to the prefill's start
 
     def __post_init__(self):
         if self.source not in SOURCES:
@@ -55,9 +56,13 @@ class GenerationStats:
     longest_round: int = 0  # most tokens verified in one round (lookup rounds may pass the block)
     prediction_drafted: int = 0  # draft tokens taken from the request's prediction
     prediction_accepted: int = 0  # of those, accepted
+    queue_ms: float = 0.0  # waited before the prefill (batched engine, server)
+    batch_rows: int = 0  # rows of the verify forwards of its rounds, summed
+    max_batch_size: int = 0  # most rows in one of its rounds
 
     def add(self, ev: RoundEvent) -> None:
         if ev.prefill:
+            self.queue_ms += ev.queue_ms
             self.prefill_ms += ev.prefill_ms
             self.prompt_tokens += ev.prompt_tokens
             self.reused_tokens += ev.reused_tokens
@@ -72,6 +77,8 @@ class GenerationStats:
         self.histogram[ev.accepted + 1] += 1
         self.last_round = ev.accepted + 1
         self.longest_round = max(self.longest_round, ev.block_size)
+        self.batch_rows += ev.batch_size
+        self.max_batch_size = max(self.max_batch_size, ev.batch_size)
         if ev.source == "lookup":
             self.lookup_rounds += 1
             self.lookup_drafted += ev.drafted
@@ -90,6 +97,11 @@ class GenerationStats:
         """τ of the context-lookup rounds alone (0 when none)."""
         n = self.lookup_rounds
         return (self.lookup_accepted + n) / n if n else 0.0
+
+    @property
+    def mean_batch_size(self) -> float:
+        """Mean rows verified together in its rounds (1.0 alone; 0.0 before any round)."""
+        return self.batch_rows / self.rounds if self.rounds else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -126,6 +138,9 @@ class GenerationStats:
             "longest_round": self.longest_round,
             "prediction_drafted": self.prediction_drafted,
             "prediction_accepted": self.prediction_accepted,
+            "queue_ms": round(self.queue_ms, 3),
+            "mean_batch_size": round(self.mean_batch_size, 4),
+            "max_batch_size": self.max_batch_size,
             "histogram": {str(k): v for k, v in sorted(self.histogram.items())},
         }
 

@@ -7,7 +7,8 @@ shutdown are documented in one place: docs/serve.md.
 
 Modules: app (routes, lifespan), handler (one request: tokenize, plan, queue, answer), schemas
 and tools (validation, 400s naming the field), chat_prompt / reply / reasoning (the chat
-template, tool-call and thinking parsing), queue (the worker thread and bounded queue), body /
+template, tool-call and thinking parsing), queue (admission: the bounded queue), scheduler (the
+worker thread: requests batched together), jobs (what they exchange), body /
 limits / security / guard / lifecycle (hardening), format (response objects), metrics.
 """
 

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP server: one model, one worker thread, a bounded queue.
+"""The OpenAI-compatible HTTP server: one model, one worker thread running up to `max_batch`
+requests together (serve/scheduler.py), a bounded queue.
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (SSE streaming or not),
 GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text).
@@ -16,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.batch import DEFAULT_MAX_BATCH
 from ..engine.loop import GenerationParams
 from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error
@@ -86,6 +88,7 @@ def create_app(
     *,
     model_name: str,
     max_queue: int = 8,
+    max_batch: int = DEFAULT_MAX_BATCH,
     context_length: int | None = None,
     default_max_tokens: int = 512,
     block_size: int | None = None,
@@ -100,7 +103,9 @@ def create_app(
 ) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
 
-    max_queue: requests that may wait while one generates (beyond: 503 + Retry-After).
+    max_queue: requests that may wait while others generate (beyond: 503 + Retry-After).
+    max_batch: requests generating together in one batched speculative loop (engine/batch.py;
+    1: one at a time; a target that cannot be batched runs one at a time whatever it is).
     context_length: prompt + max_tokens limit (default: the target's max_position_embeddings,
     else 4096). default_max_tokens: for requests that give none, clipped to what the context
     leaves. block_size / speculative: the engine settings of every request. drafter_name: shown
@@ -123,6 +128,8 @@ def create_app(
     GenerationParams(lookup_block=lookup_block)  # checked now (ParameterError)
     if max_queue < 0:
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+        raise DFlash2Error(f"max_batch must be an int >= 1 (1: one at a time); got {max_batch!r}")
     if default_max_tokens < 1:
         raise DFlash2Error(f"default_max_tokens must be >= 1; got {default_max_tokens}")
     if not isinstance(prompt_cache_mb, int) or prompt_cache_mb < 0:
@@ -146,7 +153,11 @@ def create_app(
     prompt_cache = PromptCache(pair.decoder, prompt_cache_mb << 20) if prompt_cache_mb else None
     if prompt_cache is not None:
         metrics.prompt_cache = prompt_cache.stats
-    worker = Worker(pair, max_queue, metrics, prompt_cache)
+    worker = Worker(pair, max_queue, metrics, prompt_cache, max_batch)
+    if worker.scheduler.batch.fallback and max_batch > 1:
+        log.warning(
+            "requests run one at a time on this target: %s", worker.scheduler.batch.fallback
+        )
     handler = Handler(pair, worker, settings, chat, RequestLimits(limits, pair.tokenizer, context))
     drain = Drain(worker, limits.shutdown_grace_s)
     started = int(time.time())
@@ -204,6 +215,7 @@ def create_app(
                 "context_length": context,
                 "default_max_tokens": default_max_tokens,
                 "max_queue": max_queue,
+                "max_batch": worker.capacity,
                 "tool_calling": chat.tool_calling,
                 "thinking": thinking,
                 "prompt_cache_mb": prompt_cache_mb,

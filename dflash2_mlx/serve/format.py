@@ -50,7 +50,8 @@ def usage(
     tool_calls and `reasoning`: the thinking section's tokens and the rounds that began in it
     (with their drafted / accepted tokens and tau).
     prompt_tokens_details.cached_tokens (and dflash2.cached_tokens): prompt tokens served by
-    the prompt cache, not prefilled.
+    the prompt cache, not prefilled. batch_size / max_batch_size: mean / most requests verified
+    together in its rounds (0 before any round); queue_wait_ms: from queued to its prefill.
     """
     out = {
         "prompt_tokens": prompt_tokens,
@@ -74,6 +75,9 @@ def usage(
             "prefill_ms": round(stats.prefill_ms, 3),
             "decode_ms": round(stats.decode_ms, 3),
             "decode_tokens_per_s": round(stats.decode_tps, 3),
+            "batch_size": round(stats.mean_batch_size, 3),
+            "max_batch_size": stats.max_batch_size,
+            "queue_wait_ms": round(stats.queue_ms, 3),
         },
     }
     if reply is not None:

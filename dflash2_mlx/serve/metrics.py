@@ -15,6 +15,35 @@ if TYPE_CHECKING:
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # rows verified together in a round
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)  # queue wait, seconds
+
+
+class Histogram:
+    """A Prometheus histogram: cumulative buckets (upper bounds), sum and count."""
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        self.count += 1
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.counts[i] += 1
+
+    def lines(self, name: str, help_: str) -> list[str]:
+        out = [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
+        for bound, n in zip(self.bounds, self.counts):
+            out.append(f'{name}_bucket{{le="{bound}"}} {n}')
+        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum {round(self.sum, 6)}")
+        out.append(f"{name}_count {self.count}")
+        return out
+
 
 class Metrics:
     """Thread-safe totals: the event loop counts requests, the worker counts rounds."""
@@ -34,7 +63,10 @@ class Metrics:
         self.tool_calls = 0
         self.unparsed_tool_calls = 0
         self.reasoning = ThinkingStats()  # summed over finished chat replies
-        self.in_flight = 0  # generating now (0 or 1)
+        self.in_flight = 0  # generating now (rows of the batch, and those joining it)
+        self.batch_size = 0  # rows verified together in the latest round (0: idle)
+        self.batch_rows = Histogram(ROWS_BUCKETS)  # per round
+        self.queue_wait = Histogram(WAIT_BUCKETS)  # per request: submitted -> prefill starts
         self.cached_prompt_tokens = 0  # prompt tokens served by the prompt cache
         self.prompt_cache: Callable[[], PromptCacheStats] | None = None  # its counters
 
@@ -76,6 +108,18 @@ class Metrics:
     def set_queue(self, waiting: int, running: int) -> None:
         with self._lock:
             self.queue_depth, self.in_flight = waiting, running
+            if not running:
+                self.batch_size = 0
+
+    def count_batch_round(self, rows: int) -> None:
+        """A round (one verify forward) over `rows` requests."""
+        with self._lock:
+            self.batch_size = rows
+            self.batch_rows.observe(rows)
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        with self._lock:
+            self.queue_wait.observe(seconds)
 
     @property
     def tau(self) -> float:
@@ -183,7 +227,24 @@ class Metrics:
                 "Requests waiting for the worker.",
                 [((), self.queue_depth)],
             )
-            metric("dflash2_in_flight", "gauge", "Generations running now.", [((), self.in_flight)])
+            metric(
+                "dflash2_in_flight",
+                "gauge",
+                "Generations running now (rows of the batch and those joining it).",
+                [((), self.in_flight)],
+            )
+            metric(
+                "dflash2_batch_size",
+                "gauge",
+                "Requests verified together in the latest round (0: idle).",
+                [((), self.batch_size)],
+            )
+            lines += self.batch_rows.lines(
+                "dflash2_batch_rows", "Requests verified together, per round."
+            )
+            lines += self.queue_wait.lines(
+                "dflash2_queue_wait_seconds", "Per request: from queued to its prefill's start."
+            )
             metric(
                 "dflash2_cached_prompt_tokens_total",
                 "counter",

@@ -57,6 +57,12 @@ def extend(batch: list | None, rows: list) -> list:
     return batch
 
 
+def extract(batch: list, i: int) -> list:
+    """Row i as single-sequence caches (its padding dropped), as a prefill alone leaves them:
+    `KVCache`s holding its positions, `ArraysCache`s holding its recurrent state."""
+    return [c.extract(i) for c in batch]
+
+
 def keep_rows(batch: list, indices: list[int]) -> None:
     """Drop every row not in `indices` (in their new order)."""
     idx = mx.array(indices)

@@ -1,0 +1,56 @@
+"""A request's generation as the worker sees it (`Job`), and what it sends back (`Item`)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..engine.loop import GenerationParams
+
+_job_ids = itertools.count(1)
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after: int):
+        super().__init__(f"the server is busy; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+class ShuttingDown(Exception):
+    def __init__(self):
+        super().__init__("the server is shutting down")
+
+
+@dataclass
+class Item:
+    """What the worker sends back: a chunk of text, then "done"; or one "error"."""
+
+    kind: str  # "chunk" | "done" | "error"
+    text: str = ""
+    finish_reason: str | None = None
+    event: object = None  # the RoundEvent of a chunk
+    error: BaseException | None = None
+
+
+class Job:
+    def __init__(self, prompt_ids: Sequence[int], params: GenerationParams, stop: Sequence[str]):
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.stop = list(stop)
+        self.loop = asyncio.get_running_loop()
+        self.out: asyncio.Queue[Item] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.state = "waiting"  # waiting -> running -> done, or waiting -> cancelled
+        self.stopped_by: BaseException | None = None  # the server stopped it (not the client)
+        self.id = next(_job_ids)
+        self.submitted = time.perf_counter()  # reset when queued (Worker.submit)
+
+    def emit(self, item: Item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (server shutting down)
+            self.cancelled.set()

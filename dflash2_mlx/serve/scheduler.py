@@ -1,0 +1,173 @@
+"""The worker thread's loop: every running request in one batched speculative loop.
+
+The scheduler owns a `BatchDecoder` (engine/batch.py); every MLX call runs on its thread. While
+requests run, the jobs submitted meanwhile are taken without blocking and join between rounds
+as rows free up (at most `max_batch` run together); with nothing to run it blocks on the
+queue. Each running job has its own text stream (incremental detokenization, stop strings): a
+stop string finishes that job and its row leaves the batch; so does a job whose client left
+(`job.cancelled`, polled between prefill chunks and between rounds) without disturbing the
+others. With a prompt cache each job starts from its lease's session (only the uncached suffix
+is prefilled) and hands its caches back to it when it leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+
+from ..engine.batch import BatchDecoder
+from ..engine.events import RoundEvent
+from ..engine.prompt_cache import Lease, PromptCache
+from ..errors import DFlash2Error
+from ..text import EventText
+from .jobs import Item, Job
+
+log = logging.getLogger("dflash2.serve")
+
+
+@dataclass
+class _Running:
+    """A job in the batch: its row id, its text, its prompt-cache lease."""
+
+    job: Job
+    text: EventText
+    lease: Lease | None
+    started: float  # perf_counter() when it left the queue
+    waited_ms: float  # submit -> handed to the batch (the batch adds its own wait)
+    rid: int = -1
+    produced: int = 0
+
+
+class Scheduler:
+    """Runs the jobs of a `Worker` (serve/queue.py: admission and bookkeeping)."""
+
+    def __init__(self, worker, pair, max_batch: int, prompt_cache: PromptCache | None):
+        self.worker, self.pair, self.prompt_cache = worker, pair, prompt_cache
+        self.metrics = worker.metrics
+        self.max_batch = max_batch
+        self.batch = BatchDecoder(pair.decoder, max_batch)
+        self.running: dict[int, _Running] = {}  # by row id
+        self.pending: deque[Job] = deque()  # taken from the queue, no room yet
+
+    def run(self, jobs: queue.Queue) -> None:
+        try:
+            while self._take(jobs):
+                self._sweep()
+                self._admit()
+                if self.batch.busy:
+                    self._step()
+        finally:  # stopping: the running jobs end here
+            for r in self.running.values():
+                r.job.cancelled.set()
+            self._sweep()
+
+    def _take(self, jobs: queue.Queue) -> bool:
+        """Move submitted jobs to `pending`, waiting for one only when nothing runs.
+        False: the worker is stopping."""
+        block = not self.running and not self.pending
+        while True:
+            try:
+                job = jobs.get(block=block)
+            except queue.Empty:
+                return True
+            if job is None:
+                return False
+            self.pending.append(job)
+            block = False
+
+    def _admit(self) -> None:
+        """Hand waiting jobs to the batch while it has room (they prefill at the next step)."""
+        b = self.batch
+        while self.pending and len(b.rows) + len(b.waiting) < b.capacity:
+            job = self.pending.popleft()
+            if not self.worker.begin(job):  # cancelled while waiting, or the server closed
+                continue
+            now = time.perf_counter()
+            params = self.pair.with_defaults(job.params)
+            lease = self.prompt_cache.lease(job.prompt_ids) if self.prompt_cache else None
+            r = _Running(
+                job,
+                EventText(self.pair, job.prompt_ids, params, job.stop),
+                lease,
+                now,
+                (now - job.submitted) * 1000.0,
+            )
+            try:
+                r.rid = b.add(
+                    job.prompt_ids,
+                    params,
+                    session=lease.session if lease else None,
+                    cancel=job.cancelled.is_set,
+                    on_prefill=lease.observe if lease else None,
+                )
+            except DFlash2Error as e:
+                job.emit(Item("error", error=e))
+                self._finish(r)
+                continue
+            self.running[r.rid] = r
+
+    def _step(self) -> None:
+        try:
+            events = self.batch.step()
+        except Exception as e:
+            self._fail_all(e)
+            return
+        rows = [ev.batch_size for _, ev in events if not ev.prefill]
+        if rows:
+            self.metrics.count_batch_round(max(rows))
+        for rid, event in events:
+            r = self.running.get(rid)
+            if r is not None:
+                self._deliver(r, event)
+
+    def _deliver(self, r: _Running, event: RoundEvent) -> None:
+        if event.prefill:
+            event = replace(event, queue_ms=event.queue_ms + r.waited_ms)
+            self.metrics.observe_queue_wait(event.queue_ms / 1000.0)
+        self.metrics.count_event(event)
+        r.produced += len(event.tokens)
+        chunk = r.text.chunk(event)
+        r.job.emit(Item("chunk", chunk.text, chunk.finish_reason, event))
+        if chunk.finish_reason is None:
+            return
+        if event.finish_reason is None:  # a stop string: its row leaves now
+            self.batch.cancel(r.rid)
+        r.job.emit(Item("done"))
+        self._finish(r)
+
+    def _sweep(self) -> None:
+        """Jobs cancelled by their client or the server leave the batch at once."""
+        for r in [r for r in self.running.values() if r.job.cancelled.is_set()]:
+            self.batch.cancel(r.rid)
+            job = r.job
+            why = "the server is shutting down" if job.stopped_by else "the client left"
+            when = (
+                f"after {r.produced} generated tokens"
+                if r.produced
+                else f"during the prefill of its {len(job.prompt_ids)} prompt tokens"
+            )
+            log.info("job %d cancelled %s: %s", job.id, when, why)
+            if job.stopped_by is not None:
+                job.emit(Item("error", error=job.stopped_by))
+            self._finish(r)
+
+    def _finish(self, r: _Running) -> None:
+        """The job is through and its row has left the batch: its session goes back."""
+        self.running.pop(r.rid, None)
+        if r.lease is not None:
+            r.lease.close()
+        self.worker.end(r.job, time.perf_counter() - r.started)
+
+    def _fail_all(self, e: Exception) -> None:
+        """A step failed: every running job gets the error; the batch starts over."""
+        if not isinstance(e, DFlash2Error):  # a server bug: log it, answer 500, keep serving
+            log.exception("generation failed")
+        for r in list(self.running.values()):
+            if r.lease is not None:
+                r.lease.session.in_round = True  # not consistent: never stored
+            r.job.emit(Item("error", error=e))
+            self._finish(r)
+        self.batch = BatchDecoder(self.pair.decoder, self.max_batch)
