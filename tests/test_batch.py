@@ -17,6 +17,7 @@ from dflash2_mlx import GenerationParams, ParameterError, SamplingParams, Specul
 from dflash2_mlx.engine.batch import BatchDecoder
 from dflash2_mlx.target import batch as tbatch
 from dflash2_mlx.target.adapter import TargetAdapter
+from mlx_lm.models.cache import ArraysCache
 
 FIT_PROMPTS = [[1, 2, 3, 4, 5], [7, 7, 8, 9], [20, 21, 22, 23, 24, 25], [40, 3, 41, 3, 42]]
 PROMPTS = [
@@ -184,3 +185,83 @@ def test_pair_generate_batch():
     ]
     with pytest.raises(ParameterError, match="3 prompts but 2"):
         pair.generate_batch(PROMPTS[:3], params[:2])
+
+
+def _run(batch: BatchDecoder, ids: dict) -> dict[int, list]:
+    """Step `batch` to the end; the events of each request (named by ids[rid])."""
+    events: dict = {}
+    while batch.busy:
+        for rid, ev in batch.step():
+            events.setdefault(ids[rid], []).append(ev)
+    return events
+
+
+def test_a_session_continues_after_its_row_leaves(decoder):
+    """A request given a session (a prompt cache's) gets its caches back when it leaves the
+    batch: single-sequence caches of exactly its positions (attention and Gated-DeltaNet), so
+    its next turn prefills only the new tokens, batched again, and answers as a cold run."""
+    params = GenerationParams(max_tokens=14)
+    alone = decoder.new_session()
+    first = decoder.generate(PROMPTS[0], params, alone)
+    session = decoder.new_session()
+    batch = BatchDecoder(decoder, max_batch=3)
+    ids = {
+        batch.add(PROMPTS[2], GenerationParams(max_tokens=30)): "long",
+        batch.add(PROMPTS[0], params, session=session): "mine",
+        batch.add(PROMPTS[1], GenerationParams(max_tokens=5)): "short",
+    }
+    events = _run(batch, ids)
+    assert [t for ev in events["mine"] for t in ev.tokens] == first
+    assert max(ev.batch_size for ev in events["mine"]) == 3
+    assert session.tokens == alone.tokens and not session.in_round
+    for c, ref in zip(session.target_cache, alone.target_cache):
+        assert type(c) is type(ref)
+        if isinstance(c, ArraysCache):  # Gated-DeltaNet: conv window and recurrent state
+            got, want = c.cache, ref.cache
+        else:
+            assert c.offset == ref.offset == session.fed
+            n = c.offset
+            got = [c.keys[..., :n, :], c.values[..., :n, :]]
+            want = [ref.keys[..., :n, :], ref.values[..., :n, :]]
+        assert len(got) == len(want) > 0
+        for a, b in zip(got, want):  # the same values, up to a batched matmul's rounding
+            assert a.shape == b.shape and np.allclose(a, b, atol=1e-3), type(c).__name__
+    # The next turn extends the conversation: it resumes the session, in a batch again.
+    turn2 = PROMPTS[0] + first + [17, 18, 19]
+    cold = decoder.generate(turn2, params)
+    batch = BatchDecoder(decoder, max_batch=2)
+    ids = {
+        batch.add(turn2, params, session=session): "mine",
+        batch.add(PROMPTS[3], GenerationParams(max_tokens=20)): "other",
+    }
+    events = _run(batch, ids)
+    assert [t for ev in events["mine"] for t in ev.tokens] == cold
+    prefill = events["mine"][0]
+    assert prefill.reused_tokens == len(PROMPTS[0]) + len(first) - 1
+    assert prefill.prompt_tokens == len(turn2) - prefill.reused_tokens
+
+
+def test_a_cancelled_prefill_leaves_the_others_alone(decoder, monkeypatch):
+    """`cancel` is polled between prefill chunks: the request is dropped without an event;
+    `on_prefill` sees the others' prefill events while their sessions hold their caches."""
+    monkeypatch.setattr(decoder, "prefill_chunk", 4)
+    params = GenerationParams(max_tokens=12)
+    batch = BatchDecoder(decoder, max_batch=3)
+    polls, seen = [], []
+
+    def observe(ev):
+        assert ev.prefill
+        seen.append(sum(c.nbytes for c in session.target_cache))
+
+    session = decoder.new_session()
+    ids = {
+        batch.add(PROMPTS[0], params, session=session, on_prefill=observe): 0,
+        batch.add(PROMPTS[2], params, cancel=lambda: polls.append(1) or True): 2,
+        batch.add(PROMPTS[1], params): 1,
+    }
+    events = _run(batch, ids)
+    assert 2 not in events and len(polls) == 1
+    assert len(seen) == 1 and seen[0] > 0  # the session still held its own caches
+    for i in (0, 1):
+        assert [t for ev in events[i] for t in ev.tokens] == decoder.generate(PROMPTS[i], params)
+        assert events[i][0].queue_ms >= 0.0
