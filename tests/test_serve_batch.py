@@ -1,0 +1,252 @@
+"""`dflash2 serve` with requests batched together (serve/scheduler.py): a real uvicorn server on
+127.0.0.1 and the official openai client. Concurrent streams (different prompts, max_tokens,
+stops, a seeded sampled one, a predicted one) each return exactly what they return alone; a
+client that leaves mid-batch leaves the others intact; usage and /metrics report the batch;
+the prompt cache resumes a conversation whose next turn joins a running batch; shutdown cuts
+every running row; --max-batch is validated."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import tiny
+from test_serve import CLI, HI, make_tokenizer, metric, reference, running
+from test_serve_lifecycle import serving, wait_for
+
+from dflash2_mlx.api import Pair
+from dflash2_mlx.engine.batch import DEFAULT_MAX_BATCH
+from dflash2_mlx.errors import DFlash2Error
+from dflash2_mlx.serve import ServeLimits, create_app
+from dflash2_mlx.text import chat_prompt_ids
+
+def make_pair(family: str = "llama", seed: int = 0) -> Pair:
+    return Pair.from_models(
+        tiny.make_target(family, seed=seed), make_tokenizer(), tiny.make_drafter(2, block_size=4)
+    )
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return make_pair()
+
+
+@pytest.fixture(scope="module")
+def url(pair):
+    app = create_app(pair, model_name="tiny", max_queue=8, max_batch=4, default_max_tokens=8)
+    with running(app) as base:
+        yield base
+
+
+def client_for(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def ask(client, spec: dict) -> dict:
+    """One streaming request (`spec`: kind and arguments): its text, finish and usage."""
+    kind, kw = spec["kind"], {k: v for k, v in spec.items() if k != "kind"}
+    common = dict(model="tiny", stream=True, stream_options={"include_usage": True})
+    if kind == "chat":
+        chunks = list(client.chat.completions.create(**common, **kw))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        chunks = list(client.completions.create(**common, **kw))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    return {"text": text, "finish": finish, "usage": chunks[-1].usage}
+
+
+def together(client, specs: list[dict]) -> list[dict]:
+    """Run `specs` concurrently; their results in order."""
+    results: list = [None] * len(specs)
+    threads = [
+        threading.Thread(target=lambda i=i: results.__setitem__(i, ask(client, specs[i])))
+        for i in range(len(specs))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+@contextlib.contextmanager
+def holding(url: str, prompt: str = "hold"):
+    """A long stream that keeps the batch busy (so requests made inside the block join it);
+    its client leaves when the block ends."""
+    started, done = threading.Event(), threading.Event()
+
+    def run():
+        body = {"prompt": prompt, "max_tokens": 3000, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=120) as http:
+            with http.stream("POST", url + "/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    started.set()
+                    if done.is_set():
+                        break
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert started.wait(60), "the holding request did not start"
+        yield
+    finally:
+        done.set()
+        thread.join(60)
+    wait_for(lambda: metric(httpx.get(url + "/metrics").text, "dflash2_in_flight") == 0)
+
+
+def test_concurrent_streams_each_equal_alone(pair, url):
+    client = client_for(url)
+    ids = [5, 9, 14, 20, 33, 40]
+    greedy, _ = reference(pair, ids, 30)
+    specs = [
+        {"kind": "completion", "prompt": ids, "max_tokens": 30, "temperature": 0},
+        {"kind": "completion", "prompt": "xyz", "max_tokens": 12, "temperature": 0},
+        {"kind": "chat", "messages": HI, "max_tokens": 25, "temperature": 0},
+        {"kind": "chat", "messages": [{"role": "user", "content": "Q?"}], "max_tokens": 40},
+        {"kind": "completion", "prompt": "seed", "max_tokens": 20, "temperature": 0.8, "seed": 3},
+    ]
+    alone = [ask(client, s) for s in specs]
+    assert alone[0]["text"] == greedy  # the server alone is plain greedy decoding
+    chat_text = alone[2]["text"]
+    specs[2]["stop"] = [chat_text[6:8]]  # a stop string inside its answer
+    specs[3]["prediction"] = {"type": "content", "content": alone[3]["text"]}
+    alone[2] = ask(client, specs[2])
+    assert alone[2]["text"] == chat_text[: chat_text.find(chat_text[6:8])]
+    before = httpx.get(url + "/metrics").text
+    with holding(url):
+        batched = together(client, specs)
+    for spec, a, b in zip(specs, alone, batched):
+        assert (b["text"], b["finish"]) == (a["text"], a["finish"]), spec
+        assert b["usage"].completion_tokens == a["usage"].completion_tokens, spec
+    ext = [b["usage"].model_extra["dflash2"] for b in batched]
+    assert all(e["max_batch_size"] >= 2 and e["batch_size"] > 1 for e in ext), ext
+    assert max(e["max_batch_size"] for e in ext) <= 4
+    assert all(e["queue_wait_ms"] >= 0 for e in ext)
+    assert batched[3]["usage"].completion_tokens_details.accepted_prediction_tokens > 0
+    alone_ext = alone[1]["usage"].model_extra["dflash2"]
+    assert alone_ext["batch_size"] == 1 and alone_ext["max_batch_size"] == 1
+    text = httpx.get(url + "/metrics").text
+    rounds = metric(text, "dflash2_batch_rows_count")
+    assert rounds > 0 and metric(text, "dflash2_batch_rows_bucket", le="1") < rounds
+    assert metric(text, "dflash2_batch_rows_bucket", le="4") == rounds  # never past max_batch
+    assert metric(text, "dflash2_batch_rows_sum") > rounds  # more than one row on average
+    waits = metric(text, "dflash2_queue_wait_seconds_count")
+    assert waits - metric(before, "dflash2_queue_wait_seconds_count") == len(specs) + 1
+    assert metric(text, "dflash2_batch_size") == 0 and metric(text, "dflash2_in_flight") == 0
+    card = client.models.retrieve("tiny").model_extra["dflash2"]
+    assert card["max_batch"] == 4
+
+
+def test_a_client_leaving_mid_batch_leaves_the_others_intact(pair, url):
+    client = client_for(url)
+    specs = [
+        {"kind": "completion", "prompt": p, "max_tokens": n, "temperature": 0}
+        for p, n in (("abc", 150), ("dd", 120), ("Hi", 90))
+    ]
+    alone = [ask(client, s) for s in specs]
+    before = httpx.get(url + "/metrics").text
+    results: list = [None] * len(specs)
+
+    def leaver():  # reads a few chunks, then closes its connection
+        with httpx.Client(timeout=60) as http:
+            body = {"prompt": "bye", "max_tokens": 3000, "temperature": 0, "stream": True}
+            with http.stream("POST", url + "/v1/completions", json=body) as r:
+                lines = r.iter_lines()
+                for _ in range(12):
+                    next(lines)
+
+    threads = [threading.Thread(target=leaver)] + [
+        threading.Thread(target=lambda i=i: results.__setitem__(i, ask(client, specs[i])))
+        for i in range(len(specs))
+    ]
+    with holding(url):  # all of them in one batch with the holding stream
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    for a, b in zip(alone, results):
+        assert b["text"] == a["text"] and b["finish"] == a["finish"]
+        assert b["usage"].model_extra["dflash2"]["max_batch_size"] >= 2
+    after = httpx.get(url + "/metrics").text
+    # the one that left mid-batch, then the holding stream
+    assert metric(after, "dflash2_cancelled_total") == metric(before, "dflash2_cancelled_total") + 2
+    again = ask(client, specs[1])  # still serving, still exact
+    assert again["text"] == alone[1]["text"]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_prompt_cache_resumes_a_turn_that_joins_a_batch(family):
+    pair = make_pair(family, seed=2)  # its answers to "zz" and "yy" run 300+ tokens
+    app = create_app(pair, model_name="tiny", max_batch=4, default_max_tokens=10)
+    with running(app) as base:
+        client = client_for(base)
+        turn1 = {"kind": "chat", "messages": HI, "max_tokens": 10, "temperature": 0}
+        with holding(base, "zz"):
+            first = ask(client, turn1)
+        messages = HI + [
+            {"role": "assistant", "content": first["text"]},
+            {"role": "user", "content": "Why?"},
+        ]
+        want, n = reference(pair, chat_prompt_ids(pair.tokenizer, messages), 10)
+        assert n == 10  # an answer long enough to run rounds in the batch
+        turn2 = {"kind": "chat", "messages": messages, "max_tokens": 10, "temperature": 0}
+        with holding(base, "yy"):
+            second = ask(client, turn2)
+        assert second["text"] == want
+        usage = second["usage"]
+        cached = usage.prompt_tokens_details.cached_tokens
+        assert len(chat_prompt_ids(pair.tokenizer, HI)) <= cached < usage.prompt_tokens
+        assert usage.model_extra["dflash2"]["max_batch_size"] == 2
+
+
+def test_shutdown_cuts_every_running_row(pair):
+    """After the grace period every running stream ends with an error event and [DONE]."""
+    app = create_app(
+        pair, model_name="tiny", max_batch=3, limits=ServeLimits(shutdown_grace_s=0.5)
+    )
+    ends: list = [None] * 3
+
+    def stream(i):
+        prompt = ("zz", "yy", "dd")[i]  # no end of turn in 3000 tokens
+        body = {"prompt": prompt, "max_tokens": 3000, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=60) as http:
+            with http.stream("POST", base + "/v1/completions", json=body) as r:
+                ends[i] = [line for line in r.iter_lines() if line.startswith("data: ")][-2:]
+
+    with serving(app) as (base, server, thread):
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: app.state.metrics.batch_size == 3, what="three rows in a round")
+        server.should_exit = True
+        for t in threads:
+            t.join(30)
+        thread.join(30)
+    for end in ends:
+        assert end is not None and end[-1] == "data: [DONE]"
+        assert '"code": "shutting_down"' in end[0], end
+
+
+def test_max_batch_is_validated(pair):
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(DFlash2Error, match="max_batch must be an int >= 1"):
+            create_app(pair, model_name="tiny", max_batch=bad)
+    from dflash2_cli.serve import DEFAULT_MAX_BATCH as CLI_DEFAULT
+
+    assert CLI_DEFAULT == DEFAULT_MAX_BATCH
+    bad = subprocess.run(
+        [sys.executable, "-c", CLI, "serve", "--max-batch", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--max-batch" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
