@@ -8,6 +8,7 @@ every running row; --max-batch is validated."""
 from __future__ import annotations
 
 import contextlib
+import math
 import subprocess
 import sys
 import threading
@@ -99,7 +100,12 @@ def holding(url: str, prompt: str = "hold"):
     finally:
         done.set()
         thread.join(60)
+
+
+def idle(url: str) -> str:
+    """/metrics once nothing runs (a stream whose client left is noticed between rounds)."""
     wait_for(lambda: metric(httpx.get(url + "/metrics").text, "dflash2_in_flight") == 0)
+    return httpx.get(url + "/metrics").text
 
 
 def test_concurrent_streams_each_equal_alone(pair, url):
@@ -133,7 +139,7 @@ def test_concurrent_streams_each_equal_alone(pair, url):
     assert batched[3]["usage"].completion_tokens_details.accepted_prediction_tokens > 0
     alone_ext = alone[1]["usage"].model_extra["dflash2"]
     assert alone_ext["batch_size"] == 1 and alone_ext["max_batch_size"] == 1
-    text = httpx.get(url + "/metrics").text
+    text = idle(url)
     rounds = metric(text, "dflash2_batch_rows_count")
     assert rounds > 0 and metric(text, "dflash2_batch_rows_bucket", le="1") < rounds
     assert metric(text, "dflash2_batch_rows_bucket", le="4") == rounds  # never past max_batch
@@ -175,7 +181,7 @@ def test_a_client_leaving_mid_batch_leaves_the_others_intact(pair, url):
     for a, b in zip(alone, results):
         assert b["text"] == a["text"] and b["finish"] == a["finish"]
         assert b["usage"].model_extra["dflash2"]["max_batch_size"] >= 2
-    after = httpx.get(url + "/metrics").text
+    after = idle(url)
     # the one that left mid-batch, then the holding stream
     assert metric(after, "dflash2_cancelled_total") == metric(before, "dflash2_cancelled_total") + 2
     again = ask(client, specs[1])  # still serving, still exact
@@ -250,3 +256,26 @@ def test_max_batch_is_validated(pair):
     )
     assert bad.returncode == 2 and "--max-batch" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_queue_places_are_running_rows_plus_waiting(pair):
+    """max_batch=2, max_queue=1: two generate, one waits, the next gets 503 with a Retry-After
+    of the requests ahead over the batch (recent generation time x 3 / 2)."""
+    app = create_app(pair, model_name="tiny", max_queue=1, max_batch=2, default_max_tokens=2)
+    worker = app.state.worker
+    with running(app) as base:
+        with holding(base, "zz"), holding(base, "yy"):
+            wait_for(lambda: worker.running == 2, what="two rows")
+            waiting = threading.Thread(
+                target=lambda: httpx.post(
+                    base + "/v1/completions", timeout=60, json={"prompt": "q", "max_tokens": 1}
+                )
+            )
+            waiting.start()
+            wait_for(lambda: worker.waiting == 1, what="a waiting request")
+            r = httpx.post(base + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
+            assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
+            assert int(r.headers["retry-after"]) == math.ceil((worker.recent_seconds or 1.0) * 1.5)
+        waiting.join(60)
+        r = httpx.post(base + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
+        assert r.status_code == 200
