@@ -24,7 +24,7 @@ from test_serve_lifecycle import serving, wait_for
 from dflash2_mlx.api import Pair
 from dflash2_mlx.engine.batch import DEFAULT_MAX_BATCH
 from dflash2_mlx.errors import DFlash2Error
-from dflash2_mlx.serve import ServeLimits, create_app
+from dflash2_mlx.serve import ServeLimits, create_app, scheduler
 from dflash2_mlx.text import chat_prompt_ids
 
 def make_pair(family: str = "llama", seed: int = 0) -> Pair:
@@ -279,3 +279,41 @@ def test_queue_places_are_running_rows_plus_waiting(pair):
         waiting.join(60)
         r = httpx.post(base + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
         assert r.status_code == 200
+
+
+def test_a_failing_request_leaves_the_batch_alone(pair, url, monkeypatch, caplog):
+    """A fault in one request's text handling answers it 500 (one traceback in the log) and
+    leaves the others in the batch exact; the worker keeps serving."""
+    real = scheduler.EventText.chunk
+    marked = pair.tokenizer.encode("x!")
+
+    def chunk(self, ev):  # the request whose prompt is "x!" fails at its first round
+        if not ev.prefill and self.stream.decoder.ids[: len(marked)] == marked:
+            raise RuntimeError("boom")
+        return real(self, ev)
+
+    monkeypatch.setattr(scheduler.EventText, "chunk", chunk)
+    client = client_for(url)
+    spec = {"kind": "completion", "prompt": "dd", "max_tokens": 40, "temperature": 0}
+    alone = ask(client, spec)
+    results: list = [None, None]
+
+    def bad():
+        body = {"prompt": "x!", "max_tokens": 40, "temperature": 0}
+        results[1] = httpx.post(url + "/v1/completions", json=body, timeout=60)
+
+    with holding(url):
+        threads = [
+            threading.Thread(target=lambda: results.__setitem__(0, ask(client, spec))),
+            threading.Thread(target=bad),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert results[0]["text"] == alone["text"]
+    assert results[0]["usage"].model_extra["dflash2"]["max_batch_size"] >= 2
+    assert results[1].status_code == 500
+    assert results[1].json()["error"]["code"] == "internal_error"
+    assert len([r for r in caplog.records if r.exc_info]) == 1
+    assert ask(client, spec)["text"] == alone["text"]

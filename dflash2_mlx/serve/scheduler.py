@@ -39,6 +39,7 @@ class _Running:
     waited_ms: float  # submit -> handed to the batch (the batch adds its own wait)
     rid: int = -1
     produced: int = 0
+    finished: bool = False
 
 
 class Scheduler:
@@ -55,10 +56,13 @@ class Scheduler:
     def run(self, jobs: queue.Queue) -> None:
         try:
             while self._take(jobs):
-                self._sweep()
-                self._admit()
-                if self.batch.busy:
-                    self._step()
+                try:
+                    self._sweep()
+                    self._admit()
+                    if self.batch.busy:
+                        self._step()
+                except Exception as e:  # the running jobs get the error; the worker goes on
+                    self._fail_all(e)
         finally:  # stopping: the running jobs end here
             for r in self.running.values():
                 r.job.cancelled.set()
@@ -110,18 +114,19 @@ class Scheduler:
             self.running[r.rid] = r
 
     def _step(self) -> None:
-        try:
-            events = self.batch.step()
-        except Exception as e:
-            self._fail_all(e)
-            return
+        events = self.batch.step()
         rows = [ev.batch_size for _, ev in events if not ev.prefill]
         if rows:
             self.metrics.count_batch_round(max(rows))
         for rid, event in events:
             r = self.running.get(rid)
-            if r is not None:
+            if r is None:
+                continue
+            try:
                 self._deliver(r, event)
+            except Exception as e:  # this job's text failed: it alone ends, with the error
+                self.batch.cancel(r.rid)
+                self._fail(r, e)
 
     def _deliver(self, r: _Running, event: RoundEvent) -> None:
         if event.prefill:
@@ -156,18 +161,32 @@ class Scheduler:
 
     def _finish(self, r: _Running) -> None:
         """The job is through and its row has left the batch: its session goes back."""
+        if r.finished:
+            return
+        r.finished = True
         self.running.pop(r.rid, None)
+        try:
+            if r.lease is not None:
+                r.lease.close()
+        finally:
+            self.worker.end(r.job, time.perf_counter() - r.started)
+
+    def _fail(self, r: _Running, e: Exception, logged: bool = False) -> None:
+        """The job ends with `e` (a server bug: logged once, answered 500); its state is not
+        kept for a next turn."""
+        if not (logged or isinstance(e, DFlash2Error)):
+            log.exception("generation of job %d failed", r.job.id)
+        if r.finished:
+            return
         if r.lease is not None:
-            r.lease.close()
-        self.worker.end(r.job, time.perf_counter() - r.started)
+            r.lease.session.in_round = True  # maybe not consistent: never stored
+        r.job.emit(Item("error", error=e))
+        self._finish(r)
 
     def _fail_all(self, e: Exception) -> None:
         """A step failed: every running job gets the error; the batch starts over."""
-        if not isinstance(e, DFlash2Error):  # a server bug: log it, answer 500, keep serving
-            log.exception("generation failed")
+        if not isinstance(e, DFlash2Error):
+            log.exception("generation failed: %d running requests end", len(self.running))
         for r in list(self.running.values()):
-            if r.lease is not None:
-                r.lease.session.in_round = True  # not consistent: never stored
-            r.job.emit(Item("error", error=e))
-            self._finish(r)
+            self._fail(r, e, logged=True)
         self.batch = BatchDecoder(self.pair.decoder, self.max_batch)
