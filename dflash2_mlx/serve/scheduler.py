@@ -33,10 +33,10 @@ class _Running:
     """A job in the batch: its row id, its text, its prompt-cache lease."""
 
     job: Job
-    text: EventText
-    lease: Lease | None
     started: float  # perf_counter() when it left the queue
     waited_ms: float  # submit -> handed to the batch (the batch adds its own wait)
+    text: EventText | None = None
+    lease: Lease | None = None
     rid: int = -1
     produced: int = 0
     finished: bool = False
@@ -90,26 +90,21 @@ class Scheduler:
             if not self.worker.begin(job):  # cancelled while waiting, or the server closed
                 continue
             now = time.perf_counter()
-            params = self.pair.with_defaults(job.params)
-            lease = self.prompt_cache.lease(job.prompt_ids) if self.prompt_cache else None
-            r = _Running(
-                job,
-                EventText(self.pair, job.prompt_ids, params, job.stop),
-                lease,
-                now,
-                (now - job.submitted) * 1000.0,
-            )
+            r = _Running(job, now, (now - job.submitted) * 1000.0)
             try:
+                params = self.pair.with_defaults(job.params)
+                r.text = EventText(self.pair, job.prompt_ids, params, job.stop)
+                if self.prompt_cache is not None:
+                    r.lease = self.prompt_cache.lease(job.prompt_ids)
                 r.rid = b.add(
                     job.prompt_ids,
                     params,
-                    session=lease.session if lease else None,
+                    session=r.lease.session if r.lease else None,
                     cancel=job.cancelled.is_set,
-                    on_prefill=lease.observe if lease else None,
+                    on_prefill=r.lease.observe if r.lease else None,
                 )
-            except DFlash2Error as e:
-                job.emit(Item("error", error=e))
-                self._finish(r)
+            except Exception as e:  # bad parameters (400), or a server bug (500)
+                self._fail(r, e)
                 continue
             self.running[r.rid] = r
 
