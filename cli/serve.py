@@ -130,7 +130,7 @@ def serve(
         10.0,
         "--shutdown-grace",
         min=0,
-        help="Seconds a running generation may finish after Ctrl-C.",
+        help="Seconds running generations may finish after Ctrl-C.",
     ),
     allowed_hosts: Optional[List[str]] = typer.Option(
         None,
@@ -244,7 +244,7 @@ def serve(
         + f", queue {max_queue}, prompt cache "
         + (f"{prompt_cache_mb} MiB" if prompt_cache_mb else "off")
     )
-    # After Ctrl-C: waiting requests get 503, the running one --shutdown-grace seconds.
+    # After Ctrl-C: waiting requests get 503, the running ones --shutdown-grace seconds.
     _exit_after_shutdown(run_server(app, sock, log_level=log_level))
 
 

@@ -13,7 +13,6 @@ import math
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import openai

@@ -2,7 +2,7 @@
 
 On Ctrl-C (SIGINT) or SIGTERM: the listening socket closes (uvicorn); new requests on open
 connections and every request still waiting in the queue get a JSON 503; the running
-generation may finish for `grace` seconds, after which it is stopped: a stream ends with an
+generations may finish for `grace` seconds, after which each is stopped: a stream ends with an
 error event and `data: [DONE]`, a whole answer is a JSON 503. Then the worker stops.
 """
 
@@ -36,7 +36,7 @@ class Drain:
         self.draining = True
         self.worker.close()
         log.info(
-            "shutting down: waiting requests answered 503; running generation has %g s",
+            "shutting down: waiting requests answered 503; running generations have %g s",
             self.grace_s,
         )
         asyncio.get_running_loop().call_later(self.grace_s, self.worker.cut, ShuttingDown())
