@@ -116,6 +116,16 @@ def test_fallback_runs_one_at_a_time():
     sizes = {ev.batch_size for _, ev in batch.stream((p, params) for p in PROMPTS[:3])}
     assert batch.generate((p, params) for p in PROMPTS[:3]) == alone
     assert sizes == {1}
+    one = BatchDecoder(dec, max_batch=1)  # max_batch=1: the single-sequence engine too
+    assert not one.batched and one.capacity == 1
+    one.add(PROMPTS[0], params)
+    one.add(PROMPTS[1], params)
+    out: dict = {}
+    while one.busy:
+        for rid, ev in one.step():
+            out.setdefault(rid, []).extend(ev.tokens)
+        assert one.cache is None and len(one.rows) <= 1
+    assert [out[0], out[1]] == alone[:2]
 
 
 def test_bad_requests_are_refused_before_running():
