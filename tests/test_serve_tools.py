@@ -387,3 +387,40 @@ def test_forced_call_opening_follows_the_template(tmp_path):
 
 def parse_tools_body(**kw) -> ToolRequest:
     return parse_tools({"tools": tt.TOOLS, **kw})
+
+
+def test_tools_and_reasoning_in_one_batch(client):
+    """Tool calls and thinking replies generated together (one batch) each come back exactly
+    as alone: the reply parsing is per request, downstream of its own text."""
+    import threading
+
+    asks = [
+        (tt.ASK, {"tools": tt.TOOLS}),
+        (tt.ASK_TWO, {"tools": tt.TOOLS}),
+        (tt.HI, {}),
+        (tt.ASK, {"tools": tt.TOOLS, "tool_choice": "required"}),
+    ]
+
+    def reply(r):  # content, reasoning, calls (their ids are new in every response), finish
+        return r[0], r[1], [(c["name"], c["arguments"]) for c in r[2]], r[3]
+
+    alone = [reply(streamed(client, m, **kw)) for m, kw in asks]
+    assert [len(r[2]) for r in alone] == [1, 2, 0, 1] and alone[2][1]  # calls, a thought
+    for attempt in range(3):  # until the requests overlapped (they start together)
+        results: list = [None] * len(asks)
+        start = threading.Barrier(len(asks))
+
+        def one(i):
+            start.wait()
+            results[i] = streamed(client, asks[i][0], **asks[i][1])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(asks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert [reply(r) for r in results] == alone
+        if max(r[4].model_extra["dflash2"]["max_batch_size"] for r in results) >= 2:
+            break
+    else:
+        pytest.fail("the requests never ran in one batch")
