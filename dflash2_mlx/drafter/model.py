@@ -215,7 +215,18 @@ class Drafter(nn.Module):
         candidate path walk (DFlash2)."""
         block = mx.array([[anchor] + [self.config.mask_token_id] * (length - 1)])
         hidden = self.hidden(block, features, cache)[0, 1:]
-        logits = self.draft_logits(hidden)  # over the draft vocabulary when it has one
+        return self.finish_block(hidden, self.draft_logits(hidden), anchor, sampling, key)
+
+    def finish_block(
+        self,
+        hidden: mx.array,
+        logits: mx.array,
+        anchor: int,
+        sampling: SamplingParams,
+        key: mx.array | None = None,
+    ) -> DraftBlock:
+        """One block's drafts from its drafted rows' hidden [γ, H] and logits [γ, N] (over the
+        draft vocabulary when it has one): the path selector (DFlash2), argmax or a draw."""
         vocab = self.draft_vocab
         if self.config.version == 2:
             out = self.select(hidden, logits, mx.array(anchor), sampling.temperature, key, vocab)

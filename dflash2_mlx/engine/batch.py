@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import mlx.core as mx
 
+from ..drafter.batch import DraftRequest, draft_rows
 from ..errors import ParameterError
 from ..target import batch as tbatch
 from .events import RoundEvent
@@ -40,7 +41,8 @@ from .loop import (
     cut,
     record,
 )
-from .proposal import Proposal
+from .proposal import NOTHING, Proposal
+from .width import WidthRule
 
 # Requests verified together when the caller names no limit: on bandwidth-bound hardware a
 # verify over 4 rows costs little more than over one (docs/results/batch_*.json).
@@ -78,6 +80,8 @@ class BatchDecoder:
     waiting: list[_Waiting] = field(default_factory=list)
     cache: list | None = None  # the target's batch cache, one row per entry of `rows`
     fallback: str | None = None  # why this target runs one request at a time (None: batched)
+    ordered: bool = True  # rollback keeps each row's cache columns in order (windowed targets)
+    widths: WidthRule = field(default_factory=WidthRule)  # each round's verify width cap
     _next_id: int = 0
 
     def __post_init__(self):
@@ -88,6 +92,7 @@ class BatchDecoder:
         ):
             raise ParameterError(f"max_batch must be an int >= 1, got {self.max_batch!r}")
         self.fallback = tbatch.batchable(self.decoder.target)
+        self.ordered = tbatch.keeps_column_order(self.decoder.target)
 
     @property
     def batched(self) -> bool:
@@ -192,14 +197,10 @@ class BatchDecoder:
 
     def _batch_round(self) -> list[tuple[int, RoundEvent]]:
         dec, rows = self.decoder, self.rows
-        proposals: list[Proposal] = []
-        verify_keys, draft_ms = [], []
-        for row in rows:
-            row.run.key, k_draft, k_verify = mx.random.split(row.run.key, 3)
-            t0 = time.perf_counter()
-            proposals.append(dec._propose(row.session, row.session.tokens[-1], row.run, k_draft))
-            draft_ms.append((time.perf_counter() - t0) * 1000.0)
-            verify_keys.append(k_verify)
+        t0 = time.perf_counter()
+        proposals, verify_keys = self._propose_all()
+        proposals = self.widths.cap(proposals, [not r.run.params.sampling.greedy for r in rows])
+        draft_ms = (time.perf_counter() - t0) * 1000.0 / len(rows)  # the round's, shared
         width = max(len(p.drafts) for p in proposals) + 1
         ids = [
             [r.session.tokens[-1]] + p.drafts + [0] * (width - 1 - len(p.drafts))
@@ -211,15 +212,16 @@ class BatchDecoder:
         for i, (row, p, key) in enumerate(zip(rows, proposals, verify_keys)):
             n = len(p.drafts) + 1
             accepted, bonus = accept(fwd.logits[i, :n], p, row.run.params.sampling, key)
+            self.widths.observe(p.source, len(p.drafts), accepted)
             commit, finish = cut(row.run, p.drafts[:accepted] + [bonus])
             record(row.session, commit, fwd.features[i : i + 1, : len(commit)])
             keeps.append(len(commit))
             results.append((accepted, commit, finish))
-        tbatch.rollback(self.cache, fwd, keeps, width)
+        tbatch.rollback(self.cache, fwd, keeps, width, self.ordered)
         mx.eval([r.session.pending for r in rows], [c.state for c in self.cache])
         verify_ms = (time.perf_counter() - t1) * 1000.0
         events = []
-        for row, p, ms, (accepted, commit, finish) in zip(rows, proposals, draft_ms, results):
+        for row, p, (accepted, commit, finish) in zip(rows, proposals, results):
             row.done = finish is not None
             events.append(
                 (
@@ -229,7 +231,7 @@ class BatchDecoder:
                         drafted=len(p.drafts),
                         accepted=min(accepted, len(commit)),
                         block_size=len(p.drafts) + 1,
-                        draft_ms=ms,
+                        draft_ms=draft_ms,
                         verify_ms=verify_ms,
                         finish_reason=finish,
                         source=p.source,
@@ -238,6 +240,41 @@ class BatchDecoder:
                 )
             )
         return events
+
+    def _propose_all(self) -> tuple[list[Proposal], list[mx.array]]:
+        """Every row's proposal (context lookup or prediction where one is found, else its
+        drafter block: one drafter pass for all of those rows) and its verify key. Each row
+        splits its key as SpeculativeDecoder._round does."""
+        dec = self.decoder
+        proposals: list[Proposal | None] = []
+        verify_keys, drafting, requests = [], [], []
+        for i, row in enumerate(self.rows):
+            run, session = row.run, row.session
+            run.key, k_draft, k_verify = mx.random.split(run.key, 3)
+            verify_keys.append(k_verify)
+            found = dec._model_free(session, run)
+            length = min(run.block, run.room)
+            if found is None and length >= 2:
+                drafting.append(i)
+                anchor = session.tokens[-1]
+                requests.append(
+                    DraftRequest(
+                        anchor,
+                        length,
+                        session.pending,
+                        session.drafter_cache,
+                        run.params.sampling,
+                        k_draft,
+                    )
+                )
+            proposals.append(found if found is not None else NOTHING)
+        if requests:
+            blocks = draft_rows(dec.drafter, requests)
+            mx.eval([b.tokens for b in blocks])
+            for i, block in zip(drafting, blocks):
+                self.rows[i].session.pending = None
+                proposals[i] = Proposal.from_drafter(block)
+        return proposals, verify_keys
 
     # ------------------------------------------------------------------ whole runs
     def stream(

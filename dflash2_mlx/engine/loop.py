@@ -244,6 +244,17 @@ class SpeculativeDecoder:
         """The prediction's continuation while the answer follows it, else the context's own,
         else the prediction's after a re-sync: up to lookup_block - 1 tokens (no draft pass to
         pay for them); else the drafter's block - 1. Both cut to what the round may commit."""
+        found = self._model_free(session, run)
+        if found is not None:
+            return found
+        length = min(run.block, run.room)
+        if length < 2:
+            return NOTHING
+        return self._draft(session, anchor, length, run.params.sampling, key)
+
+    @staticmethod
+    def _model_free(session: Session, run: _Run) -> Proposal | None:
+        """The prediction's or the context's proposal (see _propose); None: none found."""
         pred, look = session.prediction, session.lookup
         n = min(run.lookup_block, run.room) - 1  # propose(n < 1) finds nothing
         found, source = [], "drafter"
@@ -253,12 +264,7 @@ class SpeculativeDecoder:
             found, source = look.propose(n), "lookup"
         if not found and pred is not None:
             found, source = pred.propose(n), "prediction"
-        if found:
-            return Proposal.point_mass(found, source)
-        length = min(run.block, run.room)
-        if length < 2:
-            return NOTHING
-        return self._draft(session, anchor, length, run.params.sampling, key)
+        return Proposal.point_mass(found, source) if found else None
 
     def _draft(
         self, session: Session, anchor: int, length: int, sp: SamplingParams, key

@@ -1,0 +1,127 @@
+"""Each batched round's verify width: how far the rows' proposals are cut.
+
+A batched verify pads every row to the widest proposal, so one long lookup proposal (up to
+lookup_block - 1 tokens) makes every row pay its width. Each round picks the cap W (tokens
+verified per row, anchor included) that maximises expected committed tokens per unit of
+verify cost:
+
+    sum_i E_i(min(d_i, W - 1)) / cost(B, W),   E(n) = 1 + p + p^2 + ... + p^n
+
+where d_i is row i's proposal length and p the acceptance rate of its source (drafter,
+lookup, prediction), each draft accepted with probability p given its predecessors were (the
+rate is estimated from the rounds so far: accepted drafts / (accepted drafts + rejections)).
+Only the candidate widths d_i + 1 are compared (ties: the wider). Cutting a proposal verifies
+a prefix of it: each draft's distribution is its own conditional, so acceptance stays exact;
+only greedy rows are cut (a sampled row's draws, hence a seeded request's output, depend on
+how many drafts it verifies), so a request still returns what it returns alone.
+
+`cost(B, W)` comes from a measured table (ms of one verify over B rows of width W, see
+batch_costs.py; the autotuner stores one) or, without one, DEFAULT_COST's linear model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from .proposal import Proposal
+
+# Without a measured table: a verify over n tokens (rows x width) costs 1 + n / TOKENS_PER_UNIT
+# forwards of one token. Measured on this project's x86 CPU with OpenBLAS for SmolLM2-135M:
+# 16 tokens ~1.8x one token (docs/env.md); on Apple GPUs the slope is smaller.
+TOKENS_PER_UNIT = 20.0
+
+
+def default_cost(rows: int, width: int) -> float:
+    return 1.0 + (rows * width - 1) / TOKENS_PER_UNIT
+
+
+def table_cost(table: Mapping[int, Mapping[int, float]]) -> Callable[[int, int], float]:
+    """cost(rows, width) from measured ms {rows: {width: ms}}: linear in width between
+    measured widths (along the last two beyond), then linear in rows between measured row
+    counts (along the last two beyond the largest; the smallest's below it)."""
+    from ..autotune import verify_at  # the single-sequence interpolation, reused per row count
+
+    counts = sorted(table)
+
+    def cost(rows: int, width: int) -> float:
+        at = {b: verify_at(table[b], width) for b in counts}
+        if rows in at:
+            return at[rows]
+        below = [b for b in counts if b < rows]
+        above = [b for b in counts if b > rows]
+        if below and above:
+            lo, hi = below[-1], above[0]
+        elif len(below) >= 2:
+            lo, hi = below[-2], below[-1]
+        else:
+            return at[counts[0]]
+        return at[lo] + (at[hi] - at[lo]) * (rows - lo) / (hi - lo)
+
+    return cost
+
+
+def expected_committed(p: float, drafts: int) -> float:
+    """1 + p + ... + p^drafts: tokens a round commits (the bonus included), in expectation."""
+    return sum(p**k for k in range(drafts + 1))
+
+
+def choose_width(
+    lengths: Sequence[int],
+    probs: Sequence[float],
+    cost: Callable[[int, int], float],
+    floor: int = 1,
+) -> int:
+    """The cap W >= floor (anchor included) for proposals of `lengths` drafts with
+    acceptance `probs`."""
+    rows = len(lengths)
+    best, best_rate = floor, -1.0
+    for width in sorted({d + 1 for d in lengths if d + 1 >= floor}):
+        gain = sum(expected_committed(p, min(d, width - 1)) for d, p in zip(lengths, probs))
+        rate = gain / max(cost(rows, width), 1e-9)
+        if rate >= best_rate:
+            best, best_rate = width, rate
+    return best
+
+
+def shorten(p: Proposal, drafts: int) -> Proposal:
+    """The proposal's first `drafts` drafts (with their distributions)."""
+    if len(p.drafts) <= drafts:
+        return p
+    q = None if p.q is None else p.q[:drafts]
+    candidates = None if p.candidates is None else p.candidates[:drafts]
+    return Proposal(p.drafts[:drafts], q, candidates, p.source)
+
+
+@dataclass
+class WidthRule:
+    """Chooses each batched round's width and learns each source's acceptance rate."""
+
+    cost: Callable[[int, int], float] = default_cost
+    prior: float = 0.5  # acceptance rate before any round (weighted as `prior_rounds`)
+    prior_rounds: float = 2.0
+    accepted: dict[str, float] = field(default_factory=dict)
+    rejected: dict[str, float] = field(default_factory=dict)
+
+    def rate(self, source: str) -> float:
+        a, r = self.accepted.get(source, 0.0), self.rejected.get(source, 0.0)
+        w = self.prior_rounds
+        return (a + w * self.prior) / (a + r + w)
+
+    def observe(self, source: str, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.accepted[source] = self.accepted.get(source, 0.0) + accepted
+            self.rejected[source] = self.rejected.get(source, 0.0) + (accepted < drafted)
+
+    def cap(self, proposals: Sequence[Proposal], fixed: Sequence[bool]) -> list[Proposal]:
+        """The proposals cut to this round's width (unchanged when all fit). `fixed` rows are
+        never cut: a sampled row's draws depend on how many drafts it verifies, and a seeded
+        request must return in a batch what it returns alone (a greedy row's commit does not
+        depend on where its proposal is cut)."""
+        lengths = [len(p.drafts) for p in proposals]
+        if len(proposals) < 2 or len(set(lengths)) < 2:
+            return list(proposals)  # no padding to save
+        floor = max((d for d, f in zip(lengths, fixed) if f), default=0) + 1
+        probs = [self.rate(p.source) for p in proposals]
+        width = choose_width(lengths, probs, self.cost, floor)
+        return [p if f else shorten(p, width - 1) for p, f in zip(proposals, fixed)]

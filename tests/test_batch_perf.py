@@ -1,0 +1,170 @@
+"""The batched engine's speed parts: one drafter pass for several rows (drafter/batch.py),
+the per-round width cap (engine/width.py) and the O(width) per-row KV rollback
+(target/batch.py). Batched == alone for whole generations is tests/test_batch.py."""
+
+import copy
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import tiny
+
+from dflash2_mlx import GenerationParams, SamplingParams, SpeculativeDecoder
+from dflash2_mlx.drafter.batch import DraftRequest, batchable, draft_rows
+from dflash2_mlx.engine.batch import BatchDecoder
+from dflash2_mlx.engine.proposal import Proposal
+from dflash2_mlx.engine.width import (
+    WidthRule,
+    choose_width,
+    default_cost,
+    expected_committed,
+    shorten,
+    table_cost,
+)
+from dflash2_mlx.target.adapter import TargetAdapter
+
+
+# ----------------------------------------------------------------------------- width cap
+def test_expected_committed_is_the_geometric_sum():
+    assert expected_committed(0.5, 0) == 1.0
+    assert expected_committed(0.5, 3) == pytest.approx(1.875)
+    assert expected_committed(1.0, 7) == 8.0
+
+
+def test_one_long_proposal_is_cut_when_width_is_costly():
+    lengths, probs = [7, 7, 7, 15], [0.6, 0.6, 0.6, 0.6]
+    flat = lambda rows, width: 1.0  # noqa: E731  (a free width: verify everything)
+    assert choose_width(lengths, probs, flat) == 16
+    steep = lambda rows, width: rows * width  # noqa: E731  (cost grows with every token)
+    assert choose_width(lengths, probs, steep) < 16
+    # the default model: at 4 rows, 8 extra positions of a p=0.6 tail are not worth it
+    assert choose_width(lengths, probs, default_cost) == 8
+    # ... but a lookup run that is almost always right is
+    assert choose_width(lengths, [0.6, 0.6, 0.6, 0.99], lambda r, w: 1 + r * w / 200) == 16
+
+
+def test_table_cost_interpolates_widths_then_rows():
+    table = {1: {1: 10.0, 8: 17.0}, 4: {1: 20.0, 8: 48.0}}
+    cost = table_cost(table)
+    assert cost(1, 8) == 17.0 and cost(4, 1) == 20.0
+    assert cost(1, 4) == pytest.approx(13.0)  # between widths 1 and 8
+    assert cost(2, 1) == pytest.approx(10.0 + 10.0 / 3)
+    assert cost(2, 8) == pytest.approx(17.0 + (48.0 - 17.0) / 3)  # between rows 1 and 4
+    assert cost(8, 8) == pytest.approx(48.0 + (48.0 - 17.0) / 3 * 4)  # along the last two
+
+
+def test_shorten_keeps_each_drafts_distribution():
+    q = mx.arange(12, dtype=mx.float32).reshape(4, 3)
+    cand = mx.arange(12).reshape(4, 3)
+    p = Proposal([5, 6, 7, 8], q, cand, "drafter")
+    s = shorten(p, 2)
+    assert s.drafts == [5, 6] and s.source == "drafter"
+    assert s.q.tolist() == q[:2].tolist() and s.candidates.tolist() == cand[:2].tolist()
+    assert shorten(p, 9) is p
+    point = shorten(Proposal.point_mass([1, 2, 3], "lookup"), 1)
+    assert point.drafts == [1] and point.q.shape == (1, 1) and point.candidates.tolist() == [[1]]
+
+
+def test_width_rule_learns_rates_and_caps_only_ragged_rounds():
+    rule = WidthRule(cost=lambda rows, width: rows * width)
+    assert rule.rate("lookup") == 0.5
+    rule.observe("lookup", 6, 6)  # all accepted: no rejection
+    rule.observe("lookup", 6, 2)
+    assert rule.rate("lookup") == pytest.approx((8 + 1) / (8 + 1 + 2))
+    rule.observe("drafter", 0, 0)  # nothing drafted: nothing learned
+    assert "drafter" not in rule.accepted
+    same = [Proposal.point_mass([1, 2, 3], "lookup"), Proposal.point_mass([4, 5, 6], "lookup")]
+    assert [p.drafts for p in rule.cap(same, [False, False])] == [[1, 2, 3], [4, 5, 6]]
+    ragged = [Proposal.point_mass([1], "drafter"), Proposal.point_mass(list(range(15)), "lookup")]
+    capped = rule.cap(ragged, [False, False])
+    assert capped[0].drafts == [1] and len(capped[1].drafts) < 15
+    # a sampled (fixed) row is never cut, and the round is as wide as it anyway
+    assert [len(p.drafts) for p in rule.cap(ragged, [False, True])] == [1, 15]
+    assert choose_width([1, 15], [0.5, 0.5], rule.cost, floor=10) >= 10
+
+
+def test_capped_batched_rounds_stay_exact():
+    """A width rule that cuts hard changes how rounds are cut, never what is committed."""
+    model = tiny.make_target("qwen3", seed=4)
+    drafter = tiny.make_drafter(2, block_size=6)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter, 2)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [9, 8, 7], [4, 5, 4, 5, 4, 5], [30, 31]]
+    params = GenerationParams(max_tokens=20)
+    alone = [dec.generate(p, params) for p in prompts]
+    batch = BatchDecoder(dec, max_batch=4)
+    cuts = []
+
+    class Spy(WidthRule):
+        def cap(self, proposals, fixed):
+            out = super().cap(proposals, fixed)
+            cuts.extend(len(a.drafts) - len(b.drafts) for a, b in zip(proposals, out))
+            return out
+
+    batch.widths = Spy(cost=lambda rows, width: rows * width * width)
+    out: list[list[int]] = [[] for _ in prompts]
+    for i, ev in batch.stream((p, params) for p in prompts):
+        out[i].extend(ev.tokens)
+    assert out == alone
+    assert max(cuts) > 0  # some proposals really were cut
+
+
+# ----------------------------------------------------------------------------- batched drafter
+def _bound(version: int):
+    model = tiny.make_target("llama", seed=5)
+    drafter = tiny.make_drafter(version, block_size=8, seed=6)
+    adapter = TargetAdapter(model, drafter.config.target_layer_ids)
+    drafter.bind(adapter.binding())
+    return adapter, drafter
+
+
+def _rows(adapter, drafter, prompts, fresh):
+    """Per row: a drafter cache warmed on its prompt's features and `fresh` new feature rows."""
+    out = []
+    for prompt, n in zip(prompts, fresh):
+        fwd = adapter.forward(mx.array([prompt]), None)
+        cache = drafter.make_cache()
+        seen = len(prompt) - n
+        drafter.hidden(mx.array([[prompt[0]]]), fwd.features[:, :seen], cache)
+        mx.eval([c.state for c in cache])
+        out.append((prompt[-1], fwd.features[:, seen:], cache))
+    return out
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_batched_drafter_agrees_with_per_row_drafts(version):
+    adapter, drafter = _bound(version)
+    assert batchable(drafter)
+    prompts = [[3, 4, 5, 6, 7, 8, 9], [11, 12, 13], list(range(20, 40)), [7, 7, 8]]
+    rows = _rows(adapter, drafter, prompts, fresh=[2, 1, 5, 2])
+    sp = SamplingParams(temperature=1.0) if version == 1 else SamplingParams()
+    keys = [mx.random.key(k) for k in range(len(rows))]
+    lengths = [8, 8, 8, 5]  # two lengths: two groups
+    mk = lambda: [  # noqa: E731
+        DraftRequest(a, n, f, copy.deepcopy(c), sp, k)
+        for (a, f, c), n, k in zip(rows, lengths, keys)
+    ]
+    together, alone = mk(), mk()
+    batched = draft_rows(drafter, together)
+    single = [
+        drafter.draft_block(r.anchor, r.length, r.features, r.cache, r.sampling, r.key)
+        for r in alone
+    ]
+    for b, s, rt, ra, n in zip(batched, single, together, alone, lengths):
+        assert b.tokens.shape == s.tokens.shape == (n - 1,)
+        for ct, ca in zip(rt.cache, ra.cache):  # each row's cache grew by its own rows
+            assert ct.offset == ca.offset and ct.length == ca.length
+            np.testing.assert_allclose(np.array(ct.keys), np.array(ca.keys), atol=1e-4)
+        if version == 1:  # the full distributions the drafts were drawn from
+            np.testing.assert_allclose(np.array(b.q), np.array(s.q), atol=1e-5)
+        else:  # candidates are a top-K set: compare them as sets, row by row
+            agree = [
+                set(x) == set(y) for x, y in zip(b.candidates.tolist(), s.candidates.tolist())
+            ]
+            assert sum(agree) >= len(agree) - 1, agree
+
+
+def test_drafter_with_windowed_layers_drafts_row_by_row():
+    drafter = tiny.make_drafter(
+        2, layer_types=["sliding_attention", "full_attention"], sliding_window=4
+    )
+    assert not batchable(drafter)
