@@ -87,7 +87,7 @@ def test_capped_batched_rounds_stay_exact():
     """A width rule that cuts hard changes how rounds are cut, never what is committed."""
     model = tiny.make_target("qwen3", seed=4)
     drafter = tiny.make_drafter(2, block_size=6)
-    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter, 2)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=2)
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [9, 8, 7], [4, 5, 4, 5, 4, 5], [30, 31]]
     params = GenerationParams(max_tokens=20)
     alone = [dec.generate(p, params) for p in prompts]
