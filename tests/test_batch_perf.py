@@ -168,3 +168,31 @@ def test_drafter_with_windowed_layers_drafts_row_by_row():
         2, layer_types=["sliding_attention", "full_attention"], sliding_window=4
     )
     assert not batchable(drafter)
+
+
+# ----------------------------------------------------------------------------- one row alone
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_a_row_alone_runs_the_single_engine_then_rejoins_the_batch(family):
+    """A lone row leaves the batch cache for plain caches (the single engine's round); a
+    request joining it merges it back in front; both equal their runs alone."""
+    model = tiny.make_target(family, seed=8)
+    drafter = tiny.make_drafter(2, block_size=4)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
+    params = GenerationParams(max_tokens=18)
+    prompts = [[1, 2, 3, 4], [9, 8, 7, 6, 5]]
+    alone = [dec.generate(p, params) for p in prompts]
+    batch = BatchDecoder(dec, max_batch=2)
+    ids = {batch.add(prompts[0], params): 0}
+    out: list[list[int]] = [[], []]
+    for _ in range(3):  # the first request runs alone: plain caches, no batch cache
+        for rid, ev in batch.step():
+            out[ids[rid]].extend(ev.tokens)
+    assert batch.cache is None and batch.rows[0].session.target_cache
+    ids[batch.add(prompts[1], params)] = 1
+    sizes = set()
+    while batch.busy:
+        for rid, ev in batch.step():
+            out[ids[rid]].extend(ev.tokens)
+            sizes.add(ev.batch_size)
+    assert out == alone
+    assert 2 in sizes
