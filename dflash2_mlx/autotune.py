@@ -286,9 +286,12 @@ def autotune(
     max_tokens: int = 128,
     thinking: bool | None = None,
     progress: Callable[[str], None] | None = None,
+    batches: Sequence[int] | None = None,
 ) -> dict:
-    """Measure and decide; returns the profile (not stored: see save_profile)."""
-    from . import bench
+    """Measure and decide; returns the profile (not stored: see save_profile).
+    `batches`: row counts whose verify cost over widths is measured for the batched engine's
+    width cap (batch_costs.py; None: batch_costs.BATCHES, (): none)."""
+    from . import batch_costs, bench
 
     say = progress or (lambda _msg: None)
     trained = pair.drafter.config.block_size
@@ -305,6 +308,13 @@ def autotune(
     widths = sorted(set(range(1, B + 1)) | set(lookup_widths))
     say(f"verify cost, widths {', '.join(map(str, widths))}, context {context}")
     verify = bench.verify_costs(pair, widths, context=context, repeats=repeats)
+    batches = batch_costs.BATCHES if batches is None else tuple(batches)
+    batch_widths = [w for w in batch_costs.WIDTHS if w <= max(widths)]
+    if batches:
+        say(f"batched verify cost, rows {', '.join(map(str, batches))}")
+    batch_verify = batch_costs.batch_verify_costs(
+        pair, batches, batch_widths, context=context, repeats=max(1, repeats // 2)
+    )
     say(f"draft cost, blocks 2..{B}")
     draft = bench.draft_costs(pair, range(1, B + 1), context=context, repeats=repeats)
     say(f"calibration: greedy at block {B} on {len(prompts)} prompts")
@@ -338,6 +348,13 @@ def autotune(
             "repeats": repeats,
             "ms": {str(k): v for k, v in block_ms.items()},
             "ratio": {str(k): verify["ratio"][k] for k in block_ms},
+        },
+        "batch_verify": {
+            "context": context,
+            "ms": {
+                str(b): {str(w): ms for w, ms in row.items()}
+                for b, row in batch_verify["ms"].items()
+            },
         },
         "draft": {
             "ms": {str(k): v for k, v in draft["ms"].items()},

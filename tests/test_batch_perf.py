@@ -196,3 +196,26 @@ def test_a_row_alone_runs_the_single_engine_then_rejoins_the_batch(family):
             sizes.add(ev.batch_size)
     assert out == alone
     assert 2 in sizes
+
+
+# ----------------------------------------------------------------------------- measured costs
+@pytest.mark.usefixtures("dflash2_home")
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_batch_verify_costs_are_stored_and_read_back(family):
+    import dflash2_mlx as d2
+    from dflash2_mlx import autotune as A
+    from dflash2_mlx.batch_costs import WIDTHS, batch_verify_costs, width_costs
+
+    pair = d2.Pair.from_models(tiny.make_target(family), None, tiny.make_drafter(2, block_size=4))
+    costs = batch_verify_costs(pair, [1, 2, 3], [1, 4], context=24, repeats=1)
+    assert sorted(costs["ms"]) == [1, 2, 3]
+    assert all(sorted(row) == [1, 4] and min(row.values()) > 0 for row in costs["ms"].values())
+    profile = A.autotune(pair, [], target="t", drafter="d", batches=(2,), repeats=1, context=16)
+    assert sorted(profile["batch_verify"]["ms"]) == ["2"]
+    measured = sorted(int(w) for w in profile["batch_verify"]["ms"]["2"])
+    assert measured == list(WIDTHS)  # lookup on: widths up to the lookup candidates
+    cost = width_costs(profile)
+    assert cost(2, 4) == pytest.approx(profile["batch_verify"]["ms"]["2"]["4"])
+    assert cost(1, 2) == pytest.approx(profile["verify"]["ms"]["2"])  # one row: the single table
+    assert width_costs({"verify": {"ms": {"1": 3.0}}}) is None  # no batched table: default rule
+    assert width_costs({"batch_verify": {"ms": {"2": {"x": 1}}}}) is None  # damaged: ignored
