@@ -55,6 +55,10 @@ from .quant import describe_quant, is_quantized, quant_signature, quantized_laye
 QUANT_CAP = 5
 # Lookup-block candidates measured beyond the drafter's blocks (tokens verified per round).
 LOOKUP_WIDTHS = (4, 6, 8, 12, 16, 24, 32)
+# Row counts and widths of the batched engine's verify cost table (widths cut to those measured
+# for one row); the width rule interpolates between them (batch_costs.width_costs).
+BATCH_ROWS = (2, 4)
+BATCH_WIDTHS = (1, 2, 4, 8, 12, 16)
 
 
 # ----------------------------------------------------------------------------- the decision
@@ -290,8 +294,8 @@ def autotune(
 ) -> dict:
     """Measure and decide; returns the profile (not stored: see save_profile).
     `batches`: row counts whose verify cost over widths is measured for the batched engine's
-    width cap (batch_costs.py; None: batch_costs.BATCHES, (): none)."""
-    from . import batch_costs, bench
+    width cap (bench.batch_verify_costs; None: BATCH_ROWS, (): none)."""
+    from . import bench
 
     say = progress or (lambda _msg: None)
     trained = pair.drafter.config.block_size
@@ -308,11 +312,11 @@ def autotune(
     widths = sorted(set(range(1, B + 1)) | set(lookup_widths))
     say(f"verify cost, widths {', '.join(map(str, widths))}, context {context}")
     verify = bench.verify_costs(pair, widths, context=context, repeats=repeats)
-    batches = batch_costs.BATCHES if batches is None else tuple(batches)
-    batch_widths = [w for w in batch_costs.WIDTHS if w <= max(widths)]
+    batches = BATCH_ROWS if batches is None else tuple(batches)
+    batch_widths = [w for w in BATCH_WIDTHS if w <= max(widths)]
     if batches:
         say(f"batched verify cost, rows {', '.join(map(str, batches))}")
-    batch_verify = batch_costs.batch_verify_costs(
+    batch_verify = bench.batch_verify_costs(
         pair, batches, batch_widths, context=context, repeats=max(1, repeats // 2)
     )
     say(f"draft cost, blocks 2..{B}")

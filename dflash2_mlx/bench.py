@@ -28,6 +28,7 @@ from .engine.events import GenerationStats, tau
 from .engine.loop import GenerationParams
 from .engine.sampling import SamplingParams
 from .prompts import Prompt
+from .target import batch as tbatch
 from .text import chat_prompt_ids
 
 SCHEMA = "dflash2.bench/1"
@@ -201,6 +202,61 @@ def verify_costs(
         "ms": ms,
         "ratio": {w: round(ms[w] / base, 4) for w in widths},
     }
+
+
+def batch_verify_costs(
+    pair,
+    batches: Iterable[int],
+    widths: Iterable[int],
+    *,
+    context: int = 256,
+    repeats: int = 3,
+    warmup: int = 1,
+) -> dict:
+    """Median ms of one verify forward of B rows x W tokens ({B: {W: ms}}), timed as in
+    bench.verify_costs (forward, argmax read back, cache evaluated; a dependent chain) on a
+    batch cache whose rows hold `context` tokens, less a few for each later row (ragged, as in
+    the engine). Row count 1 is bench.verify_costs itself. Each call is rolled back after
+    timing (outside it), so every call sees the same depths."""
+    adapter = pair.decoder.target
+    widths = sorted({int(w) for w in widths})
+    table: dict[int, dict[int, float]] = {}
+    for rows in sorted({int(b) for b in batches}):
+        if rows == 1:
+            table[1] = verify_costs(pair, widths, context=context, repeats=repeats)["ms"]
+            continue
+        singles = []
+        for r in range(rows):
+            cache = adapter.make_cache()
+            ctx = context_ids(adapter.vocab_size, max(context - 3 * r, 1))
+            adapter.prefill(mx.array([ctx]), cache, pair.decoder.prefill_chunk, 1)
+            singles.append(cache)
+        cache = tbatch.merge(singles)
+        ordered = tbatch.keeps_column_order(adapter)
+        samples: dict[int, list[float]] = {w: [] for w in widths}
+        token = 1
+        for rep in range(warmup + repeats):
+            for w in widths[rep % len(widths) :] + widths[: rep % len(widths)]:
+                ids = mx.array(
+                    [
+                        [(token + 17 * j + r) % adapter.vocab_size for j in range(w)]
+                        for r in range(rows)
+                    ]
+                )
+                t0 = time.perf_counter()
+                fwd = adapter.forward(ids, cache)
+                nxt = mx.argmax(fwd.logits[:, -1], axis=-1).tolist()
+                mx.eval(fwd.features, [c.state for c in cache])
+                dt = time.perf_counter() - t0
+                tbatch.rollback(cache, fwd, [1] * rows, w, ordered)
+                for c in cache:
+                    if c.is_trimmable():
+                        c.trim(1)
+                token = int(nxt[0])
+                if rep >= warmup:
+                    samples[w].append(dt)
+        table[rows] = {w: _median_ms(samples[w]) for w in widths}
+    return {"context": context, "repeats": repeats, "ms": table}
 
 
 def draft_costs(

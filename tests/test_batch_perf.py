@@ -19,8 +19,8 @@ from dflash2_mlx.engine.width import (
     default_cost,
     expected_committed,
     shorten,
-    table_cost,
 )
+from dflash2_mlx.batch_costs import table_cost
 from dflash2_mlx.target.adapter import TargetAdapter
 
 
@@ -87,7 +87,9 @@ def test_capped_batched_rounds_stay_exact():
     """A width rule that cuts hard changes how rounds are cut, never what is committed."""
     model = tiny.make_target("qwen3", seed=4)
     drafter = tiny.make_drafter(2, block_size=6)
-    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=2)
+    dec = SpeculativeDecoder(
+        TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=2
+    )
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [9, 8, 7], [4, 5, 4, 5, 4, 5], [30, 31]]
     params = GenerationParams(max_tokens=20)
     alone = [dec.generate(p, params) for p in prompts]
@@ -157,9 +159,7 @@ def test_batched_drafter_agrees_with_per_row_drafts(version):
         if version == 1:  # the full distributions the drafts were drawn from
             np.testing.assert_allclose(np.array(b.q), np.array(s.q), atol=1e-5)
         else:  # candidates are a top-K set: compare them as sets, row by row
-            agree = [
-                set(x) == set(y) for x, y in zip(b.candidates.tolist(), s.candidates.tolist())
-            ]
+            agree = [set(x) == set(y) for x, y in zip(b.candidates.tolist(), s.candidates.tolist())]
             assert sum(agree) >= len(agree) - 1, agree
 
 
@@ -204,7 +204,9 @@ def test_a_row_alone_runs_the_single_engine_then_rejoins_the_batch(family):
 def test_batch_verify_costs_are_stored_and_read_back(family):
     import dflash2_mlx as d2
     from dflash2_mlx import autotune as A
-    from dflash2_mlx.batch_costs import WIDTHS, batch_verify_costs, width_costs
+    from dflash2_mlx.autotune import BATCH_WIDTHS as WIDTHS
+    from dflash2_mlx.batch_costs import width_costs
+    from dflash2_mlx.bench import batch_verify_costs
 
     pair = d2.Pair.from_models(tiny.make_target(family), None, tiny.make_drafter(2, block_size=4))
     costs = batch_verify_costs(pair, [1, 2, 3], [1, 4], context=24, repeats=1)

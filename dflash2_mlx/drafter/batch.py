@@ -40,7 +40,7 @@ class DraftRequest:
 def batchable(drafter: Drafter) -> bool:
     """True when every drafter layer sees the whole context and block (no causal mask, no
     window), so rows of different context lengths only need their padding masked."""
-    return all(not (l.self_attn.causal or l.self_attn.window) for l in drafter.layers)
+    return all(not (x.self_attn.causal or x.self_attn.window) for x in drafter.layers)
 
 
 def draft_rows(drafter: Drafter, requests: list[DraftRequest]) -> list[DraftBlock]:

@@ -1,14 +1,18 @@
 """Several generations in one speculative loop (continuous batching), each exactly as alone.
 
 Every round, each active request proposes its own drafts (context lookup, its prediction, or
-its own drafter pass over its own drafter cache: the drafter runs per row, see docs), then ONE
-target forward verifies all of them (rows right-padded to the widest, each at its own
-positions), each request accepts with its own sampling parameters and random key, and the
-target cache rolls each row back by its own amount (target/batch.py). Requests join between
-rounds (prefilled alone, then merged into the batch cache) and leave when they finish or are
-cancelled. Per request, the proposal, the acceptance rule and the key sequence are those of
-SpeculativeDecoder.stream, so a request returns what it returns alone (up to the float
-rounding of a batched matmul, which can only matter on an exact near-tie of two logits).
+its drafter block: the rows that need the drafter share one drafter pass, drafter/batch.py),
+the proposals are cut to the round's width (engine/width.py: padding every row to one long
+lookup proposal costs more than it commits; only greedy rows are cut), then ONE target
+forward verifies all of them (rows right-padded to the widest, each at its own positions),
+each request accepts with its own sampling parameters and random key, and the target cache
+rolls each row back by its own amount (target/batch.py). A lone row runs the single-sequence
+round over plain caches (no per-row masks or offsets to pay for) and moves back into the batch
+cache when others join. Requests join between rounds (prefilled alone, then merged into the
+batch cache) and leave when they finish or are cancelled. Per request, the proposal, the
+acceptance rule and the key sequence are those of SpeculativeDecoder.stream, so a request
+returns what it returns alone (up to the float rounding of a batched matmul, which can only
+matter on an exact near-tie of two logits).
 
 Targets whose caches cannot be rolled back per row (target/batch.py `batchable`) run one
 request at a time through the single-sequence engine: same API, no batching; so does

@@ -15,14 +15,15 @@ a prefix of it: each draft's distribution is its own conditional, so acceptance 
 only greedy rows are cut (a sampled row's draws, hence a seeded request's output, depend on
 how many drafts it verifies), so a request still returns what it returns alone.
 
-`cost(B, W)` comes from a measured table (ms of one verify over B rows of width W, see
-batch_costs.py; the autotuner stores one) or, without one, DEFAULT_COST's linear model.
+`cost(B, W)` comes from a measured table (ms of one verify over B rows of width W:
+bench.batch_verify_costs, stored by the autotuner, read by batch_costs.width_costs) or,
+without one, `default_cost`'s linear model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from .proposal import Proposal
 
@@ -34,31 +35,6 @@ TOKENS_PER_UNIT = 20.0
 
 def default_cost(rows: int, width: int) -> float:
     return 1.0 + (rows * width - 1) / TOKENS_PER_UNIT
-
-
-def table_cost(table: Mapping[int, Mapping[int, float]]) -> Callable[[int, int], float]:
-    """cost(rows, width) from measured ms {rows: {width: ms}}: linear in width between
-    measured widths (along the last two beyond), then linear in rows between measured row
-    counts (along the last two beyond the largest; the smallest's below it)."""
-    from ..autotune import verify_at  # the single-sequence interpolation, reused per row count
-
-    counts = sorted(table)
-
-    def cost(rows: int, width: int) -> float:
-        at = {b: verify_at(table[b], width) for b in counts}
-        if rows in at:
-            return at[rows]
-        below = [b for b in counts if b < rows]
-        above = [b for b in counts if b > rows]
-        if below and above:
-            lo, hi = below[-1], above[0]
-        elif len(below) >= 2:
-            lo, hi = below[-2], below[-1]
-        else:
-            return at[counts[0]]
-        return at[lo] + (at[hi] - at[lo]) * (rows - lo) / (hi - lo)
-
-    return cost
 
 
 def expected_committed(p: float, drafts: int) -> float:

@@ -22,7 +22,13 @@ from __future__ import annotations
 
 import mlx.core as mx
 from mlx_lm.models import gated_delta
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    BatchKVCache,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
 from . import gdn
 from .adapter import Forward, TargetAdapter
@@ -80,9 +86,7 @@ def keep_rows(batch: list, indices: list[int]) -> None:
         c.filter(idx)
 
 
-def rollback(
-    batch: list, fwd: Forward, keeps: list[int], width: int, ordered: bool = True
-) -> None:
+def rollback(batch: list, fwd: Forward, keeps: list[int], width: int, ordered: bool = True) -> None:
     """Row i keeps the first keeps[i] of the `width` rows the verify forward `fwd` added.
     `ordered`: keep each row's columns in order (windowed targets; see keeps_column_order)."""
     recurrent = {id(g.cache) for g in fwd.capture.gdn}
