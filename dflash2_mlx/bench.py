@@ -232,7 +232,6 @@ def batch_verify_costs(
             adapter.prefill(mx.array([ctx]), cache, pair.decoder.prefill_chunk, 1)
             singles.append(cache)
         cache = tbatch.merge(singles)
-        ordered = tbatch.keeps_column_order(adapter)
         samples: dict[int, list[float]] = {w: [] for w in widths}
         token = 1
         for rep in range(warmup + repeats):
@@ -248,7 +247,7 @@ def batch_verify_costs(
                 nxt = mx.argmax(fwd.logits[:, -1], axis=-1).tolist()
                 mx.eval(fwd.features, [c.state for c in cache])
                 dt = time.perf_counter() - t0
-                tbatch.rollback(cache, fwd, [1] * rows, w, ordered)
+                tbatch.rollback(cache, fwd, [1] * rows, w)
                 for c in cache:
                     if c.is_trimmable():
                         c.trim(1)

@@ -84,7 +84,6 @@ class BatchDecoder:
     waiting: list[_Waiting] = field(default_factory=list)
     cache: list | None = None  # the target's batch cache, one row per entry of `rows`
     fallback: str | None = None  # why this target runs one request at a time (None: batched)
-    ordered: bool = True  # rollback keeps each row's cache columns in order (windowed targets)
     widths: WidthRule = field(default_factory=WidthRule)  # each round's verify width cap
     _next_id: int = 0
 
@@ -96,7 +95,6 @@ class BatchDecoder:
         ):
             raise ParameterError(f"max_batch must be an int >= 1, got {self.max_batch!r}")
         self.fallback = tbatch.batchable(self.decoder.target)
-        self.ordered = tbatch.keeps_column_order(self.decoder.target)
 
     @property
     def batched(self) -> bool:
@@ -224,7 +222,7 @@ class BatchDecoder:
             record(row.session, commit, fwd.features[i : i + 1, : len(commit)])
             keeps.append(len(commit))
             results.append((accepted, commit, finish))
-        tbatch.rollback(self.cache, fwd, keeps, width, self.ordered)
+        tbatch.rollback(self.cache, fwd, keeps, width)
         mx.eval([r.session.pending for r in rows], [c.state for c in self.cache])
         verify_ms = (time.perf_counter() - t1) * 1000.0
         events = []

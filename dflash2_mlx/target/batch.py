@@ -5,12 +5,10 @@ offset per row, so RoPE positions and the causal mask are each row's own); Gated
 layers use `ArraysCache` (one recurrent state per row, no padding needed). A verify forward
 runs every row over the same width W, right-padded after its drafts (causal layers never let
 a row's real positions see its right padding). Row i then keeps `keeps[i]` of its W rows:
-- attention: trim every row to max(keeps); a shorter row's rejected tail must then become
-  left padding. Keys are roped when written and nothing but the mask reads a column's index,
-  so the order of a row's cached columns is free: the row's first few real columns are moved
-  into its rejected slots and become padding (O(width) per round, `_move_into_tail`). Targets
-  with windowed attention (whose mask does read column distances) shift the whole row right
-  instead (`prepare(right_padding=)` + `finalize()`, O(context)): `keeps_column_order`.
+- attention: trim every row to max(keeps), then shift each shorter row right by what it
+  drops, so its rejected tail becomes left padding (`prepare(right_padding=)` + `finalize()`).
+  The shift keeps each row's columns in position order, which a leaving row's session needs
+  (trimming a single-sequence cache drops its last columns).
 - Gated-DeltaNet: recompute the recurrence from the pre-verify state with the steps past
   keeps[i] masked out (a masked step leaves the state unchanged), and take each row's conv
   window at its own end.
@@ -22,13 +20,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 from mlx_lm.models import gated_delta
-from mlx_lm.models.cache import (
-    ArraysCache,
-    BatchKVCache,
-    KVCache,
-    RotatingKVCache,
-    make_prompt_cache,
-)
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache
 
 from . import gdn
 from .adapter import Forward, TargetAdapter
@@ -51,12 +43,6 @@ def batchable(adapter: TargetAdapter) -> str | None:
             "which has no exact per-row rollback"
         )
     return None
-
-
-def keeps_column_order(adapter: TargetAdapter) -> bool:
-    """True when some attention layer masks by distance (a sliding window): its rows must keep
-    their columns in order, so rollback shifts them instead of moving a few columns."""
-    return any(isinstance(c, RotatingKVCache) for c in make_prompt_cache(adapter.model))
 
 
 def merge(row_caches: list[list]) -> list:
@@ -86,9 +72,8 @@ def keep_rows(batch: list, indices: list[int]) -> None:
         c.filter(idx)
 
 
-def rollback(batch: list, fwd: Forward, keeps: list[int], width: int, ordered: bool = True) -> None:
-    """Row i keeps the first keeps[i] of the `width` rows the verify forward `fwd` added.
-    `ordered`: keep each row's columns in order (windowed targets; see keeps_column_order)."""
+def rollback(batch: list, fwd: Forward, keeps: list[int], width: int) -> None:
+    """Row i keeps the first keeps[i] of the `width` rows the verify forward `fwd` added."""
     recurrent = {id(g.cache) for g in fwd.capture.gdn}
     if fwd.capture.replays:
         raise RuntimeError("generic recurrent layers cannot be rolled back per row")
@@ -97,34 +82,14 @@ def rollback(batch: list, fwd: Forward, keeps: list[int], width: int, ordered: b
     attention = [c for c in batch if id(c) not in recurrent]
     for c in attention:
         c.trim(width - longest)
-        if not any(shift):
-            continue
-        if ordered:
+        if any(shift):
             c.prepare(right_padding=shift)
             c.finalize()
-        else:
-            _move_into_tail(c, shift)
     _compact(attention)
     if fwd.capture.gdn and min(keeps) < width:
         keep = mx.array(keeps)
         for g in fwd.capture.gdn:
             _rollback_gdn(g, keep, width)
-
-
-def _move_into_tail(c: BatchKVCache, shift: list[int]) -> None:
-    """Row i's last shift[i] columns are rejected: fill them with (up to) its first shift[i]
-    real columns, which become left padding. Only the last max(shift) columns are written."""
-    w, end = max(shift), c._idx
-    sh = mx.array(shift)[:, None]
-    real = end - c.left_padding[:, None] - sh  # real columns per row, before the move
-    gap = sh - mx.minimum(sh, real)  # rejected slots left as padding (rows shorter than shift)
-    slot = mx.arange(w)[None, :] - w + sh  # index within the row's rejected tail (< 0: not in it)
-    column = mx.arange(end - w, end)[None, :]
-    src = mx.where(slot >= gap, c.left_padding[:, None] + slot - gap, column)[:, None, :, None]
-    c.keys[..., end - w : end, :] = mx.take_along_axis(c.keys, src, axis=2)
-    c.values[..., end - w : end, :] = mx.take_along_axis(c.values, src, axis=2)
-    c.left_padding = c.left_padding + sh[:, 0]
-    c.offset = c.offset - sh[:, 0]
 
 
 def _compact(attention: list[BatchKVCache]) -> None:
