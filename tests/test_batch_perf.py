@@ -1,6 +1,7 @@
 """The batched engine's speed parts: one drafter pass for several rows (drafter/batch.py),
-the per-round width cap (engine/width.py) and the O(width) per-row KV rollback
-(target/batch.py). Batched == alone for whole generations is tests/test_batch.py."""
+the per-round width cap (engine/width.py) and its measured cost table (bench/batch_costs),
+and a lone row on the single engine's round. Batched == alone for whole generations is
+tests/test_batch.py."""
 
 import copy
 
