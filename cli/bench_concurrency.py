@@ -13,6 +13,7 @@ def run_concurrency_mode(
     blocks,
     auto,
     lookup_block,
+    width_cost,
     max_tokens,
     repeats,
     thinking,
@@ -34,6 +35,7 @@ def run_concurrency_mode(
         lookup_block=lookup_block,
         lookup_block_source="autotune profile" if lookup_block else "engine default",
         concurrency=levels,
+        batch_width_cost="autotune profile" if width_cost else "default model (engine/width.py)",
     )
     console.print(
         Text(
@@ -63,6 +65,7 @@ def run_concurrency_mode(
         repeats=repeats,
         block=block,
         lookup_block=lookup_block,
+        width_cost=width_cost,
         thinking=thinking,
         progress=progress,
     )

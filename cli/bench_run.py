@@ -154,6 +154,7 @@ def run_bench_command(
                 blocks,
                 settings.block,
                 settings.lookup_block,
+                settings.width_cost,
                 max_tokens,
                 repeats,
                 thinking,

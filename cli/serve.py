@@ -127,10 +127,7 @@ def serve(
         help="Longest `prediction` in tokens (default: the context length).",
     ),
     shutdown_grace: float = typer.Option(
-        10.0,
-        "--shutdown-grace",
-        min=0,
-        help="Seconds running generations may finish after Ctrl-C.",
+        10.0, "--shutdown-grace", min=0, help="Seconds running generations may finish after Ctrl-C."
     ),
     allowed_hosts: Optional[List[str]] = typer.Option(
         None,
@@ -229,6 +226,7 @@ def serve(
             thinking=thinking,
             prompt_cache_mb=prompt_cache_mb,
             lookup_block=settings.lookup_block,
+            width_cost=settings.width_cost,
             limits=limits,
             security=security,
         )

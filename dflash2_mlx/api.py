@@ -17,6 +17,7 @@ from .engine.batch import DEFAULT_MAX_BATCH, BatchDecoder
 from .engine.events import GenerationStats, RoundEvent
 from .engine.lookup import DEFAULT_LOOKUP
 from .engine.loop import GenerationParams, Session, SpeculativeDecoder
+from .engine.width import WidthRule
 from .errors import CompatibilityError, ParameterError
 from .target.adapter import TargetAdapter
 
@@ -90,24 +91,32 @@ class Pair:
         """`cancel`: polled between prefill chunks (True: the stream ends, no event)."""
         return self.decoder.stream(prompt_ids, self.with_defaults(params), session, cancel)
 
-    def batch(self, max_batch: int = DEFAULT_MAX_BATCH) -> BatchDecoder:
+    def batch(
+        self,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        width_cost: Callable[[int, int], float] | None = None,
+    ) -> BatchDecoder:
         """A continuous-batching loop over this pair (engine/batch.py): `add` requests (with
-        `with_defaults(params)`) at any time, `step` it; each returns what it returns alone."""
-        return BatchDecoder(self.decoder, max_batch)
+        `with_defaults(params)`) at any time, `step` it; each returns what it returns alone.
+        `width_cost`: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost,
+        from the autotune profile); None: engine/width.py's default model."""
+        widths = WidthRule() if width_cost is None else WidthRule(cost=width_cost)
+        return BatchDecoder(self.decoder, max_batch, widths=widths)
 
     def stream_batch(
         self,
         prompts: Sequence,
         params: GenerationParams | Sequence[GenerationParams],
         max_batch: int = DEFAULT_MAX_BATCH,
+        width_cost: Callable[[int, int], float] | None = None,
     ) -> Iterator[tuple[int, RoundEvent]]:
         """Generate from several prompts together; yields (prompt index, event). `params`: one
-        for all, or one per prompt."""
+        for all, or one per prompt. `width_cost`: as for `batch`."""
         if isinstance(params, GenerationParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ParameterError(f"{len(prompts)} prompts but {len(params)} GenerationParams")
-        return self.batch(max_batch).stream(
+        return self.batch(max_batch, width_cost).stream(
             (p, self.with_defaults(g)) for p, g in zip(prompts, params)
         )
 
@@ -116,9 +125,10 @@ class Pair:
         prompts: Sequence,
         params: GenerationParams | Sequence[GenerationParams],
         max_batch: int = DEFAULT_MAX_BATCH,
+        width_cost: Callable[[int, int], float] | None = None,
     ) -> list[tuple[list[int], GenerationStats]]:
         results = [([], GenerationStats()) for _ in prompts]
-        for i, ev in self.stream_batch(prompts, params, max_batch):
+        for i, ev in self.stream_batch(prompts, params, max_batch, width_cost):
             results[i][0].extend(ev.tokens)
             results[i][1].add(ev)
         return results

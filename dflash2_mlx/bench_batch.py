@@ -55,14 +55,18 @@ def run_sequential(pair, prompts: Sequence[list[int]], params: GenerationParams)
 
 
 def run_batched(
-    pair, prompts: Sequence[list[int]], params: GenerationParams, max_batch: int
+    pair,
+    prompts: Sequence[list[int]],
+    params: GenerationParams,
+    max_batch: int,
+    width_cost: Callable[[int, int], float] | None = None,
 ) -> ArmRun:
     """All prompts through one BatchDecoder with at most `max_batch` rows at a time. A round's
     verify forward covers `batch_size` rows, so each row's event counts 1/batch_size of it."""
     outputs: list[list[int]] = [[] for _ in prompts]
     rounds, rows = 0.0, 0
     t0 = time.perf_counter()
-    for i, ev in pair.stream_batch(prompts, params, max_batch):
+    for i, ev in pair.stream_batch(prompts, params, max_batch, width_cost):
         outputs[i].extend(ev.tokens)
         if not ev.prefill:
             rows += 1
@@ -94,11 +98,13 @@ def run_concurrency(
     repeats: int = 1,
     block: int | None = None,
     lookup_block: int | None = None,
+    width_cost: Callable[[int, int], float] | None = None,
     thinking: bool | None = None,
     warmup: bool = True,
     progress: Callable[[str, ArmRun], None] | None = None,
 ) -> dict:
     """Sequential vs the batched engine at each concurrency level (max rows), greedy.
+    `width_cost`: the batched rounds' verify cost model (settings.EngineSettings.width_cost).
 
     Returns {"levels", "batched_engine", "fallback", "sequential": {...}, "results":
     [{"concurrency", "aggregate_tps", "vs_sequential", "mean_rows_per_round", "identical",
@@ -120,7 +126,7 @@ def run_concurrency(
         SEQUENTIAL: lambda: run_sequential(pair, encoded, params)
     }
     for n in levels:
-        arms[f"batch {n}"] = lambda n=n: run_batched(pair, encoded, params, n)
+        arms[f"batch {n}"] = lambda n=n: run_batched(pair, encoded, params, n, width_cost)
     names = list(arms)
     runs: dict[str, list[ArmRun]] = {name: [] for name in names}
     mismatches: list[dict] = []

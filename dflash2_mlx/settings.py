@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .engine.lookup import DEFAULT_LOOKUP
 from .engine.sampling import SamplingParams, field_problem
@@ -264,6 +264,9 @@ class EngineSettings:
     # Tokens verified in a lookup or prediction round: this machine's autotune profile, else
     # None (the engine's DEFAULT_LOOKUP_BLOCK). GenerationParams.lookup_block.
     lookup_block: int | None = None
+    # cost(rows, width) of one batched verify from this machine's autotune profile, else None
+    # (engine/width.py's default model). Chooses each batched round's width cap.
+    width_cost: Callable[[int, int], float] | None = None
 
     @property
     def effective_block(self) -> int:
@@ -276,6 +279,7 @@ def resolve_engine(
 ) -> EngineSettings:
     """Settings for a loaded `pair` (dflash2_mlx.api.Pair) of `resolved` (a registry
     ResolvedPair) whose target lives in `target_dir`."""
+    from .batch_costs import profile_width_costs
     from .profiles import recommended_block, recommended_lookup_block
 
     trained = pair.drafter.config.block_size
@@ -292,4 +296,5 @@ def resolve_engine(
         pair.decoder.lookup,
         resolve_sampling(flags.sampling, target_dir),
         recommended_lookup_block(pair, resolved.target, resolved.drafter),
+        profile_width_costs(pair, resolved.target, resolved.drafter),
     )

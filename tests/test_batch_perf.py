@@ -222,3 +222,25 @@ def test_batch_verify_costs_are_stored_and_read_back(family):
     assert cost(1, 2) == pytest.approx(profile["verify"]["ms"]["2"])  # one row: the single table
     assert width_costs({"verify": {"ms": {"1": 3.0}}}) is None  # no batched table: default rule
     assert width_costs({"batch_verify": {"ms": {"2": {"x": 1}}}}) is None  # damaged: ignored
+
+
+@pytest.mark.usefixtures("dflash2_home")
+def test_the_profiles_width_cost_reaches_every_batched_front_end():
+    """A stored profile's cost(rows, width) is what the library's, bench's and the server's
+    batched rounds use; without one they use the default model."""
+    import dflash2_mlx as d2
+    from dflash2_mlx import autotune as A
+    from dflash2_mlx.batch_costs import profile_width_costs
+    from dflash2_mlx.engine.width import default_cost
+    from dflash2_mlx.profiles import save_profile
+    from dflash2_mlx.serve import create_app
+
+    pair = d2.Pair.from_models(tiny.make_target("llama"), None, tiny.make_drafter(2, block_size=4))
+    assert profile_width_costs(pair, "t", "d") is None
+    assert pair.batch(2).widths.cost is default_cost
+    save_profile(A.autotune(pair, [], target="t", drafter="d", batches=(2,), repeats=1, context=16))
+    cost = profile_width_costs(pair, "t", "d")
+    assert cost is not None and cost(2, 4) > 0
+    assert pair.batch(2, cost).widths.cost is cost
+    app = create_app(pair, model_name="tiny", max_batch=2, width_cost=cost)
+    assert app.state.worker.scheduler.batch.widths.cost is cost

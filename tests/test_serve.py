@@ -449,12 +449,7 @@ def test_client_disconnect_frees_the_worker(url, client):
 def test_queue_bound_answers_503_with_retry_after(pair):
     """One at a time (max_batch=1): one generating, one waiting, the rest refused."""
     app = create_app(
-        pair,
-        model_name="tiny",
-        max_queue=1,
-        max_batch=1,
-        context_length=None,
-        default_max_tokens=2,
+        pair, model_name="tiny", max_queue=1, max_batch=1, context_length=None, default_max_tokens=2
     )
     with running(app) as base, httpx.Client(timeout=60) as http:
         cm, _lines = _open_long_stream(http, base)  # generating: 1 in flight

@@ -27,6 +27,7 @@ from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.serve import ServeLimits, create_app, scheduler
 from dflash2_mlx.text import chat_prompt_ids
 
+
 def make_pair(family: str = "llama", seed: int = 0) -> Pair:
     return Pair.from_models(
         tiny.make_target(family, seed=seed), make_tokenizer(), tiny.make_drafter(2, block_size=4)
@@ -59,7 +60,9 @@ def ask(client, spec: dict) -> dict:
     else:
         chunks = list(client.completions.create(**common, **kw))
         text = "".join(c.choices[0].text for c in chunks if c.choices)
-    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     return {"text": text, "finish": finish, "usage": chunks[-1].usage}
 
 
@@ -215,9 +218,7 @@ def test_prompt_cache_resumes_a_turn_that_joins_a_batch(family):
 
 def test_shutdown_cuts_every_running_row(pair):
     """After the grace period every running stream ends with an error event and [DONE]."""
-    app = create_app(
-        pair, model_name="tiny", max_batch=3, limits=ServeLimits(shutdown_grace_s=0.5)
-    )
+    app = create_app(pair, model_name="tiny", max_batch=3, limits=ServeLimits(shutdown_grace_s=0.5))
     ends: list = [None] * 3
 
     def stream(i):

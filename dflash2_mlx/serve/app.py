@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -98,6 +99,7 @@ def create_app(
     thinking: bool | None = None,
     prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB,
     lookup_block: int | None = None,
+    width_cost: Callable[[int, int], float] | None = None,
     limits: ServeLimits | None = None,
     security: SecurityPolicy | None = None,
 ) -> FastAPI:
@@ -116,6 +118,8 @@ def create_app(
     prompt_cache_mb: memory for the engine state of recent conversations, reused by prompt
     prefix across requests (engine/prompt_cache.py); 0: off. lookup_block: tokens verified in
     a round drafted by context lookup or a request's prediction (None: the engine's default).
+    width_cost: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost);
+    None: engine/width.py's default model.
     limits: body size, prompt / prediction / stop lengths, shutdown grace (serve/limits.py);
     security: hosts, origins, API key (serve/security.py). The worker thread starts and stops
     with the app (its lifespan).
@@ -153,7 +157,7 @@ def create_app(
     prompt_cache = PromptCache(pair.decoder, prompt_cache_mb << 20) if prompt_cache_mb else None
     if prompt_cache is not None:
         metrics.prompt_cache = prompt_cache.stats
-    worker = Worker(pair, max_queue, metrics, prompt_cache, max_batch)
+    worker = Worker(pair, max_queue, metrics, prompt_cache, max_batch, width_cost)
     if worker.scheduler.batch.fallback and max_batch > 1:
         log.warning(
             "requests run one at a time on this target: %s", worker.scheduler.batch.fallback

@@ -16,6 +16,7 @@ import math
 import queue
 import threading
 import time
+from typing import Callable
 
 from ..engine.batch import DEFAULT_MAX_BATCH
 from ..engine.prompt_cache import PromptCache
@@ -42,10 +43,11 @@ class Worker:
         metrics: Metrics,
         prompt_cache: PromptCache | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
+        width_cost: Callable[[int, int], float] | None = None,
     ):
         self.max_queue = max_queue
         self.metrics = metrics
-        self.scheduler = Scheduler(self, pair, max_batch, prompt_cache)
+        self.scheduler = Scheduler(self, pair, max_batch, prompt_cache, width_cost)
         self.capacity = self.scheduler.batch.capacity
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()

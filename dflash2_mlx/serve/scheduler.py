@@ -17,8 +17,8 @@ import queue
 import time
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import Callable
 
-from ..engine.batch import BatchDecoder
 from ..engine.events import RoundEvent
 from ..engine.prompt_cache import Lease, PromptCache
 from ..errors import DFlash2Error
@@ -45,11 +45,18 @@ class _Running:
 class Scheduler:
     """Runs the jobs of a `Worker` (serve/queue.py: admission and bookkeeping)."""
 
-    def __init__(self, worker, pair, max_batch: int, prompt_cache: PromptCache | None):
+    def __init__(
+        self,
+        worker,
+        pair,
+        max_batch: int,
+        prompt_cache: PromptCache | None,
+        width_cost: Callable[[int, int], float] | None = None,
+    ):
         self.worker, self.pair, self.prompt_cache = worker, pair, prompt_cache
         self.metrics = worker.metrics
-        self.max_batch = max_batch
-        self.batch = BatchDecoder(pair.decoder, max_batch)
+        self.max_batch, self.width_cost = max_batch, width_cost
+        self.batch = pair.batch(max_batch, width_cost)
         self.running: dict[int, _Running] = {}  # by row id
         self.pending: deque[Job] = deque()  # taken from the queue, no room yet
 
@@ -184,4 +191,4 @@ class Scheduler:
             log.exception("generation failed: %d running requests end", len(self.running))
         for r in list(self.running.values()):
             self._fail(r, e, logged=True)
-        self.batch = BatchDecoder(self.pair.decoder, self.max_batch)
+        self.batch = self.pair.batch(self.max_batch, self.width_cost)

@@ -62,8 +62,12 @@ def run(a):
     )
     train = load_feature_cache(W / "features_regen")
     held = [s for s in load_feature_cache(W / "features_heldout") if s.temperature == 0.0]
-    dcfg = drafter_config_for(adapter, json.loads((ensure_smollm2() / "config.json").read_text()), tc)
-    trainer = Trainer(adapter, init_drafter(dcfg, tc), train, held, tc, W / f"run-{a.arm}", log, stream)
+    dcfg = drafter_config_for(
+        adapter, json.loads((ensure_smollm2() / "config.json").read_text()), tc
+    )
+    trainer = Trainer(
+        adapter, init_drafter(dcfg, tc), train, held, tc, W / f"run-{a.arm}", log, stream
+    )
     if trainer.try_resume():
         log(f"resumed at step {trainer.step}")
     out = W / f"scale-{a.arm}.json"
@@ -84,7 +88,11 @@ def run(a):
 
     def on_step(rec):
         if rec["step"] % 10 == 0 or "proxy_tau" in rec:
-            log(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rec.items()}))
+            log(
+                json.dumps(
+                    {k: (round(v, 4) if isinstance(v, float) else v) for k, v in rec.items()}
+                )
+            )
         if "proxy_tau" in rec:
             curve.append(
                 {
