@@ -126,8 +126,8 @@ def test_run_concurrency_reports_a_mismatch(pair, monkeypatch):
 
     real = bench_batch.run_batched
 
-    def corrupted(p, prompts, params, max_batch):
-        run = real(p, prompts, params, max_batch)
+    def corrupted(p, prompts, params, max_batch, width_cost=None):
+        run = real(p, prompts, params, max_batch, width_cost)
         if max_batch == 2:
             run.outputs[1][4] = (run.outputs[1][4] + 1) % 90
         return run
@@ -212,8 +212,8 @@ def test_bench_concurrency_mismatch_is_loud(tiny_pair, tmp_path, capsys, monkeyp
 
     real = bench_batch.run_batched
 
-    def corrupted(p, prompts, params, max_batch):
-        run = real(p, prompts, params, max_batch)
+    def corrupted(p, prompts, params, max_batch, width_cost=None):
+        run = real(p, prompts, params, max_batch, width_cost)
         run.outputs[0][-1] = (run.outputs[0][-1] + 1) % 90
         return run
 
