@@ -15,6 +15,7 @@ from .common import (
     DraftVocabOpt,
     DrafterOpt,
     FullVocabOpt,
+    DatastoreOpt,
     LookupOpt,
     ModelArg,
     OfflineOpt,
@@ -124,6 +125,7 @@ def bench(
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
     lookup: LookupOpt = None,
+    datastore: DatastoreOpt = None,
 ):
     """Benchmark plain mlx-lm decoding against dflash2 (greedy, same prompt ids, outputs
     checked token for token), or autotune the block size for this machine.
@@ -194,7 +196,9 @@ def bench(
         kernels_only=kernels_only,
         thinking=thinking,
         offline=offline,
-        engine=engine_flags(lookup=lookup, full_vocab=full_vocab, draft_vocab=draft_vocab),
+        engine=engine_flags(
+            lookup=lookup, datastore=datastore, full_vocab=full_vocab, draft_vocab=draft_vocab
+        ),
         argv=sys.argv[1:],
     )
 

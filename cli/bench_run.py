@@ -106,6 +106,7 @@ def run_bench_command(
             "drafter_version": pair.drafter.config.version,
             "draft_vocab": pair.drafter.draft_vocab_size,
             "lookup": pair.decoder.lookup,
+            "datastore": pair.decoder.datastore is not None,
             "trained_block": trained,
             "quantization": qsig,
             "quantization_text": A.describe_quant(qsig),

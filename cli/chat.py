@@ -12,6 +12,7 @@ from .common import (
     DraftVocabOpt,
     DrafterOpt,
     FullVocabOpt,
+    DatastoreOpt,
     LookupOpt,
     MinPOpt,
     ModelArg,
@@ -53,6 +54,7 @@ def chat(
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
     lookup: LookupOpt = None,
+    datastore: DatastoreOpt = None,
 ):
     """Chat in the terminal with live acceptance stats (streamed, multi-turn, cached).
 
@@ -70,6 +72,7 @@ def chat(
         block=block,
         spec=not no_spec,
         lookup=lookup,
+        datastore=datastore,
         full_vocab=full_vocab,
         draft_vocab=draft_vocab,
         sampling=sampling_flags(temp, top_p, top_k, min_p, seed),

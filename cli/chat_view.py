@@ -43,8 +43,8 @@ def sparkline(histogram, block: int) -> str:
 
 # Each status field has a widest form and shorter ones ("" drops it). When the line is too wide
 # for the terminal, these steps (field, form) are taken in order until it fits: draft/verify
-# cost and prompt reuse give way first, then τ's last round, lookup, block, tokens and the
-# sparkline; tokens/s stays.
+# cost and prompt reuse give way first, then τ's last round, lookup, datastore, block, tokens
+# and the sparkline; tokens/s stays.
 NARROWING = (
     ("cost", 1),
     ("prompt", 1),
@@ -54,6 +54,7 @@ NARROWING = (
     ("spec", 1),
     ("tps", 1),
     ("lookup", 1),
+    ("datastore", 1),
     ("block", 1),
     ("tokens", 1),
     ("spark", 1),
@@ -103,8 +104,8 @@ class StatusLine:
 
 
 def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> StatusLine:
-    """tok/s · τ mean (last) · sparkline · block · lookup share · draft vs verify ms per round ·
-    tokens · prompt reuse · finish, each with its shorter forms (see NARROWING)."""
+    """tok/s · τ mean (last) · sparkline · block · lookup and datastore shares · draft vs
+    verify ms per round · tokens · prompt reuse · finish, each with its shorter forms (see NARROWING)."""
     tps = stats.decode_tps
     fields = [
         (
@@ -115,6 +116,7 @@ def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> 
     ]
     if spec:
         share = 100 * stats.lookup_rounds / max(stats.rounds, 1)
+        stored = 100 * stats.datastore_rounds / max(stats.rounds, 1)
         fields += [
             (
                 "tau",
@@ -124,6 +126,7 @@ def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> 
             ("spark", (sparkline(stats.histogram, block), ""), "green"),
             ("block", (f"block {block}", ""), ""),
             ("lookup", (f"lookup {share:.0f}%" if stats.lookup_rounds else "", ""), ""),
+            ("datastore", (f"store {stored:.0f}%" if stats.datastore_rounds else "", ""), ""),
         ]
     else:
         fields.append(("spec", ("spec off (plain decoding)", "spec off", ""), "yellow"))
@@ -169,6 +172,11 @@ def stats_table(total, turns: int, context_tokens: int, settings: dict, block: i
             "context lookup",
             f"{total.lookup_rounds} of {total.rounds} rounds"
             + (f", τ {total.lookup_tau:.2f}" if total.lookup_rounds else ""),
+        ),
+        (
+            "response datastore",
+            f"{total.datastore_rounds} of {total.rounds} rounds"
+            + (f", τ {total.datastore_tau:.2f}" if total.datastore_rounds else ""),
         ),
         ("decode speed", f"{total.decode_tps:.1f} tok/s"),
         ("draft / verify", f"{total.draft_ms:.0f} ms / {total.verify_ms:.0f} ms"),

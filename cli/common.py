@@ -119,6 +119,17 @@ LookupOpt = Annotated[
         show_default=False,
     ),
 ]
+DatastoreOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--datastore/--no-datastore",
+        help="Response datastore: when context lookup finds nothing, propose the most "
+        "frequent continuation of the last 4+ tokens in the target's past answers that ship "
+        "with the drafter (datastore.npz; free, outputs are the same). [default: on when the "
+        "drafter ships one]",
+        show_default=False,
+    ),
+]
 
 # Sampling: chat uses these for every turn, serve for the fields a request leaves out. Not
 # given: the target's generation_config.json, else greedy (dflash2_mlx.settings).
@@ -163,7 +174,14 @@ def sampling_flags(temp, top_p, top_k, min_p, seed) -> dict:
 
 
 def engine_flags(
-    *, block=None, spec=True, lookup=None, full_vocab=False, draft_vocab=None, sampling=None
+    *,
+    block=None,
+    spec=True,
+    lookup=None,
+    datastore=None,
+    full_vocab=False,
+    draft_vocab=None,
+    sampling=None,
 ):
     """The engine options as given, checked (contradictions refused) before any model loads."""
     from dflash2_mlx.settings import EngineFlags
@@ -172,6 +190,7 @@ def engine_flags(
         block=block,
         speculative=spec,
         lookup=lookup,
+        datastore=datastore,
         full_vocab=full_vocab,
         draft_vocab=draft_vocab,
         sampling=sampling or {},
@@ -196,6 +215,7 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
         full_vocab=flags.full_vocab,
         draft_vocab_limit=flags.draft_vocab,
         lookup=flags.lookup_or_default,
+        datastore=flags.datastore,
     )
     size = pair.drafter.draft_vocab_size
     if size is not None:
@@ -207,5 +227,11 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
         say(
             f"context lookup: after a repeat of the last {pair.decoder.lookup} tokens "
             "(--lookup 0: off)"
+        )
+    store = pair.decoder.datastore
+    if store is not None:
+        say(
+            f"response datastore: {len(store):,} tokens of past answers, after a match of "
+            f"{store.n}+ tokens (--no-datastore: off)"
         )
     return pair, resolved, tdir

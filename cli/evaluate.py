@@ -13,6 +13,7 @@ from .common import (
     DraftVocabOpt,
     DrafterOpt,
     FullVocabOpt,
+    DatastoreOpt,
     LookupOpt,
     ModelArg,
     OfflineOpt,
@@ -42,6 +43,7 @@ def evaluate(
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
     lookup: LookupOpt = None,
+    datastore: DatastoreOpt = None,
 ):
     """Measure τ (mean tokens committed per round, bonus included) per temperature, block
     size and prompt category, with the real engine.
@@ -67,7 +69,9 @@ def evaluate(
         drafter,
         offline,
         lambda m: err.print(m, style="dim"),
-        engine_flags(lookup=lookup, full_vocab=full_vocab, draft_vocab=draft_vocab),
+        engine_flags(
+            lookup=lookup, datastore=datastore, full_vocab=full_vocab, draft_vocab=draft_vocab
+        ),
     )
     chosen = select_prompts(load_prompts(prompts), limit)
     result = measure_tau(
@@ -91,6 +95,7 @@ def evaluate(
                     "drafter": resolved.drafter,
                     "draft_vocab": pair.drafter.draft_vocab_size,
                     "lookup": pair.decoder.lookup,
+                    "datastore": pair.decoder.datastore is not None,
                     "prompts": prompts,
                     "prompt_ids": [p.id for p in chosen],
                     "max_tokens": max_tokens,

@@ -15,6 +15,7 @@ from .common import (
     DraftVocabOpt,
     DrafterOpt,
     FullVocabOpt,
+    DatastoreOpt,
     LookupOpt,
     MinPOpt,
     ModelArg,
@@ -104,6 +105,7 @@ def serve(
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
     lookup: LookupOpt = None,
+    datastore: DatastoreOpt = None,
     thinking: ThinkingOpt = None,
     log_level: str = typer.Option(
         "info", "--log-level", help="uvicorn log level: " + ", ".join(LOG_LEVELS) + "."
@@ -181,6 +183,7 @@ def serve(
         block=block,
         spec=not no_spec,
         lookup=lookup,
+        datastore=datastore,
         full_vocab=full_vocab,
         draft_vocab=draft_vocab,
         sampling=sampling_flags(temp, top_p, top_k, min_p, seed),

@@ -12,13 +12,15 @@ import mlx.core as mx
 
 from . import _blas, kernels
 from .checkpoint import load_drafter
+from .engine.datastore import Datastore, find_datastore
 from .drafter.model import Drafter
 from .engine.batch import DEFAULT_MAX_BATCH, BatchDecoder
 from .engine.events import GenerationStats, RoundEvent
 from .engine.lookup import DEFAULT_LOOKUP
 from .engine.loop import GenerationParams, Session, SpeculativeDecoder
 from .engine.width import WidthRule
-from .errors import CompatibilityError, ParameterError
+from .errors import CompatibilityError, ConfigError, ParameterError
+from .registry import fetch
 from .target.adapter import TargetAdapter
 
 
@@ -57,16 +59,18 @@ class Pair:
         drafter: Drafter,
         prefill_chunk: int = 512,
         lookup: int = DEFAULT_LOOKUP,
+        datastore: Datastore | None = None,
     ) -> "Pair":
         """`lookup` > 0: context-lookup drafts where the context repeats (engine/lookup.py);
-        0: the drafter alone."""
+        0: the drafter alone. `datastore`: drafts from an index of the target's past answers
+        (engine/datastore.py)."""
         adapter = TargetAdapter(model, drafter.config.target_layer_ids)
         check_compatible(adapter, drafter)
         return cls(
             model,
             tokenizer,
             drafter,
-            SpeculativeDecoder(adapter, drafter, prefill_chunk, lookup=lookup),
+            SpeculativeDecoder(adapter, drafter, prefill_chunk, lookup=lookup, datastore=datastore),
         )
 
     @property
@@ -153,11 +157,14 @@ def load_pair(
     full_vocab: bool = False,
     draft_vocab_limit: int | None = None,
     lookup: int = DEFAULT_LOOKUP,
+    datastore: bool | None = None,
 ) -> Pair:
     """Load an mlx-lm target (folder or repo id) and a DFlash / DFlash2 drafter.
     `full_vocab`: draft from the whole vocabulary even if the drafter has a draft_vocab.json;
     `draft_vocab_limit`: draft from only its N most frequent tokens; `lookup` > 0: propose the
-    context's own continuation where the last `lookup` tokens repeat (engine/lookup.py)."""
+    context's own continuation where the last `lookup` tokens repeat (engine/lookup.py);
+    `datastore`: the drafter folder's response datastore (engine/datastore.py) — None: used
+    when it ships one, True: required, False: off."""
     from mlx_lm import load as load_target
 
     try:
@@ -178,14 +185,27 @@ def load_pair(
     weight_dtype = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}.get(
         dtype or "", adapter_probe.embed_tokens(mx.array([[0]])).dtype
     )
+    folder = fetch(drafter, "drafter", offline=offline)
     d = load_drafter(
-        drafter,
+        folder,
         dtype=weight_dtype,
         offline=offline,
         draft_vocab=not full_vocab,
         draft_vocab_limit=draft_vocab_limit,
     )
-    return Pair.from_models(model, tokenizer, d, lookup=lookup)
+    return Pair.from_models(
+        model, tokenizer, d, lookup=lookup, datastore=_drafter_datastore(folder, datastore)
+    )
+
+
+def _drafter_datastore(folder: Path, wanted: bool | None) -> Datastore | None:
+    """The drafter folder's datastore as `wanted` says (True with none shipped: an error)."""
+    if wanted is not None and not isinstance(wanted, bool):
+        raise ParameterError(f"datastore must be True, False or None, got {wanted!r}")
+    path = find_datastore(folder) if wanted is not False else None
+    if wanted and path is None:
+        raise ConfigError(f"{folder}: the drafter ships no datastore.npz (--datastore asks for it)")
+    return Datastore.load(path) if path is not None else None
 
 
 def doctor() -> dict[str, Any]:

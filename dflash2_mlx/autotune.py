@@ -234,7 +234,7 @@ def calibrate(
             if not ev.prefill and ev.finish_reason is None and ev.drafted:
                 if ev.source == "drafter":
                     rounds.append((ev.drafted, ev.accepted))
-                else:
+                elif ev.source != "datastore":  # its rounds have their own, shorter cap
                     looked_up[(ev.drafted, ev.accepted)] += 1
         if progress is not None:
             progress(i + 1, len(prompts))

@@ -337,15 +337,18 @@ def _summary(rows: list[dict]) -> dict:
         "tau": round(tau(accepted, rounds), 4) if rounds else None,
         "rounds": rounds,
         "lookup_rounds": sum(r["lookup_rounds"] for r in rows),
-        "lookup_tau": _pooled_lookup_tau(rows),
+        "lookup_tau": _pooled_tau(rows, "lookup"),
+        "datastore_rounds": sum(r["datastore_rounds"] for r in rows),
+        "datastore_tau": _pooled_tau(rows, "datastore"),
         "draft_ms_per_round": per_round("draft_ms"),
         "verify_ms_per_round": per_round("verify_ms"),
     }
 
 
-def _pooled_lookup_tau(rows: list[dict]) -> float | None:
-    n = sum(r["lookup_rounds"] for r in rows)
-    return round((sum(r["lookup_accepted"] for r in rows) + n) / n, 4) if n else None
+def _pooled_tau(rows: list[dict], source: str) -> float | None:
+    """τ of one source's rounds ("lookup", "datastore") over all prompts."""
+    n = sum(r[f"{source}_rounds"] for r in rows)
+    return round(tau(sum(r[f"{source}_accepted"] for r in rows), n), 4) if n else None
 
 
 def _row(p: Prompt, ids, plain: list[Timed], spec: list[Timed], mism: int | None) -> dict:
@@ -375,6 +378,9 @@ def _row(p: Prompt, ids, plain: list[Timed], spec: list[Timed], mism: int | None
         "lookup_rounds": st.lookup_rounds,
         "lookup_accepted": st.lookup_accepted,
         "lookup_tau": round(st.lookup_tau, 4),
+        "datastore_rounds": st.datastore_rounds,
+        "datastore_accepted": st.datastore_accepted,
+        "datastore_tau": round(st.datastore_tau, 4),
         "longest_round": st.longest_round,
         "acceptance_rate": round(st.acceptance_rate, 4),
         "draft_ms": round(statistics.median(t.stats.draft_ms for t in spec), 4),

@@ -8,8 +8,9 @@ from typing import Literal, get_args
 
 
 # Where a round's drafts came from: the drafter's pass (also a round that drafted nothing),
-# context lookup (engine/lookup.py), or the request's predicted output.
-DraftSource = Literal["drafter", "lookup", "prediction"]
+# context lookup (engine/lookup.py), the request's predicted output, or the response
+# datastore (engine/datastore.py).
+DraftSource = Literal["drafter", "lookup", "prediction", "datastore"]
 SOURCES: tuple[str, ...] = get_args(DraftSource)
 
 
@@ -59,6 +60,9 @@ class GenerationStats:
     queue_ms: float = 0.0  # waited before the prefill (batched engine, server)
     batch_rows: int = 0  # rows of the verify forwards of its rounds, summed
     max_batch_size: int = 0  # most rows in one of its rounds
+    datastore_rounds: int = 0  # rounds whose drafts came from the response datastore
+    datastore_drafted: int = 0  # draft tokens proposed by the datastore
+    datastore_accepted: int = 0  # of those, accepted
 
     def add(self, ev: RoundEvent) -> None:
         if ev.prefill:
@@ -86,6 +90,10 @@ class GenerationStats:
         elif ev.source == "prediction":
             self.prediction_drafted += ev.drafted
             self.prediction_accepted += ev.accepted
+        elif ev.source == "datastore":
+            self.datastore_rounds += 1
+            self.datastore_drafted += ev.drafted
+            self.datastore_accepted += ev.accepted
 
     @property
     def tau(self) -> float:
@@ -102,6 +110,11 @@ class GenerationStats:
     def mean_batch_size(self) -> float:
         """Mean rows verified together in its rounds (1.0 alone; 0.0 before any round)."""
         return self.batch_rows / self.rounds if self.rounds else 0.0
+
+    @property
+    def datastore_tau(self) -> float:
+        """τ of the datastore rounds alone (0 when none)."""
+        return tau(self.datastore_accepted, self.datastore_rounds)
 
     @property
     def acceptance_rate(self) -> float:
@@ -141,6 +154,10 @@ class GenerationStats:
             "queue_ms": round(self.queue_ms, 3),
             "mean_batch_size": round(self.mean_batch_size, 4),
             "max_batch_size": self.max_batch_size,
+            "datastore_rounds": self.datastore_rounds,
+            "datastore_drafted": self.datastore_drafted,
+            "datastore_accepted": self.datastore_accepted,
+            "datastore_tau": round(self.datastore_tau, 4),
             "histogram": {str(k): v for k, v in sorted(self.histogram.items())},
         }
 

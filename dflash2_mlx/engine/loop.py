@@ -19,6 +19,7 @@ import mlx.core as mx
 from ..drafter.model import Drafter
 from ..errors import ParameterError
 from ..target.adapter import TargetAdapter
+from .datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from .events import RoundEvent
 from .lookup import DEFAULT_LOOKUP_BLOCK, ContextLookup, PredictionLookup
 from .proposal import NOTHING, Proposal
@@ -146,17 +147,27 @@ class _Cancelled(Exception):
 class SpeculativeDecoder:
     """`lookup`: propose the continuation of an earlier occurrence of the last `lookup`
     committed tokens when there is one (up to GenerationParams.lookup_block tokens verified),
-    else the drafter's block (engine/lookup.py); 0: the drafter always."""
+    else the drafter's block (engine/lookup.py); 0: the drafter always. `datastore`: when
+    neither lookup nor the prediction proposes, the most frequent continuation of the context
+    in an index of the target's own past answers (engine/datastore.py); None: off."""
 
     def __init__(
-        self, target: TargetAdapter, drafter: Drafter, prefill_chunk: int = 512, lookup: int = 0
+        self,
+        target: TargetAdapter,
+        drafter: Drafter,
+        prefill_chunk: int = 512,
+        lookup: int = 0,
+        datastore: Datastore | None = None,
     ):
         if not isinstance(lookup, int) or isinstance(lookup, bool) or lookup < 0:
             raise ParameterError(f"lookup must be an int >= 0 (0: off), got {lookup!r}")
+        if datastore is not None and not isinstance(datastore, Datastore):
+            raise ParameterError(f"datastore must be a Datastore or None, got {datastore!r}")
         self.target = target
         self.drafter = drafter
         self.prefill_chunk = prefill_chunk
         self.lookup = lookup
+        self.datastore = datastore
         drafter.bind(target.binding())
 
     def new_session(self) -> Session:
@@ -243,7 +254,8 @@ class SpeculativeDecoder:
     def _propose(self, session: Session, anchor: int, run: _Run, key) -> Proposal:
         """The prediction's continuation while the answer follows it, else the context's own,
         else the prediction's after a re-sync: up to lookup_block - 1 tokens (no draft pass to
-        pay for them); else the drafter's block - 1. Both cut to what the round may commit."""
+        pay for them); else the datastore's (up to DEFAULT_DATASTORE_LENGTH); else the
+        drafter's block - 1. All cut to what the round may commit."""
         found = self._model_free(session, run)
         if found is not None:
             return found
@@ -252,9 +264,9 @@ class SpeculativeDecoder:
             return NOTHING
         return self._draft(session, anchor, length, run.params.sampling, key)
 
-    @staticmethod
-    def _model_free(session: Session, run: _Run) -> Proposal | None:
-        """The prediction's or the context's proposal (see _propose); None: none found."""
+    def _model_free(self, session: Session, run: _Run) -> Proposal | None:
+        """The prediction's, the context's or the datastore's proposal (see _propose); None:
+        none found."""
         pred, look = session.prediction, session.lookup
         n = min(run.lookup_block, run.room) - 1  # propose(n < 1) finds nothing
         found, source = [], "drafter"
@@ -264,6 +276,9 @@ class SpeculativeDecoder:
             found, source = look.propose(n), "lookup"
         if not found and pred is not None:
             found, source = pred.propose(n), "prediction"
+        if not found and self.datastore is not None:
+            found = self.datastore.propose(session.tokens, min(n, DEFAULT_DATASTORE_LENGTH))
+            source = "datastore"
         return Proposal.point_mass(found, source) if found else None
 
     def _draft(

@@ -214,6 +214,7 @@ def create_app(
                 "drafter_version": pair.drafter.config.version,
                 "draft_vocab": pair.drafter.draft_vocab_size,
                 "lookup": pair.decoder.lookup,
+                "datastore": pair.decoder.datastore is not None,
                 "block_size": settings.effective_block,
                 "trained_block_size": trained,
                 "context_length": context,

@@ -43,6 +43,7 @@ def usage(
     rounds: draft-verify rounds (the prefill is not one); drafted / accepted: draft tokens
     proposed / kept by the target; tau: mean tokens committed per round, bonus included;
     lookup_rounds: rounds whose drafts came from context lookup rather than the drafter;
+    datastore_rounds: rounds whose drafts came from the response datastore;
     block_size: tokens verified per round (anchor + drafts; 1 when speculative is off).
     completion_tokens_details counts the draft tokens taken from the request's `prediction`
     that the target accepted / rejected (OpenAI's Predicted Outputs fields).
@@ -69,6 +70,7 @@ def usage(
             "tau": round(stats.tau, 4),
             "acceptance_rate": round(stats.acceptance_rate, 4),
             "lookup_rounds": stats.lookup_rounds,
+            "datastore_rounds": stats.datastore_rounds,
             "block_size": block_size,
             "speculative": speculative,
             "cached_tokens": stats.reused_tokens,

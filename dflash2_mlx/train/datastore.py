@@ -1,0 +1,93 @@
+"""Build a response datastore (engine/datastore.py) from regeneration JSONL files.
+
+    python -m dflash2_mlx.train.datastore OUT.npz FILE.jsonl [FILE.jsonl ...]
+
+Each record's `response_ids` go in end to end, each response followed by a separator; the
+files' names, record and token counts and SHA-256 are kept in the file's `meta`. Give it the
+regenerations the drafter trained on, never held-out ones (a datastore of the answers it is
+measured on would score them by heart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+def read_responses(path: Path) -> list[list[int]]:
+    """The `response_ids` of every record; a ConfigError names the file and line."""
+    out = []
+    with open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                ids = json.loads(line)["response_ids"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(f"{path}:{line_no}: no response_ids list: {exc}") from None
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
+            ):
+                raise ConfigError(f"{path}:{line_no}: response_ids must be a list of ids >= 0")
+            out.append(ids)
+    return out
+
+
+def build(files: Sequence[str | Path], out: str | Path, note: str = "") -> dict:
+    """Write the datastore of `files` to `out` (.npz); returns its meta."""
+    files = [Path(f) for f in files]
+    responses, sources = [], []
+    for path in files:
+        found = read_responses(path)
+        responses += found
+        sources.append(
+            {
+                "file": path.name,
+                "records": len(found),
+                "tokens": sum(map(len, found)),
+                "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            }
+        )
+    top = max((max(r) for r in responses if r), default=0)
+    dtype = np.uint16 if top < np.iinfo(np.uint16).max else np.uint32
+    separator = int(np.iinfo(dtype).max)
+    if top >= separator:
+        raise ConfigError(f"token id {top} does not fit the datastore's {dtype.__name__} ids")
+    stream = np.fromiter(
+        (t for r in responses for t in (*r, separator)), dtype=dtype, count=-1
+    )
+    meta = {
+        "what": "response datastore: training regenerations end to end, separator-joined",
+        "sources": sources,
+        "responses": len(responses),
+        "tokens": int(len(stream) - len(responses)),
+        "dtype": np.dtype(dtype).name,
+        "note": note,
+    }
+    np.savez_compressed(out, tokens=stream, separator=np.int64(separator), meta=json.dumps(meta))
+    return meta
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", type=Path, help="the .npz to write (e.g. the drafter's datastore.npz)")
+    ap.add_argument("files", nargs="+", type=Path, help="regeneration JSONL files")
+    ap.add_argument("--note", default="", help="kept in the file's meta (e.g. which stage)")
+    args = ap.parse_args(argv)
+    meta = build(args.files, args.out, args.note)
+    size = args.out.stat().st_size
+    print(
+        f"{args.out}: {meta['responses']:,} responses, {meta['tokens']:,} tokens, "
+        f"{size / 1e6:.2f} MB"
+    )
+
+
+if __name__ == "__main__":
+    main()
