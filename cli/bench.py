@@ -15,8 +15,8 @@ from .common import (
     DraftVocabOpt,
     DrafterOpt,
     FullVocabOpt,
-    DatastoreOpt,
     LookupOpt,
+    NoDatastoreOpt,
     ModelArg,
     OfflineOpt,
     TargetOpt,
@@ -125,7 +125,7 @@ def bench(
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
     lookup: LookupOpt = None,
-    datastore: DatastoreOpt = None,
+    no_datastore: NoDatastoreOpt = False,
 ):
     """Benchmark plain mlx-lm decoding against dflash2 (greedy, same prompt ids, outputs
     checked token for token), or autotune the block size for this machine.
@@ -197,7 +197,10 @@ def bench(
         thinking=thinking,
         offline=offline,
         engine=engine_flags(
-            lookup=lookup, datastore=datastore, full_vocab=full_vocab, draft_vocab=draft_vocab
+            lookup=lookup,
+            datastore=not no_datastore,
+            full_vocab=full_vocab,
+            draft_vocab=draft_vocab,
         ),
         argv=sys.argv[1:],
     )

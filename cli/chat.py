@@ -12,8 +12,8 @@ from .common import (
     DraftVocabOpt,
     DrafterOpt,
     FullVocabOpt,
-    DatastoreOpt,
     LookupOpt,
+    NoDatastoreOpt,
     MinPOpt,
     ModelArg,
     NoSpecOpt,
@@ -54,7 +54,7 @@ def chat(
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
     lookup: LookupOpt = None,
-    datastore: DatastoreOpt = None,
+    no_datastore: NoDatastoreOpt = False,
 ):
     """Chat in the terminal with live acceptance stats (streamed, multi-turn, cached).
 
@@ -72,7 +72,7 @@ def chat(
         block=block,
         spec=not no_spec,
         lookup=lookup,
-        datastore=datastore,
+        datastore=not no_datastore,
         full_vocab=full_vocab,
         draft_vocab=draft_vocab,
         sampling=sampling_flags(temp, top_p, top_k, min_p, seed),

@@ -105,7 +105,8 @@ class StatusLine:
 
 def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> StatusLine:
     """tok/s · τ mean (last) · sparkline · block · lookup and datastore shares · draft vs
-    verify ms per round · tokens · prompt reuse · finish, each with its shorter forms (see NARROWING)."""
+    verify ms per round · tokens · prompt reuse · finish, each with its shorter forms (see
+    NARROWING)."""
     tps = stats.decode_tps
     fields = [
         (

@@ -119,15 +119,13 @@ LookupOpt = Annotated[
         show_default=False,
     ),
 ]
-DatastoreOpt = Annotated[
-    Optional[bool],
+NoDatastoreOpt = Annotated[
+    bool,
     typer.Option(
-        "--datastore/--no-datastore",
-        help="Response datastore: when context lookup finds nothing, propose the most "
-        "frequent continuation of the last 4+ tokens in the target's past answers that ship "
-        "with the drafter (datastore.npz; free, outputs are the same). [default: on when the "
-        "drafter ships one]",
-        show_default=False,
+        "--no-datastore",
+        help="Do not draft from the drafter's response datastore (datastore.npz: its "
+        "training answers; when context lookup finds nothing, it proposes the most frequent "
+        "continuation of the last 4+ tokens there; free, outputs are the same).",
     ),
 ]
 
@@ -178,7 +176,7 @@ def engine_flags(
     block=None,
     spec=True,
     lookup=None,
-    datastore=None,
+    datastore=True,
     full_vocab=False,
     draft_vocab=None,
     sampling=None,
@@ -215,7 +213,7 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
         full_vocab=flags.full_vocab,
         draft_vocab_limit=flags.draft_vocab,
         lookup=flags.lookup_or_default,
-        datastore=flags.datastore,
+        datastore=None if flags.datastore else False,  # None: when the drafter ships one
     )
     size = pair.drafter.draft_vocab_size
     if size is not None:

@@ -13,8 +13,8 @@ from .common import (
     DraftVocabOpt,
     DrafterOpt,
     FullVocabOpt,
-    DatastoreOpt,
     LookupOpt,
+    NoDatastoreOpt,
     ModelArg,
     OfflineOpt,
     TargetOpt,
@@ -43,7 +43,7 @@ def evaluate(
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
     lookup: LookupOpt = None,
-    datastore: DatastoreOpt = None,
+    no_datastore: NoDatastoreOpt = False,
 ):
     """Measure τ (mean tokens committed per round, bonus included) per temperature, block
     size and prompt category, with the real engine.
@@ -70,7 +70,10 @@ def evaluate(
         offline,
         lambda m: err.print(m, style="dim"),
         engine_flags(
-            lookup=lookup, datastore=datastore, full_vocab=full_vocab, draft_vocab=draft_vocab
+            lookup=lookup,
+            datastore=not no_datastore,
+            full_vocab=full_vocab,
+            draft_vocab=draft_vocab,
         ),
     )
     chosen = select_prompts(load_prompts(prompts), limit)

@@ -15,8 +15,8 @@ from .common import (
     DraftVocabOpt,
     DrafterOpt,
     FullVocabOpt,
-    DatastoreOpt,
     LookupOpt,
+    NoDatastoreOpt,
     MinPOpt,
     ModelArg,
     NoSpecOpt,
@@ -105,7 +105,7 @@ def serve(
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
     lookup: LookupOpt = None,
-    datastore: DatastoreOpt = None,
+    no_datastore: NoDatastoreOpt = False,
     thinking: ThinkingOpt = None,
     log_level: str = typer.Option(
         "info", "--log-level", help="uvicorn log level: " + ", ".join(LOG_LEVELS) + "."
@@ -183,7 +183,7 @@ def serve(
         block=block,
         spec=not no_spec,
         lookup=lookup,
-        datastore=datastore,
+        datastore=not no_datastore,
         full_vocab=full_vocab,
         draft_vocab=draft_vocab,
         sampling=sampling_flags(temp, top_p, top_k, min_p, seed),

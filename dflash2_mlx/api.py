@@ -204,7 +204,9 @@ def _drafter_datastore(folder: Path, wanted: bool | None) -> Datastore | None:
         raise ParameterError(f"datastore must be True, False or None, got {wanted!r}")
     path = find_datastore(folder) if wanted is not False else None
     if wanted and path is None:
-        raise ConfigError(f"{folder}: the drafter ships no datastore.npz (--datastore asks for it)")
+        raise ConfigError(
+            f"{folder}: the drafter ships no datastore.npz (datastore=True asks for it)"
+        )
     return Datastore.load(path) if path is not None else None
 
 

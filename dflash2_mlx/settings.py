@@ -2,10 +2,10 @@
 
 Front ends parse their flags into `EngineFlags` and render what `resolve_engine` returns; the
 rules live here and nowhere else:
-- contradicting flags (--no-spec with --block, --lookup or --datastore, --full-vocab with
-  --draft-vocab) are refused, naming the flags;
+- contradicting flags (--no-spec with --block or --lookup, --full-vocab with --draft-vocab)
+  are refused, naming the flags;
 - the response datastore (engine/datastore.py): on when the drafter ships one, unless
-  --no-datastore; --datastore requires one;
+  --no-datastore;
 - the block size: --block, else this machine's autotune profile (`dflash2 bench --autotune`),
   else the alias's recommendation, else the drafter's trained size. An explicit block above
   the trained size is an error; a recommendation above it is clamped. The reason is kept;
@@ -224,7 +224,7 @@ class EngineFlags:
     block: int | None = None
     speculative: bool = True
     lookup: int | None = None
-    datastore: bool | None = None  # None: the drafter's datastore when it ships one
+    datastore: bool = True  # the drafter's datastore when it ships one (False: --no-datastore)
     full_vocab: bool = False
     draft_vocab: int | None = None
     sampling: Mapping[str, Any] = field(default_factory=dict)  # field -> value (None: not given)
@@ -238,12 +238,8 @@ class EngineFlags:
             raise ParameterError(
                 "--lookup has no effect with --no-spec (plain decoding drafts nothing)"
             )
-        if not self.speculative and self.datastore:
-            raise ParameterError(
-                "--datastore has no effect with --no-spec (plain decoding drafts nothing)"
-            )
-        if self.datastore is not None and not isinstance(self.datastore, bool):
-            raise ParameterError(f"--datastore must be on or off, got {self.datastore!r}")
+        if not isinstance(self.datastore, bool):
+            raise ParameterError(f"datastore must be True or False, got {self.datastore!r}")
         if self.full_vocab and self.draft_vocab is not None:
             raise ParameterError("--draft-vocab and --full-vocab contradict each other")
         if self.block is not None:
