@@ -117,7 +117,7 @@ def test_a_built_wheel_ships_kernels_assets_and_the_cli(tmp_path):
     for kernel in (ROOT / "metal").glob("*.metal"):
         assert f"dflash2_mlx/kernels/metal/{kernel.name}" in names, kernel.name
     drafter = "dflash2_mlx/assets/drafters/smollm2-135m-dflash2"
-    for name in ("config.json", "model.safetensors", "draft_vocab.json"):
+    for name in ("config.json", "model.safetensors", "draft_vocab.json", "datastore.npz"):
         assert f"{drafter}/{name}" in names, name
     assert "dflash2_mlx/assets/prompts/heldout.jsonl" in names
     assert {

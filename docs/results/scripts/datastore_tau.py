@@ -78,7 +78,10 @@ def main():
     args = ap.parse_args()
     pair = d2.load_pair(ensure_smollm2(), EMBEDDED_DRAFTER, datastore=True)
     store = pair.decoder.datastore
-    chosen = B.select_prompts(load_prompts("heldout"), args.limit)
+    held = load_prompts("heldout")
+    # Round-robin over the categories, so that a run stopped early still covers them all.
+    rank = {p.id: sum(q.category == p.category for q in held[:i]) for i, p in enumerate(held)}
+    chosen = sorted(held, key=lambda p: rank[p.id])[: args.limit]
     params = d2.GenerationParams(max_tokens=args.max_tokens, block_size=args.block)
     pair.generate(chat_prompt_ids(pair.tokenizer, chosen[0].messages), params)  # warm-up
     total = {arm: GenerationStats() for arm in ("off", "on")}
