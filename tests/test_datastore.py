@@ -29,12 +29,7 @@ def reference(responses, context, length, n):
     best, occ = 0, []
     for k in range(n, min(MAX_MATCH, len(context)) + 1):
         suffix = context[-k:]
-        found = [
-            (r, i + k)
-            for r in responses
-            for i in range(len(r) - k)
-            if r[i : i + k] == suffix
-        ]
+        found = [(r, i + k) for r in responses for i in range(len(r) - k) if r[i : i + k] == suffix]
         if not found:
             break
         best, occ = k, found
@@ -145,9 +140,7 @@ def _store_of_answers(model, diverge_at=()):
     right), plus, for each position in `diverge_at`, two copies that leave the answer there
     (they outvote it until the contexts differ: proposals that are right, then wrong)."""
     answers = [tiny.greedy_reference(model, p, 40) for p in PROMPTS]
-    noisy = [
-        a[:k] + [(t + 1) % tiny.VOCAB for t in a[k:]] for a in answers for k in diverge_at
-    ]
+    noisy = [a[:k] + [(t + 1) % tiny.VOCAB for t in a[k:]] for a in answers for k in diverge_at]
     return Datastore(stream_of(answers + noisy + noisy), SEP), answers
 
 
@@ -267,3 +260,34 @@ def test_the_shipped_datastore_is_lossless_on_the_embedded_pair(tmp_path_factory
             break
     assert [t for ev in events for t in ev.tokens] == plain
     assert any(ev.source == "datastore" and ev.accepted > 0 for ev in events)
+
+
+@pytest.mark.slow
+def test_sampling_with_the_datastore_follows_the_target():
+    """Datastore proposals are point masses like lookup's: accepted with probability p(x),
+    else a draw from the residual. A datastore that fires after any first token (the prompt's
+    last 3 tokens + it, then two arbitrary ones): the three tokens' marginals are exact."""
+    from test_sampling import V, empirical, exact_marginals, tv
+
+    from dflash2_mlx import SamplingParams
+
+    prompt = [1, 5, 3, 7, 2, 9]
+    model = tiny.make_target("llama", vocab=V, seed=11)
+    drafter = tiny.make_drafter(2, vocab=V, mask_token_id=V - 1, seed=12, top_k=4)
+    responses = [prompt[-3:] + [t, (t * 5 + 1) % V, (t * 3 + 2) % V] for t in range(V)]
+    store = Datastore(stream_of(responses), SEP)
+    dec = SpeculativeDecoder(
+        TargetAdapter(model, drafter.config.target_layer_ids), drafter, datastore=store
+    )
+    sp = SamplingParams(temperature=1.0)
+    stats = GenerationStats()
+    for seed in range(10):
+        sampled = SamplingParams(1.0, seed=seed)
+        params = GenerationParams(max_tokens=3, block_size=3, sampling=sampled)
+        for ev in dec.stream(prompt, params):
+            stats.add(ev)
+    assert stats.datastore_rounds == 10  # the first round of every generation
+    emp = empirical(dec, sp, 1200, prompt)
+    exact = exact_marginals(model, sp, prompt)
+    for i in range(3):
+        assert tv(emp[i], exact[i]) < 0.085, (i, tv(emp[i], exact[i]))

@@ -114,7 +114,7 @@ class Datastore:
         lo = np.searchsorted(self._sorted, key, side="left")
         hi = np.searchsorted(self._sorted, key, side="right")
         starts = self._starts[lo:hi][:MAX_CANDIDATES]
-        if self._base ** n > 2**64 and len(starts):  # a hash: confirm the tokens
+        if self._base**n > 2**64 and len(starts):  # a hash: confirm the tokens
             same = np.all(self.tokens[starts[:, None] + np.arange(n)] == tail, axis=1)
             starts = starts[same]
         return starts + n

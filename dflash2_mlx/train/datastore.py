@@ -60,9 +60,7 @@ def build(files: Sequence[str | Path], out: str | Path, note: str = "") -> dict:
     separator = int(np.iinfo(dtype).max)
     if top >= separator:
         raise ConfigError(f"token id {top} does not fit the datastore's {dtype.__name__} ids")
-    stream = np.fromiter(
-        (t for r in responses for t in (*r, separator)), dtype=dtype, count=-1
-    )
+    stream = np.fromiter((t for r in responses for t in (*r, separator)), dtype=dtype, count=-1)
     meta = {
         "what": "response datastore: training regenerations end to end, separator-joined",
         "sources": sources,
