@@ -48,6 +48,7 @@ def measure_tau(
                 "acceptance_rate": round(total.acceptance_rate, 4),
                 "rounds": total.rounds,
                 "lookup_rounds": total.lookup_rounds,
+                "datastore_rounds": total.datastore_rounds,
                 "per_category": {c: round(s.tau, 4) for c, s in sorted(per_cat.items())},
             }
     return out
