@@ -265,6 +265,7 @@ def test_models_health_and_harmless_fields(url):
         "drafter_version": 2,
         "draft_vocab": None,
         "lookup": 3,
+        "datastore": False,  # the tiny drafter ships none
         "block_size": 4,
         "trained_block_size": 4,
         "context_length": 4096,
