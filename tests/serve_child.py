@@ -7,6 +7,7 @@ server's code (130 after Ctrl-C), as `dflash2 serve` does.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -40,6 +41,9 @@ def main(grace: float, max_batch: int) -> int:
 
 
 if __name__ == "__main__":
+    # A background job of a non-interactive shell starts with SIGINT ignored, and uvicorn
+    # restores (then re-raises into) that: serve as a foreground `dflash2 serve` does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     code = main(float(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 4)
     sys.stdout.flush()
     sys.stderr.flush()
