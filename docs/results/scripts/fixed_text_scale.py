@@ -149,6 +149,7 @@ def report(a):
         "hardware": f"{platform.machine()}, {os.cpu_count()} cores shared with other work, fp32, "
         f"{b.route}, {b.threads} BLAS thread, MLX {mx.__version__}",
         "layer_ids": list(IDS),
+        "notes": a.note,
     }
     dest = REPO / "docs/results/smollm2-fixed-text-scale.json"
     dest.write_text(json.dumps(out, indent=1) + "\n")
@@ -167,5 +168,6 @@ if __name__ == "__main__":
     p.add_argument("--passes", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--note", action="append", default=[], help="report: a note (repeatable)")
     a = p.parse_args()
     run(a) if a.cmd == "run" else report(a)
