@@ -3,7 +3,7 @@ at a time against one at a time (dflash2_mlx.bench_batch), rendered and added to
 
 from __future__ import annotations
 
-from .bench_view import concurrency_table, fmt_number
+from .bench_view import concurrency_table, fmt_number, lossless_verdict
 
 
 def run_concurrency_mode(
@@ -75,23 +75,19 @@ def run_concurrency_mode(
             Text(f"note: this target runs one request at a time: {result['fallback']}", "yellow")
         )
     console.print(concurrency_table(result))
-    if result["mismatches"]:
-        for m in result["mismatches"]:
-            err.print(
-                Text(
-                    f"MISMATCH concurrency {m['concurrency']} prompt {m['id']} "
-                    f"({m['category']}) at token {m['index']}: sequential {m['sequential']} vs "
-                    f"batched {m['batched']}",
-                    style="bold red",
-                )
-            )
+    for m in result["mismatches"]:
         err.print(
             Text(
-                f"LOSSLESSNESS VIOLATED: {len(result['mismatches'])} batched output(s) differ "
-                "from the same prompt run alone (please report this with the JSON)",
+                f"MISMATCH concurrency {m['concurrency']} prompt {m['id']} "
+                f"({m['category']}) at token {m['index']}: sequential {m['sequential']} vs "
+                f"batched {m['batched']}",
                 style="bold red",
             )
         )
-        return 1
-    console.print(Text("all batched outputs identical to the sequential ones", style="green"))
-    return 0
+    return lossless_verdict(
+        console,
+        err,
+        len(result["mismatches"]),
+        "batched output(s) differ from the same prompt run alone",
+        "batched outputs identical to the sequential ones",
+    )

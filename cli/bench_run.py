@@ -13,6 +13,7 @@ from .bench_view import (
     fmt_number,
     autotune_table,
     kernels_report,
+    lossless_verdict,
     lookup_table,
     speed_tables,
 )
@@ -367,22 +368,18 @@ def _speed(
                     style="yellow",
                 )
             )
-    if run["mismatches"]:
-        for m in run["mismatches"]:
-            err.print(
-                Text(
-                    f"MISMATCH block {m['block']} prompt {m['id']} ({m['category']}) at "
-                    f"token {m['index']}: plain {m['plain']} vs dflash2 {m['dflash2']}",
-                    style="bold red",
-                )
-            )
+    for m in run["mismatches"]:
         err.print(
             Text(
-                f"LOSSLESSNESS VIOLATED: {len(run['mismatches'])} dflash2 output(s) differ "
-                "from plain greedy decoding (please report this with the JSON)",
+                f"MISMATCH block {m['block']} prompt {m['id']} ({m['category']}) at "
+                f"token {m['index']}: plain {m['plain']} vs dflash2 {m['dflash2']}",
                 style="bold red",
             )
         )
-        return 1
-    console.print(Text("all outputs identical to plain greedy decoding", style="green"))
-    return 0
+    return lossless_verdict(
+        console,
+        err,
+        len(run["mismatches"]),
+        "dflash2 output(s) differ from plain greedy decoding",
+        "outputs identical to plain greedy decoding",
+    )

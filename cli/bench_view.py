@@ -8,6 +8,23 @@ def fmt_number(x, spec: str = ".1f", none: str = "—") -> str:
     return none if x is None else format(x, spec)
 
 
+def lossless_verdict(console, err, mismatches: int, differ_from: str, same_as: str) -> int:
+    """The exit code of a run that compared outputs: 1 (loudly) if any differed, else 0."""
+    from rich.text import Text
+
+    if mismatches:
+        err.print(
+            Text(
+                f"LOSSLESSNESS VIOLATED: {mismatches} {differ_from} "
+                "(please report this with the JSON)",
+                style="bold red",
+            )
+        )
+        return 1
+    console.print(Text(f"all {same_as}", style="green"))
+    return 0
+
+
 def env_line(env: dict) -> str:
     threads = f" x{env['blas_threads']}" if env.get("blas_threads") else ""
     return (
