@@ -72,3 +72,24 @@ def test_shipped_drafter_is_lossless_and_accepts_drafts(pair):
         assert [t for ev in looked for t in ev.tokens] == plain, p.id
         assert any(ev.source == "lookup" for ev in looked), p.id
     assert stats.accepted > 0 and stats.tau >= TAU_FLOOR, stats.as_dict()
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_batched_requests_on_the_embedded_pair_return_what_they_return_alone(pair):
+    """Three held-out chats of different lengths in one batched loop (context lookup and the
+    datastore on, so rows propose ragged widths): each equals its single-sequence run."""
+    from dflash2_mlx.engine.datastore import Datastore, find_datastore
+
+    store = Datastore.load(find_datastore(EMBEDDED_DRAFTER))
+    batched_pair = Pair.from_models(pair.model, pair.tokenizer, pair.drafter, datastore=store)
+    by_cat = {}
+    for p in load_prompts("heldout"):
+        by_cat.setdefault(p.category, p)
+    ids = [chat_prompt_ids(pair.tokenizer, by_cat[c].messages) for c in ("chat", "code", "math")]
+    params = [GenerationParams(max_tokens=m, block_size=4) for m in (24, 40, 16)]
+    results = batched_pair.generate_batch(ids, params, max_batch=3)
+    for prompt, p, (tokens, stats) in zip(ids, params, results):
+        assert tokens == batched_pair.generate(prompt, p)[0]
+        assert stats.committed == len(tokens)
+    assert max(s.max_batch_size for _, s in results) == 3
