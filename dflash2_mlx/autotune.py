@@ -1,9 +1,9 @@
 """Block-size autotuning: measure, decide, remember.
 
 `autotune(pair, prompts, ...)` measures on this machine
-- the target's verify cost for widths 1..B (dflash2_mlx.bench.verify_costs: dependent chain,
+- the target's verify cost for widths 1..B (dflash2_mlx.costs.verify_costs: dependent chain,
   medians, warm cache at a context depth),
-- the drafter's cost per round for blocks 1..B (bench.draft_costs; block 1 drafts nothing),
+- the drafter's cost per round for blocks 1..B (costs.draft_costs; block 1 drafts nothing),
 - the per-position acceptance on a greedy calibration run at block B: p_k = P(draft k accepted |
   drafts 1..k-1 accepted), counted from the engine's per-round accepted counts,
 and picks the block b <= B that maximizes expected committed tokens per second,
@@ -294,8 +294,8 @@ def autotune(
 ) -> dict:
     """Measure and decide; returns the profile (not stored: see save_profile).
     `batches`: row counts whose verify cost over widths is measured for the batched engine's
-    width cap (bench.batch_verify_costs; None: BATCH_ROWS, (): none)."""
-    from . import bench
+    width cap (costs.batch_verify_costs; None: BATCH_ROWS, (): none)."""
+    from . import costs
 
     say = progress or (lambda _msg: None)
     trained = pair.drafter.config.block_size
@@ -311,16 +311,16 @@ def autotune(
     lookup_widths = sorted(set(range(2, B + 1)) | set(LOOKUP_WIDTHS)) if pair.decoder.lookup else []
     widths = sorted(set(range(1, B + 1)) | set(lookup_widths))
     say(f"verify cost, widths {', '.join(map(str, widths))}, context {context}")
-    verify = bench.verify_costs(pair, widths, context=context, repeats=repeats)
+    verify = costs.verify_costs(pair, widths, context=context, repeats=repeats)
     batches = BATCH_ROWS if batches is None else tuple(batches)
     batch_widths = [w for w in BATCH_WIDTHS if w <= max(widths)]
     if batches:
         say(f"batched verify cost, rows {', '.join(map(str, batches))}")
-    batch_verify = bench.batch_verify_costs(
+    batch_verify = costs.batch_verify_costs(
         pair, batches, batch_widths, context=context, repeats=max(1, repeats // 2)
     )
     say(f"draft cost, blocks 2..{B}")
-    draft = bench.draft_costs(pair, range(1, B + 1), context=context, repeats=repeats)
+    draft = costs.draft_costs(pair, range(1, B + 1), context=context, repeats=repeats)
     say(f"calibration: greedy at block {B} on {len(prompts)} prompts")
     calib = calibrate(
         pair,

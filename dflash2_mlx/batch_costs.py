@@ -1,7 +1,7 @@
 """The batched engine's verify cost over (rows, width), from a stored autotune profile.
 
-The autotuner measures one verify forward over B rows of width W (bench.batch_verify_costs,
-beside bench.verify_costs for one row) and stores the table in the profile ("batch_verify").
+The autotuner measures one verify forward over B rows of width W (costs.batch_verify_costs,
+beside costs.verify_costs for one row) and stores the table in the profile ("batch_verify").
 `width_costs` turns a profile into the cost(rows, width) of engine/width.py's width rule
 (None when the profile has no table: the rule's default cost model applies).
 """

@@ -207,7 +207,7 @@ def test_batch_verify_costs_are_stored_and_read_back(family):
     from dflash2_mlx import autotune as A
     from dflash2_mlx.autotune import BATCH_WIDTHS as WIDTHS
     from dflash2_mlx.batch_costs import width_costs
-    from dflash2_mlx.bench import batch_verify_costs
+    from dflash2_mlx.costs import batch_verify_costs
 
     pair = d2.Pair.from_models(tiny.make_target(family), None, tiny.make_drafter(2, block_size=4))
     costs = batch_verify_costs(pair, [1, 2, 3], [1, 4], context=24, repeats=1)

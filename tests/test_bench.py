@@ -11,7 +11,7 @@ import pytest
 
 import dflash2_mlx as d2
 from dflash2_cli.app import run
-from dflash2_mlx import bench
+from dflash2_mlx import bench, costs
 from dflash2_mlx.prompts import load_prompts
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -142,10 +142,10 @@ def test_run_concurrency_reports_a_mismatch(pair, monkeypatch):
 
 
 def test_cost_curves(pair):
-    vc = bench.verify_costs(pair, [1, 2, 4], context=32, repeats=2)
+    vc = costs.verify_costs(pair, [1, 2, 4], context=32, repeats=2)
     assert set(vc["ms"]) == {1, 2, 4} and vc["ratio"][1] == 1.0
     assert all(v > 0 for v in vc["ms"].values())
-    dc = bench.draft_costs(pair, [1, 2, 4], context=32, repeats=2)
+    dc = costs.draft_costs(pair, [1, 2, 4], context=32, repeats=2)
     assert dc["ms"][1] == 0.0 and dc["ms"][2] > 0 and dc["ms"][4] > 0
 
 
@@ -296,6 +296,6 @@ def test_cost_curves_on_a_hybrid_gated_deltanet_target():
     from tiny import make_drafter, make_target
 
     hybrid = d2.Pair.from_models(make_target("qwen3_5"), None, make_drafter(2, block_size=8))
-    vc = bench.verify_costs(hybrid, [1, 4], context=24, repeats=2)
-    dc = bench.draft_costs(hybrid, [1, 4], context=24, repeats=2)
+    vc = costs.verify_costs(hybrid, [1, 4], context=24, repeats=2)
+    dc = costs.draft_costs(hybrid, [1, 4], context=24, repeats=2)
     assert vc["ms"][4] > 0 and dc["ms"][4] > 0

@@ -16,7 +16,7 @@ only greedy rows are cut (a sampled row's draws, hence a seeded request's output
 how many drafts it verifies), so a request still returns what it returns alone.
 
 `cost(B, W)` comes from a measured table (ms of one verify over B rows of width W:
-bench.batch_verify_costs, stored by the autotuner, read by batch_costs.width_costs) or,
+costs.batch_verify_costs, stored by the autotuner, read by batch_costs.width_costs) or,
 without one, `default_cost`'s linear model.
 """
 
