@@ -7,6 +7,7 @@ verifying the position-1 runner-up beside the block (a round whose first draft i
 whose runner-up is right commits 2 tokens instead of 1).
 Usage: nice -n 10 python sibling_top2.py OUT.json [--widths 3,4,5,6,7,8,9,10] [--limit N]"""
 
+import dflash2_mlx as d2  # first: binds the fast BLAS before MLX loads
 import argparse
 import json
 import sys
@@ -17,7 +18,6 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-import dflash2_mlx as d2
 from dflash2_mlx import bench as B
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.registry import EMBEDDED_DRAFTER
