@@ -177,6 +177,13 @@ def bind(mode: str | None = None) -> BlasInfo:
             continue
         _HANDLES.append(handle)
         note = "bound after mlx.core was imported: may not take effect" if late else ""
+        if late:  # MLX resolved its BLAS symbols already: matmuls stay on the slow reference
+            warnings.warn(
+                "dflash2: mlx.core was imported before dflash2_mlx, so the optimized BLAS "
+                "may not take effect (matrix products several times slower): import "
+                "dflash2_mlx first",
+                stacklevel=3,
+            )
         threads = os.environ["OPENBLAS_NUM_THREADS"]
         _INFO = BlasInfo(
             route, path, note, int(threads) if threads.isdigit() else None, _core_name(handle)

@@ -54,3 +54,19 @@ def test_the_openblas_kernel_set_is_reported():
     """`doctor` names the kernels OpenBLAS really runs (what OPENBLAS_CORETYPE forces)."""
     forced, _ = probe({"DFLASH2_BLAS": "auto", "OPENBLAS_CORETYPE": "Haswell"})
     assert forced["blas_core"] == "Haswell", forced
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the BLAS binding only acts on Linux")
+def test_importing_mlx_first_is_warned_about():
+    """MLX loaded before dflash2_mlx keeps its slow reference BLAS: the user is told why."""
+    code = "import mlx.core, dflash2_mlx"
+    late = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert late.returncode == 0, late.stderr
+    assert "import dflash2_mlx first" in late.stderr
+    ok = subprocess.run(
+        [sys.executable, "-c", "import dflash2_mlx, mlx.core"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0 and "import dflash2_mlx first" not in ok.stderr, ok.stderr
