@@ -14,7 +14,7 @@ import pytest
 import dflash2_mlx as d2
 from dflash2_cli.app import run
 from dflash2_mlx import autotune as A
-from dflash2_mlx import bench, profiles
+from dflash2_mlx import costs, profiles
 from tiny import make_drafter, make_target
 from tiny_pair import save_pair
 
@@ -187,7 +187,7 @@ def test_quantization_is_detected(llama_pair, quant_pair):
 def _fake_measurements(monkeypatch, best_block=8):
     """Costs and acceptance under which `best_block` wins without a cap."""
     monkeypatch.setattr(
-        bench,
+        costs,
         "verify_costs",
         lambda pair, widths, **kw: {
             "context": 8,
@@ -197,7 +197,7 @@ def _fake_measurements(monkeypatch, best_block=8):
         },
     )
     monkeypatch.setattr(
-        bench,
+        costs,
         "draft_costs",
         lambda pair, blocks, **kw: {
             "context": 8,
