@@ -35,17 +35,9 @@ from ..drafter.batch import DraftRequest, draft_rows
 from ..errors import ParameterError
 from ..target import batch as tbatch
 from .events import RoundEvent
-from .loop import (
-    GenerationParams,
-    Session,
-    SpeculativeDecoder,
-    _Cancelled,
-    _Run,
-    accept,
-    cut,
-    record,
-)
+from .loop import GenerationParams, Session, SpeculativeDecoder, _Cancelled, _Run, cut, record
 from .proposal import NOTHING, Proposal
+from .sampling import accept
 from .width import WidthRule
 
 # Requests verified together when the caller names no limit: on bandwidth-bound hardware a

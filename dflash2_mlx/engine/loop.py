@@ -23,7 +23,7 @@ from .datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from .events import RoundEvent
 from .lookup import DEFAULT_LOOKUP_BLOCK, ContextLookup, PredictionLookup
 from .proposal import NOTHING, Proposal
-from .sampling import SamplingParams, filtered_probs, pick, rejection_sample
+from .sampling import SamplingParams, accept, pick
 
 
 @dataclass(frozen=True)
@@ -94,23 +94,6 @@ class Session:
     def fed(self) -> int:
         """Tokens held by the target cache."""
         return max(len(self.tokens) - 1, 0)
-
-
-def accept(logits: mx.array, proposal: Proposal, sp: SamplingParams, key) -> tuple[int, int]:
-    """Verify `proposal` against the target's logits [γ+1, V] of [anchor] + drafts:
-    (drafts accepted, bonus token) by greedy match or lossless rejection sampling."""
-    drafts = proposal.drafts
-    if sp.greedy:
-        target_ids = mx.argmax(logits, axis=-1).tolist()
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == target_ids[accepted]:
-            accepted += 1
-        return accepted, target_ids[accepted]
-    if drafts:
-        return rejection_sample(
-            mx.array(drafts), filtered_probs(logits, sp), proposal.q, proposal.candidates, key
-        )
-    return 0, int(pick(logits[-1], sp, key).item())
 
 
 def cut(run: _Run, tokens: list[int]) -> tuple[list[int], str | None]:

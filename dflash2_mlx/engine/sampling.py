@@ -142,3 +142,21 @@ def rejection_sample(
     total = mx.sum(residual)
     residual = mx.where(total > 0, residual / mx.maximum(total, 1e-30), row)
     return accepted, int(sample(residual, k_bonus).item())
+
+
+def accept(logits: mx.array, proposal, sp: SamplingParams, key) -> tuple[int, int]:
+    """Verify `proposal` (an engine.proposal.Proposal; not imported: the drafter imports this
+    module) against the target's logits [γ+1, V] of [anchor] + drafts:
+    (drafts accepted, bonus token) by greedy match or lossless rejection sampling."""
+    drafts = proposal.drafts
+    if sp.greedy:
+        target_ids = mx.argmax(logits, axis=-1).tolist()
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == target_ids[accepted]:
+            accepted += 1
+        return accepted, target_ids[accepted]
+    if drafts:
+        return rejection_sample(
+            mx.array(drafts), filtered_probs(logits, sp), proposal.q, proposal.candidates, key
+        )
+    return 0, int(pick(logits[-1], sp, key).item())
