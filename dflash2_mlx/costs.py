@@ -112,14 +112,11 @@ def batch_verify_costs(
                     ]
                 )
                 t0 = time.perf_counter()
-                fwd = adapter.forward(ids, cache)
+                fwd = adapter.forward(ids, cache.layers)
                 nxt = mx.argmax(fwd.logits[:, -1], axis=-1).tolist()
-                mx.eval(fwd.features, [c.state for c in cache])
+                mx.eval(fwd.features, [c.state for c in cache.layers])
                 dt = time.perf_counter() - t0
-                tbatch.rollback(cache, fwd, [1] * rows, w)
-                for c in cache:
-                    if c.is_trimmable():
-                        c.trim(1)
+                tbatch.rollback(cache, fwd, [0] * rows, w)
                 token = int(nxt[0])
                 if rep >= warmup:
                     samples[w].append(dt)

@@ -275,3 +275,56 @@ def test_a_cancelled_prefill_leaves_the_others_alone(decoder, monkeypatch):
     for i in (0, 1):
         assert [t for ev in events[i] for t in ev.tokens] == decoder.generate(PROMPTS[i], params)
         assert events[i][0].queue_ms >= 0.0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_rollback_hands_each_row_back_in_position_order(family, monkeypatch):
+    """Rows verified together and rolled back by different amounts (rejected tails refilled
+    with each row's oldest columns; a row too short for that makes all shift right, as the
+    first round here does), then extracted: each equals the cache of its accepted tokens fed
+    alone, column for column, and continues to the same next logits."""
+    shifted = []
+    finalize = tbatch.BatchKVCache.finalize
+    monkeypatch.setattr(tbatch.BatchKVCache, "finalize", lambda c: shifted.append(1) or finalize(c))
+    model = tiny.make_target(family)
+    adapter = TargetAdapter(model, [1])
+    prompts = [list(range(3, 15)), [7, 8, 9, 10, 11, 12, 13, 14, 15], list(range(20, 34)), [5]]
+    singles = []
+    for p in prompts:
+        cache = adapter.make_cache()
+        adapter.prefill(mx.array([p]), cache, 64, 1)
+        singles.append(cache)
+    batch = tbatch.merge(singles)
+    rng = np.random.default_rng(0)
+    fed = [list(p) for p in prompts]
+    moved = False
+    for step in range(6):
+        width = 6 if step == 0 else 4
+        ids = rng.integers(1, tiny.VOCAB, size=(len(prompts), width)).tolist()
+        fwd = adapter.forward(mx.array(ids), batch.layers)
+        keeps = [int(k) for k in rng.integers(1, width + 1, size=len(prompts))]
+        if step == 0:
+            keeps = [6, 5, 6, 1]  # the 1-token row keeps 2 columns and rejects 5
+        elif len(set(keeps)) == 1:
+            keeps[0] = 1 if keeps[0] > 1 else 2
+        tbatch.rollback(batch, fwd, keeps, width)
+        for row, (k, new) in enumerate(zip(keeps, ids)):
+            fed[row] += new[:k]
+        order = batch.order
+        moved |= any(np.any(np.diff(r[r >= 0]) < 0) for r in order)
+    assert moved, "no row was refilled out of order: the test does not exercise the moves"
+    assert shifted, "no round shifted the rows right: the short-row path is not exercised"
+    probe = mx.array([[5]])
+    for row, tokens in enumerate(fed):
+        alone = adapter.make_cache()
+        adapter.prefill(mx.array([tokens]), alone, 64, 1)
+        back = tbatch.extract(batch, row)
+        for a, b in zip(alone, back):
+            if hasattr(a, "keys") and a.keys is not None:
+                assert a.offset == b.offset == len(tokens)
+                np.testing.assert_allclose(
+                    np.array(a.keys[..., : a.offset, :]), np.array(b.keys), atol=2e-4
+                )
+        want = adapter.forward(probe, alone).logits
+        got = adapter.forward(probe, back).logits
+        np.testing.assert_allclose(np.array(want), np.array(got), atol=2e-3)

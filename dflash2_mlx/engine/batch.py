@@ -74,7 +74,7 @@ class BatchDecoder:
     max_batch: int = DEFAULT_MAX_BATCH
     rows: list[_Row] = field(default_factory=list)
     waiting: list[_Waiting] = field(default_factory=list)
-    cache: list | None = None  # the target's batch cache, one row per entry of `rows`
+    cache: tbatch.BatchCache | None = None  # the target's, one row per entry of `rows`
     fallback: str | None = None  # why this target runs one request at a time (None: batched)
     widths: WidthRule = field(default_factory=WidthRule)  # each round's verify width cap
     _next_id: int = 0
@@ -204,7 +204,7 @@ class BatchDecoder:
             for r, p in zip(rows, proposals)
         ]
         t1 = time.perf_counter()
-        fwd = dec.target.forward(mx.array(ids), self.cache)
+        fwd = dec.target.forward(mx.array(ids), self.cache.layers)
         results, keeps = [], []
         for i, (row, p, key) in enumerate(zip(rows, proposals, verify_keys)):
             n = len(p.drafts) + 1
@@ -215,7 +215,7 @@ class BatchDecoder:
             keeps.append(len(commit))
             results.append((accepted, commit, finish))
         tbatch.rollback(self.cache, fwd, keeps, width)
-        mx.eval([r.session.pending for r in rows], [c.state for c in self.cache])
+        mx.eval([r.session.pending for r in rows], [c.state for c in self.cache.layers])
         verify_ms = (time.perf_counter() - t1) * 1000.0
         events = []
         for row, p, (accepted, commit, finish) in zip(rows, proposals, results):

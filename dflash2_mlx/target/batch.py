@@ -5,10 +5,13 @@ offset per row, so RoPE positions and the causal mask are each row's own); Gated
 layers use `ArraysCache` (one recurrent state per row, no padding needed). A verify forward
 runs every row over the same width W, right-padded after its drafts (causal layers never let
 a row's real positions see its right padding). Row i then keeps `keeps[i]` of its W rows:
-- attention: trim every row to max(keeps), then shift each shorter row right by what it
-  drops, so its rejected tail becomes left padding (`prepare(right_padding=)` + `finalize()`).
-  The shift keeps each row's columns in position order, which a leaving row's session needs
-  (trimming a single-sequence cache drops its last columns).
+- attention: trim every row to max(keeps); a shorter row's rejected tail (s columns) is then
+  filled with its s oldest columns, which become left padding. That moves O(W) columns a
+  round, where shifting the whole row right (mlx-lm's `finalize`) moves all of them. Keys are
+  stored after RoPE and attention is order-free under its mask, so the order of a row's
+  columns does not matter while it is batched; `BatchCache.order` records each column's
+  position so that a leaving row is handed back in position order (a single-sequence cache
+  trims its last columns).
 - Gated-DeltaNet: recompute the recurrence from the pre-verify state with the steps past
   keeps[i] masked out (a masked step leaves the state unchanged), and take each row's conv
   window at its own end.
@@ -18,7 +21,10 @@ exactly here: `batchable` says no and the engine runs such targets one request a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models import gated_delta
 from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache
 
@@ -27,6 +33,7 @@ from .adapter import Forward, TargetAdapter
 
 # Compact the batch's shared left padding once every row carries at least this much.
 _COMPACT_AT = 64
+_PAD = -1  # `order` entry of a padding column
 
 
 def batchable(adapter: TargetAdapter) -> str | None:
@@ -45,65 +52,156 @@ def batchable(adapter: TargetAdapter) -> str | None:
     return None
 
 
-def merge(row_caches: list[list]) -> list:
-    """Single-sequence caches (one list per row, as after prefill) -> one batch cache list."""
-    return [type(layer[0]).merge(list(layer)) for layer in zip(*row_caches)]
+@dataclass
+class BatchCache:
+    """One batch cache per target layer (`layers`, what the target's forward takes) and,
+    for its attention layers (all laid out alike), the position of every column of every
+    row (`order`, rows x columns, -1 for padding). Leading -1s are a row's left padding."""
+
+    layers: list
+    order: np.ndarray
+
+    @property
+    def attention(self) -> list[BatchKVCache]:
+        return [c for c in self.layers if isinstance(c, BatchKVCache)]
+
+    def left_padding(self) -> np.ndarray:
+        valid = self.order != _PAD
+        return np.where(valid.any(axis=1), valid.argmax(axis=1), self.order.shape[1])
+
+    def lengths(self) -> np.ndarray:
+        return (self.order != _PAD).sum(axis=1)
 
 
-def extend(batch: list | None, rows: list) -> list:
-    """Append the rows of batch cache `rows` to `batch` (None: start one)."""
+def merge(row_caches: list[list]) -> BatchCache:
+    """Single-sequence caches (one list per row, as after prefill) -> one batch cache."""
+    layers = [type(layer[0]).merge(list(layer)) for layer in zip(*row_caches)]
+    first = next((i for i, c in enumerate(layers) if isinstance(c, BatchKVCache)), None)
+    sizes = [0 if first is None else row[first].size() for row in row_caches]
+    longest = max(sizes)
+    order = np.full((len(row_caches), longest), _PAD, dtype=np.int64)
+    for i, n in enumerate(sizes):
+        order[i, longest - n :] = np.arange(n)
+    return BatchCache(layers, order)
+
+
+def extend(batch: BatchCache | None, rows: BatchCache) -> BatchCache:
+    """Append the rows of `rows` to `batch` (None: start one), both right-aligned."""
     if batch is None:
         return rows
-    for c, o in zip(batch, rows):
+    for c, o in zip(batch.layers, rows.layers):
         c.extend(o)
+    width = max(batch.order.shape[1], rows.order.shape[1])
+
+    def right_aligned(order: np.ndarray) -> np.ndarray:
+        return np.pad(order, ((0, 0), (width - order.shape[1], 0)), constant_values=_PAD)
+
+    batch.order = np.concatenate([right_aligned(batch.order), right_aligned(rows.order)])
     return batch
 
 
-def extract(batch: list, i: int) -> list:
-    """Row i as single-sequence caches (its padding dropped), as a prefill alone leaves them:
-    `KVCache`s holding its positions, `ArraysCache`s holding its recurrent state."""
-    return [c.extract(i) for c in batch]
+def extract(batch: BatchCache, i: int) -> list:
+    """Row i as single-sequence caches (its padding dropped, its columns in position order),
+    as a prefill alone leaves them: `KVCache`s holding its positions, `ArraysCache`s holding
+    its recurrent state."""
+    row = batch.order[i]
+    columns = np.flatnonzero(row != _PAD)
+    columns = columns[np.argsort(row[columns], kind="stable")]
+    in_order = bool(np.all(np.diff(columns) == 1))
+    index = mx.array(columns)
+    out = []
+    for c in batch.layers:
+        if not isinstance(c, BatchKVCache) or in_order:
+            out.append(c.extract(i))
+            continue
+        single = KVCache()
+        single.keys = mx.contiguous(mx.take(c.keys[i : i + 1], index, axis=2))
+        single.values = mx.contiguous(mx.take(c.values[i : i + 1], index, axis=2))
+        single.offset = len(columns)
+        out.append(single)
+    return out
 
 
-def keep_rows(batch: list, indices: list[int]) -> None:
+def keep_rows(batch: BatchCache, indices: list[int]) -> None:
     """Drop every row not in `indices` (in their new order)."""
     idx = mx.array(indices)
-    for c in batch:
-        c.filter(idx)
+    before = [c._idx for c in batch.attention[:1]]
+    for c in batch.layers:
+        c.filter(idx)  # BatchKVCache.filter also drops the columns now padding in every row
+    batch.order = batch.order[indices]
+    if before:
+        batch.order = batch.order[:, before[0] - batch.attention[0]._idx :]
 
 
-def rollback(batch: list, fwd: Forward, keeps: list[int], width: int) -> None:
+def rollback(batch: BatchCache, fwd: Forward, keeps: list[int], width: int) -> None:
     """Row i keeps the first keeps[i] of the `width` rows the verify forward `fwd` added."""
-    recurrent = {id(g.cache) for g in fwd.capture.gdn}
     if fwd.capture.replays:
         raise RuntimeError("generic recurrent layers cannot be rolled back per row")
     longest = max(keeps)
-    shift = [longest - k for k in keeps]
-    attention = [c for c in batch if id(c) not in recurrent]
+    shift = np.array([longest - k for k in keeps])
+    lengths = batch.lengths()
+    new = lengths[:, None] + np.arange(longest)[None, :]
+    new[np.arange(longest)[None, :] >= np.array(keeps)[:, None]] = _PAD
+    batch.order = np.concatenate([batch.order, new], axis=1)
+    attention = batch.attention
     for c in attention:
         c.trim(width - longest)
-        if any(shift):
-            c.prepare(right_padding=shift)
-            c.finalize()
-    _compact(attention)
+    if shift.any():
+        _refill(batch, attention, shift)
+    _compact(batch, attention)
     if fwd.capture.gdn and min(keeps) < width:
         keep = mx.array(keeps)
         for g in fwd.capture.gdn:
             _rollback_gdn(g, keep, width)
 
 
-def _compact(attention: list[BatchKVCache]) -> None:
+def _refill(batch: BatchCache, attention: list[BatchKVCache], shift: np.ndarray) -> None:
+    """Row i's last shift[i] columns are rejected drafts: fill them with its shift[i] oldest
+    columns and count those as left padding (O(width) copies). A row too short for that
+    (fewer kept columns than rejected ones) makes every row shift right instead."""
+    order, end = batch.order, batch.order.shape[1]
+    pad = batch.left_padding()
+    if np.any(pad + 2 * shift > end):
+        for c in attention:
+            c.prepare(right_padding=shift.tolist())
+            c.finalize()
+        for i, s in enumerate(shift):
+            order[i] = np.roll(order[i], s)  # the rolled-in tail is rejected: padding now
+            order[i, :s] = _PAD
+        return
+    most = int(shift.max())
+    source = np.tile(np.arange(end - most, end), (len(shift), 1))
+    for i, s in enumerate(shift):
+        if s:
+            source[i, most - s :] = np.arange(pad[i], pad[i] + s)
+            order[i, end - s :] = order[i, pad[i] : pad[i] + s]
+            order[i, pad[i] : pad[i] + s] = _PAD
+    index = mx.array(source)[:, None, :, None]
+    step = mx.array(shift)
+    windows = [
+        [mx.take_along_axis(a, index, axis=2) for a in (c.keys, c.values)] for c in attention
+    ]
+    mx.eval(windows)  # before the writes, so that each write can reuse its array's buffer
+    for c, (keys, values) in zip(attention, windows):
+        c.keys[..., end - most : end, :] = keys
+        c.values[..., end - most : end, :] = values
+        c.offset = c.offset - step
+        c.left_padding = c.left_padding + step
+
+
+def _compact(batch: BatchCache, attention: list[BatchKVCache]) -> None:
     """Drop the leading columns that are padding in every row (they only cost attention).
-    Every attention layer holds the same rows and padding, so one read decides for all."""
+    Every attention layer holds the same rows and padding, so `order` decides for all."""
     if not attention or attention[0].keys is None:
         return
-    pad = int(mx.min(attention[0].left_padding).item())
+    pad = int(batch.left_padding().min())
     if pad < _COMPACT_AT:
         return
     for c in attention:
         c.keys, c.values = c.keys[..., pad:, :], c.values[..., pad:, :]
         c._idx -= pad
         c.left_padding = c.left_padding - pad
+    batch.order = batch.order[:, pad:]
 
 
 def _rollback_gdn(r: gdn.GDNRecord, keep: mx.array, width: int) -> None:
