@@ -127,17 +127,9 @@ def create_app(
     limits = limits or ServeLimits()
     security = security or SecurityPolicy()
     trained = pair.drafter.config.block_size
-    if block_size is not None:
-        check_block(block_size, trained, "block_size")
-    GenerationParams(lookup_block=lookup_block)  # checked now (ParameterError)
-    if max_queue < 0:
-        raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
-    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-        raise DFlash2Error(f"max_batch must be an int >= 1 (1: one at a time); got {max_batch!r}")
-    if default_max_tokens < 1:
-        raise DFlash2Error(f"default_max_tokens must be >= 1; got {default_max_tokens}")
-    if not isinstance(prompt_cache_mb, int) or prompt_cache_mb < 0:
-        raise DFlash2Error(f"prompt_cache_mb must be an int >= 0 (0: off); got {prompt_cache_mb!r}")
+    _check_serve_args(
+        block_size, trained, lookup_block, max_queue, max_batch, default_max_tokens, prompt_cache_mb
+    )
     context = context_length or default_context_length(pair.model)
     if context < 2:
         raise DFlash2Error(f"context_length must be >= 2; got {context}")
@@ -154,6 +146,73 @@ def create_app(
     )
     chat = ChatTemplate(pair.tokenizer, thinking)
     metrics = metrics_mod.Metrics()
+    worker = _start_worker(pair, max_queue, metrics, prompt_cache_mb, max_batch, width_cost)
+    handler = Handler(pair, worker, settings, chat, RequestLimits(limits, pair.tokenizer, context))
+    drain = Drain(worker, limits.shutdown_grace_s)
+    card = _model_card(
+        pair,
+        settings,
+        worker,
+        chat,
+        created=int(time.time()),
+        drafter=display_name(drafter_name),
+        max_queue=max_queue,
+        thinking=thinking,
+        prompt_cache_mb=prompt_cache_mb,
+    )
+
+    app = FastAPI(
+        title="dflash2",
+        lifespan=_lifespan(handler),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.worker, app.state.metrics, app.state.settings = worker, metrics, settings
+    app.state.limits, app.state.security, app.state.drain = limits, security, drain
+    _add_error_handlers(app)
+    _add_routes(app, handler, drain, card, limits.max_body_bytes)
+    # Outermost last: every response is counted, refusals included; faults become JSON 500s.
+    app.add_middleware(FaultGuard)
+    app.add_middleware(SecurityGate, policy=security)
+    app.add_middleware(_CountResponses, metrics=metrics)
+    return app
+
+
+def _lifespan(handler: Handler):
+    """The app's lifespan: the worker thread runs while the app does."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        handler.worker.start()
+        try:
+            yield
+        finally:
+            handler.worker.stop()
+            handler.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+
+    return lifespan
+
+
+def _check_serve_args(
+    block_size, trained, lookup_block, max_queue, max_batch, default_max_tokens, prompt_cache_mb
+) -> None:
+    """Refuses a bad server setting before anything is built (DFlash2Error / ParameterError)."""
+    if block_size is not None:
+        check_block(block_size, trained, "block_size")
+    GenerationParams(lookup_block=lookup_block)  # checked now (ParameterError)
+    if max_queue < 0:
+        raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+        raise DFlash2Error(f"max_batch must be an int >= 1 (1: one at a time); got {max_batch!r}")
+    if default_max_tokens < 1:
+        raise DFlash2Error(f"default_max_tokens must be >= 1; got {default_max_tokens}")
+    if not isinstance(prompt_cache_mb, int) or prompt_cache_mb < 0:
+        raise DFlash2Error(f"prompt_cache_mb must be an int >= 0 (0: off); got {prompt_cache_mb!r}")
+
+
+def _start_worker(pair, max_queue, metrics, prompt_cache_mb, max_batch, width_cost) -> Worker:
+    """The worker (not yet started) with its prompt cache; warns if requests cannot be batched."""
     prompt_cache = PromptCache(pair.decoder, prompt_cache_mb << 20) if prompt_cache_mb else None
     if prompt_cache is not None:
         metrics.prompt_cache = prompt_cache.stats
@@ -162,25 +221,50 @@ def create_app(
         log.warning(
             "requests run one at a time on this target: %s", worker.scheduler.batch.fallback
         )
-    handler = Handler(pair, worker, settings, chat, RequestLimits(limits, pair.tokenizer, context))
-    drain = Drain(worker, limits.shutdown_grace_s)
-    started = int(time.time())
-    drafter_shown = display_name(drafter_name)
+    return worker
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        worker.start()
-        try:
-            yield
-        finally:
-            worker.stop()
-            handler.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(
-        title="dflash2", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
-    )
-    app.state.worker, app.state.metrics, app.state.settings = worker, metrics, settings
-    app.state.limits, app.state.security, app.state.drain = limits, security, drain
+def _model_card(
+    pair,
+    settings: Settings,
+    worker: Worker,
+    chat: ChatTemplate,
+    *,
+    created: int,
+    drafter: str | None,
+    max_queue: int,
+    thinking: bool | None,
+    prompt_cache_mb: int,
+) -> dict:
+    """The model object, with `dflash2`: the engine every request of this server runs."""
+    return {
+        "id": settings.model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "dflash2",
+        "dflash2": {
+            "speculative": settings.speculative,
+            "drafter": drafter,
+            "drafter_version": pair.drafter.config.version,
+            "draft_vocab": pair.drafter.draft_vocab_size,
+            "lookup": pair.decoder.lookup,
+            "datastore": pair.decoder.datastore is not None,
+            "block_size": settings.effective_block,
+            "trained_block_size": pair.drafter.config.block_size,
+            "context_length": settings.context,
+            "default_max_tokens": settings.default_max_tokens,
+            "max_queue": max_queue,
+            "max_batch": worker.capacity,
+            "tool_calling": chat.tool_calling,
+            "thinking": thinking,
+            "prompt_cache_mb": prompt_cache_mb,
+        },
+        "sampling_defaults": settings.sampling.to_json(),
+    }
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """API errors, uploads cut short and routing errors (404, 405) as OpenAI-style replies."""
 
     @app.exception_handler(APIError)
     async def _api_error(request, err: APIError):
@@ -201,42 +285,20 @@ def create_app(
         msg = f"{request.method} {request.url.path[:100]}: {exc.detail}"
         return error_response(APIError(exc.status_code, msg, code=code), request)
 
-    def model_card() -> dict:
-        """The model object, with `dflash2`: the engine every request of this server runs."""
-        return {
-            "id": model_name,
-            "object": "model",
-            "created": started,
-            "owned_by": "dflash2",
-            "dflash2": {
-                "speculative": speculative,
-                "drafter": drafter_shown,
-                "drafter_version": pair.drafter.config.version,
-                "draft_vocab": pair.drafter.draft_vocab_size,
-                "lookup": pair.decoder.lookup,
-                "datastore": pair.decoder.datastore is not None,
-                "block_size": settings.effective_block,
-                "trained_block_size": trained,
-                "context_length": context,
-                "default_max_tokens": default_max_tokens,
-                "max_queue": max_queue,
-                "max_batch": worker.capacity,
-                "tool_calling": chat.tool_calling,
-                "thinking": thinking,
-                "prompt_cache_mb": prompt_cache_mb,
-            },
-            "sampling_defaults": settings.sampling.to_json(),
-        }
+
+def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, max_body: int) -> None:
+    """The endpoints (ENDPOINTS); generation goes to `handler`, `card` is the model object."""
+    worker, model_name = handler.worker, card["id"]
 
     @app.get("/v1/models")
     async def list_models():
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [card]}
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str):
         if model_id != model_name:
             raise unknown_model(model_id, model_name)
-        return model_card()
+        return card
 
     @app.get("/health")
     async def health():
@@ -252,10 +314,10 @@ def create_app(
 
     @app.get("/metrics")
     async def get_metrics():
-        return PlainTextResponse(metrics.render(), media_type=metrics_mod.CONTENT_TYPE)
+        return PlainTextResponse(worker.metrics.render(), media_type=metrics_mod.CONTENT_TYPE)
 
     async def json_body(request: Request) -> dict:
-        return await read_json(request, limits.max_body_bytes)
+        return await read_json(request, max_body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -264,9 +326,3 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await handler.handle(request, parse_completion(await json_body(request)))
-
-    # Outermost last: every response is counted, refusals included; faults become JSON 500s.
-    app.add_middleware(FaultGuard)
-    app.add_middleware(SecurityGate, policy=security)
-    app.add_middleware(_CountResponses, metrics=metrics)
-    return app
