@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from operator import attrgetter
 from typing import TYPE_CHECKING, Callable
 
 from ..engine.events import RoundEvent
@@ -132,16 +133,8 @@ class Metrics:
 
     def render(self) -> str:
         with self._lock:
-            lines: list[str] = []
-
-            def metric(name: str, kind: str, help_: str, samples) -> None:
-                lines.append(f"# HELP {name} {help_}")
-                lines.append(f"# TYPE {name} {kind}")
-                for labels, value in samples:
-                    lab = ",".join(f'{k}="{v}"' for k, v in labels)
-                    lines.append(f"{name}{{{lab}}} {value}" if lab else f"{name} {value}")
-
-            metric(
+            out = _Exposition()
+            out.metric(
                 "dflash2_requests_total",
                 "counter",
                 "HTTP responses by endpoint and status.",
@@ -150,110 +143,136 @@ class Metrics:
                     for (e, s), n in sorted(self.requests.items())
                 ],
             )
-            for name, help_, value in (
-                (
-                    "dflash2_prompt_tokens_total",
-                    "Prompt tokens of started generations.",
-                    self.prompt_tokens,
-                ),
-                (
-                    "dflash2_generated_tokens_total",
-                    "Tokens committed by the engine.",
-                    self.generated_tokens,
-                ),
-                (
-                    "dflash2_rounds_total",
-                    "Draft-verify rounds (the prefill is not a round).",
-                    self.rounds,
-                ),
-                ("dflash2_drafted_tokens_total", "Draft tokens proposed.", self.drafted),
-                (
-                    "dflash2_accepted_tokens_total",
-                    "Draft tokens accepted by the target.",
-                    self.accepted,
-                ),
-                (
-                    "dflash2_generations_total",
-                    "Generations run (finished or cancelled).",
-                    self.generations,
-                ),
-                (
-                    "dflash2_cancelled_total",
-                    "Requests cancelled by a client disconnect (waiting or generating).",
-                    self.cancelled,
-                ),
-                (
-                    "dflash2_tool_calls_total",
-                    "Tool calls returned in chat replies.",
-                    self.tool_calls,
-                ),
-                (
-                    "dflash2_unparsed_tool_calls_total",
-                    "Tool-call texts the tool parser refused (returned as content).",
-                    self.unparsed_tool_calls,
-                ),
-                (
-                    "dflash2_reasoning_tokens_total",
-                    "Generated tokens inside thinking sections (markers included).",
-                    self.reasoning.tokens,
-                ),
-                (
-                    "dflash2_reasoning_rounds_total",
-                    "Draft-verify rounds that began inside a thinking section.",
-                    self.reasoning.rounds,
-                ),
-                (
-                    "dflash2_reasoning_accepted_tokens_total",
-                    "Draft tokens accepted in rounds inside thinking sections.",
-                    self.reasoning.accepted,
-                ),
-            ):
-                metric(name, "counter", help_, [((), value)])
-            metric(
-                "dflash2_generation_seconds_total",
-                "counter",
-                "Wall time spent generating.",
-                [((), round(self.generation_seconds, 6))],
-            )
-            metric(
-                "dflash2_mean_acceptance_length",
-                "gauge",
-                "Mean tokens per round, bonus included (tau), since start.",
-                [((), round(self.tau, 6))],
-            )
-            metric(
-                "dflash2_queue_depth",
-                "gauge",
-                "Requests waiting for the worker.",
-                [((), self.queue_depth)],
-            )
-            metric(
-                "dflash2_in_flight",
-                "gauge",
-                "Generations running now (rows of the batch and those joining it).",
-                [((), self.in_flight)],
-            )
-            metric(
-                "dflash2_batch_size",
-                "gauge",
-                "Requests verified together in the latest round (0: idle).",
-                [((), self.batch_size)],
-            )
-            lines += self.batch_rows.lines(
+            for name, kind, help_, attr in _SCALARS:
+                value = attrgetter(attr)(self)
+                out.metric(name, kind, help_, [((), _rounded(value))])
+            out.lines += self.batch_rows.lines(
                 "dflash2_batch_rows", "Requests verified together, per round."
             )
-            lines += self.queue_wait.lines(
+            out.lines += self.queue_wait.lines(
                 "dflash2_queue_wait_seconds", "Per request: from queued to its prefill's start."
             )
-            metric(
+            out.metric(
                 "dflash2_cached_prompt_tokens_total",
                 "counter",
                 "Prompt tokens served by the prompt cache (not prefilled).",
                 [((), self.cached_prompt_tokens)],
             )
             if self.prompt_cache is not None:
-                _prompt_cache_metrics(metric, self.prompt_cache())
-            return "\n".join(lines) + "\n"
+                _prompt_cache_metrics(out.metric, self.prompt_cache())
+            return "\n".join(out.lines) + "\n"
+
+
+# The unlabelled counters and gauges, in the order they are rendered: (name, kind, help, attribute).
+_SCALARS = (
+    (
+        "dflash2_prompt_tokens_total",
+        "counter",
+        "Prompt tokens of started generations.",
+        "prompt_tokens",
+    ),
+    (
+        "dflash2_generated_tokens_total",
+        "counter",
+        "Tokens committed by the engine.",
+        "generated_tokens",
+    ),
+    (
+        "dflash2_rounds_total",
+        "counter",
+        "Draft-verify rounds (the prefill is not a round).",
+        "rounds",
+    ),
+    ("dflash2_drafted_tokens_total", "counter", "Draft tokens proposed.", "drafted"),
+    (
+        "dflash2_accepted_tokens_total",
+        "counter",
+        "Draft tokens accepted by the target.",
+        "accepted",
+    ),
+    (
+        "dflash2_generations_total",
+        "counter",
+        "Generations run (finished or cancelled).",
+        "generations",
+    ),
+    (
+        "dflash2_cancelled_total",
+        "counter",
+        "Requests cancelled by a client disconnect (waiting or generating).",
+        "cancelled",
+    ),
+    ("dflash2_tool_calls_total", "counter", "Tool calls returned in chat replies.", "tool_calls"),
+    (
+        "dflash2_unparsed_tool_calls_total",
+        "counter",
+        "Tool-call texts the tool parser refused (returned as content).",
+        "unparsed_tool_calls",
+    ),
+    (
+        "dflash2_reasoning_tokens_total",
+        "counter",
+        "Generated tokens inside thinking sections (markers included).",
+        "reasoning.tokens",
+    ),
+    (
+        "dflash2_reasoning_rounds_total",
+        "counter",
+        "Draft-verify rounds that began inside a thinking section.",
+        "reasoning.rounds",
+    ),
+    (
+        "dflash2_reasoning_accepted_tokens_total",
+        "counter",
+        "Draft tokens accepted in rounds inside thinking sections.",
+        "reasoning.accepted",
+    ),
+    (
+        "dflash2_generation_seconds_total",
+        "counter",
+        "Wall time spent generating.",
+        "generation_seconds",
+    ),
+    (
+        "dflash2_mean_acceptance_length",
+        "gauge",
+        "Mean tokens per round, bonus included (tau), since start.",
+        "tau",
+    ),
+    ("dflash2_queue_depth", "gauge", "Requests waiting for the worker.", "queue_depth"),
+    (
+        "dflash2_in_flight",
+        "gauge",
+        "Generations running now (rows of the batch and those joining it).",
+        "in_flight",
+    ),
+    (
+        "dflash2_batch_size",
+        "gauge",
+        "Requests verified together in the latest round (0: idle).",
+        "batch_size",
+    ),
+)
+
+
+def _rounded(value: int | float) -> int | float:
+    """Seconds and means to 6 decimals; counts as they are."""
+    return round(value, 6) if isinstance(value, float) else value
+
+
+class _Exposition:
+    """The lines of a Prometheus text exposition, built metric by metric."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def metric(self, name: str, kind: str, help_: str, samples) -> None:
+        """HELP and TYPE, then one line per (labels, value) sample."""
+        self.lines.append(f"# HELP {name} {help_}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lab = ",".join(f'{k}="{v}"' for k, v in labels)
+            self.lines.append(f"{name}{{{lab}}} {value}" if lab else f"{name} {value}")
 
 
 def _prompt_cache_metrics(metric, st: PromptCacheStats) -> None:
