@@ -84,114 +84,29 @@ class DrafterConfig:
         dflash = cfg.get("dflash_config") or {}
         if not isinstance(dflash, dict):
             raise ConfigError(f"{source}: field 'dflash_config' must be an object")
-
-        def get(name: str, kind: type, default: Any = ..., nested_first: bool = False):
-            places = (dflash, cfg) if nested_first else (cfg, dflash)
-            for place in places:
-                if name in place and place[name] is not None:
-                    value = place[name]
-                    break
-            else:
-                if default is ...:
-                    raise ConfigError(f"{source}: required field '{name}' is missing")
-                return default
-            if kind is float and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            if kind is int and isinstance(value, float) and value.is_integer():
-                value = int(value)
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise ConfigError(
-                    f"{source}: field '{name}' must be {kind.__name__}, found {value!r}"
-                )
-            return value
-
-        archs = cfg.get("architectures") or []
-        if not isinstance(archs, list):
-            raise ConfigError(f"{source}: 'architectures' must be a list, found {archs!r}")
-        if ARCH_V2 in archs:
-            version = 2
-        elif ARCH_V1 in archs:
-            version = 1
-        elif not archs:
-            version = 2 if "conv_kernel_size" in dflash else 1
-        else:
-            raise ConfigError(
-                f"{source}: unknown architecture {archs}; expected {ARCH_V1} or {ARCH_V2}"
-            )
-
-        hidden = get("hidden_size", int)
-        heads = get("num_attention_heads", int)
-        layers = get("num_hidden_layers", int)
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
-        if rope is not None and not isinstance(rope, dict):
-            raise ConfigError(
-                f"{source}: 'rope_parameters' / 'rope_scaling' must be an object, found {rope!r}"
-            )
-        rope_theta = cfg.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0
-        if (
-            isinstance(rope_theta, bool)
-            or not isinstance(rope_theta, (int, float))
-            or rope_theta <= 0
-        ):
-            raise ConfigError(
-                f"{source}: 'rope_theta' must be a positive number, found {rope_theta!r}"
-            )
+        fields = _Fields(cfg, dflash, source)
+        version = _version(fields)
+        hidden = fields.get("hidden_size", int)
+        heads = fields.get("num_attention_heads", int)
+        layers = fields.get("num_hidden_layers", int)
+        rope, rope_theta = _rope(fields)
         num_target_layers = cfg.get("num_target_layers")
-
-        if "target_layer_ids" in dflash or "target_layer_ids" in cfg:
-            ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
-            if (
-                not isinstance(ids, list)
-                or not ids
-                or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
-            ):
-                raise ConfigError(
-                    f"{source}: 'target_layer_ids' must be a non-empty list of ints, found {ids!r}"
-                )
-        elif isinstance(num_target_layers, int):
-            ids = default_target_layer_ids(num_target_layers, layers)
-        else:
-            raise ConfigError(
-                f"{source}: 'dflash_config.target_layer_ids' is missing (and no "
-                "'num_target_layers' to derive it from)"
-            )
-
-        mask = (
-            mask_token_id
-            if mask_token_id is not None
-            else dflash.get("mask_token_id", cfg.get("mask_token_id"))
-        )
-        if mask is None:
-            raise ConfigError(
-                f"{source}: 'dflash_config.mask_token_id' is missing; older drafters need the "
-                "mask token id given explicitly (the id of '<|MASK|>' in the target tokenizer)"
-            )
-        if not isinstance(mask, int) or isinstance(mask, bool) or mask < 0:
-            raise ConfigError(
-                f"{source}: 'mask_token_id' must be a non-negative int, found {mask!r}"
-            )
-
-        layer_types = cfg.get("layer_types") or ["full_attention"] * layers
-        if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
-            raise ConfigError(
-                f"{source}: 'layer_types' must be a list of strings, found {layer_types!r}"
-            )
-        is_causal = cfg.get("is_causal")
-        if is_causal is not None and not isinstance(is_causal, bool):
-            raise ConfigError(f"{source}: 'is_causal' must be true or false, found {is_causal!r}")
+        ids = _target_layer_ids(fields, num_target_layers, layers)
+        mask = _mask_token_id(fields, mask_token_id)
+        layer_types, is_causal = _layer_types(fields, layers)
         config = cls(
             version=version,
             hidden_size=hidden,
             num_hidden_layers=layers,
             num_attention_heads=heads,
-            num_key_value_heads=get("num_key_value_heads", int, heads),
-            head_dim=get("head_dim", int, hidden // heads if heads else 0),
-            intermediate_size=get("intermediate_size", int),
-            vocab_size=get("vocab_size", int),
-            rms_norm_eps=get("rms_norm_eps", float, 1e-6),
+            num_key_value_heads=fields.get("num_key_value_heads", int, heads),
+            head_dim=fields.get("head_dim", int, hidden // heads if heads else 0),
+            intermediate_size=fields.get("intermediate_size", int),
+            vocab_size=fields.get("vocab_size", int),
+            rms_norm_eps=fields.get("rms_norm_eps", float, 1e-6),
             rope_theta=float(rope_theta),
-            max_position_embeddings=get("max_position_embeddings", int, 32768),
-            block_size=get("block_size", int, 16, nested_first=True),
+            max_position_embeddings=fields.get("max_position_embeddings", int, 32768),
+            block_size=fields.get("block_size", int, 16, nested_first=True),
             target_layer_ids=tuple(ids),
             mask_token_id=mask,
             num_target_layers=num_target_layers,
@@ -200,21 +115,33 @@ class DrafterConfig:
             sliding_window=cfg.get("sliding_window"),
             is_causal=is_causal,
             attention_bias=bool(cfg.get("attention_bias", False)),
-            final_logit_softcapping=get("final_logit_softcapping", float, None, nested_first=True),
-            input_embedding_scale=get("input_embedding_scale", float, 1.0, nested_first=True),
-            output_multiplier=get("output_multiplier", float, 1.0, nested_first=True),
+            final_logit_softcapping=fields.get(
+                "final_logit_softcapping", float, None, nested_first=True
+            ),
+            input_embedding_scale=fields.get(
+                "input_embedding_scale", float, 1.0, nested_first=True
+            ),
+            output_multiplier=fields.get("output_multiplier", float, 1.0, nested_first=True),
             raw=copy.deepcopy(cfg),
         )
         if version == 2:
             for name in V2_FIELDS:
-                setattr(config, name, get(name, int, nested_first=True))
+                setattr(config, name, fields.get(name, int, nested_first=True))
         config.validate(source)
         return config
 
     def validate(self, source: str = "config.json") -> None:
-        def fail(msg: str):
-            raise ConfigError(f"{source}: {msg}")
+        """Raises ConfigError (naming `source`) for a config no drafter can be built from."""
+        try:
+            self._check_shapes()
+            self._check_rope()
+            self._check_ids()
+            if self.version == 2:
+                self._check_v2()
+        except _Invalid as exc:
+            raise ConfigError(f"{source}: {exc}") from None
 
+    def _check_shapes(self) -> None:
         for name in (
             "hidden_size",
             "num_hidden_layers",
@@ -226,28 +153,31 @@ class DrafterConfig:
             "block_size",
         ):
             if getattr(self, name) <= 0:
-                fail(f"'{name}' must be positive, found {getattr(self, name)}")
+                raise _Invalid(f"'{name}' must be positive, found {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
-            fail(
+            raise _Invalid(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
         if len(self.layer_types) != self.num_hidden_layers:
-            fail(
+            raise _Invalid(
                 f"'layer_types' has {len(self.layer_types)} entries, expected "
                 f"num_hidden_layers = {self.num_hidden_layers}"
             )
         unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
         if unknown:
-            fail(f"unsupported layer_types {unknown}; expected {list(LAYER_TYPES)}")
+            raise _Invalid(f"unsupported layer_types {unknown}; expected {list(LAYER_TYPES)}")
         if "sliding_attention" in self.layer_types and not (
             isinstance(self.sliding_window, int) and self.sliding_window > 1
         ):
-            fail(
+            raise _Invalid(
                 f"sliding_attention layers need an int 'sliding_window' > 1, found {self.sliding_window!r}"
             )
         if not self.rms_norm_eps > 0:
-            fail(f"'rms_norm_eps' must be positive, found {self.rms_norm_eps}")
+            raise _Invalid(f"'rms_norm_eps' must be positive, found {self.rms_norm_eps}")
+
+    def _check_rope(self) -> None:
+        """The RoPE settings are ones mlx-lm can build."""
         try:
             from mlx_lm.models.rope_utils import initialize_rope
 
@@ -259,26 +189,31 @@ class DrafterConfig:
                 self.max_position_embeddings,
             )
         except Exception as exc:  # noqa: BLE001 - mlx-lm raises ValueError / KeyError
-            fail(f"unsupported RoPE settings {self.rope_scaling!r}: {type(exc).__name__}: {exc}")
+            raise _Invalid(
+                f"unsupported RoPE settings {self.rope_scaling!r}: {type(exc).__name__}: {exc}"
+            ) from None
+
+    def _check_ids(self) -> None:
         if any(i < 0 for i in self.target_layer_ids):
-            fail(f"'target_layer_ids' must be >= 0, found {list(self.target_layer_ids)}")
+            raise _Invalid(f"'target_layer_ids' must be >= 0, found {list(self.target_layer_ids)}")
         if self.mask_token_id >= self.vocab_size:
-            fail(
+            raise _Invalid(
                 f"mask_token_id {self.mask_token_id} is outside the vocabulary ({self.vocab_size})"
             )
-        if self.version == 2:
-            if not 1 <= self.conv_kernel_size <= self.block_size:
-                fail(
-                    f"conv_kernel_size must be in 1..block_size ({self.block_size}), found {self.conv_kernel_size}"
-                )
-            if self.conv_group_size <= 0 or self.hidden_size % self.conv_group_size:
-                fail(
-                    f"hidden_size {self.hidden_size} must be divisible by conv_group_size {self.conv_group_size}"
-                )
-            if not 1 <= self.selector_top_k <= self.vocab_size:
-                fail(f"selector_top_k must be in 1..vocab_size, found {self.selector_top_k}")
-            if self.selector_rank <= 0:
-                fail(f"selector_rank must be positive, found {self.selector_rank}")
+
+    def _check_v2(self) -> None:
+        if not 1 <= self.conv_kernel_size <= self.block_size:
+            raise _Invalid(
+                f"conv_kernel_size must be in 1..block_size ({self.block_size}), found {self.conv_kernel_size}"
+            )
+        if self.conv_group_size <= 0 or self.hidden_size % self.conv_group_size:
+            raise _Invalid(
+                f"hidden_size {self.hidden_size} must be divisible by conv_group_size {self.conv_group_size}"
+            )
+        if not 1 <= self.selector_top_k <= self.vocab_size:
+            raise _Invalid(f"selector_top_k must be in 1..vocab_size, found {self.selector_top_k}")
+        if self.selector_rank <= 0:
+            raise _Invalid(f"selector_rank must be positive, found {self.selector_rank}")
 
     # ---------------------------------------------------------------- saving
     def to_dict(self) -> dict[str, Any]:
@@ -342,3 +277,113 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     start, end = 1, num_target_layers - 3
     span = end - start
     return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+class _Invalid(Exception):
+    """A validation failure; DrafterConfig.validate adds the source and raises ConfigError."""
+
+
+@dataclass
+class _Fields:
+    """A config.json's top level and its `dflash_config`, read with type checks."""
+
+    cfg: dict[str, Any]
+    dflash: dict[str, Any]
+    source: str
+
+    def error(self, msg: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {msg}")
+
+    def get(self, name: str, kind: type, default: Any = ..., nested_first: bool = False):
+        """The field from the top level (or `dflash_config` first), as `kind`; else `default`."""
+        places = (self.dflash, self.cfg) if nested_first else (self.cfg, self.dflash)
+        for place in places:
+            if name in place and place[name] is not None:
+                value = place[name]
+                break
+        else:
+            if default is ...:
+                raise self.error(f"required field '{name}' is missing")
+            return default
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if kind is int and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.error(f"field '{name}' must be {kind.__name__}, found {value!r}")
+        return value
+
+
+def _version(fields: _Fields) -> int:
+    """1 (DFlash) or 2 (DFlash2), from `architectures` or, without one, the fields present."""
+    archs = fields.cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        raise fields.error(f"'architectures' must be a list, found {archs!r}")
+    if ARCH_V2 in archs:
+        return 2
+    if ARCH_V1 in archs:
+        return 1
+    if not archs:
+        return 2 if "conv_kernel_size" in fields.dflash else 1
+    raise fields.error(f"unknown architecture {archs}; expected {ARCH_V1} or {ARCH_V2}")
+
+
+def _rope(fields: _Fields) -> tuple[dict[str, Any] | None, int | float]:
+    """(rope scaling object, rope_theta): top-level or inside `rope_parameters`."""
+    cfg = fields.cfg
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if rope is not None and not isinstance(rope, dict):
+        raise fields.error(f"'rope_parameters' / 'rope_scaling' must be an object, found {rope!r}")
+    rope_theta = cfg.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0
+    if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) or rope_theta <= 0:
+        raise fields.error(f"'rope_theta' must be a positive number, found {rope_theta!r}")
+    return rope, rope_theta
+
+
+def _target_layer_ids(fields: _Fields, num_target_layers: Any, layers: int) -> list[int]:
+    """The target layers the drafter reads: given, else the reference default."""
+    cfg, dflash = fields.cfg, fields.dflash
+    if "target_layer_ids" in dflash or "target_layer_ids" in cfg:
+        ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+        ):
+            raise fields.error(
+                f"'target_layer_ids' must be a non-empty list of ints, found {ids!r}"
+            )
+        return ids
+    if isinstance(num_target_layers, int):
+        return default_target_layer_ids(num_target_layers, layers)
+    raise fields.error(
+        "'dflash_config.target_layer_ids' is missing (and no 'num_target_layers' to derive it from)"
+    )
+
+
+def _mask_token_id(fields: _Fields, given: int | None) -> int:
+    """`given` if set, else the config's; older drafters have none (then it must be given)."""
+    mask = (
+        given
+        if given is not None
+        else fields.dflash.get("mask_token_id", fields.cfg.get("mask_token_id"))
+    )
+    if mask is None:
+        raise fields.error(
+            "'dflash_config.mask_token_id' is missing; older drafters need the "
+            "mask token id given explicitly (the id of '<|MASK|>' in the target tokenizer)"
+        )
+    if not isinstance(mask, int) or isinstance(mask, bool) or mask < 0:
+        raise fields.error(f"'mask_token_id' must be a non-negative int, found {mask!r}")
+    return mask
+
+
+def _layer_types(fields: _Fields, layers: int) -> tuple[list[str], bool | None]:
+    """(each layer's attention type, default all full; the explicit `is_causal` or None)."""
+    layer_types = fields.cfg.get("layer_types") or ["full_attention"] * layers
+    if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+        raise fields.error(f"'layer_types' must be a list of strings, found {layer_types!r}")
+    is_causal = fields.cfg.get("is_causal")
+    if is_causal is not None and not isinstance(is_causal, bool):
+        raise fields.error(f"'is_causal' must be true or false, found {is_causal!r}")
+    return layer_types, is_causal
