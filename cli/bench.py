@@ -11,6 +11,7 @@ from typing import List, Optional
 
 import typer
 
+from .bench_options import BenchOptions
 from .common import (
     DraftVocabOpt,
     DrafterOpt,
@@ -145,40 +146,7 @@ def bench(
 
     Example: dflash2 bench --kernels
     """
-    blocks = parse_blocks(block)
-    levels = parse_ints(concurrency, "--concurrency", "--concurrency 1,2,4,8")
-    for flag, value, low in (
-        ("--max-tokens", max_tokens, 2),
-        ("--repeats", repeats, 1),
-        ("--context", context, 1),
-    ):
-        if value < low:
-            fail(f"{flag} must be >= {low}, got {value}")
-    if limit is not None and limit < 1:
-        fail(f"--limit must be >= 1, got {limit}")
-    if autotune and len(blocks) > 1:
-        fail("--autotune takes one --block (the largest block size to consider)")
-    if levels and autotune:
-        fail("--concurrency and --autotune are separate modes: give one")
-    if levels and len(blocks) > 1:
-        fail("--concurrency takes one --block (or none: the block chat and serve use)")
-    if levels and plot is not None:
-        fail("--plot needs the speed benchmark; --concurrency writes no plot")
-    if plot is not None and no_plot:
-        fail("--plot and --no-plot contradict each other")
-    kernels_only = (
-        kernels
-        and not autotune
-        and not levels
-        and model is None
-        and target is None
-        and drafter is None
-    )
-    if plot is not None and (autotune or kernels_only):
-        fail("--plot needs the speed benchmark (it plots speedup and τ per category)")
-    from .bench_run import run_bench_command
-
-    return run_bench_command(
+    options = BenchOptions(
         model=model,
         target=target,
         drafter=drafter,
@@ -186,14 +154,14 @@ def bench(
         limit=limit,
         max_tokens=max_tokens,
         repeats=repeats,
-        blocks=blocks,
+        blocks=parse_blocks(block),
         context=context,
         json_path=json_path or default_json_path(),
-        plot=False if no_plot else plot,
+        plot=plot,
+        no_plot=no_plot,
         autotune=autotune,
-        concurrency=levels,
+        concurrency=parse_ints(concurrency, "--concurrency", "--concurrency 1,2,4,8"),
         kernels=kernels,
-        kernels_only=kernels_only,
         thinking=thinking,
         offline=offline,
         engine=engine_flags(
@@ -204,6 +172,10 @@ def bench(
         ),
         argv=sys.argv[1:],
     )
+    options.check()
+    from .bench_run import run_bench_command
+
+    return run_bench_command(options)
 
 
 def register(app: typer.Typer) -> None:

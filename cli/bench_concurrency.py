@@ -3,33 +3,44 @@ at a time against one at a time (dflash2_mlx.bench_batch), rendered and added to
 
 from __future__ import annotations
 
+from .bench_options import BenchRun
 from .bench_view import concurrency_table, fmt_number, lossless_verdict
 
 
-def run_concurrency_mode(
-    pair,
-    prompts,
-    levels,
-    blocks,
-    auto,
-    lookup_block,
-    width_cost,
-    max_tokens,
-    repeats,
-    thinking,
-    report,
-    console,
-    err,
-) -> int:
+def run_concurrency_mode(run: BenchRun) -> int:
+    """Sequential vs batched at each --concurrency level; the report's `concurrency` section."""
+    from dflash2_mlx.bench_batch import run_concurrency
+
+    o, engine = run.options, run.engine
+    block = _concurrency_settings(run)
+    result = run_concurrency(
+        run.pair,
+        run.prompts,
+        o.concurrency,
+        max_tokens=o.max_tokens,
+        repeats=o.repeats,
+        block=block,
+        lookup_block=engine.lookup_block,
+        width_cost=engine.width_cost,
+        thinking=o.thinking,
+        progress=_progress(run.err),
+    )
+    run.report["concurrency"] = result
+    return _render(result, run.console, run.err)
+
+
+def _concurrency_settings(run: BenchRun) -> int:
+    """The one block measured (given, else the rule chat and serve use), recorded and printed."""
     from rich.text import Text
 
-    from dflash2_mlx.bench_batch import run_concurrency
     from dflash2_mlx.settings import BY_FLAG
 
-    block, source = (blocks[0], BY_FLAG) if blocks else (auto.size, auto.reason)
-    if not blocks and auto.note:
-        err.print(Text(f"note: {auto.note}", style="yellow"))
-    report["settings"].update(
+    o, auto = run.options, run.engine.block
+    lookup_block, width_cost, levels = run.engine.lookup_block, run.engine.width_cost, o.concurrency
+    block, source = (o.blocks[0], BY_FLAG) if o.blocks else (auto.size, auto.reason)
+    if not o.blocks and auto.note:
+        run.err.print(Text(f"note: {auto.note}", style="yellow"))
+    run.report["settings"].update(
         blocks=[block],
         block_source=source,
         lookup_block=lookup_block,
@@ -37,14 +48,20 @@ def run_concurrency_mode(
         concurrency=levels,
         batch_width_cost="autotune profile" if width_cost else "default model (engine/width.py)",
     )
-    console.print(
+    run.console.print(
         Text(
-            f"{len(prompts)} prompts · max {max_tokens} tokens · {repeats} repeats · greedy · "
-            f"block {block} ({source}) · lookup block {lookup_block or 'default'} · at most "
-            f"{', '.join(map(str, levels))} rows at a time vs one at a time",
+            f"{len(run.prompts)} prompts · max {o.max_tokens} tokens · {o.repeats} repeats · "
+            f"greedy · block {block} ({source}) · lookup block {lookup_block or 'default'} · "
+            f"at most {', '.join(map(str, levels))} rows at a time vs one at a time",
             style="dim",
         )
     )
+    return block
+
+
+def _progress(err):
+    """One stderr line per finished run (sequential, or batched at one level)."""
+    from rich.text import Text
 
     def progress(name, run):
         rows = fmt_number(run.rows_per_round, ".2f")
@@ -57,19 +74,13 @@ def run_concurrency_mode(
             )
         )
 
-    result = run_concurrency(
-        pair,
-        prompts,
-        levels,
-        max_tokens=max_tokens,
-        repeats=repeats,
-        block=block,
-        lookup_block=lookup_block,
-        width_cost=width_cost,
-        thinking=thinking,
-        progress=progress,
-    )
-    report["concurrency"] = result
+    return progress
+
+
+def _render(result: dict, console, err) -> int:
+    """The table, any fallback note and mismatches, then the lossless verdict (the exit code)."""
+    from rich.text import Text
+
     if result["fallback"]:
         err.print(
             Text(f"note: this target runs one request at a time: {result['fallback']}", "yellow")

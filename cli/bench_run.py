@@ -17,6 +17,7 @@ from .bench_view import (
     lookup_table,
     speed_tables,
 )
+from .bench_options import BenchOptions, BenchRun
 from .common import fail
 
 
@@ -44,183 +45,135 @@ def _write_json(report: dict, path: Path) -> Path:
     return path
 
 
-def run_bench_command(
-    *,
-    model,
-    target,
-    drafter,
-    prompts,
-    limit,
-    max_tokens,
-    repeats,
-    blocks,
-    context,
-    json_path,
-    plot,
-    autotune,
-    concurrency,
-    kernels,
-    kernels_only,
-    thinking,
-    offline,
-    engine,
-    argv,
-) -> int:
-    from rich.console import Console
+def run_bench_command(options: BenchOptions) -> int:
+    """Measures what `options` asks, prints the tables, writes the JSON; the exit code."""
     from rich.text import Text
-
-    console, err = Console(highlight=False), Console(stderr=True, highlight=False)
-    for c in (console, err):  # piped to a file: wide enough for the tables
-        if not c.is_terminal:
-            c.width = max(c.width, 120)
 
     from dflash2_mlx import bench as B
     from dflash2_mlx.prompts import load_prompts
 
+    console, err = _consoles()
     chosen = None
-    if not kernels_only:
-        chosen = B.select_prompts(load_prompts(prompts), limit)  # fail fast, before any model
+    if not options.kernels_only:  # fail fast, before any model
+        chosen = B.select_prompts(load_prompts(options.prompts), options.limit)
     env = B.environment()
     report: dict = {
         "schema": B.SCHEMA,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": "dflash2 " + " ".join(argv),
+        "command": "dflash2 " + " ".join(options.argv),
         "environment": env,
     }
     console.print(Text(env_line(env), style="dim"))
     code = 0
-    if not kernels_only:
-        from dflash2_mlx import autotune as A
-
-        from dflash2_mlx.settings import check_block
-
-        pair, resolved, settings = _load(model, target, drafter, offline, engine, err)
-        trained = settings.block.trained
-        for b in blocks:
-            check_block(b, trained)
-        qsig = A.quant_signature(pair)
-        report["pair"] = {
-            "name": resolved.name,
-            "alias": resolved.alias,
-            "target": resolved.target,
-            "drafter": resolved.drafter,
-            "drafter_version": pair.drafter.config.version,
-            "draft_vocab": pair.drafter.draft_vocab_size,
-            "lookup": pair.decoder.lookup,
-            "datastore": pair.decoder.datastore is not None,
-            "trained_block": trained,
-            "quantization": qsig,
-            "quantization_text": A.describe_quant(qsig),
-        }
-        report["settings"] = {
-            "prompts": str(prompts),
-            "limit": limit,
-            "prompt_ids": [p.id for p in chosen],
-            "max_tokens": max_tokens,
-            "repeats": repeats,
-            "context": context,
-            "sampling": "greedy",
-            "thinking": thinking,
-        }
-        console.print(
-            Text(
-                f"{resolved.name}: {A.describe_quant(qsig)}; drafter DFlash"
-                f"{'2' if pair.drafter.config.version == 2 else ' v1'}, trained "
-                f"block {trained}",
-                style="dim",
-            )
-        )
-        if autotune:
-            code = _autotune(
-                A,
-                pair,
-                resolved,
-                chosen,
-                blocks,
-                trained,
-                max_tokens,
-                repeats,
-                context,
-                thinking,
-                report,
-                console,
-                err,
-            )
-        elif concurrency:
+    if not options.kernels_only:
+        run = _load_run(options, chosen, report, console, err)
+        if options.autotune:
+            code = _autotune(run)
+        elif options.concurrency:
             from .bench_concurrency import run_concurrency_mode
 
-            code = run_concurrency_mode(
-                pair,
-                chosen,
-                concurrency,
-                blocks,
-                settings.block,
-                settings.lookup_block,
-                settings.width_cost,
-                max_tokens,
-                repeats,
-                thinking,
-                report,
-                console,
-                err,
-            )
+            code = run_concurrency_mode(run)
         else:
-            code = _speed(
-                B,
-                pair,
-                chosen,
-                blocks,
-                settings.block,
-                settings.lookup_block,
-                max_tokens,
-                repeats,
-                context,
-                thinking,
-                report,
-                json_path,
-                plot,
-                console,
-                err,
-            )
-    if kernels:
+            code = _speed(run)
+    if options.kernels:
         report["kernels"] = kernels_report(20, console, err)
-    path = _write_json(report, json_path)
+    path = _write_json(report, options.json_path)
     console.print(Text(f"results: {path}", style="dim"))
     return code
 
 
-def _autotune(
-    A,
-    pair,
-    resolved,
-    prompts,
-    blocks,
-    trained,
-    max_tokens,
-    repeats,
-    context,
-    thinking,
-    report,
-    console,
-    err,
-) -> int:
+def _consoles():
+    """(stdout, stderr) rich consoles; piped to a file, wide enough for the tables."""
+    from rich.console import Console
+
+    console, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    for c in (console, err):
+        if not c.is_terminal:
+            c.width = max(c.width, 120)
+    return console, err
+
+
+def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> BenchRun:
+    """Loads the pair, checks the blocks against it and records pair and settings in `report`."""
     from rich.text import Text
 
-    top = blocks[0] if blocks else trained
+    from dflash2_mlx import autotune as A
+    from dflash2_mlx.settings import check_block
+
+    pair, resolved, engine = _load(
+        options.model, options.target, options.drafter, options.offline, options.engine, err
+    )
+    trained = engine.block.trained
+    for b in options.blocks:
+        check_block(b, trained)
+    qsig = A.quant_signature(pair)
+    report["pair"] = {
+        "name": resolved.name,
+        "alias": resolved.alias,
+        "target": resolved.target,
+        "drafter": resolved.drafter,
+        "drafter_version": pair.drafter.config.version,
+        "draft_vocab": pair.drafter.draft_vocab_size,
+        "lookup": pair.decoder.lookup,
+        "datastore": pair.decoder.datastore is not None,
+        "trained_block": trained,
+        "quantization": qsig,
+        "quantization_text": A.describe_quant(qsig),
+    }
+    report["settings"] = {
+        "prompts": str(options.prompts),
+        "limit": options.limit,
+        "prompt_ids": [p.id for p in prompts],
+        "max_tokens": options.max_tokens,
+        "repeats": options.repeats,
+        "context": options.context,
+        "sampling": "greedy",
+        "thinking": options.thinking,
+    }
+    console.print(
+        Text(
+            f"{resolved.name}: {A.describe_quant(qsig)}; drafter DFlash"
+            f"{'2' if pair.drafter.config.version == 2 else ' v1'}, trained "
+            f"block {trained}",
+            style="dim",
+        )
+    )
+    return BenchRun(options, pair, resolved, engine, prompts, report, console, err)
+
+
+def _autotune(run: BenchRun) -> int:
+    """`--autotune`: measures, stores this machine's profile and prints why it chose."""
+    from rich.text import Text
+
+    from dflash2_mlx import autotune as A
+
+    o, console = run.options, run.console
     profile = A.autotune(
-        pair,
-        prompts,
-        target=resolved.target,
-        drafter=resolved.drafter,
-        max_block=top,
-        context=context,
-        repeats=max(repeats, 5),
-        max_tokens=max_tokens,
-        thinking=thinking,
-        progress=lambda msg: err.print(Text(msg, style="dim")),
+        run.pair,
+        run.prompts,
+        target=run.resolved.target,
+        drafter=run.resolved.drafter,
+        max_block=o.blocks[0] if o.blocks else run.engine.block.trained,
+        context=o.context,
+        repeats=max(o.repeats, 5),
+        max_tokens=o.max_tokens,
+        thinking=o.thinking,
+        progress=lambda msg: run.err.print(Text(msg, style="dim")),
     )
     saved = A.save_profile(profile)
-    report["autotune"] = dict(profile, path=str(saved))
+    run.report["autotune"] = dict(profile, path=str(saved))
+    _print_block_choice(profile, console)
+    _print_lookup_choice(profile, console)
+    console.print(
+        Text(f"profile: {saved} (chat and serve use it when no --block is given)", style="dim")
+    )
+    return 0
+
+
+def _print_block_choice(profile: dict, console) -> None:
+    """The calibration, the cost table and the chosen block size."""
+    from rich.text import Text
+
     acc = profile["acceptance"]
     console.print(autotune_table(profile))
     console.print(
@@ -243,7 +196,13 @@ def _autotune(
             style="bold green",
         )
     )
-    lookup = profile["lookup"]
+
+
+def _print_lookup_choice(profile: dict, console) -> None:
+    """The lookup-block table (if measured) and the lookup block chosen."""
+    from rich.text import Text
+
+    acc, lookup = profile["acceptance"], profile["lookup"]
     if lookup["table"]:
         console.print(lookup_table(profile))
     console.print(
@@ -254,52 +213,66 @@ def _autotune(
             style="bold green" if lookup["chosen"] else "dim",
         )
     )
-    console.print(
-        Text(f"profile: {saved} (chat and serve use it when no --block is given)", style="dim")
+
+
+def _speed(run: BenchRun) -> int:
+    """The speed benchmark: plain vs dflash2 per block, verify costs, tables, plot, verdict."""
+    from dflash2_mlx import bench as B
+
+    o = run.options
+    blocks = _speed_settings(run)
+    result = B.run_bench(
+        run.pair,
+        run.prompts,
+        blocks,
+        max_tokens=o.max_tokens,
+        repeats=o.repeats,
+        thinking=o.thinking,
+        lookup_block=run.engine.lookup_block,
+        progress=_speed_progress(run.err),
     )
-    return 0
+    run.report.update(result)
+    vc = _verify_cost(run, blocks)
+    for t in speed_tables(run.report):
+        run.console.print(t)
+    _print_verify_ms(vc, run.console)
+    if o.plot_path is not False:
+        _plot(run)
+    return _mismatch_verdict(result["mismatches"], run.console, run.err)
 
 
-def _speed(
-    B,
-    pair,
-    prompts,
-    blocks,
-    auto,
-    lookup_block,
-    max_tokens,
-    repeats,
-    context,
-    thinking,
-    report,
-    json_path,
-    plot,
-    console,
-    err,
-) -> int:
+def _speed_settings(run: BenchRun) -> list[int]:
+    """The blocks to measure (given, else the rule chat and serve use), recorded and printed."""
     from rich.text import Text
 
     from dflash2_mlx.settings import BY_FLAG
 
-    source = BY_FLAG
+    o, auto, lookup_block = run.options, run.engine.block, run.engine.lookup_block
+    blocks, source = o.blocks, BY_FLAG
     if not blocks:  # the rule chat and serve use (dflash2_mlx.settings)
         blocks, source = [auto.size], auto.reason
         if auto.note:
-            err.print(Text(f"note: {auto.note}", style="yellow"))
-    report["settings"].update(
+            run.err.print(Text(f"note: {auto.note}", style="yellow"))
+    run.report["settings"].update(
         blocks=blocks,
         block_source=source,
         lookup_block=lookup_block,
         lookup_block_source="autotune profile" if lookup_block else "engine default",
     )
-    console.print(
+    run.console.print(
         Text(
-            f"{len(prompts)} prompts · max {max_tokens} tokens · {repeats} repeats · "
+            f"{len(run.prompts)} prompts · max {o.max_tokens} tokens · {o.repeats} repeats · "
             f"greedy · block {', '.join(map(str, blocks))} ({source}) · lookup block "
             f"{lookup_block or 'default'}",
             style="dim",
         )
     )
+    return blocks
+
+
+def _speed_progress(err):
+    """The per-prompt progress line of the speed benchmark (stderr)."""
+    from rich.text import Text
 
     def progress(i, n, info, rows):
         parts = []
@@ -318,57 +291,72 @@ def _speed(
             )
         )
 
-    run = B.run_bench(
-        pair,
-        prompts,
-        blocks,
-        max_tokens=max_tokens,
-        repeats=repeats,
-        thinking=thinking,
-        lookup_block=lookup_block,
-        progress=progress,
-    )
-    report.update(run)
-    err.print(
+    return progress
+
+
+def _verify_cost(run: BenchRun, blocks: list[int]) -> dict:
+    """Times a verify at widths 1 and `blocks`; records it, and each result's cost ratio."""
+    from rich.text import Text
+
+    from dflash2_mlx import bench as B
+
+    context = run.options.context
+    run.err.print(
         Text(
             f"verify cost at context {context}: widths {', '.join(map(str, [1] + blocks))}",
             style="dim",
         )
     )
-    vc = B.verify_costs(pair, [1] + blocks, context=context)
-    report["verify_cost"] = {
+    vc = B.verify_costs(run.pair, [1] + blocks, context=context)
+    run.report["verify_cost"] = {
         "context": vc["context"],
         "repeats": vc["repeats"],
         "ms": {str(k): v for k, v in vc["ms"].items()},
         "ratio": {str(k): v for k, v in vc["ratio"].items()},
     }
-    for res in report["results"]:
+    for res in run.report["results"]:
         res["summary"]["verify_cost_ratio"] = vc["ratio"].get(res["block"])
-    for t in speed_tables(report):
-        console.print(t)
+    return vc
+
+
+def _print_verify_ms(vc: dict, console) -> None:
+    from rich.text import Text
+
     console.print(
         Text(
             "verify cost ms by width: " + ", ".join(f"{k}: {v:.2f}" for k, v in vc["ms"].items()),
             style="dim",
         )
     )
-    if plot is not False:
-        png = Path(plot) if plot is not None else Path(json_path).with_suffix(".png")
-        try:
-            from dflash2_mlx.bench_plot import write_plot
 
-            write_plot(report, png)
-            report["plot"] = str(png)
-            console.print(Text(f"plot: {png}", style="dim"))
-        except ImportError:
-            report["plot"] = None
-            err.print(
-                Text(
-                    "note: matplotlib is not installed: no plot (pip install matplotlib)",
-                    style="yellow",
-                )
+
+def _plot(run: BenchRun) -> None:
+    """The PNG (--plot, else next to the JSON); a note instead if matplotlib is missing."""
+    from rich.text import Text
+
+    plot = run.options.plot_path
+    png = Path(plot) if plot is not None else Path(run.options.json_path).with_suffix(".png")
+    try:
+        from dflash2_mlx.bench_plot import write_plot
+
+        write_plot(run.report, png)
+        run.report["plot"] = str(png)
+        run.console.print(Text(f"plot: {png}", style="dim"))
+    except ImportError:
+        run.report["plot"] = None
+        run.err.print(
+            Text(
+                "note: matplotlib is not installed: no plot (pip install matplotlib)",
+                style="yellow",
             )
-    for m in run["mismatches"]:
+        )
+
+
+def _mismatch_verdict(mismatches: list[dict], console, err) -> int:
+    """Each mismatch in red, then the lossless verdict (exit code 1 if any)."""
+    from rich.text import Text
+
+    for m in mismatches:
         err.print(
             Text(
                 f"MISMATCH block {m['block']} prompt {m['id']} ({m['category']}) at "
@@ -379,7 +367,7 @@ def _speed(
     return lossless_verdict(
         console,
         err,
-        len(run["mismatches"]),
+        len(mismatches),
         "dflash2 output(s) differ from plain greedy decoding",
         "outputs identical to plain greedy decoding",
     )

@@ -1,0 +1,90 @@
+"""What `dflash2 bench` was asked (its parsed options) and what a measuring mode works with.
+No MLX here: `dflash2 bench --help` imports this module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from .common import fail
+
+
+@dataclass
+class BenchOptions:
+    """`dflash2 bench`'s options, parsed (block and concurrency lists are sorted ints)."""
+
+    model: Optional[str]
+    target: Optional[str]
+    drafter: Optional[str]
+    prompts: str
+    limit: Optional[int]
+    max_tokens: int
+    repeats: int
+    blocks: list[int]
+    context: int
+    json_path: Path
+    plot: Optional[Path]
+    no_plot: bool
+    autotune: bool
+    concurrency: list[int]
+    kernels: bool
+    thinking: Optional[bool]
+    offline: bool
+    engine: Any  # common.engine_flags(...)
+    argv: list[str]
+
+    @property
+    def kernels_only(self) -> bool:
+        """--kernels alone: no model is loaded, no prompt is read."""
+        return (
+            self.kernels
+            and not self.autotune
+            and not self.concurrency
+            and self.model is None
+            and self.target is None
+            and self.drafter is None
+        )
+
+    @property
+    def plot_path(self) -> Path | None | bool:
+        """False: no PNG (--no-plot); None: next to the JSON; else the --plot path."""
+        return False if self.no_plot else self.plot
+
+    def check(self) -> None:
+        """Refuses contradictory or out-of-range options (one-line user errors)."""
+        for flag, value, low in (
+            ("--max-tokens", self.max_tokens, 2),
+            ("--repeats", self.repeats, 1),
+            ("--context", self.context, 1),
+        ):
+            if value < low:
+                fail(f"{flag} must be >= {low}, got {value}")
+        if self.limit is not None and self.limit < 1:
+            fail(f"--limit must be >= 1, got {self.limit}")
+        if self.autotune and len(self.blocks) > 1:
+            fail("--autotune takes one --block (the largest block size to consider)")
+        if self.concurrency and self.autotune:
+            fail("--concurrency and --autotune are separate modes: give one")
+        if self.concurrency and len(self.blocks) > 1:
+            fail("--concurrency takes one --block (or none: the block chat and serve use)")
+        if self.concurrency and self.plot is not None:
+            fail("--plot needs the speed benchmark; --concurrency writes no plot")
+        if self.plot is not None and self.no_plot:
+            fail("--plot and --no-plot contradict each other")
+        if self.plot is not None and (self.autotune or self.kernels_only):
+            fail("--plot needs the speed benchmark (it plots speedup and τ per category)")
+
+
+@dataclass
+class BenchRun:
+    """A loaded pair and what every measuring mode (speed, autotune, concurrency) shares."""
+
+    options: BenchOptions
+    pair: Any  # dflash2_mlx.api.Pair
+    resolved: Any  # registry.Resolved: name, target, drafter
+    engine: Any  # settings.EngineSettings: block rule, lookup block, width cost
+    prompts: list  # the chosen prompts
+    report: dict  # the JSON report, filled in by the mode
+    console: Any  # rich consoles: results (stdout) and progress / notes (stderr)
+    err: Any
