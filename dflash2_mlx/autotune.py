@@ -298,29 +298,21 @@ def autotune(
     from . import costs
 
     say = progress or (lambda _msg: None)
-    trained = pair.drafter.config.block_size
-    B = int(max_block or trained)
-    if not 1 <= B <= trained:
-        from .errors import ParameterError
-
-        raise ParameterError(
-            f"block {B} must be in 1..{trained} (the drafter's trained block size)"
-        )
+    B, trained = _checked_max_block(pair, max_block)
     key = profile_key(pair, target, drafter)
     cap = QUANT_CAP if is_quantized(key["quantization"]) and B > QUANT_CAP else None
     lookup_widths = sorted(set(range(2, B + 1)) | set(LOOKUP_WIDTHS)) if pair.decoder.lookup else []
     widths = sorted(set(range(1, B + 1)) | set(lookup_widths))
-    say(f"verify cost, widths {', '.join(map(str, widths))}, context {context}")
-    verify = costs.verify_costs(pair, widths, context=context, repeats=repeats)
-    batches = BATCH_ROWS if batches is None else tuple(batches)
-    batch_widths = [w for w in BATCH_WIDTHS if w <= max(widths)]
-    if batches:
-        say(f"batched verify cost, rows {', '.join(map(str, batches))}")
-    batch_verify = costs.batch_verify_costs(
-        pair, batches, batch_widths, context=context, repeats=max(1, repeats // 2)
+    measured = costs.measure_costs(
+        pair,
+        widths,
+        blocks=range(1, B + 1),
+        batches=BATCH_ROWS if batches is None else tuple(batches),
+        batch_widths=[w for w in BATCH_WIDTHS if w <= max(widths)],
+        context=context,
+        repeats=repeats,
+        say=say,
     )
-    say(f"draft cost, blocks 2..{B}")
-    draft = costs.draft_costs(pair, range(1, B + 1), context=context, repeats=repeats)
     say(f"calibration: greedy at block {B} on {len(prompts)} prompts")
     calib = calibrate(
         pair,
@@ -331,9 +323,11 @@ def autotune(
         thinking=thinking,
         progress=lambda i, n: say(f"calibration {i}/{n}"),
     )
-    block_ms = {w: verify["ms"][w] for w in range(1, B + 1)}
-    choice = choose_block(block_ms, draft["ms"], calib["position_probs"], max_block=B, cap=cap)
-    lookup = _lookup_profile(pair, verify["ms"], calib, lookup_widths)
+    block_ms = {w: measured.verify["ms"][w] for w in range(1, B + 1)}
+    choice = choose_block(
+        block_ms, measured.draft["ms"], calib["position_probs"], max_block=B, cap=cap
+    )
+    lookup = _lookup_profile(pair, measured.verify["ms"], calib, lookup_widths)
     return {
         "schema": SCHEMA,
         "key": key,
@@ -347,26 +341,46 @@ def autotune(
         )
         if cap
         else None,
-        "verify": {
-            "context": context,
-            "repeats": repeats,
-            "ms": {str(k): v for k, v in block_ms.items()},
-            "ratio": {str(k): verify["ratio"][k] for k in block_ms},
-        },
-        "batch_verify": {
-            "context": context,
-            "ms": {
-                str(b): {str(w): ms for w, ms in row.items()}
-                for b, row in batch_verify["ms"].items()
-            },
-        },
-        "draft": {
-            "ms": {str(k): v for k, v in draft["ms"].items()},
-            "feature_rows": draft["feature_rows"],
-        },
+        **_cost_sections(measured, block_ms, context, repeats),
         "acceptance": calib,
         "table": [asdict(r) for r in choice.rows],
         "chosen_block": choice.block,
         "lookup": lookup,
         "chosen_lookup_block": lookup["chosen"],
+    }
+
+
+def _checked_max_block(pair, max_block: int | None) -> tuple[int, int]:
+    """(largest block considered, the drafter's trained block); ParameterError past trained."""
+    trained = pair.drafter.config.block_size
+    B = int(max_block or trained)
+    if not 1 <= B <= trained:
+        from .errors import ParameterError
+
+        raise ParameterError(
+            f"block {B} must be in 1..{trained} (the drafter's trained block size)"
+        )
+    return B, trained
+
+
+def _cost_sections(measured, block_ms: dict[int, float], context: int, repeats: int) -> dict:
+    """The profile's verify (block widths only), batch_verify and draft sections."""
+    return {
+        "verify": {
+            "context": context,
+            "repeats": repeats,
+            "ms": {str(k): v for k, v in block_ms.items()},
+            "ratio": {str(k): measured.verify["ratio"][k] for k in block_ms},
+        },
+        "batch_verify": {
+            "context": context,
+            "ms": {
+                str(b): {str(w): ms for w, ms in row.items()}
+                for b, row in measured.batch_verify["ms"].items()
+            },
+        },
+        "draft": {
+            "ms": {str(k): v for k, v in measured.draft["ms"].items()},
+            "feature_rows": measured.draft["feature_rows"],
+        },
     }

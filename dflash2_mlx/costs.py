@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import mlx.core as mx
 
@@ -169,3 +170,37 @@ def draft_costs(
                 samples[b].append(dt)
     ms = {b: (_median_ms(samples[b]) if b > 1 else 0.0) for b in blocks}
     return {"context": context, "repeats": repeats, "feature_rows": feature_rows, "ms": ms}
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Verify per width, batched verify per rows and width, draft per block (as returned)."""
+
+    verify: dict
+    batch_verify: dict
+    draft: dict
+
+
+def measure_costs(
+    pair,
+    widths: list[int],
+    *,
+    blocks: Iterable[int],
+    batches: tuple[int, ...],
+    batch_widths: list[int],
+    context: int,
+    repeats: int,
+    say: Callable[[str], None],
+) -> Costs:
+    """All three cost curves the autotuner needs, announcing each through `say`."""
+    blocks = list(blocks)
+    say(f"verify cost, widths {', '.join(map(str, widths))}, context {context}")
+    verify = verify_costs(pair, widths, context=context, repeats=repeats)
+    if batches:
+        say(f"batched verify cost, rows {', '.join(map(str, batches))}")
+    batch_verify = batch_verify_costs(
+        pair, batches, batch_widths, context=context, repeats=max(1, repeats // 2)
+    )
+    say(f"draft cost, blocks 2..{max(blocks)}")
+    draft = draft_costs(pair, blocks, context=context, repeats=repeats)
+    return Costs(verify, batch_verify, draft)
