@@ -266,45 +266,55 @@ def run_bench(
     rows: dict[int, list[dict]] = {b: [] for b in blocks}
     mismatches: list[dict] = []
     for i, (p, ids) in enumerate(encoded):
-        plain: list[Timed] = []
-        spec: dict[int, list[Timed]] = {b: [] for b in blocks}
-        mism: dict[int, int | None] = {b: None for b in blocks}
-        for _ in range(max(1, repeats)):
-            base = plain_decode(pair, ids, max_tokens)
-            plain.append(base)
-            for b in blocks:
-                run = dflash2_decode(pair, ids, max_tokens, b, lookup_block)
-                spec[b].append(run)
-                m = first_mismatch(base.tokens, run.tokens)
-                if m is not None and mism[b] is None:
-                    mism[b] = m
-                    mismatches.append(
-                        {
-                            "block": b,
-                            "id": p.id,
-                            "category": p.category,
-                            "index": m,
-                            "plain": base.tokens[m : m + 8],
-                            "dflash2": run.tokens[m : m + 8],
-                        }
-                    )
-        done = {}
+        done = _time_prompt(
+            pair, p, ids, blocks, max_tokens, max(1, repeats), lookup_block, mismatches
+        )
         for b in blocks:
-            rows[b].append(_row(p, ids, plain, spec[b], mism[b]))
-            done[b] = rows[b][-1]
+            rows[b].append(done[b])
         if progress is not None:
             progress(i + 1, len(encoded), {"id": p.id, "category": p.category}, done)
-    results = []
-    for b in blocks:
-        cats: dict[str, list[dict]] = defaultdict(list)
-        for r in rows[b]:
-            cats[r["category"]].append(r)
-        results.append(
-            {
-                "block": b,
-                "summary": _summary(rows[b]),
-                "per_category": {c: _summary(rs) for c, rs in cats.items()},
-                "rows": rows[b],
-            }
-        )
+    results = [_block_result(b, rows[b]) for b in blocks]
     return {"results": results, "all_identical": not mismatches, "mismatches": mismatches}
+
+
+def _time_prompt(
+    pair, p: Prompt, ids, blocks, max_tokens, repeats, lookup_block, mismatches: list[dict]
+) -> dict[int, dict]:
+    """One prompt's row per block: `repeats` plain runs, each followed by one dflash2 run per
+    block; the first mismatch per block is appended to `mismatches`."""
+    plain: list[Timed] = []
+    spec: dict[int, list[Timed]] = {b: [] for b in blocks}
+    mism: dict[int, int | None] = {b: None for b in blocks}
+    for _ in range(repeats):
+        base = plain_decode(pair, ids, max_tokens)
+        plain.append(base)
+        for b in blocks:
+            run = dflash2_decode(pair, ids, max_tokens, b, lookup_block)
+            spec[b].append(run)
+            m = first_mismatch(base.tokens, run.tokens)
+            if m is not None and mism[b] is None:
+                mism[b] = m
+                mismatches.append(
+                    {
+                        "block": b,
+                        "id": p.id,
+                        "category": p.category,
+                        "index": m,
+                        "plain": base.tokens[m : m + 8],
+                        "dflash2": run.tokens[m : m + 8],
+                    }
+                )
+    return {b: _row(p, ids, plain, spec[b], mism[b]) for b in blocks}
+
+
+def _block_result(block: int, rows: list[dict]) -> dict:
+    """One block's summary, per-category summaries and rows."""
+    cats: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        cats[r["category"]].append(r)
+    return {
+        "block": block,
+        "summary": _summary(rows),
+        "per_category": {c: _summary(rs) for c, rs in cats.items()},
+        "rows": rows,
+    }
