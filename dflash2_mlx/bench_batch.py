@@ -127,51 +127,67 @@ def run_concurrency(
     }
     for n in levels:
         arms[f"batch {n}"] = lambda n=n: run_batched(pair, encoded, params, n, width_cost)
-    names = list(arms)
-    runs: dict[str, list[ArmRun]] = {name: [] for name in names}
-    mismatches: list[dict] = []
-    identical = {n: [True] * len(prompts) for n in levels}
+    runs: dict[str, list[ArmRun]] = {name: [] for name in arms}
+    check = _OutputCheck(prompts, levels)
     for rep in range(max(1, repeats)):
-        # Rotate the batched arms' order; the sequential reference always runs first.
-        batched_names = names[1:]
-        k = rep % max(len(batched_names), 1)
-        for name in [SEQUENTIAL] + batched_names[k:] + batched_names[:k]:
+        for name in _rotated(list(arms), rep):
             run = arms[name]()
             runs[name].append(run)
             if progress is not None:
                 progress(name, run)
-        reference = runs[SEQUENTIAL][-1].outputs
         for n in levels:
-            outs = runs[f"batch {n}"][-1].outputs
-            for j, (p, ref, out) in enumerate(zip(prompts, reference, outs)):
-                m = first_mismatch(ref, out)
-                if m is not None and identical[n][j]:
-                    identical[n][j] = False
-                    mismatches.append(
-                        {
-                            "concurrency": n,
-                            "id": p.id,
-                            "category": p.category,
-                            "index": m,
-                            "sequential": ref[m : m + 8],
-                            "batched": out[m : m + 8],
-                        }
-                    )
-    base_s = statistics.median(r.seconds for r in runs[SEQUENTIAL])
-    sequential = _arm_summary(runs[SEQUENTIAL], base_s)
-    results = []
-    for n in levels:
-        res = {"concurrency": n, **_arm_summary(runs[f"batch {n}"], base_s)}
-        res.update(prompts=len(prompts), identical=sum(identical[n]))
-        results.append(res)
+            check.compare(n, runs[SEQUENTIAL][-1].outputs, runs[f"batch {n}"][-1].outputs)
     fallback = pair.batch(1).fallback
     return {
         "levels": levels,
         "batched_engine": fallback is None,
         "fallback": fallback,
         "prompt_tokens": [len(ids) for ids in encoded],
-        "sequential": sequential,
-        "results": results,
-        "all_identical": not mismatches,
-        "mismatches": mismatches,
+        **_summaries(runs, levels, check),
+        "all_identical": not check.mismatches,
+        "mismatches": check.mismatches,
     }
+
+
+def _rotated(names: list[str], rep: int) -> list[str]:
+    """The arms' order in repeat `rep`: the sequential reference first, the batched rotated."""
+    batched_names = names[1:]
+    k = rep % max(len(batched_names), 1)
+    return [SEQUENTIAL] + batched_names[k:] + batched_names[:k]
+
+
+class _OutputCheck:
+    """Batched outputs against the sequential ones, per level and prompt; the first
+    mismatch of each (level, prompt) is kept."""
+
+    def __init__(self, prompts: Sequence[Prompt], levels: list[int]):
+        self.prompts = prompts
+        self.identical = {n: [True] * len(prompts) for n in levels}
+        self.mismatches: list[dict] = []
+
+    def compare(self, n: int, reference: list[list[int]], outs: list[list[int]]) -> None:
+        for j, (p, ref, out) in enumerate(zip(self.prompts, reference, outs)):
+            m = first_mismatch(ref, out)
+            if m is not None and self.identical[n][j]:
+                self.identical[n][j] = False
+                self.mismatches.append(
+                    {
+                        "concurrency": n,
+                        "id": p.id,
+                        "category": p.category,
+                        "index": m,
+                        "sequential": ref[m : m + 8],
+                        "batched": out[m : m + 8],
+                    }
+                )
+
+
+def _summaries(runs: dict[str, list[ArmRun]], levels: list[int], check: _OutputCheck) -> dict:
+    """{"sequential": its summary, "results": one per level, timed against sequential}."""
+    base_s = statistics.median(r.seconds for r in runs[SEQUENTIAL])
+    results = []
+    for n in levels:
+        res = {"concurrency": n, **_arm_summary(runs[f"batch {n}"], base_s)}
+        res.update(prompts=len(check.prompts), identical=sum(check.identical[n]))
+        results.append(res)
+    return {"sequential": _arm_summary(runs[SEQUENTIAL], base_s), "results": results}
