@@ -197,88 +197,80 @@ class Chat:
             ) from None
 
     def _command(self, name: str, arg: str) -> bool:
-        say = self.console.print
+        """Runs a slash command; False ends the chat (/exit, /quit)."""
+        if name in ("/exit", "/quit"):
+            return False
+        run = _COMMANDS.get(name)
+        if run is None:
+            return self._bad(f"unknown command {name} (type /help)")
         try:
-            if name in ("/exit", "/quit"):
-                return False
-            if name == "/help":
-                say(Text(HELP))
-            elif name == "/clear":
-                self.history = []
-                say(Text("conversation cleared", style="dim"))
-            elif name == "/system":
-                if not arg:
-                    say(Text(f"system: {self.system!r}" if self.system else "no system prompt"))
-                else:
-                    self.system = None if arg == "-" else arg
-                    say(
-                        Text(
-                            "system prompt removed" if arg == "-" else "system prompt set",
-                            style="dim",
-                        )
-                    )
-            elif name in ("/temp", "/top_p", "/top_k", "/min_p", "/seed"):
-                field = {"/temp": "temperature"}.get(name, name[1:])
-                if name == "/seed" and arg.lower() == "off":
-                    value = None
-                else:
-                    value = self._number(name, arg, int if name in ("/top_k", "/seed") else float)
-                self.sampling = replace(self.sampling, **{field: value})
-                say(Text(f"{field} = {value}", style="dim"))
-                self.warn_greedy_filters()
-            elif name == "/max":
-                value = self._number(name, arg, int)
-                GenerationParams(value)  # validates
-                self.max_tokens = value
-                say(Text(f"max tokens = {value}", style="dim"))
-            elif name == "/block":
-                if not arg:
-                    say(
-                        Text(
-                            f"block {self.block} (trained {self.trained}); /block auto: "
-                            f"{self.engine.auto_block.describe()}"
-                        )
-                    )
-                    return True
-                value = (
-                    self.engine.auto_block.size
-                    if arg == "auto"
-                    else check_block(self._number(name, arg, int), self.trained, "/block")
-                )
-                self.block = value
-                say(
-                    Text(
-                        f"block = {value}" + ("" if self.spec else " (used when /spec on)"),
-                        style="dim",
-                    )
-                )
-            elif name == "/spec":
-                if arg not in ("on", "off"):
-                    return self._bad(f"/spec needs on or off, got {arg or 'nothing'!r}")
-                self.spec = arg == "on"
-                say(Text(f"speculative decoding {arg}", style="dim"))
-            elif name == "/thinking":
-                if arg not in ("on", "off"):
-                    return self._bad(f"/thinking needs on or off, got {arg or 'nothing'!r}")
-                if not _template_has_thinking(self.pair.tokenizer):
-                    return self._bad("this model's chat template has no thinking switch")
-                self.thinking = arg == "on"
-                say(Text(f"thinking {arg}", style="dim"))
-            elif name == "/stats":
-                say(
-                    stats_table(
-                        self.total,
-                        self.turns,
-                        len(self.session.tokens),
-                        self.settings(),
-                        self.block,
-                    )
-                )
-            else:
-                return self._bad(f"unknown command {name} (type /help)")
+            getattr(self, run)(name, arg)
         except _Bad as exc:
             return self._bad(str(exc))
         return True
+
+    def _say(self, text: str, style: str = "") -> None:
+        self.console.print(Text(text, style=style))
+
+    def _help(self, name: str, arg: str) -> None:
+        self._say(HELP)
+
+    def _clear(self, name: str, arg: str) -> None:
+        self.history = []
+        self._say("conversation cleared", "dim")
+
+    def _set_system(self, name: str, arg: str) -> None:
+        if not arg:
+            self._say(f"system: {self.system!r}" if self.system else "no system prompt")
+            return
+        self.system = None if arg == "-" else arg
+        self._say("system prompt removed" if arg == "-" else "system prompt set", "dim")
+
+    def _set_sampling(self, name: str, arg: str) -> None:
+        field = {"/temp": "temperature"}.get(name, name[1:])
+        if name == "/seed" and arg.lower() == "off":
+            value = None
+        else:
+            value = self._number(name, arg, int if name in ("/top_k", "/seed") else float)
+        self.sampling = replace(self.sampling, **{field: value})
+        self._say(f"{field} = {value}", "dim")
+        self.warn_greedy_filters()
+
+    def _set_max(self, name: str, arg: str) -> None:
+        value = self._number(name, arg, int)
+        GenerationParams(value)  # validates
+        self.max_tokens = value
+        self._say(f"max tokens = {value}", "dim")
+
+    def _set_block(self, name: str, arg: str) -> None:
+        if not arg:
+            auto = self.engine.auto_block.describe()
+            self._say(f"block {self.block} (trained {self.trained}); /block auto: {auto}")
+            return
+        self.block = (
+            self.engine.auto_block.size
+            if arg == "auto"
+            else check_block(self._number(name, arg, int), self.trained, "/block")
+        )
+        self._say(f"block = {self.block}" + ("" if self.spec else " (used when /spec on)"), "dim")
+
+    def _set_spec(self, name: str, arg: str) -> None:
+        self.spec = _on_off(name, arg)
+        self._say(f"speculative decoding {arg}", "dim")
+
+    def _set_thinking(self, name: str, arg: str) -> None:
+        on = _on_off(name, arg)
+        if not _template_has_thinking(self.pair.tokenizer):
+            raise _Bad("this model's chat template has no thinking switch")
+        self.thinking = on
+        self._say(f"thinking {arg}", "dim")
+
+    def _show_stats(self, name: str, arg: str) -> None:
+        self.console.print(
+            stats_table(
+                self.total, self.turns, len(self.session.tokens), self.settings(), self.block
+            )
+        )
 
     def settings(self) -> dict:
         sp = self.sampling
@@ -330,6 +322,26 @@ class Chat:
                     self.console.print(self.status(stats, finish), soft_wrap=True)
             except DFlash2Error as exc:
                 self.err.print(Text(f"error: {exc}", style="red"))
+
+
+# Slash command -> the Chat method that runs it (name, arg); /exit and /quit end the chat.
+_COMMANDS = {
+    "/help": "_help",
+    "/clear": "_clear",
+    "/system": "_set_system",
+    **dict.fromkeys(("/temp", "/top_p", "/top_k", "/min_p", "/seed"), "_set_sampling"),
+    "/max": "_set_max",
+    "/block": "_set_block",
+    "/spec": "_set_spec",
+    "/thinking": "_set_thinking",
+    "/stats": "_show_stats",
+}
+
+
+def _on_off(name: str, arg: str) -> bool:
+    if arg not in ("on", "off"):
+        raise _Bad(f"{name} needs on or off, got {arg or 'nothing'!r}")
+    return arg == "on"
 
 
 class _Bad(Exception):
