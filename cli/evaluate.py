@@ -50,15 +50,10 @@ def evaluate(
 
     Example: dflash2 evaluate --limit 14 --blocks 4,8 --json results/tau.json
     """
-    try:
-        block_list = tuple(int(b) for b in blocks.split(","))
-        temps = tuple(float(t) for t in temperatures.split(","))
-    except ValueError:
-        fail("--blocks and --temperatures take comma-separated numbers")
+    block_list, temps = _parse_lists(blocks, temperatures)
     from rich.console import Console
-    from rich.table import Table
 
-    from dflash2_mlx.bench import environment, select_prompts
+    from dflash2_mlx.bench import select_prompts
     from dflash2_mlx.prompts import load_prompts
     from dflash2_mlx.train.evaluate import measure_tau
 
@@ -80,34 +75,52 @@ def evaluate(
     result = measure_tau(
         pair, chosen, block_sizes=block_list, temperatures=temps, max_tokens=max_tokens, seed=seed
     )
+    Console().print(_tau_table(result, f"τ on {len(chosen)} '{prompts}' prompts"))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"prompts": prompts, "prompt_ids": [p.id for p in chosen]}
+        record.update(max_tokens=max_tokens, seed=seed, results=result)
+        json_path.write_text(json.dumps(_report(pair, resolved, record), indent=2))
+
+
+def _parse_lists(blocks: str, temperatures: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """'4,8,16' and '0,1' -> (4, 8, 16), (0.0, 1.0); a one-line error otherwise."""
+    try:
+        return (
+            tuple(int(b) for b in blocks.split(",")),
+            tuple(float(t) for t in temperatures.split(",")),
+        )
+    except ValueError:
+        fail("--blocks and --temperatures take comma-separated numbers")
+
+
+def _tau_table(result: dict, title: str):
+    """One row per setting: τ overall and per prompt category."""
+    from rich.table import Table
+
     cats = sorted({c for r in result.values() for c in r["per_category"]})
-    table = Table("setting", "τ", *cats, title=f"τ on {len(chosen)} '{prompts}' prompts")
+    table = Table("setting", "τ", *cats, title=title)
     for name, r in result.items():
         table.add_row(
             name, f"{r['tau']:.3f}", *(f"{r['per_category'].get(c, 0):.2f}" for c in cats)
         )
-    Console().print(table)
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(
-            json.dumps(
-                {
-                    "command": "dflash2 " + " ".join(sys.argv[1:]),
-                    "environment": environment(),
-                    "target": resolved.target,
-                    "drafter": resolved.drafter,
-                    "draft_vocab": pair.drafter.draft_vocab_size,
-                    "lookup": pair.decoder.lookup,
-                    "datastore": pair.decoder.datastore is not None,
-                    "prompts": prompts,
-                    "prompt_ids": [p.id for p in chosen],
-                    "max_tokens": max_tokens,
-                    "seed": seed,
-                    "results": result,
-                },
-                indent=2,
-            )
-        )
+    return table
+
+
+def _report(pair, resolved, record: dict) -> dict:
+    """The JSON written by --json: the command, machine and pair, then `record`."""
+    from dflash2_mlx.bench import environment
+
+    return {
+        "command": "dflash2 " + " ".join(sys.argv[1:]),
+        "environment": environment(),
+        "target": resolved.target,
+        "drafter": resolved.drafter,
+        "draft_vocab": pair.drafter.draft_vocab_size,
+        "lookup": pair.decoder.lookup,
+        "datastore": pair.decoder.datastore is not None,
+        **record,
+    }
 
 
 def register(app: typer.Typer) -> None:
