@@ -63,24 +63,7 @@ def usage(
             "accepted_prediction_tokens": stats.prediction_accepted,
             "rejected_prediction_tokens": stats.prediction_drafted - stats.prediction_accepted,
         },
-        "dflash2": {
-            "rounds": stats.rounds,
-            "drafted": stats.drafted,
-            "accepted": stats.accepted,
-            "tau": round(stats.tau, 4),
-            "acceptance_rate": round(stats.acceptance_rate, 4),
-            "lookup_rounds": stats.lookup_rounds,
-            "datastore_rounds": stats.datastore_rounds,
-            "block_size": block_size,
-            "speculative": speculative,
-            "cached_tokens": stats.reused_tokens,
-            "prefill_ms": round(stats.prefill_ms, 3),
-            "decode_ms": round(stats.decode_ms, 3),
-            "decode_tokens_per_s": round(stats.decode_tps, 3),
-            "batch_size": round(stats.mean_batch_size, 3),
-            "max_batch_size": stats.max_batch_size,
-            "queue_wait_ms": round(stats.queue_ms, 3),
-        },
+        "dflash2": _engine_usage(stats, block_size, speculative),
     }
     if reply is not None:
         t = reply.thinking
@@ -94,6 +77,28 @@ def usage(
             "tau": round(t.tau, 4),
         }
     return out
+
+
+def _engine_usage(stats: GenerationStats, block_size: int, speculative: bool) -> dict:
+    """usage.dflash2: the request's rounds, acceptance, timings and batching."""
+    return {
+        "rounds": stats.rounds,
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "tau": round(stats.tau, 4),
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "lookup_rounds": stats.lookup_rounds,
+        "datastore_rounds": stats.datastore_rounds,
+        "block_size": block_size,
+        "speculative": speculative,
+        "cached_tokens": stats.reused_tokens,
+        "prefill_ms": round(stats.prefill_ms, 3),
+        "decode_ms": round(stats.decode_ms, 3),
+        "decode_tokens_per_s": round(stats.decode_tps, 3),
+        "batch_size": round(stats.mean_batch_size, 3),
+        "max_batch_size": stats.max_batch_size,
+        "queue_wait_ms": round(stats.queue_ms, 3),
+    }
 
 
 class Formatter:
