@@ -235,16 +235,65 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     import mlx.core as mx
 
     tensors, meta = mx.load(str(gguf), return_metadata=True)
+    if meta.get("general.architecture") != "llama":
+        raise EmbeddedModelError(f"{gguf} is not a llama GGUF")
+    config = _llama_config(meta)
+    weights = _float_weights(tensors, config)
+    config["tie_word_embeddings"] = "lm_head.weight" not in weights
+    out.mkdir(parents=True, exist_ok=False)
+    weights_file = out / "model.safetensors"
+    mx.save_safetensors(str(weights_file), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _save_tokenizer(meta, out)
+    record = {
+        "source": f"{PACKAGE}=={VERSION}:{GGUF_MEMBER}",
+        "converter_version": CONVERTER_VERSION,
+        "safetensors_sha256": _sha256(weights_file),
+        "safetensors_bytes": weights_file.stat().st_size,
+    }
+    (out / CHECKSUM_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return out
+
+
+def _llama_config(meta: dict) -> dict:
+    """mlx-lm's config.json from the GGUF metadata (tie_word_embeddings set by the caller)."""
 
     def num(key):
         return meta[key].item()
 
-    if meta.get("general.architecture") != "llama":
-        raise EmbeddedModelError(f"{gguf} is not a llama GGUF")
-    n_head, n_kv = num("llama.attention.head_count"), num("llama.attention.head_count_kv")
-    hidden = num("llama.embedding_length")
-    head_dim = hidden // n_head
+    n_head, hidden = num("llama.attention.head_count"), num("llama.embedding_length")
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": num("llama.feed_forward_length"),
+        "num_hidden_layers": num("llama.block_count"),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": num("llama.attention.head_count_kv"),
+        "head_dim": hidden // n_head,
+        "rms_norm_eps": num("llama.attention.layer_norm_rms_epsilon"),
+        "rope_theta": num("llama.rope.freq_base"),
+        "rope_traditional": False,
+        "rope_scaling": None,
+        "max_position_embeddings": num("llama.context_length"),
+        "vocab_size": len(meta["tokenizer.ggml.tokens"]),
+        "tie_word_embeddings": None,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": num("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": num("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": num("tokenizer.ggml.padding_token_id"),
+        "torch_dtype": "float32",
+    }
 
+
+def _float_weights(tensors: dict, config: dict) -> dict:
+    """Every tensor dequantized to float32 under its mlx-lm name, q/k rows un-permuted."""
+    import mlx.core as mx
+
+    n_head, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config["head_dim"]
     weights = {}
     for key in sorted(k for k in tensors if not k.endswith((".scales", ".biases"))):
         base = key[: -len(".weight")] if key.endswith(".weight") else key
@@ -260,112 +309,16 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
             heads = n_head if name.endswith("q_proj") else n_kv
             w = w.reshape(heads, head_dim // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
         weights[f"{name}.weight"] = w
-    tied = "lm_head.weight" not in weights
-
-    out.mkdir(parents=True, exist_ok=False)
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    tokens = meta["tokenizer.ggml.tokens"]
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "intermediate_size": num("llama.feed_forward_length"),
-        "num_hidden_layers": num("llama.block_count"),
-        "num_attention_heads": n_head,
-        "num_key_value_heads": n_kv,
-        "head_dim": head_dim,
-        "rms_norm_eps": num("llama.attention.layer_norm_rms_epsilon"),
-        "rope_theta": num("llama.rope.freq_base"),
-        "rope_traditional": False,
-        "rope_scaling": None,
-        "max_position_embeddings": num("llama.context_length"),
-        "vocab_size": len(tokens),
-        "tie_word_embeddings": tied,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "hidden_act": "silu",
-        "bos_token_id": num("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": num("tokenizer.ggml.eos_token_id"),
-        "pad_token_id": num("tokenizer.ggml.padding_token_id"),
-        "torch_dtype": "float32",
-    }
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    _save_tokenizer(meta, out)
-    weights_file = out / "model.safetensors"
-    record = {
-        "source": f"{PACKAGE}=={VERSION}:{GGUF_MEMBER}",
-        "converter_version": CONVERTER_VERSION,
-        "safetensors_sha256": _sha256(weights_file),
-        "safetensors_bytes": weights_file.stat().st_size,
-    }
-    (out / CHECKSUM_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    return out
+    return weights
 
 
 def _save_tokenizer(meta: dict, out: Path) -> None:
     """Rebuild the byte-level BPE tokenizer (llama.cpp pre-type `smollm`) and save it for HF."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from .gguf_tokenizer import fast_tokenizer, save_portable
 
     if meta.get("tokenizer.ggml.model") != "gpt2":
         raise EmbeddedModelError("the GGUF tokenizer is not a byte-level (gpt2) BPE")
-    tokens = list(meta["tokenizer.ggml.tokens"])
-    types = meta["tokenizer.ggml.token_type"].tolist()
-    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-    tok = Tokenizer(
-        models.BPE(
-            vocab={t: i for i, t in enumerate(tokens)},
-            merges=merges,
-            fuse_unk=False,
-            byte_fallback=False,
-        )
-    )
-    split_digits = meta.get("tokenizer.ggml.pre") in ("smollm", "starcoder", "refact")
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.pre_tokenizer = (
-        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-        if split_digits
-        else byte_level
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    control = [t for t, kind in zip(tokens, types) if kind == 3]  # 3: CONTROL
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
-
-    def special(key):
-        idx = meta.get(f"tokenizer.ggml.{key}")
-        return tokens[idx.item()] if idx is not None else None
-
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=special("bos_token_id"),
-        eos_token=special("eos_token_id"),
-        unk_token=special("unknown_token_id"),
-        pad_token=special("padding_token_id"),
-        additional_special_tokens=[
-            t
-            for t in control
-            if t
-            not in {special("bos_token_id"), special("eos_token_id"), special("unknown_token_id")}
-        ],
-        chat_template=meta.get("tokenizer.chat_template"),
-        model_max_length=meta["llama.context_length"].item(),
-        clean_up_tokenization_spaces=False,
-        add_bos_token=bool(meta["tokenizer.ggml.add_bos_token"].item())
-        if "tokenizer.ggml.add_bos_token" in meta
-        else False,
-    )
-    fast.save_pretrained(str(out))
-    # Portable across transformers 4.x and 5.x: the generic fast class, a list of additional
-    # special tokens, and the chat template inline as well as in chat_template.jinja.
-    cfg_path = out / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    extra = cfg.pop("extra_special_tokens", None)
-    cfg.pop("backend", None)
-    if isinstance(extra, list):
-        cfg["additional_special_tokens"] = extra
-    cfg.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=fast.chat_template)
-    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    save_portable(fast_tokenizer(meta), out)
 
 
 def main() -> None:
