@@ -162,8 +162,7 @@ def train(
 
     Example: dflash2 train smollm2-135m --out my-drafter --steps 3000
     """
-    from dflash2_mlx.errors import DFlash2Error
-    from dflash2_mlx.train.pipeline import PipelineConfig, run_ablation, run_pipeline
+    from dflash2_mlx.train.pipeline import PipelineConfig
     from dflash2_mlx.train.trainer import TrainConfig
 
     try:
@@ -225,10 +224,18 @@ def train(
         init_from=str(init_from) if init_from else None,
         command=_command_line(ctx.params),
     )
+    _run_training(pc, tc, ablation=ablation)
+
+
+def _run_training(pc, tc, *, ablation: bool) -> None:
+    """The pipeline (or the ablation) with a progress display; Ctrl-C and errors as exits."""
     from rich.console import Console
 
+    from dflash2_mlx.errors import DFlash2Error
+    from dflash2_mlx.train.pipeline import run_ablation, run_pipeline
+
     console = Console()
-    progress, on_step = _progress(console, steps)
+    progress, on_step = _progress(console, tc.steps)
     try:
         if ablation:
             with progress:
@@ -237,7 +244,7 @@ def train(
                 console.print(
                     f"{name:<24} τ {r['proxy_tau']:.3f}  ({r['gain_over_dflash']:+.1%} vs DFlash)"
                 )
-            console.print(f"ablation written to {out / 'ablation.json'}")
+            console.print(f"ablation written to {pc.out / 'ablation.json'}")
             return
         with progress:
             result = run_pipeline(pc, tc, log=console.print, on_step=on_step)
