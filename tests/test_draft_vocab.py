@@ -76,7 +76,8 @@ def test_drafts_only_use_the_draft_vocabulary(version, temperature):
     session = dec.new_session()
     sp = SamplingParams(temperature=temperature, seed=0)
     key = mx.random.key(0)
-    token, _, _ = dec._prefill(session, [3, 14, 15, 9, 26], GenerationParams(max_tokens=9), key)
+    prefill = dec._begin(session, [3, 14, 15, 9, 26]).run(dec.prefill_chunk)
+    token = prefill.finish(SamplingParams(), key)  # greedy first token
     proposal = dec._draft(session, token, 8, sp, key)
     drafts, q, cand = proposal.drafts, proposal.q, proposal.candidates
     assert len(drafts) == 7 and set(drafts) <= set(vocab)

@@ -9,7 +9,9 @@ each request accepts with its own sampling parameters and random key, and the ta
 rolls each row back by its own amount (target/batch.py). A lone row runs the single-sequence
 round over plain caches (no per-row masks or offsets to pay for) and moves back into the batch
 cache when others join. Requests join between rounds (prefilled alone, then merged into the
-batch cache) and leave when they finish or are cancelled. Per request, the proposal, the
+batch cache) and leave when they finish or are cancelled. While others run, a joining
+request's prompt is prefilled a chunk per step (`prefill_step` tokens at most) between their
+rounds, so a long prompt does not stall their streams. Per request, the proposal, the
 acceptance rule and the key sequence are those of SpeculativeDecoder.stream, so a request
 returns what it returns alone (up to the float rounding of a batched matmul, which can only
 matter on an exact near-tie of two logits).
@@ -35,7 +37,8 @@ from ..drafter.batch import DraftRequest, draft_rows
 from ..errors import ParameterError
 from ..target import batch as tbatch
 from .events import RoundEvent
-from .loop import GenerationParams, Session, SpeculativeDecoder, _Cancelled, _Run, cut, record
+from .loop import GenerationParams, Session, SpeculativeDecoder, _Run, cut, record
+from .prefill import Prefill, _Cancelled
 from .proposal import NOTHING, Proposal
 from .sampling import accept
 from .width import WidthRule
@@ -64,6 +67,8 @@ class _Waiting:
     cancel: Callable[[], bool] | None  # polled between prefill chunks
     on_prefill: Callable[[RoundEvent], None] | None
     added: float  # perf_counter() at `add`
+    prefill: Prefill | None = None  # its prefill once begun (it joins when that is done)
+    queue_ms: float = 0.0  # `add` -> the start of its prefill
 
 
 @dataclass
@@ -77,6 +82,9 @@ class BatchDecoder:
     cache: tbatch.BatchCache | None = None  # the target's, one row per entry of `rows`
     fallback: str | None = None  # why this target runs one request at a time (None: batched)
     widths: WidthRule = field(default_factory=WidthRule)  # each round's verify width cap
+    # Prompt tokens a joining request prefills per step while others run (whole chunks of at
+    # most this many); None: the decoder's prefill_chunk.
+    prefill_step: int | None = None
     _next_id: int = 0
 
     def __post_init__(self):
@@ -86,6 +94,9 @@ class BatchDecoder:
             or self.max_batch < 1
         ):
             raise ParameterError(f"max_batch must be an int >= 1, got {self.max_batch!r}")
+        step = self.prefill_step
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 1):
+            raise ParameterError(f"prefill_step must be an int >= 1 or None, got {step!r}")
         self.fallback = tbatch.batchable(self.decoder.target)
 
     @property
@@ -145,22 +156,32 @@ class BatchDecoder:
         return events
 
     def _join(self) -> list[tuple[int, RoundEvent]]:
+        """Admit waiting requests in order while there is room, one prefill at a time; each
+        joins the batch when its prefill is done. While rows run, a step feeds at most
+        `prefill_step` prompt tokens, so a long prompt does not stall their rounds; with
+        nothing running the first prefill goes straight through (nobody waits on it)."""
         events, joined = [], []
+        budget = self._step_tokens if self.rows else None  # None: no limit
         while self.waiting and len(self.rows) + len(joined) < self.capacity:
-            w = self.waiting.pop(0)
-            session = w.session if w.session is not None else self.decoder.new_session()
-            queue_ms = (time.perf_counter() - w.added) * 1000.0
+            w = self.waiting[0]
             try:
-                event = self.decoder._start(session, w.prompt, w.run, w.cancel)
+                budget = self._feed(w, budget)
             except _Cancelled:
+                self.waiting.pop(0)
                 continue
+            if not w.prefill.done:
+                break
+            self.waiting.pop(0)
+            event = self.decoder._first(w.prefill, w.run)
             size = len(self.rows) + len(joined) + 1
-            event = replace(event, batch_size=size, queue_ms=queue_ms)
+            event = replace(event, batch_size=size, queue_ms=w.queue_ms)
             if w.on_prefill is not None:
                 w.on_prefill(event)
             events.append((w.rid, event))
             if event.finish_reason is None:
-                joined.append(_Row(w.rid, session, w.run))
+                joined.append(_Row(w.rid, w.prefill.session, w.run))
+            if budget is None:  # a further prefill would hold back this one's next tokens
+                budget = self._step_tokens
         if joined and self.batched:
             new = tbatch.merge([r.session.target_cache for r in joined])
             self.cache = tbatch.extend(self.cache, new)
@@ -168,6 +189,30 @@ class BatchDecoder:
                 r.session.target_cache = []  # its rows live in the batch cache now
         self.rows += joined
         return events
+
+    @property
+    def _step_tokens(self) -> int:
+        return self.prefill_step or self.decoder.prefill_chunk
+
+    def _feed(self, w: _Waiting, budget: int | None) -> int | None:
+        """Begin `w`'s prefill if needed and feed it whole chunks while they fit in `budget`
+        prompt tokens (None: all of it); returns the budget left. A chunk is at most the
+        step's budget, so every step with rows running feeds at least one."""
+        if w.prefill is None:
+            session = w.session if w.session is not None else self.decoder.new_session()
+            w.queue_ms = (time.perf_counter() - w.added) * 1000.0
+            w.prefill = self.decoder._begin(session, w.prompt, w.cancel)
+        chunk = self.decoder.prefill_chunk
+        if budget is not None:
+            chunk = min(chunk, self._step_tokens)
+        p = w.prefill
+        while not p.done:
+            n = min(chunk, p.remaining)
+            if budget is not None and n > budget:
+                break
+            p.advance(n)
+            budget = None if budget is None else budget - n
+        return budget
 
     def _leave(self) -> None:
         keep = [i for i, r in enumerate(self.rows) if not r.done]

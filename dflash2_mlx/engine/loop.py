@@ -22,8 +22,9 @@ from ..target.adapter import TargetAdapter
 from .datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from .events import RoundEvent
 from .lookup import DEFAULT_LOOKUP_BLOCK, ContextLookup, PredictionLookup
+from .prefill import Prefill, _Cancelled, drafter_offset
 from .proposal import NOTHING, Proposal
-from .sampling import SamplingParams, accept, pick
+from .sampling import SamplingParams, accept
 
 
 @dataclass(frozen=True)
@@ -123,10 +124,6 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
-class _Cancelled(Exception):
-    """Raised between prefill chunks when the caller's `cancel` says so."""
-
-
 class SpeculativeDecoder:
     """`lookup`: propose the continuation of an earlier occurrence of the last `lookup`
     committed tokens when there is one (up to GenerationParams.lookup_block tokens verified),
@@ -192,46 +189,18 @@ class SpeculativeDecoder:
         return common
 
     def drafter_offset(self, session: Session) -> int:
-        return session.drafter_cache[0].offset if session.drafter_cache else 0
+        return drafter_offset(session)
 
-    def _prefill(
-        self,
-        session: Session,
-        prompt: list[int],
-        params: GenerationParams,
-        key,
-        cancel: Callable[[], bool] | None = None,
-    ):
-        t0 = time.perf_counter()
-        if session.in_round:  # interrupted mid-round last time: start clean
+    def _begin(
+        self, session: Session, prompt: list[int], cancel: Callable[[], bool] | None = None
+    ) -> Prefill:
+        """Start the prefill of `prompt` into `session` (reusing the prefix it holds; caches
+        an interrupted round left are cleared); feed it with `advance`, then `_first`."""
+        if session.in_round:
             self._clear(session)
         reused = self._reuse(session, prompt) if session.tokens else 0
-        new = mx.array(prompt[reused:])[None]
         keep = self.drafter.config.context_rows_needed
-
-        def between_chunks() -> None:
-            if cancel is not None and cancel():
-                raise _Cancelled
-
-        session.in_round = True  # a cancelled prefill leaves the caches half-filled
-        logits, feats, first = self.target.prefill(
-            new, session.target_cache, self.prefill_chunk, keep, between_chunks
-        )
-        session.in_round = False
-        first += reused
-        d_off = self.drafter_offset(session)
-        pending = session.pending
-        if pending is not None and pending.shape[1] and first == d_off + pending.shape[1]:
-            feats = mx.concatenate([pending, feats], axis=1)
-        elif first > d_off:  # rows no drafter layer can see: skip them
-            for c in session.drafter_cache:
-                c.offset = first
-        session.pending = feats
-        token = int(pick(logits[0, -1], params.sampling, key).item())
-        session.tokens = list(prompt) + [token]
-        if session.lookup is not None:
-            session.lookup.reset(session.tokens)
-        return token, reused, _ms(t0)
+        return Prefill(self.target, session, prompt, reused, keep, cancel)
 
     # --------------------------------------------------------------- rounds
     def _propose(self, session: Session, anchor: int, run: _Run, key) -> Proposal:
@@ -342,6 +311,26 @@ class SpeculativeDecoder:
         seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
         return prompt, _Run(params, block, lookup_block, mx.random.key(seed))
 
+    def _first(self, prefill: Prefill, run: _Run) -> RoundEvent:
+        """The prompt is fed: pick the first token (the prefill event)."""
+        params = run.params
+        run.key, sub = mx.random.split(run.key)
+        token = prefill.finish(params.sampling, sub)
+        session = prefill.session
+        session.prediction = PredictionLookup(params.prediction) if params.prediction else None
+        if session.prediction is not None:
+            session.prediction.extend([token])
+        run.produced = 1
+        finish = "stop" if token in params.stop_token_ids else run.length_finish()
+        return RoundEvent(
+            tokens=[token],
+            prefill_ms=prefill.ms,
+            finish_reason=finish,
+            prefill=True,
+            prompt_tokens=len(prefill.prompt) - prefill.reused,
+            reused_tokens=prefill.reused,
+        )
+
     def _start(
         self,
         session: Session,
@@ -351,22 +340,7 @@ class SpeculativeDecoder:
     ) -> RoundEvent:
         """Prefill the prompt (reusing what the session holds) and pick the first token.
         Raises _Cancelled between prefill chunks when `cancel()` is true."""
-        params = run.params
-        run.key, sub = mx.random.split(run.key)
-        token, reused, prefill_ms = self._prefill(session, prompt, params, sub, cancel)
-        session.prediction = PredictionLookup(params.prediction) if params.prediction else None
-        if session.prediction is not None:
-            session.prediction.extend([token])
-        run.produced = 1
-        finish = "stop" if token in params.stop_token_ids else run.length_finish()
-        return RoundEvent(
-            tokens=[token],
-            prefill_ms=prefill_ms,
-            finish_reason=finish,
-            prefill=True,
-            prompt_tokens=len(prompt) - reused,
-            reused_tokens=reused,
-        )
+        return self._first(self._begin(session, prompt, cancel).run(self.prefill_chunk), run)
 
     def stream(
         self,

@@ -9,7 +9,7 @@ recurrent caches by exact recomputation over the accepted prefix (see rollback.p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
@@ -129,41 +129,61 @@ class TargetAdapter:
         features = mx.concatenate([cap.features[i] for i in self.layer_ids], axis=-1)
         return Forward(logits, features, cap)
 
-    def prefill(
-        self,
-        ids: mx.array,
-        cache: list,
-        chunk: int = 512,
-        keep_rows: int | None = None,
-        between: Callable[[], None] | None = None,
-    ):
+    def prefill(self, ids: mx.array, cache: list, chunk: int = 512, keep_rows: int | None = None):
         """Chunked prefill of ids [1, P] -> (last logits [1, 1, V], features of the last
-        `keep_rows` positions (all when None), index of the first kept row).
-        `between` is called after each chunk but the last (it may raise to stop)."""
-        total = ids.shape[1]
-        kept: list[mx.array] = []
-        kept_rows = 0
-        start = 0
-        logits = None
-        while start < total:
-            end = min(start + chunk, total)
-            fwd = self.forward(ids[:, start:end], cache, last_logits_only=True)
-            kept.append(fwd.features)
-            kept_rows += end - start
-            if keep_rows is not None:
-                while kept and kept_rows - kept[0].shape[1] >= keep_rows:
-                    kept_rows -= kept.pop(0).shape[1]
-            logits = fwd.logits
-            mx.eval(logits, kept[-1], [c.state for c in cache])
-            start = end
-            if between is not None and start < total:
-                between()
-        features = mx.concatenate(kept, axis=1) if len(kept) > 1 else kept[0]
-        if keep_rows is not None and features.shape[1] > keep_rows:
-            features = features[:, -keep_rows:]
-        return logits, features, total - features.shape[1]
+        `keep_rows` positions (all when None), index of the first kept row)."""
+        feed = ChunkedPrefill(self, ids, cache, keep_rows)
+        while not feed.done:
+            feed.feed(chunk)
+        return feed.result()
 
     def rollback(self, cache: list, fwd: Forward, keep: int, length: int) -> None:
         """Keep only the first `keep` of the `length` rows of the last forward in `cache`."""
         if keep < length:
             rollback_caches(cache, fwd.capture, keep, length)
+
+
+class ChunkedPrefill:
+    """ids [1, P] fed through the target into `cache` a chunk per `feed` call (the caller may
+    run other forwards between chunks), keeping the features of the last `keep_rows`
+    positions (all when None); `result` once `done`."""
+
+    def __init__(self, adapter: TargetAdapter, ids: mx.array, cache: list, keep_rows: int | None):
+        self.adapter, self.ids, self.cache, self.keep_rows = adapter, ids, cache, keep_rows
+        self.total = int(ids.shape[1])
+        self.fed = 0  # ids fed so far
+        self._kept: list[mx.array] = []
+        self._kept_rows = 0
+        self._logits: mx.array | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.fed >= self.total
+
+    @property
+    def remaining(self) -> int:
+        return self.total - self.fed
+
+    def feed(self, chunk: int) -> int:
+        """Run the next `chunk` ids (fewer at the end) through the target; returns how many."""
+        start, end = self.fed, min(self.fed + chunk, self.total)
+        fwd = self.adapter.forward(self.ids[:, start:end], self.cache, last_logits_only=True)
+        self._kept.append(fwd.features)
+        self._kept_rows += end - start
+        if self.keep_rows is not None:
+            while self._kept and self._kept_rows - self._kept[0].shape[1] >= self.keep_rows:
+                self._kept_rows -= self._kept.pop(0).shape[1]
+        self._logits = fwd.logits
+        mx.eval(self._logits, self._kept[-1], [c.state for c in self.cache])
+        self.fed = end
+        return end - start
+
+    def result(self) -> tuple[mx.array, mx.array, int]:
+        """(last logits [1, 1, V], the kept features [1, n, F], index of the first kept row)."""
+        if not self.done:
+            raise RuntimeError(f"prefill not done: {self.fed} of {self.total} ids fed")
+        kept = self._kept
+        features = mx.concatenate(kept, axis=1) if len(kept) > 1 else kept[0]
+        if self.keep_rows is not None and features.shape[1] > self.keep_rows:
+            features = features[:, -self.keep_rows :]
+        return self._logits, features, self.total - features.shape[1]

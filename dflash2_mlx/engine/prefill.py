@@ -1,0 +1,93 @@
+"""A prompt's prefill that advances a chunk at a time, then picks the first token.
+
+The single-sequence engine feeds it straight through; the batched engine (engine/batch.py)
+feeds a joining request's prompt a chunk per step while the others' rounds run, so a long
+prompt does not stall their streams. Either way the chunks are the target's chunked prefill
+(target/adapter.py `ChunkedPrefill`) over the session's own caches, and the first token, the
+drafter's offset and the queued features come out as from a prefill in one go.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import mlx.core as mx
+
+from ..target.adapter import ChunkedPrefill, TargetAdapter
+from .sampling import SamplingParams, pick
+
+
+class _Cancelled(Exception):
+    """Raised between prefill chunks when the caller's `cancel` says so."""
+
+
+def drafter_offset(session) -> int:
+    """Positions the session's drafter cache holds."""
+    return session.drafter_cache[0].offset if session.drafter_cache else 0
+
+
+class Prefill:
+    """The prefill of `prompt` into `session` (an engine/loop.py Session whose first `reused`
+    prompt tokens are already cached): `advance` feeds the next chunk; once `done`, `finish`
+    picks the first token. Before every chunk but the first `cancel()` is polled: True raises
+    _Cancelled and leaves the session marked `in_round` (its caches are half-filled)."""
+
+    def __init__(
+        self,
+        target: TargetAdapter,
+        session,
+        prompt: list[int],
+        reused: int,
+        keep_rows: int | None,
+        cancel: Callable[[], bool] | None = None,
+    ):
+        self.started = time.perf_counter()
+        self.session, self.prompt, self.reused, self.cancel = session, prompt, reused, cancel
+        session.in_round = True  # until finish: a dropped prefill leaves the caches half-filled
+        ids = mx.array(prompt[reused:])[None]
+        self.feed = ChunkedPrefill(target, ids, session.target_cache, keep_rows)
+        self.ms = 0.0  # from the start to the first token, once finished
+
+    @property
+    def done(self) -> bool:
+        return self.feed.done
+
+    @property
+    def remaining(self) -> int:
+        """Prompt tokens still to feed."""
+        return self.feed.remaining
+
+    def advance(self, chunk: int) -> int:
+        """Feed the next `chunk` prompt tokens (fewer at the end); returns how many."""
+        if self.feed.fed and self.cancel is not None and self.cancel():
+            raise _Cancelled
+        return self.feed.feed(chunk)
+
+    def run(self, chunk: int) -> Prefill:
+        """Feed the rest in chunks of `chunk`."""
+        while not self.done:
+            self.advance(chunk)
+        return self
+
+    def finish(self, sampling: SamplingParams, key: mx.array) -> int:
+        """The first token, drawn with `key`; the session then holds the prompt and it, and
+        queues the features the drafter has not seen (rows no drafter layer can see skipped)."""
+        session = self.session
+        logits, feats, first = self.feed.result()
+        session.in_round = False
+        first += self.reused
+        d_off = drafter_offset(session)
+        pending = session.pending
+        if pending is not None and pending.shape[1] and first == d_off + pending.shape[1]:
+            feats = mx.concatenate([pending, feats], axis=1)
+        elif first > d_off:
+            for c in session.drafter_cache:
+                c.offset = first
+        session.pending = feats
+        token = int(pick(logits[0, -1], sampling, key).item())
+        session.tokens = list(self.prompt) + [token]
+        if session.lookup is not None:
+            session.lookup.reset(session.tokens)
+        self.ms = (time.perf_counter() - self.started) * 1000.0
+        return token
