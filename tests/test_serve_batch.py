@@ -13,6 +13,7 @@ import math
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import openai
@@ -321,3 +322,50 @@ def test_a_failing_request_leaves_the_batch_alone(pair, url, monkeypatch, caplog
     assert results[1].json()["error"]["code"] == "internal_error"
     assert len([r for r in caplog.records if r.exc_info]) == 1
     assert ask(client, spec)["text"] == alone["text"]
+
+
+def test_a_long_prompt_does_not_stall_a_running_stream():
+    """A long prompt arriving while a stream runs is prefilled a chunk per round (8 tokens
+    here): the running stream keeps receiving chunks until the long request's first token,
+    and both answers are what they are alone."""
+    drafter = tiny.make_drafter(2, block_size=4)
+    pair = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), drafter, prefill_chunk=8)
+    app = create_app(pair, model_name="tiny", max_batch=4, prompt_cache_mb=0)
+    running_spec = {"prompt": "hold", "max_tokens": 600, "temperature": 0}
+    long_spec = {"prompt": "The quick brown fox jumps over the lazy dog. " * 4, "max_tokens": 12}
+    with running(app) as base:
+        client = client_for(base)
+        alone = [ask(client, {"kind": "completion", **s}) for s in (running_spec, long_spec)]
+        assert alone[0]["usage"].completion_tokens == 600  # it runs all through the prefill
+        arrivals, got = [], {}
+        flowing = threading.Event()
+
+        def stream(name, spec, on_chunk=None):
+            chunks = client.completions.create(model="tiny", stream=True, **spec)
+            text = []
+            for c in chunks:
+                if c.choices and c.choices[0].text:
+                    text.append(c.choices[0].text)
+                    if on_chunk is not None:
+                        on_chunk(time.perf_counter())
+            got[name] = "".join(text)
+
+        def seen(t):
+            arrivals.append(t)
+            if len(arrivals) == 3:
+                flowing.set()
+
+        first = threading.Thread(target=stream, args=("running", running_spec, seen))
+        first.start()
+        assert flowing.wait(60), "the running stream produced nothing"
+        marks = []
+        sent = time.perf_counter()
+        stream("long", long_spec, marks.append)
+        first.join(120)
+    during = [t for t in arrivals if sent < t < marks[0]]
+    prompt_tokens = alone[1]["usage"].prompt_tokens
+    assert prompt_tokens > 150
+    # ~prompt_tokens / 8 rounds ran while it prefilled (at most one or two with a prefill
+    # that stalls the batch)
+    assert len(during) >= 5, (len(during), prompt_tokens)
+    assert [got["running"], got["long"]] == [a["text"] for a in alone]

@@ -1,0 +1,144 @@
+"""A request joining running rows is prefilled a chunk per step between their rounds
+(engine/batch.py `prefill_step`, engine/prefill.py): the running rows keep streaming while a
+long prompt is prefilled, and every request still returns what it returns alone. With the
+same chunk size alone and joined, the joiner's prefill runs exactly the same chunks."""
+
+import pytest
+from test_batch import PROMPTS, _decoder
+
+from dflash2_mlx import GenerationParams, ParameterError
+from dflash2_mlx.engine.batch import BatchDecoder
+
+CHUNK = 8
+LONG = [(7 * i + 3) % 90 + 1 for i in range(61)]  # 61 tokens: 8 chunks of 8
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3_5"])
+def decoder(request):
+    dec = _decoder(request.param)
+    dec.prefill_chunk = CHUNK
+    return dec
+
+
+def _steps_until_joined(batch: BatchDecoder, ids: dict, out: dict, joiner) -> list[list]:
+    """Step until `joiner`'s prefill event (or until it is gone); each step's events."""
+    steps = []
+    while batch.busy:
+        events = batch.step()
+        steps.append(events)
+        for rid, ev in events:
+            out.setdefault(ids[rid], []).extend(ev.tokens)
+        if any(ids[rid] == joiner for rid, _ in events):
+            break
+        if all(w.rid not in ids or ids[w.rid] != joiner for w in batch.waiting):
+            break  # dropped
+    return steps
+
+
+def _finish(batch: BatchDecoder, ids: dict, out: dict) -> None:
+    while batch.busy:
+        for rid, ev in batch.step():
+            out.setdefault(ids[rid], []).extend(ev.tokens)
+
+
+def _running(batch: BatchDecoder, ids: dict, out: dict, n: int = 2) -> None:
+    """Two rows running (a few rounds done) before anything else joins."""
+    params = GenerationParams(max_tokens=60)
+    ids[batch.add(PROMPTS[0], params)] = "a"
+    ids[batch.add(PROMPTS[1], params)] = "b"
+    for _ in range(n):
+        for rid, ev in batch.step():
+            out.setdefault(ids[rid], []).extend(ev.tokens)
+
+
+def test_a_long_prompt_joins_a_chunk_per_step(decoder):
+    params = GenerationParams(max_tokens=20)
+    alone = {
+        "a": decoder.generate(PROMPTS[0], GenerationParams(max_tokens=60)),
+        "b": decoder.generate(PROMPTS[1], GenerationParams(max_tokens=60)),
+        "long": decoder.generate(LONG, params),
+    }
+    batch = BatchDecoder(decoder, max_batch=4)
+    ids, out = {}, {}
+    _running(batch, ids, out)
+    ids[batch.add(LONG, params)] = "long"
+    steps = _steps_until_joined(batch, ids, out, "long")
+    assert len(steps) == -(-len(LONG) // CHUNK) == 8  # one chunk per step
+    for events in steps[:-1]:  # while it prefilled, the others' rounds went on
+        got = {ids[rid]: ev for rid, ev in events}
+        assert set(got) == {"a", "b"}, got
+        assert all(not ev.prefill and ev.tokens and ev.batch_size == 2 for ev in got.values())
+    prefill = next(ev for rid, ev in steps[-1] if ids[rid] == "long")
+    assert prefill.prefill and prefill.prompt_tokens == len(LONG) and prefill.reused_tokens == 0
+    assert prefill.batch_size == 3 and prefill.prefill_ms > 0 and prefill.queue_ms >= 0
+    # the step that finished its prefill ran its first round with the others
+    assert [ev.batch_size for rid, ev in steps[-1] if ids[rid] == "a"] == [3]
+    _finish(batch, ids, out)
+    assert out == alone
+
+
+def test_nothing_running_prefills_straight_through(decoder):
+    """Nobody to stall: a long prompt's prefill event comes at the first step; one joining
+    next is held to the step's budget, in smaller chunks when prefill_step is smaller."""
+    params = GenerationParams(max_tokens=6)
+    batch = BatchDecoder(decoder, max_batch=4, prefill_step=3)
+    ids = {batch.add(LONG, params): "long", batch.add(LONG[:20], params): "next"}
+    first = batch.step()
+    assert [(ids[rid], ev.prefill) for rid, ev in first] == [("long", True), ("long", False)]
+    assert len(batch.waiting) == 1 and batch.waiting[0].prefill.feed.fed == 3
+    out = {}
+    for rid, ev in first:
+        out.setdefault(ids[rid], []).extend(ev.tokens)
+    _finish(batch, ids, out)
+    assert out["long"] == decoder.generate(LONG, params)
+    assert out["next"] == decoder.generate(LONG[:20], params)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ParameterError, match="prefill_step"):
+            BatchDecoder(decoder, prefill_step=bad)
+
+
+def test_a_joiner_cancelled_mid_prefill_is_dropped(decoder):
+    params = GenerationParams(max_tokens=20)
+    polls = []
+    session = decoder.new_session()
+    batch = BatchDecoder(decoder, max_batch=4)
+    ids, out = {}, {}
+    _running(batch, ids, out)
+    cancel = lambda: polls.append(1) or len(polls) > 2  # noqa: E731  (true at the third poll)
+    ids[batch.add(LONG, params, session=session, cancel=cancel)] = "long"
+    steps = _steps_until_joined(batch, ids, out, "long")
+    assert len(steps) == 4 and len(polls) == 3  # polled before chunks 2, 3 and 4
+    assert "long" not in out and session.in_round  # dropped: its caches are half-filled
+    rid = batch.add(LONG, params, session=session)  # cancelled by the caller this time
+    ids[rid] = "again"
+    for rid_, ev in batch.step():
+        out.setdefault(ids[rid_], []).extend(ev.tokens)
+    assert batch.waiting and batch.waiting[0].prefill is not None
+    batch.cancel(rid)
+    assert not batch.waiting
+    _finish(batch, ids, out)
+    assert "again" not in out
+    assert out["a"] == decoder.generate(PROMPTS[0], GenerationParams(max_tokens=60))
+    assert out["b"] == decoder.generate(PROMPTS[1], GenerationParams(max_tokens=60))
+    # the session recovers: its next use starts clean and answers as a cold run
+    assert decoder.generate(LONG, params, session) == decoder.generate(LONG, params)
+
+
+def test_a_joiner_with_a_cached_prefix_prefills_only_the_rest(decoder):
+    params = GenerationParams(max_tokens=12)
+    session = decoder.new_session()
+    first = decoder.generate(LONG[:20], params, session)
+    turn2 = LONG[:20] + first + LONG[20:50]
+    cold = decoder.generate(turn2, params)
+    batch = BatchDecoder(decoder, max_batch=4)
+    ids, out = {}, {}
+    _running(batch, ids, out)
+    ids[batch.add(turn2, params, session=session)] = "turn2"
+    steps = _steps_until_joined(batch, ids, out, "turn2")
+    prefill = next(ev for rid, ev in steps[-1] if ids[rid] == "turn2")
+    reused = 20 + len(first) - 1
+    assert prefill.reused_tokens == reused and prefill.prompt_tokens == len(turn2) - reused
+    assert len(steps) == -(-prefill.prompt_tokens // CHUNK) > 1
+    _finish(batch, ids, out)
+    assert out["turn2"] == cold
+    assert session.tokens == turn2 + cold and not session.in_round
