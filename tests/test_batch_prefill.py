@@ -51,19 +51,21 @@ def _running(batch: BatchDecoder, ids: dict, out: dict, n: int = 2) -> None:
             out.setdefault(ids[rid], []).extend(ev.tokens)
 
 
-def test_a_long_prompt_joins_a_chunk_per_step(decoder):
+@pytest.mark.parametrize("chunks_per_step", [1, 3])
+def test_a_long_prompt_joins_a_chunk_per_step(decoder, chunks_per_step):
     params = GenerationParams(max_tokens=20)
     alone = {
         "a": decoder.generate(PROMPTS[0], GenerationParams(max_tokens=60)),
         "b": decoder.generate(PROMPTS[1], GenerationParams(max_tokens=60)),
         "long": decoder.generate(LONG, params),
     }
-    batch = BatchDecoder(decoder, max_batch=4)
+    batch = BatchDecoder(decoder, max_batch=4, prefill_step=chunks_per_step * CHUNK)
     ids, out = {}, {}
     _running(batch, ids, out)
     ids[batch.add(LONG, params)] = "long"
     steps = _steps_until_joined(batch, ids, out, "long")
-    assert len(steps) == -(-len(LONG) // CHUNK) == 8  # one chunk per step
+    assert -(-len(LONG) // CHUNK) == 8  # chunks
+    assert len(steps) == -(-8 // chunks_per_step)  # whole chunks per step, as many as fit
     for events in steps[:-1]:  # while it prefilled, the others' rounds went on
         got = {ids[rid]: ev for rid, ev in events}
         assert set(got) == {"a", "b"}, got
@@ -92,7 +94,7 @@ def test_nothing_running_prefills_straight_through(decoder):
     _finish(batch, ids, out)
     assert out["long"] == decoder.generate(LONG, params)
     assert out["next"] == decoder.generate(LONG[:20], params)
-    for bad in (0, 2.5, True):
+    for bad in (0, 2.5, True, None):
         with pytest.raises(ParameterError, match="prefill_step"):
             BatchDecoder(decoder, prefill_step=bad)
 
@@ -101,7 +103,7 @@ def test_a_joiner_cancelled_mid_prefill_is_dropped(decoder):
     params = GenerationParams(max_tokens=20)
     polls = []
     session = decoder.new_session()
-    batch = BatchDecoder(decoder, max_batch=4)
+    batch = BatchDecoder(decoder, max_batch=4, prefill_step=CHUNK)
     ids, out = {}, {}
     _running(batch, ids, out)
     cancel = lambda: polls.append(1) or len(polls) > 2  # noqa: E731  (true at the third poll)
@@ -130,7 +132,7 @@ def test_a_joiner_with_a_cached_prefix_prefills_only_the_rest(decoder):
     first = decoder.generate(LONG[:20], params, session)
     turn2 = LONG[:20] + first + LONG[20:50]
     cold = decoder.generate(turn2, params)
-    batch = BatchDecoder(decoder, max_batch=4)
+    batch = BatchDecoder(decoder, max_batch=4, prefill_step=CHUNK)
     ids, out = {}, {}
     _running(batch, ids, out)
     ids[batch.add(turn2, params, session=session)] = "turn2"

@@ -23,7 +23,7 @@ from test_serve import CLI, HI, make_tokenizer, metric, reference, running
 from test_serve_lifecycle import serving, wait_for
 
 from dflash2_mlx.api import Pair
-from dflash2_mlx.engine.batch import DEFAULT_MAX_BATCH
+from dflash2_mlx.engine.batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_STEP
 from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.serve import ServeLimits, create_app, scheduler
 from dflash2_mlx.text import chat_prompt_ids
@@ -325,14 +325,15 @@ def test_a_failing_request_leaves_the_batch_alone(pair, url, monkeypatch, caplog
 
 
 def test_a_long_prompt_does_not_stall_a_running_stream():
-    """A long prompt arriving while a stream runs is prefilled a chunk per round (8 tokens
-    here): the running stream keeps receiving chunks until the long request's first token,
-    and both answers are what they are alone."""
+    """A long prompt arriving while a stream runs is prefilled between its rounds (chunks of
+    8 tokens here, engine/batch.py DEFAULT_PREFILL_STEP per round): the running stream keeps
+    receiving chunks until the long request's first token; both answers are what they are
+    alone."""
     drafter = tiny.make_drafter(2, block_size=4)
     pair = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), drafter, prefill_chunk=8)
     app = create_app(pair, model_name="tiny", max_batch=4, prompt_cache_mb=0)
     running_spec = {"prompt": "hold", "max_tokens": 600, "temperature": 0}
-    long_spec = {"prompt": "The quick brown fox jumps over the lazy dog. " * 4, "max_tokens": 12}
+    long_spec = {"prompt": "The quick brown fox jumps over the lazy dog. " * 30, "max_tokens": 12}
     with running(app) as base:
         client = client_for(base)
         alone = [ask(client, {"kind": "completion", **s}) for s in (running_spec, long_spec)]
@@ -364,8 +365,8 @@ def test_a_long_prompt_does_not_stall_a_running_stream():
         first.join(120)
     during = [t for t in arrivals if sent < t < marks[0]]
     prompt_tokens = alone[1]["usage"].prompt_tokens
-    assert prompt_tokens > 150
-    # ~prompt_tokens / 8 rounds ran while it prefilled (at most one or two with a prefill
-    # that stalls the batch)
-    assert len(during) >= 5, (len(during), prompt_tokens)
+    steps = -(-prompt_tokens // DEFAULT_PREFILL_STEP)
+    assert steps >= 10
+    # a round per prefill step ran while it prefilled (one or two when a prefill stalls)
+    assert len(during) >= steps // 2, (len(during), steps)
     assert [got["running"], got["long"]] == [a["text"] for a in alone]

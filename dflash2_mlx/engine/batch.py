@@ -46,6 +46,11 @@ from .width import WidthRule
 # Requests verified together when the caller names no limit: on bandwidth-bound hardware a
 # verify over 4 rows costs little more than over one (docs/results/batch_*.json).
 DEFAULT_MAX_BATCH = 4
+# Prompt tokens a joining request prefills per step while others run: on this CPU it cuts the
+# running stream's longest stall under a 2,000-token join from 25.6 s to 3.2 s, the joiner's
+# first token about as late as before; 64 halves the stall again but delays the joiner by half
+# (docs/results/smollm2-join-stall.json).
+DEFAULT_PREFILL_STEP = 128
 
 
 @dataclass
@@ -82,9 +87,9 @@ class BatchDecoder:
     cache: tbatch.BatchCache | None = None  # the target's, one row per entry of `rows`
     fallback: str | None = None  # why this target runs one request at a time (None: batched)
     widths: WidthRule = field(default_factory=WidthRule)  # each round's verify width cap
-    # Prompt tokens a joining request prefills per step while others run (whole chunks of at
-    # most this many); None: the decoder's prefill_chunk.
-    prefill_step: int | None = None
+    # Prompt tokens a joining request prefills per step while others run, in whole chunks of
+    # at most this many (and at most the decoder's prefill_chunk).
+    prefill_step: int = DEFAULT_PREFILL_STEP
     _next_id: int = 0
 
     def __post_init__(self):
@@ -95,8 +100,8 @@ class BatchDecoder:
         ):
             raise ParameterError(f"max_batch must be an int >= 1, got {self.max_batch!r}")
         step = self.prefill_step
-        if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 1):
-            raise ParameterError(f"prefill_step must be an int >= 1 or None, got {step!r}")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+            raise ParameterError(f"prefill_step must be an int >= 1, got {step!r}")
         self.fallback = tbatch.batchable(self.decoder.target)
 
     @property
@@ -161,7 +166,7 @@ class BatchDecoder:
         `prefill_step` prompt tokens, so a long prompt does not stall their rounds; with
         nothing running the first prefill goes straight through (nobody waits on it)."""
         events, joined = [], []
-        budget = self._step_tokens if self.rows else None  # None: no limit
+        budget = self.prefill_step if self.rows else None  # None: no limit
         while self.waiting and len(self.rows) + len(joined) < self.capacity:
             w = self.waiting[0]
             try:
@@ -181,7 +186,7 @@ class BatchDecoder:
             if event.finish_reason is None:
                 joined.append(_Row(w.rid, w.prefill.session, w.run))
             if budget is None:  # a further prefill would hold back this one's next tokens
-                budget = self._step_tokens
+                budget = self.prefill_step
         if joined and self.batched:
             new = tbatch.merge([r.session.target_cache for r in joined])
             self.cache = tbatch.extend(self.cache, new)
@@ -189,10 +194,6 @@ class BatchDecoder:
                 r.session.target_cache = []  # its rows live in the batch cache now
         self.rows += joined
         return events
-
-    @property
-    def _step_tokens(self) -> int:
-        return self.prefill_step or self.decoder.prefill_chunk
 
     def _feed(self, w: _Waiting, budget: int | None) -> int | None:
         """Begin `w`'s prefill if needed and feed it whole chunks while they fit in `budget`
@@ -204,7 +205,7 @@ class BatchDecoder:
             w.prefill = self.decoder._begin(session, w.prompt, w.cancel)
         chunk = self.decoder.prefill_chunk
         if budget is not None:
-            chunk = min(chunk, self._step_tokens)
+            chunk = min(chunk, self.prefill_step)
         p = w.prefill
         while not p.done:
             n = min(chunk, p.remaining)
