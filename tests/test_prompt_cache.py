@@ -180,13 +180,13 @@ def test_an_interrupted_generation_is_not_kept(monkeypatch):
     lease.close()
     assert cache.stats().entries == 0
     out1, _, _ = run(dec, cache, TURN1)
-    real = dec.target.prefill
+    real = dec.target.forward
 
-    def prefill_then_fail(*args, **kw):
+    def forward_then_fail(*args, **kw):  # the prefill's first chunk extends the caches
         real(*args, **kw)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dec.target, "prefill", prefill_then_fail)  # this instance only
+    monkeypatch.setattr(dec.target, "forward", forward_then_fail)  # this instance only
     turn2 = TURN1 + out1 + [40, 41]
     with pytest.raises(KeyboardInterrupt), cache.lease(turn2) as lease:
         assert lease.served > 0
