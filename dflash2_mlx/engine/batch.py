@@ -46,10 +46,10 @@ from .width import WidthRule
 # Requests verified together when the caller names no limit: on bandwidth-bound hardware a
 # verify over 4 rows costs little more than over one (docs/results/batch_*.json).
 DEFAULT_MAX_BATCH = 4
-# Prompt tokens a joining request prefills per step while others run: on this CPU it cuts the
-# running stream's longest stall under a 2,000-token join from 25.6 s to 3.2 s, the joiner's
-# first token about as late as before; 64 halves the stall again but delays the joiner by half
-# (docs/results/smollm2-join-stall.json).
+# Prompt tokens a joining request prefills per step while others run. Measured on a 2-core
+# CPU (docs/results/smollm2-join-stall.json, a 2,000-token join): a running stream's longest
+# pause 28.8 s (whole prefill) -> 2.7 s, the joiner's first token as late as before; 64 pauses
+# 1.7 s but delays the joiner's first token by 17 % (more rounds of the others in between).
 DEFAULT_PREFILL_STEP = 128
 
 
@@ -130,8 +130,10 @@ class BatchDecoder:
         request's caches again once the request has left). `cancel`: polled between prefill
         chunks; True drops the request (no event). `on_prefill`: called with the prefill
         event while `session` still holds the request's own caches, before they join the
-        batch (a prompt cache stores the state at the end of the prompt then). Bad
-        parameters raise ParameterError here, before anything runs."""
+        batch (a prompt cache stores the state at the end of the prompt then); its
+        prefill_ms runs from the start of its prefill to its first token (while others run,
+        their rounds between its chunks included). Bad parameters raise ParameterError here,
+        before anything runs."""
         prompt, run = self.decoder._validate(prompt, params)
         rid, self._next_id = self._next_id, self._next_id + 1
         now = time.perf_counter()
@@ -148,8 +150,9 @@ class BatchDecoder:
 
     # ------------------------------------------------------------------ rounds
     def step(self) -> list[tuple[int, RoundEvent]]:
-        """Admit waiting requests while there is room (their prefill events), then run one
-        round over every active request. Returns (request id, event) pairs; a request whose
+        """Admit waiting requests while there is room (their prefill events; while others
+        run, a long prompt's prefill spans several steps), then run one round over every
+        active request. Returns (request id, event) pairs; a request whose
         event has a finish_reason has left."""
         events = self._join()
         if self.rows:
