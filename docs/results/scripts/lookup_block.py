@@ -81,7 +81,10 @@ def measure(pair, args):
         print(json.dumps(row), flush=True)
         # The L = 32 arm's lookup rounds, replayed by the autotuner's rule below.
         params = d2.GenerationParams(
-            max_tokens=args.max_tokens, block_size=BLOCK, lookup_block=max(LOOKUP_BLOCKS)
+            max_tokens=args.max_tokens,
+            block_size=BLOCK,
+            lookup_block=max(LOOKUP_BLOCKS),
+            draft_gate=False,
         )
         lookup_rounds += [
             (ev.drafted, ev.accepted)
