@@ -43,8 +43,8 @@ def sparkline(histogram, block: int) -> str:
 
 # Each status field has a widest form and shorter ones ("" drops it). When the line is too wide
 # for the terminal, these steps (field, form) are taken in order until it fits: draft/verify
-# cost and prompt reuse give way first, then τ's last round, plain, lookup, datastore, block,
-# tokens and the sparkline; tokens/s stays.
+# cost and prompt reuse give way first, then τ's last round, lookup, datastore, block, tokens
+# and the sparkline; tokens/s stays.
 NARROWING = (
     ("cost", 1),
     ("prompt", 1),
@@ -53,7 +53,6 @@ NARROWING = (
     ("tau", 1),
     ("spec", 1),
     ("tps", 1),
-    ("plain", 1),
     ("lookup", 1),
     ("datastore", 1),
     ("block", 1),
@@ -119,7 +118,6 @@ def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> 
     if spec:
         share = 100 * stats.lookup_rounds / max(stats.rounds, 1)
         stored = 100 * stats.datastore_rounds / max(stats.rounds, 1)
-        plain = 100 * stats.plain_rounds / max(stats.rounds, 1)  # the draft gate's
         fields += [
             (
                 "tau",
@@ -130,7 +128,6 @@ def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> 
             ("block", (f"block {block}", ""), ""),
             ("lookup", (f"lookup {share:.0f}%" if stats.lookup_rounds else "", ""), ""),
             ("datastore", (f"store {stored:.0f}%" if stats.datastore_rounds else "", ""), ""),
-            ("plain", (f"plain {plain:.0f}%" if stats.plain_rounds else "", ""), ""),
         ]
     else:
         fields.append(("spec", ("spec off (plain decoding)", "spec off", ""), "yellow"))

@@ -227,10 +227,7 @@ def calibrate(
 
     rounds: list[tuple[int, int]] = []
     looked_up: Counter = Counter()
-    # the drafter every round (no plain rounds): its acceptance is what is measured here
-    params = GenerationParams(
-        max_tokens=max_tokens, block_size=block, lookup_block=lookup_block, draft_gate=False
-    )
+    params = GenerationParams(max_tokens=max_tokens, block_size=block, lookup_block=lookup_block)
     for i, p in enumerate(prompts):
         ids = chat_prompt_ids(pair.tokenizer, p.messages, thinking=thinking)
         for ev in pair.stream(ids, params):

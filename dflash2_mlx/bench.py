@@ -97,15 +97,10 @@ def plain_decode(pair, ids: Sequence[int], max_tokens: int) -> Timed:
 
 
 def dflash2_decode(
-    pair,
-    ids: Sequence[int],
-    max_tokens: int,
-    block: int | None,
-    lookup_block: int | None = None,
-    draft_gate: bool = True,
+    pair, ids: Sequence[int], max_tokens: int, block: int | None, lookup_block: int | None = None
 ) -> Timed:
     """dflash2, greedy, at `block` (None: the drafter's trained block size), lookup rounds up
-    to `lookup_block` (None: the engine's default); `draft_gate`: as GenerationParams'."""
+    to `lookup_block` (None: the engine's default)."""
     stats = GenerationStats()
     out: list[int] = []
     t_first = None
@@ -114,7 +109,6 @@ def dflash2_decode(
         block_size=block,
         lookup_block=lookup_block,
         sampling=SamplingParams(temperature=0.0),
-        draft_gate=draft_gate,
     )
     for ev in pair.stream(list(ids), params):
         if t_first is None:

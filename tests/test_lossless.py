@@ -32,10 +32,7 @@ def test_greedy_equals_plain_decoding(target, version, layout):
     for prompt in PROMPTS:
         ref = tiny.greedy_reference(model, prompt, 24)
         for block in (2, 3, 5, 8, 16):
-            # the drafter every round (no plain rounds: tests/test_gate.py), so every draft
-            # of the random drafter goes through the verify
-            params = GenerationParams(max_tokens=24, block_size=block, draft_gate=False)
-            out = dec.generate(prompt, params)
+            out = dec.generate(prompt, GenerationParams(max_tokens=24, block_size=block))
             assert out == ref, (family, version, layout, block, prompt)
 
 

@@ -63,7 +63,6 @@ class GenerationStats:
     datastore_rounds: int = 0  # rounds whose drafts came from the response datastore
     datastore_drafted: int = 0  # draft tokens proposed by the datastore
     datastore_accepted: int = 0  # of those, accepted
-    plain_rounds: int = 0  # rounds that verified the anchor alone (plain decoding: no drafts)
 
     def add(self, ev: RoundEvent) -> None:
         if ev.prefill:
@@ -84,7 +83,6 @@ class GenerationStats:
         self.longest_round = max(self.longest_round, ev.block_size)
         self.batch_rows += ev.batch_size
         self.max_batch_size = max(self.max_batch_size, ev.batch_size)
-        self.plain_rounds += ev.drafted == 0
         if ev.source == "lookup":
             self.lookup_rounds += 1
             self.lookup_drafted += ev.drafted
@@ -160,7 +158,6 @@ class GenerationStats:
             "datastore_drafted": self.datastore_drafted,
             "datastore_accepted": self.datastore_accepted,
             "datastore_tau": round(self.datastore_tau, 4),
-            "plain_rounds": self.plain_rounds,
             "histogram": {str(k): v for k, v in sorted(self.histogram.items())},
         }
 

@@ -21,7 +21,6 @@ from ..errors import ParameterError
 from ..target.adapter import TargetAdapter
 from .datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from .events import RoundEvent
-from .gate import DraftGate
 from .lookup import DEFAULT_LOOKUP_BLOCK, ContextLookup, PredictionLookup
 from .prefill import Prefill, _Cancelled, drafter_offset
 from .proposal import NOTHING, Proposal
@@ -41,9 +40,6 @@ class GenerationParams:
     # Tokens verified in a round drafted by context lookup or the prediction (anchor included;
     # they cost no draft pass, so they may pass the drafter's block). None: DEFAULT_LOOKUP_BLOCK.
     lookup_block: int | None = None
-    # Greedy rounds decode plainly where the drafter does not pay for itself (engine/gate.py);
-    # speed only: greedy output is the same either way. False: the drafter every round.
-    draft_gate: bool = True
 
     def __post_init__(self):
         if not all(
@@ -73,7 +69,6 @@ class _Run:
     lookup_block: int  # tokens verified in a lookup or prediction round (1: none)
     key: mx.array
     produced: int = 0  # tokens committed so far
-    gate: DraftGate | None = None  # greedy runs: drafter round or plain round
 
     @property
     def room(self) -> int:
@@ -217,7 +212,7 @@ class SpeculativeDecoder:
         if found is not None:
             return found
         length = min(run.block, run.room)
-        if length < 2 or (run.gate is not None and not run.gate.draft(length)):
+        if length < 2:
             return NOTHING
         return self._draft(session, anchor, length, run.params.sampling, key)
 
@@ -283,8 +278,6 @@ class SpeculativeDecoder:
         )
         verify_ms = _ms(t1)
         session.in_round = False
-        if run.gate is not None:
-            run.gate.observe(proposal.source, drafted, accepted, draft_ms + verify_ms)
         return RoundEvent(
             tokens=commit,
             drafted=drafted,
@@ -316,8 +309,7 @@ class SpeculativeDecoder:
             block = lookup_block = 1
         sp = params.sampling
         seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
-        gate = DraftGate() if params.draft_gate and sp.greedy and block >= 2 else None
-        return prompt, _Run(params, block, lookup_block, mx.random.key(seed), gate=gate)
+        return prompt, _Run(params, block, lookup_block, mx.random.key(seed))
 
     def _first(self, prefill: Prefill, run: _Run) -> RoundEvent:
         """The prompt is fed: pick the first token (the prefill event)."""

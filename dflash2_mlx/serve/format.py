@@ -89,7 +89,6 @@ def _engine_usage(stats: GenerationStats, block_size: int, speculative: bool) ->
         "acceptance_rate": round(stats.acceptance_rate, 4),
         "lookup_rounds": stats.lookup_rounds,
         "datastore_rounds": stats.datastore_rounds,
-        "plain_rounds": stats.plain_rounds,
         "block_size": block_size,
         "speculative": speculative,
         "cached_tokens": stats.reused_tokens,

@@ -39,7 +39,6 @@ def measure_tau(
                     max_tokens=max_tokens,
                     block_size=block,
                     sampling=SamplingParams(temperature=temp, seed=seed + i),
-                    draft_gate=False,  # τ of the drafter: it drafts every round
                 )
                 for ev in pair.stream(ids, params):
                     per_cat[p.category].add(ev)

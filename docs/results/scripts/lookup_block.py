@@ -81,10 +81,7 @@ def measure(pair, args):
         print(json.dumps(row), flush=True)
         # The L = 32 arm's lookup rounds, replayed by the autotuner's rule below.
         params = d2.GenerationParams(
-            max_tokens=args.max_tokens,
-            block_size=BLOCK,
-            lookup_block=max(LOOKUP_BLOCKS),
-            draft_gate=False,
+            max_tokens=args.max_tokens, block_size=BLOCK, lookup_block=max(LOOKUP_BLOCKS)
         )
         lookup_rounds += [
             (ev.drafted, ev.accepted)

@@ -53,9 +53,7 @@ def main(out_path, max_tokens=160):
         outs = {}
         for name, p in (("no prediction", ()), ("prediction", pred)):
             for block in (4, 8):
-                params = d2.GenerationParams(
-                    max_tokens=max_tokens, block_size=block, prediction=p, draft_gate=False
-                )
+                params = d2.GenerationParams(max_tokens=max_tokens, block_size=block, prediction=p)
                 out, st = pair.generate(ids, params)
                 outs[(name, block)] = out
                 row[f"{name}, block {block}"] = {
