@@ -13,14 +13,12 @@ Usage: nice -n 10 python join_stall.py OUT.json [--prompt-tokens N] [--steps 512
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 
 import dflash2_mlx as d2  # binds the optimized BLAS before MLX loads
-import mlx.core as mx
 
-from dflash2_mlx import _blas
+from dflash2_mlx import bench as B
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.engine.batch import BatchDecoder
 from dflash2_mlx.prompts import load_prompts
@@ -109,7 +107,7 @@ def main() -> None:
     for s in summary.values():
         for k in ("longest_gap_s", "joiner_ttft_s"):
             s["mean_" + k] = round(statistics.mean(s[k]), 2)
-    blas = _blas.info()
+    env = B.environment()
     res = {
         "what": "A running stream's longest gap between token events while a request with a "
         f"{len(join_ids)}-token prompt joins it (BatchDecoder, max_batch 4), embedded "
@@ -119,14 +117,7 @@ def main() -> None:
         "running stream's rounds. One process; each repeat runs every arm once, odd repeats "
         "in reverse order.",
         "script": "docs/results/scripts/join_stall.py",
-        "environment": {
-            "platform": f"{platform.system()} {platform.machine()}",
-            "cpu_count": os.cpu_count(),
-            "blas": blas.route,
-            "blas_threads": blas.threads,
-            "mlx": mx.__version__,
-            "device": str(mx.default_device()),
-        },
+        "machine": {k: env[k] for k in ("chip", "blas", "blas_threads", "mlx", "device")},
         "summary": summary,
         "rows": rows,
     }
