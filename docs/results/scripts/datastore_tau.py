@@ -2,8 +2,11 @@
 held-out prompts, greedy, context lookup 3, embedded SmolLM2 pair; arms interleaved per prompt
 in one process, outputs compared. The off arm's drafter rounds are also replayed against the
 datastore (what it would have proposed there, and how much of it the output confirms) to
-compare a datastore match with a drafter pass by matched length.
-Usage: nice -n 10 python datastore_tau.py OUT.json [--limit N] [--max-tokens 256] [--block 8]"""
+compare a datastore match with a drafter pass by matched length. With `--against FILE.npz` the
+arms are the shipped datastore vs that file instead (e.g. a rebuilt, larger one); the replay is
+then of the shipped arm's drafter rounds against the other file.
+Usage: nice -n 10 python datastore_tau.py OUT.json [--limit N] [--max-tokens 256] [--block 8]
+  [--against FILE.npz]"""
 
 import argparse
 import collections
@@ -15,6 +18,7 @@ from pathlib import Path
 import dflash2_mlx as d2
 from dflash2_mlx import bench as B
 from dflash2_mlx.embedded import ensure_smollm2
+from dflash2_mlx.engine.datastore import Datastore
 from dflash2_mlx.engine.events import GenerationStats
 from dflash2_mlx.prompts import load_prompts
 from dflash2_mlx.registry import EMBEDDED_DRAFTER
@@ -75,62 +79,77 @@ def main():
     ap.add_argument("--limit", type=int, default=None, help="the first N held-out prompts")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--against", type=Path, default=None, help="a datastore .npz vs the shipped")
     args = ap.parse_args()
     pair = d2.load_pair(ensure_smollm2(), EMBEDDED_DRAFTER, datastore=True)
-    store = pair.decoder.datastore
+    shipped = pair.decoder.datastore
+    if args.against is None:
+        stores = {"off": None, "on": shipped}
+    else:
+        stores = {"shipped": shipped, "new": Datastore.load(args.against, shipped.n)}
+    (base, test), store = stores, list(stores.values())[-1]
     held = load_prompts("heldout")
     # Round-robin over the categories, so that a run stopped early still covers them all.
     rank = {p.id: sum(q.category == p.category for q in held[:i]) for i, p in enumerate(held)}
     chosen = sorted(held, key=lambda p: rank[p.id])[: args.limit]
     params = d2.GenerationParams(max_tokens=args.max_tokens, block_size=args.block)
     pair.generate(chat_prompt_ids(pair.tokenizer, chosen[0].messages), params)  # warm-up
-    total = {arm: GenerationStats() for arm in ("off", "on")}
-    secs = {"off": 0.0, "on": 0.0}
+    total = {arm: GenerationStats() for arm in stores}
+    secs = {arm: 0.0 for arm in stores}
     table = collections.defaultdict(lambda: [0, 0, 0])
     per_prompt, identical = [], 0
     for i, p in enumerate(chosen):
         ids = chat_prompt_ids(pair.tokenizer, p.messages)
         row = {"id": p.id, "category": p.category}
         outs = {}
-        for arm in ("off", "on") if i % 2 == 0 else ("on", "off"):  # ABBA over prompts
-            pair.decoder.datastore = store if arm == "on" else None
+        for arm in (base, test) if i % 2 == 0 else (test, base):  # ABBA over prompts
+            pair.decoder.datastore = stores[arm]
             out, stats, s, rounds = run(pair, ids, params)
             outs[arm] = out
             merge(total[arm], stats)
             secs[arm] += s
             row[arm] = summary(stats, s)
-            if arm == "off":
+            if arm == base:
                 replay(store, ids, out, rounds, table)
-        row["identical"] = outs["on"] == outs["off"]
+        row["identical"] = outs[base] == outs[test]
         identical += row["identical"]
         per_prompt.append(row)
-        print(p.id, row["off"]["tau"], row["on"]["tau"], row["identical"], flush=True)
-        write(args, chosen[: i + 1], total, secs, table, per_prompt, identical, store)
+        print(p.id, row[base]["tau"], row[test]["tau"], row["identical"], flush=True)
+        write(args, chosen[: i + 1], total, secs, table, per_prompt, identical, stores)
 
 
-def write(args, chosen, total, secs, table, per_prompt, identical, store):
+def describe(store):
+    return {"tokens": len(store), "min_match": store.n, **store.meta} if store else None
+
+
+def write(args, chosen, total, secs, table, per_prompt, identical, stores):
+    (base, test), store = stores, list(stores.values())[-1]
     env = B.environment()
     arms = {arm: summary(total[arm], secs[arm]) for arm in total}
     res = {
-        "what": "Response datastore on vs off (engine/datastore.py, the drafter's datastore.npz: "
-        "its training regenerations): greedy, context lookup 3, embedded SmolLM2-135M pair, "
+        "what": f"Response datastore arms {base} vs {test} (engine/datastore.py; `datastore`: "
+        f"the {test} arm's file, `datastore_shipped`: the drafter's datastore.npz when both arms "
+        "use one): greedy, context lookup 3, embedded SmolLM2-135M pair, "
         "held-out prompts, arms interleaved per prompt (ABBA) in one process; τ pooled over "
         "rounds, tokens/s = committed tokens after the first / decode seconds. "
-        "`replay_by_match`: every drafter round of the off arm with a datastore match, by "
+        "`replay_by_match`: every drafter round of the first arm with a match in the second arm's datastore, by "
         "matched context length (8 = 8+): rounds, mean drafter accepted, mean datastore "
         "tokens the output confirms (7 proposed at most).",
         "command": "nice -n 10 python docs/results/scripts/datastore_tau.py "
         + " ".join(sys.argv[1:]),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {k: env[k] for k in ("chip", "blas", "blas_threads", "mlx", "device")},
-        "datastore": {"tokens": len(store), "min_match": store.n, **store.meta},
+        "datastore": describe(store),
+        **({"datastore_shipped": describe(stores[base])} if base != "off" else {}),
         "block": args.block,
         "max_tokens": args.max_tokens,
         "prompts": len(chosen),
         "identical": identical,
         "arms": arms,
-        "tau_gain": round(arms["on"]["tau"] / arms["off"]["tau"], 4),
-        "speedup_on_vs_off": round(arms["on"]["tokens_per_s"] / arms["off"]["tokens_per_s"], 4),
+        "tau_gain": round(arms[test]["tau"] / arms[base]["tau"], 4),
+        f"speedup_{test}_vs_{base}": round(
+            arms[test]["tokens_per_s"] / arms[base]["tokens_per_s"], 4
+        ),
         "replay_by_match": {
             str(k): {
                 "rounds": n,
