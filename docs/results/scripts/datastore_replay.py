@@ -20,7 +20,7 @@ ap.add_argument(
 )
 ap.add_argument("--out", type=Path, default=None)
 args = ap.parse_args()
-stores = {p.name if p.name != "datastore.npz" else str(p): Datastore.load(p) for p in args.stores}
+stores = {f"{i}:{p}": Datastore.load(p) for i, p in enumerate(args.stores)}
 stats = {k: {"positions": 0, "matched": 0, "confirmed": 0, "first_ok": 0} for k in stores}
 for rec in read_records(args.regen):
     if rec["temperature"] != 0.0:
