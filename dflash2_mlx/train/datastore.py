@@ -4,8 +4,9 @@
 
 Each record's `response_ids` go in end to end, each response followed by a separator; the
 files' names, record and token counts and SHA-256 are kept in the file's `meta`. Give it the
-regenerations the drafter trained on, never held-out ones (a datastore of the answers it is
-measured on would score them by heart).
+target's answers to training-side prompts (the drafter's regenerations, and others it has not
+trained on yet), never held-out ones (a datastore of the answers it is measured on would score
+them by heart).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Model-free replay of two response datastores on the held-out greedy continuations: at every
+"""Model-free replay of response datastores on the held-out greedy continuations: at every
 answer position where context lookup (min_match 3) finds nothing, what each datastore proposes
 (7 tokens at most, as the engine) and how many of those tokens the target's own continuation
 confirms. A cheap first look before the engine run (datastore_tau.py --against): it ignores the
 drafter (which a datastore round replaces) and how rounds skip positions.
-Usage: python datastore_replay.py A.npz B.npz [--regen data/smollm2/regen_heldout.jsonl] [--out J]"""
+Usage: python datastore_replay.py A.npz [B.npz ...] [--regen data/smollm2/regen_heldout.jsonl]
+  [--out J]"""
 
 import argparse
 import json
@@ -14,7 +15,7 @@ from dflash2_mlx.engine.lookup import DEFAULT_LOOKUP, ContextLookup
 from dflash2_mlx.train.regenerate import read_records
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-ap.add_argument("stores", nargs=2, type=Path)
+ap.add_argument("stores", nargs="+", type=Path)
 ap.add_argument(
     "--regen", type=Path, default=Path(__file__).parents[3] / "data/smollm2/regen_heldout.jsonl"
 )
@@ -44,7 +45,12 @@ for rec in read_records(args.regen):
                 s["first_ok"] += ok > 0
         look.extend(answer[p : p + 1])
 for name, s in stats.items():
-    s["sizes"] = {"tokens": len(stores[name])}
+    meta = stores[name].meta
+    s["datastore"] = {
+        "tokens": int(meta.get("tokens", len(stores[name]))),
+        "responses": meta.get("responses"),
+        "files": [src["file"] for src in meta.get("sources", [])],
+    }
     print(name, s)
 if args.out:
     args.out.write_text(json.dumps({"regen": str(args.regen), "stats": stats}, indent=1) + "\n")
