@@ -6,12 +6,7 @@ import json
 import pytest
 
 from dflash2_mlx.prompts import load_prompts
-from dflash2_mlx.train.corpus_prompts import (
-    CorpusPromptsError,
-    PromptRecipe,
-    build_prompts,
-    main,
-)
+from dflash2_mlx.train.corpus_prompts import CorpusPromptsError, PromptRecipe, build_prompts, main
 
 HELD = "What is the tallest mountain in the world?"
 
