@@ -90,6 +90,8 @@ class BatchDecoder:
     # Prompt tokens a joining request prefills per step while others run, in whole chunks of
     # at most this many (and at most the decoder's prefill_chunk).
     prefill_step: int = DEFAULT_PREFILL_STEP
+    # rows keep their columns in position order (a sliding-window target: target/batch.py)
+    _in_order: bool = field(default=False, init=False)
     _next_id: int = 0
 
     def __post_init__(self):
@@ -103,6 +105,7 @@ class BatchDecoder:
         if not isinstance(step, int) or isinstance(step, bool) or step < 1:
             raise ParameterError(f"prefill_step must be an int >= 1, got {step!r}")
         self.fallback = tbatch.batchable(self.decoder.target)
+        self._in_order = tbatch.windowed(self.decoder.target)
 
     @property
     def batched(self) -> bool:
@@ -172,6 +175,12 @@ class BatchDecoder:
         budget = self.prefill_step if self.rows else None  # None: no limit
         while self.waiting and len(self.rows) + len(joined) < self.capacity:
             w = self.waiting[0]
+            if (
+                w.prefill is None
+                and budget is not None
+                and budget < min(self.prefill_step, self.decoder.prefill_chunk, len(w.prompt))
+            ):
+                break  # not one chunk fits: it begins (and its queue time ends) next step
             try:
                 budget = self._feed(w, budget)
             except _Cancelled:
@@ -263,7 +272,7 @@ class BatchDecoder:
             record(row.session, commit, fwd.features[i : i + 1, : len(commit)])
             keeps.append(len(commit))
             results.append((accepted, commit, finish))
-        tbatch.rollback(self.cache, fwd, keeps, width)
+        tbatch.rollback(self.cache, fwd, keeps, width, self._in_order)
         mx.eval([r.session.pending for r in rows], [c.state for c in self.cache.layers])
         verify_ms = (time.perf_counter() - t1) * 1000.0
         events = []

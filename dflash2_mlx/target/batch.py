@@ -8,10 +8,11 @@ a row's real positions see its right padding). Row i then keeps `keeps[i]` of it
 - attention: trim every row to max(keeps); a shorter row's rejected tail (s columns) is then
   filled with its s oldest columns, which become left padding. That moves O(W) columns a
   round, where shifting the whole row right (mlx-lm's `finalize`) moves all of them. Keys are
-  stored after RoPE and attention is order-free under its mask, so the order of a row's
-  columns does not matter while it is batched; `BatchCache.order` records each column's
+  stored after RoPE and causal attention is order-free under its mask, so the order of a
+  row's columns does not matter while it is batched; `BatchCache.order` records each column's
   position so that a leaving row is handed back in position order (a single-sequence cache
-  trims its last columns).
+  trims its last columns). A sliding-window mask measures distance in columns: targets with
+  one (`windowed`) shift whole rows right instead, keeping every row in position order.
 - Gated-DeltaNet: recompute the recurrence from the pre-verify state with the steps past
   keeps[i] masked out (a masked step leaves the state unchanged), and take each row's conv
   window at its own end.
@@ -26,7 +27,13 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models import gated_delta
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    BatchKVCache,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
 from . import gdn
 from .adapter import Forward, TargetAdapter
@@ -133,42 +140,59 @@ def keep_rows(batch: BatchCache, indices: list[int]) -> None:
         batch.order = batch.order[:, before[0] - batch.attention[0]._idx :]
 
 
-def rollback(batch: BatchCache, fwd: Forward, keeps: list[int], width: int) -> None:
-    """Row i keeps the first keeps[i] of the `width` rows the verify forward `fwd` added."""
+def windowed(adapter: TargetAdapter) -> bool:
+    """Some attention layers of the target see a sliding window. Its mask measures distance
+    in cache columns, so a batched row's columns must stay in position order."""
+    return any(isinstance(c, RotatingKVCache) for c in make_prompt_cache(adapter.model))
+
+
+def rollback(
+    batch: BatchCache, fwd: Forward, keeps: list[int], width: int, in_order: bool = False
+) -> None:
+    """Row i keeps the first keeps[i] of the `width` rows the verify forward `fwd` added.
+    `in_order`: keep every row's columns in position order (a windowed target, `windowed`)."""
     if fwd.capture.replays:
         raise RuntimeError("generic recurrent layers cannot be rolled back per row")
-    longest = max(keeps)
-    shift = np.array([longest - k for k in keeps])
-    lengths = batch.lengths()
-    new = lengths[:, None] + np.arange(longest)[None, :]
-    new[np.arange(longest)[None, :] >= np.array(keeps)[:, None]] = _PAD
-    batch.order = np.concatenate([batch.order, new], axis=1)
     attention = batch.attention
-    for c in attention:
-        c.trim(width - longest)
-    if shift.any():
-        _refill(batch, attention, shift)
-    _compact(batch, attention)
+    if attention:
+        longest = max(keeps)
+        shift = np.array([longest - k for k in keeps])
+        new = batch.lengths()[:, None] + np.arange(longest)[None, :]
+        new[np.arange(longest)[None, :] >= np.array(keeps)[:, None]] = _PAD
+        batch.order = np.concatenate([batch.order, new], axis=1)
+        for c in attention:
+            c.trim(width - longest)
+        end = batch.order.shape[1]
+        if in_order or np.any(batch.left_padding() + 2 * shift > end):
+            _shift_right(batch, attention, shift)  # (a row too short to refill its tail)
+        elif shift.any():
+            _refill(batch, attention, shift)
+        _compact(batch, attention)
     if fwd.capture.gdn and min(keeps) < width:
         keep = mx.array(keeps)
         for g in fwd.capture.gdn:
             _rollback_gdn(g, keep, width)
 
 
+def _shift_right(batch: BatchCache, attention: list[BatchKVCache], shift: np.ndarray) -> None:
+    """Every row shifts right by what it rejected, so its rejected tail wraps around into its
+    left padding (O(context) copies; the columns stay in position order)."""
+    if not shift.any():
+        return
+    for c in attention:
+        c.prepare(right_padding=shift.tolist())
+        c.finalize()
+    for i, s in enumerate(shift):
+        batch.order[i] = np.roll(batch.order[i], s)  # the rolled-in tail is rejected: padding
+        batch.order[i, :s] = _PAD
+
+
 def _refill(batch: BatchCache, attention: list[BatchKVCache], shift: np.ndarray) -> None:
     """Row i's last shift[i] columns are rejected drafts: fill them with its shift[i] oldest
-    columns and count those as left padding (O(width) copies). A row too short for that
-    (fewer kept columns than rejected ones) makes every row shift right instead."""
+    columns and count those as left padding (O(width) copies; a row needs at least as many
+    kept columns as rejected ones)."""
     order, end = batch.order, batch.order.shape[1]
     pad = batch.left_padding()
-    if np.any(pad + 2 * shift > end):
-        for c in attention:
-            c.prepare(right_padding=shift.tolist())
-            c.finalize()
-        for i, s in enumerate(shift):
-            order[i] = np.roll(order[i], s)  # the rolled-in tail is rejected: padding now
-            order[i, :s] = _PAD
-        return
     most = int(shift.max())
     source = np.tile(np.arange(end - most, end), (len(shift), 1))
     for i, s in enumerate(shift):
