@@ -175,18 +175,12 @@ class BatchDecoder:
         budget = self.prefill_step if self.rows else None  # None: no limit
         while self.waiting and len(self.rows) + len(joined) < self.capacity:
             w = self.waiting[0]
-            if (
-                w.prefill is None
-                and budget is not None
-                and budget < min(self.prefill_step, self.decoder.prefill_chunk, len(w.prompt))
-            ):
-                break  # not one chunk fits: it begins (and its queue time ends) next step
             try:
                 budget = self._feed(w, budget)
             except _Cancelled:
                 self.waiting.pop(0)
                 continue
-            if not w.prefill.done:
+            if w.prefill is None or not w.prefill.done:
                 break
             self.waiting.pop(0)
             event = self.decoder._first(w.prefill, w.run)
@@ -210,14 +204,17 @@ class BatchDecoder:
     def _feed(self, w: _Waiting, budget: int | None) -> int | None:
         """Begin `w`'s prefill if needed and feed it whole chunks while they fit in `budget`
         prompt tokens (None: all of it); returns the budget left. A chunk is at most the
-        step's budget, so every step with rows running feeds at least one."""
-        if w.prefill is None:
-            session = w.session if w.session is not None else self.decoder.new_session()
-            w.queue_ms = (time.perf_counter() - w.added) * 1000.0
-            w.prefill = self.decoder._begin(session, w.prompt, w.cancel)
+        step's budget, so every step with rows running feeds at least one. A prefill begins
+        (and its queue time ends) only when a chunk of it fits."""
         chunk = self.decoder.prefill_chunk
         if budget is not None:
             chunk = min(chunk, self.prefill_step)
+        if w.prefill is None:
+            if budget is not None and budget < min(chunk, len(w.prompt)):
+                return budget
+            session = w.session if w.session is not None else self.decoder.new_session()
+            w.queue_ms = (time.perf_counter() - w.added) * 1000.0
+            w.prefill = self.decoder._begin(session, w.prompt, w.cancel)
         p = w.prefill
         while not p.done:
             n = min(chunk, p.remaining)
