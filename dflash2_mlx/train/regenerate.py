@@ -128,6 +128,104 @@ def _done_pairs(out: Path) -> set[tuple[str, float]]:
     return {(rec["id"], rec["temperature"]) for rec in read_records(out)}
 
 
+@dataclass
+class _Progress:
+    """Decode throughput for the progress lines: over a window (reset at each line and each
+    temperature) and over the whole call."""
+
+    log: Callable[[str], None]
+    start: float  # when the call began
+    generated: int = 0  # every decoded token, finished sequences or not
+    window_tokens: int = 0
+    window_start: float = 0.0
+
+    def begin(self, temp: float, todo: int, done: int) -> None:
+        """A new window for temperature `temp`, and its first line."""
+        self.window_tokens, self.window_start = 0, time.perf_counter()
+        self.log(f"[regen] T={temp:g}: {todo} prompts to generate, {done} already done")
+
+    def count_token(self) -> None:
+        self.window_tokens += 1
+        self.generated += 1
+
+    def sync_and_report(self, fh, temp: float, finished: int, total: int) -> None:
+        """fsync the records written so far, then log the throughput and start a new window."""
+        now = time.perf_counter()
+        os.fsync(fh.fileno())
+        self.log(
+            f"[regen] T={temp:g} {finished}/{total} done | "
+            f"{self.window_tokens / max(now - self.window_start, 1e-9):.1f} tok/s "
+            f"(last {self.window_tokens} tokens) | "
+            f"{self.generated / max(now - self.start, 1e-9):.1f} tok/s overall | "
+            f"{now - self.start:.0f} s"
+        )
+        self.window_tokens, self.window_start = 0, now
+
+
+def _encode_prompts(tokenizer, prompts: Iterable[Prompt], encoded: dict[str, list[int]]) -> None:
+    """Adds the chat-templated ids of `prompts` not yet in `encoded` (shared across temperatures)."""
+    for p in prompts:
+        if p.id not in encoded:
+            ids = tokenizer.apply_chat_template(p.messages, add_generation_prompt=True)
+            encoded[p.id] = list(getattr(ids, "input_ids", ids))
+
+
+def _batch_generator(
+    net, tokenizer, temp: float, top_p: float, seed: int, max_new_tokens: int, batch_size: int
+):
+    """A seeded mlx-lm BatchGenerator sampling at `temp`, stopping at the tokenizer's EOS."""
+    import mlx.core as mx
+    from mlx_lm.generate import BatchGenerator
+
+    mx.random.seed(seed)
+    return BatchGenerator(
+        net,
+        max_tokens=max_new_tokens,
+        sampler=make_sampler(temp, top_p, seed),
+        stop_tokens=[[t] for t in tokenizer.eos_token_ids],
+        completion_batch_size=batch_size,
+        prefill_batch_size=min(8, batch_size),
+    )
+
+
+def _write_finished(
+    gen,
+    by_uid: dict[int, Prompt],
+    encoded: dict[str, list[int]],
+    temp: float,
+    fh,
+    stats: RegenStats,
+    progress: _Progress,
+    batch_size: int,
+) -> None:
+    """Decodes until `gen` is empty, appending each finished sequence to `fh` (flushed at once;
+    fsynced, with a progress line, every `batch_size` sequences and at the last)."""
+    tokens: dict[int, list[int]] = {u: [] for u in by_uid}
+    finished = 0
+    while responses := gen.next_generated():
+        for r in responses:
+            tokens[r.uid].append(int(r.token))
+            progress.count_token()
+            if r.finish_reason is None:
+                continue
+            p = by_uid[r.uid]
+            rec = {
+                "id": p.id,
+                "category": p.category,
+                "temperature": temp,
+                "prompt_ids": encoded[p.id],
+                "response_ids": tokens.pop(r.uid),
+                "finish_reason": r.finish_reason,
+            }
+            fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            fh.flush()
+            stats.written += 1
+            stats.new_tokens += len(rec["response_ids"])
+            finished += 1
+            if finished % batch_size == 0 or finished == len(by_uid):
+                progress.sync_and_report(fh, temp, finished, len(by_uid))
+
+
 def regenerate(
     model: str | Path | tuple,
     prompts: str | Path | Sequence[Prompt],
@@ -150,9 +248,7 @@ def regenerate(
     skipped.
     """
     _blas.bind()
-    import mlx.core as mx
     from mlx_lm import load
-    from mlx_lm.generate import BatchGenerator
 
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     items = list(load_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts)
@@ -167,74 +263,27 @@ def regenerate(
     out.parent.mkdir(parents=True, exist_ok=True)
     done = _done_pairs(out)
     stats = RegenStats()
-    start = time.perf_counter()
+    progress = _Progress(log, start=time.perf_counter())
 
     encoded: dict[str, list[int]] = {}
-    generated = 0  # every decoded token, finished sequences or not
     with open(out, "a", encoding="utf-8") as fh:
         for temp in temps:
             todo = [p for p in items if (p.id, temp) not in done]
             stats.skipped += len(items) - len(todo)
             if not todo:
                 continue
-            for p in todo:
-                if p.id not in encoded:
-                    ids = tokenizer.apply_chat_template(p.messages, add_generation_prompt=True)
-                    encoded[p.id] = list(getattr(ids, "input_ids", ids))
+            _encode_prompts(tokenizer, todo, encoded)
             todo.sort(key=lambda p: len(encoded[p.id]))  # similar lengths prefill together
-            mx.random.seed(seed)
-            gen = BatchGenerator(
-                net,
-                max_tokens=max_new_tokens,
-                sampler=make_sampler(temp, top_p, seed),
-                stop_tokens=[[t] for t in tokenizer.eos_token_ids],
-                completion_batch_size=batch_size,
-                prefill_batch_size=min(8, batch_size),
-            )
+            gen = _batch_generator(net, tokenizer, temp, top_p, seed, max_new_tokens, batch_size)
             uids = gen.insert([encoded[p.id] for p in todo], [max_new_tokens] * len(todo))
-            by_uid = dict(zip(uids, todo))
-            tokens: dict[int, list[int]] = {u: [] for u in uids}
-            finished = window_tokens = 0
-            window_start = time.perf_counter()
-            log(
-                f"[regen] T={temp:g}: {len(todo)} prompts to generate, {len(items) - len(todo)} already done"
-            )
+            progress.begin(temp, len(todo), len(items) - len(todo))
             try:
-                while responses := gen.next_generated():
-                    for r in responses:
-                        tokens[r.uid].append(int(r.token))
-                        window_tokens += 1
-                        generated += 1
-                        if r.finish_reason is None:
-                            continue
-                        p = by_uid[r.uid]
-                        rec = {
-                            "id": p.id,
-                            "category": p.category,
-                            "temperature": temp,
-                            "prompt_ids": encoded[p.id],
-                            "response_ids": tokens.pop(r.uid),
-                            "finish_reason": r.finish_reason,
-                        }
-                        fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
-                        fh.flush()
-                        stats.written += 1
-                        stats.new_tokens += len(rec["response_ids"])
-                        finished += 1
-                        if finished % batch_size == 0 or finished == len(todo):
-                            now = time.perf_counter()
-                            os.fsync(fh.fileno())
-                            log(
-                                f"[regen] T={temp:g} {finished}/{len(todo)} done | "
-                                f"{window_tokens / max(now - window_start, 1e-9):.1f} tok/s "
-                                f"(last {window_tokens} tokens) | "
-                                f"{generated / max(now - start, 1e-9):.1f} tok/s overall | "
-                                f"{now - start:.0f} s"
-                            )
-                            window_tokens, window_start = 0, now
+                _write_finished(
+                    gen, dict(zip(uids, todo)), encoded, temp, fh, stats, progress, batch_size
+                )
             finally:
                 gen.close()
-    stats.seconds = time.perf_counter() - start
+    stats.seconds = time.perf_counter() - progress.start
     return stats
 
 
