@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -65,19 +65,8 @@ def _key(seq_id: str, temperature: float) -> str:
     return f"{seq_id}@{temperature:g}"
 
 
-def build_feature_cache(
-    adapter: TargetAdapter,
-    seqs: Sequence[Sequence_],
-    folder: Path,
-    *,
-    batch: int = 8,
-    shard_rows: int = 32768,
-    greedy: bool = False,
-    log=print,
-) -> Path:
-    """Compute and store features for `seqs` not yet in `folder` (resumable). `greedy`: also
-    store the target's argmax next token at every position (labels of fixed text)."""
-    folder.mkdir(parents=True, exist_ok=True)
+def _check_meta(adapter: TargetAdapter, folder: Path) -> None:
+    """Writes meta.json on the first run; later runs must be for the same target and layers."""
     meta_path = folder / "meta.json"
     meta = {
         "layer_ids": list(adapter.layer_ids),
@@ -95,7 +84,10 @@ def build_feature_cache(
             )
     else:
         meta_path.write_text(json.dumps(meta))
-    index_path = folder / "index.jsonl"
+
+
+def _read_index(index_path: Path) -> tuple[set[str], int]:
+    """The keys of the sequences already cached, and the number of the next shard."""
     done = set()
     shard_no = 0
     if index_path.exists():
@@ -103,64 +95,104 @@ def build_feature_cache(
             rec = json.loads(line)
             done.add(_key(rec["id"], rec["temperature"]))
             shard_no = max(shard_no, rec["shard"] + 1)
-    todo = sorted(
-        (s for s in seqs if _key(s.id, s.temperature) not in done), key=lambda s: len(s.tokens)
-    )
-    rows: list[np.ndarray] = []
-    entries: list[dict] = []
-    n_rows = 0
+    return done, shard_no
 
-    def flush():
-        nonlocal rows, entries, n_rows, shard_no
-        if not rows:
+
+@dataclass
+class _ShardWriter:
+    """The shard being filled: its rows and index entries, written by flush()."""
+
+    folder: Path
+    done: set[str]  # keys of the sequences cached (in the index)
+    shard_no: int
+    rows: list[np.ndarray] = field(default_factory=list)
+    entries: list[dict] = field(default_factory=list)
+    n_rows: int = 0
+
+    def add(self, s: Sequence_, features: np.ndarray, greedy: list[int] | None) -> None:
+        entry = {
+            "id": s.id,
+            "temperature": s.temperature,
+            "shard": self.shard_no,
+            "row": self.n_rows,
+            "length": len(s.tokens),
+            "response_start": s.response_start,
+            "tokens": s.tokens,
+        }
+        if greedy is not None:
+            entry["greedy"] = greedy
+        if s.spans:
+            entry["spans"] = [list(x) for x in s.spans]
+        self.entries.append(entry)
+        self.rows.append(features)
+        self.n_rows += len(s.tokens)
+
+    def flush(self) -> None:
+        """Writes the shard atomically, then appends its entries to the index (resume point)."""
+        if not self.rows:
             return
-        path = folder / f"shard_{shard_no:05d}.npy"
+        path = self.folder / f"shard_{self.shard_no:05d}.npy"
         tmp = path.with_suffix(".tmp.npy")
         try:
-            np.save(tmp, np.concatenate(rows, axis=0))
+            np.save(tmp, np.concatenate(self.rows, axis=0))
             os.replace(tmp, path)
-            with open(index_path, "a") as fh:
-                fh.writelines(json.dumps(e) + "\n" for e in entries)
+            with open(self.folder / "index.jsonl", "a") as fh:
+                fh.writelines(json.dumps(e) + "\n" for e in self.entries)
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             why = "the disk is full" if exc.errno == errno.ENOSPC else str(exc)
             raise FeatureCacheError(
-                f"{folder}: cannot write {path.name}: {why}. Free space and rerun: "
-                f"{len(done)} sequences are cached and will be kept"
+                f"{self.folder}: cannot write {path.name}: {why}. Free space and rerun: "
+                f"{len(self.done)} sequences are cached and will be kept"
             ) from None
-        done.update(_key(e["id"], e["temperature"]) for e in entries)
-        rows, entries, n_rows = [], [], 0
-        shard_no += 1
+        self.done.update(_key(e["id"], e["temperature"]) for e in self.entries)
+        self.rows, self.entries, self.n_rows = [], [], 0
+        self.shard_no += 1
 
+
+def _forward(
+    adapter: TargetAdapter, group: Sequence[Sequence_], greedy: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """float16 features of `group` (padded to its longest) and, with `greedy`, the target's
+    argmax at every position."""
+    width = max(len(s.tokens) for s in group)
+    ids = mx.array([s.tokens + [0] * (width - len(s.tokens)) for s in group])
+    # right padding: causal, harmless
+    fwd = adapter.forward(ids, None, last_logits_only=not greedy)
+    feats = np.array(fwd.features.astype(mx.float16))
+    top = np.array(mx.argmax(fwd.logits, axis=-1)) if greedy else None
+    return feats, top
+
+
+def build_feature_cache(
+    adapter: TargetAdapter,
+    seqs: Sequence[Sequence_],
+    folder: Path,
+    *,
+    batch: int = 8,
+    shard_rows: int = 32768,
+    greedy: bool = False,
+    log=print,
+) -> Path:
+    """Compute and store features for `seqs` not yet in `folder` (resumable). `greedy`: also
+    store the target's argmax next token at every position (labels of fixed text)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _check_meta(adapter, folder)
+    done, shard_no = _read_index(folder / "index.jsonl")
+    todo = sorted(
+        (s for s in seqs if _key(s.id, s.temperature) not in done), key=lambda s: len(s.tokens)
+    )
+    shard = _ShardWriter(folder, done, shard_no)
     for start in range(0, len(todo), batch):
         group = todo[start : start + batch]
-        width = max(len(s.tokens) for s in group)
-        ids = mx.array([s.tokens + [0] * (width - len(s.tokens)) for s in group])
-        # right padding: causal, harmless
-        fwd = adapter.forward(ids, None, last_logits_only=not greedy)
-        feats = np.array(fwd.features.astype(mx.float16))
-        top = np.array(mx.argmax(fwd.logits, axis=-1)) if greedy else None
+        feats, top = _forward(adapter, group, greedy)
         for j, (s, f) in enumerate(zip(group, feats)):
-            entry = {
-                "id": s.id,
-                "temperature": s.temperature,
-                "shard": shard_no,
-                "row": n_rows,
-                "length": len(s.tokens),
-                "response_start": s.response_start,
-                "tokens": s.tokens,
-            }
-            if top is not None:
-                entry["greedy"] = top[j, : len(s.tokens)].tolist()
-            if s.spans:
-                entry["spans"] = [list(x) for x in s.spans]
-            entries.append(entry)
-            rows.append(f[: len(s.tokens)])
-            n_rows += len(s.tokens)
-        if n_rows >= shard_rows:
-            flush()
+            n = len(s.tokens)
+            shard.add(s, f[:n], None if top is None else top[j, :n].tolist())
+        if shard.n_rows >= shard_rows:
+            shard.flush()
             log(f"features: {len(done)}/{len(done) + len(todo) - start - len(group)} sequences")
-    flush()
+    shard.flush()
     return folder
 
 
