@@ -95,14 +95,80 @@ class PreparedData:
     fixed: FixedTextStream | None = None
 
 
+def _regenerate_split(
+    pc: PipelineConfig,
+    target: tuple,
+    regen: Path,
+    parts: list[tuple[str, tuple[float, ...]]],
+    log: Callable[[str], None],
+) -> tuple[set[tuple[str, float]], dict]:
+    """Regenerates a split's `parts` into `regen`, one batched regeneration per set of
+    temperatures; returns the (id, temperature) pairs it asks for and its stage record."""
+    from .regenerate import regenerate
+
+    t0 = time.perf_counter()
+    wanted, n_prompts, new_tokens = set(), 0, 0
+    for temps in dict.fromkeys(t for _, t in parts):
+        prompts = load_prompts(
+            "+".join(p for p, t in parts if t == temps), skip_bad=pc.skip_bad_lines
+        )
+        st = regenerate(
+            target,
+            prompts,
+            regen,
+            max_new_tokens=pc.max_new_tokens,
+            temperatures=temps,
+            batch_size=pc.regen_batch,
+            log=log,
+        )
+        wanted |= {(p.id, t) for p in prompts for t in temps}
+        n_prompts, new_tokens = n_prompts + len(prompts), new_tokens + st.new_tokens
+    stage = {
+        "prompts": n_prompts,
+        "new_tokens": new_tokens,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    return wanted, stage
+
+
+def _fixed_text_stream(
+    pc: PipelineConfig,
+    tokenizer,
+    adapter: TargetAdapter,
+    tag: str,
+    seed: int,
+    log: Callable[[str], None],
+) -> tuple[FixedTextStream, dict]:
+    """The corpus's fixed text, streamed through the target, and its stage record."""
+    seqs = corpus_sequences(
+        tokenizer, pc.corpus, max_tokens=pc.corpus_tokens, max_len=pc.max_len, seed=seed
+    )
+    fixed = FixedTextStream(
+        adapter,
+        seqs,
+        pc.work / f"stream_{tag}",
+        max_disk_bytes=pc.stream_disk_bytes,
+        passes=pc.stream_passes,
+        log=log,
+    )
+    stage = {
+        "sequences": len(seqs),
+        "tokens": sum(len(s.tokens) for s in seqs),
+        "shards": len(fixed.shards),
+    }
+    log(
+        f"fixed text: {len(seqs):,} sequences, {stage['tokens']:,} tokens "
+        f"in {len(fixed.shards)} shards"
+    )
+    return fixed, stage
+
+
 def prepare_data(
     pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None] = print
 ) -> PreparedData:
     """Regenerate responses and cache the target's features (both resumable); fills in
     tc.mask_token_id when unset."""
     from mlx_lm import load as load_target
-
-    from .regenerate import regenerate
 
     pc.work.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_target(str(pc.target))
@@ -126,28 +192,9 @@ def prepare_data(
         ("heldout", [(pc.heldout, (0.0,))]),
     ):
         regen = pc.work / f"regen_{name}.jsonl"
-        t0 = time.perf_counter()
-        wanted[name], n_prompts, new_tokens = set(), 0, 0
-        for temps in dict.fromkeys(t for _, t in parts):  # one batched regeneration per set
-            prompts = load_prompts(
-                "+".join(p for p, t in parts if t == temps), skip_bad=pc.skip_bad_lines
-            )
-            st = regenerate(
-                (model, tokenizer),
-                prompts,
-                regen,
-                max_new_tokens=pc.max_new_tokens,
-                temperatures=temps,
-                batch_size=pc.regen_batch,
-                log=log,
-            )
-            wanted[name] |= {(p.id, t) for p in prompts for t in temps}
-            n_prompts, new_tokens = n_prompts + len(prompts), new_tokens + st.new_tokens
-        stages[f"regen_{name}"] = {
-            "prompts": n_prompts,
-            "new_tokens": new_tokens,
-            "seconds": round(time.perf_counter() - t0, 1),
-        }
+        wanted[name], stages[f"regen_{name}"] = _regenerate_split(
+            pc, (model, tokenizer), regen, parts, log
+        )
         t0 = time.perf_counter()
         seqs = [
             q
@@ -167,26 +214,7 @@ def prepare_data(
         raise DFlash2Error(f"{pc.prompts}: no usable training sequences")
     fixed = None
     if pc.corpus:
-        seqs = corpus_sequences(
-            tokenizer, pc.corpus, max_tokens=pc.corpus_tokens, max_len=pc.max_len, seed=tc.seed
-        )
-        fixed = FixedTextStream(
-            adapter,
-            seqs,
-            pc.work / f"stream_{tag}",
-            max_disk_bytes=pc.stream_disk_bytes,
-            passes=pc.stream_passes,
-            log=log,
-        )
-        stages["corpus"] = {
-            "sequences": len(seqs),
-            "tokens": sum(len(s.tokens) for s in seqs),
-            "shards": len(fixed.shards),
-        }
-        log(
-            f"fixed text: {len(seqs):,} sequences, {stages['corpus']['tokens']:,} tokens "
-            f"in {len(fixed.shards)} shards"
-        )
+        fixed, stages["corpus"] = _fixed_text_stream(pc, tokenizer, adapter, tag, tc.seed, log)
     return PreparedData(model, adapter, target_cfg, train, held, stages, fixed)
 
 
