@@ -99,6 +99,27 @@ def folded_copy(drafter: Drafter, scale: mx.array) -> Drafter:
     return out
 
 
+def _start_drafter(
+    drafter: Drafter, adapter: TargetAdapter, cfg: TrainConfig, scale: mx.array
+) -> None:
+    """The drafter's starting weights (cfg.init_from_target or cfg.init_from, else its own
+    random init) and, with cfg.train_conv off, its frozen DFlash2 convs."""
+    if cfg.init_from_target and cfg.init_from:
+        raise DFlash2Error("init_from_target and init_from are exclusive: pick one start")
+    if cfg.init_from_target:
+        init_from_target(drafter, adapter, scale)
+    if cfg.init_from:
+        init_from_drafter(drafter, cfg.init_from, scale)
+    if not cfg.train_conv:
+        if drafter.config.version != 2:
+            raise DFlash2Error(
+                "train_conv=False freezes DFlash2's convs; a DFlash (v1) drafter has none"
+            )
+        for layer in drafter.layers:
+            layer.attention_conv.freeze()
+            layer.mlp_conv.freeze()
+
+
 class Trainer:
     def __init__(
         self,
@@ -129,20 +150,7 @@ class Trainer:
         from .features import feature_scale
 
         self.scale = mx.array(feature_scale(train))
-        if cfg.init_from_target and cfg.init_from:
-            raise DFlash2Error("init_from_target and init_from are exclusive: pick one start")
-        if cfg.init_from_target:
-            init_from_target(drafter, adapter, self.scale)
-        if cfg.init_from:
-            init_from_drafter(drafter, cfg.init_from, self.scale)
-        if not cfg.train_conv:
-            if drafter.config.version != 2:
-                raise DFlash2Error(
-                    "train_conv=False freezes DFlash2's convs; a DFlash (v1) drafter has none"
-                )
-            for layer in drafter.layers:
-                layer.attention_conv.freeze()
-                layer.mlp_conv.freeze()
+        _start_drafter(drafter, adapter, cfg, self.scale)
         tokens = [s.tokens for s in train] + (fixed.tokens if fixed is not None else [])
         self.subset = (
             make_subset(tokens, head_weight(adapter), cfg.negatives, cfg.seed)
