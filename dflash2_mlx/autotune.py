@@ -300,7 +300,7 @@ def autotune(
     say = progress or (lambda _msg: None)
     B, trained = _checked_max_block(pair, max_block)
     key = profile_key(pair, target, drafter)
-    cap = QUANT_CAP if is_quantized(key["quantization"]) and B > QUANT_CAP else None
+    cap, cap_reason = _quant_cap(key, B)
     lookup_widths = sorted(set(range(2, B + 1)) | set(LOOKUP_WIDTHS)) if pair.decoder.lookup else []
     widths = sorted(set(range(1, B + 1)) | set(lookup_widths))
     measured = costs.measure_costs(
@@ -335,12 +335,7 @@ def autotune(
         "max_block": B,
         "trained_block": trained,
         "cap": cap,
-        "cap_reason": (
-            f"quantized matmuls ({describe_quant(key['quantization'])}): block capped "
-            f"at {QUANT_CAP}"
-        )
-        if cap
-        else None,
+        "cap_reason": cap_reason,
         **_cost_sections(measured, block_ms, context, repeats),
         "acceptance": calib,
         "table": [asdict(r) for r in choice.rows],
@@ -348,6 +343,14 @@ def autotune(
         "lookup": lookup,
         "chosen_lookup_block": lookup["chosen"],
     }
+
+
+def _quant_cap(key: Mapping, max_block: int) -> tuple[int | None, str | None]:
+    """The block cap for quantized matmuls and why (None, None: unquantized, or within it)."""
+    if not (is_quantized(key["quantization"]) and max_block > QUANT_CAP):
+        return None, None
+    why = f"quantized matmuls ({describe_quant(key['quantization'])}): block capped at {QUANT_CAP}"
+    return QUANT_CAP, why
 
 
 def _checked_max_block(pair, max_block: int | None) -> tuple[int, int]:
