@@ -283,24 +283,47 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def _http_error(request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         msg = f"{request.method} {request.url.path[:100]}: {exc.detail}"
-        return error_response(APIError(exc.status_code, msg, code=code), request)
+        if exc.status_code == 404:
+            msg += _not_found_hint(request.url.path)
+        err = APIError(exc.status_code, msg, code=code, headers=exc.headers)  # 405: Allow
+        return error_response(err, request)
+
+
+SERVED = (
+    "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics"
+)
+
+
+def _not_found_hint(path: str) -> str:
+    """What a client that missed should call instead: a base URL without /v1 is the usual
+    slip; the Responses API (newer SDKs' default) is not served."""
+    path = path.rstrip("/")
+    if "/v1" + path in ENDPOINTS:
+        return f". Did you mean /v1{path}? (a client's base URL ends in /v1)"
+    if path in ("/v1/responses", "/responses") or path.startswith("/v1/responses/"):
+        return (
+            ". The Responses API is not served: use POST /v1/chat/completions (OpenAI Agents "
+            "SDK: set_default_openai_api('chat_completions'))"
+        )
+    return f". This server serves {SERVED}"
 
 
 def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, max_body: int) -> None:
     """The endpoints (ENDPOINTS); generation goes to `handler`, `card` is the model object."""
     worker, model_name = handler.worker, card["id"]
+    GET = ["GET", "HEAD"]  # HEAD: the headers of the GET (uvicorn sends no body)
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=GET)
     async def list_models():
         return {"object": "list", "data": [card]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.api_route("/v1/models/{model_id:path}", methods=GET)
     async def get_model(model_id: str):
         if model_id != model_name:
             raise unknown_model(model_id, model_name)
         return card
 
-    @app.get("/health")
+    @app.api_route("/health", methods=GET)
     async def health():
         ok = worker.alive and not drain.draining
         status = "ok" if ok else ("shutting_down" if drain.draining else "error")
@@ -312,7 +335,7 @@ def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, max_bo
         }
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=GET)
     async def get_metrics():
         return PlainTextResponse(worker.metrics.render(), media_type=metrics_mod.CONTENT_TYPE)
 

@@ -23,7 +23,7 @@ from ..errors import DFlash2Error
 from ..settings import SamplingDefaults
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .format import SSE_DONE, Formatter, ReplyStats, sse, usage
-from .limits import RequestLimits
+from .limits import RequestLimits, context_exceeded
 from .queue import Item, Job, QueueFull, ShuttingDown, Worker
 from .reply import ChatReply, Delta
 from .api_error import brief
@@ -169,20 +169,13 @@ class Handler:
             raise invalid(where, "the prompt is empty after tokenization")
         room = s.context - len(ids)
         if room < 1:
-            raise APIError(
-                400,
-                f"the prompt has {len(ids)} tokens; this server's context length is {s.context}",
-                param=where,
-                code="context_length_exceeded",
-            )
+            raise context_exceeded(s.context, where, len(ids))
         max_tokens = req.max_tokens
         if max_tokens is None:
             max_tokens = min(s.default_max_tokens, room)
         elif max_tokens > room:
-            raise invalid(
-                req.max_tokens_param,
-                f"{req.max_tokens_param}={max_tokens} plus the prompt's {len(ids)} "
-                f"tokens exceeds the context length {s.context}",
+            raise context_exceeded(
+                s.context, where, len(ids), max_tokens, param=req.max_tokens_param
             )
         return GenerationParams(
             max_tokens=max_tokens,

@@ -57,6 +57,7 @@ class RequestLimits:
     """ServeLimits resolved against one server's tokenizer and context length."""
 
     def __init__(self, limits: ServeLimits, tokenizer, context: int):
+        self.context = context
         self.prompt_tokens = min(limits.max_prompt_tokens or context - 1, context - 1)
         self.prediction_tokens = limits.max_prediction_tokens or context
         self.stop_chars = limits.max_stop_chars
@@ -81,12 +82,7 @@ class RequestLimits:
             if isinstance(req.prompt, list) and len(req.prompt) > self.prompt_tokens:
                 raise self.prompt_error(where, len(req.prompt))
         if self.prompt_chars and chars > self.prompt_chars:
-            raise _too_long(
-                where,
-                f"the prompt has {chars} characters: more than "
-                f"{self.prompt_tokens} tokens, this server's prompt limit",
-                "context_length_exceeded",
-            )
+            raise self.prompt_error(where, self.prompt_tokens, chars)
         if self.prediction_chars and req.prediction and len(req.prediction) > self.prediction_chars:
             raise _too_long(
                 "prediction",
@@ -105,13 +101,42 @@ class RequestLimits:
                 f"server's limit is {self.prediction_tokens}",
             )
 
-    def prompt_error(self, where: str, n: int) -> APIError:
-        return _too_long(
-            where,
-            f"the prompt has {n} tokens; this server's limit is {self.prompt_tokens}",
-            "context_length_exceeded",
-        )
+    def prompt_error(self, where: str, n: int, chars: int | None = None) -> APIError:
+        """A prompt over the limit: the context's (in OpenAI's words), or --max-prompt-tokens.
+        `chars`: refused by its length in characters (then it has more than `n` tokens)."""
+        tokens = f"more than {n} tokens ({chars} characters)" if chars else f"{n} tokens"
+        if self.prompt_tokens < self.context - 1:
+            return _too_long(
+                where,
+                f"the prompt has {tokens}; this server's prompt limit is {self.prompt_tokens}",
+                "context_length_exceeded",
+            )
+        return context_exceeded(self.context, where, tokens)
 
 
 def _too_long(param: str, message: str, code: str = "too_long") -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def context_exceeded(
+    context: int, where: str, prompt: int | str, completion: int = 0, param: str | None = None
+) -> APIError:
+    """OpenAI's (and vLLM's) context overflow error: code `context_length_exceeded` and the
+    phrase "maximum context length is N tokens", which clients match to trim their history.
+    where: "messages" | "prompt"; prompt: its tokens; completion: the max_tokens asked for
+    (`param` names that field)."""
+    if completion:
+        asked = (
+            f"you requested {prompt + completion} tokens ({prompt} in the {where}, "
+            f"{completion} in the completion). Please reduce the length of the {where} "
+            f"or {param}."
+        )
+    else:
+        if isinstance(prompt, int):
+            prompt = f"{prompt} tokens"
+        asked = (
+            f"your {where} resulted in {prompt}, and the completion needs at least one "
+            f"more. Please reduce the length of the {where}."
+        )
+    message = f"This model's maximum context length is {context} tokens. However, {asked}"
+    return APIError(400, message, param=param or where, code="context_length_exceeded")

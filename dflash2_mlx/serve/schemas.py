@@ -64,6 +64,7 @@ _CHAT_ONLY = {
     "modalities": (lambda v: v is None or v == ["text"], "only text output is supported"),
     "audio": (_neutral(None), "audio output is not supported"),
     "reasoning_effort": (_neutral(None), "reasoning_effort is not supported"),
+    "verbosity": (_neutral(None), "verbosity is not supported"),
     "web_search_options": (_neutral(None), "web search is not supported"),
     "store": (_neutral(None, False), "stored completions are not supported"),
 }
@@ -74,7 +75,14 @@ _COMPLETION_ONLY = {
     "suffix": (_neutral(None, ""), "suffix is not supported"),
 }
 # Accepted and unused: they cannot change the generated text.
-_HARMLESS = {"user", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"}
+_HARMLESS = {
+    "user",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+}
 _COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", *SAMPLING_FLAGS}
 
 
@@ -115,6 +123,7 @@ def _opt(body: dict, name: str, test: Callable[[Any], bool], expected: str):
 
 
 _INT_FIELDS = ("top_k", "seed")
+_STREAM_OPTIONS = ("include_usage", "include_obfuscation")
 
 
 def _sampling(body: dict) -> dict[str, Any]:
@@ -172,7 +181,7 @@ def _common(body: dict, kind: str, max_param: str) -> GenRequest:
         if not isinstance(opts, dict):
             raise invalid("stream_options", "stream_options must be an object", "invalid_type")
         for k, v in opts.items():
-            if k != "include_usage":
+            if k not in _STREAM_OPTIONS:
                 raise invalid(
                     f"stream_options.{k}",
                     f"stream_options.{k} is not supported",
@@ -180,11 +189,16 @@ def _common(body: dict, kind: str, max_param: str) -> GenRequest:
                 )
             if v is not None and not isinstance(v, bool):
                 raise invalid(
-                    "stream_options.include_usage",
-                    "stream_options.include_usage must be a boolean",
-                    "invalid_type",
+                    f"stream_options.{k}", f"stream_options.{k} must be a boolean", "invalid_type"
                 )
-            include_usage = bool(v)
+            if k == "include_obfuscation" and v:  # OpenAI's padding against side channels
+                raise invalid(
+                    f"stream_options.{k}",
+                    f"stream_options.{k}=true is not supported (chunks carry no "
+                    "obfuscation field); send false",
+                    "unsupported_parameter",
+                )
+            include_usage = include_usage or (k == "include_usage" and bool(v))
     return GenRequest(kind, model, _sampling(body), limit, max_param, stop, stream, include_usage)
 
 

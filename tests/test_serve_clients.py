@@ -1,0 +1,122 @@
+"""`dflash2 serve` as clients meet it: what agent frameworks, editors and scripts send and
+read back, beyond the fields themselves (test_serve.py). A real uvicorn server on 127.0.0.1
+over the tiny random pair, the official openai client and raw HTTP.
+
+- a request over the context is `context_length_exceeded` in OpenAI's words ("This model's
+  maximum context length is N tokens"), prompt and max_tokens alike: agent frameworks
+  (litellm / aider, CrewAI, ...) match that code or phrase to trim their history;
+- newer OpenAI fields that cannot change the output are accepted at their neutral value;
+  output-changing ones are refused by name, not as unknown;
+- routing errors say what to do: 405 carries `Allow`, HEAD works where GET does, a path
+  without /v1 or an endpoint this server lacks (the Responses API) names the one to use.
+"""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from test_serve import HI, pair, running  # noqa: F401  (pair: a fixture)
+
+from dflash2_mlx.serve import create_app
+
+CONTEXT = 64  # tokens; the tiny tokenizer has one token per character
+
+
+@pytest.fixture(scope="module")
+def url(pair):  # noqa: F811
+    app = create_app(pair, model_name="tiny", context_length=CONTEXT, default_max_tokens=4)
+    with running(app) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def _error(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
+# ------------------------------------------------------------------ context overflow
+def test_context_overflow_reads_as_openai_context_length_exceeded(url, client):
+    msgs = [{"role": "user", "content": "x" * 30}]
+    with pytest.raises(openai.BadRequestError) as e:  # prompt fits, prompt + max_tokens not
+        client.chat.completions.create(model="tiny", messages=msgs, max_completion_tokens=40)
+    assert e.value.code == "context_length_exceeded" and e.value.param == "max_completion_tokens"
+    msg = e.value.message
+    assert f"maximum context length is {CONTEXT} tokens" in msg, msg
+    n_prompt = client.chat.completions.create(
+        model="tiny", messages=msgs, max_tokens=1
+    ).usage.prompt_tokens
+    assert f"you requested {n_prompt + 40} tokens ({n_prompt} in the messages, 40 in" in msg
+    for path, body, param in (
+        ("completions", {"prompt": "y" * 20, "max_tokens": 50}, "max_tokens"),
+        ("completions", {"prompt": "y" * 80}, "prompt"),  # the prompt alone is too long
+        ("chat/completions", {"messages": [{"role": "user", "content": "z" * 80}]}, "messages"),
+    ):
+        err = _error(httpx.post(f"{url}/v1/{path}", json=body), 400)
+        assert err["code"] == "context_length_exceeded" and err["param"] == param, err
+        assert f"maximum context length is {CONTEXT} tokens" in err["message"], err
+    ok = client.completions.create(model="tiny", prompt="y" * 20, max_tokens=CONTEXT - 20)
+    assert ok.usage.prompt_tokens + CONTEXT - 20 == CONTEXT  # the bound itself is allowed
+
+
+# ------------------------------------------------------------------ newer OpenAI fields
+def test_neutral_stream_options_and_harmless_fields_are_accepted(url, client):
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=HI,
+            stream=True,
+            stream_options={"include_usage": True, "include_obfuscation": False},
+            extra_body={"prompt_cache_retention": "24h"},
+        )
+    )
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+    body = {"messages": HI, "stream": True, "stream_options": {"include_obfuscation": True}}
+    err = _error(httpx.post(url + "/v1/chat/completions", json=body), 400)
+    assert err["param"] == "stream_options.include_obfuscation", err
+    assert err["code"] == "unsupported_parameter"
+
+
+def test_output_changing_openai_fields_are_refused_by_name(url):
+    for field, value in (("verbosity", "low"), ("reasoning_effort", "high")):
+        body = {"messages": HI, field: value}
+        err = _error(httpx.post(url + "/v1/chat/completions", json=body), 400)
+        assert err["param"] == field and err["code"] == "unsupported_parameter", err
+        assert "Unrecognized" not in err["message"], err
+    ok = httpx.post(url + "/v1/chat/completions", json={"messages": HI, "verbosity": None})
+    assert ok.status_code == 200, ok.text
+
+
+# ------------------------------------------------------------------ routing
+def test_wrong_method_names_the_allowed_ones_and_head_works(url):
+    r = httpx.get(url + "/v1/chat/completions")
+    assert _error(r, 405)["code"] == "method_not_allowed"
+    assert r.headers["allow"] == "POST"
+    r = httpx.delete(url + "/v1/models")
+    assert _error(r, 405)["code"] == "method_not_allowed" and "GET" in r.headers["allow"]
+    for path in ("/health", "/v1/models", "/v1/models/tiny", "/metrics"):
+        head, get = httpx.head(url + path), httpx.get(url + path)
+        assert head.status_code == get.status_code == 200, (path, head.status_code)
+        assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"]
+
+
+def test_not_found_names_the_endpoint_to_use(url):
+    for path, hint in (
+        ("/chat/completions", "/v1/chat/completions"),
+        ("/completions", "/v1/completions"),
+        ("/models", "/v1/models"),
+        ("/v1/responses", "/v1/chat/completions"),
+        ("/v1/embeddings", "/v1/chat/completions"),
+    ):
+        r = httpx.post(url + path, json={"model": "tiny", "input": "hi"})
+        err = _error(r, 404)
+        assert err["code"] == "not_found" and hint in err["message"], (path, err)
+    err = _error(httpx.get(url + "/v2/nothing"), 404)
+    assert err["message"].startswith("GET /v2/nothing: Not Found"), err
