@@ -7,6 +7,8 @@ over the tiny random pair, the official openai client and raw HTTP.
   (litellm / aider, CrewAI, ...) match that code or phrase to trim their history;
 - newer OpenAI fields that cannot change the output are accepted at their neutral value;
   output-changing ones are refused by name, not as unknown;
+- participant names (AutoGen and LangChain send `name` on messages) reach the model: through
+  the chat template for the roles whose names it renders, else written before the text;
 - routing errors say what to do: 405 carries `Allow`, HEAD works where GET does, a path
   without /v1 or an endpoint this server lacks (the Responses API) names the one to use.
 """
@@ -16,9 +18,11 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from test_serve import HI, pair, running  # noqa: F401  (pair: a fixture)
+from test_serve import HI, make_tokenizer, pair, running  # noqa: F401  (pair: a fixture)
 
 from dflash2_mlx.serve import create_app
+from dflash2_mlx.serve.chat_prompt import ChatTemplate
+from dflash2_mlx.text import chat_prompt_ids
 
 CONTEXT = 64  # tokens; the tiny tokenizer has one token per character
 
@@ -92,6 +96,46 @@ def test_output_changing_openai_fields_are_refused_by_name(url):
         assert "Unrecognized" not in err["message"], err
     ok = httpx.post(url + "/v1/chat/completions", json={"messages": HI, "verbosity": None})
     assert ok.status_code == 200, ok.text
+
+
+# ------------------------------------------------------------------ participant names
+def test_participant_names_are_written_before_the_text_when_the_template_drops_them(client):
+    plain = [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}]
+    named = [{**plain[0], "name": "ops"}, {**plain[1], "name": "bob"}, {**HI[0], "name": ""}]
+
+    def prompt_tokens(messages):
+        return client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=1
+        ).usage.prompt_tokens
+
+    # one token per character: each name adds exactly "name: " (an empty name adds nothing)
+    assert prompt_tokens(named) == prompt_tokens(plain + HI) + len("ops: ") + len("bob: ")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi", "name": 7}]
+        )
+    assert e.value.param == "messages[0].name"
+
+
+def test_a_template_that_renders_names_gets_them_as_they_are():
+    tok = make_tokenizer()
+    tok._tokenizer.chat_template = (  # renders user names only
+        "{% for m in messages %}<|im_start|>{{ m.role }}"
+        "{% if m.role == 'user' and m.name %} ({{ m.name }}){% endif %} {{ m.content }}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    messages = [
+        {"role": "user", "content": "hi", "name": "bob"},
+        {"role": "assistant", "content": "yo", "name": "eve"},
+        {"role": "user", "content": "ok"},
+    ]
+    p = ChatTemplate(tok).prompt(messages, None, {})
+    text = tok.decode(p.ids)
+    assert "<|im_start|>user (bob) hi<|im_end|>" in text  # the template's own rendering
+    assert "<|im_start|>assistant eve: yo<|im_end|>" in text  # dropped by it: written
+    assert p.ids == chat_prompt_ids(
+        tok, [messages[0], {"role": "assistant", "content": "eve: yo"}, messages[2]]
+    )
 
 
 # ------------------------------------------------------------------ routing

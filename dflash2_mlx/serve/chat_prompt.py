@@ -108,6 +108,7 @@ class ChatTemplate:
         if active is not None:
             self._check_tools(active)
         listed = list(active.tools) if active else None
+        messages = _template_call(lambda: self._show_names(messages, listed, kwargs))
         ids = _template_call(
             lambda: chat_prompt_ids(self.tok, messages, tools=listed, template_kwargs=kwargs)
         )
@@ -136,6 +137,24 @@ class ChatTemplate:
                 'section open; send chat_template_kwargs {"enable_thinking": false}',
             )
         return ChatPrompt(ids, "tool", opening[len(self.tok.tool_call_start) :], stops, active)
+
+    def _show_names(self, messages: list[dict], tools, kwargs: dict) -> list[dict]:
+        """Participant names reach the model: through the template for the roles whose names
+        it renders, else as "name: " before the message's text (a tool message's name is its
+        function's, which templates render their own way)."""
+        roles = {m["role"] for m in messages if m.get("name") and m["role"] != "tool"}
+        if not roles:
+            return messages
+
+        def text(ms: list[dict]) -> str:
+            return render_text(self.tok, ms, tools=tools, **kwargs)
+
+        def without(role: str) -> list[dict]:
+            return [_unnamed(m) if m["role"] == role else m for m in messages]
+
+        full = text(messages)
+        folded = {r for r in roles if text(without(r)) == full}  # the template drops them
+        return [_folded(m) if m["role"] in folded else m for m in messages]
 
     def _call_opening(
         self, messages: list[dict], tools: list[dict], kwargs: dict, name: str | None
@@ -174,3 +193,16 @@ class ChatTemplate:
         prompt = render_text(self.tok, messages, tools=tools, **kwargs)
         lead = shared[len(prompt) : at] if shared.startswith(prompt) and at >= len(prompt) else ""
         return lead, shared[at:end]
+
+
+def _unnamed(m: dict) -> dict:
+    return {k: v for k, v in m.items() if k != "name"}
+
+
+def _folded(m: dict) -> dict:
+    """The message with its participant name written before its text."""
+    if not m.get("name"):
+        return m
+    out = _unnamed(m)
+    out["content"] = f"{m['name']}: {m['content']}" if m["content"] else m["content"]
+    return out

@@ -244,10 +244,10 @@ def _prediction(value) -> str | None:
 
 # Message fields besides role and content, by role.
 _MESSAGE_FIELDS = {
-    "system": (),
-    "developer": (),
-    "user": (),
-    "assistant": ("tool_calls", "reasoning_content"),
+    "system": ("name",),
+    "developer": ("name",),
+    "user": ("name",),
+    "assistant": ("name", "tool_calls", "reasoning_content"),
     "tool": ("tool_call_id", "name"),
 }
 
