@@ -9,6 +9,8 @@ over the tiny random pair, the official openai client and raw HTTP.
   output-changing ones are refused by name, not as unknown;
 - participant names (AutoGen and LangChain send `name` on messages) reach the model: through
   the chat template for the roles whose names it renders, else written before the text;
+- a stream whose first token is slow (queue, long prefill) opens and sends SSE keep-alive
+  comments, which the official client skips;
 - routing errors say what to do: 405 carries `Allow`, HEAD works where GET does, a path
   without /v1 or an endpoint this server lacks (the Responses API) names the one to use.
 """
@@ -20,7 +22,9 @@ import openai
 import pytest
 from test_serve import HI, make_tokenizer, pair, running  # noqa: F401  (pair: a fixture)
 
+from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.serve import create_app
+from dflash2_mlx.serve.limits import ServeLimits
 from dflash2_mlx.serve.chat_prompt import ChatTemplate
 from dflash2_mlx.text import chat_prompt_ids
 
@@ -136,6 +140,28 @@ def test_a_template_that_renders_names_gets_them_as_they_are():
     assert p.ids == chat_prompt_ids(
         tok, [messages[0], {"role": "assistant", "content": "eve: yo"}, messages[2]]
     )
+
+
+# ------------------------------------------------------------------ keep-alive
+def test_a_stream_waiting_for_its_first_token_is_kept_alive(pair):  # noqa: F811
+    with pytest.raises(DFlash2Error, match="keepalive_s must be > 0"):
+        ServeLimits(keepalive_s=0)
+    limits = ServeLimits(keepalive_s=0.001)  # shorter than any prefill of 1,500 tokens
+    app = create_app(pair, model_name="tiny", default_max_tokens=6, limits=limits)
+    messages = [{"role": "user", "content": "ab " * 500}]
+    body = {"model": "tiny", "messages": messages, "stream": True}
+    with running(app) as base:
+        with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as r:
+            assert r.status_code == 200
+            lines = [line for line in r.iter_lines() if line]
+        first_data = next(i for i, line in enumerate(lines) if line.startswith("data:"))
+        assert first_data > 0 and set(lines[:first_data]) == {": keep-alive"}, lines[:3]
+        assert lines[-1] == "data: [DONE]"
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        streamed = client.chat.completions.create(model="tiny", messages=messages, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        whole = client.chat.completions.create(model="tiny", messages=messages)
+        assert text == whole.choices[0].message.content and text
 
 
 # ------------------------------------------------------------------ routing

@@ -8,14 +8,12 @@ streaming: Starlette cancels the response) and its job is cancelled, freeing the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from ..engine.events import GenerationStats
 from ..engine.loop import GenerationParams
@@ -28,10 +26,10 @@ from .queue import Item, Job, QueueFull, ShuttingDown, Worker
 from .reply import ChatReply, Delta
 from .api_error import brief
 from .schemas import APIError, GenRequest, invalid
+from .stream import PENDING, SSE_KEEPALIVE, Reader, SSEResponse
 
 log = logging.getLogger("dflash2.serve")
 
-DISCONNECT_POLL_S = 0.2
 CLIENT_GONE = 499  # nginx's "client closed request": counted in /metrics, never seen by anyone
 
 
@@ -82,57 +80,6 @@ class Settings:
     vocab: int
     sampling: SamplingDefaults = SamplingDefaults()  # for the fields a request leaves out
     lookup_block: int | None = None  # lookup / prediction rounds; None: the engine's default
-
-
-class _Reader:
-    """Reads a job's items; optionally notices a client that left (polled)."""
-
-    def __init__(self, job: Job, request: Request):
-        self.job, self.request = job, request
-        self._get: asyncio.Task | None = None
-        self.finished = False  # saw "done" or "error": the worker is through with the job
-        self._polled = time.monotonic()
-
-    async def next(self, poll_disconnect: bool) -> Item | None:
-        """The next item, or None if the client has gone (checked every DISCONNECT_POLL_S)."""
-        if self._get is None:
-            self._get = asyncio.ensure_future(self.job.out.get())
-        while True:
-            wait = max(0.0, self._polled + DISCONNECT_POLL_S - time.monotonic())
-            done, _ = await asyncio.wait({self._get}, timeout=wait if poll_disconnect else None)
-            if poll_disconnect and time.monotonic() - self._polled >= DISCONNECT_POLL_S:
-                self._polled = time.monotonic()
-                if await self.request.is_disconnected():
-                    return None
-            if done:
-                item, self._get = self._get.result(), None
-                self.finished = item.kind in ("done", "error")
-                return item
-
-    def close(self) -> None:
-        if self._get is not None:
-            self._get.cancel()
-            self._get = None
-
-
-class _SSEResponse(StreamingResponse):
-    """A stream that releases its job however it ends, even if never iterated."""
-
-    def __init__(self, content, release):
-        super().__init__(
-            content,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-        self._release = release
-
-    async def __call__(self, scope, receive, send):
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._release()
-            with contextlib.suppress(RuntimeError):
-                await self.body_iterator.aclose()
 
 
 class Handler:
@@ -242,7 +189,7 @@ class Handler:
         if req.model is not None and req.model != self.s.model_name:
             raise unknown_model(req.model, self.s.model_name)
         job, prompt, n_prompt = await self._queue(req)
-        reader = _Reader(job, request)
+        reader = Reader(job, request)
 
         def release():
             reader.close()
@@ -251,7 +198,8 @@ class Handler:
 
         handed_over = False
         try:
-            first = await reader.next(poll_disconnect=True)
+            wait = self.limits.keepalive_s if req.stream else None
+            first = await reader.next(poll_disconnect=True, timeout=wait)
             if first is None:
                 return Response(status_code=CLIENT_GONE)
             if first.kind == "error":
@@ -260,7 +208,8 @@ class Handler:
             reply = ChatReply(self.pair.tokenizer, prompt) if prompt is not None else None
             if req.stream:
                 handed_over = True
-                return _SSEResponse(self._stream(fmt, req, n_prompt, first, reader, reply), release)
+                stream = self._stream(fmt, req, n_prompt, first, reader, reply)
+                return SSEResponse(stream, release)
             return await self._complete(fmt, n_prompt, first, reader, reply)
         finally:
             if not handed_over:
@@ -280,7 +229,7 @@ class Handler:
         fmt: Formatter,
         n_prompt: int,
         item: Item | None,
-        reader: _Reader,
+        reader: Reader,
         reply: ChatReply | None,
     ) -> Response:
         stats, parts, finish = GenerationStats(), [], "length"
@@ -319,9 +268,12 @@ class Handler:
         req: GenRequest,
         n_prompt: int,
         item: Item,
-        reader: _Reader,
+        reader: Reader,
         reply: ChatReply | None,
     ):
+        while item is PENDING:  # headers are sent: keep the connection alive until it comes
+            yield SSE_KEEPALIVE
+            item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)
         stats, finish, with_usage = GenerationStats(), "length", req.include_usage
         if req.kind == "chat":
             yield sse(fmt.chunk("", role=True, with_usage=with_usage))

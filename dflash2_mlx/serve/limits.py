@@ -23,6 +23,9 @@ class ServeLimits:
     max_prompt_tokens / max_prediction_tokens: None = the context length allows.
     max_stop_chars: the longest stop string.
     shutdown_grace_s: after Ctrl-C, how long running generations may finish.
+    keepalive_s: a stream still waiting for its first token (queue, prefill) after this long
+    sends its headers, then an SSE comment every keepalive_s until the token comes (clients
+    time out on silent connections; a non-streaming request cannot do that).
     """
 
     max_body_bytes: int = 4 * MB
@@ -30,6 +33,7 @@ class ServeLimits:
     max_prediction_tokens: int | None = None
     max_stop_chars: int = 1000
     shutdown_grace_s: float = 10.0
+    keepalive_s: float = 5.0
 
     def __post_init__(self):
         for name in ("max_body_bytes", "max_stop_chars"):
@@ -41,6 +45,8 @@ class ServeLimits:
                 raise DFlash2Error(f"{name} must be >= 1; got {v}")
         if not self.shutdown_grace_s >= 0:
             raise DFlash2Error(f"shutdown_grace_s must be >= 0; got {self.shutdown_grace_s}")
+        if not self.keepalive_s > 0:
+            raise DFlash2Error(f"keepalive_s must be > 0; got {self.keepalive_s}")
 
 
 def longest_token_chars(tokenizer) -> int | None:
@@ -61,6 +67,7 @@ class RequestLimits:
         self.prompt_tokens = min(limits.max_prompt_tokens or context - 1, context - 1)
         self.prediction_tokens = limits.max_prediction_tokens or context
         self.stop_chars = limits.max_stop_chars
+        self.keepalive_s = limits.keepalive_s
         per_token = longest_token_chars(tokenizer)
         # Text longer than this holds more tokens than allowed, however it tokenizes.
         self.prompt_chars = per_token and per_token * self.prompt_tokens
