@@ -24,6 +24,19 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: {what}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """The work units of pytest-xdist's `--dist loadgroup` (pyproject's addopts): a module runs
+    whole on one worker, so its module-scoped models and servers are built once, and the tests of
+    the embedded SmolLM2 (`real_model`) share one worker, so it is converted at most once."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = (
+                "smollm2" if item.get_closest_marker("real_model") else item.nodeid.split("::")[0]
+            )
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_report_header(config):
     """Which BLAS (and which OpenBLAS kernel set) the CPU matmuls of this run use."""
     blas = dflash2_mlx._blas.info()
