@@ -1,6 +1,7 @@
 """Shared test setup: the BLAS binding before MLX loads, the markers, and the fixtures that
 several test files use."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,22 @@ MARKERS = {
 def pytest_configure(config):
     for name, what in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {what}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items):
+    """The work units of pytest-xdist's `--dist loadgroup` (pyproject's addopts): a module runs
+    whole on one worker, so its module-scoped models and servers are built once, and the tests of
+    the embedded SmolLM2 (`real_model`) share one worker, so it is converted at most once. That
+    unit is the longest: on a worker it goes first, so that the others fill the other worker."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            real = item.get_closest_marker("real_model") is not None
+            item.add_marker(
+                pytest.mark.xdist_group("smollm2" if real else item.nodeid.split("::")[0])
+            )
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("real_model") is None)  # stable
 
 
 def pytest_report_header(config):
