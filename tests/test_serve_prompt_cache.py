@@ -21,7 +21,7 @@ from dflash2_mlx.text import chat_prompt_ids
 N = 10
 
 
-def serve(family: str, prompt_cache_mb: int):
+def serve(family: str, prompt_cache_mb: int, **kw):
     pair = Pair.from_models(
         tiny.make_target(family), make_tokenizer(), tiny.make_drafter(2, block_size=4)
     )
@@ -31,6 +31,7 @@ def serve(family: str, prompt_cache_mb: int):
         default_max_tokens=N,
         drafter_name="tiny-dflash2",
         prompt_cache_mb=prompt_cache_mb,
+        **kw,
     )
     return pair, running(app)
 
@@ -96,7 +97,10 @@ def test_second_turn_prefills_only_new_tokens(family):
 
 
 def test_concurrent_requests_sharing_a_prefix():
-    pair, server = serve("llama", 64)
+    # One at a time, so each request leases after the one before stored its session (batched,
+    # requests that continue one conversation at the same moment: the first takes its entry
+    # and the others miss, whichever the timing makes first).
+    pair, server = serve("llama", 64, max_batch=1)
     with server as url:
         client = client_for(url)
         answer = ask(client, HI).choices[0].message.content
