@@ -131,15 +131,24 @@ def test_a_template_that_renders_names_gets_them_as_they_are():
     messages = [
         {"role": "user", "content": "hi", "name": "bob"},
         {"role": "assistant", "content": "yo", "name": "eve"},
+        {"role": "assistant", "content": "no", "name": "max"},
         {"role": "user", "content": "ok"},
     ]
     p = ChatTemplate(tok).prompt(messages, None, {})
     text = tok.decode(p.ids)
     assert "<|im_start|>user (bob) hi<|im_end|>" in text  # the template's own rendering
     assert "<|im_start|>assistant eve: yo<|im_end|>" in text  # dropped by it: written
-    assert p.ids == chat_prompt_ids(
-        tok, [messages[0], {"role": "assistant", "content": "eve: yo"}, messages[2]]
+    written = [{"role": "assistant", "content": c} for c in ("eve: yo", "max: no")]
+    assert p.ids == chat_prompt_ids(tok, [messages[0], *written, messages[3]])
+    # one assistant name is the model's own: not written into its turns
+    alone = ChatTemplate(tok).prompt(messages[:2] + messages[3:], None, {})
+    assert alone.ids == chat_prompt_ids(
+        tok, [messages[0], {"role": "assistant", "content": "yo"}, messages[3]]
     )
+    # no chat template (the plain "role: text" fallback): every name is written
+    tok._tokenizer.chat_template = None
+    bare = ChatTemplate(tok).prompt(messages[:1], None, {})
+    assert bare.ids == chat_prompt_ids(tok, [{"role": "user", "content": "bob: hi"}])
 
 
 # ------------------------------------------------------------------ keep-alive

@@ -126,6 +126,30 @@ def test_concurrent_requests_sharing_a_prefix():
         assert sum(cached(r.usage) > 0 for r in results) >= 3  # the branch shares "Hi"
 
 
+def test_concurrent_continuations_in_one_batch_stay_exact():
+    """Batched, requests that continue one conversation at the same moment race for its entry
+    (one takes it; the others may miss): every answer is still the cold run's."""
+    pair, server = serve("llama", 64, max_batch=4)
+    with server as url:
+        client = client_for(url)
+        answer = ask(client, HI).choices[0].message.content
+        convs = [turn2(answer), turn2(answer), turn2(answer, "Other?")]
+        results: list = [None] * len(convs)
+
+        def go(i):
+            results[i] = ask(client, convs[i])
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(convs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for conv, r in zip(convs, results):
+            ids = chat_prompt_ids(pair.tokenizer, conv)
+            assert r.choices[0].message.content == reference(pair, ids, N)[0]
+        assert sum(cached(r.usage) > 0 for r in results) >= 1  # the entry served one at least
+
+
 def test_small_budget_evicts_and_zero_turns_it_off():
     pair, server = serve("llama", 1)
     with server as url:

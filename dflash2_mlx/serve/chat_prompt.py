@@ -140,11 +140,19 @@ class ChatTemplate:
 
     def _show_names(self, messages: list[dict], tools, kwargs: dict) -> list[dict]:
         """Participant names reach the model: through the template for the roles whose names
-        it renders, else as "name: " before the message's text (a tool message's name is its
-        function's, which templates render their own way)."""
-        roles = {m["role"] for m in messages if m.get("name") and m["role"] != "tool"}
+        it renders, else as "name: " before the message's text. Assistant names are written
+        only when the history holds two or more (a multi-agent chat): one name is the model's
+        own and, written into its turns, would teach it to open its reply with it. A tool
+        message's name is its function's, which templates render their own way."""
+        named = [m for m in messages if m.get("name") and m["role"] != "tool"]
+        roles = {m["role"] for m in named}
         if not roles:
             return messages
+        if len({m["name"] for m in named if m["role"] == "assistant"}) == 1:
+            roles.discard("assistant")
+            messages = [_unnamed(m) if m["role"] == "assistant" else m for m in messages]
+        if not getattr(self.tok, "chat_template", None):  # the plain "role: text" fallback
+            return [_folded(m) if m["role"] in roles else m for m in messages]
 
         def text(ms: list[dict]) -> str:
             return render_text(self.tok, ms, tools=tools, **kwargs)

@@ -29,7 +29,7 @@ class ShuttingDown(Exception):
 class Item:
     """What the worker sends back: a chunk of text, then "done"; or one "error"."""
 
-    kind: str  # "chunk" | "done" | "error"
+    kind: str  # "chunk" | "done" | "error" ("pending": serve/stream.py, never queued)
     text: str = ""
     finish_reason: str | None = None
     event: object = None  # the RoundEvent of a chunk

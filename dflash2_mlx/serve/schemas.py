@@ -288,7 +288,7 @@ def _message(i: int, m) -> dict:
     if role == "tool":
         out["tool_call_id"] = tool_call_id(i, m.get("tool_call_id"))
     for k in ("name", "reasoning_content"):
-        if k in _MESSAGE_FIELDS[role] and m.get(k) is not None:
+        if k in _MESSAGE_FIELDS[role] and m.get(k) is not None and (k, m[k]) != ("name", ""):
             if not isinstance(m[k], str):
                 raise invalid(
                     f"messages[{i}].{k}", f"messages[{i}].{k} must be a string", "invalid_type"
