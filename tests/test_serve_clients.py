@@ -17,10 +17,13 @@ over the tiny random pair, the official openai client and raw HTTP.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import httpx
 import openai
 import pytest
-from test_serve import HI, make_tokenizer, pair, running  # noqa: F401  (pair: a fixture)
+from test_serve import HI, make_tokenizer, metric, pair, running  # noqa: F401  (pair: fixture)
 
 from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.serve import create_app
@@ -29,6 +32,7 @@ from dflash2_mlx.serve.chat_prompt import ChatTemplate
 from dflash2_mlx.text import chat_prompt_ids
 
 CONTEXT = 64  # tokens; the tiny tokenizer has one token per character
+HI_BODY = {"model": "tiny", "messages": HI}
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +175,30 @@ def test_a_stream_waiting_for_its_first_token_is_kept_alive(pair):  # noqa: F811
         text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
         whole = client.chat.completions.create(model="tiny", messages=messages)
         assert text == whole.choices[0].message.content and text
+
+
+def test_a_client_leaving_during_the_keep_alive_wait_cancels_its_request(pair):  # noqa: F811
+    limits = ServeLimits(keepalive_s=0.001)
+    app = create_app(pair, model_name="tiny", max_batch=1, default_max_tokens=6, limits=limits)
+    long = {"model": "tiny", "messages": [{"role": "user", "content": "ab " * 500}]}
+    with running(app) as base:
+        url = base + "/v1/chat/completions"
+        holder = threading.Thread(
+            target=httpx.post, args=(url,), kwargs={"json": long, "timeout": 60}
+        )
+        holder.start()  # holds the only row while the next request waits behind it
+        # a long prompt of its own too: waiting or prefilling, it has no token after 1 ms
+        leaving = {**long, "messages": [{"role": "user", "content": "cd " * 400}], "stream": True}
+        with httpx.stream("POST", url, json=leaving, timeout=30) as r:
+            assert r.status_code == 200
+            assert next(line for line in r.iter_lines() if line) == ": keep-alive"
+        holder.join(60)
+        deadline = time.time() + 10
+        while metric(httpx.get(base + "/metrics").text, "dflash2_cancelled_total") < 1:
+            assert time.time() < deadline, "the left request was not cancelled"
+            time.sleep(0.05)
+        again = httpx.post(url, json={**HI_BODY, "max_tokens": 3}, timeout=30)
+        assert again.status_code == 200 and again.json()["choices"][0]["message"]["content"]
 
 
 # ------------------------------------------------------------------ routing
