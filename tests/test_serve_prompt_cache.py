@@ -96,6 +96,21 @@ def test_second_turn_prefills_only_new_tokens(family):
         assert card["prompt_cache_mb"] == 64
 
 
+def ask_together(client, convs: list) -> list:
+    """Each conversation asked from its own thread, all at once; their replies in order."""
+    results: list = [None] * len(convs)
+
+    def go(i):
+        results[i] = ask(client, convs[i])
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(convs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
 def test_concurrent_requests_sharing_a_prefix():
     # One at a time, so each request leases after the one before stored its session (batched,
     # requests that continue one conversation at the same moment: the first takes its entry
@@ -110,16 +125,7 @@ def test_concurrent_requests_sharing_a_prefix():
             turn2(answer, "Other?"),
             [{"role": "user", "content": "Hi where"}],
         ]
-        results: list = [None] * len(convs)
-
-        def go(i):
-            results[i] = ask(client, convs[i])
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(convs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        results = ask_together(client, convs)
         for conv, r in zip(convs, results):
             ids = chat_prompt_ids(pair.tokenizer, conv)
             assert r.choices[0].message.content == reference(pair, ids, N)[0]
@@ -134,16 +140,7 @@ def test_concurrent_continuations_in_one_batch_stay_exact():
         client = client_for(url)
         answer = ask(client, HI).choices[0].message.content
         convs = [turn2(answer), turn2(answer), turn2(answer, "Other?")]
-        results: list = [None] * len(convs)
-
-        def go(i):
-            results[i] = ask(client, convs[i])
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(convs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        results = ask_together(client, convs)
         for conv, r in zip(convs, results):
             ids = chat_prompt_ids(pair.tokenizer, conv)
             assert r.choices[0].message.content == reference(pair, ids, N)[0]
