@@ -8,7 +8,6 @@ every running row; --max-batch is validated."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import subprocess
 import sys
@@ -229,8 +228,6 @@ def test_shutdown_cuts_every_running_row(pair):
             with http.stream("POST", base + "/v1/completions", json=body) as r:
                 ends[i] = [line for line in r.iter_lines() if line.startswith("data: ")][-2:]
 
-    logger = logging.getLogger("dflash2")
-    level = logger.level  # make_server sets it; later tests read the server's INFO lines
     with serving(app) as (base, server, thread):
         threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
         for t in threads:
@@ -240,7 +237,6 @@ def test_shutdown_cuts_every_running_row(pair):
         for t in threads:
             t.join(30)
         thread.join(30)
-    logger.setLevel(level)
     for end in ends:
         assert end is not None and end[-1] == "data: [DONE]"
         assert '"code": "shutting_down"' in end[0], end

@@ -48,6 +48,7 @@ def pair():
 def logs(caplog):
     """caplog, also hearing uvicorn (whose loggers do not propagate to the root)."""
     caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="dflash2")  # a server made earlier may have raised it
     uv = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.access")]
     for lg in uv:
         lg.addHandler(caplog.handler)
@@ -62,6 +63,7 @@ def serving(app, log_level: str = "warning"):
     its forwarding policy); yields (base URL, server, thread)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    level = logging.getLogger("dflash2").level  # make_server sets it: restored after
     server = make_server(app, log_level=log_level)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -74,6 +76,7 @@ def serving(app, log_level: str = "warning"):
     finally:
         server.should_exit = True
         thread.join(30)
+        logging.getLogger("dflash2").setLevel(level)
 
 
 def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:

@@ -38,6 +38,7 @@ def pair():
 def logs(caplog):
     """caplog, also hearing uvicorn (whose loggers do not propagate to the root)."""
     caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="dflash2")  # a server made earlier may have raised it
     uv = logging.getLogger("uvicorn")
     uv.addHandler(caplog.handler)
     yield caplog
