@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -20,6 +20,7 @@ from .engine.lookup import DEFAULT_LOOKUP
 from .engine.loop import GenerationParams, Session, SpeculativeDecoder
 from .engine.width import WidthRule
 from .errors import CompatibilityError, ConfigError, ParameterError
+from .grammar import Grammar, Grammars
 from .registry import fetch
 from .target.adapter import TargetAdapter
 
@@ -50,6 +51,7 @@ class Pair:
     tokenizer: Any
     drafter: Drafter
     decoder: SpeculativeDecoder
+    _grammars: Grammars | None = field(default=None, repr=False)
 
     @classmethod
     def from_models(
@@ -80,6 +82,14 @@ class Pair:
 
     def new_session(self) -> Session:
         return self.decoder.new_session()
+
+    def json_schema(self, schema: dict | None = None) -> Grammar:
+        """A `GenerationParams.constraint`: the reply is a JSON value `schema` accepts (None:
+        any JSON object), then a stop token. Raises ParameterError for a schema it cannot
+        compile."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.decoder.target.vocab_size, self.eos_ids)
+        return self._grammars.json_schema(schema)
 
     def with_defaults(self, params: GenerationParams) -> GenerationParams:
         """`params` with the tokenizer's EOS ids as stop tokens when it names none."""

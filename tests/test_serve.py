@@ -331,7 +331,13 @@ BAD = [
         400,
         "tools",
     ),
-    ("chat", {"messages": HI, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("chat", {"messages": HI, "response_format": {"type": "grammar"}}, 400, "response_format.type"),
+    (
+        "chat",
+        {"messages": HI, "response_format": {"type": "json_schema"}},
+        400,
+        "response_format.json_schema",
+    ),
     (
         "chat",
         {"messages": HI, "chat_template_kwargs": {"enable_thinking": True}},

@@ -278,6 +278,7 @@ BAD = [
     ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools"),
     ({"chat_template_kwargs": {"frobnicate": 1}}, "chat_template_kwargs.frobnicate"),
     ({"functions": [FN]}, "functions"),
+    ({"tools": tt.TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
 ]
 
 

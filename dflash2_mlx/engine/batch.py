@@ -36,6 +36,7 @@ import mlx.core as mx
 from ..drafter.batch import DraftRequest, draft_rows
 from ..errors import ParameterError
 from ..target import batch as tbatch
+from .constraint import constrain
 from .events import RoundEvent
 from .loop import GenerationParams, Session, SpeculativeDecoder, _Run, cut, record
 from .prefill import Prefill, _Cancelled
@@ -263,7 +264,8 @@ class BatchDecoder:
         results, keeps = [], []
         for i, (row, p, key) in enumerate(zip(rows, proposals, verify_keys)):
             n = len(p.drafts) + 1
-            accepted, bonus = accept(fwd.logits[i, :n], p, row.run.params.sampling, key)
+            logits = constrain(fwd.logits[i, :n], row.run.constraint, p.drafts)
+            accepted, bonus = accept(logits, p, row.run.params.sampling, key)
             self.widths.observe(p.source, len(p.drafts), accepted)
             commit, finish = cut(row.run, p.drafts[:accepted] + [bonus])
             record(row.session, commit, fwd.features[i : i + 1, : len(commit)])

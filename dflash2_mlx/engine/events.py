@@ -8,9 +8,9 @@ from typing import Literal, get_args
 
 
 # Where a round's drafts came from: the drafter's pass (also a round that drafted nothing),
-# context lookup (engine/lookup.py), the request's predicted output, or the response
-# datastore (engine/datastore.py).
-DraftSource = Literal["drafter", "lookup", "prediction", "datastore"]
+# context lookup (engine/lookup.py), the request's predicted output, the response datastore
+# (engine/datastore.py), or the text a constraint forces (engine/constraint.py).
+DraftSource = Literal["drafter", "lookup", "prediction", "datastore", "grammar"]
 SOURCES: tuple[str, ...] = get_args(DraftSource)
 
 

@@ -19,6 +19,7 @@ import mlx.core as mx
 from ..drafter.model import Drafter
 from ..errors import ParameterError
 from ..target.adapter import TargetAdapter
+from .constraint import ConstraintFactory, TokenConstraint, constrain
 from .datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from .events import RoundEvent
 from .lookup import DEFAULT_LOOKUP_BLOCK, ContextLookup, PredictionLookup
@@ -40,6 +41,9 @@ class GenerationParams:
     # Tokens verified in a round drafted by context lookup or the prediction (anchor included;
     # they cost no draft pass, so they may pass the drafter's block). None: DEFAULT_LOOKUP_BLOCK.
     lookup_block: int | None = None
+    # Which tokens may come next (a JSON schema: grammar.py); called once per generation.
+    # The output is then what plain decoding over the masked logits gives (engine/constraint.py).
+    constraint: ConstraintFactory | None = None
 
     def __post_init__(self):
         if not all(
@@ -68,6 +72,7 @@ class _Run:
     block: int  # tokens verified in a drafter round (1: the drafter is not run)
     lookup_block: int  # tokens verified in a lookup or prediction round (1: none)
     key: mx.array
+    constraint: TokenConstraint | None = None  # this generation's own (GenerationParams')
     produced: int = 0  # tokens committed so far
 
     @property
@@ -99,12 +104,14 @@ class Session:
 
 def cut(run: _Run, tokens: list[int]) -> tuple[list[int], str | None]:
     """The accepted tokens this generation commits (cut at its max tokens and after a stop
-    token) and its finish reason (None: it goes on)."""
+    token) and its finish reason (None: it goes on). Its constraint follows them."""
     commit = tokens[: run.room]
     hit = next((i for i, t in enumerate(commit) if t in run.params.stop_token_ids), None)
     if hit is not None:
         commit = commit[: hit + 1]
     run.produced += len(commit)
+    if run.constraint is not None:  # a stop token ends the generation: no state after it
+        run.constraint.commit(commit if hit is None else commit[:hit])
     return commit, "stop" if hit is not None else run.length_finish()
 
 
@@ -204,9 +211,9 @@ class SpeculativeDecoder:
 
     # --------------------------------------------------------------- rounds
     def _propose(self, session: Session, anchor: int, run: _Run, key) -> Proposal:
-        """The prediction's continuation while the answer follows it, else the context's own,
-        else the prediction's after a re-sync: up to lookup_block - 1 tokens (no draft pass to
-        pay for them); else the datastore's (up to DEFAULT_DATASTORE_LENGTH); else the
+        """What the constraint forces next, else the prediction's continuation while the answer
+        follows it, else the context's own, else the prediction's after a re-sync: up to
+        lookup_block - 1 tokens (no draft pass to pay for them); else the datastore's (up to DEFAULT_DATASTORE_LENGTH); else the
         drafter's block - 1. All cut to what the round may commit."""
         found = self._model_free(session, run)
         if found is not None:
@@ -217,12 +224,14 @@ class SpeculativeDecoder:
         return self._draft(session, anchor, length, run.params.sampling, key)
 
     def _model_free(self, session: Session, run: _Run) -> Proposal | None:
-        """The prediction's, the context's or the datastore's proposal (see _propose); None:
-        none found."""
+        """What the constraint forces, else the prediction's, the context's or the datastore's
+        proposal (see _propose); None: none found."""
         pred, look = session.prediction, session.lookup
         n = min(run.lookup_block, run.room) - 1  # propose(n < 1) finds nothing
         found, source = [], "drafter"
-        if pred is not None:
+        if run.constraint is not None and n > 0:  # what the grammar forces: the surest drafts
+            found, source = run.constraint.forced()[:n], "grammar"
+        if not found and pred is not None:
             found, source = pred.propose(n, resync=False), "prediction"
         if not found and look is not None:
             found, source = look.propose(n), "lookup"
@@ -243,10 +252,11 @@ class SpeculativeDecoder:
         session.pending = None
         return Proposal.from_drafter(block)
 
-    def _verify(self, session: Session, anchor: int, proposal: Proposal, sp, key):
+    def _verify(self, session: Session, anchor: int, proposal: Proposal, run: _Run, key):
         ids = mx.array([[anchor] + proposal.drafts])
         fwd = self.target.forward(ids, session.target_cache)
-        accepted, bonus = accept(fwd.logits[0], proposal, sp, key)
+        logits = constrain(fwd.logits[0], run.constraint, proposal.drafts)
+        accepted, bonus = accept(logits, proposal, run.params.sampling, key)
         return fwd, accepted, bonus
 
     def _commit(self, session: Session, run: _Run, fwd, width: int, tokens: list[int]):
@@ -269,9 +279,7 @@ class SpeculativeDecoder:
         proposal = self._propose(session, anchor, run, k_draft)
         draft_ms = _ms(t0)
         t1 = time.perf_counter()
-        fwd, accepted, bonus = self._verify(
-            session, anchor, proposal, run.params.sampling, k_verify
-        )
+        fwd, accepted, bonus = self._verify(session, anchor, proposal, run, k_verify)
         drafted = len(proposal.drafts)
         commit, finish = self._commit(
             session, run, fwd, drafted + 1, proposal.drafts[:accepted] + [bonus]
@@ -309,19 +317,19 @@ class SpeculativeDecoder:
             block = lookup_block = 1
         sp = params.sampling
         seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
-        return prompt, _Run(params, block, lookup_block, mx.random.key(seed))
+        constraint = params.constraint() if params.constraint is not None else None
+        return prompt, _Run(params, block, lookup_block, mx.random.key(seed), constraint)
 
     def _first(self, prefill: Prefill, run: _Run) -> RoundEvent:
         """The prompt is fed: pick the first token (the prefill event)."""
         params = run.params
         run.key, sub = mx.random.split(run.key)
-        token = prefill.finish(params.sampling, sub)
+        token = prefill.finish(params.sampling, sub, run.constraint)
         session = prefill.session
         session.prediction = PredictionLookup(params.prediction) if params.prediction else None
         if session.prediction is not None:
             session.prediction.extend([token])
-        run.produced = 1
-        finish = "stop" if token in params.stop_token_ids else run.length_finish()
+        _, finish = cut(run, [token])
         return RoundEvent(
             tokens=[token],
             prefill_ms=prefill.ms,

@@ -15,6 +15,7 @@ from typing import Callable
 import mlx.core as mx
 
 from ..target.adapter import ChunkedPrefill, TargetAdapter
+from .constraint import TokenConstraint, constrain
 from .sampling import SamplingParams, pick
 
 
@@ -70,8 +71,11 @@ class Prefill:
             self.advance(chunk)
         return self
 
-    def finish(self, sampling: SamplingParams, key: mx.array) -> int:
-        """The first token, drawn with `key`; the session then holds the prompt and it, and
+    def finish(
+        self, sampling: SamplingParams, key: mx.array, constraint: TokenConstraint | None = None
+    ) -> int:
+        """The first token, drawn with `key` among those `constraint` allows (None: all); the
+        session then holds the prompt and it, and
         queues the features the drafter has not seen (rows no drafter layer can see skipped)."""
         session = self.session
         logits, feats, first = self.feed.result()
@@ -85,7 +89,7 @@ class Prefill:
             for c in session.drafter_cache:
                 c.offset = first
         session.pending = feats
-        token = int(pick(logits[0, -1], sampling, key).item())
+        token = int(pick(constrain(logits[0, -1:], constraint)[0], sampling, key).item())
         session.tokens = list(self.prompt) + [token]
         if session.lookup is not None:
             session.lookup.reset(session.tokens)

@@ -38,7 +38,15 @@ log = logging.getLogger("dflash2.serve")
 
 DEFAULT_PROMPT_CACHE_MB = 1024
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+# path -> method of every endpoint (GET ones answer HEAD too)
+ROUTES = {
+    "/v1/chat/completions": "POST",
+    "/v1/completions": "POST",
+    "/v1/models": "GET",
+    "/health": "GET",
+    "/metrics": "GET",
+}
+ENDPOINTS = tuple(ROUTES)
 
 
 def default_context_length(model) -> int:
@@ -289,9 +297,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error_response(err, request)
 
 
-SERVED = (
-    "POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics"
-)
+SERVED = ", ".join(f"{method} {path}" for path, method in ROUTES.items())
 
 
 def _not_found_hint(path: str) -> str:

@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse, Response
 
 from ..engine.events import GenerationStats
 from ..engine.loop import GenerationParams
-from ..errors import DFlash2Error
+from ..errors import DFlash2Error, ParameterError
+from ..grammar import Grammar
 from ..settings import SamplingDefaults
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .format import SSE_DONE, Formatter, ReplyStats, sse, usage
@@ -109,7 +110,36 @@ class Handler:
             return ()
         return tuple(self.pair.tokenizer.encode(req.prediction, add_special_tokens=False))
 
-    def plan(self, req: GenRequest, ids: list[int], predicted: tuple[int, ...]) -> GenerationParams:
+    def constraint(self, req: GenRequest, prompt: ChatPrompt | None) -> Grammar | None:
+        """The grammar `response_format` asks for (None: free text)."""
+        if req.response_schema is None:
+            return None
+        if prompt is not None and prompt.tools is not None:
+            raise invalid(
+                "response_format",
+                "response_format together with tools is not supported: a reply held to the "
+                'schema could not call them (send no tools, or tool_choice "none")',
+                "unsupported_parameter",
+            )
+        if prompt is not None and prompt.state == "reasoning":
+            raise invalid(
+                "response_format",
+                "response_format is not supported while the reply starts by thinking: send "
+                'chat_template_kwargs {"enable_thinking": false}',
+                "unsupported_parameter",
+            )
+        try:
+            return self.pair.json_schema(req.response_schema)
+        except ParameterError as e:
+            raise invalid("response_format", f"response_format: {e}") from None
+
+    def plan(
+        self,
+        req: GenRequest,
+        ids: list[int],
+        predicted: tuple[int, ...],
+        constraint: Grammar | None = None,
+    ) -> GenerationParams:
         s = self.s
         where = "messages" if req.kind == "chat" else "prompt"
         if not ids:
@@ -131,6 +161,7 @@ class Handler:
             speculative=s.speculative,
             prediction=predicted,
             lookup_block=s.lookup_block,
+            constraint=constraint,
         )
 
     # ------------------------------------------------------------------ the request
@@ -144,14 +175,14 @@ class Handler:
             raise internal_error(e) from None
 
     def _encode(self, req: GenRequest):
-        """(chat prompt or None, prompt ids, stop strings, predicted ids)."""
+        """(chat prompt or None, prompt ids, stop strings, predicted ids, grammar or None)."""
         prompt, stop = None, req.stop
         if req.kind == "chat":
             prompt = self.chat_prompt(req)
             ids, stop = prompt.ids, stop + list(prompt.stops)
         else:
             ids = self.tokenize(req)
-        return prompt, ids, stop, self.predicted_ids(req)
+        return prompt, ids, stop, self.predicted_ids(req), self.constraint(req, prompt)
 
     async def _queue(self, req: GenRequest) -> tuple[Job, ChatPrompt | None, int]:
         """Reserve a place (503 when full), tokenize in it, queue the job; (job, chat prompt,
@@ -171,11 +202,11 @@ class Handler:
             raise shutting_down() from None
         try:
             loop = asyncio.get_running_loop()
-            prompt, ids, stop, predicted = await loop.run_in_executor(
+            prompt, ids, stop, predicted, grammar = await loop.run_in_executor(
                 self.tokenizer_thread, self._encode, req
             )
             self.limits.check_tokens(req, ids, predicted)
-            job = Job(ids, self.plan(req, ids, predicted), stop)
+            job = Job(ids, self.plan(req, ids, predicted, grammar), stop)
         except BaseException:
             self.worker.unreserve()
             raise

@@ -1,7 +1,7 @@
 """OpenAI request bodies in, library parameters out. Every field is honoured or refused.
 
 A field that would change the output and is not implemented (n > 1, logprobs, penalties,
-logit_bias, response_format, ...) is refused with a 400 naming it, unless it has its neutral
+logit_bias, ...) is refused with a 400 naming it, unless it has its neutral
 value (n=1, presence_penalty=0, ...). Unknown fields are refused too. Only fields that cannot
 change the output (user, metadata, ...) are accepted and unused. Tools are validated in
 tools.py, chat_template_kwargs in reasoning.py; whether the model supports them is checked
@@ -57,10 +57,6 @@ _CHAT_ONLY = {
         _neutral(None, "none", "auto"),
         "functions are not supported (use tools and tool_choice)",
     ),
-    "response_format": (
-        lambda v: v is None or v == {"type": "text"},
-        'response_format other than {"type": "text"} is not supported',
-    ),
     "modalities": (lambda v: v is None or v == ["text"], "only text output is supported"),
     "audio": (_neutral(None), "audio output is not supported"),
     "reasoning_effort": (_neutral(None), "reasoning_effort is not supported"),
@@ -101,6 +97,8 @@ class GenRequest:
     prediction: str | None = None  # predicted output (a drafting hint), chat only
     tools: ToolRequest | None = None  # chat only: tools, tool_choice, parallel_tool_calls
     template_kwargs: dict = field(default_factory=dict)  # chat only: chat_template_kwargs
+    # chat only: the JSON schema `response_format` asks for (None: free text)
+    response_schema: dict | None = None
 
 
 def _check_fields(body: dict, own: set[str], refused: dict) -> None:
@@ -242,6 +240,55 @@ def _prediction(value) -> str | None:
     return _text("prediction.content", value.get("content"), "")
 
 
+_JSON_SCHEMA_KEYS = {"name": str, "description": str, "schema": dict, "strict": bool}
+
+
+def _response_format(value) -> dict | None:
+    """OpenAI's response_format -> the JSON schema the reply must follow (None: free text).
+    json_object: any JSON object; json_schema: its `schema` (strict or not, the reply
+    follows it exactly: it is enforced token by token)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid("response_format", "response_format must be an object", "invalid_type")
+    kind = value.get("type")
+    allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
+    if kind not in allowed:
+        raise invalid(
+            "response_format.type",
+            f"response_format.type must be text, json_object or json_schema; got {brief(kind)}",
+        )
+    for k in value:
+        if k not in allowed[kind]:
+            raise invalid(
+                f"response_format.{k}",
+                f"response_format.{k} is not supported with type {kind}",
+                "unsupported_parameter",
+            )
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise invalid(
+            "response_format.json_schema",
+            "response_format.json_schema must be an object with a schema",
+            "invalid_type" if spec is not None else "missing_required_parameter",
+        )
+    for k, v in spec.items():
+        where = f"response_format.json_schema.{k}"
+        if k not in _JSON_SCHEMA_KEYS:
+            raise invalid(where, f"{where} is not supported", "unsupported_parameter")
+        if v is not None and not isinstance(v, _JSON_SCHEMA_KEYS[k]):
+            kind_name = {str: "a string", dict: "an object", bool: "a boolean"}[
+                _JSON_SCHEMA_KEYS[k]
+            ]
+            raise invalid(where, f"{where} must be {kind_name}", "invalid_type")
+    schema = spec.get("schema")
+    return {"type": "object"} if schema is None else schema
+
+
 # Message fields besides role and content, by role.
 _MESSAGE_FIELDS = {
     "system": ("name",),
@@ -309,6 +356,7 @@ def parse_chat(body: dict) -> GenRequest:
             "tool_choice",
             "parallel_tool_calls",
             "chat_template_kwargs",
+            "response_format",
         },
         {**_OUTPUT_CHANGING, **_CHAT_ONLY},
     )
@@ -325,6 +373,7 @@ def parse_chat(body: dict) -> GenRequest:
     req.prediction = _prediction(body.get("prediction"))
     req.tools = parse_tools(body)
     req.template_kwargs = parse_template_kwargs(body.get("chat_template_kwargs"))
+    req.response_schema = _response_format(body.get("response_format"))
     return req
 
 

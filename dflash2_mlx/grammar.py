@@ -1,0 +1,142 @@
+"""Grammars over the target's tokens (JSON schemas, via llguidance) as engine constraints.
+
+`Grammars(tokenizer, vocab, stop_ids)` compiles a JSON schema into a `Grammar`, the factory a
+generation's `GenerationParams.constraint` takes; each generation gets its own matcher
+(`GrammarConstraint`), which says which tokens may come next after each prefix of a round's
+drafts (engine/constraint.py) and follows the committed tokens. Once the schema's value is
+complete only the stop tokens are allowed, so a constrained generation ends by itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .errors import ParameterError
+
+# Whitespace between JSON tokens, at most this many characters in a row: pretty-printing
+# fits, and a small model cannot loop on newlines until max_tokens.
+_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,32}"
+ANY_OBJECT: dict = {"type": "object"}
+
+
+class Grammars:
+    """Compiles grammars for one tokenizer (its llguidance view is built once, on first use:
+    ~1 s for a 50k vocabulary)."""
+
+    def __init__(self, tokenizer, vocab: int, stop_ids: Sequence[int]):
+        self._hf = getattr(tokenizer, "_tokenizer", tokenizer)  # mlx-lm wraps the HF tokenizer
+        self.vocab, self.stop_ids = int(vocab), tuple(sorted(int(i) for i in stop_ids))
+        self._ll = None
+
+    def _tokenizer(self):
+        if self._ll is None:
+            if not self.stop_ids:
+                raise ParameterError("constrained generation needs the model's stop token ids")
+            try:
+                self._ll = _ll_tokenizer(self._hf, self.vocab, list(self.stop_ids))
+            except Exception as e:
+                raise ParameterError(
+                    f"constrained generation is not available for this tokenizer "
+                    f"({type(self._hf).__name__}): {e}"
+                ) from None
+        return self._ll
+
+    def json_schema(self, schema: dict | None = None) -> Grammar:
+        """The grammar of JSON values `schema` accepts (None: any JSON object). A schema
+        llguidance cannot compile raises ParameterError with its reason."""
+        from llguidance import LLMatcher
+
+        schema = ANY_OBJECT if schema is None else schema
+        try:
+            source = LLMatcher.grammar_from_json_schema(
+                json.dumps(schema), overrides={"whitespace_pattern": _WHITESPACE}
+            )
+        except (TypeError, ValueError) as e:
+            raise ParameterError(f"invalid JSON schema: {e}") from None
+        grammar = Grammar(self._tokenizer(), source)
+        problem = grammar().matcher.get_error()
+        if problem:
+            raise ParameterError(f"unsupported JSON schema: {problem}")
+        return grammar
+
+
+def _ll_tokenizer(hf, vocab: int, stop_ids: list[int]):
+    """llguidance's view of the tokenizer: from its Rust definition (exact for byte-level and
+    byte-fallback tokenizers), else from each token's own text (decoders llguidance does not
+    know, e.g. a character-level one)."""
+    import llguidance
+    import llguidance.hf
+
+    try:
+        return llguidance.hf.from_tokenizer(hf, n_vocab=vocab, eos_token=stop_ids)
+    except Exception:
+        pieces = _Pieces(hf, vocab, stop_ids)
+        return llguidance.LLTokenizer(
+            llguidance.TokenizerWrapper(pieces), n_vocab=vocab, eos_token=stop_ids
+        )
+
+
+class _Pieces:
+    """A tokenizer as llguidance's TokenizerWrapper reads it: every token's bytes, the special
+    ids, and encoding."""
+
+    def __init__(self, hf, vocab: int, stop_ids: list[int]):
+        self.hf = hf
+        self.eos_token_id, self.bos_token_id = stop_ids[0], None
+        self.special_token_ids = sorted(set(getattr(hf, "all_special_ids", ())) | set(stop_ids))
+        known = min(vocab, len(hf))
+        self.tokens = [hf.decode([i]).encode() for i in range(known)] + [b""] * (vocab - known)
+
+    def __call__(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False)
+
+
+@dataclass(frozen=True, eq=False)
+class Grammar:
+    """A compiled grammar; calling it starts one generation's matcher."""
+
+    tokenizer: Any  # llguidance.LLTokenizer
+    source: str
+
+    def __call__(self) -> GrammarConstraint:
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self.tokenizer, self.source, log_level=0)
+        return GrammarConstraint(matcher, self.tokenizer.vocab_size)
+
+
+class GrammarConstraint:
+    """One generation's position in its grammar (engine/constraint.py TokenConstraint)."""
+
+    def __init__(self, matcher, vocab: int):
+        self.matcher, self.vocab = matcher, int(vocab)
+
+    def _mask(self) -> np.ndarray:
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[: self.vocab].astype(bool)
+
+    def allowed(self, drafts: Sequence[int]) -> np.ndarray:
+        m = self.matcher
+        rows = [self._mask()]
+        valid = m.validate_tokens(list(drafts))
+        for t in drafts[:valid]:
+            if not m.consume_token(int(t)):
+                raise RuntimeError(f"grammar: validated token {t} was refused: {m.get_error()}")
+            rows.append(self._mask())
+        if valid and not m.rollback(valid):
+            raise RuntimeError(f"grammar: rollback failed: {m.get_error()}")
+        rows += [rows[-1]] * (len(drafts) + 1 - len(rows))  # past a forbidden draft: unused
+        return np.stack(rows)
+
+    def forced(self) -> list[int]:
+        return self.matcher.compute_ff_tokens()
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        if tokens and not self.matcher.consume_tokens([int(t) for t in tokens]):
+            raise RuntimeError(
+                f"grammar: committed tokens were refused: {self.matcher.get_error()}"
+            )

@@ -1,0 +1,286 @@
+"""Constrained generation: the output is exactly plain decoding over the masked logits.
+
+A constraint (engine/constraint.py) masks the verify forward's logits row by row, each row
+after its own prefix of drafts. Checked against one-token-at-a-time decoding that masks the
+same way, on dense and hybrid targets, alone and batched, with drafts accepted (the
+prediction proposes the reference itself, so later rows' masks decide) and refused; sampled
+output follows the masked distribution; JSON schemas through llguidance.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import tiny
+from mlx_lm.models.cache import make_prompt_cache
+from test_sampling import PROMPT, V, empirical, tv
+
+from dflash2_mlx import GenerationParams, ParameterError, SamplingParams, SpeculativeDecoder
+from dflash2_mlx.api import Pair
+from dflash2_mlx.engine.sampling import filtered_probs
+from dflash2_mlx.target.adapter import TargetAdapter
+
+PROMPTS = [[3, 14, 15, 9, 26], [5, 35, 8, 9, 7, 9, 2, 7, 1, 8]]
+
+
+class Modular:
+    """After a token `last`, the tokens t with (t + last) % k != 0 are allowed: a stateful
+    constraint whose every row depends on the draft before it."""
+
+    def __init__(self, vocab: int, last: int, k: int = 3):
+        self.vocab, self.last, self.k = vocab, last, k
+        self.committed: list[int] = []
+
+    def _row(self, last: int) -> np.ndarray:
+        return (np.arange(self.vocab) + last) % self.k != 0
+
+    def allowed(self, drafts):
+        lasts = [self.last] + list(drafts)
+        return np.stack([self._row(t) for t in lasts])
+
+    def commit(self, tokens):
+        self.committed += list(tokens)
+        if tokens:
+            self.last = tokens[-1]
+
+    def forced(self):
+        return []
+
+
+class Chain(Modular):
+    """Modular, except that after a multiple of 4 the next `run` tokens are forced: t, t + 1,
+    ... (mod the vocabulary), each the only one allowed; `forced` spells them."""
+
+    def __init__(self, vocab: int, last: int, run: int = 5):
+        super().__init__(vocab, last)
+        self.run, self.left = run, run if last % 4 == 0 else 0
+
+    def _rows(self, drafts):
+        last, left = self.last, self.left
+        for t in [None] + list(drafts):
+            if t is not None:
+                left = left - 1 if left else (self.run if t % 4 == 0 else 0)
+                last = t
+            if left:
+                row = np.zeros(self.vocab, bool)
+                row[(last + 1) % self.vocab] = True
+                yield row
+            else:
+                yield self._row(last)
+
+    def allowed(self, drafts):
+        return np.stack(list(self._rows(drafts)))
+
+    def commit(self, tokens):
+        for t in tokens:
+            self.left = self.left - 1 if self.left else (self.run if t % 4 == 0 else 0)
+        super().commit(tokens)
+
+    def forced(self):
+        return [(self.last + 1 + i) % self.vocab for i in range(self.left)]
+
+
+def reference(model, prompt, n, constraint) -> list[int]:
+    """Plain decoding, one token per forward, argmax over the masked logits."""
+    cache = make_prompt_cache(model)
+    logits = model(mx.array(prompt)[None], cache=cache)
+    out: list[int] = []
+    while len(out) < n:
+        row = mx.array(constraint.allowed([])[0])
+        tok = int(mx.argmax(mx.where(row, logits[0, -1], -mx.inf)).item())
+        out.append(tok)
+        constraint.commit([tok])
+        logits = model(mx.array([[tok]]), cache=cache)
+    return out
+
+
+def modular(prompt):
+    return lambda: Modular(tiny.VOCAB, prompt[-1])
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3", "qwen3_5"])
+def decoder(request):
+    model = tiny.make_target(request.param)
+    drafter = tiny.make_drafter(2)
+    return model, SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
+
+
+def test_constrained_greedy_equals_plain_constrained_decoding(decoder):
+    model, dec = decoder
+    for prompt in PROMPTS:
+        ref = reference(model, prompt, 24, Modular(tiny.VOCAB, prompt[-1]))
+        free = tiny.greedy_reference(model, prompt, 24)
+        assert ref != free, "the constraint should change the output"
+        # A prediction of the reference is accepted through many rows (each row's own mask
+        # decides); one with a forbidden token in it is refused there.
+        bad = ref[:5] + [next(t for t in range(tiny.VOCAB) if (t + ref[4]) % 3 == 0)] + ref[6:]
+        for block, predicted in ((2, ()), (5, ()), (8, ()), (4, tuple(ref)), (4, tuple(bad))):
+            params = GenerationParams(
+                max_tokens=24, block_size=block, prediction=predicted, constraint=modular(prompt)
+            )
+            events = list(dec.stream(prompt, params))
+            out = [t for ev in events for t in ev.tokens]
+            assert out == ref, (block, predicted == tuple(ref), prompt)
+            if predicted == tuple(ref):
+                assert max(ev.accepted for ev in events) >= 8
+
+
+def test_forced_text_is_proposed_and_accepted(decoder):
+    """What the constraint forces is drafted ("grammar" rounds, no draft pass) and accepted
+    whole; the output is still plain decoding over the masked logits."""
+    model, dec = decoder
+    for prompt in PROMPTS:
+        ref = reference(model, prompt, 30, Chain(tiny.VOCAB, prompt[-1]))
+        params = GenerationParams(
+            max_tokens=30, block_size=4, constraint=lambda p=prompt: Chain(tiny.VOCAB, p[-1])
+        )
+        events = list(dec.stream(prompt, params))
+        assert [t for ev in events for t in ev.tokens] == ref
+        forced = [ev for ev in events if ev.source == "grammar"]
+        assert forced and all(ev.accepted == ev.drafted for ev in forced)
+        assert max(ev.drafted for ev in forced) >= 4
+
+
+def test_every_committed_token_reaches_the_constraint(decoder):
+    model, dec = decoder
+    made = []
+
+    def factory():
+        made.append(Modular(tiny.VOCAB, PROMPTS[0][-1]))
+        return made[-1]
+
+    out = dec.generate(PROMPTS[0], GenerationParams(max_tokens=20, constraint=factory))
+    assert len(made) == 1 and made[0].committed == out
+
+
+def test_a_stop_token_is_not_passed_to_the_constraint(decoder):
+    model, dec = decoder
+    ref = reference(model, PROMPTS[1], 20, Modular(tiny.VOCAB, PROMPTS[1][-1]))
+    stop = ref[6]
+    made = []
+
+    def factory():
+        made.append(Modular(tiny.VOCAB, PROMPTS[1][-1]))
+        return made[-1]
+
+    params = GenerationParams(max_tokens=20, stop_token_ids=frozenset({stop}), constraint=factory)
+    out = dec.generate(PROMPTS[1], params)
+    assert out == ref[: ref.index(stop) + 1]
+    assert made[0].committed == out[:-1]
+
+
+def test_batched_rows_each_follow_their_own_constraint(decoder):
+    model, dec = decoder
+    pair = Pair(model, None, dec.drafter, dec)
+    prompts = PROMPTS + [[7, 7, 1, 2]]
+    params = [
+        GenerationParams(max_tokens=16, constraint=modular(PROMPTS[0])),
+        GenerationParams(max_tokens=12),
+        GenerationParams(max_tokens=20, constraint=lambda: Modular(tiny.VOCAB, 2, k=2)),
+    ]
+    expected = [
+        reference(model, prompts[0], 16, Modular(tiny.VOCAB, PROMPTS[0][-1])),
+        tiny.greedy_reference(model, prompts[1], 12),
+        reference(model, prompts[2], 20, Modular(tiny.VOCAB, 2, k=2)),
+    ]
+    outs = [out for out, _ in pair.generate_batch(prompts, params, max_batch=3)]
+    assert outs == expected
+
+
+def exact_masked_marginals(model, sp: SamplingParams, prompt=PROMPT):
+    """Exact P(t1), P(t2) after `prompt` when each token must satisfy Modular (k=3)."""
+
+    def masked(logits, last):
+        keep = (mx.arange(V)[None, :] + mx.array(last)[:, None]) % 3 != 0
+        return filtered_probs(mx.where(keep, logits, -mx.inf), sp)
+
+    p1 = np.array(masked(model(mx.array([prompt]))[:, -1], [prompt[-1]]))[0]
+    seq2 = mx.array([prompt + [a] for a in range(V)])
+    p2 = np.array(masked(model(seq2)[:, -1], list(range(V))))
+    return p1, (p1[:, None] * p2).sum(0)
+
+
+@pytest.mark.slow
+def test_constrained_sampling_follows_the_masked_distribution():
+    model = tiny.make_target("llama", vocab=V, seed=11)
+    drafter = tiny.make_drafter(2, vocab=V, mask_token_id=V - 1, seed=12, top_k=4)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
+    sp = SamplingParams(temperature=1.0)
+
+    constrained = _with_constraint(dec, lambda: Modular(V, PROMPT[-1]))
+    emp = empirical(constrained, sp, 1000)
+    exact = exact_masked_marginals(model, sp)
+    for i in range(2):
+        assert tv(emp[i], exact[i]) < 0.09, (i, tv(emp[i], exact[i]))
+        assert emp[i][exact[i] == 0].sum() == 0  # a forbidden token is never drawn
+
+
+def _with_constraint(dec, factory):
+    """`dec`, whose every generation takes the constraint `factory` (test_sampling's
+    `empirical` builds its own GenerationParams)."""
+
+    class Constrained:
+        def generate(self, prompt, params):
+            return dec.generate(prompt, replace(params, constraint=factory))
+
+    return Constrained()
+
+
+# ------------------------------------------------------------------ JSON schemas (llguidance)
+MOOD = {
+    "type": "object",
+    "properties": {"mood": {"enum": ["happy", "sad", "calm"]}, "ok": {"type": "boolean"}},
+    "required": ["mood", "ok"],
+    "additionalProperties": False,
+}
+
+
+CHARS = 100  # 3 specials, 96 printable characters, the mask
+
+
+@pytest.fixture(scope="module")
+def char_pair():
+    """A tiny llama with test_serve's one-token-per-character tokenizer over every printable
+    ASCII character (so it can spell JSON)."""
+    from test_serve import make_tokenizer
+
+    return Pair.from_models(
+        tiny.make_target("llama", vocab=CHARS),
+        make_tokenizer(CHARS),
+        tiny.make_drafter(2, block_size=4, vocab=CHARS, mask_token_id=CHARS - 1),
+    )
+
+
+def test_json_schema_reply_is_valid_and_exact(char_pair):
+    ids = char_pair.tokenizer.encode("Answer in JSON: how are you?")
+    grammar = char_pair.json_schema(MOOD)
+    plain, _ = char_pair.generate(
+        ids, GenerationParams(max_tokens=400, speculative=False, constraint=grammar)
+    )
+    assert plain[-1] in char_pair.eos_ids, "a finished value allows only the stop tokens"
+    value = json.loads(char_pair.tokenizer.decode(plain[:-1]))
+    assert value["mood"] in ("happy", "sad", "calm") and isinstance(value["ok"], bool)
+    assert set(value) == {"mood", "ok"}
+    for predicted in ((), tuple(plain)):
+        params = GenerationParams(max_tokens=400, prediction=predicted, constraint=grammar)
+        out, stats = char_pair.generate(ids, params)
+        assert out == plain
+    assert stats.accepted > 0
+    any_object, _ = char_pair.generate(
+        ids, GenerationParams(max_tokens=60, constraint=char_pair.json_schema())
+    )
+    assert char_pair.tokenizer.decode(any_object).lstrip().startswith("{")
+
+
+@pytest.mark.parametrize(
+    "schema,needle",
+    [({"type": "strin"}, "strin"), ({"type": "object", "properties": 3}, "properties")],
+)
+def test_a_schema_llguidance_cannot_compile_is_a_parameter_error(char_pair, schema, needle):
+    with pytest.raises(ParameterError, match="JSON schema") as err:
+        char_pair.json_schema(schema)
+    assert needle in str(err.value)

@@ -1,0 +1,155 @@
+"""Structured outputs through the server: `response_format` json_object / json_schema, on a
+real uvicorn server on 127.0.0.1 with the official `openai` client (its `parse` helper sends a
+strict json_schema from a pydantic model). The reply is the constrained generation the
+library gives (exact), whole or streamed; schemas and combinations it cannot serve are a 400
+naming the field."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Literal
+
+import httpx
+import openai
+import pytest
+import tiny
+from pydantic import BaseModel
+from test_constraint import CHARS, MOOD
+from test_serve import make_tokenizer, running
+
+from dflash2_mlx.api import Pair
+from dflash2_mlx.engine.loop import GenerationParams
+from dflash2_mlx.serve import create_app
+from dflash2_mlx.serve.chat_prompt import ChatPrompt
+from dflash2_mlx.serve.handler import Handler
+from dflash2_mlx.serve.schemas import APIError, GenRequest
+from dflash2_mlx.text import chat_prompt_ids
+
+ASK = [{"role": "user", "content": "How are you? Answer in JSON."}]
+
+
+class Mood(BaseModel):
+    mood: Literal["happy", "sad", "calm"]
+    ok: bool
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return Pair.from_models(
+        tiny.make_target("llama", vocab=CHARS),
+        make_tokenizer(CHARS),
+        tiny.make_drafter(2, block_size=4, vocab=CHARS, mask_token_id=CHARS - 1),
+    )
+
+
+@pytest.fixture(scope="module")
+def url(pair):
+    app = create_app(pair, model_name="tiny", default_max_tokens=400, max_batch=2)
+    with running(app) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def constrained(pair, schema, max_tokens: int = 400) -> str:
+    """The library's constrained greedy reply to ASK (its stop token dropped)."""
+    ids = chat_prompt_ids(pair.tokenizer, ASK)
+    params = GenerationParams(max_tokens=max_tokens, constraint=pair.json_schema(schema))
+    out, _ = pair.generate(ids, params)
+    return pair.tokenizer.decode([t for t in out if t not in pair.eos_ids])
+
+
+def test_parse_with_a_pydantic_model(pair, client):
+    done = client.chat.completions.parse(model="tiny", messages=ASK, response_format=Mood)
+    choice = done.choices[0]
+    assert choice.finish_reason == "stop"
+    assert isinstance(choice.message.parsed, Mood)
+    strict = {**Mood.model_json_schema(), "additionalProperties": False}  # as the SDK sends it
+    assert choice.message.content == constrained(pair, strict)
+
+
+def test_json_object_streamed_equals_whole(pair, client):
+    """Any JSON object (the random model's keys run long: cut at max_tokens here)."""
+    kw = dict(model="tiny", messages=ASK, response_format={"type": "json_object"}, max_tokens=60)
+    whole = client.chat.completions.create(**kw)
+    text = whole.choices[0].message.content
+    assert text == constrained(pair, None, 60) and text.startswith("{")
+    parts, finish = [], None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+    assert "".join(parts) == text and finish == whole.choices[0].finish_reason
+
+
+def test_json_schema_requests_run_together(pair, url):
+    """Two constrained requests with different schemas in one batch, each as alone."""
+    import concurrent.futures
+
+    flag = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+    def ask(schema):
+        body = {
+            "messages": ASK,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": schema},
+            },
+        }
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(ask, [MOOD, flag]))
+    assert got == [constrained(pair, MOOD), constrained(pair, flag)]
+    assert {"mood", "ok"} == set(json.loads(got[0])) and set(json.loads(got[1])) <= {"ok"}
+
+
+def _schema(schema) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+BAD = [
+    (_schema({"type": "strin"}), "response_format"),
+    (
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}},
+        "response_format.json_schema.schema",
+    ),
+    (
+        {"type": "json_schema", "json_schema": {"name": "x", "format": 1}},
+        "response_format.json_schema.format",
+    ),
+    ({"type": "json_object", "schema": {}}, "response_format.schema"),
+    ({"type": "regex"}, "response_format.type"),
+    ("json", "response_format"),
+]
+
+
+@pytest.mark.parametrize("fmt,param", BAD, ids=[b[1] + str(i) for i, b in enumerate(BAD)])
+def test_formats_it_cannot_serve_are_a_400_naming_the_field(url, fmt, param):
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": ASK, "response_format": fmt})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"], err
+
+
+def test_text_format_is_free_text(pair, client):
+    done = client.chat.completions.create(
+        model="tiny", messages=ASK, response_format={"type": "text"}, max_tokens=12
+    )
+    assert done.choices[0].finish_reason == "length"
+
+
+def test_a_reply_that_starts_by_thinking_is_refused():
+    """A template that opens the thinking section in the prompt: the reply would be held to
+    the schema inside it, so the request is refused with what to send instead."""
+    req = GenRequest("chat", None, {}, response_schema={"type": "object"})
+    handler = SimpleNamespace(pair=None)
+    with pytest.raises(APIError) as err:
+        Handler.constraint(handler, req, ChatPrompt([1], state="reasoning"))
+    assert err.value.param == "response_format" and "enable_thinking" in err.value.message
