@@ -10,12 +10,15 @@ complete only the stop tokens are allowed, so a constrained generation ends by i
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from .errors import ParameterError
+
+log = logging.getLogger("dflash2")
 
 # Whitespace between JSON tokens, at most this many characters in a row: pretty-printing
 # fits, and a small model cannot loop on newlines until max_tokens.
@@ -57,23 +60,24 @@ class Grammars:
             )
         except (TypeError, ValueError) as e:
             raise ParameterError(f"invalid JSON schema: {e}") from None
-        grammar = Grammar(self._tokenizer(), source)
-        problem = grammar().matcher.get_error()
-        if problem:
-            raise ParameterError(f"unsupported JSON schema: {problem}")
-        return grammar
+        matcher = LLMatcher(self._tokenizer(), source, log_level=0)
+        if matcher.get_error():
+            raise ParameterError(f"unsupported JSON schema: {matcher.get_error()}")
+        return Grammar(matcher, frozenset(self.stop_ids))
 
 
 def _ll_tokenizer(hf, vocab: int, stop_ids: list[int]):
     """llguidance's view of the tokenizer: from its Rust definition (exact for byte-level and
-    byte-fallback tokenizers), else from each token's own text (decoders llguidance does not
-    know, e.g. a character-level one)."""
+    byte-fallback tokenizers), else, for a decoder llguidance does not read (e.g. a
+    character-level one), from each token's own text, with a warning: that view is exact only
+    where every token decodes alone to its own bytes."""
     import llguidance
     import llguidance.hf
 
     try:
         return llguidance.hf.from_tokenizer(hf, n_vocab=vocab, eos_token=stop_ids)
-    except Exception:
+    except Exception as e:
+        log.warning("llguidance cannot read this tokenizer (%s): using each token's text", e)
         pieces = _Pieces(hf, vocab, stop_ids)
         return llguidance.LLTokenizer(
             llguidance.TokenizerWrapper(pieces), n_vocab=vocab, eos_token=stop_ids
@@ -97,37 +101,39 @@ class _Pieces:
 
 @dataclass(frozen=True, eq=False)
 class Grammar:
-    """A compiled grammar; calling it starts one generation's matcher."""
+    """A compiled grammar (`GenerationParams.constraint`): each call starts one generation's
+    matcher, a copy of the checked one. `stop_ids`: what a finished value allows, so the
+    generation must stop on them (the engine checks)."""
 
-    tokenizer: Any  # llguidance.LLTokenizer
-    source: str
+    matcher: Any  # llguidance.LLMatcher at the start, never advanced
+    stop_ids: frozenset[int]
 
     def __call__(self) -> GrammarConstraint:
-        from llguidance import LLMatcher
-
-        matcher = LLMatcher(self.tokenizer, self.source, log_level=0)
-        return GrammarConstraint(matcher, self.tokenizer.vocab_size)
+        return GrammarConstraint(self.matcher.deep_copy(), self.stop_ids)
 
 
 class GrammarConstraint:
     """One generation's position in its grammar (engine/constraint.py TokenConstraint)."""
 
-    def __init__(self, matcher, vocab: int):
-        self.matcher, self.vocab = matcher, int(vocab)
+    def __init__(self, matcher, stop_ids: frozenset[int]):
+        self.matcher, self.stop_ids = matcher, stop_ids
 
     def _mask(self) -> np.ndarray:
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        return np.unpackbits(bits, bitorder="little")[: self.vocab].astype(bool)
+        return np.unpackbits(bits, bitorder="little").astype(bool)
 
     def allowed(self, drafts: Sequence[int]) -> np.ndarray:
+        """Walks the drafts while each is allowed, then rolls back. A stop token ends the walk:
+        the generation ends there (and llguidance does not count it for a rollback)."""
         m = self.matcher
         rows = [self._mask()]
-        valid = m.validate_tokens(list(drafts))
-        for t in drafts[:valid]:
+        for t in drafts:
+            if t in self.stop_ids or not rows[-1][t]:
+                break
             if not m.consume_token(int(t)):
-                raise RuntimeError(f"grammar: validated token {t} was refused: {m.get_error()}")
+                raise RuntimeError(f"grammar: allowed token {t} was refused: {m.get_error()}")
             rows.append(self._mask())
-        if valid and not m.rollback(valid):
+        if len(rows) > 1 and not m.rollback(len(rows) - 1):
             raise RuntimeError(f"grammar: rollback failed: {m.get_error()}")
         rows += [rows[-1]] * (len(drafts) + 1 - len(rows))  # past a forbidden draft: unused
         return np.stack(rows)

@@ -177,18 +177,21 @@ def test_batched_rows_each_follow_their_own_constraint(decoder):
     model, dec = decoder
     pair = Pair(model, None, dec.drafter, dec)
     prompts = PROMPTS + [[7, 7, 1, 2]]
-    params = [
-        GenerationParams(max_tokens=16, constraint=modular(PROMPTS[0])),
-        GenerationParams(max_tokens=12),
-        GenerationParams(max_tokens=20, constraint=lambda: Modular(tiny.VOCAB, 2, k=2)),
-    ]
     expected = [
         reference(model, prompts[0], 16, Modular(tiny.VOCAB, PROMPTS[0][-1])),
         tiny.greedy_reference(model, prompts[1], 12),
         reference(model, prompts[2], 20, Modular(tiny.VOCAB, 2, k=2)),
     ]
-    outs = [out for out, _ in pair.generate_batch(prompts, params, max_batch=3)]
-    assert outs == expected
+    params = [  # the first row's prediction is accepted through many rows of its masks
+        GenerationParams(
+            max_tokens=16, prediction=tuple(expected[0]), constraint=modular(PROMPTS[0])
+        ),
+        GenerationParams(max_tokens=12),
+        GenerationParams(max_tokens=20, constraint=lambda: Modular(tiny.VOCAB, 2, k=2)),
+    ]
+    results = pair.generate_batch(prompts, params, max_batch=3)
+    assert [out for out, _ in results] == expected
+    assert results[0][1].accepted >= 8
 
 
 def exact_masked_marginals(model, sp: SamplingParams, prompt=PROMPT):
@@ -276,6 +279,49 @@ def test_json_schema_reply_is_valid_and_exact(char_pair):
     assert char_pair.tokenizer.decode(any_object).lstrip().startswith("{")
 
 
+@pytest.mark.parametrize("lookup_block", [3, 4, 8])
+def test_a_round_that_drafts_the_end_and_the_stop_token_stays_exact(char_pair, lookup_block):
+    """A proposal that closes the value and stops (brace, stop token) while plain decoding
+    still writes whitespace: the brace is refused, and the grammar must be where it was
+    (llguidance does not count a consumed stop token for a rollback)."""
+    tok = char_pair.tokenizer
+    ids = tok.encode("Answer in JSON: how are you?")
+    grammar = char_pair.json_schema(MOOD)
+    plain, _ = char_pair.generate(
+        ids, GenerationParams(max_tokens=400, speculative=False, constraint=grammar)
+    )
+    text = tok.decode(plain[:-1])  # one token per character
+    value_end = max(text.rfind("true"), text.rfind("false") + 1) + 4
+    spaces = len(text[value_end:]) - len(text[value_end:].lstrip())
+    assert spaces >= 2, "the premise: plain decoding writes whitespace before the brace"
+    (brace,), (eos,) = tok.encode("}"), char_pair.eos_ids
+    predicted = tuple(plain[: value_end + min(5, spaces - 1)]) + (brace, eos)
+    params = GenerationParams(
+        max_tokens=400, prediction=predicted, lookup_block=lookup_block, constraint=grammar
+    )
+    assert char_pair.generate(ids, params)[0] == plain
+
+
+def test_drafts_past_the_stop_token_leave_the_grammar_where_it_was(char_pair):
+    tok = char_pair.tokenizer
+    c = char_pair.json_schema(MOOD)()
+    c.commit(tok.encode('{"mood":"sad","ok":true'))
+    before = c.allowed([])[0]
+    (brace,), (eos,) = tok.encode("}"), char_pair.eos_ids
+    rows = c.allowed([brace, eos, brace])
+    assert rows.shape[0] == 4 and rows[1][eos] and not rows[0][eos]
+    assert (c.allowed([])[0] == before).all()
+    c.commit([brace])
+    assert c.allowed([])[0][eos]
+
+
+def test_a_constraint_whose_stop_tokens_do_not_stop_is_refused(char_pair):
+    grammar = char_pair.json_schema(MOOD)
+    params = GenerationParams(max_tokens=20, stop_token_ids=frozenset({1}), constraint=grammar)
+    with pytest.raises(ParameterError, match="stop_token_ids must include"):
+        char_pair.generate([5, 6, 7], params)
+
+
 @pytest.mark.parametrize(
     "schema,needle",
     [({"type": "strin"}, "strin"), ({"type": "object", "properties": 3}, "properties")],
@@ -284,3 +330,28 @@ def test_a_schema_llguidance_cannot_compile_is_a_parameter_error(char_pair, sche
     with pytest.raises(ParameterError, match="JSON schema") as err:
         char_pair.json_schema(schema)
     assert needle in str(err.value)
+
+
+@pytest.mark.real_model
+def test_json_schema_on_the_embedded_smollm2(tmp_path_factory):
+    """The real tokenizer (byte-level BPE, read by llguidance from its Rust definition) and
+    the shipped drafter: a finished, valid value, exactly plain constrained decoding's."""
+    from mlx_lm import load
+    from smollm2 import any_conversion
+
+    from dflash2_mlx import load_drafter
+    from dflash2_mlx.registry import EMBEDDED_DRAFTER
+    from dflash2_mlx.text import chat_prompt_ids
+
+    model, tokenizer = load(str(any_conversion(tmp_path_factory)))
+    pair = Pair.from_models(model, tokenizer, load_drafter(EMBEDDED_DRAFTER, dtype=mx.float32))
+    ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": "How are you? Reply in JSON."}])
+    grammar = pair.json_schema(MOOD)
+    plain, _ = pair.generate(
+        ids, GenerationParams(max_tokens=48, speculative=False, constraint=grammar)
+    )
+    out, stats = pair.generate(ids, GenerationParams(max_tokens=48, constraint=grammar))
+    assert out == plain and out[-1] in pair.eos_ids
+    value = json.loads(tokenizer.decode(out[:-1]))
+    assert value["mood"] in ("happy", "sad", "calm") and isinstance(value["ok"], bool)
+    assert stats.grammar_rounds > 0  # the rest of the keys is forced text, drafted for free

@@ -2,10 +2,11 @@
 
 A `TokenConstraint` (one per generation; grammar.py builds them from a JSON schema) says
 which tokens the grammar allows after the committed tokens and after each prefix of a
-round's drafts, and what it forces next (proposed as drafts). The verify forward's logits are masked row by row before acceptance, so a
-round accepts exactly what plain decoding over the masked logits would pick, one token at a
-time: a draft the grammar forbids has probability 0 and is rejected, and the bonus token is
-drawn from the masked distribution. Drafts stay unconstrained (they only need verifying).
+round's drafts, and what it forces next (proposed as drafts). The verify forward's logits
+are masked row by row before acceptance, so a round accepts exactly what plain decoding over
+the masked logits would pick, one token at a time: a draft the grammar forbids has
+probability 0 and is rejected, and the bonus token is drawn from the masked distribution.
+Drafts stay unconstrained (they only need verifying).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ class TokenConstraint(Protocol):
         ...
 
 
-# What GenerationParams carries: called once per generation for its own constraint state.
+# What GenerationParams carries: called once per generation for its own constraint state. A
+# factory with a `stop_ids` set (grammar.py's) allows only those once its text is complete:
+# the generation must stop on them.
 ConstraintFactory = Callable[[], TokenConstraint]
 
 

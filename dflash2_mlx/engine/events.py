@@ -63,6 +63,7 @@ class GenerationStats:
     datastore_rounds: int = 0  # rounds whose drafts came from the response datastore
     datastore_drafted: int = 0  # draft tokens proposed by the datastore
     datastore_accepted: int = 0  # of those, accepted
+    grammar_rounds: int = 0  # rounds whose drafts were the text a constraint forces
 
     def add(self, ev: RoundEvent) -> None:
         if ev.prefill:
@@ -90,6 +91,8 @@ class GenerationStats:
         elif ev.source == "prediction":
             self.prediction_drafted += ev.drafted
             self.prediction_accepted += ev.accepted
+        elif ev.source == "grammar":
+            self.grammar_rounds += 1
         elif ev.source == "datastore":
             self.datastore_rounds += 1
             self.datastore_drafted += ev.drafted

@@ -213,8 +213,9 @@ class SpeculativeDecoder:
     def _propose(self, session: Session, anchor: int, run: _Run, key) -> Proposal:
         """What the constraint forces next, else the prediction's continuation while the answer
         follows it, else the context's own, else the prediction's after a re-sync: up to
-        lookup_block - 1 tokens (no draft pass to pay for them); else the datastore's (up to DEFAULT_DATASTORE_LENGTH); else the
-        drafter's block - 1. All cut to what the round may commit."""
+        lookup_block - 1 tokens (no draft pass to pay for them); else the datastore's (up to
+        DEFAULT_DATASTORE_LENGTH); else the drafter's block - 1. All cut to what the round may
+        commit."""
         found = self._model_free(session, run)
         if found is not None:
             return found
@@ -317,7 +318,15 @@ class SpeculativeDecoder:
             block = lookup_block = 1
         sp = params.sampling
         seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
-        constraint = params.constraint() if params.constraint is not None else None
+        constraint = None
+        if params.constraint is not None:
+            ends = getattr(params.constraint, "stop_ids", frozenset())
+            if not ends <= params.stop_token_ids:
+                raise ParameterError(
+                    f"the constraint ends its text with stop token ids {sorted(ends)}: "
+                    "stop_token_ids must include them"
+                )
+            constraint = params.constraint()
         return prompt, _Run(params, block, lookup_block, mx.random.key(seed), constraint)
 
     def _first(self, prefill: Prefill, run: _Run) -> RoundEvent:

@@ -75,8 +75,8 @@ class Prefill:
         self, sampling: SamplingParams, key: mx.array, constraint: TokenConstraint | None = None
     ) -> int:
         """The first token, drawn with `key` among those `constraint` allows (None: all); the
-        session then holds the prompt and it, and
-        queues the features the drafter has not seen (rows no drafter layer can see skipped)."""
+        session then holds the prompt and it, and queues the features the drafter has not
+        seen (rows no drafter layer can see skipped)."""
         session = self.session
         logits, feats, first = self.feed.result()
         session.in_round = False

@@ -44,6 +44,7 @@ def usage(
     proposed / kept by the target; tau: mean tokens committed per round, bonus included;
     lookup_rounds: rounds whose drafts came from context lookup rather than the drafter;
     datastore_rounds: rounds whose drafts came from the response datastore;
+    grammar_rounds: rounds whose drafts were the text response_format's schema forces;
     block_size: tokens verified per round (anchor + drafts; 1 when speculative is off).
     completion_tokens_details counts the draft tokens taken from the request's `prediction`
     that the target accepted / rejected (OpenAI's Predicted Outputs fields).
@@ -89,6 +90,7 @@ def _engine_usage(stats: GenerationStats, block_size: int, speculative: bool) ->
         "acceptance_rate": round(stats.acceptance_rate, 4),
         "lookup_rounds": stats.lookup_rounds,
         "datastore_rounds": stats.datastore_rounds,
+        "grammar_rounds": stats.grammar_rounds,
         "block_size": block_size,
         "speculative": speculative,
         "cached_tokens": stats.reused_tokens,

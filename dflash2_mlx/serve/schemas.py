@@ -253,7 +253,7 @@ def _response_format(value) -> dict | None:
         raise invalid("response_format", "response_format must be an object", "invalid_type")
     kind = value.get("type")
     allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
-    if kind not in allowed:
+    if not isinstance(kind, str) or kind not in allowed:
         raise invalid(
             "response_format.type",
             f"response_format.type must be text, json_object or json_schema; got {brief(kind)}",
