@@ -20,7 +20,7 @@ from .engine.lookup import DEFAULT_LOOKUP
 from .engine.loop import GenerationParams, Session, SpeculativeDecoder
 from .engine.width import WidthRule
 from .errors import CompatibilityError, ConfigError, ParameterError
-from .grammar import Grammar, Grammars
+from .grammar import Grammar, Grammars, Thinking
 from .registry import fetch
 from .target.adapter import TargetAdapter
 
@@ -83,13 +83,13 @@ class Pair:
     def new_session(self) -> Session:
         return self.decoder.new_session()
 
-    def json_schema(self, schema: dict | None = None) -> Grammar:
+    def json_schema(self, schema: dict | None = None, thinking: Thinking | None = None) -> Grammar:
         """A `GenerationParams.constraint`: the reply is a JSON value `schema` accepts (None:
-        any JSON object), then a stop token. Raises ParameterError for a schema it cannot
-        compile."""
+        any JSON object), then a stop token; `thinking`: after a thinking section (see
+        grammar.Thinking). Raises ParameterError for a schema it cannot compile."""
         if self._grammars is None:
             self._grammars = Grammars(self.tokenizer, self.decoder.target.vocab_size, self.eos_ids)
-        return self._grammars.json_schema(schema)
+        return self._grammars.json_schema(schema, thinking)
 
     def with_defaults(self, params: GenerationParams) -> GenerationParams:
         """`params` with the tokenizer's EOS ids as stop tokens when it names none."""

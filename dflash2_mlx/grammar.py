@@ -22,7 +22,8 @@ log = logging.getLogger("dflash2")
 
 # Whitespace between JSON tokens, at most this many characters in a row: pretty-printing
 # fits, and a small model cannot loop on newlines until max_tokens.
-_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,32}"
+_SPACE = r"[\x20\x0A\x0D\x09]"
+_WHITESPACE = _SPACE + "{0,32}"
 ANY_OBJECT: dict = {"type": "object"}
 
 
@@ -48,22 +49,53 @@ class Grammars:
                 ) from None
         return self._ll
 
-    def json_schema(self, schema: dict | None = None) -> Grammar:
-        """The grammar of JSON values `schema` accepts (None: any JSON object). A schema
-        llguidance cannot compile raises ParameterError with its reason."""
+    def json_schema(self, schema: dict | None = None, thinking: Thinking | None = None) -> Grammar:
+        """The grammar of JSON values `schema` accepts (None: any JSON object), after a
+        thinking section where `thinking` says there may be one. A schema llguidance cannot
+        compile raises ParameterError with its reason."""
         from llguidance import LLMatcher
 
         schema = ANY_OBJECT if schema is None else schema
         try:
-            source = LLMatcher.grammar_from_json_schema(
-                json.dumps(schema), overrides={"whitespace_pattern": _WHITESPACE}
-            )
+            if thinking is None:
+                source = LLMatcher.grammar_from_json_schema(
+                    json.dumps(schema), overrides={"whitespace_pattern": _WHITESPACE}
+                )
+            else:
+                source = LLMatcher.grammar_from_lark(thinking.then_json(schema))
         except (TypeError, ValueError) as e:
             raise ParameterError(f"invalid JSON schema: {e}") from None
         matcher = LLMatcher(self._tokenizer(), source, log_level=0)
         if matcher.get_error():
             raise ParameterError(f"unsupported JSON schema: {matcher.get_error()}")
         return Grammar(matcher, frozenset(self.stop_ids))
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """A thinking section before the value: free text between the model's markers (plain text
+    in its vocabulary, as Qwen3's). `opened`: the prompt already opened it (the reply starts
+    inside it); else the model may open one or answer at once."""
+
+    start: str
+    end: str
+    opened: bool = False
+
+    def then_json(self, schema: dict) -> str:
+        """A Lark grammar (llguidance's dialect): the section, whitespace, the value."""
+        if not isinstance(schema, dict):
+            raise TypeError(f"a JSON schema is an object, got {type(schema).__name__}")
+        options = {**schema.get("x-guidance", {}), "whitespace_pattern": _WHITESPACE}
+        value = json.dumps({**schema, "x-guidance": options})
+        lines = [
+            f"start: {'rest' if self.opened else 'section?'} GAP? value",
+            f"rest[suffix={json.dumps(self.end)}]: /(?s:.*)/",
+            f"GAP: /{_SPACE}{{1,32}}/",
+            f"value: %json {value}",
+        ]
+        if not self.opened:
+            lines.append(f"section: {json.dumps(self.start)} rest")
+        return "\n".join(lines)
 
 
 def _ll_tokenizer(hf, vocab: int, stop_ids: list[int]):
@@ -86,17 +118,36 @@ def _ll_tokenizer(hf, vocab: int, stop_ids: list[int]):
 
 class _Pieces:
     """A tokenizer as llguidance's TokenizerWrapper reads it: every token's bytes, the special
-    ids, and encoding."""
+    ids, and encoding (the tokenizer's own, else longest pieces first where it has no token
+    for a piece, as a word-level one)."""
 
     def __init__(self, hf, vocab: int, stop_ids: list[int]):
-        self.hf = hf
+        self.hf, self.unk = hf, getattr(hf, "unk_token_id", None)
         self.eos_token_id, self.bos_token_id = stop_ids[0], None
         self.special_token_ids = sorted(set(getattr(hf, "all_special_ids", ())) | set(stop_ids))
         known = min(vocab, len(hf))
         self.tokens = [hf.decode([i]).encode() for i in range(known)] + [b""] * (vocab - known)
+        special = set(self.special_token_ids)
+        self._ids = {t: i for i, t in enumerate(self.tokens) if t and i not in special}
+        self._longest = max(map(len, self._ids), default=1)
 
     def __call__(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False)
+        if not isinstance(text, str):  # so llguidance hands over text, not bytes
+            raise TypeError("encodes text only")
+        ids = self.hf.encode(text, add_special_tokens=False)
+        return ids if self.unk is None or self.unk not in ids else self._greedy(text.encode())
+
+    def _greedy(self, data: bytes) -> list[int]:
+        out, i = [], 0
+        while i < len(data):
+            for n in range(min(self._longest, len(data) - i), 0, -1):
+                if data[i : i + n] in self._ids:
+                    out.append(self._ids[data[i : i + n]])
+                    i += n
+                    break
+            else:
+                raise ValueError(f"no token spells {data[i : i + 1]!r}")
+        return out
 
 
 @dataclass(frozen=True, eq=False)

@@ -20,6 +20,7 @@ from test_serve import make_tokenizer, running
 
 from dflash2_mlx.api import Pair
 from dflash2_mlx.engine.loop import GenerationParams
+from dflash2_mlx.grammar import Thinking
 from dflash2_mlx.serve import create_app
 from dflash2_mlx.serve.chat_prompt import ChatPrompt
 from dflash2_mlx.serve.handler import Handler
@@ -148,11 +149,25 @@ def test_text_format_is_free_text(pair, client):
     assert done.choices[0].message.content != constrained(pair, None, 12)
 
 
-def test_a_reply_that_starts_by_thinking_is_refused():
-    """A template that opens the thinking section in the prompt: the reply would be held to
-    the schema inside it, so the request is refused with what to send instead."""
+@pytest.mark.parametrize("special", [False, True])
+def test_a_reply_that_starts_inside_a_thinking_section(special):
+    """A template that opens the thinking section in the prompt: the schema's value comes
+    after the section's end marker; with special-token markers (no text to match) the
+    request is refused with what to send instead."""
+    markers = ("<think>", "</think>")
+    tok = SimpleNamespace(
+        has_thinking=True,
+        think_start=markers[0],
+        think_end=markers[1],
+        all_special_tokens=list(markers) if special else ["<|im_end|>"],
+    )
+    handler = Handler.__new__(Handler)
+    handler.pair = SimpleNamespace(tokenizer=tok)
     req = GenRequest("chat", None, {}, response_schema={"type": "object"})
-    handler = SimpleNamespace(pair=None)
-    with pytest.raises(APIError) as err:
-        Handler.constraint(handler, req, ChatPrompt([1], state="reasoning"))
-    assert err.value.param == "response_format" and "enable_thinking" in err.value.message
+    prompt = ChatPrompt([1], state="reasoning")
+    if special:
+        with pytest.raises(APIError) as err:
+            Handler.constraint(handler, req, prompt)
+        assert err.value.param == "response_format" and "enable_thinking" in err.value.message
+    else:
+        assert handler._thinking(prompt) == Thinking(*markers, opened=True)

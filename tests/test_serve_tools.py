@@ -192,6 +192,29 @@ def test_reasoning_split(tool_pair, client):
     assert ask(client, history, max_tokens=2).usage.completion_tokens >= 1
 
 
+def test_a_schema_reply_after_thinking(tool_pair, client):
+    """response_format on a model that thinks: it thinks as it does without one, then writes
+    the value (reasoning_content and content split as usual); streamed alike."""
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+    r = ask(client, tt.HI, response_format=fmt, max_tokens=120)
+    msg = r.choices[0].message
+    assert msg.model_extra["reasoning_content"].strip() == tt.THOUGHT
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(msg.content)["ok"], bool)
+    content, reasoning, _, finish, _ = streamed(client, tt.HI, response_format=fmt, max_tokens=120)
+    assert (content, reasoning, finish) == (
+        msg.content,
+        msg.model_extra["reasoning_content"],
+        "stop",
+    )
+
+
 def test_thinking_switch_per_request_and_server_default(tool_pair, client):
     off = {"chat_template_kwargs": {"enable_thinking": False}}
     r = ask(client, tt.HI, extra_body=off)

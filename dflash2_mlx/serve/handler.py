@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from ..engine.events import GenerationStats
 from ..engine.loop import GenerationParams
 from ..errors import DFlash2Error, ParameterError
-from ..grammar import Grammar
+from ..grammar import Grammar, Thinking
 from ..settings import SamplingDefaults
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .format import SSE_DONE, Formatter, ReplyStats, sse, usage
@@ -121,17 +121,30 @@ class Handler:
                 'schema could not call them (send no tools, or tool_choice "none")',
                 "unsupported_parameter",
             )
-        if prompt is not None and prompt.state == "reasoning":
-            raise invalid(
-                "response_format",
-                "response_format is not supported while the reply starts by thinking: send "
-                'chat_template_kwargs {"enable_thinking": false}',
-                "unsupported_parameter",
-            )
+        thinking = self._thinking(prompt) if prompt is not None else None
         try:
-            return self.pair.json_schema(req.response_schema)
+            return self.pair.json_schema(req.response_schema, thinking)
         except ParameterError as e:
             raise invalid("response_format", f"response_format: {e}") from None
+
+    def _thinking(self, prompt: ChatPrompt) -> Thinking | None:
+        """The thinking section a reply held to a schema may start with (the value follows
+        it): the model's markers, when they are plain text of its vocabulary (Qwen3's are)."""
+        tok = self.pair.tokenizer
+        if not getattr(tok, "has_thinking", False):
+            return None
+        special = set(getattr(tok, "all_special_tokens", ()))
+        if tok.think_start in special or tok.think_end in special:
+            if prompt.state == "reasoning":
+                raise invalid(
+                    "response_format",
+                    "response_format is not supported while the reply starts by thinking "
+                    "with special-token markers: send "
+                    'chat_template_kwargs {"enable_thinking": false}',
+                    "unsupported_parameter",
+                )
+            return None
+        return Thinking(tok.think_start, tok.think_end, opened=prompt.state == "reasoning")
 
     def plan(
         self,
