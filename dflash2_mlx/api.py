@@ -87,9 +87,15 @@ class Pair:
         """A `GenerationParams.constraint`: the reply is a JSON value `schema` accepts (None:
         any JSON object), then a stop token; `thinking`: after a thinking section (see
         grammar.Thinking). Raises ParameterError for a schema it cannot compile."""
+        return self.grammars.json_schema(schema, thinking)
+
+    @property
+    def grammars(self) -> Grammars:
+        """Grammars over this pair's tokens (grammar.py): replies held to a JSON schema and
+        tool calls to their arguments' schemas."""
         if self._grammars is None:
             self._grammars = Grammars(self.tokenizer, self.decoder.target.vocab_size, self.eos_ids)
-        return self._grammars.json_schema(schema, thinking)
+        return self._grammars
 
     def with_defaults(self, params: GenerationParams) -> GenerationParams:
         """`params` with the tokenizer's EOS ids as stop tokens when it names none."""

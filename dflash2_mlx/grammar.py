@@ -1,16 +1,19 @@
-"""Grammars over the target's tokens (JSON schemas, via llguidance) as engine constraints.
+"""Grammars over the target's tokens (via llguidance) as engine constraints.
 
-`Grammars(tokenizer, vocab, stop_ids)` compiles a JSON schema into a `Grammar`, the factory a
-generation's `GenerationParams.constraint` takes; each generation gets its own matcher
-(`GrammarConstraint`), which says which tokens may come next after each prefix of a round's
-drafts (engine/constraint.py) and follows the committed tokens. Once the schema's value is
-complete only the stop tokens are allowed, so a constrained generation ends by itself.
+`Grammars(tokenizer, vocab, stop_ids)` compiles a reply grammar into a `Grammar`, the factory a
+generation's `GenerationParams.constraint` takes: a JSON value a schema accepts, and/or tool
+calls whose arguments follow their schemas (`Calls`), after an optional thinking section
+(`Thinking`). Each generation gets its own matcher (`GrammarConstraint`), which says which
+tokens may come next after each prefix of a round's drafts (engine/constraint.py) and follows
+the committed tokens. Once the reply is complete only the stop tokens are allowed, so a
+constrained generation ends by itself.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -32,7 +35,10 @@ class Grammars:
     ~1 s for a 50k vocabulary)."""
 
     def __init__(self, tokenizer, vocab: int, stop_ids: Sequence[int]):
-        self._hf = getattr(tokenizer, "_tokenizer", tokenizer)  # mlx-lm wraps the HF tokenizer
+        from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+        wrapped = isinstance(tokenizer, TokenizerWrapper)  # mlx-lm's wraps the HF tokenizer
+        self._hf = tokenizer._tokenizer if wrapped else tokenizer
         self.vocab, self.stop_ids = int(vocab), tuple(sorted(int(i) for i in stop_ids))
         self._ll = None
 
@@ -51,18 +57,27 @@ class Grammars:
 
     def json_schema(self, schema: dict | None = None, thinking: Thinking | None = None) -> Grammar:
         """The grammar of JSON values `schema` accepts (None: any JSON object), after a
-        thinking section where `thinking` says there may be one. A schema llguidance cannot
-        compile raises ParameterError with its reason."""
+        thinking section where `thinking` says there may be one."""
+        return self.reply(ANY_OBJECT if schema is None else schema, None, thinking)
+
+    def reply(
+        self, value: dict | None, calls: Calls | None = None, thinking: Thinking | None = None
+    ) -> Grammar:
+        """A reply that is a JSON value `value` accepts and/or tool calls (`calls`: then text,
+        or the value, before them is free), after a thinking section where `thinking` says
+        there may be one. A schema llguidance cannot compile raises ParameterError with its
+        reason."""
         from llguidance import LLMatcher
 
-        schema = ANY_OBJECT if schema is None else schema
+        if value is None and calls is None:
+            raise ValueError("a reply grammar needs a value schema or tool calls")
         try:
-            if thinking is None:
+            if calls is None and thinking is None:
                 source = LLMatcher.grammar_from_json_schema(
-                    json.dumps(schema), overrides={"whitespace_pattern": _WHITESPACE}
+                    json.dumps(value), overrides={"whitespace_pattern": _WHITESPACE}
                 )
             else:
-                source = LLMatcher.grammar_from_lark(thinking.then_json(schema))
+                source = LLMatcher.grammar_from_lark(_reply_lark(value, calls, thinking))
         except (TypeError, ValueError) as e:
             raise ParameterError(f"invalid JSON schema: {e}") from None
         matcher = LLMatcher(self._tokenizer(), source, log_level=0)
@@ -73,29 +88,78 @@ class Grammars:
 
 @dataclass(frozen=True)
 class Thinking:
-    """A thinking section before the value: free text between the model's markers (plain text
-    in its vocabulary, as Qwen3's). `opened`: the prompt already opened it (the reply starts
-    inside it); else the model may open one or answer at once."""
+    """A thinking section before the reply: free text between the model's markers (plain
+    text in its vocabulary, as Qwen3's). `opened`: the prompt already opened it (the reply
+    starts inside it); else the model may open one or answer at once."""
 
     start: str
     end: str
     opened: bool = False
 
-    def then_json(self, schema: dict) -> str:
-        """A Lark grammar (llguidance's dialect): the section, whitespace, the value."""
-        if not isinstance(schema, dict):
-            raise TypeError(f"a JSON schema is an object, got {type(schema).__name__}")
-        options = {**schema.get("x-guidance", {}), "whitespace_pattern": _WHITESPACE}
-        value = json.dumps({**schema, "x-guidance": options})
-        lines = [
-            f"start: {'rest' if self.opened else 'section?'} GAP? value",
-            f"rest[suffix={json.dumps(self.end)}]: /(?s:.*)/",
-            f"GAP: /{_SPACE}{{1,32}}/",
-            f"value: %json {value}",
+
+@dataclass(frozen=True)
+class Calls:
+    """Tool calls in mlx-lm's json_tools format (Qwen's, Hermes'): `opener {"name": ...,
+    "arguments": {...}} closer`. `tools`: (name, arguments schema or None: any object) for
+    every tool the reply may call; `parallel`: more than one call."""
+
+    opener: str
+    closer: str
+    tools: tuple[tuple[str, dict | None], ...]
+    parallel: bool = True
+
+    def body(self) -> dict:
+        """The schema of one call's JSON: one of the tools, by name, with its arguments."""
+        return {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": name}, "arguments": args or ANY_OBJECT},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": False,
+                }
+                for name, args in self.tools
+            ]
+        }
+
+
+def _json(schema: dict) -> str:
+    """`%json` of a schema (inline in Lark), with the whitespace limit."""
+    if not isinstance(schema, dict):
+        raise TypeError(f"a JSON schema is an object, got {type(schema).__name__}")
+    options = {**schema.get("x-guidance", {}), "whitespace_pattern": _WHITESPACE}
+    return "%json " + json.dumps({**schema, "x-guidance": options})
+
+
+def _reply_lark(value: dict | None, calls: Calls | None, thinking: Thinking | None) -> str:
+    """The reply grammar in llguidance's Lark dialect: [thinking] whitespace, then the value,
+    or calls; calls without a value: text alone, or text then calls. (Text before the calls
+    is not offered beside a value: a lazy text lexeme would shadow the value's lexemes.)"""
+    head = "" if thinking is None else ("rest " if thinking.opened else "section? ")
+    if calls is None:
+        reply = "value"
+    else:
+        reply = "value | made" if value is not None else "TEXT | made"
+    lines = [f"start: {head}GAP? ({reply})", f"GAP: /{_SPACE}{{1,32}}/"]
+    if value is not None:
+        lines.append(f"value: {_json(value)}")
+    if calls is not None:
+        opener, closer = json.dumps(calls.opener), json.dumps(calls.closer)
+        escaped = re.escape(calls.opener).replace("/", "\\/")
+        more = " more" if calls.parallel else ""
+        lines += [
+            f"made: pre call{more}" if value is None else f"made: {opener} call{more}",
+            f"TEXT: /(?s:.*)/ & ~/(?s:.*{escaped}.*)/",  # a reply without a call
+            f"pre[suffix={opener}]: /(?s:.*)/",  # any text up to the first call
+            f"call: GAP? body GAP? {closer}",
+            f"more: (GAP? {opener} call)*",
+            f"body: {_json(calls.body())}",
         ]
-        if not self.opened:
-            lines.append(f"section: {json.dumps(self.start)} rest")
-        return "\n".join(lines)
+    if thinking is not None:
+        lines.append(f"rest[suffix={json.dumps(thinking.end)}]: /(?s:.*)/")
+        if not thinking.opened:
+            lines.append(f"section: {json.dumps(thinking.start)} rest")
+    return "\n".join(lines)
 
 
 def _ll_tokenizer(hf, vocab: int, stop_ids: list[int]):

@@ -171,3 +171,18 @@ def test_a_reply_that_starts_inside_a_thinking_section(special):
         assert err.value.param == "response_format" and "enable_thinking" in err.value.message
     else:
         assert handler._thinking(prompt) == Thinking(*markers, opened=True)
+
+
+def test_strict_tools_need_a_call_format_the_grammar_knows():
+    """A tool-call format other than json_tools (here a stand-in parser from another module):
+    strict tools are refused naming the tool's strict field, not silently loosened."""
+    from dflash2_mlx.serve.tools import ToolRequest
+
+    fn = {"name": "f", "parameters": {"type": "object"}}
+    tools = ToolRequest(({"type": "function", "function": fn},), strict=frozenset({"f"}))
+    tok = SimpleNamespace(tool_parser=json.loads, tool_call_start="[", tool_call_end="]")
+    handler = Handler.__new__(Handler)
+    handler.pair = SimpleNamespace(tokenizer=tok)
+    with pytest.raises(APIError) as err:
+        handler._calls(GenRequest("chat", None, {}), tools)
+    assert err.value.param == "tools[0].function.strict" and "json_tools" in err.value.message

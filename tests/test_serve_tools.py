@@ -101,6 +101,50 @@ def test_tool_round_trip(client):
     assert final.usage.model_extra["dflash2"]["tool_calls"] == 0
 
 
+def strict(tool: dict, **params) -> dict:
+    """`tool` as the OpenAI Agents SDK sends it (strict: true), its parameters updated."""
+    fn = tool["function"]
+    return {
+        "type": "function",
+        "function": {**fn, "strict": True, "parameters": {**fn["parameters"], **params}},
+    }
+
+
+def test_strict_tools_hold_the_arguments_to_their_schema(client):
+    """strict: true (the Agents SDK's default): a valid call comes out as without it; where
+    the model's arguments break the schema, the grammar holds them to it."""
+    loose = ask(client, tt.ASK, tools=tt.TOOLS)
+    held = ask(client, tt.ASK, tools=[strict(tt.WEATHER)])
+    assert weather_calls(held.choices[0].message.tool_calls) == [("get_weather", tt.CALL_ARGS)]
+    assert held.choices[0].message.tool_calls[0].function.arguments == (
+        loose.choices[0].message.tool_calls[0].function.arguments
+    )
+    assert held.choices[0].finish_reason == "tool_calls"
+    other = {"city": {"enum": ["rome"]}}  # the model asks for paris
+    forced = ask(client, tt.ASK, tools=[strict(tt.WEATHER, properties=other)])
+    calls = weather_calls(forced.choices[0].message.tool_calls)
+    assert calls and all(c == ("get_weather", {"city": "rome"}) for c in calls)  # diverted
+    usage = forced.usage.model_extra["dflash2"]
+    assert usage["tool_calls"] == len(calls) and usage["rounds"] >= 1
+
+
+def test_a_schema_reply_beside_tools(client):
+    """response_format with tools (auto): the reply calls a tool as without the schema, or
+    answers with a value the schema accepts."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "r", "schema": OK_SCHEMA}}
+    call = ask(client, tt.ASK, tools=tt.TOOLS, response_format=fmt)
+    assert weather_calls(call.choices[0].message.tool_calls) == [("get_weather", tt.CALL_ARGS)]
+    # untrained with tools in its prompt, the model may do either; either way it follows
+    # the grammar: parsed calls with object arguments, or the schema's value
+    other = ask(client, tt.HI, tools=tt.TOOLS, response_format=fmt, max_tokens=120)
+    msg = other.choices[0].message
+    if msg.tool_calls:
+        assert other.choices[0].finish_reason == "tool_calls"
+        assert all(isinstance(args, dict) for _, args in weather_calls(msg.tool_calls))
+    else:
+        assert isinstance(json.loads(msg.content)["ok"], bool)
+
+
 def test_tool_round_trip_streaming(client):
     content, reasoning, calls, finish, usage = streamed(client, tt.ASK, tools=tt.TOOLS)
     assert (content, reasoning, finish) == ("", "", "tool_calls")
@@ -192,16 +236,18 @@ def test_reasoning_split(tool_pair, client):
     assert ask(client, history, max_tokens=2).usage.completion_tokens >= 1
 
 
+OK_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
+
+
 def test_a_schema_reply_after_thinking(tool_pair, client):
     """response_format on a model that thinks: it thinks as it does without one, then writes
     the value (reasoning_content and content split as usual); streamed alike."""
-    schema = {
-        "type": "object",
-        "properties": {"ok": {"type": "boolean"}},
-        "required": ["ok"],
-        "additionalProperties": False,
-    }
-    fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": OK_SCHEMA}}
     r = ask(client, tt.HI, response_format=fmt, max_tokens=120)
     msg = r.choices[0].message
     assert msg.model_extra["reasoning_content"].strip() == tt.THOUGHT
@@ -269,9 +315,10 @@ BAD = [
         "tools[0].function.parameters",
     ),
     (
-        {"tools": [{"type": "function", "function": {**FN, "strict": True}}]},
+        {"tools": [{"type": "function", "function": {**FN, "strict": "yes"}}]},
         "tools[0].function.strict",
     ),
+    ({"tools": [strict(tt.WEATHER)], "tool_choice": "required"}, "tool_choice"),
     (
         {"tools": [{"type": "function", "function": {**FN, "examples": []}}]},
         "tools[0].function.examples",
@@ -301,7 +348,10 @@ BAD = [
     ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools"),
     ({"chat_template_kwargs": {"frobnicate": 1}}, "chat_template_kwargs.frobnicate"),
     ({"functions": [FN]}, "functions"),
-    ({"tools": tt.TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+    (
+        {"tools": tt.TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+        "tool_choice",
+    ),
 ]
 
 

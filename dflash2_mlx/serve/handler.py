@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from ..engine.events import GenerationStats
 from ..engine.loop import GenerationParams
 from ..errors import DFlash2Error, ParameterError
-from ..grammar import Grammar, Thinking
+from ..grammar import Calls, Grammar, Thinking
 from ..settings import SamplingDefaults
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .format import SSE_DONE, Formatter, ReplyStats, sse, usage
@@ -27,6 +27,7 @@ from .queue import Item, Job, QueueFull, ShuttingDown, Worker
 from .reply import ChatReply, Delta
 from .api_error import brief
 from .schemas import APIError, GenRequest, invalid
+from .tools import ToolRequest
 from .stream import PENDING, SSE_KEEPALIVE, Reader, SSEResponse
 
 log = logging.getLogger("dflash2.serve")
@@ -111,21 +112,46 @@ class Handler:
         return tuple(self.pair.tokenizer.encode(req.prediction, add_special_tokens=False))
 
     def constraint(self, req: GenRequest, prompt: ChatPrompt | None) -> Grammar | None:
-        """The grammar `response_format` asks for (None: free text)."""
-        if req.response_schema is None:
+        """The grammar the reply must follow (None: free text): `response_format`'s value
+        and/or strict tools' arguments, after the model's thinking section if it has one."""
+        tools = prompt.tools if prompt is not None else None
+        if req.response_schema is None and not (tools and tools.strict):
             return None
-        if prompt is not None and prompt.tools is not None:
-            raise invalid(
-                "response_format",
-                "response_format together with tools is not supported: a reply held to the "
-                'schema could not call them (send no tools, or tool_choice "none")',
-                "unsupported_parameter",
-            )
+        calls = self._calls(req, tools) if tools is not None else None
         thinking = self._thinking(prompt) if prompt is not None else None
         try:
-            return self.pair.json_schema(req.response_schema, thinking)
+            return self.pair.grammars.reply(req.response_schema, calls, thinking)
         except ParameterError as e:
-            raise invalid("response_format", f"response_format: {e}") from None
+            where = "response_format" if req.response_schema is not None else "tools"
+            raise invalid(where, f"{where}: {e}") from None
+
+    def _calls(self, req: GenRequest, tools: ToolRequest) -> Calls:
+        """The calls a reply held to a grammar may make: every tool, the strict ones with
+        their arguments' schemas, in the model's json_tools format."""
+        why = "response_format together with tools" if req.response_schema else "strict tools"
+        if tools.forced:
+            raise invalid(
+                "tool_choice",
+                f'{why}: only with tool_choice "auto" (the reply may call them or answer); '
+                f"got {tools.choice}",
+                "unsupported_parameter",
+            )
+        tok = self.pair.tokenizer
+        fmt = getattr(getattr(tok, "tool_parser", None), "__module__", "").rsplit(".", 1)[-1]
+        if fmt != "json_tools":
+            names = [t["function"]["name"] for t in tools.tools]
+            first = next((i for i, n in enumerate(names) if n in tools.strict), None)
+            raise invalid(
+                "response_format" if first is None else f"tools[{first}].function.strict",
+                f"{why}: the grammar knows the json_tools call format (<tool_call> JSON "
+                f"</tool_call>); this model's is {fmt or 'unknown'} (send strict false)",
+                "unsupported_parameter",
+            )
+        specs = tuple(  # (name, arguments schema; None: any object)
+            (fn["name"], fn.get("parameters") if fn["name"] in tools.strict else None)
+            for fn in (t["function"] for t in tools.tools)
+        )
+        return Calls(tok.tool_call_start, tok.tool_call_end, specs, tools.parallel)
 
     def _thinking(self, prompt: ChatPrompt) -> Thinking | None:
         """The thinking section a reply held to a schema may start with (the value follows

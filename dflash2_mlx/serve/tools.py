@@ -24,6 +24,7 @@ class ToolRequest:
     choice: str = "auto"
     name: str | None = None  # the function `tool_choice` names
     parallel: bool = True  # False: at most one call
+    strict: frozenset[str] = frozenset()  # tools whose arguments must follow their schema
 
     @property
     def active(self) -> bool:
@@ -79,14 +80,8 @@ def _function(i: int, tool) -> dict:
             f'{where}.parameters must be a JSON Schema object with "type": "object"',
             "invalid_type",
         )
-    strict = fn.get("strict")
-    if strict not in (None, False):
-        raise invalid(
-            f"{where}.strict",
-            f"{where}.strict={strict!r}: strict schema adherence "
-            "is not supported (arguments are the model's own); send strict false",
-            "unsupported_parameter",
-        )
+    if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+        raise invalid(f"{where}.strict", f"{where}.strict must be a boolean", "invalid_type")
     return {"type": "function", "function": {k: v for k, v in fn.items() if k != "strict"}}
 
 
@@ -128,6 +123,7 @@ def parse_tools(body: dict) -> ToolRequest | None:
         raise invalid("tools", "tools must be a list of tools", "invalid_type")
     tools = [_function(i, t) for i, t in enumerate(raw or [])]
     names = [t["function"]["name"] for t in tools]
+    strict = frozenset(n for n, t in zip(names, raw or []) if t["function"].get("strict") is True)
     for i, n in enumerate(names):
         if n in names[:i]:
             raise invalid(f"tools[{i}].function.name", f"two tools are named {n!r}")
@@ -139,7 +135,7 @@ def parse_tools(body: dict) -> ToolRequest | None:
         )
     if not tools:
         return None
-    return ToolRequest(tuple(tools), choice, name, parallel is not False)
+    return ToolRequest(tuple(tools), choice, name, parallel is not False, strict)
 
 
 def _arguments(where: str, args):
