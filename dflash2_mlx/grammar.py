@@ -28,6 +28,8 @@ log = logging.getLogger("dflash2")
 _SPACE = r"[\x20\x0A\x0D\x09]"
 _WHITESPACE = _SPACE + "{0,32}"
 ANY_OBJECT: dict = {"type": "object"}
+# characters a Lark regex literal (/.../) cannot hold as themselves
+_REGEX_ESCAPES = {"/": "\\/", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 class Grammars:
@@ -77,7 +79,8 @@ class Grammars:
                     json.dumps(value), overrides={"whitespace_pattern": _WHITESPACE}
                 )
             else:
-                source = LLMatcher.grammar_from_lark(_reply_lark(value, calls, thinking))
+                lark = _reply_lark(value, calls, thinking, self._marker)
+                source = LLMatcher.grammar_from_lark(lark)
         except (TypeError, ValueError) as e:
             raise ParameterError(f"invalid JSON schema: {e}") from None
         matcher = LLMatcher(self._tokenizer(), source, log_level=0)
@@ -85,12 +88,22 @@ class Grammars:
             raise ParameterError(f"unsupported JSON schema: {matcher.get_error()}")
         return Grammar(matcher, frozenset(self.stop_ids))
 
+    def _marker(self, text: str) -> str:
+        """A marker as the grammar writes it: the token, when the tokenizer holds it as one
+        token llguidance counts as special (Qwen's <think>, <tool_call>: text cannot spell
+        it), else the literal text."""
+        ll = self._tokenizer()
+        ids = ll.tokenize_str(text)
+        return (
+            f"<[{ids[0]}]>" if len(ids) == 1 and ll.is_special_token(ids[0]) else json.dumps(text)
+        )
+
 
 @dataclass(frozen=True)
 class Thinking:
-    """A thinking section before the reply: free text between the model's markers (plain
-    text in its vocabulary, as Qwen3's). `opened`: the prompt already opened it (the reply
-    starts inside it); else the model may open one or answer at once."""
+    """A thinking section before the reply: free text between the model's markers.
+    `opened`: the prompt already opened it (the reply starts inside it); else the model may
+    open one or answer at once."""
 
     start: str
     end: str
@@ -108,19 +121,38 @@ class Calls:
     tools: tuple[tuple[str, dict | None], ...]
     parallel: bool = True
 
-    def body(self) -> dict:
-        """The schema of one call's JSON: one of the tools, by name, with its arguments."""
-        return {
-            "anyOf": [
-                {
-                    "type": "object",
-                    "properties": {"name": {"const": name}, "arguments": args or ANY_OBJECT},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": False,
-                }
-                for name, args in self.tools
-            ]
-        }
+    def schemas(self) -> list[dict]:
+        """Each tool's call object, its arguments' `$defs` moved to the root (where their
+        `#/$defs/...` references point)."""
+        out = []
+        for name, args in self.tools:
+            args = dict(args or ANY_OBJECT)
+            defs = {k: args.pop(k) for k in ("$defs", "definitions") if k in args}
+            _check_refs(name, args)
+            call = {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": args},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            out.append({**call, **defs})
+        return out
+
+
+def _check_refs(name: str, schema) -> None:
+    """References must point into `$defs` / `definitions`: the arguments' schema is nested in
+    the call's, so a reference to its root (`#`) or its properties would point elsewhere."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if ref is not None and not str(ref).startswith(("#/$defs/", "#/definitions/")):
+            raise ValueError(f"tool {name}: $ref {ref!r} (only #/$defs/... references)")
+        if "x-guidance" in schema:
+            raise ValueError(f"tool {name}: x-guidance is not supported in tool parameters")
+        for v in schema.values():
+            _check_refs(name, v)
+    elif isinstance(schema, list):
+        for v in schema:
+            _check_refs(name, v)
 
 
 def _json(schema: dict) -> str:
@@ -131,35 +163,53 @@ def _json(schema: dict) -> str:
     return "%json " + json.dumps({**schema, "x-guidance": options})
 
 
-def _reply_lark(value: dict | None, calls: Calls | None, thinking: Thinking | None) -> str:
+def _reply_lark(value: dict | None, calls: Calls | None, thinking: Thinking | None, marker) -> str:
     """The reply grammar in llguidance's Lark dialect: [thinking] whitespace, then the value,
-    or calls; calls without a value: text alone, or text then calls. (Text before the calls
-    is not offered beside a value: a lazy text lexeme would shadow the value's lexemes.)"""
+    or calls (text before them when there is no value: text alone or text then calls), then
+    whitespace. `marker(text)`: how a marker is written (see Grammars._marker)."""
     head = "" if thinking is None else ("rest " if thinking.opened else "section? ")
-    if calls is None:
-        reply = "value"
-    else:
-        reply = "value | made" if value is not None else "TEXT | made"
-    lines = [f"start: {head}GAP? ({reply})", f"GAP: /{_SPACE}{{1,32}}/"]
+    reply = "value" if calls is None else ("value | made" if value is not None else "TEXT | made")
+    lines = [f"start: {head}GAP? ({reply}) GAP?", f"GAP: /{_SPACE}{{1,32}}/"]
     if value is not None:
         lines.append(f"value: {_json(value)}")
     if calls is not None:
-        opener, closer = json.dumps(calls.opener), json.dumps(calls.closer)
-        escaped = re.escape(calls.opener).replace("/", "\\/")
-        more = " more" if calls.parallel else ""
-        lines += [
-            f"made: pre call{more}" if value is None else f"made: {opener} call{more}",
-            f"TEXT: /(?s:.*)/ & ~/(?s:.*{escaped}.*)/",  # a reply without a call
-            f"pre[suffix={opener}]: /(?s:.*)/",  # any text up to the first call
-            f"call: GAP? body GAP? {closer}",
-            f"more: (GAP? {opener} call)*",
-            f"body: {_json(calls.body())}",
-        ]
+        lines += _call_rules(calls, value is not None, marker)
     if thinking is not None:
-        lines.append(f"rest[suffix={json.dumps(thinking.end)}]: /(?s:.*)/")
-        if not thinking.opened:
-            lines.append(f"section: {json.dumps(thinking.start)} rest")
+        lines += _thinking_rules(thinking, marker)
     return "\n".join(lines)
+
+
+def _text_until(rule: str, text: str, written: str) -> list[str]:
+    """`rule`: any text, then the marker `text` (written as `written`). A special token
+    ends plain text by itself; a literal marker ends a lazy lexeme."""
+    if written.startswith("<["):
+        return [f"{rule}: {rule.upper()}_TEXT {written}", f"{rule.upper()}_TEXT: /(?s:.*)/"]
+    return [f"{rule}[suffix={written}]: /(?s:.*)/"]
+
+
+def _thinking_rules(thinking: Thinking, marker) -> list[str]:
+    rules = _text_until("rest", thinking.end, marker(thinking.end))
+    if not thinking.opened:
+        rules.append(f"section: {marker(thinking.start)} rest")
+    return rules
+
+
+def _call_rules(calls: Calls, with_value: bool, marker) -> list[str]:
+    opener, closer = marker(calls.opener), marker(calls.closer)
+    more = " more" if calls.parallel else ""
+    names = [f"call_{i}" for i in range(len(calls.tools))]
+    rules = [f"call: GAP? ({' | '.join(names)}) GAP? {closer}"]
+    rules += [f"{n}: {_json(schema)}" for n, schema in zip(names, calls.schemas())]
+    if calls.parallel:
+        rules.append(f"more: (GAP? {opener} call)*")
+    if with_value:  # (text before a call would shadow the value's lexemes)
+        return rules + [f"made: {opener} call{more}"]
+    rules += _text_until("pre", calls.opener, opener) + [f"made: pre call{more}"]
+    if opener.startswith("<["):  # text cannot spell the opener
+        return rules + ["TEXT: /(?s:.*)/"]
+    # a reply without a call: text that does not contain the opener
+    escaped = "".join(_REGEX_ESCAPES.get(ch, re.escape(ch)) for ch in calls.opener)
+    return rules + [f"TEXT: /(?s:.*)/ & ~/(?s:.*{escaped}.*)/"]
 
 
 def _ll_tokenizer(hf, vocab: int, stop_ids: list[int]):

@@ -355,3 +355,58 @@ def test_json_schema_on_the_embedded_smollm2(tmp_path_factory):
     value = json.loads(tokenizer.decode(out[:-1]))
     assert value["mood"] in ("happy", "sad", "calm") and isinstance(value["ok"], bool)
     assert stats.grammar_rounds > 0  # the rest of the keys is forced text, drafted for free
+
+
+@pytest.fixture(scope="module")
+def qwen_like(tmp_path_factory):
+    """SmolLM2's byte-level BPE tokenizer with Qwen's markers added as single, non-special
+    tokens (as Qwen2.5/3 have them; llguidance counts them as special all the same)."""
+    from smollm2 import any_conversion
+    from tokenizers import AddedToken
+    from transformers import AutoTokenizer
+
+    from dflash2_mlx.grammar import Grammars
+
+    hf = AutoTokenizer.from_pretrained(str(any_conversion(tmp_path_factory)))
+    markers = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+    hf.add_tokens([AddedToken(m, special=False, normalized=False) for m in markers])
+    return hf, Grammars(hf, len(hf), [hf.eos_token_id])
+
+
+def _accepts(grammar, hf, text: str) -> bool:
+    """The whole text (as the tokenizer splits it) is allowed and completes the reply."""
+    m = grammar().matcher
+    ids = hf.encode(text, add_special_tokens=False)
+    return m.validate_tokens(ids) == len(ids) and m.consume_tokens(ids) and m.is_accepting()
+
+
+@pytest.mark.real_model
+def test_reply_grammars_on_a_real_tokenizer_with_marker_tokens(qwen_like):
+    from dflash2_mlx.grammar import Calls, Thinking
+
+    hf, grammars = qwen_like
+    assert len(hf.encode("<think>", add_special_tokens=False)) == 1
+    ok = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    think = grammars.json_schema(ok, Thinking("<think>", "</think>"))
+    assert _accepts(think, hf, '<think>\nhmm, {"ok" is it}\n</think>\n\n{"ok": true}')
+    assert _accepts(think, hf, '{"ok": false}')
+    assert not _accepts(think, hf, "<think>x</think> no json")
+    opened = grammars.json_schema(ok, Thinking("<think>", "</think>", opened=True))
+    assert _accepts(opened, hf, 'so: yes</think>\n{"ok": true}')
+    loc = {
+        "$defs": {"Loc": {"type": "object", "properties": {"city": {"enum": ["rome"]}}}},
+        "type": "object",
+        "properties": {"loc": {"$ref": "#/$defs/Loc"}},
+        "required": ["loc"],
+        "additionalProperties": False,
+    }
+    calls = grammars.reply(None, Calls("<tool_call>", "</tool_call>", (("f", loc), ("g", None))))
+    call = '<tool_call>\n{"name": "f", "arguments": {"loc": {"city": "rome"}}}\n</tool_call>'
+    assert _accepts(calls, hf, call)
+    assert _accepts(calls, hf, "Let me look." + call + "\n" + call.replace('"f"', '"g"'))
+    assert _accepts(calls, hf, "no call at all")
+    assert not _accepts(calls, hf, call.replace("rome", "oslo"))  # f's arguments are strict
+    assert not _accepts(calls, hf, call.replace('"f"', '"h"'))  # no such tool
+    with pytest.raises(ParameterError, match=r"\$ref"):
+        root = {"type": "object", "properties": {"kids": {"items": {"$ref": "#"}}}}
+        grammars.reply(None, Calls("<tool_call>", "</tool_call>", (("f", root),)))

@@ -149,28 +149,15 @@ def test_text_format_is_free_text(pair, client):
     assert done.choices[0].message.content != constrained(pair, None, 12)
 
 
-@pytest.mark.parametrize("special", [False, True])
-def test_a_reply_that_starts_inside_a_thinking_section(special):
-    """A template that opens the thinking section in the prompt: the schema's value comes
-    after the section's end marker; with special-token markers (no text to match) the
-    request is refused with what to send instead."""
-    markers = ("<think>", "</think>")
-    tok = SimpleNamespace(
-        has_thinking=True,
-        think_start=markers[0],
-        think_end=markers[1],
-        all_special_tokens=list(markers) if special else ["<|im_end|>"],
-    )
+def test_a_reply_that_starts_inside_a_thinking_section():
+    """A template that opens the thinking section in the prompt: the reply's grammar starts
+    inside it (free text to the end marker), then the value."""
+    tok = SimpleNamespace(has_thinking=True, think_start="<think>", think_end="</think>")
     handler = Handler.__new__(Handler)
     handler.pair = SimpleNamespace(tokenizer=tok)
-    req = GenRequest("chat", None, {}, response_schema={"type": "object"})
     prompt = ChatPrompt([1], state="reasoning")
-    if special:
-        with pytest.raises(APIError) as err:
-            Handler.constraint(handler, req, prompt)
-        assert err.value.param == "response_format" and "enable_thinking" in err.value.message
-    else:
-        assert handler._thinking(prompt) == Thinking(*markers, opened=True)
+    assert handler._thinking(prompt) == Thinking("<think>", "</think>", opened=True)
+    assert handler._thinking(ChatPrompt([1])) == Thinking("<think>", "</think>")
 
 
 def test_strict_tools_need_a_call_format_the_grammar_knows():

@@ -320,6 +320,14 @@ BAD = [
     ),
     ({"tools": [strict(tt.WEATHER)], "tool_choice": "required"}, "tool_choice"),
     (
+        {"tools": [strict(tt.WEATHER, properties={"city": {"type": "strin"}})]},
+        "tools[0].function.parameters",
+    ),
+    (
+        {"tools": [strict(tt.WEATHER, properties={"city": {"$ref": "#"}})]},
+        "tools[0].function.parameters",
+    ),
+    (
         {"tools": [{"type": "function", "function": {**FN, "examples": []}}]},
         "tools[0].function.examples",
     ),

@@ -136,39 +136,36 @@ class Handler:
                 f"got {tools.choice}",
                 "unsupported_parameter",
             )
+        names = [t["function"]["name"] for t in tools.tools]
+        first = next((i for i, n in enumerate(names) if n in tools.strict), None)
         tok = self.pair.tokenizer
         fmt = getattr(getattr(tok, "tool_parser", None), "__module__", "").rsplit(".", 1)[-1]
         if fmt != "json_tools":
-            names = [t["function"]["name"] for t in tools.tools]
-            first = next((i for i, n in enumerate(names) if n in tools.strict), None)
             raise invalid(
                 "response_format" if first is None else f"tools[{first}].function.strict",
                 f"{why}: the grammar knows the json_tools call format (<tool_call> JSON "
-                f"</tool_call>); this model's is {fmt or 'unknown'} (send strict false)",
+                f"</tool_call>); this model's is {fmt or 'unknown'}"
+                + ("" if first is None else " (send strict false)"),
                 "unsupported_parameter",
             )
-        specs = tuple(  # (name, arguments schema; None: any object)
-            (fn["name"], fn.get("parameters") if fn["name"] in tools.strict else None)
-            for fn in (t["function"] for t in tools.tools)
-        )
-        return Calls(tok.tool_call_start, tok.tool_call_end, specs, tools.parallel)
+        specs = []  # (name, arguments schema; None: any object)
+        for i, t in enumerate(tools.tools):
+            fn = t["function"]
+            schema = fn.get("parameters") if fn["name"] in tools.strict else None
+            calls = Calls(tok.tool_call_start, tok.tool_call_end, ((fn["name"], schema),))
+            if schema is not None:  # compiled alone first: an error names this tool
+                try:
+                    self.pair.grammars.reply(None, calls)
+                except ParameterError as e:
+                    raise invalid(f"tools[{i}].function.parameters", str(e)) from None
+            specs.append((fn["name"], schema))
+        return Calls(tok.tool_call_start, tok.tool_call_end, tuple(specs), tools.parallel)
 
     def _thinking(self, prompt: ChatPrompt) -> Thinking | None:
-        """The thinking section a reply held to a schema may start with (the value follows
-        it): the model's markers, when they are plain text of its vocabulary (Qwen3's are)."""
+        """The thinking section a reply held to a grammar may start with (the reply follows
+        it): the model's markers, where the tokenizer has them."""
         tok = self.pair.tokenizer
         if not getattr(tok, "has_thinking", False):
-            return None
-        special = set(getattr(tok, "all_special_tokens", ()))
-        if tok.think_start in special or tok.think_end in special:
-            if prompt.state == "reasoning":
-                raise invalid(
-                    "response_format",
-                    "response_format is not supported while the reply starts by thinking "
-                    "with special-token markers: send "
-                    'chat_template_kwargs {"enable_thinking": false}',
-                    "unsupported_parameter",
-                )
             return None
         return Thinking(tok.think_start, tok.think_end, opened=prompt.state == "reasoning")
 
