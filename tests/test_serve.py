@@ -489,16 +489,19 @@ def test_queue_bound_answers_503_with_retry_after(pair):
 
 
 def test_metrics_exposition(url):
+    """The counters after this test's own requests (the module's other tests may run before
+    or after it, even on a fresh server)."""
+    chat = url + "/v1/chat/completions"
+    for _ in range(2):
+        assert httpx.post(chat, json={"messages": HI, "max_tokens": 4}).status_code == 200
+    assert httpx.post(chat, json={"messages": HI, "n": 2}).status_code == 400
+    assert httpx.post(chat, json={"messages": HI, "model": "nope"}).status_code == 404
     text = httpx.get(url + "/metrics").text
-    assert (
-        metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions", status="200") >= 5
-    )
-    assert (
-        metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions", status="400") >= 20
-    )
-    assert (
-        metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions", status="404") >= 1
-    )
+    for status, least in (("200", 2), ("400", 1), ("404", 1)):
+        assert (
+            metric(text, "dflash2_requests_total", endpoint="/v1/chat/completions", status=status)
+            >= least
+        )
     assert metric(text, "dflash2_generated_tokens_total") > 0
     assert metric(text, "dflash2_rounds_total") > 0
     assert (
