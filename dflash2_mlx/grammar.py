@@ -65,10 +65,10 @@ class Grammars:
     def reply(
         self, value: dict | None, calls: Calls | None = None, thinking: Thinking | None = None
     ) -> Grammar:
-        """A reply that is a JSON value `value` accepts and/or tool calls (`calls`: then text,
-        or the value, before them is free), after a thinking section where `thinking` says
-        there may be one. A schema llguidance cannot compile raises ParameterError with its
-        reason."""
+        """The grammar of a reply: a JSON value `value` accepts, or tool calls (`calls`), or
+        either (with no value, free text or text followed by calls), after a thinking section
+        where `thinking` says there may be one. A schema llguidance cannot compile raises
+        ParameterError with its reason."""
         from llguidance import LLMatcher
 
         if value is None and calls is None:
