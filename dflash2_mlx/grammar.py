@@ -86,6 +86,8 @@ class Grammars:
         matcher = LLMatcher(self._tokenizer(), source, log_level=0)
         if matcher.get_error():
             raise ParameterError(f"unsupported JSON schema: {matcher.get_error()}")
+        if calls is not None and calls.opened and not matcher.consume_tokens(list(calls.opened)):
+            raise ParameterError(f"the prompt's opening of the call: {matcher.get_error()}")
         return Grammar(matcher, frozenset(self.stop_ids))
 
     def _marker(self, text: str) -> str:
@@ -120,6 +122,9 @@ class Calls:
     closer: str
     tools: tuple[tuple[str, dict | None], ...]
     parallel: bool = True
+    # The prompt already opened the first call with these tokens (a forced tool_choice): the
+    # reply goes on from inside it, and there is no value or text beside the calls.
+    opened: tuple[int, ...] = ()
 
     def schemas(self) -> list[dict]:
         """Each tool's call object, its arguments' `$defs` moved to the root (where their
@@ -168,7 +173,12 @@ def _reply_lark(value: dict | None, calls: Calls | None, thinking: Thinking | No
     or calls (text before them when there is no value: text alone or text then calls), then
     whitespace. `marker(text)`: how a marker is written (see Grammars._marker)."""
     head = "" if thinking is None else ("rest " if thinking.opened else "section? ")
-    reply = "value" if calls is None else ("value | made" if value is not None else "TEXT | made")
+    if calls is None:
+        reply = "value"
+    elif calls.opened:
+        reply = "made"
+    else:
+        reply = "value | made" if value is not None else "TEXT | made"
     lines = [f"start: {head}GAP? ({reply}) GAP?", f"GAP: /{_SPACE}{{1,32}}/"]
     if value is not None:
         lines.append(f"value: {_json(value)}")
@@ -202,7 +212,7 @@ def _call_rules(calls: Calls, with_value: bool, marker) -> list[str]:
     rules += [f"{n}: {_json(schema)}" for n, schema in zip(names, calls.schemas())]
     if calls.parallel:
         rules.append(f"more: (GAP? {opener} call)*")
-    if with_value:  # (text before a call would shadow the value's lexemes)
+    if with_value or calls.opened:  # (text before a call would shadow the value's lexemes)
         return rules + [f"made: {opener} call{more}"]
     rules += _text_until("pre", calls.opener, opener) + [f"made: pre call{more}"]
     if opener.startswith("<["):  # text cannot spell the opener

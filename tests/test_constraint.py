@@ -407,6 +407,14 @@ def test_reply_grammars_on_a_real_tokenizer_with_marker_tokens(qwen_like):
     assert _accepts(calls, hf, "no call at all")
     assert not _accepts(calls, hf, call.replace("rome", "oslo"))  # f's arguments are strict
     assert not _accepts(calls, hf, call.replace('"f"', '"h"'))  # no such tool
+    # a forced tool_choice: the prompt opened the call; the reply goes on from inside it
+    opening = tuple(hf.encode('<tool_call>\n{"name":', add_special_tokens=False))
+    forced = grammars.reply(
+        None, Calls("<tool_call>", "</tool_call>", (("f", loc),), True, opening)
+    )
+    assert _accepts(forced, hf, ' "f", "arguments": {"loc": {"city": "rome"}}}\n</tool_call>')
+    assert not _accepts(forced, hf, ' "f", "arguments": {"loc": {"city": "oslo"}}}</tool_call>')
+    assert not _accepts(forced, hf, " no call")
     with pytest.raises(ParameterError, match=r"\$ref"):
         root = {"type": "object", "properties": {"kids": {"items": {"$ref": "#"}}}}
         grammars.reply(None, Calls("<tool_call>", "</tool_call>", (("f", root),)))

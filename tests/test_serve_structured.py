@@ -171,5 +171,5 @@ def test_strict_tools_need_a_call_format_the_grammar_knows():
     handler = Handler.__new__(Handler)
     handler.pair = SimpleNamespace(tokenizer=tok)
     with pytest.raises(APIError) as err:
-        handler._calls(GenRequest("chat", None, {}), tools)
+        handler._calls(GenRequest("chat", None, {}), tools, ChatPrompt([1]))
     assert err.value.param == "tools[0].function.strict" and "json_tools" in err.value.message

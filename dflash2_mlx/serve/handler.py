@@ -117,19 +117,21 @@ class Handler:
         tools = prompt.tools if prompt is not None else None
         if req.response_schema is None and not (tools and tools.strict):
             return None
-        calls = self._calls(req, tools) if tools is not None else None
-        thinking = self._thinking(prompt) if prompt is not None else None
+        calls = self._calls(req, tools, prompt) if tools is not None else None
+        forced = prompt is not None and prompt.state == "tool"  # past any thinking already
+        thinking = self._thinking(prompt) if prompt is not None and not forced else None
         try:
             return self.pair.grammars.reply(req.response_schema, calls, thinking)
         except ParameterError as e:
             where = "response_format" if req.response_schema is not None else "tools"
             raise invalid(where, f"{where}: {e}") from None
 
-    def _calls(self, req: GenRequest, tools: ToolRequest) -> Calls:
-        """The calls a reply held to a grammar may make: every tool, the strict ones with
-        their arguments' schemas, in the model's json_tools format."""
+    def _calls(self, req: GenRequest, tools: ToolRequest, prompt: ChatPrompt) -> Calls:
+        """The calls a reply held to a grammar may make: every tool (the one a forced
+        tool_choice names), the strict ones with their arguments' schemas, in the model's
+        json_tools format; a forced choice goes on from the call the prompt opened."""
         why = "response_format together with tools" if req.response_schema else "strict tools"
-        if tools.forced:
+        if tools.forced and req.response_schema is not None:
             raise invalid(
                 "tool_choice",
                 f'{why}: only with tool_choice "auto" (the reply may call them or answer); '
@@ -151,6 +153,8 @@ class Handler:
         specs = []  # (name, arguments schema; None: any object)
         for i, t in enumerate(tools.tools):
             fn = t["function"]
+            if tools.name is not None and fn["name"] != tools.name:
+                continue
             schema = fn.get("parameters") if fn["name"] in tools.strict else None
             calls = Calls(tok.tool_call_start, tok.tool_call_end, ((fn["name"], schema),))
             if schema is not None:  # compiled alone first: an error names this tool
@@ -159,7 +163,22 @@ class Handler:
                 except ParameterError as e:
                     raise invalid(f"tools[{i}].function.parameters", str(e)) from None
             specs.append((fn["name"], schema))
-        return Calls(tok.tool_call_start, tok.tool_call_end, tuple(specs), tools.parallel)
+        opened = self._opened(prompt) if tools.forced else ()
+        return Calls(tok.tool_call_start, tok.tool_call_end, tuple(specs), tools.parallel, opened)
+
+    def _opened(self, prompt: ChatPrompt) -> tuple[int, ...]:
+        """The tokens of the call a forced tool_choice opened at the end of the prompt."""
+        tok = self.pair.tokenizer
+        text = tok.tool_call_start + prompt.call_prefix
+        ids = [int(t) for t in tok.encode(text, add_special_tokens=False)]
+        if prompt.ids[-len(ids) :] != ids:
+            raise invalid(
+                "tool_choice",
+                "strict tools with a forced tool_choice: the prompt's opening of the call "
+                'does not tokenize on its own; use tool_choice "auto"',
+                "unsupported_parameter",
+            )
+        return tuple(ids)
 
     def _thinking(self, prompt: ChatPrompt) -> Thinking | None:
         """The thinking section a reply held to a grammar may start with (the reply follows
