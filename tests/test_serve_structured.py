@@ -23,7 +23,7 @@ from dflash2_mlx.engine.loop import GenerationParams
 from dflash2_mlx.grammar import Thinking
 from dflash2_mlx.serve import create_app
 from dflash2_mlx.serve.chat_prompt import ChatPrompt
-from dflash2_mlx.serve.handler import Handler
+from dflash2_mlx.serve.constrained import _calls, _thinking
 from dflash2_mlx.serve.schemas import APIError, GenRequest
 from dflash2_mlx.text import chat_prompt_ids
 
@@ -153,11 +153,9 @@ def test_a_reply_that_starts_inside_a_thinking_section():
     """A template that opens the thinking section in the prompt: the reply's grammar starts
     inside it (free text to the end marker), then the value."""
     tok = SimpleNamespace(has_thinking=True, think_start="<think>", think_end="</think>")
-    handler = Handler.__new__(Handler)
-    handler.pair = SimpleNamespace(tokenizer=tok)
     prompt = ChatPrompt([1], state="reasoning")
-    assert handler._thinking(prompt) == Thinking("<think>", "</think>", opened=True)
-    assert handler._thinking(ChatPrompt([1])) == Thinking("<think>", "</think>")
+    assert _thinking(tok, prompt) == Thinking("<think>", "</think>", opened=True)
+    assert _thinking(tok, ChatPrompt([1])) == Thinking("<think>", "</think>")
 
 
 def test_strict_tools_need_a_call_format_the_grammar_knows():
@@ -168,8 +166,7 @@ def test_strict_tools_need_a_call_format_the_grammar_knows():
     fn = {"name": "f", "parameters": {"type": "object"}}
     tools = ToolRequest(({"type": "function", "function": fn},), strict=frozenset({"f"}))
     tok = SimpleNamespace(tool_parser=json.loads, tool_call_start="[", tool_call_end="]")
-    handler = Handler.__new__(Handler)
-    handler.pair = SimpleNamespace(tokenizer=tok)
+    pair = SimpleNamespace(tokenizer=tok)
     with pytest.raises(APIError) as err:
-        handler._calls(GenRequest("chat", None, {}), tools, ChatPrompt([1]))
+        _calls(pair, GenRequest("chat", None, {}), tools, ChatPrompt([1]))
     assert err.value.param == "tools[0].function.strict" and "json_tools" in err.value.message

@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse, Response
 
 from ..engine.events import GenerationStats
 from ..engine.loop import GenerationParams
-from ..errors import DFlash2Error, ParameterError
-from ..grammar import Calls, Grammar, Thinking
+from ..errors import DFlash2Error
+from ..grammar import Grammar
 from ..settings import SamplingDefaults
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .format import SSE_DONE, Formatter, ReplyStats, sse, usage
@@ -26,8 +26,8 @@ from .limits import RequestLimits, context_exceeded
 from .queue import Item, Job, QueueFull, ShuttingDown, Worker
 from .reply import ChatReply, Delta
 from .api_error import brief
+from .constrained import reply_grammar
 from .schemas import APIError, GenRequest, invalid
-from .tools import ToolRequest
 from .stream import PENDING, SSE_KEEPALIVE, Reader, SSEResponse
 
 log = logging.getLogger("dflash2.serve")
@@ -111,83 +111,6 @@ class Handler:
             return ()
         return tuple(self.pair.tokenizer.encode(req.prediction, add_special_tokens=False))
 
-    def constraint(self, req: GenRequest, prompt: ChatPrompt | None) -> Grammar | None:
-        """The grammar the reply must follow (None: free text): `response_format`'s value
-        and/or strict tools' arguments, after the model's thinking section if it has one."""
-        tools = prompt.tools if prompt is not None else None
-        if req.response_schema is None and not (tools and tools.strict):
-            return None
-        calls = self._calls(req, tools, prompt) if tools is not None else None
-        forced = prompt is not None and prompt.state == "tool"  # past any thinking already
-        thinking = self._thinking(prompt) if prompt is not None and not forced else None
-        try:
-            return self.pair.grammars.reply(req.response_schema, calls, thinking)
-        except ParameterError as e:
-            where = "response_format" if req.response_schema is not None else "tools"
-            raise invalid(where, f"{where}: {e}") from None
-
-    def _calls(self, req: GenRequest, tools: ToolRequest, prompt: ChatPrompt) -> Calls:
-        """The calls a reply held to a grammar may make: every tool (the one a forced
-        tool_choice names), the strict ones with their arguments' schemas, in the model's
-        json_tools format; a forced choice goes on from the call the prompt opened."""
-        why = "response_format together with tools" if req.response_schema else "strict tools"
-        if tools.forced and req.response_schema is not None:
-            raise invalid(
-                "tool_choice",
-                f'{why}: only with tool_choice "auto" (the reply may call them or answer); '
-                f"got {tools.choice}",
-                "unsupported_parameter",
-            )
-        names = [t["function"]["name"] for t in tools.tools]
-        first = next((i for i, n in enumerate(names) if n in tools.strict), None)
-        tok = self.pair.tokenizer
-        fmt = getattr(getattr(tok, "tool_parser", None), "__module__", "").rsplit(".", 1)[-1]
-        if fmt != "json_tools":
-            raise invalid(
-                "response_format" if first is None else f"tools[{first}].function.strict",
-                f"{why}: the grammar knows the json_tools call format (<tool_call> JSON "
-                f"</tool_call>); this model's is {fmt or 'unknown'}"
-                + ("" if first is None else " (send strict false)"),
-                "unsupported_parameter",
-            )
-        specs = []  # (name, arguments schema; None: any object)
-        for i, t in enumerate(tools.tools):
-            fn = t["function"]
-            if tools.name is not None and fn["name"] != tools.name:
-                continue
-            schema = fn.get("parameters") if fn["name"] in tools.strict else None
-            calls = Calls(tok.tool_call_start, tok.tool_call_end, ((fn["name"], schema),))
-            if schema is not None:  # compiled alone first: an error names this tool
-                try:
-                    self.pair.grammars.reply(None, calls)
-                except ParameterError as e:
-                    raise invalid(f"tools[{i}].function.parameters", str(e)) from None
-            specs.append((fn["name"], schema))
-        opened = self._opened(prompt) if tools.forced else ()
-        return Calls(tok.tool_call_start, tok.tool_call_end, tuple(specs), tools.parallel, opened)
-
-    def _opened(self, prompt: ChatPrompt) -> tuple[int, ...]:
-        """The tokens of the call a forced tool_choice opened at the end of the prompt."""
-        tok = self.pair.tokenizer
-        text = tok.tool_call_start + prompt.call_prefix
-        ids = [int(t) for t in tok.encode(text, add_special_tokens=False)]
-        if prompt.ids[-len(ids) :] != ids:
-            raise invalid(
-                "tool_choice",
-                "strict tools with a forced tool_choice: the prompt's opening of the call "
-                'does not tokenize on its own; use tool_choice "auto"',
-                "unsupported_parameter",
-            )
-        return tuple(ids)
-
-    def _thinking(self, prompt: ChatPrompt) -> Thinking | None:
-        """The thinking section a reply held to a grammar may start with (the reply follows
-        it): the model's markers, where the tokenizer has them."""
-        tok = self.pair.tokenizer
-        if not getattr(tok, "has_thinking", False):
-            return None
-        return Thinking(tok.think_start, tok.think_end, opened=prompt.state == "reasoning")
-
     def plan(
         self,
         req: GenRequest,
@@ -237,7 +160,7 @@ class Handler:
             ids, stop = prompt.ids, stop + list(prompt.stops)
         else:
             ids = self.tokenize(req)
-        return prompt, ids, stop, self.predicted_ids(req), self.constraint(req, prompt)
+        return prompt, ids, stop, self.predicted_ids(req), reply_grammar(self.pair, req, prompt)
 
     async def _queue(self, req: GenRequest) -> tuple[Job, ChatPrompt | None, int]:
         """Reserve a place (503 when full), tokenize in it, queue the job; (job, chat prompt,

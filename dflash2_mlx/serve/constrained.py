@@ -1,0 +1,91 @@
+"""The grammar a chat reply must follow, decided per request (grammar.py builds it):
+`response_format`'s value and/or strict tools' arguments, after the model's thinking section
+if it has one; with a forced tool_choice, from inside the call the prompt opened."""
+
+from __future__ import annotations
+
+from ..errors import ParameterError
+from ..grammar import Calls, Grammar, Thinking
+from .api_error import invalid
+from .chat_prompt import ChatPrompt
+from .schemas import GenRequest
+from .tools import ToolRequest
+
+
+def reply_grammar(pair, req: GenRequest, prompt: ChatPrompt | None) -> Grammar | None:
+    """The grammar the reply must follow (None: free text): `response_format`'s value
+    and/or strict tools' arguments, after the model's thinking section if it has one."""
+    tools = prompt.tools if prompt is not None else None
+    if req.response_schema is None and not (tools and tools.strict):
+        return None
+    calls = _calls(pair, req, tools, prompt) if tools is not None else None
+    forced = prompt is not None and prompt.state == "tool"  # past any thinking already
+    thinking = _thinking(pair.tokenizer, prompt) if prompt is not None and not forced else None
+    try:
+        return pair.grammars.reply(req.response_schema, calls, thinking)
+    except ParameterError as e:
+        where = "response_format" if req.response_schema is not None else "tools"
+        raise invalid(where, f"{where}: {e}") from None
+
+
+def _calls(pair, req: GenRequest, tools: ToolRequest, prompt: ChatPrompt) -> Calls:
+    """The calls a reply held to a grammar may make: every tool (the one a forced
+    tool_choice names), the strict ones with their arguments' schemas, in the model's
+    json_tools format; a forced choice goes on from the call the prompt opened."""
+    why = "response_format together with tools" if req.response_schema else "strict tools"
+    if tools.forced and req.response_schema is not None:
+        raise invalid(
+            "tool_choice",
+            f'{why}: only with tool_choice "auto" (the reply may call them or answer); '
+            f"got {tools.choice}",
+            "unsupported_parameter",
+        )
+    names = [t["function"]["name"] for t in tools.tools]
+    first = next((i for i, n in enumerate(names) if n in tools.strict), None)
+    tok = pair.tokenizer
+    fmt = getattr(getattr(tok, "tool_parser", None), "__module__", "").rsplit(".", 1)[-1]
+    if fmt != "json_tools":
+        raise invalid(
+            "response_format" if first is None else f"tools[{first}].function.strict",
+            f"{why}: the grammar knows the json_tools call format (<tool_call> JSON "
+            f"</tool_call>); this model's is {fmt or 'unknown'}"
+            + ("" if first is None else " (send strict false)"),
+            "unsupported_parameter",
+        )
+    specs = []  # (name, arguments schema; None: any object)
+    for i, t in enumerate(tools.tools):
+        fn = t["function"]
+        if tools.name is not None and fn["name"] != tools.name:
+            continue
+        schema = fn.get("parameters") if fn["name"] in tools.strict else None
+        calls = Calls(tok.tool_call_start, tok.tool_call_end, ((fn["name"], schema),))
+        if schema is not None:  # compiled alone first: an error names this tool
+            try:
+                pair.grammars.reply(None, calls)
+            except ParameterError as e:
+                raise invalid(f"tools[{i}].function.parameters", str(e)) from None
+        specs.append((fn["name"], schema))
+    opened = _opened(tok, prompt) if tools.forced else ()
+    return Calls(tok.tool_call_start, tok.tool_call_end, tuple(specs), tools.parallel, opened)
+
+
+def _opened(tok, prompt: ChatPrompt) -> tuple[int, ...]:
+    """The tokens of the call a forced tool_choice opened at the end of the prompt."""
+    text = tok.tool_call_start + prompt.call_prefix
+    ids = [int(t) for t in tok.encode(text, add_special_tokens=False)]
+    if prompt.ids[-len(ids) :] != ids:
+        raise invalid(
+            "tool_choice",
+            "strict tools with a forced tool_choice: the prompt's opening of the call "
+            'does not tokenize on its own; use tool_choice "auto"',
+            "unsupported_parameter",
+        )
+    return tuple(ids)
+
+
+def _thinking(tok, prompt: ChatPrompt) -> Thinking | None:
+    """The thinking section a reply held to a grammar may start with (the reply follows
+    it): the model's markers, where the tokenizer has them."""
+    if not getattr(tok, "has_thinking", False):
+        return None
+    return Thinking(tok.think_start, tok.think_end, opened=prompt.state == "reasoning")
