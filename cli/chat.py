@@ -42,6 +42,11 @@ def chat(
     ),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = typer.Option(512, "--max-tokens", help="Most tokens per answer."),
+    repetition_penalty: Optional[float] = typer.Option(
+        None,
+        "--repetition-penalty",
+        help="Penalise the last 20 tokens' ids (mlx-lm's: > 1 repeats less; 1: none).",
+    ),
     temp: TempOpt = None,
     top_p: TopPOpt = None,
     top_k: TopKOpt = None,
@@ -77,10 +82,27 @@ def chat(
         draft_vocab=draft_vocab,
         sampling=sampling_flags(temp, top_p, top_k, min_p, seed),
     )
+    if repetition_penalty is not None:
+        from dflash2_mlx.engine.processors import check_penalty
+        from dflash2_mlx.errors import ParameterError
+
+        try:
+            check_penalty("repetition_penalty", repetition_penalty, vocab=1)
+        except ParameterError as e:
+            fail(f"--repetition-penalty: {e}")
     from .chat_repl import ChatOptions, run_chat
 
     opts = ChatOptions(
-        model, target, drafter, prompt, system, max_tokens, thinking, offline, engine
+        model,
+        target,
+        drafter,
+        prompt,
+        system,
+        max_tokens,
+        thinking,
+        offline,
+        engine,
+        repetition_penalty,
     )
     return run_chat(opts)
 

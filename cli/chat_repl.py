@@ -18,6 +18,7 @@ from rich.text import Text
 
 from dflash2_mlx import GenerationParams, GenerationStats
 from dflash2_mlx.chat_template import TemplateInfo
+from dflash2_mlx.engine.processors import penalties
 from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.settings import EngineFlags, EngineSettings, check_block, idle_when_greedy
 from dflash2_mlx.text import chat_prompt_ids, stream_text
@@ -39,6 +40,7 @@ class ChatOptions:
     thinking: Optional[bool]
     offline: bool
     engine: EngineFlags  # block, spec, lookup, draft vocabulary, sampling: as given
+    repetition_penalty: Optional[float] = None  # mlx-lm's (engine/processors.py); None: none
 
 
 class _StopFlag:
@@ -82,6 +84,8 @@ class Chat:
         self.sampling = settings.sampling.params
         self.max_tokens = opts.max_tokens
         self.spec, self.thinking = settings.speculative, opts.thinking
+        vocab = pair.decoder.target.vocab_size
+        self.processors = penalties(vocab, repetition_penalty=opts.repetition_penalty)
         self.params()  # validate now, before the first turn
         self.system = opts.system
         self.history: list[dict] = []
@@ -101,6 +105,7 @@ class Chat:
             self.block if self.spec else None,
             self.spec,
             lookup_block=self.engine.lookup_block,
+            logits_processors=self.processors,
         )
 
     def status(self, stats: GenerationStats, finish: str | None = None) -> StatusLine:

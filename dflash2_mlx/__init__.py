@@ -29,6 +29,7 @@ _EXPORTS = {  # public name -> the module that defines it
     "Session": "engine.loop",
     "SpeculativeDecoder": "engine.loop",
     "PromptCache": "engine.prompt_cache",
+    "penalties": "engine.processors",
     "SamplingParams": "engine.sampling",
     "CheckpointError": "errors",
     "CompatibilityError": "errors",

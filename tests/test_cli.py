@@ -87,6 +87,10 @@ BAD = [
     (["chat", "--min-p", "1"], "min_p must be in [0, 1)"),
     (["chat", "--seed", "-1"], "seed must be"),
     (["chat", "--max-tokens", "0"], "max_tokens must be"),
+    (
+        ["chat", "--repetition-penalty", "0"],
+        "--repetition-penalty: repetition_penalty: must be > 0",
+    ),
     (["chat", "--max-tokens", "many"], "--max-tokens"),
     (["chat", "--block", "0"], "block_size must be"),
     (["chat", "--block", "3", "--no-spec"], "--block has no effect with --no-spec"),
@@ -204,6 +208,25 @@ def test_chat_prompt_prints_answer_and_stats(tiny_pair, capsys):
         cap = capsys.readouterr()
         assert cap.out == expected + "\n"
         assert ("context lookup" in cap.err) == (n != "0")
+
+
+def test_chat_repetition_penalty_is_plain_decoding_with_it(tiny_pair, capsys):
+    """--repetition-penalty: the answer is mlx-lm's plain greedy decoding with its processor."""
+    import dflash2_mlx as d2
+    from test_processors import mlx_lm_reference
+
+    from dflash2_mlx.text import chat_prompt_ids, generate_text
+
+    pair = d2.load_pair(*tiny_pair)
+    ids = chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": "hello model"}])
+    procs = d2.penalties(pair.decoder.target.vocab_size, repetition_penalty=3.0)
+    want = mlx_lm_reference(pair.model, ids, 10, procs)
+    assert want != mlx_lm_reference(pair.model, ids, 10, ()), "the penalty should matter"
+    result = generate_text(pair, ids, d2.GenerationParams(max_tokens=10, logits_processors=procs))
+    assert result.tokens == want[: len(result.tokens)] and result.text.strip()
+    argv = _chat(tiny_pair, "-p", "hello model", "--max-tokens", "10", "--repetition-penalty", "3")
+    assert run(argv) == 0
+    assert capsys.readouterr().out == result.text + "\n"
 
 
 def test_chat_with_a_draft_vocabulary_and_full_vocab(tiny_pair, tmp_path, capsys):

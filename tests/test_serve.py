@@ -297,6 +297,36 @@ def test_models_health_and_harmless_fields(url):
     assert r.json()["usage"]["completion_tokens"] <= 8  # default_max_tokens
 
 
+def test_penalties_and_logit_bias_equal_plain_decoding_with_them(pair, client):
+    """mlx_lm.server's penalty fields: the reply is mlx-lm's plain greedy decoding with the
+    same logits processors, whole and streamed, chat and completions."""
+    from test_processors import mlx_lm_reference
+
+    from dflash2_mlx.engine.processors import penalties
+
+    fields = {"frequency_penalty": 1.2, "presence_penalty": 0.4, "logit_bias": {"7": 3.5}}
+    extra = {"repetition_penalty": 1.5, "repetition_context_size": 8}
+    procs = penalties(pair.decoder.target.vocab_size, **{**fields, "logit_bias": {7: 3.5}}, **extra)
+    ids = chat_prompt_ids(pair.tokenizer, HI)
+    want = mlx_lm_reference(pair.model, ids, 24, procs)
+    assert want != tiny.greedy_reference(pair.model, ids, 24), "the penalties should matter"
+    want = want[: want.index(EOS)] if EOS in want else want
+    kw = dict(model="tiny", messages=HI, max_tokens=24, temperature=0, extra_body=extra)
+    r = client.chat.completions.create(**kw, **fields)
+    assert r.choices[0].message.content == pair.tokenizer.decode(want)
+    chunks = client.chat.completions.create(**kw, **fields, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        pair.tokenizer.decode(want)
+    )
+    plain = [3, 9, 4]
+    want = mlx_lm_reference(pair.model, plain, 16, procs)
+    want = want[: want.index(EOS)] if EOS in want else want
+    r = client.completions.create(
+        model="tiny", prompt=plain, max_tokens=16, temperature=0, extra_body=extra, **fields
+    )
+    assert r.choices[0].text == pair.tokenizer.decode(want)
+
+
 # ------------------------------------------------------------------ bad input
 LONG = "x" * 5000  # > the context (4096 tokens: one per character)
 BAD = [
@@ -344,9 +374,12 @@ BAD = [
         400,
         "chat_template_kwargs.enable_thinking",
     ),
-    ("chat", {"messages": HI, "presence_penalty": 0.5}, 400, "presence_penalty"),
-    ("chat", {"messages": HI, "frequency_penalty": 1}, 400, "frequency_penalty"),
-    ("chat", {"messages": HI, "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ("chat", {"messages": HI, "presence_penalty": "0.5"}, 400, "presence_penalty"),
+    ("chat", {"messages": HI, "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("chat", {"messages": HI, "repetition_context_size": 1.5}, 400, "repetition_context_size"),
+    ("chat", {"messages": HI, "logit_bias": {"500": 10}}, 400, "logit_bias"),
+    ("chat", {"messages": HI, "logit_bias": {"a": 10}}, 400, "logit_bias"),
+    ("completions", {"prompt": "ab", "logit_bias": {"5": "x"}}, 400, "logit_bias"),
     ("chat", {"messages": HI, "frobnicate": 1}, 400, "frobnicate"),
     ("chat", {"messages": HI, "prediction": "abc"}, 400, "prediction"),
     (

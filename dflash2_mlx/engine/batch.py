@@ -36,9 +36,8 @@ import mlx.core as mx
 from ..drafter.batch import DraftRequest, draft_rows
 from ..errors import ParameterError
 from ..target import batch as tbatch
-from .constraint import constrain
 from .events import RoundEvent
-from .loop import GenerationParams, Session, SpeculativeDecoder, _Run, cut, record
+from .loop import GenerationParams, Session, SpeculativeDecoder, _Run, cut, record, shape_logits
 from .prefill import Prefill, _Cancelled
 from .proposal import NOTHING, Proposal
 from .sampling import accept
@@ -264,7 +263,7 @@ class BatchDecoder:
         results, keeps = [], []
         for i, (row, p, key) in enumerate(zip(rows, proposals, verify_keys)):
             n = len(p.drafts) + 1
-            logits = constrain(fwd.logits[i, :n], row.run.constraint, p.drafts)
+            logits = shape_logits(fwd.logits[i, :n], row.run, row.session.tokens, p.drafts)
             accepted, bonus = accept(logits, p, row.run.params.sampling, key)
             self.widths.observe(p.source, len(p.drafts), accepted)
             commit, finish = cut(row.run, p.drafts[:accepted] + [bonus])

@@ -23,6 +23,7 @@ from .constraint import ConstraintFactory, TokenConstraint, constrain
 from .datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from .events import RoundEvent
 from .lookup import DEFAULT_LOOKUP_BLOCK, ContextLookup, PredictionLookup
+from .processors import LogitsProcessor, process
 from .prefill import Prefill, _Cancelled, drafter_offset
 from .proposal import NOTHING, Proposal
 from .sampling import SamplingParams, accept
@@ -44,6 +45,9 @@ class GenerationParams:
     # Which tokens may come next (a JSON schema: grammar.py); called once per generation.
     # The output is then what plain decoding over the masked logits gives (engine/constraint.py).
     constraint: ConstraintFactory | None = None
+    # mlx-lm logits processors (penalties, logit bias: processors.penalties), applied at every
+    # verified position with the tokens before it, as plain decoding applies them.
+    logits_processors: tuple[LogitsProcessor, ...] = ()
 
     def __post_init__(self):
         if not all(
@@ -56,6 +60,10 @@ class GenerationParams:
             or self.max_tokens < 1
         ):
             raise ParameterError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.logits_processors, tuple) or not all(
+            callable(p) for p in self.logits_processors
+        ):
+            raise ParameterError("logits_processors must be a tuple of callables")
         for name in ("block_size", "lookup_block"):
             value = getattr(self, name)
             if value is not None and (
@@ -125,6 +133,15 @@ def record(session: Session, commit: list[int], features: mx.array) -> None:
     for index in (session.lookup, session.prediction):
         if index is not None:
             index.extend(commit)
+
+
+def shape_logits(
+    logits: mx.array, run: _Run, history: Sequence[int], drafts: Sequence[int] = ()
+) -> mx.array:
+    """A round's verify logits [len(drafts) + 1, V] as plain decoding would see them: the
+    generation's logits processors, then its constraint's mask, each row after its prefix."""
+    logits = process(logits, run.params.logits_processors, history, drafts)
+    return constrain(logits, run.constraint, drafts)
 
 
 def _ms(t0: float) -> float:
@@ -256,7 +273,7 @@ class SpeculativeDecoder:
     def _verify(self, session: Session, anchor: int, proposal: Proposal, run: _Run, key):
         ids = mx.array([[anchor] + proposal.drafts])
         fwd = self.target.forward(ids, session.target_cache)
-        logits = constrain(fwd.logits[0], run.constraint, proposal.drafts)
+        logits = shape_logits(fwd.logits[0], run, session.tokens, proposal.drafts)
         accepted, bonus = accept(logits, proposal, run.params.sampling, key)
         return fwd, accepted, bonus
 
@@ -333,7 +350,7 @@ class SpeculativeDecoder:
         """The prompt is fed: pick the first token (the prefill event)."""
         params = run.params
         run.key, sub = mx.random.split(run.key)
-        token = prefill.finish(params.sampling, sub, run.constraint)
+        token = prefill.finish(params.sampling, sub, lambda x: shape_logits(x, run, prefill.prompt))
         session = prefill.session
         session.prediction = PredictionLookup(params.prediction) if params.prediction else None
         if session.prediction is not None:

@@ -15,7 +15,6 @@ from typing import Callable
 import mlx.core as mx
 
 from ..target.adapter import ChunkedPrefill, TargetAdapter
-from .constraint import TokenConstraint, constrain
 from .sampling import SamplingParams, pick
 
 
@@ -72,9 +71,13 @@ class Prefill:
         return self
 
     def finish(
-        self, sampling: SamplingParams, key: mx.array, constraint: TokenConstraint | None = None
+        self,
+        sampling: SamplingParams,
+        key: mx.array,
+        shape: Callable[[mx.array], mx.array] | None = None,
     ) -> int:
-        """The first token, drawn with `key` among those `constraint` allows (None: all); the
+        """The first token, drawn with `key` from the last position's logits [1, V] as `shape`
+        returns them (the generation's processors and constraint; None: as they are); the
         session then holds the prompt and it, and queues the features the drafter has not
         seen (rows no drafter layer can see skipped)."""
         session = self.session
@@ -89,7 +92,8 @@ class Prefill:
             for c in session.drafter_cache:
                 c.offset = first
         session.pending = feats
-        token = int(pick(constrain(logits[0, -1:], constraint)[0], sampling, key).item())
+        last = logits[0, -1:] if shape is None else shape(logits[0, -1:])
+        token = int(pick(last[0], sampling, key).item())
         session.tokens = list(self.prompt) + [token]
         if session.lookup is not None:
             session.lookup.reset(session.tokens)

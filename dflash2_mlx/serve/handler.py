@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse, Response
 
 from ..engine.events import GenerationStats
 from ..engine.loop import GenerationParams
-from ..errors import DFlash2Error
+from ..engine.processors import check_penalty, penalties
+from ..errors import DFlash2Error, ParameterError
 from ..grammar import Grammar
 from ..settings import SamplingDefaults
 from .chat_prompt import ChatPrompt, ChatTemplate
@@ -140,7 +141,17 @@ class Handler:
             prediction=predicted,
             lookup_block=s.lookup_block,
             constraint=constraint,
+            logits_processors=self.processors(req),
         )
+
+    def processors(self, req: GenRequest) -> tuple:
+        """The request's penalties and logit_bias as mlx-lm logits processors."""
+        for name, value in req.penalties.items():
+            try:
+                check_penalty(name, value, self.s.vocab)
+            except ParameterError as e:
+                raise invalid(name, str(e)) from None
+        return penalties(self.s.vocab, **req.penalties)
 
     # ------------------------------------------------------------------ the request
     async def handle(self, request: Request, req: GenRequest) -> Response:

@@ -1,8 +1,7 @@
 """OpenAI request bodies in, library parameters out. Every field is honoured or refused.
 
-A field that would change the output and is not implemented (n > 1, logprobs, penalties,
-logit_bias, ...) is refused with a 400 naming it, unless it has its neutral
-value (n=1, presence_penalty=0, ...). Unknown fields are refused too. Only fields that cannot
+A field that would change the output and is not implemented (n > 1, logprobs, ...) is refused
+with a 400 naming it, unless it has its neutral value (n=1, logprobs=false, ...). Unknown fields are refused too. Only fields that cannot
 change the output (user, metadata, ...) are accepted and unused. Tools are validated in
 tools.py, chat_template_kwargs in reasoning.py; whether the model supports them is checked
 against its template (chat_prompt.py).
@@ -44,12 +43,16 @@ def _neutral(*values) -> Callable[[Any], bool]:
 
 # field -> (neutral value test, what is unsupported)
 _OUTPUT_CHANGING: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "n": (_neutral(None, 1), "only n=1 is supported"),
-    "presence_penalty": (_neutral(None, 0), "penalties are not supported (only 0)"),
-    "frequency_penalty": (_neutral(None, 0), "penalties are not supported (only 0)"),
-    "repetition_penalty": (_neutral(None, 1), "repetition_penalty is not supported (only 1)"),
-    "logit_bias": (lambda v: v is None or v == {}, "logit_bias is not supported"),
+    "n": (_neutral(None, 1), "only n=1 is supported")
 }
+# Logits processors (engine/processors.py), as mlx_lm.server takes them.
+_PENALTIES = (
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "repetition_context_size",
+    "logit_bias",
+)
 _CHAT_ONLY = {
     "logprobs": (_neutral(None, False), "logprobs are not supported"),
     "top_logprobs": (_neutral(None, 0), "logprobs are not supported"),
@@ -80,7 +83,7 @@ _HARMLESS = {
     "prompt_cache_retention",
     "safety_identifier",
 }
-_COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", *SAMPLING_FLAGS}
+_COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", *SAMPLING_FLAGS, *_PENALTIES}
 
 
 @dataclass
@@ -100,6 +103,7 @@ class GenRequest:
     template_kwargs: dict = field(default_factory=dict)  # chat only: chat_template_kwargs
     # chat only: the JSON schema `response_format` asks for (None: free text)
     response_schema: dict | None = None
+    penalties: dict[str, Any] = field(default_factory=dict)  # processors.penalties' settings
 
 
 def _check_fields(body: dict, own: set[str], refused: dict) -> None:
@@ -151,6 +155,28 @@ def _sampling(body: dict) -> dict[str, Any]:
     return given
 
 
+def _penalties(body: dict) -> dict[str, Any]:
+    """The penalty and logit_bias fields given (null: not given), typed; their values are
+    checked against the model when its processors are built (processors.penalties)."""
+    given = {}
+    for name in _PENALTIES:
+        v = body.get(name)
+        if v is None:
+            continue
+        if name == "logit_bias":
+            if not isinstance(v, dict):
+                raise invalid(name, "logit_bias must be an object", "invalid_type")
+            try:
+                v = {int(k): w for k, w in v.items()}
+            except ValueError:
+                raise invalid(name, "logit_bias keys must be token ids") from None
+        elif not (_is_int(v) if name == "repetition_context_size" else _is_num(v)):
+            kind = "an integer" if name == "repetition_context_size" else "a number"
+            raise invalid(name, f"{name} must be {kind}; got {brief(v)}", "invalid_type")
+        given[name] = v
+    return given
+
+
 def _common(body: dict, kind: str, max_param: str) -> GenRequest:
     model = _opt(body, "model", lambda v: isinstance(v, str), "a string")
     limit = None
@@ -198,7 +224,9 @@ def _common(body: dict, kind: str, max_param: str) -> GenRequest:
                     "unsupported_parameter",
                 )
             include_usage = include_usage or (k == "include_usage" and bool(v))
-    return GenRequest(kind, model, _sampling(body), limit, max_param, stop, stream, include_usage)
+    req = GenRequest(kind, model, _sampling(body), limit, max_param, stop, stream, include_usage)
+    req.penalties = _penalties(body)
+    return req
 
 
 def _text(param: str, content, sep: str) -> str:

@@ -1,0 +1,104 @@
+"""Logits processors (mlx-lm's: repetition, presence and frequency penalties, logit bias) at
+every verified position.
+
+A processor is what `mlx_lm.generate_step` takes: `processor(tokens, logits) -> logits`, with
+`tokens` [T] the prompt and every token generated before the position and `logits` [1, V].
+Row j of a round follows the committed tokens and the round's drafts[:j], so it is processed
+with exactly those: a round accepts what plain decoding with the same processors picks, one
+token at a time (greedy), or draws from the processed distribution (sampling). Drafts are
+proposed unprocessed (they only need verifying).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import mlx.core as mx
+
+from ..errors import ParameterError
+
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+
+def process(
+    logits: mx.array,
+    processors: Sequence[LogitsProcessor],
+    history: Sequence[int],
+    drafts: Sequence[int] = (),
+) -> mx.array:
+    """logits [len(drafts) + 1, V] of a round's positions after `history` (prompt and
+    committed tokens), row j processed with history + drafts[:j]."""
+    if not processors:
+        return logits
+    tokens = mx.array([*history, *drafts], dtype=mx.int32)
+    rows = []
+    for j in range(len(drafts) + 1):
+        row = logits[j : j + 1]
+        seen = tokens[: len(history) + j]
+        for processor in processors:
+            row = processor(seen, row)
+        rows.append(row)
+    return mx.concatenate(rows, axis=0) if len(rows) > 1 else rows[0]
+
+
+# Settings `penalties` takes and the value at which each does nothing.
+PENALTY_FIELDS = {
+    "repetition_penalty": 1.0,
+    "repetition_context_size": 20,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logit_bias": {},
+}
+
+
+def check_penalty(name: str, value, vocab: int):
+    """`value` if `name` may take it (logit_bias: {token id: number}), else a ParameterError
+    that starts with the name."""
+
+    def bad(problem: str, got) -> ParameterError:
+        return ParameterError(f"{name}: {problem}, got {got!r}")
+
+    def number(v) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+            raise bad("must be a number", v)
+        return float(v)
+
+    if name not in PENALTY_FIELDS:
+        raise ParameterError(
+            f"unknown penalty {name!r}; expected one of {', '.join(PENALTY_FIELDS)}"
+        )
+    if name == "repetition_context_size":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad("must be an int >= 1", value)
+        return value
+    if name == "logit_bias":
+        if not isinstance(value, dict):
+            raise bad("must be a mapping of token ids to numbers", value)
+        for token, v in value.items():
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+                raise bad(f"token ids must be ints in [0, {vocab})", token)
+            number(v)
+        return {t: float(v) for t, v in value.items()}
+    value = number(value)
+    if name == "repetition_penalty" and value <= 0:
+        raise bad("must be > 0 (1: none)", value)
+    return value
+
+
+def penalties(vocab: int, **settings) -> tuple[LogitsProcessor, ...]:
+    """mlx-lm's processors (mlx_lm.sample_utils.make_logits_processors) for PENALTY_FIELDS
+    settings; presence and frequency look at the last 20 tokens, as in `mlx_lm.server`. Each
+    value is checked (check_penalty); those that do nothing add no processor."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    given = {n: check_penalty(n, v, vocab) for n, v in settings.items() if v is not None}
+    active = {n: v for n, v in given.items() if v != PENALTY_FIELDS[n]}
+    return tuple(
+        make_logits_processors(
+            logit_bias=active.get("logit_bias"),
+            repetition_penalty=active.get("repetition_penalty"),
+            repetition_context_size=given.get("repetition_context_size", 20),
+            presence_penalty=active.get("presence_penalty"),
+            frequency_penalty=active.get("frequency_penalty"),
+        )
+    )
