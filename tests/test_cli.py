@@ -87,10 +87,8 @@ BAD = [
     (["chat", "--min-p", "1"], "min_p must be in [0, 1)"),
     (["chat", "--seed", "-1"], "seed must be"),
     (["chat", "--max-tokens", "0"], "max_tokens must be"),
-    (
-        ["chat", "--repetition-penalty", "0"],
-        "--repetition-penalty: repetition_penalty: must be > 0",
-    ),
+    (["chat", "--repetition-penalty", "0"], "--repetition-penalty: repetition_penalty: must"),
+    (["chat", "--repetition-penalty", "inf"], "--repetition-penalty: repetition_penalty: must"),
     (["chat", "--max-tokens", "many"], "--max-tokens"),
     (["chat", "--block", "0"], "block_size must be"),
     (["chat", "--block", "3", "--no-spec"], "--block has no effect with --no-spec"),

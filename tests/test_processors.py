@@ -89,16 +89,21 @@ def test_batched_rows_each_keep_their_own_processors(decoder):
 
 def test_bad_settings_are_refused_naming_the_field():
     cases = [
-        ({"repetition_penalty": 0}, "repetition_penalty: must be > 0"),
-        ({"repetition_penalty": "high"}, "repetition_penalty: must be a number"),
-        ({"repetition_context_size": 0}, "repetition_context_size: must be an int >= 1"),
-        ({"presence_penalty": True}, "presence_penalty: must be a number"),
-        ({"frequency_penalty": float("nan")}, "frequency_penalty: must be a number"),
+        ({"repetition_penalty": 0}, "repetition_penalty: must be a number in [0.01, 100.0]"),
+        ({"repetition_penalty": "high"}, "repetition_penalty: must be a number in"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty: must be a number in"),
+        ({"repetition_context_size": 0}, "repetition_context_size: must be an int in [1, "),
+        ({"repetition_context_size": 2**40}, "repetition_context_size: must be an int in [1, "),
+        ({"repetition_context_size": 2.0}, "repetition_context_size: must be an int in [1, "),
+        ({"presence_penalty": True}, "presence_penalty: must be a number in [-2.0, 2.0]"),
+        ({"presence_penalty": 10**400}, "presence_penalty: must be a number in [-2.0, 2.0]"),
+        ({"frequency_penalty": float("nan")}, "frequency_penalty: must be a number in"),
         (
             {"logit_bias": {tiny.VOCAB: 1.0}},
             f"logit_bias: token ids must be ints in [0, {tiny.VOCAB})",
         ),
-        ({"logit_bias": {3: None}}, "logit_bias: must be a number"),
+        ({"logit_bias": {3: None}}, "logit_bias: must be a number in [-100.0, 100.0]"),
+        ({"logit_bias": {3: float("-inf")}}, "logit_bias: must be a number in [-100.0, 100.0]"),
         ({"logit_bias": [3]}, "logit_bias: must be a mapping"),
         ({"top_a": 1.0}, "unknown penalty 'top_a'"),
     ]

@@ -354,7 +354,16 @@ BAD = [
     ("chat", {"messages": HI, "stream": "yes"}, 400, "stream"),
     ("chat", {"messages": HI, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("chat", {"messages": HI, "n": 2}, 400, "n"),
-    ("chat", {"messages": HI, "logprobs": True}, 400, "logprobs"),
+    (
+        "chat",
+        {
+            "messages": HI,
+            "logprobs": True,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        },
+        400,
+        "logprobs",
+    ),
     (
         "chat",
         {"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]},
@@ -376,6 +385,9 @@ BAD = [
     ),
     ("chat", {"messages": HI, "presence_penalty": "0.5"}, 400, "presence_penalty"),
     ("chat", {"messages": HI, "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("chat", {"messages": HI, "repetition_context_size": 2**40}, 400, "repetition_context_size"),
+    ("chat", {"messages": HI, "presence_penalty": 10**400}, 400, "presence_penalty"),
+    ("chat", {"messages": HI, "logit_bias": {"3": 10**400}}, 400, "logit_bias"),
     ("chat", {"messages": HI, "repetition_context_size": 1.5}, 400, "repetition_context_size"),
     ("chat", {"messages": HI, "logit_bias": {"500": 10}}, 400, "logit_bias"),
     ("chat", {"messages": HI, "logit_bias": {"a": 10}}, 400, "logit_bias"),

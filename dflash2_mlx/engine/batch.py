@@ -269,12 +269,12 @@ class BatchDecoder:
             commit, finish = cut(row.run, p.drafts[:accepted] + [bonus])
             record(row.session, commit, fwd.features[i : i + 1, : len(commit)])
             keeps.append(len(commit))
-            results.append((accepted, commit, finish))
+            results.append((accepted, commit, finish, row.run.logprobs(logits, commit)))
         tbatch.rollback(self.cache, fwd, keeps, width, self._in_order)
         mx.eval([r.session.pending for r in rows], [c.state for c in self.cache.layers])
         verify_ms = (time.perf_counter() - t1) * 1000.0
         events = []
-        for row, p, (accepted, commit, finish) in zip(rows, proposals, results):
+        for row, p, (accepted, commit, finish, logprobs) in zip(rows, proposals, results):
             row.done = finish is not None
             events.append(
                 (
@@ -289,6 +289,7 @@ class BatchDecoder:
                         finish_reason=finish,
                         source=p.source,
                         batch_size=len(rows),
+                        logprobs=logprobs,
                     ),
                 )
             )

@@ -30,6 +30,8 @@ class RoundEvent:
     source: DraftSource = "drafter"
     batch_size: int = 1  # requests in the verify forward of this round (engine/batch.py)
     queue_ms: float = 0.0  # on the prefill event: waited from `add` to the prefill's start
+    # with GenerationParams.logprobs: one engine.logprobs.TokenLogprob per token in `tokens`
+    logprobs: tuple = ()
 
     def __post_init__(self):
         if self.source not in SOURCES:

@@ -22,6 +22,7 @@ from ..target.adapter import TargetAdapter
 from .constraint import ConstraintFactory, TokenConstraint, constrain
 from .datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from .events import RoundEvent
+from .logprobs import check_top, token_logprobs
 from .lookup import DEFAULT_LOOKUP_BLOCK, ContextLookup, PredictionLookup
 from .processors import LogitsProcessor, process
 from .prefill import Prefill, _Cancelled, drafter_offset
@@ -48,6 +49,9 @@ class GenerationParams:
     # mlx-lm logits processors (penalties, logit bias: processors.penalties), applied at every
     # verified position with the tokens before it, as plain decoding applies them.
     logits_processors: tuple[LogitsProcessor, ...] = ()
+    # Each committed token's log-probability and this many most likely alternatives (None:
+    # none), read off the verify rows (engine/logprobs.py) and carried by RoundEvent.logprobs.
+    logprobs: int | None = None
 
     def __post_init__(self):
         if not all(
@@ -64,6 +68,7 @@ class GenerationParams:
             callable(p) for p in self.logits_processors
         ):
             raise ParameterError("logits_processors must be a tuple of callables")
+        check_top(self.logprobs)
         for name in ("block_size", "lookup_block"):
             value = getattr(self, name)
             if value is not None and (
@@ -87,6 +92,11 @@ class _Run:
     def room(self) -> int:
         """Tokens this generation may still commit."""
         return self.params.max_tokens - self.produced
+
+    def logprobs(self, logits: mx.array, commit: list[int]) -> tuple:
+        """The committed tokens' TokenLogprobs from their rows of `logits` (when asked for)."""
+        top = self.params.logprobs
+        return () if top is None else token_logprobs(logits, commit, top)
 
     def length_finish(self) -> str | None:
         return "length" if self.produced >= self.params.max_tokens else None
@@ -275,7 +285,7 @@ class SpeculativeDecoder:
         fwd = self.target.forward(ids, session.target_cache)
         logits = shape_logits(fwd.logits[0], run, session.tokens, proposal.drafts)
         accepted, bonus = accept(logits, proposal, run.params.sampling, key)
-        return fwd, accepted, bonus
+        return fwd, logits, accepted, bonus
 
     def _commit(self, session: Session, run: _Run, fwd, width: int, tokens: list[int]):
         """Commit the accepted `tokens` (cut at max tokens and after a stop token), roll the
@@ -297,11 +307,12 @@ class SpeculativeDecoder:
         proposal = self._propose(session, anchor, run, k_draft)
         draft_ms = _ms(t0)
         t1 = time.perf_counter()
-        fwd, accepted, bonus = self._verify(session, anchor, proposal, run, k_verify)
+        fwd, logits, accepted, bonus = self._verify(session, anchor, proposal, run, k_verify)
         drafted = len(proposal.drafts)
         commit, finish = self._commit(
             session, run, fwd, drafted + 1, proposal.drafts[:accepted] + [bonus]
         )
+        logprobs = run.logprobs(logits, commit)
         verify_ms = _ms(t1)
         session.in_round = False
         return RoundEvent(
@@ -313,6 +324,7 @@ class SpeculativeDecoder:
             verify_ms=verify_ms,
             finish_reason=finish,
             source=proposal.source,
+            logprobs=logprobs,
         )
 
     # --------------------------------------------------------------- generation
@@ -355,9 +367,10 @@ class SpeculativeDecoder:
         session.prediction = PredictionLookup(params.prediction) if params.prediction else None
         if session.prediction is not None:
             session.prediction.extend([token])
-        _, finish = cut(run, [token])
+        commit, finish = cut(run, [token])
         return RoundEvent(
             tokens=[token],
+            logprobs=run.logprobs(prefill.logits, commit),
             prefill_ms=prefill.ms,
             finish_reason=finish,
             prefill=True,

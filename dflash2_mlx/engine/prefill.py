@@ -48,6 +48,7 @@ class Prefill:
         ids = mx.array(prompt[reused:])[None]
         self.feed = ChunkedPrefill(target, ids, session.target_cache, keep_rows)
         self.ms = 0.0  # from the start to the first token, once finished
+        self.logits: mx.array | None = None  # the first token's shaped logits [1, V], once finished
 
     @property
     def done(self) -> bool:
@@ -93,6 +94,7 @@ class Prefill:
                 c.offset = first
         session.pending = feats
         last = logits[0, -1:] if shape is None else shape(logits[0, -1:])
+        self.logits = last  # [1, V]: the first token's distribution (its logprob)
         token = int(pick(last[0], sampling, key).item())
         session.tokens = list(self.prompt) + [token]
         if session.lookup is not None:

@@ -49,40 +49,46 @@ PENALTY_FIELDS = {
     "frequency_penalty": 0.0,
     "logit_bias": {},
 }
+# The values each may take: OpenAI's ranges (presence, frequency, logit_bias); a repetition
+# penalty far outside them only turns logits into inf; a window past 2**31 - 1 overflows
+# MLX's slice indices.
+RANGES = {
+    "repetition_penalty": (0.01, 100.0),
+    "repetition_context_size": (1, 2**31 - 1),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "logit_bias": (-100.0, 100.0),
+}
 
 
 def check_penalty(name: str, value, vocab: int):
     """`value` if `name` may take it (logit_bias: {token id: number}), else a ParameterError
     that starts with the name."""
-
-    def bad(problem: str, got) -> ParameterError:
-        return ParameterError(f"{name}: {problem}, got {got!r}")
-
-    def number(v) -> float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-            raise bad("must be a number", v)
-        return float(v)
-
     if name not in PENALTY_FIELDS:
         raise ParameterError(
             f"unknown penalty {name!r}; expected one of {', '.join(PENALTY_FIELDS)}"
         )
+    low, high = RANGES[name]
+
+    def bad(problem: str, got) -> ParameterError:
+        return ParameterError(f"{name}: {problem}, got {got!r}")
+
+    def number(v, kind=(int, float)):
+        if isinstance(v, bool) or not isinstance(v, kind) or not low <= v <= high:
+            what = "an int" if kind is int else "a number"
+            raise bad(f"must be {what} in [{low}, {high}]", v)
+        return v if kind is int else float(v)
+
     if name == "repetition_context_size":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise bad("must be an int >= 1", value)
-        return value
-    if name == "logit_bias":
-        if not isinstance(value, dict):
-            raise bad("must be a mapping of token ids to numbers", value)
-        for token, v in value.items():
-            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
-                raise bad(f"token ids must be ints in [0, {vocab})", token)
-            number(v)
-        return {t: float(v) for t, v in value.items()}
-    value = number(value)
-    if name == "repetition_penalty" and value <= 0:
-        raise bad("must be > 0 (1: none)", value)
-    return value
+        return number(value, int)
+    if name != "logit_bias":
+        return number(value)
+    if not isinstance(value, dict):
+        raise bad("must be a mapping of token ids to numbers", value)
+    for token in value:
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+            raise bad(f"token ids must be ints in [0, {vocab})", token)
+    return {t: number(v) for t, v in value.items()}
 
 
 def penalties(vocab: int, **settings) -> tuple[LogitsProcessor, ...]:

@@ -51,3 +51,19 @@ class APIError(Exception):
 
 def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def optional(body: dict, name: str, test, expected: str):
+    """body[name] (None when absent or null), or a 400 naming it when `test` refuses it."""
+    v = body.get(name)
+    if v is not None and not test(v):
+        raise invalid(name, f"{name} must be {expected}; got {brief(v)}", "invalid_type")
+    return v

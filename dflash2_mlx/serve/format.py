@@ -128,6 +128,7 @@ class Formatter:
         *,
         reasoning: str = "",
         tool_calls: list[dict] | None = None,
+        logprobs: dict | None = None,
     ) -> dict:
         if self.kind == "chat":
             message = {
@@ -141,9 +142,9 @@ class Formatter:
                 message["tool_calls"] = [
                     {k: v for k, v in c.items() if k != "index"} for c in tool_calls
                 ]
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
             return {**self._head("chat.completion"), "choices": [choice], "usage": usage_}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice], "usage": usage_}
 
     def chunk(
@@ -153,6 +154,7 @@ class Formatter:
         *,
         role: bool = False,
         with_usage: bool = False,
+        logprobs: dict | None = None,
     ) -> dict:
         if self.kind == "chat":
             delta: dict = {}
@@ -160,10 +162,10 @@ class Formatter:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
             out = {**self._head("text_completion"), "choices": [choice]}
         if with_usage:
             out["usage"] = None

@@ -24,6 +24,7 @@ from ..settings import SamplingDefaults
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .format import SSE_DONE, Formatter, ReplyStats, sse, usage
 from .limits import RequestLimits, context_exceeded
+from .logprobs import Logprobs
 from .queue import Item, Job, QueueFull, ShuttingDown, Worker
 from .reply import ChatReply, Delta
 from .api_error import brief
@@ -142,6 +143,7 @@ class Handler:
             lookup_block=s.lookup_block,
             constraint=constraint,
             logits_processors=self.processors(req),
+            logprobs=req.logprobs,
         )
 
     def processors(self, req: GenRequest) -> tuple:
@@ -226,11 +228,14 @@ class Handler:
                 return error_response(_from_worker(first.error), request)
             fmt = Formatter(req.kind, self.s.model_name)
             reply = ChatReply(self.pair.tokenizer, prompt) if prompt is not None else None
+            lp = None
+            if req.logprobs is not None:
+                lp = Logprobs(self.pair.tokenizer, req.kind, self.pair.eos_ids)
             if req.stream:
                 handed_over = True
-                stream = self._stream(fmt, req, n_prompt, first, reader, reply)
+                stream = self._stream(fmt, req, n_prompt, first, reader, reply, lp)
                 return SSEResponse(stream, release)
-            return await self._complete(fmt, n_prompt, first, reader, reply)
+            return await self._complete(fmt, n_prompt, first, reader, reply, lp)
         finally:
             if not handed_over:
                 release()
@@ -251,6 +256,7 @@ class Handler:
         item: Item | None,
         reader: Reader,
         reply: ChatReply | None,
+        lp: Logprobs | None = None,
     ) -> Response:
         stats, parts, finish = GenerationStats(), [], "length"
         while True:
@@ -261,15 +267,20 @@ class Handler:
             if item.kind == "done":
                 break
             stats.add(item.event)
+            if lp is not None:
+                lp.add(item.event)
             if reply is not None:
                 reply.feed(item.text, item.event)
             else:
                 parts.append(item.text)
             finish = item.finish_reason or finish
             item = await reader.next(poll_disconnect=True)
+        logprobs = lp.take() if lp is not None else None
         if reply is None:
             return JSONResponse(
-                fmt.full("".join(parts), finish, self._usage(n_prompt, stats, None))
+                fmt.full(
+                    "".join(parts), finish, self._usage(n_prompt, stats, None), logprobs=logprobs
+                )
             )
         _, finish = reply.finish(finish)
         return JSONResponse(
@@ -279,6 +290,7 @@ class Handler:
                 self._usage(n_prompt, stats, self._finished(reply)),
                 reasoning="".join(reply.reasoning),
                 tool_calls=reply.calls,
+                logprobs=logprobs,
             )
         )
 
@@ -290,7 +302,9 @@ class Handler:
         item: Item,
         reader: Reader,
         reply: ChatReply | None,
+        lp: Logprobs | None = None,
     ):
+        with_logprobs = _LogprobChunks(lp)
         while item is PENDING:  # headers are sent: keep the connection alive until it comes
             yield SSE_KEEPALIVE
             item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)
@@ -299,12 +313,13 @@ class Handler:
             yield sse(fmt.chunk("", role=True, with_usage=with_usage))
         while item.kind == "chunk":
             stats.add(item.event)
+            with_logprobs.add(item.event)
             finish = item.finish_reason or finish
             if reply is not None:
                 for chunk in _delta_chunks(fmt, reply.feed(item.text, item.event), with_usage):
-                    yield sse(chunk)
+                    yield sse(with_logprobs(chunk))
             elif item.text:
-                yield sse(fmt.chunk(item.text, with_usage=with_usage))
+                yield sse(with_logprobs(fmt.chunk(item.text, with_usage=with_usage)))
             item = await reader.next(poll_disconnect=False)  # Starlette watches the client
         if item.kind == "error":  # headers are sent: report it in the stream, then end it
             err = _from_worker(item.error)
@@ -316,12 +331,29 @@ class Handler:
         if reply is not None:
             deltas, finish = reply.finish(finish)
             for chunk in _delta_chunks(fmt, deltas, with_usage):
-                yield sse(chunk)
+                yield sse(with_logprobs(chunk))
             counted = self._finished(reply)
-        yield sse(fmt.chunk(None if req.kind == "chat" else "", finish, with_usage=with_usage))
+        end = fmt.chunk(None if req.kind == "chat" else "", finish, with_usage=with_usage)
+        yield sse(with_logprobs(end))
         if with_usage:
             yield sse(fmt.usage_chunk(self._usage(n_prompt, stats, counted)))
         yield SSE_DONE
+
+
+class _LogprobChunks:
+    """Puts the log-probabilities gathered so far on the next chunk sent (none: as it is)."""
+
+    def __init__(self, lp: Logprobs | None):
+        self.lp = lp
+
+    def add(self, event) -> None:
+        if self.lp is not None:
+            self.lp.add(event)
+
+    def __call__(self, chunk: dict) -> dict:
+        if self.lp is not None and chunk["choices"]:
+            chunk["choices"][0]["logprobs"] = self.lp.take()
+        return chunk
 
 
 def _delta_chunks(fmt: Formatter, deltas: list[Delta], with_usage: bool):

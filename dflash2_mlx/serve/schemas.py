@@ -1,7 +1,7 @@
 """OpenAI request bodies in, library parameters out. Every field is honoured or refused.
 
-A field that would change the output and is not implemented (n > 1, logprobs, ...) is refused
-with a 400 naming it, unless it has its neutral value (n=1, logprobs=false, ...). Unknown fields are refused too. Only fields that cannot
+A field that would change the output and is not implemented (n > 1, best_of, ...) is refused
+with a 400 naming it, unless it has its neutral value (n=1, best_of=1, ...). Unknown fields are refused too. Only fields that cannot
 change the output (user, metadata, ...) are accepted and unused. Tools are validated in
 tools.py, chat_template_kwargs in reasoning.py; whether the model supports them is checked
 against its template (chat_prompt.py).
@@ -14,27 +14,20 @@ from typing import Any, Callable
 
 from ..engine.sampling import field_problem
 from ..settings import SAMPLING_FLAGS
-from .api_error import APIError, brief, invalid  # noqa: F401  (APIError is imported from here)
+from .api_error import APIError, brief, invalid, is_int, is_num, optional  # noqa: F401  (APIError is imported from here)
 from .reasoning import parse_template_kwargs
 from .response_format import parse_response_format
+from .token_fields import PENALTIES, parse_logprobs, parse_penalties
 from .tools import ToolRequest, history_tool_calls, parse_tools, tool_call_id
 
 MAX_STOP = 16
 MAX_SEED = 2**64 - 1
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _neutral(*values) -> Callable[[Any], bool]:
     def ok(v):
         return any(
-            v is x or (type(v) is type(x) and v == x) or (_is_num(v) and _is_num(x) and v == x)
+            v is x or (type(v) is type(x) and v == x) or (is_num(v) and is_num(x) and v == x)
             for x in values
         )
 
@@ -45,17 +38,8 @@ def _neutral(*values) -> Callable[[Any], bool]:
 _OUTPUT_CHANGING: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n": (_neutral(None, 1), "only n=1 is supported")
 }
-# Logits processors (engine/processors.py), as mlx_lm.server takes them.
-_PENALTIES = (
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "repetition_context_size",
-    "logit_bias",
-)
+
 _CHAT_ONLY = {
-    "logprobs": (_neutral(None, False), "logprobs are not supported"),
-    "top_logprobs": (_neutral(None, 0), "logprobs are not supported"),
     "functions": (lambda v: v is None or v == [], "functions are not supported (use tools)"),
     "function_call": (
         _neutral(None, "none", "auto"),
@@ -69,7 +53,6 @@ _CHAT_ONLY = {
     "store": (_neutral(None, False), "stored completions are not supported"),
 }
 _COMPLETION_ONLY = {
-    "logprobs": (_neutral(None), "logprobs are not supported"),
     "best_of": (_neutral(None, 1), "only best_of=1 is supported"),
     "echo": (_neutral(None, False), "echo is not supported"),
     "suffix": (_neutral(None, ""), "suffix is not supported"),
@@ -83,7 +66,7 @@ _HARMLESS = {
     "prompt_cache_retention",
     "safety_identifier",
 }
-_COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", *SAMPLING_FLAGS, *_PENALTIES}
+_COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", *SAMPLING_FLAGS, *PENALTIES}
 
 
 @dataclass
@@ -104,6 +87,7 @@ class GenRequest:
     # chat only: the JSON schema `response_format` asks for (None: free text)
     response_schema: dict | None = None
     penalties: dict[str, Any] = field(default_factory=dict)  # processors.penalties' settings
+    logprobs: int | None = None  # alternatives per token's log-probability (None: none)
 
 
 def _check_fields(body: dict, own: set[str], refused: dict) -> None:
@@ -116,13 +100,6 @@ def _check_fields(body: dict, own: set[str], refused: dict) -> None:
             raise invalid(
                 name, f"Unrecognized request argument supplied: {name[:60]}", "unknown_parameter"
             )
-
-
-def _opt(body: dict, name: str, test: Callable[[Any], bool], expected: str):
-    v = body.get(name)
-    if v is not None and not test(v):
-        raise invalid(name, f"{name} must be {expected}; got {brief(v)}", "invalid_type")
-    return v
 
 
 _INT_FIELDS = ("top_k", "seed")
@@ -138,7 +115,7 @@ def _sampling(body: dict) -> dict[str, Any]:
         if v is None:
             continue
         integer = name in _INT_FIELDS
-        if not (_is_int(v) if integer else _is_num(v)):
+        if not (is_int(v) if integer else is_num(v)):
             raise invalid(
                 name,
                 f"{name} must be {'an integer' if integer else 'a number'}; got {brief(v)}",
@@ -155,33 +132,11 @@ def _sampling(body: dict) -> dict[str, Any]:
     return given
 
 
-def _penalties(body: dict) -> dict[str, Any]:
-    """The penalty and logit_bias fields given (null: not given), typed; their values are
-    checked against the model when its processors are built (processors.penalties)."""
-    given = {}
-    for name in _PENALTIES:
-        v = body.get(name)
-        if v is None:
-            continue
-        if name == "logit_bias":
-            if not isinstance(v, dict):
-                raise invalid(name, "logit_bias must be an object", "invalid_type")
-            try:
-                v = {int(k): w for k, w in v.items()}
-            except ValueError:
-                raise invalid(name, "logit_bias keys must be token ids") from None
-        elif not (_is_int(v) if name == "repetition_context_size" else _is_num(v)):
-            kind = "an integer" if name == "repetition_context_size" else "a number"
-            raise invalid(name, f"{name} must be {kind}; got {brief(v)}", "invalid_type")
-        given[name] = v
-    return given
-
-
 def _common(body: dict, kind: str, max_param: str) -> GenRequest:
-    model = _opt(body, "model", lambda v: isinstance(v, str), "a string")
+    model = optional(body, "model", lambda v: isinstance(v, str), "a string")
     limit = None
     for name in ("max_tokens", "max_completion_tokens"):
-        v = _opt(body, name, _is_int, "an integer")
+        v = optional(body, name, is_int, "an integer")
         if v is not None and v < 1:
             raise invalid(name, f"{name} must be >= 1; got {v}")
         if v is not None and limit is not None and v != limit:
@@ -197,7 +152,7 @@ def _common(body: dict, kind: str, max_param: str) -> GenRequest:
         raise invalid("stop", "stop must be a string or a list of strings", "invalid_type")
     if len(stop) > MAX_STOP or not all(stop):
         raise invalid("stop", f"stop takes 1 to {MAX_STOP} non-empty strings")
-    stream = bool(_opt(body, "stream", lambda v: isinstance(v, bool), "a boolean"))
+    stream = bool(optional(body, "stream", lambda v: isinstance(v, bool), "a boolean"))
     include_usage = False
     opts = body.get("stream_options")
     if opts is not None:
@@ -225,7 +180,8 @@ def _common(body: dict, kind: str, max_param: str) -> GenRequest:
                 )
             include_usage = include_usage or (k == "include_usage" and bool(v))
     req = GenRequest(kind, model, _sampling(body), limit, max_param, stop, stream, include_usage)
-    req.penalties = _penalties(body)
+    req.penalties = parse_penalties(body)
+    req.logprobs = parse_logprobs(body, kind)
     return req
 
 
@@ -337,6 +293,8 @@ def parse_chat(body: dict) -> GenRequest:
             "parallel_tool_calls",
             "chat_template_kwargs",
             "response_format",
+            "logprobs",
+            "top_logprobs",
         },
         {**_OUTPUT_CHANGING, **_CHAT_ONLY},
     )
@@ -352,13 +310,15 @@ def parse_chat(body: dict) -> GenRequest:
     req.messages = out
     req.prediction = _prediction(body.get("prediction"))
     req.tools = parse_tools(body)
+    if req.logprobs is not None and req.tools is not None:
+        raise invalid("logprobs", "logprobs with tools are not supported", "unsupported_parameter")
     req.template_kwargs = parse_template_kwargs(body.get("chat_template_kwargs"))
     req.response_schema = parse_response_format(body.get("response_format"))
     return req
 
 
 def parse_completion(body: dict) -> GenRequest:
-    _check_fields(body, _COMMON | {"prompt"}, {**_OUTPUT_CHANGING, **_COMPLETION_ONLY})
+    _check_fields(body, _COMMON | {"prompt", "logprobs"}, {**_OUTPUT_CHANGING, **_COMPLETION_ONLY})
     prompt = body.get("prompt")
     if prompt is None:
         raise invalid("prompt", "prompt is required", "missing_required_parameter")
@@ -371,7 +331,7 @@ def parse_completion(body: dict) -> GenRequest:
                 "batched prompts are not supported: send one per request",
                 "unsupported_parameter",
             )
-        if not all(_is_int(t) for t in prompt):
+        if not all(is_int(t) for t in prompt):
             raise invalid(
                 "prompt", "prompt must be a string or a list of token ids", "invalid_type"
             )
