@@ -103,3 +103,46 @@ def test_bad_logprobs_are_a_400_naming_the_field(url, endpoint, body, param):
     r = httpx.post(f"{url}/v1/{path}", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_tokens_past_a_stop_string_get_no_logprobs(pair, client):
+    """The stop string's text is never sent, nor are its tokens' log-probabilities: the
+    entries spell the content exactly (one character a token here), whole and streamed."""
+    full = pair.tokenizer.decode(
+        [t for t, _ in expected(pair, chat_prompt_ids(pair.tokenizer, HI), 16)]
+    )
+    stop = full[6:8]
+    content = full[: full.index(stop)]
+    kw = dict(model="tiny", messages=HI, max_tokens=16, temperature=0, logprobs=True, stop=[stop])
+    r = client.chat.completions.create(**kw)
+    assert r.choices[0].message.content == content and r.choices[0].finish_reason == "stop"
+    assert "".join(e.token for e in r.choices[0].logprobs.content) == content
+    streamed = []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            streamed += chunk.choices[0].logprobs.content
+    assert "".join(e.token for e in streamed) == content
+
+
+def test_token_bytes_of_a_byte_level_tokenizer_rebuild_the_text(tmp_path_factory):
+    """SmolLM2's byte-level BPE splits characters across tokens: each entry's `bytes` are the
+    token's own, so they join back into the text's UTF-8 (a decoded token would be U+FFFD)."""
+    from mlx_lm.utils import load_tokenizer
+    from smollm2 import any_conversion
+
+    from dflash2_mlx.serve.logprobs import token_bytes
+
+    tok = load_tokenizer(any_conversion(tmp_path_factory))
+    text = "naïve café — 日本語 🙂 ok"
+    ids = tok.encode(text, add_special_tokens=False)
+    parts = [token_bytes(tok, t) for t in ids]
+    assert b"".join(parts) == text.encode("utf-8")
+    assert any(len(p) and not _is_utf8(p) for p in parts), "some token should split a character"
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False

@@ -170,3 +170,28 @@ def test_strict_tools_need_a_call_format_the_grammar_knows():
     with pytest.raises(APIError) as err:
         _calls(pair, GenRequest("chat", None, {}), tools, ChatPrompt([1]))
     assert err.value.param == "tools[0].function.strict" and "json_tools" in err.value.message
+
+
+def test_logprobs_of_a_constrained_reply_are_finite(pair, url):
+    """Tokens the schema forbids come out as OpenAI writes impossible ones (-9999), never as
+    -inf (not JSON), whole and streamed."""
+    body = {
+        "messages": ASK,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "m", "schema": MOOD}},
+        "logprobs": True,
+        "top_logprobs": 5,
+    }
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    entries = r.json()["choices"][0]["logprobs"]["content"]
+    values = [a["logprob"] for e in entries for a in e["top_logprobs"]]
+    assert min(values) == -9999.0  # a forced position: one token allowed, the rest impossible
+    assert all(e["logprob"] > -9999.0 for e in entries)
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}) as s:
+        lines = [line for line in s.iter_lines() if line.startswith("data: {")]
+    assert lines and not any("Infinity" in line or "NaN" in line for line in lines)
+    streamed = [json.loads(line[6:]) for line in lines]
+    tokens = [
+        e["token"] for c in streamed for e in (c["choices"][0]["logprobs"] or {}).get("content", [])
+    ]
+    assert "".join(tokens) == r.json()["choices"][0]["message"]["content"]

@@ -15,6 +15,8 @@ from typing import Sequence
 import mlx.core as mx
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+# What OpenAI writes for a token that cannot come (here: one a constraint forbids, -inf).
+IMPOSSIBLE = -9999.0
 
 
 @dataclass(frozen=True)
@@ -26,12 +28,12 @@ class TokenLogprob:
 
 def token_logprobs(logits: mx.array, tokens: Sequence[int], top: int) -> tuple[TokenLogprob, ...]:
     """Each of `tokens`' log-probability under its row of `logits` [len(tokens), V] (more rows
-    are ignored), with the `top` most likely tokens of that row."""
+    are ignored), with the `top` most likely tokens of that row; IMPOSSIBLE at the least."""
     n = len(tokens)
     if n == 0:
         return ()
     rows = logits[:n].astype(mx.float32)
-    lp = rows - mx.logsumexp(rows, axis=-1, keepdims=True)
+    lp = mx.maximum(rows - mx.logsumexp(rows, axis=-1, keepdims=True), IMPOSSIBLE)
     chosen = mx.take_along_axis(lp, mx.array(list(tokens))[:, None], axis=-1)[:, 0]
     if top > 0:
         k = min(top, lp.shape[-1])

@@ -230,7 +230,7 @@ class Handler:
             reply = ChatReply(self.pair.tokenizer, prompt) if prompt is not None else None
             lp = None
             if req.logprobs is not None:
-                lp = Logprobs(self.pair.tokenizer, req.kind, self.pair.eos_ids)
+                lp = Logprobs(self.pair.tokenizer, req.kind, self.pair.eos_ids, job.prompt_ids)
             if req.stream:
                 handed_over = True
                 stream = self._stream(fmt, req, n_prompt, first, reader, reply, lp)
@@ -258,7 +258,7 @@ class Handler:
         reply: ChatReply | None,
         lp: Logprobs | None = None,
     ) -> Response:
-        stats, parts, finish = GenerationStats(), [], "length"
+        stats, parts, finish, sent = GenerationStats(), [], "length", 0
         while True:
             if item is None:
                 return Response(status_code=CLIENT_GONE)
@@ -269,13 +269,14 @@ class Handler:
             stats.add(item.event)
             if lp is not None:
                 lp.add(item.event)
+            sent += len(item.text)
             if reply is not None:
                 reply.feed(item.text, item.event)
             else:
                 parts.append(item.text)
             finish = item.finish_reason or finish
             item = await reader.next(poll_disconnect=True)
-        logprobs = lp.take() if lp is not None else None
+        logprobs = lp.take(sent) if lp is not None else None
         if reply is None:
             return JSONResponse(
                 fmt.full(
@@ -313,7 +314,7 @@ class Handler:
             yield sse(fmt.chunk("", role=True, with_usage=with_usage))
         while item.kind == "chunk":
             stats.add(item.event)
-            with_logprobs.add(item.event)
+            with_logprobs.add(item)
             finish = item.finish_reason or finish
             if reply is not None:
                 for chunk in _delta_chunks(fmt, reply.feed(item.text, item.event), with_usage):
@@ -344,15 +345,16 @@ class _LogprobChunks:
     """Puts the log-probabilities gathered so far on the next chunk sent (none: as it is)."""
 
     def __init__(self, lp: Logprobs | None):
-        self.lp = lp
+        self.lp, self.sent = lp, 0  # characters of text the stream has been given
 
-    def add(self, event) -> None:
+    def add(self, item: Item) -> None:
         if self.lp is not None:
-            self.lp.add(event)
+            self.lp.add(item.event)
+            self.sent += len(item.text)
 
     def __call__(self, chunk: dict) -> dict:
         if self.lp is not None and chunk["choices"]:
-            chunk["choices"][0]["logprobs"] = self.lp.take()
+            chunk["choices"][0]["logprobs"] = self.lp.take(self.sent)
         return chunk
 
 

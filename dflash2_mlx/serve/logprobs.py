@@ -2,48 +2,81 @@
 
 The engine reads them off the verify rows (engine/logprobs.py); here each becomes a chat
 entry (`token`, `logprob`, `bytes`, `top_logprobs`) or a completion's parallel lists
-(`tokens`, `token_logprobs`, `top_logprobs`). The stop token that ends a reply is not text and
-gets none, as in OpenAI's API. A stream sends each round's entries with the first chunk that
-follows them (the last ones with the finish chunk).
+(`tokens`, `token_logprobs`, `top_logprobs`). A token goes out once the text it starts in has
+gone out, so a stream sends each entry with the chunk of its text (or a later one) and the
+tokens past a stop string, whose text is never sent, get none; nor does the stop token that
+ends a reply, as in OpenAI's API. `bytes` are the token's own bytes (half of a character for
+a byte-level token that splits one), `token` their text.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from ..engine.events import RoundEvent
+from ..text import IncrementalDecoder
+
+
+def token_bytes(tokenizer, token: int) -> bytes:
+    """The bytes `token` adds to a text: from the tokenizer's byte-level or SentencePiece
+    vocabulary where mlx-lm's detokenizer knows it, else its decoded text's UTF-8."""
+    from mlx_lm import tokenizer_utils as tu
+
+    det = getattr(tokenizer, "_detokenizer", None)
+    if isinstance(det, tu.SPMStreamingDetokenizer) and token < len(det.tokenmap):
+        return det.tokenmap[token].replace("\u2581".encode(), b" ")
+    if isinstance(det, tu.BPEStreamingDetokenizer) and token < len(det.tokenmap):
+        table, piece = tu._byte_decoder(), det.tokenmap[token]
+        if all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+    return tokenizer.decode([token]).encode("utf-8")
 
 
 @dataclass
 class Logprobs:
     tokenizer: object
     kind: str  # "chat" | "completion"
-    stop_ids: frozenset[int]
-    pending: list = field(default_factory=list)  # TokenLogprobs not sent yet
+    stop_ids: frozenset[int]  # the stop tokens (not text: no entry)
+    prompt: Sequence[int] = ()  # the text continues these ids
+    entries: list = field(default_factory=list)  # (start in the text, TokenLogprob), unsent
+    decoder: IncrementalDecoder | None = None
+
+    def __post_init__(self):
+        self.decoder = IncrementalDecoder(self.tokenizer, self.prompt)
 
     def add(self, event: RoundEvent) -> None:
-        self.pending += [lp for lp in event.logprobs if lp.token not in self.stop_ids]
+        for lp in event.logprobs:
+            if lp.token not in self.stop_ids:
+                self.entries.append((len(self.decoder.text), lp))
+                self.decoder.add([lp.token])
 
-    def take(self) -> dict | None:
-        """The pending entries as a choice's `logprobs` (None when there are none)."""
-        if not self.pending:
+    def take(self, sent: int) -> dict | None:
+        """The entries of the tokens starting in the first `sent` characters of the text as a
+        choice's `logprobs` (None when there are none); they are not sent again."""
+        ready = [lp for start, lp in self.entries if start < sent]
+        self.entries = self.entries[len(ready) :]
+        if not ready:
             return None
-        entries, self.pending = self.pending, []
         if self.kind == "chat":
-            return {"content": [self._chat(lp) for lp in entries], "refusal": None}
+            return {"content": [self._chat(lp) for lp in ready], "refusal": None}
         return {
-            "tokens": [self._text(lp.token) for lp in entries],
-            "token_logprobs": [lp.logprob for lp in entries],
-            "top_logprobs": [{self._text(t): v for t, v in lp.top} for lp in entries],
+            "tokens": [self._text(lp.token) for lp in ready],
+            "token_logprobs": [lp.logprob for lp in ready],
+            "top_logprobs": [{self._text(t): v for t, v in lp.top} for lp in ready],
             "text_offset": None,
         }
 
     def _text(self, token: int) -> str:
-        return self.tokenizer.decode([token])
+        return token_bytes(self.tokenizer, token).decode("utf-8", errors="replace")
 
     def _one(self, token: int, logprob: float) -> dict:
-        text = self._text(token)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        raw = token_bytes(self.tokenizer, token)
+        return {
+            "token": raw.decode("utf-8", errors="replace"),
+            "logprob": logprob,
+            "bytes": list(raw),
+        }
 
     def _chat(self, lp) -> dict:
         return {**self._one(lp.token, lp.logprob), "top_logprobs": [self._one(*t) for t in lp.top]}
