@@ -12,7 +12,7 @@ over the tiny random pair, the official openai client and raw HTTP.
 - a stream whose first token is slow (queue, long prefill) opens and sends SSE keep-alive
   comments, which the official client skips;
 - routing errors say what to do: 405 carries `Allow`, HEAD works where GET does, a path
-  without /v1 or an endpoint this server lacks (the Responses API) names the one to use.
+  without /v1 or an endpoint this server lacks names the one to use.
 """
 
 from __future__ import annotations
@@ -219,7 +219,8 @@ def test_not_found_names_the_endpoint_to_use(url):
         ("/chat/completions", "/v1/chat/completions"),
         ("/completions", "/v1/completions"),
         ("/models", "/v1/models"),
-        ("/v1/responses", "/v1/chat/completions"),
+        ("/responses", "/v1/responses"),
+        ("/v1/responses/resp_1", "Responses are not stored"),
         ("/v1/embeddings", "/v1/chat/completions"),
     ):
         r = httpx.post(url + path, json={"model": "tiny", "input": "hi"})

@@ -32,6 +32,7 @@ from .lifecycle import Drain
 from .limits import RequestLimits, ServeLimits
 from .queue import Worker
 from .schemas import APIError, parse_chat, parse_completion
+from .responses_request import parse_responses
 from .security import SecurityGate, SecurityPolicy
 
 log = logging.getLogger("dflash2.serve")
@@ -42,6 +43,7 @@ DEFAULT_PROMPT_CACHE_MB = 1024
 ROUTES = {
     "/v1/chat/completions": "POST",
     "/v1/completions": "POST",
+    "/v1/responses": "POST",
     "/v1/models": "GET",
     "/health": "GET",
     "/metrics": "GET",
@@ -302,15 +304,12 @@ SERVED = ", ".join(f"{method} {path}" for path, method in ROUTES.items())
 
 def _not_found_hint(path: str) -> str:
     """What a client that missed should call instead: a base URL without /v1 is the usual
-    slip; the Responses API (newer SDKs' default) is not served."""
+    slip; stored responses are not kept, so none can be fetched."""
     path = path.rstrip("/")
     if "/v1" + path in ENDPOINTS:
         return f". Did you mean /v1{path}? (a client's base URL ends in /v1)"
-    if path in ("/v1/responses", "/responses") or path.startswith("/v1/responses/"):
-        return (
-            ". The Responses API is not served: use POST /v1/chat/completions (OpenAI Agents "
-            "SDK: set_default_openai_api('chat_completions'))"
-        )
+    if path.startswith("/v1/responses/"):
+        return ". Responses are not stored: only POST /v1/responses is served"
     return f". This server serves {SERVED}"
 
 
@@ -355,3 +354,7 @@ def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, max_bo
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await handler.handle(request, parse_completion(await json_body(request)))
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        return await handler.handle(request, parse_responses(await json_body(request)))

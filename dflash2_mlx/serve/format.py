@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..engine.events import GenerationStats
 from .reasoning import ThinkingStats
+from .reply import Delta
 
 
 def new_id(kind: str) -> str:
@@ -182,3 +183,57 @@ class Formatter:
     def usage_chunk(self, usage_: dict) -> dict:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return {**self._head(obj), "choices": [], "usage": usage_}
+
+
+def delta_chunks(fmt: Formatter, deltas: list[Delta], with_usage: bool):
+    """Chat chunks for a reply's deltas. A tool call goes out as the official client
+    reassembles one: its index, id, type and name first, then its arguments."""
+    for d in deltas:
+        if d.kind == "content":
+            yield fmt.chunk(d.text, with_usage=with_usage)
+        elif d.kind == "reasoning":
+            yield fmt.delta_chunk({"reasoning_content": d.text}, with_usage=with_usage)
+        else:
+            c = d.call
+            head = {
+                "index": c["index"],
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["function"]["name"], "arguments": ""},
+            }
+            yield fmt.delta_chunk({"tool_calls": [head]}, with_usage=with_usage)
+            args = {"index": c["index"], "function": {"arguments": c["function"]["arguments"]}}
+            yield fmt.delta_chunk({"tool_calls": [args]}, with_usage=with_usage)
+
+
+class ChatStream:
+    """A chat or completion stream's SSE lines, item by item (handler._stream drives it).
+    `logprobs` puts the log-probabilities gathered so far on a chunk (logprobs.LogprobChunks)."""
+
+    def __init__(self, fmt: Formatter, include_usage: bool, logprobs):
+        self.fmt, self.with_usage, self.logprobs = fmt, include_usage, logprobs
+
+    def start(self):
+        if self.fmt.kind == "chat":
+            yield sse(self.fmt.chunk("", role=True, with_usage=self.with_usage))
+
+    def item(self, item, reply):
+        self.logprobs.add(item)
+        if reply is not None:
+            for chunk in delta_chunks(self.fmt, reply.feed(item.text, item.event), self.with_usage):
+                yield sse(self.logprobs(chunk))
+        elif item.text:
+            yield sse(self.logprobs(self.fmt.chunk(item.text, with_usage=self.with_usage)))
+
+    def error(self, err):
+        yield sse(err.body())
+        yield SSE_DONE
+
+    def end(self, deltas: list[Delta], finish: str, usage_: dict):
+        for chunk in delta_chunks(self.fmt, deltas, self.with_usage):
+            yield sse(self.logprobs(chunk))
+        text = None if self.fmt.kind == "chat" else ""
+        yield sse(self.logprobs(self.fmt.chunk(text, finish, with_usage=self.with_usage)))
+        if self.with_usage:
+            yield sse(self.fmt.usage_chunk(usage_))
+        yield SSE_DONE

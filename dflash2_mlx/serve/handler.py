@@ -22,11 +22,13 @@ from ..errors import DFlash2Error, ParameterError
 from ..grammar import Grammar
 from ..settings import SamplingDefaults
 from .chat_prompt import ChatPrompt, ChatTemplate
-from .format import SSE_DONE, Formatter, ReplyStats, sse, usage
+from .format import ChatStream, Formatter, ReplyStats, usage
 from .limits import RequestLimits, context_exceeded
-from .logprobs import Logprobs
+from .logprobs import LogprobChunks, Logprobs
 from .queue import Item, Job, QueueFull, ShuttingDown, Worker
-from .reply import ChatReply, Delta
+from .reply import ChatReply
+from .responses_output import ResponseBuilder, ResponsesStream
+from .responses_output import usage as responses_usage
 from .api_error import brief
 from .constrained import reply_grammar
 from .schemas import APIError, GenRequest, invalid
@@ -235,7 +237,7 @@ class Handler:
                 handed_over = True
                 stream = self._stream(fmt, req, n_prompt, first, reader, reply, lp)
                 return SSEResponse(stream, release)
-            return await self._complete(fmt, n_prompt, first, reader, reply, lp)
+            return await self._complete(fmt, req, n_prompt, first, reader, reply, lp)
         finally:
             if not handed_over:
                 release()
@@ -252,13 +254,14 @@ class Handler:
     async def _complete(
         self,
         fmt: Formatter,
+        req: GenRequest,
         n_prompt: int,
         item: Item | None,
         reader: Reader,
         reply: ChatReply | None,
         lp: Logprobs | None = None,
     ) -> Response:
-        stats, parts, finish, sent = GenerationStats(), [], "length", 0
+        stats, parts, deltas, finish, sent = GenerationStats(), [], [], "length", 0
         while True:
             if item is None:
                 return Response(status_code=CLIENT_GONE)
@@ -271,24 +274,25 @@ class Handler:
                 lp.add(item.event)
             sent += len(item.text)
             if reply is not None:
-                reply.feed(item.text, item.event)
+                deltas += reply.feed(item.text, item.event)
             else:
                 parts.append(item.text)
             finish = item.finish_reason or finish
             item = await reader.next(poll_disconnect=True)
         logprobs = lp.take(sent) if lp is not None else None
         if reply is None:
-            return JSONResponse(
-                fmt.full(
-                    "".join(parts), finish, self._usage(n_prompt, stats, None), logprobs=logprobs
-                )
-            )
-        _, finish = reply.finish(finish)
+            usage_ = self._usage(n_prompt, stats, None)
+            return JSONResponse(fmt.full("".join(parts), finish, usage_, logprobs=logprobs))
+        more, finish = reply.finish(finish)
+        usage_ = self._usage(n_prompt, stats, self._finished(reply))
+        if req.responses is not None:
+            builder = ResponseBuilder(self.s.model_name, req.responses)
+            return JSONResponse(builder.whole(deltas + more, finish, responses_usage(usage_)))
         return JSONResponse(
             fmt.full(
                 "".join(reply.content),
                 finish,
-                self._usage(n_prompt, stats, self._finished(reply)),
+                usage_,
                 reasoning="".join(reply.reasoning),
                 tool_calls=reply.calls,
                 logprobs=logprobs,
@@ -305,78 +309,34 @@ class Handler:
         reply: ChatReply | None,
         lp: Logprobs | None = None,
     ):
-        with_logprobs = _LogprobChunks(lp)
+        if req.responses is None:
+            out = ChatStream(fmt, req.include_usage, LogprobChunks(lp))
+        else:
+            out = ResponsesStream(ResponseBuilder(self.s.model_name, req.responses))
         while item is PENDING:  # headers are sent: keep the connection alive until it comes
             yield SSE_KEEPALIVE
             item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)
-        stats, finish, with_usage = GenerationStats(), "length", req.include_usage
-        if req.kind == "chat":
-            yield sse(fmt.chunk("", role=True, with_usage=with_usage))
+        stats, finish = GenerationStats(), "length"
+        for line in out.start():
+            yield line
         while item.kind == "chunk":
             stats.add(item.event)
-            with_logprobs.add(item)
             finish = item.finish_reason or finish
-            if reply is not None:
-                for chunk in _delta_chunks(fmt, reply.feed(item.text, item.event), with_usage):
-                    yield sse(with_logprobs(chunk))
-            elif item.text:
-                yield sse(with_logprobs(fmt.chunk(item.text, with_usage=with_usage)))
+            for line in out.item(item, reply):
+                yield line
             item = await reader.next(poll_disconnect=False)  # Starlette watches the client
         if item.kind == "error":  # headers are sent: report it in the stream, then end it
             err = _from_worker(item.error)
             log.info("stream ended by %d %s: %s", err.status, err.code, err.message)
-            yield sse(err.body())
-            yield SSE_DONE
+            for line in out.error(err):
+                yield line
             return
-        counted = None
+        deltas, counted = [], None
         if reply is not None:
             deltas, finish = reply.finish(finish)
-            for chunk in _delta_chunks(fmt, deltas, with_usage):
-                yield sse(with_logprobs(chunk))
             counted = self._finished(reply)
-        end = fmt.chunk(None if req.kind == "chat" else "", finish, with_usage=with_usage)
-        yield sse(with_logprobs(end))
-        if with_usage:
-            yield sse(fmt.usage_chunk(self._usage(n_prompt, stats, counted)))
-        yield SSE_DONE
-
-
-class _LogprobChunks:
-    """Puts the log-probabilities gathered so far on the next chunk sent (none: as it is)."""
-
-    def __init__(self, lp: Logprobs | None):
-        self.lp, self.sent = lp, 0  # characters of text the stream has been given
-
-    def add(self, item: Item) -> None:
-        if self.lp is not None:
-            self.lp.add(item.event)
-            self.sent += len(item.text)
-
-    def __call__(self, chunk: dict) -> dict:
-        if self.lp is not None and chunk["choices"]:
-            chunk["choices"][0]["logprobs"] = self.lp.take(self.sent)
-        return chunk
-
-
-def _delta_chunks(fmt: Formatter, deltas: list[Delta], with_usage: bool):
-    """Chat chunks for a reply's deltas. A tool call goes out as the official client
-    reassembles one: its index, id, type and name first, then its arguments."""
-    for d in deltas:
-        if d.kind == "content":
-            yield fmt.chunk(d.text, with_usage=with_usage)
-        elif d.kind == "reasoning":
-            yield fmt.delta_chunk({"reasoning_content": d.text}, with_usage=with_usage)
-        else:
-            c = d.call
-            head = {
-                "index": c["index"],
-                "id": c["id"],
-                "type": "function",
-                "function": {"name": c["function"]["name"], "arguments": ""},
-            }
-            yield fmt.delta_chunk({"tool_calls": [head]}, with_usage=with_usage)
-            args = {"index": c["index"], "function": {"arguments": c["function"]["arguments"]}}
-            yield fmt.delta_chunk({"tool_calls": [args]}, with_usage=with_usage)
+        for line in out.end(deltas, finish, self._usage(n_prompt, stats, counted)):
+            yield line
 
 
 def unknown_model(name: str, served: str) -> APIError:

@@ -80,3 +80,21 @@ class Logprobs:
 
     def _chat(self, lp) -> dict:
         return {**self._one(lp.token, lp.logprob), "top_logprobs": [self._one(*t) for t in lp.top]}
+
+
+class LogprobChunks:
+    """Puts the log-probabilities gathered so far on the next chunk sent (none: as it is)."""
+
+    def __init__(self, lp: Logprobs | None):
+        self.lp, self.sent = lp, 0  # characters of text the stream has been given
+
+    def add(self, item) -> None:
+        """A queue item (its event and text) of the stream."""
+        if self.lp is not None:
+            self.lp.add(item.event)
+            self.sent += len(item.text)
+
+    def __call__(self, chunk: dict) -> dict:
+        if self.lp is not None and chunk["choices"]:
+            chunk["choices"][0]["logprobs"] = self.lp.take(self.sent)
+        return chunk

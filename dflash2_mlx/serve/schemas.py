@@ -87,6 +87,8 @@ class GenRequest:
     # chat only: the JSON schema `response_format` asks for (None: free text)
     response_schema: dict | None = None
     penalties: dict[str, Any] = field(default_factory=dict)  # processors.penalties' settings
+    # a /v1/responses request (a chat one inside): the fields its response echoes
+    responses: dict | None = None
     logprobs: int | None = None  # alternatives per token's log-probability (None: none)
 
 

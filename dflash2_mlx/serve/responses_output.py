@@ -1,0 +1,237 @@
+"""A chat reply as the Responses API's response object and its semantic stream events.
+
+The output items are the reply's reasoning (a `reasoning` item with its text), its content (a
+`message` with one `output_text` part) and its tool calls (`function_call` items), in the
+order they were generated. A stream announces each item, sends its text or arguments as
+deltas and closes it, then ends with `response.completed` (or `response.incomplete` when
+max_output_tokens cut it) carrying the whole response; every event has a sequence number and
+there is no `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from .reply import Delta
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def sse_event(event: dict) -> str:
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+def usage(chat_usage: dict) -> dict:
+    """The chat usage object in the Responses API's names (its dflash2 block kept)."""
+    details = chat_usage.get("completion_tokens_details", {})
+    return {
+        "input_tokens": chat_usage["prompt_tokens"],
+        "input_tokens_details": {
+            "cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]
+        },
+        "output_tokens": chat_usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": details.get("reasoning_tokens", 0)},
+        "total_tokens": chat_usage["total_tokens"],
+        "dflash2": chat_usage["dflash2"],
+    }
+
+
+class ResponseBuilder:
+    """One response: its id, the fields it echoes, its output items and its event sequence."""
+
+    def __init__(self, model: str, echo: dict):
+        self.id, self.created = _id("resp"), int(time.time())
+        self.model, self.echo = model, echo
+        self.output: list[dict] = []  # finished items
+        self.item: dict | None = None  # the reasoning or message item being streamed
+        self.seq = 0
+
+    # ------------------------------------------------------------------ whole
+    def response(self, status: str, usage_: dict | None = None) -> dict:
+        out = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"}
+            if status == "incomplete"
+            else None,
+            "model": self.model,
+            "output": list(self.output),
+            "usage": usage_,
+            "store": False,
+            **self.echo,
+        }
+        if status == "completed":
+            out["completed_at"] = int(time.time())
+        return out
+
+    def whole(self, deltas: list[Delta], finish: str, usage_: dict) -> dict:
+        """The finished response from all of the reply's deltas."""
+        for _ in self.feed(deltas):
+            pass
+        return self._end(finish, usage_)[-1]["response"]
+
+    # ------------------------------------------------------------------ stream
+    def start(self) -> list[dict]:
+        return [
+            self._event("response.created", response=self.response("in_progress")),
+            self._event("response.in_progress", response=self.response("in_progress")),
+        ]
+
+    def feed(self, deltas: list[Delta]) -> list[dict]:
+        events: list[dict] = []
+        for d in deltas:
+            if d.kind == "tool_call":
+                events += self._close() + self._call(d.call)
+                continue
+            if not d.text:
+                continue
+            kind = "message" if d.kind == "content" else "reasoning"
+            if self.item is None or self.item["type"] != kind:
+                events += self._close() + self._open(kind)
+            events.append(self._text_delta(d.text))
+        return events
+
+    def end(self, deltas: list[Delta], finish: str, usage_: dict) -> list[dict]:
+        """The reply's last deltas, then the closing events and the finished response."""
+        return self.feed(deltas) + self._end(finish, usage_)
+
+    def error(self, code: str | None, message: str, param: str | None) -> list[dict]:
+        return [self._event("error", code=code, message=message, param=param)]
+
+    # ------------------------------------------------------------------ items
+    def _end(self, finish: str, usage_: dict) -> list[dict]:
+        status = "incomplete" if finish == "length" else "completed"
+        events = self._close(status)
+        if not any(i["type"] in ("message", "function_call") for i in self.output):
+            events += self._open("message") + self._close(status)  # an empty answer
+        name = "response.incomplete" if status == "incomplete" else "response.completed"
+        return events + [self._event(name, response=self.response(status, usage_))]
+
+    def _event(self, kind: str, **fields) -> dict:
+        event = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return event
+
+    def _where(self) -> dict:
+        return {"item_id": self.item["id"], "output_index": len(self.output)}
+
+    def _open(self, kind: str) -> list[dict]:
+        if kind == "message":
+            self.item = {"id": _id("msg"), "type": "message", "role": "assistant", "content": []}
+        else:
+            self.item = {"id": _id("rs"), "type": "reasoning", "summary": [], "content": []}
+        self.item["status"] = "in_progress"
+        self.text = ""
+        events = [
+            self._event(
+                "response.output_item.added", item=dict(self.item), output_index=len(self.output)
+            )
+        ]
+        if kind == "message":
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            events.append(
+                self._event(
+                    "response.content_part.added", **self._where(), content_index=0, part=part
+                )
+            )
+        return events
+
+    def _text_delta(self, text: str) -> dict:
+        self.text += text
+        if self.item["type"] == "message":
+            return self._event(
+                "response.output_text.delta",
+                **self._where(),
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        return self._event(
+            "response.reasoning_text.delta", **self._where(), content_index=0, delta=text
+        )
+
+    def _close(self, status: str = "completed") -> list[dict]:
+        if self.item is None:
+            return []
+        where, events = self._where(), []
+        if self.item["type"] == "message":
+            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+            events.append(
+                self._event(
+                    "response.output_text.done",
+                    **where,
+                    content_index=0,
+                    text=self.text,
+                    logprobs=[],
+                )
+            )
+            events.append(
+                self._event("response.content_part.done", **where, content_index=0, part=part)
+            )
+        else:
+            part = {"type": "reasoning_text", "text": self.text}
+            events.append(
+                self._event(
+                    "response.reasoning_text.done", **where, content_index=0, text=self.text
+                )
+            )
+        item = {**self.item, "content": [part], "status": status}
+        events.append(
+            self._event("response.output_item.done", item=item, output_index=where["output_index"])
+        )
+        self.output.append(item)
+        self.item = None
+        return events
+
+    def _call(self, call: dict) -> list[dict]:
+        fn = call["function"]
+        item = {
+            "id": _id("fc"),
+            "type": "function_call",
+            "call_id": call["id"],
+            "name": fn["name"],
+            "arguments": "",
+            "status": "in_progress",
+        }
+        index = len(self.output)
+        where = {"item_id": item["id"], "output_index": index}
+        done = {**item, "arguments": fn["arguments"], "status": "completed"}
+        events = [
+            self._event("response.output_item.added", item=item, output_index=index),
+            self._event("response.function_call_arguments.delta", **where, delta=fn["arguments"]),
+            self._event(
+                "response.function_call_arguments.done",
+                **where,
+                arguments=fn["arguments"],
+                name=fn["name"],
+            ),
+            self._event("response.output_item.done", item=done, output_index=index),
+        ]
+        self.output.append(done)
+        return events
+
+
+class ResponsesStream:
+    """A /v1/responses stream's SSE lines, item by item (handler._stream drives it)."""
+
+    def __init__(self, builder: ResponseBuilder):
+        self.builder = builder
+
+    def start(self):
+        return map(sse_event, self.builder.start())
+
+    def item(self, item, reply):
+        return map(sse_event, self.builder.feed(reply.feed(item.text, item.event)))
+
+    def error(self, err):
+        return map(sse_event, self.builder.error(err.code, err.message, err.param))
+
+    def end(self, deltas: list[Delta], finish: str, usage_: dict):
+        return map(sse_event, self.builder.end(deltas, finish, usage(usage_)))

@@ -1,0 +1,146 @@
+"""The Responses API (POST /v1/responses) with the official `openai` client on a real uvicorn
+server on 127.0.0.1, over the tiny model that really thinks and calls tools (tiny_tools.py):
+each reply is the chat reply to the same conversation, as output items (reasoning, message,
+function_call), whole and as the API's stream events (the client's own stream helper
+rebuilds the response from them); tool round trips send the output items back as input;
+what it cannot serve is a 400 naming the Responses field."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+import tiny_tools as tt
+from test_serve import running
+from test_serve_tools import OK_SCHEMA, ask, tool_pair  # noqa: F401  (tool_pair: fixture)
+
+from dflash2_mlx.serve import create_app
+
+FN = {"type": "function", **tt.WEATHER["function"]}  # the Responses API's tool shape
+OFF = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+@pytest.fixture(scope="module")
+def url(tool_pair):  # noqa: F811
+    app = create_app(tool_pair, model_name="tools", default_max_tokens=64, context_length=1024)
+    with running(app) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def respond(client, input, **kw):
+    kw.setdefault("max_output_tokens", 64)
+    return client.responses.create(model="tools", input=input, temperature=0, **kw)
+
+
+def events(client, input, **kw):
+    kw.setdefault("max_output_tokens", 64)
+    stream = client.responses.create(model="tools", input=input, temperature=0, stream=True, **kw)
+    out = list(stream)
+    assert [e.sequence_number for e in out] == list(range(len(out)))
+    assert [e.type for e in out[:2]] == ["response.created", "response.in_progress"]
+    return out
+
+
+def test_reply_is_the_chat_reply_as_output_items(client):
+    chat = ask(client, tt.HI).choices[0].message
+    r = respond(client, tt.HI)
+    assert r.status == "completed" and r.id.startswith("resp_")
+    assert [i.type for i in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == chat.model_extra["reasoning_content"]
+    assert r.output_text == chat.content
+    assert r.usage.output_tokens_details.reasoning_tokens > 0
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    stream = events(client, tt.HI)
+    assert (
+        "".join(e.delta for e in stream if e.type == "response.output_text.delta") == r.output_text
+    )
+    thought = "".join(e.delta for e in stream if e.type == "response.reasoning_text.delta")
+    assert thought == r.output[0].content[0].text
+    assert stream[-1].type == "response.completed"
+    assert stream[-1].response.output_text == r.output_text
+    with client.responses.stream(model="tools", input=tt.HI, temperature=0) as s:
+        assert s.get_final_response().output_text == r.output_text
+
+
+def test_instructions_and_reasoning_effort(client):
+    system = [{"role": "system", "content": "be kind."}]
+    chat = ask(client, system + tt.HI, extra_body=OFF)
+    r = respond(client, "hi", instructions="be kind.", reasoning={"effort": "none"})
+    assert [i.type for i in r.output] == ["message"]
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_tool_round_trip_with_output_items_sent_back(client):
+    r = respond(client, tt.ASK, tools=[FN])
+    calls = [i for i in r.output if i.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", tt.CALL_ARGS)]
+    assert r.output_text == ""
+    # the agent sends back everything it got (reasoning items included) and the result
+    history = tt.ASK + [i.model_dump(exclude_none=True) for i in r.output]
+    history.append(
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": tt.RESULT}
+    )
+    final = respond(client, history, tools=[FN])
+    assert final.output_text == tt.FINAL
+    assert not [i for i in final.output if i.type == "function_call"]
+    stream = events(client, tt.ASK, tools=[FN])
+    done = [e for e in stream if e.type == "response.function_call_arguments.done"]
+    assert [json.loads(e.arguments) for e in done] == [tt.CALL_ARGS]
+    assert stream[-1].response.output[-1].id == done[0].item_id
+
+
+def test_structured_output_through_text_format(client):
+    fmt = {"type": "json_schema", "name": "reply", "schema": OK_SCHEMA, "strict": True}
+    r = respond(client, tt.HI, text={"format": fmt}, max_output_tokens=120)
+    assert isinstance(json.loads(r.output_text)["ok"], bool)
+    chat_fmt = {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+    chat = ask(client, tt.HI, response_format=chat_fmt, max_tokens=120)
+    assert r.output_text == chat.choices[0].message.content
+    assert r.text.format.type == "json_schema"
+
+
+def test_cut_by_max_output_tokens_is_incomplete(client):
+    r = respond(client, tt.HI, max_output_tokens=3)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert events(client, tt.HI, max_output_tokens=3)[-1].type == "response.incomplete"
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"store": True}, "store"),
+        ({"background": True}, "background"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"include": ["message.output_text.logprobs"]}, "include"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": 3}]}, "tools[0].parameters"),
+        ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "input[0].content[0]",
+        ),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+        ({"input": [{"type": "function_call", "call_id": "c"}]}, "input[0].name"),
+        ({"input": None}, "input"),
+        ({"text": {"format": {"type": "json_schema", "schema": 3}}}, "text.format.schema"),
+        ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
+        ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
+        ({"frobnicate": 1}, "frobnicate"),
+    ],
+)
+def test_what_it_cannot_serve_is_a_400_naming_the_field(url, extra, param):
+    body = {"model": "tools", "input": "hi", **extra}
+    r = httpx.post(url + "/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.json()
