@@ -137,6 +137,29 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
         ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
         ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
         ({"frobnicate": 1}, "frobnicate"),
+        ({"reasoning": {"effort": []}}, "reasoning.effort"),
+        ({"reasoning": {"effort": "none"}, "chat_template_kwargs": 3}, "chat_template_kwargs"),
+        ({"input": [{"role": [], "content": "x"}]}, "input[0].role"),
+        ({"input": []}, "input"),
+        ({"max_output_tokens": 5000}, "max_output_tokens"),  # past the context: the handler's
+        (
+            {
+                "input": [
+                    {"role": "user", "content": "hi"},
+                    {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+                    {"type": "function_call", "call_id": "b", "name": "f", "arguments": "[1"},
+                ]
+            },
+            "input[2].arguments",
+        ),
+        (
+            {
+                "input": [
+                    {"type": "function_call_output", "call_id": "a", "output": [{"type": "x"}]}
+                ]
+            },
+            "input[0].output[0]",
+        ),
     ],
 )
 def test_what_it_cannot_serve_is_a_400_naming_the_field(url, extra, param):
@@ -144,3 +167,26 @@ def test_what_it_cannot_serve_is_a_400_naming_the_field(url, extra, param):
     r = httpx.post(url + "/v1/responses", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_two_calls_sent_back_make_one_assistant_turn(client):
+    """A turn with two calls (and the text between them) goes back as the one assistant
+    message chat would send: the same prompt, token for token."""
+    r = respond(client, tt.ASK_TWO, tools=[FN])
+    calls = [i for i in r.output if i.type == "function_call"]
+    assert len(calls) == 2
+    history = tt.ASK_TWO + [i.model_dump(exclude_none=True) for i in r.output]
+    history += [
+        {"type": "function_call_output", "call_id": c.call_id, "output": tt.RESULT} for c in calls
+    ]
+    again = respond(client, history, tools=[FN], max_output_tokens=1)
+    chat = ask(client, tt.ASK_TWO, tools=tt.TOOLS).choices[0].message
+    chat_history = (
+        tt.ASK_TWO
+        + [chat]
+        + [{"role": "tool", "tool_call_id": c.id, "content": tt.RESULT} for c in chat.tool_calls]
+    )
+    assert (
+        again.usage.input_tokens
+        == ask(client, chat_history, tools=tt.TOOLS, max_tokens=1).usage.prompt_tokens
+    )

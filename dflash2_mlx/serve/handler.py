@@ -161,8 +161,8 @@ class Handler:
     async def handle(self, request: Request, req: GenRequest) -> Response:
         try:
             return await self._handle(request, req)
-        except APIError:
-            raise
+        except APIError as err:
+            raise err if req.rename is None else req.rename(err) from None
         except Exception as e:  # a server bug: answer 500 (counted), keep serving
             log.exception("request failed")
             raise internal_error(e) from None

@@ -31,7 +31,8 @@ def usage(chat_usage: dict) -> dict:
     return {
         "input_tokens": chat_usage["prompt_tokens"],
         "input_tokens_details": {
-            "cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]
+            "cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"],
+            "cache_write_tokens": 0,
         },
         "output_tokens": chat_usage["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": details.get("reasoning_tokens", 0)},

@@ -96,7 +96,7 @@ def parse_responses(body: dict) -> GenRequest:
         req = parse_chat(chat)
     except APIError as err:
         raise _renamed(err, origin) from None
-    req.responses = _echo(body)
+    req.responses, req.rename = _echo(body), renamer(origin)
     return req
 
 
@@ -117,15 +117,23 @@ def _echo(body: dict) -> dict:
     }
 
 
-def _messages(body: dict) -> tuple[list[dict], list[str]]:
-    """The chat messages of `instructions` and `input`, and each one's Responses path."""
-    messages, origin = [], []
+def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
+    """The chat messages of `instructions` and `input`, and where each message (and each
+    assistant tool call) came from: {"messages[k]" or "messages[k].tool_calls[j]": path}.
+    Consecutive assistant items (text and calls) make one assistant turn, as generated;
+    `instructions` and a leading system message make one system message."""
+    messages: list[dict] = []
+    origin: dict[str, str] = {}
+
+    def add(message: dict, where: str) -> None:
+        origin[f"messages[{len(messages)}]"] = where
+        messages.append(message)
+
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
             raise invalid("instructions", "instructions must be a string", "invalid_type")
-        messages.append({"role": "system", "content": instructions})
-        origin.append("instructions")
+        add({"role": "system", "content": instructions}, "instructions")
     items = body.get("input")
     if items is None:
         raise invalid("input", "input is required", "missing_required_parameter")
@@ -138,17 +146,26 @@ def _messages(body: dict) -> tuple[list[dict], list[str]]:
         if not isinstance(item, dict):
             raise invalid(where, "each input item must be an object", "invalid_type")
         kind = item.get("type", "message" if "role" in item else None)
+        last = messages[-1] if messages else None
         if kind == "message":
-            messages.append(_message(where, item))
+            message = _message(where, item)
+            role = message["role"]
+            if last is not None and (last["role"], role) == ("assistant", "assistant"):
+                last["content"] = _flat(last["content"]) + _flat(message["content"])
+            elif len(messages) == 1 and instructions is not None and role in _SYSTEM:
+                last["content"] = instructions + "\n\n" + _flat(message["content"])
+            else:
+                add(message, where)
         elif kind == "function_call":
-            call = _call(where, item)
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-                continue  # one assistant turn with all its calls
-            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": None}
+                add(last, where)
+            calls = last.setdefault("tool_calls", [])
+            origin[f"messages[{len(messages) - 1}].tool_calls[{len(calls)}]"] = where
+            calls.append(_call(where, item))
         elif kind == "function_call_output":
-            messages.append(_call_output(where, item))
+            origin[f"messages[{len(messages)}]#kind"] = kind
+            add(_call_output(where, item), where)
         elif kind == "reasoning":
             continue  # a past turn's thinking: templates drop it from the history
         else:
@@ -158,25 +175,38 @@ def _messages(body: dict) -> tuple[list[dict], list[str]]:
                 "function_call_output, reasoning)",
                 "unsupported_parameter",
             )
-        origin.append(where)
     return messages, origin
 
 
-def _message(where: str, item: dict) -> dict:
-    role, content = item.get("role"), item.get("content")
+_SYSTEM = ("system", "developer")
+
+
+def _flat(content) -> str:
+    """A message's text: a string, or its text parts joined (None: empty)."""
     if isinstance(content, list):
-        parts = []
-        for j, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
-                raise invalid(
-                    f"{where}.content[{j}]",
-                    "only text parts (input_text, output_text) are supported",
-                    "unsupported_parameter",
-                )
-            parts.append({"type": "text", "text": part["text"]})
-        content = parts
-    return {"role": role, "content": content}
+        return "".join(p["text"] for p in content)
+    return content or ""
+
+
+def _message(where: str, item: dict) -> dict:
+    return {"role": item.get("role"), "content": _parts(f"{where}.content", item.get("content"))}
+
+
+def _parts(where: str, content):
+    """Text parts (input_text, output_text) as chat text parts; anything else as it is."""
+    if not isinstance(content, list):
+        return content
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
+            raise invalid(
+                f"{where}[{j}]",
+                "only text parts (input_text, output_text) are supported",
+                "unsupported_parameter",
+            )
+        parts.append({"type": "text", "text": part["text"]})
+    return parts
 
 
 def _call(where: str, item: dict) -> dict:
@@ -190,10 +220,8 @@ def _call(where: str, item: dict) -> dict:
 def _call_output(where: str, item: dict) -> dict:
     if not isinstance(item.get("call_id"), str):
         raise invalid(f"{where}.call_id", "call_id must be a string", "invalid_type")
-    output = item.get("output")
-    if isinstance(output, list):
-        output = _message(where, {"content": output})["content"]
-    elif not isinstance(output, str):
+    output = _parts(f"{where}.output", item.get("output"))
+    if not isinstance(output, (str, list)):
         raise invalid(f"{where}.output", "output must be a string or text parts", "invalid_type")
     return {"role": "tool", "tool_call_id": item["call_id"], "content": output}
 
@@ -210,7 +238,10 @@ def _tools(tools) -> list:
                 f"only function tools are supported; got {brief(kind)}",
                 "unsupported_parameter",
             )
-        fn = {k: v for k, v in t.items() if k != "type"}
+        # the chat order (templates render the keys as they come)
+        order = ("name", "description", "parameters", "strict")
+        fn = {k: t[k] for k in order if k in t}
+        fn.update((k, v) for k, v in t.items() if k not in order and k != "type")
         out.append({"type": "function", "function": fn})
     return out
 
@@ -259,11 +290,14 @@ def _reasoning(reasoning, chat: dict) -> None:
     effort = reasoning.get("effort")
     if effort is None:
         return
-    if effort not in _THINKING:
-        raise invalid("reasoning.effort", f"reasoning.effort must be one of {', '.join(_THINKING)}")
-    kwargs = dict(chat.get("chat_template_kwargs") or {})
-    kwargs.setdefault("enable_thinking", _THINKING[effort])
-    chat["chat_template_kwargs"] = kwargs
+    if not isinstance(effort, str) or effort not in _THINKING:
+        raise invalid(
+            "reasoning.effort",
+            f"reasoning.effort must be one of {', '.join(_THINKING)}; got {brief(effort)}",
+        )
+    kwargs = chat.get("chat_template_kwargs")
+    if kwargs is None or isinstance(kwargs, dict):  # else the chat parser refuses it
+        chat["chat_template_kwargs"] = {"enable_thinking": _THINKING[effort], **(kwargs or {})}
 
 
 def _include(include) -> None:
@@ -278,6 +312,7 @@ def _include(include) -> None:
 
 
 _RENAMES = (
+    (r"^messages$", "input"),
     (r"^tools\[(\d+)\]\.function\.", r"tools[\1]."),
     (r"^tool_choice\.function\.", "tool_choice."),
     (r"^response_format\.json_schema\b", "text.format"),
@@ -287,18 +322,39 @@ _RENAMES = (
 )
 
 
-def _renamed(err: APIError, origin: list[str]) -> APIError:
-    """The chat parser's error, naming the Responses field it came from."""
+def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
+    """An error about the chat request, naming the Responses field it came from."""
     param = err.param or ""
-    m = re.match(r"^messages\[(\d+)\]", param)
+    m = re.match(r"^messages\[(\d+)\](\.tool_calls\[(\d+)\])?(.*)$", param)
     if m:
-        k = int(m.group(1))
-        param = (origin[k] + param[m.end() :]) if k < len(origin) else "input"
+        message, call, rest = f"messages[{m.group(1)}]", m.group(2), m.group(4)
+        if call and message + call in origin:
+            base = origin[message + call]
+            rest = re.sub(r"^\.function\.", ".", rest).replace(".id", ".call_id", 1)
+        else:
+            base = origin.get(message, "input")
+            if call:
+                rest = call + rest
+        if base != "instructions" and rest.startswith((".tool_call_id", ".content")):
+            if _is_output(origin, message):
+                rest = rest.replace(".tool_call_id", ".call_id", 1).replace(
+                    ".content", ".output", 1
+                )
+        param = base + rest
     for pattern, repl in _RENAMES:
         param = re.sub(pattern, repl, param)
     if param == (err.param or ""):
         return err
-    message = err.message.replace(err.param, param) if err.param else err.message
+    message_text = err.message.replace(err.param, param) if err.param else err.message
     return APIError(
-        err.status, message, param=param, type=err.type, code=err.code, headers=err.headers
+        err.status, message_text, param=param, type=err.type, code=err.code, headers=err.headers
     )
+
+
+def _is_output(origin: dict[str, str], message: str) -> bool:
+    return origin.get(message + "#kind") == "function_call_output"
+
+
+def renamer(origin: dict[str, str]):
+    """Renames any APIError of this request to the Responses fields (handler errors too)."""
+    return lambda err: _renamed(err, origin)

@@ -89,6 +89,8 @@ class GenRequest:
     penalties: dict[str, Any] = field(default_factory=dict)  # processors.penalties' settings
     # a /v1/responses request (a chat one inside): the fields its response echoes
     responses: dict | None = None
+    # how its errors name the fields the client sent (a /v1/responses request's differ)
+    rename: Callable[[APIError], APIError] | None = None
     logprobs: int | None = None  # alternatives per token's log-probability (None: none)
 
 
@@ -242,7 +244,7 @@ def _message(i: int, m) -> dict:
     if not isinstance(m, dict):
         raise invalid(f"messages[{i}]", "each message must be an object", "invalid_type")
     role = m.get("role")
-    if role not in _MESSAGE_FIELDS:
+    if not isinstance(role, str) or role not in _MESSAGE_FIELDS:
         raise invalid(
             f"messages[{i}].role",
             f"role must be system, developer, user, assistant or tool; got {brief(role)}",
