@@ -60,6 +60,7 @@ class TextChunk:
     text: str
     event: RoundEvent
     finish_reason: str | None = None  # "stop" (EOS or stop string) | "length" | None
+    stop: str | None = None  # the stop string that ended the text, if one did
 
 
 @dataclass
@@ -135,6 +136,7 @@ class TextStream:
         self.decoder = IncrementalDecoder(tokenizer, context)
         self.sent = 0  # chars of the decoded text already emitted
         self.stopped = False
+        self.hit: str | None = None  # the stop string found
 
     def feed(self, tokens: list[int], final: bool) -> tuple[str, bool]:
         """Add tokens; return (text safe to emit now, hit a stop string)."""
@@ -145,7 +147,7 @@ class TextStream:
             if i != -1:
                 out = text[self.sent : i]
                 self.sent = i
-                self.stopped = True
+                self.stopped, self.hit = True, s
                 return out, True
         hold = 0
         if not final:
@@ -171,7 +173,7 @@ class EventText:
     def chunk(self, ev: RoundEvent) -> TextChunk:
         visible = [t for t in ev.tokens if t not in self.hidden]
         text, hit = self.stream.feed(visible, final=ev.finish_reason is not None)
-        return TextChunk(text, ev, "stop" if hit else ev.finish_reason)
+        return TextChunk(text, ev, "stop" if hit else ev.finish_reason, self.stream.hit)
 
 
 def stream_text(

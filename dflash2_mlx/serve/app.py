@@ -32,6 +32,7 @@ from .lifecycle import Drain
 from .limits import RequestLimits, ServeLimits
 from .queue import Worker
 from .schemas import APIError, parse_chat, parse_completion
+from .messages_request import parse_messages
 from .responses_request import parse_responses
 from .security import SecurityGate, SecurityPolicy
 
@@ -44,6 +45,7 @@ ROUTES = {
     "/v1/chat/completions": "POST",
     "/v1/completions": "POST",
     "/v1/responses": "POST",
+    "/v1/messages": "POST",
     "/v1/models": "GET",
     "/health": "GET",
     "/metrics": "GET",
@@ -358,3 +360,7 @@ def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, max_bo
     @app.post("/v1/responses")
     async def responses(request: Request):
         return await handler.handle(request, parse_responses(await json_body(request)))
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        return await handler.handle(request, parse_messages(await json_body(request)))

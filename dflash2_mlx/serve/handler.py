@@ -27,6 +27,8 @@ from .limits import RequestLimits, context_exceeded
 from .logprobs import LogprobChunks, Logprobs
 from .queue import Item, Job, QueueFull, ShuttingDown, Worker
 from .reply import ChatReply
+from .messages_output import MESSAGES_PATH, MessageBuilder, MessagesStream, error_body
+from .messages_output import usage as messages_usage
 from .responses_output import ResponseBuilder, ResponsesStream
 from .responses_output import usage as responses_usage
 from .api_error import brief
@@ -42,6 +44,7 @@ CLIENT_GONE = 499  # nginx's "client closed request": counted in /metrics, never
 def error_response(err: APIError, request: Request | None = None) -> JSONResponse:
     """The JSON error, logged as one line (a client's mistake is not the server's)."""
     where = f"{request.method} {request.url.path}: " if request is not None else ""
+    anthropic = request is not None and request.url.path == MESSAGES_PATH
     log.log(
         logging.ERROR if err.status >= 500 and err.status != 503 else logging.INFO,
         "%s%d %s: %s",
@@ -50,7 +53,8 @@ def error_response(err: APIError, request: Request | None = None) -> JSONRespons
         err.code or err.type,
         err.message,
     )
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    body = error_body(err) if anthropic else err.body()
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
 def shutting_down() -> APIError:
@@ -261,7 +265,7 @@ class Handler:
         reply: ChatReply | None,
         lp: Logprobs | None = None,
     ) -> Response:
-        stats, parts, deltas, finish, sent = GenerationStats(), [], [], "length", 0
+        stats, parts, deltas, finish, sent, stop = GenerationStats(), [], [], "length", 0, None
         while True:
             if item is None:
                 return Response(status_code=CLIENT_GONE)
@@ -272,7 +276,7 @@ class Handler:
             stats.add(item.event)
             if lp is not None:
                 lp.add(item.event)
-            sent += len(item.text)
+            sent, stop = sent + len(item.text), item.stop or stop
             if reply is not None:
                 deltas += reply.feed(item.text, item.event)
             else:
@@ -288,6 +292,9 @@ class Handler:
         if req.responses is not None:
             builder = ResponseBuilder(self.s.model_name, req.responses)
             return JSONResponse(builder.whole(deltas + more, finish, responses_usage(usage_)))
+        if req.anthropic:
+            message = MessageBuilder(self.s.model_name, req.stop)
+            return JSONResponse(message.whole(deltas + more, finish, stop, messages_usage(usage_)))
         return JSONResponse(
             fmt.full(
                 "".join(reply.content),
@@ -309,10 +316,12 @@ class Handler:
         reply: ChatReply | None,
         lp: Logprobs | None = None,
     ):
-        if req.responses is None:
-            out = ChatStream(fmt, req.include_usage, LogprobChunks(lp))
-        else:
+        if req.responses is not None:
             out = ResponsesStream(ResponseBuilder(self.s.model_name, req.responses))
+        elif req.anthropic:
+            out = MessagesStream(MessageBuilder(self.s.model_name, req.stop), n_prompt)
+        else:
+            out = ChatStream(fmt, req.include_usage, LogprobChunks(lp))
         while item is PENDING:  # headers are sent: keep the connection alive until it comes
             yield SSE_KEEPALIVE
             item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)

@@ -34,6 +34,7 @@ class Item:
     finish_reason: str | None = None
     event: object = None  # the RoundEvent of a chunk
     error: BaseException | None = None
+    stop: str | None = None  # the stop string that ended a chunk's text
 
 
 class Job:

@@ -89,7 +89,8 @@ class GenRequest:
     penalties: dict[str, Any] = field(default_factory=dict)  # processors.penalties' settings
     # a /v1/responses request (a chat one inside): the fields its response echoes
     responses: dict | None = None
-    # how its errors name the fields the client sent (a /v1/responses request's differ)
+    anthropic: bool = False  # a /v1/messages request (messages_request.py), chat inside
+    # how its errors name the fields the client sent (/v1/responses and /v1/messages differ)
     rename: Callable[[APIError], APIError] | None = None
     logprobs: int | None = None  # alternatives per token's log-probability (None: none)
 

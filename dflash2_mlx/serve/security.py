@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse, Response
 
 from ..errors import DFlash2Error
+from .messages_output import MESSAGES_PATH, error_body
 from .schemas import APIError
 
 log = logging.getLogger("dflash2.serve")
@@ -119,7 +120,8 @@ class SecurityGate:
             cors = self._check(scope, headers)
         except APIError as err:
             log.info("refused %s %s: %s", scope["method"], scope["path"], err.message)
-            return await JSONResponse(err.body(), err.status, err.headers)(scope, receive, send)
+            body = error_body(err) if scope["path"] == MESSAGES_PATH else err.body()
+            return await JSONResponse(body, err.status, err.headers)(scope, receive, send)
         if cors is None:
             return await self.app(scope, receive, send)
         if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
@@ -179,12 +181,12 @@ class SecurityGate:
         if self._key is not None and scope["path"] not in OPEN_PATHS:
             auth = headers.get("authorization", "")
             scheme, _, token = auth.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode("latin-1"), self._key
-            ):
+            if scheme.lower() != "bearer":  # Anthropic's clients send the key as x-api-key
+                token = headers.get("x-api-key", "")
+            if not hmac.compare_digest(token.strip().encode("latin-1"), self._key):
                 raise APIError(
                     401,
-                    "a valid API key is required: Authorization: Bearer <key>",
+                    "a valid API key is required: Authorization: Bearer <key> (or x-api-key)",
                     type="authentication_error",
                     code="invalid_api_key",
                     headers={**(cors or {}), "WWW-Authenticate": "Bearer"},

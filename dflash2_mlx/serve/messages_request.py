@@ -1,0 +1,300 @@
+"""Anthropic's Messages API request (POST /v1/messages) as the chat request it amounts to.
+
+For clients that speak Anthropic's API (its SDKs; tools pointed at a local server through
+ANTHROPIC_BASE_URL). `system` becomes a system message; content blocks become chat content:
+`text` blocks the text, an assistant's `tool_use` blocks its tool calls, a user's
+`tool_result` blocks tool messages (in order, before the user's own text); `thinking` blocks
+sent back are dropped (templates drop past thinking). Tools (`input_schema`), `tool_choice`
+(auto / any / tool / none, `disable_parallel_tool_use`), `stop_sequences`, `max_tokens`,
+`temperature`, `top_p`, `top_k` and `thinking` (enabled / disabled: the template's thinking
+switch) mean what the chat fields mean. The chat parser then checks everything as for
+/v1/chat/completions, and errors name the Messages field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .api_error import APIError, brief, invalid
+from .schemas import GenRequest, parse_chat
+
+_SAME = ("model", "stream", "temperature", "top_p", "top_k", "max_tokens")
+# Accepted and unused: they cannot change the generated text (cache_control: this server's
+# prompt cache works without hints).
+_HARMLESS = (
+    "metadata",
+    "service_tier",
+    "cache_control",
+    "inference_geo",
+    "speed",
+    "user_profile_id",
+    "workspace_id",
+    "diagnostics",
+)
+_NEUTRAL = {  # field -> allowed value test: others would change the output and are refused
+    "mcp_servers": lambda v: v in (None, []),
+    "container": lambda v: v is None,
+    "context_management": lambda v: v is None,
+}
+_EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+
+def parse_messages(body: dict) -> GenRequest:
+    """The chat request an Anthropic Messages body asks for (GenRequest.anthropic set)."""
+    known = {*_SAME, *_HARMLESS, *_NEUTRAL, "messages", "system", "stop_sequences", "tools"}
+    known |= {"tool_choice", "thinking", "output_config"}
+    for name, value in body.items():
+        if name not in known:
+            raise invalid(name, f"{name}: Extra inputs are not permitted", "unknown_parameter")
+        if name in _NEUTRAL and not _NEUTRAL[name](value):
+            raise invalid(name, f"{name} is not supported", "unsupported_parameter")
+    if body.get("max_tokens") is None:
+        raise invalid("max_tokens", "max_tokens: Field required", "missing_required_parameter")
+    chat = {k: body[k] for k in _SAME if k in body}
+    chat["messages"], origin = _messages(body)
+    stops = body.get("stop_sequences")
+    if stops is not None:
+        if not isinstance(stops, list):
+            raise invalid(
+                "stop_sequences", "stop_sequences must be a list of strings", "invalid_type"
+            )
+        chat["stop"] = stops
+    tools = body.get("tools")
+    if tools is not None:
+        chat["tools"] = _tools(tools)
+    _tool_choice(body.get("tool_choice"), chat)
+    _thinking(body.get("thinking"), chat)
+    _output_config(body.get("output_config"), chat)
+    try:
+        req = parse_chat(chat)
+    except APIError as err:
+        raise _renamed(err, origin) from None
+    req.anthropic, req.rename = True, lambda err: _renamed(err, origin)
+    return req
+
+
+def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
+    messages: list[dict] = []
+    origin: dict[str, str] = {}
+
+    def add(message: dict, where: str) -> None:
+        origin[f"messages[{len(messages)}]"] = where
+        messages.append(message)
+
+    system = body.get("system")
+    if system is not None:
+        add({"role": "system", "content": _text("system", system)}, "system")
+    items = body.get("messages")
+    if not isinstance(items, list):
+        kind = "missing_required_parameter" if items is None else "invalid_type"
+        raise invalid("messages", "messages must be a list of messages", kind)
+    for i, m in enumerate(items):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise invalid(where, "each message must be an object", "invalid_type")
+        role, content = m.get("role"), m.get("content")
+        if role not in ("user", "assistant") or not isinstance(role, str):
+            raise invalid(f"{where}.role", f"role must be user or assistant; got {brief(role)}")
+        if isinstance(content, str):
+            add({"role": role, "content": content}, where)
+            continue
+        if not isinstance(content, list):
+            raise invalid(f"{where}.content", "content must be a string or blocks", "invalid_type")
+        texts, calls = [], []
+        for j, block in enumerate(content):
+            at = f"{where}.content[{j}]"
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif kind == "tool_use" and role == "assistant":
+                calls.append(_call(at, block))
+            elif kind == "tool_result" and role == "user":
+                origin[f"messages[{len(messages)}]#kind"] = "tool_result"
+                add(_result(at, block), at)
+            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                continue  # a past turn's thinking: templates drop it from the history
+            else:
+                raise invalid(
+                    f"{at}.type",
+                    f"{role} content blocks of type {brief(kind)} are not supported (text, "
+                    + ("tool_use, thinking)" if role == "assistant" else "tool_result)"),
+                    "unsupported_parameter",
+                )
+        if texts or calls or not content:
+            message = {"role": role, "content": "".join(texts) if texts else None}
+            if calls:
+                message["tool_calls"] = calls
+            elif message["content"] is None:
+                message["content"] = ""
+            add(message, where)
+    return messages, origin
+
+
+def _text(where: str, value) -> str:
+    """A string, or text blocks joined."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+        isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+        for b in value
+    ):
+        return "".join(b["text"] for b in value)
+    raise invalid(where, f"{where} must be a string or text blocks", "invalid_type")
+
+
+def _call(where: str, block: dict) -> dict:
+    for k in ("id", "name"):
+        if not isinstance(block.get(k), str):
+            raise invalid(f"{where}.{k}", f"{k} must be a string", "invalid_type")
+    if not isinstance(block.get("input"), dict):
+        raise invalid(f"{where}.input", "input must be an object", "invalid_type")
+    arguments = json.dumps(block["input"], ensure_ascii=False)
+    return {
+        "id": block["id"],
+        "type": "function",
+        "function": {"name": block["name"], "arguments": arguments},
+    }
+
+
+def _result(where: str, block: dict) -> dict:
+    if not isinstance(block.get("tool_use_id"), str):
+        raise invalid(f"{where}.tool_use_id", "tool_use_id must be a string", "invalid_type")
+    content = block.get("content", "")
+    text = _text(f"{where}.content", content)
+    if block.get("is_error"):
+        text = f"Error: {text}"  # what the tool said, marked as a failure
+    return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": text}
+
+
+def _tools(tools) -> list:
+    if not isinstance(tools, list):
+        raise invalid("tools", "tools must be a list of tools", "invalid_type")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type", "custom") != "custom":
+            kind = t.get("type") if isinstance(t, dict) else t
+            raise invalid(
+                f"tools[{i}].type",
+                f"only custom (client) tools are supported; got {brief(kind)}",
+                "unsupported_parameter",
+            )
+        fn = {"name": t.get("name"), "parameters": t.get("input_schema")}
+        if t.get("description") is not None:
+            fn = {
+                "name": fn["name"],
+                "description": t["description"],
+                "parameters": fn["parameters"],
+            }
+        if t.get("strict") is not None:
+            fn["strict"] = t["strict"]
+        extra = set(t) - {"type", "name", "description", "input_schema", "strict", "cache_control"}
+        if extra:
+            key = sorted(extra)[0]
+            raise invalid(
+                f"tools[{i}].{key}", f"tools[{i}].{key} is not supported", "unsupported_parameter"
+            )
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice, chat: dict) -> None:
+    if choice is None:
+        return
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    names = {"auto": "auto", "any": "required", "none": "none"}
+    if kind in names:
+        chat["tool_choice"] = names[kind]
+    elif kind == "tool":
+        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+    else:
+        raise invalid(
+            "tool_choice.type",
+            f"tool_choice.type must be auto, any, tool or none; got {brief(kind)}",
+        )
+    if choice.get("disable_parallel_tool_use"):
+        chat["parallel_tool_calls"] = False
+
+
+def _thinking(thinking, chat: dict) -> None:
+    """enabled / disabled: the template's thinking switch. A budget below max_tokens cannot
+    be held separately here (the reply's max_tokens bounds thinking and answer together), so
+    it is refused rather than ignored."""
+    if thinking is None:
+        return
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise invalid(
+            "thinking.type", f"thinking.type must be enabled or disabled; got {brief(kind)}"
+        )
+    budget = thinking.get("budget_tokens")
+    if budget is not None and (not isinstance(budget, int) or budget < chat["max_tokens"]):
+        raise invalid(
+            "thinking.budget_tokens",
+            "a thinking budget below max_tokens is not supported: max_tokens bounds thinking "
+            "and answer together (send budget_tokens >= max_tokens, or leave it out)",
+            "unsupported_parameter",
+        )
+    chat["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
+
+
+def _output_config(config, chat: dict) -> None:
+    """`format` (a JSON schema) as the chat response_format; `effort` switches thinking on."""
+    if config is None:
+        return
+    if not isinstance(config, dict):
+        raise invalid("output_config", "output_config must be an object", "invalid_type")
+    for k in config:
+        if k not in ("format", "effort"):
+            raise invalid(
+                f"output_config.{k}", f"output_config.{k} is not supported", "unsupported_parameter"
+            )
+    fmt = config.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+            raise invalid(
+                "output_config.format.type", "output_config.format.type must be json_schema"
+            )
+        chat["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"schema": fmt.get("schema")},
+        }
+    effort = config.get("effort")
+    if effort is not None:
+        if effort not in _EFFORTS:
+            raise invalid(
+                "output_config.effort", f"output_config.effort must be one of {', '.join(_EFFORTS)}"
+            )
+        chat.setdefault("chat_template_kwargs", {"enable_thinking": True})
+
+
+_RENAMES = (
+    (r"^response_format\.json_schema\b", "output_config.format"),
+    (r"^response_format", "output_config.format"),
+    (r"^max_completion_tokens", "max_tokens"),
+    (r"^stop\b", "stop_sequences"),
+    (r"^tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema"),
+    (r"^tools\[(\d+)\]\.function\.", r"tools[\1]."),
+    (r"^tool_choice\.function\.", "tool_choice."),
+    (r"^chat_template_kwargs\.enable_thinking", "thinking.type"),
+)
+
+
+def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
+    """An error about the chat request, naming the Messages field it came from."""
+    param = err.param or ""
+    m = re.match(r"^messages\[(\d+)\](.*)$", param)
+    if m:
+        key = f"messages[{m.group(1)}]"
+        rest = m.group(2)
+        if origin.get(key + "#kind") == "tool_result":
+            rest = rest.replace(".tool_call_id", ".tool_use_id", 1)
+        param = origin.get(key, "messages") + rest
+    for pattern, repl in _RENAMES:
+        param = re.sub(pattern, repl, param)
+    if param == (err.param or ""):
+        return err
+    message = err.message.replace(err.param, param) if err.param else err.message
+    return APIError(
+        err.status, message, param=param, type=err.type, code=err.code, headers=err.headers
+    )

@@ -1,0 +1,161 @@
+"""Anthropic's Messages API (POST /v1/messages) with the official `anthropic` client on a real
+uvicorn server on 127.0.0.1, over the tiny model that really thinks and calls tools
+(tiny_tools.py): each reply is the chat reply to the same conversation as content blocks
+(thinking, text, tool_use), whole and streamed (the client's stream helper rebuilds the
+message from the events); tool round trips send the blocks back; stop reasons; errors in
+Anthropic's shape, naming the Messages field; the API key as x-api-key."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import pytest
+import tiny_tools as tt
+from test_serve import running
+from test_serve_tools import ask, tool_pair  # noqa: F401  (tool_pair: fixture)
+
+from dflash2_mlx.serve import create_app
+from dflash2_mlx.serve.security import SecurityPolicy
+
+TOOL = {
+    "name": "get_weather",
+    "description": tt.WEATHER["function"]["description"],
+    "input_schema": tt.WEATHER["function"]["parameters"],
+}
+
+
+@pytest.fixture(scope="module")
+def url(tool_pair):  # noqa: F811
+    app = create_app(tool_pair, model_name="tools", default_max_tokens=64, context_length=1024)
+    with running(app) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=60)
+
+
+def send(client, messages, **kw):
+    kw.setdefault("max_tokens", 64)
+    return client.messages.create(model="tools", messages=messages, **kw)  # greedy: the default
+
+
+def test_reply_is_the_chat_reply_as_blocks(client):
+    chat = ask(client_openai(client), tt.HI).choices[0].message
+    r = send(client, tt.HI)
+    assert [b.type for b in r.content] == ["thinking", "text"]
+    assert r.content[0].thinking == chat.model_extra["reasoning_content"]
+    assert r.content[1].text == chat.content
+    assert r.stop_reason == "end_turn" and r.id.startswith("msg_")
+    assert r.usage.output_tokens > 0
+    with client.messages.stream(model="tools", messages=tt.HI, max_tokens=64) as s:
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[1].text == chat.content and final.stop_reason == "end_turn"
+
+
+def client_openai(client):
+    import openai
+
+    return openai.OpenAI(base_url=str(client.base_url) + "/v1", api_key="unused", max_retries=0)
+
+
+def test_system_and_thinking_switch(client):
+    chat = ask(
+        client_openai(client),
+        [{"role": "system", "content": "be kind."}] + tt.HI,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    r = send(client, tt.HI, system="be kind.", thinking={"type": "disabled"})
+    assert [b.type for b in r.content] == ["text"]
+    assert r.content[0].text == chat.choices[0].message.content
+    assert r.usage.input_tokens + r.usage.cache_read_input_tokens == chat.usage.prompt_tokens
+
+
+def test_tool_round_trip_with_blocks_sent_back(client):
+    r = send(client, tt.ASK, tools=[TOOL])
+    assert r.stop_reason == "tool_use"
+    uses = [b for b in r.content if b.type == "tool_use"]
+    assert [(u.name, u.input) for u in uses] == [("get_weather", tt.CALL_ARGS)]
+    history = tt.ASK + [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": tt.RESULT}],
+        },
+    ]
+    final = send(client, history, tools=[TOOL])
+    assert final.stop_reason == "end_turn"
+    assert "".join(b.text for b in final.content if b.type == "text") == tt.FINAL
+    with client.messages.stream(model="tools", messages=tt.ASK, tools=[TOOL], max_tokens=64) as s:
+        streamed = s.get_final_message()
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [
+        ("get_weather", tt.CALL_ARGS)
+    ]
+
+
+def test_stop_reasons(client):
+    assert send(client, tt.HI, max_tokens=3).stop_reason == "max_tokens"
+    full = send(client, tt.HI, thinking={"type": "disabled"}).content[0].text
+    stop = full[3:5]
+    r = send(client, tt.HI, thinking={"type": "disabled"}, stop_sequences=[stop])
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop
+    assert r.content[0].text == full[: full.index(stop)]
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        ({"max_tokens": None}, "max_tokens"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            "messages[0].content[0].type",
+        ),
+        ({"tools": [{"type": "web_search_20250305", "name": "w"}]}, "tools[0].type"),
+        ({"tools": [{"name": "f", "input_schema": 3}]}, "tools[0].input_schema"),
+        ({"tool_choice": {"type": "maybe"}}, "tool_choice.type"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 4}}, "thinking.budget_tokens"),
+        ({"temperature": -1}, "temperature"),
+        (
+            {"output_config": {"format": {"type": "json_schema", "schema": 3}}},
+            "output_config.format.schema",
+        ),
+        ({"output_config": {"effort": "huge"}}, "output_config.effort"),
+        ({"stop_sequences": "x"}, "stop_sequences"),
+        ({"max_tokens": 5000}, "max_tokens"),
+        ({"frobnicate": 1}, "frobnicate"),
+    ],
+)
+def test_errors_take_anthropics_shape_and_name_the_field(url, extra, needle):
+    body = {"model": "tools", "max_tokens": 8, "messages": tt.HI, **extra}
+    body = {k: v for k, v in body.items() if v is not None}
+    r = httpx.post(url + "/v1/messages", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert needle in err["error"]["message"], err
+
+
+def test_the_api_key_as_x_api_key(tool_pair):  # noqa: F811
+    policy = SecurityPolicy(api_key="sesame")
+    app = create_app(tool_pair, model_name="tools", default_max_tokens=4, security=policy)
+    with running(app) as base:
+        ok = anthropic.Anthropic(base_url=base, api_key="sesame", max_retries=0)
+        assert ok.messages.create(model="tools", max_tokens=4, messages=tt.HI).content
+        bad = anthropic.Anthropic(base_url=base, api_key="wrong", max_retries=0)
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            bad.messages.create(model="tools", max_tokens=4, messages=tt.HI)
+        assert e.value.body["error"]["type"] == "authentication_error"
+
+
+def test_structured_output_through_output_config(client):
+    import json
+
+    from test_serve_tools import OK_SCHEMA
+
+    fmt = {"type": "json_schema", "schema": OK_SCHEMA}
+    r = send(client, tt.HI, output_config={"format": fmt}, max_tokens=120)
+    text = "".join(b.text for b in r.content if b.type == "text")
+    assert isinstance(json.loads(text)["ok"], bool)
