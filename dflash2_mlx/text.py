@@ -142,13 +142,14 @@ class TextStream:
         """Add tokens; return (text safe to emit now, hit a stop string)."""
         self.decoder.add(tokens, final)
         text = self.decoder.text
-        for s in self.stop:
-            i = text.find(s, max(0, self.sent - len(s) + 1))
-            if i != -1:
-                out = text[self.sent : i]
-                self.sent = i
-                self.stopped, self.hit = True, s
-                return out, True
+        found = [(text.find(s, max(0, self.sent - len(s) + 1)), s) for s in self.stop]
+        found = [(i, s) for i, s in found if i != -1]
+        if found:  # the earliest stop string in the text ends it (a round adds several tokens)
+            i, s = min(found, key=lambda f: f[0])
+            out = text[self.sent : i]
+            self.sent = i
+            self.stopped, self.hit = True, s
+            return out, True
         hold = 0
         if not final:
             for s in self.stop:  # longest suffix of text that is a proper prefix of s

@@ -185,6 +185,18 @@ def test_greedy_completion_stream_token_prompt(pair, client):
     assert text.choices[0].text == want  # a string prompt tokenizes to the same ids
 
 
+def test_the_earliest_stop_string_ends_the_text(pair):
+    """Stop strings listed in any order: the one that comes first in the text cuts it (a
+    round adds several tokens, so two may arrive at once)."""
+    from dflash2_mlx.text import TextStream
+
+    ids = pair.tokenizer.encode("ab</x> cd END ef", add_special_tokens=False)
+    for stops in (["END", "</x>"], ["</x>", "END"]):
+        stream = TextStream(pair.tokenizer, stops)
+        text, hit = stream.feed(ids, final=True)
+        assert (text, hit, stream.hit) == ("ab", True, "</x>"), stops
+
+
 def test_stream_include_usage_and_stop_string(pair, client):
     want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 12)
     stop = want[4:6]

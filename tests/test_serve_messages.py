@@ -116,7 +116,10 @@ def test_stop_reasons(client):
         ({"tools": [{"type": "web_search_20250305", "name": "w"}]}, "tools[0].type"),
         ({"tools": [{"name": "f", "input_schema": 3}]}, "tools[0].input_schema"),
         ({"tool_choice": {"type": "maybe"}}, "tool_choice.type"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 4}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking.budget_tokens"),
+        ({"thinking": {"type": "enabled", "display": "omitted"}}, "thinking.display"),
+        ({"tool_choice": {"type": ["any"]}}, "tool_choice.type"),
+        ({"messages": tt.HI + [{"role": "assistant", "content": "{"}]}, "messages[1]"),
         ({"temperature": -1}, "temperature"),
         (
             {"output_config": {"format": {"type": "json_schema", "schema": 3}}},
@@ -159,3 +162,27 @@ def test_structured_output_through_output_config(client):
     r = send(client, tt.HI, output_config={"format": fmt}, max_tokens=120)
     text = "".join(b.text for b in r.content if b.type == "text")
     assert isinstance(json.loads(text)["ok"], bool)
+
+
+def test_count_tokens_is_the_prompt_a_message_would_prefill(client):
+    r = send(client, tt.ASK, tools=[TOOL], system="be kind.", max_tokens=1)
+    n = client.messages.count_tokens(
+        model="tools", messages=tt.ASK, tools=[TOOL], system="be kind."
+    )
+    assert n.input_tokens == r.usage.input_tokens + r.usage.cache_read_input_tokens
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.count_tokens(model="tools", messages=[{"role": "robot", "content": "x"}])
+    assert "messages[0].role" in e.value.body["error"]["message"]
+
+
+def test_a_thinking_budget_ends_the_thinking_there(client, tool_pair):  # noqa: F811
+    """thinking.budget_tokens: the section holds at most that many tokens, then its end
+    marker is forced and the model answers (engine/budget.py: exact, tested there)."""
+    free = send(client, tt.HI, max_tokens=64)
+    free_thought = free.content[0].thinking
+    r = send(client, tt.HI, max_tokens=64, thinking={"type": "enabled", "budget_tokens": 4})
+    assert [b.type for b in r.content][:1] == ["thinking"]
+    cut = r.content[0].thinking
+    assert cut != free_thought and free_thought.startswith(cut)
+    assert len(tool_pair.tokenizer.encode(cut, add_special_tokens=False)) <= 4
+    assert r.stop_reason in ("end_turn", "max_tokens")

@@ -46,6 +46,7 @@ ROUTES = {
     "/v1/completions": "POST",
     "/v1/responses": "POST",
     "/v1/messages": "POST",
+    "/v1/messages/count_tokens": "POST",
     "/v1/models": "GET",
     "/health": "GET",
     "/metrics": "GET",
@@ -364,3 +365,10 @@ def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, max_bo
     @app.post("/v1/messages")
     async def messages(request: Request):
         return await handler.handle(request, parse_messages(await json_body(request)))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        body = await json_body(request)
+        if "max_tokens" in body:  # not a count_tokens field
+            raise APIError(400, "max_tokens: Extra inputs are not permitted", param="max_tokens")
+        return await handler.count_tokens(parse_messages({**body, "max_tokens": 1}))

@@ -1,15 +1,33 @@
-"""The grammar a chat reply must follow, decided per request (grammar.py builds it):
+"""What a chat reply must follow, decided per request: the grammar (grammar.py builds it) of
 `response_format`'s value and/or strict tools' arguments, after the model's thinking section
-if it has one; with a forced tool_choice, from inside the call the prompt opened."""
+if it has one (with a forced tool_choice, from inside the call the prompt opened); and a
+thinking budget (engine/budget.py)."""
 
 from __future__ import annotations
 
+from ..engine.budget import BothFactories, ThinkingBudget
 from ..errors import ParameterError
 from ..grammar import Calls, Grammar, Thinking
 from .api_error import invalid
 from .chat_prompt import ChatPrompt
 from .schemas import GenRequest
 from .tools import ToolRequest
+
+
+def reply_constraint(pair, req: GenRequest, prompt: ChatPrompt | None):
+    """GenerationParams.constraint for this reply (None: free text)."""
+    grammar = reply_grammar(pair, req, prompt)
+    if req.thinking_budget is None or prompt is None:
+        return grammar
+    tok = pair.tokenizer
+    start = tuple(getattr(tok, "think_start_tokens", None) or ())
+    end = tuple(getattr(tok, "think_end_tokens", None) or ())
+    if not start or not end:
+        raise invalid("thinking.budget_tokens", "this model has no thinking section to budget")
+    vocab = pair.decoder.target.vocab_size
+    opened = prompt.state == "reasoning"
+    budget = ThinkingBudget.factory(start, end, req.thinking_budget, vocab, opened)
+    return budget if grammar is None else BothFactories(grammar, budget)
 
 
 def reply_grammar(pair, req: GenRequest, prompt: ChatPrompt | None) -> Grammar | None:

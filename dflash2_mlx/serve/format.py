@@ -213,7 +213,7 @@ class ChatStream:
     def __init__(self, fmt: Formatter, include_usage: bool, logprobs):
         self.fmt, self.with_usage, self.logprobs = fmt, include_usage, logprobs
 
-    def start(self):
+    def start(self, first):
         if self.fmt.kind == "chat":
             yield sse(self.fmt.chunk("", role=True, with_usage=self.with_usage))
 

@@ -13,6 +13,7 @@ import logging
 from fastapi.responses import JSONResponse
 
 from .handler import internal_error
+from .messages_output import MESSAGES_PATH, error_body
 
 log = logging.getLogger("dflash2.serve")
 
@@ -39,4 +40,6 @@ class FaultGuard:
             log.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
             if not started:
                 err = internal_error(exc)
-                await JSONResponse(err.body(), status_code=500)(scope, receive, send)
+                anthropic = str(scope.get("path", "")).startswith(MESSAGES_PATH)
+                body = error_body(err) if anthropic else err.body()
+                await JSONResponse(body, status_code=500)(scope, receive, send)

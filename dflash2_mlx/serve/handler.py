@@ -19,7 +19,6 @@ from ..engine.events import GenerationStats
 from ..engine.loop import GenerationParams
 from ..engine.processors import check_penalty, penalties
 from ..errors import DFlash2Error, ParameterError
-from ..grammar import Grammar
 from ..settings import SamplingDefaults
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .format import ChatStream, Formatter, ReplyStats, usage
@@ -32,7 +31,7 @@ from .messages_output import usage as messages_usage
 from .responses_output import ResponseBuilder, ResponsesStream
 from .responses_output import usage as responses_usage
 from .api_error import brief
-from .constrained import reply_grammar
+from .constrained import reply_constraint
 from .schemas import APIError, GenRequest, invalid
 from .stream import PENDING, SSE_KEEPALIVE, Reader, SSEResponse
 
@@ -44,7 +43,7 @@ CLIENT_GONE = 499  # nginx's "client closed request": counted in /metrics, never
 def error_response(err: APIError, request: Request | None = None) -> JSONResponse:
     """The JSON error, logged as one line (a client's mistake is not the server's)."""
     where = f"{request.method} {request.url.path}: " if request is not None else ""
-    anthropic = request is not None and request.url.path == MESSAGES_PATH
+    anthropic = request is not None and request.url.path.startswith(MESSAGES_PATH)
     log.log(
         logging.ERROR if err.status >= 500 and err.status != 503 else logging.INFO,
         "%s%d %s: %s",
@@ -124,7 +123,7 @@ class Handler:
         req: GenRequest,
         ids: list[int],
         predicted: tuple[int, ...],
-        constraint: Grammar | None = None,
+        constraint=None,  # GenerationParams.constraint
     ) -> GenerationParams:
         s = self.s
         where = "messages" if req.kind == "chat" else "prompt"
@@ -171,6 +170,18 @@ class Handler:
             log.exception("request failed")
             raise internal_error(e) from None
 
+    async def count_tokens(self, req: GenRequest) -> dict:
+        """The prompt tokens of a chat request (Anthropic's count_tokens), nothing generated."""
+        if req.model is not None and req.model != self.s.model_name:
+            raise unknown_model(req.model, self.s.model_name)
+        self.limits.check_text(req)
+        loop = asyncio.get_running_loop()
+        try:
+            prompt = await loop.run_in_executor(self.tokenizer_thread, self.chat_prompt, req)
+        except APIError as err:
+            raise err if req.rename is None else req.rename(err) from None
+        return {"input_tokens": len(prompt.ids)}
+
     def _encode(self, req: GenRequest):
         """(chat prompt or None, prompt ids, stop strings, predicted ids, grammar or None)."""
         prompt, stop = None, req.stop
@@ -179,7 +190,8 @@ class Handler:
             ids, stop = prompt.ids, stop + list(prompt.stops)
         else:
             ids = self.tokenize(req)
-        return prompt, ids, stop, self.predicted_ids(req), reply_grammar(self.pair, req, prompt)
+        constraint = reply_constraint(self.pair, req, prompt)
+        return prompt, ids, stop, self.predicted_ids(req), constraint
 
     async def _queue(self, req: GenRequest) -> tuple[Job, ChatPrompt | None, int]:
         """Reserve a place (503 when full), tokenize in it, queue the job; (job, chat prompt,
@@ -326,7 +338,7 @@ class Handler:
             yield SSE_KEEPALIVE
             item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)
         stats, finish = GenerationStats(), "length"
-        for line in out.start():
+        for line in out.start(item):
             yield line
         while item.kind == "chunk":
             stats.add(item.event)

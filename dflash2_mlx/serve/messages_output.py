@@ -76,8 +76,9 @@ class MessageBuilder:
         self._close()
         return self.message(*self._stop(finish, stop), usage_)
 
-    def start(self, input_tokens: int) -> list[dict]:
+    def start(self, input_tokens: int, cached: int) -> list[dict]:
         usage_ = {"input_tokens": input_tokens, "output_tokens": 0}
+        usage_.update(cache_read_input_tokens=cached, cache_creation_input_tokens=0)
         return [{"type": "message_start", "message": self.message(usage_=usage_)}]
 
     def feed(self, deltas: list[Delta]) -> list[dict]:
@@ -161,8 +162,10 @@ class MessagesStream:
     def __init__(self, builder: MessageBuilder, input_tokens: int):
         self.builder, self.input_tokens, self.stop = builder, input_tokens, None
 
-    def start(self):
-        return map(sse_event, self.builder.start(self.input_tokens))
+    def start(self, first):
+        """`first`: the first queue item (its prefill event says what the cache served)."""
+        cached = getattr(first.event, "reused_tokens", 0) or 0
+        return map(sse_event, self.builder.start(self.input_tokens - cached, cached))
 
     def item(self, item, reply):
         self.stop = item.stop or self.stop

@@ -64,13 +64,14 @@ def parse_messages(body: dict) -> GenRequest:
     if tools is not None:
         chat["tools"] = _tools(tools)
     _tool_choice(body.get("tool_choice"), chat)
-    _thinking(body.get("thinking"), chat)
+    budget = _thinking(body.get("thinking"), chat)
     _output_config(body.get("output_config"), chat)
     try:
         req = parse_chat(chat)
     except APIError as err:
         raise _renamed(err, origin) from None
     req.anthropic, req.rename = True, lambda err: _renamed(err, origin)
+    req.thinking_budget = budget
     return req
 
 
@@ -121,13 +122,20 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
                     + ("tool_use, thinking)" if role == "assistant" else "tool_result)"),
                     "unsupported_parameter",
                 )
-        if texts or calls or not content:
+        if texts or calls or role == "assistant" or not content:  # roles keep alternating
             message = {"role": role, "content": "".join(texts) if texts else None}
             if calls:
                 message["tool_calls"] = calls
             elif message["content"] is None:
                 message["content"] = ""
             add(message, where)
+    if items and isinstance(items[-1], dict) and items[-1].get("role") == "assistant":
+        raise invalid(
+            f"messages[{len(items) - 1}]",
+            "a final assistant message (a prefill to continue) is not supported: end with a "
+            "user message",
+            "unsupported_parameter",
+        )
     return messages, origin
 
 
@@ -203,7 +211,7 @@ def _tool_choice(choice, chat: dict) -> None:
         return
     kind = choice.get("type") if isinstance(choice, dict) else None
     names = {"auto": "auto", "any": "required", "none": "none"}
-    if kind in names:
+    if isinstance(kind, str) and kind in names:
         chat["tool_choice"] = names[kind]
     elif kind == "tool":
         chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
@@ -216,26 +224,33 @@ def _tool_choice(choice, chat: dict) -> None:
         chat["parallel_tool_calls"] = False
 
 
-def _thinking(thinking, chat: dict) -> None:
-    """enabled / disabled: the template's thinking switch. A budget below max_tokens cannot
-    be held separately here (the reply's max_tokens bounds thinking and answer together), so
-    it is refused rather than ignored."""
+def _thinking(thinking, chat: dict) -> int | None:
+    """enabled / adaptive / disabled: the template's thinking switch; returns the budget (the
+    most tokens the thinking section may hold: engine/budget.py), None: none."""
     if thinking is None:
-        return
+        return None
     kind = thinking.get("type") if isinstance(thinking, dict) else None
-    if kind not in ("enabled", "disabled", "adaptive"):
+    if not isinstance(kind, str) or kind not in ("enabled", "disabled", "adaptive"):
         raise invalid(
-            "thinking.type", f"thinking.type must be enabled or disabled; got {brief(kind)}"
+            "thinking.type",
+            f"thinking.type must be enabled, adaptive or disabled; got {brief(kind)}",
         )
+    for k, v in thinking.items():
+        if k not in ("type", "budget_tokens", "display") or (k == "display" and v == "omitted"):
+            raise invalid(
+                f"thinking.{k}",
+                f"thinking.{k}={brief(v)} is not supported",
+                "unsupported_parameter",
+            )
     budget = thinking.get("budget_tokens")
-    if budget is not None and (not isinstance(budget, int) or budget < chat["max_tokens"]):
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
+    ):
         raise invalid(
-            "thinking.budget_tokens",
-            "a thinking budget below max_tokens is not supported: max_tokens bounds thinking "
-            "and answer together (send budget_tokens >= max_tokens, or leave it out)",
-            "unsupported_parameter",
+            "thinking.budget_tokens", f"budget_tokens must be an int >= 1; got {brief(budget)}"
         )
     chat["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
+    return budget if kind == "enabled" else None
 
 
 def _output_config(config, chat: dict) -> None:

@@ -225,7 +225,7 @@ class ResponsesStream:
     def __init__(self, builder: ResponseBuilder):
         self.builder = builder
 
-    def start(self):
+    def start(self, first):
         return map(sse_event, self.builder.start())
 
     def item(self, item, reply):

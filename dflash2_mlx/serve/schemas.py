@@ -90,6 +90,7 @@ class GenRequest:
     # a /v1/responses request (a chat one inside): the fields its response echoes
     responses: dict | None = None
     anthropic: bool = False  # a /v1/messages request (messages_request.py), chat inside
+    thinking_budget: int | None = None  # most tokens in the thinking section (engine/budget.py)
     # how its errors name the fields the client sent (/v1/responses and /v1/messages differ)
     rename: Callable[[APIError], APIError] | None = None
     logprobs: int | None = None  # alternatives per token's log-probability (None: none)

@@ -120,7 +120,7 @@ class SecurityGate:
             cors = self._check(scope, headers)
         except APIError as err:
             log.info("refused %s %s: %s", scope["method"], scope["path"], err.message)
-            body = error_body(err) if scope["path"] == MESSAGES_PATH else err.body()
+            body = error_body(err) if scope["path"].startswith(MESSAGES_PATH) else err.body()
             return await JSONResponse(body, err.status, err.headers)(scope, receive, send)
         if cors is None:
             return await self.app(scope, receive, send)

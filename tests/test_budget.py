@@ -1,0 +1,69 @@
+"""A thinking budget (engine/budget.py) is a constraint like any other: the output is plain
+decoding under the same rule, one token at a time — checked on dense and hybrid targets, alone
+and beside another constraint, with one- and two-token end markers, drafts accepted through
+the forced marker and refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import tiny
+from test_constraint import PROMPTS, decoder, reference  # noqa: F401  (decoder: fixture)
+
+from dflash2_mlx import GenerationParams
+from dflash2_mlx.engine.budget import AllOf, BothFactories, ThinkingBudget
+
+START, END = (5,), (6,)
+
+
+def budget(end=END, n=3, opened=True):
+    return ThinkingBudget.factory(START, end, n, tiny.VOCAB, opened)
+
+
+def test_the_marker_comes_after_the_budget_and_output_is_plain_decoding(decoder):  # noqa: F811
+    model, dec = decoder
+    for prompt in PROMPTS:
+        for end, n in ((END, 3), ((6, 7), 2), (END, 0)):
+            ref = reference(model, prompt, 20, budget(end, n)())
+            k = ref.index(end[0])  # the model may close it sooner; never later
+            assert k <= n and tuple(ref[k : k + len(end)]) == end, ref
+            for block, predicted in ((2, ()), (8, ()), (4, tuple(ref))):
+                params = GenerationParams(
+                    max_tokens=20, block_size=block, prediction=predicted, constraint=budget(end, n)
+                )
+                events = list(dec.stream(prompt, params))
+                assert [t for ev in events for t in ev.tokens] == ref, (block, end, n)
+
+
+class Odd:
+    """Only odd tokens (and the end marker): a companion constraint that never fights it."""
+
+    def allowed(self, drafts):
+        row = (np.arange(tiny.VOCAB) % 2 == 1) | (np.arange(tiny.VOCAB) == END[0])
+        return np.stack([row] * (len(drafts) + 1))
+
+    def commit(self, tokens):
+        pass
+
+    def forced(self):
+        return []
+
+
+def test_a_budget_beside_another_constraint(decoder):  # noqa: F811
+    model, dec = decoder
+    prompt = PROMPTS[0]
+    ref = reference(model, prompt, 16, AllOf(Odd(), budget(n=4)()))
+    k = ref.index(END[0])
+    assert k <= 4 and all(t % 2 or t == END[0] for t in ref)
+    both = BothFactories(Odd, budget(n=4))
+    params = GenerationParams(max_tokens=16, constraint=both)
+    assert [t for ev in dec.stream(prompt, params) for t in ev.tokens] == ref
+
+
+def test_a_section_the_model_opens_is_budgeted_from_its_marker():
+    b = budget(n=2, opened=False)()
+    rows = b.allowed([9, 5, 1, 2])  # 5 opens; 1, 2 fill the budget; then only 6
+    assert rows[:4].all() and rows[4].sum() == 1 and rows[4][6]
+    b.commit([9, 5, 1, 2])
+    assert b.forced() == [6]
+    b.commit([6])
+    assert b.forced() == [] and b.allowed([]).all()
