@@ -139,17 +139,21 @@ class TextStream:
         self.hit: str | None = None  # the stop string found
 
     def feed(self, tokens: list[int], final: bool) -> tuple[str, bool]:
-        """Add tokens; return (text safe to emit now, hit a stop string)."""
-        self.decoder.add(tokens, final)
-        text = self.decoder.text
-        found = [(text.find(s, max(0, self.sent - len(s) + 1)), s) for s in self.stop]
-        found = [(i, s) for i, s in found if i != -1]
-        if found:  # the earliest stop string in the text ends it (a round adds several tokens)
-            i, s = min(found, key=lambda f: f[0])
-            out = text[self.sent : i]
-            self.sent = i
-            self.stopped, self.hit = True, s
-            return out, True
+        """Add tokens; return (text safe to emit now, hit a stop string). The tokens are
+        decoded one at a time, so a round of several ends where plain decoding would: at the
+        first token that completes a stop string (the earliest of those it completes)."""
+        last = max(len(tokens), 1) - 1
+        for k, token in enumerate(tokens or [None]):
+            self.decoder.add([] if token is None else [token], final and k == last)
+            text = self.decoder.text
+            found = [(text.find(s, max(0, self.sent - len(s) + 1)), s) for s in self.stop]
+            found = [(i, s) for i, s in found if i != -1]
+            if found:
+                i, s = min(found, key=lambda f: f[0])
+                out = text[self.sent : i]
+                self.sent = i
+                self.stopped, self.hit = True, s
+                return out, True
         hold = 0
         if not final:
             for s in self.stop:  # longest suffix of text that is a proper prefix of s

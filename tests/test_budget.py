@@ -59,11 +59,21 @@ def test_a_budget_beside_another_constraint(decoder):  # noqa: F811
     assert [t for ev in dec.stream(prompt, params) for t in ev.tokens] == ref
 
 
-def test_a_section_the_model_opens_is_budgeted_from_its_marker():
+def test_a_section_the_reply_opens_with_is_budgeted_and_later_markers_are_text():
     b = budget(n=2, opened=False)()
-    rows = b.allowed([9, 5, 1, 2])  # 5 opens; 1, 2 fill the budget; then only 6
-    assert rows[:4].all() and rows[4].sum() == 1 and rows[4][6]
-    b.commit([9, 5, 1, 2])
+    rows = b.allowed([5, 1, 2])  # 5 opens; 1, 2 fill the budget; then only 6
+    assert rows[:3].all() and rows[3].sum() == 1 and rows[3][6]
+    b.commit([5, 1, 2])
     assert b.forced() == [6]
     b.commit([6])
-    assert b.forced() == [] and b.allowed([]).all()
+    assert b.forced() == [] and b.allowed([5, 1, 2, 3]).all()  # one section a reply
+    late = budget(n=1, opened=False)()
+    assert late.allowed([9, 5, 1, 2, 3]).all()  # a marker inside the answer is text
+
+
+def test_a_marker_of_several_tokens_already_begun_is_finished_not_repeated():
+    b = budget(end=(6, 7), n=2)()  # the prompt opened the section
+    b.commit([1, 6])  # the budget runs out right after the marker's first token
+    assert b.forced() == [7]
+    rows = b.allowed([7, 3])
+    assert rows[0].sum() == 1 and rows[0][7] and rows[1:].all()

@@ -195,6 +195,16 @@ def test_the_earliest_stop_string_ends_the_text(pair):
         stream = TextStream(pair.tokenizer, stops)
         text, hit = stream.feed(ids, final=True)
         assert (text, hit, stream.hit) == ("ab", True, "</x>"), stops
+    # "c" is completed before "abcd" is: one token at a time or a whole round alike
+    ids = pair.tokenizer.encode("xabcd", add_special_tokens=False)
+    one, alone = TextStream(pair.tokenizer, ["abcd", "c"]), ""
+    for t in ids:
+        part, hit = one.feed([t], final=False)
+        alone += part
+        if hit:
+            break
+    whole = TextStream(pair.tokenizer, ["abcd", "c"])
+    assert alone == whole.feed(ids, final=True)[0] == "xab" and one.hit == whole.hit == "c"
 
 
 def test_stream_include_usage_and_stop_string(pair, client):

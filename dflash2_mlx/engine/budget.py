@@ -20,11 +20,16 @@ class _State:
     inside: bool
     count: int = 0  # tokens in the open section
     forcing: int = -1  # end-marker tokens written since the budget ran out (-1: not yet)
-    tail: tuple[int, ...] = ()
+    tail: tuple[int, ...] = ()  # the last tokens (markers span several)
+    spent: bool = False  # the reply's one section is over, or the reply began without one
 
 
 @dataclass
 class ThinkingBudget:
+    """Budgets the thinking section a reply opens with (the prompt opened it, or the reply's
+    first tokens are its start marker); a marker anywhere later (quoted in an answer, say) is
+    text, as it is to a response_format grammar."""
+
     start: tuple[int, ...]  # the marker that opens a section (token ids)
     end: tuple[int, ...]  # the marker that closes it
     budget: int
@@ -41,16 +46,28 @@ class ThinkingBudget:
     def _next(self, s: _State, token: int) -> _State:
         keep = max(len(self.start), len(self.end))
         tail = (s.tail + (token,))[-keep:]
+        if s.spent:
+            return s
         if s.forcing >= 0:
             done = s.forcing + 1 >= len(self.end)
-            return _State(not done, s.count, -1 if done else s.forcing + 1, tail)
+            return _State(not done, s.count, -1 if done else s.forcing + 1, tail, done)
         if s.inside:
             if tail[-len(self.end) :] == self.end:
-                return _State(False, 0, -1, tail)
+                return _State(False, 0, -1, tail, spent=True)
             count = s.count + 1
-            return _State(True, count, 0 if count >= self.budget else -1, tail)
-        opened = tail[-len(self.start) :] == self.start
+            return _State(True, count, self._started(tail) if count >= self.budget else -1, tail)
+        if tail != self.start[: len(tail)]:  # the reply does not open with a section
+            return _State(False, tail=tail, spent=True)
+        opened = len(tail) == len(self.start)
         return _State(opened, 0, 0 if opened and self.budget <= 0 else -1, tail)
+
+    def _started(self, tail: tuple[int, ...]) -> int:
+        """End-marker tokens the section's last tokens already spell (a marker of several
+        tokens may have begun): forcing goes on from there."""
+        for k in range(min(len(self.end) - 1, len(tail)), 0, -1):
+            if tail[-k:] == self.end[:k]:
+                return k
+        return 0
 
     def _row(self, s: _State) -> np.ndarray:
         if s.forcing < 0:
