@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import reprlib
 
 MAX_MESSAGE = 600  # characters of an error message; a bad value is quoted by `brief`
@@ -67,3 +69,16 @@ def optional(body: dict, name: str, test, expected: str):
     if v is not None and not test(v):
         raise invalid(name, f"{name} must be {expected}; got {brief(v)}", "invalid_type")
     return v
+
+
+def renamed(err: APIError, param: str, renames=()) -> APIError:
+    """`err` naming `param` (rewritten by `renames`: (regex, replacement) pairs), its message
+    too: an error about a translated request names the field the client sent."""
+    for pattern, repl in renames:
+        param = re.sub(pattern, repl, param)
+    if param == (err.param or ""):
+        return err
+    message = err.message.replace(err.param, param) if err.param else err.message
+    return APIError(
+        err.status, message, param=param, type=err.type, code=err.code, headers=err.headers
+    )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 
-from .api_error import APIError, brief, invalid
+from .api_error import APIError, brief, invalid, renamed
 from .schemas import GenRequest, parse_chat
 
 _SAME = ("model", "stream", "temperature", "top_p", "top_k", "max_tokens")
@@ -305,11 +305,4 @@ def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
         if origin.get(key + "#kind") == "tool_result":
             rest = rest.replace(".tool_call_id", ".tool_use_id", 1)
         param = origin.get(key, "messages") + rest
-    for pattern, repl in _RENAMES:
-        param = re.sub(pattern, repl, param)
-    if param == (err.param or ""):
-        return err
-    message = err.message.replace(err.param, param) if err.param else err.message
-    return APIError(
-        err.status, message, param=param, type=err.type, code=err.code, headers=err.headers
-    )
+    return renamed(err, param, _RENAMES)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .api_error import APIError, brief, invalid
+from .api_error import APIError, brief, invalid, renamed
 from .schemas import GenRequest, parse_chat
 
 # Responses field -> its chat field (the same meaning and checks).
@@ -341,14 +341,7 @@ def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
                     ".content", ".output", 1
                 )
         param = base + rest
-    for pattern, repl in _RENAMES:
-        param = re.sub(pattern, repl, param)
-    if param == (err.param or ""):
-        return err
-    message_text = err.message.replace(err.param, param) if err.param else err.message
-    return APIError(
-        err.status, message_text, param=param, type=err.type, code=err.code, headers=err.headers
-    )
+    return renamed(err, param, _RENAMES)
 
 
 def _is_output(origin: dict[str, str], message: str) -> bool:
