@@ -186,3 +186,15 @@ def test_a_thinking_budget_ends_the_thinking_there(client, tool_pair):  # noqa: 
     assert cut != free_thought and free_thought.startswith(cut)
     assert len(tool_pair.tokenizer.encode(cut, add_special_tokens=False)) <= 4
     assert r.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_thinking_budget_on_chat_completions(client, url):
+    """The same budget through /v1/chat/completions (`thinking_budget`, an extension field):
+    the reasoning is the Messages reply's thinking, cut at the same place."""
+    r = send(client, tt.HI, max_tokens=64, thinking={"type": "enabled", "budget_tokens": 4})
+    body = {"model": "tools", "messages": tt.HI, "max_tokens": 64, "thinking_budget": 4}
+    chat = httpx.post(url + "/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert chat["reasoning_content"] == r.content[0].thinking
+    assert chat["content"] == "".join(b.text for b in r.content if b.type == "text")
+    bad = httpx.post(url + "/v1/chat/completions", json={**body, "thinking_budget": 0})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "thinking_budget"

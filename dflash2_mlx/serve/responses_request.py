@@ -29,6 +29,7 @@ _SAME = (
     "seed",
     "parallel_tool_calls",
     "chat_template_kwargs",
+    "thinking_budget",
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",

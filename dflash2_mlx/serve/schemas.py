@@ -298,6 +298,7 @@ def parse_chat(body: dict) -> GenRequest:
             "tool_choice",
             "parallel_tool_calls",
             "chat_template_kwargs",
+            "thinking_budget",
             "response_format",
             "logprobs",
             "top_logprobs",
@@ -319,6 +320,10 @@ def parse_chat(body: dict) -> GenRequest:
     if req.logprobs is not None and req.tools is not None:
         raise invalid("logprobs", "logprobs with tools are not supported", "unsupported_parameter")
     req.template_kwargs = parse_template_kwargs(body.get("chat_template_kwargs"))
+    budget = optional(body, "thinking_budget", is_int, "an integer")
+    if budget is not None and budget < 1:
+        raise invalid("thinking_budget", f"thinking_budget must be >= 1; got {budget}")
+    req.thinking_budget = budget
     req.response_schema = parse_response_format(body.get("response_format"))
     return req
 
