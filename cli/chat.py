@@ -42,6 +42,13 @@ def chat(
     ),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt."),
     max_tokens: int = typer.Option(512, "--max-tokens", help="Most tokens per answer."),
+    thinking_budget: Optional[int] = typer.Option(
+        None,
+        "--thinking-budget",
+        help="Most tokens a thinking model may think before it answers (its end marker is "
+        "then forced; exact).",
+        min=1,
+    ),
     repetition_penalty: Optional[float] = typer.Option(
         None,
         "--repetition-penalty",
@@ -103,6 +110,7 @@ def chat(
         offline,
         engine,
         repetition_penalty,
+        thinking_budget,
     )
     return run_chat(opts)
 

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from dflash2_mlx import GenerationParams, GenerationStats
 from dflash2_mlx.chat_template import TemplateInfo
+from dflash2_mlx.engine.budget import ThinkingBudget
 from dflash2_mlx.engine.processors import penalties
 from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.settings import EngineFlags, EngineSettings, check_block, idle_when_greedy
@@ -41,6 +42,7 @@ class ChatOptions:
     offline: bool
     engine: EngineFlags  # block, spec, lookup, draft vocabulary, sampling: as given
     repetition_penalty: Optional[float] = None  # mlx-lm's (engine/processors.py); None: none
+    thinking_budget: Optional[int] = None  # most thinking tokens (engine/budget.py); None: any
 
 
 class _StopFlag:
@@ -86,6 +88,11 @@ class Chat:
         self.spec, self.thinking = settings.speculative, opts.thinking
         vocab = pair.decoder.target.vocab_size
         self.processors = penalties(vocab, repetition_penalty=opts.repetition_penalty)
+        self.thinking_budget = opts.thinking_budget
+        if self.thinking_budget is not None and not getattr(
+            pair.tokenizer, "think_end_tokens", None
+        ):
+            fail("--thinking-budget: this model has no thinking section to budget")
         self.params()  # validate now, before the first turn
         self.system = opts.system
         self.history: list[dict] = []
@@ -98,7 +105,13 @@ class Chat:
     def note(self, text: str) -> None:
         self.err.print(Text(f"note: {text}", style="yellow"))
 
-    def params(self) -> GenerationParams:
+    def params(self, prompt_ids: list[int] = ()) -> GenerationParams:
+        budget = None
+        if self.thinking_budget is not None and prompt_ids:
+            vocab = self.pair.decoder.target.vocab_size
+            budget = ThinkingBudget.for_prompt(
+                self.pair.tokenizer, prompt_ids, self.thinking_budget, vocab
+            )
         return GenerationParams(
             self.max_tokens,
             self.sampling,
@@ -106,6 +119,7 @@ class Chat:
             self.spec,
             lookup_block=self.engine.lookup_block,
             logits_processors=self.processors,
+            constraint=budget,
         )
 
     def status(self, stats: GenerationStats, finish: str | None = None) -> StatusLine:
@@ -136,7 +150,7 @@ class Chat:
     def turn(self, user: str, live: bool) -> tuple[str, GenerationStats, str]:
         """Answer `user`; returns (text, stats of this answer, finish reason)."""
         ids = self.prompt_ids(user)
-        params = self.params()
+        params = self.params(ids)
         stats, parts, finish = GenerationStats(), [], "length"
         view = AnswerView(self.console) if live else None
         if view:

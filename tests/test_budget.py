@@ -6,6 +6,7 @@ the forced marker and refused."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tiny
 from test_constraint import PROMPTS, decoder, reference  # noqa: F401  (decoder: fixture)
 
@@ -77,3 +78,31 @@ def test_a_marker_of_several_tokens_already_begun_is_finished_not_repeated():
     assert b.forced() == [7]
     rows = b.allowed([7, 3])
     assert rows[0].sum() == 1 and rows[0][7] and rows[1:].all()
+
+
+def test_a_budget_for_a_real_template_knows_whether_the_prompt_opened_thinking(tmp_path):
+    """for_prompt reads the tokenizer's markers and whether the prompt ends inside a section
+    (a template that starts the reply with <think> opens it)."""
+    import tiny_tools as tt
+
+    from dflash2_mlx.errors import ParameterError
+    from dflash2_mlx.text import chat_prompt_ids
+
+    tok = tt.load_tokenizer(tt.save_tokenizer(tmp_path / "tok"))
+    start, end = tuple(tok.think_start_tokens), tuple(tok.think_end_tokens)
+    vocab = len(tt.vocabulary())
+    ids = chat_prompt_ids(tok, tt.HI)
+    b = ThinkingBudget.for_prompt(tok, ids, 2, vocab)()
+    assert b.start == start and b.end == end and not b.state.inside  # the model opens it
+    b.commit(list(start) + [9, 9])
+    assert b.forced() == list(end)
+    opened = ThinkingBudget.for_prompt(tok, ids + list(start), 1, vocab)()
+    assert opened.state.inside
+    opened.commit([9])
+    assert opened.forced() == list(end)
+
+    class Plain:
+        think_start_tokens = think_end_tokens = None
+
+    with pytest.raises(ParameterError, match="no thinking section"):
+        ThinkingBudget.for_prompt(Plain(), ids, 2, vocab)

@@ -227,6 +227,23 @@ def test_chat_repetition_penalty_is_plain_decoding_with_it(tiny_pair, capsys):
     assert capsys.readouterr().out == result.text + "\n"
 
 
+def test_chat_thinking_budget_runs_as_the_library_does(tiny_pair, capsys):
+    """--thinking-budget N: the answer is the library's generation under the same budget."""
+    import dflash2_mlx as d2
+    from dflash2_mlx.engine.budget import ThinkingBudget
+    from dflash2_mlx.text import chat_prompt_ids, generate_text
+
+    pair = d2.load_pair(*tiny_pair)
+    ids = chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": "hello model"}])
+    vocab = pair.decoder.target.vocab_size
+    budget = ThinkingBudget.for_prompt(pair.tokenizer, ids, 2, vocab)
+    want = generate_text(pair, ids, d2.GenerationParams(max_tokens=10, constraint=budget)).text
+    argv = _chat(tiny_pair, "-p", "hello model", "--max-tokens", "10", "--thinking-budget", "2")
+    assert run(argv) == 0
+    assert capsys.readouterr().out == want + "\n"
+    assert run(_chat(tiny_pair, "-p", "hi", "--thinking-budget", "0")) != 0
+
+
 def test_chat_with_a_draft_vocabulary_and_full_vocab(tiny_pair, tmp_path, capsys):
     """A drafter folder with draft_vocab.json drafts from it (said on load); --full-vocab turns
     it off, --draft-vocab N keeps its N most frequent ids; the answer is the same text every

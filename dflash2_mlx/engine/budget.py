@@ -14,6 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import ParameterError
+
 
 @dataclass
 class _State:
@@ -42,6 +44,18 @@ class ThinkingBudget:
         left a section open)."""
         forcing = 0 if opened and budget <= 0 else -1
         return lambda: cls(tuple(start), tuple(end), budget, vocab, _State(opened, 0, forcing))
+
+    @classmethod
+    def for_prompt(cls, tokenizer, prompt_ids, budget: int, vocab: int):
+        """The factory for a reply to `prompt_ids` with an mlx-lm tokenizer's think markers;
+        a ParameterError when the model has none."""
+        start = tuple(getattr(tokenizer, "think_start_tokens", None) or ())
+        end = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
+        if not start or not end:
+            raise ParameterError("this model has no thinking section to budget")
+        ids = list(prompt_ids)
+        opened = tokenizer.rfind_think_start(ids) > tokenizer.rfind_think_end(ids)
+        return cls.factory(start, end, budget, vocab, opened)
 
     def _next(self, s: _State, token: int) -> _State:
         keep = max(len(self.start), len(self.end))

@@ -19,14 +19,11 @@ def reply_constraint(pair, req: GenRequest, prompt: ChatPrompt | None):
     grammar = reply_grammar(pair, req, prompt)
     if req.thinking_budget is None or prompt is None:
         return grammar
-    tok = pair.tokenizer
-    start = tuple(getattr(tok, "think_start_tokens", None) or ())
-    end = tuple(getattr(tok, "think_end_tokens", None) or ())
-    if not start or not end:
-        raise invalid("thinking.budget_tokens", "this model has no thinking section to budget")
     vocab = pair.decoder.target.vocab_size
-    opened = prompt.state == "reasoning"
-    budget = ThinkingBudget.factory(start, end, req.thinking_budget, vocab, opened)
+    try:
+        budget = ThinkingBudget.for_prompt(pair.tokenizer, prompt.ids, req.thinking_budget, vocab)
+    except ParameterError as e:
+        raise invalid("thinking_budget", f"thinking_budget: {e}") from None
     return budget if grammar is None else BothFactories(grammar, budget)
 
 

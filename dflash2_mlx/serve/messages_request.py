@@ -292,6 +292,7 @@ _RENAMES = (
     (r"^tools\[(\d+)\]\.function\.", r"tools[\1]."),
     (r"^tool_choice\.function\.", "tool_choice."),
     (r"^chat_template_kwargs\.enable_thinking", "thinking.type"),
+    (r"^thinking_budget", "thinking.budget_tokens"),
 )
 
 
