@@ -45,8 +45,8 @@ ROUTES = {
     "/v1/chat/completions": "POST",
     "/v1/completions": "POST",
     "/v1/responses": "POST",
+    "/v1/messages/count_tokens": "POST",  # before /v1/messages: metrics match prefixes
     "/v1/messages": "POST",
-    "/v1/messages/count_tokens": "POST",
     "/v1/models": "GET",
     "/health": "GET",
     "/metrics": "GET",
