@@ -49,6 +49,7 @@ class ResponseBuilder:
         self.model, self.echo = model, echo
         self.output: list[dict] = []  # finished items
         self.item: dict | None = None  # the reasoning or message item being streamed
+        self.text = ""  # the streamed item's text so far
         self.seq = 0
 
     # ------------------------------------------------------------------ whole
@@ -74,8 +75,7 @@ class ResponseBuilder:
 
     def whole(self, deltas: list[Delta], finish: str, usage_: dict) -> dict:
         """The finished response from all of the reply's deltas."""
-        for _ in self.feed(deltas):
-            pass
+        self.feed(deltas)  # builds the items (the events are not sent)
         return self._end(finish, usage_)[-1]["response"]
 
     # ------------------------------------------------------------------ stream
