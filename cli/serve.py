@@ -107,6 +107,13 @@ def serve(
     lookup: LookupOpt = None,
     no_datastore: NoDatastoreOpt = False,
     thinking: ThinkingOpt = None,
+    thinking_budget: Optional[int] = typer.Option(
+        None,
+        "--thinking-budget",
+        min=1,
+        help="Most tokens a reply may think when its request does not say (thinking_budget; "
+        "exact: the end marker is then forced).",
+    ),
     log_level: str = typer.Option(
         "info", "--log-level", help="uvicorn log level: " + ", ".join(LOG_LEVELS) + "."
     ),
@@ -227,6 +234,7 @@ def serve(
             drafter_name=resolved.drafter,
             sampling=settings.sampling,
             thinking=thinking,
+            thinking_budget=thinking_budget,
             prompt_cache_mb=prompt_cache_mb,
             lookup_block=settings.lookup_block,
             width_cost=settings.width_cost,

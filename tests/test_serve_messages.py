@@ -198,3 +198,27 @@ def test_thinking_budget_on_chat_completions(client, url):
     assert chat["content"] == "".join(b.text for b in r.content if b.type == "text")
     bad = httpx.post(url + "/v1/chat/completions", json={**body, "thinking_budget": 0})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "thinking_budget"
+
+
+def test_a_server_wide_thinking_budget(tool_pair, url):  # noqa: F811
+    """`--thinking-budget` (create_app's thinking_budget) for requests that give none; a
+    request's own wins; refused at start for a model without thinking markers."""
+    body = {"model": "tools", "messages": tt.HI, "max_tokens": 64}
+    explicit = httpx.post(url + "/v1/chat/completions", json={**body, "thinking_budget": 3})
+    free = httpx.post(url + "/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    app = create_app(tool_pair, model_name="tools", default_max_tokens=64, thinking_budget=3)
+    with running(app) as base:
+        got = httpx.post(base + "/v1/chat/completions", json=body).json()["choices"][0]
+        assert got["message"] == explicit.json()["choices"][0]["message"] != free
+        own = httpx.post(base + "/v1/chat/completions", json={**body, "thinking_budget": 1000})
+        assert own.json()["choices"][0]["message"] == free
+        assert httpx.get(base + "/v1/models").json()["data"][0]["dflash2"]["thinking_budget"] == 3
+    import tiny
+    from test_serve import make_tokenizer
+
+    from dflash2_mlx.api import Pair
+    from dflash2_mlx.errors import DFlash2Error
+
+    plain = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2))
+    with pytest.raises(DFlash2Error, match="no thinking section"):
+        create_app(plain, model_name="p", thinking_budget=3)

@@ -110,6 +110,7 @@ def create_app(
     drafter_name: str | None = None,
     sampling: SamplingDefaults | None = None,
     thinking: bool | None = None,
+    thinking_budget: int | None = None,
     prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB,
     lookup_block: int | None = None,
     width_cost: Callable[[int, int], float] | None = None,
@@ -128,6 +129,8 @@ def create_app(
     sampling fields it leaves out (dflash2_mlx.settings.resolve_sampling; default: greedy).
     thinking: the `enable_thinking` of requests that do not set it in chat_template_kwargs
     (None: the template's own default; refused if the template has no such switch).
+    thinking_budget: the most tokens a reply's thinking section may hold when a request does
+    not say (engine/budget.py; None: no limit; refused for a model without thinking markers).
     prompt_cache_mb: memory for the engine state of recent conversations, reused by prompt
     prefix across requests (engine/prompt_cache.py); 0: off. lookup_block: tokens verified in
     a round drafted by context lookup or a request's prediction (None: the engine's default).
@@ -143,6 +146,13 @@ def create_app(
     _check_serve_args(
         block_size, trained, lookup_block, max_queue, max_batch, default_max_tokens, prompt_cache_mb
     )
+    if thinking_budget is not None:
+        if isinstance(thinking_budget, bool) or not isinstance(thinking_budget, int):
+            raise DFlash2Error(f"thinking_budget must be an int >= 1; got {thinking_budget!r}")
+        if thinking_budget < 1:
+            raise DFlash2Error(f"thinking_budget must be an int >= 1; got {thinking_budget}")
+        if not getattr(pair.tokenizer, "think_end_tokens", None):
+            raise DFlash2Error("--thinking-budget: this model has no thinking section to budget")
     context = context_length or default_context_length(pair.model)
     if context < 2:
         raise DFlash2Error(f"context_length must be >= 2; got {context}")
@@ -156,6 +166,7 @@ def create_app(
         pair.decoder.target.vocab_size,
         sampling or SamplingDefaults(),
         lookup_block,
+        thinking_budget,
     )
     chat = ChatTemplate(pair.tokenizer, thinking)
     metrics = metrics_mod.Metrics()
@@ -270,6 +281,7 @@ def _model_card(
             "max_batch": worker.capacity,
             "tool_calling": chat.tool_calling,
             "thinking": thinking,
+            "thinking_budget": settings.thinking_budget,
             "prompt_cache_mb": prompt_cache_mb,
         },
         "sampling_defaults": settings.sampling.to_json(),

@@ -14,14 +14,16 @@ from .schemas import GenRequest
 from .tools import ToolRequest
 
 
-def reply_constraint(pair, req: GenRequest, prompt: ChatPrompt | None):
-    """GenerationParams.constraint for this reply (None: free text)."""
+def reply_constraint(pair, req: GenRequest, prompt: ChatPrompt | None, default_budget=None):
+    """GenerationParams.constraint for this reply (None: free text). `default_budget`: the
+    server's thinking budget for requests that give none."""
     grammar = reply_grammar(pair, req, prompt)
-    if req.thinking_budget is None or prompt is None:
+    n = req.thinking_budget if req.thinking_budget is not None else default_budget
+    if n is None or prompt is None:
         return grammar
     vocab = pair.decoder.target.vocab_size
     try:
-        budget = ThinkingBudget.for_prompt(pair.tokenizer, prompt.ids, req.thinking_budget, vocab)
+        budget = ThinkingBudget.for_prompt(pair.tokenizer, prompt.ids, n, vocab)
     except ParameterError as e:
         raise invalid("thinking_budget", f"thinking_budget: {e}") from None
     return budget if grammar is None else BothFactories(grammar, budget)

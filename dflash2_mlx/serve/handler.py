@@ -89,6 +89,7 @@ class Settings:
     vocab: int
     sampling: SamplingDefaults = SamplingDefaults()  # for the fields a request leaves out
     lookup_block: int | None = None  # lookup / prediction rounds; None: the engine's default
+    thinking_budget: int | None = None  # for requests that give none (engine/budget.py)
 
 
 class Handler:
@@ -190,7 +191,7 @@ class Handler:
             ids, stop = prompt.ids, stop + list(prompt.stops)
         else:
             ids = self.tokenize(req)
-        constraint = reply_constraint(self.pair, req, prompt)
+        constraint = reply_constraint(self.pair, req, prompt, self.s.thinking_budget)
         return prompt, ids, stop, self.predicted_ids(req), constraint
 
     async def _queue(self, req: GenRequest) -> tuple[Job, ChatPrompt | None, int]:
