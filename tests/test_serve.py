@@ -296,6 +296,7 @@ def test_models_health_and_harmless_fields(url):
         "max_batch": 4,
         "tool_calling": False,
         "thinking": None,
+        "thinking_budget": None,
         "prompt_cache_mb": 1024,
     }
     assert httpx.get(url + "/v1/models/tiny").json()["id"] == "tiny"
