@@ -6,9 +6,10 @@ ANTHROPIC_BASE_URL). `system` becomes a system message; content blocks become ch
 `tool_result` blocks tool messages (in order, before the user's own text); `thinking` blocks
 sent back are dropped (templates drop past thinking). Tools (`input_schema`), `tool_choice`
 (auto / any / tool / none, `disable_parallel_tool_use`), `stop_sequences`, `max_tokens`,
-`temperature`, `top_p`, `top_k` and `thinking` (enabled / disabled: the template's thinking
-switch) mean what the chat fields mean. The chat parser then checks everything as for
-/v1/chat/completions, and errors name the Messages field.
+`temperature`, `top_p`, `top_k`, `output_config.format` (a JSON schema) and `thinking`
+(enabled / adaptive / disabled: the template's thinking switch; `budget_tokens`: a thinking
+budget, engine/budget.py) mean what the chat fields mean. The chat parser then checks
+everything as for /v1/chat/completions, and errors name the Messages field.
 """
 
 from __future__ import annotations
