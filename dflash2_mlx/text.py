@@ -142,9 +142,9 @@ class TextStream:
         """Add tokens; return (text safe to emit now, hit a stop string). The tokens are
         decoded one at a time, so a round of several ends where plain decoding would: at the
         first token that completes a stop string (the earliest of those it completes)."""
-        last = max(len(tokens), 1) - 1
-        for k, token in enumerate(tokens or [None]):
-            self.decoder.add([] if token is None else [token], final and k == last)
+        steps = [[t] for t in tokens] if self.stop else [list(tokens)]  # no stops: one go
+        for k, step in enumerate(steps or [[]]):
+            self.decoder.add(step, final and k == max(len(steps), 1) - 1)
             text = self.decoder.text
             found = [(text.find(s, max(0, self.sent - len(s) + 1)), s) for s in self.stop]
             found = [(i, s) for i, s in found if i != -1]
