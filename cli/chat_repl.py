@@ -8,7 +8,6 @@ cache and the conversation goes on; a second Ctrl-C interrupts at once and reset
 
 from __future__ import annotations
 
-import signal
 import sys
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -26,6 +25,7 @@ from dflash2_mlx.text import chat_prompt_ids, stream_text
 
 from .chat_view import HELP, AnswerView, StatusLine, stats_table, status_text
 from .common import fail, load_resolved
+from .stop_flag import StopFlag
 
 
 @dataclass
@@ -43,25 +43,6 @@ class ChatOptions:
     engine: EngineFlags  # block, spec, lookup, draft vocabulary, sampling: as given
     repetition_penalty: Optional[float] = None  # mlx-lm's (engine/processors.py); None: none
     thinking_budget: Optional[int] = None  # most thinking tokens (engine/budget.py); None: any
-
-
-class _StopFlag:
-    """SIGINT sets a flag (first press) or raises KeyboardInterrupt (second press)."""
-
-    def __init__(self):
-        self.set = False
-
-    def _handler(self, signum, frame):
-        if self.set:
-            raise KeyboardInterrupt
-        self.set = True
-
-    def __enter__(self):
-        self.old = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self.old)
 
 
 def _template_has_thinking(tokenizer) -> bool:
@@ -156,7 +137,7 @@ class Chat:
         if view:
             view.__enter__()
         try:
-            with _StopFlag() as stop:
+            with StopFlag() as stop:
                 chunks = stream_text(self.pair, ids, params, session=self.session)
                 try:
                     for chunk in chunks:

@@ -25,7 +25,7 @@ _EXPORTS = {  # public name -> the module that defines it
     "DrafterConfig": "config",
     "GenerationStats": "engine.events",
     "RoundEvent": "engine.events",
-    "GenerationParams": "engine.loop",
+    "GenerationParams": "engine.generation",
     "Session": "engine.loop",
     "SpeculativeDecoder": "engine.loop",
     "PromptCache": "engine.prompt_cache",

@@ -17,7 +17,8 @@ from .drafter.model import Drafter
 from .engine.batch import DEFAULT_MAX_BATCH, BatchDecoder
 from .engine.events import GenerationStats, RoundEvent
 from .engine.lookup import DEFAULT_LOOKUP
-from .engine.loop import GenerationParams, Session, SpeculativeDecoder
+from .engine.generation import GenerationParams
+from .engine.loop import Session, SpeculativeDecoder
 from .engine.width import WidthRule
 from .errors import CompatibilityError, ConfigError, ParameterError
 from .grammar import Grammar, Grammars, Thinking

@@ -222,7 +222,7 @@ def calibrate(
     lookup rounds apart (as [drafted, accepted, rounds] counts), and the share of drafting
     rounds that ran the drafter."""
     from .engine.events import tau
-    from .engine.loop import GenerationParams
+    from .engine.generation import GenerationParams
     from .text import chat_prompt_ids
 
     rounds: list[tuple[int, int]] = []

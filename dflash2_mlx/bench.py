@@ -24,7 +24,7 @@ import mlx.core as mx
 
 from .costs import batch_verify_costs, draft_costs, verify_costs  # noqa: F401  (re-exported)
 from .engine.events import GenerationStats, tau
-from .engine.loop import GenerationParams
+from .engine.generation import GenerationParams
 from .engine.sampling import SamplingParams
 from .prompts import Prompt
 from .text import chat_prompt_ids

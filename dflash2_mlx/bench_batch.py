@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from .bench import first_mismatch
-from .engine.loop import GenerationParams
+from .engine.generation import GenerationParams
 from .engine.sampling import SamplingParams
 from .prompts import Prompt
 from .text import chat_prompt_ids

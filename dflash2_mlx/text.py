@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from .engine.events import GenerationStats, RoundEvent
-from .engine.loop import GenerationParams, Session
+from .engine.generation import GenerationParams
+from .engine.loop import Session
 from .errors import ParameterError
 
 

@@ -25,7 +25,7 @@ import tiny
 from test_serve import HI, _open_long_stream, make_tokenizer, metric, reference, running
 
 from dflash2_mlx.api import Pair
-from dflash2_mlx.engine.loop import GenerationParams
+from dflash2_mlx.engine.generation import GenerationParams
 from dflash2_mlx.serve import SecurityPolicy, ServeLimits, create_app
 from dflash2_mlx.serve.lifecycle import make_server
 from dflash2_mlx.text import chat_prompt_ids

@@ -19,7 +19,7 @@ from test_constraint import CHARS, MOOD
 from test_serve import make_tokenizer, running
 
 from dflash2_mlx.api import Pair
-from dflash2_mlx.engine.loop import GenerationParams
+from dflash2_mlx.engine.generation import GenerationParams
 from dflash2_mlx.grammar import Thinking
 from dflash2_mlx.serve import create_app
 from dflash2_mlx.serve.chat_prompt import ChatPrompt

@@ -37,7 +37,8 @@ from ..drafter.batch import DraftRequest, draft_rows
 from ..errors import ParameterError
 from ..target import batch as tbatch
 from .events import RoundEvent
-from .loop import GenerationParams, Session, SpeculativeDecoder, _Run, cut, record, shape_logits
+from .generation import GenerationParams, _Run, cut, shape_logits
+from .loop import Session, SpeculativeDecoder, record
 from .prefill import Prefill, _Cancelled
 from .proposal import NOTHING, Proposal
 from .sampling import accept

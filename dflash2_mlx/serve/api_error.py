@@ -82,3 +82,14 @@ def renamed(err: APIError, param: str, renames=()) -> APIError:
     return APIError(
         err.status, message, param=param, type=err.type, code=err.code, headers=err.headers
     )
+
+
+def check_object(value, where: str, keys: tuple[str, ...]) -> dict:
+    """`value` if it is an object holding only `keys`, else a 400 naming `where` (or the
+    first other key)."""
+    if not isinstance(value, dict):
+        raise invalid(where, f"{where} must be an object", "invalid_type")
+    for k in value:
+        if k not in keys:
+            raise invalid(f"{where}.{k}", f"{where}.{k} is not supported", "unsupported_parameter")
+    return value

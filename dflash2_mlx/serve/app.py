@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.batch import DEFAULT_MAX_BATCH
-from ..engine.loop import GenerationParams
+from ..engine.generation import GenerationParams
 from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error
 from ..settings import SamplingDefaults, check_block

@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..engine.events import GenerationStats
-from ..engine.loop import GenerationParams
+from ..engine.generation import GenerationParams
 from ..engine.processors import check_penalty, penalties
 from ..errors import DFlash2Error, ParameterError
 from ..settings import SamplingDefaults

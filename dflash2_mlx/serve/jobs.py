@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..engine.loop import GenerationParams
+from ..engine.generation import GenerationParams
 
 _job_ids = itertools.count(1)
 

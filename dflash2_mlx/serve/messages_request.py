@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 
-from .api_error import APIError, brief, invalid, renamed
+from .api_error import APIError, brief, check_object, invalid, renamed
 from .schemas import GenRequest, parse_chat
 
 _SAME = ("model", "stream", "temperature", "top_p", "top_k", "max_tokens")
@@ -258,13 +258,7 @@ def _output_config(config, chat: dict) -> None:
     """`format` (a JSON schema) as the chat response_format; `effort` switches thinking on."""
     if config is None:
         return
-    if not isinstance(config, dict):
-        raise invalid("output_config", "output_config must be an object", "invalid_type")
-    for k in config:
-        if k not in ("format", "effort"):
-            raise invalid(
-                f"output_config.{k}", f"output_config.{k} is not supported", "unsupported_parameter"
-            )
+    check_object(config, "output_config", ("format", "effort"))
     fmt = config.get("format")
     if fmt is not None:
         if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .api_error import APIError, brief, invalid, renamed
+from .api_error import APIError, brief, check_object, invalid, renamed
 from .schemas import GenRequest, parse_chat
 
 # Responses field -> its chat field (the same meaning and checks).
@@ -263,13 +263,9 @@ def _text(text, chat: dict) -> None:
     """`text.format` as the chat `response_format`."""
     if text is None:
         return
-    if not isinstance(text, dict):
-        raise invalid("text", "text must be an object", "invalid_type")
-    for k, v in text.items():
-        if k == "verbosity" and v is not None:
-            raise invalid("text.verbosity", "verbosity is not supported", "unsupported_parameter")
-        if k not in ("format", "verbosity"):
-            raise invalid(f"text.{k}", f"text.{k} is not supported", "unsupported_parameter")
+    check_object(text, "text", ("format", "verbosity"))
+    if text.get("verbosity") is not None:
+        raise invalid("text.verbosity", "verbosity is not supported", "unsupported_parameter")
     fmt = text.get("format")
     if fmt is None:
         return

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from ..engine.sampling import field_problem
 from ..settings import SAMPLING_FLAGS
-from .api_error import APIError, brief, invalid, is_int, is_num, optional  # noqa: F401  (APIError is imported from here)
+from .api_error import APIError, brief, check_object, invalid, is_int, is_num, optional  # noqa: F401  (APIError is imported from here)
 from .reasoning import parse_template_kwargs
 from .response_format import parse_response_format
 from .token_fields import PENALTIES, parse_logprobs, parse_penalties
@@ -217,13 +217,7 @@ def _prediction(value) -> str | None:
     """OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts}."""
     if value is None:
         return None
-    if not isinstance(value, dict):
-        raise invalid("prediction", "prediction must be an object", "invalid_type")
-    for k in value:
-        if k not in ("type", "content"):
-            raise invalid(
-                f"prediction.{k}", f"prediction.{k} is not supported", "unsupported_parameter"
-            )
+    check_object(value, "prediction", ("type", "content"))
     if value.get("type") != "content":
         raise invalid(
             "prediction.type", f'prediction.type must be "content"; got {brief(value.get("type"))}'

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from ..api import Pair
 from ..engine.events import GenerationStats
-from ..engine.loop import GenerationParams
+from ..engine.generation import GenerationParams
 from ..engine.sampling import SamplingParams
 from ..prompts import Prompt
 from ..text import chat_prompt_ids

@@ -1,0 +1,25 @@
+"""Ctrl-C during an answer: the first press stops the answer (the session is kept), a
+second raises KeyboardInterrupt."""
+
+from __future__ import annotations
+
+import signal
+
+
+class StopFlag:
+    """SIGINT sets a flag (first press) or raises KeyboardInterrupt (second press)."""
+
+    def __init__(self):
+        self.set = False
+
+    def _handler(self, signum, frame):
+        if self.set:
+            raise KeyboardInterrupt
+        self.set = True
+
+    def __enter__(self):
+        self.old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self.old)

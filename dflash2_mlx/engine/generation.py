@@ -1,0 +1,112 @@
+"""One generation's parameters and running state, and the rules every round applies to it:
+what it commits (`cut`: max tokens, stop tokens, its constraint) and how its verify logits
+are shaped (`shape_logits`: logits processors, then the constraint's mask). Used alike by the
+single-sequence loop (loop.py) and the batched one (batch.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import mlx.core as mx
+
+from ..errors import ParameterError
+from .constraint import ConstraintFactory, TokenConstraint, constrain
+from .logprobs import check_top, token_logprobs
+from .processors import LogitsProcessor, process
+from .sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int = 256
+    sampling: SamplingParams = SamplingParams()
+    block_size: int | None = None  # None = the drafter's trained block size
+    speculative: bool = True  # False = plain decoding with the same sampler
+    stop_token_ids: frozenset[int] = frozenset()
+    # A guess of the answer's tokens (OpenAI's Predicted Outputs): drafted from where the
+    # answer follows it; never changes the output.
+    prediction: tuple[int, ...] = ()
+    # Tokens verified in a round drafted by context lookup or the prediction (anchor included;
+    # they cost no draft pass, so they may pass the drafter's block). None: DEFAULT_LOOKUP_BLOCK.
+    lookup_block: int | None = None
+    # Which tokens may come next (a JSON schema: grammar.py); called once per generation.
+    # The output is then what plain decoding over the masked logits gives (engine/constraint.py).
+    constraint: ConstraintFactory | None = None
+    # mlx-lm logits processors (penalties, logit bias: processors.penalties), applied at every
+    # verified position with the tokens before it, as plain decoding applies them.
+    logits_processors: tuple[LogitsProcessor, ...] = ()
+    # Each committed token's log-probability and this many most likely alternatives (None:
+    # none), read off the verify rows (engine/logprobs.py) and carried by RoundEvent.logprobs.
+    logprobs: int | None = None
+
+    def __post_init__(self):
+        if not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.prediction
+        ):
+            raise ParameterError("prediction must be a sequence of token ids (ints >= 0)")
+        if (
+            not isinstance(self.max_tokens, int)
+            or isinstance(self.max_tokens, bool)
+            or self.max_tokens < 1
+        ):
+            raise ParameterError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.logits_processors, tuple) or not all(
+            callable(p) for p in self.logits_processors
+        ):
+            raise ParameterError("logits_processors must be a tuple of callables")
+        check_top(self.logprobs)
+        for name in ("block_size", "lookup_block"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1
+            ):
+                raise ParameterError(f"{name} must be an int >= 1, got {value!r}")
+
+
+@dataclass
+class _Run:
+    """One generation: its resolved limits, random key and progress."""
+
+    params: GenerationParams
+    block: int  # tokens verified in a drafter round (1: the drafter is not run)
+    lookup_block: int  # tokens verified in a lookup or prediction round (1: none)
+    key: mx.array
+    constraint: TokenConstraint | None = None  # this generation's own (GenerationParams')
+    produced: int = 0  # tokens committed so far
+
+    @property
+    def room(self) -> int:
+        """Tokens this generation may still commit."""
+        return self.params.max_tokens - self.produced
+
+    def logprobs(self, logits: mx.array, commit: list[int]) -> tuple:
+        """The committed tokens' TokenLogprobs from their rows of `logits` (when asked for)."""
+        top = self.params.logprobs
+        return () if top is None else token_logprobs(logits, commit, top)
+
+    def length_finish(self) -> str | None:
+        return "length" if self.produced >= self.params.max_tokens else None
+
+
+def cut(run: _Run, tokens: list[int]) -> tuple[list[int], str | None]:
+    """The accepted tokens this generation commits (cut at its max tokens and after a stop
+    token) and its finish reason (None: it goes on). Its constraint follows them."""
+    commit = tokens[: run.room]
+    hit = next((i for i, t in enumerate(commit) if t in run.params.stop_token_ids), None)
+    if hit is not None:
+        commit = commit[: hit + 1]
+    run.produced += len(commit)
+    if run.constraint is not None:  # a stop token ends the generation: no state after it
+        run.constraint.commit(commit if hit is None else commit[:hit])
+    return commit, "stop" if hit is not None else run.length_finish()
+
+
+def shape_logits(
+    logits: mx.array, run: _Run, history: Sequence[int], drafts: Sequence[int] = ()
+) -> mx.array:
+    """A round's verify logits [len(drafts) + 1, V] as plain decoding would see them: the
+    generation's logits processors, then its constraint's mask, each row after its prefix."""
+    logits = process(logits, run.params.logits_processors, history, drafts)
+    return constrain(logits, run.constraint, drafts)
