@@ -416,6 +416,30 @@ BAD = [
     ("chat", {"messages": HI, "logit_bias": {"a": 10}}, 400, "logit_bias"),
     ("completions", {"prompt": "ab", "logit_bias": {"5": "x"}}, 400, "logit_bias"),
     ("chat", {"messages": HI, "frobnicate": 1}, 400, "frobnicate"),
+    ("chat", {"messages": HI, "continue_final_message": True}, 400, "messages"),
+    (
+        "chat",
+        {"messages": HI + [{"role": "user", "content": "x"}], "continue_final_message": True},
+        400,
+        "messages[1]",
+    ),
+    (
+        "chat",
+        {"messages": HI, "continue_final_message": True, "add_generation_prompt": True},
+        400,
+        "add_generation_prompt",
+    ),
+    (
+        "chat",
+        {
+            "messages": HI + [{"role": "assistant", "content": "{"}],
+            "continue_final_message": True,
+            "response_format": {"type": "json_object"},
+        },
+        400,
+        "response_format",
+    ),
+    ("chat", {"messages": HI, "continue_final_message": "yes"}, 400, "continue_final_message"),
     ("chat", {"messages": HI, "prediction": "abc"}, 400, "prediction"),
     (
         "chat",

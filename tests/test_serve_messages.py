@@ -119,7 +119,26 @@ def test_stop_reasons(client):
         ({"thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking.budget_tokens"),
         ({"thinking": {"type": "enabled", "display": "omitted"}}, "thinking.display"),
         ({"tool_choice": {"type": ["any"]}}, "tool_choice.type"),
-        ({"messages": tt.HI + [{"role": "assistant", "content": "{"}]}, "messages[1]"),
+        ({"messages": tt.HI + [{"role": "assistant", "content": "hi "}]}, "messages[1]"),
+        (
+            {
+                "messages": tt.HI + [{"role": "assistant", "content": "hi"}],
+                "thinking": {"type": "enabled"},
+            },
+            "messages[1]",
+        ),
+        (
+            {
+                "messages": tt.ASK
+                + [
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}],
+                    }
+                ]
+            },
+            "messages[1]",
+        ),
         ({"temperature": -1}, "temperature"),
         (
             {"output_config": {"format": {"type": "json_schema", "schema": 3}}},
@@ -222,3 +241,49 @@ def test_a_server_wide_thinking_budget(tool_pair, url):  # noqa: F811
     plain = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2))
     with pytest.raises(DFlash2Error, match="no thinking section"):
         create_app(plain, model_name="p", thinking_budget=3)
+
+
+def test_a_final_assistant_message_is_continued(client, url, tool_pair):  # noqa: F811
+    """Anthropic's prefill: the reply continues the final assistant message and holds only
+    what follows it — token for token what greedy decoding writes after that text; chat
+    completions' `continue_final_message` (vLLM's field) is the same request."""
+    off = {"type": "disabled"}
+    whole = send(client, tt.HI, thinking=off).content[0].text
+    assert whole == tt.SHORT_ANSWER and whole.endswith("!")
+    head = whole[:-1]  # "hello": one token short of the answer
+    prefilled = tt.HI + [{"role": "assistant", "content": head}]
+    r = send(client, prefilled, thinking=off)
+    assert r.content[0].text == whole[len(head) :] and r.stop_reason == "end_turn"
+    with client.messages.stream(
+        model="tools", messages=prefilled, max_tokens=64, thinking=off
+    ) as s:
+        assert s.get_final_message().content[0].text == whole[len(head) :]
+    body = {
+        "model": "tools",
+        "max_tokens": 64,
+        "messages": prefilled,
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    chat = httpx.post(url + "/v1/chat/completions", json=body).json()
+    assert chat["choices"][0]["message"]["content"] == whole[len(head) :]
+    tok = tool_pair.tokenizer
+    ids = tok.apply_chat_template(tt.HI, add_generation_prompt=True, enable_thinking=False)
+    ids = list(ids) + tok.encode(head, add_special_tokens=False)
+    assert chat["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_without_a_generation_prompt_the_last_turn_runs_on(url, tool_pair):  # noqa: F811
+    """add_generation_prompt false: the prompt is the conversation alone (no assistant
+    header); the reply is what greedy decoding writes after it."""
+    tok = tool_pair.tokenizer
+    ids = list(tok.apply_chat_template(tt.HI, add_generation_prompt=False))
+    body = {"model": "tools", "max_tokens": 12, "messages": tt.HI, "add_generation_prompt": False}
+    r = httpx.post(url + "/v1/chat/completions", json=body).json()
+    assert r["usage"]["prompt_tokens"] == len(ids)
+    same = {"model": "tools", "max_tokens": 12, "prompt": ids}
+    c = httpx.post(url + "/v1/completions", json=same).json()
+    assert r["usage"]["completion_tokens"] == c["usage"]["completion_tokens"]
+    headed = httpx.post(url + "/v1/chat/completions", json={**body, "add_generation_prompt": True})
+    assert headed.json()["usage"]["prompt_tokens"] > len(ids)

@@ -366,6 +366,16 @@ BAD = [
         {"tools": tt.TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
         "tool_choice",
     ),
+    (
+        {
+            "messages": tt.ASK + [{"role": "assistant", "content": "<tool_call>"}],
+            "continue_final_message": True,
+            "tools": tt.TOOLS,
+            "tool_choice": "required",
+        },
+        "tool_choice",
+    ),
+    ({"tools": tt.TOOLS, "tool_choice": "required", "add_generation_prompt": False}, "tool_choice"),
 ]
 
 

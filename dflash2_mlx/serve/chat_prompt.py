@@ -102,7 +102,16 @@ class ChatTemplate:
             )
 
     # ------------------------------------------------------------------ the prompt
-    def prompt(self, messages: list[dict], tools: ToolRequest | None, given: dict) -> ChatPrompt:
+    def prompt(
+        self,
+        messages: list[dict],
+        tools: ToolRequest | None,
+        given: dict,
+        prefill: str | None = None,
+        header: bool = True,
+    ) -> ChatPrompt:
+        """`prefill`: text the reply continues (after the generation prompt); `header` false:
+        no generation prompt (the reply continues the last message's turn)."""
         kwargs = self.template_kwargs(given)
         active = tools if tools is not None and tools.active else None
         if active is not None:
@@ -110,8 +119,28 @@ class ChatTemplate:
         listed = list(active.tools) if active else None
         messages = _template_call(lambda: self._show_names(messages, listed, kwargs))
         ids = _template_call(
-            lambda: chat_prompt_ids(self.tok, messages, tools=listed, template_kwargs=kwargs)
+            lambda: chat_prompt_ids(
+                self.tok,
+                messages,
+                tools=listed,
+                template_kwargs=kwargs,
+                add_generation_prompt=header,
+            )
         )
+        if active is not None and active.forced and (prefill is not None or not header):
+            raise invalid(
+                "tool_choice",
+                f"tool_choice {active.name or active.choice!r} opens the reply with a tool "
+                "call after the generation prompt, so the reply cannot "
+                + (
+                    "continue a final assistant message"
+                    if prefill is not None
+                    else "go without one"
+                ),
+                "unsupported_parameter",
+            )
+        if prefill is not None:
+            ids = self._prefilled(ids, prefill)
         state = "reasoning" if opens_thinking(self.tok, ids) else "normal"
         stops = ()
         if active is not None and not active.parallel:
@@ -137,6 +166,19 @@ class ChatTemplate:
                 'section open; send chat_template_kwargs {"enable_thinking": false}',
             )
         return ChatPrompt(ids, "tool", opening[len(self.tok.tool_call_start) :], stops, active)
+
+    def _prefilled(self, ids: list[int], prefill: str) -> list[int]:
+        """The prompt with the reply's prefill after it. Not inside a thinking section the
+        template opens: the prefill is meant as the answer's start."""
+        if opens_thinking(self.tok, ids):
+            raise invalid(
+                "messages",
+                "this prompt opens a thinking section, so the final assistant message cannot "
+                'be continued as the answer; send chat_template_kwargs {"enable_thinking": '
+                "false}",
+                "unsupported_parameter",
+            )
+        return ids + [int(t) for t in self.tok.encode(prefill, add_special_tokens=False)]
 
     def _show_names(self, messages: list[dict], tools, kwargs: dict) -> list[dict]:
         """Participant names reach the model: through the template for the roles whose names

@@ -103,7 +103,9 @@ class Handler:
 
     # ------------------------------------------------------------------ before the queue
     def chat_prompt(self, req: GenRequest) -> ChatPrompt:
-        return self.chat.prompt(req.messages, req.tools, req.template_kwargs)
+        return self.chat.prompt(
+            req.messages, req.tools, req.template_kwargs, req.prefill, req.generation_prompt
+        )
 
     def tokenize(self, req: GenRequest) -> list[int]:
         tok = self.pair.tokenizer

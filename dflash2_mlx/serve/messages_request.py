@@ -4,7 +4,8 @@ For clients that speak Anthropic's API (its SDKs; tools pointed at a local serve
 ANTHROPIC_BASE_URL). `system` becomes a system message; content blocks become chat content:
 `text` blocks the text, an assistant's `tool_use` blocks its tool calls, a user's
 `tool_result` blocks tool messages (in order, before the user's own text); `thinking` blocks
-sent back are dropped (templates drop past thinking). Tools (`input_schema`), `tool_choice`
+sent back are dropped (templates drop past thinking); a final assistant message is the reply's
+prefill (chat's `continue_final_message`). Tools (`input_schema`), `tool_choice`
 (auto / any / tool / none, `disable_parallel_tool_use`), `stop_sequences`, `max_tokens`,
 `temperature`, `top_p`, `top_k`, `output_config.format` (a JSON schema) and `thinking`
 (enabled / adaptive / disabled: the template's thinking switch; `budget_tokens`: a thinking
@@ -67,6 +68,8 @@ def parse_messages(body: dict) -> GenRequest:
     _tool_choice(body.get("tool_choice"), chat)
     budget = _thinking(body.get("thinking"), chat)
     _output_config(body.get("output_config"), chat)
+    if chat["messages"] and chat["messages"][-1]["role"] == "assistant":
+        _prefill(chat, len(body["messages"]) - 1)
     try:
         req = parse_chat(chat)
     except APIError as err:
@@ -130,13 +133,6 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
             elif message["content"] is None:
                 message["content"] = ""
             add(message, where)
-    if items and isinstance(items[-1], dict) and items[-1].get("role") == "assistant":
-        raise invalid(
-            f"messages[{len(items) - 1}]",
-            "a final assistant message (a prefill to continue) is not supported: end with a "
-            "user message",
-            "unsupported_parameter",
-        )
     return messages, origin
 
 
@@ -223,6 +219,20 @@ def _tool_choice(choice, chat: dict) -> None:
         )
     if choice.get("disable_parallel_tool_use"):
         chat["parallel_tool_calls"] = False
+
+
+def _prefill(chat: dict, last: int) -> None:
+    """A final assistant message: the reply continues its text (Anthropic's prefill)."""
+    where, text = f"messages[{last}]", chat["messages"][-1]["content"] or ""
+    if text != text.rstrip():
+        raise invalid(where, "final assistant content cannot end with trailing whitespace")
+    if chat.get("chat_template_kwargs", {}).get("enable_thinking"):
+        raise invalid(
+            where,
+            "a final assistant message to continue cannot go with thinking",
+            "unsupported_parameter",
+        )
+    chat["continue_final_message"] = True
 
 
 def _thinking(thinking, chat: dict) -> int | None:

@@ -94,6 +94,9 @@ class GenRequest:
     # how its errors name the fields the client sent (/v1/responses and /v1/messages differ)
     rename: Callable[[APIError], APIError] | None = None
     logprobs: int | None = None  # alternatives per token's log-probability (None: none)
+    # chat only: the final assistant message's text, which the reply continues (its prefill)
+    prefill: str | None = None
+    generation_prompt: bool = True  # chat only: false renders no assistant header
 
 
 def _check_fields(body: dict, own: set[str], refused: dict) -> None:
@@ -280,6 +283,32 @@ def _message(i: int, m) -> dict:
     return out
 
 
+def _continuation(body: dict, messages: list[dict]) -> tuple[list[dict], str | None, bool]:
+    """vLLM's `continue_final_message` (the reply continues the final assistant message, whose
+    text becomes the reply's prefill) and `add_generation_prompt` (false: the prompt ends
+    without an assistant header). Returns (messages, prefill, generation prompt)."""
+    flag = lambda v: isinstance(v, bool)  # noqa: E731
+    cont = optional(body, "continue_final_message", flag, "a boolean")
+    header = optional(body, "add_generation_prompt", flag, "a boolean")
+    if not cont:
+        return messages, None, header is not False
+    if header:
+        raise invalid(
+            "add_generation_prompt",
+            "add_generation_prompt and continue_final_message cannot both be true",
+        )
+    last = messages[-1]
+    if len(messages) == 1:
+        raise invalid("messages", "a final assistant message to continue needs a message before it")
+    if last["role"] != "assistant" or last.get("tool_calls"):
+        raise invalid(
+            f"messages[{len(messages) - 1}]",
+            "continue_final_message: the final message must be an assistant message of text "
+            "(no tool calls), which the reply continues",
+        )
+    return messages[:-1], last["content"], True
+
+
 def parse_chat(body: dict) -> GenRequest:
     _check_fields(
         body,
@@ -296,6 +325,8 @@ def parse_chat(body: dict) -> GenRequest:
             "response_format",
             "logprobs",
             "top_logprobs",
+            "continue_final_message",
+            "add_generation_prompt",
         },
         {**_OUTPUT_CHANGING, **_CHAT_ONLY},
     )
@@ -308,7 +339,7 @@ def parse_chat(body: dict) -> GenRequest:
         raise invalid("messages", "messages is empty: at least one message is needed")
     out = [_message(i, m) for i, m in enumerate(messages)]
     req = _common(body, "chat", "max_completion_tokens")
-    req.messages = out
+    req.messages, req.prefill, req.generation_prompt = _continuation(body, out)
     req.prediction = _prediction(body.get("prediction"))
     req.tools = parse_tools(body)
     if req.logprobs is not None and req.tools is not None:
@@ -319,6 +350,13 @@ def parse_chat(body: dict) -> GenRequest:
         raise invalid("thinking_budget", f"thinking_budget must be >= 1; got {budget}")
     req.thinking_budget = budget
     req.response_schema = parse_response_format(body.get("response_format"))
+    if req.prefill is not None and req.response_schema is not None:
+        raise invalid(
+            "response_format",
+            "a response_format schema cannot go with a final assistant message to continue "
+            "(the reply would start inside it)",
+            "unsupported_parameter",
+        )
     return req
 
 
