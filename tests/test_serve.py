@@ -416,6 +416,18 @@ BAD = [
     ("chat", {"messages": HI, "logit_bias": {"a": 10}}, 400, "logit_bias"),
     ("completions", {"prompt": "ab", "logit_bias": {"5": "x"}}, 400, "logit_bias"),
     ("chat", {"messages": HI, "frobnicate": 1}, 400, "frobnicate"),
+    (
+        "chat",
+        {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        400,
+        "messages[0].content[0].text",
+    ),
+    (
+        "chat",
+        {"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]},
+        400,
+        "messages[0].content[0]",
+    ),
     ("chat", {"messages": HI, "continue_final_message": True}, 400, "messages"),
     (
         "chat",
@@ -492,11 +504,26 @@ def test_bad_input_is_a_clean_4xx(url, endpoint, body, status, param):
     assert err["param"] == param
 
 
+def test_an_assistant_refusal_part_is_its_text(url):
+    """OpenAI's history may hold an assistant's refusal as a content part: it is that turn's
+    text, as a string content would be."""
+
+    def prompt_tokens(content) -> int:
+        messages = [*HI, {"role": "assistant", "content": content}, *HI]
+        body = {"messages": messages, "max_tokens": 1}
+        return httpx.post(url + "/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]
+
+    refused = prompt_tokens([{"type": "refusal", "refusal": "no way"}])
+    assert refused == prompt_tokens("no way") != prompt_tokens("")
+
+
 def test_unknown_route_and_method(url):
     assert httpx.get(url + "/v2/nothing").json()["error"]["code"] == "not_found"
     r = httpx.get(url + "/v1/chat/completions")
     assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
     assert httpx.get(url + "/v1/models/other").status_code == 404
+    slash = httpx.post(url + "/v1/chat/completions/", json={})
+    assert slash.status_code == 404 and slash.json()["error"]["code"] == "not_found"
 
 
 # ------------------------------------------------------------------ queue, disconnect, metrics

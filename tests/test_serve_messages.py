@@ -95,6 +95,16 @@ def test_tool_round_trip_with_blocks_sent_back(client):
     ]
 
 
+def test_two_calls_are_two_tool_use_blocks(client):
+    """The template's "\n" between two calls is no text block (whole or streamed)."""
+    r = send(client, tt.ASK_TWO, tools=[TOOL])
+    assert [b.type for b in r.content] == ["tool_use", "tool_use"] and r.stop_reason == "tool_use"
+    with client.messages.stream(
+        model="tools", messages=tt.ASK_TWO, tools=[TOOL], max_tokens=64
+    ) as s:
+        assert [b.type for b in s.get_final_message().content] == ["tool_use", "tool_use"]
+
+
 def test_stop_reasons(client):
     assert send(client, tt.HI, max_tokens=3).stop_reason == "max_tokens"
     full = send(client, tt.HI, thinking={"type": "disabled"}).content[0].text
@@ -140,6 +150,10 @@ def test_stop_reasons(client):
             "messages[1]",
         ),
         ({"temperature": -1}, "temperature"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+            "messages[0].content[0].text",
+        ),
         (
             {"output_config": {"format": {"type": "json_schema", "schema": 3}}},
             "output_config.format.schema",

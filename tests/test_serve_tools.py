@@ -182,6 +182,10 @@ def test_parallel_calls_and_parallel_tool_calls_false(client):
         ("get_weather", {"city": "paris"}),
         ("get_weather", {"city": "rome"}),
     ]
+    # the template's "\n" between the calls is no answer: no content, whole or streamed
+    assert r.choices[0].message.content is None
+    content, _, calls, finish, _ = streamed(client, tt.ASK_TWO, tools=tt.TOOLS)
+    assert (content, len(calls), finish) == ("", 2, "tool_calls")
     one = ask(client, tt.ASK_TWO, tools=tt.TOOLS, parallel_tool_calls=False)
     assert one.choices[0].finish_reason == "tool_calls"
     assert weather_calls(one.choices[0].message.tool_calls) == [("get_weather", {"city": "paris"})]
@@ -391,7 +395,7 @@ def test_bad_tools_and_template_kwargs_are_a_clean_400(tool_url, extra, param):
 def test_reply_split_does_not_depend_on_round_boundaries(tool_tokenizer):
     """Speculative rounds commit several tokens at once: the same text cut anywhere (markers
     split across rounds, several transitions in one round) splits the same way; a call that
-    does not parse stays in the content, verbatim."""
+    does not parse stays in the content, verbatim; whitespace between calls is no content."""
     tok = tool_tokenizer
     broken = '<tool_call>\n{"name": get_weather}\n</tool_call>'
     text = f"<think>\n{tt.THOUGHT}\n</think>\n\nok {tt.TWO_CALLS} then {broken} end"
@@ -414,7 +418,7 @@ def test_reply_split_does_not_depend_on_round_boundaries(tool_tokenizer):
     assert results == {
         (
             f"\n{tt.THOUGHT}\n",
-            f"\n\nok \n then {broken} end",
+            f"\n\nok  then {broken} end",  # the "\n" between the two calls is dropped
             "tool_calls",
             1,
             (("get_weather", '{"city": "paris"}'), ("get_weather", '{"city": "rome"}')),

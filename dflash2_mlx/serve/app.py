@@ -191,6 +191,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        redirect_slashes=False,  # a 307 would not be in the API's error shape: a 404 is
     )
     app.state.worker, app.state.metrics, app.state.settings = worker, metrics, settings
     app.state.limits, app.state.security, app.state.drain = limits, security, drain

@@ -110,7 +110,9 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
         for j, block in enumerate(content):
             at = f"{where}.content[{j}]"
             kind = block.get("type") if isinstance(block, dict) else None
-            if kind == "text" and isinstance(block.get("text"), str):
+            if kind == "text":
+                if not isinstance(block.get("text"), str):
+                    raise invalid(f"{at}.text", f"{at}.text: Field required", "invalid_type")
                 texts.append(block["text"])
             elif kind == "tool_use" and role == "assistant":
                 calls.append(_call(at, block))

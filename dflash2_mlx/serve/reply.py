@@ -56,6 +56,9 @@ class ChatReply:
         self.unparsed = 0  # call texts the parser refused (kept as content)
         self.content: list[str] = []
         self.reasoning: list[str] = []
+        # With tools: whitespace at the start or after a call, held until text follows
+        # (between or around calls it is no answer: Qwen-style templates put "\n" there).
+        self.held, self.call_lead, self.after_call = "", "", False
 
     def feed(self, text: str, event) -> list[Delta]:
         self.thinking.add(event)
@@ -72,6 +75,8 @@ class ChatReply:
             out = self._emit([(state, rest)])
         if self.current == "tool":  # cut by max_tokens, or by parallel_tool_calls' stop
             out += self._close_call(complete=False)
+        if self.held and not self.calls:  # a reply of whitespace alone stays verbatim
+            out += self._content("", hold=False)
         if self.calls and finish_reason == "stop":
             finish_reason = "tool_calls"
         return out, finish_reason
@@ -81,6 +86,8 @@ class ChatReply:
         for state, text in segments:
             if self.current == "tool" and state != "tool":
                 out += self._close_call(complete=True)
+            if state == "tool" and self.current != "tool":
+                self.call_lead, self.held = self.held, ""
             self.current = state
             if not text:
                 continue
@@ -90,9 +97,17 @@ class ChatReply:
                 self.reasoning.append(text)
                 out.append(Delta("reasoning", text))
             else:
-                self.content.append(text)
-                out.append(Delta("content", text))
+                out += self._content(text)
         return out
+
+    def _content(self, text: str, hold: bool = True) -> list[Delta]:
+        held = self.tools is not None and (not self.content or self.after_call)
+        if hold and held and not (self.held + text).strip():
+            self.held += text
+            return []
+        text, self.held, self.after_call = self.held + text, "", False
+        self.content.append(text)
+        return [Delta("content", text)]
 
     def _close_call(self, complete: bool) -> list[Delta]:
         text, self.call_text = self.call_text, ""
@@ -107,9 +122,9 @@ class ChatReply:
             log.warning("a tool call did not parse (%s: %s); kept as content", type(e).__name__, e)
             self.unparsed += 1
             end = (self.tok.tool_call_end or "") if complete else ""
-            raw = self.tok.tool_call_start + text + end
-            self.content.append(raw)
-            return [Delta("content", raw)]
+            self.held, self.call_lead = self.call_lead, ""
+            return self._content(self.tok.tool_call_start + text + end, hold=False)
+        self.call_lead, self.after_call = "", True
         out = []
         for c in calls:
             args = c.get("arguments", {})

@@ -194,26 +194,29 @@ def _common(body: dict, kind: str, max_param: str) -> GenRequest:
     return req
 
 
-def _text(param: str, content, sep: str) -> str:
-    """A string, or a list of text parts joined with `sep`."""
+def _text(param: str, content, sep: str, refusal: bool = False) -> str:
+    """A string, or a list of text parts joined with `sep` (with `refusal`, an assistant's
+    refusal parts count as its text, as OpenAI's history holds them)."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise invalid(
-                    f"{param}[{j}]",
-                    'only text content parts ({"type": "text", "text": ...}) are supported',
-                    "unsupported_parameter",
-                )
-            texts.append(part["text"])
-        return sep.join(texts)
-    raise invalid(param, f"{param} must be a string or a list of text parts", "invalid_type")
+    if not isinstance(content, list):
+        raise invalid(param, f"{param} must be a string or a list of text parts", "invalid_type")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        key = "refusal" if refusal and kind == "refusal" else "text" if kind == "text" else None
+        if key is None:
+            raise invalid(
+                f"{param}[{j}]",
+                'only text content parts ({"type": "text", "text": ...}) are supported'
+                f"; got type {brief(kind)}",
+                "unsupported_parameter",
+            )
+        if not isinstance(part.get(key), str):
+            code = "missing_required_parameter" if part.get(key) is None else "invalid_type"
+            raise invalid(f"{param}[{j}].{key}", f"{param}[{j}].{key} must be a string", code)
+        texts.append(part[key])
+    return sep.join(texts)
 
 
 def _prediction(value) -> str | None:
@@ -266,7 +269,7 @@ def _message(i: int, m) -> dict:
     elif "content" not in m:
         raise invalid(f"messages[{i}].content", "content is required", "missing_required_parameter")
     else:
-        content = _text(f"messages[{i}].content", m["content"], "\n")
+        content = _text(f"messages[{i}].content", m["content"], "\n", role == "assistant")
     # Chat templates know "system"; OpenAI's newer "developer" role means the same.
     out = {"role": "system" if role == "developer" else role, "content": content}
     if calls:
