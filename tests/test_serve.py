@@ -504,6 +504,24 @@ def test_bad_input_is_a_clean_4xx(url, endpoint, body, status, param):
     assert err["param"] == param
 
 
+@pytest.mark.parametrize(
+    "path,extra,field",
+    [
+        ("/v1/messages", {"output_config": {"effort": "high"}}, "output_config.effort"),
+        ("/v1/messages", {"thinking": {"type": "enabled"}}, "thinking.type"),
+        ("/v1/responses", {"reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ],
+)
+def test_a_translated_field_is_named_as_sent(url, path, extra, field):
+    """The thinking switch this template lacks is named as the client sent it, with no
+    value of the translated request in the message."""
+    base = {"max_tokens": 4, "messages": HI} if path == "/v1/messages" else {"input": "hi"}
+    r = httpx.post(url + path, json={**base, **extra})
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert message.startswith(field + ":") and "True" not in message, message
+
+
 def test_an_assistant_refusal_part_is_its_text(url):
     """OpenAI's history may hold an assistant's refusal as a content part: it is that turn's
     text, as a string content would be."""

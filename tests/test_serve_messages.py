@@ -129,6 +129,7 @@ def test_stop_reasons(client):
         ({"thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking.budget_tokens"),
         ({"thinking": {"type": "enabled", "display": "omitted"}}, "thinking.display"),
         ({"tool_choice": {"type": ["any"]}}, "tool_choice.type"),
+        ({"tool_choice": {"type": "any"}}, "tool_choice.type 'any' needs tools"),
         ({"messages": tt.HI + [{"role": "assistant", "content": "hi "}]}, "messages[1]"),
         (
             {

@@ -72,8 +72,8 @@ class ChatTemplate:
                     continue  # what the model does anyway (it always / never thinks)
                 raise invalid(
                     f"chat_template_kwargs.{k}",
-                    f"chat_template_kwargs.{k}={v}: this "
-                    "model's chat template has no thinking switch",
+                    f"chat_template_kwargs.{k}: this model's chat template has no thinking "
+                    f"switch (the model {'always' if self.info.thinks else 'never'} thinks)",
                 )
             if self.info.reads(k) is False:
                 raise invalid(

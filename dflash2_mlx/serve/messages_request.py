@@ -67,7 +67,7 @@ def parse_messages(body: dict) -> GenRequest:
         chat["tools"] = _tools(tools)
     _tool_choice(body.get("tool_choice"), chat)
     budget = _thinking(body.get("thinking"), chat)
-    _output_config(body.get("output_config"), chat)
+    _output_config(body.get("output_config"), chat, origin)
     if chat["messages"] and chat["messages"][-1]["role"] == "assistant":
         _prefill(chat, len(body["messages"]) - 1)
     try:
@@ -210,6 +210,8 @@ def _tool_choice(choice, chat: dict) -> None:
         return
     kind = choice.get("type") if isinstance(choice, dict) else None
     names = {"auto": "auto", "any": "required", "none": "none"}
+    if kind in ("any", "tool") and not chat.get("tools"):
+        raise invalid("tool_choice.type", f"tool_choice.type {kind!r} needs tools")
     if isinstance(kind, str) and kind in names:
         chat["tool_choice"] = names[kind]
     elif kind == "tool":
@@ -266,7 +268,7 @@ def _thinking(thinking, chat: dict) -> int | None:
     return budget if kind == "enabled" else None
 
 
-def _output_config(config, chat: dict) -> None:
+def _output_config(config, chat: dict, origin: dict[str, str]) -> None:
     """`format` (a JSON schema) as the chat response_format; `effort` switches thinking on."""
     if config is None:
         return
@@ -287,7 +289,9 @@ def _output_config(config, chat: dict) -> None:
             raise invalid(
                 "output_config.effort", f"output_config.effort must be one of {', '.join(_EFFORTS)}"
             )
-        chat.setdefault("chat_template_kwargs", {"enable_thinking": True})
+        if "chat_template_kwargs" not in chat:
+            chat["chat_template_kwargs"] = {"enable_thinking": True}
+            origin["#thinking"] = "output_config.effort"
 
 
 _RENAMES = (
@@ -298,7 +302,6 @@ _RENAMES = (
     (r"^tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema"),
     (r"^tools\[(\d+)\]\.function\.", r"tools[\1]."),
     (r"^tool_choice\.function\.", "tool_choice."),
-    (r"^chat_template_kwargs\.enable_thinking", "thinking.type"),
     (r"^thinking_budget", "thinking.budget_tokens"),
 )
 
@@ -313,4 +316,6 @@ def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
         if origin.get(key + "#kind") == "tool_result":
             rest = rest.replace(".tool_call_id", ".tool_use_id", 1)
         param = origin.get(key, "messages") + rest
+    if param == "chat_template_kwargs.enable_thinking":  # set by `thinking` or by the effort
+        param = origin.get("#thinking", "thinking.type")
     return renamed(err, param, _RENAMES)
