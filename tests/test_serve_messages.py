@@ -152,6 +152,25 @@ def test_stop_reasons(client):
         ),
         ({"temperature": -1}, "temperature"),
         (
+            {
+                "messages": tt.ASK
+                + [
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}
+                        ],
+                    },
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "zzz", "content": "x"}],
+                    },
+                ],
+                "tools": [TOOL],
+            },
+            "messages[2].content[0].tool_use_id",
+        ),
+        (
             {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
             "messages[0].content[0].text",
         ),

@@ -380,6 +380,28 @@ BAD = [
         "tool_choice",
     ),
     ({"tools": tt.TOOLS, "tool_choice": "required", "add_generation_prompt": False}, "tool_choice"),
+    (
+        {"messages": tt.ASK + [{"role": "tool", "tool_call_id": "c1", "content": "x"}]},
+        "messages[1]",
+    ),
+    (
+        {
+            "messages": tt.ASK
+            + [
+                {
+                    **ASSISTANT_CALL,
+                    "tool_calls": [
+                        {
+                            **ASSISTANT_CALL["tool_calls"][0],
+                            "function": {"name": "get_weather", "arguments": "{}"},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c2", "content": "x"},
+            ]
+        },
+        "messages[2].tool_call_id",
+    ),
 ]
 
 

@@ -18,7 +18,7 @@ from .api_error import APIError, brief, check_object, invalid, is_int, is_num, o
 from .reasoning import parse_template_kwargs
 from .response_format import parse_response_format
 from .token_fields import PENALTIES, parse_logprobs, parse_penalties
-from .tools import ToolRequest, history_tool_calls, parse_tools, tool_call_id
+from .tools import ToolRequest, check_tool_answers, history_tool_calls, parse_tools, tool_call_id
 
 MAX_STOP = 16
 MAX_SEED = 2**64 - 1
@@ -341,6 +341,7 @@ def parse_chat(body: dict) -> GenRequest:
     if not messages:
         raise invalid("messages", "messages is empty: at least one message is needed")
     out = [_message(i, m) for i, m in enumerate(messages)]
+    check_tool_answers(out)
     req = _common(body, "chat", "max_completion_tokens")
     req.messages, req.prefill, req.generation_prompt = _continuation(body, out)
     req.prediction = _prediction(body.get("prediction"))

@@ -9,7 +9,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from .api_error import invalid
+from .api_error import brief, invalid
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 CHOICES = ("none", "auto", "required")
@@ -188,3 +188,29 @@ def tool_call_id(i: int, value) -> str:
             "missing_required_parameter" if value is None else "invalid_type",
         )
     return value
+
+
+def check_tool_answers(messages: list[dict]) -> None:
+    """Each tool message answers a call of the assistant message before it (tool messages
+    between), as OpenAI's and Anthropic's APIs require: a client's history bug is a 400, not a
+    prompt the model misreads. Calls sent without ids are not matched."""
+    ids: set[str] | None = None  # what the next tool messages may answer; None: no calls
+    for i, m in enumerate(messages):
+        if m["role"] == "tool":
+            if ids is None:
+                raise invalid(
+                    f"messages[{i}]",
+                    "a tool message must follow an assistant message with tool_calls (or "
+                    "tool messages answering them)",
+                )
+            if ids and m["tool_call_id"] not in ids:
+                raise invalid(
+                    f"messages[{i}].tool_call_id",
+                    f"messages[{i}].tool_call_id {brief(m['tool_call_id'])} answers none of "
+                    f"the calls before it ({', '.join(sorted(ids))})",
+                )
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            calls = m["tool_calls"]
+            ids = {c["id"] for c in calls} if all("id" in c for c in calls) else set()
+        else:
+            ids = None
