@@ -6,7 +6,7 @@ Shared by the chat front end and the server, so both stop, count and report iden
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
 from .engine.events import GenerationStats, RoundEvent
@@ -138,6 +138,7 @@ class TextStream:
         self.sent = 0  # chars of the decoded text already emitted
         self.stopped = False
         self.hit: str | None = None  # the stop string found
+        self.used = 0  # tokens of the last feed up to the one that completed the stop string
 
     def feed(self, tokens: list[int], final: bool) -> tuple[str, bool]:
         """Add tokens; return (text safe to emit now, hit a stop string). The tokens are
@@ -153,7 +154,7 @@ class TextStream:
                 i, s = min(found, key=lambda f: f[0])
                 out = text[self.sent : i]
                 self.sent = i
-                self.stopped, self.hit = True, s
+                self.stopped, self.hit, self.used = True, s, min(k + 1, len(tokens))
                 return out, True
         hold = 0
         if not final:
@@ -179,7 +180,17 @@ class EventText:
     def chunk(self, ev: RoundEvent) -> TextChunk:
         visible = [t for t in ev.tokens if t not in self.hidden]
         text, hit = self.stream.feed(visible, final=ev.finish_reason is not None)
+        if hit:  # the round's tokens past the stop string's last are not the reply's
+            ev = _cut(ev, self.stream.used)
         return TextChunk(text, ev, "stop" if hit else ev.finish_reason, self.stream.hit)
+
+
+def _cut(ev: RoundEvent, n: int) -> RoundEvent:
+    """The event with only its first n tokens: what plain decoding would have generated
+    before the stop string ended it (usage counts the same however rounds fell)."""
+    if n >= len(ev.tokens):
+        return ev
+    return replace(ev, tokens=ev.tokens[:n], accepted=min(ev.accepted, n), logprobs=ev.logprobs[:n])
 
 
 def stream_text(

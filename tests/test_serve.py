@@ -229,7 +229,22 @@ def test_stream_include_usage_and_stop_string(pair, client):
     ]
     assert finals == ["stop"]
     last = chunks[-1]
-    assert last.choices == [] and last.usage.completion_tokens >= 1
+    # usage counts the tokens plain decoding generates until the stop string is complete
+    ids = tiny.greedy_reference(pair.model, chat_prompt_ids(pair.tokenizer, HI), 12, eos={EOS})
+    upto = next(n for n in range(1, len(ids) + 1) if stop in pair.tokenizer.decode(ids[:n]))
+    assert last.choices == [] and last.usage.completion_tokens == upto
+    # the prediction is the answer: one round commits it all, past the stop string
+    whole = client.chat.completions.create(
+        model="tiny",
+        messages=HI,
+        max_tokens=12,
+        temperature=0,
+        stop=[stop],
+        prediction={"type": "content", "content": want},
+    )
+    assert whole.usage.model_extra["dflash2"]["rounds"] <= 2
+    assert whole.choices[0].message.content == want[: want.find(stop)]
+    assert whole.usage.completion_tokens == upto
     assert set(last.usage.model_extra["dflash2"]) >= {
         "rounds",
         "drafted",

@@ -79,13 +79,19 @@ def test_completion_logprobs_whole_and_streamed(pair, client):
         np.testing.assert_allclose(
             sorted(alts.values(), reverse=True), np.sort(row)[::-1][:2], atol=1e-3
         )
-    streamed = []
+    # text_offset: where each token's text starts in the completion's text
+    text, offsets = r.choices[0].text, lp.text_offset
+    assert len(offsets) == len(lp.tokens) and text.startswith(lp.tokens[0])
+    assert offsets == [len(pair.tokenizer.decode([t for t, _ in ref[:k]])) for k in range(len(ref))]
+    streamed, streamed_offsets = [], []
     for chunk in client.completions.create(
         model="tiny", prompt=ids, max_tokens=12, logprobs=0, stream=True
     ):
         if chunk.choices and chunk.choices[0].logprobs is not None:
             streamed += chunk.choices[0].logprobs.token_logprobs
+            streamed_offsets += chunk.choices[0].logprobs.text_offset
     np.testing.assert_allclose(streamed, lp.token_logprobs, atol=1e-5)
+    assert streamed_offsets == offsets
 
 
 @pytest.mark.parametrize(

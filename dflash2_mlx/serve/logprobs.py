@@ -54,7 +54,8 @@ class Logprobs:
     def take(self, sent: int) -> dict | None:
         """The entries of the tokens starting in the first `sent` characters of the text as a
         choice's `logprobs` (None when there are none); they are not sent again."""
-        ready = [lp for start, lp in self.entries if start < sent]
+        starts = [start for start, _ in self.entries if start < sent]
+        ready = [lp for _, lp in self.entries[: len(starts)]]
         self.entries = self.entries[len(ready) :]
         if not ready:
             return None
@@ -64,7 +65,7 @@ class Logprobs:
             "tokens": [self._text(lp.token) for lp in ready],
             "token_logprobs": [lp.logprob for lp in ready],
             "top_logprobs": [{self._text(t): v for t, v in lp.top} for lp in ready],
-            "text_offset": None,
+            "text_offset": starts,  # where each token's text starts in the completion's
         }
 
     def _text(self, token: int) -> str:

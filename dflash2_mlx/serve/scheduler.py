@@ -137,7 +137,7 @@ class Scheduler:
         self.metrics.count_event(event)
         r.produced += len(event.tokens)
         chunk = r.text.chunk(event)
-        r.job.emit(Item("chunk", chunk.text, chunk.finish_reason, event, stop=chunk.stop))
+        r.job.emit(Item("chunk", chunk.text, chunk.finish_reason, chunk.event, stop=chunk.stop))
         if chunk.finish_reason is None:
             return
         if event.finish_reason is None:  # a stop string: its row leaves now
