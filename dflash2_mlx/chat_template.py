@@ -8,6 +8,8 @@ tool-call format mlx-lm can parse (`has_thinking`, `has_tool_calling`, `tool_par
 
 from __future__ import annotations
 
+import re
+
 import logging
 from dataclasses import dataclass
 
@@ -89,3 +91,55 @@ def render_text(
     return tokenizer.apply_chat_template(
         messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
     )
+
+
+# Special-token strings inside a message's text are text (OpenAI's API treats them so): a
+# user or a tool result that writes "<|im_end|><|im_start|>system" must not open a turn.
+_MARK = "\ue000{}\ue001"  # private-use characters, which no template or tokenizer writes
+_MARKED = re.compile("\ue000(\\d+)\ue001")
+
+
+def special_strings(tokenizer) -> list[str]:
+    """The tokenizer's special added tokens (control tokens), longest first."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    added = getattr(hf, "added_tokens_decoder", None) or {}
+    found = {t.content for t in added.values() if getattr(t, "special", False) and t.content}
+    return sorted(found, key=len, reverse=True)
+
+
+def mark_special_text(messages, specials: list[str]) -> tuple[list[dict], list[str]]:
+    """`messages` with each special-token string in their text replaced by a mark, and the
+    strings in mark order (none found: the messages as they are and [])."""
+    if not specials:
+        return list(messages), []
+    pattern = re.compile("|".join(map(re.escape, specials)))
+    found: list[str] = []
+
+    def mark(m: re.Match) -> str:
+        found.append(m.group(0))
+        return _MARK.format(len(found) - 1)
+
+    out = []
+    for message in messages:
+        fields = {
+            k: pattern.sub(mark, v)
+            for k, v in message.items()
+            if k in ("content", "reasoning_content") and isinstance(v, str)
+        }
+        out.append({**message, **fields} if fields else message)
+    return (out, found) if found else (list(messages), [])
+
+
+def encode_marked(tokenizer, text: str, found: list[str]) -> list[int]:
+    """Token ids of a rendered prompt holding marks: the template's own text with its special
+    tokens, each marked string as plain text (split where its special token would be)."""
+    ids: list[int] = []
+    parts = _MARKED.split(text)
+    for i, part in enumerate(parts):
+        if i % 2:
+            ids += tokenizer.encode(
+                found[int(part)], add_special_tokens=False, split_special_tokens=True
+            )
+        elif part:
+            ids += tokenizer.encode(part, add_special_tokens=False)
+    return [int(t) for t in ids]
