@@ -44,8 +44,8 @@ def train(
     prompts: str = typer.Option(
         "train+train-wide+train-deep+train-extra+train-more",
         help="Bundled split names or JSONL files of prompts, joined "
-        "with '+' (train, train-wide, train-deep: 564, 704 and 1,070 "
-        "hand-written; train-extra, train-more: 843 and 424 "
+        "with '+' (train, train-wide, train-deep, train-broad: 564, 704, "
+        "1,070 and 1,300 hand-written; train-extra, train-more: 843 and 424 "
         "template-built). NAME@0,0.7 gives a set its own "
         "regeneration temperatures.",
     ),

@@ -2,7 +2,8 @@
 
 Each line of a prompt file is `{"id": str, "category": str, "messages": [{"role", "content"}, ...]}`
 where the messages end with a user turn. `load_prompts("train")` / `load_prompts("heldout")` read
-the bundled sets (`train-wide`, `train-deep`: 704 and 1,070 more hand-written prompts;
+the bundled sets (`train-wide`, `train-deep`, `train-broad`: 704, 1,070 and 1,300 more
+hand-written prompts;
 `train-extra`, `train-more`: template-built prompts that add variety for distillation, made by
 tools/make_train_extra.py);
 any other value is taken as a path; "a+b" joins several.
@@ -18,7 +19,15 @@ from pathlib import Path
 from .errors import DFlash2Error
 
 ASSETS = Path(__file__).resolve().parent / "assets" / "prompts"
-SPLITS = ("train", "train-wide", "train-deep", "train-extra", "train-more", "heldout")
+SPLITS = (
+    "train",
+    "train-wide",
+    "train-deep",
+    "train-broad",
+    "train-extra",
+    "train-more",
+    "heldout",
+)
 _ROLES = {"system", "user", "assistant"}
 
 
