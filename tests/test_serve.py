@@ -391,7 +391,9 @@ BAD = [
     ("chat", {"messages": HI, "stop": 5}, 400, "stop"),
     ("chat", {"messages": HI, "stream": "yes"}, 400, "stream"),
     ("chat", {"messages": HI, "stream_options": {"include_usage": True}}, 400, "stream_options"),
-    ("chat", {"messages": HI, "n": 2}, 400, "n"),
+    ("chat", {"messages": HI, "n": 9}, 400, "n"),
+    ("completions", {"prompt": "ab", "n": 0}, 400, "n"),
+    ("chat", {"messages": HI, "n": "2"}, 400, "n"),
     (
         "chat",
         {
@@ -646,7 +648,7 @@ def test_metrics_exposition(url):
     chat = url + "/v1/chat/completions"
     for _ in range(2):
         assert httpx.post(chat, json={"messages": HI, "max_tokens": 4}).status_code == 200
-    assert httpx.post(chat, json={"messages": HI, "n": 2}).status_code == 400
+    assert httpx.post(chat, json={"messages": HI, "n": 9}).status_code == 400
     assert httpx.post(chat, json={"messages": HI, "model": "nope"}).status_code == 404
     text = httpx.get(url + "/metrics").text
     for status, least in (("200", 2), ("400", 1), ("404", 1)):

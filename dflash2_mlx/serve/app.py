@@ -27,7 +27,8 @@ from . import metrics as metrics_mod
 from .body import ClientGone, read_json
 from .chat_prompt import ChatTemplate
 from .guard import FaultGuard
-from .handler import CLIENT_GONE, Handler, Settings, error_response, unknown_model
+from .handler import Handler, Settings, unknown_model
+from .http_errors import CLIENT_GONE, error_response
 from .lifecycle import Drain
 from .limits import RequestLimits, ServeLimits
 from .queue import Worker

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import json
 import time
 import uuid
@@ -111,6 +113,13 @@ class Formatter:
         self.kind, self.model = kind, model
         self.id = new_id(kind)
         self.created = int(time.time())
+        self.index = 0  # the choice its objects carry
+
+    def choice(self, index: int) -> "Formatter":
+        """The same response's objects for choice `index` (`n` > 1)."""
+        other = copy.copy(self)
+        other.index = index
+        return other
 
     def _head(self, obj: str) -> dict:
         return {
@@ -143,9 +152,10 @@ class Formatter:
                 message["tool_calls"] = [
                     {k: v for k, v in c.items() if k != "index"} for c in tool_calls
                 ]
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": self.index, "message": message}
+            choice |= {"logprobs": logprobs, "finish_reason": finish}
             return {**self._head("chat.completion"), "choices": [choice], "usage": usage_}
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        choice = {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice], "usage": usage_}
 
     def chunk(
@@ -163,10 +173,12 @@ class Formatter:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": self.index, "delta": delta}
+            choice |= {"logprobs": logprobs, "finish_reason": finish}
             out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": self.index, "text": text or "", "logprobs": logprobs}
+            choice["finish_reason"] = finish
             out = {**self._head("text_completion"), "choices": [choice]}
         if with_usage:
             out["usage"] = None
@@ -174,7 +186,7 @@ class Formatter:
 
     def delta_chunk(self, delta: dict, *, with_usage: bool = False) -> dict:
         """A chat chunk carrying `delta` (reasoning_content, or tool_calls fragments)."""
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        choice = {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": None}
         out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         if with_usage:
             out["usage"] = None
@@ -210,8 +222,9 @@ class ChatStream:
     """A chat or completion stream's SSE lines, item by item (handler._stream drives it).
     `logprobs` puts the log-probabilities gathered so far on a chunk (logprobs.LogprobChunks)."""
 
-    def __init__(self, fmt: Formatter, include_usage: bool, logprobs):
+    def __init__(self, fmt: Formatter, include_usage: bool, logprobs, closing: bool = True):
         self.fmt, self.with_usage, self.logprobs = fmt, include_usage, logprobs
+        self.closing = closing  # False: one choice of several (no usage chunk, no [DONE])
 
     def start(self, first):
         if self.fmt.kind == "chat":
@@ -227,13 +240,18 @@ class ChatStream:
 
     def error(self, err):
         yield sse(err.body())
-        yield SSE_DONE
+        if self.closing:
+            yield SSE_DONE
 
     def end(self, deltas: list[Delta], finish: str, usage_: dict):
         for chunk in delta_chunks(self.fmt, deltas, self.with_usage):
             yield sse(self.logprobs(chunk))
         text = None if self.fmt.kind == "chat" else ""
         yield sse(self.logprobs(self.fmt.chunk(text, finish, with_usage=self.with_usage)))
+        if self.closing:
+            yield from self.close(usage_)
+
+    def close(self, usage_: dict):
         if self.with_usage:
             yield sse(self.fmt.usage_chunk(usage_))
         yield SSE_DONE

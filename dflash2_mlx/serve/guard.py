@@ -12,7 +12,7 @@ import logging
 
 from fastapi.responses import JSONResponse
 
-from .handler import internal_error
+from .http_errors import internal_error
 from .messages_output import MESSAGES_PATH, error_body
 
 log = logging.getLogger("dflash2.serve")

@@ -18,64 +18,26 @@ from fastapi.responses import JSONResponse, Response
 from ..engine.events import GenerationStats
 from ..engine.generation import GenerationParams
 from ..engine.processors import check_penalty, penalties
-from ..errors import DFlash2Error, ParameterError
+from ..errors import ParameterError
 from ..settings import SamplingDefaults
 from .chat_prompt import ChatPrompt, ChatTemplate
+from .choices import handle_choices
 from .format import ChatStream, Formatter, ReplyStats, usage
 from .limits import RequestLimits, context_exceeded
 from .logprobs import LogprobChunks, Logprobs
 from .queue import Item, Job, QueueFull, ShuttingDown, Worker
 from .reply import ChatReply
-from .messages_output import MESSAGES_PATH, MessageBuilder, MessagesStream, error_body
+from .messages_output import MessageBuilder, MessagesStream
 from .messages_output import usage as messages_usage
 from .responses_output import ResponseBuilder, ResponsesStream
 from .responses_output import usage as responses_usage
 from .api_error import brief
 from .constrained import reply_constraint
 from .schemas import APIError, GenRequest, invalid
+from .http_errors import CLIENT_GONE, error_response, from_worker, internal_error, shutting_down
 from .stream import PENDING, SSE_KEEPALIVE, Reader, SSEResponse
 
 log = logging.getLogger("dflash2.serve")
-
-CLIENT_GONE = 499  # nginx's "client closed request": counted in /metrics, never seen by anyone
-
-
-def error_response(err: APIError, request: Request | None = None) -> JSONResponse:
-    """The JSON error, logged as one line (a client's mistake is not the server's)."""
-    where = f"{request.method} {request.url.path}: " if request is not None else ""
-    anthropic = request is not None and request.url.path.startswith(MESSAGES_PATH)
-    log.log(
-        logging.ERROR if err.status >= 500 and err.status != 503 else logging.INFO,
-        "%s%d %s: %s",
-        where,
-        err.status,
-        err.code or err.type,
-        err.message,
-    )
-    body = error_body(err) if anthropic else err.body()
-    return JSONResponse(body, status_code=err.status, headers=err.headers)
-
-
-def shutting_down() -> APIError:
-    return APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
-
-
-def internal_error(exc: BaseException) -> APIError:
-    """A server fault: the type only (details, paths included, go to the server log)."""
-    return APIError(
-        500,
-        f"internal error ({type(exc).__name__}); see the server log",
-        type="server_error",
-        code="internal_error",
-    )
-
-
-def _from_worker(err: BaseException) -> APIError:
-    if isinstance(err, ShuttingDown):
-        return shutting_down()
-    if isinstance(err, DFlash2Error):
-        return APIError(400, str(err))
-    return internal_error(err)
 
 
 @dataclass(frozen=True)
@@ -196,10 +158,8 @@ class Handler:
         constraint = reply_constraint(self.pair, req, prompt, self.s.thinking_budget)
         return prompt, ids, stop, self.predicted_ids(req), constraint
 
-    async def _queue(self, req: GenRequest) -> tuple[Job, ChatPrompt | None, int]:
-        """Reserve a place (503 when full), tokenize in it, queue the job; (job, chat prompt,
-        prompt length). A request waiting to be tokenized holds its place."""
-        self.limits.check_text(req)
+    def reserve(self) -> None:
+        """A place in the queue, or a 503 (full: with Retry-After; shutting down)."""
         try:
             self.worker.reserve()
         except QueueFull as e:
@@ -212,6 +172,12 @@ class Handler:
             ) from None
         except ShuttingDown:
             raise shutting_down() from None
+
+    async def _queue(self, req: GenRequest) -> tuple[Job, ChatPrompt | None, int]:
+        """Reserve a place (503 when full), tokenize in it, queue the job; (job, chat prompt,
+        prompt length). A request waiting to be tokenized holds its place."""
+        self.limits.check_text(req)
+        self.reserve()
         try:
             loop = asyncio.get_running_loop()
             prompt, ids, stop, predicted, grammar = await loop.run_in_executor(
@@ -231,6 +197,8 @@ class Handler:
     async def _handle(self, request: Request, req: GenRequest) -> Response:
         if req.model is not None and req.model != self.s.model_name:
             raise unknown_model(req.model, self.s.model_name)
+        if req.n > 1:
+            return await handle_choices(self, request, req)
         job, prompt, n_prompt = await self._queue(req)
         reader = Reader(job, request)
 
@@ -246,7 +214,7 @@ class Handler:
             if first is None:
                 return Response(status_code=CLIENT_GONE)
             if first.kind == "error":
-                return error_response(_from_worker(first.error), request)
+                return error_response(from_worker(first.error), request)
             fmt = Formatter(req.kind, self.s.model_name)
             reply = ChatReply(self.pair.tokenizer, prompt) if prompt is not None else None
             lp = None
@@ -256,7 +224,8 @@ class Handler:
                 handed_over = True
                 stream = self._stream(fmt, req, n_prompt, first, reader, reply, lp)
                 return SSEResponse(stream, release)
-            return await self._complete(fmt, req, n_prompt, first, reader, reply, lp)
+            body = await self._complete(fmt, req, n_prompt, first, reader, reply, lp)
+            return body if isinstance(body, Response) else JSONResponse(body)
         finally:
             if not handed_over:
                 release()
@@ -264,10 +233,12 @@ class Handler:
     def _usage(self, n_prompt: int, stats: GenerationStats, reply: ReplyStats | None) -> dict:
         return usage(n_prompt, stats, self.s.effective_block, self.s.speculative, reply)
 
-    def _finished(self, reply: ChatReply) -> ReplyStats:
-        """A finished chat reply's statistics, counted in /metrics."""
+    def _finished(self, reply: ChatReply, replies: list | None = None) -> ReplyStats:
+        """A finished chat reply's statistics, counted in /metrics (and added to `replies`)."""
         counted = ReplyStats(len(reply.calls), reply.thinking.stats)
         self.worker.metrics.count_reply(counted.tool_calls, reply.unparsed, counted.thinking)
+        if replies is not None:
+            replies.append(counted)
         return counted
 
     async def _complete(
@@ -279,13 +250,17 @@ class Handler:
         reader: Reader,
         reply: ChatReply | None,
         lp: Logprobs | None = None,
-    ) -> Response:
-        stats, parts, deltas, finish, sent, stop = GenerationStats(), [], [], "length", 0, None
+        stats=None,  # GenerationStats, or one choice's share of several (choices.py)
+        replies: list | None = None,
+    ) -> dict | Response:
+        """The whole response's body (a Response when the client left or the job failed)."""
+        stats = GenerationStats() if stats is None else stats
+        parts, deltas, finish, sent, stop = [], [], "length", 0, None
         while True:
             if item is None:
                 return Response(status_code=CLIENT_GONE)
             if item.kind == "error":
-                return error_response(_from_worker(item.error), reader.request)
+                return error_response(from_worker(item.error), reader.request)
             if item.kind == "done":
                 break
             stats.add(item.event)
@@ -301,24 +276,22 @@ class Handler:
         logprobs = lp.take(sent) if lp is not None else None
         if reply is None:
             usage_ = self._usage(n_prompt, stats, None)
-            return JSONResponse(fmt.full("".join(parts), finish, usage_, logprobs=logprobs))
+            return fmt.full("".join(parts), finish, usage_, logprobs=logprobs)
         more, finish = reply.finish(finish)
-        usage_ = self._usage(n_prompt, stats, self._finished(reply))
+        usage_ = self._usage(n_prompt, stats, self._finished(reply, replies))
         if req.responses is not None:
             builder = ResponseBuilder(self.s.model_name, req.responses)
-            return JSONResponse(builder.whole(deltas + more, finish, responses_usage(usage_)))
+            return builder.whole(deltas + more, finish, responses_usage(usage_))
         if req.anthropic:
             message = MessageBuilder(self.s.model_name, req.stop)
-            return JSONResponse(message.whole(deltas + more, finish, stop, messages_usage(usage_)))
-        return JSONResponse(
-            fmt.full(
-                "".join(reply.content),
-                finish,
-                usage_,
-                reasoning="".join(reply.reasoning),
-                tool_calls=reply.calls,
-                logprobs=logprobs,
-            )
+            return message.whole(deltas + more, finish, stop, messages_usage(usage_))
+        return fmt.full(
+            "".join(reply.content),
+            finish,
+            usage_,
+            reasoning="".join(reply.reasoning),
+            tool_calls=reply.calls,
+            logprobs=logprobs,
         )
 
     async def _stream(
@@ -330,17 +303,20 @@ class Handler:
         reader: Reader,
         reply: ChatReply | None,
         lp: Logprobs | None = None,
+        stats=None,  # as in _complete; given: one choice of several (no usage, no [DONE])
+        replies: list | None = None,
     ):
         if req.responses is not None:
             out = ResponsesStream(ResponseBuilder(self.s.model_name, req.responses))
         elif req.anthropic:
             out = MessagesStream(MessageBuilder(self.s.model_name, req.stop), n_prompt)
         else:
-            out = ChatStream(fmt, req.include_usage, LogprobChunks(lp))
+            out = ChatStream(fmt, req.include_usage, LogprobChunks(lp), closing=stats is None)
+        stats = GenerationStats() if stats is None else stats
         while item is PENDING:  # headers are sent: keep the connection alive until it comes
             yield SSE_KEEPALIVE
             item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)
-        stats, finish = GenerationStats(), "length"
+        finish = "length"
         for line in out.start(item):
             yield line
         while item.kind == "chunk":
@@ -350,7 +326,7 @@ class Handler:
                 yield line
             item = await reader.next(poll_disconnect=False)  # Starlette watches the client
         if item.kind == "error":  # headers are sent: report it in the stream, then end it
-            err = _from_worker(item.error)
+            err = from_worker(item.error)
             log.info("stream ended by %d %s: %s", err.status, err.code, err.message)
             for line in out.error(err):
                 yield line
@@ -358,7 +334,7 @@ class Handler:
         deltas, counted = [], None
         if reply is not None:
             deltas, finish = reply.finish(finish)
-            counted = self._finished(reply)
+            counted = self._finished(reply, replies)
         for line in out.end(deltas, finish, self._usage(n_prompt, stats, counted)):
             yield line
 

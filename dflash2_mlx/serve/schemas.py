@@ -34,11 +34,9 @@ def _neutral(*values) -> Callable[[Any], bool]:
     return ok
 
 
-# field -> (neutral value test, what is unsupported)
-_OUTPUT_CHANGING: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "n": (_neutral(None, 1), "only n=1 is supported")
-}
+MAX_CHOICES = 8  # `n`: each choice is a generation of its own
 
+# field -> (neutral value test, what is unsupported)
 _CHAT_ONLY = {
     "functions": (lambda v: v is None or v == [], "functions are not supported (use tools)"),
     "function_call": (
@@ -66,7 +64,8 @@ _HARMLESS = {
     "prompt_cache_retention",
     "safety_identifier",
 }
-_COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", *SAMPLING_FLAGS, *PENALTIES}
+_COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", "n"}
+_COMMON |= {*SAMPLING_FLAGS, *PENALTIES}
 
 
 @dataclass
@@ -94,6 +93,7 @@ class GenRequest:
     # how its errors name the fields the client sent (/v1/responses and /v1/messages differ)
     rename: Callable[[APIError], APIError] | None = None
     logprobs: int | None = None  # alternatives per token's log-probability (None: none)
+    n: int = 1  # choices: generations of the same prompt (seed + i for choice i)
     # chat only: the final assistant message's text, which the reply continues (its prefill)
     prefill: str | None = None
     generation_prompt: bool = True  # chat only: false renders no assistant header
@@ -191,6 +191,10 @@ def _common(body: dict, kind: str, max_param: str) -> GenRequest:
     req = GenRequest(kind, model, _sampling(body), limit, max_param, stop, stream, include_usage)
     req.penalties = parse_penalties(body)
     req.logprobs = parse_logprobs(body, kind)
+    n = optional(body, "n", is_int, "an integer")
+    if n is not None and not 1 <= n <= MAX_CHOICES:
+        raise invalid("n", f"n must be in [1, {MAX_CHOICES}]; got {n}")
+    req.n = n or 1
     return req
 
 
@@ -331,7 +335,7 @@ def parse_chat(body: dict) -> GenRequest:
             "continue_final_message",
             "add_generation_prompt",
         },
-        {**_OUTPUT_CHANGING, **_CHAT_ONLY},
+        _CHAT_ONLY,
     )
     messages = body.get("messages")
     if messages is None:
@@ -365,7 +369,7 @@ def parse_chat(body: dict) -> GenRequest:
 
 
 def parse_completion(body: dict) -> GenRequest:
-    _check_fields(body, _COMMON | {"prompt", "logprobs"}, {**_OUTPUT_CHANGING, **_COMPLETION_ONLY})
+    _check_fields(body, _COMMON | {"prompt", "logprobs"}, _COMPLETION_ONLY)
     prompt = body.get("prompt")
     if prompt is None:
         raise invalid("prompt", "prompt is required", "missing_required_parameter")

@@ -1,0 +1,168 @@
+"""Several choices (`n` > 1) of one chat or completion request: one job per choice.
+
+The jobs share the prompt (tokenized once) and generate side by side in the batch; choice i
+samples with seed + i when the request gives a seed (so the response is reproducible) and
+with a seed of its own otherwise. A whole response lists every choice with its index; a
+stream interleaves the choices' chunks as they come (each carries its index) and ends with
+one usage chunk and one [DONE]. `usage` counts the prompt once and every choice's tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import replace
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from ..engine.events import GenerationStats, RoundEvent
+from .format import SSE_DONE, Formatter, ReplyStats, sse
+from .http_errors import CLIENT_GONE, error_response, from_worker, shutting_down
+from .logprobs import Logprobs
+from .queue import Job, ShuttingDown
+from .reasoning import ThinkingStats
+from .reply import ChatReply
+from .schemas import GenRequest
+from .stream import PENDING, Reader, SSEResponse
+
+SEEDS = 2**64
+
+
+class ChoiceStats:
+    """One choice's view of the response's statistics: its rounds all count; its prefill
+    only for the first choice (the prompt is the response's once)."""
+
+    def __init__(self, shared: GenerationStats, first: bool):
+        self.shared, self.first = shared, first
+
+    def __getattr__(self, name: str):  # the statistics themselves are the shared ones
+        return getattr(self.shared, name)
+
+    def add(self, ev: RoundEvent) -> None:
+        if ev.prefill and not self.first:
+            ev = replace(ev, prompt_tokens=0, reused_tokens=0, prefill_ms=0.0, queue_ms=0.0)
+        self.shared.add(ev)
+
+
+def merged_replies(replies: list[ReplyStats]) -> ReplyStats | None:
+    if not replies:
+        return None
+    thinking = ThinkingStats()
+    for r in replies:
+        t = r.thinking
+        thinking.tokens += t.tokens
+        thinking.rounds += t.rounds
+        thinking.drafted += t.drafted
+        thinking.accepted += t.accepted
+    return ReplyStats(sum(r.tool_calls for r in replies), thinking)
+
+
+async def _queue(handler, req: GenRequest) -> tuple[list[Job], object, int]:
+    """The first choice's job queued as a request's, then one more per choice (a place in
+    the queue each: 503 when they do not all fit, the queued ones cancelled)."""
+    job, prompt, n_prompt = await handler._queue(req)
+    jobs = [job]
+    try:
+        sp = job.params.sampling
+        for i in range(1, req.n):
+            handler.reserve()
+            seed = None if sp.seed is None else (sp.seed + i) % SEEDS
+            params = replace(job.params, sampling=replace(sp, seed=seed))
+            jobs.append(Job(job.prompt_ids, params, job.stop))
+            try:
+                handler.worker.submit(jobs[-1])
+            except ShuttingDown:
+                raise shutting_down() from None
+    except BaseException:
+        for j in jobs:
+            handler.worker.cancel(j)
+        raise
+    return jobs, prompt, n_prompt
+
+
+async def _merged(streams) -> object:
+    """The lines of several async generators as they come (each one's order kept)."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(stream):
+        try:
+            async for line in stream:
+                await queue.put(line)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.ensure_future(pump(s)) for s in streams]
+    try:
+        left = len(tasks)
+        while left:
+            line = await queue.get()
+            if line is None:
+                left -= 1
+            else:
+                yield line
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            with contextlib.suppress(Exception):
+                await s.aclose()
+
+
+async def handle_choices(handler, request: Request, req: GenRequest) -> Response:
+    jobs, prompt, n_prompt = await _queue(handler, req)
+    readers = [Reader(j, request) for j in jobs]
+
+    def release():
+        for reader, job in zip(readers, jobs):
+            reader.close()
+            if not reader.finished:
+                handler.worker.cancel(job)
+
+    handed_over = False
+    try:
+        wait = handler.limits.keepalive_s if req.stream else None
+        first = await readers[0].next(poll_disconnect=True, timeout=wait)
+        if first is None:
+            return Response(status_code=CLIENT_GONE)
+        if first.kind == "error":
+            return error_response(from_worker(first.error), request)
+        fmt, tok = Formatter(req.kind, handler.s.model_name), handler.pair.tokenizer
+        shared, replies = GenerationStats(), []
+        args = []
+        for i, (job, reader) in enumerate(zip(jobs, readers)):
+            reply = ChatReply(tok, prompt) if prompt is not None else None
+            lp = None
+            if req.logprobs is not None:
+                lp = Logprobs(tok, req.kind, handler.pair.eos_ids, job.prompt_ids)
+            item = first if i == 0 else PENDING
+            stats = ChoiceStats(shared, i == 0)
+            args.append((fmt.choice(i), req, n_prompt, item, reader, reply, lp, stats, replies))
+        if req.stream:
+            handed_over = True
+            return SSEResponse(_stream(handler, fmt, req, n_prompt, args, shared, replies), release)
+        bodies = await asyncio.gather(*(_whole(handler, a) for a in args))
+        failed = [b for b in bodies if isinstance(b, Response)]
+        if failed:
+            return failed[0]
+        body = {**bodies[0], "choices": [b["choices"][0] for b in bodies]}
+        body["usage"] = handler._usage(n_prompt, shared, merged_replies(replies))
+        return JSONResponse(body)
+    finally:
+        if not handed_over:
+            release()
+
+
+async def _whole(handler, args):
+    fmt, req, n_prompt, item, reader, *rest = args
+    if item is PENDING:
+        item = await reader.next(poll_disconnect=True)
+    return await handler._complete(fmt, req, n_prompt, item, reader, *rest)
+
+
+async def _stream(handler, fmt, req, n_prompt, args, shared, replies):
+    async for line in _merged([handler._stream(*a) for a in args]):
+        yield line
+    if req.include_usage:
+        yield sse(fmt.usage_chunk(handler._usage(n_prompt, shared, merged_replies(replies))))
+    yield SSE_DONE
