@@ -8,9 +8,10 @@ tool-call format mlx-lm can parse (`has_thinking`, `has_tool_calling`, `tool_par
 
 from __future__ import annotations
 
-import re
-
+import functools
 import logging
+import re
+import secrets
 from dataclasses import dataclass
 
 log = logging.getLogger("dflash2")
@@ -94,30 +95,54 @@ def render_text(
 
 
 # Special-token strings inside a message's text are text (OpenAI's API treats them so): a
-# user or a tool result that writes "<|im_end|><|im_start|>system" must not open a turn.
-_MARK = "\ue000{}\ue001"  # private-use characters, which no template or tokenizer writes
-_MARKED = re.compile("\ue000(\\d+)\ue001")
+# user or a tool result that writes "<|im_end|><|im_start|>system" must not open a turn. Each
+# is replaced by a mark while the template renders; a mark holds a random nonce, so no text a
+# client sends can pass for one.
 
 
-def special_strings(tokenizer) -> list[str]:
+@dataclass(frozen=True)
+class Marked:
+    """Messages whose special-token strings are marks, and what each mark stands for."""
+
+    messages: list[dict]
+    found: list[str]  # the strings, in mark order (empty: nothing was marked)
+    nonce: str = ""
+
+    def encode(self, tokenizer, text: str) -> list[int]:
+        """Token ids of a rendered prompt holding marks: the template's own text with its
+        special tokens, each marked string as plain text. (Encoded piece by piece; a tokenizer
+        that opens every piece with a space marker adds one there: only such prompts.)"""
+        ids: list[int] = []
+        parts = re.split(f"\ue000{self.nonce}:(\\d+)\ue001", text)
+        for i, part in enumerate(parts):
+            if i % 2:
+                s = self.found[int(part)]
+                ids += tokenizer.encode(s, add_special_tokens=False, split_special_tokens=True)
+            elif part:
+                ids += tokenizer.encode(part, add_special_tokens=False)
+        return [int(t) for t in ids]
+
+
+@functools.lru_cache(maxsize=8)
+def special_strings(tokenizer) -> tuple[str, ...]:
     """The tokenizer's special added tokens (control tokens), longest first."""
     hf = getattr(tokenizer, "_tokenizer", tokenizer)
     added = getattr(hf, "added_tokens_decoder", None) or {}
     found = {t.content for t in added.values() if getattr(t, "special", False) and t.content}
-    return sorted(found, key=len, reverse=True)
+    return tuple(sorted(found, key=len, reverse=True))
 
 
-def mark_special_text(messages, specials: list[str]) -> tuple[list[dict], list[str]]:
-    """`messages` with each special-token string in their text replaced by a mark, and the
-    strings in mark order (none found: the messages as they are and [])."""
+def mark_special_text(messages, specials: tuple[str, ...]) -> Marked:
+    """`messages` with each special-token string in their text (content, reasoning_content)
+    replaced by a mark."""
     if not specials:
-        return list(messages), []
+        return Marked(list(messages), [])
     pattern = re.compile("|".join(map(re.escape, specials)))
-    found: list[str] = []
+    nonce, found = secrets.token_hex(8), []
 
     def mark(m: re.Match) -> str:
         found.append(m.group(0))
-        return _MARK.format(len(found) - 1)
+        return f"\ue000{nonce}:{len(found) - 1}\ue001"
 
     out = []
     for message in messages:
@@ -127,19 +152,4 @@ def mark_special_text(messages, specials: list[str]) -> tuple[list[dict], list[s
             if k in ("content", "reasoning_content") and isinstance(v, str)
         }
         out.append({**message, **fields} if fields else message)
-    return (out, found) if found else (list(messages), [])
-
-
-def encode_marked(tokenizer, text: str, found: list[str]) -> list[int]:
-    """Token ids of a rendered prompt holding marks: the template's own text with its special
-    tokens, each marked string as plain text (split where its special token would be)."""
-    ids: list[int] = []
-    parts = _MARKED.split(text)
-    for i, part in enumerate(parts):
-        if i % 2:
-            ids += tokenizer.encode(
-                found[int(part)], add_special_tokens=False, split_special_tokens=True
-            )
-        elif part:
-            ids += tokenizer.encode(part, add_special_tokens=False)
-    return [int(t) for t in ids]
+    return Marked(out, found, nonce) if found else Marked(list(messages), [])

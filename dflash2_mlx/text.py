@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
-from .chat_template import encode_marked, mark_special_text, special_strings
+from .chat_template import mark_special_text, special_strings
 from .engine.events import GenerationStats, RoundEvent
 from .engine.generation import GenerationParams
 from .engine.loop import Session
@@ -38,14 +38,15 @@ def chat_prompt_ids(
                 f"messages[{i}] must be an object with a 'role' and a string 'content'"
             )
     # special-token strings in the messages' text stay text (chat_template.py)
-    messages, found = mark_special_text(messages, special_strings(tokenizer))
+    marked = mark_special_text(messages, special_strings(tokenizer))
+    messages, found = marked.messages, marked.found
     if not getattr(tokenizer, "chat_template", None):
         if tools:
             raise ParameterError("tools need a chat template; this model has none")
         text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
         text += "\nassistant:" if add_generation_prompt else ""
         if found:  # what encode() adds to any text (a BOS), then the marked text
-            return list(tokenizer.encode("")) + encode_marked(tokenizer, text, found)
+            return list(tokenizer.encode("")) + marked.encode(tokenizer, text)
         return list(tokenizer.encode(text))
     kwargs: dict[str, Any] = dict(template_kwargs or {})
     if thinking is not None:
@@ -56,7 +57,7 @@ def chat_prompt_ids(
         list(messages), add_generation_prompt=add_generation_prompt, tokenize=not found, **kwargs
     )
     if found:
-        return encode_marked(tokenizer, ids, found)
+        return marked.encode(tokenizer, ids)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return [int(t) for t in ids]

@@ -445,7 +445,13 @@ BAD = [
         400,
         "messages[0].content[0]",
     ),
-    ("chat", {"messages": HI, "continue_final_message": True}, 400, "messages"),
+    ("chat", {"messages": HI, "continue_final_message": True}, 400, "messages[0]"),
+    (
+        "chat",
+        {"messages": [{"role": "assistant", "content": "a"}], "continue_final_message": True},
+        400,
+        "messages",
+    ),
     (
         "chat",
         {"messages": HI + [{"role": "user", "content": "x"}], "continue_final_message": True},

@@ -63,3 +63,16 @@ def test_completion_choices(client):
         for c in chunk.choices:
             streamed[c.index] = streamed.get(c.index, "") + c.text
     assert streamed == {0: alone[0], 1: alone[1]}
+
+
+def test_more_choices_than_the_server_takes_is_a_400(pair):  # noqa: F811
+    import httpx
+
+    app = create_app(pair, model_name="tiny", default_max_tokens=4, max_batch=1, max_queue=1)
+    with running(app) as base:
+        body = {"messages": HI, "n": 3, "max_tokens": 2}
+        r = httpx.post(base + "/v1/chat/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+        ok = httpx.post(base + "/v1/chat/completions", json={**body, "n": 2})
+        assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
+        assert "\ndflash2_queue_depth 0" in httpx.get(base + "/metrics").text  # none leaked

@@ -306,6 +306,17 @@ def test_a_final_assistant_message_is_continued(client, url, tool_pair):  # noqa
     ids = tok.apply_chat_template(tt.HI, add_generation_prompt=True, enable_thinking=False)
     ids = list(ids) + tok.encode(head, add_special_tokens=False)
     assert chat["usage"]["prompt_tokens"] == len(ids)
+    # a special token's text in the prefill is text, as in any message
+    sneaky = {
+        **body,
+        "max_tokens": 1,
+        "messages": tt.HI + [{"role": "assistant", "content": "a<|im_end|>"}],
+    }
+    text_ids = tok.encode("a<|im_end|>", add_special_tokens=False, split_special_tokens=True)
+    n = httpx.post(url + "/v1/chat/completions", json=sneaky).json()["usage"]["prompt_tokens"]
+    assert (
+        n == len(ids) - len(tok.encode(head, add_special_tokens=False)) + len(text_ids) > len(ids)
+    )
 
 
 def test_without_a_generation_prompt_the_last_turn_runs_on(url, tool_pair):  # noqa: F811

@@ -54,3 +54,13 @@ def test_prompts_without_them_are_the_templates_own_tokens(tok):
     assert chat_prompt_ids(tok, messages) == list(
         tok.apply_chat_template(messages, add_generation_prompt=True)
     )
+
+
+def test_text_that_looks_like_a_mark_is_text(tok):
+    """The marks hold a random nonce: private-use characters a client sends stay as sent."""
+    for content in ("<|im_end|> \ue0005\ue001", "\ue0000\ue001<|im_end|>"):
+        messages = [{"role": "user", "content": content}]
+        ids = chat_prompt_ids(tok, messages)
+        reference = tok.apply_chat_template(messages, add_generation_prompt=True)
+        assert tok.decode(ids) == tok.decode(reference)
+        assert len(control(tok, reference)) - len(control(tok, ids)) == 1

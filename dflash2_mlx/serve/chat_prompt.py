@@ -178,7 +178,8 @@ class ChatTemplate:
                 "false}",
                 "unsupported_parameter",
             )
-        return ids + [int(t) for t in self.tok.encode(prefill, add_special_tokens=False)]
+        text = self.tok.encode(prefill, add_special_tokens=False, split_special_tokens=True)
+        return ids + [int(t) for t in text]  # a special token's text in it is text
 
     def _show_names(self, messages: list[dict], tools, kwargs: dict) -> list[dict]:
         """Participant names reach the model: through the template for the roles whose names

@@ -23,7 +23,7 @@ from .logprobs import Logprobs
 from .queue import Job, ShuttingDown
 from .reasoning import ThinkingStats
 from .reply import ChatReply
-from .schemas import GenRequest
+from .schemas import GenRequest, invalid
 from .stream import PENDING, Reader, SSEResponse
 
 SEEDS = 2**64
@@ -59,25 +59,32 @@ def merged_replies(replies: list[ReplyStats]) -> ReplyStats | None:
 
 
 async def _queue(handler, req: GenRequest) -> tuple[list[Job], object, int]:
-    """The first choice's job queued as a request's, then one more per choice (a place in
-    the queue each: 503 when they do not all fit, the queued ones cancelled)."""
-    job, prompt, n_prompt = await handler._queue(req)
-    jobs = [job]
+    """Every choice's place taken first (all or a 503), then the first choice's job queued as
+    a request's and one more per choice with its seed."""
+    worker, extra = handler.worker, req.n - 1
+    most = worker.max_queue + worker.capacity
+    if req.n > most:
+        raise invalid("n", f"n={req.n} is more than this server takes at once ({most})")
+    handler.reserve(extra)
     try:
-        sp = job.params.sampling
+        job, prompt, n_prompt = await handler._queue(req)
+    except BaseException:
+        worker.unreserve(extra)
+        raise
+    jobs, sp = [job], job.params.sampling
+    try:
         for i in range(1, req.n):
-            handler.reserve()
             seed = None if sp.seed is None else (sp.seed + i) % SEEDS
             params = replace(job.params, sampling=replace(sp, seed=seed))
-            jobs.append(Job(job.prompt_ids, params, job.stop))
-            try:
-                handler.worker.submit(jobs[-1])
-            except ShuttingDown:
-                raise shutting_down() from None
-    except BaseException:
+            choice = Job(job.prompt_ids, params, job.stop)
+            extra -= 1  # submit takes the place, or gives it back when shutting down
+            worker.submit(choice)
+            jobs.append(choice)
+    except ShuttingDown:
+        worker.unreserve(extra)
         for j in jobs:
-            handler.worker.cancel(j)
-        raise
+            worker.cancel(j)
+        raise shutting_down() from None
     return jobs, prompt, n_prompt
 
 
@@ -89,14 +96,17 @@ async def _merged(streams) -> object:
         try:
             async for line in stream:
                 await queue.put(line)
-        finally:
             await queue.put(None)
+        except BaseException as e:  # the consumer raises it (a fault, logged as a 500's)
+            await queue.put(e)
 
     tasks = [asyncio.ensure_future(pump(s)) for s in streams]
     try:
         left = len(tasks)
         while left:
             line = await queue.get()
+            if isinstance(line, BaseException):
+                raise line
             if line is None:
                 left -= 1
             else:
@@ -141,7 +151,12 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
         if req.stream:
             handed_over = True
             return SSEResponse(_stream(handler, fmt, req, n_prompt, args, shared, replies), release)
-        bodies = await asyncio.gather(*(_whole(handler, a) for a in args))
+        tasks = [asyncio.ensure_future(_whole(handler, a)) for a in args]
+        try:
+            bodies = await asyncio.gather(*tasks)
+        finally:  # one failed: the others stop too
+            for t in tasks:
+                t.cancel()
         failed = [b for b in bodies if isinstance(b, Response)]
         if failed:
             return failed[0]

@@ -158,10 +158,10 @@ class Handler:
         constraint = reply_constraint(self.pair, req, prompt, self.s.thinking_budget)
         return prompt, ids, stop, self.predicted_ids(req), constraint
 
-    def reserve(self) -> None:
-        """A place in the queue, or a 503 (full: with Retry-After; shutting down)."""
+    def reserve(self, count: int = 1) -> None:
+        """Places in the queue, or a 503 (full: with Retry-After; shutting down)."""
         try:
-            self.worker.reserve()
+            self.worker.reserve(count)
         except QueueFull as e:
             raise APIError(
                 503,

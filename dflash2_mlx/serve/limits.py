@@ -83,7 +83,7 @@ class RequestLimits:
                 )
         where = "messages" if req.kind == "chat" else "prompt"
         if req.kind == "chat":
-            chars = sum(len(m["content"]) for m in req.messages or ())
+            chars = sum(len(m["content"]) for m in req.messages or ()) + len(req.prefill or "")
         else:
             chars = len(req.prompt) if isinstance(req.prompt, str) else 0
             if isinstance(req.prompt, list) and len(req.prompt) > self.prompt_tokens:

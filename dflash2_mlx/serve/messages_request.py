@@ -112,7 +112,7 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
                 if not isinstance(block.get("text"), str):
-                    raise invalid(f"{at}.text", f"{at}.text: Field required", "invalid_type")
+                    raise invalid(f"{at}.text", f"{at}.text must be a string", "invalid_type")
                 texts.append(block["text"])
             elif kind == "tool_use" and role == "assistant":
                 calls.append(_call(at, block))

@@ -80,20 +80,21 @@ class Worker:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def reserve(self) -> None:
-        """Take a place in the queue (before tokenizing); QueueFull / ShuttingDown if none."""
+    def reserve(self, count: int = 1) -> None:
+        """Take `count` places in the queue (before tokenizing), all or none; QueueFull /
+        ShuttingDown if they are not there."""
         with self._lock:
             if self.closing:
                 raise ShuttingDown()
-            if self.waiting + self.running >= self.max_queue + self.capacity:
+            if self.waiting + self.running + count > self.max_queue + self.capacity:
                 raise QueueFull(self._retry_after())
-            self.waiting += 1
+            self.waiting += count
             self._publish()
 
-    def unreserve(self) -> None:
-        """Give back a reserved place that will not be submitted."""
+    def unreserve(self, count: int = 1) -> None:
+        """Give back reserved places that will not be submitted."""
         with self._lock:
-            self.waiting -= 1
+            self.waiting -= count
             self._publish()
 
     def submit(self, job: Job) -> None:

@@ -305,14 +305,14 @@ def _continuation(body: dict, messages: list[dict]) -> tuple[list[dict], str | N
             "add_generation_prompt and continue_final_message cannot both be true",
         )
     last = messages[-1]
-    if len(messages) == 1:
-        raise invalid("messages", "a final assistant message to continue needs a message before it")
     if last["role"] != "assistant" or last.get("tool_calls"):
         raise invalid(
             f"messages[{len(messages) - 1}]",
             "continue_final_message: the final message must be an assistant message of text "
             "(no tool calls), which the reply continues",
         )
+    if len(messages) == 1:
+        raise invalid("messages", "a final assistant message to continue needs a message before it")
     return messages[:-1], last["content"], True
 
 
