@@ -73,6 +73,7 @@ class Grammars:
 
         if value is None and calls is None:
             raise ValueError("a reply grammar needs a value schema or tool calls")
+        value = None if value is None else closed_objects(value)
         try:
             if calls is None and thinking is None:
                 source = LLMatcher.grammar_from_json_schema(
@@ -131,7 +132,7 @@ class Calls:
         `#/$defs/...` references point)."""
         out = []
         for name, args in self.tools:
-            args = dict(args or ANY_OBJECT)
+            args = dict(closed_objects(args or ANY_OBJECT))
             defs = {k: args.pop(k) for k in ("$defs", "definitions") if k in args}
             _check_refs(name, args)
             call = {
@@ -142,6 +143,35 @@ class Calls:
             }
             out.append({**call, **defs})
         return out
+
+
+_DATA_KEYS = frozenset({"enum", "const", "default", "examples"})  # values, not schemas
+# maps of names (which may be any word, "properties" too) to schemas
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+
+
+def closed_objects(schema):
+    """`schema` with `additionalProperties: false` on every object schema that lists its
+    `properties` and says nothing of other keys: a reply holds the keys its schema names (what
+    OpenAI's strict mode requires, and llama.cpp and XGrammar do by default), not whatever a
+    small model adds until max_tokens cuts the JSON. Say `additionalProperties: true` (or give
+    a schema for them) to allow others."""
+    if isinstance(schema, list):
+        return [closed_objects(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k == "allOf":  # closing each part would refuse the keys the others add
+            out[k] = v
+        elif k in _SCHEMA_MAPS and isinstance(v, dict):
+            out[k] = {name: closed_objects(sub) for name, sub in v.items()}
+        else:
+            out[k] = v if k in _DATA_KEYS else closed_objects(v)
+    others = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    if isinstance(out.get("properties"), dict) and not any(k in out for k in others):
+        out["additionalProperties"] = False
+    return out
 
 
 def _check_refs(name: str, schema) -> None:

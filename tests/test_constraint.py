@@ -418,3 +418,26 @@ def test_reply_grammars_on_a_real_tokenizer_with_marker_tokens(qwen_like):
     with pytest.raises(ParameterError, match=r"\$ref"):
         root = {"type": "object", "properties": {"kids": {"items": {"$ref": "#"}}}}
         grammars.reply(None, Calls("<tool_call>", "</tool_call>", (("f", root),)))
+
+
+@pytest.mark.real_model
+def test_objects_hold_the_keys_their_schema_lists(qwen_like):
+    """An object schema with `properties` and nothing said of other keys takes no others (what
+    OpenAI's strict mode means; llama.cpp and XGrammar do it by default): a small model cannot
+    add keys until max_tokens cuts the JSON. `additionalProperties: true` still allows them."""
+    from dflash2_mlx.grammar import closed_objects
+
+    hf, grammars = qwen_like
+    person = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    assert _accepts(grammars.json_schema(person), hf, '{"name": "Al"}')
+    assert not _accepts(grammars.json_schema(person), hf, '{"name": "Al", "age": 3}')
+    open_person = {**person, "additionalProperties": True}
+    assert _accepts(grammars.json_schema(open_person), hf, '{"name": "Al", "age": 3}')
+    assert _accepts(grammars.json_schema(), hf, '{"any": ["thing"]}')  # json_object: any object
+    # names that are keywords stay names; data and allOf parts are left as they are
+    tricky = {
+        "properties": {"properties": {"type": "string"}},
+        "const": {"properties": {}},
+        "allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}],
+    }
+    assert closed_objects(tricky) == {**tricky, "additionalProperties": False}
