@@ -3,6 +3,10 @@ and the kernel micro-benchmark table (rich objects; the numbers come from dflash
 
 from __future__ import annotations
 
+from rich.text import Text
+
+from .common import text_row
+
 
 def fmt_number(x, spec: str = ".1f", none: str = "—") -> str:
     return none if x is None else format(x, spec)
@@ -65,7 +69,8 @@ def speed_tables(report: dict):
 
         def add(name, s, style=None):
             same = f"{s['identical']}/{s['prompts']}"
-            t.add_row(
+            text_row(
+                t,
                 name,
                 str(s["prompts"]),
                 fmt_number(s["plain_tps"]),
@@ -76,7 +81,7 @@ def speed_tables(report: dict):
                 fmt_number(s.get("datastore_tau"), ".2f"),
                 fmt_number(s["draft_ms_per_round"], ".2f"),
                 fmt_number(s["verify_ms_per_round"], ".2f"),
-                same if s["identical"] == s["prompts"] else f"[bold red]{same}[/]",
+                Text(same, style="" if s["identical"] == s["prompts"] else "bold red"),
                 style=style,
             )
 
@@ -109,7 +114,8 @@ def concurrency_table(result: dict):
     ):
         t.add_column(col, justify="right")
     seq = result["sequential"]
-    t.add_row(
+    text_row(
+        t,
         "sequential",
         str(seq["tokens"]),
         f"{seq['median_wall_s']:.2f}",
@@ -121,14 +127,15 @@ def concurrency_table(result: dict):
     )
     for r in result["results"]:
         same = f"{r['identical']}/{r['prompts']}"
-        t.add_row(
+        text_row(
+            t,
             str(r["concurrency"]),
             str(r["tokens"]),
             f"{r['median_wall_s']:.2f}",
             fmt_number(r["aggregate_tps"]),
             fmt_number(r["vs_sequential"], ".2f") + ("x" if r["vs_sequential"] else ""),
             fmt_number(r["mean_rows_per_round"], ".2f"),
-            same if r["identical"] == r["prompts"] else f"[bold red]{same}[/]",
+            Text(same, style="" if r["identical"] == r["prompts"] else "bold red"),
         )
     return t
 
@@ -167,7 +174,8 @@ def autotune_table(profile: dict):
         mark = (
             "◀ chosen" if b == profile["chosen_block"] else ("capped" if not r["allowed"] else "")
         )
-        t.add_row(
+        text_row(
+            t,
             str(b),
             f"{r['verify_ms']:.2f}",
             fmt_number(ratio.get(str(b)), ".2f"),
@@ -202,7 +210,8 @@ def lookup_table(profile: dict):
         t.add_column(col, justify="right")
     for r in lookup.get("table", []):
         chosen = r["lookup_block"] == lookup.get("chosen")
-        t.add_row(
+        text_row(
+            t,
             str(r["lookup_block"]),
             f"{r['verify_ms']:.2f}",
             f"{r['expected_tokens']:.2f}",
@@ -229,7 +238,8 @@ def kernels_report(repeats: int, console, err) -> dict:
     for col in ("op", "case", "reference ms", "kernel ms", "speedup", "max |Δ|"):
         t.add_column(col, justify="left" if col in ("op", "case") else "right")
     for r in res.get("results", []):
-        t.add_row(
+        text_row(
+            t,
             r["op"],
             r["case"],
             fmt_number(r.get("reference_ms"), ".3f"),

@@ -4,6 +4,8 @@ line live at the bottom and are redrawn in place)."""
 
 from __future__ import annotations
 
+from .common import text_row
+
 import time
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -186,7 +188,7 @@ def stats_table(total, turns: int, context_tokens: int, settings: dict, block: i
         ("context in cache", f"{context_tokens} tokens"),
     ]
     for k, v in rows:
-        table.add_row(k, str(v))
+        text_row(table, k, str(v))
     hist = Table(title="tokens committed per round", show_header=True, box=None, pad_edge=False)
     hist.add_column("n", justify="right")
     hist.add_column("rounds", justify="right")
@@ -194,12 +196,12 @@ def stats_table(total, turns: int, context_tokens: int, settings: dict, block: i
     top = max(total.histogram.values(), default=0)
     for k in range(1, max([block, *total.histogram]) + 1):
         n = total.histogram.get(k, 0)
-        hist.add_row(str(k), str(n), "█" * (max(1, round(30 * n / top)) if n else 0))
+        text_row(hist, str(k), str(n), "█" * (max(1, round(30 * n / top)) if n else 0))
     conf = Table(title="settings", show_header=False, box=None, pad_edge=False)
     conf.add_column(style="bold")
     conf.add_column()
     for k, v in settings.items():
-        conf.add_row(k, str(v))
+        text_row(conf, k, str(v))
     return Group(table, Text(""), hist, Text(""), conf)
 
 

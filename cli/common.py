@@ -28,6 +28,14 @@ def is_user_error(exc: BaseException) -> bool:
     return errors is not None and isinstance(exc, errors.DFlash2Error)
 
 
+def text_row(table, *cells, **row) -> None:
+    """A table row whose strings are text, not Rich markup (a system prompt "[/INST]" or a
+    category "[code]" shows as written)."""
+    from rich.text import Text
+
+    table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **row)
+
+
 def print_error(message: str) -> None:
     message = " ".join(str(message).split())  # one line, whatever the exception held
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)

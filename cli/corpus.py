@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 SOURCE_NAMES = "chitchat,wiki,python-docs"
 
@@ -70,7 +71,7 @@ def corpus(
         manifest = build_corpus(
             cfg, tokenizer, Path(target).name, on_progress, log=progress.console.print
         )
-    console.print(f"{manifest['tokens']:,} tokens in {out} (manifest.json, DATACARD.md)")
+    console.print(escape(f"{manifest['tokens']:,} tokens in {out} (manifest.json, DATACARD.md)"))
 
 
 def register(app: typer.Typer) -> None:

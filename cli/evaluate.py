@@ -20,6 +20,7 @@ from .common import (
     TargetOpt,
     engine_flags,
     fail,
+    text_row,
     load_resolved,
 )
 
@@ -101,8 +102,8 @@ def _tau_table(result: dict, title: str):
     cats = sorted({c for r in result.values() for c in r["per_category"]})
     table = Table("setting", "τ", *cats, title=title)
     for name, r in result.items():
-        table.add_row(
-            name, f"{r['tau']:.3f}", *(f"{r['per_category'].get(c, 0):.2f}" for c in cats)
+        text_row(
+            table, name, f"{r['tau']:.3f}", *(f"{r['per_category'].get(c, 0):.2f}" for c in cats)
         )
     return table
 

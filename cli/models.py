@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
-from .common import fail
+from .common import fail, text_row
 
 
 def _size(n: int) -> str:
@@ -80,8 +81,8 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
         tgt, drf = r["target"], r["drafter"]
         if r["alias"] == "smollm2-135m":
             tgt, drf = "embedded SmolLM2-135M-Instruct", "bundled DFlash2 drafter"
-        table.add_row(
-            name, tgt, drf, blocks, f"{mark(r['target_local'])} {mark(r['drafter_local'])}"
+        text_row(
+            table, name, tgt, drf, blocks, f"{mark(r['target_local'])} {mark(r['drafter_local'])}"
         )
     console.print(table)
     for r in inv["aliases"]:
@@ -91,15 +92,15 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
         "`dflash2 pull ALIAS` downloads a pair.[/]\n"
     )
     hf = inv["hf_cache"]
-    console.print(f"[bold]Hugging Face cache[/] {hf['dir']}")
+    console.print(f"[bold]Hugging Face cache[/] {escape(str(hf['dir']))}")
     for r in hf["repos"]:
-        console.print(f"  {r['repo']:<50} {_size(r['size_bytes']):>10}  {r['files']} files")
+        console.print(escape(f"  {r['repo']:<50} {_size(r['size_bytes']):>10}  {r['files']} files"))
     if not hf["repos"]:
         console.print("  [dim](empty)[/]")
     d2 = inv["dflash2_cache"]
-    console.print(f"[bold]dflash2 cache[/] {d2['dir']}")
+    console.print(f"[bold]dflash2 cache[/] {escape(str(d2['dir']))}")
     for m in d2["models"]:
-        console.print(f"  {m['name']:<50} {_size(m['size_bytes']):>10}")
+        console.print(escape(f"  {m['name']:<50} {_size(m['size_bytes']):>10}"))
     if not d2["models"]:
         console.print("  [dim](empty)[/]")
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from .common import fail
 
@@ -244,7 +245,7 @@ def _run_training(pc, tc, *, ablation: bool) -> None:
                 console.print(
                     f"{name:<24} τ {r['proxy_tau']:.3f}  ({r['gain_over_dflash']:+.1%} vs DFlash)"
                 )
-            console.print(f"ablation written to {pc.out / 'ablation.json'}")
+            console.print(escape(f"ablation written to {pc.out / 'ablation.json'}"))
             return
         with progress:
             result = run_pipeline(pc, tc, log=console.print, on_step=on_step)
@@ -252,9 +253,9 @@ def _run_training(pc, tc, *, ablation: bool) -> None:
         console.print("[yellow]stopped; rerun the same command to resume[/]")
         raise typer.Exit(130)
     except DFlash2Error as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2)
-    console.print(f"drafter written to {result['out']}")
+    console.print(escape(f"drafter written to {result['out']}"))
 
 
 def _progress(console, steps: int):

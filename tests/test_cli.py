@@ -402,3 +402,17 @@ def test_evaluate_writes_tau_per_setting_and_category(tiny_pair, tmp_path, capsy
         run(["evaluate", "--target", str(target), "--drafter", str(drafter), "--blocks", "4,x"])
         == 2
     )
+
+
+def test_stats_and_tables_show_brackets_as_written():
+    """A system prompt "[/INST]" or a category "[code]" is text in the /stats and bench
+    tables, not Rich markup (which would drop it or crash the session)."""
+    from rich.console import Console
+
+    from dflash2_cli.chat_view import stats_table
+    from dflash2_mlx import GenerationStats
+
+    console = Console(record=True, width=120)
+    settings = {"system": "Reply with [/INST] tags as [name]"}
+    console.print(stats_table(GenerationStats(), 0, 0, settings, 4))
+    assert "Reply with [/INST] tags as [name]" in console.export_text()
