@@ -19,8 +19,14 @@ from dflash2_mlx import GenerationParams, GenerationStats
 from dflash2_mlx.chat_template import TemplateInfo
 from dflash2_mlx.engine.budget import ThinkingBudget
 from dflash2_mlx.engine.processors import penalties
-from dflash2_mlx.errors import DFlash2Error
-from dflash2_mlx.settings import EngineFlags, EngineSettings, check_block, idle_when_greedy
+from dflash2_mlx.errors import DFlash2Error, ParameterError
+from dflash2_mlx.settings import (
+    EngineFlags,
+    EngineSettings,
+    check_block,
+    default_context_length,
+    idle_when_greedy,
+)
 from dflash2_mlx.text import chat_prompt_ids, stream_text
 
 from .chat_view import HELP, AnswerView, StatusLine, stats_table, status_text
@@ -86,7 +92,25 @@ class Chat:
     def note(self, text: str) -> None:
         self.err.print(Text(f"note: {text}", style="yellow"))
 
-    def params(self, prompt_ids: list[int] = ()) -> GenerationParams:
+    def room(self, n_prompt: int) -> int:
+        """max_tokens, cut (with a note) to what the model's context leaves after the prompt;
+        a prompt that fills the context is an error, as the server's 400."""
+        context = default_context_length(self.pair.model)
+        room = context - n_prompt
+        if room < 1:
+            raise ParameterError(
+                f"the prompt is {n_prompt} tokens and the model's context {context}: "
+                "shorten it (/clear starts a new conversation)"
+            )
+        if self.max_tokens > room:
+            self.note(
+                f"this answer is limited to {room} tokens: the prompt takes {n_prompt} of "
+                f"the model's {context}"
+            )
+            return room
+        return self.max_tokens
+
+    def params(self, prompt_ids: list[int] = (), max_tokens: int | None = None) -> GenerationParams:
         budget = None
         if self.thinking_budget is not None and prompt_ids:
             vocab = self.pair.decoder.target.vocab_size
@@ -94,7 +118,7 @@ class Chat:
                 self.pair.tokenizer, prompt_ids, self.thinking_budget, vocab
             )
         return GenerationParams(
-            self.max_tokens,
+            max_tokens or self.max_tokens,
             self.sampling,
             self.block if self.spec else None,
             self.spec,
@@ -131,7 +155,7 @@ class Chat:
     def turn(self, user: str, live: bool) -> tuple[str, GenerationStats, str]:
         """Answer `user`; returns (text, stats of this answer, finish reason)."""
         ids = self.prompt_ids(user)
-        params = self.params(ids)
+        params = self.params(ids, self.room(len(ids)))
         stats, parts, finish = GenerationStats(), [], "length"
         view = AnswerView(self.console) if live else None
         if view:

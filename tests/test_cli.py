@@ -416,3 +416,19 @@ def test_stats_and_tables_show_brackets_as_written():
     settings = {"system": "Reply with [/INST] tags as [name]"}
     console.print(stats_table(GenerationStats(), 0, 0, settings, 4))
     assert "Reply with [/INST] tags as [name]" in console.export_text()
+
+
+def test_chat_refuses_a_prompt_past_the_context_and_cuts_the_answer(tiny_pair, capsys):
+    """The model's context (max_position_embeddings, 4096 here) bounds prompt + answer, as
+    the server's: a prompt that fills it is a one-line error before any prefill; an answer
+    that would run past it is cut there, with a note."""
+    assert run(_chat(tiny_pair, "--prompt", "hello model " * 3000, "--max-tokens", "4")) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "context 4096" in err and "Traceback" not in err
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_pair[0]))
+    n = len(tok.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True))
+    long = "x " * (4096 - n - 40)  # leaves a few tokens for the answer
+    assert run(_chat(tiny_pair, "--prompt", long, "--max-tokens", "2000")) == 0
+    assert "this answer is limited to" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from ..engine.batch import DEFAULT_MAX_BATCH
 from ..engine.generation import GenerationParams
 from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error
-from ..settings import SamplingDefaults, check_block
+from ..settings import SamplingDefaults, check_block, default_context_length
 from . import metrics as metrics_mod
 from .body import ClientGone, read_json
 from .chat_prompt import ChatTemplate
@@ -53,20 +53,6 @@ ROUTES = {
     "/metrics": "GET",
 }
 ENDPOINTS = tuple(ROUTES)
-
-
-def default_context_length(model) -> int:
-    """The target's max_position_embeddings (text_config included), else 4096."""
-    args = getattr(model, "args", None)
-    for src in (args, getattr(args, "text_config", None)):
-        v = (
-            src.get("max_position_embeddings")
-            if isinstance(src, dict)
-            else getattr(src, "max_position_embeddings", None)
-        )
-        if isinstance(v, int) and v > 0:
-            return v
-    return 4096
 
 
 class _CountResponses:
