@@ -68,7 +68,7 @@ def bench(
         help="Use N prompts, taken round-robin over the categories (default: all).",
         show_default=False,
     ),
-    max_tokens: int = typer.Option(128, "--max-tokens", help="Tokens generated per prompt."),
+    max_tokens: int = typer.Option(128, "--max-tokens", help="Tokens generated per prompt (>= 2)."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per prompt (medians)."),
     block: Optional[List[str]] = typer.Option(
         None,

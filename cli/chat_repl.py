@@ -389,7 +389,10 @@ def load(opts: ChatOptions, err: Console):
 
 def run_chat(opts: ChatOptions) -> int:
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
-    GenerationParams(opts.max_tokens)  # validated before any model loads (the rest is too)
+    try:  # validated before any model loads (the rest is too)
+        GenerationParams(opts.max_tokens)
+    except ParameterError as exc:
+        fail(f"--max-tokens: {exc}")
     pair, resolved, settings = load(opts, err)
     chat = Chat(pair, opts, settings, console, err)
     if opts.prompt is not None:

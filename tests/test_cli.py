@@ -86,7 +86,7 @@ BAD = [
     (["chat", "--top-k", "-3"], "top_k must be"),
     (["chat", "--min-p", "1"], "min_p must be in [0, 1)"),
     (["chat", "--seed", "-1"], "seed must be"),
-    (["chat", "--max-tokens", "0"], "max_tokens must be"),
+    (["chat", "--max-tokens", "0"], "--max-tokens: max_tokens must be"),
     (["chat", "--repetition-penalty", "0"], "--repetition-penalty: repetition_penalty: must"),
     (["chat", "--repetition-penalty", "inf"], "--repetition-penalty: repetition_penalty: must"),
     (["chat", "--max-tokens", "many"], "--max-tokens"),
@@ -432,3 +432,13 @@ def test_chat_refuses_a_prompt_past_the_context_and_cuts_the_answer(tiny_pair, c
     long = "x " * (4096 - n - 40)  # leaves a few tokens for the answer
     assert run(_chat(tiny_pair, "--prompt", long, "--max-tokens", "2000")) == 0
     assert "this answer is limited to" in capsys.readouterr().err
+
+
+def test_bench_output_paths_are_checked_before_the_run(tmp_path, capsys):
+    """A --json or --plot path that cannot be written fails at once (no model loaded)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for flag in ("--json", "--plot"):
+        assert run(["bench", flag, str(blocker / "x.out"), "--limit", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {flag}: cannot write") and "Traceback" not in err
