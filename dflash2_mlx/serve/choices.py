@@ -67,7 +67,7 @@ async def _queue(handler, req: GenRequest) -> tuple[list[Job], object, int]:
         raise invalid("n", f"n={req.n} is more than this server takes at once ({most})")
     handler.reserve(extra)
     try:
-        job, prompt, n_prompt = await handler._queue(req)
+        job, prompt, n_prompt = await handler.queue_job(req)
     except BaseException:
         worker.unreserve(extra)
         raise
@@ -161,7 +161,7 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
         if failed:
             return failed[0]
         body = {**bodies[0], "choices": [b["choices"][0] for b in bodies]}
-        body["usage"] = handler._usage(n_prompt, shared, merged_replies(replies))
+        body["usage"] = handler.usage_of(n_prompt, shared, merged_replies(replies))
         return JSONResponse(body)
     finally:
         if not handed_over:
@@ -172,12 +172,12 @@ async def _whole(handler, args):
     fmt, req, n_prompt, item, reader, *rest = args
     if item is PENDING:
         item = await reader.next(poll_disconnect=True)
-    return await handler._complete(fmt, req, n_prompt, item, reader, *rest)
+    return await handler.complete(fmt, req, n_prompt, item, reader, *rest)
 
 
 async def _stream(handler, fmt, req, n_prompt, args, shared, replies):
-    async for line in _merged([handler._stream(*a) for a in args]):
+    async for line in _merged([handler.stream_lines(*a) for a in args]):
         yield line
     if req.include_usage:
-        yield sse(fmt.usage_chunk(handler._usage(n_prompt, shared, merged_replies(replies))))
+        yield sse(fmt.usage_chunk(handler.usage_of(n_prompt, shared, merged_replies(replies))))
     yield SSE_DONE

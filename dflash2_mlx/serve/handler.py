@@ -173,7 +173,7 @@ class Handler:
         except ShuttingDown:
             raise shutting_down() from None
 
-    async def _queue(self, req: GenRequest) -> tuple[Job, ChatPrompt | None, int]:
+    async def queue_job(self, req: GenRequest) -> tuple[Job, ChatPrompt | None, int]:
         """Reserve a place (503 when full), tokenize in it, queue the job; (job, chat prompt,
         prompt length). A request waiting to be tokenized holds its place."""
         self.limits.check_text(req)
@@ -199,7 +199,7 @@ class Handler:
             raise unknown_model(req.model, self.s.model_name)
         if req.n > 1:
             return await handle_choices(self, request, req)
-        job, prompt, n_prompt = await self._queue(req)
+        job, prompt, n_prompt = await self.queue_job(req)
         reader = Reader(job, request)
 
         def release():
@@ -222,15 +222,15 @@ class Handler:
                 lp = Logprobs(self.pair.tokenizer, req.kind, self.pair.eos_ids, job.prompt_ids)
             if req.stream:
                 handed_over = True
-                stream = self._stream(fmt, req, n_prompt, first, reader, reply, lp)
+                stream = self.stream_lines(fmt, req, n_prompt, first, reader, reply, lp)
                 return SSEResponse(stream, release)
-            body = await self._complete(fmt, req, n_prompt, first, reader, reply, lp)
+            body = await self.complete(fmt, req, n_prompt, first, reader, reply, lp)
             return body if isinstance(body, Response) else JSONResponse(body)
         finally:
             if not handed_over:
                 release()
 
-    def _usage(self, n_prompt: int, stats: GenerationStats, reply: ReplyStats | None) -> dict:
+    def usage_of(self, n_prompt: int, stats: GenerationStats, reply: ReplyStats | None) -> dict:
         return usage(n_prompt, stats, self.s.effective_block, self.s.speculative, reply)
 
     def _finished(self, reply: ChatReply, replies: list | None = None) -> ReplyStats:
@@ -241,7 +241,7 @@ class Handler:
             replies.append(counted)
         return counted
 
-    async def _complete(
+    async def complete(
         self,
         fmt: Formatter,
         req: GenRequest,
@@ -275,10 +275,10 @@ class Handler:
             item = await reader.next(poll_disconnect=True)
         logprobs = lp.take(sent) if lp is not None else None
         if reply is None:
-            usage_ = self._usage(n_prompt, stats, None)
+            usage_ = self.usage_of(n_prompt, stats, None)
             return fmt.full("".join(parts), finish, usage_, logprobs=logprobs)
         more, finish = reply.finish(finish)
-        usage_ = self._usage(n_prompt, stats, self._finished(reply, replies))
+        usage_ = self.usage_of(n_prompt, stats, self._finished(reply, replies))
         if req.responses is not None:
             builder = ResponseBuilder(self.s.model_name, req.responses)
             return builder.whole(deltas + more, finish, responses_usage(usage_))
@@ -294,7 +294,7 @@ class Handler:
             logprobs=logprobs,
         )
 
-    async def _stream(
+    async def stream_lines(
         self,
         fmt: Formatter,
         req: GenRequest,
@@ -335,7 +335,7 @@ class Handler:
         if reply is not None:
             deltas, finish = reply.finish(finish)
             counted = self._finished(reply, replies)
-        for line in out.end(deltas, finish, self._usage(n_prompt, stats, counted)):
+        for line in out.end(deltas, finish, self.usage_of(n_prompt, stats, counted)):
             yield line
 
 
