@@ -124,10 +124,8 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
     readers = [Reader(j, request) for j in jobs]
 
     def release():
-        for reader, job in zip(readers, jobs):
-            reader.close()
-            if not reader.finished:
-                handler.worker.cancel(job)
+        for reader in readers:
+            reader.release(handler.worker)
 
     handed_over = False
     try:

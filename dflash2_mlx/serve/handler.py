@@ -203,9 +203,7 @@ class Handler:
         reader = Reader(job, request)
 
         def release():
-            reader.close()
-            if not reader.finished:
-                self.worker.cancel(job)
+            reader.release(self.worker)
 
         handed_over = False
         try:

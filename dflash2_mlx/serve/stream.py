@@ -58,6 +58,12 @@ class Reader:
             self._get.cancel()
             self._get = None
 
+    def release(self, worker) -> None:
+        """Stop reading; the worker cancels the job unless it is through with it."""
+        self.close()
+        if not self.finished:
+            worker.cancel(self.job)
+
 
 class SSEResponse(StreamingResponse):
     """A stream that releases its job however it ends, even if never iterated."""
