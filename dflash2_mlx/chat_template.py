@@ -109,17 +109,19 @@ class Marked:
     nonce: str = ""
 
     def encode(self, tokenizer, text: str) -> list[int]:
-        """Token ids of a rendered prompt holding marks: the template's own text with its
-        special tokens, each marked string as plain text. (Encoded piece by piece; a tokenizer
-        that opens every piece with a space marker adds one there: only such prompts.)"""
+        """Token ids of a rendered prompt holding marks, as the tokenizer itself encodes text
+        around its special tokens: the template's own special tokens are split off and kept,
+        and each stretch between them is encoded with the marked strings put back as plain
+        text (so " <|im_end|>" merges with its space as any text would)."""
+        marks = re.compile(f"\ue000{self.nonce}:(\\d+)\ue001")
+        controls = re.compile("(" + "|".join(map(re.escape, special_strings(tokenizer))) + ")")
         ids: list[int] = []
-        parts = re.split(f"\ue000{self.nonce}:(\\d+)\ue001", text)
-        for i, part in enumerate(parts):
+        for i, part in enumerate(controls.split(text)):
             if i % 2:
-                s = self.found[int(part)]
-                ids += tokenizer.encode(s, add_special_tokens=False, split_special_tokens=True)
-            elif part:
                 ids += tokenizer.encode(part, add_special_tokens=False)
+            elif part:
+                plain = marks.sub(lambda m: self.found[int(m.group(1))], part)
+                ids += tokenizer.encode(plain, add_special_tokens=False, split_special_tokens=True)
         return [int(t) for t in ids]
 
 
@@ -133,8 +135,8 @@ def special_strings(tokenizer) -> tuple[str, ...]:
 
 
 def mark_special_text(messages, specials: tuple[str, ...]) -> Marked:
-    """`messages` with each special-token string in their text (content, reasoning_content)
-    replaced by a mark."""
+    """`messages` with each special-token string in their text (content, reasoning_content,
+    a participant's name) replaced by a mark."""
     if not specials:
         return Marked(list(messages), [])
     pattern = re.compile("|".join(map(re.escape, specials)))
@@ -149,7 +151,7 @@ def mark_special_text(messages, specials: tuple[str, ...]) -> Marked:
         fields = {
             k: pattern.sub(mark, v)
             for k, v in message.items()
-            if k in ("content", "reasoning_content") and isinstance(v, str)
+            if k in ("content", "reasoning_content", "name") and isinstance(v, str)
         }
         out.append({**message, **fields} if fields else message)
     return Marked(out, found, nonce) if found else Marked(list(messages), [])

@@ -434,10 +434,25 @@ def test_objects_hold_the_keys_their_schema_lists(qwen_like):
     open_person = {**person, "additionalProperties": True}
     assert _accepts(grammars.json_schema(open_person), hf, '{"name": "Al", "age": 3}')
     assert _accepts(grammars.json_schema(), hf, '{"any": ["thing"]}')  # json_object: any object
-    # names that are keywords stay names; data and allOf parts are left as they are
-    tricky = {
-        "properties": {"properties": {"type": "string"}},
-        "const": {"properties": {}},
-        "allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}],
-    }
+    # names that are keywords stay names; data is left as it is
+    tricky = {"properties": {"properties": {"type": "string"}}, "const": {"properties": {}}}
     assert closed_objects(tricky) == {**tricky, "additionalProperties": False}
+    # objects other schemas add keys to stay open: an allOf "extends", anyOf variants
+    base = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+    extends = {
+        "type": "object",
+        "allOf": [{"$ref": "#/$defs/Base"}],
+        "properties": {"extra": {"type": "integer"}},
+        "required": ["extra"],
+        "$defs": {"Base": base},
+    }
+    assert _accepts(grammars.json_schema(extends), hf, '{"id": 1, "extra": 2}')
+    variants = {
+        "type": "object",
+        "properties": {"k": {"type": "integer"}},
+        "required": ["k"],
+        "anyOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"required": []}],
+    }
+    assert _accepts(grammars.json_schema(variants), hf, '{"k": 1, "a": 2}')
+    union = {"anyOf": [person, {**base, "title": "B"}]}  # whole objects: each one closed
+    assert not _accepts(grammars.json_schema(union), hf, '{"name": "Al", "x": 1}')

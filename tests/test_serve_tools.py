@@ -158,6 +158,7 @@ def test_tool_round_trip_streaming(client):
     ) as s:
         final = s.get_final_completion()
     assert weather_calls(final.choices[0].message.tool_calls) == [("get_weather", tt.CALL_ARGS)]
+    assert final.choices[0].message.content is None  # as the whole reply has it
     history = tt.ASK + [
         {
             "role": "assistant",

@@ -64,3 +64,22 @@ def test_text_that_looks_like_a_mark_is_text(tok):
         reference = tok.apply_chat_template(messages, add_generation_prompt=True)
         assert tok.decode(ids) == tok.decode(reference)
         assert len(control(tok, reference)) - len(control(tok, ids)) == 1
+
+
+def test_the_text_around_a_special_string_encodes_as_one_text(tok):
+    """The message's text is encoded as the text it is: the special string's pieces merge
+    with the characters around it as they would in any text."""
+    text = "hi <|im_end|> there"
+    bare = chat_prompt_ids(tok, [{"role": "user", "content": "hi"}])
+    ids = chat_prompt_ids(tok, [{"role": "user", "content": text}])
+    as_text = tok.encode(text, add_special_tokens=False, split_special_tokens=True)
+    assert len(ids) - len(bare) == len(as_text) - len(tok.encode("hi", add_special_tokens=False))
+
+
+def test_a_participant_name_is_marked_too():
+    from dflash2_mlx.chat_template import mark_special_text
+
+    marked = mark_special_text(
+        [{"role": "user", "content": "x", "name": "a<|im_end|>"}], ("<|im_end|>",)
+    )
+    assert marked.found == ["<|im_end|>"] and "<|im_end|>" not in marked.messages[0]["name"]

@@ -24,6 +24,14 @@ from .reasoning import opens_thinking
 from .tools import ToolRequest
 
 
+# How each API turns thinking off (an error about one names them all: it may have come through
+# any of them).
+THINKING_OFF = (
+    "turn thinking off (chat: chat_template_kwargs.enable_thinking false; Messages: thinking "
+    "type disabled; Responses: no reasoning.effort)"
+)
+
+
 @dataclass(frozen=True)
 class ChatPrompt:
     ids: list[int]
@@ -130,8 +138,8 @@ class ChatTemplate:
         if active is not None and active.forced and (prefill is not None or not header):
             raise invalid(
                 "tool_choice",
-                f"tool_choice {active.name or active.choice!r} opens the reply with a tool "
-                "call after the generation prompt, so the reply cannot "
+                "a forced tool_choice opens the reply with a tool call after the generation "
+                "prompt, so the reply cannot "
                 + (
                     "continue a final assistant message"
                     if prefill is not None
@@ -161,9 +169,8 @@ class ChatTemplate:
         if opens_thinking(self.tok, ids):
             raise invalid(
                 "tool_choice",
-                f"tool_choice {active.name or active.choice!r} makes "
-                "the reply open with a tool call, but this prompt leaves a thinking "
-                'section open; send chat_template_kwargs {"enable_thinking": false}',
+                "a forced tool_choice makes the reply open with a tool call, but this prompt "
+                f"leaves a thinking section open; {THINKING_OFF}",
             )
         return ChatPrompt(ids, "tool", opening[len(self.tok.tool_call_start) :], stops, active)
 
@@ -174,8 +181,7 @@ class ChatTemplate:
             raise invalid(
                 "messages",
                 "this prompt opens a thinking section, so the final assistant message cannot "
-                'be continued as the answer; send chat_template_kwargs {"enable_thinking": '
-                "false}",
+                f"be continued as the answer; {THINKING_OFF}",
                 "unsupported_parameter",
             )
         text = self.tok.encode(prefill, add_special_tokens=False, split_special_tokens=True)

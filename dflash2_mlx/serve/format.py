@@ -222,13 +222,17 @@ class ChatStream:
     """A chat or completion stream's SSE lines, item by item (handler._stream drives it).
     `logprobs` puts the log-probabilities gathered so far on a chunk (logprobs.LogprobChunks)."""
 
-    def __init__(self, fmt: Formatter, include_usage: bool, logprobs, closing: bool = True):
+    def __init__(
+        self, fmt: Formatter, include_usage: bool, logprobs, closing: bool = True, tools=False
+    ):
         self.fmt, self.with_usage, self.logprobs = fmt, include_usage, logprobs
         self.closing = closing  # False: one choice of several (no usage chunk, no [DONE])
+        self.tools = tools  # the reply may be calls: the role chunk sets no content
 
     def start(self, first):
-        if self.fmt.kind == "chat":
-            yield sse(self.fmt.chunk("", role=True, with_usage=self.with_usage))
+        if self.fmt.kind == "chat":  # a reply of calls rebuilds to content null, as whole
+            text = None if self.tools else ""
+            yield sse(self.fmt.chunk(text, role=True, with_usage=self.with_usage))
 
     def item(self, item, reply):
         self.logprobs.add(item)

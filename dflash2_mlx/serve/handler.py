@@ -309,7 +309,8 @@ class Handler:
         elif req.anthropic:
             out = MessagesStream(MessageBuilder(self.s.model_name, req.stop), n_prompt)
         else:
-            out = ChatStream(fmt, req.include_usage, LogprobChunks(lp), closing=stats is None)
+            tools = reply is not None and reply.tools is not None
+            out = ChatStream(fmt, req.include_usage, LogprobChunks(lp), stats is None, tools)
         stats = GenerationStats() if stats is None else stats
         while item is PENDING:  # headers are sent: keep the connection alive until it comes
             yield SSE_KEEPALIVE
