@@ -97,7 +97,8 @@ def chat(
             check_penalty("repetition_penalty", repetition_penalty, vocab=1)
         except ParameterError as e:
             fail(f"--repetition-penalty: {e}")
-    from .chat_repl import ChatOptions, run_chat
+    from .chat_repl import ChatOptions
+    from .chat_run import run_chat
 
     opts = ChatOptions(
         model,

@@ -1,0 +1,55 @@
+"""`dflash2 chat`'s run: load the pair (the resolver `serve` uses), then one answer
+(`--prompt`) or the terminal session (chat_repl.Chat)."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.text import Text
+
+from dflash2_mlx import GenerationParams
+from dflash2_mlx.errors import ParameterError
+
+from .chat_repl import Chat, ChatOptions
+from .common import fail, load_resolved
+
+
+def load(opts: ChatOptions, err: Console):
+    """The pair and the engine settings (the same resolver as `dflash2 serve`)."""
+    from dflash2_mlx.settings import resolve_engine
+
+    pair, resolved, target_dir = load_resolved(
+        opts.model,
+        opts.target,
+        opts.drafter,
+        opts.offline,
+        lambda msg: err.print(Text(msg, style="dim")),
+        opts.engine,
+    )
+    return pair, resolved, resolve_engine(opts.engine, pair, resolved, target_dir)
+
+
+def run_chat(opts: ChatOptions) -> int:
+    console, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    try:  # validated before any model loads (the rest is too)
+        GenerationParams(opts.max_tokens)
+    except ParameterError as exc:
+        fail(f"--max-tokens: {exc}")
+    pair, resolved, settings = load(opts, err)
+    chat = Chat(pair, opts, settings, console, err)
+    if opts.prompt is not None:
+        _, stats, finish = chat.turn(opts.prompt, live=False)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        err.print(chat.status(stats, finish), soft_wrap=True)
+        return 130 if finish in ("stopped", "interrupted") else 0
+    spec = settings.block.describe() if chat.spec else "speculative off"
+    err.print(
+        Text(
+            f"{resolved.name}: {spec}, {settings.sampling.describe()}. /help for "
+            "commands, Ctrl-C stops an answer, Ctrl-D exits.",
+            style="dim",
+        )
+    )
+    return chat.repl()
