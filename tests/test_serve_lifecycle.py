@@ -193,6 +193,24 @@ def test_shutdown_lets_the_running_request_finish_and_refuses_the_waiting(pair, 
         )
 
 
+def test_a_cut_stream_of_several_choices_ends_with_one_error_and_done(pair):
+    """n = 3 streamed choices stopped by the shutdown: one error event, one [DONE]."""
+    app = create_app(pair, model_name="tiny", max_batch=4, limits=ServeLimits(shutdown_grace_s=0.3))
+    with serving(app) as (base, server, thread), httpx.Client(timeout=60) as http:
+        body = {"prompt": "abc", "max_tokens": 4000, "temperature": 0, "stream": True, "n": 3}
+        with http.stream("POST", base + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            while '"text": "' not in (line := next(lines)) or '"text": ""' in line:
+                pass
+            server.should_exit = True
+            rest = [line for line in lines if line.startswith("data: ")]
+        thread.join(30)
+    errors = [line for line in rest if '"error"' in line]
+    assert len(errors) == 1 and json.loads(errors[0][6:])["error"]["code"] == "shutting_down"
+    assert rest[-1] == "data: [DONE]" and rest.count("data: [DONE]") == 1
+    assert rest[-2] == errors[0]
+
+
 def test_sigint_ends_a_cut_stream_with_an_error_and_done(tmp_path):
     """A real process, a real Ctrl-C: the waiting requests get JSON 503 at once; the running
     stream gets its grace period (1 s), then an error event and [DONE]; the port closes; the

@@ -155,7 +155,22 @@ def test_a_reply_that_starts_inside_a_thinking_section():
     tok = SimpleNamespace(has_thinking=True, think_start="<think>", think_end="</think>")
     prompt = ChatPrompt([1], state="reasoning")
     assert _thinking(tok, prompt) == Thinking("<think>", "</think>", opened=True)
-    assert _thinking(tok, ChatPrompt([1])) == Thinking("<think>", "</think>")
+
+
+def test_thinking_turned_off_leaves_no_thinking_section_to_the_reply(tmp_path):
+    """Thinking on: the reply may open a section before the value; off (the template wrote an
+    empty one into the reply's turn): it may not; a closed section in an earlier turn of the
+    history does not count."""
+    import tiny_tools as tt
+
+    tok = tt.load_tokenizer(tt.save_tokenizer(tmp_path / "tok"))
+    on = chat_prompt_ids(tok, tt.HI, template_kwargs={"enable_thinking": True})
+    off = chat_prompt_ids(tok, tt.HI, template_kwargs={"enable_thinking": False})
+    assert _thinking(tok, ChatPrompt(on)) == Thinking("<think>", "</think>")
+    assert _thinking(tok, ChatPrompt(off)) is None
+    earlier = tt.HI + [{"role": "assistant", "content": "<think>\nhm\n</think>\n\nhello!"}]
+    later = chat_prompt_ids(tok, earlier + tt.HI, template_kwargs={"enable_thinking": True})
+    assert _thinking(tok, ChatPrompt(later)) == Thinking("<think>", "</think>")
 
 
 def test_strict_tools_need_a_call_format_the_grammar_knows():

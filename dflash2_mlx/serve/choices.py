@@ -173,9 +173,36 @@ async def _whole(handler, args):
     return await handler.complete(fmt, req, n_prompt, item, reader, *rest)
 
 
+class _ChoiceFailed(Exception):
+    """A choice's stream ended with an error: the response ends with that error alone."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("a choice failed")
+        self.lines = lines
+
+
+async def _choice_lines(handler, args):
+    """One choice's lines; its error lines (what follows the reader's error item) are
+    raised instead, so the merged stream reports one error and stops the other choices."""
+    reader, failure = args[4], []
+    async for line in handler.stream_lines(*args):
+        if reader.failed:
+            failure.append(line)
+        else:
+            yield line
+    if failure:
+        raise _ChoiceFailed(failure)
+
+
 async def _stream(handler, fmt, req, n_prompt, args, shared, replies):
-    async for line in _merged([handler.stream_lines(*a) for a in args]):
-        yield line
+    try:
+        async for line in _merged([_choice_lines(handler, a) for a in args]):
+            yield line
+    except _ChoiceFailed as e:
+        for line in e.lines:
+            yield line
+        yield SSE_DONE
+        return
     if req.include_usage:
         yield sse(fmt.usage_chunk(handler.usage_of(n_prompt, shared, merged_replies(replies))))
     yield SSE_DONE

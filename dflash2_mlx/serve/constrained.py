@@ -10,6 +10,7 @@ from ..errors import ParameterError
 from ..grammar import Calls, Grammar, Thinking
 from .api_error import invalid
 from .chat_prompt import ChatPrompt
+from .reasoning import closes_thinking
 from .schemas import GenRequest
 from .tools import ToolRequest
 
@@ -102,7 +103,10 @@ def _opened(tok, prompt: ChatPrompt) -> tuple[int, ...]:
 
 def _thinking(tok, prompt: ChatPrompt) -> Thinking | None:
     """The thinking section a reply held to a grammar may start with (the reply follows
-    it): the model's markers, where the tokenizer has them."""
+    it): the model's markers, where the tokenizer has them and the prompt left it to the
+    reply."""
     if not getattr(tok, "has_thinking", False):
         return None
+    if prompt.state != "reasoning" and closes_thinking(tok, prompt.ids):
+        return None  # the template wrote it, closed (thinking off)
     return Thinking(tok.think_start, tok.think_end, opened=prompt.state == "reasoning")

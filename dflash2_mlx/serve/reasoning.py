@@ -118,3 +118,15 @@ def opens_thinking(tokenizer, ids: list[int]) -> bool:
     if not getattr(tokenizer, "has_thinking", False):
         return False
     return tokenizer.rfind_think_start(ids) > tokenizer.rfind_think_end(ids)
+
+
+def closes_thinking(tokenizer, ids: list[int]) -> bool:
+    """The template already wrote the reply's thinking section, closed (thinking turned off:
+    Qwen's empty `<think></think>`): no turn marker (a special token) follows its end."""
+    if not getattr(tokenizer, "has_thinking", False):
+        return False
+    end = tokenizer.rfind_think_end(ids)
+    if end < 0 or tokenizer.rfind_think_start(ids) > end:
+        return False
+    marks = set(getattr(tokenizer, "all_special_ids", None) or ())
+    return not marks.intersection(ids[end + 1 :])

@@ -29,6 +29,7 @@ class Reader:
         self.job, self.request = job, request
         self._get: asyncio.Task | None = None
         self.finished = False  # saw "done" or "error": the worker is through with the job
+        self.failed = False  # saw "error"
         self._polled = time.monotonic()
 
     async def next(self, poll_disconnect: bool, timeout: float | None = None) -> Item | None:
@@ -49,6 +50,7 @@ class Reader:
             if done:
                 item, self._get = self._get.result(), None
                 self.finished = item.kind in ("done", "error")
+                self.failed = item.kind == "error"
                 return item
             if deadline is not None and time.monotonic() >= deadline:
                 return PENDING
