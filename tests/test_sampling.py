@@ -67,6 +67,25 @@ def test_speculative_sampling_matches_target(version, sp):
         assert tv(emp[i], exact[i]) < 0.085, (i, tv(emp[i], exact[i]))
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_seeded_reply_does_not_depend_on_max_tokens(version):
+    """The rounds of a sampled generation (their proposals, hence their draws) never depend on
+    max_tokens: a seeded reply cut at N tokens is the first N of a longer one (as with plain
+    decoding), through drafter, lookup and prediction rounds."""
+    model = tiny.make_target("llama", vocab=V, seed=11)
+    drafter = tiny.make_drafter(version, vocab=V, mask_token_id=V - 1, seed=12, top_k=4)
+    dec = SpeculativeDecoder(
+        TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=1
+    )
+    for seed in (3, 4):
+        sp = SamplingParams(temperature=1.0, seed=seed)
+        kw = dict(block_size=4, sampling=sp, prediction=(1, 5, 3, 2, 1, 5))
+        whole = dec.generate(PROMPT, GenerationParams(max_tokens=30, **kw))
+        assert len(whole) == 30
+        for n in (1, 2, 3, 5, 8, 13, 21):
+            assert dec.generate(PROMPT, GenerationParams(max_tokens=n, **kw)) == whole[:n], n
+
+
 def test_the_distribution_check_can_fail():
     """Sanity of the statistic: the draft distribution itself is far from the target's."""
     model = tiny.make_target("llama", vocab=V, seed=11)

@@ -14,6 +14,7 @@ from test_logprobs import mlx_lm_logprobs
 from test_serve import EOS, HI, make_tokenizer, running
 
 from dflash2_mlx.api import Pair
+from dflash2_mlx.engine.events import RoundEvent
 from dflash2_mlx.serve import create_app
 from dflash2_mlx.text import chat_prompt_ids
 
@@ -152,3 +153,30 @@ def _is_utf8(raw: bytes) -> bool:
         return True
     except UnicodeDecodeError:
         return False
+
+
+def test_completion_keys_of_tokens_that_split_a_character_stay_distinct(tmp_path_factory):
+    """Completions' top_logprobs is a dict keyed by token text: tokens holding part of a
+    character are keyed by their bytes ("bytes:\\xe6\\x97", as OpenAI writes them), so no
+    alternative overwrites another (all would be "\ufffd") and the chosen token is found."""
+    from mlx_lm.utils import load_tokenizer
+    from smollm2 import any_conversion
+
+    from dflash2_mlx.engine.logprobs import TokenLogprob
+    from dflash2_mlx.serve.logprobs import Logprobs, token_bytes
+
+    tok = load_tokenizer(any_conversion(tmp_path_factory))
+    ids = tok.encode("日本語 🙂", add_special_tokens=False)
+    partial = [t for t in ids if not _is_utf8(token_bytes(tok, t))]
+    assert len(set(partial)) >= 2
+    whole = tok.encode(" ok", add_special_tokens=False)[0]
+    first, second = partial[0], next(t for t in partial if t != partial[0])
+    lp = Logprobs(tok, "completion", frozenset())
+    top = ((second, -0.5), (first, -1.0), (whole, -2.0))
+    event = RoundEvent(tokens=[first], logprobs=(TokenLogprob(first, -1.0, top),))
+    lp.add(event)
+    out = lp.take(10)
+    key = "bytes:" + "".join(f"\\x{b:02x}" for b in token_bytes(tok, first))
+    assert out["tokens"] == [key] and out["token_logprobs"] == [-1.0]
+    assert len(out["top_logprobs"][0]) == 3 and out["top_logprobs"][0][key] == -1.0
+    assert out["top_logprobs"][0][" ok"] == -2.0

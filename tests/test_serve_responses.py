@@ -130,6 +130,14 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
             {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
             "input[0].content[0]",
         ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text", "txt": "hi"}]}]},
+            "input[0].content[0].text",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+            "input[0].content[0].text",
+        ),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
         ({"input": [{"type": "function_call", "call_id": "c"}]}, "input[0].name"),
         ({"input": None}, "input"),

@@ -324,7 +324,7 @@ class BatchDecoder:
             run.key, k_draft, k_verify = mx.random.split(run.key, 3)
             verify_keys.append(k_verify)
             found = dec._model_free(session, run)
-            length = min(run.block, run.room)
+            length = run.span(run.block)
             if found is None and length >= 2:
                 drafting.append(i)
                 anchor = session.tokens[-1]

@@ -81,6 +81,13 @@ class _Run:
         """Tokens this generation may still commit."""
         return self.params.max_tokens - self.produced
 
+    def span(self, tokens: int) -> int:
+        """Tokens a round may verify, of `tokens` (anchor included): greedy, at most the room
+        left (the output does not depend on it); sampled, all of them, so the rounds and their
+        random draws never depend on max_tokens — a seeded reply's first N tokens are the same
+        whatever max_tokens (the commit is cut at it)."""
+        return min(tokens, self.room) if self.params.sampling.greedy else tokens
+
     def logprobs(self, logits: mx.array, commit: list[int]) -> tuple:
         """The committed tokens' TokenLogprobs from their rows of `logits` (when asked for)."""
         top = self.params.logprobs

@@ -145,12 +145,12 @@ class SpeculativeDecoder:
         """What the constraint forces next, else the prediction's continuation while the answer
         follows it, else the context's own, else the prediction's after a re-sync: up to
         lookup_block - 1 tokens (no draft pass to pay for them); else the datastore's (up to
-        DEFAULT_DATASTORE_LENGTH); else the drafter's block - 1. All cut to what the round may
-        commit."""
+        DEFAULT_DATASTORE_LENGTH); else the drafter's block - 1. A greedy round's are cut to
+        what it may commit (_Run.span)."""
         found = self._model_free(session, run)
         if found is not None:
             return found
-        length = min(run.block, run.room)
+        length = run.span(run.block)
         if length < 2:
             return NOTHING
         return self._draft(session, anchor, length, run.params.sampling, key)
@@ -159,7 +159,7 @@ class SpeculativeDecoder:
         """What the constraint forces, else the prediction's, the context's or the datastore's
         proposal (see _propose); None: none found."""
         pred, look = session.prediction, session.lookup
-        n = min(run.lookup_block, run.room) - 1  # propose(n < 1) finds nothing
+        n = run.span(run.lookup_block) - 1  # propose(n < 1) finds nothing
         found, source = [], "drafter"
         if run.constraint is not None and n > 0:  # what the grammar forces: the surest drafts
             found, source = run.constraint.forced()[:n], "grammar"

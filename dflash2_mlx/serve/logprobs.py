@@ -62,14 +62,28 @@ class Logprobs:
         if self.kind == "chat":
             return {"content": [self._chat(lp) for lp in ready], "refusal": None}
         return {
-            "tokens": [self._text(lp.token) for lp in ready],
+            "tokens": [self._key(lp.token) for lp in ready],
             "token_logprobs": [lp.logprob for lp in ready],
-            "top_logprobs": [{self._text(t): v for t, v in lp.top} for lp in ready],
+            "top_logprobs": [self._top(lp.top) for lp in ready],
             "text_offset": starts,  # where each token's text starts in the completion's
         }
 
-    def _text(self, token: int) -> str:
-        return token_bytes(self.tokenizer, token).decode("utf-8", errors="replace")
+    def _key(self, token: int) -> str:
+        """A completion token's text, or for one that is part of a character its bytes as
+        OpenAI writes them ("bytes:\\xe3\\x81"): distinct tokens stay distinct keys."""
+        raw = token_bytes(self.tokenizer, token)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+    def _top(self, top) -> dict:
+        """The alternatives by key, most likely first; two tokens with one text (rare: a
+        vocabulary's duplicates) keep the likelier one's value."""
+        out: dict[str, float] = {}
+        for t, v in top:
+            out.setdefault(self._key(t), v)
+        return out
 
     def _one(self, token: int, logprob: float) -> dict:
         raw = token_bytes(self.tokenizer, token)

@@ -200,12 +200,15 @@ def _parts(where: str, content):
     parts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
+        if kind not in ("input_text", "output_text"):
             raise invalid(
                 f"{where}[{j}]",
-                "only text parts (input_text, output_text) are supported",
+                f"only text parts (input_text, output_text) are supported; got type {brief(kind)}",
                 "unsupported_parameter",
             )
+        if not isinstance(part.get("text"), str):
+            code = "missing_required_parameter" if part.get("text") is None else "invalid_type"
+            raise invalid(f"{where}[{j}].text", f"{where}[{j}].text must be a string", code)
         parts.append({"type": "text", "text": part["text"]})
     return parts
 
