@@ -63,6 +63,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     from rich.console import Console
     from rich.box import SIMPLE_HEAD
     from rich.table import Table
+    from rich.text import Text
 
     inv = _inventory()
     if as_json:
@@ -76,14 +77,13 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
         table.add_column(col, overflow="fold")
     for r in inv["aliases"]:
         name = r["alias"] + "".join(f" = {s}" for s in r["synonyms"])
-        mark = lambda ok: "[green]✓[/]" if ok else "[dim]·[/]"  # noqa: E731
+        mark = lambda ok: Text("✓", "green") if ok else Text("·", "dim")  # noqa: E731
         blocks = ", ".join(map(str, r["block_sizes"])) or "trained"
         tgt, drf = r["target"], r["drafter"]
         if r["alias"] == "smollm2-135m":
             tgt, drf = "embedded SmolLM2-135M-Instruct", "bundled DFlash2 drafter"
-        text_row(
-            table, name, tgt, drf, blocks, f"{mark(r['target_local'])} {mark(r['drafter_local'])}"
-        )
+        local = Text(" ").join([mark(r["target_local"]), mark(r["drafter_local"])])
+        text_row(table, name, tgt, drf, blocks, local)
     console.print(table)
     for r in inv["aliases"]:
         console.print(f"[bold]{r['alias']}[/]: [dim]{r['notes']}[/]")

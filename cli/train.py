@@ -229,10 +229,10 @@ def train(
 
 
 def _run_training(pc, tc, *, ablation: bool) -> None:
-    """The pipeline (or the ablation) with a progress display; Ctrl-C and errors as exits."""
+    """The pipeline (or the ablation) with a progress display; Ctrl-C as an exit (errors
+    reach the app's handler: one line on stderr)."""
     from rich.console import Console
 
-    from dflash2_mlx.errors import DFlash2Error
     from dflash2_mlx.train.pipeline import run_ablation, run_pipeline
 
     console = Console()
@@ -252,9 +252,6 @@ def _run_training(pc, tc, *, ablation: bool) -> None:
     except KeyboardInterrupt:
         console.print("[yellow]stopped; rerun the same command to resume[/]")
         raise typer.Exit(130)
-    except DFlash2Error as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2)
     console.print(escape(f"drafter written to {result['out']}"))
 
 

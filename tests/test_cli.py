@@ -156,6 +156,7 @@ def test_models_lists_aliases_and_caches(caches, capsys):
         "dflash2 cache",
     ):
         assert text in out
+    assert "[green]" not in out and "[dim]" not in out and "✓" in out  # marks, not markup
 
 
 def test_pull_offline_is_a_clear_error(caches, capsys):

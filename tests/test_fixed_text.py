@@ -307,11 +307,20 @@ def test_train_command_mixes_a_corpus_and_deletes_its_features(tmp_path, capsys)
     (corpus / "c.jsonl").write_text(
         "".join(json.dumps({"id": f"c{i}", "messages": chat(i, 20)}) + "\n" for i in range(8))
     )
-    prompts = tmp_path / "p.jsonl"
+    prompts, heldout = tmp_path / "p.jsonl", tmp_path / "h.jsonl"
     prompts.write_text(
         "".join(
             json.dumps({"id": f"p{i}", "category": "chat", "messages": chat(i, 0)[:1]}) + "\n"
             for i in range(4)
+        )
+    )
+    heldout.write_text(
+        "".join(
+            json.dumps({"id": f"h{i}", "category": "chat", "messages": chat(i, 0)[:1]}).replace(
+                '"content": "', '"content": "held out '
+            )
+            + "\n"
+            for i in range(2)
         )
     )
     out, work = tmp_path / "drafter", tmp_path / "work"
@@ -321,7 +330,7 @@ def test_train_command_mixes_a_corpus_and_deletes_its_features(tmp_path, capsys)
         "--prompts",
         str(prompts),
         "--heldout",
-        str(prompts),
+        str(heldout),
         "--batch",
         "2",
         "--anchors",

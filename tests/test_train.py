@@ -1,6 +1,9 @@
 """Drafter training: the batched training forward, the objective, checkpoints and features."""
 
+import json
 import os
+import random
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -356,8 +359,6 @@ def test_prompt_parts_name_their_own_temperatures():
 
 
 def _prompt_file(path: Path, n: int, stem: str) -> Path:
-    import json
-
     words = ["the", "sea", "is", "blue", "and", "wide", "cats", "sleep", "all", "day"]
     path.write_text(
         "".join(
@@ -368,7 +369,9 @@ def _prompt_file(path: Path, n: int, stem: str) -> Path:
                     "messages": [
                         {
                             "role": "user",
-                            "content": " ".join(words[(i + k) % len(words)] for k in range(4)),
+                            "content": " ".join(
+                                [stem] + [words[(i + k) % len(words)] for k in range(4)]
+                            ),
                         }
                     ],
                 }
@@ -477,8 +480,76 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
         run(["train", str(target_dir), "--out", str(tmp_path / "kd"), "--distill", "1", *common])
         == 2
     )
-    assert "distillation needs the target's last layer" in capsys.readouterr().out
+    err = capsys.readouterr().err
+    assert "distillation needs the target's last layer" in err and "--distill 0" in err
     assert not (tmp_path / "work" / "run-kd").exists()
+
+
+def _refused(args: list[str], capsys) -> str:
+    """`dflash2 train ARGS` exits 2 with one error line on stderr; returns it."""
+    from dflash2_cli.app import run
+
+    assert run(["train", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err, err
+    return err
+
+
+def test_train_refuses_up_front_what_would_fail_later(tmp_path, capsys):
+    """Mistakes that used to cost a whole run (or hang, or overwrite a user's files) are one
+    line before any regeneration: --out a file or a folder of other files, answers too short
+    for a block, negative temperatures, held-out prompts that are training prompts."""
+    from tiny_pair import save_target
+
+    target = str(save_target(tmp_path / "target"))
+    prompts = str(_prompt_file(tmp_path / "p.jsonl", 3, "p"))
+    base = [
+        target,
+        "--prompts",
+        prompts,
+        "--heldout",
+        str(_prompt_file(tmp_path / "h.jsonl", 2, "h")),
+    ]
+    (tmp_path / "afile").write_text("x")
+    assert "is a file" in _refused([*base, "--out", str(tmp_path / "afile")], capsys)
+    mine = tmp_path / "mydocs"
+    mine.mkdir()
+    (mine / "notes.md").write_text("mine")
+    assert "notes.md" in _refused([*base, "--out", str(mine)], capsys)
+    assert (mine / "notes.md").read_text() == "mine"
+    out = str(tmp_path / "d")
+    err = _refused([*base, "--out", out, "--max-new-tokens", "8", "--block-size", "16"], capsys)
+    assert "--max-new-tokens 8 must be at least --block-size 16" in err
+    assert "--temperatures must be >= 0" in _refused(
+        [*base, "--out", out, "--temperatures", "0,-1"], capsys
+    )
+    err = _refused([target, "--prompts", prompts, "--heldout", prompts, "--out", out], capsys)
+    assert "'p0' is also training prompt 'p0'" in err
+    assert not (tmp_path / "d.work" / "regen_train.jsonl").exists()  # nothing ran
+
+
+def test_a_checkpoint_resumes_only_for_its_own_out_and_settings(target, sequences, tmp_path):
+    """A run's checkpoint is resumed by the same --out under the same settings (steps and
+    the data mix may change); another folder of the same name, or other settings, are refused
+    before any step instead of silently continuing someone else's training."""
+    from dflash2_mlx.errors import DFlash2Error
+    from dflash2_mlx.train.preflight import check_resumable, claim_run
+
+    run = tmp_path / "work" / "run-d"
+    claim_run(run, tmp_path / "d")
+    claim_run(run, tmp_path / "d")  # the same --out: fine
+    with pytest.raises(DFlash2Error, match="holds the training of --out"):
+        claim_run(run, tmp_path / "other" / "d")
+    tr = _trainer(target, sequences, tmp_path, steps=4)
+    tr.run()
+    state = json.loads((tr.ckpt / "state.json").read_text())
+    check_resumable(state, replace(tr.cfg, steps=8, fixed_ratio=0.0), tr.ckpt)
+    with pytest.raises(DFlash2Error, match="seed 0 there, 5 now"):
+        check_resumable(state, replace(tr.cfg, seed=5), tr.ckpt)
+    with pytest.raises(DFlash2Error, match="block_size"):
+        _trainer(
+            target, sequences, tmp_path, steps=8, block_size=tr.cfg.block_size // 2
+        ).try_resume()
 
 
 def test_init_from_an_exported_drafter_even_at_another_block_size(target, sequences, tmp_path):
@@ -537,3 +608,18 @@ def test_train_progress_shows_loss_speed_and_eta_on_a_terminal():
         for step in range(1, 21):
             on_step({"step": step, "loss": 1.0, "lr": 1e-3, "tok_s": 10.0})
     assert buf.getvalue().count("step ") == 2
+
+
+def test_answers_too_short_for_any_anchor_are_an_error_not_a_hang(sequences):
+    """The trainer samples anchors until a batch fills: with no answer a block long it would
+    spin forever, so the pipeline refuses such data with the longest answer's length."""
+    from dflash2_mlx.train.batches import sample_anchors
+    from dflash2_mlx.train.preflight import check_anchorable
+
+    check_anchorable(sequences, 8)
+    longest = max(len(s.tokens) - s.response_start for s in sequences)
+    with pytest.raises(DFlash2Error, match=f"the longest: {longest} tokens"):
+        check_anchorable(sequences, longest + 2)
+    # The bound is sample_anchors' own: at longest + 1 some sequence still has an anchor.
+    check_anchorable(sequences, longest + 1)
+    assert any(sample_anchors(s, 1, longest + 1, random.Random(0)) for s in sequences)

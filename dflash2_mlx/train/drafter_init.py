@@ -26,7 +26,7 @@ def drafter_config_for(
     bad = [i for i in ids if not 0 <= i < n_layers]
     if bad:
         raise DFlash2Error(
-            f"target_layer_ids {bad} out of range: the target has {n_layers} layers "
+            f"target layer ids (--layer-ids) {bad} out of range: the target has {n_layers} layers "
             f"(valid 0..{n_layers - 1})"
         )
     if cfg.mask_token_id is None:

@@ -15,11 +15,12 @@ from typing import Callable
 import mlx.core as mx
 
 from ..drafter.vocab import count_tokens, write_draft_vocab
-from ..errors import DFlash2Error
+from ..errors import DFlash2Error, ParameterError
 from ..prompts import load_prompts
 from ..target.adapter import TargetAdapter
 from .features import build_feature_cache, load_feature_cache, read_regenerations
 from .fixed_text import corpus_sequences
+from .preflight import check_anchorable, check_heldout_apart, check_out, check_settings, claim_run
 from .stream import FixedTextStream
 from .trainer import (
     FIT_PROBE,
@@ -170,7 +171,10 @@ def prepare_data(
     tc.mask_token_id when unset."""
     from mlx_lm import load as load_target
 
-    pc.work.mkdir(parents=True, exist_ok=True)
+    parts = prompt_parts(pc.prompts, pc.temperatures)
+    check_out(pc.out, pc.work)
+    check_settings(tc, pc.max_new_tokens, [t for _, temps in parts for t in temps])
+    check_heldout_apart("+".join(name for name, _ in parts), pc.heldout, pc.skip_bad_lines)
     model, tokenizer = load_target(str(pc.target))
     target_cfg = (
         json.loads((Path(pc.target) / "config.json").read_text())
@@ -181,19 +185,20 @@ def prepare_data(
     if tc.mask_token_id is None:
         tc.mask_token_id = _guess_mask_id(tokenizer, probe.vocab_size)
     dcfg = drafter_config_for(probe, target_cfg, tc)
+    tc.target_layer_ids = tuple(dcfg.target_layer_ids)  # recorded as trained
     adapter = TargetAdapter(model, dcfg.target_layer_ids)
+    # Before hours of regeneration, not after:
     if tc.distill_weight > 0:
-        check_distillable(adapter)  # before hours of regeneration, not after
+        check_distillable(adapter)
+    if pc.corpus and tc.fixed_ratio > 0 and tc.fixed_distill_weight > 0:
+        check_distillable(adapter, "--corpus-distill 0")
     tag = "-".join(map(str, dcfg.target_layer_ids))
 
     stages, wanted = {}, {}
-    for name, parts in (
-        ("train", prompt_parts(pc.prompts, pc.temperatures)),
-        ("heldout", [(pc.heldout, (0.0,))]),
-    ):
+    for name, split in (("train", parts), ("heldout", [(pc.heldout, (0.0,))])):
         regen = pc.work / f"regen_{name}.jsonl"
         wanted[name], stages[f"regen_{name}"] = _regenerate_split(
-            pc, (model, tokenizer), regen, parts, log
+            pc, (model, tokenizer), regen, split, log
         )
         t0 = time.perf_counter()
         seqs = [
@@ -212,6 +217,7 @@ def prepare_data(
     held = [s for s in held if s.temperature == 0.0]
     if not train:
         raise DFlash2Error(f"{pc.prompts}: no usable training sequences")
+    check_anchorable(train, tc.block_size)
     fixed = None
     if pc.corpus:
         fixed, stages["corpus"] = _fixed_text_stream(pc, tokenizer, adapter, tag, tc.seed, log)
@@ -228,18 +234,16 @@ def train_drafter(
     """Train (or resume) into `pc.work/run-<out name>/`, then export `pc.out` with its card."""
     dcfg = drafter_config_for(data.adapter, data.target_config, tc)
     drafter = init_drafter(dcfg, tc)
-    trainer = Trainer(
-        data.adapter,
-        drafter,
-        data.train,
-        data.heldout,
-        tc,
-        pc.work / f"run-{pc.out.name}",
-        log,
-        data.fixed,
-    )
+    run = pc.work / f"run-{pc.out.name}"
+    claim_run(run, pc.out)
+    trainer = Trainer(data.adapter, drafter, data.train, data.heldout, tc, run, log, data.fixed)
     if trainer.try_resume():
         log(f"resumed at step {trainer.step}")
+        if trainer.step > tc.steps:
+            raise ParameterError(
+                f"{run}: the checkpoint is at step {trainer.step}, past --steps {tc.steps}: "
+                "give --steps at least that to resume it"
+            )
     start, t0 = trainer.step, time.perf_counter()
     final = trainer.run(on_step)
     if data.fixed is not None:  # its features go; the corpus recomputes them when needed

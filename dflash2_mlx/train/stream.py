@@ -56,7 +56,7 @@ class FixedTextStream:
         self.shard_tokens = max_disk_bytes // per_token
         if self.shard_tokens < max(len(s.tokens) for s in seqs):
             raise DFlash2Error(
-                f"a disk bound of {max_disk_bytes / 1e6:.0f} MB holds "
+                f"a disk bound (--stream-disk-gb) of {max_disk_bytes / 1e6:.0f} MB holds "
                 f"{self.shard_tokens} tokens of features, less than the longest "
                 "sequence: raise it"
             )

@@ -36,6 +36,7 @@ from .batches import make_blocks, make_subset, sample_anchors
 from .features import StoredSequence
 from .fixed_text import sample_text_anchors
 from .objective import Blocks, Teacher, cosine_lr, decay_weights, loss_terms, proxy_acceptance
+from .preflight import check_resumable
 from .stream import FixedTextStream
 
 
@@ -49,19 +50,20 @@ def head_weight(adapter: TargetAdapter) -> mx.array:
     return w
 
 
-def check_distillable(adapter: TargetAdapter) -> None:
-    """Distillation reads the target's logits off its last layer's cached output."""
+def check_distillable(adapter: TargetAdapter, off: str = "--distill 0") -> None:
+    """Distillation reads the target's logits off its last layer's cached output. `off`:
+    how the user turns the distillation asked for off."""
     last = len(adapter.layers) - 1
     if not adapter.layer_ids or adapter.layer_ids[-1] != last:
         raise DFlash2Error(
             f"distillation needs the target's last layer ({last}) as the last of "
-            f"the layer ids (got {list(adapter.layer_ids)}); add it, or train "
-            "without --distill"
+            f"the layer ids (--layer-ids; got {list(adapter.layer_ids)}): add it, or "
+            f"train with {off}"
         )
     if adapter.final_norm() is None:
         raise DFlash2Error(
             f"distillation is not supported for {adapter.model_type!r} targets "
-            "(their logits are not head(norm(h))); train without --distill"
+            f"(their logits are not head(norm(h))): train with {off}"
         )
 
 
@@ -208,6 +210,7 @@ class Trainer:
         if not (self.ckpt / "state.json").exists():
             return False
         state = json.loads((self.ckpt / "state.json").read_text())
+        check_resumable(state, self.cfg, self.ckpt)
         loaded = load_drafter(self.ckpt)
         self.drafter.load_weights(list(tree_flatten(loaded.parameters())), strict=True)
         opt_state = mx.load(str(self.ckpt / "optimizer.npz"))
