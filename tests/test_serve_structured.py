@@ -210,3 +210,22 @@ def test_logprobs_of_a_constrained_reply_are_finite(pair, url):
         e["token"] for c in streamed for e in (c["choices"][0]["logprobs"] or {}).get("content", [])
     ]
     assert "".join(tokens) == r.json()["choices"][0]["message"]["content"]
+
+
+def test_a_closed_section_with_a_marker_of_several_tokens():
+    """The end marker's own tokens are not turn markers after it (here its last token is a
+    special token): an empty section the template closed is still seen as closed."""
+    from dflash2_mlx.serve.reasoning import closes_thinking
+
+    class Tok:
+        has_thinking, think_end_tokens, all_special_ids, eos_token_ids = True, [7, 8], [8, 9], [9]
+
+        def rfind_think_start(self, ids):
+            return max((i for i, t in enumerate(ids) if t == 6), default=-1)
+
+        def rfind_think_end(self, ids):
+            return max((i for i in range(len(ids) - 1) if ids[i : i + 2] == [7, 8]), default=-1)
+
+    assert closes_thinking(Tok(), [9, 1, 6, 7, 8, 2])  # the reply's turn: closed by the template
+    assert not closes_thinking(Tok(), [6, 7, 8, 9, 1])  # an earlier turn's, ended by eos 9
+    assert not closes_thinking(Tok(), [1, 6, 3])  # open

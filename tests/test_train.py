@@ -517,9 +517,14 @@ def test_train_refuses_up_front_what_would_fail_later(tmp_path, capsys):
     (mine / "notes.md").write_text("mine")
     assert "notes.md" in _refused([*base, "--out", str(mine)], capsys)
     assert (mine / "notes.md").read_text() == "mine"
+    finder = tmp_path / "finder"  # dotfiles (a Mac's .DS_Store) do not count
+    finder.mkdir()
+    (finder / ".DS_Store").write_text("x")
+    err = _refused([*base, "--out", str(finder), "--temperatures", "-1"], capsys)
+    assert "--temperatures" in err and (finder / ".dflash2-train").exists()
     out = str(tmp_path / "d")
     err = _refused([*base, "--out", out, "--max-new-tokens", "8", "--block-size", "16"], capsys)
-    assert "--max-new-tokens 8 must be at least --block-size 16" in err
+    assert "--max-new-tokens 8 must be at least --block-size - 1 (15)" in err
     assert "--temperatures must be >= 0" in _refused(
         [*base, "--out", out, "--temperatures", "0,-1"], capsys
     )
@@ -533,7 +538,7 @@ def test_a_checkpoint_resumes_only_for_its_own_out_and_settings(target, sequence
     the data mix may change); another folder of the same name, or other settings, are refused
     before any step instead of silently continuing someone else's training."""
     from dflash2_mlx.errors import DFlash2Error
-    from dflash2_mlx.train.preflight import check_resumable, claim_run
+    from dflash2_mlx.train.preflight import check_earlier_run, check_out, check_resumable, claim_run
 
     run = tmp_path / "work" / "run-d"
     claim_run(run, tmp_path / "d")
@@ -546,6 +551,16 @@ def test_a_checkpoint_resumes_only_for_its_own_out_and_settings(target, sequence
     check_resumable(state, replace(tr.cfg, steps=8, fixed_ratio=0.0), tr.ckpt)
     with pytest.raises(DFlash2Error, match="seed 0 there, 5 now"):
         check_resumable(state, replace(tr.cfg, seed=5), tr.ckpt)
+    with pytest.raises(DFlash2Error, match="past --steps 2"):
+        check_resumable(state, replace(tr.cfg, steps=2), tr.ckpt)
+    # Refused before the data stage too (the run folder's checkpoint is read up front).
+    with pytest.raises(DFlash2Error, match="seed 0 there, 5 now"):
+        check_earlier_run(tr.out, tmp_path / "d", replace(tr.cfg, seed=5))
+    # An --out this run started (its marker), e.g. an ablation cut after its first variant.
+    abl = tmp_path / "abl"
+    check_out(abl, tmp_path / "abl.work")
+    (abl / "dflash").mkdir()
+    check_out(abl, tmp_path / "abl.work")
     with pytest.raises(DFlash2Error, match="block_size"):
         _trainer(
             target, sequences, tmp_path, steps=8, block_size=tr.cfg.block_size // 2

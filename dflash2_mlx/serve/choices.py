@@ -148,7 +148,9 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
             args.append((fmt.choice(i), req, n_prompt, item, reader, reply, lp, stats, replies))
         if req.stream:
             handed_over = True
-            return SSEResponse(_stream(handler, fmt, req, n_prompt, args, shared, replies), release)
+            return SSEResponse(
+                _stream(handler, fmt, req, n_prompt, args, readers, shared, replies), release
+            )
         tasks = [asyncio.ensure_future(_whole(handler, a)) for a in args]
         try:
             bodies = await asyncio.gather(*tasks)
@@ -181,10 +183,10 @@ class _ChoiceFailed(Exception):
         self.lines = lines
 
 
-async def _choice_lines(handler, args):
+async def _choice_lines(handler, args, reader: Reader):
     """One choice's lines; its error lines (what follows the reader's error item) are
     raised instead, so the merged stream reports one error and stops the other choices."""
-    reader, failure = args[4], []
+    failure = []
     async for line in handler.stream_lines(*args):
         if reader.failed:
             failure.append(line)
@@ -194,9 +196,10 @@ async def _choice_lines(handler, args):
         raise _ChoiceFailed(failure)
 
 
-async def _stream(handler, fmt, req, n_prompt, args, shared, replies):
+async def _stream(handler, fmt, req, n_prompt, args, readers, shared, replies):
     try:
-        async for line in _merged([_choice_lines(handler, a) for a in args]):
+        lines = [_choice_lines(handler, a, r) for a, r in zip(args, readers)]
+        async for line in _merged(lines):
             yield line
     except _ChoiceFailed as e:
         for line in e.lines:

@@ -129,4 +129,5 @@ def closes_thinking(tokenizer, ids: list[int]) -> bool:
     if end < 0 or tokenizer.rfind_think_start(ids) > end:
         return False
     marks = set(getattr(tokenizer, "all_special_ids", None) or ())
-    return not marks.intersection(ids[end + 1 :])
+    marks |= set(getattr(tokenizer, "eos_token_ids", None) or ())  # a turn's end, at least
+    return not marks.intersection(ids[end + len(tokenizer.think_end_tokens) :])

@@ -15,12 +15,19 @@ from typing import Callable
 import mlx.core as mx
 
 from ..drafter.vocab import count_tokens, write_draft_vocab
-from ..errors import DFlash2Error, ParameterError
+from ..errors import DFlash2Error
 from ..prompts import load_prompts
 from ..target.adapter import TargetAdapter
 from .features import build_feature_cache, load_feature_cache, read_regenerations
 from .fixed_text import corpus_sequences
-from .preflight import check_anchorable, check_heldout_apart, check_out, check_settings, claim_run
+from .preflight import (
+    check_anchorable,
+    check_earlier_run,
+    check_heldout_apart,
+    check_out,
+    check_settings,
+    claim_run,
+)
 from .stream import FixedTextStream
 from .trainer import (
     FIT_PROBE,
@@ -83,6 +90,11 @@ def prompt_parts(spec: str, temperatures: tuple[float, ...]) -> list[tuple[str, 
             own = None
         out.append((name, own) if own else (part, temperatures))
     return out
+
+
+def _run_folder(pc: PipelineConfig) -> Path:
+    """Where the training of `pc.out` checkpoints (named after its last part)."""
+    return pc.work / f"run-{pc.out.name}"
 
 
 @dataclass
@@ -173,6 +185,7 @@ def prepare_data(
 
     parts = prompt_parts(pc.prompts, pc.temperatures)
     check_out(pc.out, pc.work)
+    check_earlier_run(_run_folder(pc), pc.out, tc)
     check_settings(tc, pc.max_new_tokens, [t for _, temps in parts for t in temps])
     check_heldout_apart("+".join(name for name, _ in parts), pc.heldout, pc.skip_bad_lines)
     model, tokenizer = load_target(str(pc.target))
@@ -234,16 +247,11 @@ def train_drafter(
     """Train (or resume) into `pc.work/run-<out name>/`, then export `pc.out` with its card."""
     dcfg = drafter_config_for(data.adapter, data.target_config, tc)
     drafter = init_drafter(dcfg, tc)
-    run = pc.work / f"run-{pc.out.name}"
+    run = _run_folder(pc)
     claim_run(run, pc.out)
     trainer = Trainer(data.adapter, drafter, data.train, data.heldout, tc, run, log, data.fixed)
     if trainer.try_resume():
         log(f"resumed at step {trainer.step}")
-        if trainer.step > tc.steps:
-            raise ParameterError(
-                f"{run}: the checkpoint is at step {trainer.step}, past --steps {tc.steps}: "
-                "give --steps at least that to resume it"
-            )
     start, t0 = trainer.step, time.perf_counter()
     final = trainer.run(on_step)
     if data.fixed is not None:  # its features go; the corpus recomputes them when needed

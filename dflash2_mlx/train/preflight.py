@@ -4,6 +4,7 @@ otherwise fail, hang or mislead only after hours of regeneration."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -11,8 +12,10 @@ from ..errors import DFlash2Error, ParameterError
 from ..prompts import load_prompts
 from .config import TrainConfig
 
-# Files only `dflash2 train` writes: a drafter folder's record, an ablation's summary.
-TRAINING_RECORDS = ("training.json", "ablation.json")
+# Files only `dflash2 train` writes in --out: its marker (made when the run starts), a
+# drafter folder's record, an ablation's summary.
+MARKER = ".dflash2-train"
+OURS = (MARKER, "training.json", "ablation.json")
 # Settings a resumed run may change: its length, the data mix, how often it reports.
 RESUMABLE_CHANGES = frozenset(
     {
@@ -29,45 +32,72 @@ RESUMABLE_CHANGES = frozenset(
 
 
 def check_out(out: Path, work: Path) -> None:
-    """--out must be a folder this run may write: new, empty, or a drafter dflash2 trained
-    (its files are replaced); --work must be creatable. Both are made now, so a typo costs
-    nothing."""
+    """--out must be a folder this run may write: new, empty (dotfiles aside), or one that
+    dflash2 train wrote (its files are replaced); --work must be creatable. Both are made
+    now, so a typo costs nothing."""
     if out.exists() and not out.is_dir():
         raise ParameterError(f"--out {out}: is a file; name a folder for the drafter")
-    ours = any((out / name).exists() for name in TRAINING_RECORDS)
-    if out.is_dir() and any(out.iterdir()) and not ours:
-        names = ", ".join(sorted(p.name for p in out.iterdir())[:4])
-        raise ParameterError(
-            f"--out {out}: holds files dflash2 train did not write ({names}); the drafter "
-            "would replace them: name a new or empty folder"
+    if out.is_dir() and not any((out / name).exists() for name in OURS):
+        others = sorted(
+            p.name for p in out.iterdir() if not p.name.startswith(".") and not _same_path(p, work)
         )
+        if others:
+            raise ParameterError(
+                f"--out {out}: holds files dflash2 train did not write ({', '.join(others[:4])}); "
+                "the drafter would replace them: name a new or empty folder"
+            )
     for flag, folder in (("--out", out), ("--work", work)):
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ParameterError(f"{flag} {folder}: cannot create it: {e.strerror or e}") from None
+    (out / MARKER).write_text("written by dflash2 train: a rerun may replace this folder's files\n")
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    """One folder (symlinks, a case-insensitive file system), or the same resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def check_claim(run: Path, out: Path) -> None:
+    """A work folder's run (named after --out's last part) trains one --out: another folder
+    of the same name must not resume its checkpoint."""
+    mark = run / "out.txt"
+    if mark.exists():
+        theirs = mark.read_text(encoding="utf-8").strip()
+        if not _same_path(Path(theirs), out):
+            raise ParameterError(
+                f"{run} holds the training of --out {theirs}, not {out.resolve()}: give "
+                "another --work (or --out name)"
+            )
 
 
 def claim_run(run: Path, out: Path) -> None:
-    """A work folder's run (named after --out's last part) trains one --out: another folder
-    of the same name must not resume its checkpoint."""
-    mark, mine = run / "out.txt", str(out.resolve())
-    if mark.exists() and (theirs := mark.read_text(encoding="utf-8").strip()) != mine:
-        raise ParameterError(
-            f"{run} holds the training of --out {theirs}, not {mine}: give another --work "
-            "(or --out name)"
-        )
+    check_claim(run, out)
     run.mkdir(parents=True, exist_ok=True)
-    mark.write_text(mine + "\n", encoding="utf-8")
+    (run / "out.txt").write_text(str(out.resolve()) + "\n", encoding="utf-8")
+
+
+def check_earlier_run(run: Path, out: Path, cfg: TrainConfig) -> None:
+    """What resuming `run` would refuse after the data stage (another --out's run, other
+    settings, a checkpoint past --steps), refused before it; settings the target resolves
+    and `cfg` leaves unset (layer ids, mask id) are compared at the resume."""
+    check_claim(run, out)
+    state = run / "checkpoint" / "state.json"
+    if state.exists():
+        check_resumable(json.loads(state.read_text()), cfg, state.parent)
 
 
 def check_settings(tc: TrainConfig, max_new_tokens: int, temperatures) -> None:
     """Settings that can only fail later: answers too short to hold one block (the trainer
     would find no anchor), negative temperatures, exclusive starts."""
-    if max_new_tokens < tc.block_size:
+    if max_new_tokens < tc.block_size - 1:
         raise ParameterError(
-            f"--max-new-tokens {max_new_tokens} must be at least --block-size "
-            f"{tc.block_size}: a training anchor needs a block of the answer after it"
+            f"--max-new-tokens {max_new_tokens} must be at least --block-size - 1 "
+            f"({tc.block_size - 1}): a training anchor needs that much answer after it"
         )
     bad = [t for t in temperatures if t < 0]
     if bad:
@@ -78,7 +108,7 @@ def check_settings(tc: TrainConfig, max_new_tokens: int, temperatures) -> None:
 
 def check_heldout_apart(train_spec: str, heldout_spec: str, skip_bad: bool) -> None:
     """The held-out prompts must not be training prompts (τ would be measured on training
-    data): none may share a conversation with a training prompt."""
+    data): none may have a training prompt's exact messages."""
     seen = {_key(p.messages): p.id for p in load_prompts(train_spec, skip_bad=skip_bad)}
     for p in load_prompts(heldout_spec, skip_bad=skip_bad):
         if _key(p.messages) in seen:
@@ -99,13 +129,21 @@ def check_resumable(state: dict, cfg: TrainConfig, ckpt: Path) -> None:
     differ = [
         k
         for k, v in now.items()
-        if k not in RESUMABLE_CHANGES and saved.get(k) is not None and _same(saved[k]) != _same(v)
+        if k not in RESUMABLE_CHANGES
+        and None not in (saved.get(k), v)
+        and _same(saved[k]) != _same(v)
     ]
+    afresh = f"or delete {ckpt.parent} to train afresh (the data in --work stays)"
     if differ:
         shown = "; ".join(f"{k} {saved[k]} there, {now[k]} now" for k in differ[:4])
         raise DFlash2Error(
             f"{ckpt} holds a checkpoint trained with other settings ({shown}): rerun with "
-            "those to resume it, or give another --out or --work to start afresh"
+            f"those to resume it, {afresh}"
+        )
+    if state.get("step", 0) > cfg.steps:
+        raise ParameterError(
+            f"{ckpt} is at step {state['step']}, past --steps {cfg.steps}: give --steps at "
+            f"least that to resume it, {afresh}"
         )
 
 
@@ -114,10 +152,12 @@ def _same(value):
 
 
 def check_anchorable(train: list, block: int) -> None:
-    """At least one training sequence must hold an anchor (a whole block of answer)."""
+    """At least one training answer must hold a block after an anchor: block - 1 tokens
+    (batches.sample_anchors' bound), else the trainer would find no anchor."""
     longest = max((len(s.tokens) - s.response_start for s in train), default=0)
-    if longest < block - 1:  # batches.sample_anchors' bound
+    if longest < block - 1:
         raise ParameterError(
-            f"no training answer is longer than the block size {block} (the longest: "
-            f"{longest} tokens): raise --max-new-tokens or lower --block-size"
+            f"no training answer holds the {block - 1} tokens a block of {block} needs after "
+            f"its anchor (the longest: {longest} tokens): raise --max-new-tokens or lower "
+            "--block-size"
         )
