@@ -202,6 +202,58 @@ def test_build_corpus_writes_jsonl_manifest_and_card_from_downloaded_archives(fi
     assert ("wiki", 1, 1) in seen
 
 
+@pytest.fixture
+def tok(tmp_path):
+    from transformers import AutoTokenizer
+
+    save_tokenizer(tmp_path / "tok")
+    return AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+
+
+def _build(folder: Path, tok, target: str, *sources: str) -> dict:
+    return build_corpus(CorpusConfig(folder, sources=sources), tok, target, log=lambda s: None)
+
+
+def test_manifest_and_card_cover_every_source_file_across_runs(fixtures, tok):
+    """A run of one source keeps the entries of the others still in the folder; a rerun
+    replaces its own; a deleted file leaves the manifest."""
+    out = fixtures.parent
+    first = _build(out, tok, "tiny", "chitchat")
+    m = _build(out, tok, "tiny2", "wiki")
+    assert [e["source"] for e in m["sources"]] == ["chitchat", "wiki"]
+    assert m["sources"][0] == first["sources"][0]  # kept as it was
+    assert m["tokens"] == sum(e["tokens"] for e in m["sources"])
+    assert json.loads((out / "manifest.json").read_text()) == m
+    card = (out / "DATACARD.md").read_text()
+    assert "| chitchat | pip `chitchat-dataset` 0.9.0 | MIT |" in card
+    assert "(tokenizer: tiny) |" in card and "| wiki | pip " in card
+    m = _build(out, tok, "tiny2", "chitchat")
+    assert {e["target_tokenizer"] for e in m["sources"]} == {"tiny2"}  # replaced
+    (out / "wiki.jsonl").unlink()
+    assert [e["source"] for e in _build(out, tok, "tiny2", "chitchat")["sources"]] == ["chitchat"]
+
+
+def test_files_no_manifest_lists_are_counted_from_the_file(fixtures, tok):
+    """A folder made when manifests listed only the last run (or a hand-made JSONL)."""
+    out = fixtures.parent
+    _build(out, tok, "tiny", "chitchat", "wiki")
+    (out / "manifest.json").write_text(
+        json.dumps({"target_tokenizer": "tiny", "limit_per_source": 3, "sources": []})
+    )
+    (out / "mine.jsonl").write_text('{"id": "m", "messages": [], "tokens": 7}\n\n')
+    m = _build(out, tok, "tiny", "wiki")
+    by = {e["source"]: e for e in m["sources"]}
+    chat = [json.loads(x) for x in (out / "chitchat.jsonl").read_text().splitlines()]
+    assert (by["chitchat"]["version"], by["chitchat"]["records"]) == ("0.9.0", len(chat))
+    assert by["chitchat"]["tokens"] == sum(r["tokens"] for r in chat) > 0
+    assert (by["mine"]["records"], by["mine"]["tokens"]) == (1, 7)
+    assert by["mine"]["licence"].startswith("unknown")
+    (out / "manifest.json").write_text("{not json")
+    (out / "mine.jsonl").write_text("[1]\n")
+    with pytest.raises(CorpusError, match=r"mine.jsonl:1: not a corpus record"):
+        _build(out, tok, "tiny", "wiki")
+
+
 def test_unknown_source_and_missing_client_are_clear_errors(tmp_path, monkeypatch):
     with pytest.raises(CorpusError, match="unknown corpus source.*'nope'"):
         CorpusConfig(tmp_path, sources=("nope",))
