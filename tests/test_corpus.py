@@ -2,6 +2,7 @@
 (no network; the one network test skips unless DFLASH2_NETWORK_TESTS=1)."""
 
 import json
+import re
 import shutil
 import subprocess
 import zipfile
@@ -127,6 +128,50 @@ def test_rst_cleanup_and_sections():
     assert "The demo module calls os.path.join and `spam`;\nsee the site for more." in text
     assert rst_to_text(sections[1][1]).startswith(".. function:: spam(x)\n\n   Return *x*")
     assert chunk_paragraphs("a\n\nbb\n\ncc", 5) == ["a\n\nbb", "cc"]
+
+
+RST_LINKS = """\
+.. In the online version of these documents, you can submit comments
+   and suggest changes.
+
+These documents are generated from `reStructuredText`_ sources by `Sphinx`_, a
+document processor; see `the PEP`__ and `Python Packaging
+Authority <https://www.pypa.io/>`__ (the ``_`` name is kept), or :ref:`the
+tutorial <tut>`.
+
+.. function:: spam(x)
+
+   Return *x* spammed.
+
+   .. XXX explain more?
+
+   .. index:: single: spam
+
+   Deprecated: use eggs.
+
+..
+   a whole commented-out paragraph
+
+.. [#] A footnote stays.
+
+.. _reStructuredText: https://docutils.sourceforge.io/rst.html
+.. _Sphinx: https://www.sphinx-doc.org/
+__ https://peps.python.org/pep-0008/
+"""
+
+
+def test_rst_links_to_their_text_and_comments_dropped():
+    text = rst_to_text(RST_LINKS)
+    assert text.startswith(
+        "These documents are generated from reStructuredText sources by Sphinx, a\n"
+        "document processor; see the PEP and Python Packaging\n"
+        "Authority (the `_` name is kept), or the\ntutorial.\n"
+    )
+    assert ".. function:: spam(x)\n\n   Return *x* spammed.\n\n   Deprecated: use eggs." in text
+    assert ".. [#] A footnote stays." in text
+    for gone in ("online version", "XXX", "index", "commented-out", "https"):
+        assert gone not in text, gone
+    assert not re.search(r"`__?(?!`)", text)  # no reference left
 
 
 def test_docs_tree_gives_one_record_per_section_chunk(tmp_path):
