@@ -2,6 +2,7 @@
 (no network; the one network test skips unless DFLASH2_NETWORK_TESTS=1)."""
 
 import json
+import re
 import shutil
 import subprocess
 import zipfile
@@ -11,10 +12,12 @@ import pytest
 from offline import require_pypi
 from tiny_pair import save_tokenizer
 
+from dflash2_mlx.train import corpus
 from dflash2_mlx.train.corpus import CorpusConfig, archive_version, build_corpus, fetch
 from dflash2_mlx.train.corpus_sources import (
     SOURCES,
     CorpusError,
+    Source,
     chitchat_records,
     chunk_paragraphs,
     docs_records_from_tree,
@@ -127,6 +130,50 @@ def test_rst_cleanup_and_sections():
     assert chunk_paragraphs("a\n\nbb\n\ncc", 5) == ["a\n\nbb", "cc"]
 
 
+RST_LINKS = """\
+.. In the online version of these documents, you can submit comments
+   and suggest changes.
+
+These documents are generated from `reStructuredText`_ sources by `Sphinx`_, a
+document processor; see `the PEP`__ and `Python Packaging
+Authority <https://www.pypa.io/>`__ (the ``_`` name is kept), or :ref:`the
+tutorial <tut>`.
+
+.. function:: spam(x)
+
+   Return *x* spammed.
+
+   .. XXX explain more?
+
+   .. index:: single: spam
+
+   Deprecated: use eggs.
+
+..
+   a whole commented-out paragraph
+
+.. [#] A footnote stays.
+
+.. _reStructuredText: https://docutils.sourceforge.io/rst.html
+.. _Sphinx: https://www.sphinx-doc.org/
+__ https://peps.python.org/pep-0008/
+"""
+
+
+def test_rst_links_to_their_text_and_comments_dropped():
+    text = rst_to_text(RST_LINKS)
+    assert text.startswith(
+        "These documents are generated from reStructuredText sources by Sphinx, a\n"
+        "document processor; see the PEP and Python Packaging\n"
+        "Authority (the `_` name is kept), or the\ntutorial.\n"
+    )
+    assert ".. function:: spam(x)\n\n   Return *x* spammed.\n\n   Deprecated: use eggs." in text
+    assert ".. [#] A footnote stays." in text
+    for gone in ("online version", "XXX", "index", "commented-out", "https"):
+        assert gone not in text, gone
+    assert not re.search(r"`__?(?!`)", text)  # no reference left
+
+
 def test_docs_tree_gives_one_record_per_section_chunk(tmp_path):
     root = tmp_path / "_sources"
     (root / "library").mkdir(parents=True)
@@ -200,6 +247,58 @@ def test_build_corpus_writes_jsonl_manifest_and_card_from_downloaded_archives(fi
     assert ("wiki", 1, 1) in seen
 
 
+@pytest.fixture
+def tok(tmp_path):
+    from transformers import AutoTokenizer
+
+    save_tokenizer(tmp_path / "tok")
+    return AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+
+
+def _build(folder: Path, tok, target: str, *sources: str) -> dict:
+    return build_corpus(CorpusConfig(folder, sources=sources), tok, target, log=lambda s: None)
+
+
+def test_manifest_and_card_cover_every_source_file_across_runs(fixtures, tok):
+    """A run of one source keeps the entries of the others still in the folder; a rerun
+    replaces its own; a deleted file leaves the manifest."""
+    out = fixtures.parent
+    first = _build(out, tok, "tiny", "chitchat")
+    m = _build(out, tok, "tiny2", "wiki")
+    assert [e["source"] for e in m["sources"]] == ["chitchat", "wiki"]
+    assert m["sources"][0] == first["sources"][0]  # kept as it was
+    assert m["tokens"] == sum(e["tokens"] for e in m["sources"])
+    assert json.loads((out / "manifest.json").read_text()) == m
+    card = (out / "DATACARD.md").read_text()
+    assert "| chitchat | pip `chitchat-dataset` 0.9.0 | MIT |" in card
+    assert "(tokenizer: tiny) |" in card and "| wiki | pip " in card
+    m = _build(out, tok, "tiny2", "chitchat")
+    assert {e["target_tokenizer"] for e in m["sources"]} == {"tiny2"}  # replaced
+    (out / "wiki.jsonl").unlink()
+    assert [e["source"] for e in _build(out, tok, "tiny2", "chitchat")["sources"]] == ["chitchat"]
+
+
+def test_files_no_manifest_lists_are_counted_from_the_file(fixtures, tok):
+    """A folder made when manifests listed only the last run (or a hand-made JSONL)."""
+    out = fixtures.parent
+    _build(out, tok, "tiny", "chitchat", "wiki")
+    (out / "manifest.json").write_text(
+        json.dumps({"target_tokenizer": "tiny", "limit_per_source": 3, "sources": []})
+    )
+    (out / "mine.jsonl").write_text('{"id": "m", "messages": [], "tokens": 7}\n\n')
+    m = _build(out, tok, "tiny", "wiki")
+    by = {e["source"]: e for e in m["sources"]}
+    chat = [json.loads(x) for x in (out / "chitchat.jsonl").read_text().splitlines()]
+    assert (by["chitchat"]["version"], by["chitchat"]["records"]) == ("0.9.0", len(chat))
+    assert by["chitchat"]["tokens"] == sum(r["tokens"] for r in chat) > 0
+    assert (by["mine"]["records"], by["mine"]["tokens"]) == (1, 7)
+    assert by["mine"]["licence"].startswith("unknown")
+    (out / "manifest.json").write_text("{not json")
+    (out / "mine.jsonl").write_text("[1]\n")
+    with pytest.raises(CorpusError, match=r"mine.jsonl:1: not a corpus record"):
+        _build(out, tok, "tiny", "wiki")
+
+
 def test_unknown_source_and_missing_client_are_clear_errors(tmp_path, monkeypatch):
     with pytest.raises(CorpusError, match="unknown corpus source.*'nope'"):
         CorpusConfig(tmp_path, sources=("nope",))
@@ -208,9 +307,42 @@ def test_unknown_source_and_missing_client_are_clear_errors(tmp_path, monkeypatc
         fetch(SOURCES["python-docs"], tmp_path / "dl")
 
 
+NPM = Source("left-pad", "npm", "left-pad", "WTFPL", lambda archive: iter(()))
+# where each client puts its archive: pip's -d and npm's --pack-destination, apt's cwd
+DROPS = {
+    "pip": ("-d", "chitchat_dataset-0.9.0-py3-none-any.whl"),
+    "npm": ("--pack-destination", "left-pad-1.3.0.tgz"),
+    "apt": (None, "python3.11-doc_3.11.2-6_all.deb"),
+}
+
+
+@pytest.mark.parametrize("source", [SOURCES["chitchat"], SOURCES["python-docs"], NPM])
+def test_fetch_into_a_relative_folder(source, tmp_path, monkeypatch):
+    """A relative out folder (`dflash2 corpus --out c1`): the client runs in the folder, so the
+    path it is given must be absolute, or the archive lands in c1/downloads/c1/downloads."""
+    calls = []
+
+    def fake_run(cmd, cwd, **kwargs):
+        flag, name = DROPS[source.client]
+        dest = Path(cwd) / (cmd[cmd.index(flag) + 1] if flag else ".")
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / name).write_bytes(b"archive")
+        calls.append((cmd, cwd))
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(corpus.subprocess, "run", fake_run)
+    assert CorpusConfig(Path("c1"), sources=()).out == tmp_path / "c1"
+    got = fetch(source, Path("c1/downloads"))
+    assert got == tmp_path / "c1/downloads" / DROPS[source.client][1]
+    assert len(calls) == 1 and Path(calls[0][1]) == tmp_path / "c1/downloads"
+    assert fetch(source, Path("c1/downloads")) == got and len(calls) == 1  # reused
+
+
 @pytest.mark.network
-def test_fetch_from_pypi(tmp_path):
+def test_fetch_from_pypi(tmp_path, monkeypatch):
     require_pypi("chitchat-dataset")
-    got = fetch(SOURCES["chitchat"], tmp_path)
+    monkeypatch.chdir(tmp_path)
+    got = fetch(SOURCES["chitchat"], Path("c1/downloads"))  # relative, as `--out c1` gives
+    assert got.parent == tmp_path / "c1/downloads"
     assert got.name.startswith("chitchat_dataset-") and got.suffix == ".whl"
     assert next(chitchat_records(got))["messages"][0]["role"] == "user"

@@ -82,3 +82,40 @@ def test_missing_source_and_bad_line_are_named(corpus):
     (folder / "wiki.jsonl").write_text('{"id": "w", "messages": []}\n')
     with pytest.raises(CorpusPromptsError, match=r"wiki.jsonl:1: not a chat record"):
         build_prompts(folder, PromptRecipe(exclude=str(held)))
+
+
+@pytest.mark.parametrize(
+    "flags, why",
+    [
+        (["--chat", "-1"], "argument --chat: must be >= 0, got -1"),
+        (["--wiki", "-2"], "argument --wiki: must be >= 0, got -2"),
+        (["--wiki", "x"], "argument --wiki: not an integer: 'x'"),
+        (["--chat", "0", "--wiki", "0"], "--chat 0 and --wiki 0 leave no prompts"),
+    ],
+)
+def test_cli_counts_out_of_range_name_the_flag(flags, why, corpus, tmp_path, capsys):
+    folder, _ = corpus
+    out = tmp_path / "p.jsonl"
+    with pytest.raises(SystemExit) as exit_:
+        main([str(folder), str(out), *flags])
+    assert exit_.value.code == 2 and why in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_recipe_counts_are_checked():
+    with pytest.raises(CorpusPromptsError, match="chat=-1 wiki=1000"):
+        PromptRecipe(chat=-1)
+    with pytest.raises(CorpusPromptsError, match="no prompts"):
+        PromptRecipe(chat=0, wiki=0)
+    with pytest.raises(CorpusPromptsError, match="min_words <= max_words, got 9 and 3"):
+        PromptRecipe(min_words=9, max_words=3)
+
+
+def test_chat_zero_keeps_only_wiki_and_help_shows_defaults(corpus, capsys):
+    folder, held = corpus
+    out = build_prompts(folder, PromptRecipe(chat=0, wiki=2, exclude=str(held)))
+    assert [p["category"] for p in out] == ["corpus-wiki"] * 2
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "prompts to keep (default: 1000)" in text and "(default: heldout)" in text

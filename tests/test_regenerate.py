@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash2_mlx.prompts import Prompt
+from dflash2_mlx.errors import ParameterError
+from dflash2_mlx.prompts import SPLITS, Prompt
+from dflash2_mlx.train import regenerate as regen_module
 from dflash2_mlx.train.regenerate import _done_pairs, main, make_sampler, regenerate
 from smollm2 import any_conversion
 
@@ -228,6 +230,72 @@ def test_cli(tiny_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--model", str(tiny_dir), "--prompts", str(bad), "--out", str(out)])
     assert exit_.value.code == 1 and "bad.jsonl:1:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"limit": -1}, "limit"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"temperatures": [0.0, -1.0]}, "temperatures"),
+        ({"temperatures": [float("nan")]}, "temperatures"),
+        ({"temperatures": []}, "temperatures"),
+    ],
+)
+def test_parameters_out_of_range_are_refused_before_the_model_is_used(kwargs, name, tmp_path):
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(ParameterError, match=f"regenerate: {name} must be"):
+        regenerate(("no model", "no tokenizer"), PROMPTS, out, **kwargs)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "flag, value, why",
+    [
+        ("--batch-size", "0", "must be >= 1, got 0"),
+        ("--batch-size", "-1", "must be >= 1, got -1"),
+        ("--max-new-tokens", "0", "must be >= 1, got 0"),
+        ("--limit", "-1", "must be >= 1, got -1"),
+        ("--top-p", "0", "must be in (0, 1], got 0"),
+        ("--temperatures", "-1", "must be a finite number >= 0, got -1"),
+        ("--temperatures", "inf", "must be a finite number >= 0, got inf"),
+    ],
+)
+def test_cli_names_the_flag_out_of_range(flag, value, why, tmp_path, capsys):
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(out), flag, value])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: {why}" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_help_shows_defaults_and_the_prompt_splits(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0
+    assert all(split in text for split in SPLITS) and "JSONL path (default: train)" in text
+    for default in ("(default: 256)", "(default: 0 0.7)", "(default: 0.95)", "(default: 32)"):
+        assert default in text
+
+
+def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path, capsys, monkeypatch):
+    def interrupted(*args, stats, **kwargs):
+        stats.written = 3
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(regen_module, "regenerate", interrupted)
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model", "m", "--out", str(out)])
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err == (
+        f"interrupted: 3 sequences written to {out}; rerun the same command to resume\n"
+    )
 
 
 def _nucleus(row: np.ndarray, temperature: float, top_p: float) -> tuple[set[int], np.ndarray]:

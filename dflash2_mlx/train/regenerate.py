@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -31,8 +32,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 from .. import _blas
-from ..errors import DFlash2Error
-from ..prompts import Prompt, load_prompts
+from ..errors import DFlash2Error, ParameterError
+from ..prompts import SPLITS, Prompt, load_prompts
 
 _FAST_TOP_K = 256
 
@@ -226,6 +227,26 @@ def _write_finished(
                 progress.sync_and_report(fh, temp, finished, len(by_uid))
 
 
+def check_params(
+    max_new_tokens: int, temps: list[float], top_p: float, batch_size: int, limit: int | None
+) -> None:
+    """Raises ParameterError naming the first parameter out of range (before a model loads)."""
+    for name, value, ok, want in (
+        ("max_new_tokens", max_new_tokens, max_new_tokens >= 1, ">= 1"),
+        ("batch_size", batch_size, batch_size >= 1, ">= 1"),
+        ("limit", limit, limit is None or limit >= 1, ">= 1 (or None: every prompt)"),
+        ("top_p", top_p, 0 < top_p <= 1, "in (0, 1]"),
+        (
+            "temperatures",
+            temps,
+            bool(temps) and all(math.isfinite(t) and t >= 0 for t in temps),
+            "one or more finite values >= 0",
+        ),
+    ):
+        if not ok:
+            raise ParameterError(f"regenerate: {name} must be {want}, got {value!r}")
+
+
 def regenerate(
     model: str | Path | tuple,
     prompts: str | Path | Sequence[Prompt],
@@ -238,6 +259,7 @@ def regenerate(
     seed: int = 0,
     limit: int | None = None,
     log: Callable[[str], None] | None = None,
+    stats: RegenStats | None = None,
 ) -> RegenStats:
     """Generate target responses for `prompts` at each temperature and append them to `out`.
 
@@ -245,8 +267,11 @@ def regenerate(
     split name ("train", "heldout"), a JSONL path or a list of Prompt. `batch_size` sequences
     decode together (continuous batching); a progress line is logged every `batch_size` finished
     sequences. `limit` keeps the first N prompts. Resumable: done (id, temperature) pairs are
-    skipped.
+    skipped. `stats` (returned) is updated as sequences are written, so that a caller that is
+    interrupted still knows how many were.
     """
+    temps = [float(t) for t in temperatures]
+    check_params(max_new_tokens, temps, top_p, batch_size, limit)
     _blas.bind()
     from mlx_lm import load
 
@@ -254,7 +279,6 @@ def regenerate(
     items = list(load_prompts(prompts) if isinstance(prompts, (str, Path)) else prompts)
     if limit is not None:
         items = items[:limit]
-    temps = [float(t) for t in temperatures]
     if isinstance(model, tuple):
         net, tokenizer = model
     else:
@@ -262,7 +286,7 @@ def regenerate(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = _done_pairs(out)
-    stats = RegenStats()
+    stats = stats if stats is not None else RegenStats()
     progress = _Progress(log, start=time.perf_counter())
 
     encoded: dict[str, list[int]] = {}
@@ -287,28 +311,89 @@ def regenerate(
     return stats
 
 
-def main(argv: list[str] | None = None) -> None:
+def _int_at_least(lo: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
+        return value
+
+    return parse
+
+
+def _float_in(lo: float, hi: float, lo_open: bool, want: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        inside = lo < value <= hi if lo_open else lo <= value <= hi  # NaN is never inside
+        if not (math.isfinite(value) and inside):
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m dflash2_mlx.train.regenerate", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument(
         "--model", default=None, help="mlx-lm model folder (default: the embedded SmolLM2-135M)"
     )
-    ap.add_argument("--prompts", default="train", help="'train', 'heldout' or a JSONL path")
+    ap.add_argument(
+        "--prompts",
+        default="train",
+        help=f"a bundled prompt split ({', '.join(SPLITS)}; '+' joins several) or a prompt "
+        "JSONL path (default: %(default)s)",
+    )
     ap.add_argument("--out", required=True, help="output JSONL (appended; resumable)")
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
-    ap.add_argument("--top-p", type=float, default=0.95)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--max-new-tokens",
+        type=_int_at_least(1),
+        default=256,
+        help="tokens a response may have at most (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--temperatures",
+        type=_float_in(0.0, math.inf, False, "a finite number >= 0"),
+        nargs="+",
+        default=[0.0, 0.7],
+        help="one pass per temperature; 0 is greedy (default: 0 0.7)",
+    )
+    ap.add_argument(
+        "--top-p",
+        type=_float_in(0.0, 1.0, True, "in (0, 1]"),
+        default=0.95,
+        help="nucleus mass sampled from at T > 0 (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--batch-size",
+        type=_int_at_least(1),
+        default=32,
+        help="sequences decoded together (default: %(default)s)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
+    ap.add_argument(
+        "--limit",
+        type=_int_at_least(1),
+        default=None,
+        help="only the first N prompts (default: all)",
+    )
+    return ap
 
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
     from ..embedded import ensure_smollm2
-    from ..errors import DFlash2Error
 
+    stats = RegenStats()
     try:
-        stats = regenerate(
+        regenerate(
             args.model or ensure_smollm2(),
             args.prompts,
             args.out,
@@ -318,10 +403,18 @@ def main(argv: list[str] | None = None) -> None:
             batch_size=args.batch_size,
             seed=args.seed,
             limit=args.limit,
+            stats=stats,
         )
     except (DFlash2Error, ValueError, OSError) as exc:  # bad prompt/output files, fetch errors
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        print(
+            f"interrupted: {stats.written} sequences written to {args.out}; "
+            "rerun the same command to resume",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None
     print(
         f"[regen] wrote {stats.written} sequences ({stats.new_tokens} tokens, "
         f"{stats.tokens_per_s:.1f} tok/s), skipped {stats.skipped} already done -> {args.out}",
