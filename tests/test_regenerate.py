@@ -12,7 +12,8 @@ import pytest
 from dflash2_mlx.errors import ParameterError
 from dflash2_mlx.prompts import SPLITS, Prompt
 from dflash2_mlx.train import regenerate as regen_module
-from dflash2_mlx.train.regenerate import _done_pairs, main, make_sampler, regenerate
+from dflash2_mlx.train.records import done_pairs
+from dflash2_mlx.train.regenerate import main, make_sampler, regenerate
 from smollm2 import any_conversion
 
 VOCAB = 49152
@@ -162,7 +163,7 @@ def test_torn_last_line_is_dropped_and_redone(tiny, tmp_path):
     regenerate(tiny, PROMPTS[:2], out, max_new_tokens=4, temperatures=[0.0], log=lambda s: None)
     good = out.read_text()
     out.write_text(good + '{"id": "p2", "category": "co')  # a crash mid-write
-    assert _done_pairs(out) == {("p0", 0.0), ("p1", 0.0)}
+    assert done_pairs(out) == {("p0", 0.0), ("p1", 0.0)}
     assert out.read_text() == good
     st = regenerate(
         tiny, PROMPTS[:3], out, max_new_tokens=4, temperatures=[0.0], log=lambda s: None

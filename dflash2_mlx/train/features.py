@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import DFlash2Error
 from ..target.adapter import TargetAdapter
-from .regenerate import read_records
+from .records import read_records
 
 
 class FeatureCacheError(DFlash2Error):

@@ -29,11 +29,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 from .. import _blas
 from ..errors import DFlash2Error, ParameterError
 from ..prompts import SPLITS, Prompt, load_prompts
+from .records import done_pairs
 
 _FAST_TOP_K = 256
 
@@ -91,42 +92,6 @@ def make_sampler(temperature: float, top_p: float = 1.0, seed: int = 0) -> Calla
         return mx.array(out.astype(np.uint32))
 
     return sampler
-
-
-class RegenerationFileError(DFlash2Error, ValueError):
-    """A line of a regeneration file is not a regeneration record."""
-
-
-def read_records(path: Path) -> Iterator[dict]:
-    """The records of a regeneration file, the one reader of the format above (blank lines
-    skipped); a line that is not a record raises RegenerationFileError naming file and line."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                rec["id"], rec["temperature"] = str(rec["id"]), float(rec["temperature"])
-                rec["prompt_ids"], rec["response_ids"] = (
-                    list(rec["prompt_ids"]),
-                    list(rec["response_ids"]),
-                )
-            except (ValueError, KeyError, TypeError) as exc:
-                raise RegenerationFileError(
-                    f"{path}:{lineno}: not a regeneration record ({exc})"
-                ) from None
-            yield rec
-
-
-def _done_pairs(out: Path) -> set[tuple[str, float]]:
-    """(id, temperature) pairs already written; drops a torn last line left by a crash."""
-    if not out.exists():
-        return set()
-    data = out.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with open(out, "r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
-    return {(rec["id"], rec["temperature"]) for rec in read_records(out)}
 
 
 @dataclass
@@ -285,7 +250,7 @@ def regenerate(
         net, tokenizer = load(str(model))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = _done_pairs(out)
+    done = done_pairs(out)
     stats = stats if stats is not None else RegenStats()
     progress = _Progress(log, start=time.perf_counter())
 

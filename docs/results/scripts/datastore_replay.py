@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dflash2_mlx.engine.datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from dflash2_mlx.engine.lookup import DEFAULT_LOOKUP, ContextLookup
-from dflash2_mlx.train.regenerate import read_records
+from dflash2_mlx.train.records import read_records
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("stores", nargs="+", type=Path)
