@@ -211,7 +211,7 @@ def resolve(
     - MODEL with --target and/or --drafter: the alias's pair with those replaced (its block
       sizes and notes still apply).
     - --target alone: allowed when a registered pair has that target.
-    - nothing: the embedded default (`smollm2-135m`).
+    - --drafter alone, or nothing: the embedded default (`smollm2-135m`), with that drafter.
     `build_embedded=False` leaves the embedded target as EMBEDDED_TARGET (no conversion).
     """
     for flag, value in (("MODEL", model), ("--target", target), ("--drafter", drafter)):
@@ -219,8 +219,6 @@ def resolve(
             raise ModelNotFoundError(f"{flag} is empty")
     if model is None and target is not None and drafter is not None:
         return ResolvedPair(str(target), str(drafter))
-    if model is None and drafter is not None:
-        raise ModelNotFoundError("--drafter needs --target (or a MODEL alias)")
     if model is None and target is not None:
         try:
             entry = lookup(target)

@@ -97,7 +97,7 @@ BAD = [
     (["chat", "--lookup", "-1"], "--lookup"),
     (["chat", "--prompt", "  "], "--prompt is empty"),
     (["chat", "qwen3-4bb"], "did you mean qwen3-4b"),
-    (["chat", "--drafter", "x/y"], "--drafter needs --target"),
+    (["chat", "--drafter", "/no/such/drafter", "--offline"], "/no/such/drafter"),
     (["chat", "--target", "/no/such/dir", "--drafter", "x/y"], "no such folder"),
     (["chat", "--bogus"], "No such option"),
     (["frobnicate"], "No such command"),

@@ -109,7 +109,6 @@ def test_alias_with_overrides_keeps_its_block_sizes(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        ((None, None, "owner/drafter"), "--drafter needs --target"),
         ((None, "owner/unknown", None), "needs --drafter"),
         (("", None, None), "MODEL is empty"),
         ((None, " ", "x/y"), "--target is empty"),
@@ -137,6 +136,13 @@ def test_embedded_default_is_built_lazily(embedded):
     assert (r.alias, r.target, r.drafter) == ("smollm2-135m", str(target), str(drafter))
     assert calls == [1]
     assert r.block_size == 4  # measured faster than its trained 8 on CPUs (docs/results)
+    # --drafter alone: the default model's target with that drafter (and its block rule)
+    r = resolve(drafter="/my/drafter", build_embedded=False)
+    assert (r.alias, r.target, r.drafter) == (
+        "smollm2-135m",
+        registry.EMBEDDED_TARGET,
+        "/my/drafter",
+    )
     # an explicit target replaces the embedded one: nothing to convert
     r = resolve("smollm2-135m", target="/some/folder")
     assert r.target == "/some/folder" and calls == [1]
