@@ -252,7 +252,8 @@ def _run_training(pc, tc, *, ablation: bool) -> None:
     except KeyboardInterrupt:
         console.print("[yellow]stopped; rerun the same command to resume[/]")
         raise typer.Exit(130)
-    console.print(escape(f"drafter written to {result['out']}"))
+    if not result.get("unchanged"):
+        console.print(escape(f"drafter written to {result['out']}"))
 
 
 def _progress(console, steps: int):

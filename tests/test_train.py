@@ -453,6 +453,14 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
         (f"p{i}", t) for i in range(6) for t in (0.0, 0.7)
     )
     assert "of the 12 training regenerations" in (out / "draft_vocab.json").read_text()
+    # Rerunning the finished command changes nothing: the record of the run stays as it was.
+    record = (out / "training.json").read_text()
+    capsys.readouterr()
+    again = ["train", str(target_dir), "--out", str(out), "--steps", "4", *common]
+    assert run([*again, "--prompts", prompts + "@0,0.7"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "already trained to step 4: nothing to do" in said and "written" not in said
+    assert (out / "training.json").read_text() == record
 
     abl = tmp_path / "ablation"
     assert (

@@ -211,6 +211,18 @@ def train_drafter(
     trainer = Trainer(data.adapter, drafter, data.train, data.heldout, tc, run, log, data.fixed)
     if trainer.try_resume():
         log(f"resumed at step {trainer.step}")
+        record = pc.out / "training.json"
+        if trainer.step >= tc.steps and record.exists():  # a rerun of a finished command
+            log(f"{pc.out} is already trained to step {trainer.step}: nothing to do")
+            if data.fixed is not None:
+                data.fixed.close()
+            done = json.loads(record.read_text())
+            return {
+                "final": done["final"],
+                "stages": done["stages"],
+                "out": str(pc.out),
+                "unchanged": True,
+            }
     start, t0 = trainer.step, time.perf_counter()
     final = trainer.run(on_step)
     if data.fixed is not None:  # its features go; the corpus recomputes them when needed
