@@ -84,6 +84,10 @@ def test_a_seeded_reply_does_not_depend_on_max_tokens(version):
         assert len(whole) == 30
         for n in (1, 2, 3, 5, 8, 13, 21):
             assert dec.generate(PROMPT, GenerationParams(max_tokens=n, **kw)) == whole[:n], n
+            produced = 0  # the stats count only drafts that could have been committed
+            for ev in dec.stream(PROMPT, GenerationParams(max_tokens=n, **kw)):
+                assert ev.drafted <= n - produced and ev.accepted <= ev.drafted
+                produced += len(ev.tokens)
 
 
 def test_the_distribution_check_can_fail():

@@ -267,22 +267,24 @@ class BatchDecoder:
             logits = shape_logits(fwd.logits[i, :n], row.run, row.session.tokens, p.drafts)
             accepted, bonus = accept(logits, p, row.run.params.sampling, key)
             self.widths.observe(p.source, len(p.drafts), accepted)
+            room = row.run.room
             commit, finish = cut(row.run, p.drafts[:accepted] + [bonus])
             record(row.session, commit, fwd.features[i : i + 1, : len(commit)])
             keeps.append(len(commit))
-            results.append((accepted, commit, finish, row.run.logprobs(logits, commit)))
+            counted = min(len(p.drafts), room)  # drafts past max_tokens never count
+            results.append((counted, accepted, commit, finish, row.run.logprobs(logits, commit)))
         tbatch.rollback(self.cache, fwd, keeps, width, self._in_order)
         mx.eval([r.session.pending for r in rows], [c.state for c in self.cache.layers])
         verify_ms = (time.perf_counter() - t1) * 1000.0
         events = []
-        for row, p, (accepted, commit, finish, logprobs) in zip(rows, proposals, results):
+        for row, p, (counted, accepted, commit, finish, logprobs) in zip(rows, proposals, results):
             row.done = finish is not None
             events.append(
                 (
                     row.rid,
                     RoundEvent(
                         tokens=commit,
-                        drafted=len(p.drafts),
+                        drafted=counted,
                         accepted=min(accepted, len(commit)),
                         block_size=len(p.drafts) + 1,
                         draft_ms=draft_ms,

@@ -212,7 +212,7 @@ class SpeculativeDecoder:
         draft_ms = _ms(t0)
         t1 = time.perf_counter()
         fwd, logits, accepted, bonus = self._verify(session, anchor, proposal, run, k_verify)
-        drafted = len(proposal.drafts)
+        drafted, room = len(proposal.drafts), run.room
         commit, finish = self._commit(
             session, run, fwd, drafted + 1, proposal.drafts[:accepted] + [bonus]
         )
@@ -221,7 +221,7 @@ class SpeculativeDecoder:
         session.in_round = False
         return RoundEvent(
             tokens=commit,
-            drafted=drafted,
+            drafted=min(drafted, room),  # a sampled run's drafts past max_tokens never count
             accepted=min(accepted, len(commit)),
             block_size=drafted + 1,
             draft_ms=draft_ms,
