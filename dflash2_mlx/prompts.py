@@ -89,7 +89,12 @@ def load_prompts(split: str | Path, *, skip_bad: bool = False) -> list[Prompt]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise PromptFileError(f"cannot read prompt file {path}: {exc.strerror or exc}") from None
+        hint = ""
+        if not path.exists() and path.suffix != ".jsonl" and len(path.parts) == 1:
+            hint = f" (not a bundled split either: {', '.join(SPLITS)})"
+        raise PromptFileError(
+            f"cannot read prompt file {path}: {exc.strerror or exc}{hint}"
+        ) from None
     prompts: list[Prompt] = []
     seen: dict[str, int] = {}
     lines = text.split("\n")

@@ -107,8 +107,11 @@ def test_skip_bad_warns_and_keeps_the_rest(tmp_path):
 
 
 def test_missing_and_empty_files(tmp_path):
-    with pytest.raises(PromptFileError, match="cannot read"):
+    with pytest.raises(PromptFileError, match="cannot read") as err:
         load_prompts(tmp_path / "missing.jsonl")
+    assert "bundled split" not in str(err.value)  # a path: no split list
+    with pytest.raises(PromptFileError, match="not a bundled split either: train, ") as err:
+        load_prompts("trian")  # a typo of a split name
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(PromptFileError, match="no prompts"):
         load_prompts(tmp_path / "empty.jsonl")
