@@ -27,6 +27,7 @@ from typing import Iterator
 
 from ..errors import DFlash2Error
 from ..prompts import load_prompts
+from .arg_types import int_at_least
 
 
 class CorpusPromptsError(DFlash2Error, ValueError):
@@ -142,16 +143,6 @@ def _prompt(rec: dict, category: str) -> dict:
     }
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m dflash2_mlx.train.corpus_prompts", description=__doc__.split("\n\n")[0]
@@ -160,13 +151,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("out", help="prompt JSONL to write (overwritten)")
     ap.add_argument(
         "--chat",
-        type=_count,
+        type=int_at_least(0),
         default=None,
         help="chitchat first turns to keep, 0 for none (default: all)",
     )
     ap.add_argument(
         "--wiki",
-        type=_count,
+        type=int_at_least(0),
         default=PromptRecipe.wiki,
         help='"Tell me about {title}" prompts to keep (default: %(default)s)',
     )

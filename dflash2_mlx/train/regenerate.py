@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Sequence
 from .. import _blas
 from ..errors import DFlash2Error, ParameterError
 from ..prompts import SPLITS, Prompt, load_prompts
+from .arg_types import float_in, int_at_least
 from .records import done_pairs
 
 _FAST_TOP_K = 256
@@ -276,33 +277,6 @@ def regenerate(
     return stats
 
 
-def _int_at_least(lo: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
-        return value
-
-    return parse
-
-
-def _float_in(lo: float, hi: float, lo_open: bool, want: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        inside = lo < value <= hi if lo_open else lo <= value <= hi  # NaN is never inside
-        if not (math.isfinite(value) and inside):
-            raise argparse.ArgumentTypeError(f"must be {want}, got {text}")
-        return value
-
-    return parse
-
-
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m dflash2_mlx.train.regenerate", description=__doc__.split("\n\n")[0]
@@ -319,33 +293,33 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", required=True, help="output JSONL (appended; resumable)")
     ap.add_argument(
         "--max-new-tokens",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=256,
         help="tokens a response may have at most (default: %(default)s)",
     )
     ap.add_argument(
         "--temperatures",
-        type=_float_in(0.0, math.inf, False, "a finite number >= 0"),
+        type=float_in(0.0, math.inf, False, "a finite number >= 0"),
         nargs="+",
         default=[0.0, 0.7],
         help="one pass per temperature; 0 is greedy (default: 0 0.7)",
     )
     ap.add_argument(
         "--top-p",
-        type=_float_in(0.0, 1.0, True, "in (0, 1]"),
+        type=float_in(0.0, 1.0, True, "in (0, 1]"),
         default=0.95,
         help="nucleus mass sampled from at T > 0 (default: %(default)s)",
     )
     ap.add_argument(
         "--batch-size",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=32,
         help="sequences decoded together (default: %(default)s)",
     )
     ap.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     ap.add_argument(
         "--limit",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=None,
         help="only the first N prompts (default: all)",
     )
