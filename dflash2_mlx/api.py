@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import platform
 import sys
 from dataclasses import dataclass, field, replace
@@ -22,7 +23,7 @@ from .engine.loop import Session, SpeculativeDecoder
 from .engine.width import WidthRule
 from .errors import CompatibilityError, ConfigError, ParameterError
 from .grammar import Grammar, Grammars, Thinking
-from .registry import fetch
+from .registry import fetch, resolve
 from .target.adapter import TargetAdapter
 
 
@@ -165,9 +166,12 @@ class Pair:
         return out, stats
 
 
+_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+
+
 def load_pair(
     target: str | Path,
-    drafter: str | Path,
+    drafter: str | Path | None = None,
     *,
     dtype: str | None = None,
     offline: bool = False,
@@ -176,7 +180,9 @@ def load_pair(
     lookup: int = DEFAULT_LOOKUP,
     datastore: bool | None = None,
 ) -> Pair:
-    """Load an mlx-lm target (folder or repo id) and a DFlash / DFlash2 drafter.
+    """Load an mlx-lm target (folder or repo id) and a DFlash / DFlash2 drafter; with no
+    `drafter`, `target` names a pair of `dflash2 models` (e.g. "smollm2-135m", the embedded
+    default, or a registered target's repo id). `offline`: never contact the hub.
     `full_vocab`: draft from the whole vocabulary even if the drafter has a draft_vocab.json;
     `draft_vocab_limit`: draft from only its N most frequent tokens; `lookup` > 0: propose the
     context's own continuation where the last `lookup` tokens repeat (engine/lookup.py);
@@ -184,6 +190,13 @@ def load_pair(
     when it ships one, True: required, False: off."""
     from mlx_lm import load as load_target
 
+    if dtype is not None and dtype not in _DTYPES:
+        raise ParameterError(f"dtype must be one of {', '.join(_DTYPES)} or None, got {dtype!r}")
+    if drafter is None:
+        pair = resolve(str(target))
+        target, drafter = pair.target, pair.drafter
+    target = fetch(target, "target", offline=offline)
+    _check_config_json(target)
     try:
         model, tokenizer = load_target(str(target))
     except (
@@ -199,9 +212,7 @@ def load_pair(
             f"{target}: cannot load the target with mlx-lm: {type(exc).__name__}: {exc}"
         ) from None
     adapter_probe = TargetAdapter(model, ())
-    weight_dtype = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}.get(
-        dtype or "", adapter_probe.embed_tokens(mx.array([[0]])).dtype
-    )
+    weight_dtype = _DTYPES.get(dtype or "", adapter_probe.embed_tokens(mx.array([[0]])).dtype)
     folder = fetch(drafter, "drafter", offline=offline)
     d = load_drafter(
         folder,
@@ -213,6 +224,19 @@ def load_pair(
     return Pair.from_models(
         model, tokenizer, d, lookup=lookup, datastore=_drafter_datastore(folder, datastore)
     )
+
+
+def _check_config_json(folder: Path) -> None:
+    """A target's config.json must parse (mlx-lm's error would not name the file)."""
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        return  # mlx-lm says what is missing
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CompatibilityError(f"{path}: not a readable JSON file: {exc}") from None
+    if not isinstance(config, dict):
+        raise CompatibilityError(f"{path}: expected a JSON object, found {type(config).__name__}")
 
 
 def _drafter_datastore(folder: Path, wanted: bool | None) -> Datastore | None:

@@ -388,6 +388,7 @@ BAD = [
     ("chat", {"messages": HI, "top_k": 2.5}, 400, "top_k"),
     ("chat", {"messages": HI, "min_p": 1}, 400, "min_p"),
     ("chat", {"messages": HI, "seed": -1}, 400, "seed"),
+    ("chat", {"messages": HI, "seed": 2**64}, 400, "seed"),
     ("chat", {"messages": HI, "stop": 5}, 400, "stop"),
     ("chat", {"messages": HI, "stream": "yes"}, 400, "stream"),
     ("chat", {"messages": HI, "stream_options": {"include_usage": True}}, 400, "stream_options"),

@@ -91,7 +91,7 @@ def test_a_block_above_the_trained_size_or_below_one_is_refused_naming_the_flag(
         (dict(sampling={"top_p": 0.0}), "--top-p: top_p must be in (0, 1]"),
         (dict(sampling={"top_k": -3}), "--top-k: top_k must be an int >= 0"),
         (dict(sampling={"min_p": 1.0}), "--min-p: min_p must be in [0, 1)"),
-        (dict(sampling={"seed": -1}), "--seed: seed must be a non-negative int"),
+        (dict(sampling={"seed": -1}), "--seed: seed must be an int in [0, 2**64)"),
         (dict(sampling={"typical_p": 0.5}), "unknown sampling field 'typical_p'"),
     ],
 )

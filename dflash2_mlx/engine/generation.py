@@ -6,6 +6,7 @@ single-sequence loop (loop.py) and the batched one (batch.py).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -46,6 +47,19 @@ class GenerationParams:
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.prediction
         ):
             raise ParameterError("prediction must be a sequence of token ids (ints >= 0)")
+        if not isinstance(self.sampling, SamplingParams):
+            raise ParameterError(
+                f"sampling must be a SamplingParams, got {type(self.sampling).__name__}"
+            )
+        if not isinstance(self.speculative, bool):
+            raise ParameterError(f"speculative must be True or False, got {self.speculative!r}")
+        if not isinstance(self.stop_token_ids, (set, frozenset)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
+        ):
+            raise ParameterError(
+                f"stop_token_ids must be a set of token ids (ints >= 0), got {self.stop_token_ids!r}"
+            )
+        object.__setattr__(self, "stop_token_ids", frozenset(self.stop_token_ids))
         if (
             not isinstance(self.max_tokens, int)
             or isinstance(self.max_tokens, bool)
@@ -63,6 +77,26 @@ class GenerationParams:
                 not isinstance(value, int) or isinstance(value, bool) or value < 1
             ):
                 raise ParameterError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def token_ids(tokens, vocab: int, what: str = "the prompt") -> list[int]:
+    """`tokens` (ints, a NumPy or MLX array) as a list of ids in [0, vocab), or a
+    ParameterError naming the first bad one."""
+    if isinstance(tokens, (str, bytes)):
+        raise ParameterError(f"{what} must be token ids, not text: tokenize it first")
+    if hasattr(tokens, "tolist"):  # an array
+        tokens = tokens.tolist()
+    ids = []
+    for i, t in enumerate(tokens):
+        try:
+            if isinstance(t, bool):
+                raise TypeError
+            ids.append(operator.index(t))
+        except TypeError:
+            raise ParameterError(f"{what}[{i}] = {t!r} is not a token id (an int)") from None
+        if not 0 <= ids[-1] < vocab:
+            raise ParameterError(f"{what}[{i}] = {ids[-1]} is outside the vocabulary [0, {vocab})")
+    return ids
 
 
 @dataclass

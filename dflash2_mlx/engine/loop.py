@@ -21,7 +21,7 @@ from ..errors import ParameterError
 from ..target.adapter import TargetAdapter
 from .datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from .events import RoundEvent
-from .generation import GenerationParams, _Run, cut, shape_logits
+from .generation import GenerationParams, _Run, cut, shape_logits, token_ids
 from .lookup import DEFAULT_LOOKUP_BLOCK, ContextLookup, PredictionLookup
 from .prefill import Prefill, _Cancelled, drafter_offset
 from .proposal import NOTHING, Proposal
@@ -234,7 +234,8 @@ class SpeculativeDecoder:
     # --------------------------------------------------------------- generation
     def _validate(self, prompt: Sequence[int], params: GenerationParams) -> tuple[list[int], _Run]:
         """The prompt as ints and the generation's limits, or a ParameterError."""
-        prompt = [int(t) for t in prompt]
+        vocab = self.target.vocab_size
+        prompt = token_ids(prompt, vocab)
         if not prompt:
             raise ParameterError("the prompt is empty: at least one token is needed")
         trained = self.drafter.config.block_size
@@ -243,7 +244,6 @@ class SpeculativeDecoder:
             raise ParameterError(
                 f"block_size {block} exceeds the drafter's trained block size {trained}"
             )
-        vocab = self.target.vocab_size
         if any(t >= vocab for t in params.prediction):
             raise ParameterError(f"prediction holds token ids outside the vocabulary [0, {vocab})")
         lookup_block = params.lookup_block or DEFAULT_LOOKUP_BLOCK

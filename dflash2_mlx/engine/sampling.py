@@ -27,6 +27,8 @@ def _is_number(v) -> bool:
 
 # field -> (test of a value, what a valid value is): one rule per field, used by
 # SamplingParams and by front ends that check one field at a time (flags, request fields).
+SEEDS = 2**64  # what mx.random.key takes (a uint64)
+
 _CHECKS = {
     "temperature": (
         lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
@@ -39,8 +41,8 @@ _CHECKS = {
     ),
     "min_p": (lambda v: _is_number(v) and 0 <= v < 1, "min_p must be in [0, 1)"),
     "seed": (
-        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),
-        "seed must be a non-negative int",
+        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < SEEDS),
+        "seed must be an int in [0, 2**64)",
     ),
 }
 

@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..engine.events import GenerationStats, RoundEvent
+from ..engine.sampling import SEEDS
 from .format import SSE_DONE, Formatter, ReplyStats, sse
 from .http_errors import CLIENT_GONE, error_response, from_worker, shutting_down
 from .logprobs import Logprobs
@@ -25,8 +26,6 @@ from .reasoning import ThinkingStats
 from .reply import ChatReply
 from .schemas import GenRequest, invalid
 from .stream import PENDING, Reader, SSEResponse
-
-SEEDS = 2**64
 
 
 class ChoiceStats:

@@ -21,7 +21,6 @@ from .token_fields import PENALTIES, parse_logprobs, parse_penalties
 from .tools import ToolRequest, check_tool_answers, history_tool_calls, parse_tools, tool_call_id
 
 MAX_STOP = 16
-MAX_SEED = 2**64 - 1
 
 
 def _neutral(*values) -> Callable[[Any], bool]:
@@ -132,8 +131,6 @@ def _sampling(body: dict) -> dict[str, Any]:
             )
         if name == "top_k" and v == -1:  # vLLM's and mlx-lm's "off"
             v = 0
-        if name == "seed" and v > MAX_SEED:
-            raise invalid("seed", f"seed must be in [0, 2**64 - 1]; got {v}")
         problem = field_problem(name, v)
         if problem:
             raise invalid(name, f"{problem}; got {brief(v)}")

@@ -1,0 +1,135 @@
+"""The library refuses bad input with a ParameterError naming it (never a crash, never a
+silent reinterpretation): prompt ids, seeds, parameter types, load_pair's arguments."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+import tiny
+
+from dflash2_mlx import GenerationParams, ParameterError, SamplingParams, SpeculativeDecoder
+from dflash2_mlx.engine.batch import BatchDecoder
+from dflash2_mlx.errors import CompatibilityError
+from dflash2_mlx.registry import FetchError
+from dflash2_mlx.target.adapter import TargetAdapter
+
+PROMPT = [3, 14, 15, 9, 26, 5, 35, 8, 9, 7]
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    model = tiny.make_target("llama")
+    drafter = tiny.make_drafter(2, block_size=4)
+    return model, SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
+
+
+@pytest.mark.parametrize(
+    "prompt,message",
+    [
+        ([3, tiny.VOCAB, 5], rf"prompt\[1\] = {tiny.VOCAB} is outside the vocabulary \[0, "),
+        ([3, 200000, 5], r"prompt\[1\] = 200000 is outside the vocabulary"),
+        ([3, -3, 5], r"prompt\[1\] = -3 is outside the vocabulary"),
+        ([3, 1.7, 5], r"prompt\[1\] = 1.7 is not a token id"),
+        ([True, 4], r"prompt\[0\] = True is not a token id"),
+        ("hello", "must be token ids, not text"),
+    ],
+)
+def test_bad_prompt_ids_are_refused_before_anything_runs(decoder, prompt, message):
+    _, dec = decoder
+    with pytest.raises(ParameterError, match=message):
+        dec.generate(prompt, GenerationParams(max_tokens=2))
+    with pytest.raises(ParameterError, match=message):  # the batched engine: the same rule
+        BatchDecoder(dec).add(prompt, GenerationParams(max_tokens=2))
+
+
+def test_prompt_ids_as_arrays_are_the_same_prompt(decoder):
+    model, dec = decoder
+    want = tiny.greedy_reference(model, PROMPT, 6)
+    params = GenerationParams(max_tokens=6)
+    assert dec.generate(PROMPT, params) == want
+    assert dec.generate(np.array(PROMPT, dtype=np.int64), params) == want
+    assert dec.generate(mx.array(PROMPT), params) == want
+
+
+@pytest.mark.parametrize("seed", [2**64, 2**70, -1])
+def test_seeds_outside_uint64_are_refused(seed):
+    with pytest.raises(ParameterError, match=r"seed must be an int in \[0, 2\*\*64\)"):
+        SamplingParams(temperature=0.7, seed=seed)
+
+
+def test_the_largest_seed_runs(decoder):
+    _, dec = decoder
+    params = GenerationParams(max_tokens=3, sampling=SamplingParams(0.7, seed=2**64 - 1))
+    assert dec.generate(PROMPT, params) == dec.generate(PROMPT, params)
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (dict(sampling={"temperature": 0.5}), "sampling must be a SamplingParams, got dict"),
+        (dict(speculative="no"), "speculative must be True or False"),
+        (dict(speculative=0), "speculative must be True or False"),
+        (dict(stop_token_ids=2), "stop_token_ids must be a set of token ids"),
+        (dict(stop_token_ids="ab"), "stop_token_ids must be a set of token ids"),
+        (dict(stop_token_ids=frozenset({-5})), "stop_token_ids must be a set of token ids"),
+    ],
+)
+def test_generation_params_of_the_wrong_type_are_refused(fields, message):
+    with pytest.raises(ParameterError, match=message):
+        GenerationParams(**fields)
+
+
+def test_a_plain_set_of_stop_ids_works_as_a_frozenset(decoder):
+    model, dec = decoder
+    ref = tiny.greedy_reference(model, PROMPT, 8)
+    out = dec.generate(PROMPT, GenerationParams(max_tokens=8, stop_token_ids={ref[3]}))
+    assert out == ref[: ref.index(ref[3]) + 1]
+
+
+def test_load_pair_refuses_an_unknown_dtype(tiny_pair):
+    import dflash2_mlx as d2
+
+    with pytest.raises(ParameterError, match="dtype must be one of float32, bfloat16, float16"):
+        d2.load_pair(*tiny_pair, dtype="int8")
+
+
+def test_load_pair_names_a_missing_folder_and_a_broken_config(tiny_pair, tmp_path):
+    import shutil
+
+    import dflash2_mlx as d2
+
+    with pytest.raises(FetchError, match="no such folder"):
+        d2.load_pair(tmp_path / "nowhere", tiny_pair[1])
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_pair[0], broken)
+    (broken / "config.json").write_text('{"model_type": "llama",')
+    with pytest.raises(CompatibilityError, match=r"broken/config.json: not a readable JSON"):
+        d2.load_pair(broken, tiny_pair[1])
+    (broken / "config.json").write_text(json.dumps([1, 2]))
+    with pytest.raises(CompatibilityError, match="expected a JSON object, found list"):
+        d2.load_pair(broken, tiny_pair[1])
+
+
+def test_load_pair_offline_never_downloads_the_target(tiny_pair, hf_offline):
+    """A repo id that is not in the cache: offline=True is a clear error, not a hub call."""
+    import dflash2_mlx as d2
+
+    with pytest.raises(FetchError, match="not in the local Hugging Face cache"):
+        d2.load_pair("someone/not-cached-model", tiny_pair[1], offline=True)
+
+
+def test_load_pair_by_a_registered_name_needs_no_drafter(monkeypatch, tiny_pair):
+    """load_pair(NAME): the pair `dflash2 models` lists under NAME (here a registry entry
+    pointing at the tiny pair)."""
+    import dflash2_mlx as d2
+    from dflash2_mlx import registry
+
+    entry = registry.ModelEntry(
+        alias="tiny-test", target=str(tiny_pair[0]), drafter=str(tiny_pair[1]), block_sizes=(4,)
+    )
+    monkeypatch.setattr(registry, "_names", lambda: {"tiny-test": entry})
+    pair = d2.load_pair("tiny-test")
+    assert pair.decoder.drafter.config.block_size == 8
+    with pytest.raises(d2.DFlash2Error, match="tiny-tset"):
+        d2.load_pair("tiny-tset")
