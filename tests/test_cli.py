@@ -373,6 +373,34 @@ def test_sparkline_and_status_line():
     assert "spec off" in status_text(stats, block=1, spec=False).plain
 
 
+def test_rounds_above_the_block_are_drawn():
+    """A context-lookup round can commit up to 16 tokens at block 4: the sparkline's last
+    character counts block or more, /stats lists the count as it is."""
+    from collections import Counter
+
+    from rich.console import Console
+
+    from dflash2_cli.chat_view import sparkline, stats_table, status_text
+    from dflash2_mlx import GenerationStats, RoundEvent
+
+    assert sparkline(Counter({16: 1}), 4) == "···█"
+    assert sparkline(Counter({1: 2, 4: 1, 16: 1}), 4) == "█··█"
+    assert sparkline(Counter({1: 4, 6: 1, 9: 1}), 4) == "█··▄"
+    stats = GenerationStats()
+    stats.add(RoundEvent(tokens=[1] * 16, drafted=15, accepted=15, block_size=16, source="lookup"))
+    assert "│ ···█ │ block 4" in status_text(stats, block=4, spec=True).plain
+    stats.add(RoundEvent(tokens=[1, 2], drafted=3, accepted=1, block_size=4))
+    console = Console(record=True, width=120)
+    console.print(stats_table(stats, 1, 0, {}, 4))
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in console.export_text().splitlines()
+        if line.split() and line.split()[0].isdigit()
+    }
+    assert rows["16"][0] == "1" and rows["2"][0] == "1" and rows["4"] == ["0"]
+    assert "5" not in rows and "15" not in rows  # no empty rows between the block and 16
+
+
 def test_evaluate_writes_tau_per_setting_and_category(tiny_pair, tmp_path, capsys):
     target, drafter = tiny_pair
     out = tmp_path / "tau.json"
