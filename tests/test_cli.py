@@ -487,6 +487,34 @@ def test_chat_refuses_a_prompt_past_the_context_and_cuts_the_answer(tiny_pair, c
     assert "this answer is limited to" in capsys.readouterr().err
 
 
+def test_chat_past_the_tokenizer_length_says_only_its_own_error(tiny_pair, tmp_path, capsys):
+    """A prompt longer than the tokenizer's model_max_length: transformers' "Token indices
+    sequence length is longer than ..." warning does not come before chat's one-line error."""
+    import logging
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_pair[0], target)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 64}))
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("transformers.tokenization_utils_base")
+    logger.addHandler(handler)
+    try:
+        pair = (target, tiny_pair[1])
+        assert run(_chat(pair, "--prompt", "hello model " * 3000, "--max-tokens", "4")) == 2
+        err = capsys.readouterr().err
+        assert "error: the prompt is" in err and "Token indices" not in err and not seen
+        AutoTokenizer.from_pretrained(str(target)).encode("hello model " * 100)
+        assert any("Token indices" in m for m in seen)  # the handler does see the warning
+    finally:
+        logger.removeHandler(handler)
+
+
 def test_evaluate_json_path_is_checked_before_the_run(tmp_path, capsys):
     """As bench's: a --json path under a file, or a folder, fails at once (no model loaded,
     rather than a traceback after the whole run)."""
