@@ -5,7 +5,6 @@ the functions, so `dflash2 --help` never loads them."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from .bench_view import (
     speed_tables,
 )
 from .bench_options import BenchOptions, BenchRun
-from .common import fail
+from .common import check_writable, fail
 
 
 def _load(model, target, drafter, offline, engine, err):
@@ -46,19 +45,6 @@ def _write_json(report: dict, path: Path) -> Path:
     return path
 
 
-def _check_writable(path: Path | None, flag: str) -> None:
-    """Fail before the run when the results could not be written at the end."""
-    if path is None:
-        return
-    folder = Path(path).parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        fail(f"{flag}: cannot write {path}: {exc.strerror or exc}")
-    if Path(path).is_dir() or not os.access(folder, os.W_OK):
-        fail(f"{flag}: cannot write {path}")
-
-
 def run_bench_command(options: BenchOptions) -> int:
     """Measures what `options` asks, prints the tables, writes the JSON; the exit code."""
     from rich.text import Text
@@ -66,9 +52,9 @@ def run_bench_command(options: BenchOptions) -> int:
     from dflash2_mlx import bench as B
     from dflash2_mlx.prompts import load_prompts
 
-    _check_writable(options.json_path, "--json")
+    check_writable(options.json_path, "--json")
     if options.plot_path:
-        _check_writable(options.plot_path, "--plot")
+        check_writable(options.plot_path, "--plot")
     console, err = _consoles()
     chosen = None
     if not options.kernels_only:  # fail fast, before any model

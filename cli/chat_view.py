@@ -34,13 +34,13 @@ HELP = """\
 
 
 def sparkline(histogram, block: int) -> str:
-    """One character per committed-per-round count 1..block: '·' none, ▁..█ relative share."""
-    top = max((histogram.get(k, 0) for k in range(1, block + 1)), default=0)
-    out = []
-    for k in range(1, block + 1):
-        n = histogram.get(k, 0)
-        out.append("·" if n == 0 else BARS[max(0, -(-n * len(BARS) // top) - 1)])
-    return "".join(out)
+    """One character per committed-per-round count 1..block: '·' none, ▁..█ relative share.
+    The last one counts `block` or more: a context-lookup round can commit up to 16 tokens
+    whatever the block, and the status bar keeps one width (block characters)."""
+    counts = [histogram.get(k, 0) for k in range(1, block)]
+    counts.append(sum(n for k, n in histogram.items() if k >= block))
+    top = max(counts, default=0)
+    return "".join("·" if n == 0 else BARS[max(0, -(-n * len(BARS) // top) - 1)] for n in counts)
 
 
 # Each status field has a widest form and shorter ones ("" drops it). When the line is too wide
@@ -194,7 +194,8 @@ def stats_table(total, turns: int, context_tokens: int, settings: dict, block: i
     hist.add_column("rounds", justify="right")
     hist.add_column("")
     top = max(total.histogram.values(), default=0)
-    for k in range(1, max([block, *total.histogram]) + 1):
+    # 1..block, then the counts above it that occurred (context-lookup rounds, up to 16)
+    for k in sorted({*range(1, block + 1), *total.histogram}):
         n = total.histogram.get(k, 0)
         text_row(hist, str(k), str(n), "█" * (max(1, round(30 * n / top)) if n else 0))
     conf = Table(title="settings", show_header=False, box=None, pad_edge=False)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import Annotated, Callable, Optional
 
 import typer
@@ -18,6 +20,21 @@ class UserError(Exception):
 
 def fail(message: str) -> None:
     raise UserError(message)
+
+
+def check_writable(path: Path | None, flag: str) -> None:
+    """Fail before the run when the results could not be written at the end."""
+    if path is None:
+        return
+    folder = Path(path).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"{flag}: cannot write {path}: {exc.strerror or exc}")
+    if Path(path).is_dir():
+        fail(f"{flag}: cannot write {path}: it is a folder (give a file path)")
+    if not os.access(folder, os.W_OK):
+        fail(f"{flag}: cannot write {path}: {folder} is not writable")
 
 
 def is_user_error(exc: BaseException) -> bool:

@@ -18,6 +18,7 @@ from .common import (
     ModelArg,
     OfflineOpt,
     TargetOpt,
+    check_writable,
     engine_flags,
     fail,
     text_row,
@@ -34,10 +35,13 @@ def evaluate(
         None, min=1, help="At most N prompts, spread over the categories."
     ),
     max_tokens: int = typer.Option(128, min=1, help="Tokens generated per prompt."),
-    blocks: str = typer.Option(
-        "4,8,16", help="Block sizes (those above the trained size are skipped)."
+    blocks: Optional[str] = typer.Option(
+        None,
+        help="Block sizes, e.g. 4,8, each at most the drafter's trained size [default: 4, 8 "
+        "and 16 below the trained size, and that size].",
+        show_default=False,
     ),
-    temperatures: str = typer.Option("0,1", help="Sampling temperatures."),
+    temperatures: str = typer.Option("0,1", help="Sampling temperatures, e.g. 0,0.7."),
     seed: int = typer.Option(0, min=0),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the results here."),
     offline: OfflineOpt = False,
@@ -51,7 +55,8 @@ def evaluate(
 
     Example: dflash2 evaluate --limit 14 --blocks 4,8 --json results/tau.json
     """
-    block_list, temps = _parse_lists(blocks, temperatures)
+    given_blocks, temps = _parse_lists(blocks, temperatures)
+    check_writable(json_path, "--json")  # before the run, not after it
     from rich.console import Console
 
     from dflash2_mlx.bench import select_prompts
@@ -72,27 +77,50 @@ def evaluate(
             draft_vocab=draft_vocab,
         ),
     )
+    block_list = _check_trained(given_blocks, pair.drafter.config.block_size)
     chosen = select_prompts(load_prompts(prompts), limit)
     result = measure_tau(
         pair, chosen, block_sizes=block_list, temperatures=temps, max_tokens=max_tokens, seed=seed
     )
     Console().print(_tau_table(result, f"τ on {len(chosen)} '{prompts}' prompts"))
-    if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
+    if json_path:  # its folder exists: check_writable made it
         record = {"prompts": prompts, "prompt_ids": [p.id for p in chosen]}
         record.update(max_tokens=max_tokens, seed=seed, results=result)
         json_path.write_text(json.dumps(_report(pair, resolved, record), indent=2))
 
 
-def _parse_lists(blocks: str, temperatures: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """'4,8,16' and '0,1' -> (4, 8, 16), (0.0, 1.0); a one-line error otherwise."""
-    try:
-        return (
-            tuple(int(b) for b in blocks.split(",")),
-            tuple(float(t) for t in temperatures.split(",")),
+def _parse_lists(
+    blocks: str | None, temperatures: str
+) -> tuple[tuple[int, ...] | None, tuple[float, ...]]:
+    """'4,8' and '0,1' -> (4, 8), (0.0, 1.0), checked before any model loads, as chat's and
+    bench's --block and --temp; no --blocks: None (the default needs the trained size)."""
+    from dflash2_mlx.settings import check_block, check_sampling
+
+    block_list = None
+    if blocks is not None:
+        block_list = tuple(
+            check_block(b, flag="--blocks") for b in _numbers(blocks, int, "--blocks", "4,8")
         )
+    temps = _numbers(temperatures, float, "--temperatures", "0,0.7")
+    for t in temps:
+        check_sampling({"temperature": t}, {"temperature": "--temperatures"})
+    return block_list, temps
+
+
+def _numbers(text: str, kind: type, flag: str, example: str) -> tuple:
+    """'4,8' -> (4, 8) of `kind`; a one-line error naming `flag` otherwise."""
+    try:
+        return tuple(kind(part) for part in text.split(","))
     except ValueError:
-        fail("--blocks and --temperatures take comma-separated numbers")
+        fail(f"{flag} takes comma-separated numbers (e.g. {flag} {example}), got {text!r}")
+
+
+def _check_trained(given: tuple[int, ...] | None, trained: int) -> tuple[int, ...] | None:
+    """`given`, each at most the drafter's trained block size, refused (naming --blocks) as
+    chat's and bench's --block: a skipped block would leave a hole in the results."""
+    from dflash2_mlx.settings import check_block
+
+    return None if given is None else tuple(check_block(b, trained, "--blocks") for b in given)
 
 
 def _tau_table(result: dict, title: str):

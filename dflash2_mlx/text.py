@@ -5,7 +5,9 @@ Shared by the chat front end and the server, so both stop, count and report iden
 
 from __future__ import annotations
 
+import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
@@ -14,6 +16,29 @@ from .engine.events import GenerationStats, RoundEvent
 from .engine.generation import GenerationParams
 from .engine.loop import Session
 from .errors import ParameterError
+
+
+# transformers warns (on stderr, once per tokenizer) when a prompt passes the tokenizer's
+# model_max_length. Chat and serve measure the prompt against the model's context themselves and
+# refuse it in one line, so that warning would only come first, in another voice.
+_TOO_LONG = "Token indices sequence length is longer than the specified maximum"
+_TOKENIZER_LOG = "transformers.tokenization_utils_base"
+
+
+class _DropTooLong(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_TOO_LONG)
+
+
+@contextmanager
+def _no_length_warning():
+    """Drops that one warning while inside; any other tokenizer message still shows."""
+    logger, drop = logging.getLogger(_TOKENIZER_LOG), _DropTooLong()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def chat_prompt_ids(
@@ -37,30 +62,34 @@ def chat_prompt_ids(
             raise ParameterError(
                 f"messages[{i}] must be an object with a 'role' and a string 'content'"
             )
-    # special-token strings in the messages' text stay text (chat_template.py)
-    marked = mark_special_text(messages, special_strings(tokenizer))
-    messages, found = marked.messages, marked.found
-    if not getattr(tokenizer, "chat_template", None):
+    with _no_length_warning():  # the callers check the prompt against the model's context
+        # special-token strings in the messages' text stay text (chat_template.py)
+        marked = mark_special_text(messages, special_strings(tokenizer))
+        messages, found = marked.messages, marked.found
+        if not getattr(tokenizer, "chat_template", None):
+            if tools:
+                raise ParameterError("tools need a chat template; this model has none")
+            text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+            text += "\nassistant:" if add_generation_prompt else ""
+            if found:  # what encode() adds to any text (a BOS), then the marked text
+                return list(tokenizer.encode("")) + marked.encode(tokenizer, text)
+            return list(tokenizer.encode(text))
+        kwargs: dict[str, Any] = dict(template_kwargs or {})
+        if thinking is not None:
+            kwargs["enable_thinking"] = thinking
         if tools:
-            raise ParameterError("tools need a chat template; this model has none")
-        text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
-        text += "\nassistant:" if add_generation_prompt else ""
-        if found:  # what encode() adds to any text (a BOS), then the marked text
-            return list(tokenizer.encode("")) + marked.encode(tokenizer, text)
-        return list(tokenizer.encode(text))
-    kwargs: dict[str, Any] = dict(template_kwargs or {})
-    if thinking is not None:
-        kwargs["enable_thinking"] = thinking
-    if tools:
-        kwargs["tools"] = list(tools)
-    ids = tokenizer.apply_chat_template(
-        list(messages), add_generation_prompt=add_generation_prompt, tokenize=not found, **kwargs
-    )
-    if found:
-        return marked.encode(tokenizer, ids)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
+            kwargs["tools"] = list(tools)
+        ids = tokenizer.apply_chat_template(
+            list(messages),
+            add_generation_prompt=add_generation_prompt,
+            tokenize=not found,
+            **kwargs,
+        )
+        if found:
+            return marked.encode(tokenizer, ids)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
 
 
 @dataclass

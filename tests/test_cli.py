@@ -79,6 +79,7 @@ def test_version_via_console_script_and_module():
         assert out.returncode == 0 and out.stdout.strip() == f"dflash2 {version('dflash2')}"
 
 
+NOWHERE = ["--target", "/nonexistent-t", "--drafter", "/nonexistent-d"]
 BAD = [
     (["chat", "--temp", "abc"], "--temp"),
     (["chat", "--temp", "-1"], "temperature must be"),
@@ -96,6 +97,11 @@ BAD = [
     (["serve", "--lookup", "0", "--no-spec"], "--lookup has no effect with --no-spec"),
     (["chat", "--lookup", "-1"], "--lookup"),
     (["chat", "--prompt", "  "], "--prompt is empty"),
+    # evaluate checks its lists before loading (this pair does not exist)
+    (["evaluate", "--blocks", "0", *NOWHERE], "--blocks: block_size must be an int >= 1"),
+    (["evaluate", "--blocks", "4,x", *NOWHERE], "--blocks takes comma-separated numbers"),
+    (["evaluate", "--temperatures", "-1", *NOWHERE], "--temperatures: temperature must be"),
+    (["evaluate", "--temperatures", "0,hot", *NOWHERE], "--temperatures takes comma-separated"),
     (["chat", "qwen3-4bb"], "did you mean qwen3-4b"),
     (["chat", "--drafter", "/no/such/drafter", "--offline"], "/no/such/drafter"),
     (["chat", "--target", "/no/such/dir", "--drafter", "x/y"], "no such folder"),
@@ -367,6 +373,34 @@ def test_sparkline_and_status_line():
     assert "spec off" in status_text(stats, block=1, spec=False).plain
 
 
+def test_rounds_above_the_block_are_drawn():
+    """A context-lookup round can commit up to 16 tokens at block 4: the sparkline's last
+    character counts block or more, /stats lists the count as it is."""
+    from collections import Counter
+
+    from rich.console import Console
+
+    from dflash2_cli.chat_view import sparkline, stats_table, status_text
+    from dflash2_mlx import GenerationStats, RoundEvent
+
+    assert sparkline(Counter({16: 1}), 4) == "···█"
+    assert sparkline(Counter({1: 2, 4: 1, 16: 1}), 4) == "█··█"
+    assert sparkline(Counter({1: 4, 6: 1, 9: 1}), 4) == "█··▄"
+    stats = GenerationStats()
+    stats.add(RoundEvent(tokens=[1] * 16, drafted=15, accepted=15, block_size=16, source="lookup"))
+    assert "│ ···█ │ block 4" in status_text(stats, block=4, spec=True).plain
+    stats.add(RoundEvent(tokens=[1, 2], drafted=3, accepted=1, block_size=4))
+    console = Console(record=True, width=120)
+    console.print(stats_table(stats, 1, 0, {}, 4))
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in console.export_text().splitlines()
+        if line.split() and line.split()[0].isdigit()
+    }
+    assert rows["16"][0] == "1" and rows["2"][0] == "1" and rows["4"] == ["0"]
+    assert "5" not in rows and "15" not in rows  # no empty rows between the block and 16
+
+
 def test_evaluate_writes_tau_per_setting_and_category(tiny_pair, tmp_path, capsys):
     target, drafter = tiny_pair
     out = tmp_path / "tau.json"
@@ -383,7 +417,7 @@ def test_evaluate_writes_tau_per_setting_and_category(tiny_pair, tmp_path, capsy
                 "--max-tokens",
                 "6",
                 "--blocks",
-                "2,4,99",
+                "2,4",
                 "--temperatures",
                 "0,1",
                 "--json",
@@ -395,14 +429,32 @@ def test_evaluate_writes_tau_per_setting_and_category(tiny_pair, tmp_path, capsy
     report = json.loads(out.read_text())
     assert report["draft_vocab"] is None and report["command"].startswith("dflash2 ")
     res = report["results"]
-    assert sorted(res) == ["T=0/B=2", "T=0/B=4", "T=1/B=2", "T=1/B=4"]  # 99 > trained: skipped
+    assert sorted(res) == ["T=0/B=2", "T=0/B=4", "T=1/B=2", "T=1/B=4"]
     for r in res.values():
         assert 1.0 <= r["tau"] <= 4.0 and r["per_category"]
     assert "T=0/B=4" in capsys.readouterr().out
-    assert (
-        run(["evaluate", "--target", str(target), "--drafter", str(drafter), "--blocks", "4,x"])
-        == 2
-    )
+
+
+@pytest.mark.parametrize("blocks", ["16,100", "2,99"])
+def test_evaluate_refuses_blocks_above_the_trained_size(tiny_pair, tmp_path, blocks, capsys):
+    """As chat's and bench's --block: refused, naming --blocks and the trained size (not an
+    empty table, `"results": {}` and exit 0, nor a silent hole in the results)."""
+    target, drafter = tiny_pair
+    out = tmp_path / "tau.json"
+    argv = ["evaluate", "--target", str(target), "--drafter", str(drafter), "--blocks", blocks]
+    assert run([*argv, "--limit", "1", "--max-tokens", "2", "--json", str(out)]) == 2
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert lines[-1].startswith("error: --blocks must be 1 .. 8: ")
+    assert "exceeds the drafter's trained block size 8" in lines[-1]
+    assert "Traceback" not in cap.err and not out.exists() and "setting" not in cap.out
+
+
+def test_evaluate_default_blocks_stop_at_the_trained_size():
+    from dflash2_mlx.train.evaluate import default_blocks
+
+    assert default_blocks(8) == (4, 8) and default_blocks(16) == (4, 8, 16)
+    assert default_blocks(12) == (4, 8, 12) and default_blocks(2) == (2,)
 
 
 def test_stats_and_tables_show_brackets_as_written():
@@ -433,6 +485,46 @@ def test_chat_refuses_a_prompt_past_the_context_and_cuts_the_answer(tiny_pair, c
     long = "x " * (4096 - n - 40)  # leaves a few tokens for the answer
     assert run(_chat(tiny_pair, "--prompt", long, "--max-tokens", "2000")) == 0
     assert "this answer is limited to" in capsys.readouterr().err
+
+
+def test_chat_past_the_tokenizer_length_says_only_its_own_error(tiny_pair, tmp_path, capsys):
+    """A prompt longer than the tokenizer's model_max_length: transformers' "Token indices
+    sequence length is longer than ..." warning does not come before chat's one-line error."""
+    import logging
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_pair[0], target)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 64}))
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("transformers.tokenization_utils_base")
+    logger.addHandler(handler)
+    try:
+        pair = (target, tiny_pair[1])
+        assert run(_chat(pair, "--prompt", "hello model " * 3000, "--max-tokens", "4")) == 2
+        err = capsys.readouterr().err
+        assert "error: the prompt is" in err and "Token indices" not in err and not seen
+        AutoTokenizer.from_pretrained(str(target)).encode("hello model " * 100)
+        assert any("Token indices" in m for m in seen)  # the handler does see the warning
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_evaluate_json_path_is_checked_before_the_run(tmp_path, capsys):
+    """As bench's: a --json path under a file, or a folder, fails at once (no model loaded,
+    rather than a traceback after the whole run)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for path in (blocker / "x.json", tmp_path):
+        assert run(["evaluate", *NOWHERE, "--json", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --json: cannot write {path}") and "Traceback" not in err
+        assert err.count("\n") == 1
 
 
 def test_bench_output_paths_are_checked_before_the_run(tmp_path, capsys):

@@ -12,25 +12,37 @@ from ..engine.events import GenerationStats
 from ..engine.generation import GenerationParams
 from ..engine.sampling import SamplingParams
 from ..prompts import Prompt
+from ..settings import check_block
 from ..text import chat_prompt_ids
+
+
+# Measured when no block sizes are given: those below the drafter's trained size, and that size.
+DEFAULT_BLOCKS = (4, 8, 16)
+
+
+def default_blocks(trained: int) -> tuple[int, ...]:
+    """DEFAULT_BLOCKS below `trained` (the drafter's trained block size), then `trained`."""
+    return tuple(b for b in DEFAULT_BLOCKS if b < trained) + (trained,)
 
 
 def measure_tau(
     pair: Pair,
     prompts: Sequence[Prompt],
     *,
-    block_sizes=(4, 8, 16),
+    block_sizes: Sequence[int] | None = None,
     temperatures=(0.0, 1.0),
     max_tokens: int = 128,
     seed: int = 0,
 ) -> dict:
-    """τ (mean committed tokens per round, bonus included) per temperature, block and category."""
+    """τ (mean committed tokens per round, bonus included) per temperature, block and category.
+    No `block_sizes`: default_blocks; one above the drafter's trained size is a ParameterError."""
     out: dict = {}
     trained = pair.drafter.config.block_size
+    block_sizes = default_blocks(trained) if block_sizes is None else block_sizes
+    for block in block_sizes:  # refused, not skipped: a skipped one would leave a hole
+        check_block(block, trained, "block_sizes")
     for temp in temperatures:
         for block in block_sizes:
-            if block > trained:
-                continue
             per_cat: dict[str, GenerationStats] = defaultdict(GenerationStats)
             total = GenerationStats()
             for i, p in enumerate(prompts):
