@@ -63,33 +63,37 @@ def chat_prompt_ids(
                 f"messages[{i}] must be an object with a 'role' and a string 'content'"
             )
     with _no_length_warning():  # the callers check the prompt against the model's context
-        # special-token strings in the messages' text stay text (chat_template.py)
-        marked = mark_special_text(messages, special_strings(tokenizer))
-        messages, found = marked.messages, marked.found
-        if not getattr(tokenizer, "chat_template", None):
-            if tools:
-                raise ParameterError("tools need a chat template; this model has none")
-            text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
-            text += "\nassistant:" if add_generation_prompt else ""
-            if found:  # what encode() adds to any text (a BOS), then the marked text
-                return list(tokenizer.encode("")) + marked.encode(tokenizer, text)
-            return list(tokenizer.encode(text))
-        kwargs: dict[str, Any] = dict(template_kwargs or {})
-        if thinking is not None:
-            kwargs["enable_thinking"] = thinking
-        if tools:
-            kwargs["tools"] = list(tools)
-        ids = tokenizer.apply_chat_template(
-            list(messages),
-            add_generation_prompt=add_generation_prompt,
-            tokenize=not found,
-            **kwargs,
+        return _template_ids(
+            tokenizer, messages, thinking, add_generation_prompt, tools, template_kwargs
         )
-        if found:
-            return marked.encode(tokenizer, ids)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+
+
+def _template_ids(tokenizer, messages, thinking, add_generation_prompt, tools, template_kwargs):
+    """chat_prompt_ids' work, its arguments checked."""
+    # special-token strings in the messages' text stay text (chat_template.py)
+    marked = mark_special_text(messages, special_strings(tokenizer))
+    messages, found = marked.messages, marked.found
+    if not getattr(tokenizer, "chat_template", None):
+        if tools:
+            raise ParameterError("tools need a chat template; this model has none")
+        text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+        text += "\nassistant:" if add_generation_prompt else ""
+        if found:  # what encode() adds to any text (a BOS), then the marked text
+            return list(tokenizer.encode("")) + marked.encode(tokenizer, text)
+        return list(tokenizer.encode(text))
+    kwargs: dict[str, Any] = dict(template_kwargs or {})
+    if thinking is not None:
+        kwargs["enable_thinking"] = thinking
+    if tools:
+        kwargs["tools"] = list(tools)
+    ids = tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=add_generation_prompt, tokenize=not found, **kwargs
+    )
+    if found:
+        return marked.encode(tokenizer, ids)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
 
 
 @dataclass
