@@ -27,7 +27,7 @@ from dflash2_mlx.settings import (
     default_context_length,
     idle_when_greedy,
 )
-from dflash2_mlx.text import chat_prompt_ids, stream_text
+from dflash2_mlx.text import chat_prompt_ids, quiet_length_warning, stream_text
 
 from .chat_view import HELP, AnswerView, StatusLine, stats_table, status_text
 from .common import fail
@@ -145,7 +145,10 @@ class Chat:
 
     def prompt_ids(self, user: str) -> list[int]:
         try:
-            return chat_prompt_ids(self.pair.tokenizer, self.messages(user), thinking=self.thinking)
+            with quiet_length_warning():  # run() checks the context itself, in one line
+                return chat_prompt_ids(
+                    self.pair.tokenizer, self.messages(user), thinking=self.thinking
+                )
         except DFlash2Error:
             raise
         except Exception as exc:  # noqa: BLE001 - a Jinja template error, say what it was

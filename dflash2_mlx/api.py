@@ -23,7 +23,7 @@ from .engine.loop import Session, SpeculativeDecoder
 from .engine.width import WidthRule
 from .errors import CompatibilityError, ConfigError, ParameterError
 from .grammar import Grammar, Grammars, Thinking
-from .registry import fetch, resolve
+from .registry import ModelNotFoundError, closest, fetch, resolve
 from .target.adapter import TargetAdapter
 
 
@@ -192,8 +192,16 @@ def load_pair(
 
     if dtype is not None and dtype not in _DTYPES:
         raise ParameterError(f"dtype must be one of {', '.join(_DTYPES)} or None, got {dtype!r}")
-    if drafter is None:
-        pair = resolve(str(target))
+    if drafter is None:  # a registered pair (its block sizes are the front ends' business)
+        try:
+            pair = resolve(str(target))
+        except ModelNotFoundError:
+            near = closest(str(target))
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise ModelNotFoundError(
+                f"{target}: not a pair `dflash2 models` lists{hint}; pass its drafter too: "
+                "load_pair(target, drafter)"
+            ) from None
         target, drafter = pair.target, pair.drafter
     target = fetch(target, "target", offline=offline)
     _check_config_json(target)

@@ -18,9 +18,10 @@ from .engine.loop import Session
 from .errors import ParameterError
 
 
-# transformers warns (on stderr, once per tokenizer) when a prompt passes the tokenizer's
-# model_max_length. Chat and serve measure the prompt against the model's context themselves and
-# refuse it in one line, so that warning would only come first, in another voice.
+# transformers warns (on stderr, once per tokenizer) when a text passes the tokenizer's
+# model_max_length. Front ends that measure the prompt against the model's context themselves
+# (chat, serve) and refuse it in one line tokenize inside quiet_length_warning(), so that
+# warning does not come first, in another voice.
 _TOO_LONG = "Token indices sequence length is longer than the specified maximum"
 _TOKENIZER_LOG = "transformers.tokenization_utils_base"
 
@@ -31,7 +32,7 @@ class _DropTooLong(logging.Filter):
 
 
 @contextmanager
-def _no_length_warning():
+def quiet_length_warning():
     """Drops that one warning while inside; any other tokenizer message still shows."""
     logger, drop = logging.getLogger(_TOKENIZER_LOG), _DropTooLong()
     logger.addFilter(drop)
@@ -62,14 +63,6 @@ def chat_prompt_ids(
             raise ParameterError(
                 f"messages[{i}] must be an object with a 'role' and a string 'content'"
             )
-    with _no_length_warning():  # the callers check the prompt against the model's context
-        return _template_ids(
-            tokenizer, messages, thinking, add_generation_prompt, tools, template_kwargs
-        )
-
-
-def _template_ids(tokenizer, messages, thinking, add_generation_prompt, tools, template_kwargs):
-    """chat_prompt_ids' work, its arguments checked."""
     # special-token strings in the messages' text stay text (chat_template.py)
     marked = mark_special_text(messages, special_strings(tokenizer))
     messages, found = marked.messages, marked.found

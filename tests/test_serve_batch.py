@@ -246,6 +246,9 @@ def test_max_batch_is_validated(pair):
     for bad in (0, -1, 2.5, True):
         with pytest.raises(DFlash2Error, match="max_batch must be an int >= 1"):
             create_app(pair, model_name="tiny", max_batch=bad)
+    for bad in (1, "no"):  # refused when the app is built, not as a 500 on every request
+        with pytest.raises(DFlash2Error, match="speculative must be True or False"):
+            create_app(pair, model_name="tiny", speculative=bad)
     from dflash2_cli.serve import DEFAULT_MAX_BATCH as CLI_DEFAULT
 
     assert CLI_DEFAULT == DEFAULT_MAX_BATCH

@@ -43,23 +43,15 @@ class GenerationParams:
     logprobs: int | None = None
 
     def __post_init__(self):
-        if not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.prediction
-        ):
-            raise ParameterError("prediction must be a sequence of token ids (ints >= 0)")
+        object.__setattr__(self, "prediction", tuple(token_ids(self.prediction, "prediction")))
+        stops = frozenset(token_ids(self.stop_token_ids, "stop_token_ids"))
+        object.__setattr__(self, "stop_token_ids", stops)
         if not isinstance(self.sampling, SamplingParams):
             raise ParameterError(
                 f"sampling must be a SamplingParams, got {type(self.sampling).__name__}"
             )
         if not isinstance(self.speculative, bool):
             raise ParameterError(f"speculative must be True or False, got {self.speculative!r}")
-        if not isinstance(self.stop_token_ids, (set, frozenset)) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids
-        ):
-            raise ParameterError(
-                f"stop_token_ids must be a set of token ids (ints >= 0), got {self.stop_token_ids!r}"
-            )
-        object.__setattr__(self, "stop_token_ids", frozenset(self.stop_token_ids))
         if (
             not isinstance(self.max_tokens, int)
             or isinstance(self.max_tokens, bool)
@@ -79,23 +71,31 @@ class GenerationParams:
                 raise ParameterError(f"{name} must be an int >= 1, got {value!r}")
 
 
-def token_ids(tokens, vocab: int, what: str = "the prompt") -> list[int]:
-    """`tokens` (ints, a NumPy or MLX array) as a list of ids in [0, vocab), or a
-    ParameterError naming the first bad one."""
+def token_ids(tokens, what: str = "the prompt", vocab: int | None = None) -> list[int]:
+    """`tokens` (any iterable of ints, e.g. a NumPy or MLX array) as a list of ids >= 0 (and
+    < `vocab` when given), or a ParameterError naming the first bad one."""
     if isinstance(tokens, (str, bytes)):
         raise ParameterError(f"{what} must be token ids, not text: tokenize it first")
     if hasattr(tokens, "tolist"):  # an array
         tokens = tokens.tolist()
+    try:
+        items = list(tokens)
+    except TypeError:
+        raise ParameterError(
+            f"{what} must be a sequence of token ids, got {type(tokens).__name__}"
+        ) from None
     ids = []
-    for i, t in enumerate(tokens):
+    for i, t in enumerate(items):
         try:
             if isinstance(t, bool):
                 raise TypeError
             ids.append(operator.index(t))
         except TypeError:
             raise ParameterError(f"{what}[{i}] = {t!r} is not a token id (an int)") from None
-        if not 0 <= ids[-1] < vocab:
+        if vocab is not None and not 0 <= ids[-1] < vocab:
             raise ParameterError(f"{what}[{i}] = {ids[-1]} is outside the vocabulary [0, {vocab})")
+        if ids[-1] < 0:
+            raise ParameterError(f"{what}[{i}] = {ids[-1]} is not a token id (ids are >= 0)")
     return ids
 
 

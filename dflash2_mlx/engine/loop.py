@@ -235,7 +235,7 @@ class SpeculativeDecoder:
     def _validate(self, prompt: Sequence[int], params: GenerationParams) -> tuple[list[int], _Run]:
         """The prompt as ints and the generation's limits, or a ParameterError."""
         vocab = self.target.vocab_size
-        prompt = token_ids(prompt, vocab)
+        prompt = token_ids(prompt, "the prompt", vocab)
         if not prompt:
             raise ParameterError("the prompt is empty: at least one token is needed")
         trained = self.drafter.config.block_size
@@ -244,8 +244,7 @@ class SpeculativeDecoder:
             raise ParameterError(
                 f"block_size {block} exceeds the drafter's trained block size {trained}"
             )
-        if any(t >= vocab for t in params.prediction):
-            raise ParameterError(f"prediction holds token ids outside the vocabulary [0, {vocab})")
+        token_ids(params.prediction, "prediction", vocab)
         lookup_block = params.lookup_block or DEFAULT_LOOKUP_BLOCK
         if not params.speculative:
             block = lookup_block = 1

@@ -25,10 +25,10 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-# field -> (test of a value, what a valid value is): one rule per field, used by
-# SamplingParams and by front ends that check one field at a time (flags, request fields).
 SEEDS = 2**64  # what mx.random.key takes (a uint64)
 
+# field -> (test of a value, what a valid value is): one rule per field, used by
+# SamplingParams and by front ends that check one field at a time (flags, request fields).
 _CHECKS = {
     "temperature": (
         lambda v: _is_number(v) and math.isfinite(v) and v >= 0,

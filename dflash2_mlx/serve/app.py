@@ -131,7 +131,14 @@ def create_app(
     security = security or SecurityPolicy()
     trained = pair.drafter.config.block_size
     _check_serve_args(
-        block_size, trained, lookup_block, max_queue, max_batch, default_max_tokens, prompt_cache_mb
+        block_size,
+        trained,
+        lookup_block,
+        speculative,
+        max_queue,
+        max_batch,
+        default_max_tokens,
+        prompt_cache_mb,
     )
     if thinking_budget is not None:
         if isinstance(thinking_budget, bool) or not isinstance(thinking_budget, int):
@@ -207,12 +214,19 @@ def _lifespan(handler: Handler):
 
 
 def _check_serve_args(
-    block_size, trained, lookup_block, max_queue, max_batch, default_max_tokens, prompt_cache_mb
+    block_size,
+    trained,
+    lookup_block,
+    speculative,
+    max_queue,
+    max_batch,
+    default_max_tokens,
+    prompt_cache_mb,
 ) -> None:
     """Refuses a bad server setting before anything is built (DFlash2Error / ParameterError)."""
     if block_size is not None:
         check_block(block_size, trained, "block_size")
-    GenerationParams(lookup_block=lookup_block)  # checked now (ParameterError)
+    GenerationParams(lookup_block=lookup_block, speculative=speculative)  # ParameterError now
     if max_queue < 0:
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
     if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..chat_template import THINKING_KWARG, TemplateInfo, render_text
 from ..errors import DFlash2Error
-from ..text import chat_prompt_ids
+from ..text import chat_prompt_ids, quiet_length_warning
 from .api_error import invalid
 from .reasoning import opens_thinking
 from .tools import ToolRequest
@@ -126,15 +126,16 @@ class ChatTemplate:
             self._check_tools(active)
         listed = list(active.tools) if active else None
         messages = _template_call(lambda: self._show_names(messages, listed, kwargs))
-        ids = _template_call(
-            lambda: chat_prompt_ids(
-                self.tok,
-                messages,
-                tools=listed,
-                template_kwargs=kwargs,
-                add_generation_prompt=header,
+        with quiet_length_warning():  # the handler checks the context itself (a 400)
+            ids = _template_call(
+                lambda: chat_prompt_ids(
+                    self.tok,
+                    messages,
+                    tools=listed,
+                    template_kwargs=kwargs,
+                    add_generation_prompt=header,
+                )
             )
-        )
         if active is not None and active.forced and (prefill is not None or not header):
             raise invalid(
                 "tool_choice",

@@ -20,6 +20,7 @@ from ..engine.generation import GenerationParams
 from ..engine.processors import check_penalty, penalties
 from ..errors import ParameterError
 from ..settings import SamplingDefaults
+from ..text import quiet_length_warning
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .choices import handle_choices
 from .format import ChatStream, Formatter, ReplyStats, usage
@@ -72,7 +73,8 @@ class Handler:
     def tokenize(self, req: GenRequest) -> list[int]:
         tok = self.pair.tokenizer
         if isinstance(req.prompt, str):
-            return [int(t) for t in tok.encode(req.prompt)]
+            with quiet_length_warning():  # the context is checked by the caller (a 400)
+                return [int(t) for t in tok.encode(req.prompt)]
         bad = next((t for t in req.prompt if not 0 <= t < self.s.vocab), None)
         if bad is not None:
             raise invalid("prompt", f"token id {bad} is outside the vocabulary [0, {self.s.vocab})")

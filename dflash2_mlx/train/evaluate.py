@@ -10,7 +10,7 @@ from typing import Sequence
 from ..api import Pair
 from ..engine.events import GenerationStats
 from ..engine.generation import GenerationParams
-from ..engine.sampling import SamplingParams
+from ..engine.sampling import SEEDS, SamplingParams
 from ..prompts import Prompt
 from ..settings import check_block
 from ..text import chat_prompt_ids
@@ -50,7 +50,7 @@ def measure_tau(
                 params = GenerationParams(
                     max_tokens=max_tokens,
                     block_size=block,
-                    sampling=SamplingParams(temperature=temp, seed=seed + i),
+                    sampling=SamplingParams(temperature=temp, seed=(seed + i) % SEEDS),
                 )
                 for ev in pair.stream(ids, params):
                     per_cat[p.category].add(ev)
