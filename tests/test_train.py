@@ -533,9 +533,13 @@ def test_train_refuses_up_front_what_would_fail_later(tmp_path, capsys):
     out = str(tmp_path / "d")
     err = _refused([*base, "--out", out, "--max-new-tokens", "8", "--block-size", "16"], capsys)
     assert "--max-new-tokens 8 must be at least --block-size - 1 (15)" in err
-    assert "--temperatures must be >= 0" in _refused(
-        [*base, "--out", out, "--temperatures", "0,-1"], capsys
-    )
+    for flag in (
+        ["--temperatures", "0,-1"],
+        ["--temperatures", "nan"],
+        ["--prompts", f"{prompts}@inf"],
+    ):
+        err = _refused([*base, "--out", out, *flag], capsys)  # the last --prompts wins
+        assert "--temperatures must be finite and >= 0" in err
     err = _refused([target, "--prompts", prompts, "--heldout", prompts, "--out", out], capsys)
     assert "'p0' is also training prompt 'p0'" in err
     assert not (tmp_path / "d.work" / "regen_train.jsonl").exists()  # nothing ran

@@ -4,6 +4,7 @@ otherwise fail, hang or mislead only after hours of regeneration."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -93,15 +94,15 @@ def check_earlier_run(run: Path, out: Path, cfg: TrainConfig) -> None:
 
 def check_settings(tc: TrainConfig, max_new_tokens: int, temperatures) -> None:
     """Settings that can only fail later: answers too short to hold one block (the trainer
-    would find no anchor), negative temperatures, exclusive starts."""
+    would find no anchor), negative or non-finite temperatures, exclusive starts."""
     if max_new_tokens < tc.block_size - 1:
         raise ParameterError(
             f"--max-new-tokens {max_new_tokens} must be at least --block-size - 1 "
             f"({tc.block_size - 1}): a training anchor needs that much answer after it"
         )
-    bad = [t for t in temperatures if t < 0]
+    bad = [t for t in temperatures if not (math.isfinite(t) and t >= 0)]
     if bad:
-        raise ParameterError(f"--temperatures must be >= 0 (got {bad[0]:g})")
+        raise ParameterError(f"--temperatures must be finite and >= 0 (got {bad[0]:g})")
     if tc.init_from_target and tc.init_from:
         raise ParameterError("--init-from-target and --init-from are exclusive: pick one start")
 
