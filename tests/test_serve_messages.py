@@ -275,6 +275,9 @@ def test_a_server_wide_thinking_budget(tool_pair, url):  # noqa: F811
     plain = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2))
     with pytest.raises(DFlash2Error, match="no thinking section"):
         create_app(plain, model_name="p", thinking_budget=3)
+    for bad in (0, True, 2.5):
+        with pytest.raises(DFlash2Error, match=f"thinking_budget must be an int >= 1; got {bad}"):
+            create_app(tool_pair, model_name="tools", thinking_budget=bad)
 
 
 def test_a_final_assistant_message_is_continued(client, url, tool_pair):  # noqa: F811

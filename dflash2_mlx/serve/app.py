@@ -141,10 +141,9 @@ def create_app(
         prompt_cache_mb,
     )
     if thinking_budget is not None:
-        if isinstance(thinking_budget, bool) or not isinstance(thinking_budget, int):
-            raise DFlash2Error(f"thinking_budget must be an int >= 1; got {thinking_budget!r}")
-        if thinking_budget < 1:
-            raise DFlash2Error(f"thinking_budget must be an int >= 1; got {thinking_budget}")
+        budget = thinking_budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise DFlash2Error(f"thinking_budget must be an int >= 1; got {budget!r}")
         if not getattr(pair.tokenizer, "think_end_tokens", None):
             raise DFlash2Error("--thinking-budget: this model has no thinking section to budget")
     context = context_length or default_context_length(pair.model)
