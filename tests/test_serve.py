@@ -411,6 +411,28 @@ BAD = [
         400,
         "tools",
     ),
+    (  # this template renders an assistant turn's content only: the call would vanish
+        "chat",
+        {
+            "messages": HI
+            + [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            ]
+        },
+        400,
+        "messages[1].tool_calls",
+    ),
     ("chat", {"messages": HI, "response_format": {"type": "grammar"}}, 400, "response_format.type"),
     (
         "chat",

@@ -69,6 +69,21 @@ def test_chat_logprobs_whole_and_streamed(pair, client):
     assert plain.choices[0].logprobs is None
 
 
+def test_logprobs_beside_tools_that_are_off(pair, client):
+    """tool_choice "none": the tools are neither rendered nor parsed (this template cannot
+    render them), so logprobs are given as without them."""
+    ref = expected(pair, chat_prompt_ids(pair.tokenizer, HI), 8)
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=HI,
+        max_tokens=8,
+        logprobs=True,
+        tools=[{"type": "function", "function": {"name": "f"}}],
+        tool_choice="none",
+    )
+    check_chat(pair, r.choices[0].logprobs.content, ref, 0)
+
+
 def test_completion_logprobs_whole_and_streamed(pair, client):
     ids = [3, 9, 4, 12]
     ref = expected(pair, ids, 12)

@@ -315,6 +315,24 @@ ASSISTANT_CALL = {
 FN = {"name": "f", "parameters": {"type": "object", "properties": {}}}
 BAD = [
     ({"tools": "get_weather"}, "tools"),
+    (  # arguments that are JSON but not an object
+        {
+            "messages": tt.ASK
+            + [
+                {
+                    **ASSISTANT_CALL,
+                    "tool_calls": [
+                        {
+                            **ASSISTANT_CALL["tool_calls"][0],
+                            "function": {"name": "get_weather", "arguments": "[1, 2]"},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "x"},
+            ]
+        },
+        "messages[1].tool_calls[0].function.arguments",
+    ),
     ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
     ({"tools": [{"type": "function"}]}, "tools[0].function"),
     ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools[0].function.name"),

@@ -126,6 +126,7 @@ class ChatTemplate:
             self._check_tools(active)
         listed = list(active.tools) if active else None
         messages = _template_call(lambda: self._show_names(messages, listed, kwargs))
+        _template_call(lambda: self._check_history_calls(messages, listed, kwargs))
         with quiet_length_warning():  # the handler checks the context itself (a 400)
             ids = _template_call(
                 lambda: chat_prompt_ids(
@@ -213,6 +214,28 @@ class ChatTemplate:
         full = text(messages)
         folded = {r for r in roles if text(without(r)) == full}  # the template drops them
         return [_folded(m) if m["role"] in folded else m for m in messages]
+
+    def _check_history_calls(self, messages: list[dict], tools, kwargs: dict) -> None:
+        """A call in the history reaches the model or is a 400: some templates (SmolLM2's)
+        render an assistant turn's content only, and the model would read a tool's answer to
+        a call it cannot see."""
+        at = next((i for i, m in enumerate(messages) if m.get("tool_calls")), None)
+        if at is None:
+            return
+        probe = {"type": "function", "function": {"name": "probe_", "arguments": {"x_": 1}}}
+        other = [*messages[:at], {**messages[at], "tool_calls": [probe]}, *messages[at + 1 :]]
+
+        def text(ms: list[dict]) -> str:
+            return render_text(self.tok, ms, tools=tools, **kwargs)
+
+        # no template: the plain "role: text" fallback has no place for calls either
+        if not getattr(self.tok, "chat_template", None) or text(messages) == text(other):
+            raise invalid(
+                f"messages[{at}].tool_calls",
+                f"messages[{at}].tool_calls: this model's chat template does not render tool "
+                "calls, so the model would not see them",
+                "unsupported_parameter",
+            )
 
     def _call_opening(
         self, messages: list[dict], tools: list[dict], kwargs: dict, name: str | None

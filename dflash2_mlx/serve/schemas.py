@@ -347,7 +347,7 @@ def parse_chat(body: dict) -> GenRequest:
     req.messages, req.prefill, req.generation_prompt = _continuation(body, out)
     req.prediction = _prediction(body.get("prediction"))
     req.tools = parse_tools(body)
-    if req.logprobs is not None and req.tools is not None:
+    if req.logprobs is not None and req.tools is not None and req.tools.active:
         raise invalid("logprobs", "logprobs with tools are not supported", "unsupported_parameter")
     req.template_kwargs = parse_template_kwargs(body.get("chat_template_kwargs"))
     budget = optional(body, "thinking_budget", is_int, "an integer")

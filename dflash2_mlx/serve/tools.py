@@ -143,9 +143,12 @@ def _arguments(where: str, args):
     if not isinstance(args, str):
         raise invalid(where, f"{where} must be a JSON string", "invalid_type")
     try:
-        return json.loads(args) if args.strip() else {}
+        value = json.loads(args) if args.strip() else {}
     except ValueError as e:
         raise invalid(where, f"{where} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise invalid(where, f"{where} must encode a JSON object (name: value); got {brief(args)}")
+    return value
 
 
 def history_tool_calls(i: int, calls) -> list[dict]:
