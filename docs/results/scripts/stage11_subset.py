@@ -32,14 +32,19 @@ def keys(name: str) -> list[tuple[str, float]]:
     return [(r["id"], r["temperature"]) for r in map(json.loads, open(DATA / name))]
 
 
-def main(out: Path) -> None:
+def stage11_keys() -> list[tuple[str, float]]:
     wide07 = keys("regen_train-wide-t07.jsonl")
     old = [k for f in STAGE9_FILES for k in keys(f)] + wide07[:WIDE_T07_SEEN]
     new = keys("regen_train-broad.jsonl") + wide07[WIDE_T07_SEEN:]
     new += keys("regen_train-deep-t07-partial.jsonl")
     random.seed(0)
+    return new + random.sample(old, 1867)
+
+
+def write_prompt_files(chosen: list[tuple[str, float]], out: Path) -> None:
+    """Three prompt files: ids wanted at T=0 only, at T=0.7 only, at both."""
     temps = defaultdict(set)
-    for pid, t in new + random.sample(old, 1867):
+    for pid, t in chosen:
         temps[pid].add(t)
     prompts = {
         json.loads(line)["id"]: line.rstrip("\n")
@@ -57,4 +62,4 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    write_prompt_files(stage11_keys(), Path(sys.argv[1]))
