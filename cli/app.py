@@ -123,6 +123,13 @@ evaluate.register(app)
 _NO_ARGS = getattr(click_exceptions, "NoArgsIsHelpError", ())
 
 
+def _command_path(argv: list[str] | None) -> str:
+    """'dflash2 chat' when argv names a subcommand (a usage error raised before click made
+    its context, as a flag missing its value, has none)."""
+    first = next((a for a in (sys.argv[1:] if argv is None else argv) if a[:1] != "-"), None)
+    return f"dflash2 {first}" if first in typer.main.get_command(app).commands else "dflash2"
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on `argv` (default: sys.argv[1:]) and return the exit code."""
     try:
@@ -131,7 +138,7 @@ def run(argv: list[str] | None = None) -> int:
         typer.echo(exc.format_message())
         return 0
     except click_exceptions.UsageError as exc:
-        where = exc.ctx.command_path if exc.ctx is not None else "dflash2"
+        where = exc.ctx.command_path if exc.ctx is not None else _command_path(argv)
         print_error(f"{exc.format_message()} (see '{where} --help')")
         return EXIT_USAGE
     except typer.Abort:

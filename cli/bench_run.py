@@ -18,7 +18,7 @@ from .bench_view import (
     speed_tables,
 )
 from .bench_options import BenchOptions, BenchRun
-from .common import check_writable, fail
+from .common import check_thinking_flag, check_writable, fail
 
 
 def _load(model, target, drafter, offline, engine, err):
@@ -106,6 +106,7 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
     pair, resolved, engine = _load(
         options.model, options.target, options.drafter, options.offline, options.engine, err
     )
+    check_thinking_flag(pair.tokenizer, options.thinking)
     trained = engine.block.trained
     for b in options.blocks:
         check_block(b, trained)

@@ -30,7 +30,7 @@ from dflash2_mlx.settings import (
 from dflash2_mlx.text import chat_prompt_ids, quiet_length_warning, stream_text
 
 from .chat_view import HELP, AnswerView, StatusLine, stats_table, status_text
-from .common import fail
+from .common import check_thinking_flag, fail
 from .stop_flag import StopFlag
 
 
@@ -60,11 +60,7 @@ class Chat:
         self, pair, opts: ChatOptions, settings: EngineSettings, console: Console, err: Console
     ):
         self.pair, self.opts, self.console, self.err = pair, opts, console, err
-        if opts.thinking is not None and not _template_has_thinking(pair.tokenizer):
-            fail(
-                f"--{'' if opts.thinking else 'no-'}thinking: this model's chat template has no "
-                "thinking switch"
-            )
+        check_thinking_flag(pair.tokenizer, opts.thinking)
         self.engine = settings
         if settings.auto_block.note:  # a recommendation above the trained size, clamped
             self.note(settings.auto_block.note)
@@ -220,7 +216,7 @@ class Chat:
         except ValueError:
             raise _Bad(
                 f"{name} needs {'an integer' if kind is int else 'a number'}, "
-                f"got {arg or 'nothing'!r}"
+                + (f"got {arg!r}" if arg else "got nothing")
             ) from None
 
     def _command(self, name: str, arg: str) -> bool:
@@ -367,7 +363,7 @@ _COMMANDS = {
 
 def _on_off(name: str, arg: str) -> bool:
     if arg not in ("on", "off"):
-        raise _Bad(f"{name} needs on or off, got {arg or 'nothing'!r}")
+        raise _Bad(f"{name} needs on or off, " + (f"got {arg!r}" if arg else "got nothing"))
     return arg == "on"
 
 

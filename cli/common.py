@@ -22,6 +22,17 @@ def fail(message: str) -> None:
     raise UserError(message)
 
 
+def check_thinking_flag(tokenizer, thinking: bool | None) -> None:
+    """--thinking / --no-thinking needs a template with a thinking switch (as `serve` decides)."""
+    from dflash2_mlx.chat_template import TemplateInfo
+
+    if thinking is not None and not TemplateInfo.of(tokenizer).thinking_switch:
+        fail(
+            f"--{'' if thinking else 'no-'}thinking: this model's chat template has no "
+            "thinking switch"
+        )
+
+
 def check_writable(path: Path | None, flag: str) -> None:
     """Fail before the run when the results could not be written at the end."""
     if path is None:
@@ -136,6 +147,7 @@ LookupOpt = Annotated[
     typer.Option(
         "--lookup",
         min=0,
+        max=64,
         metavar="N",
         help="Context lookup: when the last N tokens occurred "
         "earlier in the prompt or answer, propose what followed them instead of drafting (free, "

@@ -63,6 +63,7 @@ def evaluate(
     from dflash2_mlx.prompts import load_prompts
     from dflash2_mlx.train.evaluate import measure_tau
 
+    chosen = select_prompts(load_prompts(prompts), limit)  # a bad file: before any model
     err = Console(stderr=True)
     pair, resolved, _ = load_resolved(
         model,
@@ -78,7 +79,6 @@ def evaluate(
         ),
     )
     block_list = _check_trained(given_blocks, pair.drafter.config.block_size)
-    chosen = select_prompts(load_prompts(prompts), limit)
     result = measure_tau(
         pair, chosen, block_sizes=block_list, temperatures=temps, max_tokens=max_tokens, seed=seed
     )
@@ -99,9 +99,11 @@ def _parse_lists(
     block_list = None
     if blocks is not None:
         block_list = tuple(
-            check_block(b, flag="--blocks") for b in _numbers(blocks, int, "--blocks", "4,8")
+            dict.fromkeys(  # a setting given twice is measured once
+                check_block(b, flag="--blocks") for b in _numbers(blocks, int, "--blocks", "4,8")
+            )
         )
-    temps = _numbers(temperatures, float, "--temperatures", "0,0.7")
+    temps = tuple(dict.fromkeys(_numbers(temperatures, float, "--temperatures", "0,0.7")))
     for t in temps:
         check_sampling({"temperature": t}, {"temperature": "--temperatures"})
     return block_list, temps

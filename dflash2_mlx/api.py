@@ -182,7 +182,9 @@ def load_pair(
 ) -> Pair:
     """Load an mlx-lm target (folder or repo id) and a DFlash / DFlash2 drafter; with no
     `drafter`, `target` names a pair of `dflash2 models` (e.g. "smollm2-135m", the embedded
-    default, or a registered target's repo id). `offline`: never contact the hub.
+    default, or a registered target's repo id). `dtype`: the drafter's weights ("float16",
+    ...; default: the target's; the target loads as its checkpoint is stored). `offline`:
+    never contact the hub.
     `full_vocab`: draft from the whole vocabulary even if the drafter has a draft_vocab.json;
     `draft_vocab_limit`: draft from only its N most frequent tokens; `lookup` > 0: propose the
     context's own continuation where the last `lookup` tokens repeat (engine/lookup.py);
@@ -192,6 +194,9 @@ def load_pair(
 
     if dtype is not None and dtype not in _DTYPES:
         raise ParameterError(f"dtype must be one of {', '.join(_DTYPES)} or None, got {dtype!r}")
+    for name, flag in (("offline", offline), ("full_vocab", full_vocab)):
+        if not isinstance(flag, bool):
+            raise ParameterError(f"{name} must be True or False, got {flag!r}")
     if drafter is None:  # a registered pair (its block sizes are the front ends' business)
         try:
             pair = resolve(str(target))

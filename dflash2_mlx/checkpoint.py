@@ -179,6 +179,8 @@ def _limit_draft_vocab(
     ids: list[int] | None, limit: int, use_file: bool, cfg: DrafterConfig, folder: Path
 ) -> list[int]:
     """The `limit` most frequent ids (draft_vocab.json lists them most frequent first)."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise ParameterError(f"draft_vocab_limit must be an int or None, got {limit!r}")
     if not use_file:
         raise ParameterError(
             "a draft-vocabulary limit contradicts drafting from the whole vocabulary"
@@ -191,8 +193,9 @@ def _limit_draft_vocab(
     least = cfg.selector_top_k if cfg.version == 2 else 1  # the selector ranks top-K ids
     if limit < least:
         raise ParameterError(
-            f"the draft-vocabulary limit is {limit}; it must be at least "
-            f"{least}" + (" (the selector's top-K)" if least > 1 else "")
+            f"the draft-vocabulary limit is {limit}; it must be at least {least}"
+            + (" (the selector's top-K)" if least > 1 else "")
+            + " (draft_vocab_limit, --draft-vocab)"
         )
     return ids[:limit]
 

@@ -78,7 +78,8 @@ def test_chat_in_a_terminal(tiny_pair):
             ("/block 99", "error: /block must be 1 .. 8"),
             ("/top_p nope", "error: /top_p needs a number"),
             ("/temp -1", "error: temperature must be"),
-            ("/spec sideways", "error: /spec needs on or off"),
+            ("/spec sideways", "error: /spec needs on or off, got 'sideways'"),
+            ("/max", "error: /max needs an integer, got nothing"),
             ("/nosuch", "unknown command /nosuch"),
             ("/help", "/spec on|off"),
         ]:

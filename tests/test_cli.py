@@ -96,6 +96,10 @@ BAD = [
     (["chat", "--lookup", "2", "--no-spec"], "--lookup has no effect with --no-spec"),
     (["serve", "--lookup", "0", "--no-spec"], "--lookup has no effect with --no-spec"),
     (["chat", "--lookup", "-1"], "--lookup"),
+    (["chat", "--lookup", "65"], "--lookup"),  # a repeat that long never happens: not ignored
+    (["chat", "-p"], "requires an argument. (see 'dflash2 chat --help')"),
+    # evaluate reads its prompt file before any model loads (this pair does not exist)
+    (["evaluate", "--prompts", "/no/such/prompts.jsonl", *NOWHERE], "/no/such/prompts.jsonl"),
     (["chat", "--prompt", "  "], "--prompt is empty"),
     # evaluate checks its lists before loading (this pair does not exist)
     (["evaluate", "--blocks", "0", *NOWHERE], "--blocks: block_size must be an int >= 1"),
@@ -326,22 +330,14 @@ def test_chat_thinking_switch_needs_a_template_that_has_one(tmp_path, tiny_pair,
     shutil.copytree(tiny_pair[0], target)
     (target / "chat_template.jinja").unlink(missing_ok=True)
     save_tokenizer(target, "{% for m in messages %}{{ m['content'] }} {% endfor %}")
-    assert (
-        run(
-            [
-                "chat",
-                "--target",
-                str(target),
-                "--drafter",
-                str(tiny_pair[1]),
-                "-p",
-                "hi",
-                "--thinking",
-            ]
-        )
-        == 2
-    )
+    pair = ["--target", str(target), "--drafter", str(tiny_pair[1]), "--thinking"]
+    assert run(["chat", *pair, "-p", "hi"]) == 2
     assert "no thinking switch" in capsys.readouterr().err
+    bench = ["bench", *pair, "--limit", "1", "--max-tokens", "4", "--repeats", "1", "--no-plot"]
+    assert run(bench) == 2  # bench too: the flag would have been ignored
+    assert (
+        "--thinking: this model's chat template has no thinking switch" in capsys.readouterr().err
+    )
 
 
 def test_sparkline_and_status_line():

@@ -146,6 +146,9 @@ def test_a_limit_keeps_the_most_frequent_ids(tmp_path, version):
     least = 16 if version == 2 else 1  # the tiny DFlash2 selector ranks 16 candidates
     with pytest.raises(ParameterError, match=f"limit is {least - 1}; it must be at least {least}"):
         load_drafter(tmp_path, draft_vocab_limit=least - 1)
+    for bad in (20.5, True, "20"):
+        with pytest.raises(ParameterError, match="draft_vocab_limit must be an int or None"):
+            load_drafter(tmp_path, draft_vocab_limit=bad)
     with pytest.raises(ParameterError, match="contradicts drafting from the whole vocabulary"):
         load_drafter(tmp_path, draft_vocab=False, draft_vocab_limit=20)
     (tmp_path / DRAFT_VOCAB_FILE).unlink()

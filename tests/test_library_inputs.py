@@ -123,6 +123,15 @@ def test_load_pair_offline_never_downloads_the_target(tiny_pair, hf_offline):
         d2.load_pair("someone/not-cached-model", tiny_pair[1], offline=True)
 
 
+def test_load_pair_flags_must_be_booleans(tiny_pair):
+    """A truthy string is not a yes: offline="no" would have gone offline."""
+    import dflash2_mlx as d2
+
+    for flag in ("offline", "full_vocab"):
+        with pytest.raises(ParameterError, match=f"{flag} must be True or False, got 'no'"):
+            d2.load_pair(*tiny_pair, **{flag: "no"})
+
+
 def test_load_pair_by_a_registered_name_needs_no_drafter(monkeypatch, tiny_pair):
     """load_pair(NAME): the pair `dflash2 models` lists under NAME (here a registry entry
     pointing at the tiny pair)."""
