@@ -312,25 +312,28 @@ ASSISTANT_CALL = {
         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{bad"}}
     ],
 }
+
+
+def answered_call(arguments: str, answers: str) -> dict:
+    """A body whose history holds a get_weather call and a tool message answering `answers`."""
+    call = {
+        **ASSISTANT_CALL["tool_calls"][0],
+        "function": {"name": "get_weather", "arguments": arguments},
+    }
+    return {
+        "messages": tt.ASK
+        + [
+            {**ASSISTANT_CALL, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": answers, "content": "x"},
+        ]
+    }
+
+
 FN = {"name": "f", "parameters": {"type": "object", "properties": {}}}
 BAD = [
     ({"tools": "get_weather"}, "tools"),
     (  # arguments that are JSON but not an object
-        {
-            "messages": tt.ASK
-            + [
-                {
-                    **ASSISTANT_CALL,
-                    "tool_calls": [
-                        {
-                            **ASSISTANT_CALL["tool_calls"][0],
-                            "function": {"name": "get_weather", "arguments": "[1, 2]"},
-                        }
-                    ],
-                },
-                {"role": "tool", "tool_call_id": "c1", "content": "x"},
-            ]
-        },
+        answered_call("[1, 2]", "c1"),
         "messages[1].tool_calls[0].function.arguments",
     ),
     ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
@@ -403,24 +406,7 @@ BAD = [
         {"messages": tt.ASK + [{"role": "tool", "tool_call_id": "c1", "content": "x"}]},
         "messages[1]",
     ),
-    (
-        {
-            "messages": tt.ASK
-            + [
-                {
-                    **ASSISTANT_CALL,
-                    "tool_calls": [
-                        {
-                            **ASSISTANT_CALL["tool_calls"][0],
-                            "function": {"name": "get_weather", "arguments": "{}"},
-                        }
-                    ],
-                },
-                {"role": "tool", "tool_call_id": "c2", "content": "x"},
-            ]
-        },
-        "messages[2].tool_call_id",
-    ),
+    (answered_call("{}", "c2"), "messages[2].tool_call_id"),
 ]
 
 
