@@ -79,6 +79,9 @@ def test_missing_source_and_bad_line_are_named(corpus):
     (folder / "wiki.jsonl").unlink()
     with pytest.raises(CorpusPromptsError, match="wiki.jsonl: missing"):
         build_prompts(folder, PromptRecipe(exclude=str(held)))
+    # a chitchat-only corpus (`dflash2 corpus --sources chitchat`) serves --wiki 0
+    only_chat = build_prompts(folder, PromptRecipe(wiki=0, exclude=str(held)))
+    assert sorted(p["id"] for p in only_chat) == ["chitchat/1", "chitchat/5", "chitchat/6"]
     (folder / "wiki.jsonl").write_text('{"id": "w", "messages": []}\n')
     with pytest.raises(CorpusPromptsError, match=r"wiki.jsonl:1: not a chat record"):
         build_prompts(folder, PromptRecipe(exclude=str(held)))

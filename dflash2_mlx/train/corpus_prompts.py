@@ -127,7 +127,7 @@ def build_prompts(corpus: str | Path, recipe: PromptRecipe = PromptRecipe()) -> 
     ]
     rng.shuffle(chat)
     chat = chat[: recipe.chat] if recipe.chat is not None else chat
-    wiki = list(_records(corpus / "wiki.jsonl"))
+    wiki = list(_records(corpus / "wiki.jsonl")) if recipe.wiki else []  # 0: need no file
     rng.shuffle(wiki)
     wiki = [r for r in wiki if _english(r["content"]) and keep(r["content"])][: recipe.wiki]
     out = [_prompt(r, "corpus-chat") for r in chat] + [_prompt(r, "corpus-wiki") for r in wiki]
