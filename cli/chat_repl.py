@@ -215,8 +215,7 @@ class Chat:
             return kind(arg)
         except ValueError:
             raise _Bad(
-                f"{name} needs {'an integer' if kind is int else 'a number'}, "
-                + (f"got {arg!r}" if arg else "got nothing")
+                f"{name} needs {'an integer' if kind is int else 'a number'}, {_got(arg)}"
             ) from None
 
     def _command(self, name: str, arg: str) -> bool:
@@ -363,8 +362,12 @@ _COMMANDS = {
 
 def _on_off(name: str, arg: str) -> bool:
     if arg not in ("on", "off"):
-        raise _Bad(f"{name} needs on or off, " + (f"got {arg!r}" if arg else "got nothing"))
+        raise _Bad(f"{name} needs on or off, {_got(arg)}")
     return arg == "on"
+
+
+def _got(arg: str) -> str:
+    return f"got {arg!r}" if arg else "got nothing"
 
 
 class _Bad(Exception):
