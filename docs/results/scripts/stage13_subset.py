@@ -18,8 +18,12 @@ NEW_FILES = (
     "regen_train-broad-t07-rest.jsonl",
 )
 
-if __name__ == "__main__":
-    new = [k for f in NEW_FILES for k in keys(f)]
-    chosen = stage11_keys() + new
+
+def stage13_keys() -> list[tuple[str, float]]:
+    chosen = stage11_keys() + [k for f in NEW_FILES for k in keys(f)]
     assert len(set(chosen)) == len(chosen), "a sequence listed twice"
-    write_prompt_files(chosen, Path(sys.argv[1]))
+    return chosen
+
+
+if __name__ == "__main__":
+    write_prompt_files(stage13_keys(), Path(sys.argv[1]))

@@ -12,16 +12,15 @@ import json
 import sys
 from pathlib import Path
 
-from stage11_subset import keys, stage11_keys, write_prompt_files
-from stage13_subset import NEW_FILES as STAGE13_FILES
+from stage11_subset import keys, write_prompt_files
+from stage13_subset import stage13_keys
 
 CHAT_FILES = ("regen_corpus-chat-partial.jsonl", "regen_corpus-chat-rest.jsonl")
 CHAT_SEEN = 1431
 
 if __name__ == "__main__":
     out, chat_prompts = Path(sys.argv[1]), Path(sys.argv[2])
-    stage13 = stage11_keys() + [k for f in STAGE13_FILES for k in keys(f)]
-    write_prompt_files(stage13, out)
+    write_prompt_files(stage13_keys(), out)
     answered = {pid for pid, _ in [k for f in CHAT_FILES for k in keys(f)][:CHAT_SEEN]}
     lines = [x for x in open(chat_prompts) if x.strip() and json.loads(x)["id"] in answered]
     assert len(lines) == len(answered), "an answered chitchat prompt missing from the file"
