@@ -41,17 +41,22 @@ def stage11_keys() -> list[tuple[str, float]]:
     return new + random.sample(old, 1867)
 
 
+def prompt_lines(*extra: Path) -> dict[str, str]:
+    """Each bundled training prompt's JSONL line (and those of `extra` files), by id."""
+    return {
+        json.loads(line)["id"]: line.rstrip("\n")
+        for f in [*PROMPTS.glob("train*.jsonl"), *extra]
+        for line in open(f)
+        if line.strip()
+    }
+
+
 def write_prompt_files(chosen: list[tuple[str, float]], out: Path) -> None:
     """Three prompt files: ids wanted at T=0 only, at T=0.7 only, at both."""
     temps = defaultdict(set)
     for pid, t in chosen:
         temps[pid].add(t)
-    prompts = {
-        json.loads(line)["id"]: line.rstrip("\n")
-        for f in PROMPTS.glob("train*.jsonl")
-        for line in open(f)
-        if line.strip()
-    }
+    prompts = prompt_lines()
     groups = defaultdict(list)
     for pid, ts in sorted(temps.items()):
         groups["both" if len(ts) == 2 else "only0" if 0.0 in ts else "only07"].append(pid)

@@ -8,12 +8,11 @@ temperatures; the script prints the `--prompts` spec:
     dflash2 train smollm2-135m ... --prompts SPEC
 """
 
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from stage11_subset import PROMPTS, keys
+from stage11_subset import keys, prompt_lines
 from stage13_subset import stage13_keys
 from stage15_subset import CHAT_FILES, CHAT_SEEN
 
@@ -28,12 +27,7 @@ if __name__ == "__main__":
     temps = defaultdict(set)
     for pid, t in chosen:
         temps[pid].add(t)
-    lines = {
-        json.loads(line)["id"]: line.rstrip("\n")
-        for f in [*PROMPTS.glob("train*.jsonl"), chat_prompts]
-        for line in open(f)
-        if line.strip()
-    }
+    lines = prompt_lines(chat_prompts)
     groups = defaultdict(list)
     for pid, ts in sorted(temps.items()):
         groups[",".join(f"{t:g}" for t in sorted(ts))].append(pid)
