@@ -33,9 +33,9 @@ def test_shipped_drafter_is_dflash2_in_official_format():
     assert (EMBEDDED_DRAFTER / "README.md").read_text().count("dflash2 train") >= 1
     size = (EMBEDDED_DRAFTER / "model.safetensors").stat().st_size
     assert size <= 60 * 2**20
-    # It drafts from the tokens of its training responses: well under half of SmolLM2's 49k
-    # rows (23,313 at stage 14).
-    assert d.draft_vocab is not None and 5_000 < d.draft_vocab.size < d.config.vocab_size // 2
+    # It drafts from the tokens of its training responses: well under SmolLM2's 49k rows
+    # (23,313 at stage 14, 26,523 at stage 17 with 2.8M response tokens).
+    assert d.draft_vocab is not None and 5_000 < d.draft_vocab.size < d.config.vocab_size * 0.6
 
 
 @pytest.mark.real_model
