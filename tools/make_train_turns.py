@@ -16,6 +16,10 @@ Texts that equal a held-out prompt are dropped. Deterministic (seeded):
     # the prompts answered in data/smollm2/regen_train-turns.jsonl (2,050 of the 2,800):
     python tools/make_train_turns.py --corpus corpus --out train-turns.jsonl \
         --answered data/smollm2/regen_train-turns.jsonl
+    # round 2 (train_turns_round2.py): third turns, chitchat second turns, and the passages,
+    # topics and code round 1 did not use (needs chitchat in the corpus folder):
+    dflash2 corpus --out corpus --sources wiki,python-docs,chitchat
+    python tools/make_train_turns.py --corpus corpus --out train-turns2.jsonl --round 2
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import random
 import re
 from pathlib import Path
 
+import train_turns_round2 as round2
 from train_turns_templates import (
     CODE_FORMS,
     CODE_LANGUAGES,
@@ -156,6 +161,30 @@ def _code(rng: random.Random, n_stdlib: int, n_tasks: int) -> list[dict]:
     ]
 
 
+def _maths(rng: random.Random, n: int) -> list[dict]:
+    maths = []
+    while len(maths) < n:
+        t = word_problem(rng)
+        if t not in maths:
+            maths.append(t)
+    return [
+        {"id": f"t-math-{i:04d}", "category": "math", "messages": [{"role": "user", "content": t}]}
+        for i, t in enumerate(maths)
+    ]
+
+
+def _round2(rng: random.Random, corpus: Path, round1: list[dict], tokenizer, held) -> list[dict]:
+    rows = round2.third_turns(rng, round1, 450, tokenizer)
+    rows += round2.chitchat_second_turns(rng, corpus, 450, tokenizer)
+    rows += round2.unused(_passages(rng, corpus, 900, 300), round1, "passage", 400)
+    rows += round2.unused(_topics(rng, corpus, 1000), round1, "topic", 400)
+    rows += round2.unused(_code(rng, 450, 200), round1, "code", 300)
+    rows += round2.unused(_maths(rng, 600), round1, "math", 200)
+    rows = [r for r in rows if r["messages"][-1]["content"] not in held]
+    rng.shuffle(rows)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -169,6 +198,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=21)
     ap.add_argument(
+        "--round",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: the prompts round 1 did not make (train_turns_round2.py); needs the target's "
+        "answers to round 1 in data/smollm2 and chitchat.jsonl in the corpus folder",
+    )
+    ap.add_argument(
         "--answered",
         type=Path,
         help="keep only the prompts with an answer in this regeneration file",
@@ -177,26 +214,21 @@ def main() -> None:
     from dflash2_mlx.embedded import ensure_smollm2  # before mlx_lm: it binds the BLAS
     from mlx_lm.utils import load_tokenizer
 
+    tokenizer = load_tokenizer(ensure_smollm2())
     rng = random.Random(args.seed)
-    rows = _follow_ups(rng, 900, load_tokenizer(ensure_smollm2()))
+    rows = _follow_ups(rng, 900, tokenizer)
     rows += _passages(rng, args.corpus, 450, 150)
     rows += _topics(rng, args.corpus, 500)
     rows += _code(rng, 250, 250)
-    maths = []
-    while len(maths) < 300:
-        t = word_problem(rng)
-        if t not in maths:
-            maths.append(t)
-    rows += [
-        {"id": f"t-math-{i:04d}", "category": "math", "messages": [{"role": "user", "content": t}]}
-        for i, t in enumerate(maths)
-    ]
+    rows += _maths(rng, 300)
     held = {
         json.loads(x)["messages"][-1]["content"]
         for x in (PROMPTS / "heldout.jsonl").read_text().splitlines()
     }
     rows = [r for r in rows if r["messages"][-1]["content"] not in held]
     rng.shuffle(rows)
+    if args.round == 2:
+        rows = _round2(random.Random(args.seed + 1), args.corpus, rows, tokenizer, held)
     if args.answered:
         answered = {json.loads(x)["id"] for x in args.answered.read_text().splitlines()}
         rows = [r for r in rows if r["id"] in answered]
