@@ -9,7 +9,7 @@ exactly the target's and sampling stays exact; rounds where it fires skip the dr
 The file holds the responses' token ids end to end (uint16 when the vocabulary allows),
 each followed by a separator that no context token equals, so no match or continuation
 crosses from one response into the next. The index (the sorted keys of every n-gram) is built
-at load with numpy: ~0.1 s for the ~0.7M tokens of the SmolLM2 drafter's file.
+at load with numpy: about a second for the 3.3M tokens of the SmolLM2 drafter's file.
 """
 
 from __future__ import annotations
@@ -45,10 +45,12 @@ def _keys(tokens: np.ndarray, n: int, base: int) -> np.ndarray:
     """A uint64 key per n-gram start (exact for n * log2(base) <= 64, else a hash that the
     caller confirms by comparing tokens)."""
     count = len(tokens) - n + 1
+    wide = tokens.astype(np.uint64)
     keys = np.zeros(max(count, 0), dtype=np.uint64)
     with np.errstate(over="ignore"):
         for k in range(n):
-            keys = keys * np.uint64(base) + tokens[k : k + count].astype(np.uint64)
+            keys *= np.uint64(base)
+            keys += wide[k : k + count]
     return keys
 
 
@@ -79,7 +81,8 @@ class Datastore:
         ok[-1:] = False  # the last n-gram has nothing after it
         ok[: len(t) - self.n] &= t[self.n :] != self.separator
         starts = np.nonzero(ok)[0]
-        order = np.argsort(keys[starts], kind="stable")
+        # Not a stable sort (3x faster at load): _occurrences restores position order.
+        order = np.argsort(keys[starts])
         self._starts = starts[order].astype(np.int64)
         self._sorted = keys[starts][order]
 
@@ -113,7 +116,9 @@ class Datastore:
         key = _keys(tail.astype(np.uint64), n, self._base)[0]
         lo = np.searchsorted(self._sorted, key, side="left")
         hi = np.searchsorted(self._sorted, key, side="right")
-        starts = self._starts[lo:hi][:MAX_CANDIDATES]
+        starts = self._starts[lo:hi]
+        if len(starts) > MAX_CANDIDATES:  # the first occurrences in the file, on any machine
+            starts = np.sort(starts)[:MAX_CANDIDATES]
         if self._base**n > 2**64 and len(starts):  # a hash: confirm the tokens
             same = np.all(self.tokens[starts[:, None] + np.arange(n)] == tail, axis=1)
             starts = starts[same]
