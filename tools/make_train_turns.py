@@ -20,6 +20,8 @@ Texts that equal a held-out prompt are dropped. Deterministic (seeded):
     # topics and code round 1 did not use (needs chitchat in the corpus folder):
     dflash2 corpus --out corpus --sources wiki,python-docs,chitchat
     python tools/make_train_turns.py --corpus corpus --out train-turns2.jsonl --round 2
+    # round 3 (train_turns_round3.py): single-turn everyday requests, none of rounds 1-2's texts:
+    python tools/make_train_turns.py --corpus corpus --out train-turns3.jsonl --round 3
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import re
 from pathlib import Path
 
 import train_turns_round2 as round2
+import train_turns_round3 as round3
 from train_turns_templates import (
     CODE_FORMS,
     CODE_LANGUAGES,
@@ -185,6 +188,20 @@ def _round2(rng: random.Random, corpus: Path, round1: list[dict], tokenizer, hel
     return rows
 
 
+def _unused_topics(corpus: Path, texts: set[str]) -> list[str]:
+    """Wiki topic names (as _topics writes them) that none of these texts mentions."""
+    rows = [json.loads(x) for x in (corpus / "wiki.jsonl").read_text().splitlines()]
+    pairs = [(r["id"].split("/", 1)[1], r["messages"][-1]["content"]) for r in rows]
+    names = [_topic_name(t, s) for t, s in pairs if re.fullmatch(r"[A-Za-z][A-Za-z '-]{2,30}", t)]
+    joined = "\n".join(texts).lower()
+    return [n for n in names if n.lower() not in joined]
+
+
+def _round3(rng: random.Random, corpus: Path, earlier: list[dict], held) -> list[dict]:
+    used = round3.training_texts() | {r["messages"][-1]["content"] for r in earlier}
+    return round3.round3(rng, _unused_topics(corpus, used), used, held)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -200,10 +217,11 @@ def main() -> None:
     ap.add_argument(
         "--round",
         type=int,
-        choices=(1, 2),
+        choices=(1, 2, 3),
         default=1,
         help="2: the prompts round 1 did not make (train_turns_round2.py); needs the target's "
-        "answers to round 1 in data/smollm2 and chitchat.jsonl in the corpus folder",
+        "answers to round 1 in data/smollm2 and chitchat.jsonl in the corpus folder; "
+        "3: single-turn everyday requests that rounds 1-2 did not make (train_turns_round3.py)",
     )
     ap.add_argument(
         "--answered",
@@ -227,8 +245,12 @@ def main() -> None:
     }
     rows = [r for r in rows if r["messages"][-1]["content"] not in held]
     rng.shuffle(rows)
-    if args.round == 2:
-        rows = _round2(random.Random(args.seed + 1), args.corpus, rows, tokenizer, held)
+    if args.round >= 2:
+        round2_rows = _round2(random.Random(args.seed + 1), args.corpus, rows, tokenizer, held)
+        if args.round == 3:
+            rows = _round3(random.Random(args.seed + 2), args.corpus, rows + round2_rows, held)
+        else:
+            rows = round2_rows
     if args.answered:
         answered = {json.loads(x)["id"] for x in args.answered.read_text().splitlines()}
         rows = [r for r in rows if r["id"] in answered]
