@@ -133,6 +133,13 @@ def train(
         min=0.1,
         help="Draws per sequence of a --corpus shard before the next shard is computed.",
     ),
+    live_features: bool = typer.Option(
+        False,
+        "--live-features",
+        help="Compute a training regeneration's target features when a step draws it "
+        "instead of caching every one's first: no feature cache on disk and no hours of "
+        "prefill before a short fine-tune; each step runs the target over its sequences.",
+    ),
     init_from_target: bool = typer.Option(
         False, "--init-from-target", help="Start the drafter layers from the target's top layers."
     ),
@@ -202,6 +209,7 @@ def train(
         corpus_tokens=corpus_tokens,
         stream_disk_bytes=int(stream_disk_gb * 1e9),
         stream_passes=stream_passes,
+        live_features=live_features,
     )
     tc = TrainConfig(
         version=version,

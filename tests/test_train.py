@@ -650,3 +650,55 @@ def test_answers_too_short_for_any_anchor_are_an_error_not_a_hang(sequences):
     # The bound is sample_anchors' own: at longest + 1 some sequence still has an anchor.
     check_anchorable(sequences, longest + 1)
     assert any(sample_anchors(s, 1, longest + 1, random.Random(0)) for s in sequences)
+
+
+def test_live_features_are_the_cached_ones_computed_when_read(target, tmp_path):
+    """--live-features: a sequence's features are the cache's (one target forward when first
+    read, kept for the next reads, the oldest dropped past `keep`)."""
+    from dflash2_mlx.train.live import LiveFeatures, LiveSequence
+
+    adapter = TargetAdapter(target, (0, 2))
+    seqs = [Sequence_(f"p{i}", 0.0, p + [7, 8, 9], len(p)) for i, p in enumerate(PROMPTS)]
+    build_feature_cache(adapter, seqs, tmp_path / "feats", batch=3, log=lambda s: None)
+    cached = {s.id: s for s in load_feature_cache(tmp_path / "feats")}
+    source = LiveFeatures(adapter, keep=2)
+    live = [LiveSequence(s, source) for s in seqs]
+    assert source.computed == 0  # nothing runs before a step reads it
+    for s in live:
+        ref = cached[s.id]
+        assert s.tokens.tolist() == ref.tokens.tolist()
+        assert s.response_start == ref.response_start and s.greedy is None
+        got = s.features
+        assert got.dtype == np.float16 and got.shape == ref.features.shape
+        np.testing.assert_allclose(
+            got.astype(np.float32), ref.features.astype(np.float32), rtol=2e-3, atol=2e-3
+        )
+    assert source.computed == len(seqs)
+    _ = live[-1].features, live[-2].features  # the last two are kept
+    assert source.computed == len(seqs)
+    _ = live[0].features  # dropped past keep: computed again
+    assert source.computed == len(seqs) + 1
+
+
+def test_train_with_live_features_writes_no_feature_cache(tmp_path):
+    """`dflash2 train --live-features`: the held-out features are cached, the training ones
+    are computed as steps draw them (no features_train folder); the drafter is written."""
+    from dflash2_cli.app import run
+    from tiny_pair import save_target
+
+    target_dir = save_target(tmp_path / "target")
+    work, out = tmp_path / "work", tmp_path / "drafter"
+    args = ["train", str(target_dir), "--out", str(out), "--work", str(work), "--steps", "3"]
+    args += ["--prompts", str(_prompt_file(tmp_path / "p.jsonl", 5, "p"))]
+    args += ["--heldout", str(_prompt_file(tmp_path / "h.jsonl", 2, "h"))]
+    args += ["--batch", "2", "--anchors", "4", "--max-new-tokens", "16", "--layers", "1"]
+    args += ["--temperatures", "0", "--layer-ids", "0,2", "--block-size", "4"]
+    assert run([*args, "--live-features"]) == 0
+    assert load_drafter(out).config.block_size == 4
+    assert [p.name for p in work.glob("features_*")] == ["features_heldout_0-2"]
+    log = json.loads((out / "training.json").read_text())
+    assert log["stages"]["train"]["steps"] == 3 and "features_train" not in log["stages"]
+    assert (
+        log["pipeline"]["live_features"] == "True" and "--live-features" in log["train"]["command"]
+    )
+    assert 1.0 <= log["final"]["train_tau"] <= 4.0

@@ -150,7 +150,7 @@ class _ShardWriter:
         self.shard_no += 1
 
 
-def _forward(
+def target_features(
     adapter: TargetAdapter, group: Sequence[Sequence_], greedy: bool
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """float16 features of `group` (padded to its longest) and, with `greedy`, the target's
@@ -185,7 +185,7 @@ def build_feature_cache(
     shard = _ShardWriter(folder, done, shard_no)
     for start in range(0, len(todo), batch):
         group = todo[start : start + batch]
-        feats, top = _forward(adapter, group, greedy)
+        feats, top = target_features(adapter, group, greedy)
         for j, (s, f) in enumerate(zip(group, feats)):
             n = len(s.tokens)
             shard.add(s, f[:n], None if top is None else top[j, :n].tolist())

@@ -20,6 +20,7 @@ from ..prompts import load_prompts
 from ..target.adapter import TargetAdapter
 from .features import build_feature_cache, load_feature_cache, read_regenerations
 from .fixed_text import corpus_sequences
+from .live import live_sequences
 from .model_card import model_card
 from .pipeline_config import PipelineConfig, prompt_parts
 from .preflight import (
@@ -138,7 +139,8 @@ def _fixed_text_stream(
 def prepare_data(
     pc: PipelineConfig, tc: TrainConfig, log: Callable[[str], None] = print
 ) -> PreparedData:
-    """Regenerate responses and cache the target's features (both resumable); fills in
+    """Regenerate responses and cache the target's features (both resumable; with
+    pc.live_features the training ones are computed as steps draw them); fills in
     tc.mask_token_id when unset."""
     from mlx_lm import load as load_target
 
@@ -166,25 +168,26 @@ def prepare_data(
         check_distillable(adapter, "--corpus-distill 0")
     tag = "-".join(map(str, dcfg.target_layer_ids))
 
-    stages, wanted = {}, {}
+    stages, seqs = {}, {}
     for name, split in (("train", parts), ("heldout", [(pc.heldout, (0.0,))])):
         regen = pc.work / f"regen_{name}.jsonl"
-        wanted[name], stages[f"regen_{name}"] = _regenerate_split(
+        wanted, stages[f"regen_{name}"] = _regenerate_split(
             pc, (model, tokenizer), regen, split, log
         )
-        t0 = time.perf_counter()
-        seqs = [
-            q
-            for q in read_regenerations(regen, pc.max_len)
-            if (q.id, q.temperature) in wanted[name]
+        seqs[name] = [
+            q for q in read_regenerations(regen, pc.max_len) if (q.id, q.temperature) in wanted
         ]
-        build_feature_cache(adapter, seqs, pc.work / f"features_{name}_{tag}", log=log)
+        if name == "train" and pc.live_features:
+            continue  # computed when a step draws them (live.py)
+        t0 = time.perf_counter()
+        build_feature_cache(adapter, seqs[name], pc.work / f"features_{name}_{tag}", log=log)
         stages[f"features_{name}"] = {"seconds": round(time.perf_counter() - t0, 1)}
-    train = [
-        s
-        for s in load_feature_cache(pc.work / f"features_train_{tag}")
-        if (s.id, s.temperature) in wanted["train"]
-    ]
+    if pc.live_features:
+        train = live_sequences(adapter, seqs["train"])
+    else:
+        wanted = {(q.id, q.temperature) for q in seqs["train"]}
+        cached = load_feature_cache(pc.work / f"features_train_{tag}")
+        train = [s for s in cached if (s.id, s.temperature) in wanted]
     held = load_feature_cache(pc.work / f"features_heldout_{tag}")
     held = [s for s in held if s.temperature == 0.0]
     if not train:

@@ -26,6 +26,7 @@ class PipelineConfig:
     corpus_tokens: int = 2_000_000  # tokens of the corpus to stream (shuffled, then cut)
     stream_disk_bytes: int = 2_000_000_000  # features of fixed text on disk at once
     stream_passes: float = 2.0  # draws per sequence of a shard before the next shard
+    live_features: bool = False  # regenerations' features computed when a step draws them
 
 
 def prompt_parts(spec: str, temperatures: tuple[float, ...]) -> list[tuple[str, tuple[float, ...]]]:
