@@ -185,9 +185,9 @@ def prepare_data(
     if pc.live_features:
         train = live_sequences(adapter, seqs["train"])
     else:
-        wanted = {(q.id, q.temperature) for q in seqs["train"]}
+        keys = {(q.id, q.temperature) for q in seqs["train"]}
         cached = load_feature_cache(pc.work / f"features_train_{tag}")
-        train = [s for s in cached if (s.id, s.temperature) in wanted]
+        train = [s for s in cached if (s.id, s.temperature) in keys]
     held = load_feature_cache(pc.work / f"features_heldout_{tag}")
     held = [s for s in held if s.temperature == 0.0]
     if not train:
