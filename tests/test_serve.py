@@ -315,6 +315,8 @@ def test_models_health_and_harmless_fields(url):
         "prompt_cache_mb": 1024,
     }
     assert httpx.get(url + "/v1/models/tiny").json()["id"] == "tiny"
+    assert httpx.get(url + "/v1/models/tiny/").json()["id"] == "tiny"  # a joined path's slash
+    assert httpx.get(url + "/v1/models/").json()["data"][0]["id"] == "tiny"
     assert httpx.get(url + "/health").json()["status"] == "ok"
     r = httpx.post(
         url + "/v1/chat/completions",

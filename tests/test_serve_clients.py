@@ -74,6 +74,10 @@ def test_context_overflow_reads_as_openai_context_length_exceeded(url, client):
         err = _error(httpx.post(f"{url}/v1/{path}", json=body), 400)
         assert err["code"] == "context_length_exceeded" and err["param"] == param, err
         assert f"maximum context length is {CONTEXT} tokens" in err["message"], err
+    with pytest.raises(openai.BadRequestError) as e:  # the Responses API names its own field
+        client.responses.create(model="tiny", input="x" * 30, max_output_tokens=40)
+    assert e.value.code == "context_length_exceeded" and e.value.param == "max_output_tokens"
+    assert "in the input, 40 in" in e.value.message and "messages" not in e.value.message
     ok = client.completions.create(model="tiny", prompt="y" * 20, max_tokens=CONTEXT - 20)
     assert ok.usage.prompt_tokens + CONTEXT - 20 == CONTEXT  # the bound itself is allowed
 

@@ -226,6 +226,20 @@ def test_hostile_json_is_a_counted_400_without_traceback(url, logs):
     assert not [r for r in logs.records if r.exc_info], "a client error logged a traceback"
 
 
+def test_a_compressed_body_is_a_415_naming_its_encoding(url):
+    import gzip
+
+    raw = gzip.compress(json.dumps({"messages": HI, "max_tokens": 2}).encode())
+    headers = {"content-type": "application/json", "content-encoding": "gzip"}
+    r = httpx.post(url + CHAT, content=raw, headers=headers)
+    assert r.status_code == 415, r.text
+    err = r.json()["error"]
+    assert err["code"] == "unsupported_content_encoding" and "'gzip'" in err["message"], err
+    headers["content-encoding"] = "identity"  # the one encoding a body may declare
+    r = httpx.post(url + CHAT, json={"messages": HI, "max_tokens": 2}, headers=headers)
+    assert r.status_code == 200, r.text
+
+
 def test_client_closing_mid_upload_is_one_line_and_counted(url, logs):
     before = httpx.get(url + "/metrics").text
     port = int(url.rsplit(":", 1)[1])

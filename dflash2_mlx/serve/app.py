@@ -340,6 +340,9 @@ def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, max_bo
 
     @app.api_route("/v1/models/{model_id:path}", methods=GET)
     async def get_model(model_id: str):
+        model_id = model_id.removesuffix("/")  # /v1/models/ID/ as clients that join paths send
+        if not model_id:
+            return await list_models()
         if model_id != model_name:
             raise unknown_model(model_id, model_name)
         return card

@@ -50,6 +50,14 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
 
 async def read_json(request: Request, max_bytes: int) -> dict:
     """The body as a JSON object: size-limited, parsed, free of lone surrogates."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":  # inflating would let a small upload pass the size limit
+        raise APIError(
+            415,
+            f"Content-Encoding {encoding[:40]!r} is not supported: send the JSON body "
+            "uncompressed",
+            code="unsupported_content_encoding",
+        )
     raw = await read_body(request, max_bytes)
     try:
         body = json.loads(raw)

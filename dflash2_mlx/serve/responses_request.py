@@ -341,7 +341,10 @@ def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
                     ".content", ".output", 1
                 )
         param = base + rest
-    return renamed(err, param, _RENAMES)
+    err = renamed(err, param, _RENAMES)
+    if err.code == "context_length_exceeded":  # its message names the prompt's field too
+        err.message = err.message.replace("the messages", "the input")
+    return err
 
 
 def _is_output(origin: dict[str, str], message: str) -> bool:
