@@ -54,8 +54,7 @@ async def read_json(request: Request, max_bytes: int) -> dict:
     if encoding != "identity":  # inflating would let a small upload pass the size limit
         raise APIError(
             415,
-            f"Content-Encoding {encoding[:40]!r} is not supported: send the JSON body "
-            "uncompressed",
+            f"Content-Encoding {encoding[:40]!r} is not supported: send the JSON body uncompressed",
             code="unsupported_content_encoding",
         )
     raw = await read_body(request, max_bytes)
