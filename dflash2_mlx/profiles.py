@@ -34,8 +34,8 @@ def _identity(name: str) -> str:
 
 
 def device_key() -> str:
-    """'gpu Apple M3 Max', or on CPU 'cpu AMD EPYC, blas scipy-openblas x2' (CPU timings
-    depend on the BLAS and its threads)."""
+    """'gpu Apple M3 Max', or on CPU 'cpu AMD EPYC, blas scipy-openblas x2 Haswell' (CPU
+    timings depend on the BLAS, its threads and its kernel set)."""
     import mlx.core as mx
 
     from . import _blas
@@ -47,6 +47,7 @@ def device_key() -> str:
     if kind == "cpu":
         info = _blas.info()
         key += f", blas {info.route}" + (f" x{info.threads}" if info.threads else "")
+        key += f" {info.core}" if info.core else ""
     return key
 
 

@@ -5,6 +5,7 @@ stored and found again by key (and ignored when any part of the key changes), an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -251,6 +252,16 @@ def test_profile_is_stored_found_and_ignored_when_the_key_changes(
     monkeypatch.setattr(profiles, "device_key", lambda: "gpu Some Other Chip")
     assert A.recommended_block(llama_pair, "org/target", "org/drafter", root=root) is None
     monkeypatch.setattr(profiles, "device_key", device_key)
+    # Another OpenBLAS kernel set (OPENBLAS_CORETYPE) times the CPU differently: another key.
+    if profiles.device_key().startswith("cpu"):
+        from dflash2_mlx import _blas
+
+        info = _blas.info()
+        other = dataclasses.replace(info, core=f"Not{info.core}")
+        monkeypatch.setattr(_blas, "info", lambda: other)
+        assert f"Not{info.core}" in profiles.device_key()
+        assert A.recommended_block(llama_pair, "org/target", "org/drafter", root=root) is None
+        monkeypatch.setattr(_blas, "info", lambda: info)
     # The default root is cache_root()/autotune; a corrupt file counts as no profile.
     default = A.save_profile(profile)
     assert default.parent == Path(str(tmp_path / "home")) / "autotune"
