@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
@@ -38,14 +38,22 @@ def check_writable(path: Path | None, flag: str) -> None:
     if path is None:
         return
     folder = Path(path).parent
+    for up in (folder, *folder.parents):  # a file where a folder must be
+        if up.exists():
+            if not up.is_dir():
+                fail(f"{flag}: cannot write {path}: {up} is a file, not a folder")
+            break
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         fail(f"{flag}: cannot write {path}: {exc.strerror or exc}")
     if Path(path).is_dir():
         fail(f"{flag}: cannot write {path}: it is a folder (give a file path)")
-    if not os.access(folder, os.W_OK):
-        fail(f"{flag}: cannot write {path}: {folder} is not writable")
+    try:  # a real write: os.access says yes to root, even on /proc
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dflash2-probe-"):
+            pass
+    except OSError as exc:
+        fail(f"{flag}: cannot write {path}: {folder} is not writable ({exc.strerror or exc})")
 
 
 def is_user_error(exc: BaseException) -> bool:

@@ -8,6 +8,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from .common import fail
+
 SOURCE_NAMES = "chitchat,wiki,python-docs"
 
 
@@ -37,7 +39,8 @@ def corpus(
 
     Example: dflash2 corpus --out corpus
 
-    Example: dflash2 train smollm2-135m --out d --corpus corpus
+    Example: dflash2 train smollm2-135m --out d --corpus corpus --layer-ids 1,8,15,22,29
+    (the KL to the target, on by default, reads its last layer)
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -51,7 +54,13 @@ def corpus(
         target = str(ensure_smollm2())
     from mlx_lm.utils import load_tokenizer
 
-    tokenizer = load_tokenizer(Path(target))
+    from dflash2_mlx.registry import fetch
+
+    folder = fetch(target, "target")
+    try:
+        tokenizer = load_tokenizer(folder)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
+        fail(f"target {target}: cannot load its tokenizer ({type(exc).__name__}: {exc})"[:400])
     console = Console()
     progress = Progress(
         TextColumn("{task.description:<12}"),
@@ -69,7 +78,7 @@ def corpus(
 
     with progress:
         manifest = build_corpus(
-            cfg, tokenizer, Path(target).name, on_progress, log=progress.console.print
+            cfg, tokenizer, folder.name, on_progress, log=progress.console.print
         )
     console.print(escape(f"{manifest['tokens']:,} tokens in {out} (manifest.json, DATACARD.md)"))
 

@@ -29,6 +29,20 @@ def _command_line(params: dict) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def _numbers(text: str, kind: type, flag: str) -> tuple:
+    """'1,8,15' -> (1, 8, 15); a usage error naming the flag and the part that is no number."""
+    out = []
+    for part in text.split(","):
+        try:
+            out.append(kind(part))
+        except ValueError:
+            noun = "integers" if kind is int else "numbers"
+            raise typer.BadParameter(
+                f"{part.strip()!r} in {text!r}: {flag} takes comma-separated {noun}"
+            ) from None
+    return tuple(out)
+
+
 def train(
     ctx: typer.Context,
     target: str = typer.Argument(
@@ -173,11 +187,8 @@ def train(
     from dflash2_mlx.train.pipeline import PipelineConfig
     from dflash2_mlx.train.trainer import TrainConfig
 
-    try:
-        ids = tuple(int(x) for x in layer_ids.split(",")) if layer_ids else None
-        temps = tuple(float(x) for x in temperatures.split(","))
-    except ValueError:
-        raise typer.BadParameter("--layer-ids and --temperatures take comma-separated numbers")
+    ids = _numbers(layer_ids, int, "--layer-ids") if layer_ids else None
+    temps = _numbers(temperatures, float, "--temperatures")
     corpus_flags = {
         "--corpus-ratio": (corpus_ratio, 0.5),
         "--corpus-tokens": (corpus_tokens, 2_000_000),

@@ -84,6 +84,8 @@ def load_prompts(split: str | Path, *, skip_bad: bool = False) -> list[Prompt]:
     with a warning when `skip_bad` is true. Duplicate ids are errors too.
     """
     if isinstance(split, str) and "+" in split and not prompt_path(split).exists():
+        if not all(part.strip() for part in split.split("+")):
+            raise PromptFileError(f"{split!r}: an empty name before or after a '+'")
         return _joined([load_prompts(part, skip_bad=skip_bad) for part in split.split("+")], split)
     path = prompt_path(split)
     try:
@@ -94,6 +96,12 @@ def load_prompts(split: str | Path, *, skip_bad: bool = False) -> list[Prompt]:
             hint = f" (not a bundled split either: {', '.join(SPLITS)})"
         raise PromptFileError(
             f"cannot read prompt file {path}: {exc.strerror or exc}{hint}"
+        ) from None
+    except UnicodeDecodeError as exc:
+        line = _line_at(path, exc.start)
+        raise PromptFileError(
+            f"{path}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}): a prompt file is JSON lines"
         ) from None
     prompts: list[Prompt] = []
     seen: dict[str, int] = {}
@@ -118,6 +126,12 @@ def load_prompts(split: str | Path, *, skip_bad: bool = False) -> list[Prompt]:
     if not prompts:
         raise PromptFileError(f"{path}: no prompts")
     return prompts
+
+
+def _line_at(path: Path, offset: int) -> int:
+    """The 1-based line of byte `offset` in the file."""
+    with open(path, "rb") as fh:
+        return fh.read(offset).count(b"\n") + 1
 
 
 def _joined(sets: list[list[Prompt]], name: str) -> list[Prompt]:

@@ -521,6 +521,11 @@ def test_evaluate_json_path_is_checked_before_the_run(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith(f"error: --json: cannot write {path}") and "Traceback" not in err
         assert err.count("\n") == 1
+        if path != tmp_path:
+            assert "a-file is a file, not a folder" in err, err
+    if sys.platform == "linux":  # /proc: os.access says yes to root, a write says no
+        assert run(["evaluate", *NOWHERE, "--json", "/proc/dflash2-x.json"]) == 2
+        assert "/proc is not writable" in capsys.readouterr().err
 
 
 def test_bench_output_paths_are_checked_before_the_run(tmp_path, capsys):

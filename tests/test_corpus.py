@@ -77,8 +77,8 @@ def _wheel(path: Path, members: dict[str, bytes]) -> Path:
 
 @pytest.fixture
 def fixtures(tmp_path):
-    d = tmp_path / "downloads"
-    d.mkdir()
+    d = tmp_path / "corpus" / "downloads"  # the corpus folder holds only what it writes
+    d.mkdir(parents=True)
     _wheel(
         d / "chitchat_dataset-0.9.0-py3-none-any.whl",
         {"chitchat_dataset/dataset.json": json.dumps(CHITCHAT).encode()},
@@ -302,9 +302,33 @@ def test_files_no_manifest_lists_are_counted_from_the_file(fixtures, tok):
 def test_unknown_source_and_missing_client_are_clear_errors(tmp_path, monkeypatch):
     with pytest.raises(CorpusError, match="unknown corpus source.*'nope'"):
         CorpusConfig(tmp_path, sources=("nope",))
+    with pytest.raises(CorpusError, match="no corpus source given"):
+        CorpusConfig(tmp_path, sources=())
+    with pytest.raises(CorpusError, match=r"\['wiki'\] listed more than once"):
+        CorpusConfig(tmp_path, sources=("wiki", "chitchat", "wiki"))
     monkeypatch.setenv("PATH", str(tmp_path))  # no apt-get on PATH
     with pytest.raises(CorpusError, match="`apt-get` is not installed"):
         fetch(SOURCES["python-docs"], tmp_path / "dl")
+
+
+def test_out_is_refused_when_a_file_or_a_folder_of_other_files(tmp_path):
+    """--out a file, under a file, or a folder of the user's own files: refused before any
+    download; an empty folder, one it made, or one of hand-made JSONL is fine."""
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        with pytest.raises(CorpusError, match="afile is a file, not a folder"):
+            CorpusConfig(out, sources=("wiki",))
+    mine = tmp_path / "home"
+    mine.mkdir()
+    (mine / "notes.md").write_text("mine")
+    with pytest.raises(CorpusError, match=r"did not write \(notes.md\)"):
+        CorpusConfig(mine, sources=("wiki",))
+    assert (mine / "notes.md").read_text() == "mine"
+    ok = tmp_path / "ok"
+    (ok / "downloads").mkdir(parents=True)
+    (ok / "mine.jsonl").write_text("")
+    (ok / ".DS_Store").write_text("")
+    assert CorpusConfig(ok, sources=("wiki",)).out == ok.resolve()
 
 
 NPM = Source("left-pad", "npm", "left-pad", "WTFPL", lambda archive: iter(()))
@@ -331,7 +355,7 @@ def test_fetch_into_a_relative_folder(source, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(corpus.subprocess, "run", fake_run)
-    assert CorpusConfig(Path("c1"), sources=()).out == tmp_path / "c1"
+    assert CorpusConfig(Path("c1"), sources=("wiki",)).out == tmp_path / "c1"
     got = fetch(source, Path("c1/downloads"))
     assert got == tmp_path / "c1/downloads" / DROPS[source.client][1]
     assert len(calls) == 1 and Path(calls[0][1]) == tmp_path / "c1/downloads"

@@ -115,6 +115,12 @@ def test_missing_and_empty_files(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(PromptFileError, match="no prompts"):
         load_prompts(tmp_path / "empty.jsonl")
+    good = '{"id": "a", "category": "c", "messages": [{"role": "user", "content": "hi"}]}\n'
+    (tmp_path / "junk.jsonl").write_bytes(good.encode() + b"\xff\xfe\x00junk\n")
+    with pytest.raises(PromptFileError, match=r"junk.jsonl:2: not UTF-8 text \(byte 0xff"):
+        load_prompts(tmp_path / "junk.jsonl", skip_bad=True)  # not a line to skip: the file
+    with pytest.raises(PromptFileError, match="an empty name before or after a '\\+'"):
+        load_prompts("train+")
 
 
 def test_extra_splits_are_disjoint_from_heldout_and_join_with_train():

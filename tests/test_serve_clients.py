@@ -163,6 +163,9 @@ def test_a_template_that_renders_names_gets_them_as_they_are():
 def test_a_stream_waiting_for_its_first_token_is_kept_alive(pair):  # noqa: F811
     with pytest.raises(DFlash2Error, match="keepalive_s must be > 0"):
         ServeLimits(keepalive_s=0)
+    for grace in (-1.0, float("inf"), float("nan")):  # --shutdown-grace inf would never end
+        with pytest.raises(DFlash2Error, match="shutdown_grace_s must be >= 0 and finite"):
+            ServeLimits(shutdown_grace_s=grace)
     limits = ServeLimits(keepalive_s=0.001)  # shorter than any prefill of 1,500 tokens
     app = create_app(pair, model_name="tiny", default_max_tokens=6, limits=limits)
     messages = [{"role": "user", "content": "ab " * 500}]

@@ -539,10 +539,37 @@ def test_train_refuses_up_front_what_would_fail_later(tmp_path, capsys):
         ["--prompts", f"{prompts}@inf"],
     ):
         err = _refused([*base, "--out", out, *flag], capsys)  # the last --prompts wins
-        assert "--temperatures must be finite and >= 0" in err
+        assert "(--temperatures, or NAME@T in --prompts) must be finite and >= 0" in err
     err = _refused([target, "--prompts", prompts, "--heldout", prompts, "--out", out], capsys)
     assert "'p0' is also training prompt 'p0'" in err
     assert not (tmp_path / "d.work" / "regen_train.jsonl").exists()  # nothing ran
+
+
+def test_train_refuses_what_it_reads_before_writing_anything(tmp_path, capsys):
+    """A target, --init-from or --corpus that cannot be read is one line naming it, before
+    the target loads and before --out or its work folder exist."""
+    from tiny_pair import save_target
+
+    target = str(save_target(tmp_path / "target"))
+    prompts = str(_prompt_file(tmp_path / "p.jsonl", 3, "p"))
+    base = ["--prompts", prompts, "--heldout", str(_prompt_file(tmp_path / "h.jsonl", 2, "h"))]
+    out = tmp_path / "d"
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "junk.jsonl").write_bytes(b'{"id": "a", "messages": []}\n\xff\xfe\n')
+    for args, says in (
+        ([str(tmp_path / "nowhere"), *base], "target"),
+        ([str(tmp_path / "plain"), *base], "no config.json"),
+        ([target, *base, "--init-from", str(tmp_path / "nowhere")], "--init-from"),
+        ([target, *base, "--init-from", prompts], "--init-from"),
+        ([target, *base, "--corpus", str(tmp_path / "plain"), "--corpus-distill", "0"], "*.jsonl"),
+        (
+            [target, *base, "--corpus", str(tmp_path / "junk.jsonl"), "--corpus-distill", "0"],
+            "UTF-8",
+        ),
+    ):
+        err = _refused([*args, "--out", str(out)], capsys)
+        assert says in err, (args, err)
+        assert not out.exists() and not (tmp_path / "d.work").exists(), args
 
 
 def test_a_checkpoint_resumes_only_for_its_own_out_and_settings(target, sequences, tmp_path):

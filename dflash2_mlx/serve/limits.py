@@ -7,6 +7,8 @@ exceed the token limit), lengths in tokens before the request is queued.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from ..errors import DFlash2Error
@@ -43,8 +45,10 @@ class ServeLimits:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise DFlash2Error(f"{name} must be >= 1; got {v}")
-        if not self.shutdown_grace_s >= 0:
-            raise DFlash2Error(f"shutdown_grace_s must be >= 0; got {self.shutdown_grace_s}")
+        if not 0 <= self.shutdown_grace_s < math.inf:
+            raise DFlash2Error(
+                f"shutdown_grace_s must be >= 0 and finite; got {self.shutdown_grace_s}"
+            )
         if not self.keepalive_s > 0:
             raise DFlash2Error(f"keepalive_s must be > 0; got {self.keepalive_s}")
 

@@ -35,6 +35,37 @@ class CorpusConfig:
         unknown = [s for s in self.sources if s not in SOURCES]
         if unknown:
             raise CorpusError(f"unknown corpus source(s) {unknown}; known: {sorted(SOURCES)}")
+        if not self.sources:
+            raise CorpusError(f"no corpus source given; known: {sorted(SOURCES)}")
+        twice = sorted({s for s in self.sources if self.sources.count(s) > 1})
+        if twice:
+            raise CorpusError(f"corpus source(s) {twice} listed more than once")
+        check_out_folder(self.out)
+
+
+# What `dflash2 corpus` writes in its folder (a folder holding anything else is refused).
+_OURS = ("manifest.json", "DATACARD.md", "downloads")
+
+
+def check_out_folder(out: Path) -> None:
+    """--out must be new, empty, or a corpus folder (it adds to those): never a file, nor a
+    folder of the user's other files (a mistyped --out would fill it)."""
+    for up in (out, *out.parents):
+        if up.exists():
+            if not up.is_dir():
+                raise CorpusError(f"--out {out}: {up} is a file, not a folder")
+            break
+    if out.is_dir():
+        other = [
+            p.name
+            for p in out.iterdir()
+            if p.name not in _OURS and p.suffix != ".jsonl" and not p.name.startswith(".")
+        ]
+        if other:  # JSONL is corpus text, its own or hand-made (the trainer reads it all)
+            raise CorpusError(
+                f"--out {out}: holds files `dflash2 corpus` did not write "
+                f"({', '.join(sorted(other)[:3])}); give a new or empty folder, or one it made"
+            )
 
 
 def _norm(name: str) -> str:
@@ -168,7 +199,10 @@ def build_corpus(
 ) -> dict:
     """Fetch, extract and count every source of `cfg`; writes manifest.json and DATACARD.md,
     which cover every *.jsonl in the folder (the trainer reads them all), this run's or not."""
-    cfg.out.mkdir(parents=True, exist_ok=True)
+    try:
+        cfg.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CorpusError(f"--out {cfg.out}: cannot create it: {exc.strerror or exc}") from None
     fresh = {}
     for name in cfg.sources:
         source = SOURCES[name]

@@ -121,17 +121,27 @@ def render_with_spans(
 def read_corpus(paths: Sequence[Path]) -> list[dict]:
     out = []
     for path in paths:
-        with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    rec["messages"], rec["id"]  # noqa: B018 - both are required
-                except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                    raise CorpusError(f"{path}:{n}: not a corpus record ({exc})") from None
-                out.append(rec)
+        for n, line in _lines(path):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                rec["messages"], rec["id"]  # noqa: B018 - both are required
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise CorpusError(f"{path}:{n}: not a corpus record ({exc})") from None
+            out.append(rec)
     return out
+
+
+def _lines(path: Path):
+    """(line number, text) of a UTF-8 file; CorpusError names the file otherwise."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            yield from enumerate(fh, 1)
+    except UnicodeDecodeError as exc:
+        raise CorpusError(f"{path}: not UTF-8 text (byte offset {exc.start})") from None
+    except OSError as exc:
+        raise CorpusError(f"{path}: cannot read it: {exc.strerror or exc}") from None
 
 
 def corpus_paths(spec: str | Path) -> list[Path]:

@@ -17,6 +17,7 @@ import mlx.core as mx
 from ..drafter.vocab import count_tokens, write_draft_vocab
 from ..errors import DFlash2Error
 from ..prompts import load_prompts
+from ..registry import fetch
 from ..target.adapter import TargetAdapter
 from .features import build_feature_cache, load_feature_cache, read_regenerations
 from .fixed_text import corpus_sequences
@@ -27,6 +28,7 @@ from .preflight import (
     check_anchorable,
     check_earlier_run,
     check_heldout_apart,
+    check_inputs,
     check_out,
     check_settings,
     claim_run,
@@ -145,16 +147,14 @@ def prepare_data(
     from mlx_lm import load as load_target
 
     parts = prompt_parts(pc.prompts, pc.temperatures)
+    target = fetch(pc.target, "target")  # a folder, or a repo id downloaded
+    check_inputs(target, pc.corpus, tc.init_from)
     check_out(pc.out, pc.work)
     check_earlier_run(_run_folder(pc), pc.out, tc)
     check_settings(tc, pc.max_new_tokens, [t for _, temps in parts for t in temps])
     check_heldout_apart("+".join(name for name, _ in parts), pc.heldout, pc.skip_bad_lines)
-    model, tokenizer = load_target(str(pc.target))
-    target_cfg = (
-        json.loads((Path(pc.target) / "config.json").read_text())
-        if Path(pc.target, "config.json").exists()
-        else {}
-    )
+    model, tokenizer = load_target(str(target))
+    target_cfg = json.loads((target / "config.json").read_text())
     probe = TargetAdapter(model, ())
     if tc.mask_token_id is None:
         tc.mask_token_id = _guess_mask_id(tokenizer, probe.vocab_size)

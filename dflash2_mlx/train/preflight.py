@@ -102,9 +102,34 @@ def check_settings(tc: TrainConfig, max_new_tokens: int, temperatures) -> None:
         )
     bad = [t for t in temperatures if not (math.isfinite(t) and t >= 0)]
     if bad:
-        raise ParameterError(f"--temperatures must be finite and >= 0 (got {bad[0]:g})")
+        raise ParameterError(
+            f"temperatures (--temperatures, or NAME@T in --prompts) must be finite and >= 0 "
+            f"(got {bad[0]:g})"
+        )
     if tc.init_from_target and tc.init_from:
         raise ParameterError("--init-from-target and --init-from are exclusive: pick one start")
+
+
+def check_inputs(target: str | Path, corpus: str | None, init_from: str | None) -> None:
+    """The folders and files the run reads, before anything is written or loaded: an mlx-lm
+    target folder, a drafter folder to start from, corpus records that parse."""
+    for flag, folder in (("target", target), ("--init-from", init_from)):
+        if folder is None:
+            continue
+        folder = Path(folder)
+        if not folder.is_dir():
+            what = "a file" if folder.exists() else "no such folder"
+            raise ParameterError(f"{flag} {folder}: {what}; expected a model folder")
+        if not (folder / "config.json").is_file():
+            raise ParameterError(
+                f"{flag} {folder}: no config.json (not a model folder: mlx-lm targets and "
+                "dflash2 drafters have one)"
+            )
+    if corpus:
+        from .fixed_text import corpus_paths, read_corpus
+
+        if not read_corpus(corpus_paths(corpus)):
+            raise ParameterError(f"--corpus {corpus}: no records (make them with `dflash2 corpus`)")
 
 
 def check_heldout_apart(train_spec: str, heldout_spec: str, skip_bad: bool) -> None:
