@@ -154,15 +154,7 @@ def run(argv: list[str] | None = None) -> int:
     return rv if isinstance(rv, int) else 0
 
 
-def _one_line_warning(message, category, filename, lineno, line=None) -> str:
-    """A warning as the user reads it: one line, no source file or code."""
-    return f"warning: {message}\n"
-
-
 def main(argv: list[str] | None = None) -> None:
-    import warnings
-
-    warnings.formatwarning = _one_line_warning  # this process is the CLI: its own display
     sys.exit(run(argv))
 
 

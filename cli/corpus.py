@@ -54,9 +54,10 @@ def corpus(
         target = str(ensure_smollm2())
     from mlx_lm.utils import load_tokenizer
 
-    from dflash2_mlx.registry import fetch
+    from dflash2_mlx.registry import fetch, is_repo_id
 
-    folder = fetch(target, "target")
+    folder = fetch(target, "target tokenizer")  # a repo id: its tokenizer files only
+    name = target if is_repo_id(target) else folder.name  # not a snapshot's commit hash
     try:
         tokenizer = load_tokenizer(folder)
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
@@ -77,9 +78,7 @@ def corpus(
         progress.update(tasks[name], completed=done)
 
     with progress:
-        manifest = build_corpus(
-            cfg, tokenizer, folder.name, on_progress, log=progress.console.print
-        )
+        manifest = build_corpus(cfg, tokenizer, name, on_progress, log=progress.console.print)
     console.print(escape(f"{manifest['tokens']:,} tokens in {out} (manifest.json, DATACARD.md)"))
 
 

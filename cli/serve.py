@@ -136,7 +136,11 @@ def serve(
         help="Longest `prediction` in tokens (default: the context length).",
     ),
     shutdown_grace: float = typer.Option(
-        10.0, "--shutdown-grace", min=0, help="Seconds running generations may finish after Ctrl-C."
+        10.0,
+        "--shutdown-grace",
+        min=0,
+        max=86400,  # finite: inf (or nan) would never end the server
+        help="Seconds running generations may finish after Ctrl-C.",
     ),
     allowed_hosts: Optional[List[str]] = typer.Option(
         None,

@@ -256,6 +256,8 @@ TARGET_PATTERNS = (
     "*.jinja",
 )
 DRAFTER_PATTERNS = ("*.json", "*.safetensors")
+TOKENIZER_PATTERNS = tuple(p for p in TARGET_PATTERNS if "safetensors" not in p)
+_PATTERNS = {"target": TARGET_PATTERNS, "drafter": DRAFTER_PATTERNS}
 
 
 def is_repo_id(text: str) -> bool:
@@ -275,7 +277,8 @@ def fetch(
 ) -> Path:
     """A local folder as is, or a Hugging Face repo id downloaded (or found in the cache).
 
-    `what` is "target" or "drafter" (which files to fetch, and how errors name it); `revision`
+    `what` is "target", "drafter" or "target tokenizer" (which files to fetch, and how errors
+    name it); `revision`
     a branch, tag or commit of the repo. Raises FetchError.
     """
     path = Path(path_or_repo).expanduser()
@@ -295,7 +298,7 @@ def fetch(
         RevisionNotFoundError,
     )
 
-    patterns = list(TARGET_PATTERNS if what == "target" else DRAFTER_PATTERNS)
+    patterns = list(_PATTERNS.get(what, TOKENIZER_PATTERNS))
     try:
         return Path(
             snapshot_download(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -536,3 +537,19 @@ def test_bench_output_paths_are_checked_before_the_run(tmp_path, capsys):
         assert run(["bench", flag, str(blocker / "x.out"), "--limit", "1"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {flag}: cannot write") and "Traceback" not in err
+
+
+def test_a_warning_is_one_line_without_source(tmp_path):
+    """The command prints a library warning as `warning: ...`, not Python's file:line and
+    code (the BLAS binding warns at import, before any command runs)."""
+    env = dict(os.environ, DFLASH2_BLAS="bogus")
+    out = subprocess.run(
+        [sys.executable, "-m", "dflash2_cli", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [x for x in out.stderr.splitlines() if "bogus" in x]
+    assert lines and all(x.startswith("warning: ") and ".py:" not in x for x in lines), out.stderr

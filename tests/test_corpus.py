@@ -297,6 +297,9 @@ def test_files_no_manifest_lists_are_counted_from_the_file(fixtures, tok):
     (out / "mine.jsonl").write_text("[1]\n")
     with pytest.raises(CorpusError, match=r"mine.jsonl:1: not a corpus record"):
         _build(out, tok, "tiny", "wiki")
+    (out / "mine.jsonl").write_bytes(b'{"tokens": 1}\n' * 3000 + b"\xff\n")
+    with pytest.raises(CorpusError, match=r"mine.jsonl:3001: not UTF-8 text \(byte 0xff\)"):
+        _build(out, tok, "tiny", "wiki")
 
 
 def test_unknown_source_and_missing_client_are_clear_errors(tmp_path, monkeypatch):
@@ -328,6 +331,7 @@ def test_out_is_refused_when_a_file_or_a_folder_of_other_files(tmp_path):
     (ok / "downloads").mkdir(parents=True)
     (ok / "mine.jsonl").write_text("")
     (ok / ".DS_Store").write_text("")
+    (ok / "wiki.jsonl.tmp").write_text("")  # an interrupted run's: rerunning finishes it
     assert CorpusConfig(ok, sources=("wiki",)).out == ok.resolve()
 
 

@@ -529,7 +529,8 @@ def test_train_refuses_up_front_what_would_fail_later(tmp_path, capsys):
     finder.mkdir()
     (finder / ".DS_Store").write_text("x")
     err = _refused([*base, "--out", str(finder), "--temperatures", "-1"], capsys)
-    assert "--temperatures" in err and (finder / ".dflash2-train").exists()
+    assert "--temperatures" in err and "--out" not in err  # finder passed, nothing written
+    assert not (finder / ".dflash2-train").exists() and not (tmp_path / "finder.work").exists()
     out = str(tmp_path / "d")
     err = _refused([*base, "--out", out, "--max-new-tokens", "8", "--block-size", "16"], capsys)
     assert "--max-new-tokens 8 must be at least --block-size - 1 (15)" in err
@@ -559,8 +560,9 @@ def test_train_refuses_what_it_reads_before_writing_anything(tmp_path, capsys):
     for args, says in (
         ([str(tmp_path / "nowhere"), *base], "target"),
         ([str(tmp_path / "plain"), *base], "no config.json"),
-        ([target, *base, "--init-from", str(tmp_path / "nowhere")], "--init-from"),
-        ([target, *base, "--init-from", prompts], "--init-from"),
+        ([target, *base, "--init-from", str(tmp_path / "nowhere")], "drafter"),
+        ([target, *base, "--init-from", prompts], "expected a model folder, found a file"),
+        ([target, *base, "--init-from", str(tmp_path / "plain")], "--init-from"),
         ([target, *base, "--corpus", str(tmp_path / "plain"), "--corpus-distill", "0"], "*.jsonl"),
         (
             [target, *base, "--corpus", str(tmp_path / "junk.jsonl"), "--corpus-distill", "0"],

@@ -50,8 +50,8 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
 
 async def read_json(request: Request, max_bytes: int) -> dict:
     """The body as a JSON object: size-limited, parsed, free of lone surrogates."""
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding != "identity":  # inflating would let a small upload pass the size limit
+    encoding = request.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):  # inflating would let a small upload pass the size limit
         raise APIError(
             415,
             f"Content-Encoding {encoding[:40]!r} is not supported: send the JSON body uncompressed",

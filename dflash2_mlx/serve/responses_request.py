@@ -343,7 +343,8 @@ def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
         param = base + rest
     err = renamed(err, param, _RENAMES)
     if err.code == "context_length_exceeded":  # its message names the prompt's field too
-        err.message = err.message.replace("the messages", "the input")
+        message = err.message.replace("the messages", "the input")
+        err = APIError(err.status, message, param=err.param, type=err.type, code=err.code)
     return err
 
 

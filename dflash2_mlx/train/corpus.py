@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .corpus_sources import SOURCES, CorpusError, Source
+from .corpus_sources import SOURCES, CorpusError, Source, jsonl_lines
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,9 @@ def check_out_folder(out: Path) -> None:
         other = [
             p.name
             for p in out.iterdir()
-            if p.name not in _OURS and p.suffix != ".jsonl" and not p.name.startswith(".")
+            if p.name not in _OURS
+            and not p.name.endswith((".jsonl", ".jsonl.tmp"))  # .tmp: an interrupted run's
+            and not p.name.startswith(".")
         ]
         if other:  # JSONL is corpus text, its own or hand-made (the trainer reads it all)
             raise CorpusError(
@@ -258,15 +260,14 @@ def file_entry(path: Path) -> dict:
     """A manifest entry counted from a JSONL file (its records' "tokens"); package facts come
     from the known source of that name and its archive in downloads/, when there is one."""
     records = tokens = 0
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                tokens += int(json.loads(line).get("tokens", 0))
-            except (ValueError, TypeError, AttributeError) as exc:
-                raise CorpusError(f"{path}:{lineno}: not a corpus record ({exc})") from None
-            records += 1
+    for lineno, line in jsonl_lines(path):
+        if not line.strip():
+            continue
+        try:
+            tokens += int(json.loads(line).get("tokens", 0))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise CorpusError(f"{path}:{lineno}: not a corpus record ({exc})") from None
+        records += 1
     source = SOURCES.get(path.stem)
     archive = _downloaded(source, path.parent / "downloads") if source else None
     return {

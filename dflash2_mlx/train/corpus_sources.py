@@ -29,6 +29,22 @@ class CorpusError(DFlash2Error):
     """A source cannot be fetched or read."""
 
 
+def jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a UTF-8 JSONL file; a CorpusError names file:line otherwise."""
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise CorpusError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    with fh:
+        for n, raw in enumerate(fh, 1):
+            try:
+                yield n, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise CorpusError(
+                    f"{path}:{n}: not UTF-8 text (byte {raw[exc.start]:#04x})"
+                ) from None
+
+
 @dataclass(frozen=True)
 class Source:
     name: str

@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .corpus_sources import CorpusError
+from .corpus_sources import CorpusError, jsonl_lines
 from .features import Sequence_
 
 
@@ -121,7 +121,7 @@ def render_with_spans(
 def read_corpus(paths: Sequence[Path]) -> list[dict]:
     out = []
     for path in paths:
-        for n, line in _lines(path):
+        for n, line in jsonl_lines(path):
             if not line.strip():
                 continue
             try:
@@ -131,17 +131,6 @@ def read_corpus(paths: Sequence[Path]) -> list[dict]:
                 raise CorpusError(f"{path}:{n}: not a corpus record ({exc})") from None
             out.append(rec)
     return out
-
-
-def _lines(path: Path):
-    """(line number, text) of a UTF-8 file; CorpusError names the file otherwise."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            yield from enumerate(fh, 1)
-    except UnicodeDecodeError as exc:
-        raise CorpusError(f"{path}: not UTF-8 text (byte offset {exc.start})") from None
-    except OSError as exc:
-        raise CorpusError(f"{path}: cannot read it: {exc.strerror or exc}") from None
 
 
 def corpus_paths(spec: str | Path) -> list[Path]:

@@ -147,12 +147,15 @@ def prepare_data(
     from mlx_lm import load as load_target
 
     parts = prompt_parts(pc.prompts, pc.temperatures)
-    target = fetch(pc.target, "target")  # a folder, or a repo id downloaded
-    check_inputs(target, pc.corpus, tc.init_from)
-    check_out(pc.out, pc.work)
-    check_earlier_run(_run_folder(pc), pc.out, tc)
+    check_out(pc.out, pc.work, write=False)
     check_settings(tc, pc.max_new_tokens, [t for _, temps in parts for t in temps])
     check_heldout_apart("+".join(name for name, _ in parts), pc.heldout, pc.skip_bad_lines)
+    check_earlier_run(_run_folder(pc), pc.out, tc)
+    # Folders, or repo ids downloaded, after the checks a download would keep waiting:
+    target = fetch(pc.target, "target")
+    start = fetch(tc.init_from, "drafter") if tc.init_from else None
+    check_inputs(target, pc.corpus, start)
+    check_out(pc.out, pc.work)  # the first thing written
     model, tokenizer = load_target(str(target))
     target_cfg = json.loads((target / "config.json").read_text())
     probe = TargetAdapter(model, ())

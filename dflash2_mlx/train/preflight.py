@@ -32,10 +32,10 @@ RESUMABLE_CHANGES = frozenset(
 )
 
 
-def check_out(out: Path, work: Path) -> None:
+def check_out(out: Path, work: Path, *, write: bool = True) -> None:
     """--out must be a folder this run may write: new, empty (dotfiles aside), or one that
     dflash2 train wrote (its files are replaced); --work must be creatable. Both are made
-    now, so a typo costs nothing."""
+    now (unless `write` is false: the checks alone), so a typo costs nothing."""
     if out.exists() and not out.is_dir():
         raise ParameterError(f"--out {out}: is a file; name a folder for the drafter")
     if out.is_dir() and not any((out / name).exists() for name in OURS):
@@ -47,6 +47,8 @@ def check_out(out: Path, work: Path) -> None:
                 f"--out {out}: holds files dflash2 train did not write ({', '.join(others[:4])}); "
                 "the drafter would replace them: name a new or empty folder"
             )
+    if not write:
+        return
     for flag, folder in (("--out", out), ("--work", work)):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -110,17 +112,11 @@ def check_settings(tc: TrainConfig, max_new_tokens: int, temperatures) -> None:
         raise ParameterError("--init-from-target and --init-from are exclusive: pick one start")
 
 
-def check_inputs(target: str | Path, corpus: str | None, init_from: str | None) -> None:
-    """The folders and files the run reads, before anything is written or loaded: an mlx-lm
-    target folder, a drafter folder to start from, corpus records that parse."""
+def check_inputs(target: Path, corpus: str | None, init_from: Path | None) -> None:
+    """What the run reads, before anything is written or loaded: model folders (as fetched)
+    that hold a config.json, corpus records that parse."""
     for flag, folder in (("target", target), ("--init-from", init_from)):
-        if folder is None:
-            continue
-        folder = Path(folder)
-        if not folder.is_dir():
-            what = "a file" if folder.exists() else "no such folder"
-            raise ParameterError(f"{flag} {folder}: {what}; expected a model folder")
-        if not (folder / "config.json").is_file():
+        if folder is not None and not (folder / "config.json").is_file():
             raise ParameterError(
                 f"{flag} {folder}: no config.json (not a model folder: mlx-lm targets and "
                 "dflash2 drafters have one)"

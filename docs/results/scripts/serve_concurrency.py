@@ -336,7 +336,10 @@ def main():
         "may reuse its prefill (prompts of ~40-100 tokens against answers of up to max_tokens).",
         "command": "python docs/results/scripts/serve_concurrency.py " + " ".join(sys.argv[1:]),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {k: env[k] for k in ("chip", "blas", "blas_threads", "mlx", "mlx_lm", "device")},
+        "machine": {
+            k: env.get(k)
+            for k in ("chip", "blas", "blas_threads", "blas_core", "mlx", "mlx_lm", "device")
+        },
         "mlx_lm_server": dict(mlx_lm_defaults(), blas=args.mlx_lm_blas) if "a" in runs else None,
         "dflash2_serve_has_max_batch": has_max_batch,
         "prompts": [p.id for p in chosen],
