@@ -39,8 +39,7 @@ def corpus(
 
     Example: dflash2 corpus --out corpus
 
-    Example: dflash2 train smollm2-135m --out d --corpus corpus --layer-ids 1,8,15,22,29
-    (the KL to the target, on by default, reads its last layer)
+    Example: dflash2 train smollm2-135m -o d --corpus corpus --corpus-distill 0
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
