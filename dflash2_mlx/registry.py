@@ -278,8 +278,7 @@ def fetch(
     """A local folder as is, or a Hugging Face repo id downloaded (or found in the cache).
 
     `what` is "target", "drafter" or "target tokenizer" (which files to fetch, and how errors
-    name it); `revision`
-    a branch, tag or commit of the repo. Raises FetchError.
+    name it); `revision` a branch, tag or commit of the repo. Raises FetchError.
     """
     path = Path(path_or_repo).expanduser()
     if path.exists():

@@ -8,7 +8,6 @@ exceed the token limit), lengths in tokens before the request is queued.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from ..errors import DFlash2Error
