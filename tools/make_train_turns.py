@@ -22,6 +22,9 @@ Texts that equal a held-out prompt are dropped. Deterministic (seeded):
     python tools/make_train_turns.py --corpus corpus --out train-turns2.jsonl --round 2
     # round 3 (train_turns_round3.py): single-turn everyday requests, none of rounds 1-2's texts:
     python tools/make_train_turns.py --corpus corpus --out train-turns3.jsonl --round 3
+    # round 4 (train_turns_round4.py): reading tasks over the target's own answers, second turns
+    # on round 3, new numeric, factual, story and coding forms (no corpus folder needed):
+    python tools/make_train_turns.py --out train-turns4.jsonl --round 4
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from pathlib import Path
 
 import train_turns_round2 as round2
 import train_turns_round3 as round3
+import train_turns_round4 as round4
 from train_turns_templates import (
     CODE_FORMS,
     CODE_LANGUAGES,
@@ -202,6 +206,23 @@ def _round3(rng: random.Random, corpus: Path, earlier: list[dict], held) -> list
     return round3.round3(rng, _unused_topics(corpus, used), used, held)
 
 
+def _rounds_1_to_3(args, tokenizer, held: set[str]) -> list[dict]:
+    rng = random.Random(args.seed)
+    rows = _follow_ups(rng, 900, tokenizer)
+    rows += _passages(rng, args.corpus, 450, 150)
+    rows += _topics(rng, args.corpus, 500)
+    rows += _code(rng, 250, 250)
+    rows += _maths(rng, 300)
+    rows = [r for r in rows if r["messages"][-1]["content"] not in held]
+    rng.shuffle(rows)
+    if args.round == 1:
+        return rows
+    round2_rows = _round2(random.Random(args.seed + 1), args.corpus, rows, tokenizer, held)
+    if args.round == 2:
+        return round2_rows
+    return _round3(random.Random(args.seed + 2), args.corpus, rows + round2_rows, held)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -209,19 +230,19 @@ def main() -> None:
     ap.add_argument(
         "--corpus",
         type=Path,
-        required=True,
-        help="a `dflash2 corpus` folder with wiki and python-docs",
+        help="a `dflash2 corpus` folder with wiki and python-docs (rounds 1-3)",
     )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=21)
     ap.add_argument(
         "--round",
         type=int,
-        choices=(1, 2, 3),
+        choices=(1, 2, 3, 4),
         default=1,
         help="2: the prompts round 1 did not make (train_turns_round2.py); needs the target's "
         "answers to round 1 in data/smollm2 and chitchat.jsonl in the corpus folder; "
-        "3: single-turn everyday requests that rounds 1-2 did not make (train_turns_round3.py)",
+        "3: single-turn everyday requests that rounds 1-2 did not make (train_turns_round3.py); "
+        "4: reading tasks, second turns on round 3 and new forms (train_turns_round4.py)",
     )
     ap.add_argument(
         "--answered",
@@ -233,24 +254,16 @@ def main() -> None:
     from mlx_lm.utils import load_tokenizer
 
     tokenizer = load_tokenizer(ensure_smollm2())
-    rng = random.Random(args.seed)
-    rows = _follow_ups(rng, 900, tokenizer)
-    rows += _passages(rng, args.corpus, 450, 150)
-    rows += _topics(rng, args.corpus, 500)
-    rows += _code(rng, 250, 250)
-    rows += _maths(rng, 300)
     held = {
         json.loads(x)["messages"][-1]["content"]
         for x in (PROMPTS / "heldout.jsonl").read_text().splitlines()
     }
-    rows = [r for r in rows if r["messages"][-1]["content"] not in held]
-    rng.shuffle(rows)
-    if args.round >= 2:
-        round2_rows = _round2(random.Random(args.seed + 1), args.corpus, rows, tokenizer, held)
-        if args.round == 3:
-            rows = _round3(random.Random(args.seed + 2), args.corpus, rows + round2_rows, held)
-        else:
-            rows = round2_rows
+    if args.round == 4:
+        rows = round4.round4(random.Random(args.seed + 3), tokenizer, held)
+    elif args.corpus is None:
+        ap.error(f"--round {args.round} needs --corpus")
+    else:
+        rows = _rounds_1_to_3(args, tokenizer, held)
     if args.answered:
         answered = {json.loads(x)["id"] for x in args.answered.read_text().splitlines()}
         rows = [r for r in rows if r["id"] in answered]
