@@ -25,6 +25,9 @@ Texts that equal a held-out prompt are dropped. Deterministic (seeded):
     # round 4 (train_turns_round4.py): reading tasks over the target's own answers, second turns
     # on round 3, new numeric, factual, story and coding forms (no corpus folder needed):
     python tools/make_train_turns.py --out train-turns4.jsonl --round 4
+    # round 5 (train_turns_round5.py): code reading, sentence editing, story continuations over
+    # the target's own answers, more numbers, third turns on round 4 (its answers in data/smollm2):
+    python tools/make_train_turns.py --out train-turns5.jsonl --round 5
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from pathlib import Path
 import train_turns_round2 as round2
 import train_turns_round3 as round3
 import train_turns_round4 as round4
+import train_turns_round5 as round5
 from train_turns_templates import (
     CODE_FORMS,
     CODE_LANGUAGES,
@@ -237,12 +241,13 @@ def main() -> None:
     ap.add_argument(
         "--round",
         type=int,
-        choices=(1, 2, 3, 4),
+        choices=(1, 2, 3, 4, 5),
         default=1,
         help="2: the prompts round 1 did not make (train_turns_round2.py); needs the target's "
         "answers to round 1 in data/smollm2 and chitchat.jsonl in the corpus folder; "
         "3: single-turn everyday requests that rounds 1-2 did not make (train_turns_round3.py); "
-        "4: reading tasks, second turns on round 3 and new forms (train_turns_round4.py)",
+        "4: reading tasks, second turns on round 3 and new forms (train_turns_round4.py); "
+        "5: tasks over the target's own answers, third turns on round 4 (train_turns_round5.py)",
     )
     ap.add_argument(
         "--answered",
@@ -258,8 +263,10 @@ def main() -> None:
         json.loads(x)["messages"][-1]["content"]
         for x in (PROMPTS / "heldout.jsonl").read_text().splitlines()
     }
-    if args.round == 4:
+    if args.round >= 4:
         rows = round4.round4(random.Random(args.seed + 3), tokenizer, held)
+        if args.round == 5:
+            rows = round5.round5(random.Random(args.seed + 4), tokenizer, held, rows)
     elif args.corpus is None:
         ap.error(f"--round {args.round} needs --corpus")
     else:

@@ -31,10 +31,6 @@ ROUND3 = REGEN / "regen_train-turns3.jsonl"
 USER_TURN = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 
 
-def _row(kind: str, category: str, i: int, messages: list[dict]) -> dict:
-    return {"id": f"t4-{kind}-{i:04d}", "category": category, "messages": messages}
-
-
 def _user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
@@ -131,14 +127,23 @@ def single_turns(rng: random.Random) -> list[tuple[str, str, str]]:
 def round4(rng: random.Random, tokenizer, held_texts: set[str]) -> list[dict]:
     """Round 4's prompts minus any single-turn text a training split already has or close to a
     held-out prompt (60 % of their words shared). Rounds 1-3 made none of these forms."""
-    held = [set(re.findall(r"[a-z]+", h.lower())) for h in held_texts]
     groups = [
         ("read", "summaries", reading_tasks(rng, own_texts(tokenizer), 800)),
         ("everyday", "summaries", everyday_tasks(rng, 150)),
         ("second", "multi-turn", second_turns(rng, tokenizer, 650)),
     ]
     groups += [(kind, category, [_user(x)]) for kind, category, x in single_turns(rng)]
-    out, seen, counts = [], training_texts(), {}
+    rows = kept_rows(groups, held_texts, set(), prefix="t4")
+    rng.shuffle(rows)
+    return rows
+
+
+def kept_rows(groups, held_texts: set[str], used: set[str], prefix: str) -> list[dict]:
+    """Rows {prefix}-{kind}-NNNN of (kind, category, conversations) groups, dropping single-turn
+    texts already in a training split, in `used` or earlier in the groups, and those close to a
+    held-out prompt (60 % of their words shared)."""
+    held = [set(re.findall(r"[a-z]+", h.lower())) for h in held_texts]
+    out, seen, counts = [], training_texts() | used, {}
     for kind, category, conversations in groups:
         for messages in conversations:
             last = messages[-1]["content"]
@@ -146,6 +151,11 @@ def round4(rng: random.Random, tokenizer, held_texts: set[str]) -> list[dict]:
                 continue
             seen.add(last)
             counts[kind] = counts.get(kind, -1) + 1
-            out.append(_row(kind, category, counts[kind], messages))
-    rng.shuffle(out)
+            out.append(
+                {
+                    "id": f"{prefix}-{kind}-{counts[kind]:04d}",
+                    "category": category,
+                    "messages": messages,
+                }
+            )
     return out
