@@ -29,6 +29,17 @@ ROOT = Path(__file__).resolve().parents[1]
 REGEN = ROOT / "data" / "smollm2"
 ROUND3 = REGEN / "regen_train-turns3.jsonl"
 USER_TURN = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+# The answer files round 4 drew on (named, so files added later do not change its prompts).
+ROUND4_SOURCES = [
+    f"regen_{name}.jsonl"
+    for name in (
+        "corpus-chat-partial corpus-chat-rest extra-more-t07 train-broad-t05 "
+        "train-broad-t07-partial train-broad-t07-rest train-broad train-deep-t07-partial "
+        "train-deep-t07-rest train-deep train-extra train-more train-rest-t05-partial "
+        "train-t07 train-turns-rest train-turns train-turns2 train-turns3 train-wide-t07 "
+        "train-wide train"
+    ).split()
+]
 
 
 def _user(text: str) -> list[dict]:
@@ -39,14 +50,12 @@ def _finished(record: dict) -> bool:
     return record["temperature"] == 0.0 and record.get("finish_reason") == "stop"
 
 
-def own_texts(tokenizer, low: int = 60, high: int = 230) -> list[str]:
+def own_texts(tokenizer, sources=ROUND4_SOURCES, low: int = 60, high: int = 230) -> list[str]:
     """The target's own greedy answers (chat, instructions, stories) of low..high tokens that
-    ended by themselves, without code, deduplicated, from every training regeneration file."""
+    ended by themselves, without code, deduplicated, from these data/smollm2 files."""
     texts: dict[str, None] = {}
-    for path in sorted(REGEN.glob("regen_*.jsonl")):
-        if path.name == "regen_heldout.jsonl":
-            continue
-        for line in path.read_text().splitlines():
+    for name in sources:
+        for line in (REGEN / name).read_text().splitlines():
             r = json.loads(line)
             n = len(r["response_ids"])
             if not (_finished(r) and low <= n <= high):

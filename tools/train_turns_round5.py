@@ -25,6 +25,8 @@ import train_turns_round4_templates as t4
 from train_turns_templates import FOLLOW_UPS
 
 ROUND4 = r4.REGEN / "regen_train-turns4.jsonl"
+# The answer files round 5 drew on: round 4's and the two made with it.
+ROUND5_SOURCES = r4.ROUND4_SOURCES + ["regen_train-rest-t05-more.jsonl", "regen_train-turns4.jsonl"]
 CODE_BLOCK = re.compile(r"```(\w*)\n(.*?)```", re.S)
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -59,10 +61,8 @@ STORY_TASKS = [
 def _answers(tokenizer, categories: tuple[str, ...], finished: bool) -> list[tuple[str, str]]:
     """(category, text) of the greedy training answers of these categories, deduplicated."""
     out: dict[str, str] = {}
-    for path in sorted(r4.REGEN.glob("regen_*.jsonl")):
-        if path.name == "regen_heldout.jsonl":
-            continue
-        for line in path.read_text().splitlines():
+    for name in ROUND5_SOURCES:
+        for line in (r4.REGEN / name).read_text().splitlines():
             r = json.loads(line)
             if r["temperature"] != 0.0 or r["category"] not in categories:
                 continue
@@ -125,13 +125,11 @@ def unused_reading(rng: random.Random, tokenizer, round4_rows: list[dict]) -> li
     used = "\n".join(
         r["messages"][-1]["content"] for r in round4_rows if r["id"].startswith("t4-read")
     )
-    texts = [t for t in r4.own_texts(tokenizer) if t not in used]
+    texts = [t for t in r4.own_texts(tokenizer, ROUND5_SOURCES) if t not in used]
     return r4.reading_tasks(rng, texts, len(texts))
 
 
 def third_turns(rng: random.Random, tokenizer, round4_rows: list[dict], n: int) -> list[list[dict]]:
-    if not ROUND4.exists():
-        return []
     answers = {}
     for line in ROUND4.read_text().splitlines():
         r = json.loads(line)
