@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 import train_turns_round4_templates as t4
-from train_turns_round3 import _near, training_texts
+from train_turns_round3 import _fill, _near, training_texts
 from train_turns_templates import FOLLOW_UPS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,18 +108,9 @@ def second_turns(rng: random.Random, tokenizer, n: int) -> list[list[dict]]:
     return out
 
 
-def _distinct(rng: random.Random, n: int, make) -> list[str]:
-    out: dict[str, None] = {}
-    for _ in range(n * 20):
-        if len(out) == n:
-            break
-        out[make(rng)] = None
-    return list(out)
-
-
 def single_turns(rng: random.Random) -> list[tuple[str, str, str]]:
     """(kind, category, text) of the new single-turn families."""
-    rows = [("num", "math", x) for x in _distinct(rng, 320, t4.number_problem)]
+    rows = [("num", "math", x) for x in _fill(rng, 320, t4.number_problem)]
     rows += [("fact", "chat", f.format(x=x)) for f, xs in t4.FACT_FORMS.items() for x in xs]
     stories = [f.format(o=o, e="") for f in t4.STORY_LINE_FORMS if "{o}" in f for o in t4.OPENINGS]
     stories += [f.format(e=e) for f in t4.STORY_LINE_FORMS if "{e}" in f for e in t4.ENDINGS]

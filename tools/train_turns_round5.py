@@ -162,7 +162,7 @@ def round5(
     """Round 5's prompts minus any single-turn text a training split or round 4 already has
     or close to a held-out prompt (60 % of their words shared)."""
     used = {r["messages"][-1]["content"] for r in round4_rows if len(r["messages"]) == 1}
-    numbers = [r4._user(x) for x in r4._distinct(rng, 900, t4.number_problem) if x not in used]
+    numbers = [r4._user(x) for x in r4._fill(rng, 900, t4.number_problem) if x not in used]
     groups = [
         ("code", "code", code_reading(rng, tokenizer, 500)),
         ("edit", "instructions", sentence_editing(rng, tokenizer, 450)),
