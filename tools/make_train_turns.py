@@ -255,6 +255,8 @@ def main() -> None:
         help="keep only the prompts with an answer in this regeneration file",
     )
     args = ap.parse_args()
+    if args.round < 4 and args.corpus is None:
+        ap.error(f"--round {args.round} needs --corpus")
     from dflash2_mlx.embedded import ensure_smollm2  # before mlx_lm: it binds the BLAS
     from mlx_lm.utils import load_tokenizer
 
@@ -267,8 +269,6 @@ def main() -> None:
         rows = round4.round4(random.Random(args.seed + 3), tokenizer, held)
         if args.round == 5:
             rows = round5.round5(random.Random(args.seed + 4), tokenizer, held, rows)
-    elif args.corpus is None:
-        ap.error(f"--round {args.round} needs --corpus")
     else:
         rows = _rounds_1_to_3(args, tokenizer, held)
     if args.answered:
