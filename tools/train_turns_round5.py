@@ -22,6 +22,7 @@ import re
 
 import train_turns_round4 as r4
 import train_turns_round4_templates as t4
+from train_turns_round3 import _fill
 from train_turns_templates import FOLLOW_UPS
 
 ROUND4 = r4.REGEN / "regen_train-turns4.jsonl"
@@ -162,7 +163,7 @@ def round5(
     """Round 5's prompts minus any single-turn text a training split or round 4 already has
     or close to a held-out prompt (60 % of their words shared)."""
     used = {r["messages"][-1]["content"] for r in round4_rows if len(r["messages"]) == 1}
-    numbers = [r4._user(x) for x in r4._fill(rng, 900, t4.number_problem) if x not in used]
+    numbers = [r4._user(x) for x in _fill(rng, 900, t4.number_problem) if x not in used]
     groups = [
         ("code", "code", code_reading(rng, tokenizer, 500)),
         ("edit", "instructions", sentence_editing(rng, tokenizer, 450)),
