@@ -21,7 +21,7 @@ HELP = """\
 /clear           forget the conversation (keeps the system prompt and the settings)
 /system [TEXT]   show, or set, the system prompt ('/system -' removes it)
 /temp X          sampling temperature (0 = greedy)
-/top_p X         nucleus mass in (0, 1]
+/top_p X         nucleus mass in [0, 1]
 /top_k N         keep the N most likely tokens (0 = off)
 /min_p X         min-p filter in [0, 1)
 /seed N|off      sampling seed

@@ -186,7 +186,7 @@ TempOpt = Annotated[
 TopPOpt = Annotated[
     Optional[float],
     typer.Option(
-        "--top-p", help="Nucleus sampling mass, in (0, 1]." + _FROM_MODEL, show_default=False
+        "--top-p", help="Nucleus sampling mass, in [0, 1]." + _FROM_MODEL, show_default=False
     ),
 ]
 TopKOpt = Annotated[

@@ -84,7 +84,7 @@ NOWHERE = ["--target", "/nonexistent-t", "--drafter", "/nonexistent-d"]
 BAD = [
     (["chat", "--temp", "abc"], "--temp"),
     (["chat", "--temp", "-1"], "temperature must be"),
-    (["chat", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["chat", "--top-p", "1.5"], "top_p must be in [0, 1]"),
     (["chat", "--top-k", "-3"], "top_k must be"),
     (["chat", "--min-p", "1"], "min_p must be in [0, 1)"),
     (["chat", "--seed", "-1"], "seed must be"),

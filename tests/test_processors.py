@@ -116,6 +116,23 @@ def test_bad_settings_are_refused_naming_the_field():
     assert penalties(tiny.VOCAB, **neutral) == ()
 
 
+def test_presence_and_frequency_count_the_completion_only_with_no_window():
+    """OpenAI's formula: logit[t] -= frequency * count[t] + presence * (count[t] > 0), count
+    over every generated token (not the prompt's, however far back)."""
+    prompt = [5, 5, 5, 9]
+    generated = [7] + [3] * 30 + [7, 11]  # 7 twice, once 31 tokens back
+    (proc,) = penalties(tiny.VOCAB, len(prompt), presence_penalty=0.5, frequency_penalty=0.25)
+    logits = mx.zeros((1, tiny.VOCAB))
+    out = np.array(proc(mx.array(prompt + generated), logits))[0]
+    expected = np.zeros(tiny.VOCAB)
+    for t in set(generated):
+        expected[t] = -(0.25 * generated.count(t) + 0.5)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    assert np.array_equal(np.array(proc(mx.array(prompt), logits)), np.array(logits))
+    with pytest.raises(ParameterError, match="prompt_tokens must be an int >= 0, got -1"):
+        penalties(tiny.VOCAB, -1, presence_penalty=0.5)
+
+
 def exact_processed_marginals(model, sp: SamplingParams, procs, prompt=PROMPT):
     """Exact P(t1), P(t2) after `prompt` with each position's logits processed."""
 

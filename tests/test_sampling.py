@@ -140,7 +140,7 @@ def test_sparse_rejection_residual():
     "kwargs,needle",
     [
         ({"temperature": -1}, "temperature"),
-        ({"top_p": 0}, "top_p"),
+        ({"top_p": -0.1}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -2}, "top_k"),
         ({"min_p": 1.0}, "min_p"),

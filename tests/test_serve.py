@@ -267,6 +267,15 @@ def test_sampling_is_seeded_and_not_greedy(pair, client):
     a = client.chat.completions.create(temperature=5.0, **kw).choices[0].message.content
     b = client.chat.completions.create(temperature=5.0, **kw).choices[0].message.content
     assert a == b and a != greedy
+    # OpenAI's ranges: an int64 seed (-1 draws as its uint64 bits); top_p 0 keeps the most
+    # likely token only, which is greedy decoding
+    c = client.chat.completions.create(temperature=5.0, **{**kw, "seed": -1})
+    d = client.chat.completions.create(temperature=5.0, **{**kw, "seed": 2**64 - 1})
+    assert c.choices[0].message.content == d.choices[0].message.content
+    kw = {**kw, "top_p": 0, "extra_body": {}}
+    assert client.chat.completions.create(temperature=5.0, **kw).choices[0].message.content == (
+        greedy
+    )
 
 
 def test_four_concurrent_requests_succeed(client):
@@ -346,9 +355,13 @@ def test_penalties_and_logit_bias_equal_plain_decoding_with_them(pair, client):
 
     fields = {"frequency_penalty": 1.2, "presence_penalty": 0.4, "logit_bias": {"7": 3.5}}
     extra = {"repetition_penalty": 1.5, "repetition_context_size": 8}
-    procs = penalties(pair.decoder.target.vocab_size, **{**fields, "logit_bias": {7: 3.5}}, **extra)
+
+    def procs(prompt):  # presence and frequency count the completion only
+        settings = {**fields, "logit_bias": {7: 3.5}, **extra}
+        return penalties(pair.decoder.target.vocab_size, len(prompt), **settings)
+
     ids = chat_prompt_ids(pair.tokenizer, HI)
-    want = mlx_lm_reference(pair.model, ids, 24, procs)
+    want = mlx_lm_reference(pair.model, ids, 24, procs(ids))
     assert want != tiny.greedy_reference(pair.model, ids, 24), "the penalties should matter"
     want = want[: want.index(EOS)] if EOS in want else want
     kw = dict(model="tiny", messages=HI, max_tokens=24, temperature=0, extra_body=extra)
@@ -359,7 +372,7 @@ def test_penalties_and_logit_bias_equal_plain_decoding_with_them(pair, client):
         pair.tokenizer.decode(want)
     )
     plain = [3, 9, 4]
-    want = mlx_lm_reference(pair.model, plain, 16, procs)
+    want = mlx_lm_reference(pair.model, plain, 16, procs(plain))
     want = want[: want.index(EOS)] if EOS in want else want
     r = client.completions.create(
         model="tiny", prompt=plain, max_tokens=16, temperature=0, extra_body=extra, **fields
@@ -385,11 +398,11 @@ BAD = [
     ("chat", {"messages": HI, "max_completion_tokens": 10**9}, 400, "max_completion_tokens"),
     ("chat", {"messages": HI, "temperature": -1}, 400, "temperature"),
     ("chat", {"messages": HI, "temperature": "hot"}, 400, "temperature"),
-    ("chat", {"messages": HI, "top_p": 0}, 400, "top_p"),
+    ("chat", {"messages": HI, "top_p": -0.1}, 400, "top_p"),
     ("chat", {"messages": HI, "top_p": 1.5}, 400, "top_p"),
     ("chat", {"messages": HI, "top_k": 2.5}, 400, "top_k"),
     ("chat", {"messages": HI, "min_p": 1}, 400, "min_p"),
-    ("chat", {"messages": HI, "seed": -1}, 400, "seed"),
+    ("chat", {"messages": HI, "seed": -(2**63) - 1}, 400, "seed"),
     ("chat", {"messages": HI, "seed": 2**64}, 400, "seed"),
     ("chat", {"messages": HI, "stop": 5}, 400, "stop"),
     ("chat", {"messages": HI, "stream": "yes"}, 400, "stream"),

@@ -101,13 +101,27 @@ def test_neutral_stream_options_and_harmless_fields_are_accepted(url, client):
 
 
 def test_output_changing_openai_fields_are_refused_by_name(url):
-    for field, value in (("verbosity", "low"), ("reasoning_effort", "high")):
-        body = {"messages": HI, field: value}
-        err = _error(httpx.post(url + "/v1/chat/completions", json=body), 400)
-        assert err["param"] == field and err["code"] == "unsupported_parameter", err
-        assert "Unrecognized" not in err["message"], err
+    body = {"messages": HI, "verbosity": "low"}
+    err = _error(httpx.post(url + "/v1/chat/completions", json=body), 400)
+    assert err["param"] == "verbosity" and err["code"] == "unsupported_parameter", err
+    assert "Unrecognized" not in err["message"], err
     ok = httpx.post(url + "/v1/chat/completions", json={"messages": HI, "verbosity": None})
     assert ok.status_code == 200, ok.text
+
+
+def test_reasoning_effort_on_a_model_that_never_thinks(url):
+    """`none` is what it does anyway; an effort that asks for thinking is a 400 naming
+    reasoning_effort (not the template variable it becomes)."""
+    plain = httpx.post(url + "/v1/chat/completions", json={"messages": HI, "max_tokens": 6})
+    off = {"messages": HI, "max_tokens": 6, "reasoning_effort": "none"}
+    r = httpx.post(url + "/v1/chat/completions", json=off)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+    err = _error(
+        httpx.post(url + "/v1/chat/completions", json={**off, "reasoning_effort": "high"}), 400
+    )
+    assert err["param"] == "reasoning_effort", err
+    assert err["message"].startswith("reasoning_effort: ") and "never thinks" in err["message"]
 
 
 # ------------------------------------------------------------------ participant names

@@ -161,12 +161,12 @@ def test_serve_refuses_bad_sampling_flags_and_a_bad_generation_config(tmp_path):
     target, drafter = save_pair(tmp_path / "pair")
     folders = ["--target", str(target), "--drafter", str(drafter)]
     bad = subprocess.run(
-        [sys.executable, "-c", CLI, "serve", *folders, "--top-p", "0"],
+        [sys.executable, "-c", CLI, "serve", *folders, "--top-p", "-0.5"],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert bad.returncode == 2 and "--top-p: top_p must be in (0, 1]" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and "--top-p: top_p must be in [0, 1]" in bad.stderr, bad.stderr
     (target / GENERATION_CONFIG).write_text('{"do_sample": true, "min_p": 2}')
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -17,6 +17,8 @@ from test_serve import running
 from test_serve_tools import OK_SCHEMA, ask, tool_pair  # noqa: F401  (tool_pair: fixture)
 
 from dflash2_mlx.serve import create_app
+from dflash2_mlx.serve.api_error import APIError
+from dflash2_mlx.serve.responses_request import parse_responses
 
 FN = {"type": "function", **tt.WEATHER["function"]}  # the Responses API's tool shape
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -76,6 +78,43 @@ def test_instructions_and_reasoning_effort(client):
     assert [i.type for i in r.output] == ["message"]
     assert r.output_text == chat.choices[0].message.content
     assert r.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_chat_reasoning_effort_is_the_thinking_switch(client, url):
+    off = ask(client, tt.HI, reasoning_effort="none").choices[0].message
+    assert off.content == ask(client, tt.HI, extra_body=OFF).choices[0].message.content
+    assert not off.model_extra.get("reasoning_content")
+    on = ask(client, tt.HI, reasoning_effort="max").choices[0].message
+    assert on.model_extra["reasoning_content"].strip() == tt.THOUGHT
+    assert (
+        on.model_extra["reasoning_content"]
+        == ask(client, tt.HI).choices[0].message.model_extra["reasoning_content"]
+    )
+    both = {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}
+    for extra in (both, {"reasoning_effort": "huge"}):
+        body = {"model": "tools", "messages": tt.HI, **extra}
+        r = httpx.post(url + "/v1/chat/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort", r.text
+
+
+def test_reasoning_items_sent_back_are_the_next_turns_reasoning_content(client):
+    """As chat's `reasoning_content` on the assistant message they preceded (the template
+    renders or drops it); `encrypted_content` alone (include) brings the same text back."""
+    r = respond(client, tt.HI, include=["reasoning.encrypted_content"])
+    thought = r.output[0].content[0].text
+    assert thought.strip() == tt.THOUGHT and r.output[0].encrypted_content
+    items = [i.model_dump(exclude_none=True) for i in r.output]
+    history = tt.HI + items + [{"role": "user", "content": "thanks"}]
+    assert parse_responses({"input": history}).messages[1]["reasoning_content"] == thought
+    sealed_only = {k: v for k, v in items[0].items() if k != "content"}
+    again = parse_responses({"input": [*tt.HI, sealed_only, *items[1:]]})
+    assert again.messages[1]["reasoning_content"] == thought
+    assert again.messages[1]["content"] == r.output_text
+    foreign = {**sealed_only, "encrypted_content": "gAAAAABo-opaque"}
+    with pytest.raises(APIError) as err:
+        parse_responses({"input": [*tt.HI, foreign, *items[1:]]})
+    assert err.value.param == "input[1].encrypted_content"
+    assert respond(client, tt.HI).output[0].encrypted_content is None  # only when included
 
 
 def test_tool_round_trip_with_output_items_sent_back(client):
@@ -149,6 +188,18 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
         ({"reasoning": {"effort": "none"}, "chat_template_kwargs": 3}, "chat_template_kwargs"),
         ({"input": [{"role": [], "content": "x"}]}, "input[0].role"),
         ({"input": []}, "input"),
+        (
+            {"input": [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": 5}]},
+            "input[1].content",
+        ),
+        ({"instructions": "x", "input": [{"role": "system", "content": {}}]}, "input[0].content"),
+        ({"reasoning": {"effort": "low", "summary": "auto"}}, "reasoning.summary"),
+        ({"reasoning": {"effort": "high", "bogus": 1}}, "reasoning.bogus"),
+        ({"include": ["reasoning.bogus"]}, "include"),
+        (
+            {"reasoning": {"effort": "none"}, "chat_template_kwargs": {"enable_thinking": True}},
+            "reasoning.effort",
+        ),
         ({"max_output_tokens": 5000}, "max_output_tokens"),  # past the context: the handler's
         (
             {
@@ -156,9 +207,10 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
                     {"role": "user", "content": "hi"},
                     {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
                     {"type": "function_call", "call_id": "b", "name": "f", "arguments": "[1"},
+                    {"type": "function_call_output", "call_id": "c", "output": "x"},
                 ]
             },
-            "input[2].arguments",
+            "input[3].call_id",
         ),
         (
             {

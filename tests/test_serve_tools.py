@@ -329,11 +329,27 @@ def answered_call(arguments: str, answers: str) -> dict:
     }
 
 
+@pytest.mark.parametrize("arguments", ["{bad", "[1, 2]", '"paris"'])
+def test_history_arguments_that_are_no_json_object_reach_the_template_as_text(
+    tool_pair, client, arguments
+):
+    """A past call's arguments are opaque to the API (one cut short, another provider's): the
+    conversation goes on, the template rendering the string as it is."""
+    body = answered_call(arguments, "c1")["messages"]
+    r = ask(client, body, tools=tt.TOOLS, max_tokens=4)
+    call = {**ASSISTANT_CALL["tool_calls"][0], "function": {"name": "get_weather"}}
+    call["function"]["arguments"] = arguments
+    rendered = [*body[:1], {**body[1], "content": "", "tool_calls": [call]}, body[2]]
+    want = chat_prompt_ids(tool_pair.tokenizer, rendered, tools=tt.TOOLS)
+    assert r.usage.prompt_tokens == len(want)
+
+
 FN = {"name": "f", "parameters": {"type": "object", "properties": {}}}
+FN_ARGS_5 = {"name": "get_weather", "arguments": 5}
 BAD = [
     ({"tools": "get_weather"}, "tools"),
-    (  # arguments that are JSON but not an object
-        answered_call("[1, 2]", "c1"),
+    (  # arguments that are not a string
+        {"messages": tt.ASK + [{**ASSISTANT_CALL, "tool_calls": [{"function": FN_ARGS_5}]}]},
         "messages[1].tool_calls[0].function.arguments",
     ),
     ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
@@ -372,7 +388,6 @@ BAD = [
     ),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": tt.TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
-    ({"messages": tt.ASK + [ASSISTANT_CALL]}, "messages[1].tool_calls[0].function.arguments"),
     ({"messages": tt.ASK + [{"role": "tool", "content": "x"}]}, "messages[1].tool_call_id"),
     (
         {

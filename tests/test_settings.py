@@ -88,7 +88,7 @@ def test_a_block_above_the_trained_size_or_below_one_is_refused_naming_the_flag(
         (dict(block=0), "--block: block_size must be an int >= 1"),
         (dict(lookup=-1), "--lookup must be an int >= 0"),
         (dict(sampling={"temperature": -1.0}), "--temp: temperature must be a finite number >= 0"),
-        (dict(sampling={"top_p": 0.0}), "--top-p: top_p must be in (0, 1]"),
+        (dict(sampling={"top_p": 1.01}), "--top-p: top_p must be in [0, 1]"),
         (dict(sampling={"top_k": -3}), "--top-k: top_k must be an int >= 0"),
         (dict(sampling={"min_p": 1.0}), "--min-p: min_p must be in [0, 1)"),
         (dict(sampling={"seed": -1}), "--seed: seed must be an int in [0, 2**64)"),
@@ -183,7 +183,7 @@ def test_do_sample_false_means_greedy_unless_a_flag_asks_for_sampling(tmp_path):
             "field 'temperature': temperature must be a finite number >= 0, "
             "found -0.5 (pass --temp to use another value)",
         ),
-        ('{"top_p": 1.5}', "field 'top_p': top_p must be in (0, 1]"),
+        ('{"top_p": 1.5}', "field 'top_p': top_p must be in [0, 1]"),
         ('{"top_k": 2.5}', "field 'top_k': top_k must be an int >= 0"),
     ],
 )

@@ -91,20 +91,39 @@ def check_penalty(name: str, value, vocab: int):
     return {t: number(v) for t, v in value.items()}
 
 
-def penalties(vocab: int, **settings) -> tuple[LogitsProcessor, ...]:
-    """mlx-lm's processors (mlx_lm.sample_utils.make_logits_processors) for PENALTY_FIELDS
-    settings; presence and frequency look at the last 20 tokens, as in `mlx_lm.server`. Each
-    value is checked (check_penalty); those that do nothing add no processor."""
+def penalties(vocab: int, prompt_tokens: int = 0, **settings) -> tuple[LogitsProcessor, ...]:
+    """Processors for PENALTY_FIELDS settings: mlx-lm's repetition penalty (its window, prompt
+    included) and logit bias (mlx_lm.sample_utils.make_logits_processors); presence and
+    frequency as OpenAI defines them, over every token after the first `prompt_tokens` (the
+    completion so far), with no window. Each value is checked (check_penalty); those that do
+    nothing add no processor."""
     from mlx_lm.sample_utils import make_logits_processors
 
     given = {n: check_penalty(n, v, vocab) for n, v in settings.items() if v is not None}
     active = {n: v for n, v in given.items() if v != PENALTY_FIELDS[n]}
-    return tuple(
-        make_logits_processors(
-            logit_bias=active.get("logit_bias"),
-            repetition_penalty=active.get("repetition_penalty"),
-            repetition_context_size=given.get("repetition_context_size", 20),
-            presence_penalty=active.get("presence_penalty"),
-            frequency_penalty=active.get("frequency_penalty"),
-        )
+    if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 0:
+        raise ParameterError(f"prompt_tokens must be an int >= 0, got {prompt_tokens!r}")
+    out = make_logits_processors(
+        logit_bias=active.get("logit_bias"),
+        repetition_penalty=active.get("repetition_penalty"),
+        repetition_context_size=given.get("repetition_context_size", 20),
     )
+    presence, frequency = active.get("presence_penalty", 0.0), active.get("frequency_penalty", 0.0)
+    if presence or frequency:
+        out.append(_occurrence_penalty(presence, frequency, prompt_tokens))
+    return tuple(out)
+
+
+def _occurrence_penalty(presence: float, frequency: float, start: int) -> LogitsProcessor:
+    """OpenAI's presence / frequency penalties: logit -= frequency * count + presence * (count
+    > 0), counting each token's occurrences in tokens[start:]."""
+
+    def processor(tokens: mx.array, logits: mx.array) -> mx.array:
+        generated = tokens[start:]
+        if generated.size == 0:
+            return logits
+        counts = mx.zeros((logits.shape[-1],), dtype=mx.float32).at[generated].add(1.0)
+        penalty = frequency * counts + presence * (counts > 0)
+        return logits - penalty.astype(logits.dtype)
+
+    return processor

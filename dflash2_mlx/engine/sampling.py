@@ -34,7 +34,10 @@ _CHECKS = {
         lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
         "temperature must be a finite number >= 0",
     ),
-    "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "top_p must be in (0, 1]"),
+    "top_p": (
+        lambda v: _is_number(v) and 0 <= v <= 1,
+        "top_p must be in [0, 1] (0: the most likely token only)",
+    ),
     "top_k": (
         lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
         "top_k must be an int >= 0 (0 = off)",

@@ -27,8 +27,8 @@ from .tools import ToolRequest
 # How each API turns thinking off (an error about one names them all: it may have come through
 # any of them).
 THINKING_OFF = (
-    "turn thinking off (chat: chat_template_kwargs.enable_thinking false; Messages: thinking "
-    "type disabled; Responses: no reasoning.effort)"
+    "turn thinking off (chat: chat_template_kwargs.enable_thinking false or reasoning_effort "
+    "none; Messages: thinking type disabled; Responses: reasoning.effort none)"
 )
 
 

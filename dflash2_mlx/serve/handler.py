@@ -114,18 +114,19 @@ class Handler:
             prediction=predicted,
             lookup_block=s.lookup_block,
             constraint=constraint,
-            logits_processors=self.processors(req),
+            logits_processors=self.processors(req, len(ids)),
             logprobs=req.logprobs,
         )
 
-    def processors(self, req: GenRequest) -> tuple:
-        """The request's penalties and logit_bias as mlx-lm logits processors."""
+    def processors(self, req: GenRequest, prompt_tokens: int) -> tuple:
+        """The request's penalties and logit_bias as logits processors (presence and frequency
+        count the completion's tokens, after the prompt's `prompt_tokens`)."""
         for name, value in req.penalties.items():
             try:
                 check_penalty(name, value, self.s.vocab)
             except ParameterError as e:
                 raise invalid(name, str(e)) from None
-        return penalties(self.s.vocab, **req.penalties)
+        return penalties(self.s.vocab, prompt_tokens, **req.penalties)
 
     # ------------------------------------------------------------------ the request
     async def handle(self, request: Request, req: GenRequest) -> Response:
@@ -280,7 +281,7 @@ class Handler:
         more, finish = reply.finish(finish)
         usage_ = self.usage_of(n_prompt, stats, self._finished(reply, replies))
         if req.responses is not None:
-            builder = ResponseBuilder(self.s.model_name, req.responses)
+            builder = ResponseBuilder(self.s.model_name, req.responses, req.encrypted_reasoning)
             return builder.whole(deltas + more, finish, responses_usage(usage_))
         if req.anthropic:
             message = MessageBuilder(self.s.model_name, req.stop)
@@ -307,7 +308,9 @@ class Handler:
         replies: list | None = None,
     ):
         if req.responses is not None:
-            out = ResponsesStream(ResponseBuilder(self.s.model_name, req.responses))
+            out = ResponsesStream(
+                ResponseBuilder(self.s.model_name, req.responses, req.encrypted_reasoning)
+            )
         elif req.anthropic:
             out = MessagesStream(MessageBuilder(self.s.model_name, req.stop), n_prompt)
         else:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..chat_template import THINKING_KWARG
 from ..engine.events import RoundEvent
 from ..engine.events import tau as tau_of
-from .api_error import invalid
+from .api_error import brief, invalid
 
 # Arguments of apply_chat_template itself, or set by the server: not the client's to pass.
 RESERVED = frozenset(
@@ -65,6 +65,31 @@ def parse_template_kwargs(value) -> dict:
                 "invalid_type",
             )
     return dict(value)
+
+
+# A reasoning effort (chat `reasoning_effort`, Responses `reasoning.effort`) as the template's
+# thinking switch: these templates think or not, with no finer setting.
+EFFORT_THINKING = {"none": False, "minimal": False}
+EFFORT_THINKING |= dict.fromkeys(("low", "medium", "high", "xhigh", "max"), True)
+
+
+def with_effort(kwargs: dict, effort, where: str) -> dict:
+    """`kwargs` (template variables) with the thinking switch `effort` asks for (None: as they
+    are); an `enable_thinking` that says otherwise is a 400 naming `where`."""
+    if effort is None:
+        return kwargs
+    if not isinstance(effort, str) or effort not in EFFORT_THINKING:
+        raise invalid(
+            where, f"{where} must be one of {', '.join(EFFORT_THINKING)}; got {brief(effort)}"
+        )
+    thinking, given = EFFORT_THINKING[effort], kwargs.get(THINKING_KWARG)
+    if given is not None and given is not thinking:
+        raise invalid(
+            where,
+            f"{where}={effort} turns thinking {'on' if thinking else 'off'}, but "
+            f"chat_template_kwargs.{THINKING_KWARG} is {str(given).lower()}",
+        )
+    return {THINKING_KWARG: thinking, **kwargs}
 
 
 @dataclass

@@ -10,6 +10,8 @@ there is no `[DONE]`.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import time
 import uuid
@@ -19,6 +21,23 @@ from .reply import Delta
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
+
+
+_SEALED = "dflash2:"  # encrypted_content: the thinking's text, base64 (opaque, not secret)
+
+
+def seal(text: str) -> str:
+    return _SEALED + base64.b64encode(text.encode()).decode()
+
+
+def unseal(value) -> str | None:
+    """The text seal() sealed in `value`, or None if this server did not seal it."""
+    if not isinstance(value, str) or not value.startswith(_SEALED):
+        return None
+    try:
+        return base64.b64decode(value[len(_SEALED) :], validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
 
 
 def sse_event(event: dict) -> str:
@@ -44,9 +63,10 @@ def usage(chat_usage: dict) -> dict:
 class ResponseBuilder:
     """One response: its id, the fields it echoes, its output items and its event sequence."""
 
-    def __init__(self, model: str, echo: dict):
+    def __init__(self, model: str, echo: dict, encrypted_reasoning: bool = False):
         self.id, self.created = _id("resp"), int(time.time())
         self.model, self.echo = model, echo
+        self.encrypted = encrypted_reasoning  # reasoning items carry encrypted_content
         self.output: list[dict] = []  # finished items
         self.item: dict | None = None  # the reasoning or message item being streamed
         self.text = ""  # the streamed item's text so far
@@ -184,6 +204,8 @@ class ResponseBuilder:
                 )
             )
         item = {**self.item, "content": [part], "status": status}
+        if self.item["type"] == "reasoning" and self.encrypted:
+            item["encrypted_content"] = seal(self.text)
         events.append(
             self._event("response.output_item.done", item=item, output_index=where["output_index"])
         )

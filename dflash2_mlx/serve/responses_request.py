@@ -4,7 +4,8 @@ Newer clients speak it by default (the OpenAI Agents SDK, Codex). Its `input` it
 chat messages (`instructions` a system message first; `function_call` items the assistant's
 tool calls, `function_call_output` items tool messages), its function tools and `tool_choice`
 the chat ones, `text.format` the chat `response_format`, `max_output_tokens` the token limit,
-`reasoning.effort` the template's thinking switch. The chat parser then checks everything as
+`reasoning.effort` the template's thinking switch, `reasoning` items the next assistant
+turn's reasoning_content. The chat parser then checks everything as
 for /v1/chat/completions, and its errors name the Responses field. Responses are not stored:
 `store: true`, `previous_response_id`, `conversation`, `background` and item references are
 refused.
@@ -15,7 +16,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .api_error import APIError, brief, check_object, invalid, renamed
+from .api_error import APIError, brief, invalid, renamed
+from .responses_options import (
+    apply_reasoning,
+    apply_text_format,
+    chat_tool_choice,
+    chat_tools,
+    wants_encrypted_reasoning,
+)
+from .responses_output import unseal
 from .schemas import GenRequest, parse_chat
 
 # Responses field -> its chat field (the same meaning and checks).
@@ -63,8 +72,6 @@ _REFUSED = {
     ),
     "top_logprobs": (lambda v: v in (None, 0), "logprobs are not supported on /v1/responses"),
 }
-_THINKING = {"none": False, "minimal": False, "low": True, "medium": True, "high": True}
-_THINKING["xhigh"] = True
 
 
 def parse_responses(body: dict) -> GenRequest:
@@ -87,17 +94,18 @@ def parse_responses(body: dict) -> GenRequest:
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
     if body.get("tools") is not None:
-        chat["tools"] = _tools(body["tools"])
+        chat["tools"] = chat_tools(body["tools"])
     if body.get("tool_choice") is not None:
-        chat["tool_choice"] = _tool_choice(body["tool_choice"])
-    _text(body.get("text"), chat)
-    _reasoning(body.get("reasoning"), chat)
-    _include(body.get("include"))
+        chat["tool_choice"] = chat_tool_choice(body["tool_choice"])
+    apply_text_format(body.get("text"), chat)
+    apply_reasoning(body.get("reasoning"), chat)
+    encrypted = wants_encrypted_reasoning(body.get("include"))
     try:
         req = parse_chat(chat)
     except APIError as err:
         raise _renamed(err, origin) from None
     req.responses, req.rename = _echo(body), renamer(origin)
+    req.encrypted_reasoning = encrypted
     return req
 
 
@@ -125,10 +133,16 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
     `instructions` and a leading system message make one system message."""
     messages: list[dict] = []
     origin: dict[str, str] = {}
+    thought: list[str] = []  # reasoning items' text: the next assistant turn's reasoning_content
 
     def add(message: dict, where: str) -> None:
         origin[f"messages[{len(messages)}]"] = where
         messages.append(message)
+
+    def think(message: dict) -> None:
+        if thought:
+            message["reasoning_content"] = message.get("reasoning_content", "") + "".join(thought)
+            thought.clear()
 
     instructions = body.get("instructions")
     if instructions is not None:
@@ -151,24 +165,31 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
         if kind == "message":
             message = _message(where, item)
             role = message["role"]
+            if role != "assistant":
+                thought.clear()  # no answer followed that thinking
             if last is not None and (last["role"], role) == ("assistant", "assistant"):
                 last["content"] = _flat(last["content"]) + _flat(message["content"])
+                think(last)
             elif len(messages) == 1 and instructions is not None and role in _SYSTEM:
                 last["content"] = instructions + "\n\n" + _flat(message["content"])
             else:
+                if role == "assistant":
+                    think(message)
                 add(message, where)
         elif kind == "function_call":
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": None}
                 add(last, where)
+            think(last)
             calls = last.setdefault("tool_calls", [])
             origin[f"messages[{len(messages) - 1}].tool_calls[{len(calls)}]"] = where
             calls.append(_call(where, item))
         elif kind == "function_call_output":
+            thought.clear()
             origin[f"messages[{len(messages)}]#kind"] = kind
             add(_call_output(where, item), where)
-        elif kind == "reasoning":
-            continue  # a past turn's thinking: templates drop it from the history
+        elif kind == "reasoning":  # the thinking before an answer: templates render it or not
+            thought.append(_thought(where, item))
         else:
             raise invalid(
                 f"{where}.type",
@@ -190,7 +211,43 @@ def _flat(content) -> str:
 
 
 def _message(where: str, item: dict) -> dict:
-    return {"role": item.get("role"), "content": _parts(f"{where}.content", item.get("content"))}
+    content = item.get("content")
+    if content is not None and not isinstance(content, (str, list)):
+        raise invalid(
+            f"{where}.content",
+            f"{where}.content must be a string or a list of parts",
+            "invalid_type",
+        )
+    return {"role": item.get("role"), "content": _parts(f"{where}.content", content)}
+
+
+def _thought(where: str, item: dict) -> str:
+    """A reasoning item's thinking: its reasoning_text parts, else its encrypted_content (this
+    server's, responses_output.seal); its summary is for display, as OpenAI's are."""
+    content = item.get("content") or []
+    if not isinstance(content, list):
+        raise invalid(f"{where}.content", f"{where}.content must be a list", "invalid_type")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "reasoning_text":
+            raise invalid(
+                f"{where}.content[{j}]",
+                "reasoning content parts must be reasoning_text",
+                "invalid_type",
+            )
+        if not isinstance(part.get("text"), str):
+            raise invalid(f"{where}.content[{j}].text", "text must be a string", "invalid_type")
+        texts.append(part["text"])
+    sealed = item.get("encrypted_content")
+    if texts or sealed is None:
+        return "".join(texts)
+    text = unseal(sealed)
+    if text is None:
+        raise invalid(
+            f"{where}.encrypted_content",
+            f"{where}.encrypted_content was not made by this server, so it cannot be read",
+        )
+    return text
 
 
 def _parts(where: str, content):
@@ -228,87 +285,6 @@ def _call_output(where: str, item: dict) -> dict:
     if not isinstance(output, (str, list)):
         raise invalid(f"{where}.output", "output must be a string or text parts", "invalid_type")
     return {"role": "tool", "tool_call_id": item["call_id"], "content": output}
-
-
-def _tools(tools) -> list:
-    if not isinstance(tools, list):
-        raise invalid("tools", "tools must be a list of tools", "invalid_type")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            kind = t.get("type") if isinstance(t, dict) else t
-            raise invalid(
-                f"tools[{i}].type",
-                f"only function tools are supported; got {brief(kind)}",
-                "unsupported_parameter",
-            )
-        # the chat order (templates render the keys as they come)
-        order = ("name", "description", "parameters", "strict")
-        fn = {k: t[k] for k in order if k in t}
-        fn.update((k, v) for k, v in t.items() if k not in order and k != "type")
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def _tool_choice(choice):
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    if isinstance(choice, dict):
-        raise invalid(
-            "tool_choice",
-            f"tool_choice of type {brief(choice.get('type'))} is not supported",
-            "unsupported_parameter",
-        )
-    return choice
-
-
-def _text(text, chat: dict) -> None:
-    """`text.format` as the chat `response_format`."""
-    if text is None:
-        return
-    check_object(text, "text", ("format", "verbosity"))
-    if text.get("verbosity") is not None:
-        raise invalid("text.verbosity", "verbosity is not supported", "unsupported_parameter")
-    fmt = text.get("format")
-    if fmt is None:
-        return
-    if not isinstance(fmt, dict):
-        raise invalid("text.format", "text.format must be an object", "invalid_type")
-    if fmt.get("type") == "json_schema":
-        inner = {k: v for k, v in fmt.items() if k != "type"}
-        chat["response_format"] = {"type": "json_schema", "json_schema": inner}
-    else:
-        chat["response_format"] = fmt
-
-
-def _reasoning(reasoning, chat: dict) -> None:
-    """`reasoning.effort` as the template's thinking switch (enable_thinking)."""
-    if reasoning is None:
-        return
-    if not isinstance(reasoning, dict):
-        raise invalid("reasoning", "reasoning must be an object", "invalid_type")
-    effort = reasoning.get("effort")
-    if effort is None:
-        return
-    if not isinstance(effort, str) or effort not in _THINKING:
-        raise invalid(
-            "reasoning.effort",
-            f"reasoning.effort must be one of {', '.join(_THINKING)}; got {brief(effort)}",
-        )
-    kwargs = chat.get("chat_template_kwargs")
-    if kwargs is None or isinstance(kwargs, dict):  # else the chat parser refuses it
-        chat["chat_template_kwargs"] = {"enable_thinking": _THINKING[effort], **(kwargs or {})}
-
-
-def _include(include) -> None:
-    if include is None:
-        return
-    if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
-        raise invalid("include", "include must be a list of strings", "invalid_type")
-    if "message.output_text.logprobs" in include:
-        raise invalid(
-            "include", "logprobs are not supported on /v1/responses", "unsupported_parameter"
-        )
 
 
 _RENAMES = (

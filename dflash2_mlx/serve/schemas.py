@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..chat_template import THINKING_KWARG
 from ..engine.sampling import field_problem
 from ..settings import SAMPLING_FLAGS
-from .api_error import APIError, brief, check_object, invalid, is_int, is_num, optional  # noqa: F401  (APIError is imported from here)
-from .reasoning import parse_template_kwargs
+from .api_error import APIError, brief, check_object, invalid, is_int, is_num, optional, renamed  # noqa: F401  (APIError is imported from here)
+from .reasoning import parse_template_kwargs, with_effort
 from .response_format import parse_response_format
 from .token_fields import PENALTIES, parse_logprobs, parse_penalties
 from .tools import ToolRequest, check_tool_answers, history_tool_calls, parse_tools, tool_call_id
@@ -33,6 +34,7 @@ def _neutral(*values) -> Callable[[Any], bool]:
     return ok
 
 
+_EFFORT_RENAME = ((rf"^chat_template_kwargs\.{THINKING_KWARG}$", "reasoning_effort"),)
 MAX_CHOICES = 8  # `n`: each choice is a generation of its own
 
 # field -> (neutral value test, what is unsupported)
@@ -44,7 +46,6 @@ _CHAT_ONLY = {
     ),
     "modalities": (lambda v: v is None or v == ["text"], "only text output is supported"),
     "audio": (_neutral(None), "audio output is not supported"),
-    "reasoning_effort": (_neutral(None), "reasoning_effort is not supported"),
     "verbosity": (_neutral(None), "verbosity is not supported"),
     "web_search_options": (_neutral(None), "web search is not supported"),
     "store": (_neutral(None, False), "stored completions are not supported"),
@@ -87,6 +88,7 @@ class GenRequest:
     penalties: dict[str, Any] = field(default_factory=dict)  # processors.penalties' settings
     # a /v1/responses request (a chat one inside): the fields its response echoes
     responses: dict | None = None
+    encrypted_reasoning: bool = False  # /v1/responses: reasoning items carry encrypted_content
     anthropic: bool = False  # a /v1/messages request (messages_request.py), chat inside
     thinking_budget: int | None = None  # most tokens in the thinking section (engine/budget.py)
     # how its errors name the fields the client sent (/v1/responses and /v1/messages differ)
@@ -131,6 +133,8 @@ def _sampling(body: dict) -> dict[str, Any]:
             )
         if name == "top_k" and v == -1:  # vLLM's and mlx-lm's "off"
             v = 0
+        if name == "seed" and -(2**63) <= v < 0:  # OpenAI's seeds are int64: the same bits
+            v %= 2**64
         problem = field_problem(name, v)
         if problem:
             raise invalid(name, f"{problem}; got {brief(v)}")
@@ -325,6 +329,7 @@ def parse_chat(body: dict) -> GenRequest:
             "tool_choice",
             "parallel_tool_calls",
             "chat_template_kwargs",
+            "reasoning_effort",
             "thinking_budget",
             "response_format",
             "logprobs",
@@ -349,7 +354,11 @@ def parse_chat(body: dict) -> GenRequest:
     req.tools = parse_tools(body)
     if req.logprobs is not None and req.tools is not None and req.tools.active:
         raise invalid("logprobs", "logprobs with tools are not supported", "unsupported_parameter")
-    req.template_kwargs = parse_template_kwargs(body.get("chat_template_kwargs"))
+    kwargs = parse_template_kwargs(body.get("chat_template_kwargs"))
+    effort = body.get("reasoning_effort")
+    req.template_kwargs = with_effort(kwargs, effort, "reasoning_effort")
+    if effort is not None and THINKING_KWARG not in kwargs:  # the switch is the effort's
+        req.rename = lambda err: renamed(err, err.param or "", _EFFORT_RENAME)
     budget = optional(body, "thinking_budget", is_int, "an integer")
     if budget is not None and budget < 1:
         raise invalid("thinking_budget", f"thinking_budget must be >= 1; got {budget}")

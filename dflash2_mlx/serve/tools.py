@@ -139,16 +139,17 @@ def parse_tools(body: dict) -> ToolRequest | None:
 
 
 def _arguments(where: str, args):
-    """OpenAI sends arguments as a JSON string; templates take the object."""
+    """OpenAI sends arguments as a JSON string; templates take the object. A string that is
+    not a JSON object (a call cut short, another provider's) reaches the template as it is:
+    the API treats it as opaque, and a client resends its history every turn, so a 400 here
+    would end the conversation. A template that cannot take a string refuses it (a 400)."""
     if not isinstance(args, str):
         raise invalid(where, f"{where} must be a JSON string", "invalid_type")
     try:
         value = json.loads(args) if args.strip() else {}
-    except ValueError as e:
-        raise invalid(where, f"{where} is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise invalid(where, f"{where} must encode a JSON object (name: value); got {brief(args)}")
-    return value
+    except ValueError:
+        return args
+    return value if isinstance(value, dict) else args
 
 
 def history_tool_calls(i: int, calls) -> list[dict]:

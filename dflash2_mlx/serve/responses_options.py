@@ -1,0 +1,109 @@
+"""The Responses API's request options as the chat request's: function `tools` and
+`tool_choice`, `text.format` (the chat `response_format`), `reasoning` (the thinking switch)
+and `include` (responses_request.py uses them)."""
+
+from __future__ import annotations
+
+from .api_error import brief, check_object, invalid
+from .reasoning import with_effort
+
+
+def chat_tools(tools) -> list:
+    if not isinstance(tools, list):
+        raise invalid("tools", "tools must be a list of tools", "invalid_type")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else t
+            raise invalid(
+                f"tools[{i}].type",
+                f"only function tools are supported; got {brief(kind)}",
+                "unsupported_parameter",
+            )
+        # the chat order (templates render the keys as they come)
+        order = ("name", "description", "parameters", "strict")
+        fn = {k: t[k] for k in order if k in t}
+        fn.update((k, v) for k, v in t.items() if k not in order and k != "type")
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def chat_tool_choice(choice):
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    if isinstance(choice, dict):
+        raise invalid(
+            "tool_choice",
+            f"tool_choice of type {brief(choice.get('type'))} is not supported",
+            "unsupported_parameter",
+        )
+    return choice
+
+
+def apply_text_format(text, chat: dict) -> None:
+    """`text.format` as the chat `response_format`."""
+    if text is None:
+        return
+    check_object(text, "text", ("format", "verbosity"))
+    if text.get("verbosity") is not None:
+        raise invalid("text.verbosity", "verbosity is not supported", "unsupported_parameter")
+    fmt = text.get("format")
+    if fmt is None:
+        return
+    if not isinstance(fmt, dict):
+        raise invalid("text.format", "text.format must be an object", "invalid_type")
+    if fmt.get("type") == "json_schema":
+        inner = {k: v for k, v in fmt.items() if k != "type"}
+        chat["response_format"] = {"type": "json_schema", "json_schema": inner}
+    else:
+        chat["response_format"] = fmt
+
+
+def apply_reasoning(reasoning, chat: dict) -> None:
+    """`reasoning.effort` as the template's thinking switch (enable_thinking). Summaries are
+    not written: the thinking comes whole, as the reasoning item's text."""
+    if reasoning is None:
+        return
+    check_object(reasoning, "reasoning", ("effort", "summary", "generate_summary"))
+    for k in ("summary", "generate_summary"):
+        if reasoning.get(k) is not None:
+            raise invalid(
+                f"reasoning.{k}",
+                f"reasoning.{k}: summaries are not written (the reasoning item holds the whole "
+                "thinking as reasoning_text); send null",
+                "unsupported_parameter",
+            )
+    kwargs = chat.get("chat_template_kwargs")
+    if kwargs is None or isinstance(kwargs, dict):  # else the chat parser refuses it
+        given = with_effort(kwargs or {}, reasoning.get("effort"), "reasoning.effort")
+        if given:
+            chat["chat_template_kwargs"] = given
+
+
+# `include` values about items this server never makes (built-in tools, images): nothing to add
+_NO_SUCH_ITEMS = (
+    "web_search_call.action.sources",
+    "web_search_call.results",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+    "file_search_call.results",
+    "message.input_image.image_url",
+)
+ENCRYPTED = "reasoning.encrypted_content"
+
+
+def wants_encrypted_reasoning(include) -> bool:
+    """Whether reasoning items carry `encrypted_content` (here the thinking's text, opaque to
+    the client, which sends it back in `input` when it keeps no other copy)."""
+    if include is None:
+        return False
+    if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
+        raise invalid("include", "include must be a list of strings", "invalid_type")
+    for x in include:
+        if x == "message.output_text.logprobs":
+            raise invalid(
+                "include", "logprobs are not supported on /v1/responses", "unsupported_parameter"
+            )
+        if x != ENCRYPTED and x not in _NO_SUCH_ITEMS:
+            raise invalid("include", f"include value {brief(x)} is not supported", "invalid_value")
+    return ENCRYPTED in include
