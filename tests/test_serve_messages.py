@@ -15,6 +15,8 @@ from test_serve import running
 from test_serve_tools import ask, tool_pair  # noqa: F401  (tool_pair: fixture)
 
 from dflash2_mlx.serve import create_app
+from dflash2_mlx.serve.messages_output import MessageBuilder
+from dflash2_mlx.serve.reply import Delta
 from dflash2_mlx.serve.security import SecurityPolicy
 
 TOOL = {
@@ -180,7 +182,11 @@ def test_stop_reasons(client):
         ),
         ({"output_config": {"effort": "huge"}}, "output_config.effort"),
         ({"stop_sequences": "x"}, "stop_sequences"),
-        ({"max_tokens": 5000}, "max_tokens"),
+        ({"messages": []}, "at least one message"),
+        ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages[0].name"),
+        ({"thinking": {"type": "adaptive", "budget_tokens": 9}}, "thinking.budget_tokens"),
+        ({"tools": [TOOL], "tool_choice": {"type": "any", "name": "f"}}, "tool_choice.name"),
+        ({"tools": [{**TOOL, "defer_loading": True}]}, "tools[0].defer_loading"),
         ({"frobnicate": 1}, "frobnicate"),
     ],
 )
@@ -192,6 +198,53 @@ def test_errors_take_anthropics_shape_and_name_the_field(url, extra, needle):
     err = r.json()
     assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
     assert needle in err["error"]["message"], err
+
+
+def test_past_the_context_it_generates_up_to_the_window(tool_pair):  # noqa: F811
+    """As Anthropic's newer models: max_tokens past the context's room is no 400; the reply
+    stops at the context's end, stop_reason model_context_window_exceeded. A prompt that
+    leaves no room is Anthropic's "prompt is too long"."""
+    app = create_app(tool_pair, model_name="tools", context_length=20)
+    with running(app) as base:
+        client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+        r = send(client, tt.HI, max_tokens=4096)
+        prompt = r.usage.input_tokens + r.usage.cache_read_input_tokens
+        assert r.stop_reason == "model_context_window_exceeded"
+        assert prompt + r.usage.output_tokens == 20
+        short = send(client, tt.HI, max_tokens=3)
+        assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 3
+        with pytest.raises(anthropic.BadRequestError) as e:
+            send(client, [{"role": "user", "content": "hi " * 30}])
+        assert e.value.body["error"]["message"].startswith("prompt is too long: ")
+        assert e.value.body["error"]["message"].endswith(" tokens > 19 maximum")
+
+
+def test_a_reply_cut_after_a_call_stops_for_max_tokens():
+    """The call after the complete one may be what max_tokens cut: the client must not take
+    the turn for finished (Anthropic says max_tokens whatever came before)."""
+    call = {"id": "call_1", "type": "function"}
+    call["function"] = {"name": "get_weather", "arguments": '{"city": "paris"}'}
+    deltas = [Delta("tool_call", call=call), Delta("content", '<tool_call>\n{"name": "get')]
+    usage_ = {"input_tokens": 3, "output_tokens": 9, "cache_read_input_tokens": 0}
+    cut = MessageBuilder("tools", []).whole(deltas, "length", None, usage_)
+    assert [b["type"] for b in cut["content"]] == ["tool_use", "text"]
+    assert cut["stop_reason"] == "max_tokens"
+    done = MessageBuilder("tools", []).whole(deltas[:1], "tool_calls", None, usage_)
+    assert done["stop_reason"] == "tool_use"
+
+
+def test_same_role_turns_combine_and_blocks_join_by_lines(client):
+    """Consecutive user turns are one turn (as Anthropic combines them); text blocks join
+    with a newline, as chat joins text parts."""
+    both = [{"role": "user", "content": "weather in"}, {"role": "user", "content": "paris?"}]
+    blocks = [{"type": "text", "text": "weather in"}, {"type": "text", "text": "paris?"}]
+    joined = [{"role": "user", "content": "weather in\nparis?"}]
+    want = client.messages.count_tokens(model="tools", messages=joined).input_tokens
+    for messages in (both, [{"role": "user", "content": blocks}]):
+        assert client.messages.count_tokens(model="tools", messages=messages).input_tokens == want
+    system = client.messages.count_tokens(model="tools", messages=tt.HI, system=blocks)
+    lines = client.messages.count_tokens(model="tools", messages=tt.HI, system="weather in\nparis?")
+    assert system.input_tokens == lines.input_tokens
 
 
 def test_the_api_key_as_x_api_key(tool_pair):  # noqa: F811

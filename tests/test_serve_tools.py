@@ -440,7 +440,9 @@ def test_reply_split_does_not_depend_on_round_boundaries(tool_tokenizer):
     does not parse stays in the content, verbatim; whitespace between calls is no content."""
     tok = tool_tokenizer
     broken = '<tool_call>\n{"name": get_weather}\n</tool_call>'
-    text = f"<think>\n{tt.THOUGHT}\n</think>\n\nok {tt.TWO_CALLS} then {broken} end"
+    # a function's arguments are an object: a list is no call either
+    listed = '<tool_call>\n{"name": "get_weather", "arguments": [1]}\n</tool_call>'
+    text = f"<think>\n{tt.THOUGHT}\n</think>\n\nok {tt.TWO_CALLS} then {broken} {listed} end"
     tools = ToolRequest(tuple(tt.TOOLS))
     results = set()
     for step in (1, 2, 3, 7, 11, len(text)):
@@ -460,9 +462,9 @@ def test_reply_split_does_not_depend_on_round_boundaries(tool_tokenizer):
     assert results == {
         (
             f"\n{tt.THOUGHT}\n",
-            f"\n\nok  then {broken} end",  # the "\n" between the two calls is dropped
+            f"\n\nok  then {broken} {listed} end",  # the "\n" between the two calls is dropped
             "tool_calls",
-            1,
+            2,
             (("get_weather", '{"city": "paris"}'), ("get_weather", '{"city": "rome"}')),
         )
     }

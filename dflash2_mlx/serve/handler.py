@@ -24,7 +24,7 @@ from ..text import quiet_length_warning
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .choices import handle_choices
 from .format import ChatStream, Formatter, ReplyStats, usage
-from .limits import RequestLimits, context_exceeded
+from .limits import RequestLimits, context_exceeded, prompt_too_long
 from .logprobs import LogprobChunks, Logprobs
 from .queue import Item, Job, QueueFull, ShuttingDown, Worker
 from .reply import ChatReply
@@ -98,10 +98,14 @@ class Handler:
             raise invalid(where, "the prompt is empty after tokenization")
         room = s.context - len(ids)
         if room < 1:
+            if req.anthropic:
+                raise prompt_too_long(s.context, len(ids))
             raise context_exceeded(s.context, where, len(ids))
         max_tokens = req.max_tokens
         if max_tokens is None:
             max_tokens = min(s.default_max_tokens, room)
+        elif self.past_window(req, len(ids)):
+            max_tokens = room  # Anthropic's newer models: up to the context's end
         elif max_tokens > room:
             raise context_exceeded(
                 s.context, where, len(ids), max_tokens, param=req.max_tokens_param
@@ -117,6 +121,12 @@ class Handler:
             logits_processors=self.processors(req, len(ids)),
             logprobs=req.logprobs,
         )
+
+    def past_window(self, req: GenRequest, prompt_tokens: int) -> bool:
+        """A Messages request whose max_tokens goes past the context: it generates up to the
+        context's end (stop_reason model_context_window_exceeded), not a 400."""
+        asked = req.max_tokens
+        return req.anthropic and asked is not None and prompt_tokens + asked > self.s.context
 
     def processors(self, req: GenRequest, prompt_tokens: int) -> tuple:
         """The request's penalties and logit_bias as logits processors (presence and frequency
@@ -284,7 +294,7 @@ class Handler:
             builder = ResponseBuilder(self.s.model_name, req.responses, req.encrypted_reasoning)
             return builder.whole(deltas + more, finish, responses_usage(usage_))
         if req.anthropic:
-            message = MessageBuilder(self.s.model_name, req.stop)
+            message = MessageBuilder(self.s.model_name, req.stop, self.past_window(req, n_prompt))
             return message.whole(deltas + more, finish, stop, messages_usage(usage_))
         return fmt.full(
             "".join(reply.content),
@@ -312,7 +322,8 @@ class Handler:
                 ResponseBuilder(self.s.model_name, req.responses, req.encrypted_reasoning)
             )
         elif req.anthropic:
-            out = MessagesStream(MessageBuilder(self.s.model_name, req.stop), n_prompt)
+            builder = MessageBuilder(self.s.model_name, req.stop, self.past_window(req, n_prompt))
+            out = MessagesStream(builder, n_prompt)
         else:
             tools = reply is not None and reply.tools is not None
             out = ChatStream(fmt, req.include_usage, LogprobChunks(lp), stats is None, tools)

@@ -90,9 +90,9 @@ class RequestLimits:
         else:
             chars = len(req.prompt) if isinstance(req.prompt, str) else 0
             if isinstance(req.prompt, list) and len(req.prompt) > self.prompt_tokens:
-                raise self.prompt_error(where, len(req.prompt))
+                raise self.prompt_error(req, where, len(req.prompt))
         if self.prompt_chars and chars > self.prompt_chars:
-            raise self.prompt_error(where, self.prompt_tokens, chars)
+            raise self.prompt_error(req, where, self.prompt_tokens, chars)
         if self.prediction_chars and req.prediction and len(req.prediction) > self.prediction_chars:
             raise _too_long(
                 "prediction",
@@ -103,7 +103,7 @@ class RequestLimits:
     def check_tokens(self, req: GenRequest, ids: list[int], predicted) -> None:
         """After tokenizing, before queueing: lengths in tokens."""
         if len(ids) > self.prompt_tokens:
-            raise self.prompt_error("messages" if req.kind == "chat" else "prompt", len(ids))
+            raise self.prompt_error(req, "messages" if req.kind == "chat" else "prompt", len(ids))
         if len(predicted) > self.prediction_tokens:
             raise _too_long(
                 "prediction",
@@ -111,8 +111,11 @@ class RequestLimits:
                 f"server's limit is {self.prediction_tokens}",
             )
 
-    def prompt_error(self, where: str, n: int, chars: int | None = None) -> APIError:
-        """A prompt over the limit: the context's (in OpenAI's words), or --max-prompt-tokens.
+    def prompt_error(
+        self, req: GenRequest, where: str, n: int, chars: int | None = None
+    ) -> APIError:
+        """A prompt over the limit: the context's (in OpenAI's words, or Anthropic's for a
+        Messages request), or --max-prompt-tokens.
         `chars`: refused by its length in characters (then it has more than `n` tokens)."""
         tokens = f"more than {n} tokens ({chars} characters)" if chars else f"{n} tokens"
         if self.prompt_tokens < self.context - 1:
@@ -121,6 +124,8 @@ class RequestLimits:
                 f"the prompt has {tokens}; this server's prompt limit is {self.prompt_tokens}",
                 "context_length_exceeded",
             )
+        if req.anthropic:
+            return prompt_too_long(self.context, tokens)
         return context_exceeded(self.context, where, tokens)
 
 
@@ -150,3 +155,10 @@ def context_exceeded(
         )
     message = f"This model's maximum context length is {context} tokens. However, {asked}"
     return APIError(400, message, param=param or where, code="context_length_exceeded")
+
+
+def prompt_too_long(context: int, prompt: int | str) -> APIError:
+    """Anthropic's wording of a prompt that leaves no room in the context (Messages API)."""
+    tokens = f"{prompt} tokens" if isinstance(prompt, int) else prompt
+    message = f"prompt is too long: {tokens} > {context - 1} maximum"
+    return APIError(400, message, param=None, code="context_length_exceeded")

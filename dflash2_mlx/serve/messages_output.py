@@ -1,7 +1,9 @@
 """A chat reply as an Anthropic Messages API message and its stream events.
 
 Content blocks in the order generated: `thinking` (the reasoning), `text`, `tool_use` (one per
-call, its arguments as `input`). `stop_reason`: `tool_use` after calls, `max_tokens` when cut,
+call, its arguments as `input`). `stop_reason`: `max_tokens` when cut (or
+`model_context_window_exceeded` when the context's end cut it: a prompt + max_tokens past the
+context generates up to the context, as Anthropic's newer models do), `tool_use` after calls,
 `stop_sequence` (with `stop_sequence`) when one of the request's stop sequences ended it, else
 `end_turn`. A stream sends `message_start`, each block's start / deltas / stop,
 `message_delta` (the stop reason, output tokens) and `message_stop`.
@@ -54,8 +56,9 @@ def usage(chat_usage: dict) -> dict:
 class MessageBuilder:
     """One message: its id, content blocks and events."""
 
-    def __init__(self, model: str, stop_sequences: list[str]):
+    def __init__(self, model: str, stop_sequences: list[str], window: bool = False):
         self.id, self.model, self.stops = f"msg_{uuid.uuid4().hex}", model, stop_sequences
+        self.window = window  # max_tokens was cut to the context's room: its end is the window's
         self.blocks: list[dict] = []
         self.open: dict | None = None  # the thinking or text block being streamed
 
@@ -109,10 +112,10 @@ class MessageBuilder:
         ]
 
     def _stop(self, finish: str, stop: str | None) -> tuple[str, str | None]:
+        if finish == "length":  # cut, even after a call: the next one may be what was cut
+            return ("model_context_window_exceeded" if self.window else "max_tokens"), None
         if any(b["type"] == "tool_use" for b in self.blocks):
             return "tool_use", None
-        if finish == "length":
-            return "max_tokens", None
         if stop is not None and stop in self.stops:
             return "stop_sequence", stop
         return "end_turn", None
@@ -135,12 +138,7 @@ class MessageBuilder:
 
     def _tool_use(self, call: dict) -> list[dict]:
         fn = call["function"]
-        try:
-            arguments = json.loads(fn["arguments"])
-        except ValueError:
-            arguments = {}
-        if not isinstance(arguments, dict):
-            arguments = {"value": arguments}
+        arguments = json.loads(fn["arguments"])  # an object (reply.py keeps others as text)
         index = len(self.blocks)
         block = {"type": "tool_use", "id": call["id"], "name": fn["name"], "input": {}}
         partial = json.dumps(arguments, ensure_ascii=False)

@@ -2,7 +2,7 @@
 
 For clients that speak Anthropic's API (its SDKs; tools pointed at a local server through
 ANTHROPIC_BASE_URL). `system` becomes a system message; content blocks become chat content:
-`text` blocks the text, an assistant's `tool_use` blocks its tool calls, a user's
+`text` blocks the text (joined by newlines; consecutive same-role turns make one), an assistant's `tool_use` blocks its tool calls, a user's
 `tool_result` blocks tool messages (in order, before the user's own text); `thinking` blocks
 sent back are dropped (templates drop past thinking); a final assistant message is the reply's
 prefill (chat's `continue_final_message`). Tools (`input_schema`), `tool_choice`
@@ -40,6 +40,9 @@ _NEUTRAL = {  # field -> allowed value test: others would change the output and 
     "context_management": lambda v: v is None,
 }
 _EFFORTS = ("low", "medium", "high", "xhigh", "max")
+# tool field -> values that change nothing here: how a call's input streams (this server sends
+# it whole), and every tool loaded up front
+_TOOL_NEUTRAL = {"eager_input_streaming": (None, False, True), "defer_loading": (None, False)}
 
 
 def parse_messages(body: dict) -> GenRequest:
@@ -84,6 +87,12 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
     origin: dict[str, str] = {}
 
     def add(message: dict, where: str) -> None:
+        last = messages[-1] if messages else None
+        if last is not None and _joins(last, message):  # as Anthropic combines them
+            last["content"] = "\n".join(t for t in (last["content"], message["content"]) if t)
+            if message.get("tool_calls"):
+                last["tool_calls"] = message["tool_calls"]
+            return
         origin[f"messages[{len(messages)}]"] = where
         messages.append(message)
 
@@ -94,10 +103,13 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
     if not isinstance(items, list):
         kind = "missing_required_parameter" if items is None else "invalid_type"
         raise invalid("messages", "messages must be a list of messages", kind)
+    if not items:
+        raise invalid("messages", "messages: at least one message is required")
     for i, m in enumerate(items):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise invalid(where, "each message must be an object", "invalid_type")
+        check_object(m, where, ("role", "content"))
         role, content = m.get("role"), m.get("content")
         if role not in ("user", "assistant") or not isinstance(role, str):
             raise invalid(f"{where}.role", f"role must be user or assistant; got {brief(role)}")
@@ -129,7 +141,7 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
                     "unsupported_parameter",
                 )
         if texts or calls or role == "assistant" or not content:  # roles keep alternating
-            message = {"role": role, "content": "".join(texts) if texts else None}
+            message = {"role": role, "content": "\n".join(texts) if texts else None}
             if calls:
                 message["tool_calls"] = calls
             elif message["content"] is None:
@@ -138,15 +150,21 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
     return messages, origin
 
 
+def _joins(last: dict, message: dict) -> bool:
+    """Consecutive user (or assistant) turns make one, the earlier with no tool calls."""
+    same = last["role"] == message["role"] and message["role"] in ("user", "assistant")
+    return same and not last.get("tool_calls")
+
+
 def _text(where: str, value) -> str:
-    """A string, or text blocks joined."""
+    """A string, or text blocks joined by newlines."""
     if isinstance(value, str):
         return value
     if isinstance(value, list) and all(
         isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
         for b in value
     ):
-        return "".join(b["text"] for b in value)
+        return "\n".join(b["text"] for b in value)
     raise invalid(where, f"{where} must be a string or text blocks", "invalid_type")
 
 
@@ -179,7 +197,7 @@ def _tools(tools) -> list:
         raise invalid("tools", "tools must be a list of tools", "invalid_type")
     out = []
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type", "custom") != "custom":
+        if not isinstance(t, dict) or (t.get("type") or "custom") != "custom":
             kind = t.get("type") if isinstance(t, dict) else t
             raise invalid(
                 f"tools[{i}].type",
@@ -196,6 +214,7 @@ def _tools(tools) -> list:
         if t.get("strict") is not None:
             fn["strict"] = t["strict"]
         extra = set(t) - {"type", "name", "description", "input_schema", "strict", "cache_control"}
+        extra = {k for k in extra if not any(t[k] is v for v in _TOOL_NEUTRAL.get(k, ()))}
         if extra:
             key = sorted(extra)[0]
             raise invalid(
@@ -210,6 +229,9 @@ def _tool_choice(choice, chat: dict) -> None:
         return
     kind = choice.get("type") if isinstance(choice, dict) else None
     names = {"auto": "auto", "any": "required", "none": "none"}
+    if kind in ("auto", "any", "tool", "none"):
+        keys = ("type", "disable_parallel_tool_use") + (("name",) if kind == "tool" else ())
+        check_object(choice, "tool_choice", keys)
     if kind in ("any", "tool") and not chat.get("tools"):
         raise invalid("tool_choice.type", f"tool_choice.type {kind!r} needs tools")
     if isinstance(kind, str) and kind in names:
@@ -258,6 +280,12 @@ def _thinking(thinking, chat: dict) -> int | None:
                 "unsupported_parameter",
             )
     budget = thinking.get("budget_tokens")
+    if budget is not None and kind != "enabled":
+        raise invalid(
+            "thinking.budget_tokens",
+            f"thinking.budget_tokens goes with thinking.type enabled, not {kind}",
+            "unsupported_parameter",
+        )
     if budget is not None and (
         isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
     ):
@@ -265,7 +293,7 @@ def _thinking(thinking, chat: dict) -> int | None:
             "thinking.budget_tokens", f"budget_tokens must be an int >= 1; got {brief(budget)}"
         )
     chat["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
-    return budget if kind == "enabled" else None
+    return budget
 
 
 def _output_config(config, chat: dict, origin: dict[str, str]) -> None:

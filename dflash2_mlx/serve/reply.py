@@ -118,6 +118,9 @@ class ChatReply:
                 isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls
             ):
                 raise ValueError(f"no function name in {parsed!r}")
+            for c in calls:  # a function's arguments are an object (its parameters' schema)
+                if not isinstance(_object(c.get("arguments", {})), dict):
+                    raise ValueError(f"arguments of {c['name']!r} are not a JSON object")
         except Exception as e:  # the model's text, not a server fault: keep it as content
             log.warning("a tool call did not parse (%s: %s); kept as content", type(e).__name__, e)
             self.unparsed += 1
@@ -142,3 +145,13 @@ class ChatReply:
             self.calls.append(call)
             out.append(Delta("tool_call", call=call))
         return out
+
+
+def _object(args):
+    """Parsed arguments: a JSON string decoded (None if it is not JSON), else as they are."""
+    if not isinstance(args, str):
+        return args
+    try:
+        return json.loads(args)
+    except ValueError:
+        return None
