@@ -82,6 +82,16 @@ class TemplateInfo:
     def renders_tools(self) -> bool:
         return self.has_template and self.reads("tools") is not False
 
+    @property
+    def call_id_length(self) -> int | None:
+        """The length the template requires of tool-call ids (Mistral's: 9), or None."""
+        found = _CALL_ID_LENGTH.search(self.source or "")
+        return int(found.group(1)) if found else None
+
+
+# Mistral's templates: {% if tool_call.id|length != 9 %}{{ raise_exception(...) }}
+_CALL_ID_LENGTH = re.compile(r"(?:tool_call\.id|tool_call_id)\s*\|\s*length\s*!=\s*(\d+)")
+
 
 def render_text(
     tokenizer, messages: list[dict], *, tools=None, add_generation_prompt=True, **kwargs

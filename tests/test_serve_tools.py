@@ -477,6 +477,32 @@ def _tokenizer_with(template: str, tmp_path):
     return tt.load_tokenizer(tmp_path)
 
 
+def test_call_ids_take_the_length_the_template_requires(tmp_path, tool_tokenizer):
+    """Mistral's templates refuse history ids that are not 9 alphanumeric characters: the
+    ids the server makes are that, so a client can send its calls back."""
+    check = (
+        "{% if tool_call.id is defined and tool_call.id|length != 9 %}"
+        "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}"
+        "{% endif %}"
+    )
+    loop = "{% for tool_call in message.tool_calls or [] %}"
+    tok = _tokenizer_with(tt.TEMPLATE.replace(loop, loop + check), tmp_path / "nine")
+    chat = ChatTemplate(tok)
+    prompt = chat.prompt(tt.ASK, parse_tools_body(), {})
+    assert prompt.call_id_length == 9
+    reply = ChatReply(tok, prompt)
+    reply.feed(tt.CALL_TEXT, RoundEvent(tokens=[5]))
+    reply.finish("stop")
+    (call,) = reply.calls
+    assert len(call["id"]) == 9 and call["id"].isalnum()
+    history = tt.ASK + [{"role": "assistant", "content": "", "tool_calls": [call]}]
+    history.append({"role": "tool", "tool_call_id": call["id"], "content": tt.RESULT})
+    assert chat.prompt(history, parse_tools_body(), {}).ids  # the template takes it back
+    with pytest.raises(APIError, match="length 9"):
+        chat.prompt(tt.followup("call_1"), parse_tools_body(), {})
+    assert ChatTemplate(tool_tokenizer).prompt(tt.ASK, None, {}).call_id_length is None
+
+
 def test_forced_call_opening_follows_the_template(tmp_path):
     """The prefilled opening is read off the template: an XML-style format (mlx-lm's
     qwen3_coder parser) opens with the function's tag; a format that writes the arguments

@@ -39,6 +39,7 @@ class ChatPrompt:
     call_prefix: str = ""  # the forced call's text after the start marker (already in ids)
     stops: tuple[str, ...] = ()  # stop strings the tools add (parallel_tool_calls false)
     tools: ToolRequest | None = None  # active tools: the reply's calls are parsed
+    call_id_length: int | None = None  # the template's required tool-call id length
 
 
 def _template_call(fn) -> object:
@@ -163,7 +164,7 @@ class ChatTemplate:
                 )
             stops = (self.tok.tool_call_end,)  # the end of the first call ends the reply
         if active is None or not active.forced:
-            return ChatPrompt(ids, state, "", stops, active)
+            return ChatPrompt(ids, state, "", stops, active, self.info.call_id_length)
         lead, opening = _template_call(
             lambda: self._call_opening(messages, listed, kwargs, active.name)
         )
@@ -174,7 +175,8 @@ class ChatTemplate:
                 "a forced tool_choice makes the reply open with a tool call, but this prompt "
                 f"leaves a thinking section open; {THINKING_OFF}",
             )
-        return ChatPrompt(ids, "tool", opening[len(self.tok.tool_call_start) :], stops, active)
+        call = opening[len(self.tok.tool_call_start) :]
+        return ChatPrompt(ids, "tool", call, stops, active, self.info.call_id_length)
 
     def _prefilled(self, ids: list[int], prefill: str) -> list[int]:
         """The prompt with the reply's prefill after it. Not inside a thinking section the

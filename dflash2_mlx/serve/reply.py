@@ -47,6 +47,7 @@ class ChatReply:
 
     def __init__(self, tokenizer, prompt: ChatPrompt):
         self.tok, self.tools = tokenizer, prompt.tools
+        self.id_length = prompt.call_id_length  # None: OpenAI-style "call_..." ids
         self.machine = _machine(tokenizer, prompt.tools is not None)
         self.state = self.machine.make_state(prompt.state) if self.machine else None
         self.current = prompt.state
@@ -100,6 +101,13 @@ class ChatReply:
                 out += self._content(text)
         return out
 
+    def _new_id(self) -> str:
+        """A call id the template takes back: OpenAI's form, or the length it requires (hex
+        digits: alphanumeric, as Mistral's templates ask)."""
+        if self.id_length is None:
+            return f"call_{uuid.uuid4().hex[:24]}"
+        return (uuid.uuid4().hex * (1 + self.id_length // 32))[: self.id_length]
+
     def _content(self, text: str, hold: bool = True) -> list[Delta]:
         held = self.tools is not None and (not self.content or self.after_call)
         if hold and held and not (self.held + text).strip():
@@ -133,7 +141,7 @@ class ChatReply:
             args = c.get("arguments", {})
             call = {
                 "index": len(self.calls),
-                "id": c.get("id") or f"call_{uuid.uuid4().hex[:24]}",
+                "id": c.get("id") or self._new_id(),
                 "type": "function",
                 "function": {
                     "name": c["name"],
