@@ -13,6 +13,7 @@ import typer
 
 from .bench_options import BenchOptions
 from .common import (
+    given_params,
     DraftVocabOpt,
     DrafterOpt,
     FullVocabOpt,
@@ -53,6 +54,7 @@ def default_json_path() -> Path:
 
 
 def bench(
+    ctx: typer.Context,
     model: ModelArg = None,
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
@@ -69,7 +71,12 @@ def bench(
         show_default=False,
     ),
     max_tokens: int = typer.Option(128, "--max-tokens", help="Tokens generated per prompt (>= 2)."),
-    repeats: int = typer.Option(3, "--repeats", help="Timed runs per prompt (medians)."),
+    repeats: int = typer.Option(
+        3,
+        "--repeats",
+        help="Timed runs per prompt (medians); unless given: 5 with --autotune (its least), "
+        "20 per kernel with --kernels alone.",
+    ),
     block: Optional[List[str]] = typer.Option(
         None,
         "--block",
@@ -171,6 +178,7 @@ def bench(
             draft_vocab=draft_vocab,
         ),
         argv=sys.argv[1:],
+        given=given_params(ctx),
     )
     options.check()
     from .bench_run import run_bench_command

@@ -9,6 +9,11 @@ from typing import Any, Optional
 
 from .common import fail
 
+KERNEL_REPEATS = 20  # kernel micro-benchmarks: timed runs each, unless --repeats says
+AUTOTUNE_REPEATS = 5  # the autotuner's cost fit: timed runs per prompt (its least), unless more
+# What --kernels alone (no model loaded) takes besides itself
+_KERNELS_ONLY_FLAGS = {"kernels", "json_path", "repeats", "no_plot", "offline"}
+
 
 @dataclass
 class BenchOptions:
@@ -33,6 +38,15 @@ class BenchOptions:
     offline: bool
     engine: Any  # common.engine_flags(...)
     argv: list[str]
+    given: frozenset[str] = frozenset()  # the parameters the command line set
+
+    @property
+    def kernel_repeats(self) -> int:
+        return self.repeats if "repeats" in self.given else KERNEL_REPEATS
+
+    @property
+    def autotune_repeats(self) -> int:
+        return self.repeats if "repeats" in self.given else AUTOTUNE_REPEATS
 
     @property
     def kernels_only(self) -> bool:
@@ -74,6 +88,21 @@ class BenchOptions:
             fail("--plot and --no-plot contradict each other")
         if self.plot is not None and (self.autotune or self.kernels_only):
             fail("--plot needs the speed benchmark (it plots speedup and τ per category)")
+        if self.kernels_only and self.given - _KERNELS_ONLY_FLAGS:
+            name = sorted(self.given - _KERNELS_ONLY_FLAGS)[0]
+            flag = (
+                "--thinking/--no-thinking" if name == "thinking" else "--" + name.replace("_", "-")
+            )
+            fail(f"{flag} needs a model run: --kernels alone times the kernels only (add a MODEL)")
+        if self.autotune and "repeats" in self.given and self.repeats < AUTOTUNE_REPEATS:
+            fail(
+                f"--autotune needs --repeats >= {AUTOTUNE_REPEATS} (its cost fit), got {self.repeats}"
+            )
+        if self.concurrency and "context" in self.given:
+            fail(
+                "--context sets the cache depth the speed benchmark and --autotune time at; "
+                "--concurrency does not use it"
+            )
 
 
 @dataclass

@@ -79,7 +79,7 @@ def run_bench_command(options: BenchOptions) -> int:
         else:
             code = _speed(run)
     if options.kernels:
-        report["kernels"] = kernels_report(20, console, err)
+        report["kernels"] = kernels_report(options.kernel_repeats, console, err)
     path = _write_json(report, options.json_path)
     console.print(Text(f"results: {path}", style="dim"))
     return code
@@ -159,11 +159,12 @@ def _autotune(run: BenchRun) -> int:
         drafter=run.resolved.drafter,
         max_block=o.blocks[0] if o.blocks else run.engine.block.trained,
         context=o.context,
-        repeats=max(o.repeats, 5),
+        repeats=o.autotune_repeats,
         max_tokens=o.max_tokens,
         thinking=o.thinking,
         progress=lambda msg: run.err.print(Text(msg, style="dim")),
     )
+    run.report["settings"]["repeats"] = o.autotune_repeats
     saved = A.save_profile(profile)
     run.report["autotune"] = dict(profile, path=str(saved))
     _print_block_choice(profile, console)

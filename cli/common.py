@@ -278,3 +278,12 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
             f"{store.n}+ tokens (--no-datastore: off)"
         )
     return pair, resolved, tdir
+
+
+def given_params(ctx) -> frozenset[str]:
+    """The parameters the command line (or the environment) set, not their defaults: click's
+    parameter sources, compared by name (typer may carry its own copy of the enum)."""
+    sources = {name: ctx.get_parameter_source(name) for name in ctx.params}
+    return frozenset(
+        n for n, s in sources.items() if getattr(s, "name", "") in ("COMMANDLINE", "ENVIRONMENT")
+    )

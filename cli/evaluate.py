@@ -21,12 +21,14 @@ from .common import (
     check_writable,
     engine_flags,
     fail,
+    given_params,
     text_row,
     load_resolved,
 )
 
 
 def evaluate(
+    ctx: typer.Context,
     model: ModelArg = None,
     target: TargetOpt = None,
     drafter: DrafterOpt = None,
@@ -42,7 +44,7 @@ def evaluate(
         show_default=False,
     ),
     temperatures: str = typer.Option("0,1", help="Sampling temperatures, e.g. 0,0.7."),
-    seed: int = typer.Option(0, min=0),
+    seed: int = typer.Option(0, min=0, help="Sampling seed (temperatures above 0)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the results here."),
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
@@ -56,6 +58,8 @@ def evaluate(
     Example: dflash2 evaluate --limit 14 --blocks 4,8 --json results/tau.json
     """
     given_blocks, temps = _parse_lists(blocks, temperatures)
+    if "seed" in given_params(ctx) and not any(t > 0 for t in temps):
+        fail("--seed only applies to sampled runs: every --temperatures value is 0")
     check_writable(json_path, "--json")  # before the run, not after it
     from rich.console import Console
 

@@ -121,6 +121,7 @@ def serve(
         4.0,
         "--max-body-mb",
         min=0.001,
+        max=4096.0,
         help="Largest request body in MiB; larger ones get 413 while being read.",
     ),
     max_prompt_tokens: Optional[int] = typer.Option(
@@ -171,7 +172,8 @@ def serve(
         "-Proto headers are believed (default: none).",
     ),
 ):
-    """Serve a model over an OpenAI-compatible HTTP API (chat, completions, models, metrics).
+    """Serve a model over an OpenAI-compatible HTTP API (chat, completions, responses, Anthropic
+    messages, models, metrics).
 
     Up to --max-batch requests generate together (joining and leaving between rounds, each
     exactly as alone); others wait in a bounded queue. Usage in every response

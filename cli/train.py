@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .common import fail
+from .common import fail, given_params
 
 
 def _command_line(params: dict) -> str:
@@ -75,7 +75,7 @@ def train(
     steps: int = typer.Option(2000, min=1),
     batch: int = typer.Option(8, min=1),
     anchors: int = typer.Option(32, min=1, help="Anchors (blocks) per sequence and step."),
-    lr: float = typer.Option(6e-4, min=0.0),
+    lr: float = typer.Option(6e-4, min=0.0, max=1.0),
     max_new_tokens: int = typer.Option(256, min=8),
     temperatures: str = typer.Option(
         "0,0.7",
@@ -100,6 +100,7 @@ def train(
     distill: float = typer.Option(
         0.0,
         min=0.0,
+        max=100.0,
         help="Weight of the distillation term: KL from "
         "the target's whole next-token distribution (read off its last "
         "layer, which --layer-ids must then end with) to the drafter's.",
@@ -133,18 +134,21 @@ def train(
     corpus_distill: float = typer.Option(
         1.0,
         min=0.0,
+        max=100.0,
         help="Weight of the KL to the target's "
         "distribution on --corpus's exactly-labelled positions.",
     ),
     stream_disk_gb: float = typer.Option(
         2.0,
         min=0.0,
+        max=1e6,
         help="Disk for --corpus features: they "
         "are computed a shard at a time, trained on, deleted.",
     ),
     stream_passes: float = typer.Option(
         2.0,
         min=0.1,
+        max=1000.0,
         help="Draws per sequence of a --corpus shard before the next shard is computed.",
     ),
     live_features: bool = typer.Option(
@@ -189,15 +193,22 @@ def train(
 
     ids = _numbers(layer_ids, int, "--layer-ids") if layer_ids else None
     temps = _numbers(temperatures, float, "--temperatures")
-    corpus_flags = {
-        "--corpus-ratio": (corpus_ratio, 0.5),
-        "--corpus-tokens": (corpus_tokens, 2_000_000),
-        "--corpus-distill": (corpus_distill, 1.0),
-        "--stream-disk-gb": (stream_disk_gb, 2.0),
-        "--stream-passes": (stream_passes, 2.0),
-    }
-    if corpus is None and (used := [k for k, (v, d) in corpus_flags.items() if v != d]):
-        fail(f"{', '.join(used)} only apply with --corpus")
+    corpus_flags = (
+        "corpus_ratio",
+        "corpus_tokens",
+        "corpus_distill",
+        "stream_disk_gb",
+        "stream_passes",
+    )
+    given = given_params(ctx)
+    used = ["--" + n.replace("_", "-") for n in corpus_flags if n in given]
+    if corpus is None and used:
+        fail(f"{', '.join(used)} only {'applies' if len(used) == 1 else 'apply'} with --corpus")
+    if corpus is not None and corpus_ratio > 0 and round(corpus_ratio * batch) == 0:
+        fail(
+            f"--corpus-ratio {corpus_ratio} of --batch {batch} rounds to no corpus sequence "
+            "per batch: raise either (or give 0 to only widen the vocabulary)"
+        )
     if version == 1 and not (conv and selector):
         fail("--no-conv / --no-selector are DFlash2 parts; --version 1 has neither")
     if ablation and not (conv and selector and version == 2):

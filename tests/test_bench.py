@@ -226,6 +226,23 @@ def test_bench_concurrency_mismatch_is_loud(tiny_pair, tmp_path, capsys, monkeyp
     assert report["concurrency"]["mismatches"][0]["index"] == 7
 
 
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--kernels", "--prompts", "/nope.jsonl"], "--prompts needs a model run"),
+        (["--kernels", "--block", "4"], "--block needs a model run"),
+        (["--kernels", "--no-thinking"], "--thinking/--no-thinking needs a model run"),
+        (["--kernels", "--lookup", "0"], "--lookup needs a model run"),
+        (["--autotune", "--repeats", "2"], "--autotune needs --repeats >= 5"),
+        (["--concurrency", "1,2", "--context", "512"], "--concurrency does not use it"),
+    ],
+)
+def test_bench_refuses_flags_its_mode_would_ignore(args, needle, capsys, monkeypatch):
+    monkeypatch.setattr(d2, "load_pair", lambda *a, **k: pytest.fail("loaded a model"))
+    assert run(["bench", *args]) == 2
+    assert needle in capsys.readouterr().err
+
+
 def test_bench_kernels_alone_loads_no_model(tmp_path, capsys, monkeypatch):
     import dflash2_mlx.kernels as K
 
@@ -247,9 +264,12 @@ def test_bench_kernels_alone_loads_no_model(tmp_path, capsys, monkeypatch):
             }
         ],
     }
-    monkeypatch.setattr(K, "bench_kernels", lambda repeats=20: fake)
+    asked = []
+    monkeypatch.setattr(K, "bench_kernels", lambda repeats=20: asked.append(repeats) or fake)
     monkeypatch.setattr(d2, "load_pair", lambda *a, **k: pytest.fail("loaded a model"))
     assert run(["bench", "--kernels", "--json", str(tmp_path / "k.json")]) == 0
+    assert run(["bench", "--kernels", "--repeats", "3", "--json", str(tmp_path / "k.json")]) == 0
+    assert asked == [20, 3]  # 20 unless --repeats says
     cap = capsys.readouterr()
     assert "pair_scores" in cap.out and "not run" in cap.out
     assert "not run on this machine" in cap.err

@@ -96,6 +96,8 @@ BAD = [
     (["chat", "--block", "3", "--no-spec"], "--block has no effect with --no-spec"),
     (["chat", "--lookup", "2", "--no-spec"], "--lookup has no effect with --no-spec"),
     (["serve", "--lookup", "0", "--no-spec"], "--lookup has no effect with --no-spec"),
+    (["serve", "--draft-vocab", "100", "--no-spec"], "--draft-vocab has no effect with --no-spec"),
+    (["chat", "--no-spec", "--no-datastore"], "--no-datastore has no effect with --no-spec"),
     (["chat", "--lookup", "-1"], "--lookup"),
     (["chat", "--lookup", "65"], "--lookup"),  # a repeat that long never happens: not ignored
     (["chat", "-p"], "requires an argument. (see 'dflash2 chat --help')"),
@@ -107,6 +109,7 @@ BAD = [
     (["evaluate", "--blocks", "4,x", *NOWHERE], "--blocks takes comma-separated numbers"),
     (["evaluate", "--temperatures", "-1", *NOWHERE], "--temperatures: temperature must be"),
     (["evaluate", "--temperatures", "0,hot", *NOWHERE], "--temperatures takes comma-separated"),
+    (["evaluate", "--temperatures", "0", "--seed", "3", *NOWHERE], "--seed only applies to sampled"),
     (["chat", "qwen3-4bb"], "did you mean qwen3-4b"),
     (["chat", "--drafter", "/no/such/drafter", "--offline"], "/no/such/drafter"),
     (["chat", "--target", "/no/such/dir", "--drafter", "x/y"], "no such folder"),

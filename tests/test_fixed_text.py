@@ -375,4 +375,10 @@ def test_train_command_mixes_a_corpus_and_deletes_its_features(tmp_path, capsys)
     assert "50% of each batch fixed text" in (out / "README.md").read_text()
     assert not list(work.glob("stream_*"))  # the features are gone after training
     assert run(["train", str(target_dir), "--out", str(out), "--corpus-ratio", "0.3", *common]) == 2
-    assert "--corpus-ratio only apply with --corpus" in capsys.readouterr().err
+    assert "--corpus-ratio only applies with --corpus" in capsys.readouterr().err
+    # given at its default value it is still given; a ratio that rounds to no sequence is refused
+    assert run(["train", str(target_dir), "--out", str(out), "--corpus-ratio", "0.5", *common]) == 2
+    assert "--corpus-ratio only applies with --corpus" in capsys.readouterr().err
+    few = ["--corpus", str(out), "--corpus-ratio", "0.4", "--batch", "1"]
+    assert run(["train", str(target_dir), "--out", str(out), *common, *few]) == 2
+    assert "rounds to no corpus sequence per batch" in capsys.readouterr().err

@@ -26,6 +26,7 @@ from test_serve import HI, _open_long_stream, make_tokenizer, metric, reference,
 
 from dflash2_mlx.api import Pair
 from dflash2_mlx.engine.generation import GenerationParams
+from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.serve import SecurityPolicy, ServeLimits, create_app
 from dflash2_mlx.serve.lifecycle import make_server
 from dflash2_mlx.text import chat_prompt_ids
@@ -377,6 +378,10 @@ def test_trusted_proxy_options():
     assert SecurityPolicy().uvicorn_options() == {"proxy_headers": False}
     opts = SecurityPolicy(trusted_proxies=("10.0.0.2",)).uvicorn_options()
     assert opts == {"proxy_headers": True, "forwarded_allow_ips": "10.0.0.2"}
+    assert SecurityPolicy(trusted_proxies=("10.0.0.0/8", "::1", "*")).trusted_proxies
+    for bad in ("foo", "10.0.0.0/33", "proxy.local"):  # uvicorn would match nothing
+        with pytest.raises(DFlash2Error, match="--trust-proxy"):
+            SecurityPolicy(trusted_proxies=(bad,))
 
 
 # ------------------------------------------------------------------ Retry-After

@@ -66,12 +66,25 @@ class SecurityPolicy:
                 )
         if self.api_key is not None and not self.api_key.strip():
             raise DFlash2Error("--api-key is empty")
+        for proxy in self.trusted_proxies:
+            _check_proxy(proxy)
 
     def uvicorn_options(self) -> dict:
         """Forwarding headers: believed only from the trusted proxies (none by default)."""
         if not self.trusted_proxies:
             return {"proxy_headers": False}
         return {"proxy_headers": True, "forwarded_allow_ips": ",".join(self.trusted_proxies)}
+
+
+def _check_proxy(entry: str) -> None:
+    """An address or network (uvicorn would take anything else literally and match nothing)."""
+    try:
+        if entry.strip() != "*":
+            ipaddress.ip_network(entry.strip(), strict=False)
+    except ValueError:
+        raise DFlash2Error(
+            f"--trust-proxy {entry!r}: an IP address or network (10.0.0.0/8, ::1), or *"
+        ) from None
 
 
 def split_host(header: str) -> str:
