@@ -109,7 +109,10 @@ BAD = [
     (["evaluate", "--blocks", "4,x", *NOWHERE], "--blocks takes comma-separated numbers"),
     (["evaluate", "--temperatures", "-1", *NOWHERE], "--temperatures: temperature must be"),
     (["evaluate", "--temperatures", "0,hot", *NOWHERE], "--temperatures takes comma-separated"),
-    (["evaluate", "--temperatures", "0", "--seed", "3", *NOWHERE], "--seed only applies to sampled"),
+    (
+        ["evaluate", "--temperatures", "0", "--seed", "3", *NOWHERE],
+        "--seed only applies to sampled",
+    ),
     (["chat", "qwen3-4bb"], "did you mean qwen3-4b"),
     (["chat", "--drafter", "/no/such/drafter", "--offline"], "/no/such/drafter"),
     (["chat", "--target", "/no/such/dir", "--drafter", "x/y"], "no such folder"),
