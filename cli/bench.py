@@ -74,8 +74,8 @@ def bench(
     repeats: int = typer.Option(
         3,
         "--repeats",
-        help="Timed runs per prompt (medians); unless given: 5 with --autotune (its least), "
-        "20 per kernel with --kernels alone.",
+        help="Timed runs per prompt (medians); unless given: 5 with --autotune, 20 per "
+        "kernel with --kernels alone.",
     ),
     block: Optional[List[str]] = typer.Option(
         None,

@@ -31,6 +31,8 @@ _EXPORTS = {  # public name -> the module that defines it
     "PromptCache": "engine.prompt_cache",
     "penalties": "engine.processors",
     "SamplingParams": "engine.sampling",
+    "generate_text": "text",
+    "stream_text": "text",
     "CheckpointError": "errors",
     "CompatibilityError": "errors",
     "ConfigError": "errors",

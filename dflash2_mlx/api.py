@@ -12,14 +12,14 @@ from typing import Any, Callable, Iterator, Sequence
 import mlx.core as mx
 
 from . import _blas, kernels
-from .checkpoint import load_drafter
+from .checkpoint import check_draft_vocab_limit, load_drafter
 from .engine.datastore import Datastore, find_datastore
 from .drafter.model import Drafter
 from .engine.batch import DEFAULT_MAX_BATCH, BatchDecoder
 from .engine.events import GenerationStats, RoundEvent
 from .engine.lookup import DEFAULT_LOOKUP
 from .engine.generation import GenerationParams
-from .engine.loop import Session, SpeculativeDecoder
+from .engine.loop import Session, SpeculativeDecoder, check_lookup
 from .engine.width import WidthRule
 from .errors import CompatibilityError, ConfigError, ParameterError
 from .grammar import Grammar, Grammars, Thinking
@@ -79,8 +79,13 @@ class Pair:
 
     @property
     def eos_ids(self) -> frozenset[int]:
-        ids = getattr(self.tokenizer, "eos_token_ids", None) or []
-        return frozenset(int(i) for i in ids)
+        """mlx-lm's eos_token_ids (a set), else a tokenizer's eos_token_id(s) (an int or ids)."""
+        ids = getattr(self.tokenizer, "eos_token_ids", None)
+        if ids is None:
+            ids = getattr(self.tokenizer, "eos_token_id", None)
+        if ids is None:
+            return frozenset()
+        return frozenset([int(ids)] if isinstance(ids, int) else (int(i) for i in ids))
 
     def new_session(self) -> Session:
         return self.decoder.new_session()
@@ -101,6 +106,8 @@ class Pair:
 
     def with_defaults(self, params: GenerationParams) -> GenerationParams:
         """`params` with the tokenizer's EOS ids as stop tokens when it names none."""
+        if not isinstance(params, GenerationParams):
+            raise ParameterError(f"params must be a GenerationParams, got {type(params).__name__}")
         return params if params.stop_token_ids else replace(params, stop_token_ids=self.eos_ids)
 
     def stream(
@@ -122,6 +129,8 @@ class Pair:
         `with_defaults(params)`) at any time, `step` it; each returns what it returns alone.
         `width_cost`: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost,
         from the autotune profile); None: engine/width.py's default model."""
+        if width_cost is not None and not callable(width_cost):
+            raise ParameterError(f"width_cost must be a callable or None, got {width_cost!r}")
         widths = WidthRule() if width_cost is None else WidthRule(cost=width_cost)
         return BatchDecoder(self.decoder, max_batch, widths=widths)
 
@@ -134,8 +143,10 @@ class Pair:
     ) -> Iterator[tuple[int, RoundEvent]]:
         """Generate from several prompts together; yields (prompt index, event). `params`: one
         for all, or one per prompt. `width_cost`: as for `batch`."""
+        prompts = list(prompts)  # a generator too
         if isinstance(params, GenerationParams):
             params = [params] * len(prompts)
+        params = list(params)
         if len(params) != len(prompts):
             raise ParameterError(f"{len(prompts)} prompts but {len(params)} GenerationParams")
         return self.batch(max_batch, width_cost).stream(
@@ -149,6 +160,7 @@ class Pair:
         max_batch: int = DEFAULT_MAX_BATCH,
         width_cost: Callable[[int, int], float] | None = None,
     ) -> list[tuple[list[int], GenerationStats]]:
+        prompts = list(prompts)  # a generator too
         results = [([], GenerationStats()) for _ in prompts]
         for i, ev in self.stream_batch(prompts, params, max_batch, width_cost):
             results[i][0].extend(ev.tokens)
@@ -197,6 +209,9 @@ def load_pair(
     for name, flag in (("offline", offline), ("full_vocab", full_vocab)):
         if not isinstance(flag, bool):
             raise ParameterError(f"{name} must be True or False, got {flag!r}")
+    check_lookup(lookup)  # these before anything loads (a hub target downloads)
+    _check_datastore_flag(datastore)
+    check_draft_vocab_limit(draft_vocab_limit)
     if drafter is None:  # a registered pair (its block sizes are the front ends' business)
         try:
             pair = resolve(str(target))
@@ -252,10 +267,14 @@ def _check_config_json(folder: Path) -> None:
         raise CompatibilityError(f"{path}: expected a JSON object, found {type(config).__name__}")
 
 
-def _drafter_datastore(folder: Path, wanted: bool | None) -> Datastore | None:
-    """The drafter folder's datastore as `wanted` says (True with none shipped: an error)."""
+def _check_datastore_flag(wanted) -> None:
     if wanted is not None and not isinstance(wanted, bool):
         raise ParameterError(f"datastore must be True, False or None, got {wanted!r}")
+
+
+def _drafter_datastore(folder: Path, wanted: bool | None) -> Datastore | None:
+    """The drafter folder's datastore as `wanted` says (True with none shipped: an error)."""
+    _check_datastore_flag(wanted)
     path = find_datastore(folder) if wanted is not False else None
     if wanted and path is None:
         raise ConfigError(

@@ -175,12 +175,16 @@ def load_drafter(
     return model.set_draft_vocab(ids)
 
 
+def check_draft_vocab_limit(limit) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        raise ParameterError(f"draft_vocab_limit must be an int or None, got {limit!r}")
+
+
 def _limit_draft_vocab(
     ids: list[int] | None, limit: int, use_file: bool, cfg: DrafterConfig, folder: Path
 ) -> list[int]:
     """The `limit` most frequent ids (draft_vocab.json lists them most frequent first)."""
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise ParameterError(f"draft_vocab_limit must be an int or None, got {limit!r}")
+    check_draft_vocab_limit(limit)
     if not use_file:
         raise ParameterError(
             "a draft-vocabulary limit contradicts drafting from the whole vocabulary"

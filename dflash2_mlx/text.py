@@ -225,7 +225,8 @@ def _cut(ev: RoundEvent, n: int) -> RoundEvent:
     before the stop string ended it (usage counts the same however rounds fell)."""
     if n >= len(ev.tokens):
         return ev
-    return replace(ev, tokens=ev.tokens[:n], accepted=min(ev.accepted, n), logprobs=ev.logprobs[:n])
+    accepted = min(ev.accepted, max(n - 1, 0))  # its last kept token counts as the bonus
+    return replace(ev, tokens=ev.tokens[:n], accepted=accepted, logprobs=ev.logprobs[:n])
 
 
 def stream_text(

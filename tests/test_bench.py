@@ -233,7 +233,6 @@ def test_bench_concurrency_mismatch_is_loud(tiny_pair, tmp_path, capsys, monkeyp
         (["--kernels", "--block", "4"], "--block needs a model run"),
         (["--kernels", "--no-thinking"], "--thinking/--no-thinking needs a model run"),
         (["--kernels", "--lookup", "0"], "--lookup needs a model run"),
-        (["--autotune", "--repeats", "2"], "--autotune needs --repeats >= 5"),
         (["--concurrency", "1,2", "--context", "512"], "--concurrency does not use it"),
     ],
 )

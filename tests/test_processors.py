@@ -54,8 +54,8 @@ def decoder(request):
 @pytest.mark.parametrize("setting", SETTINGS, ids=["repetition", "presence+frequency", "bias"])
 def test_processed_greedy_equals_mlx_lm_with_the_same_processors(decoder, setting):
     model, dec = decoder
-    procs = penalties(tiny.VOCAB, **setting)
     for prompt in PROMPTS:
+        procs = penalties(tiny.VOCAB, len(prompt), **setting)
         ref = mlx_lm_reference(model, prompt, 24, procs)
         assert ref != tiny.greedy_reference(model, prompt, 24), "the processors should matter"
         # The reference as a prediction is accepted through many rows, each processed after
@@ -131,6 +131,8 @@ def test_presence_and_frequency_count_the_completion_only_with_no_window():
     assert np.array_equal(np.array(proc(mx.array(prompt), logits)), np.array(logits))
     with pytest.raises(ParameterError, match="prompt_tokens must be an int >= 0, got -1"):
         penalties(tiny.VOCAB, -1, presence_penalty=0.5)
+    with pytest.raises(ParameterError, match="give prompt_tokens"):
+        penalties(tiny.VOCAB, frequency_penalty=0.5)
 
 
 def exact_processed_marginals(model, sp: SamplingParams, procs, prompt=PROMPT):

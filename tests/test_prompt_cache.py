@@ -197,3 +197,18 @@ def test_an_interrupted_generation_is_not_kept(monkeypatch):
     out2, ev, _ = run(dec, cache, turn2)
     assert ev.reused_tokens == 0 and out2 == cold(dec, turn2)
     assert session_nbytes(dec.new_session()) == 0
+
+
+def test_a_request_refused_before_its_prefill_keeps_the_conversation():
+    """The entry a next turn takes goes back when the request fails before its prefill (a
+    bad parameter): the turn after it still resumes the conversation."""
+    dec = decoder("llama")
+    cache = PromptCache(dec, 1 << 30)
+    out1, _, _ = run(dec, cache, TURN1)
+    turn2 = TURN1 + out1 + [40, 41]
+    with cache.lease(turn2) as lease:
+        with pytest.raises(ParameterError, match="block_size"):
+            next(dec.stream(turn2, GenerationParams(max_tokens=4, block_size=99), lease.session))
+    assert cache.stats().entries == 1
+    out2, ev, _ = run(dec, cache, turn2)
+    assert ev.reused_tokens == len(TURN1) + len(out1) - 1 and out2 == cold(dec, turn2)

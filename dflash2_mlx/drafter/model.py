@@ -128,6 +128,9 @@ class Drafter(nn.Module):
             self._vocab = DraftVocab(self._vocab.ids, binding.restricted(self._vocab.ids))
         return self
 
+    def is_bound(self, binding: TargetBinding) -> bool:
+        return self._target is binding
+
     def set_draft_vocab(self, ids: Sequence[int] | None) -> "Drafter":
         """Draft only from `ids` (None: the whole vocabulary); see drafter/vocab.py."""
         if ids is None:

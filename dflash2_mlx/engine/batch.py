@@ -139,6 +139,7 @@ class BatchDecoder:
         their rounds between its chunks included). Bad parameters raise ParameterError here,
         before anything runs."""
         prompt, run = self.decoder._validate(prompt, params)
+        self.decoder.check_session(session, cancel)  # another pair's session: refused here
         rid, self._next_id = self._next_id, self._next_id + 1
         now = time.perf_counter()
         self.waiting.append(_Waiting(rid, prompt, run, session, cancel, on_prefill, now))
@@ -285,7 +286,9 @@ class BatchDecoder:
                     RoundEvent(
                         tokens=commit,
                         drafted=counted,
-                        accepted=min(accepted, len(commit)),
+                        accepted=min(
+                            accepted, len(commit) - 1
+                        ),  # a cut round: its last token counts as the bonus
                         block_size=len(p.drafts) + 1,
                         draft_ms=draft_ms,
                         verify_ms=verify_ms,

@@ -58,6 +58,11 @@ class GenerationParams:
             or self.max_tokens < 1
         ):
             raise ParameterError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.constraint is not None and not callable(self.constraint):
+            raise ParameterError(
+                "constraint must be a callable (e.g. pair.json_schema(...)), got "
+                f"{type(self.constraint).__name__}"
+            )
         if not isinstance(self.logits_processors, tuple) or not all(
             callable(p) for p in self.logits_processors
         ):

@@ -39,6 +39,7 @@ class Session:
     in_round: bool = False  # a round was interrupted midway: the caches are not consistent
     lookup: ContextLookup | None = None  # n-gram index of `tokens` (context lookup drafts)
     prediction: PredictionLookup | None = None  # the current generation's predicted answer
+    owner: object = field(default=None, repr=False, compare=False)  # the decoder that made it
 
     @property
     def fed(self) -> int:
@@ -62,6 +63,11 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
+def check_lookup(lookup) -> None:
+    if not isinstance(lookup, int) or isinstance(lookup, bool) or lookup < 0:
+        raise ParameterError(f"lookup must be an int >= 0 (0: off), got {lookup!r}")
+
+
 class SpeculativeDecoder:
     """`lookup`: propose the continuation of an earlier occurrence of the last `lookup`
     committed tokens when there is one (up to GenerationParams.lookup_block tokens verified),
@@ -77,8 +83,13 @@ class SpeculativeDecoder:
         lookup: int = 0,
         datastore: Datastore | None = None,
     ):
-        if not isinstance(lookup, int) or isinstance(lookup, bool) or lookup < 0:
-            raise ParameterError(f"lookup must be an int >= 0 (0: off), got {lookup!r}")
+        check_lookup(lookup)
+        if (
+            isinstance(prefill_chunk, bool)
+            or not isinstance(prefill_chunk, int)
+            or prefill_chunk < 1
+        ):
+            raise ParameterError(f"prefill_chunk must be an int >= 1, got {prefill_chunk!r}")
         if datastore is not None and not isinstance(datastore, Datastore):
             raise ParameterError(f"datastore must be a Datastore or None, got {datastore!r}")
         self.target = target
@@ -86,14 +97,33 @@ class SpeculativeDecoder:
         self.prefill_chunk = prefill_chunk
         self.lookup = lookup
         self.datastore = datastore
-        drafter.bind(target.binding())
+        self.binding = target.binding()
+        drafter.bind(self.binding)
 
     def new_session(self) -> Session:
         return Session(
             self.target.make_cache(),
             self.drafter.make_cache(),
             lookup=ContextLookup(self.lookup) if self.lookup else None,
+            owner=self,
         )
+
+    def check_session(self, session: Session | None, cancel=None) -> None:
+        """A session this decoder made (its caches fit these models) or None, and a callable
+        `cancel` or None; anything else is a ParameterError."""
+        if cancel is not None and not callable(cancel):
+            raise ParameterError(f"cancel must be a callable or None, got {cancel!r}")
+        if session is None:
+            return
+        if not isinstance(session, Session):
+            raise ParameterError(
+                f"session must be a Session (pair.new_session()), got {type(session).__name__}"
+            )
+        if session.owner is not self:
+            raise ParameterError(
+                "this session belongs to another pair (its caches fit that pair's models); "
+                "make one with this pair's new_session()"
+            )
 
     # --------------------------------------------------------------- prefill
     def _clear(self, session: Session) -> None:
@@ -178,6 +208,8 @@ class SpeculativeDecoder:
         self, session: Session, anchor: int, length: int, sp: SamplingParams, key
     ) -> Proposal:
         """The drafter's block (length - 1 drafts) over the features it has not seen yet."""
+        if not self.drafter.is_bound(self.binding):  # one drafter object in two pairs
+            self.drafter.bind(self.binding)
         block = self.drafter.draft_block(
             anchor, length, session.pending, session.drafter_cache, sp, key
         )
@@ -222,7 +254,9 @@ class SpeculativeDecoder:
         return RoundEvent(
             tokens=commit,
             drafted=min(drafted, room),  # a sampled run's drafts past max_tokens never count
-            accepted=min(accepted, len(commit)),
+            accepted=min(
+                accepted, len(commit) - 1
+            ),  # a cut round: its last token counts as the bonus
             block_size=drafted + 1,
             draft_ms=draft_ms,
             verify_ms=verify_ms,
@@ -303,6 +337,7 @@ class SpeculativeDecoder:
         `cancel`: polled between prefill chunks; when it returns True the stream ends without
         an event (a long prompt does not run on after its client left)."""
         prompt, run = self._validate(prompt, params)
+        self.check_session(session, cancel)
         session = session if session is not None else self.new_session()
         try:
             event = self._start(session, prompt, run, cancel)

@@ -91,17 +91,27 @@ def check_penalty(name: str, value, vocab: int):
     return {t: number(v) for t, v in value.items()}
 
 
-def penalties(vocab: int, prompt_tokens: int = 0, **settings) -> tuple[LogitsProcessor, ...]:
+def penalties(
+    vocab: int, prompt_tokens: int | None = None, **settings
+) -> tuple[LogitsProcessor, ...]:
     """Processors for PENALTY_FIELDS settings: mlx-lm's repetition penalty (its window, prompt
     included) and logit bias (mlx_lm.sample_utils.make_logits_processors); presence and
     frequency as OpenAI defines them, over every token after the first `prompt_tokens` (the
-    completion so far), with no window. Each value is checked (check_penalty); those that do
-    nothing add no processor."""
+    completion so far: required with them), with no window. Each value is checked
+    (check_penalty); those that do nothing add no processor."""
     from mlx_lm.sample_utils import make_logits_processors
 
     given = {n: check_penalty(n, v, vocab) for n, v in settings.items() if v is not None}
     active = {n: v for n, v in given.items() if v != PENALTY_FIELDS[n]}
-    if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 0:
+    counted = "presence_penalty" in active or "frequency_penalty" in active
+    if counted and prompt_tokens is None:
+        raise ParameterError(
+            "presence_penalty and frequency_penalty count the completion's tokens: give "
+            "prompt_tokens (the prompt's length)"
+        )
+    if prompt_tokens is not None and (
+        isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 0
+    ):
         raise ParameterError(f"prompt_tokens must be an int >= 0, got {prompt_tokens!r}")
     out = make_logits_processors(
         logit_bias=active.get("logit_bias"),

@@ -163,6 +163,7 @@ class PromptCache:
         """A session for `prompt`: the stored one that serves its longest prefix (taken, or
         copied when the prompt branches off inside it), else a fresh one."""
         prompt = [int(t) for t in prompt]
+        taken = None  # the entry handed out itself (not a copy)
         with self._lock:
             key, served = self._best(prompt)
             if key is None:
@@ -172,14 +173,14 @@ class PromptCache:
                 self._hits += 1
                 entry = self._entries[key]
                 if self.trimmable and served >= entry.prompt_len:  # its next request
-                    self._remove(key)
+                    taken = self._remove(key)
                     session = entry.session
                 else:
                     self._entries.move_to_end(key)
                     session = clone_session(entry.session)
         if session is None:
             session = self.decoder.new_session()
-        return Lease(self, session, len(prompt), served)
+        return Lease(self, session, len(prompt), served, taken)
 
     def stats(self) -> PromptCacheStats:
         with self._lock:
@@ -249,12 +250,21 @@ class Lease:
     after a round stopped midway.
     """
 
-    def __init__(self, cache: PromptCache, session: Session, prompt_len: int, served: int):
+    def __init__(
+        self,
+        cache: PromptCache,
+        session: Session,
+        prompt_len: int,
+        served: int,
+        taken: _Entry | None = None,
+    ):
         self.cache, self.session = cache, session
         self.prompt_len = prompt_len
         self.served = served  # prompt tokens the session holds (the engine reports the same)
         self._prefilled = False
         self._closed = False
+        self._taken = taken  # the stored entry itself: back as it was if nothing touched it
+        self._as_taken = _positions(session) if taken is not None else None
 
     def observe(self, event: RoundEvent) -> None:
         """After the prefill, a target that cannot roll back stores a copy of its state at
@@ -271,9 +281,18 @@ class Lease:
         self._closed = True
         if self._prefilled:
             self.cache._store(self.session, self.prompt_len)
+        elif self._taken is not None and _positions(self.session) == self._as_taken:
+            # refused before its prefill began (a bad parameter): the conversation stays
+            self.cache._store(self.session, self._taken.prompt_len)
 
     def __enter__(self) -> "Lease":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _positions(session: Session) -> tuple:
+    """Where a session's tokens and caches stand (a prefill, even a trim, changes it)."""
+    caches = session.target_cache + session.drafter_cache
+    return len(session.tokens), session.in_round, tuple(getattr(c, "offset", None) for c in caches)
