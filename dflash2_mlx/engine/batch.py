@@ -286,9 +286,8 @@ class BatchDecoder:
                     RoundEvent(
                         tokens=commit,
                         drafted=counted,
-                        accepted=min(
-                            accepted, len(commit) - 1
-                        ),  # a cut round: its last token counts as the bonus
+                        # a cut round (max_tokens, a stop): its last kept token counts as the bonus
+                        accepted=min(accepted, len(commit) - 1),
                         block_size=len(p.drafts) + 1,
                         draft_ms=draft_ms,
                         verify_ms=verify_ms,

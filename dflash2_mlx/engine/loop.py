@@ -254,9 +254,8 @@ class SpeculativeDecoder:
         return RoundEvent(
             tokens=commit,
             drafted=min(drafted, room),  # a sampled run's drafts past max_tokens never count
-            accepted=min(
-                accepted, len(commit) - 1
-            ),  # a cut round: its last token counts as the bonus
+            # a cut round (max_tokens, a stop): its last kept token counts as the bonus
+            accepted=min(accepted, len(commit) - 1),
             block_size=drafted + 1,
             draft_ms=draft_ms,
             verify_ms=verify_ms,

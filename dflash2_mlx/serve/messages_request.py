@@ -2,10 +2,11 @@
 
 For clients that speak Anthropic's API (its SDKs; tools pointed at a local server through
 ANTHROPIC_BASE_URL). `system` becomes a system message; content blocks become chat content:
-`text` blocks the text (joined by newlines; consecutive same-role turns make one), an assistant's `tool_use` blocks its tool calls, a user's
-`tool_result` blocks tool messages (in order, before the user's own text); `thinking` blocks
-sent back are dropped (templates drop past thinking); a final assistant message is the reply's
-prefill (chat's `continue_final_message`). Tools (`input_schema`), `tool_choice`
+`text` blocks the text (joined by newlines; consecutive same-role turns make one), an
+assistant's `tool_use` blocks its tool calls, a user's `tool_result` blocks tool messages (in
+order, before the user's own text); `thinking` blocks sent back are dropped (templates drop
+past thinking); a final assistant message is the reply's prefill (chat's
+`continue_final_message`). Tools (`input_schema`), `tool_choice`
 (auto / any / tool / none, `disable_parallel_tool_use`), `stop_sequences`, `max_tokens`,
 `temperature`, `top_p`, `top_k`, `output_config.format` (a JSON schema) and `thinking`
 (enabled / adaptive / disabled: the template's thinking switch; `budget_tokens`: a thinking
