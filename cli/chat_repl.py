@@ -94,9 +94,10 @@ class Chat:
         context = default_context_length(self.pair.model)
         room = context - n_prompt
         if room < 1:
+            hint = " (/clear starts a new conversation)" if self.history else ""
             raise ParameterError(
                 f"the prompt is {n_prompt} tokens and the model's context {context}: "
-                "shorten it (/clear starts a new conversation)"
+                f"shorten it{hint}"
             )
         if self.max_tokens > room:
             self.note(
@@ -148,7 +149,7 @@ class Chat:
         except DFlash2Error:
             raise
         except Exception as exc:  # noqa: BLE001 - a Jinja template error, say what it was
-            fail(f"the chat template failed: {type(exc).__name__}: {exc}")
+            raise ParameterError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
 
     # ----------------------------------------------------------------- one turn
     def turn(self, user: str, live: bool) -> tuple[str, GenerationStats, str]:
@@ -161,7 +162,9 @@ class Chat:
             view.__enter__()
         try:
             with StopFlag() as stop:
-                chunks = stream_text(self.pair, ids, params, session=self.session)
+                chunks = stream_text(
+                    self.pair, ids, params, session=self.session, cancel=lambda: stop.set
+                )
                 try:
                     for chunk in chunks:
                         stats.add(chunk.event)
@@ -178,6 +181,8 @@ class Chat:
                             break
                 finally:
                     chunks.close()
+                if stop.set:  # also during the prefill, which then yields nothing
+                    finish = "stopped"
         except KeyboardInterrupt:  # a second Ctrl-C: the engine may be mid-round
             finish = "interrupted"
             self.session = self.pair.new_session()
@@ -191,8 +196,10 @@ class Chat:
                 "the conversation again)"
             )
         text = "".join(parts)
-        self.history += [{"role": "user", "content": user}, {"role": "assistant", "content": text}]
-        self.turns += 1
+        if text or finish != "stopped":  # stopped before its first token: no turn to keep
+            turn = [{"role": "user", "content": user}, {"role": "assistant", "content": text}]
+            self.history += turn
+            self.turns += 1
         return text, stats, finish
 
     # ----------------------------------------------------------------- slash commands
@@ -231,8 +238,10 @@ class Chat:
             return self._bad(str(exc))
         return True
 
-    def _say(self, text: str, style: str = "") -> None:
-        self.console.print(Text(text, style=style))
+    def _say(self, text, style: str = "") -> None:
+        """A command's output: stdout at a terminal, stderr when piped (stdout: answers)."""
+        out = self.console if sys.stdin.isatty() else self.err
+        out.print(Text(text, style=style) if isinstance(text, str) else text)
 
     def _help(self, name: str, arg: str) -> None:
         self._say(HELP)
@@ -278,17 +287,17 @@ class Chat:
 
     def _set_spec(self, name: str, arg: str) -> None:
         self.spec = _on_off(name, arg)
-        self._say(f"speculative decoding {arg}", "dim")
+        self._say(f"speculative decoding {'on' if self.spec else 'off'}", "dim")
 
     def _set_thinking(self, name: str, arg: str) -> None:
         on = _on_off(name, arg)
         if not _template_has_thinking(self.pair.tokenizer):
             raise _Bad("this model's chat template has no thinking switch")
         self.thinking = on
-        self._say(f"thinking {arg}", "dim")
+        self._say(f"thinking {'on' if on else 'off'}", "dim")
 
     def _show_stats(self, name: str, arg: str) -> None:
-        self.console.print(
+        self._say(
             stats_table(
                 self.total, self.turns, len(self.session.tokens), self.settings(), self.block
             )
@@ -323,7 +332,7 @@ class Chat:
         say = self.console.print
         while True:
             try:
-                line = input(">>> ")
+                line = input(">>> " if sys.stdin.isatty() else "")  # piped: answers alone
             except EOFError:
                 say()
                 return 0
@@ -339,9 +348,9 @@ class Chat:
             live = self.console.is_terminal
             try:
                 _, stats, finish = self.turn(line, live=live)
-                if not live:  # piped: the answer was written as is; the status line follows
+                if not live:  # piped: the answer was written as is; its status to stderr
                     sys.stdout.write("\n")
-                    self.console.print(self.status(stats, finish), soft_wrap=True)
+                    self.err.print(self.status(stats, finish), soft_wrap=True)
             except DFlash2Error as exc:
                 self.err.print(Text(f"error: {exc}", style="red"))
 
@@ -361,6 +370,7 @@ _COMMANDS = {
 
 
 def _on_off(name: str, arg: str) -> bool:
+    arg = arg.lower()
     if arg not in ("on", "off"):
         raise _Bad(f"{name} needs on or off, {_got(arg)}")
     return arg == "on"

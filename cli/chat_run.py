@@ -31,7 +31,8 @@ def load(opts: ChatOptions, err: Console):
 
 
 def run_chat(opts: ChatOptions) -> int:
-    console, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    console = Console(highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per note or error
     try:  # validated before any model loads (the rest is too)
         GenerationParams(opts.max_tokens)
     except ParameterError as exc:

@@ -14,7 +14,7 @@ import typer
 
 from dflash2_cli.app import app, run
 from offline import fake_hf_repo
-from tiny_pair import answer
+from tiny_pair import answer, save_tokenizer
 
 COMMANDS = sorted(typer.main.get_command(app).commands)
 HEAVY = (
@@ -226,6 +226,75 @@ def test_chat_prompt_prints_answer_and_stats(tiny_pair, capsys):
         assert ("context lookup" in cap.err) == (n != "0")
 
 
+def test_piped_chat_writes_answers_alone_to_stdout(tiny_pair):
+    """A real process, stdin a pipe: no prompts, statuses or command output among the answers
+    (they go to stderr, one line each); on/off arguments in any case."""
+    import subprocess
+    import sys
+
+    expected = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 10)
+    script = "hello model\n/clear\n/spec OFF\nhello model\n/quit\n"
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash2_cli", *_chat(tiny_pair, "--max-tokens", "10")],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{expected}\n{expected}\n"  # lossless with spec off too
+    assert "conversation cleared" in done.stderr and "speculative decoding off" in done.stderr
+    assert "spec off" in done.stderr.splitlines()[-1] and ">>>" not in done.stdout + done.stderr
+
+
+def test_a_template_error_is_one_line_and_the_chat_goes_on(tiny_pair, tmp_path):
+    """A template that refuses a system prompt: that turn is an error line, the next works."""
+    import shutil
+    import subprocess
+    import sys
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_pair[0], target)
+    (target / "chat_template.jinja").unlink(missing_ok=True)
+    save_tokenizer(
+        target,
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{{ m['content'] }} {% endfor %}",
+    )
+    script = "/system be brief\nhello model\n/system -\nhello model\n"
+    args = ["chat", "--target", str(target), "--drafter", str(tiny_pair[1]), "--max-tokens", "4"]
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash2_cli", *args],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "error: the chat template failed: " in done.stderr and "System role" in done.stderr
+    assert done.stdout.strip() and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_stops_a_long_prefill_between_its_chunks(tiny_pair, capsys, monkeypatch):
+    """Ctrl-C (the stop flag) is polled between prefill chunks: a long prompt stops before
+    its first token instead of prefilling on (exit 130, nothing printed)."""
+    import dflash2_cli.chat_repl as repl
+    from dflash2_cli.stop_flag import StopFlag
+
+    class Pressed(StopFlag):
+        def __enter__(self):
+            super().__enter__()
+            self.set = True  # Ctrl-C as the turn begins
+            return self
+
+    monkeypatch.setattr(repl, "StopFlag", Pressed)
+    long = " ".join(["hello model"] * 400)  # > 512 tokens: more than one prefill chunk
+    assert run(_chat(tiny_pair, "-p", long, "--max-tokens", "10")) == 130
+    cap = capsys.readouterr()
+    assert cap.out.strip() == "" and "stopped" in cap.err
+
+
 def test_chat_repetition_penalty_is_plain_decoding_with_it(tiny_pair, capsys):
     """--repetition-penalty: the answer is mlx-lm's plain greedy decoding with its processor."""
     import dflash2_mlx as d2
@@ -330,8 +399,6 @@ def test_chat_errors_after_loading(tiny_pair, tmp_path, capsys):
 
 def test_chat_thinking_switch_needs_a_template_that_has_one(tmp_path, tiny_pair, capsys):
     import shutil
-
-    from tiny_pair import save_tokenizer
 
     target = tmp_path / "plain"
     shutil.copytree(tiny_pair[0], target)
