@@ -192,6 +192,14 @@ def serve(
     """
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
+    drafting = (
+        ("--no-datastore", no_datastore),
+        ("--full-vocab", full_vocab),
+        ("--draft-vocab", draft_vocab is not None),
+    )
+    for flag, given in drafting if no_spec else ():  # (chat's /spec on would use them)
+        if given:
+            fail(f"{flag} has no effect with --no-spec: no request can turn speculation on")
     flags = engine_flags(
         block=block,
         spec=not no_spec,

@@ -234,17 +234,10 @@ class EngineFlags:
             raise ParameterError(
                 "--block has no effect with --no-spec (plain decoding verifies one token a round)"
             )
-        drafting = (
-            ("--lookup", self.lookup is not None),
-            ("--no-datastore", not self.datastore),
-            ("--full-vocab", self.full_vocab),
-            ("--draft-vocab", self.draft_vocab is not None),
-        )
-        for flag, given in drafting if not self.speculative else ():
-            if given:
-                raise ParameterError(
-                    f"{flag} has no effect with --no-spec (plain decoding drafts nothing)"
-                )
+        if not self.speculative and self.lookup is not None:
+            raise ParameterError(
+                "--lookup has no effect with --no-spec (plain decoding drafts nothing)"
+            )
         if not isinstance(self.datastore, bool):
             raise ParameterError(f"datastore must be True or False, got {self.datastore!r}")
         if self.full_vocab and self.draft_vocab is not None:

@@ -97,7 +97,7 @@ BAD = [
     (["chat", "--lookup", "2", "--no-spec"], "--lookup has no effect with --no-spec"),
     (["serve", "--lookup", "0", "--no-spec"], "--lookup has no effect with --no-spec"),
     (["serve", "--draft-vocab", "100", "--no-spec"], "--draft-vocab has no effect with --no-spec"),
-    (["chat", "--no-spec", "--no-datastore"], "--no-datastore has no effect with --no-spec"),
+    (["serve", "--no-spec", "--no-datastore"], "--no-datastore has no effect with --no-spec"),
     (["chat", "--lookup", "-1"], "--lookup"),
     (["chat", "--lookup", "65"], "--lookup"),  # a repeat that long never happens: not ignored
     (["chat", "-p"], "requires an argument. (see 'dflash2 chat --help')"),
