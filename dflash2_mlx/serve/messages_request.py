@@ -88,14 +88,9 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
     origin: dict[str, str] = {}
 
     def add(message: dict, where: str) -> None:
-        last = messages[-1] if messages else None
-        if last is not None and _joins(last, message):  # as Anthropic combines them
-            last["content"] = "\n".join(t for t in (last["content"], message["content"]) if t)
-            if message.get("tool_calls"):
-                last["tool_calls"] = message["tool_calls"]
-            return
-        origin[f"messages[{len(messages)}]"] = where
-        messages.append(message)
+        if not _joined(messages, message):
+            origin[f"messages[{len(messages)}]"] = where
+            messages.append(message)
 
     system = body.get("system")
     if system is not None:
@@ -151,10 +146,18 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
     return messages, origin
 
 
-def _joins(last: dict, message: dict) -> bool:
-    """Consecutive user (or assistant) turns make one, the earlier with no tool calls."""
-    same = last["role"] == message["role"] and message["role"] in ("user", "assistant")
-    return same and not last.get("tool_calls")
+def _joined(messages: list[dict], message: dict) -> bool:
+    """Joins `message` to the last of `messages` when both are user (or assistant) turns, the
+    earlier with no tool calls, as Anthropic combines consecutive turns; whether it did."""
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != message["role"] or last.get("tool_calls"):
+        return False
+    if message["role"] not in ("user", "assistant"):
+        return False
+    last["content"] = "\n".join(t for t in (last["content"], message["content"]) if t)
+    if message.get("tool_calls"):
+        last["tool_calls"] = message["tool_calls"]
+    return True
 
 
 def _text(where: str, value) -> str:

@@ -149,14 +149,7 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
         if not isinstance(instructions, str):
             raise invalid("instructions", "instructions must be a string", "invalid_type")
         add({"role": "system", "content": instructions}, "instructions")
-    items = body.get("input")
-    if items is None:
-        raise invalid("input", "input is required", "missing_required_parameter")
-    if isinstance(items, str):
-        items = [{"role": "user", "content": items}]
-    if not isinstance(items, list):
-        raise invalid("input", "input must be a string or a list of items", "invalid_type")
-    for i, item in enumerate(items):
+    for i, item in enumerate(_input_items(body.get("input"))):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise invalid(where, "each input item must be an object", "invalid_type")
@@ -201,6 +194,17 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
 
 
 _SYSTEM = ("system", "developer")
+
+
+def _input_items(items) -> list:
+    """`input` as a list of items (a string is one user message)."""
+    if items is None:
+        raise invalid("input", "input is required", "missing_required_parameter")
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise invalid("input", "input must be a string or a list of items", "invalid_type")
+    return items
 
 
 def _flat(content) -> str:
