@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..chat_template import THINKING_KWARG
 from ..engine.events import RoundEvent
 from ..engine.events import tau as tau_of
-from .api_error import brief, invalid
+from .api_error import brief, invalid, renamed
 
 # Arguments of apply_chat_template itself, or set by the server: not the client's to pass.
 RESERVED = frozenset(
@@ -90,6 +90,18 @@ def with_effort(kwargs: dict, effort, where: str) -> dict:
             f"chat_template_kwargs.{THINKING_KWARG} is {str(given).lower()}",
         )
     return {THINKING_KWARG: thinking, **kwargs}
+
+
+_EFFORT_RENAME = ((rf"^chat_template_kwargs\.{THINKING_KWARG}$", "reasoning_effort"),)
+
+
+def chat_effort(kwargs: dict, effort):
+    """Chat's `reasoning_effort` on the template variables, and the renamer its errors need
+    (None when it set no switch): a refused switch is named as the client sent it."""
+    out = with_effort(kwargs, effort, "reasoning_effort")
+    if effort is None or THINKING_KWARG in kwargs:
+        return out, None
+    return out, lambda err: renamed(err, err.param or "", _EFFORT_RENAME)
 
 
 @dataclass

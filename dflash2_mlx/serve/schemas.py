@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..chat_template import THINKING_KWARG
 from ..engine.sampling import field_problem
 from ..settings import SAMPLING_FLAGS
-from .api_error import APIError, brief, check_object, invalid, is_int, is_num, optional, renamed  # noqa: F401  (APIError is imported from here)
-from .reasoning import parse_template_kwargs, with_effort
+from .api_error import APIError, brief, check_object, invalid, is_int, is_num, optional  # noqa: F401  (APIError is imported from here)
+from .reasoning import chat_effort, parse_template_kwargs
 from .response_format import parse_response_format
 from .token_fields import PENALTIES, parse_logprobs, parse_penalties
 from .tools import ToolRequest, check_tool_answers, history_tool_calls, parse_tools, tool_call_id
@@ -34,7 +33,6 @@ def _neutral(*values) -> Callable[[Any], bool]:
     return ok
 
 
-_EFFORT_RENAME = ((rf"^chat_template_kwargs\.{THINKING_KWARG}$", "reasoning_effort"),)
 MAX_CHOICES = 8  # `n`: each choice is a generation of its own
 
 # field -> (neutral value test, what is unsupported)
@@ -355,10 +353,7 @@ def parse_chat(body: dict) -> GenRequest:
     if req.logprobs is not None and req.tools is not None and req.tools.active:
         raise invalid("logprobs", "logprobs with tools are not supported", "unsupported_parameter")
     kwargs = parse_template_kwargs(body.get("chat_template_kwargs"))
-    effort = body.get("reasoning_effort")
-    req.template_kwargs = with_effort(kwargs, effort, "reasoning_effort")
-    if effort is not None and THINKING_KWARG not in kwargs:  # the switch is the effort's
-        req.rename = lambda err: renamed(err, err.param or "", _EFFORT_RENAME)
+    req.template_kwargs, req.rename = chat_effort(kwargs, body.get("reasoning_effort"))
     budget = optional(body, "thinking_budget", is_int, "an integer")
     if budget is not None and budget < 1:
         raise invalid("thinking_budget", f"thinking_budget must be >= 1; got {budget}")
