@@ -30,14 +30,15 @@ TEMPLATE = (
 HI = [{"role": "user", "content": "Hi there"}]
 
 
-def make_tokenizer(vocab_size: int = tiny.VOCAB):
+def make_tokenizer(vocab_size: int = tiny.VOCAB, extra_specials: tuple[str, ...] = ()):
     """A real HF fast tokenizer over the tiny vocabulary: one token per character, specials
-    <|im_start|> / <|im_end|> (EOS), <mask> last (the drafter's mask id), a chat template."""
+    <|im_start|> / <|im_end|> (EOS), `extra_specials` after them (in place of the last
+    characters), <mask> last (the drafter's mask id), a chat template."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["<unk>", "<|im_start|>", "<|im_end|>"]
+    specials = ["<unk>", "<|im_start|>", "<|im_end|>", *extra_specials]
     chars = list(string.ascii_letters + string.digits + " \n" + string.punctuation)
     vocab = specials + chars[: vocab_size - len(specials) - 1] + ["<mask>"]
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
@@ -47,7 +48,7 @@ def make_tokenizer(vocab_size: int = tiny.VOCAB):
         tokenizer_object=tok,
         unk_token="<unk>",
         eos_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>", "<mask>"],
+        additional_special_tokens=["<|im_start|>", *extra_specials, "<mask>"],
         clean_up_tokenization_spaces=False,
     )
     hf.chat_template = TEMPLATE
@@ -545,6 +546,9 @@ BAD = [
     ("completions", {"prompt": ["a", "b"]}, 400, "prompt"),
     ("completions", {"prompt": "ab", "echo": True}, 400, "echo"),
     ("completions", {"prompt": "ab", "best_of": 3}, 400, "best_of"),
+    ("completions", {"prompt": "ab", "suffix": "cd"}, 400, "suffix"),  # no FIM tokens
+    ("completions", {"prompt": "", "suffix": "cd"}, 400, "suffix"),
+    ("completions", {"prompt": "ab", "suffix": 5}, 400, "suffix"),
     ("completions", {"prompt": "ab", "max_tokens": 4095}, 400, "max_tokens"),
 ]
 

@@ -173,6 +173,37 @@ def test_a_template_that_renders_names_gets_them_as_they_are():
     assert bare.ids == chat_prompt_ids(tok, [{"role": "user", "content": "bob: hi"}])
 
 
+# ------------------------------------------------------------------ fill-in-the-middle
+FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+
+def test_a_completion_suffix_fills_in_the_middle_with_the_fim_tokens(pair):  # noqa: F811
+    """Editors send the text after the cursor as `suffix`: a model with FIM tokens (Qwen's
+    names here) gets <|fim_prefix|>prompt<|fim_suffix|>suffix<|fim_middle|>, and the greedy
+    middle is plain greedy decoding of exactly that; an empty prompt (the cursor at the
+    start) is a middle too. A model without them refuses `suffix` (test_serve.py's BAD)."""
+    import tiny
+
+    from dflash2_mlx.api import Pair
+
+    tok = make_tokenizer(extra_specials=FIM)
+    fim = Pair.from_models(pair.model, tok, pair.drafter)
+    pre, suf, mid = tok.convert_tokens_to_ids(list(FIM))
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    with running(create_app(fim, model_name="tiny", default_max_tokens=10)) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        for prompt, suffix in (("def f(x):\n    ", "\n    return y\n"), ("", "x = 1")):
+            ids = [pre, *enc(prompt), suf, *enc(suffix), mid]
+            want = tiny.greedy_reference(fim.model, ids, 10, eos={tok.eos_token_id})
+            r = client.completions.create(
+                model="tiny", prompt=prompt, suffix=suffix, max_tokens=10, temperature=0
+            )
+            assert r.usage.prompt_tokens == len(ids)
+            assert r.choices[0].text == tok.decode([t for t in want if t != tok.eos_token_id])
+        plain = client.completions.create(model="tiny", prompt="ab", suffix="", max_tokens=4)
+        assert plain.usage.prompt_tokens == 2  # "": nothing after the cursor, no FIM
+
+
 # ------------------------------------------------------------------ keep-alive
 def test_a_stream_waiting_for_its_first_token_is_kept_alive(pair):  # noqa: F811
     with pytest.raises(DFlash2Error, match="keepalive_s must be > 0"):

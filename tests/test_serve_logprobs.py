@@ -110,6 +110,19 @@ def test_completion_logprobs_whole_and_streamed(pair, client):
     assert streamed_offsets == offsets
 
 
+def test_completion_top_logprobs_hold_the_chosen_token(client):
+    """OpenAI: "the API will always return the logprob of the sampled token, so there may be
+    up to logprobs+1 elements": logprobs=0 gives the chosen token alone, and a sampled token
+    outside the most likely ones is added to them."""
+    kw = dict(model="tiny", prompt=[3, 9, 4, 12], max_tokens=12)
+    lp = client.completions.create(**kw, logprobs=0, temperature=0).choices[0].logprobs
+    assert lp.top_logprobs == [{t: v} for t, v in zip(lp.tokens, lp.token_logprobs)]
+    lp = client.completions.create(**kw, logprobs=1, temperature=5, seed=1).choices[0].logprobs
+    for token, value, alts in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert alts[token] == value and 1 <= len(alts) <= 2
+    assert any(len(alts) == 2 for alts in lp.top_logprobs), "a sample off the top expected"
+
+
 @pytest.mark.parametrize(
     "endpoint,body,param",
     [

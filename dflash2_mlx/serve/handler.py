@@ -23,6 +23,7 @@ from ..settings import SamplingDefaults
 from ..text import quiet_length_warning
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .choices import handle_choices
+from .fim import fim_ids, fim_prompt
 from .format import ChatStream, Formatter, ReplyStats, usage
 from .limits import RequestLimits, context_exceeded, prompt_too_long
 from .logprobs import LogprobChunks, Logprobs
@@ -61,6 +62,7 @@ class Handler:
     ):
         self.pair, self.worker, self.s, self.chat = pair, worker, settings, chat
         self.limits = limits
+        self.fim = fim_ids(pair.tokenizer, settings.vocab)  # a completion's `suffix` (fim.py)
         # One tokenization at a time: a burst of long prompts cannot multiply the memory.
         self.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="dflash2-tokenize")
 
@@ -71,14 +73,19 @@ class Handler:
         )
 
     def tokenize(self, req: GenRequest) -> list[int]:
-        tok = self.pair.tokenizer
-        if isinstance(req.prompt, str):
-            with quiet_length_warning():  # the context is checked by the caller (a 400)
-                return [int(t) for t in tok.encode(req.prompt)]
-        bad = next((t for t in req.prompt if not 0 <= t < self.s.vocab), None)
-        if bad is not None:
-            raise invalid("prompt", f"token id {bad} is outside the vocabulary [0, {self.s.vocab})")
-        return list(req.prompt)
+        """A completion's prompt ids; with a `suffix`, the fill-in-the-middle prompt (fim.py)."""
+        tok, fim = self.pair.tokenizer, req.suffix is not None
+        with quiet_length_warning():  # the context is checked by the caller (a 400)
+            if isinstance(req.prompt, str):
+                ids = [int(t) for t in tok.encode(req.prompt, add_special_tokens=not fim)]
+            else:
+                bad = next((t for t in req.prompt if not 0 <= t < self.s.vocab), None)
+                if bad is not None:
+                    raise invalid(
+                        "prompt", f"token id {bad} is outside the vocabulary [0, {self.s.vocab})"
+                    )
+                ids = list(req.prompt)
+            return fim_prompt(tok, self.fim, ids, req.suffix) if fim else ids
 
     def predicted_ids(self, req: GenRequest) -> tuple[int, ...]:
         if not req.prediction:

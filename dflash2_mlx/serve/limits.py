@@ -89,6 +89,7 @@ class RequestLimits:
             chars = sum(len(m["content"]) for m in req.messages or ()) + len(req.prefill or "")
         else:
             chars = len(req.prompt) if isinstance(req.prompt, str) else 0
+            chars += len(req.suffix or "")
             if isinstance(req.prompt, list) and len(req.prompt) > self.prompt_tokens:
                 raise self.prompt_error(req, where, len(req.prompt))
         if self.prompt_chars and chars > self.prompt_chars:

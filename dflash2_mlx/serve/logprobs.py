@@ -64,7 +64,7 @@ class Logprobs:
         return {
             "tokens": [self._key(lp.token) for lp in ready],
             "token_logprobs": [lp.logprob for lp in ready],
-            "top_logprobs": [self._top(lp.top) for lp in ready],
+            "top_logprobs": [self._top(lp) for lp in ready],
             "text_offset": starts,  # where each token's text starts in the completion's
         }
 
@@ -77,12 +77,14 @@ class Logprobs:
         except UnicodeDecodeError:
             return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
-    def _top(self, top) -> dict:
-        """The alternatives by key, most likely first; two tokens with one text (rare: a
+    def _top(self, lp) -> dict:
+        """The alternatives by key, most likely first, and the chosen token (OpenAI: "up to
+        logprobs+1 elements"; logprobs=0 gives it alone); two tokens with one text (rare: a
         vocabulary's duplicates) keep the likelier one's value."""
         out: dict[str, float] = {}
-        for t, v in top:
+        for t, v in lp.top:
             out.setdefault(self._key(t), v)
+        out.setdefault(self._key(lp.token), lp.logprob)
         return out
 
     def _one(self, token: int, logprob: float) -> dict:

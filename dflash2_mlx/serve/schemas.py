@@ -51,7 +51,6 @@ _CHAT_ONLY = {
 _COMPLETION_ONLY = {
     "best_of": (_neutral(None, 1), "only best_of=1 is supported"),
     "echo": (_neutral(None, False), "echo is not supported"),
-    "suffix": (_neutral(None, ""), "suffix is not supported"),
 }
 # Accepted and unused: they cannot change the generated text.
 _HARMLESS = {
@@ -96,6 +95,7 @@ class GenRequest:
     # chat only: the final assistant message's text, which the reply continues (its prefill)
     prefill: str | None = None
     generation_prompt: bool = True  # chat only: false renders no assistant header
+    suffix: str | None = None  # completions: the text after the middle to fill in (fim.py)
 
 
 def _check_fields(body: dict, own: set[str], refused: dict) -> None:
@@ -370,7 +370,7 @@ def parse_chat(body: dict) -> GenRequest:
 
 
 def parse_completion(body: dict) -> GenRequest:
-    _check_fields(body, _COMMON | {"prompt", "logprobs"}, _COMPLETION_ONLY)
+    _check_fields(body, _COMMON | {"prompt", "logprobs", "suffix"}, _COMPLETION_ONLY)
     prompt = body.get("prompt")
     if prompt is None:
         raise invalid("prompt", "prompt is required", "missing_required_parameter")
@@ -389,8 +389,9 @@ def parse_completion(body: dict) -> GenRequest:
             )
     elif not isinstance(prompt, str):
         raise invalid("prompt", "prompt must be a string or a list of token ids", "invalid_type")
-    if len(prompt) == 0:
+    suffix = optional(body, "suffix", lambda v: isinstance(v, str), "a string")
+    if len(prompt) == 0 and not suffix:  # with a suffix: a middle at the text's start
         raise invalid("prompt", "prompt is empty")
     req = _common(body, "completion", "max_tokens")
-    req.prompt = prompt
+    req.prompt, req.suffix = prompt, suffix or None  # "": nothing after, a plain completion
     return req

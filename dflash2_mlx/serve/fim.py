@@ -1,0 +1,44 @@
+"""Fill-in-the-middle: a completion's `suffix` (the text after an editor's cursor) honoured
+with the model's FIM tokens, in prefix-suffix-middle order:
+<|fim_prefix|>{prompt}<|fim_suffix|>{suffix}<|fim_middle|>; the completion is the middle.
+A model without such tokens refuses `suffix` with a 400 naming it: it is never ignored.
+"""
+
+from __future__ import annotations
+
+from .api_error import invalid
+
+# (prefix, suffix, middle) token names, by the model families that were trained with them
+FIM_TOKENS = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder, Qwen3(-Coder)
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder(2), SantaCoder, Granite code
+)
+
+
+def fim_ids(tokenizer, vocab: int) -> tuple[int, int, int] | None:
+    """The model's (prefix, suffix, middle) token ids; None when it has no such tokens."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    for names in FIM_TOKENS:
+        try:
+            ids = tuple(tokenizer.convert_tokens_to_ids(n) for n in names)
+        except Exception:  # a tokenizer without HF's lookup: no FIM
+            return None
+        if len(set(ids)) == 3 and all(
+            isinstance(i, int) and i != unk and 0 <= i < vocab for i in ids
+        ):
+            return ids
+    return None
+
+
+def fim_prompt(tokenizer, fim: tuple[int, int, int] | None, prefix: list[int], suffix: str):
+    """The prompt ids of `prefix` (ids, no special tokens added) and `suffix` (text)."""
+    if fim is None:
+        raise invalid(
+            "suffix",
+            "suffix (fill-in-the-middle) is not supported by this model: its tokenizer has no "
+            "FIM tokens (<|fim_prefix|> <|fim_suffix|> <|fim_middle|>, or <fim_prefix> ...); "
+            "send the text before the cursor alone as the prompt",
+            "unsupported_parameter",
+        )
+    pre, suf, mid = fim
+    return [pre, *prefix, suf, *tokenizer.encode(suffix, add_special_tokens=False), mid]
