@@ -470,6 +470,30 @@ def test_reply_split_does_not_depend_on_round_boundaries(tool_tokenizer):
     }
 
 
+def test_a_call_inside_the_thinking_goes_back_to_it(tool_tokenizer):
+    """A call the model opens inside its thinking section is a call; after it the thinking goes
+    on, so its end marker and what follows are no answer until the section closes (a call
+    there that does not parse stays in the thinking)."""
+    broken = '<tool_call>\n{"name": get_weather}\n</tool_call>'
+    text = f"<think>\nso {tt.CALL_TEXT} then {broken} ok\n</think>\n\n{tt.FINAL}"
+    results = set()
+    for step in (1, 4, 9, len(text)):
+        reply = ChatReply(tool_tokenizer, ChatPrompt([1], tools=ToolRequest(tuple(tt.TOOLS))))
+        for i in range(0, len(text), step):
+            reply.feed(text[i : i + step], RoundEvent(tokens=[5]))
+        _, finish = reply.finish("stop")
+        calls = tuple((c["function"]["name"], c["function"]["arguments"]) for c in reply.calls)
+        results.add(("".join(reply.reasoning), "".join(reply.content), finish, calls))
+    assert results == {
+        (
+            f"\nso  then {broken} ok\n",
+            f"\n\n{tt.FINAL}",
+            "tool_calls",
+            (("get_weather", '{"city": "paris"}'),),
+        )
+    }
+
+
 def _tokenizer_with(template: str, tmp_path):
     hf = tt._hf_tokenizer(list(tt.vocabulary()))
     hf.chat_template = template
@@ -559,6 +583,38 @@ def test_forced_call_opening_follows_the_template(tmp_path):
 
 def parse_tools_body(**kw) -> ToolRequest:
     return parse_tools({"tools": tt.TOOLS, **kw})
+
+
+KIMI_SECTION = (  # Kimi-K2's format: one section holds every call of the turn, with its own ids
+    "<|tool_calls_section_begin|>"
+    + "".join(
+        f"<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+        f'{{"city": "{city}"}}<|tool_call_end|>'
+        for city in ("paris", "rome")
+    )
+    + "<|tool_calls_section_end|>"
+)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_calls_of_one_block_and_their_ids(tmp_path, parallel):
+    """Formats that write several calls in one block (Kimi-K2, MiniMax, pythonic): with
+    parallel_tool_calls false the reply stops at the block's end and keeps its first call. The
+    model's own call ids are kept while they are distinct; a repeated one is replaced."""
+    marker = "{# <|tool_calls_section_begin|> #}"
+    tok = _tokenizer_with(tt.TEMPLATE + marker, tmp_path / "kimi")
+    assert tok.tool_parser.__module__.endswith("kimi_k2")
+    prompt = ChatTemplate(tok).prompt(tt.ASK, parse_tools_body(parallel_tool_calls=parallel), {})
+    assert prompt.stops == (() if parallel else ("<|tool_calls_section_end|>",))
+    reply = ChatReply(tok, prompt)
+    for i in range(0, len(KIMI_SECTION), 5):
+        reply.feed(KIMI_SECTION[i : i + 5], RoundEvent(tokens=[5]))
+    assert reply.finish("stop")[1] == "tool_calls"
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply.calls]
+    cities = ["paris", "rome"] if parallel else ["paris"]
+    assert calls == [("get_weather", {"city": c}) for c in cities]
+    ids = [c["id"] for c in reply.calls]
+    assert ids[0] == "functions.get_weather:0" and len(set(ids)) == len(ids)
 
 
 def test_tools_and_reasoning_in_one_batch(client):

@@ -3,7 +3,8 @@
 mlx-lm's TextStateMachine (the one mlx_lm.server uses) follows the think and tool-call markers
 through the decoded text, a round of several tokens at a time included; the tool parser the
 tokenizer declares (mlx_lm/tool_parsers/) turns each call's text into a name and arguments. A
-call that does not parse stays in the content, verbatim: nothing the model wrote is lost.
+call that does not parse stays in the content (or the thinking it was opened in), verbatim:
+nothing the model wrote is lost.
 """
 
 from __future__ import annotations
@@ -28,8 +29,28 @@ class Delta:
     call: dict | None = None  # {"index", "id", "type", "function": {"name", "arguments"}}
 
 
+THINKING_CALL = "thinking_tool"  # a call the model opened inside its thinking section
+
+
 def _machine(tokenizer, tools: bool) -> TextStateMachine | None:
-    """Marker transitions: thinking, and tool calls when the request has tools."""
+    """Marker transitions: thinking, and tool calls when the request has tools. A call opened
+    inside the thinking section goes back to it when it ends (its think end marker is no
+    answer); mlx-lm's machine would go on in the answer."""
+    thinks = getattr(tokenizer, "has_thinking", False)
+    plain = not (
+        getattr(tokenizer, "response_transitions", None)
+        or getattr(tokenizer, "structural_markers", None)
+    )
+    if tools and thinks and plain:
+        start, end = tokenizer.tool_call_start, tokenizer.tool_call_end
+        return TextStateMachine(
+            {
+                "normal": [(tokenizer.think_start, "reasoning"), (start, "tool")],
+                "reasoning": [(tokenizer.think_end, "normal"), (start, THINKING_CALL)],
+                "tool": [(end, "normal")] if end else [],
+                THINKING_CALL: [(end, "reasoning")] if end else [],
+            }
+        )
     if tools:
         return make_text_state_machine(tokenizer)
     if getattr(tokenizer, "has_thinking", False):
@@ -54,26 +75,27 @@ class ChatReply:
         self.call_text = prompt.call_prefix
         self.thinking = ThinkingTracker(tokenizer, prompt.state == "reasoning")
         self.calls: list[dict] = []
-        self.unparsed = 0  # call texts the parser refused (kept as content)
+        self.unparsed = 0  # call texts the parser refused (kept as text)
         self.content: list[str] = []
         self.reasoning: list[str] = []
         # With tools: whitespace at the start or after a call, held until text follows
         # (between or around calls it is no answer: Qwen-style templates put "\n" there).
         self.held, self.call_lead, self.after_call = "", "", False
+        self.call_from = "normal"  # the section the open call began in
 
     def feed(self, text: str, event) -> list[Delta]:
         self.thinking.add(event)
         if self.machine is None:
             return self._emit([("normal", text)])
         self.state, segments = TextStateMachine.split(self.state, text)
-        return self._emit(segments)
+        return self._emit([("tool" if s == THINKING_CALL else s, t) for s, t in segments])
 
     def finish(self, finish_reason: str) -> tuple[list[Delta], str]:
         """The held-back text and an unclosed call; "stop" becomes "tool_calls" after calls."""
         out: list[Delta] = []
         if self.machine is not None:
             self.state, rest, state = TextStateMachine.flush(self.state)
-            out = self._emit([(state, rest)])
+            out = self._emit([("tool" if state == THINKING_CALL else state, rest)])
         if self.current == "tool":  # cut by max_tokens, or by parallel_tool_calls' stop
             out += self._close_call(complete=False)
         if self.held and not self.calls:  # a reply of whitespace alone stays verbatim
@@ -88,7 +110,7 @@ class ChatReply:
             if self.current == "tool" and state != "tool":
                 out += self._close_call(complete=True)
             if state == "tool" and self.current != "tool":
-                self.call_lead, self.held = self.held, ""
+                self.call_lead, self.held, self.call_from = self.held, "", self.current
             self.current = state
             if not text:
                 continue
@@ -107,6 +129,18 @@ class ChatReply:
         if self.id_length is None:
             return f"call_{uuid.uuid4().hex[:24]}"
         return (uuid.uuid4().hex * (1 + self.id_length // 32))[: self.id_length]
+
+    def _call_id(self, given) -> str:
+        """The model's own id for a call (Kimi's, Mistral's) where it is one the template takes
+        back and no other call of this reply has it; else a new one."""
+        if (
+            isinstance(given, str)
+            and given
+            and all(c["id"] != given for c in self.calls)
+            and (self.id_length is None or (len(given) == self.id_length and given.isalnum()))
+        ):
+            return given
+        return self._new_id()
 
     def _content(self, text: str, hold: bool = True) -> list[Delta]:
         held = self.tools is not None and (not self.content or self.after_call)
@@ -129,19 +163,26 @@ class ChatReply:
             for c in calls:  # a function's arguments are an object (its parameters' schema)
                 if not isinstance(_object(c.get("arguments", {})), dict):
                     raise ValueError(f"arguments of {c['name']!r} are not a JSON object")
-        except Exception as e:  # the model's text, not a server fault: keep it as content
-            log.warning("a tool call did not parse (%s: %s); kept as content", type(e).__name__, e)
+        except Exception as e:  # the model's text, not a server fault: keep it as text
+            log.warning("a tool call did not parse (%s: %s); kept as text", type(e).__name__, e)
             self.unparsed += 1
             end = (self.tok.tool_call_end or "") if complete else ""
+            text = self.tok.tool_call_start + text + end
             self.held, self.call_lead = self.call_lead, ""
-            return self._content(self.tok.tool_call_start + text + end, hold=False)
+            if self.call_from == "reasoning":  # back in the thinking it was written in
+                self.reasoning.append(text)
+                return [Delta("reasoning", text)]
+            return self._content(text, hold=False)
         self.call_lead, self.after_call = "", True
+        if not self.tools.parallel and len(calls) > 1:  # one block may hold several (Kimi's)
+            log.info("parallel_tool_calls false: kept the first of %d calls", len(calls))
+            calls = calls[:1]
         out = []
         for c in calls:
             args = c.get("arguments", {})
             call = {
                 "index": len(self.calls),
-                "id": c.get("id") or self._new_id(),
+                "id": self._call_id(c.get("id")),
                 "type": "function",
                 "function": {
                     "name": c["name"],
