@@ -16,6 +16,7 @@ from __future__ import annotations
 import dflash2_mlx  # noqa: F401  (binds the BLAS before mlx)
 
 import json
+import math
 import shutil
 import sys
 import time
@@ -28,14 +29,18 @@ def parse_parts(args: list[str]) -> list[tuple[Path, float]]:
     parts = []
     for a in args:
         path, _, weight = a.rpartition(":")
-        if not path or not (Path(path) / "model.safetensors").is_file():
-            sys.exit(f"{a!r}: expected DRAFTER_FOLDER:WEIGHT with a model.safetensors in it")
+        if not path or not all(
+            (Path(path) / f).is_file() for f in ("model.safetensors", "config.json")
+        ):
+            sys.exit(
+                f"{a!r}: expected DRAFTER_FOLDER:WEIGHT, the folder with model.safetensors and config.json"
+            )
         try:
             w = float(weight)
         except ValueError:
             sys.exit(f"{a!r}: the weight {weight!r} is not a number")
-        if not w > 0:
-            sys.exit(f"{a!r}: the weight must be > 0")
+        if not (w > 0 and math.isfinite(w)):
+            sys.exit(f"{a!r}: the weight must be a finite number > 0")
         parts.append((Path(path), w))
     configs = {
         json.dumps(json.loads((p / "config.json").read_text()), sort_keys=True) for p, _ in parts
@@ -82,6 +87,8 @@ def main() -> None:
     if len(sys.argv) < 4:
         sys.exit(__doc__)
     out, features = Path(sys.argv[1]), Path(sys.argv[2])
+    if not features.is_dir():
+        sys.exit(f"{features}: not a folder of held-out features (W/features_heldout_<layers>)")
     parts = parse_parts(sys.argv[3:])
     out.mkdir(parents=True, exist_ok=True)
     weights, metadata = average(parts)
