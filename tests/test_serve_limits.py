@@ -264,6 +264,24 @@ def test_client_closing_mid_upload_is_one_line_and_counted(url, logs):
     assert not [r for r in logs.records if r.exc_info], "an abandoned upload logged a traceback"
 
 
+def test_what_a_client_sends_cannot_forge_a_log_line(url, logs):
+    """A %0a in a path, a newline in a field name, a terminal escape: each logged escaped,
+    on the one line of its refusal."""
+    port = url.rsplit(":", 1)[1]
+    forged = "%0aINFO:%20FORGED%1b[31m"
+    assert httpx.get(url + "/nowhere" + forged).status_code == 404
+    r = httpx.get(url + "/v1/models" + forged, headers={"Host": f"evil.example:{port}"})
+    assert r.status_code == 403
+    r = httpx.post(url + CHAT, json={"messages": HI, "x\nINFO: FORGED\x1b[31m": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x\nINFO: FORGED\x1b[31m"
+    ours = [r.getMessage() for r in logs.records if r.name.startswith("dflash2")]
+    lines = [line for line in ours if "FORGED" in line]
+    assert len(lines) == 3, lines
+    for line in lines:
+        assert "\n" not in line and "\x1b" not in line, line
+        assert "FORGED\\x1b[31m" in line, line
+
+
 # ------------------------------------------------------------------ sampling underflow
 def test_underflowing_temperature_and_top_p_are_greedy(pair, url):
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=60)

@@ -19,6 +19,17 @@ def brief(value) -> str:
     return _brief.repr(value)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def loggable(text, limit: int = 1000) -> str:
+    """`text` fit for one log line: control characters a client sent (a %0a in a path, a
+    newline in a field name, terminal escapes) written as escapes (\\n, \\x1b), at most
+    `limit` characters: no client can forge or split a line of the server's log."""
+    text = str(text)[:limit]
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 class APIError(Exception):
     """An error answered as {"error": {"message", "type", "param", "code"}}."""
 

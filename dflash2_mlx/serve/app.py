@@ -24,6 +24,7 @@ from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error
 from ..settings import SamplingDefaults, check_block, default_context_length
 from . import metrics as metrics_mod
+from .api_error import loggable
 from .body import ClientGone, read_json
 from .chat_prompt import ChatTemplate
 from .guard import FaultGuard
@@ -301,7 +302,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         log.info(
             "%s %s: the client closed the connection during its upload",
             request.method,
-            request.url.path,
+            loggable(request.url.path, 200),
         )
         return Response(status_code=CLIENT_GONE)
 

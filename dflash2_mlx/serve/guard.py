@@ -12,6 +12,7 @@ import logging
 
 from fastapi.responses import JSONResponse
 
+from .api_error import loggable
 from .http_errors import internal_error
 from .messages_output import MESSAGES_PATH, error_body
 
@@ -37,7 +38,8 @@ class FaultGuard:
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as exc:  # noqa: BLE001 - a server fault, reported, not propagated
-            log.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
+            path = loggable(scope.get("path", ""), 200)
+            log.error("%s %s failed", scope.get("method"), path, exc_info=exc)
             if not started:
                 err = internal_error(exc)
                 anthropic = str(scope.get("path", "")).startswith(MESSAGES_PATH)

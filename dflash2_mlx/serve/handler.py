@@ -33,7 +33,7 @@ from .messages_output import MessageBuilder, MessagesStream
 from .messages_output import usage as messages_usage
 from .responses_output import ResponseBuilder, ResponsesStream
 from .responses_output import usage as responses_usage
-from .api_error import brief
+from .api_error import brief, loggable
 from .constrained import reply_constraint
 from .schemas import APIError, GenRequest, invalid
 from .http_errors import CLIENT_GONE, error_response, from_worker, internal_error, shutting_down
@@ -349,7 +349,7 @@ class Handler:
             item = await reader.next(poll_disconnect=False)  # Starlette watches the client
         if item.kind == "error":  # headers are sent: report it in the stream, then end it
             err = from_worker(item.error)
-            log.info("stream ended by %d %s: %s", err.status, err.code, err.message)
+            log.info("stream ended by %d %s: %s", err.status, err.code, loggable(err.message))
             for line in out.error(err):
                 yield line
             return

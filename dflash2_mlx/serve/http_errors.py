@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from ..errors import DFlash2Error
-from .api_error import APIError
+from .api_error import APIError, loggable
 from .messages_output import MESSAGES_PATH, error_body
 from .queue import ShuttingDown
 
@@ -19,8 +19,11 @@ CLIENT_GONE = 499  # nginx's "client closed request": counted in /metrics, never
 
 
 def error_response(err: APIError, request: Request | None = None) -> JSONResponse:
-    """The JSON error, logged as one line (a client's mistake is not the server's)."""
-    where = f"{request.method} {request.url.path}: " if request is not None else ""
+    """The JSON error, logged as one line (a client's mistake is not the server's; what it
+    sent is escaped: `loggable`)."""
+    where = ""
+    if request is not None:
+        where = f"{request.method} {loggable(request.url.path, 200)}: "
     anthropic = request is not None and request.url.path.startswith(MESSAGES_PATH)
     log.log(
         logging.ERROR if err.status >= 500 and err.status != 503 else logging.INFO,
@@ -28,7 +31,7 @@ def error_response(err: APIError, request: Request | None = None) -> JSONRespons
         where,
         err.status,
         err.code or err.type,
-        err.message,
+        loggable(err.message),
     )
     body = error_body(err) if anthropic else err.body()
     return JSONResponse(body, status_code=err.status, headers=err.headers)

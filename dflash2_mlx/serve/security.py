@@ -8,8 +8,8 @@ it (a `text/plain` "simple request" needs no preflight), and through DNS rebindi
 - a browser's cross-origin request (an Origin header other than the server's own) is refused
   unless `--cors` names that origin; allowed origins get CORS headers and preflights;
 - POST bodies must be `application/json` (never a form or text/plain a page can send freely);
-- with `--api-key`, every endpoint but /health needs `Authorization: Bearer <key>` (compared in
-  constant time).
+- with `--api-key`, every endpoint but /health needs `Authorization: Bearer <key>` or
+  `x-api-key: <key>` (compared in constant time).
 Forwarding headers (X-Forwarded-For) are trusted only from `--trust-proxy` addresses (uvicorn).
 """
 
@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..errors import DFlash2Error
 from .messages_output import MESSAGES_PATH, error_body
+from .api_error import loggable
 from .schemas import APIError
 
 log = logging.getLogger("dflash2.serve")
@@ -132,7 +133,8 @@ class SecurityGate:
         try:
             cors = self._check(scope, headers)
         except APIError as err:
-            log.info("refused %s %s: %s", scope["method"], scope["path"], err.message)
+            path, why = loggable(scope["path"], 200), loggable(err.message)
+            log.info("refused %s %s: %s", scope["method"], path, why)
             body = error_body(err) if scope["path"].startswith(MESSAGES_PATH) else err.body()
             return await JSONResponse(body, err.status, err.headers)(scope, receive, send)
         if cors is None:
