@@ -88,14 +88,14 @@ class ChatReply:
         if self.machine is None:
             return self._emit([("normal", text)])
         self.state, segments = TextStateMachine.split(self.state, text)
-        return self._emit([("tool" if s == THINKING_CALL else s, t) for s, t in segments])
+        return self._emit(segments)
 
     def finish(self, finish_reason: str) -> tuple[list[Delta], str]:
         """The held-back text and an unclosed call; "stop" becomes "tool_calls" after calls."""
         out: list[Delta] = []
         if self.machine is not None:
             self.state, rest, state = TextStateMachine.flush(self.state)
-            out = self._emit([("tool" if state == THINKING_CALL else state, rest)])
+            out = self._emit([(state, rest)])
         if self.current == "tool":  # cut by max_tokens, or by parallel_tool_calls' stop
             out += self._close_call(complete=False)
         if self.held and not self.calls:  # a reply of whitespace alone stays verbatim
@@ -107,6 +107,7 @@ class ChatReply:
     def _emit(self, segments) -> list[Delta]:
         out: list[Delta] = []
         for state, text in segments:
+            state = "tool" if state == THINKING_CALL else state  # a call, wherever it opened
             if self.current == "tool" and state != "tool":
                 out += self._close_call(complete=True)
             if state == "tool" and self.current != "tool":
