@@ -169,8 +169,8 @@ NoDatastoreOpt = Annotated[
     typer.Option(
         "--no-datastore",
         help="Do not draft from the drafter's response datastore (datastore.npz: its "
-        "training answers; when context lookup finds nothing, it proposes the most frequent "
-        "continuation of the last 4+ tokens there; free, outputs are the same).",
+        "training answers; when context lookup finds nothing, it proposes the continuation "
+        "of the last 3+ tokens there that most answers agree on; free, outputs are the same).",
     ),
 ]
 
@@ -275,7 +275,8 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     if store is not None:
         say(
             f"response datastore: {len(store):,} tokens of past answers, after a match of "
-            f"{store.n}+ tokens (--no-datastore: off)"
+            f"{store.n}+ tokens that {store.min_share:.0%} of them continue alike "
+            "(--no-datastore: off)"
         )
     return pair, resolved, tdir
 

@@ -25,7 +25,7 @@ def stream_of(responses, sep=SEP, dtype=np.uint16):
 def reference(responses, context, length, n):
     """Brute force: the longest context suffix (n .. MAX_MATCH tokens) occurring in a response
     with a token after it; then, token by token, the most frequent next token among the
-    occurrences still agreeing (ties: the smallest id)."""
+    occurrences still agreeing (ties: the smallest id). Also the first token's vote share."""
     best, occ = 0, []
     for k in range(n, min(MAX_MATCH, len(context)) + 1):
         suffix = context[-k:]
@@ -35,16 +35,17 @@ def reference(responses, context, length, n):
         best, occ = k, found
     if not best:
         return None
-    out = []
+    out, share = [], 0.0
     for _ in range(length):
         nxt = Counter(r[j] for r, j in occ if j < len(r))
         if not nxt:
             break
         top = max(nxt.values())
         tok = min(t for t, c in nxt.items() if c == top)
+        share = share if out else top / sum(nxt.values())
         out.append(tok)
         occ = [(r, j + 1) for r, j in occ if j < len(r) and r[j] == tok]
-    return (out, best) if out else None
+    return (out, best, share) if out else None
 
 
 def test_a_frequent_key_votes_over_its_first_occurrences_in_the_file():
@@ -90,12 +91,17 @@ def test_matches_a_brute_force_reference(vocab, dtype, sep):
         context = rng.integers(0, vocab, size=rng.integers(1, 24)).tolist()
         found = store.match(context, 6)
         ref = reference(responses, context, 6, 3)
-        assert (found.tokens, found.matched) == ref if ref else found is None, context
+        assert (found.tokens, found.matched, found.share) == ref if ref else found is None
+        proposed = store.propose(context, 6)
+        assert proposed == (ref[0] if ref and ref[2] >= store.min_share else []), context
 
 
 def test_bad_min_match_and_decoder_argument_are_refused():
     with pytest.raises(ValueError, match="min_match"):
         Datastore(stream_of([[1, 2]]), SEP, min_match=0)
+    for bad in (-0.1, 1.5, True, "0.8", float("nan")):
+        with pytest.raises(ValueError, match="min_share must be a number in"):
+            Datastore(stream_of([[1, 2]]), SEP, min_share=bad)
     model = tiny.make_target("llama")
     drafter = tiny.make_drafter(2)
     with pytest.raises(ParameterError, match="datastore must be a Datastore"):
@@ -120,9 +126,11 @@ def test_the_builder_writes_a_compact_file_that_names_its_sources(tmp_path):
     assert (meta["responses"], meta["tokens"], meta["dtype"]) == (3, 16, "uint16")
     store = Datastore.load(out)
     assert store.meta == meta and len(store) == 19 and find_datastore(tmp_path) == out
-    assert store.propose([3, 6, 7, 8], 3) == []  # "3 6 7 8" is nowhere
-    by3 = Datastore.load(out, min_match=3)
-    assert by3.propose([3, 6, 7, 8], 3) == [9, 2]  # "6 7 8": 9 twice, 1 once; then b's 2
+    assert Datastore.load(out, min_match=4).propose([3, 6, 7, 8], 3) == []  # nowhere
+    m = store.match([3, 6, 7, 8], 3)  # "6 7 8": 9 twice, 1 once; then b's 2
+    assert (m.tokens, m.matched, m.support, m.share) == ([9, 2], 3, 3, 2 / 3)
+    assert store.propose([3, 6, 7, 8], 3) == []  # 2 of 3 agree: below the default 0.8
+    assert Datastore.load(out, min_share=0.6).propose([3, 6, 7, 8], 3) == [9, 2]
     assert find_datastore(tmp_path / "a") is None and find_datastore(None) is None
 
 

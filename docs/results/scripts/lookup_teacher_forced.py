@@ -2,7 +2,8 @@
 continuations -> teacher_forced_ok.json (input of lookup_sim.py).
 Usage: python lookup_teacher_forced.py CHECKPOINT_DIR WORK_DIR [--target DIR] [--regen FILE]
   [--out teacher_forced_ok.json]  (WORK_DIR: a `dflash2 train` work folder with
-features_heldout_1-8-15-22-29; CHECKPOINT_DIR has feature_scale.npy)."""
+features_heldout_1-8-15-22-29; CHECKPOINT_DIR: a training checkpoint with feature_scale.npy
+or an exported drafter)."""
 
 import dflash2_mlx  # noqa: F401  (binds the fast BLAS before MLX loads)
 import argparse
@@ -32,8 +33,12 @@ ck, W = args.checkpoint, args.work
 model, tok = load(args.target)
 d = load_drafter(ck, dtype=mx.float32)
 d.bind(TargetAdapter(model, d.config.target_layer_ids).binding())
-scale = mx.array(np.load(ck / "feature_scale.npy"))
+# A training checkpoint keeps its feature scale beside it; an exported drafter has it in fc.
+scale_file = ck / "feature_scale.npy"
 held = [s for s in load_feature_cache(W / "features_heldout_1-8-15-22-29") if s.temperature == 0.0]
+scale = (
+    mx.array(np.load(scale_file)) if scale_file.exists() else mx.ones((held[0].features.shape[-1],))
+)
 cats = {json.loads(line)["id"]: json.loads(line)["category"] for line in open(args.regen)}
 out = []
 for s in held:
