@@ -8,7 +8,7 @@ from test_sampling import empirical, exact_marginals, tv
 
 from dflash2_mlx import GenerationParams, GenerationStats, ParameterError, SamplingParams
 from dflash2_mlx import SpeculativeDecoder
-from dflash2_mlx.engine.lookup import ContextLookup
+from dflash2_mlx.engine.lookup import LOOK_BACK, RECENT, ContextLookup
 from dflash2_mlx.target.adapter import TargetAdapter
 
 # Repeats in the prompt, and tiny random targets loop: lookup has something to find.
@@ -32,6 +32,23 @@ def test_proposes_what_followed_the_latest_earlier_occurrence():
     assert ContextLookup(3).propose(2) == []  # nothing committed yet
 
 
+def test_the_occurrence_with_the_longest_agreeing_context_wins():
+    lk = ContextLookup(2)
+    lk.reset([7, 1, 2, 3, 8, 1, 2, 4, 9, 7, 1, 2])
+    assert lk.propose(3) == [3, 8, 1]  # "7 1 2" at 0 agrees further than "8 1 2" at 4
+    lk.reset([5, 1, 2, 3, 6, 1, 2, 4, 9, 7, 1, 2])
+    assert lk.propose(3) == [4, 9, 7]  # neither agrees before "1 2": the latest
+    # Agreement is compared LOOK_BACK tokens back at most: then the latest of the tied wins.
+    long = list(range(10, 10 + LOOK_BACK + 3))
+    lk.reset([*long, 1, 2, 3, 99, *long, 1, 2, 4, 98, *long, 1, 2])
+    assert lk.propose(2) == [4, 98]
+    # Only the RECENT latest occurrences are compared: an older, better one is not found.
+    lk.reset([8, 8, 1, 2, 3] + [5, 1, 2, 4] * RECENT + [8, 8, 1, 2])
+    assert lk.propose(1) == [4]
+    lk.reset([8, 8, 1, 2, 3] + [5, 1, 2, 4] * (RECENT - 1) + [8, 8, 1, 2])
+    assert lk.propose(1) == [3]
+
+
 def test_extending_equals_indexing_at_once():
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 6, size=200).tolist()
@@ -42,7 +59,7 @@ def test_extending_equals_indexing_at_once():
             step.extend(tokens[i : i + 3])
             whole.reset(tokens[: i + 3])
             assert step.propose(5) == whole.propose(5)
-            assert step._latest == whole._latest
+            assert step._starts == whole._starts
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])

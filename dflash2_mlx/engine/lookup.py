@@ -15,6 +15,11 @@ from typing import Sequence
 # The high-level API's and the CLI's default min_match: on the held-out prompts (README,
 # "Context lookup") 2 and 3 did alike, 3 fires on fewer, surer repeats.
 DEFAULT_LOOKUP = 3
+# Choosing among a repeat's earlier occurrences: the one whose preceding tokens agree with the
+# context's furthest, comparing up to LOOK_BACK tokens before the key, among its RECENT latest
+# occurrences (a frequent n-gram in a long context stays cheap). Ties: the latest.
+LOOK_BACK = 16
+RECENT = 64
 # Tokens verified in a round drafted by lookup or a prediction when no profile says otherwise
 # (GenerationParams.lookup_block): such rounds run no draft pass, so a long repeat is worth a
 # wider verify than the drafter's block (`dflash2 bench --autotune` measures the best width).
@@ -28,16 +33,18 @@ def _checked(min_match: int) -> int:
 
 
 class ContextLookup:
-    """Index of the committed tokens' n-grams (n = `min_match`) -> their latest start that has
-    at least one token after it. Extended as tokens are committed; rebuilt by `reset`."""
+    """Index of the committed tokens' n-grams (n = `min_match`) -> their starts that have at
+    least one token after them. Extended as tokens are committed; rebuilt by `reset`.
+    `propose` follows the occurrence whose preceding tokens agree with the context's furthest
+    (up to LOOK_BACK more tokens compared, among the RECENT latest; ties: the latest)."""
 
     def __init__(self, min_match: int):
         self.n = _checked(min_match)
         self.tokens: list[int] = []
-        self._latest: dict[tuple[int, ...], int] = {}
+        self._starts: dict[tuple[int, ...], list[int]] = {}
 
     def reset(self, tokens: Sequence[int]) -> None:
-        self.tokens, self._latest = [], {}
+        self.tokens, self._starts = [], {}
         self.extend(tokens)
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -45,18 +52,26 @@ class ContextLookup:
         self.tokens.extend(int(t) for t in tokens)
         t, n = self.tokens, self.n
         for i in range(start, len(t) - n):
-            self._latest[tuple(t[i : i + n])] = i
+            self._starts.setdefault(tuple(t[i : i + n]), []).append(i)
 
     def propose(self, length: int) -> list[int]:
-        """Up to `length` tokens that followed the latest earlier occurrence of the last n
-        committed tokens (none when they never occurred before)."""
+        """Up to `length` tokens that followed the earlier occurrence of the last n committed
+        tokens with the longest agreeing context (none when they never occurred before)."""
         t, n = self.tokens, self.n
         if length < 1 or len(t) <= n:
             return []
-        i = self._latest.get(tuple(t[-n:]))
-        if i is None:
+        starts = self._starts.get(tuple(t[-n:]))
+        if not starts:
             return []
-        return t[i + n : i + n + length]
+        key = len(t) - n  # where the last n tokens start
+        best, agreed = starts[-1], -1
+        for i in reversed(starts[-RECENT:]):
+            k = 0
+            while k < LOOK_BACK and k < i and t[i - 1 - k] == t[key - 1 - k]:
+                k += 1
+            if k > agreed:
+                best, agreed = i, k
+        return t[best + n : best + n + length]
 
 
 class PredictionLookup:
