@@ -275,7 +275,7 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     if store is not None:
         say(
             f"response datastore: {len(store):,} tokens of past answers, after a match of "
-            f"{store.n}+ tokens that {store.min_share:.0%} of them continue alike "
+            f"{store.n}+ tokens, if {store.min_share:.0%} of its continuations agree "
             "(--no-datastore: off)"
         )
     return pair, resolved, tdir

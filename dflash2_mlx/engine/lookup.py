@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-# The high-level API's and the CLI's default min_match: on the held-out prompts (README,
-# "Context lookup") 2 and 3 did alike, 3 fires on fewer, surer repeats.
+# The high-level API's and the CLI's default min_match. 2 accepts more (τ +0.02 on the held-out
+# and unseen prompts) but its extra repeats are less sure and each verifies a wide block: 3.5 %
+# slower on the x86 bench (docs/results/smollm2-lookup-longest.json), so 3.
 DEFAULT_LOOKUP = 3
 # Choosing among a repeat's earlier occurrences: the one whose preceding tokens agree with the
 # context's furthest, comparing up to LOOK_BACK tokens before the key, among its RECENT latest
