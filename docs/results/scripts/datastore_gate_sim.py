@@ -42,11 +42,8 @@ def agreed(t: list[int], a: int, prop: list[int]) -> int:
 
 
 def replay(rows_of, min_share: float) -> dict:
-    per, rounds, committed = (
-        collections.defaultdict(lambda: [0, 0]),
-        collections.Counter(),
-        collections.Counter(),
-    )
+    per = collections.defaultdict(lambda: [0, 0])  # category -> [tokens, rounds]
+    rounds, committed = collections.Counter(), collections.Counter()  # by source
     for s, rows in zip(data, rows_of):
         t, start, ok = s["tokens"], s["start"], s["ok"]
         a = start
