@@ -1,6 +1,7 @@
 """Exact rollback of recurrent (Gated-DeltaNet) target caches."""
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 import tiny
@@ -87,17 +88,52 @@ def test_generic_layer_replay_is_exact_too(monkeypatch):
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_cpu_head_is_transposed_once_and_equal_to_rounding(tied):
-    """On the CPU the adapter multiplies by a pre-transposed copy of the head (faster for the
-    few rows of a decode step); its logits equal the model's own call up to float rounding.
-    Not bit for bit: the two layouts take different BLAS paths (OpenBLAS's SkylakeX kernels
-    differ by 1 ulp where its Haswell/Zen kernels agree exactly)."""
+def test_transposed_head_equals_the_stored_layout_to_rounding(tied):
+    """A pre-transposed copy of the head gives the model's own logits up to float rounding
+    (not bit for bit: the layouts take different BLAS paths; OpenBLAS's SkylakeX kernels
+    differ by 1 ulp where its Haswell/Zen kernels agree). A tiny head is used as stored."""
     from dflash2_mlx.target.head import TransposedHead
 
     model = tiny.make_target("llama", tie_word_embeddings=tied)
     adapter = TargetAdapter(model, (0, 2))
-    assert isinstance(adapter.head, TransposedHead) == (mx.default_device() == mx.cpu)
+    assert not isinstance(adapter.head, TransposedHead)  # below MIN_TIMED_ELEMENTS
+    weight = adapter.inner.embed_tokens.weight if tied else model.lm_head.weight
+    adapter.head = TransposedHead(weight)
     for ids in ([[3, 1, 4]], [[1, 5, 9, 2, 6, 5, 3, 5, 8]]):
         got = adapter.forward(mx.array(ids), adapter.make_cache()).logits
         want = model(mx.array(ids), cache=adapter.make_cache())
         np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("stored_ms, copied_ms, pays", [(40.0, 20.0, True), (20.0, 40.0, False)])
+def test_head_layout_is_timed_once_and_kept_only_when_faster(
+    monkeypatch, stored_ms, copied_ms, pays
+):
+    """cpu_head keeps a transposed copy only where it beat the stored layout by MIN_GAIN on
+    this BLAS (the timings are faked here: a real one decides per machine), once per shape."""
+    from dflash2_mlx.target import head as heads
+
+    monkeypatch.setattr(heads, "MIN_TIMED_ELEMENTS", 0)
+    monkeypatch.setattr(heads, "_PAYS", {})
+    calls = []
+
+    def fake(fn, reps):
+        calls.append(reps)
+        fn()
+        copied = "weight_t" in fn.__code__.co_freevars  # the closure over the copy
+        return (copied_ms if copied else stored_ms) if reps > 1 else 0.0
+
+    monkeypatch.setattr(heads, "_median_s", fake)
+    device = mx.default_device()
+    mx.set_default_device(mx.cpu)  # the layout question is the CPU's
+    try:
+        linear = nn.Linear(32, 300, bias=False)
+        head = heads.cpu_head(linear)
+        again = heads.cpu_head(nn.Linear(32, 300, bias=False))
+    finally:
+        mx.set_default_device(device)
+    assert isinstance(head, heads.TransposedHead) == pays
+    if pays:
+        assert mx.array_equal(head.weight_t, linear.weight.T).item()  # a copy: exact
+    assert isinstance(again, heads.TransposedHead) == pays  # same shape: decided once
+    assert sorted(calls) == [1, 1, 3, 3]

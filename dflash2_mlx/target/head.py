@@ -9,6 +9,8 @@ quantized heads. Verification always uses the full head, so outputs stay exactly
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,18 +37,50 @@ class TargetBinding:
 
 
 class TransposedHead:
-    """`x @ W.T` with W.T stored contiguous. On the CPU, OpenBLAS runs the few-row products of
-    decoding about 2x faster on a pre-transposed head (measured on 49k x 576; equal up to float
-    rounding: some OpenBLAS kernels differ by 1 ulp between the layouts); it costs one copy of
-    the head, so it is used on the CPU only."""
+    """`x @ W.T` with W.T stored contiguous. The two layouts take different OpenBLAS paths for
+    the few-row products of decoding: on 49k x 576, the copy ran ~2x faster with the Haswell
+    kernels and ~2x slower with the SkylakeX ones, so `cpu_head` times both (equal up to float
+    rounding: some kernels differ by 1 ulp between the layouts)."""
 
-    def __init__(self, weight: mx.array):
+    def __init__(self, weight: mx.array, weight_t: mx.array | None = None):
         self.weight = weight
-        self.weight_t = mx.contiguous(weight.T)
+        self.weight_t = mx.contiguous(weight.T) if weight_t is None else weight_t
         mx.eval(self.weight_t)
 
     def __call__(self, x: mx.array) -> mx.array:
         return x @ self.weight_t
+
+
+# Heads smaller than this are used as stored: a timing would be noise, and the copy buys little.
+MIN_TIMED_ELEMENTS = 1 << 22
+# The copy must beat the stored layout by this factor to pay for its memory.
+MIN_GAIN = 1.1
+_PAYS: dict[tuple, bool] = {}  # (shape, dtype) -> whether the copy was faster, per process
+
+
+def _median_s(fn: Callable[[], mx.array], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _transposed_if_faster(weight: mx.array, rows: int = 4, reps: int = 3) -> mx.array | None:
+    """The contiguous W.T when `x @ W.T` on it beats the stored W by MIN_GAIN for `rows` rows
+    on this BLAS (timed once per shape and dtype in a process), else None."""
+    key = (tuple(weight.shape), weight.dtype)
+    if weight.size < MIN_TIMED_ELEMENTS or _PAYS.get(key) is False:
+        return None
+    weight_t = mx.contiguous(weight.T)
+    mx.eval(weight, weight_t)  # a lazy gather (restricted rows) must not be timed
+    if key not in _PAYS:
+        x = mx.random.normal((rows, weight.shape[1]), key=mx.random.key(0)).astype(weight.dtype)
+        stored, copied = (lambda: x @ weight.T), (lambda: x @ weight_t)
+        _median_s(stored, 1), _median_s(copied, 1)  # warm up
+        _PAYS[key] = _median_s(stored, reps) > MIN_GAIN * _median_s(copied, reps)
+    return weight_t if _PAYS[key] else None
 
 
 class RowsHead:
@@ -94,12 +128,15 @@ def _owner(head):
 
 
 def cpu_head(head: Head) -> Head:
-    """A TransposedHead for an unquantized, bias-free head on the CPU; else `head` itself."""
+    """A TransposedHead for an unquantized, bias-free head on the CPU where that layout is
+    faster on this BLAS (_transposed_if_faster); else `head` itself."""
     if mx.default_device() != mx.cpu:
         return head
     owner = _owner(head)
     if type(owner) in (nn.Linear, nn.Embedding) and "bias" not in owner:
-        return TransposedHead(owner.weight)
+        weight_t = _transposed_if_faster(owner.weight)
+        if weight_t is not None:
+            return TransposedHead(owner.weight, weight_t)
     return head
 
 
@@ -112,6 +149,8 @@ def restricted_head(head: Head, ids: mx.array) -> Head:
         rows = owner.weight[ids]
         bias = owner["bias"][ids] if isinstance(owner, nn.Linear) and "bias" in owner else None
         if bias is None and mx.default_device() == mx.cpu:
-            return TransposedHead(rows)
+            rows_t = _transposed_if_faster(rows)
+            if rows_t is not None:
+                return TransposedHead(rows, rows_t)
         return RowsHead(rows, bias)
     return lambda x: mx.take(head(x), ids, axis=-1)  # unknown head: same logits, no saving
