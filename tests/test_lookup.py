@@ -8,7 +8,7 @@ from test_sampling import empirical, exact_marginals, tv
 
 from dflash2_mlx import GenerationParams, GenerationStats, ParameterError, SamplingParams
 from dflash2_mlx import SpeculativeDecoder
-from dflash2_mlx.engine.lookup import LOOK_BACK, RECENT, ContextLookup
+from dflash2_mlx.engine.lookup import SHORT_DRAFTS, SURE_AGREEMENT, LOOK_BACK, RECENT, ContextLookup
 from dflash2_mlx.target.adapter import TargetAdapter
 
 # Repeats in the prompt, and tiny random targets loop: lookup has something to find.
@@ -47,6 +47,20 @@ def test_the_occurrence_with_the_longest_agreeing_context_wins():
     assert lk.propose(1) == [4]
     lk.reset([8, 8, 1, 2, 3] + [5, 1, 2, 4] * (RECENT - 1) + [8, 8, 1, 2])
     assert lk.propose(1) == [3]
+
+
+def test_a_repeat_agreeing_on_few_tokens_proposes_few_drafts():
+    """Fewer than SURE_AGREEMENT agreeing tokens (the key's included): at most SHORT_DRAFTS."""
+    lk = ContextLookup(2)
+    after = list(range(20, 40))
+    lk.reset([9, 1, 2, *after, 8, 1, 2])  # "1 2" agrees; 9 vs 8 before it does not
+    assert SURE_AGREEMENT == 3 and lk.find(15) == (after[:SHORT_DRAFTS], 2)
+    lk.reset([8, 1, 2, *after, 8, 1, 2])  # 3 agree: trusted
+    assert lk.find(15) == (after[:15], 3)
+    uncapped = ContextLookup(2, sure=0)
+    uncapped.reset([9, 1, 2, *after, 8, 1, 2])
+    assert uncapped.find(15) == (after[:15], 2)
+    assert ContextLookup(3).find(4) == ([], 0)
 
 
 def test_extending_equals_indexing_at_once():

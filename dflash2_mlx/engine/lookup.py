@@ -12,10 +12,20 @@ from __future__ import annotations
 
 from typing import Sequence
 
-# The high-level API's and the CLI's default min_match. 2 accepts more (τ +0.02 on the held-out
-# and unseen prompts) but its extra repeats are less sure and each verifies a wide block: 3.5 %
-# slower on the x86 bench (docs/results/smollm2-lookup-longest.json), so 3.
+# The high-level API's and the CLI's default min_match, and how far a repeat is trusted: a
+# match whose context agrees on fewer than SURE_AGREEMENT tokens (the key's included; only with
+# min_match < 3) proposes at most SHORT_DRAFTS, so that less sure repeats do not each pay a
+# wide verify. Replayed on the 61 held-out continuations with stage 23 (block 8, a verify of w
+# tokens costing 1 + (w - 1)/20 or /12 one-token verifies; docs/results/smollm2-lookup-cap.json):
+# keys of 3, τ 2.618; keys of 2 uncapped, 2.642 but 0.5-1.4 % slower; capped, 2.619 and 1.7-2.8 %
+# faster. On the 7-prompt bench (block 4) keys of 2, capped, still lost 2 % in total (τ 3.23 vs
+# 3.27, ABAB), so 3.
 DEFAULT_LOOKUP = 3
+SURE_AGREEMENT = 3
+SHORT_DRAFTS = 5
+# Predicted Outputs re-sync on this many of the answer's last tokens (engine/loop.py asks
+# context lookup first).
+PREDICTION_MATCH = 3
 # Choosing among a repeat's earlier occurrences: the one whose preceding tokens agree with the
 # context's furthest, comparing up to LOOK_BACK tokens before the key, among its RECENT latest
 # occurrences (a frequent n-gram in a long context stays cheap). Ties: the latest.
@@ -37,10 +47,12 @@ class ContextLookup:
     """Index of the committed tokens' n-grams (n = `min_match`) -> their starts that have at
     least one token after them. Extended as tokens are committed; rebuilt by `reset`.
     `propose` follows the occurrence whose preceding tokens agree with the context's furthest
-    (up to LOOK_BACK more tokens compared, among the RECENT latest; ties: the latest)."""
+    (up to LOOK_BACK more tokens compared, among the RECENT latest; ties: the latest), for up
+    to `short` tokens when fewer than `sure` agree."""
 
-    def __init__(self, min_match: int):
+    def __init__(self, min_match: int, sure: int = SURE_AGREEMENT, short: int = SHORT_DRAFTS):
         self.n = _checked(min_match)
+        self.sure, self.short = sure, short
         self.tokens: list[int] = []
         self._starts: dict[tuple[int, ...], list[int]] = {}
 
@@ -58,12 +70,17 @@ class ContextLookup:
     def propose(self, length: int) -> list[int]:
         """Up to `length` tokens that followed the earlier occurrence of the last n committed
         tokens with the longest agreeing context (none when they never occurred before)."""
+        return self.find(length)[0]
+
+    def find(self, length: int) -> tuple[list[int], int]:
+        """propose's tokens and how many context tokens agree with that occurrence's (the key's
+        n, plus up to LOOK_BACK before it; 0 with no proposal)."""
         t, n = self.tokens, self.n
         if length < 1 or len(t) <= n:
-            return []
+            return [], 0
         starts = self._starts.get(tuple(t[-n:]))
         if not starts:
-            return []
+            return [], 0
         key = len(t) - n  # where the last n tokens start
         best, agreed = starts[-1], -1
         for i in reversed(starts[-RECENT:]):
@@ -72,7 +89,10 @@ class ContextLookup:
                 k += 1
             if k > agreed:
                 best, agreed = i, k
-        return t[best + n : best + n + length]
+        agreed += n
+        if agreed < self.sure:
+            length = min(length, self.short)
+        return t[best + n : best + n + length], agreed
 
 
 class PredictionLookup:
@@ -83,7 +103,7 @@ class PredictionLookup:
     is, so an edit costs a round or two and the rest is drafted again. A hint only: the verify
     decides every token."""
 
-    def __init__(self, predicted: Sequence[int], min_match: int = DEFAULT_LOOKUP):
+    def __init__(self, predicted: Sequence[int], min_match: int = PREDICTION_MATCH):
         self.n = n = _checked(min_match)
         self.predicted = [int(t) for t in predicted]
         self._starts: dict[tuple[int, ...], list[int]] = {}  # n-gram -> where what follows starts
