@@ -1,9 +1,10 @@
 """Teacher-forced drafts of a drafter checkpoint at every anchor of the held-out greedy
 continuations -> teacher_forced_ok.json (input of lookup_sim.py).
 Usage: python lookup_teacher_forced.py CHECKPOINT_DIR WORK_DIR [--target DIR] [--regen FILE]
-  [--out teacher_forced_ok.json]  (WORK_DIR: a `dflash2 train` work folder with
+  [--out teacher_forced_ok.json] [--draft-vocab N]  (WORK_DIR: a `dflash2 train` work folder with
 features_heldout_1-8-15-22-29; CHECKPOINT_DIR: a training checkpoint with feature_scale.npy
-or an exported drafter)."""
+or an exported drafter). Drafts from the drafter's draft vocabulary, as the engine does
+(before 2026-12-04: from the whole vocabulary; --draft-vocab N: its N most frequent ids)."""
 
 import dflash2_mlx  # noqa: F401  (binds the fast BLAS before MLX loads)
 import argparse
@@ -28,10 +29,11 @@ ap.add_argument(
     "--regen", type=Path, default=Path(__file__).parents[3] / "data/smollm2/regen_heldout.jsonl"
 )
 ap.add_argument("--out", default="teacher_forced_ok.json")
+ap.add_argument("--draft-vocab", type=int, default=None, help="only its N most frequent draft ids")
 args = ap.parse_args()
 ck, W = args.checkpoint, args.work
 model, tok = load(args.target)
-d = load_drafter(ck, dtype=mx.float32)
+d = load_drafter(ck, dtype=mx.float32, draft_vocab_limit=args.draft_vocab)
 d.bind(TargetAdapter(model, d.config.target_layer_ids).binding())
 # A training checkpoint keeps its feature scale beside it; an exported drafter has it in fc.
 scale_file = ck / "feature_scale.npy"
@@ -52,7 +54,7 @@ for s in held:
         b = make_blocks([s], [a], 8, d.config.mask_token_id, scale)
         _, ids, gold = b.flat()
         h = block_hidden(d, b)[:, 1:]
-        drafts = d.select(h, d.logits(h), ids[:, 0], 0.0).tokens
+        drafts = d.select(h, d.draft_logits(h), ids[:, 0], 0.0, None, d.draft_vocab).tokens
         ok = (drafts == gold).astype(mx.int32)
         lead += np.array(mx.cumprod(ok, axis=-1)).tolist()
     out.append(
