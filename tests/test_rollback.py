@@ -134,6 +134,6 @@ def test_head_layout_is_timed_once_and_kept_only_when_faster(
         mx.set_default_device(device)
     assert isinstance(head, heads.TransposedHead) == pays
     if pays:
-        assert mx.array_equal(head.weight_t, linear.weight.T).item()  # a copy: exact
+        assert mx.array_equal(head.weight_t, linear.weight.T).item()  # a memory copy, no matmul
     assert isinstance(again, heads.TransposedHead) == pays  # same shape: decided once
     assert sorted(calls) == [1, 1, 3, 3]

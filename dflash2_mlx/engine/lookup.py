@@ -23,9 +23,6 @@ from typing import Sequence
 DEFAULT_LOOKUP = 3
 SURE_AGREEMENT = 3
 SHORT_DRAFTS = 5
-# Predicted Outputs re-sync on this many of the answer's last tokens (engine/loop.py asks
-# context lookup first).
-PREDICTION_MATCH = 3
 # Choosing among a repeat's earlier occurrences: the one whose preceding tokens agree with the
 # context's furthest, comparing up to LOOK_BACK tokens before the key, among its RECENT latest
 # occurrences (a frequent n-gram in a long context stays cheap). Ties: the latest.
@@ -103,7 +100,7 @@ class PredictionLookup:
     is, so an edit costs a round or two and the rest is drafted again. A hint only: the verify
     decides every token."""
 
-    def __init__(self, predicted: Sequence[int], min_match: int = PREDICTION_MATCH):
+    def __init__(self, predicted: Sequence[int], min_match: int = DEFAULT_LOOKUP):
         self.n = n = _checked(min_match)
         self.predicted = [int(t) for t in predicted]
         self._starts: dict[tuple[int, ...], list[int]] = {}  # n-gram -> where what follows starts
