@@ -28,6 +28,10 @@ Texts that equal a held-out prompt are dropped. Deterministic (seeded):
     # round 5 (train_turns_round5.py): code reading, sentence editing, story continuations over
     # the target's own answers, more numbers, third turns on round 4 (its answers in data/smollm2):
     python tools/make_train_turns.py --out train-turns5.jsonl --round 5
+    # round 6 (train_turns_round6.py): chitchat conversations cut after a later user turn, the
+    # humans' own earlier turns kept (needs chitchat in the corpus folder):
+    dflash2 corpus --out corpus --sources chitchat
+    python tools/make_train_turns.py --corpus corpus --out train-turns6.jsonl --round 6
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import train_turns_round2 as round2
 import train_turns_round3 as round3
 import train_turns_round4 as round4
 import train_turns_round5 as round5
+import train_turns_round6 as round6
 from train_turns_templates import (
     CODE_FORMS,
     CODE_LANGUAGES,
@@ -241,13 +246,14 @@ def main() -> None:
     ap.add_argument(
         "--round",
         type=int,
-        choices=(1, 2, 3, 4, 5),
+        choices=(1, 2, 3, 4, 5, 6),
         default=1,
         help="2: the prompts round 1 did not make (train_turns_round2.py); needs the target's "
         "answers to round 1 in data/smollm2 and chitchat.jsonl in the corpus folder; "
         "3: single-turn everyday requests that rounds 1-2 did not make (train_turns_round3.py); "
         "4: reading tasks, second turns on round 3 and new forms (train_turns_round4.py); "
-        "5: tasks over the target's own answers, third turns on round 4 (train_turns_round5.py)",
+        "5: tasks over the target's own answers, third turns on round 4 (train_turns_round5.py); "
+        "6: chitchat conversations cut after a later user turn (train_turns_round6.py)",
     )
     ap.add_argument(
         "--answered",
@@ -255,7 +261,7 @@ def main() -> None:
         help="keep only the prompts with an answer in this regeneration file",
     )
     args = ap.parse_args()
-    if args.round < 4 and args.corpus is None:
+    if (args.round < 4 or args.round == 6) and args.corpus is None:
         ap.error(f"--round {args.round} needs --corpus")
     from dflash2_mlx.embedded import ensure_smollm2  # before mlx_lm: it binds the BLAS
     from mlx_lm.utils import load_tokenizer
@@ -265,7 +271,9 @@ def main() -> None:
         json.loads(x)["messages"][-1]["content"]
         for x in (PROMPTS / "heldout.jsonl").read_text().splitlines()
     }
-    if args.round >= 4:
+    if args.round == 6:
+        rows = round6.round6(random.Random(args.seed + 5), args.corpus, held)
+    elif args.round >= 4:
         rows = round4.round4(random.Random(args.seed + 3), tokenizer, held)
         if args.round == 5:
             rows = round5.round5(random.Random(args.seed + 4), tokenizer, held, rows)
