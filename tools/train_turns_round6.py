@@ -42,7 +42,8 @@ def round6(rng: random.Random, corpus: Path, held: set[str]) -> list[dict]:
     rows, seen = [], set(held)
     for line in (corpus / "chitchat.jsonl").read_text().splitlines():
         messages = [
-            {"role": m["role"], "content": m["content"].strip()} for m in json.loads(line)["messages"]
+            {"role": m["role"], "content": m["content"].strip()}
+            for m in json.loads(line)["messages"]
         ]
         cuts = _cuts(messages)
         for k in sorted(rng.sample(cuts, min(PER_CONVERSATION, len(cuts)))):
