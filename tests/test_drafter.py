@@ -1,11 +1,15 @@
 """Drafter building blocks: the dynamic conv, the selector lattice, and v2 ⊇ v1."""
 
+import itertools
+
 import mlx.core as mx
 import numpy as np
+import pytest
 import tiny
 from mlx.utils import tree_flatten
 
 from dflash2_mlx.drafter.conv import GroupedDynamicConv
+from dflash2_mlx.drafter.selector import expected_walk
 from dflash2_mlx.kernels._references import dynamic_conv, pair_scores, walk
 from dflash2_mlx.target.adapter import TargetAdapter
 
@@ -76,6 +80,46 @@ def test_greedy_walk_follows_previous_choice():
     picks, q = walk(lattice, 0.5, mx.random.key(0))
     assert q.shape == (3, 2)
     np.testing.assert_allclose(np.array(q.sum(-1)), 1.0, rtol=1e-6)
+
+
+def _expected_accepted(lattice: np.ndarray, path, calibration: float) -> float:
+    """E = p1 + p1 p2 + ... of `path` under softmax(lattice / calibration)."""
+    z = lattice / calibration
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    total, run, prev = 0.0, 1.0, 0
+    for t, b in enumerate(path):
+        run *= p[t, prev, b]
+        total += run
+        prev = b
+    return total
+
+
+def test_expected_walk_maximises_expected_accepted_drafts():
+    """Among all K^g paths (brute force), the expected walk's has the largest expected number
+    of accepted drafts; the stepwise walk's is never better."""
+    for seed in range(8):
+        lattice = 2.0 * mx.random.normal((4, 4, 4), key=mx.random.key(seed))  # g 4, K 4
+        lat = np.array(lattice)
+        got = expected_walk(lattice, 1.5).tolist()
+        best = max(
+            itertools.product(range(4), repeat=4), key=lambda p: _expected_accepted(lat, p, 1.5)
+        )
+        assert _expected_accepted(lat, got, 1.5) == pytest.approx(
+            _expected_accepted(lat, best, 1.5), rel=1e-5
+        )
+        stepwise = walk(lattice, 0.0)[0].tolist()
+        assert _expected_accepted(lat, stepwise, 1.5) <= _expected_accepted(lat, got, 1.5) + 1e-6
+    # The two differ: the likelier first draft leads to a coin flip, the other to a sure one.
+    lattice = mx.array([[[1.0, 0.8], [1.0, 0.8]], [[0.0, 0.0], [10.0, 0.0]]])
+    assert walk(lattice, 0.0)[0].tolist() == [0, 0]
+    assert expected_walk(lattice, 1.5).tolist() == [1, 0]
+    # Leading dimensions: each lattice walked as alone; one row: its argmax.
+    batch = mx.random.normal((3, 5, 4, 4), key=mx.random.key(9))
+    rows = [expected_walk(batch[i], 1.5).tolist() for i in range(3)]
+    assert expected_walk(batch, 1.5).tolist() == rows
+    one = mx.random.normal((1, 1, 6), key=mx.random.key(10))
+    assert expected_walk(one, 1.5).tolist() == [int(mx.argmax(one[0, 0]).item())]
 
 
 def test_dflash2_with_identity_conv_and_zero_successors_drafts_like_v1():

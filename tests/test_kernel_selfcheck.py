@@ -93,6 +93,7 @@ def test_each_kernel_checks_itself_once_per_dtype(cpu):
 def test_a_wrong_result_falls_back_with_one_warning_or_raises_under_on(cpu, setting):
     launcher = Counting(cpu, wrong={"walk_greedy"})
     selector = CandidateSelector(24, 50, 40, 16)
+    selector.walk_calibration = None  # greedy drafts by the stepwise walk: its kernel
     selector.successor_codebook = 0.05 * mx.random.normal((50, 40), key=mx.random.key(3))
     hidden = mx.random.normal((5, 24), key=mx.random.key(4))
     logits = 4 * mx.random.normal((5, 50), key=mx.random.key(5))

@@ -457,6 +457,7 @@ def test_model_paths_through_the_kernels(run_kernel, kernels_via):
         np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
 
     sel = CandidateSelector(24, 50, 40, 16)
+    sel.walk_calibration = None  # greedy drafts by the stepwise walk: its kernel
     sel.successor_codebook = 0.05 * mx.random.normal((50, 40), key=ks[3])
     hid = mx.random.normal((5, 24), key=mx.random.key(12))
     logits = 4 * mx.random.normal((5, 50), key=mx.random.key(13))

@@ -269,6 +269,7 @@ def test_selector_path(om, llama):
     # Strong random (non-identity) selector weights, so that pair scores change choices.
     mx.random.seed(11)
     sel = drafter.candidate_selector
+    sel.walk_calibration = None  # the official walk: step by step (ours drafts the expected one)
     sel.predecessor_codebook = mx.random.normal(sel.predecessor_codebook.shape)
     sel.successor_codebook = mx.random.normal(sel.successor_codebook.shape)
     adapter = TargetAdapter(llama, drafter.config.target_layer_ids)
@@ -412,6 +413,8 @@ def test_greedy_generation(om, family, version, layout, blocks, prompt):
     )
     # Distil a little so that rounds accept drafts (rollback paths), not only rejections.
     drafter = tiny.fit_drafter(target, drafter, PROMPTS, steps=40, gen_tokens=32)
+    if version == 2:  # the official walk: step by step (ours drafts the expected one)
+        drafter.candidate_selector.walk_calibration = None
     decoder = SpeculativeDecoder(TargetAdapter(target, drafter.config.target_layer_ids), drafter)
     log_theirs: list = []
     cls = recording_class(om, version, log_theirs)

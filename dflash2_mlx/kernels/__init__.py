@@ -2,7 +2,9 @@
 
 - `dynamic_conv`: the fused two-tap grouped dynamic convolution (prepare and finish).
 - `pair_scores`: the selector's K x K pair scores per drafted row.
-- `walk`: the selector's greedy walk and sampled walk (`walk_with_uniforms` takes the noise).
+- `walk`: the selector's greedy walk and sampled walk (`walk_with_uniforms` takes the noise);
+  greedy drafts take the stepwise walk only when the selector's `walk_calibration` is None
+  (by default they take drafter/selector.py's expected walk, a few small pure-MLX ops).
 
 Each op dispatches to its kernel (metal/*.metal bodies, built once with
 `mx.fast.metal_kernel`) when Metal is available, `DFLASH2_KERNELS` is not `off`, the
