@@ -158,6 +158,27 @@ def test_writes_records_and_resumes(tiny_dir, tiny, tmp_path):
 
 
 @pytest.mark.real_model
+def test_given_prompt_ids_are_used_as_they_are(tiny, tmp_path):
+    """prompt_ids (e.g. another record's) replace the chat template for those prompts only."""
+    _, tok = tiny
+    out = tmp_path / "ids.jsonl"
+    given = {"p1": [1, 2, 3, 4, 5]}
+    regenerate(
+        tiny,
+        PROMPTS[:2],
+        out,
+        max_new_tokens=3,
+        temperatures=[0.0],
+        prompt_ids=given,
+        log=lambda s: None,
+    )
+    by_id = {r["id"]: r["prompt_ids"] for r in _records(out)}
+    assert by_id["p1"] == given["p1"]
+    templated = tok.apply_chat_template(PROMPTS[0].messages, add_generation_prompt=True)
+    assert by_id["p0"] == list(templated)
+
+
+@pytest.mark.real_model
 def test_torn_last_line_is_dropped_and_redone(tiny, tmp_path):
     out = tmp_path / "regen.jsonl"
     regenerate(tiny, PROMPTS[:2], out, max_new_tokens=4, temperatures=[0.0], log=lambda s: None)

@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from pathlib import Path
 
-CHUNK = 256  # prompts a BatchGenerator is given at a time
+CHUNK = 256  # prompts given to one regenerate() call (a partial file stays balanced)
 
 
 def _greedy_only(work: Path, categories: set[str]) -> dict[str, dict]:
@@ -43,44 +42,25 @@ def main() -> None:
 
     from dflash2_mlx.embedded import ensure_smollm2  # before mlx_lm: it binds the BLAS
     from dflash2_mlx.prompts import Prompt
-    from dflash2_mlx.train import regenerate as rg
+    from dflash2_mlx.train.regenerate import regenerate
     from mlx_lm import load
 
     records = _greedy_only(args.work, set(args.categories.split(",")))
-    done = set()
-    if args.out.exists():
-        done = {json.loads(line)["id"] for line in args.out.read_text().splitlines()}
     ids = sorted(records)
     random.Random(args.seed).shuffle(ids)
-    ids = [i for i in ids if i not in done]
-    print(f"{len(ids)} to answer, {len(done)} done", flush=True)
-    net, tokenizer = load(str(ensure_smollm2()))
-    stats = rg.RegenStats()
-    with open(args.out, "a", encoding="utf-8") as fh:
-        for c in range(0, len(ids), CHUNK):
-            chunk = [records[i] for i in ids[c : c + CHUNK]]
-            encoded = {r["id"]: r["prompt_ids"] for r in chunk}
-            prompts = [Prompt(r["id"], r["category"], []) for r in chunk]
-            prompts.sort(key=lambda p: len(encoded[p.id]))  # similar lengths prefill together
-            gen = rg._batch_generator(
-                net, tokenizer, args.temperature, args.top_p, args.seed + c, 256, args.batch_size
-            )
-            uids = gen.insert([encoded[p.id] for p in prompts], [256] * len(prompts))
-            progress = rg._Progress(lambda s: print(s, flush=True), start=time.perf_counter())
-            progress.begin(args.temperature, len(prompts), c + len(done))
-            try:
-                rg._write_finished(
-                    gen,
-                    dict(zip(uids, prompts)),
-                    encoded,
-                    args.temperature,
-                    fh,
-                    stats,
-                    progress,
-                    args.batch_size,
-                )
-            finally:
-                gen.close()
+    model = load(str(ensure_smollm2()))
+    for c in range(0, len(ids), CHUNK):  # each chunk's done prompts are skipped by regenerate
+        chunk = [records[i] for i in ids[c : c + CHUNK]]
+        regenerate(
+            model,
+            [Prompt(r["id"], r["category"], []) for r in chunk],
+            args.out,
+            temperatures=(args.temperature,),
+            top_p=args.top_p,
+            batch_size=args.batch_size,
+            seed=args.seed + c,
+            prompt_ids={r["id"]: r["prompt_ids"] for r in chunk},
+        )
 
 
 if __name__ == "__main__":

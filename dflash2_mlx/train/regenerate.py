@@ -226,6 +226,7 @@ def regenerate(
     limit: int | None = None,
     log: Callable[[str], None] | None = None,
     stats: RegenStats | None = None,
+    prompt_ids: dict[str, list[int]] | None = None,
 ) -> RegenStats:
     """Generate target responses for `prompts` at each temperature and append them to `out`.
 
@@ -234,7 +235,8 @@ def regenerate(
     decode together (continuous batching); a progress line is logged every `batch_size` finished
     sequences. `limit` keeps the first N prompts. Resumable: done (id, temperature) pairs are
     skipped. `stats` (returned) is updated as sequences are written, so that a caller that is
-    interrupted still knows how many were.
+    interrupted still knows how many were. `prompt_ids`: token ids for some prompt ids, used
+    as they are instead of their chat-templated messages (e.g. another record's prompt_ids).
     """
     temps = [float(t) for t in temperatures]
     check_params(max_new_tokens, temps, top_p, batch_size, limit)
@@ -255,7 +257,7 @@ def regenerate(
     stats = stats if stats is not None else RegenStats()
     progress = _Progress(log, start=time.perf_counter())
 
-    encoded: dict[str, list[int]] = {}
+    encoded = {k: list(v) for k, v in (prompt_ids or {}).items()}
     with open(out, "a", encoding="utf-8") as fh:
         for temp in temps:
             todo = [p for p in items if (p.id, temp) not in done]
