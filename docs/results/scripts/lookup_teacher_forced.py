@@ -4,7 +4,9 @@ Usage: python lookup_teacher_forced.py CHECKPOINT_DIR WORK_DIR [--target DIR] [-
   [--out teacher_forced_ok.json] [--draft-vocab N]  (WORK_DIR: a `dflash2 train` work folder with
 features_heldout_1-8-15-22-29; CHECKPOINT_DIR: a training checkpoint with feature_scale.npy
 or an exported drafter). Drafts from the drafter's draft vocabulary, as the engine does
-(before 2026-12-04: from the whole vocabulary; --draft-vocab N: its N most frequent ids)."""
+(before 2026-12-04: from the whole vocabulary; --draft-vocab N: its N most frequent ids), by
+the expected walk (since 2026-12-05; "p": each draft's probability under the walk's own
+conditionals softmax(scores), the input of walk_confidence.py)."""
 
 import dflash2_mlx  # noqa: F401  (binds the fast BLAS before MLX loads)
 import argparse
@@ -18,6 +20,16 @@ from dflash2_mlx.target.adapter import TargetAdapter
 from dflash2_mlx.train.features import load_feature_cache
 from dflash2_mlx.train.trainer import make_blocks
 from dflash2_mlx.train.objective import block_hidden
+from dflash2_mlx.drafter.selector import EXPECTED_WALK_CALIBRATION, expected_walk
+
+
+def path_probs(scores: mx.array, path: mx.array) -> mx.array:
+    """p_t(path_t | path_{t-1}) under softmax(scores): the walk's own belief in each draft."""
+    probs = mx.softmax(scores.astype(mx.float32), -1)
+    prev = mx.concatenate([mx.zeros((path.shape[0], 1), mx.int32), path[:, :-1]], 1)
+    rows = mx.take_along_axis(probs, prev[:, :, None, None], axis=2)[:, :, 0]
+    return mx.take_along_axis(rows, path[:, :, None], axis=-1)[:, :, 0]
+
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("checkpoint", type=Path)
@@ -48,13 +60,16 @@ for s in held:
     if hi < lo:
         continue
     anchors = list(range(lo, hi + 1))
-    lead = []
+    lead, conf = [], []
     for i in range(0, len(anchors), 64):
         a = anchors[i : i + 64]
         b = make_blocks([s], [a], 8, d.config.mask_token_id, scale)
         _, ids, gold = b.flat()
         h = block_hidden(d, b)[:, 1:]
-        drafts = d.select(h, d.draft_logits(h), ids[:, 0], 0.0, None, d.draft_vocab).tokens
+        cand, scores = d.candidate_selector.lattice(h, d.draft_logits(h), ids[:, 0], d.draft_vocab)
+        path = expected_walk(scores, EXPECTED_WALK_CALIBRATION)
+        drafts = mx.take_along_axis(cand, path[..., None], axis=-1)[..., 0]
+        conf += np.round(np.array(path_probs(scores, path)), 4).tolist()
         ok = (drafts == gold).astype(mx.int32)
         lead += np.array(mx.cumprod(ok, axis=-1)).tolist()
     out.append(
@@ -64,6 +79,7 @@ for s in held:
             "tokens": s.tokens.tolist(),
             "start": lo,
             "ok": lead,
+            "p": conf,
         }
     )
     print(s.id, len(anchors), flush=True)
