@@ -9,7 +9,8 @@ import tiny
 from mlx.utils import tree_flatten
 
 from dflash2_mlx.drafter.conv import GroupedDynamicConv
-from dflash2_mlx.drafter.selector import expected_walk
+from dflash2_mlx.kernels import _references as reference
+from dflash2_mlx.kernels import expected_walk
 from dflash2_mlx.kernels._references import dynamic_conv, pair_scores, walk
 from dflash2_mlx.target.adapter import TargetAdapter
 
@@ -120,6 +121,31 @@ def test_expected_walk_maximises_expected_accepted_drafts():
     assert expected_walk(batch, 1.5).tolist() == rows
     one = mx.random.normal((1, 1, 6), key=mx.random.key(10))
     assert expected_walk(one, 1.5).tolist() == [int(mx.argmax(one[0, 0]).item())]
+
+
+def test_expected_walk_values_are_the_best_expected_accepted_drafts():
+    """The reference's values: V_t(a), every step and predecessor row, is the largest expected
+    number of drafts accepted from step t on after row a (brute force over the suffixes), so
+    values[0, 0] is the chosen path's E; its choices are the op's."""
+    for seed in range(4):
+        lattice = 2.0 * mx.random.normal((3, 4, 4), key=mx.random.key(20 + seed))
+        z = np.array(lattice) / 1.5
+        p = np.exp(z - z.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        choices, values = reference.expected_walk(lattice, 1.5)
+        assert choices.tolist() == expected_walk(lattice, 1.5).tolist()
+        for t, a in itertools.product(range(3), range(4)):
+            best = 0.0
+            for path in itertools.product(range(4), repeat=3 - t):
+                total, run, prev = 0.0, 1.0, a
+                for s, b in enumerate(path, start=t):
+                    run *= p[s, prev, b]
+                    total += run
+                    prev = b
+                best = max(best, total)
+            assert values[t, a].item() == pytest.approx(best, rel=1e-5)
+        got = _expected_accepted(np.array(lattice), choices.tolist(), 1.5)
+        assert values[0, 0].item() == pytest.approx(got, rel=1e-5)
 
 
 def test_dflash2_with_identity_conv_and_zero_successors_drafts_like_v1():

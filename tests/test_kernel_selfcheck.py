@@ -86,6 +86,10 @@ def test_each_kernel_checks_itself_once_per_dtype(cpu):
         for _ in range(3):
             assert kernels.walk(lattice, 0.0)[0].tolist() == sel_ref.walk(lattice, 0.0)[0].tolist()
         assert launcher.calls.count("walk_greedy") == 4
+        for _ in range(3):
+            want = sel_ref.expected_walk(lattice, 1.0)[0].tolist()
+            assert kernels.expected_walk(lattice, 1.0).tolist() == want
+        assert launcher.calls.count("walk_expected") == 4
         assert kernels.current().failures() == {} and kernels.describe().startswith("metal")
 
 
@@ -266,7 +270,7 @@ def test_doctor_kernels_prints_a_table(cpu, capsys):
     assert "| kernel | dtype | shape | max abs err | tolerance | status |" in out
     table = [line for line in out.splitlines() if line.startswith("| ") and "kernel |" not in line]
     assert len(table) == rows_expected and all(line.endswith("| ok |") for line in table)
-    for name in ("dynamic_conv", "pair_scores", "walk_greedy", "walk_sampled"):
+    for name in ("dynamic_conv", "pair_scores", "walk_greedy", "walk_sampled", "walk_expected"):
         assert any(line.startswith(f"| {name} |") for line in table)
     assert report["ran"] and report["ok"] and len(report["rows"]) == rows_expected
     assert {r["dtype"] for r in report["rows"]} >= {

@@ -290,6 +290,68 @@ def test_walks_never_choose_nan(run_kernel):
         np.testing.assert_allclose(q, want_q, rtol=1e-5, atol=1e-6)  # NaN where the other is
 
 
+# ----------------------------------------------------------------------------- expected walk
+def _expected_walk_lattices():
+    lattices = [_lattice(lead, g, k, seed=80 + i) for i, (lead, g, k) in enumerate(WALK_SHAPES)]
+    lattices.append(_lattice((), 8, 16, seed=86, scale=1e4))  # large logits: one-hot p
+    lattices.append(3 * mx.random.normal((2, 3, 8, 5), key=mx.random.key(87)))  # P > K
+    return lattices
+
+
+@pytest.mark.parametrize("calibration", [0.5, 1.0, 1.5])
+def test_expected_walk_matches_reference(run_kernel, calibration):
+    """Same choices as the reference, and the values V_t(a) of every step and row (step 0's
+    rows a > 0 included) within float32 rounding."""
+    for lat in _expected_walk_lattices():
+        choices, values = run_kernel(_launch.expected_walk_launch(lat, calibration))
+        want_choices, want_values = sel_ref.expected_walk(lat, calibration)
+        assert choices.dtype == mx.int32 and choices.tolist() == want_choices.tolist()
+        assert values.dtype == mx.float32 and values.shape == want_values.shape == lat.shape[:-1]
+        assert np.all(np.isfinite(np.array(values)))
+        np.testing.assert_allclose(np.array(values), np.array(want_values), rtol=1e-5, atol=1e-6)
+
+
+def test_expected_walk_ties_go_to_the_lowest_index(run_kernel):
+    flat = mx.zeros((5, 16, 16))  # every gain of a row equal: 0, every step
+    tie = _lattice((), 3, 8, seed=88)
+    tie[0, 0, 2] = 40.0
+    tie[0, 0, 6] = 40.0
+    tie[1, 6] = tie[1, 2]  # equal rows after them: equal values, so equal gains at step 0
+    for lat, first in ((flat, [0] * 5), (tie, [2])):
+        choices, values = run_kernel(_launch.expected_walk_launch(lat, 1.0))
+        want_choices, want_values = sel_ref.expected_walk(lat, 1.0)
+        assert choices.tolist() == want_choices.tolist()
+        assert choices.tolist()[: len(first)] == first
+        np.testing.assert_allclose(np.array(values), np.array(want_values), rtol=1e-5, atol=1e-6)
+
+
+def test_expected_walk_nan_and_inf_as_the_reference(run_kernel):
+    """A row holding NaN (or only -inf, or +inf) has NaN probabilities; a NaN gain is never
+    chosen and makes its value NaN, so NaN runs back to every earlier step; kernel and
+    reference agree on the choices and on where the values are NaN."""
+    inf = float("inf")
+    nan_rows = _nan_lattice(72)  # step 0 rows with NaN / -inf / +inf: every walk picks 0
+    nan_rows[0, 2, 1] = mx.full((6,), -inf)  # a later row of only -inf
+    lattices = [_checks.expected_walk_lattice(), nan_rows]
+    for lat in lattices:
+        choices, values = run_kernel(_launch.expected_walk_launch(lat, 1.0))
+        want_choices, want_values = sel_ref.expected_walk(lat, 1.0)
+        assert choices.tolist() == want_choices.tolist()
+        v, want_v = np.array(values), np.array(want_values)
+        assert np.array_equal(np.isnan(v), np.isnan(want_v))
+        np.testing.assert_allclose(v, want_v, rtol=1e-5, atol=1e-6)  # NaN where the other is
+    checked = run_kernel(_launch.expected_walk_launch(lattices[0], 1.0))
+    c, v = checked[0].tolist(), np.array(checked[1])
+    assert c[0][0] == 0 and c[1][0] == 5 and c[2][:2] == [0, 0] and c[2][2] in (0, 1, 2)
+    assert np.isnan(v[0, 0, 0]) and not np.isnan(v[0, 0, 1:]).any()
+    assert np.isnan(v[2, :3]).all() and np.isnan(v[2, 3, 3]) and not np.isnan(v[2, 3, :3]).any()
+    nan_picks, nan_values = run_kernel(_launch.expected_walk_launch(nan_rows, 1.0))
+    nv = np.array(nan_values)
+    assert nan_picks[:, 0].tolist() == [0, 0, 0] and np.isnan(nv[:, 0, 0]).all()
+    assert np.isnan(nv[0, 2]).tolist() == [False, True] + [False] * 4  # the -inf row
+    assert np.isnan(nv[0, :2]).all()  # ... runs back to every earlier step
+
+
 def test_reference_argmax_only_differs_from_mx_argmax_on_nan():
     """Pure MLX: the reference's argmax is mx.argmax wherever there is no NaN."""
     x = mx.random.normal((50, 9), key=mx.random.key(3))
@@ -309,6 +371,7 @@ def test_metal_launches_bind_to_mlx_metal_kernel():
         _launch.pair_scores_launch(*_pair_inputs((3,), 4, 4, 8, (mx.float32,) * 4, 1, 0)),
         _launch.walk_launch(_lattice((), 3, 4, 0), 0.0),
         _launch.walk_launch(_lattice((), 3, 4, 0), 1.0, mx.full((3, 4), 0.5)),
+        _launch.expected_walk_launch(_lattice((), 3, 4, 0), 1.0),
     ]
     for launch in launches:
         with pytest.raises(RuntimeError, match="No Metal back-end"):
@@ -369,6 +432,9 @@ def test_unsupported_shapes_and_dtypes_have_no_launch():
     assert _launch.walk_launch(mx.zeros((3, 2, 4)), 0.0) is None  # P < K beyond step 0
     assert _launch.walk_launch(mx.zeros((1, 1, 4)), 0.0) is not None
     assert _launch.walk_launch(mx.zeros((3, 4, 4)), 1.0, None) is None  # sampled needs uniforms
+    assert _launch.expected_walk_launch(mx.zeros((3, 4, 4), mx.bfloat16), 1.0) is None
+    assert _launch.expected_walk_launch(mx.zeros((3, 2, 4)), 1.0) is None
+    assert _launch.expected_walk_launch(mx.zeros((1, 1, 4)), 1.0) is not None
 
 
 class _Recorder:
@@ -409,6 +475,8 @@ def _ops_against_references():
         kernels.walk(lat, 0.5, mx.random.key(1))[0].tolist()
         == sel_ref.walk(lat, 0.5, mx.random.key(1))[0].tolist()
     )
+    want = sel_ref.expected_walk(lat, 1.0)[0]
+    assert kernels.expected_walk(lat, 1.0).tolist() == want.tolist()
 
 
 @pytest.fixture
@@ -488,6 +556,31 @@ def test_model_paths_through_the_kernels(run_kernel, kernels_via):
     np.testing.assert_allclose(np.array(g_k), np.array(g_r), rtol=1e-4, atol=1e-6)
 
 
+def test_selector_greedy_drafts_take_the_expected_walk_kernel(run_kernel, kernels_via):
+    """By default (walk_calibration set) greedy drafts launch the expected walk's kernel, not
+    the stepwise walk's, and draft what the reference path drafts."""
+    calls = []
+    kernels_via(lambda launch: calls.append(launch.spec.name) or run_kernel(launch))
+    sel = CandidateSelector(24, 50, 40, 16)
+    assert sel.walk_calibration is not None
+    # Pair scores as large as the unary ones: the expected walk leaves the stepwise path.
+    sel.hidden_projection.weight = 0.2 * mx.random.normal((40, 24), key=mx.random.key(40))
+    sel.predecessor_codebook = mx.random.normal((50, 40), key=mx.random.key(30))
+    sel.successor_codebook = 0.3 * mx.random.normal((50, 40), key=mx.random.key(15))
+    hid = mx.random.normal((2, 5, 24), key=mx.random.key(16))
+    logits = mx.random.normal((2, 5, 50), key=mx.random.key(17))
+    anchor = mx.array([7, 9])
+    got = sel.select(hid, logits, anchor, 0.0)
+    assert "dflash2_walk_expected" in calls and "dflash2_walk_greedy" not in calls
+    with monkeypatch_reference():
+        want = sel.select(hid, logits, anchor, 0.0)
+        _, scores = sel.lattice(hid, logits, anchor)
+    assert got.tokens.tolist() == want.tokens.tolist() and got.q is None
+    stepwise = sel_ref.walk(scores, 0.0)[0]
+    expected = sel_ref.expected_walk(scores, sel.walk_calibration)[0]
+    assert not mx.array_equal(expected, stepwise)  # the two walks differ here
+
+
 def monkeypatch_reference():
     """Force the references for a block (as DFLASH2_KERNELS=off)."""
     return kernels.override(setting=_settings.resolve("off"))
@@ -498,7 +591,9 @@ def test_bench_kernels_reports_what_ran():
     report = kernels.bench_kernels(repeats=1, warmup=0)
     assert report["kernels_run"] == kernels.metal_available() == report["metal"]
     ops = [r["op"] for r in report["results"]]
-    assert {"dynamic_conv", "pair_scores", "walk_greedy", "walk_sampled"} <= set(ops)
+    assert {"dynamic_conv", "pair_scores", "walk_greedy", "walk_sampled", "walk_expected"} <= set(
+        ops
+    )
     for row in report["results"]:
         assert row["reference_ms"] > 0
         assert (row["kernel_ms"] is None) == (not report["kernels_run"])

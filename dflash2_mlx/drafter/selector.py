@@ -9,22 +9,21 @@ from the key, so the Metal walk (which takes the uniforms) makes the very same d
 lattice and walk ops are `kernels.pair_scores` / `kernels.walk` (Metal kernels, or the
 references in kernels/_references.py).
 
-Greedy drafting (temperature 0) does not walk step by step by default: `expected_walk` picks
-the path with the most accepted drafts expected under the lattice's own conditionals, a
-backward pass over the [K, K] tiles (`walk_calibration` None: the official stepwise walk).
-Any path keeps the output exact (the verify decides); this one is accepted further.
+Greedy drafting (temperature 0) does not walk step by step by default: `kernels.expected_walk`
+picks the path with the most accepted drafts expected under the lattice's own conditionals, a
+backward pass over the [K, K] tiles (a Metal kernel, or its reference in kernels/_references.py;
+`walk_calibration` None: the official stepwise walk). Any path keeps the output exact (the
+verify decides); this one is accepted further.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .. import kernels
-from ..kernels._references import argmax_skipping_nan
 
 # Temperature of the conditionals softmax(scores / T) the expected walk trusts: 1, the model's
 # own. Teacher-forced with the shipped SmolLM2 drafter (stage 24), τ of the stepwise walk -> the
@@ -33,35 +32,6 @@ from ..kernels._references import argmax_skipping_nan
 # 1.937; 300 unseen chat continuations, 7 drafts 3.147 -> 3.173 / 3.160 / 3.155, 3 drafts
 # 2.460 -> 2.461 / 2.459 / 2.456. 1.5 would suit the held-out set; 1.0 holds up on both.
 EXPECTED_WALK_CALIBRATION = 1.0
-
-
-def expected_walk(lattice: mx.array, calibration: float) -> mx.array:
-    """The path through lattices [..., g, P, K] (row 0: predecessor 0, the anchor; row t > 0
-    indexed by the previous choice) that maximises the expected number of leading drafts
-    accepted, E = p1 + p1 p2 + ..., with p_t(b | a) = softmax(scores[t, a] / calibration):
-    V_t(a) = max_b p_t(b | a) (1 + V_{t+1}(b)) from the last row back, then the maximisers
-    forward. Returns the choices [..., g] (int32); ties go to the lowest index."""
-    *lead, gamma, preds, k = lattice.shape
-    probs = mx.softmax(lattice.reshape(-1, gamma, preds, k).astype(mx.float32) / calibration, -1)
-    n = probs.shape[0]
-    value = mx.zeros((n, k), dtype=mx.float32)
-    best = [None] * gamma
-    for t in range(gamma - 1, -1, -1):
-        gain = probs[:, t] * (1.0 + value[:, None, :])  # [n, P, K]
-        best[t] = argmax_skipping_nan(gain).astype(mx.int32)  # [n, P]
-        value = mx.max(gain, axis=-1)  # row t-1's candidate -> its value from here on
-    rows = mx.arange(n)
-    prev = best[0][:, 0]
-    picks = [prev]
-    for t in range(1, gamma):
-        prev = best[t][rows, prev]
-        picks.append(prev)
-    return mx.stack(picks, axis=-1).reshape(*lead, gamma)
-
-
-@functools.lru_cache(maxsize=16)
-def _compiled_expected_walk(calibration: float):
-    return mx.compile(lambda lattice: expected_walk(lattice, calibration))
 
 
 @dataclass
@@ -116,7 +86,7 @@ class CandidateSelector(nn.Module):
     ) -> SelectorOutput:
         cand, scores = self.lattice(hidden, logits, anchor, vocab)
         if temperature <= 0 and self.walk_calibration is not None:
-            idx, q = _compiled_expected_walk(float(self.walk_calibration))(scores), None
+            idx, q = kernels.expected_walk(scores, float(self.walk_calibration)), None
         else:
             idx, q = kernels.walk(scores, temperature, key)
         tokens = mx.take_along_axis(cand, idx[..., None], axis=-1)[..., 0]

@@ -2,9 +2,11 @@
 
 - `dynamic_conv`: the fused two-tap grouped dynamic convolution (prepare and finish).
 - `pair_scores`: the selector's K x K pair scores per drafted row.
-- `walk`: the selector's greedy walk and sampled walk (`walk_with_uniforms` takes the noise);
-  greedy drafts take the stepwise walk only when the selector's `walk_calibration` is None
-  (by default they take drafter/selector.py's expected walk, a few small pure-MLX ops).
+- `walk`: the selector's stepwise greedy walk and sampled walk (`walk_with_uniforms` takes
+  the noise).
+- `expected_walk`: the path with the most accepted drafts expected, one kernel launch per round
+  (the reference is a few small ops per drafted row); greedy drafts take it, and the stepwise
+  walk only when the selector's `walk_calibration` is None.
 
 Each op dispatches to its kernel (metal/*.metal bodies, built once with
 `mx.fast.metal_kernel`) when Metal is available, `DFLASH2_KERNELS` is not `off`, the
@@ -30,7 +32,7 @@ from ._dispatch import (
     status,
 )
 from ._doctor import check_kernels
-from ._ops import dynamic_conv, pair_scores, walk, walk_with_uniforms
+from ._ops import dynamic_conv, expected_walk, pair_scores, walk, walk_with_uniforms
 from ._settings import ENV_VAR, SETTING, KernelMode, KernelSetting
 from ._specs import SPECS, KernelSpec, kernel_source
 
@@ -40,6 +42,7 @@ __all__ = [
     "describe",
     "dynamic_conv",
     "execute",
+    "expected_walk",
     "kernels_active",
     "metal_available",
     "override",

@@ -43,25 +43,34 @@ def _cases():
             lambda: _launch.pair_scores_launch(unary, h, pred, succ),
         )
     )
-    lattice = references.pair_scores(unary, h, pred, succ)
-    out.append(
+    return out + _walk_cases(references.pair_scores(unary, h, pred, succ), ks[7])
+
+
+def _walk_cases(lattice: mx.array, key: mx.array):
+    """The walks over one lattice [g, K, K] of the shipped sizes."""
+    gamma, _, top_k = lattice.shape
+    shape = f"lattice[{gamma},{top_k},{top_k}]"
+    uniforms = references.draw_walk_uniforms((), gamma, top_k, key)
+    return [
         (
             "walk_greedy",
-            f"lattice[{gamma},{top_k},{top_k}]",
+            shape,
             lambda: references.walk_with_uniforms(lattice, 0.0, None)[0],
             lambda: _launch.walk_launch(lattice, 0.0),
-        )
-    )
-    uniforms = references.draw_walk_uniforms((), gamma, top_k, ks[7])
-    out.append(
+        ),
         (
             "walk_sampled",
-            f"lattice[{gamma},{top_k},{top_k}] T=1 (given uniforms)",
+            f"{shape} T=1 (given uniforms)",
             lambda: references.walk_with_uniforms(lattice, 1.0, uniforms),
             lambda: _launch.walk_launch(lattice, 1.0, uniforms),
-        )
-    )
-    return out
+        ),
+        (
+            "walk_expected",
+            f"{shape} calibration 1",
+            lambda: references.expected_walk(lattice, 1.0),
+            lambda: _launch.expected_walk_launch(lattice, 1.0),
+        ),
+    ]
 
 
 def _time(fn: Callable, repeats: int, warmup: int) -> tuple[float, object]:

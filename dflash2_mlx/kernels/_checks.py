@@ -17,7 +17,7 @@ import mlx.core as mx
 from . import _launch
 from . import _references as ref
 from ._launch import Launch
-from ._specs import DYNAMIC_CONV, PAIR_SCORES, WALK_GREEDY, WALK_SAMPLED, KernelSpec
+from ._specs import DYNAMIC_CONV, PAIR_SCORES, WALK_EXPECTED, WALK_GREEDY, WALK_SAMPLED, KernelSpec
 
 _EPS = {mx.float32: 2.0**-23, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}
 F32 = mx.float32
@@ -55,7 +55,8 @@ class CheckResult:
 
 
 def label(name: str) -> str:
-    """A kernel's short name (dynamic_conv, pair_scores, walk_greedy, walk_sampled)."""
+    """A kernel's short name (dynamic_conv, pair_scores, walk_greedy, walk_sampled,
+    walk_expected)."""
     return name.removeprefix("dflash2_")
 
 
@@ -153,11 +154,41 @@ def _walk_sampled_case(dtypes) -> Case:
     )  # q in [0, 1]; the choices must be equal (an error of >= 1)
 
 
+def expected_walk_lattice() -> mx.array:
+    """[3, 4, 8, 8]: walk 0 starts on a row of only NaN and -inf (NaN values, picks 0); walk 1
+    ties at step 0 (equal scores, then equal rows: equal gains, 5 wins over 6); walk 2 has a NaN
+    in its last step's row 3 (every earlier value NaN, steps 0 and 1 pick 0) and at step 2 a
+    row whose best score is that 3 (skipped: a NaN gain) and whose last four are -inf."""
+    lattice = _normal((3, 4, 8, 8), 11, scale=3.0)
+    nan, inf = float("nan"), float("inf")
+    lattice[0, 0, 0] = mx.array([nan, -inf, -inf, nan, -inf, -inf, -inf, -inf])
+    lattice[1, 0, 0, 5] = 50.0
+    lattice[1, 0, 0, 6] = 50.0
+    lattice[1, 1, 6] = lattice[1, 1, 5]
+    lattice[2, 3, 3, 1] = nan
+    lattice[2, 2, 0, 3] = 9.0
+    lattice[2, 2, 0, 4:] = -inf
+    return lattice
+
+
+def _walk_expected_case(dtypes) -> Case:
+    lattice = expected_walk_lattice()
+    return Case(
+        label(WALK_EXPECTED.name),
+        "float32",
+        "lattice[3,4,8,8] NaN, -inf, ties",
+        _launch.expected_walk_launch(lattice, 1.0),
+        lambda: list(ref.expected_walk(lattice, 1.0)),
+        lambda: 4e-5,
+    )  # values in [0, 4] (4 steps), within 1e-5 a step; the choices must be equal
+
+
 _BUILDERS: dict[str, Callable[[tuple], Case]] = {
     DYNAMIC_CONV.name: _conv_case,
     PAIR_SCORES.name: _pair_scores_case,
     WALK_GREEDY.name: _walk_greedy_case,
     WALK_SAMPLED.name: _walk_sampled_case,
+    WALK_EXPECTED.name: _walk_expected_case,
 }
 
 # What `doctor --kernels` checks: each kernel's supported dtypes, and the mixed pair-score
@@ -168,6 +199,7 @@ DOCTOR_DTYPES: dict[str, list[tuple]] = {
     PAIR_SCORES.name: [(d,) * 4 for d in (F32, *_HALF)] + [(F32,) + (mx.bfloat16,) * 3],
     WALK_GREEDY.name: [(F32,)],
     WALK_SAMPLED.name: [(F32,) * 3],
+    WALK_EXPECTED.name: [(F32,) * 2],
 }
 
 

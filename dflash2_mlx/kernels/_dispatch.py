@@ -143,7 +143,7 @@ def kernels_active(setting: KernelSetting | None = None) -> bool:
     return _current.active(setting)
 
 
-OPS = ("dynamic_conv", "pair_scores", "walk_greedy", "walk_sampled")
+OPS = ("dynamic_conv", "pair_scores", "walk_greedy", "walk_sampled", "walk_expected")
 
 
 def status(setting: KernelSetting | None = None) -> dict:

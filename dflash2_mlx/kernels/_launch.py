@@ -13,7 +13,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ._specs import DYNAMIC_CONV, PAIR_SCORES, WALK_GREEDY, WALK_SAMPLED, KernelSpec
+from ._specs import DYNAMIC_CONV, PAIR_SCORES, WALK_EXPECTED, WALK_GREEDY, WALK_SAMPLED, KernelSpec
 
 FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 CONV_TAPS = 2  # the dynamic-conv body is the two-tap form (T_c = 2)
@@ -147,5 +147,22 @@ def walk_launch(
         grid,
         group,
         ((*lead, gamma), (*lead, gamma, k)),
+        (mx.int32, mx.float32),
+    )
+
+
+def expected_walk_launch(lattice: mx.array, calibration: float) -> Launch | None:
+    """The expected walk at `calibration`: choices [..., g] and values [..., g, P]."""
+    if not walk_supported(lattice):
+        return None
+    *lead, gamma, preds, _ = lattice.shape
+    walks = math.prod(lead)
+    return Launch(
+        WALK_EXPECTED,
+        (lattice, mx.array(calibration, dtype=mx.float32)),
+        (),
+        (walks, 1, 1),
+        (min(walks, 64), 1, 1),
+        ((*lead, gamma), (*lead, gamma, preds)),
         (mx.int32, mx.float32),
     )

@@ -81,3 +81,14 @@ def walk(lattice: mx.array, temperature: float, key: mx.array | None = None):
         *lead, gamma, _, k = lattice.shape
         uniforms = ref.draw_walk_uniforms(tuple(lead), gamma, k, key)
     return walk_with_uniforms(lattice, temperature, uniforms)
+
+
+def expected_walk(lattice: mx.array, calibration: float) -> mx.array:
+    """The choices [..., g] (int32) of `_references.expected_walk`: the kernel also writes the
+    values, the compiled reference skips them."""
+    d = current()
+    if d.active():
+        launch = _launch.expected_walk_launch(lattice, calibration)
+        if d.use_kernel(launch):
+            return d.execute(launch)[0]
+    return ref.compiled_expected_walk(lattice, calibration)

@@ -8,6 +8,8 @@ checked against, and the path taken wherever a kernel is not.
 - `walk` / `walk_with_uniforms`: the selector's walk over those lattices, greedy or sampled
   (Gumbel-max over uniforms drawn from a key, so the Metal walk, which takes the uniforms, makes
   the very same draws).
+- `expected_walk`: the path with the most accepted drafts expected under the lattice's own
+  conditionals (greedy drafts take it), with the backward values the Metal kernel keeps.
 
 The drafter (drafter/conv.py, drafter/selector.py) calls the ops through `kernels`, which
 dispatches here or to a kernel. Without Metal kernels the references run compiled: they are
@@ -117,6 +119,35 @@ def walk_with_uniforms(lattice: mx.array, temperature: float, uniforms: mx.array
     return picks, q
 
 
+def expected_walk(lattice: mx.array, calibration: float) -> tuple[mx.array, mx.array]:
+    """The path through lattices [..., g, P, K] (row 0: predecessor 0, the anchor; row t > 0
+    indexed by the previous choice) that maximises the expected number of leading drafts
+    accepted, E = p1 + p1 p2 + ..., with p_t(b | a) = softmax(lattice[t, a] / calibration):
+    V_t(a) = max_b p_t(b | a) (1 + V_{t+1}(b)) from the last row back (V_g = 0), then the
+    maximisers forward from predecessor 0. Returns (choices [..., g] int32, values [..., g, P]
+    float32 = V_t(a) for every row a, step 0's included; values[..., 0, 0] is E of the path).
+    Ties go to the lowest index; a NaN gain is never chosen but makes its value NaN.
+    Reference op; metal/walk_expected.metal has this signature (`kernels.expected_walk`
+    dispatches between the two)."""
+    *lead, gamma, preds, k = lattice.shape
+    probs = mx.softmax(lattice.reshape(-1, gamma, preds, k).astype(mx.float32) / calibration, -1)
+    n = probs.shape[0]
+    value = mx.zeros((n, k), dtype=mx.float32)
+    best, values = [None] * gamma, [None] * gamma
+    for t in range(gamma - 1, -1, -1):
+        gain = probs[:, t] * (1.0 + value[:, None, :k])  # [n, P, K]: candidate b is row b of t+1
+        best[t] = argmax_skipping_nan(gain).astype(mx.int32)  # [n, P]
+        value = values[t] = mx.max(gain, axis=-1)  # V_t: NaN if any gain is NaN
+    rows = mx.arange(n)
+    prev = best[0][:, 0]
+    picks = [prev]
+    for t in range(1, gamma):
+        prev = best[t][rows, prev]
+        picks.append(prev)
+    choices = mx.stack(picks, axis=-1).reshape(*lead, gamma)
+    return choices, mx.stack(values, axis=1).reshape(*lead, gamma, preds)
+
+
 @functools.lru_cache(maxsize=None)
 def compiled_conv(group_size: int):
     return mx.compile(lambda x, dynamic, base: dynamic_conv(x, dynamic, base, group_size))
@@ -139,3 +170,13 @@ def compiled_walk(lattice: mx.array, temperature: float, uniforms: mx.array | No
     if temperature <= 0:
         return _compiled_walk(0.0)(lattice), None
     return tuple(_compiled_walk(float(temperature))(lattice, uniforms))
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_expected_walk(calibration: float):
+    return mx.compile(lambda lattice: expected_walk(lattice, calibration)[0])
+
+
+def compiled_expected_walk(lattice: mx.array, calibration: float) -> mx.array:
+    """expected_walk's choices, compiled per calibration (the values are not computed)."""
+    return _compiled_expected_walk(float(calibration))(lattice)

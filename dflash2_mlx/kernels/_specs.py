@@ -48,8 +48,14 @@ WALK_SAMPLED = KernelSpec(
     ("lattice", "uniforms", "temperature"),
     ("choices", "q"),
 )
+WALK_EXPECTED = KernelSpec(
+    "dflash2_walk_expected",
+    "walk_expected.metal",
+    ("lattice", "calibration"),
+    ("choices", "values"),  # values: the backward pass's V_t(a), its scratch too
+)
 SPECS: dict[str, KernelSpec] = {
-    s.name: s for s in (DYNAMIC_CONV, PAIR_SCORES, WALK_GREEDY, WALK_SAMPLED)
+    s.name: s for s in (DYNAMIC_CONV, PAIR_SCORES, WALK_GREEDY, WALK_SAMPLED, WALK_EXPECTED)
 }
 
 

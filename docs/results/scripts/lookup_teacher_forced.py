@@ -20,7 +20,8 @@ from dflash2_mlx.target.adapter import TargetAdapter
 from dflash2_mlx.train.features import load_feature_cache
 from dflash2_mlx.train.trainer import make_blocks
 from dflash2_mlx.train.objective import block_hidden
-from dflash2_mlx.drafter.selector import EXPECTED_WALK_CALIBRATION, expected_walk
+from dflash2_mlx.drafter.selector import EXPECTED_WALK_CALIBRATION
+from dflash2_mlx.kernels import expected_walk
 
 
 def path_probs(scores: mx.array, path: mx.array) -> mx.array:
