@@ -20,6 +20,8 @@ class RoundEvent:
     drafted: int = 0  # draft tokens proposed (0 for the prefill token or plain decoding)
     accepted: int = 0  # of those, accepted by the target
     block_size: int = 1  # tokens verified this round: anchor + drafted
+    # proposing (a drafter's pass is issued here and runs while the verify's graph is built;
+    # what is left of it is waited for within verify_ms)
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     prefill_ms: float = 0.0  # the prompt's prefill, on the prefill event

@@ -217,8 +217,8 @@ class SpeculativeDecoder:
         return Proposal.from_drafter(block)
 
     def _verify(self, session: Session, anchor: int, proposal: Proposal, run: _Run, key):
-        ids = mx.array([[anchor] + proposal.drafts])
-        fwd = self.target.forward(ids, session.target_cache)
+        # Built before the drafts are read: the drafter's pass runs meanwhile.
+        fwd = self.target.forward(proposal.verify_ids(anchor), session.target_cache)
         logits = shape_logits(fwd.logits[0], run, session.tokens, proposal.drafts)
         accepted, bonus = accept(logits, proposal, run.params.sampling, key)
         return fwd, logits, accepted, bonus

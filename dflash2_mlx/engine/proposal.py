@@ -11,15 +11,29 @@ from ..drafter.model import DraftBlock
 from .events import DraftSource
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Proposal:
     """`drafts` [γ] ids to verify after the anchor; `q` the distribution each was drawn from
-    (None when greedy): [γ, V] over the vocabulary, or [γ, K] over `candidates` [γ, K] ids."""
+    (None when greedy): [γ, V] over the vocabulary, or [γ, K] over `candidates` [γ, K] ids.
+    A drafter's ids stay an array until `drafts` is first read, so the target's verify graph
+    can be built (`verify_ids`) while the drafter's pass still runs."""
 
-    drafts: list[int]
+    ids: list[int] | mx.array
     q: mx.array | None
     candidates: mx.array | None
     source: DraftSource
+
+    @property
+    def drafts(self) -> list[int]:
+        if not isinstance(self.ids, list):  # waits for the drafter's pass, once
+            object.__setattr__(self, "ids", self.ids.tolist())
+        return self.ids
+
+    def verify_ids(self, anchor: int) -> mx.array:
+        """[1, 1 + γ]: the anchor then the drafts, without waiting for a drafter's pass."""
+        if isinstance(self.ids, list):
+            return mx.array([[anchor] + self.ids])
+        return mx.concatenate([mx.array([anchor], dtype=self.ids.dtype), self.ids])[None]
 
     @classmethod
     def point_mass(cls, found: Sequence[int], source: DraftSource) -> "Proposal":
@@ -30,7 +44,9 @@ class Proposal:
 
     @classmethod
     def from_drafter(cls, block: DraftBlock) -> "Proposal":
-        return cls(block.tokens.tolist(), block.q, block.candidates, "drafter")
+        """The block's drafts, its pass started (mx.async_eval) but not waited for."""
+        mx.async_eval(block.tokens)
+        return cls(block.tokens, block.q, block.candidates, "drafter")
 
 
 NOTHING = Proposal([], None, None, "drafter")  # a round that verifies only the anchor
