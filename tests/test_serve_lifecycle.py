@@ -303,11 +303,15 @@ def test_hosts_origins_content_type_and_api_key(pair, logs):
             (f"localhost:{port}", 200),
             (f"127.0.0.2:{port}", 200),
             (f"[::1]:{port}", 200),
+            (f"127.0.0.1:{port}@evil.example", 400),  # malformed: not read as 127.0.0.1
+            ("localhost:http", 400),
             (f"evil.example:{port}", 403),
             (f"192.168.1.5:{port}", 403),
         ):
             r = post({"Host": host}, json=body)
             assert r.status_code == status, (host, r.text)
+            if status == 400:
+                assert r.json()["error"]["code"] == "host_malformed"
         assert r.json()["error"]["code"] == "host_not_allowed"
         # Origin: cross-origin refused unless --cors names it; a text/plain "simple request"
         evil = {"Origin": "http://evil.example"}

@@ -73,6 +73,14 @@ def test_system_and_thinking_switch(client):
     assert [b.type for b in r.content] == ["text"]
     assert r.content[0].text == chat.choices[0].message.content
     assert r.usage.input_tokens + r.usage.cache_read_input_tokens == chat.usage.prompt_tokens
+    # an empty system prompt is none: the same prompt as without one
+    empty = client.messages.count_tokens(model="tools", messages=tt.HI, system="")
+    assert (
+        empty.input_tokens
+        == client.messages.count_tokens(model="tools", messages=tt.HI).input_tokens
+    )
+    with_system = client.messages.count_tokens(model="tools", messages=tt.HI, system="x")
+    assert with_system.input_tokens > empty.input_tokens
 
 
 def test_tool_round_trip_with_blocks_sent_back(client):
@@ -153,6 +161,17 @@ def test_stop_reasons(client):
             "messages[1]",
         ),
         ({"temperature": -1}, "temperature"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"}],
+                    }
+                ]
+            },
+            "messages[0].content[0]: a tool result must follow an assistant turn that calls tools",
+        ),
         (
             {
                 "messages": tt.ASK

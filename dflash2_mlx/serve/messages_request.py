@@ -1,7 +1,7 @@
 """Anthropic's Messages API request (POST /v1/messages) as the chat request it amounts to.
 
 For clients that speak Anthropic's API (its SDKs; tools pointed at a local server through
-ANTHROPIC_BASE_URL). `system` becomes a system message; content blocks become chat content:
+ANTHROPIC_BASE_URL). `system` becomes a system message (an empty one: none); content blocks become chat content:
 `text` blocks the text (joined by newlines; consecutive same-role turns make one), an
 assistant's `tool_use` blocks its tool calls, a user's `tool_result` blocks tool messages (in
 order, before the user's own text); `thinking` blocks sent back are dropped (templates drop
@@ -93,8 +93,8 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
             messages.append(message)
 
     system = body.get("system")
-    if system is not None:
-        add({"role": "system", "content": _text("system", system)}, "system")
+    if system is not None and (text := _text("system", system)):
+        add({"role": "system", "content": text}, "system")  # "" is none: the template's default
     items = body.get("messages")
     if not isinstance(items, list):
         kind = "missing_required_parameter" if items is None else "invalid_type"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import re
 from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse, Response
@@ -86,6 +87,22 @@ def _check_proxy(entry: str) -> None:
         raise DFlash2Error(
             f"--trust-proxy {entry!r}: an IP address or network (10.0.0.0/8, ::1), or *"
         ) from None
+
+
+_HOST_HEADER = re.compile(r"\[([0-9a-f:.]+)\](?::\d{1,5})?|([a-z0-9._-]+)(?::\d{1,5})?")
+
+
+def host_of_header(header: str) -> str | None:
+    """The host a Host header names ('name[:port]', '[v6][:port]' or a bare IPv6 address), in
+    lower case; None for anything else ('a:1@b', 'a:port'), which no client sends."""
+    header = header.strip().lower()
+    found = _HOST_HEADER.fullmatch(header)
+    if found:
+        return found.group(1) or found.group(2)
+    try:
+        return str(ipaddress.IPv6Address(header))
+    except ValueError:
+        return None
 
 
 def split_host(header: str) -> str:
@@ -166,7 +183,11 @@ class SecurityGate:
         host_header = headers.get("host")
         if not host_header:
             raise APIError(400, "the Host header is required", code="host_required")
-        host = split_host(host_header)
+        host = host_of_header(host_header)
+        if host is None:
+            raise APIError(
+                400, f"malformed Host header {host_header[:60]!r}", code="host_malformed"
+            )
         if not (is_loopback(host) or "*" in p.allowed_hosts or host in p.allowed_hosts):
             raise APIError(
                 403,

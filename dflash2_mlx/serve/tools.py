@@ -204,8 +204,8 @@ def check_tool_answers(messages: list[dict]) -> None:
             if ids is None:
                 raise invalid(
                     f"messages[{i}]",
-                    "a tool message must follow an assistant message with tool_calls (or "
-                    "tool messages answering them)",
+                    f"messages[{i}]: a tool result must follow an assistant turn that calls "
+                    "tools (or other tool results answering those calls)",
                 )
             if ids and m["tool_call_id"] not in ids:
                 raise invalid(
