@@ -51,6 +51,10 @@ def test_streamed_choices_carry_their_index(client):
     assert texts == {c.index: c.message.content for c in whole.choices}
     assert finishes == {c.index: c.finish_reason for c in whole.choices}
     assert len(usage) == 1 and usage[0].completion_tokens == whole.usage.completion_tokens
+    # a choice after the first waits for its first token before any keep-alive (5 s here)
+    raw = client.chat.completions.with_raw_response.create(stream=True, **kw)
+    lines = [line for line in raw.http_response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and not any(line.startswith(":") for line in lines)
 
 
 def test_completion_choices(client):

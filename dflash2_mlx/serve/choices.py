@@ -25,7 +25,7 @@ from .queue import Job, ShuttingDown
 from .reasoning import ThinkingStats
 from .reply import ChatReply
 from .schemas import GenRequest, invalid
-from .stream import PENDING, Reader, SSEResponse
+from .stream import UNREAD, Reader, SSEResponse
 
 
 class ChoiceStats:
@@ -142,7 +142,7 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
             lp = None
             if req.logprobs is not None:
                 lp = Logprobs(tok, req.kind, handler.pair.eos_ids, job.prompt_ids)
-            item = first if i == 0 else PENDING
+            item = first if i == 0 else UNREAD
             stats = ChoiceStats(shared, i == 0)
             args.append((fmt.choice(i), req, n_prompt, item, reader, reply, lp, stats, replies))
         if req.stream:
@@ -169,7 +169,7 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
 
 async def _whole(handler, args):
     fmt, req, n_prompt, item, reader, *rest = args
-    if item is PENDING:
+    if item is UNREAD:
         item = await reader.next(poll_disconnect=True)
     return await handler.complete(fmt, req, n_prompt, item, reader, *rest)
 

@@ -37,7 +37,7 @@ from .api_error import brief, loggable
 from .constrained import reply_constraint
 from .schemas import APIError, GenRequest, invalid
 from .http_errors import CLIENT_GONE, error_response, from_worker, internal_error, shutting_down
-from .stream import PENDING, SSE_KEEPALIVE, Reader, SSEResponse
+from .stream import PENDING, SSE_KEEPALIVE, UNREAD, Reader, SSEResponse
 
 log = logging.getLogger("dflash2.serve")
 
@@ -335,6 +335,8 @@ class Handler:
             tools = reply is not None and reply.tools is not None
             out = ChatStream(fmt, req.include_usage, LogprobChunks(lp), stats is None, tools)
         stats = GenerationStats() if stats is None else stats
+        if item is UNREAD:  # keep-alives only once keepalive_s passes without it
+            item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)
         while item is PENDING:  # headers are sent: keep the connection alive until it comes
             yield SSE_KEEPALIVE
             item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)

@@ -20,6 +20,7 @@ from .jobs import Item, Job
 DISCONNECT_POLL_S = 0.2
 SSE_KEEPALIVE = ": keep-alive\n\n"
 PENDING = Item("pending")  # `Reader.next` timed out: nothing yet
+UNREAD = Item("unread")  # not read yet (a choice after the first, its stream already open)
 
 
 class Reader:
