@@ -16,7 +16,8 @@ class Proposal:
     """`drafts` [γ] ids to verify after the anchor; `q` the distribution each was drawn from
     (None when greedy): [γ, V] over the vocabulary, or [γ, K] over `candidates` [γ, K] ids.
     A drafter's ids stay an array until `drafts` is first read, so the target's verify graph
-    can be built (`verify_ids`) while the drafter's pass still runs."""
+    can be built (`verify_ids`) while the drafter's pass still runs — as far as MLX lets a
+    pass run ahead of the caller (on the CPU ~100 ops, so there most of it has run by then)."""
 
     ids: list[int] | mx.array
     q: mx.array | None
