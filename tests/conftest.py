@@ -11,7 +11,11 @@ import dflash2_mlx  # binds the optimized BLAS before MLX loads
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_pair import save_pair  # noqa: E402  (a test helper: needs the path above)
+from harness import runner  # noqa: E402  (test helpers: need the path above)
+from kernel_exec import require_metal  # noqa: E402
+from tiny_pair import save_pair  # noqa: E402
+
+from dflash2_mlx import kernels  # noqa: E402
 
 MARKERS = {
     "slow": "takes seconds to minutes (real model, training, a terminal or a server)",
@@ -73,3 +77,27 @@ def hf_offline(tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     return cache
+
+
+# The kernel tests' executors (kernel_exec.py says what they are).
+@pytest.fixture(scope="session")
+def harness(tmp_path_factory):
+    if runner.find_compiler() is None:
+        pytest.skip("no C++ compiler (g++, c++, clang++ or $CXX): CPU kernel harness not run")
+    return runner.CpuMetal(tmp_path_factory.getbasetemp() / "metal_harness")
+
+
+def _harness_exec(cpu):
+    return lambda launch: cpu.run_launch(launch, kernels.kernel_source(launch.spec.file))
+
+
+def _metal_exec(launch):
+    return kernels.execute(launch)  # lazy: also usable inside mx.grad (see kernels_via)
+
+
+@pytest.fixture(params=["harness", "metal"])
+def run_kernel(request):
+    if request.param == "metal":
+        require_metal()
+        return _metal_exec
+    return _harness_exec(request.getfixturevalue("harness"))
