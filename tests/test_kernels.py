@@ -1,13 +1,6 @@
-"""Custom Metal kernels (metal/*.metal) against the pure-MLX references.
-
-Every kernel-vs-reference case runs on two executors:
-- "harness": the kernel body compiled with the system C++ compiler against tests/harness/
-  metal_shim.h, inside the signature MLX would generate, run over the whole grid on the CPU
-  (every CI run; skipped only when no C++ compiler exists);
-- "metal": the real `mx.fast.metal_kernel` on the GPU (Apple Silicon only; skipped elsewhere,
-  and a failure instead of a skip under DFLASH2_KERNELS=on).
-Both execute the runtime's own launch plans (dflash2_mlx.kernels._launch).
-"""
+"""Custom Metal kernels (metal/*.metal) against the pure-MLX references, on the CPU harness and
+on Metal (the executors: kernel_exec.py), and the dispatch between kernels and references (the
+walks' cases: test_kernel_walks.py)."""
 
 from __future__ import annotations
 

@@ -11,34 +11,10 @@ import json
 import sys
 
 from dflash2_mlx.engine.datastore import DEFAULT_DATASTORE_LENGTH, Datastore
-from dflash2_mlx.engine.lookup import DEFAULT_LOOKUP, ContextLookup
+from replay_rows import agreed, model_free_rows
 
 BLOCK, LOOKUP_LENGTH = 8, 15
 data = json.load(open(sys.argv[1]))
-
-
-def proposals(store: Datastore) -> list[list]:
-    """Per sequence and anchor: (lookup's proposal, the datastore's match or None)."""
-    out = []
-    for s in data:
-        t, start = s["tokens"], s["start"]
-        look = ContextLookup(DEFAULT_LOOKUP)
-        look.extend(t[: start + 1])
-        rows = []
-        for a in range(start, start + len(s["ok"])):
-            rows.append(
-                (look.propose(LOOKUP_LENGTH), store.match(t[: a + 1], DEFAULT_DATASTORE_LENGTH))
-            )
-            look.extend(t[a + 1 : a + 2])
-        out.append(rows)
-    return out
-
-
-def agreed(t: list[int], a: int, prop: list[int]) -> int:
-    n = 0
-    while n < len(prop) and a + 1 + n < len(t) and t[a + 1 + n] == prop[n]:
-        n += 1
-    return n
 
 
 def replay(rows_of, min_share: float) -> dict:
@@ -71,7 +47,12 @@ def replay(rows_of, min_share: float) -> dict:
 
 runs = []
 for min_match in (3, 4, 5):
-    rows_of = proposals(Datastore.load(sys.argv[2], min_match=min_match))
+    rows_of = model_free_rows(
+        data,
+        Datastore.load(sys.argv[2], min_match=min_match),
+        LOOKUP_LENGTH,
+        DEFAULT_DATASTORE_LENGTH,
+    )
     for min_share in (0.0, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99):
         r = {"min_match": min_match, "min_share": min_share, **replay(rows_of, min_share)}
         runs.append(r)

@@ -15,6 +15,7 @@ import json
 
 from dflash2_mlx.engine.datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from dflash2_mlx.engine.lookup import ContextLookup
+from replay_rows import agreed
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("teacher_forced")
@@ -26,13 +27,6 @@ args = ap.parse_args()
 data = json.load(open(args.teacher_forced))
 store = Datastore.load(args.store)
 DRAFT = 0.15
-
-
-def agreed(t: list[int], a: int, prop: list[int]) -> int:
-    n = 0
-    while n < len(prop) and a + 1 + n < len(t) and t[a + 1 + n] == prop[n]:
-        n += 1
-    return n
 
 
 def proposals(min_match: int) -> list[list]:

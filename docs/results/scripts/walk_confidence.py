@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 from dflash2_mlx.engine.datastore import Datastore
-from dflash2_mlx.engine.lookup import DEFAULT_LOOKUP, ContextLookup
+from replay_rows import agreed, model_free_rows
 
 data = json.load(open(sys.argv[1]))
 profile = json.load(open(sys.argv[3]))
@@ -66,27 +66,6 @@ def widths(block: int, expected: np.ndarray | None, rate: float) -> dict:
     }
 
 
-def agreed(t: list[int], a: int, proposal: list[int]) -> int:
-    n = 0
-    while n < len(proposal) and a + 1 + n < len(t) and t[a + 1 + n] == proposal[n]:
-        n += 1
-    return n
-
-
-def sources(store: Datastore) -> list[list]:
-    out = []
-    for s in data:
-        t, start = s["tokens"], s["start"]
-        look = ContextLookup(DEFAULT_LOOKUP)
-        look.extend(t[: start + 1])
-        rows = []
-        for a in range(start, start + len(s["ok"])):
-            rows.append((look.propose(LOOKUP_DRAFTS), store.match(t[: a + 1], STORE_DRAFTS)))
-            look.extend(t[a + 1 : a + 2])
-        out.append(rows)
-    return out
-
-
 def replay(rows_of: list, block: int, prefer_drafter) -> dict:
     tokens = ms = 0.0
     rounds = collections.Counter()
@@ -120,7 +99,7 @@ def replay(rows_of: list, block: int, prefer_drafter) -> dict:
 
 
 store = Datastore.load(sys.argv[2])
-rows_of = sources(store)
+rows_of = model_free_rows(data, store, LOOKUP_DRAFTS, STORE_DRAFTS)
 record = {
     "what": __doc__.split("\nUsage")[0],
     "teacher_forced": sys.argv[1],
