@@ -131,7 +131,10 @@ class Pair:
         from the autotune profile); None: engine/width.py's default model."""
         if width_cost is not None and not callable(width_cost):
             raise ParameterError(f"width_cost must be a callable or None, got {width_cost!r}")
-        widths = WidthRule() if width_cost is None else WidthRule(cost=width_cost)
+        if width_cost is None:  # the default model's slope was measured on x86 CPUs only
+            widths = WidthRule(cut_uniform=mx.default_device() == mx.cpu)
+        else:
+            widths = WidthRule(cost=width_cost)
         return BatchDecoder(self.decoder, max_batch, widths=widths)
 
     def stream_batch(

@@ -50,6 +50,7 @@ from .profiles import (  # noqa: F401
     recommended_lookup_block,
     save_profile,
 )
+from .engine.width import MEASURED_WIDTHS
 from .quant import describe_quant, is_quantized, quant_signature, quantized_layers, weight_dtype  # noqa: F401
 
 QUANT_CAP = 5
@@ -58,7 +59,7 @@ LOOKUP_WIDTHS = (4, 6, 8, 12, 16, 24, 32)
 # Row counts and widths of the batched engine's verify cost table (widths cut to those measured
 # for one row); the width rule interpolates between them (batch_costs.width_costs).
 BATCH_ROWS = (2, 4)
-BATCH_WIDTHS = (1, 2, 4, 8, 12, 16)
+BATCH_WIDTHS = MEASURED_WIDTHS  # the batch table's widths: the width rule compares them
 
 
 # ----------------------------------------------------------------------------- the decision

@@ -38,8 +38,12 @@ def test_one_long_proposal_is_cut_when_width_is_costly():
     assert choose_width(lengths, probs, flat) == 16
     steep = lambda rows, width: rows * width  # noqa: E731  (cost grows with every token)
     assert choose_width(lengths, probs, steep) < 16
-    # the default model: at 4 rows, 8 extra positions of a p=0.6 tail are not worth it
-    assert choose_width(lengths, probs, default_cost) == 8
+    # the default model: at 4 rows, 12 extra positions of a p=0.6 tail are not worth it, nor 4
+    assert choose_width(lengths, probs, default_cost) == 4
+    # equal rows: the autotuned single-row block is cut where acceptance is low and rows many
+    table = table_cost({4: {1: 103.5, 2: 118.6, 4: 149.0, 8: 230.5}})  # ms, this project's CPU
+    assert choose_width([7] * 4, [0.4] * 4, table) == 2
+    assert choose_width([7] * 4, [0.9] * 4, table) == 8
     # ... but a lookup run that is almost always right is
     assert choose_width(lengths, [0.6, 0.6, 0.6, 0.99], lambda r, w: 1 + r * w / 200) == 16
 
@@ -66,7 +70,7 @@ def test_shorten_keeps_each_drafts_distribution():
     assert point.drafts == [1] and point.q.shape == (1, 1) and point.candidates.tolist() == [[1]]
 
 
-def test_width_rule_learns_rates_and_caps_only_ragged_rounds():
+def test_width_rule_learns_rates_and_caps_costly_rounds():
     rule = WidthRule(cost=lambda rows, width: rows * width)
     assert rule.rate("lookup") == 0.5
     rule.observe("lookup", 6, 6)  # all accepted: no rejection
@@ -75,10 +79,18 @@ def test_width_rule_learns_rates_and_caps_only_ragged_rounds():
     rule.observe("drafter", 0, 0)  # nothing drafted: nothing learned
     assert "drafter" not in rule.accepted
     same = [Proposal.point_mass([1, 2, 3], "lookup"), Proposal.point_mass([4, 5, 6], "lookup")]
-    assert [p.drafts for p in rule.cap(same, [False, False])] == [[1, 2, 3], [4, 5, 6]]
+    cheap = WidthRule(cost=lambda rows, width: 1.0)  # width is free: nothing is cut
+    assert [p.drafts for p in cheap.cap(same, [False, False])] == [[1, 2, 3], [4, 5, 6]]
+    # rows of one length are cut too when their width costs more than their drafts bring
+    # (here every token verified costs as much as one more committed: nothing is drafted)
+    assert [p.drafts for p in rule.cap(same, [False, False])] == [[], []]
+    assert [p.drafts for p in rule.cap(same, [True, False])] == [[1, 2, 3], [4, 5, 6]]
+    padding_only = WidthRule(cost=rule.cost, cut_uniform=False)  # a GPU without a measured table
+    assert [p.drafts for p in padding_only.cap(same, [False, False])] == [[1, 2, 3], [4, 5, 6]]
     ragged = [Proposal.point_mass([1], "drafter"), Proposal.point_mass(list(range(15)), "lookup")]
+    rule.cost = lambda rows, width: rows * (4 + width)  # a fixed part: some drafts pay
     capped = rule.cap(ragged, [False, False])
-    assert capped[0].drafts == [1] and len(capped[1].drafts) < 15
+    assert capped[0].drafts == [1] and 1 < len(capped[1].drafts) < 15
     # a sampled (fixed) row is never cut, and the round is as wide as it anyway
     assert [len(p.drafts) for p in rule.cap(ragged, [False, True])] == [1, 15]
     assert choose_width([1, 15], [0.5, 0.5], rule.cost, floor=10) >= 10

@@ -10,10 +10,15 @@ verify cost:
 where d_i is row i's proposal length and p the acceptance rate of its source (drafter,
 lookup, prediction), each draft accepted with probability p given its predecessors were (the
 rate is estimated from the rounds so far: accepted drafts / (accepted drafts + rejections)).
-Only the candidate widths d_i + 1 are compared (ties: the wider). Cutting a proposal verifies
-a prefix of it: each draft's distribution is its own conditional, so acceptance stays exact;
-only greedy rows are cut (a sampled row's draws, hence a seeded request's output, depend on
-how many drafts it verifies), so a request still returns what it returns alone.
+The widths compared (ties: the wider) are the proposals' own and those the autotuner
+measures (MEASURED_WIDTHS: others are interpolated, and odd widths run slower than both even
+neighbours with x86 OpenBLAS), so rows of one length are cut too (`cut_uniform`): a block
+chosen for one sequence can be too wide for several rows whose drafts are seldom accepted
+(4 rows x 8 tokens cost 1.5x 4 x 4 on this project's CPU, for ~0.04 more tokens a row at
+p = 0.4). Cutting a proposal verifies a prefix of it: each draft's distribution is its own
+conditional, so acceptance stays exact; only greedy rows are cut (a sampled row's draws,
+hence a seeded request's output, depend on how many drafts it verifies), so a request still
+returns what it returns alone.
 
 `cost(B, W)` comes from a measured table (ms of one verify over B rows of width W:
 costs.batch_verify_costs, stored by the autotuner, read by batch_costs.width_costs) or,
@@ -31,6 +36,8 @@ from .proposal import Proposal
 # forwards of one token. Measured on this project's x86 CPU with OpenBLAS for SmolLM2-135M:
 # 16 tokens ~1.8x one token (docs/env.md); on Apple GPUs the slope is smaller.
 TOKENS_PER_UNIT = 20.0
+# The verify widths the autotuner times over 1, 2 and 4 rows (its batch table).
+MEASURED_WIDTHS = (1, 2, 4, 8, 12, 16)
 
 
 def default_cost(rows: int, width: int) -> float:
@@ -52,7 +59,9 @@ def choose_width(
     acceptance `probs`."""
     rows = len(lengths)
     best, best_rate = floor, -1.0
-    for width in sorted({d + 1 for d in lengths if d + 1 >= floor}):
+    longest = max(lengths, default=0) + 1
+    widths = {d + 1 for d in lengths} | {w for w in MEASURED_WIDTHS if w <= longest}
+    for width in sorted(w for w in widths if w >= floor):
         gain = sum(expected_committed(p, min(d, width - 1)) for d, p in zip(lengths, probs))
         rate = gain / max(cost(rows, width), 1e-9)
         if rate >= best_rate:
@@ -74,6 +83,10 @@ class WidthRule:
     """Chooses each batched round's width and learns each source's acceptance rate."""
 
     cost: Callable[[int, int], float] = default_cost
+    # Cut rows of one length too, not only a ragged round's padding: where `cost` is measured,
+    # or the default model fits (a CPU). On a GPU a wide verify may cost little more than a
+    # narrow one, and the default model would cut rounds that pay.
+    cut_uniform: bool = True
     prior: float = 0.5  # acceptance rate before any round (weighted as `prior_rounds`)
     prior_rounds: float = 2.0
     accepted: dict[str, float] = field(default_factory=dict)
@@ -95,7 +108,9 @@ class WidthRule:
         request must return in a batch what it returns alone (a greedy row's commit does not
         depend on where its proposal is cut)."""
         lengths = [len(p.drafts) for p in proposals]
-        if len(proposals) < 2 or len(set(lengths)) < 2:
+        if len(proposals) < 2 or max(lengths) < 1:
+            return list(proposals)  # a lone row runs the single engine's round, its block
+        if not self.cut_uniform and len(set(lengths)) < 2:
             return list(proposals)  # no padding to save
         floor = max((d for d, f in zip(lengths, fixed) if f), default=0) + 1
         probs = [self.rate(p.source) for p in proposals]
