@@ -109,7 +109,7 @@ class WidthRule:
         depend on where its proposal is cut)."""
         lengths = [len(p.drafts) for p in proposals]
         if len(proposals) < 2 or max(lengths) < 1:
-            return list(proposals)  # a lone row runs the single engine's round, its block
+            return list(proposals)  # nothing drafted, or a lone row (the single engine's round)
         if not self.cut_uniform and len(set(lengths)) < 2:
             return list(proposals)  # no padding to save
         floor = max((d for d, f in zip(lengths, fixed) if f), default=0) + 1
