@@ -165,7 +165,8 @@ def train(
         None,
         help="Start from this drafter folder's "
         "weights (same kind and shapes; its block size may "
-        "differ), e.g. to fine-tune for a larger block.",
+        "differ), e.g. to fine-tune for a larger block. A drafter with fewer layers grows to "
+        "--layers: the new layers start as the identity.",
     ),
     ablation: bool = typer.Option(
         False,

@@ -109,11 +109,19 @@ def test_dropout_is_training_only_and_random(target):
 
 
 def _trainer(
-    target, sequences, out: Path, version=2, steps=40, block_size=8, layer_ids=(0, 2), **kw
+    target,
+    sequences,
+    out: Path,
+    version=2,
+    steps=40,
+    block_size=8,
+    layer_ids=(0, 2),
+    layers=2,
+    **kw,
 ):
     cfg = TrainConfig(
         version=version,
-        layers=2,
+        layers=layers,
         block_size=block_size,
         target_layer_ids=layer_ids,
         mask_token_id=95,
@@ -634,6 +642,33 @@ def test_init_from_an_exported_drafter_even_at_another_block_size(target, sequen
     v1 = _trainer(target, sequences, tmp_path / "c", version=1, steps=1).export(tmp_path / "v1")
     with pytest.raises(DFlash2Error, match="has no tensor 'layers.0.attention_conv"):
         _trainer(target, sequences, tmp_path / "d", steps=1, init_from=str(v1))
+
+
+def test_init_from_a_smaller_drafter_grows_it_by_identity_layers(target, sequences, tmp_path):
+    tr = _trainer(target, sequences, tmp_path / "a", steps=8)
+    tr.run()
+    exported = tr.export(tmp_path / "drafter", dtype=mx.float32)
+    grown = _trainer(target, sequences, tmp_path / "b", steps=1, layers=3, init_from=str(exported))
+    new = grown.drafter.layers[2]
+    assert not np.any(np.array(new.self_attn.o_proj.weight))
+    assert not np.any(np.array(new.mlp.down_proj.weight))
+    np.testing.assert_array_equal(  # the rest of the new layer is the source's last layer
+        np.array(new.self_attn.q_proj.weight),
+        np.array(tr.drafter.layers[1].self_attn.q_proj.weight),
+    )
+    s = sequences[1]
+    feats = mx.array(s.features.astype(np.float32))[None, :12] * tr.scale
+    block = mx.array([[int(s.tokens[12])] + [95] * 7])
+    np.testing.assert_allclose(  # the grown drafter starts as the source's function
+        np.array(grown.drafter.hidden(block, feats, grown.drafter.make_cache())),
+        np.array(tr.drafter.hidden(block, feats, tr.drafter.make_cache())),
+        atol=1e-4,
+    )
+    grown.run()  # and trains: the new layer's writers move off zero
+    assert np.any(np.array(grown.drafter.layers[2].mlp.down_proj.weight))
+    big = grown.export(tmp_path / "big", dtype=mx.float32)
+    with pytest.raises(DFlash2Error, match="has 3 layers, more than this drafter's 2"):
+        _trainer(target, sequences, tmp_path / "c", steps=1, init_from=str(big))
 
 
 def test_train_progress_shows_loss_speed_and_eta_on_a_terminal():

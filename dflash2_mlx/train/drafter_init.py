@@ -101,18 +101,26 @@ def init_from_target(drafter: Drafter, adapter: TargetAdapter, scale: mx.array) 
 def init_from_drafter(drafter: Drafter, folder: str | Path, scale: mx.array) -> None:
     """Start from a drafter with the same shapes (its block size may differ: block positions
     are RoPE'd, not learned): an exported folder (feature scaling folded into fc) or a training
-    checkpoint folder (fc unfolded, its scaling beside it in feature_scale.npy)."""
+    checkpoint folder (fc unfolded, its scaling beside it in feature_scale.npy). A source with
+    fewer layers grows: see `grown_layers`."""
     src = dict(tree_flatten(load_drafter(folder).parameters()))
     ckpt_scale = Path(folder) / "feature_scale.npy"
     if ckpt_scale.exists():
         src["fc.weight"] = src["fc.weight"] * mx.array(np.load(ckpt_scale))[None, :]
+    n_src, n_mine = _layer_count(src), drafter.config.num_hidden_layers
+    if n_src > n_mine:
+        raise DFlash2Error(
+            f"{folder}: has {n_src} layers, more than this drafter's {n_mine} (--layers); "
+            "--init-from can grow a drafter, not cut one"
+        )
+    src.update(grown_layers(src, n_mine))
     mine = dict(tree_flatten(drafter.parameters()))
     for name, value in mine.items():
         if name not in src:
             raise DFlash2Error(
                 f"{folder}: has no tensor {name!r}; --init-from needs a drafter "
                 f"of the same kind (DFlash {drafter.config.version}, "
-                f"{drafter.config.num_hidden_layers} layers)"
+                f"at most {drafter.config.num_hidden_layers} layers)"
             )
         if src[name].shape != value.shape:
             raise DFlash2Error(
@@ -122,3 +130,24 @@ def init_from_drafter(drafter: Drafter, folder: str | Path, scale: mx.array) -> 
     src["fc.weight"] = src["fc.weight"] / scale[None, :]
     drafter.load_weights([(k, src[k].astype(mx.float32)) for k in mine], strict=True)
     mx.eval(drafter.parameters())
+
+
+# The projections that write a layer's sublayers into the residual stream.
+_RESIDUAL_WRITERS = ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight")
+
+
+def grown_layers(src: dict[str, mx.array], n_layers: int) -> dict[str, mx.array]:
+    """Layers n_src..n_layers-1 for a source drafter with n_src layers: copies of its last
+    layer whose residual writers are zero, so each new layer starts as the identity and the
+    grown drafter computes exactly the source's function until training moves them."""
+    n_src = _layer_count(src)
+    last = {k.split(".", 2)[2]: v for k, v in src.items() if k.startswith(f"layers.{n_src - 1}.")}
+    out = {}
+    for j in range(n_src, n_layers):
+        for name, value in last.items():
+            out[f"layers.{j}.{name}"] = mx.zeros_like(value) if name in _RESIDUAL_WRITERS else value
+    return out
+
+
+def _layer_count(params: dict[str, mx.array]) -> int:
+    return 1 + max((int(k.split(".")[1]) for k in params if k.startswith("layers.")), default=-1)
