@@ -119,7 +119,7 @@ class Chat:
             self.sampling,
             self.block if self.spec else None,
             self.spec,
-            lookup_block=self.engine.lookup_block,
+            lookup_block=self.engine.lookup_block if self.spec else None,
             logits_processors=self.processors,
             constraint=budget,
         )

@@ -125,8 +125,8 @@ class Pair:
         max_batch: int = DEFAULT_MAX_BATCH,
         width_cost: Callable[[int, int], float] | None = None,
     ) -> BatchDecoder:
-        """A continuous-batching loop over this pair (engine/batch.py): `add` requests (with
-        `with_defaults(params)`) at any time, `step` it; each returns what it returns alone.
+        """A continuous-batching loop over this pair (engine/batch.py): `add` requests at any
+        time (their params get `with_defaults`), `step` it; each returns what it returns alone.
         `width_cost`: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost,
         from the autotune profile); None: engine/width.py's default model."""
         if width_cost is not None and not callable(width_cost):
@@ -135,7 +135,7 @@ class Pair:
             widths = WidthRule(cut_uniform=mx.default_device() == mx.cpu)
         else:
             widths = WidthRule(cost=width_cost)
-        return BatchDecoder(self.decoder, max_batch, widths=widths)
+        return BatchDecoder(self.decoder, max_batch, widths=widths, defaults=self.with_defaults)
 
     def stream_batch(
         self,
@@ -149,12 +149,16 @@ class Pair:
         prompts = list(prompts)  # a generator too
         if isinstance(params, GenerationParams):
             params = [params] * len(prompts)
-        params = list(params)
+        try:
+            params = list(params)
+        except TypeError:
+            raise ParameterError(
+                "params must be a GenerationParams or a list of them (one per prompt), got "
+                f"{type(params).__name__}"
+            ) from None
         if len(params) != len(prompts):
             raise ParameterError(f"{len(prompts)} prompts but {len(params)} GenerationParams")
-        return self.batch(max_batch, width_cost).stream(
-            (p, self.with_defaults(g)) for p, g in zip(prompts, params)
-        )
+        return self.batch(max_batch, width_cost).stream(zip(prompts, params))
 
     def generate_batch(
         self,

@@ -230,6 +230,13 @@ class EngineFlags:
     sampling: Mapping[str, Any] = field(default_factory=dict)  # field -> value (None: not given)
 
     def __post_init__(self):
+        for name in ("speculative", "datastore", "full_vocab"):
+            if not isinstance(getattr(self, name), bool):
+                raise ParameterError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.sampling, Mapping):
+            raise ParameterError(
+                f"sampling must be a mapping of field -> value, got {type(self.sampling).__name__}"
+            )
         if not self.speculative and self.block is not None:
             raise ParameterError(
                 "--block has no effect with --no-spec (plain decoding verifies one token a round)"
@@ -238,8 +245,6 @@ class EngineFlags:
             raise ParameterError(
                 "--lookup has no effect with --no-spec (plain decoding drafts nothing)"
             )
-        if not isinstance(self.datastore, bool):
-            raise ParameterError(f"datastore must be True or False, got {self.datastore!r}")
         if self.full_vocab and self.draft_vocab is not None:
             raise ParameterError("--draft-vocab and --full-vocab contradict each other")
         if self.block is not None:
@@ -248,7 +253,9 @@ class EngineFlags:
             ("--lookup", self.lookup, 0),
             ("--draft-vocab", self.draft_vocab, 1),
         ):
-            if value is not None and (not isinstance(value, int) or value < low):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < low
+            ):
                 raise ParameterError(f"{flag} must be an int >= {low}, got {value!r}")
         check_sampling(self.sampling)
 

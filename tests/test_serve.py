@@ -19,6 +19,7 @@ import tiny
 import uvicorn
 
 from dflash2_mlx.api import Pair
+from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.serve import create_app
 from dflash2_mlx.text import chat_prompt_ids
 
@@ -168,6 +169,27 @@ def test_predicted_outputs_draft_and_change_nothing(pair, client):
     details = r.usage.completion_tokens_details
     assert details.accepted_prediction_tokens >= n - 1 - r.usage.model_extra["dflash2"]["rounds"]
     assert details.rejected_prediction_tokens <= 3
+
+
+def test_without_speculation_a_prediction_is_refused_and_drafting_knobs_too(pair):
+    """--no-spec decodes without drafts: a Predicted Outputs hint cannot be honoured (a 400
+    naming it, not silently dropped); a block size for such a server is refused at start."""
+    want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 12)
+    with running(create_app(pair, model_name="tiny", speculative=False)) as base:
+        plain = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        r = plain.chat.completions.create(model="tiny", messages=HI, max_tokens=12)
+        assert r.choices[0].message.content == want
+        with pytest.raises(openai.BadRequestError) as err:
+            plain.chat.completions.create(
+                model="tiny",
+                messages=HI,
+                max_tokens=12,
+                prediction={"type": "content", "content": want},
+            )
+        assert err.value.body["param"] == "prediction" and "--no-spec" in err.value.body["message"]
+    for knob in (dict(block_size=2), dict(lookup_block=8)):
+        with pytest.raises(DFlash2Error, match="has no effect with speculative=False"):
+            create_app(pair, model_name="tiny", speculative=False, **knob)
 
 
 def test_greedy_completion_stream_token_prompt(pair, client):

@@ -93,6 +93,11 @@ def test_a_block_above_the_trained_size_or_below_one_is_refused_naming_the_flag(
         (dict(sampling={"min_p": 1.0}), "--min-p: min_p must be in [0, 1)"),
         (dict(sampling={"seed": -1}), "--seed: seed must be an int in [0, 2**64)"),
         (dict(sampling={"typical_p": 0.5}), "unknown sampling field 'typical_p'"),
+        (dict(lookup=True), "--lookup must be an int >= 0, got True"),
+        (dict(draft_vocab=True), "--draft-vocab must be an int >= 1, got True"),
+        (dict(speculative="no"), "speculative must be True or False, got 'no'"),
+        (dict(full_vocab=1), "full_vocab must be True or False, got 1"),
+        (dict(sampling=[("temperature", 0.5)]), "sampling must be a mapping of field -> value"),
     ],
 )
 def test_contradicting_or_bad_flags_are_refused_naming_the_flag(kw, message):

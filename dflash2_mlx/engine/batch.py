@@ -33,14 +33,13 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import mlx.core as mx
 
-from ..drafter.batch import DraftRequest, draft_rows
 from ..errors import ParameterError
 from ..target import batch as tbatch
 from .events import RoundEvent
 from .generation import GenerationParams, _Run, cut, shape_logits
 from .loop import Session, SpeculativeDecoder, record
 from .prefill import Prefill, _Cancelled
-from .proposal import NOTHING, Proposal
+from .batch_propose import propose_rows
 from .sampling import accept
 from .width import WidthRule
 
@@ -91,6 +90,8 @@ class BatchDecoder:
     # Prompt tokens a joining request prefills per step while others run, in whole chunks of
     # at most this many (and at most the decoder's prefill_chunk).
     prefill_step: int = DEFAULT_PREFILL_STEP
+    # applied to every request's params at `add` (Pair.batch: the tokenizer's EOS stops)
+    defaults: Callable[[GenerationParams], GenerationParams] | None = None
     # rows keep their columns in position order (a sliding-window target: target/batch.py)
     _in_order: bool = field(default=False, init=False)
     _next_id: int = 0
@@ -137,9 +138,16 @@ class BatchDecoder:
         batch (a prompt cache stores the state at the end of the prompt then); its
         prefill_ms runs from the start of its prefill to its first token (while others run,
         their rounds between its chunks included). Bad parameters raise ParameterError here,
-        before anything runs."""
+        before anything runs. A session serves one generation at a time: it is held from
+        here until the request leaves."""
+        if self.defaults is not None:
+            params = self.defaults(params)
         prompt, run = self.decoder._validate(prompt, params)
-        self.decoder.check_session(session, cancel)  # another pair's session: refused here
+        self.decoder.check_session(session, cancel)  # another pair's, or in use: refused here
+        if on_prefill is not None and not callable(on_prefill):
+            raise ParameterError(f"on_prefill must be a callable or None, got {on_prefill!r}")
+        if session is not None:
+            session.hold(self)
         rid, self._next_id = self._next_id, self._next_id + 1
         now = time.perf_counter()
         self.waiting.append(_Waiting(rid, prompt, run, session, cancel, on_prefill, now))
@@ -147,6 +155,9 @@ class BatchDecoder:
 
     def cancel(self, rid: int) -> None:
         """Drop a generation now (a client that left): queued, or leaving the batch."""
+        for w in self.waiting:
+            if w.rid == rid and w.session is not None:
+                w.session.release()
         self.waiting = [w for w in self.waiting if w.rid != rid]
         for row in self.rows:
             if row.rid == rid:
@@ -173,7 +184,20 @@ class BatchDecoder:
         joins the batch when its prefill is done. While rows run, a step feeds at most
         `prefill_step` prompt tokens, so a long prompt does not stall their rounds; with
         nothing running the first prefill goes straight through (nobody waits on it)."""
-        events, joined = [], []
+        events: list[tuple[int, RoundEvent]] = []
+        joined: list[_Row] = []
+        try:
+            self._admit(events, joined)
+        finally:  # an on_prefill that raised loses no admitted request
+            if joined and self.batched:
+                new = tbatch.merge([r.session.target_cache for r in joined])
+                self.cache = tbatch.extend(self.cache, new)
+                for r in joined:
+                    _into_batch(r.session)
+            self.rows += joined
+        return events
+
+    def _admit(self, events: list, joined: list[_Row]) -> None:
         budget = self.prefill_step if self.rows else None  # None: no limit
         while self.waiting and len(self.rows) + len(joined) < self.capacity:
             w = self.waiting[0]
@@ -181,6 +205,8 @@ class BatchDecoder:
                 budget = self._feed(w, budget)
             except _Cancelled:
                 self.waiting.pop(0)
+                if w.session is not None:
+                    w.session.release()
                 continue
             if w.prefill is None or not w.prefill.done:
                 break
@@ -188,20 +214,15 @@ class BatchDecoder:
             event = self.decoder._first(w.prefill, w.run)
             size = len(self.rows) + len(joined) + 1
             event = replace(event, batch_size=size, queue_ms=w.queue_ms)
-            if w.on_prefill is not None:
-                w.on_prefill(event)
             events.append((w.rid, event))
             if event.finish_reason is None:
                 joined.append(_Row(w.rid, w.prefill.session, w.run))
+            else:
+                w.prefill.session.release()
+            if w.on_prefill is not None:  # its session still holds its own caches here
+                w.on_prefill(event)
             if budget is None:  # a further prefill would hold back this one's next tokens
                 budget = self.prefill_step
-        if joined and self.batched:
-            new = tbatch.merge([r.session.target_cache for r in joined])
-            self.cache = tbatch.extend(self.cache, new)
-            for r in joined:
-                r.session.target_cache = []  # its rows live in the batch cache now
-        self.rows += joined
-        return events
 
     def _feed(self, w: _Waiting, budget: int | None) -> int | None:
         """Begin `w`'s prefill if needed and feed it whole chunks while they fit in `budget`
@@ -230,10 +251,11 @@ class BatchDecoder:
         keep = [i for i, r in enumerate(self.rows) if not r.done]
         if len(keep) == len(self.rows):
             return
-        if self.cache is not None:  # the leaving rows' caches go back into their sessions
-            for i, row in enumerate(self.rows):
-                if row.done:
-                    row.session.target_cache = tbatch.extract(self.cache, i)
+        for i, row in enumerate(self.rows):
+            if row.done:
+                if self.cache is not None:  # its rows of the batch cache go back to its session
+                    _out_of_batch(row.session, tbatch.extract(self.cache, i))
+                row.session.release()
         self.rows = [self.rows[i] for i in keep]
         if self.cache is not None:
             if keep:
@@ -252,7 +274,7 @@ class BatchDecoder:
         self._end_solo()
         dec, rows = self.decoder, self.rows
         t0 = time.perf_counter()
-        proposals, verify_keys = self._propose_all()
+        proposals, verify_keys = propose_rows(dec, [(r.session, r.run) for r in rows])
         proposals = self.widths.cap(proposals, [not r.run.params.sampling.greedy for r in rows])
         draft_ms = (time.perf_counter() - t0) * 1000.0 / len(rows)  # the round's, shared
         width = max(len(p.drafts) for p in proposals) + 1
@@ -305,7 +327,7 @@ class BatchDecoder:
         offsets or padding to pay for), so one request runs as fast as it does alone."""
         row = self.rows[0]
         if self.cache is not None:  # its caches move out of the batch cache (one copy)
-            row.session.target_cache = tbatch.extract(self.cache, 0)
+            _out_of_batch(row.session, tbatch.extract(self.cache, 0))
             self.cache = None
         return [(row.rid, replace(self._single_round(row), batch_size=1))]
 
@@ -314,42 +336,7 @@ class BatchDecoder:
         solo = self.rows[0].session
         if solo.target_cache:
             self.cache = tbatch.extend(tbatch.merge([solo.target_cache]), self.cache)
-            solo.target_cache = []
-
-    def _propose_all(self) -> tuple[list[Proposal], list[mx.array]]:
-        """Every row's proposal (context lookup or prediction where one is found, else its
-        drafter block: one drafter pass for all of those rows) and its verify key. Each row
-        splits its key as SpeculativeDecoder._round does."""
-        dec = self.decoder
-        proposals: list[Proposal | None] = []
-        verify_keys, drafting, requests = [], [], []
-        for i, row in enumerate(self.rows):
-            run, session = row.run, row.session
-            run.key, k_draft, k_verify = mx.random.split(run.key, 3)
-            verify_keys.append(k_verify)
-            found = dec._model_free(session, run)
-            length = run.span(run.block)
-            if found is None and length >= 2:
-                drafting.append(i)
-                anchor = session.tokens[-1]
-                requests.append(
-                    DraftRequest(
-                        anchor,
-                        length,
-                        session.pending,
-                        session.drafter_cache,
-                        run.params.sampling,
-                        k_draft,
-                    )
-                )
-            proposals.append(found if found is not None else NOTHING)
-        if requests:
-            blocks = draft_rows(dec.drafter, requests)
-            mx.eval([b.tokens for b in blocks])
-            for i, block in zip(drafting, blocks):
-                self.rows[i].session.pending = None
-                proposals[i] = Proposal.from_drafter(block)
-        return proposals, verify_keys
+            _into_batch(solo)
 
     # ------------------------------------------------------------------ whole runs
     def stream(
@@ -359,7 +346,14 @@ class BatchDecoder:
         yields (index into requests, event). All are validated before any runs."""
         if self.busy:
             raise RuntimeError("stream() runs its own requests: this BatchDecoder is busy")
-        ids = {self.add(p, params): i for i, (p, params) in enumerate(list(requests))}
+        ids: dict[int, int] = {}
+        try:
+            for i, (p, params) in enumerate(list(requests)):
+                ids[self.add(p, params)] = i
+        except BaseException:  # a bad request: none of them runs
+            for rid in ids:
+                self.cancel(rid)
+            raise
         while self.busy:
             for rid, event in self.step():
                 yield ids[rid], event
@@ -372,3 +366,15 @@ class BatchDecoder:
         for i, event in self.stream(requests):
             out[i].extend(event.tokens)
         return out
+
+
+def _into_batch(session: Session) -> None:
+    """Its target rows live in the batch cache now: until they come back its own caches are
+    not consistent (a batch dropped midway leaves it to be cleared on its next use)."""
+    session.target_cache = []
+    session.in_round = True
+
+
+def _out_of_batch(session: Session, target_cache: list) -> None:
+    session.target_cache = target_cache
+    session.in_round = False

@@ -74,6 +74,13 @@ class GenerationParams:
                 not isinstance(value, int) or isinstance(value, bool) or value < 1
             ):
                 raise ParameterError(f"{name} must be an int >= 1, got {value!r}")
+        if not self.speculative:  # plain decoding drafts nothing: these would be ignored
+            for name in ("block_size", "lookup_block", "prediction"):
+                if getattr(self, name):
+                    raise ParameterError(
+                        f"{name} has no effect with speculative=False (plain decoding drafts "
+                        "nothing): leave it unset"
+                    )
 
 
 def token_ids(tokens, what: str = "the prompt", vocab: int | None = None) -> list[int]:

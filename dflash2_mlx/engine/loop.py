@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -40,6 +41,19 @@ class Session:
     lookup: ContextLookup | None = None  # n-gram index of `tokens` (context lookup drafts)
     prediction: PredictionLookup | None = None  # the current generation's predicted answer
     owner: object = field(default=None, repr=False, compare=False)  # the decoder that made it
+    # the generation using it (a weak reference: a dropped batch or stream frees it)
+    holder: weakref.ref | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def busy(self) -> bool:
+        """A generation is using it: a second one would rewind its caches under the first."""
+        return self.holder is not None and self.holder() is not None
+
+    def hold(self, user: object) -> None:
+        self.holder = weakref.ref(user)
+
+    def release(self) -> None:
+        self.holder = None
 
     @property
     def fed(self) -> int:
@@ -100,6 +114,13 @@ class SpeculativeDecoder:
         self.binding = target.binding()
         drafter.bind(self.binding)
 
+    def bound_drafter(self) -> Drafter:
+        """The drafter, bound to this decoder's target (one drafter object may serve two pairs:
+        it drafts from the embedding and head of the pair that calls)."""
+        if not self.drafter.is_bound(self.binding):
+            self.drafter.bind(self.binding)
+        return self.drafter
+
     def new_session(self) -> Session:
         return Session(
             self.target.make_cache(),
@@ -123,6 +144,11 @@ class SpeculativeDecoder:
             raise ParameterError(
                 "this session belongs to another pair (its caches fit that pair's models); "
                 "make one with this pair's new_session()"
+            )
+        if session.busy:
+            raise ParameterError(
+                "this session is in use by another generation that has not finished; a session "
+                "serves one generation at a time (make another with new_session())"
             )
 
     # --------------------------------------------------------------- prefill
@@ -208,9 +234,7 @@ class SpeculativeDecoder:
         self, session: Session, anchor: int, length: int, sp: SamplingParams, key
     ) -> Proposal:
         """The drafter's block (length - 1 drafts) over the features it has not seen yet."""
-        if not self.drafter.is_bound(self.binding):  # one drafter object in two pairs
-            self.drafter.bind(self.binding)
-        block = self.drafter.draft_block(
+        block = self.bound_drafter().draft_block(
             anchor, length, session.pending, session.drafter_cache, sp, key
         )
         session.pending = None
@@ -278,6 +302,7 @@ class SpeculativeDecoder:
                 f"block_size {block} exceeds the drafter's trained block size {trained}"
             )
         token_ids(params.prediction, "prediction", vocab)
+        token_ids(params.stop_token_ids, "stop_token_ids", vocab)
         lookup_block = params.lookup_block or DEFAULT_LOOKUP_BLOCK
         if not params.speculative:
             block = lookup_block = 1
@@ -338,14 +363,18 @@ class SpeculativeDecoder:
         prompt, run = self._validate(prompt, params)
         self.check_session(session, cancel)
         session = session if session is not None else self.new_session()
+        session.hold(run)
         try:
-            event = self._start(session, prompt, run, cancel)
-        except _Cancelled:
-            return
-        yield event
-        while event.finish_reason is None:
-            event = self._round(session, run)
+            try:
+                event = self._start(session, prompt, run, cancel)
+            except _Cancelled:
+                return
             yield event
+            while event.finish_reason is None:
+                event = self._round(session, run)
+                yield event
+        finally:
+            session.release()
 
     def generate(
         self, prompt: Sequence[int], params: GenerationParams, session: Session | None = None

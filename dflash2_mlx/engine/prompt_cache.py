@@ -99,6 +99,7 @@ def clone_session(session: Session) -> Session:
         pending=_clone(session.pending),
         lookup=copy.deepcopy(session.lookup),
         prediction=None,
+        holder=None,  # a copy is not in use by the generation that uses the original
     )
 
 

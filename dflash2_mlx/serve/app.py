@@ -226,7 +226,9 @@ def _check_serve_args(
     """Refuses a bad server setting before anything is built (DFlash2Error / ParameterError)."""
     if block_size is not None:
         check_block(block_size, trained, "block_size")
-    GenerationParams(lookup_block=lookup_block, speculative=speculative)  # ParameterError now
+    GenerationParams(  # ParameterError now
+        block_size=block_size, lookup_block=lookup_block, speculative=speculative
+    )
     if max_queue < 0:
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
     if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:

@@ -117,6 +117,12 @@ class Handler:
             raise context_exceeded(
                 s.context, where, len(ids), max_tokens, param=req.max_tokens_param
             )
+        if predicted and not s.speculative:
+            raise invalid(
+                "prediction",
+                "Predicted Outputs are a drafting hint and this server decodes without drafts "
+                "(--no-spec): leave prediction out",
+            )
         return GenerationParams(
             max_tokens=max_tokens,
             sampling=s.sampling.complete(req.sampling_fields),

@@ -1,0 +1,147 @@
+"""A Session serves one generation at a time, a batch left midway leaves its sessions usable,
+and the batched library front end checks and applies what the single one does."""
+
+import gc
+from types import SimpleNamespace
+
+import pytest
+import tiny
+
+from dflash2_mlx import GenerationParams, Pair, ParameterError
+
+P0, P1 = [1, 2, 3, 4, 5, 6], [9, 8, 7]
+GREEDY = GenerationParams(max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return Pair.from_models(tiny.make_target("llama", seed=1), None, tiny.make_drafter(2, 4))
+
+
+def test_a_session_in_use_is_refused_to_a_second_generation(pair):
+    s = pair.new_session()
+    batch = pair.batch()
+    batch.add(P0, GREEDY, session=s)
+    with pytest.raises(ParameterError, match="this session is in use"):
+        batch.add(P0 + [11, 12], GREEDY, session=s)
+    with pytest.raises(ParameterError, match="this session is in use"):
+        next(pair.stream(P0, GREEDY, session=s))
+    out = []
+    while batch.busy:
+        out += [t for _, ev in batch.step() for t in ev.tokens]
+    assert out == pair.generate(P0, GREEDY)[0]
+    # free again once its request has left: it continues the conversation
+    longer = P0 + out + [11, 12]
+    assert pair.generate(longer, GREEDY, session=s)[0] == pair.generate(longer, GREEDY)[0]
+
+
+def test_interleaved_streams_on_one_session_are_refused_and_a_closed_one_frees_it(pair):
+    s = pair.new_session()
+    first = pair.stream(P0, GREEDY, session=s)
+    next(first)
+    with pytest.raises(ParameterError, match="this session is in use"):
+        next(pair.stream(P1, GREEDY, session=s))
+    first.close()  # a consumer that stops early
+    assert pair.generate(P1, GREEDY, session=s)[0] == pair.generate(P1, GREEDY)[0]
+
+
+def test_a_cancelled_request_frees_its_session(pair):
+    s = pair.new_session()
+    batch = pair.batch()
+    rid = batch.add(P0, GREEDY, session=s)
+    batch.cancel(rid)  # still queued
+    assert not s.busy
+    rid = batch.add(P0, GREEDY, session=s)
+    batch.add(P1, GREEDY)
+    batch.step()
+    batch.cancel(rid)  # in the batch
+    assert not s.busy
+    assert pair.generate(P1, GREEDY, session=s)[0] == pair.generate(P1, GREEDY)[0]
+
+
+def test_a_session_left_in_a_dropped_batch_is_cleared_on_its_next_use(pair):
+    s = pair.new_session()
+    batch = pair.batch()
+    batch.add(P0, GREEDY, session=s)
+    batch.add(P1, GREEDY)
+    batch.step()
+    batch.step()  # its rows live in the batch cache now
+    del batch
+    gc.collect()
+    prompt = P0 + [50, 51]
+    assert pair.generate(prompt, GREEDY, session=s)[0] == pair.generate(prompt, GREEDY)[0]
+
+
+def test_a_raising_on_prefill_loses_no_admitted_request(pair):
+    batch = pair.batch()
+    with pytest.raises(ParameterError, match="on_prefill must be a callable or None, got 5"):
+        batch.add(P1, GREEDY, on_prefill=5)
+    assert not batch.busy
+
+    def fails(event):
+        raise RuntimeError("the caller's bug")
+
+    a = batch.add(P0, GREEDY)
+    b = batch.add(P1, GREEDY, on_prefill=fails)
+    with pytest.raises(RuntimeError, match="the caller's bug"):
+        batch.step()
+    assert sorted(r.rid for r in batch.rows) == [a, b]  # both kept their place
+    rest = {a: [], b: []}
+    while batch.busy:
+        for rid, ev in batch.step():
+            rest[rid] += ev.tokens
+    assert rest[a] == pair.generate(P0, GREEDY)[0][1:]  # all but the step's lost first token
+
+
+def test_a_bad_request_in_a_batch_stream_runs_none_of_them(pair):
+    batch = pair.batch()
+    with pytest.raises(ParameterError, match="must be token ids, not text"):
+        list(batch.stream([(P0, GREEDY), ("text", GREEDY)]))
+    assert not batch.busy
+    assert batch.generate([(P1, GREEDY)]) == [pair.generate(P1, GREEDY)[0]]
+
+
+@pytest.mark.parametrize("params", [None, 5])
+def test_generate_batch_names_params_that_are_not_generation_params(pair, params):
+    with pytest.raises(ParameterError, match="params must be a GenerationParams or a list"):
+        pair.generate_batch([P0, P1], params)
+
+
+def test_pair_batch_stops_at_the_tokenizers_eos_as_generate_does():
+    model = tiny.make_target("llama", seed=1)
+    ref = tiny.greedy_reference(model, P0, 10)
+    eos = ref[4]
+    tok = SimpleNamespace(eos_token_ids={eos})
+    pair = Pair.from_models(model, tok, tiny.make_drafter(2, 4))
+    alone = pair.generate(P0, GenerationParams(max_tokens=10))[0]
+    assert alone == ref[: ref.index(eos) + 1]
+    assert pair.batch().generate([(P0, GenerationParams(max_tokens=10))]) == [alone]
+
+
+def test_a_drafter_shared_by_two_pairs_drafts_for_the_batching_one(pair):
+    other = Pair.from_models(tiny.make_target("llama", seed=3), None, pair.drafter)
+    assert not pair.drafter.is_bound(pair.decoder.binding)  # `other` bound it last
+    batch = pair.batch()
+    batch.add(P0, GREEDY)
+    batch.add(P1, GREEDY)
+    batch.step()  # both prefilled and joined
+    events = batch.step()  # one round over both rows: their drafts from one drafter pass
+    assert [ev.source for _, ev in events] == ["drafter", "drafter"]
+    assert pair.drafter.is_bound(pair.decoder.binding)
+    other.generate(P0, GREEDY)  # and back
+
+
+def test_stop_ids_outside_the_vocabulary_are_refused(pair):
+    params = GenerationParams(max_tokens=4, stop_token_ids={tiny.VOCAB + 5})
+    with pytest.raises(ParameterError, match=r"stop_token_ids\[0\] = .* outside the vocabulary"):
+        pair.generate(P0, params)
+    with pytest.raises(ParameterError, match="outside the vocabulary"):
+        pair.batch().add(P0, params)
+
+
+@pytest.mark.parametrize(
+    "fields", [dict(block_size=4), dict(lookup_block=8), dict(prediction=[5, 6])]
+)
+def test_drafting_knobs_without_speculation_are_refused(fields):
+    with pytest.raises(ParameterError, match="has no effect with speculative=False"):
+        GenerationParams(speculative=False, **fields)
