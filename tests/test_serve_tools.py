@@ -13,6 +13,7 @@ import pytest
 import tiny_tools as tt
 from test_serve import metric, running
 
+from dflash2_mlx.api import Pair
 from dflash2_mlx.engine.events import RoundEvent
 from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.serve import create_app
@@ -354,6 +355,14 @@ BAD = [
     ),
     ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
     ({"tools": [{"type": "function"}]}, "tools[0].function"),
+    (
+        {
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {"properties": [1]}}}
+            ]
+        },
+        "tools[0].function.parameters.properties",
+    ),
     ({"tools": [{"type": "function", "function": {"description": "x"}}]}, "tools[0].function.name"),
     (
         {"tools": [{"type": "function", "function": {"name": "two words"}}]},
@@ -470,6 +479,19 @@ def test_reply_split_does_not_depend_on_round_boundaries(tool_tokenizer):
     }
 
 
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_call_with_arguments_strict_json_cannot_carry_stays_text(tool_tokenizer, value):
+    """Python's json reads NaN, Infinity and 1e999; JSON.parse and the Messages body (a float
+    out of range) cannot take them: such a call is the model's text, not a call."""
+    bad = f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": {value}}}}}\n</tool_call>'
+    reply = ChatReply(tool_tokenizer, ChatPrompt([1], tools=ToolRequest(tuple(tt.TOOLS))))
+    reply.feed(f"{bad} {tt.CALL_TEXT}", RoundEvent(tokens=[5]))
+    _, finish = reply.finish("stop")
+    assert reply.unparsed == 1 and "".join(reply.content).startswith(bad)
+    assert [c["function"]["arguments"] for c in reply.calls] == ['{"city": "paris"}']
+    assert finish == "tool_calls"
+
+
 def test_a_call_inside_the_thinking_goes_back_to_it(tool_tokenizer):
     """A call the model opens inside its thinking section is a call; after it the thinking goes
     on, so its end marker and what follows are no answer until the section closes (a call
@@ -525,6 +547,24 @@ def test_call_ids_take_the_length_the_template_requires(tmp_path, tool_tokenizer
     with pytest.raises(APIError, match="length 9"):
         chat.prompt(tt.followup("call_1"), parse_tools_body(), {})
     assert ChatTemplate(tool_tokenizer).prompt(tt.ASK, None, {}).call_id_length is None
+
+
+def test_a_template_filter_that_refuses_history_arguments_is_a_400(tool_pair, tmp_path):
+    """History arguments that are no JSON object reach the template as text (the API treats
+    them as opaque); a template that maps over them (`|items`, Qwen3.5's and Qwen3-Coder's)
+    raises a plain TypeError there: the client's 400 naming messages, not a 500."""
+    loop = "{% for tool_call in message.tool_calls or [] %}"
+    items = "{% for k, v in tool_call.function.arguments|items %}{{ k }}{% endfor %}"
+    tok = _tokenizer_with(tt.TEMPLATE.replace(loop, loop + items), tmp_path / "items")
+    pair = Pair.from_models(tool_pair.model, tok, tool_pair.drafter)
+    with running(create_app(pair, model_name="tools", default_max_tokens=4)) as base:
+        for args, status in (('{"city": "paris"}', 200), ("[1, 2]", 400), ("not json", 400)):
+            r = httpx.post(base + "/v1/chat/completions", json=answered_call(args, "c1"))
+            assert r.status_code == status, (args, r.text)
+            if status == 400:
+                err = r.json()["error"]
+                assert err["param"] == "messages", err
+                assert "the chat template rejected the messages" in err["message"], err
 
 
 def test_forced_call_opening_follows_the_template(tmp_path):

@@ -72,7 +72,7 @@ def test_a_session_left_in_a_dropped_batch_is_cleared_on_its_next_use(pair):
     assert pair.generate(prompt, GREEDY, session=s)[0] == pair.generate(prompt, GREEDY)[0]
 
 
-def test_a_raising_on_prefill_loses_no_admitted_request(pair):
+def test_a_request_whose_prefill_step_fails_leaves_alone_with_its_error(pair):
     batch = pair.batch()
     with pytest.raises(ParameterError, match="on_prefill must be a callable or None, got 5"):
         batch.add(P1, GREEDY, on_prefill=5)
@@ -81,16 +81,34 @@ def test_a_raising_on_prefill_loses_no_admitted_request(pair):
     def fails(event):
         raise RuntimeError("the caller's bug")
 
+    s = pair.new_session()
     a = batch.add(P0, GREEDY)
-    b = batch.add(P1, GREEDY, on_prefill=fails)
-    with pytest.raises(RuntimeError, match="the caller's bug"):
-        batch.step()
-    assert sorted(r.rid for r in batch.rows) == [a, b]  # both kept their place
-    rest = {a: [], b: []}
+    b = batch.add(P1, GREEDY, session=s, on_prefill=fails)
+    out = {a: [], b: []}
+    errors = []
     while batch.busy:
         for rid, ev in batch.step():
-            rest[rid] += ev.tokens
-    assert rest[a] == pair.generate(P0, GREEDY)[0][1:]  # all but the step's lost first token
+            out[rid] += ev.tokens
+            if ev.error is not None:
+                errors.append((rid, ev.finish_reason, str(ev.error)))
+    assert errors == [(b, "error", "the caller's bug")] and out[b] == []
+    assert out[a] == pair.generate(P0, GREEDY)[0]  # the other one, whole
+    assert pair.generate(P1, GREEDY, session=s)[0] == pair.generate(P1, GREEDY)[0]
+
+
+def test_a_whole_batched_run_raises_a_requests_failure(pair, monkeypatch):
+    first = pair.decoder._first
+
+    def fails_on_p1(prefill, run):  # this decoder's own first-token step, for one prompt
+        if prefill.prompt == P1:
+            raise RuntimeError("P1 broke")
+        return first(prefill, run)
+
+    monkeypatch.setattr(pair.decoder, "_first", fails_on_p1)
+    batch = pair.batch()
+    with pytest.raises(RuntimeError, match="P1 broke"):
+        list(batch.stream([(P0, GREEDY), (P1, GREEDY)]))
+    assert not batch.busy  # the other one does not run on
 
 
 def test_a_bad_request_in_a_batch_stream_runs_none_of_them(pair):

@@ -1,12 +1,11 @@
 """Several generations in one speculative loop (continuous batching), each exactly as alone.
 
-Every round, each active request proposes its own drafts (context lookup, its prediction, or
-its drafter block: the rows that need the drafter share one drafter pass, drafter/batch.py),
-the proposals are cut to the round's width (engine/width.py: padding every row to one long
-lookup proposal costs more than it commits; only greedy rows are cut), then ONE target
-forward verifies all of them (rows right-padded to the widest, each at its own positions),
-each request accepts with its own sampling parameters and random key, and the target cache
-rolls each row back by its own amount (target/batch.py). A lone row runs the single-sequence
+Every round, each active request proposes its own drafts (engine/batch_propose.py: one
+drafter pass for the rows that need it), the proposals are cut to the round's width
+(engine/width.py; only greedy rows are cut), then ONE target forward verifies all of them
+(rows right-padded to the widest, each at its own positions), each request accepts with its
+own sampling parameters and random key, and the target cache rolls each row back by its own
+amount (target/batch.py). A lone row runs the single-sequence
 round over plain caches (no per-row masks or offsets to pay for) and moves back into the batch
 cache when others join. Requests join between rounds (prefilled alone, then merged into the
 batch cache) and leave when they finish or are cancelled. While others run, a joining
@@ -156,8 +155,8 @@ class BatchDecoder:
     def cancel(self, rid: int) -> None:
         """Drop a generation now (a client that left): queued, or leaving the batch."""
         for w in self.waiting:
-            if w.rid == rid and w.session is not None:
-                w.session.release()
+            if w.rid == rid:
+                _let_go(w)
         self.waiting = [w for w in self.waiting if w.rid != rid]
         for row in self.rows:
             if row.rid == rid:
@@ -198,31 +197,45 @@ class BatchDecoder:
         return events
 
     def _admit(self, events: list, joined: list[_Row]) -> None:
+        """A request whose prefill or on_prefill raises leaves alone, with an error event
+        (finish_reason "error"); the others go on."""
         budget = self.prefill_step if self.rows else None  # None: no limit
         while self.waiting and len(self.rows) + len(joined) < self.capacity:
             w = self.waiting[0]
             try:
                 budget = self._feed(w, budget)
+                if w.prefill is None or not w.prefill.done:
+                    break
+                event = self._first(w, len(self.rows) + len(joined) + 1)
             except _Cancelled:
-                self.waiting.pop(0)
-                if w.session is not None:
-                    w.session.release()
+                self._drop(w)
                 continue
-            if w.prefill is None or not w.prefill.done:
-                break
+            except Exception as e:  # this request's failure, not the batch's
+                self._drop(w)
+                events.append((w.rid, RoundEvent(tokens=[], finish_reason="error", error=e)))
+                continue
             self.waiting.pop(0)
-            event = self.decoder._first(w.prefill, w.run)
-            size = len(self.rows) + len(joined) + 1
-            event = replace(event, batch_size=size, queue_ms=w.queue_ms)
             events.append((w.rid, event))
             if event.finish_reason is None:
                 joined.append(_Row(w.rid, w.prefill.session, w.run))
             else:
                 w.prefill.session.release()
-            if w.on_prefill is not None:  # its session still holds its own caches here
-                w.on_prefill(event)
             if budget is None:  # a further prefill would hold back this one's next tokens
                 budget = self.prefill_step
+
+    def _first(self, w: _Waiting, size: int) -> RoundEvent:
+        """Its prefill is done: the first token (the prefill event), shown to `on_prefill`
+        while its session still holds its own caches."""
+        event = self.decoder._first(w.prefill, w.run)
+        event = replace(event, batch_size=size, queue_ms=w.queue_ms)
+        if w.on_prefill is not None:
+            w.on_prefill(event)
+        return event
+
+    def _drop(self, w: _Waiting) -> None:
+        """The first waiting request leaves before it joined."""
+        self.waiting.pop(0)
+        _let_go(w)
 
     def _feed(self, w: _Waiting, budget: int | None) -> int | None:
         """Begin `w`'s prefill if needed and feed it whole chunks while they fit in `budget`
@@ -350,13 +363,14 @@ class BatchDecoder:
         try:
             for i, (p, params) in enumerate(list(requests)):
                 ids[self.add(p, params)] = i
-        except BaseException:  # a bad request: none of them runs
+            while self.busy:
+                for rid, event in self.step():
+                    if event.error is not None:  # one failed: the run ends with its error
+                        raise event.error
+                    yield ids[rid], event
+        finally:  # a bad request, a failure, a consumer that stopped: none runs on
             for rid in ids:
                 self.cancel(rid)
-            raise
-        while self.busy:
-            for rid, event in self.step():
-                yield ids[rid], event
 
     def generate(
         self, requests: Iterable[tuple[Sequence[int], GenerationParams]]
@@ -366,6 +380,15 @@ class BatchDecoder:
         for i, event in self.stream(requests):
             out[i].extend(event.tokens)
         return out
+
+
+def _let_go(w: _Waiting) -> None:
+    """A request leaves before it joined: its session is free, and clears on its next use
+    what a begun prefill left half-filled."""
+    if w.prefill is not None:
+        w.prefill.session.in_round = True
+    if w.session is not None:
+        w.session.release()
 
 
 def _into_batch(session: Session) -> None:

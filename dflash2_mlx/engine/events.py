@@ -25,7 +25,7 @@ class RoundEvent:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     prefill_ms: float = 0.0  # the prompt's prefill, on the prefill event
-    finish_reason: str | None = None  # None while going on; "stop" | "length"
+    finish_reason: str | None = None  # None while going on; "stop" | "length" | "error"
     prefill: bool = False  # the event that carries the first token after prefill
     prompt_tokens: int = 0  # tokens actually prefilled (after cache reuse), on the prefill event
     reused_tokens: int = 0  # prompt tokens served from the session cache
@@ -34,6 +34,8 @@ class RoundEvent:
     queue_ms: float = 0.0  # on the prefill event: waited from `add` to the prefill's start
     # with GenerationParams.logprobs: one engine.logprobs.TokenLogprob per token in `tokens`
     logprobs: tuple = ()
+    # finish_reason "error" (the batched engine): why this request left; the others go on
+    error: Exception | None = None
 
     def __post_init__(self):
         if self.source not in SOURCES:

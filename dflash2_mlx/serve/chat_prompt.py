@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..chat_template import THINKING_KWARG, TemplateInfo, render_text
 from ..errors import DFlash2Error
 from ..text import chat_prompt_ids, quiet_length_warning
-from .api_error import invalid
+from .api_error import APIError, invalid
 from .reasoning import opens_thinking
 from .tools import ToolRequest
 
@@ -43,15 +43,17 @@ class ChatPrompt:
 
 
 def _template_call(fn) -> object:
-    """Run a template render; a template that refuses the input is the client's 400."""
+    """Run a template render; a template that refuses the input is the client's 400 — its
+    own errors (jinja2's) and its filters' (`|items` over a string: a TypeError) alike."""
     try:
         return fn()
     except DFlash2Error as e:
         raise invalid("messages", str(e)) from None
-    except Exception as e:
-        if type(e).__module__.startswith("jinja2"):
-            raise invalid("messages", f"the chat template rejected the messages: {e}") from None
+    except APIError:
         raise
+    except Exception as e:
+        what = e if type(e).__module__.startswith("jinja2") else f"{type(e).__name__}: {e}"
+        raise invalid("messages", f"the chat template rejected the messages: {what}") from None
 
 
 class ChatTemplate:

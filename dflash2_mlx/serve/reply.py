@@ -10,6 +10,7 @@ nothing the model wrote is lost.
 from __future__ import annotations
 
 import json
+import math
 import logging
 import uuid
 from dataclasses import dataclass
@@ -161,9 +162,7 @@ class ChatReply:
                 isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls
             ):
                 raise ValueError(f"no function name in {parsed!r}")
-            for c in calls:  # a function's arguments are an object (its parameters' schema)
-                if not isinstance(_object(c.get("arguments", {})), dict):
-                    raise ValueError(f"arguments of {c['name']!r} are not a JSON object")
+            texts = [_arguments_text(c) for c in calls]
         except Exception as e:  # the model's text, not a server fault: keep it as text
             log.warning("a tool call did not parse (%s: %s); kept as text", type(e).__name__, e)
             self.unparsed += 1
@@ -179,29 +178,35 @@ class ChatReply:
             log.info("parallel_tool_calls false: kept the first of %d calls", len(calls))
             calls = calls[:1]
         out = []
-        for c in calls:
-            args = c.get("arguments", {})
+        for c, args in zip(calls, texts):
             call = {
                 "index": len(self.calls),
                 "id": self._call_id(c.get("id")),
                 "type": "function",
-                "function": {
-                    "name": c["name"],
-                    "arguments": args
-                    if isinstance(args, str)
-                    else json.dumps(args, ensure_ascii=False),
-                },
+                "function": {"name": c["name"], "arguments": args},
             }
             self.calls.append(call)
             out.append(Delta("tool_call", call=call))
         return out
 
 
-def _object(args):
-    """Parsed arguments: a JSON string decoded (None if it is not JSON), else as they are."""
-    if not isinstance(args, str):
-        return args
-    try:
-        return json.loads(args)
-    except ValueError:
-        return None
+def _arguments_text(call: dict) -> str:
+    """A parsed call's arguments as the JSON text clients get: an object (its parameters'
+    schema) in strict JSON — no NaN or Infinity, which strict parsers (JSON.parse) refuse —
+    or a ValueError (the call is kept as text)."""
+    args = call.get("arguments", {})
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False, allow_nan=False)
+    if not isinstance(json.loads(text, parse_constant=_no_constant, parse_float=_finite), dict):
+        raise ValueError(f"arguments of {call['name']!r} are not a JSON object")
+    return text
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: a float that JSON cannot carry back out
+        raise ValueError(f"{text} is out of range")
+    return value

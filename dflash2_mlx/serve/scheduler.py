@@ -124,6 +124,9 @@ class Scheduler:
             r = self.running.get(rid)
             if r is None:
                 continue
+            if event.error is not None:  # its prefill failed: it alone ends, with the error
+                self._fail(r, event.error)
+                continue
             try:
                 self._deliver(r, event)
             except Exception as e:  # this job's text failed: it alone ends, with the error
@@ -177,11 +180,11 @@ class Scheduler:
         """The job ends with `e` (a server bug: logged once, answered 500); its state is not
         kept for a next turn."""
         if not (logged or isinstance(e, DFlash2Error)):
-            log.exception("generation of job %d failed", r.job.id)
+            log.error("generation of job %d failed", r.job.id, exc_info=e)
         if r.finished:
             return
-        if r.lease is not None:
-            r.lease.session.in_round = True  # maybe not consistent: never stored
+        if r.lease is not None and r.rid >= 0:  # it ran: maybe not consistent, never stored
+            r.lease.session.in_round = True
         r.job.emit(Item("error", error=e))
         self._finish(r)
 

@@ -80,6 +80,12 @@ def _function(i: int, tool) -> dict:
             f'{where}.parameters must be a JSON Schema object with "type": "object"',
             "invalid_type",
         )
+    if isinstance(params, dict) and not isinstance(params.get("properties", {}), dict):
+        raise invalid(
+            f"{where}.parameters.properties",
+            f"{where}.parameters.properties must be an object (name -> schema)",
+            "invalid_type",
+        )
     if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
         raise invalid(f"{where}.strict", f"{where}.strict must be a boolean", "invalid_type")
     return {"type": "function", "function": {k: v for k, v in fn.items() if k != "strict"}}
