@@ -169,3 +169,26 @@ def test_small_budget_evicts_and_zero_turns_it_off():
         assert cached(r.usage) == 0
         body = httpx.get(url + "/metrics").text
         assert "dflash2_prompt_cache_hits_total" not in body
+
+
+def test_a_request_refused_as_it_joins_keeps_the_conversation_cached(monkeypatch):
+    """A request the engine refuses before its prefill began (a ParameterError at `add`)
+    hands its leased conversation back untouched: the next turn still resumes it."""
+    from dflash2_mlx import ParameterError
+
+    pair, server = serve("llama", 64)
+    with server as url:
+        client = client_for(url)
+        first = ask(client, HI)
+        messages = turn2(first.choices[0].message.content)
+        validate = pair.decoder._validate
+
+        def refuse_once(prompt, params):
+            monkeypatch.setattr(pair.decoder, "_validate", validate)
+            raise ParameterError("refused for this test")
+
+        monkeypatch.setattr(pair.decoder, "_validate", refuse_once)
+        with pytest.raises(openai.BadRequestError, match="refused for this test"):
+            ask(client, messages)
+        second = ask(client, messages)
+        assert cached(second.usage) >= len(chat_prompt_ids(pair.tokenizer, HI))
