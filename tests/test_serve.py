@@ -712,6 +712,24 @@ def test_queue_bound_answers_503_with_retry_after(pair):
     assert metric(text, "dflash2_requests_total", endpoint="/v1/completions", status="503") == 2
 
 
+def test_count_tokens_takes_a_queue_place_while_it_tokenizes(pair):
+    """Anthropic's count_tokens tokenizes up to a body's limit on the tokenizer thread that
+    generations wait for: it holds a place there as they do, so a flood is a 503."""
+    app = create_app(pair, model_name="tiny", max_queue=0, max_batch=1, default_max_tokens=2)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    with running(app) as base, httpx.Client(timeout=60) as http:
+        count = base + "/v1/messages/count_tokens"
+        assert http.post(count, json=body).json()["input_tokens"] > 0
+        cm, _lines = _open_long_stream(http, base)  # the only place is taken
+        r = http.post(count, json=body)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error", r.text
+        cm.__exit__(None, None, None)
+        deadline = time.time() + 20
+        while (r := http.post(count, json=body)).status_code == 503 and time.time() < deadline:
+            time.sleep(0.05)  # the stream's place comes back once its job has left
+        assert r.status_code == 200, r.text
+
+
 def test_metrics_exposition(url):
     """The counters after this test's own requests (the module's other tests may run before
     or after it, even on a fresh server)."""

@@ -152,13 +152,16 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
             )
         tasks = [asyncio.ensure_future(_whole(handler, a)) for a in args]
         try:
-            bodies = await asyncio.gather(*tasks)
-        finally:  # one failed: the others stop too
+            pending = set(tasks)
+            while pending:  # the first failure ends them all (its Response is the answer)
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    if isinstance(t.result(), Response):
+                        return t.result()
+            bodies = [t.result() for t in tasks]
+        finally:  # the others stop (their jobs are released below)
             for t in tasks:
                 t.cancel()
-        failed = [b for b in bodies if isinstance(b, Response)]
-        if failed:
-            return failed[0]
         body = {**bodies[0], "choices": [b["choices"][0] for b in bodies]}
         body["usage"] = handler.usage_of(n_prompt, shared, merged_replies(replies))
         return JSONResponse(body)

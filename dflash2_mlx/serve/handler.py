@@ -166,11 +166,14 @@ class Handler:
         if req.model is not None and req.model != self.s.model_name:
             raise unknown_model(req.model, self.s.model_name)
         self.limits.check_text(req)
+        self.reserve()  # a place while it tokenizes: a flood of them is a 503, as generations
         loop = asyncio.get_running_loop()
         try:
             prompt = await loop.run_in_executor(self.tokenizer_thread, self.chat_prompt, req)
         except APIError as err:
             raise err if req.rename is None else req.rename(err) from None
+        finally:
+            self.worker.unreserve()
         return {"input_tokens": len(prompt.ids)}
 
     def _encode(self, req: GenRequest):
