@@ -651,6 +651,26 @@ def _open_long_stream(http: httpx.Client, url: str):
     return cm, lines
 
 
+def test_a_worker_that_dies_answers_its_request_and_refuses_the_next(pair):
+    """A failure nothing catches ends the generation worker: its running request gets the
+    error (a 500, not a hang) and later ones a 503, never a queue nobody serves."""
+    app = create_app(pair, model_name="tiny", default_max_tokens=4)
+
+    def broken(*_):
+        raise RuntimeError("injected")
+
+    with running(app) as base, httpx.Client(timeout=30) as http:
+        scheduler = app.state.worker.scheduler
+        scheduler._step = broken  # this server's instance: the step fails ...
+        scheduler._fail_all = broken  # ... and so does its handler
+        body = {"prompt": "q", "max_tokens": 4, "temperature": 0}
+        r = http.post(base + "/v1/completions", json=body)
+        assert r.status_code == 500, r.text
+        r = http.post(base + "/v1/completions", json=body)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
+        assert http.get(base + "/health").status_code == 503
+
+
 def test_client_disconnect_frees_the_worker(url, client):
     before = httpx.get(url + "/metrics").text
     with httpx.Client(timeout=60) as http:

@@ -61,6 +61,7 @@ class Scheduler:
         self.pending: deque[Job] = deque()  # taken from the queue, no room yet
 
     def run(self, jobs: queue.Queue) -> None:
+        died: BaseException | None = None
         try:
             while self._take(jobs):
                 try:
@@ -70,8 +71,14 @@ class Scheduler:
                         self._step()
                 except Exception as e:  # the running jobs get the error; the worker goes on
                     self._fail_all(e)
-        finally:  # stopping: the running jobs end here
+        except Exception as e:  # nothing caught it: the worker thread ends (logged here)
+            died = e
+            log.critical("the generation worker stopped; the server refuses requests", exc_info=e)
+        finally:  # stopping: new and queued jobs are refused (503); the running ones end here
+            self.worker.close()
             for r in self.running.values():
+                if died is not None and r.job.stopped_by is None:
+                    r.job.stopped_by = died  # its client gets the error, not a silent hang
                 r.job.cancelled.set()
             self._sweep()
 
