@@ -13,6 +13,7 @@ import typer
 
 from .bench_options import BenchOptions
 from .common import (
+    output_path,
     given_params,
     DraftVocabOpt,
     DrafterOpt,
@@ -96,6 +97,7 @@ def bench(
         "--json",
         help="Write the results here (default: bench-<timestamp>.json in results/).",
         show_default=False,
+        callback=output_path("--json"),
     ),
     plot: Optional[Path] = typer.Option(
         None,
@@ -103,6 +105,7 @@ def bench(
         help="PNG of speedup and τ per category (default: the JSON path with "
         ".png; needs matplotlib).",
         show_default=False,
+        callback=output_path("--plot"),
     ),
     no_plot: bool = typer.Option(False, "--no-plot", help="Write no PNG."),
     autotune: bool = typer.Option(

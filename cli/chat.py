@@ -26,7 +26,9 @@ from .common import (
     TopPOpt,
     engine_flags,
     fail,
+    refuse_idle_drafting,
     sampling_flags,
+    utf8_problem,
 )
 
 
@@ -80,6 +82,20 @@ def chat(
     for flag, value in (("--prompt", prompt), ("--system", system)):
         if value is not None and not value.strip():
             fail(f"{flag} is empty")
+        if value is not None and utf8_problem(value):
+            fail(f"{flag} {utf8_problem(value)}")
+    if prompt is not None:  # one answer: no /spec on or /thinking on to come
+        refuse_idle_drafting(
+            no_spec,
+            "a --prompt answer cannot turn speculation on",
+            **{
+                "--no-datastore": no_datastore,
+                "--full-vocab": full_vocab,
+                "--draft-vocab": draft_vocab is not None,
+            },
+        )
+        if thinking is False and thinking_budget is not None:
+            fail("--thinking-budget has no effect with --no-thinking")
     engine = engine_flags(
         block=block,
         spec=not no_spec,

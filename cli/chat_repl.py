@@ -30,7 +30,7 @@ from dflash2_mlx.settings import (
 from dflash2_mlx.text import chat_prompt_ids, quiet_length_warning, stream_text
 
 from .chat_view import HELP, AnswerView, StatusLine, stats_table, status_text
-from .common import check_thinking_flag, fail
+from .common import check_thinking_flag, fail, utf8_problem
 from .stop_flag import StopFlag
 
 
@@ -82,6 +82,7 @@ class Chat:
         self.session = pair.new_session()  # one Session for the whole conversation
         self.total = GenerationStats()
         self.turns = 0
+        self.failures = 0  # lines refused or failed (a piped chat exits 2 if any)
         self.warn_greedy_filters(only=settings.sampling.from_flags)
 
     # ----------------------------------------------------------------- helpers
@@ -210,10 +211,10 @@ class Chat:
         try:
             return self._command(name, arg)
         except DFlash2Error as exc:
-            self.err.print(Text(f"error: {exc}", style="red"))
-            return True
+            return self._bad(str(exc))
 
     def _bad(self, text: str) -> bool:
+        self.failures += 1
         self.err.print(Text(f"error: {text}", style="red"))
         return True
 
@@ -227,6 +228,8 @@ class Chat:
 
     def _command(self, name: str, arg: str) -> bool:
         """Runs a slash command; False ends the chat (/exit, /quit)."""
+        if name in _NO_ARGUMENT and arg:
+            return self._bad(f"{name} takes no argument, got {arg!r}")
         if name in ("/exit", "/quit"):
             return False
         run = _COMMANDS.get(name)
@@ -329,17 +332,24 @@ class Chat:
             import readline  # noqa: F401  (line editing and history for input())
         except ImportError:  # pragma: no cover
             pass
-        say = self.console.print
+        say, piped = self.console.print, not sys.stdin.isatty()
+        if hasattr(sys.stdin, "reconfigure"):  # a stray byte is one refused line, not a crash
+            sys.stdin.reconfigure(errors="surrogateescape")
         while True:
             try:
-                line = input(">>> " if sys.stdin.isatty() else "")  # piped: answers alone
+                line = input("" if piped else ">>> ")  # piped: answers alone
             except EOFError:
-                say()
+                if piped:  # stdout holds the answers alone; a script sees its failed lines
+                    return 2 if self.failures else 0
+                say()  # past the prompt
                 return 0
             except KeyboardInterrupt:
                 say(Text("\n(Ctrl-D or /exit quits)", style="dim"))
                 continue
             if not line.strip():
+                continue
+            if utf8_problem(line):
+                self._bad(f"the line {utf8_problem(line)}; nothing was sent")
                 continue
             if line.startswith("/"):
                 if not self.command(line):
@@ -352,7 +362,7 @@ class Chat:
                     sys.stdout.write("\n")
                     self.err.print(self.status(stats, finish), soft_wrap=True)
             except DFlash2Error as exc:
-                self.err.print(Text(f"error: {exc}", style="red"))
+                self._bad(str(exc))
 
 
 # Slash command -> the Chat method that runs it (name, arg); /exit and /quit end the chat.
@@ -367,6 +377,7 @@ _COMMANDS = {
     "/thinking": "_set_thinking",
     "/stats": "_show_stats",
 }
+_NO_ARGUMENT = ("/help", "/clear", "/stats", "/exit", "/quit")
 
 
 def _on_off(name: str, arg: str) -> bool:

@@ -22,6 +22,38 @@ def fail(message: str) -> None:
     raise UserError(message)
 
 
+def output_path(flag: str):
+    """A Typer callback for an option that takes a file path: a value that looks like the
+    next flag (`--json --no-plot`) is a forgotten path, not a file named '--no-plot'."""
+
+    def check(value):
+        if value is not None and str(value).startswith("-"):
+            fail(f"{flag} needs a file path, got {str(value)!r} (a flag?)")
+        return value
+
+    return check
+
+
+def utf8_problem(text: str) -> str | None:
+    """What makes `text` not UTF-8 (None: it is): undecodable bytes reach Python as lone
+    surrogates (a command line's always; stdin's with errors="surrogateescape")."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        byte = f" (byte 0x{code - 0xDC00:02x})" if 0xDC80 <= code <= 0xDCFF else ""
+        return f"is not valid UTF-8{byte} at character {e.start}"
+
+
+def refuse_idle_drafting(no_spec: bool, why: str, **given: bool) -> None:
+    """With --no-spec and nothing that can turn speculation on (`why`), a drafting flag
+    would be ignored: refused, naming it. `given`: flag name -> whether it was given."""
+    for flag, was_given in given.items() if no_spec else ():
+        if was_given:
+            fail(f"{flag} has no effect with --no-spec: {why}")
+
+
 def check_thinking_flag(tokenizer, thinking: bool | None) -> None:
     """--thinking / --no-thinking needs a template with a thinking switch (as `serve` decides)."""
     from dflash2_mlx.chat_template import TemplateInfo

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from .common import (
+    output_path,
     DraftVocabOpt,
     DrafterOpt,
     FullVocabOpt,
@@ -45,7 +46,9 @@ def evaluate(
     ),
     temperatures: str = typer.Option("0,1", help="Sampling temperatures, e.g. 0,0.7."),
     seed: int = typer.Option(0, min=0, help="Sampling seed (temperatures above 0)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the results here."),
+    json_path: Optional[Path] = typer.Option(
+        None, "--json", help="Write the results here.", callback=output_path("--json")
+    ),
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,

@@ -30,6 +30,7 @@ from .common import (
     engine_flags,
     fail,
     load_resolved,
+    refuse_idle_drafting,
     sampling_flags,
 )
 
@@ -192,14 +193,15 @@ def serve(
     """
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
-    drafting = (
-        ("--no-datastore", no_datastore),
-        ("--full-vocab", full_vocab),
-        ("--draft-vocab", draft_vocab is not None),
+    refuse_idle_drafting(
+        no_spec,
+        "no request can turn speculation on",
+        **{
+            "--no-datastore": no_datastore,
+            "--full-vocab": full_vocab,
+            "--draft-vocab": draft_vocab is not None,
+        },
     )
-    for flag, given in drafting if no_spec else ():  # (chat's /spec on would use them)
-        if given:
-            fail(f"{flag} has no effect with --no-spec: no request can turn speculation on")
     flags = engine_flags(
         block=block,
         spec=not no_spec,

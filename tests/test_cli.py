@@ -104,6 +104,13 @@ BAD = [
     # evaluate reads its prompt file before any model loads (this pair does not exist)
     (["evaluate", "--prompts", "/no/such/prompts.jsonl", *NOWHERE], "/no/such/prompts.jsonl"),
     (["chat", "--prompt", "  "], "--prompt is empty"),
+    (["chat", "-p", "a\udcffb"], "--prompt is not valid UTF-8 (byte 0xff) at character 1"),
+    (["chat", "-p", "hi", "--no-spec", "--no-datastore"], "a --prompt answer cannot turn spec"),
+    (["chat", "-p", "hi", "--no-spec", "--full-vocab"], "--full-vocab has no effect with --no"),
+    (["chat", "-p", "hi", "--no-thinking", "--thinking-budget", "9"], "--thinking-budget has no"),
+    (["bench", "--json", "--no-plot"], "--json needs a file path, got '--no-plot'"),
+    (["bench", "--plot", "--limit"], "--plot needs a file path, got '--limit'"),
+    (["evaluate", "--json", "--offline", *NOWHERE], "--json needs a file path, got '--offline'"),
     # evaluate checks its lists before loading (this pair does not exist)
     (["evaluate", "--blocks", "0", *NOWHERE], "--blocks: block_size must be an int >= 1"),
     (["evaluate", "--blocks", "4,x", *NOWHERE], "--blocks takes comma-separated numbers"),
@@ -247,6 +254,29 @@ def test_piped_chat_writes_answers_alone_to_stdout(tiny_pair):
     assert "spec off" in done.stderr.splitlines()[-1] and ">>>" not in done.stdout + done.stderr
 
 
+def test_a_piped_line_that_is_not_utf8_or_a_bad_command_is_refused_and_the_chat_goes_on(tiny_pair):
+    """Strict UTF-8 stdin (a macOS terminal's locale): a stray byte is one refused line, not a
+    traceback that ends the conversation; a command given an argument it takes none of is
+    refused; the script exits 2 for them, its good lines answered."""
+    import os
+    import subprocess
+    import sys
+
+    expected = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 10)
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash2_cli", *_chat(tiny_pair, "--max-tokens", "10")],
+        input=b"hello \xff model\n/clear now\nhello model\n",
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"},
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert "the line is not valid UTF-8 (byte 0xff) at character 6; nothing was sent" in err
+    assert "/clear takes no argument, got 'now'" in err and "Traceback" not in err
+    assert done.stdout.decode() == expected + "\n"
+
+
 def test_a_template_error_is_one_line_and_the_chat_goes_on(tiny_pair, tmp_path):
     """A template that refuses a system prompt: that turn is an error line, the next works."""
     import shutil
@@ -271,7 +301,7 @@ def test_a_template_error_is_one_line_and_the_chat_goes_on(tiny_pair, tmp_path):
         text=True,
         timeout=120,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 2, done.stderr  # piped: a failed line is the script's to see
     assert "error: the chat template failed: " in done.stderr and "System role" in done.stderr
     assert done.stdout.strip() and "Traceback" not in done.stderr
 
