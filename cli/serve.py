@@ -260,6 +260,13 @@ def serve(
     except BaseException:
         sock.close()
         raise
+    context = app.state.settings.context
+    for flag, value, most in (
+        ("--max-tokens", max_tokens, context - 1),
+        ("--max-prompt-tokens", max_prompt_tokens, context - 1),
+    ):
+        if value is not None and value > most:
+            say(f"note: {flag} {value} is more than the context allows: at most {most} here")
     shown = f"[{host}]" if ":" in host else host
     say(f"sampling defaults (for fields a request leaves out): {settings.sampling.describe()}")
     say(
@@ -273,9 +280,16 @@ def serve(
     _exit_after_shutdown(run_server(app, sock, log_level=log_level))
 
 
-def _items(values: Optional[List[str]]) -> tuple[str, ...]:
-    """Repeated and comma-separated values, flattened."""
-    return tuple(v.strip() for value in values or () for v in value.split(",") if v.strip())
+def _items(values: Optional[List[str]], flag: str) -> tuple[str, ...]:
+    """Repeated and comma-separated values, flattened; a value with none in it is refused
+    (`--cors ''` would otherwise mean the same as no --cors)."""
+    out = []
+    for value in values or ():
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        if not items:
+            fail(f"{flag} {value!r} names nothing (give NAME[,NAME...], or leave the flag out)")
+        out += items
+    return tuple(out)
 
 
 def _policies(
@@ -294,7 +308,7 @@ def _policies(
     from dflash2_mlx.serve import SecurityPolicy, ServeLimits
     from dflash2_mlx.serve.security import WILDCARDS, hosts_for_bind
 
-    hosts = hosts_for_bind(host, _items(allowed_hosts))
+    hosts = hosts_for_bind(host, _items(allowed_hosts, "--allowed-hosts"))
     if host in WILDCARDS and not hosts:
         typer.echo(
             f"note: listening on {host}, but only requests whose Host is a loopback "
@@ -310,9 +324,9 @@ def _policies(
         )
         security = SecurityPolicy(
             allowed_hosts=hosts,
-            cors_origins=_items(cors),
+            cors_origins=_items(cors, "--cors"),
             api_key=api_key,
-            trusted_proxies=_items(trust_proxy),
+            trusted_proxies=_items(trust_proxy, "--trust-proxy"),
         )
     except DFlash2Error as e:
         fail(str(e))

@@ -109,6 +109,8 @@ BAD = [
     (["chat", "-p", "hi", "--no-spec", "--full-vocab"], "--full-vocab has no effect with --no"),
     (["chat", "-p", "hi", "--no-thinking", "--thinking-budget", "9"], "--thinking-budget has no"),
     (["bench", "--json", "--no-plot"], "--json needs a file path, got '--no-plot'"),
+    (["serve", "--cors", " , "], "--cors ' , ' names nothing"),
+    (["serve", "--allowed-hosts", ""], "--allowed-hosts '' names nothing"),
     (["bench", "--plot", "--limit"], "--plot needs a file path, got '--limit'"),
     (["evaluate", "--json", "--offline", *NOWHERE], "--json needs a file path, got '--offline'"),
     # evaluate checks its lists before loading (this pair does not exist)

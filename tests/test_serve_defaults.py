@@ -103,7 +103,7 @@ def _serve(*args: str):
         yield base, proc
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
+        proc.captured = proc.communicate(timeout=30)  # (stdout, stderr), for a test to read
 
 
 def test_serve_flags_then_generation_config_and_chat_agrees(tmp_path, capsys):
@@ -180,3 +180,15 @@ def test_serve_refuses_bad_sampling_flags_and_a_bad_generation_config(tmp_path):
     assert bad.returncode == 2, bad.stderr
     assert f"{target / GENERATION_CONFIG}: field 'min_p'" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_serve_says_when_a_token_limit_passes_the_context(tmp_path):
+    """A --max-tokens or --max-prompt-tokens the context cannot hold is said at start (the
+    server clamps to the context), not silently shown as if it applied."""
+    target, drafter = save_pair(tmp_path / "pair")
+    folders = ["--target", str(target), "--drafter", str(drafter), "--context-length", "64"]
+    with _serve(*folders, "--max-tokens", "500", "--max-prompt-tokens", "1000") as (base, proc):
+        assert httpx.get(base + "/health").status_code == 200
+    err = proc.captured[1]
+    for flag, value in (("--max-tokens", 500), ("--max-prompt-tokens", 1000)):
+        assert f"note: {flag} {value} is more than the context allows: at most 63" in err, err
