@@ -180,7 +180,11 @@ BlockOpt = Annotated[
 ]
 NoSpecOpt = Annotated[
     bool,
-    typer.Option("--no-spec", help="Plain decoding (no drafter), same sampler: for comparison."),
+    typer.Option(
+        "--no-spec",
+        help="Plain decoding, same sampler: for comparison (the pair still loads; chat's "
+        "/spec on drafts again).",
+    ),
 ]
 LookupOpt = Annotated[
     Optional[int],
