@@ -214,6 +214,12 @@ def train(
         fail("--no-conv / --no-selector are DFlash2 parts; --version 1 has neither")
     if ablation and not (conv and selector and version == 2):
         fail("--ablation trains every variant itself; drop --version / --no-conv / --no-selector")
+    if init_from and (ablation or not (conv and selector)):
+        # the start's trained convs and selector would stay in: not the neutral parts asked for
+        fail(
+            "--init-from keeps its drafter's trained convs and selector: it cannot start "
+            + ("an --ablation" if ablation else "with --no-conv / --no-selector")
+        )
     if target == "smollm2-135m":
         from dflash2_mlx.embedded import ensure_smollm2
 

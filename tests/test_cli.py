@@ -110,6 +110,8 @@ BAD = [
     (["chat", "-p", "hi", "--no-thinking", "--thinking-budget", "9"], "--thinking-budget has no"),
     (["bench", "--json", "--no-plot"], "--json needs a file path, got '--no-plot'"),
     (["serve", "--cors", " , "], "--cors ' , ' names nothing"),
+    (["train", "x", "-o", "o", "--init-from", "d", "--no-selector"], "cannot start with --no-conv"),
+    (["train", "x", "-o", "o", "--init-from", "d", "--ablation"], "cannot start an --ablation"),
     (["serve", "--allowed-hosts", ""], "--allowed-hosts '' names nothing"),
     (["bench", "--plot", "--limit"], "--plot needs a file path, got '--limit'"),
     (["evaluate", "--json", "--offline", *NOWHERE], "--json needs a file path, got '--offline'"),

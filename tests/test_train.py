@@ -766,3 +766,51 @@ def test_train_with_live_features_writes_no_feature_cache(tmp_path):
         log["pipeline"]["live_features"] == "True" and "--live-features" in log["train"]["command"]
     )
     assert 1.0 <= log["final"]["train_tau"] <= 4.0
+
+
+def test_a_new_heldout_set_in_a_reused_work_folder_is_measured_alone(tmp_path):
+    """The work folder caches every held-out set it has seen: a run measures τ on its own
+    --heldout only (an earlier one's prompts may be this run's training prompts)."""
+    from dflash2_cli.app import run
+    from tiny_pair import save_target
+
+    from dflash2_mlx.train.pipeline import prepare_data
+    from dflash2_mlx.train.pipeline_config import PipelineConfig
+
+    target_dir = save_target(tmp_path / "target")
+    work, p = tmp_path / "work", str(_prompt_file(tmp_path / "p.jsonl", 4, "p"))
+    first, second = (
+        _prompt_file(tmp_path / "h.jsonl", 2, "h"),
+        _prompt_file(tmp_path / "q.jsonl", 3, "q"),
+    )
+    args = ["train", str(target_dir), "--work", str(work), "--steps", "1", "--live-features"]
+    args += ["--batch", "2", "--anchors", "4", "--max-new-tokens", "16", "--layers", "1"]
+    args += ["--temperatures", "0", "--layer-ids", "0,2", "--block-size", "4"]
+    assert run([*args, "--out", str(tmp_path / "a"), "--prompts", p, "--heldout", str(first)]) == 0
+    pc = PipelineConfig(
+        str(target_dir),
+        tmp_path / "b",
+        work,
+        prompts=f"{p}+{first}",  # the first held-out set now trains
+        heldout=str(second),
+        max_new_tokens=16,
+        temperatures=(0.0,),
+        live_features=True,
+    )
+    tc = TrainConfig(layers=1, block_size=4, target_layer_ids=(0, 2), steps=1)
+    data = prepare_data(pc, tc, log=lambda s: None)
+    assert sorted(s.id for s in data.heldout) == ["q0", "q1", "q2"]
+
+
+def test_a_kill_between_the_checkpoint_renames_resumes_from_the_last_good_one(
+    target, sequences, tmp_path
+):
+    tr = _trainer(target, sequences, tmp_path, steps=10)
+    tr.run()
+    assert (tr.ckpt / "state.json").exists()
+    tr.ckpt.rename(tr.ckpt.with_name(tr.ckpt.name + ".old"))  # killed after the first rename
+    again = _trainer(target, sequences, tmp_path, steps=20)
+    assert again.try_resume() and again.step == 10
+    again.run()  # and the next checkpoint replaces it by renames, leaving no .old behind
+    assert json.loads((again.ckpt / "state.json").read_text())["step"] == 20
+    assert not again.ckpt.with_name(again.ckpt.name + ".old").exists()

@@ -192,7 +192,8 @@ def prepare_data(
         cached = load_feature_cache(pc.work / f"features_train_{tag}")
         train = [s for s in cached if (s.id, s.temperature) in keys]
     held = load_feature_cache(pc.work / f"features_heldout_{tag}")
-    held = [s for s in held if s.temperature == 0.0]
+    keys = {(q.id, q.temperature) for q in seqs["heldout"]}  # this run's held-out set, not an earlier one
+    held = [s for s in held if (s.id, s.temperature) in keys]
     if not train:
         raise DFlash2Error(f"{pc.prompts}: no usable training sequences")
     check_anchorable(train, tc.block_size)

@@ -200,13 +200,12 @@ class Trainer:
                 default=str,
             )
         )
-        if self.ckpt.exists():
-            import shutil
-
-            shutil.rmtree(self.ckpt)
-        tmp.rename(self.ckpt)
+        _swap_in(tmp, self.ckpt)
 
     def try_resume(self) -> bool:
+        old = self.ckpt.with_name(self.ckpt.name + ".old")
+        if not (self.ckpt / "state.json").exists() and (old / "state.json").exists():
+            old.rename(self.ckpt)  # killed between _swap_in's renames: the last good one
         if not (self.ckpt / "state.json").exists():
             return False
         state = json.loads((self.ckpt / "state.json").read_text())
@@ -347,3 +346,18 @@ class Trainer:
             dtype=dtype,
             extra_files=[("README.md", card)] if card else [],
         )
+
+
+def _swap_in(new: Path, dest: Path) -> None:
+    """`new` becomes `dest` by renames only, the old checkpoint deleted last: a kill at any
+    point leaves a complete checkpoint at `dest` or at `dest`.old (try_resume takes it)."""
+    import shutil
+
+    old = dest.with_name(dest.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if dest.exists():
+        dest.rename(old)
+    new.rename(dest)
+    if old.exists():
+        shutil.rmtree(old)
