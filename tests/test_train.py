@@ -814,3 +814,35 @@ def test_a_kill_between_the_checkpoint_renames_resumes_from_the_last_good_one(
     again.run()  # and the next checkpoint replaces it by renames, leaving no .old behind
     assert json.loads((again.ckpt / "state.json").read_text())["step"] == 20
     assert not again.ckpt.with_name(again.ckpt.name + ".old").exists()
+
+
+def test_a_work_folder_refuses_another_target_answer_length_or_edited_prompt(tmp_path, capsys):
+    """Regenerations and features in --work were made for one target, answer length and
+    prompt text: a rerun that differs is refused, not trained on the old data as it is."""
+    from dflash2_cli.app import run
+    from tiny_pair import save_target
+
+    a, b = save_target(tmp_path / "a"), save_target(tmp_path / "b", seed=5)
+    work, p = tmp_path / "work", _prompt_file(tmp_path / "p.jsonl", 4, "p")
+    h = str(_prompt_file(tmp_path / "h.jsonl", 2, "h"))
+    common = ["--work", str(work), "--steps", "1", "--live-features", "--heldout", h]
+    common += ["--batch", "2", "--anchors", "4", "--layers", "1", "--temperatures", "0"]
+    common += ["--layer-ids", "0,2", "--block-size", "4", "--prompts", str(p)]
+    assert (
+        run(["train", str(a), "--out", str(tmp_path / "o1"), *common, "--max-new-tokens", "16"])
+        == 0
+    )
+    capsys.readouterr()
+    err = _refused(
+        [str(b), "--out", str(tmp_path / "o2"), *common, "--max-new-tokens", "16"], capsys
+    )
+    assert "made with another target" in err and "use a new --work folder" in err
+    err = _refused(
+        [str(a), "--out", str(tmp_path / "o3"), *common, "--max-new-tokens", "20"], capsys
+    )
+    assert "made with --max-new-tokens 16 (now 20)" in err
+    p.write_text(p.read_text().replace("the sea", "a cat"))  # the same ids, other text
+    err = _refused(
+        [str(a), "--out", str(tmp_path / "o4"), *common, "--max-new-tokens", "16"], capsys
+    )
+    assert "was answered for other text than it has now" in err

@@ -31,6 +31,7 @@ from .preflight import (
     check_inputs,
     check_out,
     check_settings,
+    check_work_identity,
     claim_run,
 )
 from .stream import FixedTextStream
@@ -156,6 +157,7 @@ def prepare_data(
     start = fetch(tc.init_from, "drafter") if tc.init_from else None
     check_inputs(target, pc.corpus, start)
     check_out(pc.out, pc.work)  # the first thing written
+    check_work_identity(pc.work, target, pc.max_new_tokens, pc.max_len)
     model, tokenizer = load_target(str(target))
     target_cfg = json.loads((target / "config.json").read_text())
     probe = TargetAdapter(model, ())
@@ -192,7 +194,9 @@ def prepare_data(
         cached = load_feature_cache(pc.work / f"features_train_{tag}")
         train = [s for s in cached if (s.id, s.temperature) in keys]
     held = load_feature_cache(pc.work / f"features_heldout_{tag}")
-    keys = {(q.id, q.temperature) for q in seqs["heldout"]}  # this run's held-out set, not an earlier one
+    keys = {
+        (q.id, q.temperature) for q in seqs["heldout"]
+    }  # this run's held-out set, not an earlier one
     held = [s for s in held if (s.id, s.temperature) in keys]
     if not train:
         raise DFlash2Error(f"{pc.prompts}: no usable training sequences")

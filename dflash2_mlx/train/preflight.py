@@ -3,6 +3,7 @@ otherwise fail, hang or mislead only after hours of regeneration."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -183,3 +184,46 @@ def check_anchorable(train: list, block: int) -> None:
             f"its anchor (the longest: {longest} tokens): raise --max-new-tokens or lower "
             "--block-size"
         )
+
+
+WORK_IDENTITY = "work.json"
+
+
+def target_fingerprint(target: Path) -> str:
+    """A cheap identity of a model folder: its config and, per weights file, its size and
+    first and last MiB (another fine-tune of the same shapes differs there; hashing all of a
+    27B model's weights would take minutes)."""
+    h = hashlib.sha256((target / "config.json").read_bytes())
+    for f in sorted(target.glob("*.safetensors")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(2**20))
+            fh.seek(max(size - 2**20, 0))
+            h.update(fh.read(2**20))
+    return h.hexdigest()[:24]
+
+
+def check_work_identity(work: Path, target: Path, max_new_tokens: int, max_len: int) -> None:
+    """A work folder's regenerations and features belong to one target and answer length:
+    a rerun with another is refused (they would be reused as they are), the first run
+    records them."""
+    mine = {
+        "target": target_fingerprint(target),
+        "max_new_tokens": max_new_tokens,
+        "max_len": max_len,
+    }
+    path = work / WORK_IDENTITY
+    if not path.exists():
+        work.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(mine, indent=1))
+        return
+    theirs = json.loads(path.read_text())
+    what = {"target": "another target (its config or weights differ)"}
+    for key, value in mine.items():
+        if theirs.get(key, value) != value:
+            made = what.get(key, f"--{key.replace('_', '-')} {theirs[key]} (now {value})")
+            raise ParameterError(
+                f"--work {work}: its regenerations and features were made with {made}; "
+                "they would be reused as they are: use a new --work folder"
+            )

@@ -35,6 +35,13 @@ def read_records(path: Path) -> Iterator[dict]:
             yield rec
 
 
+def done_prompts(out: Path) -> dict[str, list[int]]:
+    """The prompt ids each written record was regenerated from, by prompt id."""
+    if not out.exists():
+        return {}
+    return {rec["id"]: rec["prompt_ids"] for rec in read_records(out)}
+
+
 def done_pairs(out: Path) -> set[tuple[str, float]]:
     """(id, temperature) pairs already written; drops a torn last line left by a crash."""
     if not out.exists():

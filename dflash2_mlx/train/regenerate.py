@@ -35,7 +35,7 @@ from .. import _blas
 from ..errors import DFlash2Error, ParameterError
 from ..prompts import SPLITS, Prompt, load_prompts
 from .arg_types import float_in, int_at_least
-from .records import done_pairs
+from .records import done_pairs, done_prompts
 
 _FAST_TOP_K = 256
 
@@ -127,6 +127,22 @@ class _Progress:
             f"{now - self.start:.0f} s"
         )
         self.window_tokens, self.window_start = 0, now
+
+
+def _check_unchanged(tokenizer, prompts: list[Prompt], out: Path, encoded: dict) -> None:
+    """A prompt skipped as done must be the one its answer was made for: the same id with
+    other text (an edited prompt file) is refused, not trained on the old answer."""
+    if not prompts:
+        return
+    _encode_prompts(tokenizer, prompts, encoded)
+    stored = done_prompts(out)
+    for p in prompts:
+        if p.id in stored and stored[p.id] != encoded[p.id]:
+            raise DFlash2Error(
+                f"{out}: prompt {p.id!r} was answered for other text than it has now (an edited "
+                "prompt file, or another target's chat template); give it a new id or use a "
+                "new --work folder"
+            )
 
 
 def _encode_prompts(tokenizer, prompts: Iterable[Prompt], encoded: dict[str, list[int]]) -> None:
@@ -258,6 +274,9 @@ def regenerate(
     progress = _Progress(log, start=time.perf_counter())
 
     encoded = {k: list(v) for k, v in (prompt_ids or {}).items()}
+    _check_unchanged(
+        tokenizer, [p for p in items if any((p.id, t) in done for t in temps)], out, encoded
+    )
     with open(out, "a", encoding="utf-8") as fh:
         for temp in temps:
             todo = [p for p in items if (p.id, temp) not in done]
