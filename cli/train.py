@@ -220,6 +220,8 @@ def train(
             "--init-from keeps its drafter's trained convs and selector: it cannot start "
             + ("an --ablation" if ablation else "with --no-conv / --no-selector")
         )
+    if not out.name:  # "." or "..": the folder it names
+        out = out.resolve()
     if target == "smollm2-135m":
         from dflash2_mlx.embedded import ensure_smollm2
 
@@ -274,18 +276,22 @@ def _run_training(pc, tc, *, ablation: bool) -> None:
 
     console = Console()
     progress, on_step = _progress(console, tc.steps)
+
+    def say(text: str) -> None:  # the pipeline's lines are text: a path's [x] is no markup
+        console.print(text, markup=False)
+
     try:
         if ablation:
             with progress:
-                summary = run_ablation(pc, tc, log=console.print, on_step=on_step)
+                summary = run_ablation(pc, tc, log=say, on_step=on_step)
             for name, r in summary["variants"].items():
-                console.print(
-                    f"{name:<24} τ {r['proxy_tau']:.3f}  ({r['gain_over_dflash']:+.1%} vs DFlash)"
-                )
+                gain = r["gain_over_dflash"]
+                vs = "no DFlash τ to compare" if gain is None else f"{gain:+.1%} vs DFlash"
+                console.print(f"{name:<24} τ {r['proxy_tau']:.3f}  ({vs})")
             console.print(escape(f"ablation written to {pc.out / 'ablation.json'}"))
             return
         with progress:
-            result = run_pipeline(pc, tc, log=console.print, on_step=on_step)
+            result = run_pipeline(pc, tc, log=say, on_step=on_step)
     except KeyboardInterrupt:
         console.print("[yellow]stopped; rerun the same command to resume[/]")
         raise typer.Exit(130)

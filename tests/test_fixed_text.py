@@ -284,6 +284,14 @@ def test_chat_rendering_spans_and_corpus_sequences(tmp_path):
     path.write_text('{"id": 1}\n')
     with pytest.raises(DFlash2Error, match=r"c.jsonl:1: not a corpus record"):
         corpus_sequences(tok, path, max_tokens=40)
+    for messages, problem in (
+        ("hello", "must be a list of {role, content} objects"),
+        ([{"content": "hi"}], r"\[0\] needs a string role and a string content"),
+        ([{"role": "user", "content": "hi"}], "hold no assistant turn"),
+    ):
+        path.write_text(json.dumps({"id": "r", "messages": messages}) + "\n")
+        with pytest.raises(DFlash2Error, match=rf"c.jsonl:1: messages {problem}"):
+            corpus_sequences(tok, path, max_tokens=40)
 
 
 def test_train_command_mixes_a_corpus_and_deletes_its_features(tmp_path, capsys):

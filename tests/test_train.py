@@ -554,7 +554,7 @@ def test_train_refuses_up_front_what_would_fail_later(tmp_path, capsys):
     assert not (tmp_path / "d.work" / "regen_train.jsonl").exists()  # nothing ran
 
 
-def test_train_refuses_what_it_reads_before_writing_anything(tmp_path, capsys):
+def test_train_refuses_what_it_reads_before_writing_anything(tmp_path, capsys, monkeypatch):
     """A target, --init-from or --corpus that cannot be read is one line naming it, before
     the target loads and before --out or its work folder exist."""
     from tiny_pair import save_target
@@ -564,7 +564,11 @@ def test_train_refuses_what_it_reads_before_writing_anything(tmp_path, capsys):
     base = ["--prompts", prompts, "--heldout", str(_prompt_file(tmp_path / "h.jsonl", 2, "h"))]
     out = tmp_path / "d"
     (tmp_path / "plain").mkdir()
-    (tmp_path / "junk.jsonl").write_bytes(b'{"id": "a", "messages": []}\n\xff\xfe\n')
+    chat = b'[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]'
+    (tmp_path / "junk.jsonl").write_bytes(b'{"id": "a", "messages": ' + chat + b"}\n\xff\xfe\n")
+    (tmp_path / "asks.jsonl").write_text(
+        '{"id": "a", "messages": [{"role": "user", "content": "q"}]}'
+    )
     for args, says in (
         ([str(tmp_path / "nowhere"), *base], "target"),
         ([str(tmp_path / "plain"), *base], "no config.json"),
@@ -576,10 +580,16 @@ def test_train_refuses_what_it_reads_before_writing_anything(tmp_path, capsys):
             [target, *base, "--corpus", str(tmp_path / "junk.jsonl"), "--corpus-distill", "0"],
             "UTF-8",
         ),
+        (
+            [target, *base, "--corpus", str(tmp_path / "asks.jsonl"), "--corpus-distill", "0"],
+            "asks.jsonl:1: messages hold no assistant turn",
+        ),
     ):
         err = _refused([*args, "--out", str(out)], capsys)
         assert says in err, (args, err)
         assert not out.exists() and not (tmp_path / "d.work").exists(), args
+    monkeypatch.chdir(tmp_path)  # --out . is the folder it names (here one with files)
+    assert str(tmp_path) in _refused([target, *base, "--out", "."], capsys)
 
 
 def test_a_checkpoint_resumes_only_for_its_own_out_and_settings(target, sequences, tmp_path):

@@ -129,8 +129,23 @@ def read_corpus(paths: Sequence[Path]) -> list[dict]:
                 rec["messages"], rec["id"]  # noqa: B018 - both are required
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise CorpusError(f"{path}:{n}: not a corpus record ({exc})") from None
+            problem = _messages_problem(rec["messages"])
+            if problem:
+                raise CorpusError(f"{path}:{n}: messages {problem}")
             out.append(rec)
     return out
+
+
+def _messages_problem(messages) -> str | None:
+    """What keeps `messages` from being a chat with an answer to learn (None: nothing)."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return "must be a list of {role, content} objects"
+    for i, m in enumerate(messages):
+        if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            return f"[{i}] needs a string role and a string content"
+    if not any(m["role"] == "assistant" for m in messages):
+        return "hold no assistant turn (nothing to learn from)"
+    return None
 
 
 def corpus_paths(spec: str | Path) -> list[Path]:
