@@ -253,7 +253,7 @@ def test_fixed_ratio_needs_a_stream_and_keeps_regenerations(target, tmp_path):
         )
         with pytest.raises(DFlash2Error, match=msg):
             Trainer(adapter, d, train, train, cfg, tmp_path / "run", lambda s: None, stream)
-    with pytest.raises(DFlash2Error, match="less than the longest sequence"):
+    with pytest.raises(DFlash2Error, match="less than the longest sequence.s"):
         FixedTextStream(adapter, _seqs(target), tmp_path / "s", max_disk_bytes=1000)
 
 
@@ -382,6 +382,9 @@ def test_train_command_mixes_a_corpus_and_deletes_its_features(tmp_path, capsys)
     assert all("distill" in h for h in log["history"])
     assert "50% of each batch fixed text" in (out / "README.md").read_text()
     assert not list(work.glob("stream_*"))  # the features are gone after training
+    none = ["--corpus", str(corpus), "--stream-disk-gb", "0"]  # refused before regenerating
+    assert run(["train", str(target_dir), "--out", str(tmp_path / "z"), *common, *none]) == 2
+    assert "disk bound (--stream-disk-gb) of 0.0 MB holds 0 tokens" in capsys.readouterr().err
     assert run(["train", str(target_dir), "--out", str(out), "--corpus-ratio", "0.3", *common]) == 2
     assert "--corpus-ratio only applies with --corpus" in capsys.readouterr().err
     # given at its default value it is still given; a ratio that rounds to no sequence is refused

@@ -34,7 +34,7 @@ from .preflight import (
     check_work_identity,
     claim_run,
 )
-from .stream import FixedTextStream
+from .stream import FixedTextStream, check_disk_bound
 from .trainer import TrainConfig, Trainer, check_distillable, drafter_config_for, init_drafter
 
 
@@ -171,6 +171,8 @@ def prepare_data(
         check_distillable(adapter)
     if pc.corpus and tc.fixed_ratio > 0 and tc.fixed_distill_weight > 0:
         check_distillable(adapter, "--corpus-distill 0")
+    if pc.corpus and tc.fixed_ratio > 0:  # at least an anchor's block (lengths come later)
+        check_disk_bound(adapter, pc.stream_disk_bytes, tc.block_size + 1)
     tag = "-".join(map(str, dcfg.target_layer_ids))
 
     stages, seqs = {}, {}

@@ -36,6 +36,20 @@ def plan_shards(seqs: Sequence[Sequence_], shard_tokens: int) -> list[list[Seque
     return shards
 
 
+def check_disk_bound(adapter: TargetAdapter, max_disk_bytes: int, longest: int) -> int:
+    """Tokens of features a shard of `max_disk_bytes` holds; a DFlash2Error when that is
+    less than `longest` (a sequence must fit in one shard)."""
+    per_token = len(adapter.layer_ids) * adapter.hidden_size * 2 + INDEX_BYTES_PER_TOKEN
+    tokens = max_disk_bytes // per_token
+    if tokens < longest:
+        raise DFlash2Error(
+            f"a disk bound (--stream-disk-gb) of {max_disk_bytes / 1e6:.1f} MB holds {tokens} "
+            f"tokens of features, less than the longest sequence's {longest}: raise it to at "
+            f"least {longest * per_token / 1e9:.6f}"
+        )
+    return tokens
+
+
 class FixedTextStream:
     def __init__(
         self,
@@ -52,14 +66,9 @@ class FixedTextStream:
         if passes <= 0:
             raise DFlash2Error(f"passes over each shard must be > 0 (got {passes})")
         self.adapter, self.folder, self.passes, self.log = adapter, Path(folder), passes, log
-        per_token = len(adapter.layer_ids) * adapter.hidden_size * 2 + INDEX_BYTES_PER_TOKEN
-        self.shard_tokens = max_disk_bytes // per_token
-        if self.shard_tokens < max(len(s.tokens) for s in seqs):
-            raise DFlash2Error(
-                f"a disk bound (--stream-disk-gb) of {max_disk_bytes / 1e6:.0f} MB holds "
-                f"{self.shard_tokens} tokens of features, less than the longest "
-                "sequence: raise it"
-            )
+        self.shard_tokens = check_disk_bound(
+            adapter, max_disk_bytes, max(len(s.tokens) for s in seqs)
+        )
         self.shards = plan_shards(seqs, self.shard_tokens)
         self.index, self.draws, self.epoch = 0, 0, 0
         self._pool: list[StoredSequence] | None = None
