@@ -856,3 +856,18 @@ def test_a_work_folder_refuses_another_target_answer_length_or_edited_prompt(tmp
         [str(a), "--out", str(tmp_path / "o4"), *common, "--max-new-tokens", "16"], capsys
     )
     assert "was answered for other text than it has now" in err
+
+
+def test_an_init_from_of_another_kind_is_refused_before_regenerating(
+    target, sequences, tmp_path, capsys
+):
+    from tiny_pair import save_target
+
+    v1 = _trainer(target, sequences, tmp_path / "c", version=1, steps=1).export(tmp_path / "v1")
+    target_dir, work = save_target(tmp_path / "target"), tmp_path / "work"
+    args = [str(target_dir), "--out", str(tmp_path / "o"), "--work", str(work)]
+    args += ["--prompts", str(_prompt_file(tmp_path / "p.jsonl", 3, "p"))]
+    args += ["--heldout", str(_prompt_file(tmp_path / "h.jsonl", 2, "h"))]
+    args += ["--layer-ids", "0,2", "--block-size", "4", "--init-from", str(v1)]
+    assert "has no tensor 'layers.0.attention_conv" in _refused(args, capsys)
+    assert not list(work.glob("regen_*"))  # nothing was regenerated for a run that cannot start

@@ -103,6 +103,16 @@ def init_from_drafter(drafter: Drafter, folder: str | Path, scale: mx.array) -> 
     are RoPE'd, not learned): an exported folder (feature scaling folded into fc) or a training
     checkpoint folder (fc unfolded, its scaling beside it in feature_scale.npy). A source with
     fewer layers grows: see `grown_layers`."""
+    src = start_tensors(drafter, folder)
+    src["fc.weight"] = src["fc.weight"] / scale[None, :]
+    mine = dict(tree_flatten(drafter.parameters()))
+    drafter.load_weights([(k, src[k].astype(mx.float32)) for k in mine], strict=True)
+    mx.eval(drafter.parameters())
+
+
+def start_tensors(drafter: Drafter, folder: str | Path) -> dict[str, mx.array]:
+    """`folder`'s tensors (fc with its feature scaling folded in, new layers grown) checked
+    against `drafter`'s names and shapes: a DFlash2Error names the first that does not fit."""
     src = dict(tree_flatten(load_drafter(folder).parameters()))
     ckpt_scale = Path(folder) / "feature_scale.npy"
     if ckpt_scale.exists():
@@ -114,8 +124,7 @@ def init_from_drafter(drafter: Drafter, folder: str | Path, scale: mx.array) -> 
             "--init-from can grow a drafter, not cut one"
         )
     src.update(grown_layers(src, n_mine))
-    mine = dict(tree_flatten(drafter.parameters()))
-    for name, value in mine.items():
+    for name, value in tree_flatten(drafter.parameters()):
         if name not in src:
             raise DFlash2Error(
                 f"{folder}: has no tensor {name!r}; --init-from needs a drafter "
@@ -127,9 +136,7 @@ def init_from_drafter(drafter: Drafter, folder: str | Path, scale: mx.array) -> 
                 f"{folder}: tensor {name!r} has shape {tuple(src[name].shape)}, "
                 f"expected {tuple(value.shape)}"
             )
-    src["fc.weight"] = src["fc.weight"] / scale[None, :]
-    drafter.load_weights([(k, src[k].astype(mx.float32)) for k in mine], strict=True)
-    mx.eval(drafter.parameters())
+    return src
 
 
 # The projections that write a layer's sublayers into the residual stream.

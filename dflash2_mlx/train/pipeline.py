@@ -14,11 +14,13 @@ from typing import Callable
 
 import mlx.core as mx
 
+from ..drafter.model import Drafter
 from ..drafter.vocab import count_tokens, write_draft_vocab
 from ..errors import DFlash2Error
 from ..prompts import load_prompts
 from ..registry import fetch
 from ..target.adapter import TargetAdapter
+from .drafter_init import start_tensors
 from .features import build_feature_cache, load_feature_cache, read_regenerations
 from .fixed_text import corpus_sequences
 from .live import live_sequences
@@ -165,6 +167,8 @@ def prepare_data(
         tc.mask_token_id = _guess_mask_id(tokenizer, probe.vocab_size)
     dcfg = drafter_config_for(probe, target_cfg, tc)
     tc.target_layer_ids = tuple(dcfg.target_layer_ids)  # recorded as trained
+    if start is not None:  # a start of another kind or shape: refused now, not after the data
+        start_tensors(Drafter(dcfg), start)
     adapter = TargetAdapter(model, dcfg.target_layer_ids)
     # Before hours of regeneration, not after:
     if tc.distill_weight > 0:
