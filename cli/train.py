@@ -190,6 +190,7 @@ def train(
     Example: dflash2 train smollm2-135m --out my-drafter --steps 3000
     """
     from dflash2_mlx.train.pipeline import PipelineConfig
+    from dflash2_mlx.train.pipeline_config import prompt_parts
     from dflash2_mlx.train.trainer import TrainConfig
 
     ids = _numbers(layer_ids, int, "--layer-ids") if layer_ids else None
@@ -205,6 +206,11 @@ def train(
     used = ["--" + n.replace("_", "-") for n in corpus_flags if n in given]
     if corpus is None and used:
         fail(f"{', '.join(used)} only {'applies' if len(used) == 1 else 'apply'} with --corpus")
+    idle = [f for f in used if f in ("--corpus-distill", "--stream-disk-gb", "--stream-passes")]
+    if corpus is not None and corpus_ratio == 0 and idle:
+        fail(f"{', '.join(idle)}: no effect with --corpus-ratio 0 (no batch holds corpus text)")
+    if "temperatures" in given and all(t for _, t in prompt_parts(prompts, ())):
+        fail("--temperatures has no effect: every --prompts set names its own @temperatures")
     if corpus is not None and corpus_ratio > 0 and round(corpus_ratio * batch) == 0:
         fail(
             f"--corpus-ratio {corpus_ratio} of --batch {batch} rounds to no corpus sequence "

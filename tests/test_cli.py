@@ -111,6 +111,11 @@ BAD = [
     (["bench", "--json", "--no-plot"], "--json needs a file path, got '--no-plot'"),
     (["serve", "--cors", " , "], "--cors ' , ' names nothing"),
     (["train", "x", "-o", "o", "--init-from", "d", "--no-selector"], "cannot start with --no-conv"),
+    (["train", "x", "-o", "o", "--prompts", "a@0+b@0.7", "--temperatures", "0"], "every --prompts"),
+    (
+        ["train", "x", "-o", "o", "--corpus", "c", "--corpus-ratio", "0", "--stream-passes", "3"],
+        "--stream-passes: no effect with --corpus-ratio 0",
+    ),
     (["train", "x", "-o", "o", "--init-from", "d", "--ablation"], "cannot start an --ablation"),
     (["serve", "--allowed-hosts", ""], "--allowed-hosts '' names nothing"),
     (["bench", "--plot", "--limit"], "--plot needs a file path, got '--limit'"),

@@ -436,7 +436,7 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
                 str(out),
                 "--steps",
                 "4",
-                *common,
+                *[a for a in common if a not in ("--temperatures", "0")],  # the prompts' own
                 "--prompts",
                 prompts + "@0,0.7",
             ]
@@ -464,7 +464,8 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     # Rerunning the finished command changes nothing: the record of the run stays as it was.
     record = (out / "training.json").read_text()
     capsys.readouterr()
-    again = ["train", str(target_dir), "--out", str(out), "--steps", "4", *common]
+    own_temps = [a for a in common if a not in ("--temperatures", "0")]  # the prompts' own
+    again = ["train", str(target_dir), "--out", str(out), "--steps", "4", *own_temps]
     assert run([*again, "--prompts", prompts + "@0,0.7"]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "already trained to step 4: nothing to do" in said and "written" not in said
