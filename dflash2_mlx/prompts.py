@@ -40,6 +40,8 @@ class Prompt:
     id: str
     category: str
     messages: list[dict[str, str]] = field(hash=False)
+    # token ids to use as they are instead of the rendered messages (a regenerated record's)
+    prompt_ids: tuple[int, ...] | None = field(default=None, hash=False)
 
 
 def prompt_path(split: str | Path) -> Path:
@@ -74,7 +76,15 @@ def _parse(line: str) -> Prompt:
             raise ValueError(f"messages[{i}] has empty content")
     if messages[-1]["role"] != "user":
         raise ValueError("the last message must be from the user")
-    return Prompt(pid, category, [{"role": m["role"], "content": m["content"]} for m in messages])
+    ids = obj.get("prompt_ids")
+    if ids is not None and not (
+        isinstance(ids, list)
+        and ids
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
+    ):
+        raise ValueError("'prompt_ids' must be a non-empty list of token ids (ints >= 0)")
+    turns = [{"role": m["role"], "content": m["content"]} for m in messages]
+    return Prompt(pid, category, turns, None if ids is None else tuple(ids))
 
 
 def load_prompts(split: str | Path, *, skip_bad: bool = False) -> list[Prompt]:

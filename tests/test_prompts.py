@@ -148,3 +148,17 @@ def test_extra_splits_are_disjoint_from_heldout_and_join_with_train():
     assert len(load_prompts("train+train-extra+train-more")) == len(both) + len(more)
     with pytest.raises(PromptFileError, match="appears in more than one set"):
         load_prompts("train+train")
+
+
+def test_a_prompt_may_carry_its_token_ids(tmp_path):
+    ok = {"id": "a", "category": "x", "messages": [{"role": "user", "content": "hi"}]}
+    path = tmp_path / "p.jsonl"
+    path.write_text(
+        json.dumps({**ok, "prompt_ids": [1, 2, 3]}) + "\n" + json.dumps({**ok, "id": "b"}) + "\n"
+    )
+    with_ids, plain = load_prompts(path)
+    assert with_ids.prompt_ids == (1, 2, 3) and plain.prompt_ids is None
+    for bad in ([], [1, -2], [1, True], "1 2", [1.5]):
+        path.write_text(json.dumps({**ok, "prompt_ids": bad}) + "\n")
+        with pytest.raises(PromptFileError, match="'prompt_ids' must be a non-empty list"):
+            load_prompts(path)

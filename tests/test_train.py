@@ -852,11 +852,22 @@ def test_a_work_folder_refuses_another_target_answer_length_or_edited_prompt(tmp
         [str(a), "--out", str(tmp_path / "o3"), *common, "--max-new-tokens", "20"], capsys
     )
     assert "made with --max-new-tokens 16 (now 20)" in err
+    done = [json.loads(line) for line in (work / "regen_train.jsonl").open()]
     p.write_text(p.read_text().replace("the sea", "a cat"))  # the same ids, other text
     err = _refused(
         [str(a), "--out", str(tmp_path / "o4"), *common, "--max-new-tokens", "16"], capsys
     )
     assert "was answered for other text than it has now" in err
+    # a placeholder naming the ids its answer was made for (tools/stage_work_folder.py)
+    turn = [{"role": "user", "content": "-"}]
+    stand_in = [
+        {"id": r["id"], "category": "x", "messages": turn, "prompt_ids": r["prompt_ids"]}
+        for r in done
+    ]
+    p.write_text("".join(json.dumps(r) + "\n" for r in stand_in))
+    o5 = [str(a), "--out", str(tmp_path / "o5"), *common, "--max-new-tokens", "16"]
+    assert run(["train", *o5]) == 0
+    assert (work / "regen_train.jsonl").read_text().count("\n") == len(done)  # none again
 
 
 def test_an_init_from_of_another_kind_is_refused_before_regenerating(

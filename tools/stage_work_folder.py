@@ -3,12 +3,13 @@ stage trains on all of them without regenerating anything.
 
 Writes W/regen_train.jsonl (each (id, temperature) once, first file in name order wins),
 W/regen_heldout.jsonl, one placeholder prompt file per set of temperatures an id was answered
-at (the trainer reads answers by id and temperature; the texts are not used), and W/spec.txt,
+at (the trainer reads answers by id and temperature; each placeholder carries the prompt ids
+its answers were made for, which a rerun checks), and W/spec.txt,
 the `--prompts` value naming them:
 
     python tools/stage_work_folder.py W
     dflash2 train smollm2-135m --out stageN --work W --prompts "$(cat W/spec.txt)" \\
-        --layer-ids 1,8,15,22,29 --temperatures 0 --steps 400 --lr 0.00015 --live-features \\
+        --layer-ids 1,8,15,22,29 --steps 400 --lr 0.00015 --live-features \\
         --init-from dflash2_mlx/assets/drafters/smollm2-135m-dflash2
 """
 
@@ -54,6 +55,7 @@ def main() -> None:
                 "id": pid,
                 "category": "x",
                 "messages": [{"role": "user", "content": f"placeholder {pid}"}],
+                "prompt_ids": prompt_ids[pid],  # what it was answered for (checked on reuse)
             }
             for pid in ids
         )

@@ -148,9 +148,13 @@ def _check_unchanged(tokenizer, prompts: list[Prompt], out: Path, encoded: dict)
 def _encode_prompts(tokenizer, prompts: Iterable[Prompt], encoded: dict[str, list[int]]) -> None:
     """Adds the chat-templated ids of `prompts` not yet in `encoded` (shared across temperatures)."""
     for p in prompts:
-        if p.id not in encoded:
-            ids = tokenizer.apply_chat_template(p.messages, add_generation_prompt=True)
-            encoded[p.id] = list(getattr(ids, "input_ids", ids))
+        if p.id in encoded:
+            continue
+        if p.prompt_ids is not None:  # given as token ids: used as they are
+            encoded[p.id] = list(p.prompt_ids)
+            continue
+        ids = tokenizer.apply_chat_template(p.messages, add_generation_prompt=True)
+        encoded[p.id] = list(getattr(ids, "input_ids", ids))
 
 
 def _batch_generator(
