@@ -883,3 +883,26 @@ def test_an_init_from_of_another_kind_is_refused_before_regenerating(
     args += ["--layer-ids", "0,2", "--block-size", "4", "--init-from", str(v1)]
     assert "has no tensor 'layers.0.attention_conv" in _refused(args, capsys)
     assert not list(work.glob("regen_*"))  # nothing was regenerated for a run that cannot start
+
+
+def test_prompts_that_all_pass_the_length_limit_are_named_not_a_missing_cache(tmp_path):
+    from tiny_pair import save_target
+
+    from dflash2_mlx.train.pipeline import prepare_data
+    from dflash2_mlx.train.pipeline_config import PipelineConfig
+
+    p = str(_prompt_file(tmp_path / "p.jsonl", 3, "p"))
+    pc = PipelineConfig(
+        str(save_target(tmp_path / "target")),
+        tmp_path / "o",
+        tmp_path / "work",
+        prompts=p,
+        heldout=str(_prompt_file(tmp_path / "h.jsonl", 2, "h")),
+        max_new_tokens=8,
+        temperatures=(0.0,),
+        max_len=6,  # shorter than any chat-templated prompt
+        live_features=True,
+    )
+    tc = TrainConfig(layers=1, block_size=4, target_layer_ids=(0, 2), steps=1)
+    with pytest.raises(DFlash2Error, match=rf"{p}: no train prompt and answer fit in 6 tokens"):
+        prepare_data(pc, tc, log=lambda s: None)

@@ -188,6 +188,12 @@ def prepare_data(
         seqs[name] = [
             q for q in read_regenerations(regen, pc.max_len) if (q.id, q.temperature) in wanted
         ]
+        if not seqs[name]:
+            split_spec = pc.heldout if name == "heldout" else pc.prompts
+            raise DFlash2Error(
+                f"{split_spec}: no {name} prompt and answer fit in {pc.max_len} tokens "
+                "(every one is longer): shorter prompts are needed"
+            )
         if name == "train" and pc.live_features:
             continue  # computed when a step draws them (live.py)
         t0 = time.perf_counter()
@@ -200,10 +206,9 @@ def prepare_data(
         cached = load_feature_cache(pc.work / f"features_train_{tag}")
         train = [s for s in cached if (s.id, s.temperature) in keys]
     held = load_feature_cache(pc.work / f"features_heldout_{tag}")
-    keys = {
-        (q.id, q.temperature) for q in seqs["heldout"]
-    }  # this run's held-out set, not an earlier one
+    keys = {(q.id, q.temperature) for q in seqs["heldout"]}  # this run's, not an earlier one
     held = [s for s in held if (s.id, s.temperature) in keys]
+    check_anchorable(held, tc.block_size, "held-out")
     if not train:
         raise DFlash2Error(f"{pc.prompts}: no usable training sequences")
     check_anchorable(train, tc.block_size)

@@ -174,13 +174,14 @@ def _same(value):
     return list(value) if isinstance(value, (tuple, list)) else value
 
 
-def check_anchorable(train: list, block: int) -> None:
-    """At least one training answer must hold a block after an anchor: block - 1 tokens
-    (batches.sample_anchors' bound), else the trainer would find no anchor."""
+def check_anchorable(train: list, block: int, what: str = "training") -> None:
+    """At least one answer must hold a block after an anchor: block - 1 tokens
+    (batches.sample_anchors' bound), else the trainer would find no anchor (held-out: τ
+    would be measured on nothing)."""
     longest = max((len(s.tokens) - s.response_start for s in train), default=0)
     if longest < block - 1:
         raise ParameterError(
-            f"no training answer holds the {block - 1} tokens a block of {block} needs after "
+            f"no {what} answer holds the {block - 1} tokens a block of {block} needs after "
             f"its anchor (the longest: {longest} tokens): raise --max-new-tokens or lower "
             "--block-size"
         )
