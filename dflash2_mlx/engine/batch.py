@@ -5,12 +5,12 @@ drafter pass for the rows that need it), the proposals are cut to the round's wi
 (engine/width.py; only greedy rows are cut), then ONE target forward verifies all of them
 (rows right-padded to the widest, each at its own positions), each request accepts with its
 own sampling parameters and random key, and the target cache rolls each row back by its own
-amount (target/batch.py). A lone row runs the single-sequence
-round over plain caches (no per-row masks or offsets to pay for) and moves back into the batch
-cache when others join. Requests join between rounds (prefilled alone, then merged into the
-batch cache) and leave when they finish or are cancelled. While others run, a joining
-request's prompt is prefilled a chunk per step (`prefill_step` tokens at most) between their
-rounds, so a long prompt does not stall their streams. Per request, the proposal, the
+amount (target/batch.py). A lone row runs the single-sequence round over plain caches (no
+per-row masks or offsets to pay for) and moves back into the batch cache when others join.
+Requests join between rounds (prefilled alone, then merged into the batch cache) and leave when
+they finish, fail or are cancelled. While others run, a joining request's prompt is prefilled a
+chunk per step (`prefill_step` tokens at most) between their rounds, so a long prompt does not
+stall their streams. Per request, the proposal, the
 acceptance rule and the key sequence are those of SpeculativeDecoder.stream, so a request
 returns what it returns alone (up to the float rounding of a batched matmul, which can only
 matter on an exact near-tie of two logits).
