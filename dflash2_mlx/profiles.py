@@ -1,6 +1,6 @@
 """Stored autotune profiles: JSON under `cache_root()/autotune`, keyed by device (chip, and
-the BLAS on CPU), mlx version, target, drafter, quantization signature, draft vocabulary and
-lookup; `recommended_block` / `recommended_lookup_block` find them again for chat and serve."""
+the BLAS on CPU), mlx version, target, drafter, quantization signature, draft vocabulary,
+lookup and a shipped datastore left off; `recommended_block` / `recommended_lookup_block` find them again for chat and serve."""
 
 from __future__ import annotations
 
@@ -54,15 +54,20 @@ def device_key() -> str:
 def profile_key(pair, target: str, drafter: str) -> dict:
     import mlx.core as mx
 
-    return {
+    from .engine.datastore import find_datastore
+
+    key = {
         "device": device_key(),
         "mlx": getattr(mx, "__version__", "?"),
         "target": _identity(target),
         "drafter": _identity(drafter),
         "quantization": quant_signature(pair),
         "draft_vocab": pair.drafter.draft_vocab_size,  # it changes the draft cost
-        "lookup": pair.decoder.lookup,
-    }  # it changes the acceptance
+        "lookup": pair.decoder.lookup,  # it changes the acceptance
+    }
+    if pair.decoder.datastore is None and find_datastore(drafter) is not None:
+        key["datastore"] = "off"  # so does a shipped datastore left off (only then: old keys hold)
+    return key
 
 
 def profile_dir(root: str | Path | None = None) -> Path:

@@ -287,6 +287,20 @@ def test_folders_are_keyed_by_absolute_path_and_content(llama_pair, tmp_path, mo
     assert A.profile_key(llama_pair, "m", "org/d")["target"] != key["target"]
 
 
+def test_a_shipped_datastore_left_off_gets_its_own_profile(llama_pair, tmp_path, monkeypatch):
+    from dflash2_mlx.engine.datastore import DATASTORE_FILE
+
+    drafter = tmp_path / "d"
+    drafter.mkdir()
+    plain = A.profile_key(llama_pair, "org/t", str(drafter))  # no datastore shipped
+    (drafter / DATASTORE_FILE).write_bytes(b"x")
+    off = A.profile_key(llama_pair, "org/t", str(drafter))  # shipped, but this pair has none
+    monkeypatch.setattr(llama_pair.decoder, "datastore", object())  # shipped and on
+    on = A.profile_key(llama_pair, "org/t", str(drafter))
+    assert off["datastore"] == "off" and "datastore" not in on and "datastore" not in plain
+    assert A.profile_path(off) != A.profile_path(on)
+
+
 # ------------------------------------------------------------------------------ end to end
 def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys):
     t, d = save_pair(tmp_path / "pair")
