@@ -163,3 +163,28 @@ def test_stop_ids_outside_the_vocabulary_are_refused(pair):
 def test_drafting_knobs_without_speculation_are_refused(fields):
     with pytest.raises(ParameterError, match="has no effect with speculative=False"):
         GenerationParams(speculative=False, **fields)
+
+
+def test_a_round_that_raises_ends_every_running_request_and_their_sessions_clear(pair):
+    """A logits processor that raises mid-round leaves the batch's caches torn (some rows
+    recorded, none rolled back): every running request leaves with the error, and a session
+    it held starts clean on its next use instead of resuming torn caches."""
+    for fail_at in (2, 3, 5):
+        calls = [0]
+
+        def flaky(tokens, logits):
+            calls[0] += 1
+            if calls[0] == fail_at:
+                raise RuntimeError("processor failed")
+            return logits
+
+        s = pair.new_session()
+        batch = pair.batch()
+        batch.add(P0, GenerationParams(max_tokens=30), session=s)
+        batch.add(P1, GenerationParams(max_tokens=30, logits_processors=(flaky,)))
+        with pytest.raises(RuntimeError, match="processor failed"):
+            while batch.busy:
+                batch.step()
+        assert not batch.busy and not s.busy and s.in_round
+        prompt = P0 + [40, 41]
+        assert pair.generate(prompt, GREEDY, session=s)[0] == pair.generate(prompt, GREEDY)[0]

@@ -168,15 +168,28 @@ class BatchDecoder:
         """Admit waiting requests while there is room (their prefill events; while others
         run, a long prompt's prefill spans several steps), then run one round over every
         active request. Returns (request id, event) pairs; a request whose
-        event has a finish_reason has left."""
+        event has a finish_reason has left. A round that raises (a logits processor, a
+        grammar) leaves its caches mid-round: every running request leaves with the error."""
         events = self._join()
         if self.rows:
-            if not self.batched:
-                events += [(r.rid, self._single_round(r)) for r in self.rows]
-            else:
-                events += self._batch_round()
+            try:
+                if not self.batched:
+                    events += [(r.rid, self._single_round(r)) for r in self.rows]
+                else:
+                    events += self._batch_round()
+            except BaseException:
+                self._abandon()
+                raise
             self._leave()
         return events
+
+    def _abandon(self) -> None:
+        """Every running request leaves now; their sessions, caches torn mid-round, clear on
+        their next use."""
+        for row in self.rows:
+            row.session.in_round = True
+            row.session.release()
+        self.rows, self.cache = [], None
 
     def _join(self) -> list[tuple[int, RoundEvent]]:
         """Admit waiting requests in order while there is room, one prefill at a time; each
