@@ -74,6 +74,14 @@ class _Waiting:
     prefill: Prefill | None = None  # its prefill once begun (it joins when that is done)
     queue_ms: float = 0.0  # `add` -> the start of its prefill
 
+    def let_go(self) -> None:
+        """It leaves before it joined: its session is free and clears on its next use what a
+        begun prefill left half-filled."""
+        if self.prefill is not None:
+            self.prefill.session.in_round = True
+        if self.session is not None:
+            self.session.release()
+
 
 @dataclass
 class BatchDecoder:
@@ -156,7 +164,7 @@ class BatchDecoder:
         """Drop a generation now (a client that left): queued, or leaving the batch."""
         for w in self.waiting:
             if w.rid == rid:
-                _let_go(w)
+                w.let_go()
         self.waiting = [w for w in self.waiting if w.rid != rid]
         for row in self.rows:
             if row.rid == rid:
@@ -205,7 +213,7 @@ class BatchDecoder:
                 new = tbatch.merge([r.session.target_cache for r in joined])
                 self.cache = tbatch.extend(self.cache, new)
                 for r in joined:
-                    _into_batch(r.session)
+                    r.session.lend_target_cache()
             self.rows += joined
         return events
 
@@ -248,7 +256,7 @@ class BatchDecoder:
     def _drop(self, w: _Waiting) -> None:
         """The first waiting request leaves before it joined."""
         self.waiting.pop(0)
-        _let_go(w)
+        w.let_go()
 
     def _feed(self, w: _Waiting, budget: int | None) -> int | None:
         """Begin `w`'s prefill if needed and feed it whole chunks while they fit in `budget`
@@ -280,7 +288,7 @@ class BatchDecoder:
         for i, row in enumerate(self.rows):
             if row.done:
                 if self.cache is not None:  # its rows of the batch cache go back to its session
-                    _out_of_batch(row.session, tbatch.extract(self.cache, i))
+                    row.session.return_target_cache(tbatch.extract(self.cache, i))
                 row.session.release()
         self.rows = [self.rows[i] for i in keep]
         if self.cache is not None:
@@ -353,7 +361,7 @@ class BatchDecoder:
         offsets or padding to pay for), so one request runs as fast as it does alone."""
         row = self.rows[0]
         if self.cache is not None:  # its caches move out of the batch cache (one copy)
-            _out_of_batch(row.session, tbatch.extract(self.cache, 0))
+            row.session.return_target_cache(tbatch.extract(self.cache, 0))
             self.cache = None
         return [(row.rid, replace(self._single_round(row), batch_size=1))]
 
@@ -362,7 +370,7 @@ class BatchDecoder:
         solo = self.rows[0].session
         if solo.target_cache:
             self.cache = tbatch.extend(tbatch.merge([solo.target_cache]), self.cache)
-            _into_batch(solo)
+            solo.lend_target_cache()
 
     # ------------------------------------------------------------------ whole runs
     def stream(
@@ -393,24 +401,3 @@ class BatchDecoder:
         for i, event in self.stream(requests):
             out[i].extend(event.tokens)
         return out
-
-
-def _let_go(w: _Waiting) -> None:
-    """A request leaves before it joined: its session is free, and clears on its next use
-    what a begun prefill left half-filled."""
-    if w.prefill is not None:
-        w.prefill.session.in_round = True
-    if w.session is not None:
-        w.session.release()
-
-
-def _into_batch(session: Session) -> None:
-    """Its target rows live in the batch cache now: until they come back its own caches are
-    not consistent (a batch dropped midway leaves it to be cleared on its next use)."""
-    session.target_cache = []
-    session.in_round = True
-
-
-def _out_of_batch(session: Session, target_cache: list) -> None:
-    session.target_cache = target_cache
-    session.in_round = False

@@ -55,6 +55,14 @@ class Session:
     def release(self) -> None:
         self.holder = None
 
+    def lend_target_cache(self) -> None:
+        """Its target rows move into a batch cache (engine/batch.py): until they come back its
+        own caches are not consistent (a batch dropped midway leaves it to clear on next use)."""
+        self.target_cache, self.in_round = [], True
+
+    def return_target_cache(self, target_cache: list) -> None:
+        self.target_cache, self.in_round = target_cache, False
+
     @property
     def fed(self) -> int:
         """Tokens held by the target cache."""
