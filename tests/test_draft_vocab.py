@@ -173,3 +173,22 @@ def test_bad_files_are_named_with_the_field(tmp_path, content, needle):
     with pytest.raises(CheckpointError, match="draft_vocab.json") as err:
         read_draft_vocab(tmp_path, tiny.VOCAB)
     assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "ids,needle",
+    [
+        ([], "a non-empty list of token ids"),
+        (["a", 2], "a non-empty list of token ids"),
+        ([1, tiny.VOCAB + 3], f"id {tiny.VOCAB + 3} is outside the vocabulary"),
+        ([1, -1], "id -1 is outside the vocabulary"),
+        ([4, 4, 5], "must be distinct"),
+    ],
+)
+def test_a_draft_vocabulary_of_bad_ids_is_refused(ids, needle):
+    d = tiny.make_drafter(2, block_size=4)
+    with pytest.raises(ParameterError, match=needle):
+        d.set_draft_vocab(ids)
+    assert d.draft_vocab is None  # unchanged
+    d.set_draft_vocab(np.array([5, 1, 4]))  # any int container
+    assert d.draft_vocab.tolist() == [5, 1, 4]

@@ -136,6 +136,20 @@ def test_sparse_rejection_residual():
     assert abs(counts[1] / 2000 - 0.5) < 0.05
 
 
+def test_a_candidate_listed_twice_has_both_masses_taken_off_the_residual():
+    """Sparse q whose candidates repeat an id: the residual subtracts both copies' mass, as
+    the acceptance ratio counts them, so the first token still follows p."""
+    p = mx.array([[0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    q, cand = mx.array([[0.4, 0.4, 0.2]]), mx.array([[0, 0, 1]])
+    n, counts = 4000, np.zeros(3)
+    for s in range(n):
+        j = int(mx.random.categorical(mx.log(q[0]), key=mx.random.key(50_000 + s)).item())
+        d = int(cand[0, j].item())
+        a, bonus = rejection_sample(mx.array([d]), p, q, cand, mx.random.key(s))
+        counts[d if a == 1 else bonus] += 1
+    assert tv(counts / n, np.array([0.5, 0.5, 0.0])) < 0.03, counts / n
+
+
 @pytest.mark.parametrize(
     "kwargs,needle",
     [

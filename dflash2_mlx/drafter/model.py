@@ -9,6 +9,7 @@ dynamic conv and re-ranks the top-K candidates with a low-rank pair selector.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -17,6 +18,7 @@ import mlx.nn as nn
 from mlx_lm.models.rope_utils import initialize_rope
 
 from ..config import DrafterConfig
+from ..errors import ParameterError
 from ..engine.sampling import SamplingParams, filtered_probs, sample
 from ..target.head import TargetBinding
 from .attention import ContextCache, DrafterAttention
@@ -136,7 +138,19 @@ class Drafter(nn.Module):
         if ids is None:
             self._vocab = None
             return self
-        vocab = mx.array(list(ids), dtype=mx.int32)
+        try:
+            ids = [operator.index(t) for t in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+        except TypeError:
+            ids = []
+        n = self.config.vocab_size
+        if not ids:
+            raise ParameterError("a draft vocabulary is a non-empty list of token ids (ints)")
+        bad = next((t for t in ids if not 0 <= t < n), None)
+        if bad is not None:
+            raise ParameterError(f"draft vocabulary id {bad} is outside the vocabulary [0, {n})")
+        if len(set(ids)) != len(ids):  # a repeated id would count its draft mass twice
+            raise ParameterError("draft vocabulary ids must be distinct")
+        vocab = mx.array(ids, dtype=mx.int32)
         head = self._target.restricted(vocab) if self._target is not None else None
         self._vocab = DraftVocab(vocab, head)  # head: built by bind() when not bound yet
         return self

@@ -141,8 +141,8 @@ def rejection_sample(
     if candidates is None:
         residual = row - q[accepted]
     else:
-        ids = candidates[accepted]
-        residual = mx.put_along_axis(row, ids, row[ids] - q[accepted], axis=-1)
+        # .add: an id listed twice has both its masses taken off, as q_d above counts them
+        residual = row.at[candidates[accepted]].add(-q[accepted])
     residual = mx.maximum(residual, 0.0)
     total = mx.sum(residual)
     residual = mx.where(total > 0, residual / mx.maximum(total, 1e-30), row)
