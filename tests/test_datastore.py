@@ -311,3 +311,18 @@ def test_sampling_with_the_datastore_follows_the_target():
     exact = exact_marginals(model, sp, prompt)
     for i in range(3):
         assert tv(emp[i], exact[i]) < 0.085, (i, tv(emp[i], exact[i]))
+
+
+def test_a_datastore_of_another_vocabulary_is_refused():
+    """Ids past the target's vocabulary (a store built for another tokenizer) would be
+    drafted and crash the verify: refused when the decoder is built, naming the id."""
+    from dflash2_mlx.errors import CompatibilityError
+
+    model, drafter = tiny.make_target("llama"), tiny.make_drafter(2, block_size=4)
+    adapter = TargetAdapter(model, drafter.config.target_layer_ids)
+    sep = tiny.VOCAB + 10
+    fits = Datastore(np.array([1, 2, 3, 4, sep, 5, 6], dtype=np.uint32), sep, min_match=2)
+    SpeculativeDecoder(adapter, drafter, datastore=fits)  # the separator itself is no token
+    past = Datastore(np.array([1, 2, tiny.VOCAB + 3, 4, sep], dtype=np.uint32), sep, min_match=2)
+    with pytest.raises(CompatibilityError, match=rf"token id {tiny.VOCAB + 3}, outside"):
+        SpeculativeDecoder(adapter, drafter, datastore=past)

@@ -126,6 +126,11 @@ class Datastore:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def max_token(self) -> int:
+        """The largest token id it holds (-1: none), to check it against a target's vocabulary."""
+        ids = self.tokens[self.tokens != self.separator]
+        return int(ids.max()) if ids.size else -1
+
     def _occurrences(self, context: Sequence[int]) -> np.ndarray:
         """Where the continuations of the last n context tokens start (all occurrences)."""
         n = self.n

@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Sequence
 import mlx.core as mx
 
 from ..drafter.model import Drafter
-from ..errors import ParameterError
+from ..errors import CompatibilityError, ParameterError
 from ..target.adapter import TargetAdapter
 from .datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from .events import RoundEvent
@@ -114,6 +114,11 @@ class SpeculativeDecoder:
             raise ParameterError(f"prefill_chunk must be an int >= 1, got {prefill_chunk!r}")
         if datastore is not None and not isinstance(datastore, Datastore):
             raise ParameterError(f"datastore must be a Datastore or None, got {datastore!r}")
+        if datastore is not None and datastore.max_token() >= target.vocab_size:
+            raise CompatibilityError(
+                f"the datastore holds token id {datastore.max_token()}, outside this target's "
+                f"vocabulary [0, {target.vocab_size}): it was built for another tokenizer"
+            )
         self.target = target
         self.drafter = drafter
         self.prefill_chunk = prefill_chunk
