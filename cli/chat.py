@@ -88,11 +88,9 @@ def chat(
         refuse_idle_drafting(
             no_spec,
             "a --prompt answer cannot turn speculation on",
-            **{
-                "--no-datastore": no_datastore,
-                "--full-vocab": full_vocab,
-                "--draft-vocab": draft_vocab is not None,
-            },
+            no_datastore,
+            full_vocab,
+            draft_vocab,
         )
         if thinking is False and thinking_budget is not None:
             fail("--thinking-budget has no effect with --no-thinking")

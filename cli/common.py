@@ -46,9 +46,16 @@ def utf8_problem(text: str) -> str | None:
         return f"is not valid UTF-8{byte} at character {e.start}"
 
 
-def refuse_idle_drafting(no_spec: bool, why: str, **given: bool) -> None:
+def refuse_idle_drafting(
+    no_spec: bool, why: str, no_datastore: bool, full_vocab: bool, draft_vocab
+) -> None:
     """With --no-spec and nothing that can turn speculation on (`why`), a drafting flag
-    would be ignored: refused, naming it. `given`: flag name -> whether it was given."""
+    would be ignored: refused, naming it."""
+    given = {
+        "--no-datastore": no_datastore,
+        "--full-vocab": full_vocab,
+        "--draft-vocab": draft_vocab is not None,
+    }
     for flag, was_given in given.items() if no_spec else ():
         if was_given:
             fail(f"{flag} has no effect with --no-spec: {why}")

@@ -194,13 +194,7 @@ def serve(
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
     refuse_idle_drafting(
-        no_spec,
-        "no request can turn speculation on",
-        **{
-            "--no-datastore": no_datastore,
-            "--full-vocab": full_vocab,
-            "--draft-vocab": draft_vocab is not None,
-        },
+        no_spec, "no request can turn speculation on", no_datastore, full_vocab, draft_vocab
     )
     flags = engine_flags(
         block=block,
