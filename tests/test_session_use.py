@@ -165,11 +165,32 @@ def test_drafting_knobs_without_speculation_are_refused(fields):
         GenerationParams(speculative=False, **fields)
 
 
-def test_a_round_that_raises_ends_every_running_request_and_their_sessions_clear(pair):
-    """A logits processor that raises mid-round leaves the batch's caches torn (some rows
-    recorded, none rolled back): every running request leaves with the error, and a session
-    it held starts clean on its next use instead of resuming torn caches."""
-    for fail_at in (2, 3, 5):
+def _run_to_end(batch, rids):
+    out, errors = {r: [] for r in rids}, []
+    while batch.busy:
+        for rid, ev in batch.step():
+            out[rid] += ev.tokens
+            if ev.error is not None:
+                errors.append((rid, ev.finish_reason, str(ev.error)))
+    return out, errors
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    return Pair.from_models(tiny.make_target("qwen3_5", seed=2), None, tiny.make_drafter(2, 4))
+
+
+@pytest.mark.parametrize("max_batch,family", [(4, "llama"), (1, "llama"), (4, "qwen3_5")])
+def test_a_request_whose_processor_raises_leaves_alone_and_the_others_go_on(
+    pair, hybrid, max_batch, family
+):
+    """A logits processor that raises at its n-th call (the first token, or a batched round)
+    ends its own request with the error; the other returns what it returns alone (its
+    attention and Gated-DeltaNet rows rolled back beside a row that kept nothing), and the
+    failed request's session starts clean on its next use."""
+    pair = hybrid if family == "qwen3_5" else pair
+    long = GenerationParams(max_tokens=30)
+    for fail_at in (1, 2, 3, 5):
         calls = [0]
 
         def flaky(tokens, logits):
@@ -179,12 +200,67 @@ def test_a_round_that_raises_ends_every_running_request_and_their_sessions_clear
             return logits
 
         s = pair.new_session()
+        batch = pair.batch(max_batch=max_batch)
+        a = batch.add(P0, long)
+        b = batch.add(P1, GenerationParams(max_tokens=30, logits_processors=(flaky,)), session=s)
+        out, errors = _run_to_end(batch, (a, b))
+        assert errors == [(b, "error", "processor failed")], fail_at
+        assert out[a] == pair.generate(P0, long)[0]
+        assert not s.busy
+        prompt = P1 + [40, 41]
+        assert pair.generate(prompt, GREEDY, session=s)[0] == pair.generate(prompt, GREEDY)[0]
+
+
+def test_a_request_whose_proposing_raises_leaves_alone(pair, monkeypatch):
+    """Its own proposal (a grammar's forced tokens, a lookup) raising in a batched round."""
+    s = pair.new_session()
+    model_free = pair.decoder._model_free
+    seen = [0]
+
+    def fails_for_s(session, run):
+        if session is s:
+            seen[0] += 1
+            if seen[0] == 3:
+                raise ValueError("grammar broke")
+        return model_free(session, run)
+
+    monkeypatch.setattr(pair.decoder, "_model_free", fails_for_s)
+    long = GenerationParams(max_tokens=30)
+    batch = pair.batch()
+    a = batch.add(P0, long)
+    b = batch.add(P1, long, session=s)
+    out, errors = _run_to_end(batch, (a, b))
+    assert errors == [(b, "error", "grammar broke")] and seen[0] == 3
+    assert out[a] == pair.generate(P0, long)[0]
+    monkeypatch.undo()
+    assert pair.generate(P1, GREEDY, session=s)[0] == pair.generate(P1, GREEDY)[0]
+
+
+def test_a_round_whose_shared_forward_raises_ends_every_request_and_their_sessions_clear(
+    pair, monkeypatch
+):
+    """The batch's own verify forward raising leaves the batch's caches mid-round: every
+    running request leaves, the error is raised, and a session it held starts clean."""
+    forward = pair.decoder.target.forward
+    for fail_at in (1, 3):
+        calls = [0]
+
+        def flaky(ids, cache, **kw):
+            if ids.shape[0] > 1:  # a batched verify (not a prefill)
+                calls[0] += 1
+                if calls[0] == fail_at:
+                    raise RuntimeError("forward failed")
+            return forward(ids, cache, **kw)
+
+        monkeypatch.setattr(pair.decoder.target, "forward", flaky)
+        s = pair.new_session()
         batch = pair.batch()
         batch.add(P0, GenerationParams(max_tokens=30), session=s)
-        batch.add(P1, GenerationParams(max_tokens=30, logits_processors=(flaky,)))
-        with pytest.raises(RuntimeError, match="processor failed"):
+        batch.add(P1, GenerationParams(max_tokens=30))
+        with pytest.raises(RuntimeError, match="forward failed"):
             while batch.busy:
                 batch.step()
+        monkeypatch.undo()
         assert not batch.busy and not s.busy and s.in_round
         prompt = P0 + [40, 41]
         assert pair.generate(prompt, GREEDY, session=s)[0] == pair.generate(prompt, GREEDY)[0]

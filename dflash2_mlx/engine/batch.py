@@ -35,11 +35,11 @@ import mlx.core as mx
 from ..errors import ParameterError
 from ..target import batch as tbatch
 from .events import RoundEvent
-from .generation import GenerationParams, _Run, cut, shape_logits
-from .loop import Session, SpeculativeDecoder, record
-from .prefill import Prefill, _Cancelled
+from .batch_accept import accept_rows
 from .batch_propose import propose_rows
-from .sampling import accept
+from .generation import GenerationParams, _Run
+from .loop import Session, SpeculativeDecoder
+from .prefill import Prefill, _Cancelled
 from .width import WidthRule
 
 # Requests verified together when the caller names no limit: on bandwidth-bound hardware a
@@ -60,6 +60,7 @@ class _Row:
     session: Session
     run: _Run
     done: bool = False
+    failed: bool = False  # left with an error (its own code raised in a batched round)
 
 
 @dataclass
@@ -176,8 +177,10 @@ class BatchDecoder:
         """Admit waiting requests while there is room (their prefill events; while others
         run, a long prompt's prefill spans several steps), then run one round over every
         active request. Returns (request id, event) pairs; a request whose
-        event has a finish_reason has left. A round that raises (a logits processor, a
-        grammar) leaves its caches mid-round: every running request leaves with the error."""
+        event has a finish_reason has left. A request whose own code raises (a logits
+        processor, a grammar) leaves with an error event, the others go on; a round that
+        raises outside them leaves its caches mid-round: every running request leaves and
+        the error is raised."""
         events = self._join()
         if self.rows:
             try:
@@ -289,6 +292,8 @@ class BatchDecoder:
             if row.done:
                 if self.cache is not None:  # its rows of the batch cache go back to its session
                     row.session.return_target_cache(tbatch.extract(self.cache, i))
+                if row.failed:  # its drafter's cache ran ahead: the session clears on next use
+                    row.session.in_round = True
                 row.session.release()
         self.rows = [self.rows[i] for i in keep]
         if self.cache is not None:
@@ -298,7 +303,12 @@ class BatchDecoder:
                 self.cache = None
 
     def _single_round(self, row: _Row) -> RoundEvent:
-        event = self.decoder._round(row.session, row.run)
+        """A row over its own caches: if its round raises, it alone leaves with the error
+        (its session, marked mid-round, clears on its next use)."""
+        try:
+            event = self.decoder._round(row.session, row.run)
+        except Exception as e:
+            event = RoundEvent(tokens=[], finish_reason="error", error=e)
         row.done = event.finish_reason is not None
         return event
 
@@ -307,8 +317,9 @@ class BatchDecoder:
             return self._solo_round()
         self._end_solo()
         dec, rows = self.decoder, self.rows
+        pairs = [(r.session, r.run) for r in rows]
         t0 = time.perf_counter()
-        proposals, verify_keys = propose_rows(dec, [(r.session, r.run) for r in rows])
+        proposals, verify_keys, errors = propose_rows(dec, pairs)
         proposals = self.widths.cap(proposals, [not r.run.params.sampling.greedy for r in rows])
         draft_ms = (time.perf_counter() - t0) * 1000.0 / len(rows)  # the round's, shared
         width = max(len(p.drafts) for p in proposals) + 1
@@ -318,42 +329,28 @@ class BatchDecoder:
         ]
         t1 = time.perf_counter()
         fwd = dec.target.forward(mx.array(ids), self.cache.layers)
-        results, keeps = [], []
-        for i, (row, p, key) in enumerate(zip(rows, proposals, verify_keys)):
-            n = len(p.drafts) + 1
-            logits = shape_logits(fwd.logits[i, :n], row.run, row.session.tokens, p.drafts)
-            accepted, bonus = accept(logits, p, row.run.params.sampling, key)
-            self.widths.observe(p.source, len(p.drafts), accepted)
-            room = row.run.room
-            commit, finish = cut(row.run, p.drafts[:accepted] + [bonus])
-            record(row.session, commit, fwd.features[i : i + 1, : len(commit)])
-            keeps.append(len(commit))
-            counted = min(len(p.drafts), room)  # drafts past max_tokens never count
-            results.append((counted, accepted, commit, finish, row.run.logprobs(logits, commit)))
+        outcomes = accept_rows(pairs, proposals, verify_keys, errors, fwd, self.widths)
+        keeps = [len(o.commit) for o in outcomes]  # a failed row keeps none of the round
         tbatch.rollback(self.cache, fwd, keeps, width, self._in_order)
         mx.eval([r.session.pending for r in rows], [c.state for c in self.cache.layers])
         verify_ms = (time.perf_counter() - t1) * 1000.0
         events = []
-        for row, p, (counted, accepted, commit, finish, logprobs) in zip(rows, proposals, results):
-            row.done = finish is not None
-            events.append(
-                (
-                    row.rid,
-                    RoundEvent(
-                        tokens=commit,
-                        drafted=counted,
-                        # a cut round (max_tokens, a stop): its last kept token counts as the bonus
-                        accepted=min(accepted, len(commit) - 1),
-                        block_size=len(p.drafts) + 1,
-                        draft_ms=draft_ms,
-                        verify_ms=verify_ms,
-                        finish_reason=finish,
-                        source=p.source,
-                        batch_size=len(rows),
-                        logprobs=logprobs,
-                    ),
-                )
+        for row, p, o in zip(rows, proposals, outcomes):
+            row.done, row.failed = o.finish is not None, o.error is not None
+            event = RoundEvent(
+                tokens=o.commit,
+                drafted=o.drafted,
+                accepted=o.accepted,
+                block_size=len(p.drafts) + 1,
+                draft_ms=draft_ms,
+                verify_ms=verify_ms,
+                finish_reason=o.finish,
+                source=p.source,
+                batch_size=len(rows),
+                logprobs=o.logprobs,
+                error=o.error,
             )
+            events.append((row.rid, event))
         return events
 
     def _solo_round(self) -> list[tuple[int, RoundEvent]]:

@@ -16,16 +16,22 @@ from .proposal import NOTHING, Proposal
 
 def propose_rows(
     dec: SpeculativeDecoder, rows: Sequence[tuple[Session, _Run]]
-) -> tuple[list[Proposal], list[mx.array]]:
-    """Every row's proposal and verify key. Each row splits its key as
-    SpeculativeDecoder._round does, so a row proposes what it would alone."""
+) -> tuple[list[Proposal], list[mx.array], list[Exception | None]]:
+    """Every row's proposal, verify key and error. Each row splits its key as
+    SpeculativeDecoder._round does, so a row proposes what it would alone. A row whose own
+    proposing raises (its grammar) gets that error and no drafts; the others go on."""
     proposals: list[Proposal] = []
-    verify_keys, drafting, requests = [], [], []
+    verify_keys, errors, drafting, requests = [], [], [], []
     for i, (session, run) in enumerate(rows):
         run.key, k_draft, k_verify = mx.random.split(run.key, 3)
         verify_keys.append(k_verify)
-        found = dec._model_free(session, run)
-        length = run.span(run.block)
+        try:
+            found = dec._model_free(session, run)
+            length = run.span(run.block)
+            errors.append(None)
+        except Exception as e:  # this row's own code: it alone fails
+            found, length = None, 0
+            errors.append(e)
         if found is None and length >= 2:
             drafting.append(i)
             requests.append(
@@ -45,4 +51,4 @@ def propose_rows(
         for i, block in zip(drafting, blocks):
             rows[i][0].pending = None
             proposals[i] = Proposal.from_drafter(block)
-    return proposals, verify_keys
+    return proposals, verify_keys, errors

@@ -34,7 +34,8 @@ class RoundEvent:
     queue_ms: float = 0.0  # on the prefill event: waited from `add` to the prefill's start
     # with GenerationParams.logprobs: one engine.logprobs.TokenLogprob per token in `tokens`
     logprobs: tuple = ()
-    # finish_reason "error" (the batched engine): why this request left; the others go on
+    # finish_reason "error" (the batched engine): why this request left (its prefill, or its
+    # own processor / grammar / logprobs raised in a round); the others go on
     error: Exception | None = None
 
     def __post_init__(self):

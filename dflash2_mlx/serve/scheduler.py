@@ -131,7 +131,7 @@ class Scheduler:
             r = self.running.get(rid)
             if r is None:
                 continue
-            if event.error is not None:  # its prefill failed: it alone ends, with the error
+            if event.error is not None:  # its prefill or its own code failed: it alone ends
                 self._fail(r, event.error)
                 continue
             try:
