@@ -220,6 +220,26 @@ def test_tool_choice_required_named_and_none(tool_pair, client):
     assert none.usage.prompt_tokens == len(chat_prompt_ids(tool_pair.tokenizer, tt.ASK))
 
 
+SKY = {
+    "type": "function",
+    "function": {"name": "get_sky", "description": "the sky", "parameters": {"type": "object"}},
+}
+
+
+def test_tool_choice_required_calls_a_listed_tool_without_strict(client):
+    """A forced tool_choice holds the call to a listed tool with an object of arguments,
+    strict or not: the target, trained to call get_weather, must call get_sky here (before:
+    a call named get_weather, which the request never listed)."""
+    kw = dict(tools=[SKY], tool_choice="required", parallel_tool_calls=False)
+    r = ask(client, tt.ASK, **kw)
+    calls = weather_calls(r.choices[0].message.tool_calls or [])
+    assert len(calls) == 1 and calls[0][0] == "get_sky" and isinstance(calls[0][1], dict)
+    assert r.choices[0].finish_reason == "tool_calls" and not r.choices[0].message.content
+    content, _, streamed_calls, finish, _ = streamed(client, tt.ASK, **kw)
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed_calls] == calls
+    assert finish == "tool_calls" and not content
+
+
 # ------------------------------------------------------------------ reasoning
 def thought_tokens(tokenizer) -> int:
     return len(tokenizer.encode(f"<think>\n{tt.THOUGHT}\n</think>", add_special_tokens=False))
@@ -477,6 +497,29 @@ def test_reply_split_does_not_depend_on_round_boundaries(tool_tokenizer):
             (("get_weather", '{"city": "paris"}'), ("get_weather", '{"city": "rome"}')),
         )
     }
+
+
+def test_a_call_cut_inside_its_end_marker_is_still_a_call(tool_tokenizer):
+    """max_tokens may end a reply inside the end marker after a whole call: the call is
+    returned (finish_reason "length"), not its markup as content; a call cut before its
+    object closes stays text, verbatim."""
+    end = tool_tokenizer.tool_call_end
+    for cut in range(1, len(end)):
+        for step in (1, 5, len(tt.CALL_TEXT)):
+            text = tt.CALL_TEXT[:-cut]
+            reply = ChatReply(tool_tokenizer, ChatPrompt([1], tools=ToolRequest(tuple(tt.TOOLS))))
+            for i in range(0, len(text), step):
+                reply.feed(text[i : i + step], RoundEvent(tokens=[5]))
+            deltas, finish = reply.finish("length")
+            assert finish == "length" and not reply.content and reply.unparsed == 0, cut
+            assert [(c["function"]["name"], c["function"]["arguments"]) for c in reply.calls] == [
+                ("get_weather", '{"city": "paris"}')
+            ]
+            assert [d.kind for d in deltas] == ["tool_call"]
+    open_call = tt.CALL_TEXT[: tt.CALL_TEXT.index("paris")]
+    reply = ChatReply(tool_tokenizer, ChatPrompt([1], tools=ToolRequest(tuple(tt.TOOLS))))
+    reply.feed(open_call, RoundEvent(tokens=[5]))
+    assert reply.finish("length")[1] == "length" and "".join(reply.content) == open_call
 
 
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999"])

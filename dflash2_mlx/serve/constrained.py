@@ -1,7 +1,7 @@
 """What a chat reply must follow, decided per request: the grammar (grammar.py builds it) of
 `response_format`'s value and/or strict tools' arguments, after the model's thinking section
-if it has one (with a forced tool_choice, from inside the call the prompt opened); and a
-thinking budget (engine/budget.py)."""
+if it has one (with a forced tool_choice, from inside the call the prompt opened, to a listed
+tool); and a thinking budget (engine/budget.py)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,21 @@ def reply_constraint(pair, req: GenRequest, prompt: ChatPrompt | None, default_b
 
 def reply_grammar(pair, req: GenRequest, prompt: ChatPrompt | None) -> Grammar | None:
     """The grammar the reply must follow (None: free text): `response_format`'s value
-    and/or strict tools' arguments, after the model's thinking section if it has one."""
+    and/or strict tools' arguments, after the model's thinking section if it has one; with
+    a forced tool_choice, a call to a listed tool (the one named) with an object of
+    arguments, where the model's call format is json_tools (elsewhere the prefilled opening
+    of the call alone forces it)."""
     tools = prompt.tools if prompt is not None else None
-    if req.response_schema is None and not (tools and tools.strict):
+    strict = bool(tools and tools.strict)
+    forced = bool(tools and tools.forced) and _format(pair.tokenizer) == "json_tools"
+    if req.response_schema is None and not strict and not forced:
         return None
-    calls = _calls(pair, req, tools, prompt) if tools is not None else None
+    try:
+        calls = _calls(pair, req, tools, prompt) if tools is not None else None
+    except _NotOpened:
+        if strict:
+            raise _not_opened() from None
+        return None  # forced, not strict: the prefilled opening alone
     forced = prompt is not None and prompt.state == "tool"  # past any thinking already
     thinking = _thinking(pair.tokenizer, prompt) if prompt is not None and not forced else None
     try:
@@ -44,6 +54,24 @@ def reply_grammar(pair, req: GenRequest, prompt: ChatPrompt | None) -> Grammar |
     except ParameterError as e:
         where = "response_format" if req.response_schema is not None else "tools"
         raise invalid(where, f"{where}: {e}") from None
+
+
+class _NotOpened(Exception):
+    """The forced call's opening does not tokenize on its own at the prompt's end."""
+
+
+def _not_opened():
+    return invalid(
+        "tool_choice",
+        "strict tools with a forced tool_choice: the prompt's opening of the call "
+        'does not tokenize on its own; use tool_choice "auto"',
+        "unsupported_parameter",
+    )
+
+
+def _format(tok) -> str:
+    """The model's tool-call format: the name of mlx-lm's parser module."""
+    return getattr(getattr(tok, "tool_parser", None), "__module__", "").rsplit(".", 1)[-1]
 
 
 def _calls(pair, req: GenRequest, tools: ToolRequest, prompt: ChatPrompt) -> Calls:
@@ -61,7 +89,7 @@ def _calls(pair, req: GenRequest, tools: ToolRequest, prompt: ChatPrompt) -> Cal
     names = [t["function"]["name"] for t in tools.tools]
     first = next((i for i, n in enumerate(names) if n in tools.strict), None)
     tok = pair.tokenizer
-    fmt = getattr(getattr(tok, "tool_parser", None), "__module__", "").rsplit(".", 1)[-1]
+    fmt = _format(tok)
     if fmt != "json_tools":
         raise invalid(
             "response_format" if first is None else f"tools[{first}].function.strict",
@@ -92,12 +120,7 @@ def _opened(tok, prompt: ChatPrompt) -> tuple[int, ...]:
     text = tok.tool_call_start + prompt.call_prefix
     ids = [int(t) for t in tok.encode(text, add_special_tokens=False)]
     if prompt.ids[-len(ids) :] != ids:
-        raise invalid(
-            "tool_choice",
-            "strict tools with a forced tool_choice: the prompt's opening of the call "
-            'does not tokenize on its own; use tool_choice "auto"',
-            "unsupported_parameter",
-        )
+        raise _NotOpened()
     return tuple(ids)
 
 

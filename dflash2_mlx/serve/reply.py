@@ -154,9 +154,13 @@ class ChatReply:
         return [Delta("content", text)]
 
     def _close_call(self, complete: bool) -> list[Delta]:
+        """The call's text parsed into calls, else kept as text. An unclosed call (cut by
+        max_tokens) may end in part of its end marker, which is no part of the call."""
         text, self.call_text = self.call_text, ""
+        end = self.tok.tool_call_end or ""
+        call = text if complete else _without_partial(text, end)
         try:
-            parsed = self.tok.tool_parser(text, list(self.tools.tools))
+            parsed = self.tok.tool_parser(call, list(self.tools.tools))
             calls = parsed if isinstance(parsed, list) else [parsed]
             if not calls or not all(
                 isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls
@@ -166,8 +170,7 @@ class ChatReply:
         except Exception as e:  # the model's text, not a server fault: keep it as text
             log.warning("a tool call did not parse (%s: %s); kept as text", type(e).__name__, e)
             self.unparsed += 1
-            end = (self.tok.tool_call_end or "") if complete else ""
-            text = self.tok.tool_call_start + text + end
+            text = self.tok.tool_call_start + text + (end if complete else "")
             self.held, self.call_lead = self.call_lead, ""
             if self.call_from == "reasoning":  # back in the thinking it was written in
                 self.reasoning.append(text)
@@ -188,6 +191,14 @@ class ChatReply:
             self.calls.append(call)
             out.append(Delta("tool_call", call=call))
         return out
+
+
+def _without_partial(text: str, marker: str) -> str:
+    """`text` less a tail that is the start of `marker` (the rest of it never came)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return text[:-n]
+    return text
 
 
 def _arguments_text(call: dict) -> str:
