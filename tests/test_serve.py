@@ -5,9 +5,9 @@ keeps serving; the queue bound answers 503; a client that leaves frees the worke
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import re
 import socket
+import subprocess
 import string
 import threading
 import time
@@ -328,6 +328,10 @@ def test_models_health_and_harmless_fields(url):
     models = httpx.get(url + "/v1/models").json()
     card = models["data"][0]
     assert card["id"] == "tiny" and card["object"] == "model"
+    # Anthropic's model fields and list paging, which its SDKs read
+    assert card["type"] == "model" and card["display_name"] == "tiny"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", card["created_at"])
+    assert (models["has_more"], models["first_id"], models["last_id"]) == (False, "tiny", "tiny")
     assert card["dflash2"] == {
         "speculative": True,
         "drafter": "tiny-dflash2",

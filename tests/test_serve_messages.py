@@ -88,6 +88,7 @@ def test_tool_round_trip_with_blocks_sent_back(client):
     assert r.stop_reason == "tool_use"
     uses = [b for b in r.content if b.type == "tool_use"]
     assert [(u.name, u.input) for u in uses] == [("get_weather", tt.CALL_ARGS)]
+    assert uses[0].id.startswith("toolu_")  # Anthropic's form of a tool_use id
     history = tt.ASK + [
         {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
         {

@@ -54,6 +54,7 @@ def test_reply_is_the_chat_reply_as_output_items(client):
     chat = ask(client, tt.HI).choices[0].message
     r = respond(client, tt.HI)
     assert r.status == "completed" and r.id.startswith("resp_")
+    assert (r.temperature, r.top_p) == (0.0, 1.0)  # the values it ran with, not null
     assert [i.type for i in r.output] == ["reasoning", "message"]
     assert r.output[0].content[0].text == chat.model_extra["reasoning_content"]
     assert r.output_text == chat.content

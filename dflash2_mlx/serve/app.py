@@ -264,12 +264,16 @@ def _model_card(
     thinking: bool | None,
     prompt_cache_mb: int,
 ) -> dict:
-    """The model object, with `dflash2`: the engine every request of this server runs."""
+    """The model object (OpenAI's fields and Anthropic's), with `dflash2`: the engine every
+    request of this server runs."""
     return {
         "id": settings.model_name,
         "object": "model",
         "created": created,
         "owned_by": "dflash2",
+        "type": "model",
+        "display_name": settings.model_name,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
         "dflash2": {
             "speculative": settings.speculative,
             "drafter": drafter,
@@ -338,8 +342,14 @@ def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, max_bo
     GET = ["GET", "HEAD"]  # HEAD: the headers of the GET (uvicorn sends no body)
 
     @app.api_route("/v1/models", methods=GET)
-    async def list_models():
-        return {"object": "list", "data": [card]}
+    async def list_models():  # OpenAI's list, with Anthropic's paging fields
+        return {
+            "object": "list",
+            "data": [card],
+            "has_more": False,
+            "first_id": model_name,
+            "last_id": model_name,
+        }
 
     @app.api_route("/v1/models/{model_id:path}", methods=GET)
     async def get_model(model_id: str):

@@ -243,7 +243,11 @@ class Handler:
             if first.kind == "error":
                 return error_response(from_worker(first.error), request)
             fmt = Formatter(req.kind, self.s.model_name)
-            reply = ChatReply(self.pair.tokenizer, prompt) if prompt is not None else None
+            reply = None
+            if prompt is not None:  # Anthropic's tool_use ids read "toolu_..."
+                reply = ChatReply(
+                    self.pair.tokenizer, prompt, "toolu_" if req.anthropic else "call_"
+                )
             lp = None
             if req.logprobs is not None:
                 lp = Logprobs(self.pair.tokenizer, req.kind, self.pair.eos_ids, job.prompt_ids)
@@ -307,7 +311,7 @@ class Handler:
         more, finish = reply.finish(finish)
         usage_ = self.usage_of(n_prompt, stats, self._finished(reply, replies))
         if req.responses is not None:
-            builder = ResponseBuilder(self.s.model_name, req.responses, req.encrypted_reasoning)
+            builder = self._response_builder(req)
             return builder.whole(deltas + more, finish, responses_usage(usage_))
         if req.anthropic:
             message = MessageBuilder(self.s.model_name, req.stop, self.past_window(req, n_prompt))
@@ -320,6 +324,12 @@ class Handler:
             tool_calls=reply.calls,
             logprobs=logprobs,
         )
+
+    def _response_builder(self, req: GenRequest) -> ResponseBuilder:
+        """A /v1/responses object, repeating the sampling values this request ran with."""
+        used = self.s.sampling.complete(req.sampling_fields)
+        echo = {**req.responses, "temperature": used.temperature, "top_p": used.top_p}
+        return ResponseBuilder(self.s.model_name, echo, req.encrypted_reasoning)
 
     async def stream_lines(
         self,
@@ -334,9 +344,7 @@ class Handler:
         replies: list | None = None,
     ):
         if req.responses is not None:
-            out = ResponsesStream(
-                ResponseBuilder(self.s.model_name, req.responses, req.encrypted_reasoning)
-            )
+            out = ResponsesStream(self._response_builder(req))
         elif req.anthropic:
             builder = MessageBuilder(self.s.model_name, req.stop, self.past_window(req, n_prompt))
             out = MessagesStream(builder, n_prompt)

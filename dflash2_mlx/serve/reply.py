@@ -67,9 +67,10 @@ def _machine(tokenizer, tools: bool) -> TextStateMachine | None:
 class ChatReply:
     """Feed each round's text and event; get the deltas to send; `finish` at the end."""
 
-    def __init__(self, tokenizer, prompt: ChatPrompt):
+    def __init__(self, tokenizer, prompt: ChatPrompt, id_prefix: str = "call_"):
         self.tok, self.tools = tokenizer, prompt.tools
-        self.id_length = prompt.call_id_length  # None: OpenAI-style "call_..." ids
+        self.id_length = prompt.call_id_length  # None: API-style ids, `id_prefix` + hex
+        self.id_prefix = id_prefix
         self.machine = _machine(tokenizer, prompt.tools is not None)
         self.state = self.machine.make_state(prompt.state) if self.machine else None
         self.current = prompt.state
@@ -126,10 +127,10 @@ class ChatReply:
         return out
 
     def _new_id(self) -> str:
-        """A call id the template takes back: OpenAI's form, or the length it requires (hex
+        """A call id the template takes back: the API's form, or the length it requires (hex
         digits: alphanumeric, as Mistral's templates ask)."""
         if self.id_length is None:
-            return f"call_{uuid.uuid4().hex[:24]}"
+            return f"{self.id_prefix}{uuid.uuid4().hex[:24]}"
         return (uuid.uuid4().hex * (1 + self.id_length // 32))[: self.id_length]
 
     def _call_id(self, given) -> str:
