@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
-import subprocess
 import string
+import subprocess
 import threading
 import time
 
