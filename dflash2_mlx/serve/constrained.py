@@ -38,8 +38,8 @@ def reply_grammar(pair, req: GenRequest, prompt: ChatPrompt | None) -> Grammar |
     of the call alone forces it)."""
     tools = prompt.tools if prompt is not None else None
     strict = bool(tools and tools.strict)
-    forced = bool(tools and tools.forced) and _format(pair.tokenizer) == "json_tools"
-    if req.response_schema is None and not strict and not forced:
+    held_call = bool(tools and tools.forced) and _format(pair.tokenizer) == "json_tools"
+    if req.response_schema is None and not strict and not held_call:
         return None
     try:
         calls = _calls(pair, req, tools, prompt) if tools is not None else None
