@@ -10,6 +10,7 @@ import json
 import httpx
 import openai
 import pytest
+import tiny
 import tiny_tools as tt
 from test_serve import metric, running
 
@@ -662,6 +663,17 @@ def test_forced_call_opening_follows_the_template(tmp_path):
     assert args_first.decode(required.ids).endswith('<tool_call>\n{"arguments":')
     with pytest.raises(DFlash2Error, match="no thinking switch"):
         ChatTemplate(args_first, thinking=False)
+    # served: json_tools' grammar ({"name", "arguments"}) cannot follow this opening, so
+    # "required" is forced by the opening alone, as it was before that grammar (not a 400)
+    vocab = max(128, len(tt.vocabulary()) + 8)
+    target = tiny.make_target("llama", vocab=vocab)
+    pair = Pair.from_models(target, args_first, tiny.make_drafter(2, 4, vocab=vocab))
+    with running(create_app(pair, model_name="t", default_max_tokens=8)) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=60)
+        r = client.chat.completions.create(
+            model="t", messages=tt.ASK, tools=tt.TOOLS, tool_choice="required", max_tokens=8
+        )
+        assert r.usage.prompt_tokens == len(required.ids)
 
 
 def parse_tools_body(**kw) -> ToolRequest:

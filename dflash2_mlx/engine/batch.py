@@ -178,9 +178,10 @@ class BatchDecoder:
         run, a long prompt's prefill spans several steps), then run one round over every
         active request. Returns (request id, event) pairs; a request whose
         event has a finish_reason has left. A request whose own code raises (a logits
-        processor, a grammar) leaves with an error event, the others go on; a round that
-        raises outside them leaves its caches mid-round: every running request leaves and
-        the error is raised."""
+        processor, a grammar) leaves with an error event, the others go on, as does a row
+        whose round runs alone (on its own caches) and fails; a batched round whose shared
+        part (the drafter pass, the verify forward) raises leaves the batch cache mid-round:
+        every running request leaves and the error is raised."""
         events = self._join()
         if self.rows:
             try:
@@ -329,6 +330,7 @@ class BatchDecoder:
         ]
         t1 = time.perf_counter()
         fwd = dec.target.forward(mx.array(ids), self.cache.layers)
+        mx.eval(fwd.logits)  # its failure is the batch's, not the first row's to accept
         outcomes = accept_rows(pairs, proposals, verify_keys, errors, fwd, self.widths)
         keeps = [len(o.commit) for o in outcomes]  # a failed row keeps none of the round
         tbatch.rollback(self.cache, fwd, keeps, width, self._in_order)

@@ -52,6 +52,10 @@ def reply_grammar(pair, req: GenRequest, prompt: ChatPrompt | None) -> Grammar |
     try:
         return pair.grammars.reply(req.response_schema, calls, thinking)
     except ParameterError as e:
+        if req.response_schema is None and not strict:
+            # the template's calls are not json_tools' {"name", "arguments"} (arguments
+            # first, say): the prefilled opening alone forces the call, as before
+            return None
         where = "response_format" if req.response_schema is not None else "tools"
         raise invalid(where, f"{where}: {e}") from None
 
