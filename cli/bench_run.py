@@ -235,6 +235,7 @@ def _speed(run: BenchRun) -> int:
         thinking=o.thinking,
         lookup_block=run.engine.lookup_block,
         progress=_speed_progress(run.err),
+        block_by_context=run.report["settings"]["block_by_context"],
     )
     run.report.update(result)
     vc = _verify_cost(run, blocks)
@@ -258,9 +259,11 @@ def _speed_settings(run: BenchRun) -> list[int]:
         blocks, source = [auto.size], auto.reason
         if auto.note:
             run.err.print(Text(f"note: {auto.note}", style="yellow"))
+    by_context = () if o.blocks else run.engine.blocks_by_context  # the autotuned block's
     run.report["settings"].update(
         blocks=blocks,
         block_source=source,
+        block_by_context=by_context,
         lookup_block=lookup_block,
         lookup_block_source="autotune profile" if lookup_block else "engine default",
     )

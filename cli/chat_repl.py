@@ -20,13 +20,8 @@ from dflash2_mlx.chat_template import TemplateInfo
 from dflash2_mlx.engine.budget import ThinkingBudget
 from dflash2_mlx.engine.processors import penalties
 from dflash2_mlx.errors import DFlash2Error, ParameterError
-from dflash2_mlx.settings import (
-    EngineFlags,
-    EngineSettings,
-    check_block,
-    default_context_length,
-    idle_when_greedy,
-)
+from dflash2_mlx.settings import EngineFlags, EngineSettings, check_block, idle_when_greedy
+from dflash2_mlx.target.context import default_context_length
 from dflash2_mlx.text import chat_prompt_ids, quiet_length_warning, stream_text
 
 from .chat_view import HELP, AnswerView, StatusLine, stats_table, status_text
@@ -66,6 +61,7 @@ class Chat:
             self.note(settings.auto_block.note)
         self.trained = settings.block.trained
         self.block = settings.block.size
+        self.by_context = settings.block_by_context if settings.block == settings.auto_block else ()
         self.sampling = settings.sampling.params
         self.max_tokens = opts.max_tokens
         self.spec, self.thinking = settings.speculative, opts.thinking
@@ -121,6 +117,7 @@ class Chat:
             self.block if self.spec else None,
             self.spec,
             lookup_block=self.engine.lookup_block if self.spec else None,
+            block_by_context=self.by_context if self.spec else (),
             logits_processors=self.processors,
             constraint=budget,
         )
@@ -286,6 +283,7 @@ class Chat:
             if arg == "auto"
             else check_block(self._number(name, arg, int), self.trained, "/block")
         )
+        self.by_context = self.engine.block_by_context if arg == "auto" else ()
         self._say(f"block = {self.block}" + ("" if self.spec else " (used when /spec on)"), "dim")
 
     def _set_spec(self, name: str, arg: str) -> None:

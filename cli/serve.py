@@ -250,6 +250,7 @@ def serve(
             width_cost=settings.width_cost,
             limits=limits,
             security=security,
+            block_by_context=settings.blocks_by_context,
         )
     except BaseException:
         sock.close()

@@ -14,6 +14,10 @@ and picks the block b <= B that maximizes expected committed tokens per second,
 smaller block (draft k is assumed as likely to be accepted at block b > k as at B); only drafter
 rounds count. Block 1 (no drafter pass, "park") is a candidate.
 
+The same choice at every context up to the model's, with the verify and draft costs measured
+at a second, longer context too (block_schedule.py), gives `block_by_context`: where a longer
+context makes a smaller block pay (GenerationParams.block_by_context).
+
 Rounds drafted by context lookup run no draft pass and have their own limit, the lookup block
 L (GenerationParams.lookup_block): the calibration runs them at the widest candidate, and
 `choose_lookup_block` picks the L that maximizes their committed tokens per verify ms, each
@@ -50,6 +54,7 @@ from .profiles import (  # noqa: F401
     recommended_lookup_block,
     save_profile,
 )
+from .block_schedule import measure_schedule
 from .engine.width import MEASURED_WIDTHS
 from .quant import describe_quant, is_quantized, quant_signature, quantized_layers, weight_dtype  # noqa: F401
 
@@ -329,6 +334,16 @@ def autotune(
         block_ms, measured.draft["ms"], calib["position_probs"], max_block=B, cap=cap
     )
     lookup = _lookup_profile(pair, measured.verify["ms"], calib, lookup_widths)
+    long = measure_schedule(
+        pair,
+        block_ms,
+        measured.draft["ms"],
+        lambda v, d: choose_block(v, d, calib["position_probs"], max_block=B, cap=cap).block,
+        first=choice.block,
+        context=context,
+        repeats=repeats,
+        say=say,
+    )
     return {
         "schema": SCHEMA,
         "key": key,
@@ -343,6 +358,8 @@ def autotune(
         "chosen_block": choice.block,
         "lookup": lookup,
         "chosen_lookup_block": lookup["chosen"],
+        "long_context": long,
+        "block_by_context": long["block_by_context"] if long else [],
     }
 
 

@@ -97,10 +97,16 @@ def plain_decode(pair, ids: Sequence[int], max_tokens: int) -> Timed:
 
 
 def dflash2_decode(
-    pair, ids: Sequence[int], max_tokens: int, block: int | None, lookup_block: int | None = None
+    pair,
+    ids: Sequence[int],
+    max_tokens: int,
+    block: int | None,
+    lookup_block: int | None = None,
+    block_by_context: tuple[tuple[int, int], ...] = (),
 ) -> Timed:
-    """dflash2, greedy, at `block` (None: the drafter's trained block size), lookup rounds up
-    to `lookup_block` (None: the engine's default)."""
+    """dflash2, greedy, at `block` (None: the drafter's trained block size; from the contexts
+    of `block_by_context` on, its blocks), lookup rounds up to `lookup_block` (None: the
+    engine's default)."""
     stats = GenerationStats()
     out: list[int] = []
     t_first = None
@@ -109,6 +115,7 @@ def dflash2_decode(
         block_size=block,
         lookup_block=lookup_block,
         sampling=SamplingParams(temperature=0.0),
+        block_by_context=block_by_context,
     )
     for ev in pair.stream(list(ids), params):
         if t_first is None:
@@ -248,6 +255,7 @@ def run_bench(
     thinking: bool | None = None,
     lookup_block: int | None = None,
     progress: Callable[[int, int, dict, dict[int, dict]], None] | None = None,
+    block_by_context: tuple[tuple[int, int], ...] = (),
 ) -> dict:
     """Plain mlx-lm vs dflash2 at each block size, greedy, on the same prompt ids.
 
@@ -255,19 +263,27 @@ def run_bench(
     hits both alike); every dflash2 output is compared with the plain output of the same repeat.
     Returns {"results": [{"block", "summary", "per_category", "rows"}], "all_identical",
     "mismatches": [{"block", "id", "category", "index", "plain", "dflash2"}]}.
-    `progress(i, n, prompt_info, rows_by_block)` is called after each prompt."""
+    `progress(i, n, prompt_info, rows_by_block)` is called after each prompt.
+    `block_by_context`: GenerationParams.block_by_context of every dflash2 run."""
     blocks = [int(b) for b in blocks]
     encoded = [(p, chat_prompt_ids(pair.tokenizer, p.messages, thinking=thinking)) for p in prompts]
     if warmup and encoded:
         ids = encoded[0][1]
         plain_decode(pair, ids, min(16, max_tokens))
         for b in blocks:
-            dflash2_decode(pair, ids, min(16, max_tokens), b, lookup_block)
+            dflash2_decode(pair, ids, min(16, max_tokens), b, lookup_block, block_by_context)
     rows: dict[int, list[dict]] = {b: [] for b in blocks}
     mismatches: list[dict] = []
     for i, (p, ids) in enumerate(encoded):
         done = _time_prompt(
-            pair, p, ids, blocks, max_tokens, max(1, repeats), lookup_block, mismatches
+            pair,
+            p,
+            ids,
+            blocks,
+            max_tokens,
+            max(1, repeats),
+            (lookup_block, block_by_context),
+            mismatches,
         )
         for b in blocks:
             rows[b].append(done[b])
@@ -278,10 +294,11 @@ def run_bench(
 
 
 def _time_prompt(
-    pair, p: Prompt, ids, blocks, max_tokens, repeats, lookup_block, mismatches: list[dict]
+    pair, p: Prompt, ids, blocks, max_tokens, repeats, drafting: tuple, mismatches: list[dict]
 ) -> dict[int, dict]:
     """One prompt's row per block: `repeats` plain runs, each followed by one dflash2 run per
-    block; the first mismatch per block is appended to `mismatches`."""
+    block (`drafting`: its lookup_block and block_by_context); the first mismatch per block is
+    appended to `mismatches`."""
     plain: list[Timed] = []
     spec: dict[int, list[Timed]] = {b: [] for b in blocks}
     mism: dict[int, int | None] = {b: None for b in blocks}
@@ -289,7 +306,7 @@ def _time_prompt(
         base = plain_decode(pair, ids, max_tokens)
         plain.append(base)
         for b in blocks:
-            run = dflash2_decode(pair, ids, max_tokens, b, lookup_block)
+            run = dflash2_decode(pair, ids, max_tokens, b, *drafting)
             spec[b].append(run)
             m = first_mismatch(base.tokens, run.tokens)
             if m is not None and mism[b] is None:

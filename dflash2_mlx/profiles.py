@@ -132,3 +132,17 @@ def recommended_lookup_block(
     """The autotuned lookup block (GenerationParams.lookup_block) for this pair on this
     machine, or None when no profile matches or it measured no lookup round."""
     return _recommended(pair, target, drafter, "chosen_lookup_block", root)
+
+
+def recommended_block_by_context(
+    pair, target: str, drafter: str, *, root: str | Path | None = None
+) -> tuple[tuple[int, int], ...]:
+    """The autotuned block by context (GenerationParams.block_by_context) for this pair on
+    this machine: () when no profile matches, or one made before it was measured."""
+    from .engine.generation import check_block_by_context
+
+    try:
+        profile = load_profile(profile_key(pair, target, drafter), root)
+        return check_block_by_context((profile or {}).get("block_by_context") or ())
+    except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
+        return ()

@@ -280,6 +280,15 @@ class EngineSettings:
     # cost(rows, width) of one batched verify from this machine's autotune profile, else None
     # (engine/width.py's default model). Chooses each batched round's width cap.
     width_cost: Callable[[int, int], float] | None = None
+    # The profile's block by context (GenerationParams.block_by_context) when `auto_block` is
+    # the profile's own (else ()); it goes with that block, not with one --block gives.
+    block_by_context: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def blocks_by_context(self) -> tuple[tuple[int, int], ...]:
+        """GenerationParams.block_by_context for `block`: the schedule when it is the
+        autotuned block and speculation is on, else ()."""
+        return self.block_by_context if self.speculative and self.block == self.auto_block else ()
 
     @property
     def effective_block(self) -> int:
@@ -293,7 +302,8 @@ def resolve_engine(
     """Settings for a loaded `pair` (dflash2_mlx.api.Pair) of `resolved` (a registry
     ResolvedPair) whose target lives in `target_dir`."""
     from .batch_costs import profile_width_costs
-    from .profiles import recommended_block, recommended_lookup_block
+    from .profiles import recommended_block, recommended_block_by_context
+    from .profiles import recommended_lookup_block
 
     trained = pair.drafter.config.block_size
     auto = choose_block(
@@ -302,6 +312,9 @@ def resolve_engine(
         alias=resolved.block_size,
     )
     block = choose_block(trained, flag=flags.block) if flags.block is not None else auto
+    by_context = ()
+    if auto.reason == BY_PROFILE and auto.clamped_from is None:
+        by_context = recommended_block_by_context(pair, resolved.target, resolved.drafter)
     return EngineSettings(
         flags.speculative,
         block,
@@ -311,18 +324,5 @@ def resolve_engine(
         resolve_sampling(flags.sampling, target_dir),
         recommended_lookup_block(pair, resolved.target, resolved.drafter),
         profile_width_costs(pair, resolved.target, resolved.drafter),
+        by_context,
     )
-
-
-def default_context_length(model) -> int:
-    """The target's max_position_embeddings (text_config included), else 4096."""
-    args = getattr(model, "args", None)
-    for src in (args, getattr(args, "text_config", None)):
-        v = (
-            src.get("max_position_embeddings")
-            if isinstance(src, dict)
-            else getattr(src, "max_position_embeddings", None)
-        )
-        if isinstance(v, int) and v > 0:
-            return v
-    return 4096

@@ -246,8 +246,10 @@ def test_the_profiles_width_cost_reaches_every_batched_front_end():
     from dflash2_mlx.engine.width import default_cost
     from dflash2_mlx.profiles import save_profile
     from dflash2_mlx.serve import create_app
+    from test_serve import make_tokenizer
 
-    pair = d2.Pair.from_models(tiny.make_target("llama"), None, tiny.make_drafter(2, block_size=4))
+    target, drafter = tiny.make_target("llama"), tiny.make_drafter(2, block_size=4)
+    pair = d2.Pair.from_models(target, make_tokenizer(), drafter)
     assert profile_width_costs(pair, "t", "d") is None
     assert pair.batch(2).widths.cost is default_cost
     save_profile(A.autotune(pair, [], target="t", drafter="d", batches=(2,), repeats=1, context=16))

@@ -32,6 +32,11 @@ class GenerationParams:
     # Tokens verified in a round drafted by context lookup or the prediction (anchor included;
     # they cost no draft pass, so they may pass the drafter's block). None: DEFAULT_LOOKUP_BLOCK.
     lookup_block: int | None = None
+    # ((context, block), ...), contexts ascending: from a context (prompt + answer so far) of
+    # that many tokens on, drafter rounds verify `block` tokens instead of block_size (the
+    # autotuner's schedule: a verify's cost per extra token grows with the context). Never
+    # changes the output.
+    block_by_context: tuple[tuple[int, int], ...] = ()
     # Which tokens may come next (a JSON schema: grammar.py); called once per generation.
     # The output is then what plain decoding over the masked logits gives (engine/constraint.py).
     constraint: ConstraintFactory | None = None
@@ -68,6 +73,7 @@ class GenerationParams:
         ):
             raise ParameterError("logits_processors must be a tuple of callables")
         check_top(self.logprobs)
+        object.__setattr__(self, "block_by_context", check_block_by_context(self.block_by_context))
         for name in ("block_size", "lookup_block"):
             value = getattr(self, name)
             if value is not None and (
@@ -75,12 +81,29 @@ class GenerationParams:
             ):
                 raise ParameterError(f"{name} must be an int >= 1, got {value!r}")
         if not self.speculative:  # plain decoding drafts nothing: these would be ignored
-            for name in ("block_size", "lookup_block", "prediction"):
+            for name in ("block_size", "lookup_block", "prediction", "block_by_context"):
                 if getattr(self, name):
                     raise ParameterError(
                         f"{name} has no effect with speculative=False (plain decoding drafts "
                         "nothing): leave it unset"
                     )
+
+
+def check_block_by_context(pairs) -> tuple[tuple[int, int], ...]:
+    """GenerationParams.block_by_context checked: (context, block) pairs of ints >= 1, the
+    contexts strictly ascending."""
+    what = "block_by_context"
+    try:
+        out = tuple((c, b) for c, b in pairs)
+    except (TypeError, ValueError):
+        raise ParameterError(f"{what} must be (context, block) pairs, got {pairs!r}") from None
+    for c, b in out:
+        for v in (c, b):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ParameterError(f"{what}: {(c, b)!r} is not a pair of ints >= 1")
+    if any(a[0] >= b[0] for a, b in zip(out, out[1:])):
+        raise ParameterError(f"{what}: the contexts must be strictly ascending, got {out!r}")
+    return out
 
 
 def token_ids(tokens, what: str = "the prompt", vocab: int | None = None) -> list[int]:
@@ -126,6 +149,16 @@ class _Run:
     def room(self) -> int:
         """Tokens this generation may still commit."""
         return self.params.max_tokens - self.produced
+
+    def block_at(self, context: int) -> int:
+        """Tokens a drafter round verifies at `context` tokens (GenerationParams.
+        block_by_context, else `block`)."""
+        block = self.block
+        for start, b in self.params.block_by_context:
+            if context < start:
+                break
+            block = b
+        return block
 
     def span(self, tokens: int) -> int:
         """Tokens a round may verify, of `tokens` (anchor included): greedy, at most the room

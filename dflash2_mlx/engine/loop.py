@@ -219,7 +219,7 @@ class SpeculativeDecoder:
         found = self._model_free(session, run)
         if found is not None:
             return found
-        length = run.span(run.block)
+        length = run.span(run.block_at(len(session.tokens)))
         if length < 2:
             return NOTHING
         return self._draft(session, anchor, length, run.params.sampling, key)
@@ -310,10 +310,13 @@ class SpeculativeDecoder:
             raise ParameterError("the prompt is empty: at least one token is needed")
         trained = self.drafter.config.block_size
         block = params.block_size or trained
-        if block > trained:  # the drafter's limit; lookup rounds have their own
-            raise ParameterError(
-                f"block_size {block} exceeds the drafter's trained block size {trained}"
-            )
+        for b, name in [(block, "block_size")] + [
+            (b, "block_by_context") for _, b in params.block_by_context
+        ]:
+            if b > trained:  # the drafter's limit; lookup rounds have their own
+                raise ParameterError(
+                    f"{name}: block {b} exceeds the drafter's trained block size {trained}"
+                )
         token_ids(params.prediction, "prediction", vocab)
         token_ids(params.stop_token_ids, "stop_token_ids", vocab)
         lookup_block = params.lookup_block or DEFAULT_LOOKUP_BLOCK

@@ -19,10 +19,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.batch import DEFAULT_MAX_BATCH
-from ..engine.generation import GenerationParams
+from ..engine.generation import GenerationParams, check_block_by_context
 from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error
-from ..settings import SamplingDefaults, check_block, default_context_length
+from ..settings import SamplingDefaults, check_block
+from ..target.context import default_context_length
 from . import metrics as metrics_mod
 from .api_error import loggable
 from .body import ClientGone, read_json
@@ -35,6 +36,7 @@ from .limits import RequestLimits, ServeLimits
 from .queue import Worker
 from .schemas import APIError, parse_chat, parse_completion
 from .messages_request import parse_messages
+from .model_card import model_card
 from .responses_request import parse_responses
 from .security import SecurityGate, SecurityPolicy
 
@@ -104,6 +106,7 @@ def create_app(
     width_cost: Callable[[int, int], float] | None = None,
     limits: ServeLimits | None = None,
     security: SecurityPolicy | None = None,
+    block_by_context: tuple[tuple[int, int], ...] = (),
 ) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
 
@@ -123,7 +126,8 @@ def create_app(
     prefix across requests (engine/prompt_cache.py); 0: off. lookup_block: tokens verified in
     a round drafted by context lookup or a request's prediction (None: the engine's default).
     width_cost: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost);
-    None: engine/width.py's default model.
+    None: engine/width.py's default model. block_by_context: the block from a context length
+    on (GenerationParams.block_by_context; the autotune profile's, settings.EngineSettings).
     limits: body size, prompt / prediction / stop lengths, shutdown grace (serve/limits.py);
     security: hosts, origins, API key (serve/security.py). The worker thread starts and stops
     with the app (its lifespan).
@@ -133,6 +137,7 @@ def create_app(
     trained = pair.drafter.config.block_size
     _check_serve_args(
         block_size,
+        block_by_context,
         trained,
         lookup_block,
         speculative,
@@ -141,6 +146,10 @@ def create_app(
         default_max_tokens,
         prompt_cache_mb,
     )
+    if pair.tokenizer is None:  # requests are text: nothing could be served
+        raise DFlash2Error(
+            "create_app: the pair has no tokenizer (Pair.from_models(model, tokenizer, ...))"
+        )
     if thinking_budget is not None:
         budget = thinking_budget
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
@@ -161,13 +170,14 @@ def create_app(
         sampling or SamplingDefaults(),
         lookup_block,
         thinking_budget,
+        check_block_by_context(block_by_context),
     )
     chat = ChatTemplate(pair.tokenizer, thinking)
     metrics = metrics_mod.Metrics()
     worker = _start_worker(pair, max_queue, metrics, prompt_cache_mb, max_batch, width_cost)
     handler = Handler(pair, worker, settings, chat, RequestLimits(limits, pair.tokenizer, context))
     drain = Drain(worker, limits.shutdown_grace_s)
-    card = _model_card(
+    card = model_card(
         pair,
         settings,
         worker,
@@ -215,6 +225,7 @@ def _lifespan(handler: Handler):
 
 def _check_serve_args(
     block_size,
+    block_by_context,
     trained,
     lookup_block,
     speculative,
@@ -224,11 +235,15 @@ def _check_serve_args(
     prompt_cache_mb,
 ) -> None:
     """Refuses a bad server setting before anything is built (DFlash2Error / ParameterError)."""
-    if block_size is not None:
-        check_block(block_size, trained, "block_size")
     GenerationParams(  # ParameterError now
-        block_size=block_size, lookup_block=lookup_block, speculative=speculative
+        block_size=block_size,
+        lookup_block=lookup_block,
+        speculative=speculative,
+        block_by_context=block_by_context,
     )
+    for value in [block_size] + [b for _, b in block_by_context]:
+        if value is not None:
+            check_block(value, trained, "block_size")
     if max_queue < 0:
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
     if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
@@ -250,50 +265,6 @@ def _start_worker(pair, max_queue, metrics, prompt_cache_mb, max_batch, width_co
             "requests run one at a time on this target: %s", worker.scheduler.batch.fallback
         )
     return worker
-
-
-def _model_card(
-    pair,
-    settings: Settings,
-    worker: Worker,
-    chat: ChatTemplate,
-    *,
-    created: int,
-    drafter: str | None,
-    max_queue: int,
-    thinking: bool | None,
-    prompt_cache_mb: int,
-) -> dict:
-    """The model object (OpenAI's fields and Anthropic's), with `dflash2`: the engine every
-    request of this server runs."""
-    return {
-        "id": settings.model_name,
-        "object": "model",
-        "created": created,
-        "owned_by": "dflash2",
-        "type": "model",
-        "display_name": settings.model_name,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
-        "dflash2": {
-            "speculative": settings.speculative,
-            "drafter": drafter,
-            "drafter_version": pair.drafter.config.version,
-            "draft_vocab": pair.drafter.draft_vocab_size,
-            "lookup": pair.decoder.lookup,
-            "datastore": pair.decoder.datastore is not None,
-            "block_size": settings.effective_block,
-            "trained_block_size": pair.drafter.config.block_size,
-            "context_length": settings.context,
-            "default_max_tokens": settings.default_max_tokens,
-            "max_queue": max_queue,
-            "max_batch": worker.capacity,
-            "tool_calling": chat.tool_calling,
-            "thinking": thinking,
-            "thinking_budget": settings.thinking_budget,
-            "prompt_cache_mb": prompt_cache_mb,
-        },
-        "sampling_defaults": settings.sampling.to_json(),
-    }
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -54,6 +54,7 @@ class Settings:
     sampling: SamplingDefaults = SamplingDefaults()  # for the fields a request leaves out
     lookup_block: int | None = None  # lookup / prediction rounds; None: the engine's default
     thinking_budget: int | None = None  # for requests that give none (engine/budget.py)
+    block_by_context: tuple[tuple[int, int], ...] = ()  # GenerationParams.block_by_context
 
 
 class Handler:
@@ -127,6 +128,7 @@ class Handler:
             max_tokens=max_tokens,
             sampling=s.sampling.complete(req.sampling_fields),
             block_size=s.block_size,
+            block_by_context=s.block_by_context,
             speculative=s.speculative,
             prediction=predicted,
             lookup_block=s.lookup_block,

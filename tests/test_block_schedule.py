@@ -1,0 +1,228 @@
+"""The autotuned block by context length: the schedule is the expected-throughput argmax at
+every context (costs linear in the context through two measurements), the autotuner stores
+it, the settings hand it to the front ends with the profile's block only, and the engine
+switches blocks at its contexts with the output unchanged (single and batched)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import tiny
+
+import dflash2_mlx as d2
+from dflash2_mlx import autotune as A
+from dflash2_mlx import costs
+from dflash2_mlx.block_schedule import STEP, block_schedule, costs_at, long_context, monotone
+from dflash2_mlx.errors import DFlash2Error, ParameterError
+from dflash2_mlx.registry import ResolvedPair
+from dflash2_mlx.settings import EngineFlags, resolve_engine
+
+pytestmark = pytest.mark.usefixtures("dflash2_home")  # profiles go to a private cache
+
+SHORT_V = {1: 10.0, 2: 11.0, 3: 12.0, 4: 12.5}
+LONG_V = {1: 20.0, 2: 26.0, 3: 33.0, 4: 41.0}
+SHORT_D = {1: 0.0, 2: 1.0, 3: 1.2, 4: 1.4}
+LONG_D = {1: 0.0, 2: 2.0, 3: 2.6, 4: 3.2}
+PROBS = [0.6, 0.5, 0.5]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return d2.Pair.from_models(tiny.make_target("llama", seed=3), None, tiny.make_drafter(2, 4))
+
+
+def test_costs_are_linear_in_the_context_through_the_two_measurements():
+    short, long = (256, {1: 10.0, 2: 12.0}), (2048, {1: 20.0, 2: 30.0, 3: 40.0})
+    assert costs_at(256, short, long) == {1: 10.0, 2: 12.0}  # widths measured at both only
+    assert costs_at(2048, short, long) == {1: 20.0, 2: 30.0}
+    assert costs_at(1152, short, long) == {1: 15.0, 2: 21.0}
+    assert costs_at(3840, short, long) == {1: 30.0, 2: 48.0}  # beyond: along the same line
+    assert long_context(256, 8192) == 2048 and long_context(256, 1000) is None
+
+
+def test_the_schedule_is_the_best_block_at_every_context():
+    def best(v, d):
+        return A.choose_block(v, d, PROBS, max_block=4).block
+
+    until = 8192
+    first = best(SHORT_V, SHORT_D)
+    schedule = block_schedule(
+        ((256, SHORT_V), (2048, LONG_V)), ((256, SHORT_D), (2048, LONG_D)), best, until, first
+    )
+    assert schedule and [b for _, b in schedule] == sorted((b for _, b in schedule), reverse=True)
+
+    def scheduled(context):
+        block = first
+        for start, b in schedule:
+            if context >= start:
+                block = b
+        return block
+
+    for context in range(256, until + 1, STEP):  # the formula, evaluated independently
+        t = (context - 256) / (2048 - 256)
+        v = {w: SHORT_V[w] + (LONG_V[w] - SHORT_V[w]) * t for w in SHORT_V}
+        d = {b: SHORT_D[b] + (LONG_D[b] - SHORT_D[b]) * t for b in SHORT_D}
+
+        def tps(b):
+            e = 1.0 + sum(math.prod(PROBS[:k]) for k in range(1, b))
+            return e / (v[b] + (d[b] if b > 1 else 0.0))
+
+        assert scheduled(context) == max(range(1, 5), key=lambda b: (tps(b), -b)), context
+
+
+def test_noise_cannot_make_the_block_rise_with_the_context():
+    """Timing noise (a wider verify measured cheaper, a width cheaper at the longer context)
+    is evened out, and the schedule only ever lowers the block, from the one chosen."""
+    noisy_long = {1: 20.0, 2: 26.0, 3: 45.0, 4: 30.0}  # 4 "cheaper" than 3
+    assert monotone((256, SHORT_V), (2048, noisy_long))[1][1] == {1: 20, 2: 26, 3: 45, 4: 45}
+    assert monotone((256, {1: 10.0, 2: 9.0}), (2048, {1: 8.0, 2: 30.0})) == (
+        (256, {1: 10.0, 2: 10.0}),
+        (2048, {1: 10.0, 2: 30.0}),
+    )
+
+    def best(v, d):
+        return A.choose_block(v, d, PROBS, max_block=4).block
+
+    for first in (4, 3):
+        schedule = block_schedule(
+            ((256, SHORT_V), (2048, noisy_long)),
+            ((256, SHORT_D), (2048, LONG_D)),
+            best,
+            8192,
+            first,
+        )
+        blocks = [first] + [b for _, b in schedule]
+        assert all(a > b for a, b in zip(blocks, blocks[1:])), schedule
+
+
+def _context_costs(monkeypatch):
+    """Fake measurements whose verify and draft costs grow with the context they run at."""
+    monkeypatch.setattr(
+        costs,
+        "verify_costs",
+        lambda pair, widths, context=256, **kw: {
+            "context": context,
+            "repeats": 1,
+            "ms": {w: 10.0 + w * context / 256 for w in widths},
+            "ratio": {w: 1.0 for w in widths},
+        },
+    )
+    monkeypatch.setattr(
+        costs,
+        "draft_costs",
+        lambda pair, blocks, context=256, **kw: {
+            "context": context,
+            "repeats": 1,
+            "feature_rows": 2,
+            "ms": {b: 0.0 if b == 1 else 1.0 for b in blocks},
+        },
+    )
+    monkeypatch.setattr(
+        A,
+        "calibrate",
+        lambda pair, prompts, block, **kw: {
+            "block": block,
+            "rounds": 10,
+            "position_probs": [0.9] * (block - 1),
+            "lookup_counts": [],
+            "lookup_block": kw.get("lookup_block"),
+        },
+    )
+
+
+def test_the_autotuner_stores_the_schedule_and_the_settings_use_it_with_its_block(
+    pair, monkeypatch
+):
+    _context_costs(monkeypatch)
+    profile = A.autotune(pair, [], target="org/t", drafter="org/d", max_block=4, batches=())
+    assert profile["long_context"]["context"] == 2048  # the tiny target's context: 4096
+    schedule = profile["block_by_context"]
+    assert schedule == profile["long_context"]["block_by_context"]
+    assert schedule and schedule[0][0] > 256 and schedule[-1][1] < profile["chosen_block"]
+    A.save_profile(profile)
+    resolved = ResolvedPair("org/t", "org/d")
+    s = resolve_engine(EngineFlags(), pair, resolved, None)
+    assert s.blocks_by_context == tuple(map(tuple, schedule))
+    assert resolve_engine(EngineFlags(block=2), pair, resolved, None).blocks_by_context == ()
+    assert (
+        resolve_engine(EngineFlags(speculative=False), pair, resolved, None).blocks_by_context == ()
+    )
+
+
+@pytest.mark.parametrize(
+    "schedule, message",
+    [
+        (((10, 2), (10, 3)), "strictly ascending"),
+        (((10, 0),), "pair of ints >= 1"),
+        ((("10", 2),), "pair of ints >= 1"),
+        ((5,), "must be \\(context, block\\) pairs"),
+    ],
+)
+def test_bad_schedules_are_refused(schedule, message):
+    with pytest.raises(ParameterError, match=message):
+        d2.GenerationParams(block_by_context=schedule)
+
+
+def test_a_schedule_past_the_trained_block_or_without_speculation_is_refused(pair):
+    past = pair.drafter.config.block_size + 1
+    with pytest.raises(ParameterError, match=f"block_by_context: block {past} exceeds"):
+        pair.generate([1, 2, 3], d2.GenerationParams(max_tokens=4, block_by_context=((4, past),)))
+    with pytest.raises(ParameterError, match="block_by_context has no effect"):
+        d2.GenerationParams(speculative=False, block_by_context=((4, 2),))
+
+
+def test_the_engine_switches_blocks_at_the_schedules_contexts_output_unchanged(pair):
+    prompt = list(range(5, 25))
+    plain = pair.generate(prompt, d2.GenerationParams(max_tokens=40, speculative=False))[0]
+    at = len(prompt) + 12
+    params = d2.GenerationParams(max_tokens=40, block_size=4, block_by_context=((at, 2),))
+    prompts = [prompt, prompt[:12]]
+    # batched: every width costs the same, so the width rule cuts no proposal
+    single = [(0, ev) for ev in pair.stream(prompt, params)]
+    for events, outputs in (
+        (single, [plain]),
+        (
+            list(pair.stream_batch(prompts, params, 2, lambda rows, width: 1.0)),
+            [plain, pair.generate(prompts[1], params)[0]],
+        ),
+    ):
+        context = {i: len(p) for i, p in enumerate(prompts)}
+        blocks, out = [], {i: [] for i in range(len(outputs))}
+        for i, ev in events:
+            room = len(prompts[i]) + 40 - context[i]
+            if not ev.prefill and ev.source == "drafter" and room >= 4:  # not cut by max_tokens
+                blocks.append((context[i], ev.block_size))
+            context[i] += len(ev.tokens)
+            out[i] += ev.tokens
+        assert [out[i] for i in range(len(outputs))] == outputs
+        assert {b for c, b in blocks if c >= at} == {2}
+        assert {b for c, b in blocks if c < at} == {4}
+
+
+def test_the_server_runs_its_requests_with_the_schedule_and_shows_it():
+    pytest.importorskip("fastapi")
+    openai = pytest.importorskip("openai")
+    from test_serve import make_tokenizer, running
+
+    from dflash2_mlx.serve import create_app
+
+    pair = d2.Pair.from_models(
+        tiny.make_target("llama", seed=3), make_tokenizer(), tiny.make_drafter(2, 4)
+    )
+    with pytest.raises(DFlash2Error, match="the pair has no tokenizer"):
+        create_app(d2.Pair.from_models(pair.model, None, pair.drafter), model_name="m")
+    with pytest.raises(ParameterError, match="block_size must be 1 .. "):
+        create_app(pair, model_name="m", block_by_context=((30, 99),))
+    schedule = ((30, 2), (60, 1))
+    app = create_app(pair, model_name="m", default_max_tokens=40, block_by_context=schedule)
+    prompt = list(range(5, 25))
+    with running(app) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+        assert client.models.list().data[0].model_extra["dflash2"]["block_by_context"] == [
+            [30, 2],
+            [60, 1],
+        ]
+        r = client.completions.create(model="m", prompt=prompt, max_tokens=40, temperature=0)
+    params = d2.GenerationParams(max_tokens=40, block_by_context=schedule)
+    assert r.choices[0].text == pair.tokenizer.decode(pair.generate(prompt, params)[0])
