@@ -259,7 +259,7 @@ def _speed_settings(run: BenchRun) -> list[int]:
         blocks, source = [auto.size], auto.reason
         if auto.note:
             run.err.print(Text(f"note: {auto.note}", style="yellow"))
-    by_context = () if o.blocks else run.engine.blocks_by_context  # the autotuned block's
+    by_context = () if o.blocks else run.engine.block.by_context  # the autotuned block's
     run.report["settings"].update(
         blocks=blocks,
         block_source=source,

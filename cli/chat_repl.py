@@ -61,7 +61,7 @@ class Chat:
             self.note(settings.auto_block.note)
         self.trained = settings.block.trained
         self.block = settings.block.size
-        self.by_context = settings.block_by_context if settings.block == settings.auto_block else ()
+        self.by_context = settings.block.by_context
         self.sampling = settings.sampling.params
         self.max_tokens = opts.max_tokens
         self.spec, self.thinking = settings.speculative, opts.thinking
@@ -283,7 +283,7 @@ class Chat:
             if arg == "auto"
             else check_block(self._number(name, arg, int), self.trained, "/block")
         )
-        self.by_context = self.engine.block_by_context if arg == "auto" else ()
+        self.by_context = self.engine.auto_block.by_context if arg == "auto" else ()
         self._say(f"block = {self.block}" + ("" if self.spec else " (used when /spec on)"), "dim")
 
     def _set_spec(self, name: str, arg: str) -> None:

@@ -250,7 +250,7 @@ def serve(
             width_cost=settings.width_cost,
             limits=limits,
             security=security,
-            block_by_context=settings.blocks_by_context,
+            block_by_context=settings.block.by_context if settings.speculative else (),
         )
     except BaseException:
         sock.close()

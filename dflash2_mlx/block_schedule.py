@@ -21,6 +21,9 @@ STEP = 256
 # The second measurement's context: this, or half the model's context if that is shorter
 # (at least twice the first's, else no schedule).
 LONG_CONTEXT = 2048
+# The schedule reaches this many times the second measurement's context at most (beyond, its
+# last block holds): a slope measured at 2,048 tokens says little about 100k.
+EXTRAPOLATE = 4
 
 
 def long_context(context: int, max_context: int) -> int | None:
@@ -112,7 +115,7 @@ def measure_schedule(
         ((context, short_verify), (long, verify)),
         ((context, short_draft), (long, draft)),
         best,
-        max_context,
+        min(max_context, EXTRAPOLATE * long),
         first,
     )
     return {

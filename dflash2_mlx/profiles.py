@@ -137,12 +137,18 @@ def recommended_lookup_block(
 def recommended_block_by_context(
     pair, target: str, drafter: str, *, root: str | Path | None = None
 ) -> tuple[tuple[int, int], ...]:
-    """The autotuned block by context (GenerationParams.block_by_context) for this pair on
-    this machine: () when no profile matches, or one made before it was measured."""
+    """The autotuned blocks by context (GenerationParams.block_by_context) for this pair on
+    this machine: () when no profile matches, it was made before they were measured, or they
+    are not blocks that fall from its chosen block within the trained size."""
     from .engine.generation import check_block_by_context
 
     try:
-        profile = load_profile(profile_key(pair, target, drafter), root)
-        return check_block_by_context((profile or {}).get("block_by_context") or ())
+        profile = load_profile(profile_key(pair, target, drafter), root) or {}
+        pairs = check_block_by_context(profile.get("block_by_context") or ())
     except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
         return ()
+    blocks = [profile.get("chosen_block")] + [b for _, b in pairs]
+    trained = pair.drafter.config.block_size
+    if not all(isinstance(a, int) and trained >= a > b for a, b in zip(blocks, blocks[1:])):
+        return ()
+    return pairs

@@ -68,6 +68,9 @@ class BlockChoice:
     trained: int  # the drafter's trained block size
     reason: str  # BY_FLAG, BY_PROFILE, BY_ALIAS or BY_TRAINED
     clamped_from: int | None = None  # a recommendation above the trained size
+    # The smaller blocks the profile chose for longer contexts (GenerationParams.
+    # block_by_context): only with the profile's own block, never with --block or an alias's.
+    by_context: tuple[tuple[int, int], ...] = ()
 
     @property
     def note(self) -> str | None:
@@ -84,17 +87,25 @@ class BlockChoice:
 
 
 def choose_block(
-    trained: int, *, flag: int | None = None, profile: int | None = None, alias: int | None = None
+    trained: int,
+    *,
+    flag: int | None = None,
+    profile: int | None = None,
+    alias: int | None = None,
+    by_context: tuple[tuple[int, int], ...] = (),
 ) -> BlockChoice:
-    """The block rule: the flag, the autotune profile, the alias's recommendation, the
-    drafter's trained size; clamped to the trained size (a flag above it is an error)."""
+    """The block rule: the flag, the autotune profile (with its blocks `by_context`), the
+    alias's recommendation, the drafter's trained size; clamped to the trained size (a flag
+    above it is an error)."""
     if flag is not None:
         return BlockChoice(check_block(flag, trained), trained, BY_FLAG)
     for value, reason in ((profile, BY_PROFILE), (alias, BY_ALIAS)):
         if value:
             if value > trained:
                 return BlockChoice(trained, trained, reason, clamped_from=value)
-            return BlockChoice(value, trained, reason)
+            return BlockChoice(
+                value, trained, reason, by_context=by_context if reason == BY_PROFILE else ()
+            )
     return BlockChoice(trained, trained, BY_TRAINED)
 
 
@@ -280,15 +291,6 @@ class EngineSettings:
     # cost(rows, width) of one batched verify from this machine's autotune profile, else None
     # (engine/width.py's default model). Chooses each batched round's width cap.
     width_cost: Callable[[int, int], float] | None = None
-    # The profile's block by context (GenerationParams.block_by_context) when `auto_block` is
-    # the profile's own (else ()); it goes with that block, not with one --block gives.
-    block_by_context: tuple[tuple[int, int], ...] = ()
-
-    @property
-    def blocks_by_context(self) -> tuple[tuple[int, int], ...]:
-        """GenerationParams.block_by_context for `block`: the schedule when it is the
-        autotuned block and speculation is on, else ()."""
-        return self.block_by_context if self.speculative and self.block == self.auto_block else ()
 
     @property
     def effective_block(self) -> int:
@@ -310,11 +312,9 @@ def resolve_engine(
         trained,
         profile=recommended_block(pair, resolved.target, resolved.drafter),
         alias=resolved.block_size,
+        by_context=recommended_block_by_context(pair, resolved.target, resolved.drafter),
     )
     block = choose_block(trained, flag=flags.block) if flags.block is not None else auto
-    by_context = ()
-    if auto.reason == BY_PROFILE and auto.clamped_from is None:
-        by_context = recommended_block_by_context(pair, resolved.target, resolved.drafter)
     return EngineSettings(
         flags.speculative,
         block,
@@ -324,5 +324,4 @@ def resolve_engine(
         resolve_sampling(flags.sampling, target_dir),
         recommended_lookup_block(pair, resolved.target, resolved.drafter),
         profile_width_costs(pair, resolved.target, resolved.drafter),
-        by_context,
     )

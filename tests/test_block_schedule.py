@@ -6,6 +6,7 @@ switches blocks at its contexts with the output unchanged (single and batched)."
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import tiny
@@ -96,6 +97,22 @@ def test_noise_cannot_make_the_block_rise_with_the_context():
         assert all(a > b for a, b in zip(blocks, blocks[1:])), schedule
 
 
+def test_a_wider_block_whose_cost_grows_slower_is_held_at_the_chosen_one():
+    """Costs can be monotone and still make a wider block win at a longer context (its cost
+    grew less with the context than a narrower one's): the schedule never raises the block."""
+    short, long = {1: 10.0, 2: 14.0, 3: 17.0, 4: 20.0}, {1: 30.0, 2: 30.0, 3: 30.0, 4: 30.0}
+    flat = {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0}
+
+    def best(v, d):
+        return A.choose_block(v, d, [0.5, 0.5, 0.5], max_block=4).block
+
+    assert best(short, flat) == 2 and best(long, flat) == 4  # unguarded, it would rise
+    assert (
+        block_schedule(((256, short), (2048, long)), ((256, flat), (2048, flat)), best, 8192, 2)
+        == []
+    )
+
+
 def _context_costs(monkeypatch):
     """Fake measurements whose verify and draft costs grow with the context they run at."""
     monkeypatch.setattr(
@@ -143,11 +160,14 @@ def test_the_autotuner_stores_the_schedule_and_the_settings_use_it_with_its_bloc
     A.save_profile(profile)
     resolved = ResolvedPair("org/t", "org/d")
     s = resolve_engine(EngineFlags(), pair, resolved, None)
-    assert s.blocks_by_context == tuple(map(tuple, schedule))
-    assert resolve_engine(EngineFlags(block=2), pair, resolved, None).blocks_by_context == ()
-    assert (
-        resolve_engine(EngineFlags(speculative=False), pair, resolved, None).blocks_by_context == ()
-    )
+    assert s.block.by_context == s.auto_block.by_context == tuple(map(tuple, schedule))
+    s = resolve_engine(EngineFlags(block=2), pair, resolved, None)  # --block: that block alone
+    assert s.block.by_context == () and s.auto_block.by_context == tuple(map(tuple, schedule))
+    # a stored schedule that does not fall from the chosen block within the trained size: none
+    trained = pair.drafter.config.block_size
+    for bad in ([[300, 2], [600, 3]], [[300, profile["chosen_block"]]], [[300, trained + 1]]):
+        A.save_profile({**profile, "block_by_context": bad})
+        assert resolve_engine(EngineFlags(), pair, resolved, None).block.by_context == ()
 
 
 @pytest.mark.parametrize(
@@ -225,4 +245,12 @@ def test_the_server_runs_its_requests_with_the_schedule_and_shows_it():
         ]
         r = client.completions.create(model="m", prompt=prompt, max_tokens=40, temperature=0)
     params = d2.GenerationParams(max_tokens=40, block_by_context=schedule)
-    assert r.choices[0].text == pair.tokenizer.decode(pair.generate(prompt, params)[0])
+    expected = pair.generate(prompt, params)
+    assert r.choices[0].text == pair.tokenizer.decode(expected[0])
+    # the schedule reached the engine: the server's rounds are the scheduled run's
+    rounds = r.usage.model_extra["dflash2"]["rounds"]
+    assert (
+        rounds
+        == expected[1].rounds
+        != pair.generate(prompt, replace(params, block_by_context=()))[1].rounds
+    )

@@ -34,8 +34,9 @@ class GenerationParams:
     lookup_block: int | None = None
     # ((context, block), ...), contexts ascending: from a context (prompt + answer so far) of
     # that many tokens on, drafter rounds verify `block` tokens instead of block_size (the
-    # autotuner's schedule: a verify's cost per extra token grows with the context). Never
-    # changes the output.
+    # autotuner's schedule: a verify's cost per extra token grows with the context). As with
+    # block_size, greedy output never changes and sampled output keeps its distribution (a
+    # seeded sample's draws follow the blocks, as they follow block_size).
     block_by_context: tuple[tuple[int, int], ...] = ()
     # Which tokens may come next (a JSON schema: grammar.py); called once per generation.
     # The output is then what plain decoding over the masked logits gives (engine/constraint.py).
