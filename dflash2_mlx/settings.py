@@ -83,7 +83,10 @@ class BlockChoice:
         )
 
     def describe(self) -> str:
-        return f"block {self.size} ({self.reason}, trained {self.trained})"
+        """E.g. 'block 4 (autotune profile, trained 8; 2 from 1,536 tokens of context)'."""
+        falls = ", ".join(f"{b} from {c:,}" for c, b in self.by_context)
+        more = f"; {falls} tokens of context" if falls else ""
+        return f"block {self.size} ({self.reason}, trained {self.trained}{more})"
 
 
 def choose_block(

@@ -161,6 +161,8 @@ def test_the_autotuner_stores_the_schedule_and_the_settings_use_it_with_its_bloc
     resolved = ResolvedPair("org/t", "org/d")
     s = resolve_engine(EngineFlags(), pair, resolved, None)
     assert s.block.by_context == s.auto_block.by_context == tuple(map(tuple, schedule))
+    c, b = schedule[0]
+    assert f"; {b} from {c:,}" in s.block.describe()  # said at start (chat, serve)
     s = resolve_engine(EngineFlags(block=2), pair, resolved, None)  # --block: that block alone
     assert s.block.by_context == () and s.auto_block.by_context == tuple(map(tuple, schedule))
     # a stored schedule that does not fall from the chosen block within the trained size: none
