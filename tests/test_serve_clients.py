@@ -274,6 +274,8 @@ def test_not_found_names_the_endpoint_to_use(url):
         ("/responses", "/v1/responses"),
         ("/v1/responses/resp_1", "Responses are not stored"),
         ("/v1/embeddings", "/v1/chat/completions"),
+        ("/v1/chat/completions/", "Did you mean /v1/chat/completions? (without the trailing"),
+        ("/chat/completions/", "Did you mean /v1/chat/completions?"),
     ):
         r = httpx.post(url + path, json={"model": "tiny", "input": "hi"})
         err = _error(r, 404)

@@ -156,6 +156,25 @@ def test_large_bodies_are_refused_while_read_and_memory_returns(url):
     assert metric(text, "dflash2_requests_total", endpoint=CHAT, status="413") >= 5
 
 
+def test_every_string_a_template_may_render_counts_before_tokenizing(url):
+    """A message's name, a call's arguments, a tool's description: long text anywhere in the
+    messages or tools is refused on its characters, before the template or the tokenizer runs
+    (it once took seconds to tokenize while holding the queue)."""
+    long = "x" * (BODY_LIMIT - 2000)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": long}}
+    tool = {"type": "function", "function": {"name": "f", "description": long, "parameters": {}}}
+    for body in (
+        {"messages": [{"role": "user", "content": "hi", "name": long}]},
+        {"messages": HI + [{"role": "assistant", "content": "", "tool_calls": [call]}]},
+        {"messages": HI, "tools": [tool]},
+    ):
+        r = httpx.post(url + CHAT, json=body, timeout=30)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+        assert "characters" in error["message"], error  # counted, not tokenized
+
+
 def test_lengths_in_tokens_and_stop_strings(url, pair):
     r = httpx.post(url + "/v1/completions", json={"prompt": list(range(5, 80)) * 60})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"

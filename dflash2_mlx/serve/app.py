@@ -299,7 +299,10 @@ SERVED = ", ".join(f"{method} {path}" for path, method in ROUTES.items())
 def _not_found_hint(path: str) -> str:
     """What a client that missed should call instead: a base URL without /v1 is the usual
     slip; stored responses are not kept, so none can be fetched."""
-    path = path.rstrip("/")
+    bare = path.rstrip("/")
+    if bare != path and bare in ENDPOINTS:
+        return f". Did you mean {bare}? (without the trailing slash)"
+    path = bare
     if "/v1" + path in ENDPOINTS:
         return f". Did you mean /v1{path}? (a client's base URL ends in /v1)"
     if path.startswith("/v1/responses/"):

@@ -62,6 +62,17 @@ def longest_token_chars(tokenizer) -> int | None:
     return max((len(t) for t in vocab), default=None) or None
 
 
+def _chars(value) -> int:
+    """Characters in every string inside `value` (dicts' keys and values, lists)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(k) + _chars(v) for k, v in value.items() if isinstance(k, str))
+    if isinstance(value, (list, tuple)):
+        return sum(_chars(v) for v in value)
+    return 0
+
+
 class RequestLimits:
     """ServeLimits resolved against one server's tokenizer and context length."""
 
@@ -85,8 +96,9 @@ class RequestLimits:
                     f"a stop string has {len(s)} characters; the limit is {self.stop_chars}",
                 )
         where = "messages" if req.kind == "chat" else "prompt"
-        if req.kind == "chat":
-            chars = sum(len(m["content"]) for m in req.messages or ()) + len(req.prefill or "")
+        if req.kind == "chat":  # every string a template may render: names, calls, tools
+            chars = _chars(req.messages or ()) + len(req.prefill or "")
+            chars += _chars(req.tools.tools) if req.tools is not None else 0
         else:
             chars = len(req.prompt) if isinstance(req.prompt, str) else 0
             chars += len(req.suffix or "")
