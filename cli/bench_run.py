@@ -101,6 +101,7 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
     from rich.text import Text
 
     from dflash2_mlx import autotune as A
+    from dflash2_mlx.costs import check_context
     from dflash2_mlx.settings import check_block
 
     pair, resolved, engine = _load(
@@ -110,6 +111,9 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
     trained = engine.block.trained
     for b in options.blocks:
         check_block(b, trained)
+    if not options.concurrency:  # the speed benchmark and --autotune time at this depth
+        widest = max(options.blocks or [trained])
+        check_context(pair, options.context, max(A.LOOKUP_WIDTHS) if options.autotune else widest)
     qsig = A.quant_signature(pair)
     report["pair"] = {
         "name": resolved.name,
@@ -201,6 +205,16 @@ def _print_block_choice(profile: dict, console) -> None:
             style="bold green",
         )
     )
+    long = profile.get("long_context")
+    if long:  # the same choice at longer contexts (block_schedule.py)
+        falls = "; ".join(f"{b} from {c:,} tokens" for c, b in profile["block_by_context"])
+        console.print(
+            Text(
+                f"block by context (costs also timed at {long['context']:,} tokens): "
+                + (falls or f"{profile['chosen_block']} at every context"),
+                style="green",
+            )
+        )
 
 
 def _print_lookup_choice(profile: dict, console) -> None:

@@ -18,7 +18,9 @@ from rich.text import Text
 from dflash2_mlx import GenerationParams, GenerationStats
 from dflash2_mlx.chat_template import TemplateInfo
 from dflash2_mlx.engine.budget import ThinkingBudget
+from dflash2_mlx.engine.generation import block_at
 from dflash2_mlx.engine.processors import penalties
+from dflash2_mlx.engine.sampling import field_problem
 from dflash2_mlx.errors import DFlash2Error, ParameterError
 from dflash2_mlx.settings import EngineFlags, EngineSettings, check_block, idle_when_greedy
 from dflash2_mlx.target.context import default_context_length
@@ -123,9 +125,10 @@ class Chat:
         )
 
     def status(self, stats: GenerationStats, finish: str | None = None) -> StatusLine:
-        return status_text(
-            stats, block=self.block if self.spec else 1, spec=self.spec, finish=finish
-        )
+        """The live status: the block is the one at the conversation's length (the profile's
+        block_by_context may have lowered it)."""
+        block = block_at(self.block, self.by_context, len(self.session.tokens)) if self.spec else 1
+        return status_text(stats, block=block, spec=self.spec, finish=finish)
 
     def warn_greedy_filters(self, only: tuple[str, ...] | None = None) -> None:
         """Never silently ignored: say which fields greedy decoding does not use (at start,
@@ -263,6 +266,9 @@ class Chat:
             value = None
         else:
             value = self._number(name, arg, int if name in ("/top_k", "/seed") else float)
+        problem = field_problem(field, value)
+        if problem:  # this field's rule alone, not every field of the sampler
+            raise ParameterError(f"{name}: {problem}, got {value}")
         self.sampling = replace(self.sampling, **{field: value})
         self._say(f"{field} = {value}", "dim")
         self.warn_greedy_filters()
@@ -349,10 +355,11 @@ class Chat:
             if utf8_problem(line):
                 self._bad(f"the line {utf8_problem(line)}; nothing was sent")
                 continue
-            if line.startswith("/"):
+            if line.startswith("/") and not line.startswith("//"):
                 if not self.command(line):
                     return 0
                 continue
+            line = line[1:] if line.startswith("//") else line  # "//x" sends "/x"
             live = self.console.is_terminal
             try:
                 _, stats, finish = self.turn(line, live=live)

@@ -30,7 +30,8 @@ HELP = """\
 /spec on|off     speculative decoding, or plain decoding with the same sampler
 /thinking on|off thinking in Qwen-style templates
 /stats           session statistics and settings
-/exit            quit (or Ctrl-D); Ctrl-C stops an answer and keeps the session"""
+/exit            quit (or Ctrl-D); Ctrl-C stops an answer and keeps the session
+//TEXT           send a message that starts with '/' ("/TEXT")"""
 
 
 def sparkline(histogram, block: int) -> str:

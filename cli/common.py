@@ -171,7 +171,7 @@ DraftVocabOpt = Annotated[
         metavar="N",
         help="Draft from only the N most frequent tokens of "
         "the draft vocabulary: a smaller draft head, cheaper rounds; outputs are the same (`dflash2 "
-        "bench` measures the trade).",
+        "bench` measures the trade). At least 16 (the selector's top-K) for a DFlash 2 drafter.",
         show_default=False,
     ),
 ]
@@ -189,8 +189,8 @@ NoSpecOpt = Annotated[
     bool,
     typer.Option(
         "--no-spec",
-        help="Plain decoding, same sampler: for comparison (the pair still loads; chat's "
-        "/spec on drafts again).",
+        help="Plain decoding, same sampler: for comparison (the pair still loads; in a chat, "
+        "/spec on drafts again; a server stays plain).",
     ),
 ]
 LookupOpt = Annotated[
@@ -305,9 +305,15 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     )
     size = pair.drafter.draft_vocab_size
     if size is not None:
+        short = flags.draft_vocab is not None and flags.draft_vocab > size
         say(
             f"draft vocabulary: {size:,} of {pair.drafter.config.vocab_size:,} tokens "
-            "(--full-vocab for all)"
+            + (
+                f"(--draft-vocab {flags.draft_vocab:,}: the drafter lists only {size:,}; "
+                if short
+                else "("
+            )
+            + "--full-vocab for all)"
         )
     if pair.decoder.lookup:
         say(

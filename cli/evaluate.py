@@ -45,7 +45,7 @@ def evaluate(
         show_default=False,
     ),
     temperatures: str = typer.Option("0,1", help="Sampling temperatures, e.g. 0,0.7."),
-    seed: int = typer.Option(0, min=0, help="Sampling seed (temperatures above 0)."),
+    seed: int = typer.Option(0, min=0, max=2**64 - 1, help="Sampling seed (temperatures above 0)."),
     json_path: Optional[Path] = typer.Option(
         None, "--json", help="Write the results here.", callback=output_path("--json")
     ),

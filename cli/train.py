@@ -193,7 +193,7 @@ def train(
     from dflash2_mlx.train.pipeline_config import prompt_parts
     from dflash2_mlx.train.trainer import TrainConfig
 
-    ids = _numbers(layer_ids, int, "--layer-ids") if layer_ids else None
+    ids = _numbers(layer_ids, int, "--layer-ids") if layer_ids is not None else None
     temps = _numbers(temperatures, float, "--temperatures")
     corpus_flags = (
         "corpus_ratio",

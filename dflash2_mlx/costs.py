@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 import mlx.core as mx
 
 from .engine.sampling import SamplingParams
+from .errors import ParameterError
 from .target import batch as tbatch
 
 
@@ -29,6 +30,18 @@ def _median_ms(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1000.0, 4)
 
 
+def check_context(pair, context: int, width: int) -> None:
+    """A ParameterError unless a cache of `context` tokens plus `width` more fits the model."""
+    from .target.context import default_context_length
+
+    limit = default_context_length(pair.model)
+    if context + width > limit:
+        raise ParameterError(
+            f"context: {context} tokens and a width of {width} exceed the model's context "
+            f"({limit} tokens)"
+        )
+
+
 def verify_costs(
     pair, widths: Iterable[int], *, context: int = 256, repeats: int = 5, warmup: int = 1
 ) -> dict:
@@ -40,6 +53,7 @@ def verify_costs(
     after each call (outside the timing), so every call sees the same depth (± the few rows a
     recurrent cache keeps)."""
     widths = sorted({int(w) for w in widths})
+    check_context(pair, context, max(widths))
     adapter = pair.decoder.target
     vocab = adapter.vocab_size
     cache = adapter.make_cache()
@@ -141,6 +155,7 @@ def draft_costs(
 
     Timed through `Drafter.draft_block`, the call the engine makes in a drafter round."""
     blocks = sorted({int(b) for b in blocks})
+    check_context(pair, context, max(blocks))
     drafter, target = pair.drafter, pair.decoder.target
     vocab = target.vocab_size
     sp = SamplingParams(temperature=0.0)

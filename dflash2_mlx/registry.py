@@ -308,10 +308,10 @@ def fetch(
             )
         )
     except LocalEntryNotFoundError:
+        why = "--offline: the hub is not asked" if offline else "the hub cannot be reached"
         raise FetchError(
-            f"{what} {path_or_repo}: not in the local Hugging Face cache and the hub cannot be "
-            "reached (offline?): download it with network access (`dflash2 pull`), or pass a "
-            "local folder"
+            f"{what} {path_or_repo}: not in the local Hugging Face cache and {why}: download "
+            "it with network access (`dflash2 pull`), or pass a local folder"
         ) from None
     except GatedRepoError:
         raise FetchError(

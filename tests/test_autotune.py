@@ -325,6 +325,9 @@ def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys):
     report = json.loads((tmp_path / "a.json").read_text())
     prof = report["autotune"]
     assert prof["max_block"] == 4 and 1 <= prof["chosen_block"] <= 4
+    said = " ".join(out.split())  # the schedule by context is said, not only stored
+    assert f"costs also timed at {prof['long_context']['context']:,} tokens" in said
+    assert all(f"{b} from {c:,} tokens" in said for c, b in prof["block_by_context"])
     assert [r["block"] for r in prof["table"]] == [1, 2, 3, 4]
     assert set(prof["verify"]["ms"]) == {"1", "2", "3", "4"}
     assert len(prof["acceptance"]["position_probs"]) == 3

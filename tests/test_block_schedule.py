@@ -256,3 +256,33 @@ def test_the_server_runs_its_requests_with_the_schedule_and_shows_it():
         == expected[1].rounds
         != pair.generate(prompt, replace(params, block_by_context=()))[1].rounds
     )
+
+
+def test_the_chats_status_line_shows_the_block_at_the_conversations_length():
+    """The block falls with the context; the live status says the one the rounds use."""
+    from types import SimpleNamespace
+
+    from dflash2_cli.chat_repl import Chat
+    from dflash2_mlx.engine.generation import block_at
+
+    schedule = ((1536, 2), (6656, 1))
+    assert [block_at(4, schedule, n) for n in (0, 1535, 1536, 6655, 6656, 10**6)] == [
+        4,
+        4,
+        2,
+        2,
+        1,
+        1,
+    ]
+    assert block_at(4, (), 10**6) == 4
+    stats = d2.GenerationStats()
+    for tokens, spec, shown in (
+        (100, True, "block 4"),
+        (2000, True, "block 2"),
+        (7000, True, "block 1"),
+        (2000, False, "spec off"),
+    ):
+        chat = SimpleNamespace(
+            block=4, by_context=schedule, spec=spec, session=SimpleNamespace(tokens=[0] * tokens)
+        )
+        assert shown in Chat.status(chat, stats).plain, (tokens, spec)

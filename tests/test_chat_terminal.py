@@ -77,7 +77,7 @@ def test_chat_in_a_terminal(tiny_pair):
             ("/block 2", "block = 2"),
             ("/block 99", "error: /block must be 1 .. 8"),
             ("/top_p nope", "error: /top_p needs a number"),
-            ("/temp -1", "error: temperature must be"),
+            ("/temp -1", "error: /temp: temperature must be a finite number >= 0, got -1.0"),
             ("/spec sideways", "error: /spec needs on or off, got 'sideways'"),
             ("/max", "error: /max needs an integer, got nothing"),
             ("/nosuch", "unknown command /nosuch"),

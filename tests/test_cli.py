@@ -88,6 +88,7 @@ BAD = [
     (["chat", "--top-k", "-3"], "top_k must be"),
     (["chat", "--min-p", "1"], "min_p must be in [0, 1)"),
     (["chat", "--seed", "-1"], "seed must be"),
+    (["evaluate", "--seed", str(2**64)], "'--seed': Input should be less than or equal to"),
     (["chat", "--max-tokens", "0"], "--max-tokens: max_tokens must be"),
     (["chat", "--repetition-penalty", "0"], "--repetition-penalty: repetition_penalty: must"),
     (["chat", "--repetition-penalty", "inf"], "--repetition-penalty: repetition_penalty: must"),
@@ -117,6 +118,7 @@ BAD = [
         "--stream-passes: no effect with --corpus-ratio 0",
     ),
     (["train", "x", "-o", "o", "--init-from", "d", "--ablation"], "cannot start an --ablation"),
+    (["train", "x", "-o", "o", "--layer-ids", ""], "--layer-ids takes comma-separated integers"),
     (["serve", "--allowed-hosts", ""], "--allowed-hosts '' names nothing"),
     (["bench", "--plot", "--limit"], "--plot needs a file path, got '--limit'"),
     (["evaluate", "--json", "--offline", *NOWHERE], "--json needs a file path, got '--offline'"),
@@ -195,7 +197,8 @@ def test_models_lists_aliases_and_caches(caches, capsys):
 def test_pull_offline_is_a_clear_error(caches, capsys):
     assert run(["pull", "qwen3-4b"]) == 2
     err = capsys.readouterr().err
-    assert "offline?" in err and "Traceback" not in err
+    assert "not in the local Hugging Face cache and the hub cannot be reached" in err
+    assert "Traceback" not in err
 
 
 def test_pull_local_pair(tmp_path, capsys):
@@ -249,7 +252,8 @@ def test_piped_chat_writes_answers_alone_to_stdout(tiny_pair):
     import sys
 
     expected = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 10)
-    script = "hello model\n/clear\n/spec OFF\nhello model\n/quit\n"
+    slashed = answer(*tiny_pair, [{"role": "user", "content": "/usr is where?"}], 10)
+    script = "hello model\n/clear\n/spec OFF\nhello model\n/clear\n//usr is where?\n/quit\n"
     done = subprocess.run(
         [sys.executable, "-m", "dflash2_cli", *_chat(tiny_pair, "--max-tokens", "10")],
         input=script,
@@ -258,7 +262,8 @@ def test_piped_chat_writes_answers_alone_to_stdout(tiny_pair):
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"{expected}\n{expected}\n"  # lossless with spec off too
+    # lossless with spec off too; "//" sends a message that starts with "/"
+    assert done.stdout == f"{expected}\n{expected}\n{slashed}\n"
     assert "conversation cleared" in done.stderr and "speculative decoding off" in done.stderr
     assert "spec off" in done.stderr.splitlines()[-1] and ">>>" not in done.stdout + done.stderr
 
@@ -398,6 +403,10 @@ def test_chat_with_a_draft_vocabulary_and_full_vocab(tiny_pair, tmp_path, capsys
     assert cap.out == expected + "\n" and "draft vocabulary: 20 of 96 tokens" in cap.err
     code = run(_chat(pair, "-p", "hi", "--draft-vocab", "20", "--full-vocab"))
     assert code != 0 and "--draft-vocab and --full-vocab contradict" in capsys.readouterr().err
+    assert run(_chat(pair, "-p", "hello model", "--max-tokens", "10", "--draft-vocab", "500")) == 0
+    cap = capsys.readouterr()  # more than the file lists: all of it, and it says so
+    assert cap.out == expected + "\n"
+    assert "64 of 96 tokens (--draft-vocab 500: the drafter lists only 64;" in cap.err
     code = run(_chat(pair, "-p", "hi", "--draft-vocab", "8"))  # the selector ranks 16
     assert code != 0 and "it must be at least 16" in capsys.readouterr().err
 
@@ -451,6 +460,24 @@ def test_chat_thinking_switch_needs_a_template_that_has_one(tmp_path, tiny_pair,
     assert (
         "--thinking: this model's chat template has no thinking switch" in capsys.readouterr().err
     )
+
+
+def test_bench_refuses_a_context_past_the_models_before_measuring(tiny_pair, capsys):
+    """--context deeper than the model's context: one line naming it, before any prompt runs
+    (it once prefilled 100M tokens until memory ran out)."""
+    import json
+
+    from dflash2_cli.app import run
+
+    config = json.loads((tiny_pair[0] / "config.json").read_text())
+    limit = config.get("max_position_embeddings", 4096)  # default_context_length's rule
+    pair = ["--target", str(tiny_pair[0]), "--drafter", str(tiny_pair[1])]
+    common = ["--limit", "1", "--max-tokens", "4", "--repeats", "1", "--no-plot"]
+    for extra in ([], ["--autotune"]):
+        assert run(["bench", *pair, *common, "--context", str(limit), *extra]) == 2
+        captured = capsys.readouterr()
+        assert f"exceed the model's context ({limit} tokens)" in captured.err, captured.err
+        assert "tok/s" not in captured.out + captured.err  # nothing was measured
 
 
 def test_sparkline_and_status_line():

@@ -25,7 +25,8 @@ def stream_of(responses, sep=SEP, dtype=np.uint16):
 def reference(responses, context, length, n):
     """Brute force: the longest context suffix (n .. MAX_MATCH tokens) occurring in a response
     with a token after it; then, token by token, the most frequent next token among the
-    occurrences still agreeing (ties: the smallest id). Also the first token's vote share."""
+    occurrences still agreeing (ties: the smallest id). Also the first token's vote share and
+    whether each token is sure (two occurrences or more reach it, all agreeing)."""
     best, occ = 0, []
     for k in range(n, min(MAX_MATCH, len(context)) + 1):
         suffix = context[-k:]
@@ -35,7 +36,7 @@ def reference(responses, context, length, n):
         best, occ = k, found
     if not best:
         return None
-    out, share = [], 0.0
+    out, share, sure = [], 0.0, []
     for _ in range(length):
         nxt = Counter(r[j] for r, j in occ if j < len(r))
         if not nxt:
@@ -44,8 +45,9 @@ def reference(responses, context, length, n):
         tok = min(t for t, c in nxt.items() if c == top)
         share = share if out else top / sum(nxt.values())
         out.append(tok)
+        sure.append(len(nxt) == 1 and top >= 2)
         occ = [(r, j + 1) for r, j in occ if j < len(r) and r[j] == tok]
-    return (out, best, share) if out else None
+    return (out, best, share, tuple(sure)) if out else None
 
 
 def test_a_frequent_key_votes_over_its_first_occurrences_in_the_file():
@@ -74,6 +76,8 @@ def test_longest_match_wins_then_the_most_frequent_continuation():
     assert (m.tokens, m.matched, m.support) == ([8, 8], 4, 3)
     m = store.match([9, 2, 3, 4, 5], 5)
     assert (m.tokens, m.matched) == ([8, 8], 5)  # the tie after "8" takes the smaller id
+    assert m.sure == (True, False)  # both occurrences go on with 8, then split 8 / 9
+    assert store.match([1, 2, 3, 4, 5], 5).sure == (False, False)  # one occurrence: never
     assert store.match([4, 5, 6], 3) is None  # shorter than min_match
     assert store.propose([6, 2, 3, 9], 3) == [] and store.propose([1, 2, 3, 4, 5], 0) == []
     assert store.propose([1, 2, 3, 4], 3) == [5, 6, 7]  # the end of [0, 1, 2, 3, 4] is not a match
@@ -91,7 +95,7 @@ def test_matches_a_brute_force_reference(vocab, dtype, sep):
         context = rng.integers(0, vocab, size=rng.integers(1, 24)).tolist()
         found = store.match(context, 6)
         ref = reference(responses, context, 6, 3)
-        assert (found.tokens, found.matched, found.share) == ref if ref else found is None
+        assert (found.tokens, found.matched, found.share, found.sure) == ref if ref else not found
         proposed = store.propose(context, 6)
         assert proposed == (ref[0] if ref and ref[2] >= store.min_share else []), context
 

@@ -500,6 +500,11 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "distillation needs the target's last layer" in err and "--distill 0" in err
     assert not (tmp_path / "work" / "run-kd").exists()
+    # A refused run writes nothing: its corrected rerun is not refused by what it left.
+    fresh = [a if a != str(tmp_path / "work") else str(tmp_path / "w2") for a in common]
+    for bad in (["--distill", "1"], ["--mask-token-id", "99999"]):
+        assert run(["train", str(target_dir), "--out", str(tmp_path / "o2"), *fresh, *bad]) == 2
+        assert not (tmp_path / "o2").exists() and not (tmp_path / "w2").exists(), bad
 
 
 def _refused(args: list[str], capsys) -> str:

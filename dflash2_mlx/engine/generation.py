@@ -135,6 +135,16 @@ def token_ids(tokens, what: str = "the prompt", vocab: int | None = None) -> lis
     return ids
 
 
+def block_at(block: int, by_context: Sequence[tuple[int, int]], context: int) -> int:
+    """The block at `context` tokens: `block`, or by_context's from the last of its contexts
+    that `context` has reached."""
+    for start, b in by_context:
+        if context < start:
+            break
+        block = b
+    return block
+
+
 @dataclass
 class _Run:
     """One generation: its resolved limits, random key and progress."""
@@ -154,12 +164,7 @@ class _Run:
     def block_at(self, context: int) -> int:
         """Tokens a drafter round verifies at `context` tokens (GenerationParams.
         block_by_context, else `block`)."""
-        block = self.block
-        for start, b in self.params.block_by_context:
-            if context < start:
-                break
-            block = b
-        return block
+        return block_at(self.block, self.params.block_by_context, context)
 
     def span(self, tokens: int) -> int:
         """Tokens a round may verify, of `tokens` (anchor included): greedy, at most the room

@@ -158,8 +158,6 @@ def prepare_data(
     target = fetch(pc.target, "target")
     start = fetch(tc.init_from, "drafter") if tc.init_from else None
     check_inputs(target, pc.corpus, start)
-    check_out(pc.out, pc.work)  # the first thing written
-    check_work_identity(pc.work, target, pc.max_new_tokens, pc.max_len)
     model, tokenizer = load_target(str(target))
     target_cfg = json.loads((target / "config.json").read_text())
     probe = TargetAdapter(model, ())
@@ -177,6 +175,9 @@ def prepare_data(
         check_distillable(adapter, "--corpus-distill 0")
     if pc.corpus and tc.fixed_ratio > 0:  # at least an anchor's block (lengths come later)
         check_disk_bound(adapter, pc.stream_disk_bytes, tc.block_size + 1)
+    # The first things written, after every check: a refused run leaves no folder behind.
+    check_out(pc.out, pc.work)
+    check_work_identity(pc.work, target, pc.max_new_tokens, pc.max_len)
     tag = "-".join(map(str, dcfg.target_layer_ids))
 
     stages, seqs = {}, {}

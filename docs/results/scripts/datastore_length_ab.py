@@ -1,0 +1,147 @@
+"""A datastore round's length, as the engine has it (before: up to 7 tokens, the whole match)
+vs cut to the drafter's block at that context less the anchor, then on while the match is
+sure (after: DatastoreMatch.sure; the arm's store wraps the shipped one), greedy, one process,
+arms interleaved per case, outputs compared with plain mlx-lm. Measured, not shipped: code
+loses (docs/results/smollm2-datastore-length.json).
+
+Cases: the 7 bench prompts (short contexts) and long conversations as in
+long_context_block.py (held-out turns with the target's own answers grown to about N tokens,
+then an unseen question). Both arms run the profile's block, lookup block and
+block_by_context (DFLASH2_HOME picks the cache). Speed: tokens after the first / wall time.
+Usage: python datastore_length_ab.py OUT.json [--contexts 2000,3500] [--questions 3]"""
+
+import argparse
+import copy
+import json
+import statistics
+from pathlib import Path
+
+import dflash2_mlx as d2
+from dflash2_mlx import bench as B
+from dflash2_mlx.embedded import ensure_smollm2
+from dflash2_mlx.engine.generation import block_at
+from dflash2_mlx.profiles import (
+    recommended_block,
+    recommended_block_by_context,
+    recommended_lookup_block,
+)
+from dflash2_mlx.prompts import load_prompts
+from dflash2_mlx.registry import EMBEDDED_DRAFTER
+from dflash2_mlx.text import chat_prompt_ids
+from long_context_block import histories, questions
+
+
+class CutStore:
+    """The shipped datastore with its proposals cut to the block at their context less the
+    anchor, then on while sure."""
+
+    def __init__(self, store, block: int, schedule):
+        self.store, self.block, self.schedule = store, block, schedule
+
+    def propose(self, context, length):
+        found = self.store.match(context, length)
+        if found is None or found.share < self.store.min_share:
+            return []
+        n = min(block_at(self.block, self.schedule, len(context)) - 1, len(found.tokens))
+        while n < len(found.tokens) and found.sure[n]:
+            n += 1
+        return found.tokens[:n]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--contexts", default="2000,3500")
+    ap.add_argument("--questions", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    args = ap.parse_args()
+    target = ensure_smollm2()
+    pair = d2.load_pair(target, EMBEDDED_DRAFTER)
+    block = recommended_block(pair, str(target), str(EMBEDDED_DRAFTER)) or 4
+    lookup_block = recommended_lookup_block(pair, str(target), str(EMBEDDED_DRAFTER))
+    schedule = recommended_block_by_context(pair, str(target), str(EMBEDDED_DRAFTER))
+    print(f"block {block}, lookup block {lookup_block}, block_by_context {schedule}", flush=True)
+    before = pair.decoder
+    after = copy.copy(before)
+    after.datastore = CutStore(before.datastore, block, schedule)
+    cases = [
+        ("bench", p.id, chat_prompt_ids(pair.tokenizer, p.messages))
+        for p in B.select_prompts(load_prompts("heldout"), 7)
+    ]
+    contexts = [int(c) for c in args.contexts.split(",") if c]
+    hist = histories(pair.tokenizer, contexts)
+    for c in contexts:
+        for q in questions(args.questions):
+            cases.append(
+                (str(c), q["id"], chat_prompt_ids(pair.tokenizer, hist[c] + q["messages"]))
+            )
+
+    def run(dec, ids):
+        pair.decoder = dec
+        return B.dflash2_decode(pair, ids, args.max_tokens, block, lookup_block, schedule)
+
+    B.plain_decode(pair, cases[0][2], 8)  # warm-up
+    run(before, cases[0][2])
+    rows = []
+    for i, (group, pid, ids) in enumerate(cases):
+        plain = B.plain_decode(pair, ids, args.max_tokens)
+        arms = [("before", before), ("after", after)]
+        timed = {name: run(dec, ids) for name, dec in (arms if i % 2 == 0 else arms[::-1])}
+        row = {
+            "group": group,
+            "prompt": pid,
+            "prompt_tokens": len(ids),
+            "tokens": len(plain.tokens),
+            "plain_tps": round(plain.tps, 3),
+        }
+        for name, t in timed.items():
+            s = t.stats.as_dict()
+            row[name] = {
+                "identical": t.tokens == plain.tokens,
+                "tps": round(t.tps, 3),
+                "speedup": round(t.tps / plain.tps, 3),
+                "tau": round(t.stats.tau, 3),
+                "rounds": t.stats.rounds,
+                "datastore_rounds": s.get("datastore_rounds"),
+                "datastore_tau": s.get("datastore_tau"),
+            }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    def secs(rs, arm):
+        return sum(r["tokens"] / r[arm]["tps"] for r in rs)
+
+    summary = {}
+    for group in dict.fromkeys(r["group"] for r in rows):
+        rs = [r for r in rows if r["group"] == group]
+        summary[group] = {
+            **{
+                f"{a}_speedup_median": round(statistics.median(r[a]["speedup"] for r in rs), 3)
+                for a in ("before", "after")
+            },
+            "after_over_before_total": round(secs(rs, "before") / secs(rs, "after"), 3),
+            "datastore_rounds": {
+                a: sum(r[a]["datastore_rounds"] or 0 for r in rs) for a in ("before", "after")
+            },
+        }
+    res = {
+        "what": "Datastore rounds up to 7 tokens (before) vs cut to the drafter's block at the "
+        "context less the anchor (after), greedy, embedded SmolLM2-135M pair, the profile's "
+        "block / lookup block / block_by_context; speed = tokens after the first / wall time; "
+        "arms interleaved per case (order alternating), outputs compared with plain mlx-lm.",
+        "command": "python docs/results/scripts/datastore_length_ab.py OUT "
+        f"--contexts {args.contexts} --questions {args.questions} --max-tokens {args.max_tokens}",
+        "environment": B.environment(),
+        "block": block,
+        "lookup_block": lookup_block,
+        "block_by_context": [list(p) for p in schedule],
+        "all_identical": all(r[a]["identical"] for r in rows for a in ("before", "after")),
+        "summary": summary,
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
