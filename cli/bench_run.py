@@ -92,7 +92,7 @@ def _consoles():
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
     for c in (console, err):
         if not c.is_terminal:
-            c.width = max(c.width, 120)
+            c.width = max(c.width, 200)  # every column whole (120 cut some headers)
     return console, err
 
 

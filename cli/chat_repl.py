@@ -160,7 +160,8 @@ class Chat:
         stats, parts, finish = GenerationStats(), [], "length"
         view = AnswerView(self.console) if live else None
         if view:
-            view.__enter__()
+            view.__enter__()  # until the first token: what a long prompt is waiting for
+            view.update("", Text(f"prefilling {len(ids):,} prompt tokens…", style="dim"), True)
         try:
             with StopFlag() as stop:
                 chunks = stream_text(
@@ -366,6 +367,8 @@ class Chat:
                 if not live:  # piped: the answer was written as is; its status to stderr
                     sys.stdout.write("\n")
                     self.err.print(self.status(stats, finish), soft_wrap=True)
+                if piped and finish in ("stopped", "interrupted"):  # Ctrl-C ends a script
+                    return 130
             except DFlash2Error as exc:
                 self._bad(str(exc))
 

@@ -296,7 +296,10 @@ def doctor() -> dict[str, Any]:
 
     blas = _blas.info()
     metal = bool(getattr(mx, "metal", None) and mx.metal.is_available())
+    from . import __version__
+
     return {
+        "dflash2": __version__,
         "platform": f"{platform.system()} {platform.machine()}",
         "python": sys.version.split()[0],
         "mlx": getattr(mx, "__version__", "?"),

@@ -44,6 +44,7 @@ def test_doctor_reports_runtime():
     for key in ("platform", "mlx", "mlx_lm", "device", "blas", "metal", "cache_dir"):
         assert key in d
     assert d["mlx"] != "?"
+    assert d["dflash2"] == dflash2_mlx.__version__  # a bug report says which release
 
 
 @pytest.mark.skipif(

@@ -61,6 +61,7 @@ def test_chat_in_a_terminal(tiny_pair):
         child.expect_exact(PROMPT)
         shown = screen(child.before)
         assert screen(expected) in shown
+        assert "prefilling 7 prompt tokens…" in shown  # the status before the first token
         first = STATUS.pattern % (8, 8, 12, "length")
         assert re.search(first, shown), shown
         assert re.search(first, shown).group(1) == "0"  # nothing to reuse on turn one

@@ -339,6 +339,29 @@ def test_ctrl_c_stops_a_long_prefill_between_its_chunks(tiny_pair, capsys, monke
     assert cap.out.strip() == "" and "stopped" in cap.err
 
 
+def test_ctrl_c_ends_a_piped_chat(tiny_pair, capsys, monkeypatch):
+    """Lines piped in: Ctrl-C stops the answer and the script (exit 130), not only the
+    answer as in a terminal; the lines after it are not sent."""
+    import io
+
+    import dflash2_cli.chat_repl as repl
+    from dflash2_cli.stop_flag import StopFlag
+
+    turns = []
+
+    class Pressed(StopFlag):
+        def __enter__(self):
+            super().__enter__()
+            turns.append(1)
+            self.set = True  # Ctrl-C as the turn begins
+            return self
+
+    monkeypatch.setattr(repl, "StopFlag", Pressed)
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello model\nsecond line\n"))
+    assert run(_chat(tiny_pair, "--max-tokens", "10")) == 130
+    assert len(turns) == 1 and "stopped" in capsys.readouterr().err
+
+
 def test_chat_repetition_penalty_is_plain_decoding_with_it(tiny_pair, capsys):
     """--repetition-penalty: the answer is mlx-lm's plain greedy decoding with its processor."""
     import dflash2_mlx as d2

@@ -212,3 +212,24 @@ def test_a_request_refused_before_its_prefill_keeps_the_conversation():
     assert cache.stats().entries == 1
     out2, ev, _ = run(dec, cache, turn2)
     assert ev.reused_tokens == len(TURN1) + len(out1) - 1 and out2 == cold(dec, turn2)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_a_prefill_cancelled_midway_keeps_the_prefix_it_reused(family):
+    """Cancelled between its chunks (Ctrl-C, a client gone), a prefill gives back what it
+    added: an attention session holds the conversation again and the next prompt reuses it,
+    exactly; a hybrid one (Gated-DeltaNet state cannot trim) starts over, exactly too."""
+    drafter = tiny.make_drafter(2)
+    adapter = TargetAdapter(tiny.make_target(family), drafter.config.target_layer_ids)
+    dec = SpeculativeDecoder(adapter, drafter, lookup=3, prefill_chunk=4)
+    session = dec.new_session()
+    out1 = [t for ev in dec.stream(TURN1, PARAMS, session) for t in ev.tokens]
+    held = len(TURN1) + len(out1) - 1  # what the session's caches hold after turn one
+    turn2 = TURN1 + out1 + list(range(40, 50))  # 10 new tokens: three chunks of 4
+    polls = []
+    cancelled = list(dec.stream(turn2, PARAMS, session, cancel=lambda: polls.append(1) or 1))
+    assert cancelled == [] and polls == [1]  # stopped before its second chunk
+    turn3 = TURN1 + out1 + [40, 41, 7]
+    events = list(dec.stream(turn3, PARAMS, session))
+    assert [t for ev in events for t in ev.tokens] == cold(dec, turn3)
+    assert events[0].reused_tokens == (held if family == "llama" else 0)

@@ -31,7 +31,8 @@ class Prefill:
     """The prefill of `prompt` into `session` (an engine/loop.py Session whose first `reused`
     prompt tokens are already cached): `advance` feeds the next chunk; once `done`, `finish`
     picks the first token. Before every chunk but the first `cancel()` is polled: True raises
-    _Cancelled and leaves the session marked `in_round` (its caches are half-filled)."""
+    _Cancelled, the session rolled back to the prefix it reused where its caches can trim
+    (`roll_back`), else marked `in_round` (its caches are half-filled: cleared on next use)."""
 
     def __init__(
         self,
@@ -62,8 +63,22 @@ class Prefill:
     def advance(self, chunk: int) -> int:
         """Feed the next `chunk` prompt tokens (fewer at the end); returns how many."""
         if self.feed.fed and self.cancel is not None and self.cancel():
+            self.roll_back()
             raise _Cancelled
         return self.feed.feed(chunk)
+
+    def roll_back(self) -> None:
+        """Undo this prefill's chunks where every target cache can trim: the session holds
+        its reused prefix again, with the prompt's next token as its last (unfed) one, so
+        a next prompt sharing the prefix reuses it (a Ctrl-C during a long prompt no longer
+        costs the whole conversation's prefill). Else it stays `in_round`."""
+        session, caches = self.session, self.session.target_cache
+        if self.reused < 1 or not all(c.is_trimmable() for c in caches):
+            return
+        for c in caches:
+            c.trim(self.feed.fed)
+        session.tokens = list(self.prompt[: self.reused + 1])
+        session.in_round = False
 
     def run(self, chunk: int) -> Prefill:
         """Feed the rest in chunks of `chunk`."""
