@@ -308,7 +308,15 @@ def fetch(
             )
         )
     except LocalEntryNotFoundError:
-        why = "--offline: the hub is not asked" if offline else "the hub cannot be reached"
+        from huggingface_hub import constants
+
+        why = (
+            "--offline: the hub is not asked"
+            if offline
+            else "HF_HUB_OFFLINE is set: the hub is not asked"
+            if constants.HF_HUB_OFFLINE
+            else "the hub cannot be reached (offline?)"
+        )
         raise FetchError(
             f"{what} {path_or_repo}: not in the local Hugging Face cache and {why}: download "
             "it with network access (`dflash2 pull`), or pass a local folder"
