@@ -14,21 +14,12 @@ import argparse
 import copy
 import json
 import statistics
-from pathlib import Path
 
-import dflash2_mlx as d2
 from dflash2_mlx import bench as B
-from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.engine.generation import block_at
-from dflash2_mlx.profiles import (
-    recommended_block,
-    recommended_block_by_context,
-    recommended_lookup_block,
-)
 from dflash2_mlx.prompts import load_prompts
-from dflash2_mlx.registry import EMBEDDED_DRAFTER
 from dflash2_mlx.text import chat_prompt_ids
-from long_context_block import histories, questions
+from long_context_block import histories, profiled_pair, questions, seconds, write_record
 
 
 class CutStore:
@@ -55,11 +46,7 @@ def main():
     ap.add_argument("--questions", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     args = ap.parse_args()
-    target = ensure_smollm2()
-    pair = d2.load_pair(target, EMBEDDED_DRAFTER)
-    block = recommended_block(pair, str(target), str(EMBEDDED_DRAFTER)) or 4
-    lookup_block = recommended_lookup_block(pair, str(target), str(EMBEDDED_DRAFTER))
-    schedule = recommended_block_by_context(pair, str(target), str(EMBEDDED_DRAFTER))
+    pair, block, lookup_block, schedule = profiled_pair()
     print(f"block {block}, lookup block {lookup_block}, block_by_context {schedule}", flush=True)
     before = pair.decoder
     after = copy.copy(before)
@@ -108,9 +95,6 @@ def main():
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    def secs(rs, arm):
-        return sum(r["tokens"] / r[arm]["tps"] for r in rs)
-
     summary = {}
     for group in dict.fromkeys(r["group"] for r in rows):
         rs = [r for r in rows if r["group"] == group]
@@ -119,28 +103,27 @@ def main():
                 f"{a}_speedup_median": round(statistics.median(r[a]["speedup"] for r in rs), 3)
                 for a in ("before", "after")
             },
-            "after_over_before_total": round(secs(rs, "before") / secs(rs, "after"), 3),
+            "after_over_before_total": round(seconds(rs, "before") / seconds(rs, "after"), 3),
             "datastore_rounds": {
                 a: sum(r[a]["datastore_rounds"] or 0 for r in rs) for a in ("before", "after")
             },
         }
-    res = {
-        "what": "Datastore rounds up to 7 tokens (before) vs cut to the drafter's block at the "
-        "context less the anchor (after), greedy, embedded SmolLM2-135M pair, the profile's "
-        "block / lookup block / block_by_context; speed = tokens after the first / wall time; "
-        "arms interleaved per case (order alternating), outputs compared with plain mlx-lm.",
-        "command": "python docs/results/scripts/datastore_length_ab.py OUT "
-        f"--contexts {args.contexts} --questions {args.questions} --max-tokens {args.max_tokens}",
-        "environment": B.environment(),
-        "block": block,
-        "lookup_block": lookup_block,
-        "block_by_context": [list(p) for p in schedule],
-        "all_identical": all(r[a]["identical"] for r in rows for a in ("before", "after")),
-        "summary": summary,
-        "rows": rows,
-    }
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    print(json.dumps(summary, indent=1))
+    what = (
+        "Datastore rounds up to 7 tokens (before) vs cut to the drafter's block at the "
+        "context less the anchor, then on while sure (after), greedy, embedded SmolLM2-135M "
+        "pair, the profile's block / lookup block / block_by_context; speed = tokens after the "
+        "first / wall time; arms interleaved per case (order alternating), outputs compared "
+        "with plain mlx-lm."
+    )
+    write_record(
+        args,
+        "datastore_length_ab.py",
+        what,
+        (block, lookup_block, schedule),
+        rows,
+        summary,
+        ("before", "after"),
+    )
 
 
 if __name__ == "__main__":

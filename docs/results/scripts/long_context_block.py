@@ -78,14 +78,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--schedule", default=None, help='e.g. "1024:3,2048:2" (default: the profile)')
     args = ap.parse_args()
-    target = ensure_smollm2()
-    pair = d2.load_pair(target, EMBEDDED_DRAFTER)
-    block = recommended_block(pair, str(target), str(EMBEDDED_DRAFTER)) or 4
-    lookup_block = recommended_lookup_block(pair, str(target), str(EMBEDDED_DRAFTER))
+    pair, block, lookup_block, schedule = profiled_pair()
     if args.schedule:
         schedule = tuple(tuple(int(v) for v in p.split(":")) for p in args.schedule.split(","))
-    else:
-        schedule = recommended_block_by_context(pair, str(target), str(EMBEDDED_DRAFTER))
     print(f"block {block}, lookup block {lookup_block}, block_by_context {schedule}", flush=True)
     contexts = [int(c) for c in args.contexts.split(",")]
     hist = histories(pair.tokenizer, contexts)
@@ -132,18 +127,45 @@ def main():
             # all tokens over all time, scheduled / fixed
             "scheduled_over_fixed_total": round(seconds(rs, "fixed") / seconds(rs, "scheduled"), 3),
         }
-    res = {
-        "what": "Long conversations (held-out turns with the target's own greedy answers, then "
+    what = (
+        "Long conversations (held-out turns with the target's own greedy answers, then "
         "an unseen question), greedy, embedded SmolLM2-135M pair: plain mlx-lm vs dflash2 at the "
         "profile's block at every context (fixed) vs with the profile's block_by_context "
-        "(scheduled); speed = tokens after the first / wall time; arms interleaved per case.",
-        "command": "python docs/results/scripts/long_context_block.py OUT "
+        "(scheduled); speed = tokens after the first / wall time; arms interleaved per case."
+    )
+    write_record(
+        args,
+        "long_context_block.py",
+        what,
+        (block, lookup_block, schedule),
+        rows,
+        summary,
+        ("fixed", "scheduled"),
+    )
+
+
+def profiled_pair():
+    """The embedded pair and this machine's profile: (pair, block, lookup block, schedule)."""
+    target = ensure_smollm2()
+    pair = d2.load_pair(target, EMBEDDED_DRAFTER)
+    block = recommended_block(pair, str(target), str(EMBEDDED_DRAFTER)) or 4
+    lookup_block = recommended_lookup_block(pair, str(target), str(EMBEDDED_DRAFTER))
+    schedule = recommended_block_by_context(pair, str(target), str(EMBEDDED_DRAFTER))
+    return pair, block, lookup_block, schedule
+
+
+def write_record(args, script, what, drafting, rows, summary, arms):
+    """The result JSON of a long-context A/B (`arms`: the two dflash2 arms' names)."""
+    block, lookup_block, schedule = drafting
+    res = {
+        "what": what,
+        "command": f"python docs/results/scripts/{script} OUT "
         f"--contexts {args.contexts} --questions {args.questions} --max-tokens {args.max_tokens}",
         "environment": B.environment(),
         "block": block,
         "lookup_block": lookup_block,
         "block_by_context": [list(p) for p in schedule],
-        "all_identical": all(r[a]["identical"] for r in rows for a in ("fixed", "scheduled")),
+        "all_identical": all(r[a]["identical"] for r in rows for a in arms),
         "summary": summary,
         "rows": rows,
     }
