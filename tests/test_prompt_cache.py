@@ -233,3 +233,20 @@ def test_a_prefill_cancelled_midway_keeps_the_prefix_it_reused(family):
     events = list(dec.stream(turn3, PARAMS, session))
     assert [t for ev in events for t in ev.tokens] == cold(dec, turn3)
     assert events[0].reused_tokens == (held if family == "llama" else 0)
+
+
+def test_a_request_cancelled_mid_prefill_keeps_the_conversation():
+    """A client gone during its prompt's prefill: the chunks are rolled back and the entry
+    it took goes back, so its retry prefills only its new tokens (attention target)."""
+    drafter = tiny.make_drafter(2)
+    adapter = TargetAdapter(tiny.make_target("llama"), drafter.config.target_layer_ids)
+    dec = SpeculativeDecoder(adapter, drafter, lookup=3, prefill_chunk=4)
+    cache = PromptCache(dec, 1 << 30)
+    out1, _, _ = run(dec, cache, TURN1)
+    turn2 = TURN1 + out1 + list(range(40, 50))
+    with cache.lease(turn2) as lease:
+        assert lease.served > 0
+        assert list(dec.stream(turn2, PARAMS, lease.session, cancel=lambda: True)) == []
+    assert cache.stats().entries == 1
+    out2, ev, _ = run(dec, cache, turn2)
+    assert ev.reused_tokens == len(TURN1) + len(out1) - 1 and out2 == cold(dec, turn2)

@@ -76,9 +76,9 @@ class _Waiting:
     queue_ms: float = 0.0  # `add` -> the start of its prefill
 
     def let_go(self) -> None:
-        """It leaves before it joined: its session is free and clears on its next use what a
-        begun prefill left half-filled."""
-        if self.prefill is not None:
+        """It leaves before it joined: its session is free, a begun prefill rolled back to
+        the prefix it reused (Prefill.roll_back), else cleared on its next use."""
+        if self.prefill is not None and not self.prefill.roll_back():
             self.prefill.session.in_round = True
         if self.session is not None:
             self.session.release()

@@ -50,6 +50,10 @@ class Prefill:
         self.feed = ChunkedPrefill(target, ids, session.target_cache, keep_rows)
         self.ms = 0.0  # from the start to the first token, once finished
         self.logits: mx.array | None = None  # the first token's shaped logits [1, V], once finished
+        self.rolled_back = False  # roll_back undid the chunks
+        # False while a chunk is being fed or once finish begins: a failure there may leave
+        # the caches changed in ways a trim does not undo
+        self.between_chunks = True
 
     @property
     def done(self) -> bool:
@@ -65,20 +69,29 @@ class Prefill:
         if self.feed.fed and self.cancel is not None and self.cancel():
             self.roll_back()
             raise _Cancelled
-        return self.feed.feed(chunk)
+        self.between_chunks = False
+        n = self.feed.feed(chunk)
+        self.between_chunks = True
+        return n
 
-    def roll_back(self) -> None:
-        """Undo this prefill's chunks where every target cache can trim: the session holds
-        its reused prefix again, with the prompt's next token as its last (unfed) one, so
-        a next prompt sharing the prefix reuses it (a Ctrl-C during a long prompt no longer
-        costs the whole conversation's prefill). Else it stays `in_round`."""
+    def roll_back(self) -> bool:
+        """Undo this prefill's chunks where every target cache can trim and the first token
+        is not picked yet: the session holds its reused prefix again, with the prompt's next
+        token as its last (unfed) one, so a next prompt sharing the prefix reuses it (a Ctrl-C
+        or a client gone during a long prompt no longer costs the conversation's prefill).
+        Returns whether the session is consistent (else it stays `in_round`)."""
         session, caches = self.session, self.session.target_cache
-        if self.reused < 1 or not all(c.is_trimmable() for c in caches):
-            return
+        if self.rolled_back:
+            return True
+        if not self.between_chunks or self.reused < 1:
+            return False
+        if not all(c.is_trimmable() for c in caches):
+            return False
         for c in caches:
             c.trim(self.feed.fed)
         session.tokens = list(self.prompt[: self.reused + 1])
-        session.in_round = False
+        session.in_round, self.rolled_back = False, True
+        return True
 
     def run(self, chunk: int) -> Prefill:
         """Feed the rest in chunks of `chunk`."""
@@ -97,6 +110,7 @@ class Prefill:
         session then holds the prompt and it, and queues the features the drafter has not
         seen (rows no drafter layer can see skipped)."""
         session = self.session
+        self.between_chunks = False
         logits, feats, first = self.feed.result()
         session.in_round = False
         first += self.reused
