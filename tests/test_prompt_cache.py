@@ -217,8 +217,8 @@ def test_a_request_refused_before_its_prefill_keeps_the_conversation():
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_a_prefill_cancelled_midway_keeps_the_prefix_it_reused(family):
     """Cancelled between its chunks (Ctrl-C, a client gone), a prefill gives back what it
-    added: an attention session holds the conversation again and the next prompt reuses it,
-    exactly; a hybrid one (Gated-DeltaNet state cannot trim) starts over, exactly too."""
+    added (attention caches trimmed, Gated-DeltaNet state restored): the session holds the
+    conversation again and the next prompt reuses it, exactly."""
     drafter = tiny.make_drafter(2)
     adapter = TargetAdapter(tiny.make_target(family), drafter.config.target_layer_ids)
     dec = SpeculativeDecoder(adapter, drafter, lookup=3, prefill_chunk=4)
@@ -232,7 +232,7 @@ def test_a_prefill_cancelled_midway_keeps_the_prefix_it_reused(family):
     turn3 = TURN1 + out1 + [40, 41, 7]
     events = list(dec.stream(turn3, PARAMS, session))
     assert [t for ev in events for t in ev.tokens] == cold(dec, turn3)
-    assert events[0].reused_tokens == (held if family == "llama" else 0)
+    assert events[0].reused_tokens == held
 
 
 def test_a_request_cancelled_mid_prefill_keeps_the_conversation():

@@ -13,13 +13,21 @@ import time
 from typing import Callable
 
 import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache
 
 from ..target.adapter import ChunkedPrefill, TargetAdapter
+from ..target.capture import snapshot_state
 from .sampling import SamplingParams, pick
 
 
 class _Cancelled(Exception):
     """Raised between prefill chunks when the caller's `cancel` says so."""
+
+
+def _restorable(cache) -> bool:
+    """A cache that cannot trim but whose whole state a snapshot restores (mlx-lm's
+    ArraysCache: Gated-DeltaNet, Mamba), as target/rollback.py does after a verify."""
+    return not cache.is_trimmable() and isinstance(cache, ArraysCache)
 
 
 def drafter_offset(session) -> int:
@@ -31,8 +39,7 @@ class Prefill:
     """The prefill of `prompt` into `session` (an engine/loop.py Session whose first `reused`
     prompt tokens are already cached): `advance` feeds the next chunk; once `done`, `finish`
     picks the first token. Before every chunk but the first `cancel()` is polled: True raises
-    _Cancelled, the session rolled back to the prefix it reused where its caches can trim
-    (`roll_back`), else marked `in_round` (its caches are half-filled: cleared on next use)."""
+    _Cancelled, the session rolled back to the prefix it reused (`roll_back`)."""
 
     def __init__(
         self,
@@ -54,6 +61,8 @@ class Prefill:
         # False while a chunk is being fed or once finish begins: a failure there may leave
         # the caches changed in ways a trim does not undo
         self.between_chunks = True
+        # what roll_back restores: each cache that cannot trim (a recurrent one), as it was
+        self.saved = [(c, snapshot_state(c)) for c in session.target_cache if _restorable(c)]
 
     @property
     def done(self) -> bool:
@@ -75,20 +84,26 @@ class Prefill:
         return n
 
     def roll_back(self) -> bool:
-        """Undo this prefill's chunks where every target cache can trim and the first token
-        is not picked yet: the session holds its reused prefix again, with the prompt's next
-        token as its last (unfed) one, so a next prompt sharing the prefix reuses it (a Ctrl-C
-        or a client gone during a long prompt no longer costs the conversation's prefill).
-        Returns whether the session is consistent (else it stays `in_round`)."""
+        """Undo this prefill's chunks (attention caches trimmed, recurrent ones restored to
+        their state before it) unless a chunk or the first token's pick was cut midway or a
+        cache can do neither (a sliding window past its size): the session holds its reused
+        prefix again, the prompt's next token its last (unfed) one, so a next prompt sharing
+        the prefix reuses it (a Ctrl-C or a client gone during a long prompt no longer costs
+        the conversation's prefill). Returns whether the session is consistent (else it
+        stays `in_round`: cleared on its next use)."""
         session, caches = self.session, self.session.target_cache
         if self.rolled_back:
             return True
         if not self.between_chunks or self.reused < 1:
             return False
-        if not all(c.is_trimmable() for c in caches):
+        restore = {id(c): state for c, state in self.saved}
+        if not all(c.is_trimmable() or id(c) in restore for c in caches):
             return False
         for c in caches:
-            c.trim(self.feed.fed)
+            if id(c) in restore:
+                c.state = restore[id(c)]
+            else:
+                c.trim(self.feed.fed)
         session.tokens = list(self.prompt[: self.reused + 1])
         session.in_round, self.rolled_back = False, True
         return True
