@@ -117,7 +117,8 @@ class Pair:
         session: Session | None = None,
         cancel: Callable[[], bool] | None = None,
     ) -> Iterator[RoundEvent]:
-        """`cancel`: polled between prefill chunks (True: the stream ends, no event)."""
+        """`cancel`: polled before the prefill, between its chunks and between rounds (True:
+        the stream ends there, no further event)."""
         return self.decoder.stream(prompt_ids, self.with_defaults(params), session, cancel)
 
     def batch(

@@ -168,6 +168,8 @@ class TextStream:
     def __init__(self, tokenizer, stop: Sequence[str] = (), context: Sequence[int] = ()):
         if isinstance(stop, str):
             stop = [stop]
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise ParameterError(f"stop must be a string or a list of strings, got {stop!r}")
         self.stop = [s for s in stop if s]
         self.decoder = IncrementalDecoder(tokenizer, context)
         self.sent = 0  # chars of the decoded text already emitted
@@ -209,6 +211,8 @@ class EventText:
     strings cut (a chunk whose finish_reason is set is the generation's last)."""
 
     def __init__(self, pair, prompt_ids: Sequence[int], params: GenerationParams, stop=()):
+        if getattr(pair, "tokenizer", None) is None:
+            raise ParameterError(f"text needs a pair with a tokenizer, got {pair!r}")
         self.stream = TextStream(pair.tokenizer, stop, context=prompt_ids)
         self.hidden = params.stop_token_ids or pair.eos_ids  # end-of-turn tokens are not text
 
@@ -238,9 +242,13 @@ def stream_text(
     cancel: Callable[[], bool] | None = None,
 ) -> Iterator[TextChunk]:
     """Generate and yield text per round; stops at EOS, a stop string or max_tokens.
-    `cancel`: polled between prefill chunks (True: ends without a chunk)."""
+    `cancel`: polled before the prefill, between its chunks and between rounds (True: the
+    stream ends there, no further chunk). Bad arguments raise here, before anything runs."""
     texts = EventText(pair, prompt_ids, params, stop)
-    events = pair.stream(prompt_ids, params, session, cancel)
+    return _text_chunks(texts, pair.stream(prompt_ids, params, session, cancel))
+
+
+def _text_chunks(texts: EventText, events) -> Iterator[TextChunk]:
     try:
         for ev in events:
             chunk = texts.chunk(ev)

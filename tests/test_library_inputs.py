@@ -42,6 +42,22 @@ def test_bad_prompt_ids_are_refused_before_anything_runs(decoder, prompt, messag
         dec.generate(prompt, GenerationParams(max_tokens=2))
     with pytest.raises(ParameterError, match=message):  # the batched engine: the same rule
         BatchDecoder(dec).add(prompt, GenerationParams(max_tokens=2))
+    with pytest.raises(ParameterError, match=message):  # at the call, not when iterated
+        dec.stream(prompt, GenerationParams(max_tokens=2))
+
+
+@pytest.mark.parametrize("stop", [5, None, [1], ["ok", 2], {"a"}])
+def test_text_stop_strings_of_the_wrong_type_are_refused_at_the_call(tiny_pair, stop):
+    import dflash2_mlx as d2
+
+    pair = d2.load_pair(*tiny_pair)
+    ids = [3, 14, 15]
+    with pytest.raises(ParameterError, match="stop must be a string or a list of strings"):
+        d2.stream_text(pair, ids, GenerationParams(max_tokens=2), stop=stop)
+    with pytest.raises(ParameterError, match="stop must be a string or a list of strings"):
+        d2.generate_text(pair, ids, GenerationParams(max_tokens=2), stop=stop)
+    with pytest.raises(ParameterError, match="text needs a pair with a tokenizer"):
+        d2.generate_text(None, ids, GenerationParams(max_tokens=2))
 
 
 def test_prompt_ids_as_arrays_are_the_same_prompt(decoder):
@@ -57,6 +73,29 @@ def test_prompt_ids_as_arrays_are_the_same_prompt(decoder):
 def test_seeds_outside_uint64_are_refused(seed):
     with pytest.raises(ParameterError, match=r"seed must be an int in \[0, 2\*\*64\)"):
         SamplingParams(temperature=0.7, seed=seed)
+
+
+def test_numpy_scalars_and_a_list_of_processors_are_the_same_parameters(decoder):
+    """What NumPy code and mlx-lm's make_logits_processors (a list) hand over is accepted as
+    the Python values, and runs the same."""
+    _, dec = decoder
+    bias = lambda tokens, logits: logits  # noqa: E731
+    plain = GenerationParams(
+        max_tokens=4,
+        block_size=2,
+        logits_processors=(bias,),
+        sampling=SamplingParams(temperature=0.5, seed=3, top_k=5),
+    )
+    numpy = GenerationParams(
+        max_tokens=np.int64(4),
+        block_size=np.int32(2),
+        logits_processors=[bias],
+        sampling=SamplingParams(temperature=np.float32(0.5), seed=np.uint64(3), top_k=np.int8(5)),
+    )
+    assert numpy == plain and type(numpy.max_tokens) is int
+    assert dec.generate(PROMPT, numpy) == dec.generate(PROMPT, plain)
+    with pytest.raises(ParameterError, match="max_tokens must be an int >= 1"):
+        GenerationParams(max_tokens=np.float64(3.0))
 
 
 def test_the_largest_seed_runs(decoder):

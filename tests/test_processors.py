@@ -111,7 +111,9 @@ def test_bad_settings_are_refused_naming_the_field():
         with pytest.raises(ParameterError, match=re.escape(needle)):
             penalties(tiny.VOCAB, **kwargs)
     with pytest.raises(ParameterError, match="logits_processors"):
-        GenerationParams(logits_processors=[lambda t, x: x])
+        GenerationParams(logits_processors=[5])  # a list is fine (mlx-lm's), of callables
+    with pytest.raises(ParameterError, match="vocab must be the vocabulary size"):
+        penalties("x", repetition_penalty=1.2)
     neutral = dict(repetition_penalty=1, presence_penalty=0, frequency_penalty=0.0, logit_bias={})
     assert penalties(tiny.VOCAB, **neutral) == ()
 

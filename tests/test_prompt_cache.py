@@ -59,6 +59,15 @@ def test_budget_must_be_positive(dec):
         PromptCache(dec, 0)
 
 
+def test_bad_arguments_are_refused_with_their_names(dec):
+    with pytest.raises(ParameterError, match="decoder must be a SpeculativeDecoder"):
+        PromptCache(object(), 1 << 20)  # e.g. a Pair instead of its .decoder
+    cache = PromptCache(dec, 1 << 20)
+    for bad, message in (("123", "not text"), ([1.7], "not a token id"), (None, "sequence")):
+        with pytest.raises(ParameterError, match=message):
+            cache.lease(bad)
+
+
 def test_next_turn_prefills_only_new_tokens(dec):
     """Turn 2 extends turn 1 + its answer: only the new tokens are prefilled. A turn whose
     history re-renders the answer differently resumes where it diverges (attention) or at the
@@ -226,9 +235,10 @@ def test_a_prefill_cancelled_midway_keeps_the_prefix_it_reused(family):
     out1 = [t for ev in dec.stream(TURN1, PARAMS, session) for t in ev.tokens]
     held = len(TURN1) + len(out1) - 1  # what the session's caches hold after turn one
     turn2 = TURN1 + out1 + list(range(40, 50))  # 10 new tokens: three chunks of 4
-    polls = []
-    cancelled = list(dec.stream(turn2, PARAMS, session, cancel=lambda: polls.append(1) or 1))
-    assert cancelled == [] and polls == [1]  # stopped before its second chunk
+    polls = []  # polled before the prefill, then before each chunk but the first
+    cancel = lambda: polls.append(1) or len(polls) > 1  # noqa: E731
+    cancelled = list(dec.stream(turn2, PARAMS, session, cancel=cancel))
+    assert cancelled == [] and len(polls) == 2  # stopped before its second chunk
     turn3 = TURN1 + out1 + [40, 41, 7]
     events = list(dec.stream(turn3, PARAMS, session))
     assert [t for ev in events for t in ev.tokens] == cold(dec, turn3)
@@ -244,9 +254,28 @@ def test_a_request_cancelled_mid_prefill_keeps_the_conversation():
     cache = PromptCache(dec, 1 << 30)
     out1, _, _ = run(dec, cache, TURN1)
     turn2 = TURN1 + out1 + list(range(40, 50))
+    polls = []
+    cancel = lambda: polls.append(1) or len(polls) > 1  # noqa: E731  (before the 2nd chunk)
     with cache.lease(turn2) as lease:
         assert lease.served > 0
-        assert list(dec.stream(turn2, PARAMS, lease.session, cancel=lambda: True)) == []
+        assert list(dec.stream(turn2, PARAMS, lease.session, cancel=cancel)) == []
     assert cache.stats().entries == 1
     out2, ev, _ = run(dec, cache, turn2)
     assert ev.reused_tokens == len(TURN1) + len(out1) - 1 and out2 == cold(dec, turn2)
+
+
+def test_cancel_is_polled_before_the_prefill_and_between_rounds():
+    """True before the prefill: no event, the session untouched; true after the first
+    event: the stream ends there and the session goes on exactly."""
+    dec = decoder("llama")
+    session = dec.new_session()
+    assert list(dec.stream(TURN1, PARAMS, session, cancel=lambda: True)) == []
+    assert session.tokens == []
+    events = []
+    stream = dec.stream(TURN1, PARAMS, session, cancel=lambda: len(events) >= 1)
+    for ev in stream:
+        events.append(ev)
+    assert len(events) == 1 and events[0].prefill and not session.in_round
+    nxt = TURN1 + events[0].tokens + [40, 41]
+    out = [t for ev in dec.stream(nxt, PARAMS, session) for t in ev.tokens]
+    assert out == cold(dec, nxt)

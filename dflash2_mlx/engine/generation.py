@@ -16,7 +16,7 @@ from ..errors import ParameterError
 from .constraint import ConstraintFactory, TokenConstraint, constrain
 from .logprobs import check_top, token_logprobs
 from .processors import LogitsProcessor, process
-from .sampling import SamplingParams
+from .sampling import SamplingParams, plain_number
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,10 @@ class GenerationParams:
     logprobs: int | None = None
 
     def __post_init__(self):
+        for name in ("max_tokens", "block_size", "lookup_block", "logprobs"):  # NumPy ints too
+            object.__setattr__(self, name, plain_number(getattr(self, name)))
+        if isinstance(self.logits_processors, list):  # mlx-lm's make_logits_processors
+            object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
         object.__setattr__(self, "prediction", tuple(token_ids(self.prediction, "prediction")))
         stops = frozenset(token_ids(self.stop_token_ids, "stop_token_ids"))
         object.__setattr__(self, "stop_token_ids", stops)
@@ -72,7 +76,7 @@ class GenerationParams:
         if not isinstance(self.logits_processors, tuple) or not all(
             callable(p) for p in self.logits_processors
         ):
-            raise ParameterError("logits_processors must be a tuple of callables")
+            raise ParameterError("logits_processors must be a tuple or list of callables")
         check_top(self.logprobs)
         object.__setattr__(self, "block_by_context", check_block_by_context(self.block_by_context))
         for name in ("block_size", "lookup_block"):

@@ -374,19 +374,29 @@ class SpeculativeDecoder:
         cancel: Callable[[], bool] | None = None,
     ) -> Iterator[RoundEvent]:
         """Generate from `prompt` ids; yields one RoundEvent per round (the first: prefill).
-        `cancel`: polled between prefill chunks; when it returns True the stream ends without
-        an event (a long prompt does not run on after its client left)."""
+        `cancel`: polled before the prefill, between its chunks and between rounds; when it
+        returns True the stream ends there, with no further event (a long prompt does not run
+        on after its client left; the session keeps what it holds). Bad arguments raise
+        here, before anything runs."""
         prompt, run = self._validate(prompt, params)
         self.check_session(session, cancel)
+        return self._events(prompt, run, session, cancel)
+
+    def _events(
+        self, prompt: list[int], run: _Run, session: Session | None, cancel
+    ) -> Iterator[RoundEvent]:
         session = session if session is not None else self.new_session()
         session.hold(run)
+        stop = cancel if cancel is not None else (lambda: False)
         try:
+            if stop():
+                return
             try:
                 event = self._start(session, prompt, run, cancel)
             except _Cancelled:
                 return
             yield event
-            while event.finish_reason is None:
+            while event.finish_reason is None and not stop():
                 event = self._round(session, run)
                 yield event
         finally:

@@ -101,6 +101,8 @@ def penalties(
     (check_penalty); those that do nothing add no processor."""
     from mlx_lm.sample_utils import make_logits_processors
 
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise ParameterError(f"vocab must be the vocabulary size (an int >= 1), got {vocab!r}")
     given = {n: check_penalty(n, v, vocab) for n, v in settings.items() if v is not None}
     active = {n: v for n, v in given.items() if v != PENALTY_FIELDS[n]}
     counted = "presence_penalty" in active or "frequency_penalty" in active

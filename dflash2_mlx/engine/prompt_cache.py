@@ -34,6 +34,7 @@ import mlx.core as mx
 
 from ..errors import ParameterError
 from .events import RoundEvent
+from .generation import token_ids
 from .loop import Session, SpeculativeDecoder
 
 
@@ -147,6 +148,11 @@ class PromptCache:
     """
 
     def __init__(self, decoder: SpeculativeDecoder, max_bytes: int):
+        if not isinstance(decoder, SpeculativeDecoder):  # a Pair: its .decoder
+            raise ParameterError(
+                "decoder must be a SpeculativeDecoder (a Pair's .decoder), got a "
+                f"{type(decoder).__name__}"
+            )
         if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
             raise ParameterError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
         self.decoder = decoder
@@ -163,7 +169,7 @@ class PromptCache:
     def lease(self, prompt: Sequence[int]) -> "Lease":
         """A session for `prompt`: the stored one that serves its longest prefix (taken, or
         copied when the prompt branches off inside it), else a fresh one."""
-        prompt = [int(t) for t in prompt]
+        prompt = token_ids(prompt, "prompt", self.decoder.target.vocab_size)
         taken = None  # the entry handed out itself (not a copy)
         with self._lock:
             key, served = self._best(prompt)

@@ -9,6 +9,7 @@ committed token follows p exactly. DFlash2's q lives on K candidates (sparse).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, fields
 
 import mlx.core as mx
@@ -50,6 +51,14 @@ _CHECKS = {
 }
 
 
+def plain_number(value):
+    """A NumPy (or other numbers.Real) scalar as a Python int or float; anything else as it
+    is (its field's check then says what is wrong)."""
+    if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
 def field_problem(name: str, value) -> str | None:
     """What is wrong with `value` for SamplingParams field `name`, or None if it is valid."""
     ok, rule = _CHECKS[name]
@@ -65,6 +74,8 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
+        for name in _CHECKS:  # NumPy scalars as Python numbers (then checked as those)
+            object.__setattr__(self, name, plain_number(getattr(self, name)))
         for name in _CHECKS:
             problem = field_problem(name, getattr(self, name))
             if problem:
