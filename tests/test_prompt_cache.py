@@ -6,6 +6,7 @@ at the same time never share or corrupt a session."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 import tiny
@@ -279,3 +280,50 @@ def test_cancel_is_polled_before_the_prefill_and_between_rounds():
     nxt = TURN1 + events[0].tokens + [40, 41]
     out = [t for ev in dec.stream(nxt, PARAMS, session) for t in ev.tokens]
     assert out == cold(dec, nxt)
+
+
+def test_a_cancelled_prompt_that_cut_into_the_stored_answer_keeps_the_prefix():
+    """The usual next turn re-renders the answer differently: the lease trims the entry it
+    took; cancelled mid-prefill, the rolled-back session still goes back to the cache and a
+    retry resumes it."""
+    drafter = tiny.make_drafter(2)
+    adapter = TargetAdapter(tiny.make_target("llama"), drafter.config.target_layer_ids)
+    dec = SpeculativeDecoder(adapter, drafter, lookup=3, prefill_chunk=4)
+    cache = PromptCache(dec, 1 << 30)
+    out1, _, _ = run(dec, cache, TURN1)
+    turn2 = TURN1 + out1[:4] + list(range(40, 50))  # leaves the stored answer after 4 tokens
+    polls = []
+    cancel = lambda: polls.append(1) or len(polls) > 1  # noqa: E731  (before the 2nd chunk)
+    with cache.lease(turn2) as lease:
+        assert lease.served > 0
+        assert list(dec.stream(turn2, PARAMS, lease.session, cancel=cancel)) == []
+    assert cache.stats().entries == 1
+    out2, ev, _ = run(dec, cache, turn2)
+    assert ev.reused_tokens == len(TURN1) + 4 and out2 == cold(dec, turn2)
+
+
+def test_a_second_stream_on_a_session_is_refused_even_before_the_first_starts(dec):
+    session = dec.new_session()
+    first = dec.stream(TURN1, PARAMS, session)
+    with pytest.raises(ParameterError, match="in use"):
+        dec.stream([40, 41, 42], PARAMS, session)
+    assert [t for ev in first for t in ev.tokens] == cold(dec, TURN1)
+    del first  # a stream dropped unstarted frees its session
+    unstarted = dec.stream([40, 41, 42], PARAMS, session)
+    del unstarted
+    assert dec.generate([40, 41, 42], PARAMS, session) == cold(dec, [40, 41, 42])
+
+
+def test_a_processor_that_fails_on_the_first_token_leaves_the_session_to_be_cleared(dec):
+    session = dec.new_session()
+    out1 = dec.generate(TURN1, PARAMS, session)
+
+    def boom(tokens, logits):
+        raise ValueError("processor failed")
+
+    turn2 = TURN1 + out1 + list(range(40, 50))
+    with pytest.raises(ValueError, match="processor failed"):
+        list(dec.stream(turn2, replace(PARAMS, logits_processors=(boom,)), session))
+    assert session.in_round  # not consistent: its caches hold the prompt, its tokens do not
+    turn3 = TURN1 + out1 + [40, 41, 7]
+    assert dec.generate(turn3, PARAMS, session) == cold(dec, turn3)

@@ -380,13 +380,13 @@ class SpeculativeDecoder:
         here, before anything runs."""
         prompt, run = self._validate(prompt, params)
         self.check_session(session, cancel)
+        session = session if session is not None else self.new_session()
+        session.hold(run)  # now: a second stream on it is refused (dropped unstarted: freed)
         return self._events(prompt, run, session, cancel)
 
     def _events(
-        self, prompt: list[int], run: _Run, session: Session | None, cancel
+        self, prompt: list[int], run: _Run, session: Session, cancel
     ) -> Iterator[RoundEvent]:
-        session = session if session is not None else self.new_session()
-        session.hold(run)
         stop = cancel if cancel is not None else (lambda: False)
         try:
             if stop():

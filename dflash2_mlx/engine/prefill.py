@@ -127,7 +127,6 @@ class Prefill:
         session = self.session
         self.between_chunks = False
         logits, feats, first = self.feed.result()
-        session.in_round = False
         first += self.reused
         d_off = drafter_offset(session)
         pending = session.pending
@@ -141,6 +140,7 @@ class Prefill:
         self.logits = last  # [1, V]: the first token's distribution (its logprob)
         token = int(pick(last[0], sampling, key).item())
         session.tokens = list(self.prompt) + [token]
+        session.in_round = False  # last: a shape or pick that raised leaves it to be cleared
         if session.lookup is not None:
             session.lookup.reset(session.tokens)
         self.ms = (time.perf_counter() - self.started) * 1000.0

@@ -291,6 +291,10 @@ class Lease:
         elif self._taken is not None and _positions(self.session) == self._as_taken:
             # refused before its prefill began (a bad parameter): the conversation stays
             self.cache._store(self.session, self._taken.prompt_len)
+        elif self._taken is not None and not self.session.in_round:
+            # a prefill cancelled and rolled back (Prefill.roll_back) after the prompt cut
+            # back into the stored answer: the prefix it kept stays
+            self.cache._store(self.session, min(self._taken.prompt_len, self.session.fed))
 
     def __enter__(self) -> "Lease":
         return self
