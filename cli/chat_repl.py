@@ -320,7 +320,8 @@ class Chat:
             "min_p": sp.min_p,
             "seed": sp.seed,
             "max tokens": self.max_tokens,
-            "block": f"{self.block} (trained {self.trained})",
+            "block": f"{self.block} (trained {self.trained})"
+            + "".join(f"; {b} from {c:,} tokens" for c, b in self.by_context),
             "speculative": "on" if self.spec else "off",
             "context lookup": (
                 f"after a repeat of the last {self.pair.decoder.lookup} tokens"

@@ -286,3 +286,16 @@ def test_the_chats_status_line_shows_the_block_at_the_conversations_length():
             block=4, by_context=schedule, spec=spec, session=SimpleNamespace(tokens=[0] * tokens)
         )
         assert shown in Chat.status(chat, stats).plain, (tokens, spec)
+    settings = SimpleNamespace(  # /stats lists the schedule beside the block
+        sampling=d2.SamplingParams(),
+        max_tokens=5,
+        block=4,
+        trained=8,
+        by_context=schedule,
+        spec=True,
+        pair=SimpleNamespace(decoder=SimpleNamespace(lookup=3)),
+        thinking=None,
+        system=None,
+    )
+    block = Chat.settings(settings)["block"]
+    assert block == "4 (trained 8); 2 from 1,536 tokens; 1 from 6,656 tokens"
