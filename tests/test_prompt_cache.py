@@ -20,12 +20,11 @@ PARAMS = GenerationParams(max_tokens=12, block_size=4)
 TURN1 = [3, 14, 15, 9, 26, 5, 6, 7]
 
 
-def decoder(family: str) -> SpeculativeDecoder:
+def decoder(family: str, prefill_chunk: int = 512) -> SpeculativeDecoder:
     model = tiny.make_target(family)
     drafter = tiny.make_drafter(2)
-    return SpeculativeDecoder(
-        TargetAdapter(model, drafter.config.target_layer_ids), drafter, lookup=3
-    )
+    adapter = TargetAdapter(model, drafter.config.target_layer_ids)
+    return SpeculativeDecoder(adapter, drafter, lookup=3, prefill_chunk=prefill_chunk)
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3_5"])
@@ -229,9 +228,7 @@ def test_a_prefill_cancelled_midway_keeps_the_prefix_it_reused(family):
     """Cancelled between its chunks (Ctrl-C, a client gone), a prefill gives back what it
     added (attention caches trimmed, Gated-DeltaNet state restored): the session holds the
     conversation again and the next prompt reuses it, exactly."""
-    drafter = tiny.make_drafter(2)
-    adapter = TargetAdapter(tiny.make_target(family), drafter.config.target_layer_ids)
-    dec = SpeculativeDecoder(adapter, drafter, lookup=3, prefill_chunk=4)
+    dec = decoder(family, prefill_chunk=4)
     session = dec.new_session()
     out1 = [t for ev in dec.stream(TURN1, PARAMS, session) for t in ev.tokens]
     held = len(TURN1) + len(out1) - 1  # what the session's caches hold after turn one
@@ -244,25 +241,6 @@ def test_a_prefill_cancelled_midway_keeps_the_prefix_it_reused(family):
     events = list(dec.stream(turn3, PARAMS, session))
     assert [t for ev in events for t in ev.tokens] == cold(dec, turn3)
     assert events[0].reused_tokens == held
-
-
-def test_a_request_cancelled_mid_prefill_keeps_the_conversation():
-    """A client gone during its prompt's prefill: the chunks are rolled back and the entry
-    it took goes back, so its retry prefills only its new tokens (attention target)."""
-    drafter = tiny.make_drafter(2)
-    adapter = TargetAdapter(tiny.make_target("llama"), drafter.config.target_layer_ids)
-    dec = SpeculativeDecoder(adapter, drafter, lookup=3, prefill_chunk=4)
-    cache = PromptCache(dec, 1 << 30)
-    out1, _, _ = run(dec, cache, TURN1)
-    turn2 = TURN1 + out1 + list(range(40, 50))
-    polls = []
-    cancel = lambda: polls.append(1) or len(polls) > 1  # noqa: E731  (before the 2nd chunk)
-    with cache.lease(turn2) as lease:
-        assert lease.served > 0
-        assert list(dec.stream(turn2, PARAMS, lease.session, cancel=cancel)) == []
-    assert cache.stats().entries == 1
-    out2, ev, _ = run(dec, cache, turn2)
-    assert ev.reused_tokens == len(TURN1) + len(out1) - 1 and out2 == cold(dec, turn2)
 
 
 def test_cancel_is_polled_before_the_prefill_and_between_rounds():
@@ -282,16 +260,16 @@ def test_cancel_is_polled_before_the_prefill_and_between_rounds():
     assert out == cold(dec, nxt)
 
 
-def test_a_cancelled_prompt_that_cut_into_the_stored_answer_keeps_the_prefix():
-    """The usual next turn re-renders the answer differently: the lease trims the entry it
-    took; cancelled mid-prefill, the rolled-back session still goes back to the cache and a
-    retry resumes it."""
-    drafter = tiny.make_drafter(2)
-    adapter = TargetAdapter(tiny.make_target("llama"), drafter.config.target_layer_ids)
-    dec = SpeculativeDecoder(adapter, drafter, lookup=3, prefill_chunk=4)
+@pytest.mark.parametrize("kept", [None, 4])
+def test_a_request_cancelled_mid_prefill_keeps_the_conversation(kept):
+    """A client gone during its prompt's prefill: the chunks are rolled back and the entry it
+    took goes back to the cache, so its retry prefills only its new tokens — also when the
+    prompt re-rendered the answer differently (`kept` of its tokens: the lease trimmed the
+    entry it took, the usual next turn)."""
+    dec = decoder("llama", prefill_chunk=4)
     cache = PromptCache(dec, 1 << 30)
     out1, _, _ = run(dec, cache, TURN1)
-    turn2 = TURN1 + out1[:4] + list(range(40, 50))  # leaves the stored answer after 4 tokens
+    turn2 = TURN1 + out1[:kept] + list(range(40, 50))
     polls = []
     cancel = lambda: polls.append(1) or len(polls) > 1  # noqa: E731  (before the 2nd chunk)
     with cache.lease(turn2) as lease:
@@ -299,7 +277,8 @@ def test_a_cancelled_prompt_that_cut_into_the_stored_answer_keeps_the_prefix():
         assert list(dec.stream(turn2, PARAMS, lease.session, cancel=cancel)) == []
     assert cache.stats().entries == 1
     out2, ev, _ = run(dec, cache, turn2)
-    assert ev.reused_tokens == len(TURN1) + 4 and out2 == cold(dec, turn2)
+    held = len(TURN1) + (len(out1) - 1 if kept is None else kept)
+    assert ev.reused_tokens == held and out2 == cold(dec, turn2)
 
 
 def test_a_second_stream_on_a_session_is_refused_even_before_the_first_starts(dec):
