@@ -49,7 +49,7 @@ class DatastoreMatch:
     support: int  # occurrences of that context in the datastore
     share: float  # of the occurrences with a next token, the share that agree on tokens[0]
     # per token: at least two occurrences reached it and all of them agree on it (accepted
-    # 67-100 % on the held-out replay, the others 43-83 %: docs/results/smollm2-datastore-length.json)
+    # 76-90 % on the held-out replay, the others 48-60 %: docs/results/smollm2-datastore-length.json)
     sure: tuple[bool, ...] = ()
 
 
