@@ -212,7 +212,7 @@ class EventText:
 
     def __init__(self, pair, prompt_ids: Sequence[int], params: GenerationParams, stop=()):
         if getattr(pair, "tokenizer", None) is None:
-            raise ParameterError(f"text needs a pair with a tokenizer, got {pair!r}")
+            raise ParameterError(f"text needs a pair with a tokenizer, got {type(pair).__name__}")
         self.stream = TextStream(pair.tokenizer, stop, context=prompt_ids)
         self.hidden = params.stop_token_ids or pair.eos_ids  # end-of-turn tokens are not text
 
