@@ -11,10 +11,10 @@ from pathlib import Path
 from .bench_view import (
     env_line,
     fmt_number,
-    autotune_table,
     kernels_report,
     lossless_verdict,
-    lookup_table,
+    print_block_choice,
+    print_lookup_choice,
     speed_tables,
 )
 from .bench_options import BenchOptions, BenchRun
@@ -171,67 +171,12 @@ def _autotune(run: BenchRun) -> int:
     run.report["settings"]["repeats"] = o.autotune_repeats
     saved = A.save_profile(profile)
     run.report["autotune"] = dict(profile, path=str(saved))
-    _print_block_choice(profile, console)
-    _print_lookup_choice(profile, console)
+    print_block_choice(profile, console)
+    print_lookup_choice(profile, console)
     console.print(
         Text(f"profile: {saved} (chat and serve use it when no --block is given)", style="dim")
     )
     return 0
-
-
-def _print_block_choice(profile: dict, console) -> None:
-    """The calibration, the cost table and the chosen block size."""
-    from rich.text import Text
-
-    acc = profile["acceptance"]
-    console.print(autotune_table(profile))
-    console.print(
-        Text(
-            f"calibration: {acc['rounds']} rounds at block {acc['block']} on "
-            f"{acc['prompts']} prompts, τ {acc['tau']:.2f}, "
-            f"{1 - acc['drafter_share']:.0%} drafted by lookup (no draft pass); "
-            "p(draft k accepted | "
-            "1..k-1 accepted) = " + ", ".join(f"{p:.2f}" for p in acc["position_probs"])
-        )
-    )
-    if profile["cap"]:
-        console.print(Text(f"note: {profile['cap_reason']}", style="yellow"))
-    best = next(r for r in profile["table"] if r["block"] == profile["chosen_block"])
-    console.print(
-        Text(
-            f"chosen block {profile['chosen_block']}: {best['expected_tokens']:.2f} "
-            f"tokens/round in {best['round_ms']:.1f} ms ≈ {best['expected_tps']:.1f} "
-            "tok/s expected",
-            style="bold green",
-        )
-    )
-    long = profile.get("long_context")
-    if long:  # the same choice at longer contexts (block_schedule.py)
-        falls = "; ".join(f"{b} from {c:,} tokens" for c, b in profile["block_by_context"])
-        console.print(
-            Text(
-                f"block by context (costs also timed at {long['context']:,} tokens): "
-                + (falls or f"{profile['chosen_block']} at every context"),
-                style="green",
-            )
-        )
-
-
-def _print_lookup_choice(profile: dict, console) -> None:
-    """The lookup-block table (if measured) and the lookup block chosen."""
-    from rich.text import Text
-
-    acc, lookup = profile["acceptance"], profile["lookup"]
-    if lookup["table"]:
-        console.print(lookup_table(profile))
-    console.print(
-        Text(
-            f"lookup block: {lookup['chosen'] or 'engine default'} ({lookup['reason']}"
-            f"; {acc.get('lookup_rounds', 0)} lookup rounds at lookup block "
-            f"{lookup['calibration_block']}, τ {acc.get('lookup_tau', 0):.2f})",
-            style="bold green" if lookup["chosen"] else "dim",
-        )
-    )
 
 
 def _speed(run: BenchRun) -> int:

@@ -259,3 +259,62 @@ def kernels_report(repeats: int, console, err) -> dict:
     elif res.get("note"):
         console.print(Text(res["note"], style="dim"))
     return res
+
+
+def print_block_choice(profile: dict, console) -> None:
+    """The calibration, the cost table and the chosen block size."""
+    acc = profile["acceptance"]
+    console.print(autotune_table(profile))
+    console.print(
+        Text(
+            f"calibration: {acc['rounds']} rounds at block {acc['block']} on "
+            f"{acc['prompts']} prompts, τ {acc['tau']:.2f}, "
+            f"{1 - acc['drafter_share']:.0%} drafted by lookup (no draft pass); "
+            "p(draft k accepted | "
+            "1..k-1 accepted) = " + ", ".join(f"{p:.2f}" for p in acc["position_probs"])
+        )
+    )
+    if profile["cap"]:
+        console.print(Text(f"note: {profile['cap_reason']}", style="yellow"))
+    best = next(r for r in profile["table"] if r["block"] == profile["chosen_block"])
+    console.print(
+        Text(
+            f"chosen block {profile['chosen_block']}: {best['expected_tokens']:.2f} "
+            f"tokens/round in {best['round_ms']:.1f} ms ≈ {best['expected_tps']:.1f} "
+            "tok/s expected",
+            style="bold green",
+        )
+    )
+    long = profile.get("long_context")
+    if long:  # the same choice at longer contexts (block_schedule.py)
+        falls = "; ".join(f"{b} from {c:,} tokens" for c, b in profile["block_by_context"])
+        console.print(
+            Text(
+                f"block by context (costs also timed at {long['context']:,} tokens): "
+                + (falls or f"{profile['chosen_block']} at every context"),
+                style="green",
+            )
+        )
+    sampled = profile.get("sampled")
+    if sampled:  # calibration.py: sampled rounds accept less
+        each = "; ".join(
+            f"T {c['temperature']:g}: τ {c['tau']:.2f} over {c['rounds']} drafter rounds, "
+            f"best block {c['chosen_block']}"
+            for c in sampled
+        )
+        console.print(Text(f"sampled: {each}", style="green"))
+
+
+def print_lookup_choice(profile: dict, console) -> None:
+    """The lookup-block table (if measured) and the lookup block chosen."""
+    acc, lookup = profile["acceptance"], profile["lookup"]
+    if lookup["table"]:
+        console.print(lookup_table(profile))
+    console.print(
+        Text(
+            f"lookup block: {lookup['chosen'] or 'engine default'} ({lookup['reason']}"
+            f"; {acc.get('lookup_rounds', 0)} lookup rounds at lookup block "
+            f"{lookup['calibration_block']}, τ {acc.get('lookup_tau', 0):.2f})",
+            style="bold green" if lookup["chosen"] else "dim",
+        )
+    )

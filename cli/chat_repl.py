@@ -22,7 +22,8 @@ from dflash2_mlx.engine.generation import block_at
 from dflash2_mlx.engine.processors import penalties
 from dflash2_mlx.engine.sampling import field_problem
 from dflash2_mlx.errors import DFlash2Error, ParameterError
-from dflash2_mlx.settings import EngineFlags, EngineSettings, check_block, idle_when_greedy
+from dflash2_mlx.settings import BlockChoice, EngineFlags, EngineSettings, check_block
+from dflash2_mlx.settings import idle_when_greedy
 from dflash2_mlx.target.context import default_context_length
 from dflash2_mlx.text import chat_prompt_ids, quiet_length_warning, stream_text
 
@@ -62,8 +63,7 @@ class Chat:
         if settings.auto_block.note:  # a recommendation above the trained size, clamped
             self.note(settings.auto_block.note)
         self.trained = settings.block.trained
-        self.block = settings.block.size
-        self.by_context = settings.block.by_context
+        self.block = settings.block  # its size, and where the profile lowers it
         self.sampling = settings.sampling.params
         self.max_tokens = opts.max_tokens
         self.spec, self.thinking = settings.speculative, opts.thinking
@@ -113,22 +113,30 @@ class Chat:
             budget = ThinkingBudget.for_prompt(
                 self.pair.tokenizer, prompt_ids, self.thinking_budget, vocab
             )
+        block, by_context = self.block.at_temperature(self.sampling.temperature)
         return GenerationParams(
             max_tokens or self.max_tokens,
             self.sampling,
-            self.block if self.spec else None,
+            block if self.spec else None,
             self.spec,
             lookup_block=self.engine.lookup_block if self.spec else None,
-            block_by_context=self.by_context if self.spec else (),
+            block_by_context=by_context if self.spec else (),
             logits_processors=self.processors,
             constraint=budget,
         )
 
     def status(self, stats: GenerationStats, finish: str | None = None) -> StatusLine:
         """The live status: the block is the one at the conversation's length (the profile's
-        block_by_context may have lowered it)."""
-        block = block_at(self.block, self.by_context, len(self.session.tokens)) if self.spec else 1
-        return status_text(stats, block=block, spec=self.spec, finish=finish)
+        block_by_context and block_by_temperature may have lowered it)."""
+        return status_text(stats, block=self.block_now(), spec=self.spec, finish=finish)
+
+    def block_now(self) -> int:
+        """The block the next round uses: at the chat's temperature and length (1: spec off)."""
+        if not self.spec:
+            return 1
+        return block_at(
+            *self.block.at_temperature(self.sampling.temperature), len(self.session.tokens)
+        )
 
     def warn_greedy_filters(self, only: tuple[str, ...] | None = None) -> None:
         """Never silently ignored: say which fields greedy decoding does not use (at start,
@@ -283,15 +291,15 @@ class Chat:
     def _set_block(self, name: str, arg: str) -> None:
         if not arg:
             auto = self.engine.auto_block.describe()
-            self._say(f"block {self.block} (trained {self.trained}); /block auto: {auto}")
+            self._say(f"block {self.block.size} (trained {self.trained}); /block auto: {auto}")
             return
-        self.block = (
-            self.engine.auto_block.size
-            if arg == "auto"
-            else check_block(self._number(name, arg, int), self.trained, "/block")
-        )
-        self.by_context = self.engine.auto_block.by_context if arg == "auto" else ()
-        self._say(f"block = {self.block}" + ("" if self.spec else " (used when /spec on)"), "dim")
+        if arg == "auto":
+            self.block = self.engine.auto_block
+        else:
+            size = check_block(self._number(name, arg, int), self.trained, "/block")
+            self.block = BlockChoice(size, self.trained, "/block")
+        said = f"block = {self.block.size}" + ("" if self.spec else " (used when /spec on)")
+        self._say(said, "dim")
 
     def _set_spec(self, name: str, arg: str) -> None:
         self.spec = _on_off(name, arg)
@@ -307,7 +315,7 @@ class Chat:
     def _show_stats(self, name: str, arg: str) -> None:
         self._say(
             stats_table(
-                self.total, self.turns, len(self.session.tokens), self.settings(), self.block
+                self.total, self.turns, len(self.session.tokens), self.settings(), self.block_now()
             )
         )
 
@@ -320,8 +328,7 @@ class Chat:
             "min_p": sp.min_p,
             "seed": sp.seed,
             "max tokens": self.max_tokens,
-            "block": f"{self.block} (trained {self.trained})"
-            + "".join(f"; {b} from {c:,} tokens" for c, b in self.by_context),
+            "block": f"{self.block.size} (trained {self.trained}){self.block.falls()}",
             "speculative": "on" if self.spec else "off",
             "context lookup": (
                 f"after a repeat of the last {self.pair.decoder.lookup} tokens"

@@ -251,6 +251,7 @@ def serve(
             limits=limits,
             security=security,
             block_by_context=settings.block.by_context if settings.speculative else (),
+            block_by_temperature=settings.block.by_temperature if settings.speculative else (),
         )
     except BaseException:
         sock.close()

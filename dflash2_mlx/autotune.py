@@ -4,7 +4,7 @@
 - the target's verify cost for widths 1..B (dflash2_mlx.costs.verify_costs: dependent chain,
   medians, warm cache at a context depth),
 - the drafter's cost per round for blocks 1..B (costs.draft_costs; block 1 drafts nothing),
-- the per-position acceptance on a greedy calibration run at block B: p_k = P(draft k accepted |
+- the per-position acceptance on a greedy calibration run at block B (calibration.py): p_k = P(draft k accepted |
   drafts 1..k-1 accepted), counted from the engine's per-round accepted counts,
 and picks the block b <= B that maximizes expected committed tokens per second,
 
@@ -17,6 +17,11 @@ rounds count. Block 1 (no drafter pass, "park") is a candidate.
 The same choice at every context up to the model's, with the verify and draft costs measured
 at a second, longer context too (block_schedule.py), gives `block_by_context`: where a longer
 context makes a smaller block pay (GenerationParams.block_by_context).
+
+Sampled rounds accept less: the calibration runs again at each of
+calibration.SAMPLED_TEMPERATURES (seeded), and where the block those rounds make best falls
+below the greedy one, `block_by_temperature` lists it (a request at that temperature or above
+uses it: settings.block_for_temperature).
 
 Rounds drafted by context lookup run no draft pass and have their own limit, the lookup block
 L (GenerationParams.lookup_block): the calibration runs them at the widest candidate, and
@@ -38,7 +43,6 @@ and weight dtype of each model); `recommended_block(pair, target, drafter)` find
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -55,6 +59,13 @@ from .profiles import (  # noqa: F401
     save_profile,
 )
 from .block_schedule import measure_schedule
+from .calibration import (  # noqa: F401 - acceptance_probs re-exported
+    MIN_SAMPLED_ROUNDS,
+    SAMPLED_TEMPERATURES,
+    acceptance_probs,
+    calibrate,
+    falling_blocks,
+)
 from .engine.width import MEASURED_WIDTHS
 from .quant import describe_quant, is_quantized, quant_signature, quantized_layers, weight_dtype  # noqa: F401
 
@@ -68,21 +79,6 @@ BATCH_WIDTHS = MEASURED_WIDTHS  # the batch table's widths: the width rule compa
 
 
 # ----------------------------------------------------------------------------- the decision
-def acceptance_probs(
-    rounds: Iterable[tuple[int, int]], max_drafted: int
-) -> tuple[list[float], list[int]]:
-    """p_k for k = 1..max_drafted from (drafted, accepted) per round: the share of rounds that
-    accepted draft k among those that drafted k and accepted drafts 1..k-1. Returns (p, the
-    number of rounds behind each p_k); p_k = 0 where no round reached k."""
-    rounds = list(rounds)
-    probs, counts = [], []
-    for k in range(1, max_drafted + 1):
-        reached = [a for d, a in rounds if d >= k and a >= k - 1]
-        counts.append(len(reached))
-        probs.append(sum(1 for a in reached if a >= k) / len(reached) if reached else 0.0)
-    return probs, counts
-
-
 def expected_tokens(probs: Sequence[float], block: int) -> float:
     """E[committed tokens per round] at `block`: 1 (the bonus) + sum over drafts k < block of
     P(drafts 1..k all accepted)."""
@@ -212,58 +208,6 @@ def choose_lookup_block(
 
 
 # ----------------------------------------------------------------------------- measurement
-def calibrate(
-    pair,
-    prompts,
-    block: int,
-    *,
-    lookup_block: int = max(LOOKUP_WIDTHS),
-    max_tokens: int = 128,
-    thinking: bool | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> dict:
-    """Greedy dflash2 runs at `block` (lookup rounds up to `lookup_block`) over `prompts`:
-    (drafted, accepted) of every full round (the last round of each generation is left out:
-    it may be cut by max tokens or a stop), drafter rounds for the per-position acceptance,
-    lookup rounds apart (as [drafted, accepted, rounds] counts), and the share of drafting
-    rounds that ran the drafter."""
-    from .engine.events import tau
-    from .engine.generation import GenerationParams
-    from .text import chat_prompt_ids
-
-    rounds: list[tuple[int, int]] = []
-    looked_up: Counter = Counter()
-    params = GenerationParams(max_tokens=max_tokens, block_size=block, lookup_block=lookup_block)
-    for i, p in enumerate(prompts):
-        ids = chat_prompt_ids(pair.tokenizer, p.messages, thinking=thinking)
-        for ev in pair.stream(ids, params):
-            if not ev.prefill and ev.finish_reason is None and ev.drafted:
-                if ev.source == "drafter":
-                    rounds.append((ev.drafted, ev.accepted))
-                elif ev.source != "datastore":  # its rounds have their own, shorter cap
-                    looked_up[(ev.drafted, ev.accepted)] += 1
-        if progress is not None:
-            progress(i + 1, len(prompts))
-    probs, counts = acceptance_probs(rounds, block - 1)
-    n_lookup = sum(looked_up.values())
-    lookup_accepted = sum(a * n for (_, a), n in looked_up.items())
-    total = len(rounds) + n_lookup
-    return {
-        "block": block,
-        "lookup_block": lookup_block,
-        "prompts": len(prompts),
-        "max_tokens": max_tokens,
-        "rounds": len(rounds),
-        "tau": round(tau(sum(a for _, a in rounds), len(rounds)), 4),
-        "drafter_share": round(len(rounds) / total, 4) if total else 1.0,
-        "position_probs": [round(p, 4) for p in probs],
-        "position_rounds": counts,
-        "lookup_rounds": n_lookup,
-        "lookup_tau": round(tau(lookup_accepted, n_lookup), 4),
-        "lookup_counts": [[d, a, n] for (d, a), n in sorted(looked_up.items())],
-    }
-
-
 def _lookup_profile(pair, verify_ms: Mapping[int, float], calib: Mapping, widths) -> dict:
     """The lookup-block part of a profile: the choice, its table and the costs behind it."""
     rounds = [(d, a) for d, a, n in calib.get("lookup_counts", []) for _ in range(n)]
@@ -320,20 +264,29 @@ def autotune(
         say=say,
     )
     say(f"calibration: greedy at block {B} on {len(prompts)} prompts")
-    calib = calibrate(
-        pair,
-        prompts,
-        B,
-        lookup_block=max(lookup_widths, default=B),
-        max_tokens=max_tokens,
-        thinking=thinking,
-        progress=lambda i, n: say(f"calibration {i}/{n}"),
-    )
+
+    def calibrate_at(temperature: float, lookup_block: int) -> dict:
+        return calibrate(
+            pair,
+            prompts,
+            B,
+            lookup_block=lookup_block,
+            max_tokens=max_tokens,
+            thinking=thinking,
+            temperature=temperature,
+            progress=lambda i, n: say(f"calibration {i}/{n}"),
+        )
+
+    def best(probs) -> int:
+        return choose_block(block_ms, measured.draft["ms"], probs, max_block=B, cap=cap).block
+
+    calib = calibrate_at(0.0, max(lookup_widths, default=B))
     block_ms = {w: measured.verify["ms"][w] for w in range(1, B + 1)}
     choice = choose_block(
         block_ms, measured.draft["ms"], calib["position_probs"], max_block=B, cap=cap
     )
     lookup = _lookup_profile(pair, measured.verify["ms"], calib, lookup_widths)
+    sampled = _sampled_choices(lambda t: calibrate_at(t, B), best, say)
     long = measure_schedule(
         pair,
         block_ms,
@@ -360,7 +313,26 @@ def autotune(
         "chosen_lookup_block": lookup["chosen"],
         "long_context": long,
         "block_by_context": long["block_by_context"] if long else [],
+        "sampled": sampled,
+        "block_by_temperature": falling_blocks(
+            [(c["temperature"], c["chosen_block"]) for c in sampled], choice.block
+        ),
     }
+
+
+def _sampled_choices(
+    calibrate_at: Callable[[float], dict], best: Callable[[list], int], say
+) -> list[dict]:
+    """The sampled calibrations (one per SAMPLED_TEMPERATURES, drafter rounds at the largest
+    block), each with the block its acceptance makes best; one with too few drafter rounds to
+    choose by is left out."""
+    out = []
+    for t in SAMPLED_TEMPERATURES:
+        say(f"calibration: temperature {t}")
+        c = calibrate_at(t)
+        if c["rounds"] >= MIN_SAMPLED_ROUNDS:
+            out.append({**c, "temperature": t, "chosen_block": best(c["position_probs"])})
+    return out
 
 
 def _quant_cap(key: Mapping, max_block: int) -> tuple[int | None, str | None]:

@@ -69,8 +69,10 @@ class BlockChoice:
     reason: str  # BY_FLAG, BY_PROFILE, BY_ALIAS or BY_TRAINED
     clamped_from: int | None = None  # a recommendation above the trained size
     # The smaller blocks the profile chose for longer contexts (GenerationParams.
-    # block_by_context): only with the profile's own block, never with --block or an alias's.
+    # block_by_context) and for sampling at higher temperatures (block_for_temperature): only
+    # with the profile's own block, never with --block or an alias's.
     by_context: tuple[tuple[int, int], ...] = ()
+    by_temperature: tuple[tuple[float, int], ...] = ()
 
     @property
     def note(self) -> str | None:
@@ -83,10 +85,37 @@ class BlockChoice:
         )
 
     def describe(self) -> str:
-        """E.g. 'block 4 (autotune profile, trained 8; 2 from 1,536 tokens of context)'."""
-        falls = ", ".join(f"{b} from {c:,}" for c, b in self.by_context)
-        more = f"; {falls} tokens of context" if falls else ""
-        return f"block {self.size} ({self.reason}, trained {self.trained}{more})"
+        """E.g. 'block 4 (autotune profile, trained 8; 2 from 1,536 tokens; 2 from temperature
+        1)'."""
+        return f"block {self.size} ({self.reason}, trained {self.trained}{self.falls()})"
+
+    def falls(self) -> str:
+        """Where the block falls: '; 2 from 1,536 tokens; 2 from temperature 1' (or '')."""
+        return "".join(f"; {b} from {c:,} tokens" for c, b in self.by_context) + "".join(
+            f"; {b} from temperature {t:g}" for t, b in self.by_temperature
+        )
+
+    def at_temperature(self, temperature: float) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """(block, block_by_context) for a generation at `temperature` (block_for_temperature)."""
+        return block_for_temperature(self.size, self.by_context, self.by_temperature, temperature)
+
+
+def block_for_temperature(
+    block: int,
+    by_context: tuple[tuple[int, int], ...],
+    by_temperature: tuple[tuple[float, int], ...],
+    temperature: float,
+) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """(block, block_by_context) for a generation at `temperature`: the block of the last of
+    `by_temperature`'s temperatures it has reached (greedy: none), else `block`; the context
+    schedule keeps only the blocks below it. Sampled rounds accept less, so a smaller block
+    may pay (calibration.py); greedy output never depends on the block, and sampled output
+    keeps its distribution at any block."""
+    for start, b in by_temperature:
+        if temperature < start:
+            break
+        block = min(block, b)
+    return block, tuple((c, b) for c, b in by_context if b < block)
 
 
 def choose_block(
@@ -96,19 +125,20 @@ def choose_block(
     profile: int | None = None,
     alias: int | None = None,
     by_context: tuple[tuple[int, int], ...] = (),
+    by_temperature: tuple[tuple[float, int], ...] = (),
 ) -> BlockChoice:
-    """The block rule: the flag, the autotune profile (with its blocks `by_context`), the
-    alias's recommendation, the drafter's trained size; clamped to the trained size (a flag
-    above it is an error)."""
+    """The block rule: the flag, the autotune profile (with its blocks `by_context` and
+    `by_temperature`), the alias's recommendation, the drafter's trained size; clamped to the
+    trained size (a flag above it is an error)."""
     if flag is not None:
         return BlockChoice(check_block(flag, trained), trained, BY_FLAG)
     for value, reason in ((profile, BY_PROFILE), (alias, BY_ALIAS)):
         if value:
             if value > trained:
                 return BlockChoice(trained, trained, reason, clamped_from=value)
-            return BlockChoice(
-                value, trained, reason, by_context=by_context if reason == BY_PROFILE else ()
-            )
+            if reason != BY_PROFILE:
+                return BlockChoice(value, trained, reason)
+            return BlockChoice(value, trained, reason, None, by_context, by_temperature)
     return BlockChoice(trained, trained, BY_TRAINED)
 
 
@@ -308,7 +338,7 @@ def resolve_engine(
     ResolvedPair) whose target lives in `target_dir`."""
     from .batch_costs import profile_width_costs
     from .profiles import recommended_block, recommended_block_by_context
-    from .profiles import recommended_lookup_block
+    from .profiles import recommended_block_by_temperature, recommended_lookup_block
 
     trained = pair.drafter.config.block_size
     auto = choose_block(
@@ -316,6 +346,7 @@ def resolve_engine(
         profile=recommended_block(pair, resolved.target, resolved.drafter),
         alias=resolved.block_size,
         by_context=recommended_block_by_context(pair, resolved.target, resolved.drafter),
+        by_temperature=recommended_block_by_temperature(pair, resolved.target, resolved.drafter),
     )
     block = choose_block(trained, flag=flags.block) if flags.block is not None else auto
     return EngineSettings(

@@ -17,7 +17,7 @@ from dflash2_mlx import costs
 from dflash2_mlx.block_schedule import STEP, block_schedule, costs_at, long_context, monotone
 from dflash2_mlx.errors import DFlash2Error, ParameterError
 from dflash2_mlx.registry import ResolvedPair
-from dflash2_mlx.settings import EngineFlags, resolve_engine
+from dflash2_mlx.settings import BY_PROFILE, BlockChoice, EngineFlags, resolve_engine
 
 pytestmark = pytest.mark.usefixtures("dflash2_home")  # profiles go to a private cache
 
@@ -276,26 +276,36 @@ def test_the_chats_status_line_shows_the_block_at_the_conversations_length():
     ]
     assert block_at(4, (), 10**6) == 4
     stats = d2.GenerationStats()
-    for tokens, spec, shown in (
-        (100, True, "block 4"),
-        (2000, True, "block 2"),
-        (7000, True, "block 1"),
-        (2000, False, "spec off"),
+    for tokens, spec, temperature, shown in (
+        (100, True, 0.0, "block 4"),
+        (2000, True, 0.0, "block 2"),
+        (7000, True, 0.0, "block 1"),
+        (2000, False, 0.0, "spec off"),
+        (100, True, 0.9, "block 4"),  # the profile's block_by_temperature: 3 from 1.0
+        (100, True, 1.0, "block 3"),
+        (2000, True, 1.5, "block 2"),  # the context's schedule below it still applies
     ):
         chat = SimpleNamespace(
-            block=4, by_context=schedule, spec=spec, session=SimpleNamespace(tokens=[0] * tokens)
+            block=BlockChoice(4, 8, BY_PROFILE, None, schedule, ((1.0, 3),)),
+            sampling=d2.SamplingParams(temperature=temperature),
+            spec=spec,
+            session=SimpleNamespace(tokens=[0] * tokens),
         )
-        assert shown in Chat.status(chat, stats).plain, (tokens, spec)
+        chat.block_now = lambda chat=chat: Chat.block_now(chat)
+        assert shown in Chat.status(chat, stats).plain, (tokens, spec, temperature)
     settings = SimpleNamespace(  # /stats lists the schedule beside the block
         sampling=d2.SamplingParams(),
         max_tokens=5,
-        block=4,
+        block=BlockChoice(4, 8, BY_PROFILE, None, schedule, ((1.0, 3),)),
         trained=8,
-        by_context=schedule,
         spec=True,
         pair=SimpleNamespace(decoder=SimpleNamespace(lookup=3)),
         thinking=None,
         system=None,
     )
     block = Chat.settings(settings)["block"]
-    assert block == "4 (trained 8); 2 from 1,536 tokens; 1 from 6,656 tokens"
+    assert block == (
+        "4 (trained 8); 2 from 1,536 tokens; 1 from 6,656 tokens; 3 from temperature 1"
+    )
+    by_flag = SimpleNamespace(**{**vars(settings), "block": BlockChoice(3, 8, "/block")})
+    assert Chat.settings(by_flag)["block"] == "3 (trained 8)"  # /block 3: nothing falls

@@ -341,6 +341,7 @@ def test_models_health_and_harmless_fields(url):
         "datastore": False,  # the tiny drafter ships none
         "block_size": 4,
         "block_by_context": [],  # the autotuner's: none without a profile
+        "block_by_temperature": [],
         "trained_block_size": 4,
         "context_length": 4096,
         "default_max_tokens": 8,

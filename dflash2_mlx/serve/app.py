@@ -21,7 +21,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..engine.batch import DEFAULT_MAX_BATCH
 from ..engine.generation import GenerationParams, check_block_by_context
 from ..engine.prompt_cache import PromptCache
-from ..errors import DFlash2Error
+from ..errors import DFlash2Error, ParameterError
+from ..profiles import check_block_by_temperature
 from ..settings import SamplingDefaults, check_block
 from ..target.context import default_context_length
 from . import metrics as metrics_mod
@@ -29,7 +30,8 @@ from .api_error import loggable
 from .body import ClientGone, read_json
 from .chat_prompt import ChatTemplate
 from .guard import FaultGuard
-from .handler import Handler, Settings, unknown_model
+from .handler import Handler, unknown_model
+from .server_settings import Settings
 from .http_errors import CLIENT_GONE, error_response
 from .lifecycle import Drain
 from .limits import RequestLimits, ServeLimits
@@ -107,6 +109,7 @@ def create_app(
     limits: ServeLimits | None = None,
     security: SecurityPolicy | None = None,
     block_by_context: tuple[tuple[int, int], ...] = (),
+    block_by_temperature: tuple[tuple[float, int], ...] = (),
 ) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
 
@@ -128,6 +131,8 @@ def create_app(
     width_cost: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost);
     None: engine/width.py's default model. block_by_context: the block from a context length
     on (GenerationParams.block_by_context; the autotune profile's, settings.EngineSettings).
+    block_by_temperature: the block of sampled requests from a temperature on
+    (settings.block_for_temperature; the autotune profile's).
     limits: body size, prompt / prediction / stop lengths, shutdown grace (serve/limits.py);
     security: hosts, origins, API key (serve/security.py). The worker thread starts and stops
     with the app (its lifespan).
@@ -135,9 +140,11 @@ def create_app(
     limits = limits or ServeLimits()
     security = security or SecurityPolicy()
     trained = pair.drafter.config.block_size
+    block_by_temperature = check_block_by_temperature(block_by_temperature)
     _check_serve_args(
         block_size,
         block_by_context,
+        block_by_temperature,
         trained,
         lookup_block,
         speculative,
@@ -171,6 +178,7 @@ def create_app(
         lookup_block,
         thinking_budget,
         check_block_by_context(block_by_context),
+        block_by_temperature,
     )
     chat = ChatTemplate(pair.tokenizer, thinking)
     metrics = metrics_mod.Metrics()
@@ -226,6 +234,7 @@ def _lifespan(handler: Handler):
 def _check_serve_args(
     block_size,
     block_by_context,
+    block_by_temperature,
     trained,
     lookup_block,
     speculative,
@@ -244,6 +253,10 @@ def _check_serve_args(
     for value in [block_size] + [b for _, b in block_by_context]:
         if value is not None:
             check_block(value, trained, "block_size")
+    if block_by_temperature and not speculative:
+        raise ParameterError("block_by_temperature has no effect with speculative=False")
+    for _, value in block_by_temperature:
+        check_block(value, trained, "block_by_temperature")
     if max_queue < 0:
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
     if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:

@@ -163,7 +163,7 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
             for t in tasks:
                 t.cancel()
         body = {**bodies[0], "choices": [b["choices"][0] for b in bodies]}
-        body["usage"] = handler.usage_of(n_prompt, shared, merged_replies(replies))
+        body["usage"] = handler.usage_of(req, n_prompt, shared, merged_replies(replies))
         return JSONResponse(body)
     finally:
         if not handed_over:
@@ -209,5 +209,5 @@ async def _stream(handler, fmt, req, n_prompt, args, readers, shared, replies):
         yield SSE_DONE
         return
     if req.include_usage:
-        yield sse(fmt.usage_chunk(handler.usage_of(n_prompt, shared, merged_replies(replies))))
+        yield sse(fmt.usage_chunk(handler.usage_of(req, n_prompt, shared, merged_replies(replies))))
     yield SSE_DONE

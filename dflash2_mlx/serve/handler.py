@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -19,7 +18,6 @@ from ..engine.events import GenerationStats
 from ..engine.generation import GenerationParams
 from ..engine.processors import check_penalty, penalties
 from ..errors import ParameterError
-from ..settings import SamplingDefaults
 from ..text import quiet_length_warning
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .choices import handle_choices
@@ -36,25 +34,11 @@ from .responses_output import usage as responses_usage
 from .api_error import brief, loggable
 from .constrained import reply_constraint
 from .schemas import APIError, GenRequest, invalid
+from .server_settings import Settings
 from .http_errors import CLIENT_GONE, error_response, from_worker, internal_error, shutting_down
 from .stream import PENDING, SSE_KEEPALIVE, UNREAD, Reader, SSEResponse
 
 log = logging.getLogger("dflash2.serve")
-
-
-@dataclass(frozen=True)
-class Settings:
-    model_name: str
-    context: int  # prompt + max_tokens limit
-    default_max_tokens: int
-    block_size: int | None  # None: the drafter's trained block size
-    speculative: bool
-    effective_block: int  # tokens verified per round (1 when speculative is off)
-    vocab: int
-    sampling: SamplingDefaults = SamplingDefaults()  # for the fields a request leaves out
-    lookup_block: int | None = None  # lookup / prediction rounds; None: the engine's default
-    thinking_budget: int | None = None  # for requests that give none (engine/budget.py)
-    block_by_context: tuple[tuple[int, int], ...] = ()  # GenerationParams.block_by_context
 
 
 class Handler:
@@ -124,11 +108,13 @@ class Handler:
                 "Predicted Outputs are a drafting hint and this server decodes without drafts "
                 "(--no-spec): leave prediction out",
             )
+        sampling = s.sampling.complete(req.sampling_fields)
+        block, by_context = s.blocks_for(sampling)
         return GenerationParams(
             max_tokens=max_tokens,
-            sampling=s.sampling.complete(req.sampling_fields),
-            block_size=s.block_size,
-            block_by_context=s.block_by_context,
+            sampling=sampling,
+            block_size=block,
+            block_by_context=by_context,
             speculative=s.speculative,
             prediction=predicted,
             lookup_block=s.lookup_block,
@@ -263,8 +249,11 @@ class Handler:
             if not handed_over:
                 release()
 
-    def usage_of(self, n_prompt: int, stats: GenerationStats, reply: ReplyStats | None) -> dict:
-        return usage(n_prompt, stats, self.s.effective_block, self.s.speculative, reply)
+    def usage_of(
+        self, req: GenRequest, n_prompt: int, stats: GenerationStats, reply: ReplyStats | None
+    ) -> dict:
+        block = self.s.block_for(self.s.sampling.complete(req.sampling_fields))
+        return usage(n_prompt, stats, block, self.s.speculative, reply)
 
     def _finished(self, reply: ChatReply, replies: list | None = None) -> ReplyStats:
         """A finished chat reply's statistics, counted in /metrics (and added to `replies`)."""
@@ -308,10 +297,10 @@ class Handler:
             item = await reader.next(poll_disconnect=True)
         logprobs = lp.take(sent) if lp is not None else None
         if reply is None:
-            usage_ = self.usage_of(n_prompt, stats, None)
+            usage_ = self.usage_of(req, n_prompt, stats, None)
             return fmt.full("".join(parts), finish, usage_, logprobs=logprobs)
         more, finish = reply.finish(finish)
-        usage_ = self.usage_of(n_prompt, stats, self._finished(reply, replies))
+        usage_ = self.usage_of(req, n_prompt, stats, self._finished(reply, replies))
         if req.responses is not None:
             builder = self._response_builder(req)
             return builder.whole(deltas + more, finish, responses_usage(usage_))
@@ -378,7 +367,7 @@ class Handler:
         if reply is not None:
             deltas, finish = reply.finish(finish)
             counted = self._finished(reply, replies)
-        for line in out.end(deltas, finish, self.usage_of(n_prompt, stats, counted)):
+        for line in out.end(deltas, finish, self.usage_of(req, n_prompt, stats, counted)):
             yield line
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from .chat_prompt import ChatTemplate
-from .handler import Settings
+from .server_settings import Settings
 from .queue import Worker
 
 
@@ -42,6 +42,7 @@ def model_card(
             "datastore": pair.decoder.datastore is not None,
             "block_size": settings.effective_block,
             "block_by_context": [list(p) for p in settings.block_by_context],
+            "block_by_temperature": [list(p) for p in settings.block_by_temperature],
             "trained_block_size": pair.drafter.config.block_size,
             "context_length": settings.context,
             "default_max_tokens": settings.default_max_tokens,

@@ -1,0 +1,41 @@
+"""What every request of a server runs with (a request may override sampling)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine.sampling import SamplingParams
+from ..settings import SamplingDefaults, block_for_temperature
+
+
+@dataclass(frozen=True)
+class Settings:
+    model_name: str
+    context: int  # prompt + max_tokens limit
+    default_max_tokens: int
+    block_size: int | None  # None: the drafter's trained block size
+    speculative: bool
+    effective_block: int  # tokens verified per round (1 when speculative is off)
+    vocab: int
+    sampling: SamplingDefaults = SamplingDefaults()  # for the fields a request leaves out
+    lookup_block: int | None = None  # lookup / prediction rounds; None: the engine's default
+    thinking_budget: int | None = None  # for requests that give none (engine/budget.py)
+    block_by_context: tuple[tuple[int, int], ...] = ()  # GenerationParams.block_by_context
+    # The block of sampled requests from a temperature on (settings.block_for_temperature).
+    block_by_temperature: tuple[tuple[float, int], ...] = ()
+
+    def blocks_for(self, sampling: SamplingParams) -> tuple[int | None, tuple]:
+        """(block_size, block_by_context) of a request sampled with `sampling`: the server's,
+        lowered for a sampled request by the profile's block_by_temperature."""
+        if not (self.speculative and self.block_by_temperature):
+            return self.block_size, self.block_by_context
+        return block_for_temperature(
+            self.effective_block,
+            self.block_by_context,
+            self.block_by_temperature,
+            sampling.temperature,
+        )
+
+    def block_for(self, sampling: SamplingParams) -> int:
+        """Tokens a drafter round of such a request verifies (1 when speculative is off)."""
+        return (self.blocks_for(sampling)[0] or self.effective_block) if self.speculative else 1

@@ -1,0 +1,185 @@
+"""The autotuned block for sampled requests: the autotuner calibrates sampled rounds at
+calibration.SAMPLED_TEMPERATURES, stores the blocks that fall below the greedy choice, the
+settings hand them to the front ends with the profile's block only, and a request at such a
+temperature runs (and reports) the smaller block — through the server and the chat alike."""
+
+from __future__ import annotations
+
+import pytest
+import tiny
+from tiny_pair import save_pair
+
+import dflash2_mlx as d2
+from dflash2_mlx import autotune as A
+from dflash2_mlx import costs
+from dflash2_mlx.calibration import SAMPLED_TEMPERATURES, calibrate, falling_blocks
+from dflash2_mlx.errors import DFlash2Error, ParameterError
+from dflash2_mlx.profiles import check_block_by_temperature
+from dflash2_mlx.prompts import load_prompts
+from dflash2_mlx.registry import ResolvedPair
+from dflash2_mlx.settings import EngineFlags, block_for_temperature, resolve_engine
+
+pytestmark = pytest.mark.usefixtures("dflash2_home")  # profiles go to a private cache
+
+
+def test_falling_blocks_lists_only_where_the_block_falls():
+    assert falling_blocks([(0.7, 4), (1.0, 2)], 4) == [[1.0, 2]]
+    assert falling_blocks([(1.0, 2), (0.7, 3)], 4) == [[0.7, 3], [1.0, 2]]  # sorted
+    assert falling_blocks([(0.7, 2), (1.0, 3)], 4) == [[0.7, 2]]  # a rise is noise: held
+    assert falling_blocks([(0.7, 4), (1.0, 5)], 4) == []
+    assert falling_blocks([], 4) == []
+
+
+def test_the_block_at_a_temperature_and_the_context_schedule_below_it():
+    by_context = ((1536, 2), (6656, 1))
+    by_temperature = ((0.7, 3), (1.0, 2))
+    blocks = [
+        block_for_temperature(4, by_context, by_temperature, t)
+        for t in (0.0, 0.69, 0.7, 0.99, 1.0, 2.0)
+    ]
+    assert blocks == [(4, by_context)] * 2 + [(3, by_context)] * 2 + [(2, ((6656, 1),))] * 2
+    assert block_for_temperature(4, by_context, (), 1.5) == (4, by_context)
+    assert block_for_temperature(2, (), ((1.0, 3),), 1.5) == (2, ())  # never above the block
+
+
+@pytest.mark.parametrize(
+    "pairs, message",
+    [
+        ([(0, 2)], "temperature > 0"),
+        ([(1.0, 0)], "block >= 1"),
+        ([(True, 2)], "temperature > 0"),
+        ([(1.0, 2.5)], "block >= 1"),
+        ([(1.0, 2), (0.7, 3)], "strictly ascending"),
+        ("x", "must be \\(temperature, block\\) pairs"),
+    ],
+)
+def test_bad_temperature_schedules_are_refused(pairs, message):
+    with pytest.raises(ParameterError, match=message):
+        check_block_by_temperature(pairs)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return d2.Pair.from_models(tiny.make_target("llama", seed=3), None, tiny.make_drafter(2, 4))
+
+
+def _fake_measurements(monkeypatch, hot_rounds=100):
+    """Flat costs; greedy rounds accept 90 % a draft (block 4 wins), rounds at T >= 1 only 5 %
+    (block 1 wins) with `hot_rounds` drafter rounds, T 0.7 as greedy."""
+    monkeypatch.setattr(
+        costs,
+        "verify_costs",
+        lambda pair, widths, context=256, **kw: {
+            "context": context,
+            "repeats": 1,
+            "ms": {w: 10.0 + w for w in widths},
+            "ratio": {w: 1.0 for w in widths},
+        },
+    )
+    monkeypatch.setattr(
+        costs,
+        "draft_costs",
+        lambda pair, blocks, context=256, **kw: {
+            "context": context,
+            "repeats": 1,
+            "feature_rows": 2,
+            "ms": {b: 0.0 if b == 1 else 1.0 for b in blocks},
+        },
+    )
+
+    def fake_calibrate(pair, prompts, block, temperature=0.0, **kw):
+        hot = temperature >= 1.0
+        return {
+            "block": block,
+            "temperature": temperature,
+            "rounds": hot_rounds if hot else 100,
+            "tau": 1.0,
+            "position_probs": [0.05 if hot else 0.9] * (block - 1),
+            "lookup_counts": [],
+            "lookup_block": kw.get("lookup_block"),
+        }
+
+    monkeypatch.setattr(A, "calibrate", fake_calibrate)
+
+
+def test_the_autotuner_calibrates_sampled_rounds_and_the_settings_use_their_block(
+    pair, monkeypatch
+):
+    _fake_measurements(monkeypatch)
+    profile = A.autotune(pair, [], target="org/t", drafter="org/d", max_block=4, batches=())
+    assert [c["temperature"] for c in profile["sampled"]] == list(SAMPLED_TEMPERATURES)
+    assert [c["chosen_block"] for c in profile["sampled"]] == [4, 1]
+    assert profile["chosen_block"] == 4 and profile["block_by_temperature"] == [[1.0, 1]]
+    A.save_profile(profile)
+    resolved = ResolvedPair("org/t", "org/d")
+    s = resolve_engine(EngineFlags(), pair, resolved, None)
+    assert s.block.by_temperature == s.auto_block.by_temperature == ((1.0, 1),)
+    assert s.block.describe().endswith("; 1 from temperature 1)")  # said at start
+    assert s.block.at_temperature(0.9) == (4, s.block.by_context)
+    assert s.block.at_temperature(1.0)[0] == 1
+    s = resolve_engine(EngineFlags(block=2), pair, resolved, None)  # --block: that block alone
+    assert s.block.by_temperature == () and s.auto_block.by_temperature == ((1.0, 1),)
+    for bad in ([[1.0, 4]], [[1.0, 5]], [[1.0, 2], [0.7, 1]], "junk"):  # none that falls: none
+        A.save_profile({**profile, "block_by_temperature": bad})
+        assert resolve_engine(EngineFlags(), pair, resolved, None).block.by_temperature == ()
+
+
+def test_a_temperature_with_too_few_drafter_rounds_is_left_out(pair, monkeypatch):
+    _fake_measurements(monkeypatch, hot_rounds=3)
+    profile = A.autotune(pair, [], target="org/t", drafter="org/d", max_block=4, batches=())
+    assert [c["temperature"] for c in profile["sampled"]] == [0.7]
+    assert profile["block_by_temperature"] == []
+
+
+def test_a_sampled_calibration_is_seeded_and_counts_drafter_rounds(tmp_path):
+    t, d = save_pair(tmp_path / "pair")
+    real = d2.load_pair(t, d)
+    prompts = load_prompts("heldout")[:2]
+    runs = [calibrate(real, prompts, 4, lookup_block=4, max_tokens=24, temperature=1.0)]
+    runs.append(calibrate(real, prompts, 4, lookup_block=4, max_tokens=24, temperature=1.0))
+    c = runs[0]
+    assert c["temperature"] == 1.0 and c["rounds"] > 0 and len(c["position_probs"]) == 3
+    assert runs[0] == runs[1]  # seed 0: the same draws each time
+    assert c["rounds"] + c["lookup_rounds"] <= 2 * 23  # full rounds only, each >= 1 token
+
+
+def test_the_server_runs_a_hot_request_at_its_block_and_reports_it():
+    pytest.importorskip("fastapi")
+    openai = pytest.importorskip("openai")
+    from test_serve import make_tokenizer, running
+
+    from dflash2_mlx.serve import create_app
+
+    served = d2.Pair.from_models(  # no lookup: every round is a drafter round
+        tiny.make_target("llama", seed=3), make_tokenizer(), tiny.make_drafter(2, 4), lookup=0
+    )
+    with pytest.raises(ParameterError, match="block_by_temperature must be 1 .. 16: 99 exceeds"):
+        create_app(served, model_name="m", block_by_temperature=((1.0, 99),))
+    with pytest.raises(ParameterError, match="block_by_temperature has no effect"):
+        create_app(served, model_name="m", speculative=False, block_by_temperature=((1.0, 2),))
+    with pytest.raises(DFlash2Error, match="strictly ascending"):
+        create_app(served, model_name="m", block_by_temperature=((1.0, 2), (0.5, 1)))
+    app = create_app(
+        served,
+        model_name="m",
+        block_size=4,
+        default_max_tokens=30,
+        block_by_temperature=((1.0, 2),),
+    )
+    prompt = list(range(5, 25))
+    with running(app) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+        card = client.models.list().data[0].model_extra["dflash2"]
+        assert card["block_by_temperature"] == [[1.0, 2]] and card["block_size"] == 4
+        used = {}
+        for temperature in (0.5, 1.0, 1.3):
+            r = client.completions.create(
+                model="m", prompt=prompt, max_tokens=30, temperature=temperature, seed=7
+            )
+            used[temperature] = r.usage.model_extra["dflash2"]
+    assert {t: u["block_size"] for t, u in used.items()} == {0.5: 4, 1.0: 2, 1.3: 2}
+    # what the engine ran: a drafter round drafts its block's drafts (a last one may not)
+    for temperature, u in used.items():
+        drafts = u["block_size"] - 1
+        assert u["rounds"] > 2 and drafts * (u["rounds"] - 1) <= u["drafted"], u
+        assert u["drafted"] <= drafts * u["rounds"], u
