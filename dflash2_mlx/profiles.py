@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-from .errors import ParameterError
 from .quant import quant_signature
 
 SCHEMA = "dflash2.autotune/1"
@@ -135,17 +134,13 @@ def recommended_lookup_block(
     return _recommended(pair, target, drafter, "chosen_lookup_block", root)
 
 
-def recommended_block_by_context(
-    pair, target: str, drafter: str, *, root: str | Path | None = None
-) -> tuple[tuple[int, int], ...]:
-    """The autotuned blocks by context (GenerationParams.block_by_context) for this pair on
-    this machine: () when no profile matches, it was made before they were measured, or they
-    are not blocks that fall from its chosen block within the trained size."""
-    from .engine.generation import check_block_by_context
-
+def _falling_schedule(pair, target: str, drafter: str, field: str, check, root) -> tuple:
+    """The profile's `field` pairs, checked by `check`: () when no profile matches, it was
+    made before they were measured, or their blocks do not fall from its chosen block within
+    the trained size."""
     try:
         profile = load_profile(profile_key(pair, target, drafter), root) or {}
-        pairs = check_block_by_context(profile.get("block_by_context") or ())
+        pairs = check(profile.get(field) or ())
     except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
         return ()
     blocks = [profile.get("chosen_block")] + [b for _, b in pairs]
@@ -155,34 +150,25 @@ def recommended_block_by_context(
     return pairs
 
 
+def recommended_block_by_context(
+    pair, target: str, drafter: str, *, root: str | Path | None = None
+) -> tuple[tuple[int, int], ...]:
+    """The autotuned blocks by context (GenerationParams.block_by_context) for this pair on
+    this machine (see _falling_schedule)."""
+    from .engine.generation import check_block_by_context
+
+    return _falling_schedule(
+        pair, target, drafter, "block_by_context", check_block_by_context, root
+    )
+
+
 def recommended_block_by_temperature(
     pair, target: str, drafter: str, *, root: str | Path | None = None
 ) -> tuple[tuple[float, int], ...]:
     """The autotuned blocks for sampling by temperature (settings.block_for_temperature) for
-    this pair on this machine: () when no profile matches, it was made before they were
-    measured, or they are not blocks that fall from its chosen block."""
-    try:
-        profile = load_profile(profile_key(pair, target, drafter), root) or {}
-        pairs = check_block_by_temperature(profile.get("block_by_temperature") or ())
-    except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
-        return ()
-    blocks = [profile.get("chosen_block")] + [b for _, b in pairs]
-    if not all(isinstance(a, int) and a > b for a, b in zip(blocks, blocks[1:])):
-        return ()
-    return pairs
+    this pair on this machine (see _falling_schedule)."""
+    from .engine.generation import check_block_by_temperature
 
-
-def check_block_by_temperature(pairs) -> tuple[tuple[float, int], ...]:
-    """(temperature, block) pairs: temperatures > 0 strictly ascending, blocks ints >= 1."""
-    what = "block_by_temperature"
-    try:
-        out = tuple((t, b) for t, b in pairs)
-    except (TypeError, ValueError):
-        raise ParameterError(f"{what} must be (temperature, block) pairs, got {pairs!r}") from None
-    for t, b in out:
-        bad_t = not isinstance(t, (int, float)) or isinstance(t, bool) or not t > 0
-        if bad_t or not isinstance(b, int) or isinstance(b, bool) or b < 1:
-            raise ParameterError(f"{what}: {(t, b)!r} is not a temperature > 0 and a block >= 1")
-    if any(a[0] >= b[0] for a, b in zip(out, out[1:])):
-        raise ParameterError(f"{what}: the temperatures must be strictly ascending, got {out!r}")
-    return tuple((float(t), b) for t, b in out)
+    return _falling_schedule(
+        pair, target, drafter, "block_by_temperature", check_block_by_temperature, root
+    )

@@ -176,8 +176,8 @@ def test_the_autotuner_stores_the_schedule_and_the_settings_use_it_with_its_bloc
     "schedule, message",
     [
         (((10, 2), (10, 3)), "strictly ascending"),
-        (((10, 0),), "pair of ints >= 1"),
-        ((("10", 2),), "pair of ints >= 1"),
+        (((10, 0),), "is not a context \\(int >= 1\\) and a block >= 1"),
+        ((("10", 2),), "is not a context \\(int >= 1\\)"),
         ((5,), "must be \\(context, block\\) pairs"),
     ],
 )

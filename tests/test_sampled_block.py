@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 import tiny
+from test_block_schedule import _context_costs
 from tiny_pair import save_pair
 
 import dflash2_mlx as d2
 from dflash2_mlx import autotune as A
-from dflash2_mlx import costs
 from dflash2_mlx.calibration import SAMPLED_TEMPERATURES, calibrate, falling_blocks
 from dflash2_mlx.errors import DFlash2Error, ParameterError
-from dflash2_mlx.profiles import check_block_by_temperature
+from dflash2_mlx.engine.generation import check_block_by_temperature
 from dflash2_mlx.prompts import load_prompts
 from dflash2_mlx.registry import ResolvedPair
 from dflash2_mlx.settings import EngineFlags, block_for_temperature, resolve_engine
@@ -45,9 +45,9 @@ def test_the_block_at_a_temperature_and_the_context_schedule_below_it():
 @pytest.mark.parametrize(
     "pairs, message",
     [
-        ([(0, 2)], "temperature > 0"),
+        ([(0, 2)], "not a temperature \\(number > 0\\)"),
         ([(1.0, 0)], "block >= 1"),
-        ([(True, 2)], "temperature > 0"),
+        ([(True, 2)], "not a temperature \\(number > 0\\)"),
         ([(1.0, 2.5)], "block >= 1"),
         ([(1.0, 2), (0.7, 3)], "strictly ascending"),
         ("x", "must be \\(temperature, block\\) pairs"),
@@ -64,28 +64,9 @@ def pair():
 
 
 def _fake_measurements(monkeypatch, hot_rounds=100):
-    """Flat costs; greedy rounds accept 90 % a draft (block 4 wins), rounds at T >= 1 only 5 %
-    (block 1 wins) with `hot_rounds` drafter rounds, T 0.7 as greedy."""
-    monkeypatch.setattr(
-        costs,
-        "verify_costs",
-        lambda pair, widths, context=256, **kw: {
-            "context": context,
-            "repeats": 1,
-            "ms": {w: 10.0 + w for w in widths},
-            "ratio": {w: 1.0 for w in widths},
-        },
-    )
-    monkeypatch.setattr(
-        costs,
-        "draft_costs",
-        lambda pair, blocks, context=256, **kw: {
-            "context": context,
-            "repeats": 1,
-            "feature_rows": 2,
-            "ms": {b: 0.0 if b == 1 else 1.0 for b in blocks},
-        },
-    )
+    """Costs growing with the width; greedy rounds accept 90 % a draft (block 4 wins), rounds
+    at T >= 1 only 5 % (block 1 wins) with `hot_rounds` drafter rounds, T 0.7 as greedy."""
+    _context_costs(monkeypatch)
 
     def fake_calibrate(pair, prompts, block, temperature=0.0, **kw):
         hot = temperature >= 1.0

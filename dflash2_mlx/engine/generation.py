@@ -97,17 +97,32 @@ class GenerationParams:
 def check_block_by_context(pairs) -> tuple[tuple[int, int], ...]:
     """GenerationParams.block_by_context checked: (context, block) pairs of ints >= 1, the
     contexts strictly ascending."""
-    what = "block_by_context"
+    return _schedule(pairs, "block_by_context", "context", "int >= 1", lambda c: _count(c, 1))
+
+
+def check_block_by_temperature(pairs) -> tuple[tuple[float, int], ...]:
+    """A front end's block_by_temperature (settings.block_for_temperature) checked:
+    (temperature, block) pairs, temperatures > 0 strictly ascending, blocks ints >= 1."""
+    ok = lambda t: isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0  # noqa: E731
+    out = _schedule(pairs, "block_by_temperature", "temperature", "number > 0", ok)
+    return tuple((float(t), b) for t, b in out)
+
+
+def _count(v, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _schedule(pairs, what: str, key: str, kind: str, key_ok) -> tuple:
+    """(key, block) pairs: keys that `key_ok` accepts, strictly ascending; blocks ints >= 1."""
     try:
-        out = tuple((c, b) for c, b in pairs)
+        out = tuple((k, b) for k, b in pairs)
     except (TypeError, ValueError):
-        raise ParameterError(f"{what} must be (context, block) pairs, got {pairs!r}") from None
-    for c, b in out:
-        for v in (c, b):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ParameterError(f"{what}: {(c, b)!r} is not a pair of ints >= 1")
+        raise ParameterError(f"{what} must be ({key}, block) pairs, got {pairs!r}") from None
+    for k, b in out:
+        if not key_ok(k) or not _count(b, 1):
+            raise ParameterError(f"{what}: {(k, b)!r} is not a {key} ({kind}) and a block >= 1")
     if any(a[0] >= b[0] for a, b in zip(out, out[1:])):
-        raise ParameterError(f"{what}: the contexts must be strictly ascending, got {out!r}")
+        raise ParameterError(f"{what}: the {key}s must be strictly ascending, got {out!r}")
     return out
 
 

@@ -19,10 +19,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.batch import DEFAULT_MAX_BATCH
-from ..engine.generation import GenerationParams, check_block_by_context
+from ..engine.generation import GenerationParams, check_block_by_context, check_block_by_temperature
 from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error, ParameterError
-from ..profiles import check_block_by_temperature
 from ..settings import SamplingDefaults, check_block
 from ..target.context import default_context_length
 from . import metrics as metrics_mod
