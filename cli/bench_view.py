@@ -299,7 +299,7 @@ def print_block_choice(profile: dict, console) -> None:
     if sampled:  # calibration.py: sampled rounds accept less
         each = "; ".join(
             f"T {c['temperature']:g}: τ {c['tau']:.2f} over {c['rounds']} drafter rounds, "
-            f"best block {c['chosen_block']}"
+            + (f"best block {c['chosen_block']}" if c["chosen_block"] else "too few to choose by")
             for c in sampled
         )
         console.print(Text(f"sampled: {each}", style="green"))

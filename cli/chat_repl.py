@@ -291,7 +291,7 @@ class Chat:
     def _set_block(self, name: str, arg: str) -> None:
         if not arg:
             auto = self.engine.auto_block.describe()
-            self._say(f"block {self.block.size} (trained {self.trained}); /block auto: {auto}")
+            self._say(f"block {self.block_now()} (trained {self.trained}); /block auto: {auto}")
             return
         if arg == "auto":
             self.block = self.engine.auto_block

@@ -4,8 +4,9 @@
 - the target's verify cost for widths 1..B (dflash2_mlx.costs.verify_costs: dependent chain,
   medians, warm cache at a context depth),
 - the drafter's cost per round for blocks 1..B (costs.draft_costs; block 1 drafts nothing),
-- the per-position acceptance on a greedy calibration run at block B (calibration.py): p_k = P(draft k accepted |
-  drafts 1..k-1 accepted), counted from the engine's per-round accepted counts,
+- the per-position acceptance on a greedy calibration run at block B (calibration.py):
+  p_k = P(draft k accepted | drafts 1..k-1 accepted), counted from the engine's per-round
+  accepted counts,
 and picks the block b <= B that maximizes expected committed tokens per second,
 
     E[tokens/round at b] / (draft_ms(b) + verify_ms(b)),   E = 1 + sum_{k<b} prod_{j<=k} p_j
@@ -286,7 +287,7 @@ def autotune(
         block_ms, measured.draft["ms"], calib["position_probs"], max_block=B, cap=cap
     )
     lookup = _lookup_profile(pair, measured.verify["ms"], calib, lookup_widths)
-    sampled = _sampled_choices(lambda t: calibrate_at(t, B), best, say)
+    sampled = _sampled_section(lambda t: calibrate_at(t, B), best, choice.block, say)
     long = measure_schedule(
         pair,
         block_ms,
@@ -313,26 +314,28 @@ def autotune(
         "chosen_lookup_block": lookup["chosen"],
         "long_context": long,
         "block_by_context": long["block_by_context"] if long else [],
-        "sampled": sampled,
-        "block_by_temperature": falling_blocks(
-            [(c["temperature"], c["chosen_block"]) for c in sampled], choice.block
-        ),
+        **sampled,
     }
 
 
-def _sampled_choices(
-    calibrate_at: Callable[[float], dict], best: Callable[[list], int], say
-) -> list[dict]:
-    """The sampled calibrations (one per SAMPLED_TEMPERATURES, drafter rounds at the largest
-    block), each with the block its acceptance makes best; one with too few drafter rounds to
-    choose by is left out."""
-    out = []
+def _sampled_section(
+    calibrate_at: Callable[[float], dict], best: Callable[[list], int], first: int, say
+) -> dict:
+    """The profile's `sampled` calibrations (one per SAMPLED_TEMPERATURES, drafter rounds at
+    the largest block), each with the block its acceptance makes best (None, with the reason,
+    when too few drafter rounds ran to choose by), and `block_by_temperature`: where those
+    fall below `first`, the greedy choice."""
+    sampled = []
     for t in SAMPLED_TEMPERATURES:
         say(f"calibration: temperature {t}")
-        c = calibrate_at(t)
+        c = {**calibrate_at(t), "temperature": t, "chosen_block": None}
         if c["rounds"] >= MIN_SAMPLED_ROUNDS:
-            out.append({**c, "temperature": t, "chosen_block": best(c["position_probs"])})
-    return out
+            c["chosen_block"] = best(c["position_probs"])
+        else:
+            c["reason"] = f"{c['rounds']} drafter rounds, fewer than {MIN_SAMPLED_ROUNDS}"
+        sampled.append(c)
+    chosen = [(c["temperature"], c["chosen_block"]) for c in sampled if c["chosen_block"]]
+    return {"sampled": sampled, "block_by_temperature": falling_blocks(chosen, first)}
 
 
 def _quant_cap(key: Mapping, max_block: int) -> tuple[int | None, str | None]:

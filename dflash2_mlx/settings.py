@@ -111,11 +111,25 @@ def block_for_temperature(
     schedule keeps only the blocks below it. Sampled rounds accept less, so a smaller block
     may pay (calibration.py); greedy output never depends on the block, and sampled output
     keeps its distribution at any block."""
+    lowered = block
     for start, b in by_temperature:
         if temperature < start:
             break
-        block = min(block, b)
-    return block, tuple((c, b) for c, b in by_context if b < block)
+        lowered = min(lowered, b)
+    if lowered == block:
+        return block, by_context
+    return lowered, tuple((c, b) for c, b in by_context if b < lowered)
+
+
+def check_falling(first: int, pairs, what: str) -> None:
+    """A schedule's blocks must fall from `first` (each below the one before), or no entry
+    could ever apply: a ParameterError naming `what`."""
+    blocks = [first] + [b for _, b in pairs]
+    if not all(a > b for a, b in zip(blocks, blocks[1:])):
+        raise ParameterError(
+            f"{what}: the blocks must fall from the block ({first}), each below the one before; "
+            f"got {[list(p) for p in pairs]}"
+        )
 
 
 def choose_block(

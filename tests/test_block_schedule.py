@@ -245,7 +245,13 @@ def test_the_server_runs_its_requests_with_the_schedule_and_shows_it():
             [30, 2],
             [60, 1],
         ]
+        long = client.completions.create(
+            model="m", prompt=list(range(5, 45)), max_tokens=4, temperature=0
+        )
         r = client.completions.create(model="m", prompt=prompt, max_tokens=40, temperature=0)
+    # usage says the block at the reply's start: the trained one for 20 prompt tokens, 2 for 40
+    assert r.usage.model_extra["dflash2"]["block_size"] == pair.drafter.config.block_size
+    assert long.usage.model_extra["dflash2"]["block_size"] == 2
     params = d2.GenerationParams(max_tokens=40, block_by_context=schedule)
     expected = pair.generate(prompt, params)
     assert r.choices[0].text == pair.tokenizer.decode(expected[0])

@@ -17,7 +17,12 @@ from dflash2_mlx.errors import DFlash2Error, ParameterError
 from dflash2_mlx.engine.generation import check_block_by_temperature
 from dflash2_mlx.prompts import load_prompts
 from dflash2_mlx.registry import ResolvedPair
-from dflash2_mlx.settings import EngineFlags, block_for_temperature, resolve_engine
+from dflash2_mlx.settings import (
+    EngineFlags,
+    SamplingDefaults,
+    block_for_temperature,
+    resolve_engine,
+)
 
 pytestmark = pytest.mark.usefixtures("dflash2_home")  # profiles go to a private cache
 
@@ -40,6 +45,30 @@ def test_the_block_at_a_temperature_and_the_context_schedule_below_it():
     assert blocks == [(4, by_context)] * 2 + [(3, by_context)] * 2 + [(2, ((6656, 1),))] * 2
     assert block_for_temperature(4, by_context, (), 1.5) == (4, by_context)
     assert block_for_temperature(2, (), ((1.0, 3),), 1.5) == (2, ())  # never above the block
+    # the context schedule is left as given where the temperature lowers nothing
+    assert block_for_temperature(2, ((10, 3),), ((1.0, 1),), 0.0) == (2, ((10, 3),))
+
+
+def test_the_chat_builds_each_turns_params_at_its_temperature():
+    from types import SimpleNamespace
+
+    from dflash2_cli.chat_repl import Chat
+    from dflash2_mlx.settings import BY_PROFILE, BlockChoice
+
+    chat = SimpleNamespace(
+        block=BlockChoice(4, 8, BY_PROFILE, None, ((1536, 2),), ((1.0, 3),)),
+        thinking_budget=None,
+        max_tokens=16,
+        spec=True,
+        engine=SimpleNamespace(lookup_block=12),
+        processors=(),
+    )
+    for temperature, block, by_context in ((0.0, 4, ((1536, 2),)), (1.2, 3, ((1536, 2),))):
+        chat.sampling = d2.SamplingParams(temperature=temperature)
+        params = Chat.params(chat)
+        assert (params.block_size, params.block_by_context) == (block, by_context)
+    chat.block = BlockChoice(4, 8, "/block")  # /block 4: nothing falls
+    assert Chat.params(chat).block_size == 4
 
 
 @pytest.mark.parametrize(
@@ -105,10 +134,12 @@ def test_the_autotuner_calibrates_sampled_rounds_and_the_settings_use_their_bloc
         assert resolve_engine(EngineFlags(), pair, resolved, None).block.by_temperature == ()
 
 
-def test_a_temperature_with_too_few_drafter_rounds_is_left_out(pair, monkeypatch):
+def test_a_temperature_with_too_few_drafter_rounds_chooses_nothing_and_says_why(pair, monkeypatch):
     _fake_measurements(monkeypatch, hot_rounds=3)
     profile = A.autotune(pair, [], target="org/t", drafter="org/d", max_block=4, batches=())
-    assert [c["temperature"] for c in profile["sampled"]] == [0.7]
+    hot = profile["sampled"][1]
+    assert hot["temperature"] == 1.0 and hot["chosen_block"] is None
+    assert hot["reason"] == "3 drafter rounds, fewer than 20"
     assert profile["block_by_temperature"] == []
 
 
@@ -140,6 +171,8 @@ def test_the_server_runs_a_hot_request_at_its_block_and_reports_it():
         create_app(served, model_name="m", speculative=False, block_by_temperature=((1.0, 2),))
     with pytest.raises(DFlash2Error, match="strictly ascending"):
         create_app(served, model_name="m", block_by_temperature=((1.0, 2), (0.5, 1)))
+    with pytest.raises(ParameterError, match="the blocks must fall from the block \\(2\\)"):
+        create_app(served, model_name="m", block_size=2, block_by_temperature=((0.7, 3),))
     app = create_app(
         served,
         model_name="m",
@@ -159,6 +192,18 @@ def test_the_server_runs_a_hot_request_at_its_block_and_reports_it():
             )
             used[temperature] = r.usage.model_extra["dflash2"]
     assert {t: u["block_size"] for t, u in used.items()} == {0.5: 4, 1.0: 2, 1.3: 2}
+    # a server whose default temperature is 1.0: a request that gives none runs block 2
+    hot = SamplingDefaults(d2.SamplingParams(temperature=1.0), (("temperature", "--temp"),))
+    app = create_app(
+        served, model_name="m", block_size=4, sampling=hot, block_by_temperature=((1.0, 2),)
+    )
+    with running(app) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+        r = client.completions.create(model="m", prompt=prompt, max_tokens=20, seed=7)
+        used["default"] = r.usage.model_extra["dflash2"]
+        r = client.completions.create(model="m", prompt=prompt, max_tokens=20, temperature=0)
+        assert r.usage.model_extra["dflash2"]["block_size"] == 4
+    assert used["default"]["block_size"] == 2
     # what the engine ran: a drafter round drafts its block's drafts (a last one may not)
     for temperature, u in used.items():
         drafts = u["block_size"] - 1

@@ -22,7 +22,7 @@ from ..engine.batch import DEFAULT_MAX_BATCH
 from ..engine.generation import GenerationParams, check_block_by_context, check_block_by_temperature
 from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error, ParameterError
-from ..settings import SamplingDefaults, check_block
+from ..settings import SamplingDefaults, check_block, check_falling
 from ..target.context import default_context_length
 from . import metrics as metrics_mod
 from .api_error import loggable
@@ -256,6 +256,7 @@ def _check_serve_args(
         raise ParameterError("block_by_temperature has no effect with speculative=False")
     for _, value in block_by_temperature:
         check_block(value, trained, "block_by_temperature")
+    check_falling(block_size or trained, block_by_temperature, "block_by_temperature")
     if max_queue < 0:
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
     if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:

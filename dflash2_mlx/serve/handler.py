@@ -252,7 +252,7 @@ class Handler:
     def usage_of(
         self, req: GenRequest, n_prompt: int, stats: GenerationStats, reply: ReplyStats | None
     ) -> dict:
-        block = self.s.block_for(self.s.sampling.complete(req.sampling_fields))
+        block = self.s.usage_block(self.s.sampling.complete(req.sampling_fields), n_prompt)
         return usage(n_prompt, stats, block, self.s.speculative, reply)
 
     def _finished(self, reply: ChatReply, replies: list | None = None) -> ReplyStats:

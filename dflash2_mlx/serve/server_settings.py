@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..engine.generation import block_at
 from ..engine.sampling import SamplingParams
 from ..settings import SamplingDefaults, block_for_temperature
 
@@ -36,6 +37,10 @@ class Settings:
             sampling.temperature,
         )
 
-    def block_for(self, sampling: SamplingParams) -> int:
-        """Tokens a drafter round of such a request verifies (1 when speculative is off)."""
-        return (self.blocks_for(sampling)[0] or self.effective_block) if self.speculative else 1
+    def usage_block(self, sampling: SamplingParams, prompt_tokens: int) -> int:
+        """The block a request's first drafter round verifies (usage.dflash2.block_size): at
+        its temperature and prompt length; 1 when speculative is off."""
+        if not self.speculative:
+            return 1
+        block, by_context = self.blocks_for(sampling)
+        return block_at(block or self.effective_block, by_context, prompt_tokens)
