@@ -8,7 +8,9 @@ rules live here and nowhere else:
   --no-datastore;
 - the block size: --block, else this machine's autotune profile (`dflash2 bench --autotune`),
   else the alias's recommendation, else the drafter's trained size. An explicit block above
-  the trained size is an error; a recommendation above it is clamped. The reason is kept;
+  the trained size is an error; a recommendation above it is clamped. The reason is kept.
+  The profile's own block falls where it measured a smaller one pays: from a context length
+  on (block_by_context) and, for sampled requests, from a temperature on (block_for_temperature);
 - the lookup block (tokens verified in a lookup or prediction round): the autotune profile,
   else the engine's default;
 - sampling defaults, field by field: the flag, else the target's generation_config.json
