@@ -278,8 +278,9 @@ class Chat:
         problem = field_problem(field, value)
         if problem:  # this field's rule alone, not every field of the sampler
             raise ParameterError(f"{name}: {problem}, got {value}")
-        self.sampling = replace(self.sampling, **{field: value})
-        self._say(f"{field} = {value}", "dim")
+        before, self.sampling = self.block_now(), replace(self.sampling, **{field: value})
+        now = self.block_now()  # the profile's block_by_temperature may change it
+        self._say(f"{field} = {value}" + (f" (block {now})" if now != before else ""), "dim")
         self.warn_greedy_filters()
 
     def _set_max(self, name: str, arg: str) -> None:
@@ -298,8 +299,8 @@ class Chat:
         else:
             size = check_block(self._number(name, arg, int), self.trained, "/block")
             self.block = BlockChoice(size, self.trained, "/block")
-        said = f"block = {self.block.size}" + ("" if self.spec else " (used when /spec on)")
-        self._say(said, "dim")
+        off = "" if self.spec else " (used when /spec on)"
+        self._say(f"block = {self.block.size}{off}", "dim")
 
     def _set_spec(self, name: str, arg: str) -> None:
         self.spec = _on_off(name, arg)

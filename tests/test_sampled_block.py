@@ -209,3 +209,30 @@ def test_the_server_runs_a_hot_request_at_its_block_and_reports_it():
         drafts = u["block_size"] - 1
         assert u["rounds"] > 2 and drafts * (u["rounds"] - 1) <= u["drafted"], u
         assert u["drafted"] <= drafts * u["rounds"], u
+
+
+def test_the_chats_temp_command_says_when_the_block_changes():
+    from types import SimpleNamespace
+
+    from dflash2_cli.chat_repl import Chat
+    from dflash2_mlx.settings import BY_PROFILE, BlockChoice
+
+    said = []
+    chat = SimpleNamespace(
+        block=BlockChoice(4, 8, BY_PROFILE, None, (), ((1.0, 2),)),
+        sampling=d2.SamplingParams(),
+        spec=True,
+        session=SimpleNamespace(tokens=[]),
+        _say=lambda text, style="": said.append(text),
+        warn_greedy_filters=lambda: None,
+    )
+    chat._number = lambda name, arg, kind: Chat._number(chat, name, arg, kind)
+    chat.block_now = lambda: Chat.block_now(chat)
+    for arg in ("0.5", "1", "1.5", "0"):
+        Chat._set_sampling(chat, "/temp", arg)
+    assert said == [
+        "temperature = 0.5",
+        "temperature = 1.0 (block 2)",
+        "temperature = 1.5",
+        "temperature = 0.0 (block 4)",
+    ]
