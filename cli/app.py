@@ -141,7 +141,10 @@ def run(argv: list[str] | None = None) -> int:
         where = exc.ctx.command_path if exc.ctx is not None else _command_path(argv)
         print_error(f"{exc.format_message()} (see '{where} --help')")
         return EXIT_USAGE
-    except typer.Abort:
+    except typer.Abort as exc:
+        if isinstance(exc.__context__, EOFError):  # click's Abort for an EOFError: not a Ctrl-C
+            print_error(f"unexpected end of data: {exc.__context__ or 'EOFError'}")
+            return 1
         return 130
     except BrokenPipeError:  # `dflash2 ... | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

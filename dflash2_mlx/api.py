@@ -23,7 +23,7 @@ from .engine.loop import Session, SpeculativeDecoder, check_lookup
 from .engine.width import WidthRule
 from .errors import CompatibilityError, ConfigError, ParameterError
 from .grammar import Grammar, Grammars, Thinking
-from .registry import ModelNotFoundError, closest, fetch, resolve
+from .registry import FetchError, ModelNotFoundError, closest, fetch, is_repo_id, lookup, resolve
 from .target.adapter import TargetAdapter
 
 
@@ -105,10 +105,13 @@ class Pair:
         return self._grammars
 
     def with_defaults(self, params: GenerationParams) -> GenerationParams:
-        """`params` with the tokenizer's EOS ids as stop tokens when it names none."""
+        """`params` with the tokenizer's EOS ids added to its stop tokens (a reply ends at its
+        end of turn, as OpenAI's `stop` adds to it; the engine's `decoder.stream` stops at
+        exactly the ids it is given)."""
         if not isinstance(params, GenerationParams):
             raise ParameterError(f"params must be a GenerationParams, got {type(params).__name__}")
-        return params if params.stop_token_ids else replace(params, stop_token_ids=self.eos_ids)
+        stops = params.stop_token_ids | self.eos_ids
+        return params if stops == params.stop_token_ids else replace(params, stop_token_ids=stops)
 
     def stream(
         self,
@@ -224,6 +227,8 @@ def load_pair(
         try:
             pair = resolve(str(target))
         except ModelNotFoundError:
+            if str(target).startswith((".", "/", "~")):  # a path, not a name
+                raise FetchError(f"target {target}: no such folder") from None
             near = closest(str(target))
             hint = f" (did you mean {', '.join(near)}?)" if near else ""
             raise ModelNotFoundError(
@@ -231,6 +236,8 @@ def load_pair(
                 "load_pair(target, drafter)"
             ) from None
         target, drafter = pair.target, pair.drafter
+    elif _names_a_pair(target):  # a pair's name with another drafter: that pair's target
+        target = resolve(str(target), drafter=str(drafter)).target
     target = fetch(target, "target", offline=offline)
     _check_config_json(target)
     try:
@@ -262,17 +269,36 @@ def load_pair(
     )
 
 
+# The JSON files mlx-lm and its tokenizer read from a target folder.
+_TARGET_JSON = ("config.json", "tokenizer_config.json", "generation_config.json")
+
+
 def _check_config_json(folder: Path) -> None:
-    """A target's config.json must parse (mlx-lm's error would not name the file)."""
-    path = folder / "config.json"
+    """A target's JSON files must parse (mlx-lm's error would not name the file)."""
+    for name in _TARGET_JSON:
+        path = folder / name
+        try:
+            config = json.loads(path.read_text())
+        except FileNotFoundError:
+            continue  # mlx-lm says what is missing
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CompatibilityError(f"{path}: not a readable JSON file: {exc}") from None
+        if not isinstance(config, dict):
+            raise CompatibilityError(
+                f"{path}: expected a JSON object, found {type(config).__name__}"
+            )
+
+
+def _names_a_pair(target) -> bool:
+    """`target` is an alias `dflash2 models` lists, not a folder or repo id."""
+    text = str(target)
+    if Path(text).expanduser().exists() or is_repo_id(text):
+        return False
     try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        return  # mlx-lm says what is missing
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CompatibilityError(f"{path}: not a readable JSON file: {exc}") from None
-    if not isinstance(config, dict):
-        raise CompatibilityError(f"{path}: expected a JSON object, found {type(config).__name__}")
+        lookup(text)
+    except ModelNotFoundError:
+        return False
+    return True
 
 
 def _check_datastore_flag(wanted) -> None:

@@ -61,13 +61,14 @@ from .profiles import (  # noqa: F401
 )
 from .block_schedule import measure_schedule
 from .calibration import (  # noqa: F401 - acceptance_probs re-exported
-    MIN_SAMPLED_ROUNDS,
+    MIN_ROUNDS,
     SAMPLED_TEMPERATURES,
     acceptance_probs,
     calibrate,
     falling_blocks,
 )
 from .engine.width import MEASURED_WIDTHS
+from .errors import ParameterError
 from .quant import describe_quant, is_quantized, quant_signature, quantized_layers, weight_dtype  # noqa: F401
 
 QUANT_CAP = 5
@@ -254,17 +255,6 @@ def autotune(
     cap, cap_reason = _quant_cap(key, B)
     lookup_widths = sorted(set(range(2, B + 1)) | set(LOOKUP_WIDTHS)) if pair.decoder.lookup else []
     widths = sorted(set(range(1, B + 1)) | set(lookup_widths))
-    measured = costs.measure_costs(
-        pair,
-        widths,
-        blocks=range(1, B + 1),
-        batches=BATCH_ROWS if batches is None else tuple(batches),
-        batch_widths=[w for w in BATCH_WIDTHS if w <= max(widths)],
-        context=context,
-        repeats=repeats,
-        say=say,
-    )
-    say(f"calibration: greedy at block {B} on {len(prompts)} prompts")
 
     def calibrate_at(temperature: float, lookup_block: int) -> dict:
         return calibrate(
@@ -281,7 +271,19 @@ def autotune(
     def best(probs) -> int:
         return choose_block(block_ms, measured.draft["ms"], probs, max_block=B, cap=cap).block
 
+    say(f"calibration: greedy at block {B} on {len(prompts)} prompts")
     calib = calibrate_at(0.0, max(lookup_widths, default=B))
+    _check_rounds(calib, len(prompts), max_tokens)
+    measured = costs.measure_costs(
+        pair,
+        widths,
+        blocks=range(1, B + 1),
+        batches=BATCH_ROWS if batches is None else tuple(batches),
+        batch_widths=[w for w in BATCH_WIDTHS if w <= max(widths)],
+        context=context,
+        repeats=repeats,
+        say=say,
+    )
     block_ms = {w: measured.verify["ms"][w] for w in range(1, B + 1)}
     choice = choose_block(
         block_ms, measured.draft["ms"], calib["position_probs"], max_block=B, cap=cap
@@ -318,6 +320,18 @@ def autotune(
     }
 
 
+def _check_rounds(calib: dict, prompts: int, max_tokens: int) -> None:
+    """Too few greedy drafter rounds to choose a block by: refused before anything is stored
+    (a profile chosen from one round could turn drafting off for every later chat)."""
+    if calib["rounds"] < MIN_ROUNDS:
+        raise ParameterError(
+            f"autotune: the calibration ran {calib['rounds']} drafter rounds ({prompts} prompts "
+            f"x {max_tokens} tokens), fewer than the {MIN_ROUNDS} a block is chosen by; "
+            "nothing was stored: run it with more prompts or tokens (--limit, --max-tokens; "
+            "the defaults are enough)"
+        )
+
+
 def _sampled_section(
     calibrate_at: Callable[[float], dict], best: Callable[[list], int], first: int, say
 ) -> dict:
@@ -329,10 +343,10 @@ def _sampled_section(
     for t in SAMPLED_TEMPERATURES:
         say(f"calibration: temperature {t}")
         c = {**calibrate_at(t), "temperature": t, "chosen_block": None}
-        if c["rounds"] >= MIN_SAMPLED_ROUNDS:
+        if c["rounds"] >= MIN_ROUNDS:
             c["chosen_block"] = best(c["position_probs"])
         else:
-            c["reason"] = f"{c['rounds']} drafter rounds, fewer than {MIN_SAMPLED_ROUNDS}"
+            c["reason"] = f"{c['rounds']} drafter rounds, fewer than {MIN_ROUNDS}"
         sampled.append(c)
     chosen = [(c["temperature"], c["chosen_block"]) for c in sampled if c["chosen_block"]]
     return {"sampled": sampled, "block_by_temperature": falling_blocks(chosen, first)}
@@ -351,8 +365,6 @@ def _checked_max_block(pair, max_block: int | None) -> tuple[int, int]:
     trained = pair.drafter.config.block_size
     B = int(max_block or trained)
     if not 1 <= B <= trained:
-        from .errors import ParameterError
-
         raise ParameterError(
             f"block {B} must be in 1..{trained} (the drafter's trained block size)"
         )

@@ -20,9 +20,9 @@ from typing import Callable, Iterable, Sequence
 # Temperatures the autotuner calibrates sampled rounds at; a request at or above one of them
 # (and below the next) uses its block (settings.block_for_temperature).
 SAMPLED_TEMPERATURES = (0.7, 1.0)
-# Fewer drafter rounds than this say too little to choose a block by (the temperature is left
-# out of the profile).
-MIN_SAMPLED_ROUNDS = 20
+# Fewer drafter rounds than this say too little to choose a block by: greedy, the autotuner
+# stores nothing; sampled, that temperature is left out of the profile.
+MIN_ROUNDS = 20
 
 
 def acceptance_probs(

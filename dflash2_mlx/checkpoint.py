@@ -130,6 +130,8 @@ def read_config(folder: Path, mask_token_id: int | None = None) -> DrafterConfig
         raw = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{cfg_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a folder, unreadable, not text
+        raise ConfigError(f"{cfg_path}: cannot read it: {exc}") from None
     return DrafterConfig.from_dict(raw, str(cfg_path), mask_token_id=mask_token_id)
 
 

@@ -198,6 +198,25 @@ def embedded_target_dir() -> Path:
         raise ModelNotFoundError(f"the embedded model could not be prepared: {exc}") from None
 
 
+def _is_embedded_folder(target: str) -> bool:
+    """`target` is the folder the embedded target is converted into."""
+    from .embedded import model_dir
+
+    path = Path(target).expanduser()
+    return path.exists() and path.resolve() == model_dir().resolve()
+
+
+def _entry_of_target(target: str) -> ModelEntry | None:
+    """The registered pair whose target this is: an alias, a target repo id, or the folder
+    the embedded target is converted into."""
+    if _is_embedded_folder(target):
+        return next(e for e in ENTRIES if e.embedded)
+    try:
+        return lookup(target)
+    except ModelNotFoundError:
+        return None
+
+
 def resolve(
     model: str | None = None,
     target: str | None = None,
@@ -221,13 +240,15 @@ def resolve(
     if model is None and target is not None and drafter is not None:
         return ResolvedPair(str(target), str(drafter))
     if model is None and target is not None:
-        try:
-            entry = lookup(target)
-        except ModelNotFoundError:
+        entry = _entry_of_target(str(target))
+        if entry is None and not is_repo_id(str(target)):
+            if not Path(target).expanduser().exists():
+                raise ModelNotFoundError(f"--target {target}: no such folder")
+        if entry is None:
             raise ModelNotFoundError(
                 f"--target {target} needs --drafter: no registered pair has this target"
-            ) from None
-        if entry.embedded:
+            )
+        if entry.embedded and not _is_embedded_folder(str(target)):
             raise ModelNotFoundError(f"--target {target}: pass a folder or repo id, not an alias")
     else:
         entry = lookup(model if model is not None else DEFAULT_ALIAS)

@@ -170,7 +170,9 @@ class TextStream:
             stop = [stop]
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
             raise ParameterError(f"stop must be a string or a list of strings, got {stop!r}")
-        self.stop = [s for s in stop if s]
+        if "" in stop:  # it would match everywhere: refused, as the server does
+            raise ParameterError(f"stop strings must not be empty, got {list(stop)!r}")
+        self.stop = list(stop)
         self.decoder = IncrementalDecoder(tokenizer, context)
         self.sent = 0  # chars of the decoded text already emitted
         self.stopped = False
@@ -214,7 +216,7 @@ class EventText:
         if getattr(pair, "tokenizer", None) is None:
             raise ParameterError(f"text needs a pair with a tokenizer, got {type(pair).__name__}")
         self.stream = TextStream(pair.tokenizer, stop, context=prompt_ids)
-        self.hidden = params.stop_token_ids or pair.eos_ids  # end-of-turn tokens are not text
+        self.hidden = pair.with_defaults(params).stop_token_ids  # end-of-turn: not text
 
     def chunk(self, ev: RoundEvent) -> TextChunk:
         visible = [t for t in ev.tokens if t not in self.hidden]

@@ -313,7 +313,7 @@ def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys):
         "--limit",
         "2",
         "--max-tokens",
-        "8",
+        "16",  # >= MIN_ROUNDS drafter rounds over the two prompts
         "--repeats",
         "1",
         "--context",
@@ -342,6 +342,18 @@ def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys):
     settings = json.loads((tmp_path / "b.json").read_text())["settings"]
     assert settings["block_source"] == "autotune profile"
     assert settings["blocks"] == [prof["chosen_block"]]
+
+
+def test_autotune_refuses_a_calibration_of_too_few_rounds_and_stores_nothing(tmp_path, capsys):
+    """One drafter round once chose block 1 and stored it: chat then drafted nothing."""
+    t, d = save_pair(tmp_path / "pair")
+    args = ["bench", "--target", str(t), "--drafter", str(d), "--limit", "1"]
+    args += ["--max-tokens", "4", "--repeats", "1", "--context", "16", "--autotune", "--no-plot"]
+    assert run(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"fewer than the {A.MIN_ROUNDS} a block is chosen by; nothing was stored" in err
+    assert "Traceback" not in err
+    assert A.recommended_block(d2.load_pair(t, d), str(t), str(d)) is None
 
 
 def test_chat_uses_the_stored_profile_unless_block_is_given(tmp_path, capsys, monkeypatch):

@@ -212,7 +212,17 @@ def test_a_row_alone_runs_the_single_engine_then_rejoins_the_batch(family):
 
 
 # ----------------------------------------------------------------------------- measured costs
-@pytest.mark.usefixtures("dflash2_home")
+@pytest.fixture
+def enough_rounds(monkeypatch):
+    """These autotune runs have no prompts (the costs are what is tested): their empty
+    calibration counts as enough drafter rounds to choose by."""
+    from dflash2_mlx import autotune as A
+
+    calibrate = A.calibrate
+    monkeypatch.setattr(A, "calibrate", lambda *a, **k: {**calibrate(*a, **k), "rounds": 100})
+
+
+@pytest.mark.usefixtures("dflash2_home", "enough_rounds")
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_batch_verify_costs_are_stored_and_read_back(family):
     import dflash2_mlx as d2
@@ -236,7 +246,7 @@ def test_batch_verify_costs_are_stored_and_read_back(family):
     assert width_costs({"batch_verify": {"ms": {"2": {"x": 1}}}}) is None  # damaged: ignored
 
 
-@pytest.mark.usefixtures("dflash2_home")
+@pytest.mark.usefixtures("dflash2_home", "enough_rounds")
 def test_the_profiles_width_cost_reaches_every_batched_front_end():
     """A stored profile's cost(rows, width) is what the library's, bench's and the server's
     batched rounds use; without one they use the default model."""

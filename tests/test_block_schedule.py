@@ -140,7 +140,7 @@ def _context_costs(monkeypatch):
         "calibrate",
         lambda pair, prompts, block, **kw: {
             "block": block,
-            "rounds": 10,
+            "rounds": 100,
             "position_probs": [0.9] * (block - 1),
             "lookup_counts": [],
             "lookup_block": kw.get("lookup_block"),

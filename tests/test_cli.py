@@ -339,6 +339,19 @@ def test_ctrl_c_stops_a_long_prefill_between_its_chunks(tiny_pair, capsys, monke
     assert cap.out.strip() == "" and "stopped" in cap.err
 
 
+def test_an_eof_error_is_an_error_not_a_ctrl_c(tiny_pair, capsys, monkeypatch):
+    """click turns an EOFError raised anywhere into its Abort, as for Ctrl-C: it once left
+    exit 130 and an empty line for a truncated file."""
+    import dflash2_cli.chat_run as chat_run
+
+    def truncated(*_a, **_k):
+        raise EOFError("no data left in the file")
+
+    monkeypatch.setattr(chat_run, "load_resolved", truncated)
+    assert run(_chat(tiny_pair, "-p", "hello", "--max-tokens", "4")) == 1
+    assert "unexpected end of data: no data left in the file" in capsys.readouterr().err
+
+
 def test_ctrl_c_ends_a_piped_chat(tiny_pair, capsys, monkeypatch):
     """Lines piped in: Ctrl-C stops the answer and the script (exit 130), not only the
     answer as in a terminal; the lines after it are not sent."""

@@ -318,8 +318,9 @@ def test_drafts_past_the_stop_token_leave_the_grammar_where_it_was(char_pair):
 def test_a_constraint_whose_stop_tokens_do_not_stop_is_refused(char_pair):
     grammar = char_pair.json_schema(MOOD)
     params = GenerationParams(max_tokens=20, stop_token_ids=frozenset({1}), constraint=grammar)
-    with pytest.raises(ParameterError, match="stop_token_ids must include"):
-        char_pair.generate([5, 6, 7], params)
+    with pytest.raises(ParameterError, match="stop_token_ids must include"):  # the exact ids
+        char_pair.decoder.generate([5, 6, 7], params)
+    assert char_pair.with_defaults(params).stop_token_ids >= char_pair.eos_ids  # a pair's add
 
 
 @pytest.mark.parametrize(

@@ -151,8 +151,19 @@ def test_bad_inputs_name_the_file_and_line(tmp_path):
     with pytest.raises(ConfigError, match="datastore.npz: cannot read it as a datastore"):
         Datastore.load(junk)
     np.savez(junk, tokens=np.zeros((2, 2), np.uint16), separator=np.int64(SEP))
-    with pytest.raises(ConfigError, match="must be a 1-D unsigned array"):
+    with pytest.raises(ConfigError, match="must be a non-empty 1-D unsigned array"):
         Datastore.load(junk)
+    np.savez(junk, tokens=np.zeros(0, np.uint16), separator=np.int64(SEP))
+    with pytest.raises(ConfigError, match="must be a non-empty 1-D unsigned array"):
+        Datastore.load(junk)
+    np.savez(junk, tokens=np.arange(4, dtype=np.uint16), separator=np.arange(3))
+    with pytest.raises(ConfigError, match="datastore.npz: cannot read it as a datastore"):
+        Datastore.load(junk)
+    whole = junk.read_bytes()
+    for damaged in (whole[: len(whole) // 2], b""):  # truncated, empty: no zip / EOF errors
+        junk.write_bytes(damaged)
+        with pytest.raises(ConfigError, match="datastore.npz: cannot read it as a datastore"):
+            Datastore.load(junk)
 
 
 # ------------------------------------------------------------------------------ the engine

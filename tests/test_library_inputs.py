@@ -60,6 +60,16 @@ def test_text_stop_strings_of_the_wrong_type_are_refused_at_the_call(tiny_pair, 
         d2.generate_text(None, ids, GenerationParams(max_tokens=2))
 
 
+@pytest.mark.parametrize("stop", ["", ["ok", ""]])
+def test_an_empty_stop_string_is_refused_not_dropped(tiny_pair, stop):
+    """The server refuses it (it would match everywhere); the library once dropped it."""
+    import dflash2_mlx as d2
+
+    pair = d2.load_pair(*tiny_pair)
+    with pytest.raises(ParameterError, match="stop strings must not be empty"):
+        d2.generate_text(pair, [3, 14, 15], GenerationParams(max_tokens=2), stop=stop)
+
+
 def test_prompt_ids_as_arrays_are_the_same_prompt(decoder):
     model, dec = decoder
     want = tiny.greedy_reference(model, PROMPT, 6)
@@ -130,6 +140,25 @@ def test_stop_ids_in_any_container_stop_the_same(decoder, kind):
     assert dec.generate(PROMPT, params) == ref[: ref.index(ref[3]) + 1]
 
 
+def test_a_pairs_stop_token_ids_add_to_its_end_of_turn_ids():
+    """Pair.generate with stop_token_ids still ends at EOS (they once replaced it and the
+    reply ran on past its end of turn); the engine stops at exactly the ids it is given."""
+    import types
+
+    import dflash2_mlx as d2
+
+    model, drafter = tiny.make_target("llama"), tiny.make_drafter(2, block_size=4)
+    ref = tiny.greedy_reference(model, PROMPT, 12)
+    eos = ref[4]
+    other = next(t for t in range(tiny.VOCAB) if t not in ref)  # never generated
+    tokenizer = types.SimpleNamespace(eos_token_ids={eos})
+    pair = d2.Pair.from_models(model, tokenizer, drafter)
+    params = GenerationParams(max_tokens=12, stop_token_ids=[other])
+    assert pair.with_defaults(params).stop_token_ids == frozenset({eos, other})
+    assert pair.generate(PROMPT, params)[0] == ref[: ref.index(eos) + 1]
+    assert pair.decoder.generate(PROMPT, params) == ref
+
+
 def test_load_pair_refuses_an_unknown_dtype(tiny_pair):
     import dflash2_mlx as d2
 
@@ -152,6 +181,16 @@ def test_load_pair_names_a_missing_folder_and_a_broken_config(tiny_pair, tmp_pat
     (broken / "config.json").write_text(json.dumps([1, 2]))
     with pytest.raises(CompatibilityError, match="expected a JSON object, found list"):
         d2.load_pair(broken, tiny_pair[1])
+    shutil.copy(tiny_pair[0] / "config.json", broken / "config.json")
+    (broken / "tokenizer_config.json").write_text('{"bos_token": ')
+    with pytest.raises(CompatibilityError, match=r"broken/tokenizer_config.json: not a readable"):
+        d2.load_pair(broken, tiny_pair[1])
+    drafter = tmp_path / "drafter"
+    shutil.copytree(tiny_pair[1], drafter)
+    (drafter / "config.json").unlink()
+    (drafter / "config.json").mkdir()  # a folder where the file should be
+    with pytest.raises(d2.DFlash2Error, match=r"drafter/config.json: cannot read it"):
+        d2.load_pair(tiny_pair[0], drafter)
 
 
 def test_load_pair_offline_never_downloads_the_target(tiny_pair, hf_offline):
@@ -183,5 +222,9 @@ def test_load_pair_by_a_registered_name_needs_no_drafter(monkeypatch, tiny_pair)
     monkeypatch.setattr(registry, "_names", lambda: {"tiny-test": entry})
     pair = d2.load_pair("tiny-test")
     assert pair.decoder.drafter.config.block_size == 8
+    # a pair's name with a drafter: that pair's target, this drafter (as `chat NAME --drafter`)
+    assert d2.load_pair("tiny-test", tiny_pair[1]).decoder.target.vocab_size > 0
+    with pytest.raises(FetchError, match="target /nowhere/model: no such folder"):
+        d2.load_pair("/nowhere/model")
     with pytest.raises(d2.DFlash2Error, match=r"tiny-tset: not a pair .*did you mean tiny-test"):
         d2.load_pair("tiny-tset")

@@ -119,6 +119,23 @@ def test_incomplete_pairs(args, message):
         resolve(*args)
 
 
+def test_target_alone_is_checked_then_matched_to_its_pair(embedded, tmp_path, monkeypatch):
+    """--target alone: a missing folder says so; the folder the embedded target lives in is
+    the embedded pair (its drafter comes with it); an alias is still refused."""
+    import dflash2_mlx.embedded as emb
+
+    drafter, _, _ = embedded
+    with pytest.raises(ModelNotFoundError, match="--target /nowhere/model: no such folder"):
+        resolve(None, "/nowhere/model")
+    folder = tmp_path / "models" / "smollm2-135m-instruct"
+    folder.mkdir(parents=True)
+    monkeypatch.setattr(emb, "model_dir", lambda cache_dir=None: folder)
+    r = resolve(None, str(folder))
+    assert (r.target, r.drafter, r.alias) == (str(folder), str(drafter), "smollm2-135m")
+    with pytest.raises(ModelNotFoundError, match="pass a folder or repo id, not an alias"):
+        resolve(None, "smollm2-135m")
+
+
 def test_embedded_drafter_not_built(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "EMBEDDED_DRAFTER", tmp_path / "missing")
     for args in ((), ("smollm2-135m",), ("SmolLM2",)):

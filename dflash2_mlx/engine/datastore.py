@@ -117,12 +117,13 @@ class Datastore:
             with np.load(path, allow_pickle=False) as f:
                 tokens, separator = f["tokens"], int(f["separator"])
                 meta = json.loads(str(f["meta"])) if "meta" in f else {}
-        except (OSError, ValueError, KeyError) as exc:
-            raise ConfigError(f"{path}: cannot read it as a datastore: {exc}") from None
-        if tokens.ndim != 1 or tokens.dtype.kind != "u" or separator < 1:
+        except Exception as exc:  # a truncated or empty file, a field of the wrong kind
+            why = str(exc) or type(exc).__name__
+            raise ConfigError(f"{path}: cannot read it as a datastore: {why}") from None
+        if tokens.ndim != 1 or tokens.dtype.kind != "u" or not tokens.size or separator < 1:
             raise ConfigError(
-                f"{path}: 'tokens' must be a 1-D unsigned array and 'separator' >= 1 "
-                f"(found {tokens.dtype} with {tokens.ndim} dims, separator {separator})"
+                f"{path}: 'tokens' must be a non-empty 1-D unsigned array and 'separator' >= 1 "
+                f"(found {tokens.dtype} with shape {tokens.shape}, separator {separator})"
             )
         return cls(tokens, separator, min_match, meta, min_share)
 
