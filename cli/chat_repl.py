@@ -143,7 +143,8 @@ class Chat:
         only those the user gave, not the model's generation_config.json)."""
         idle = [n for n in idle_when_greedy(self.sampling) if only is None or n in only]
         if idle:
-            self.note(f"{', '.join(idle)} has no effect at temperature 0 (greedy decoding)")
+            verb = "has" if len(idle) == 1 else "have"
+            self.note(f"{', '.join(idle)} {verb} no effect at temperature 0 (greedy decoding)")
 
     def messages(self, user: str) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -271,6 +272,8 @@ class Chat:
 
     def _set_sampling(self, name: str, arg: str) -> None:
         field = {"/temp": "temperature"}.get(name, name[1:])
+        if not arg:  # as /system and /block: the current value
+            return self._say(f"{field} = {getattr(self.sampling, field)}")
         if name == "/seed" and arg.lower() == "off":
             value = None
         else:
@@ -284,8 +287,11 @@ class Chat:
         self.warn_greedy_filters()
 
     def _set_max(self, name: str, arg: str) -> None:
+        if not arg:
+            return self._say(f"max tokens = {self.max_tokens}")
         value = self._number(name, arg, int)
-        GenerationParams(value)  # validates
+        if value < 1:
+            raise _Bad(f"/max must be a number of tokens >= 1, got {value}")
         self.max_tokens = value
         self._say(f"max tokens = {value}", "dim")
 

@@ -20,13 +20,13 @@ HELP = """\
 /help            this list
 /clear           forget the conversation (keeps the system prompt and the settings)
 /system [TEXT]   show, or set, the system prompt ('/system -' removes it)
-/temp X          sampling temperature (0 = greedy)
-/top_p X         nucleus mass in [0, 1]
-/top_k N         keep the N most likely tokens (0 = off)
-/min_p X         min-p filter in [0, 1)
-/seed N|off      sampling seed
-/max N           most tokens per answer
-/block N|auto    tokens verified per round (1 .. the drafter's trained block size)
+/temp [X]        sampling temperature (0 = greedy); no value: show it, as below
+/top_p [X]       nucleus mass in [0, 1]
+/top_k [N]       keep the N most likely tokens (0 = off)
+/min_p [X]       min-p filter in [0, 1)
+/seed [N|off]    sampling seed
+/max [N]         most tokens per answer
+/block [N|auto]  tokens verified per round (1 .. the drafter's trained block size)
 /spec on|off     speculative decoding, or plain decoding with the same sampler
 /thinking on|off thinking in Qwen-style templates
 /stats           session statistics and settings

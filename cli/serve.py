@@ -222,6 +222,7 @@ def serve(
 
     from dflash2_mlx.serve import create_app, display_name, run_server
     from dflash2_mlx.settings import resolve_engine
+    from dflash2_mlx.target.context import default_context_length
 
     def say(msg: str) -> None:
         typer.echo(msg, err=True)
@@ -257,6 +258,9 @@ def serve(
         sock.close()
         raise
     context = app.state.settings.context
+    trained = default_context_length(pair.model)
+    if context > trained:
+        say(f"note: --context-length {context} is past the model's own {trained} tokens")
     for flag, value, most in (
         ("--max-tokens", max_tokens, context - 1),
         ("--max-prompt-tokens", max_prompt_tokens, context - 1),

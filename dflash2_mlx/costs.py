@@ -37,8 +37,8 @@ def check_context(pair, context: int, width: int) -> None:
     limit = default_context_length(pair.model)
     if context + width > limit:
         raise ParameterError(
-            f"context: {context} tokens and a width of {width} exceed the model's context "
-            f"({limit} tokens)"
+            f"context: {context} tokens plus a verify of {width} (the widest measured) exceed "
+            f"the model's context ({limit} tokens)"
         )
 
 

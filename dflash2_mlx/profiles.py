@@ -106,6 +106,24 @@ def load_profile(key: Mapping, root: str | Path | None = None) -> dict | None:
     return profile
 
 
+def damaged_profile(pair, target: str, drafter: str, root: str | Path | None = None) -> str | None:
+    """Why this pair's stored profile on this machine is ignored (a file that does not read
+    as a profile), else None (none stored, or it reads)."""
+    try:
+        path = profile_path(profile_key(pair, target, drafter), root)
+    except Exception:  # noqa: BLE001 - no key to look it up by: no profile applies
+        return None
+    if not path.exists():
+        return None
+    try:
+        profile = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{path}: the autotune profile is unreadable ({exc}), ignored: rerun --autotune"
+    if not isinstance(profile, dict) or profile.get("schema") != SCHEMA:
+        return f"{path}: not a {SCHEMA} autotune profile, ignored: rerun --autotune"
+    return None
+
+
 def _recommended(pair, target: str, drafter: str, field: str, root) -> int | None:
     try:
         profile = load_profile(profile_key(pair, target, drafter), root)

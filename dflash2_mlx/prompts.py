@@ -116,8 +116,8 @@ def load_prompts(split: str | Path, *, skip_bad: bool = False) -> list[Prompt]:
     prompts: list[Prompt] = []
     seen: dict[str, int] = {}
     lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the final newline
+    while lines and not lines[-1].strip():
+        lines.pop()  # the final newline (and blank lines after the last prompt)
     for lineno, line in enumerate(lines, start=1):
         try:
             if not line.strip():

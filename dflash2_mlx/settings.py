@@ -75,12 +75,13 @@ class BlockChoice:
     # with the profile's own block, never with --block or an alias's.
     by_context: tuple[tuple[int, int], ...] = ()
     by_temperature: tuple[tuple[float, int], ...] = ()
+    ignored_profile: str | None = None  # why a stored profile was not read (a damaged file)
 
     @property
     def note(self) -> str | None:
-        """Said to the user when a recommendation was clamped."""
+        """Said to the user when a recommendation was clamped or a profile ignored."""
         if self.clamped_from is None:
-            return None
+            return self.ignored_profile
         return (
             f"the {self.reason} (block {self.clamped_from}) exceeds the drafter's trained "
             f"block size {self.trained}: using {self.trained}"
@@ -142,10 +143,12 @@ def choose_block(
     alias: int | None = None,
     by_context: tuple[tuple[int, int], ...] = (),
     by_temperature: tuple[tuple[float, int], ...] = (),
+    ignored_profile: str | None = None,
 ) -> BlockChoice:
     """The block rule: the flag, the autotune profile (with its blocks `by_context` and
     `by_temperature`), the alias's recommendation, the drafter's trained size; clamped to the
-    trained size (a flag above it is an error)."""
+    trained size (a flag above it is an error). `ignored_profile`: why a stored profile could
+    not be read (said in the note)."""
     if flag is not None:
         return BlockChoice(check_block(flag, trained), trained, BY_FLAG)
     for value, reason in ((profile, BY_PROFILE), (alias, BY_ALIAS)):
@@ -153,9 +156,9 @@ def choose_block(
             if value > trained:
                 return BlockChoice(trained, trained, reason, clamped_from=value)
             if reason != BY_PROFILE:
-                return BlockChoice(value, trained, reason)
+                return BlockChoice(value, trained, reason, ignored_profile=ignored_profile)
             return BlockChoice(value, trained, reason, None, by_context, by_temperature)
-    return BlockChoice(trained, trained, BY_TRAINED)
+    return BlockChoice(trained, trained, BY_TRAINED, ignored_profile=ignored_profile)
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -354,7 +357,8 @@ def resolve_engine(
     ResolvedPair) whose target lives in `target_dir`."""
     from .batch_costs import profile_width_costs
     from .profiles import recommended_block, recommended_block_by_context
-    from .profiles import recommended_block_by_temperature, recommended_lookup_block
+    from .profiles import damaged_profile, recommended_block_by_temperature
+    from .profiles import recommended_lookup_block
 
     trained = pair.drafter.config.block_size
     auto = choose_block(
@@ -363,6 +367,7 @@ def resolve_engine(
         alias=resolved.block_size,
         by_context=recommended_block_by_context(pair, resolved.target, resolved.drafter),
         by_temperature=recommended_block_by_temperature(pair, resolved.target, resolved.drafter),
+        ignored_profile=damaged_profile(pair, resolved.target, resolved.drafter),
     )
     block = choose_block(trained, flag=flags.block) if flags.block is not None else auto
     return EngineSettings(

@@ -376,3 +376,9 @@ def test_chat_uses_the_stored_profile_unless_block_is_given(tmp_path, capsys, mo
     assert "block 6" in capsys.readouterr().err
     assert run(chat + ["--block", "3"]) == 0
     assert "block 3" in capsys.readouterr().err
+    # a damaged profile is ignored and said to be, naming the file
+    path = A.profile_path(A.profile_key(pair, str(t), str(d)))
+    path.write_text(path.read_text()[:100])
+    assert run(chat) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{path}: the autotune profile is unreadable" in err and "block 6" not in err

@@ -80,7 +80,9 @@ def test_chat_in_a_terminal(tiny_pair):
             ("/top_p nope", "error: /top_p needs a number"),
             ("/temp -1", "error: /temp: temperature must be a finite number >= 0, got -1.0"),
             ("/spec sideways", "error: /spec needs on or off, got 'sideways'"),
-            ("/max", "error: /max needs an integer, got nothing"),
+            ("/max 0", "error: /max must be a number of tokens >= 1, got 0"),
+            ("/max", "max tokens = 12"),  # no argument: the current value, as /system
+            ("/temp", "temperature = 0.5"),
             ("/nosuch", "unknown command /nosuch"),
             ("/help", "/spec on|off"),
         ]:

@@ -99,6 +99,12 @@ def test_malformed_line_names_file_and_line(tmp_path, bad, why):
     assert f"{f}:2:" in str(err.value) and why in str(err.value)
 
 
+def test_blank_lines_after_the_last_prompt_are_not_prompts(tmp_path):
+    f = tmp_path / "ok.jsonl"
+    f.write_text(GOOD + "\n\n  \n")
+    assert [p.id for p in load_prompts(f)] == ["ok"]
+
+
 def test_skip_bad_warns_and_keeps_the_rest(tmp_path):
     f = _write(tmp_path, [GOOD, "{oops", GOOD.replace('"ok"', '"ok2"')])
     with pytest.warns(UserWarning, match=r"bad\.jsonl:2:"):

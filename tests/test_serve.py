@@ -615,17 +615,32 @@ def test_a_translated_field_is_named_as_sent(url, path, extra, field):
     assert message.startswith(field + ":") and "True" not in message, message
 
 
+def test_an_unknown_field_sent_as_null_asks_nothing_and_passes(url):
+    """SDKs and proxies send unset fields as null; only a value would be ignored."""
+    body = {"messages": HI, "max_tokens": 1, "frobnicate": None}
+    assert httpx.post(url + "/v1/chat/completions", json=body).status_code == 200
+    body = {"input": "hi", "max_output_tokens": 16, "frobnicate": None}
+    assert httpx.post(url + "/v1/responses", json=body).status_code == 200
+    body["frobnicate"] = 1
+    assert httpx.post(url + "/v1/responses", json=body).json()["error"]["param"] == "frobnicate"
+
+
 def test_an_assistant_refusal_part_is_its_text(url):
     """OpenAI's history may hold an assistant's refusal as a content part: it is that turn's
     text, as a string content would be."""
 
-    def prompt_tokens(content) -> int:
-        messages = [*HI, {"role": "assistant", "content": content}, *HI]
+    def prompt_tokens(content, **fields) -> int:
+        messages = [*HI, {"role": "assistant", "content": content, **fields}, *HI]
         body = {"messages": messages, "max_tokens": 1}
         return httpx.post(url + "/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]
 
     refused = prompt_tokens([{"type": "refusal", "refusal": "no way"}])
     assert refused == prompt_tokens("no way") != prompt_tokens("")
+    # the message's own `refusal` field (content null), as OpenAI's replies carry it
+    assert prompt_tokens(None, refusal="no way") == refused
+    bad = {"messages": [*HI, {"role": "assistant", "content": None, "refusal": 3}, *HI]}
+    err = httpx.post(url + "/v1/chat/completions", json=bad).json()["error"]
+    assert err["param"] == "messages[1].refusal" and "must be a string" in err["message"]
 
 
 def test_unknown_route_and_method(url):
@@ -854,7 +869,7 @@ def test_cli_serve_end_to_end(pair, tmp_path):
             "--port",
             str(port),
             "--context-length",
-            "512",
+            "8192",  # past the tiny model's 4,096: served, with a note
             "--model-name",
             "tiny-cli",
             "--log-level",
@@ -877,7 +892,7 @@ def test_cli_serve_end_to_end(pair, tmp_path):
         assert httpx.get(base + "/v1/models").status_code == 401
         assert httpx.get(base + "/v1/models", headers={**key, "Host": "box.lan"}).status_code == 200
         card = httpx.get(base + "/v1/models", headers=key).json()["data"][0]
-        assert card["id"] == "tiny-cli" and card["dflash2"]["context_length"] == 512
+        assert card["id"] == "tiny-cli" and card["dflash2"]["context_length"] == 8192
         assert card["dflash2"]["drafter"] == drafter.name  # a name, never a server path
         want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 8)
         cli = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
@@ -887,3 +902,4 @@ def test_cli_serve_end_to_end(pair, tmp_path):
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode in (0, 130) and "Traceback" not in err, err  # 130: Ctrl-C
+    assert "note: --context-length 8192 is past the model's own 4096 tokens" in err, err

@@ -313,6 +313,11 @@ def test_hosts_origins_content_type_and_api_key(pair, logs):
             if status == 400:
                 assert r.json()["error"]["code"] == "host_malformed"
         assert r.json()["error"]["code"] == "host_not_allowed"
+        # no Host at all: HTTP/1.0 may leave it out (a bare probe; browsers always send it)
+        for version, status in (("1.0", b" 200 "), ("1.1", b" 400 ")):
+            with socket.create_connection(("127.0.0.1", int(port)), timeout=10) as sock:
+                sock.sendall(f"GET /health HTTP/{version}\r\n\r\n".encode())
+                assert status in sock.recv(200).split(b"\r\n")[0] + b" ", version
         # Origin: cross-origin refused unless --cors names it; a text/plain "simple request"
         evil = {"Origin": "http://evil.example"}
         r = post({**evil, "Content-Type": "text/plain"}, content=json.dumps(body))

@@ -505,6 +505,7 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     for bad in (["--distill", "1"], ["--mask-token-id", "99999"]):
         assert run(["train", str(target_dir), "--out", str(tmp_path / "o2"), *fresh, *bad]) == 2
         assert not (tmp_path / "o2").exists() and not (tmp_path / "w2").exists(), bad
+    assert "mask token id 99999 (--mask-token-id) is outside" in capsys.readouterr().err
 
 
 def _refused(args: list[str], capsys) -> str:

@@ -84,7 +84,7 @@ def parse_responses(body: dict) -> GenRequest:
             raise invalid(
                 name, f"{name}={brief(value)}: {_REFUSED[name][1]}", "unsupported_parameter"
             )
-        if name not in known:
+        if name not in known and value is not None:  # null asks nothing
             raise invalid(
                 name, f"Unrecognized request argument supplied: {name[:60]}", "unknown_parameter"
             )

@@ -104,7 +104,7 @@ def _check_fields(body: dict, own: set[str], refused: dict) -> None:
             neutral, why = refused[name]
             if not neutral(value):
                 raise invalid(name, f"{name}={brief(value)}: {why}", "unsupported_parameter")
-        elif name not in own and name not in _HARMLESS:
+        elif name not in own and name not in _HARMLESS and value is not None:  # null: no ask
             raise invalid(
                 name, f"Unrecognized request argument supplied: {name[:60]}", "unknown_parameter"
             )
@@ -239,7 +239,7 @@ _MESSAGE_FIELDS = {
     "system": ("name",),
     "developer": ("name",),
     "user": ("name",),
-    "assistant": ("name", "tool_calls", "reasoning_content"),
+    "assistant": ("name", "tool_calls", "reasoning_content", "refusal"),
     "tool": ("tool_call_id", "name"),
 }
 
@@ -267,8 +267,11 @@ def _message(i: int, m) -> dict:
                 "unsupported_parameter",
             )
     calls = m.get("tool_calls") if role == "assistant" else None
-    if m.get("content") is None and calls:
-        content = ""  # an assistant turn that only calls tools
+    refusal = m.get("refusal") if role == "assistant" else None
+    if refusal is not None and not isinstance(refusal, str):
+        raise invalid(f"messages[{i}].refusal", "refusal must be a string", "invalid_type")
+    if m.get("content") is None and (calls or refusal):
+        content = refusal or ""  # a turn that only calls tools, or refused (its text)
     elif "content" not in m:
         raise invalid(f"messages[{i}].content", "content is required", "missing_required_parameter")
     else:

@@ -31,6 +31,11 @@ def drafter_config_for(
         )
     if cfg.mask_token_id is None:
         raise DFlash2Error("a mask token id is needed (an id the target never emits)")
+    if not 0 <= cfg.mask_token_id < adapter.vocab_size:
+        raise DFlash2Error(
+            f"mask token id {cfg.mask_token_id} (--mask-token-id) is outside the target's "
+            f"vocabulary [0, {adapter.vocab_size})"
+        )
     tc = target_config.get("text_config", target_config)
     heads = int(tc.get("num_attention_heads", 8))
     raw = {
