@@ -143,7 +143,7 @@ def run(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except typer.Abort as exc:
         if isinstance(exc.__context__, EOFError):  # click's Abort for an EOFError: not a Ctrl-C
-            print_error(f"unexpected end of data: {exc.__context__ or 'EOFError'}")
+            print_error(f"unexpected end of data: {str(exc.__context__) or 'EOFError'}")
             return 1
         return 130
     except BrokenPipeError:  # `dflash2 ... | head`: stop quietly

@@ -55,7 +55,7 @@ class Chat(SlashCommands):
         self.pair, self.opts, self.console, self.err = pair, opts, console, err
         check_thinking_flag(pair.tokenizer, opts.thinking)
         self.engine = settings
-        if settings.auto_block.note:  # a recommendation above the trained size, clamped
+        if settings.auto_block.note:  # a recommendation clamped, or a damaged profile
             self.note(settings.auto_block.note)
         self.trained = settings.block.trained
         self.block = settings.block  # its size, and where the profile lowers it

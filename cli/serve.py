@@ -222,7 +222,7 @@ def serve(
 
     from dflash2_mlx.serve import create_app, display_name, run_server
     from dflash2_mlx.settings import resolve_engine
-    from dflash2_mlx.target.context import default_context_length
+    from dflash2_mlx.target.context import trained_context_length
 
     def say(msg: str) -> None:
         typer.echo(msg, err=True)
@@ -258,8 +258,8 @@ def serve(
         sock.close()
         raise
     context = app.state.settings.context
-    trained = default_context_length(pair.model)
-    if context > trained:
+    trained = trained_context_length(pair.model)
+    if trained is not None and context > trained:
         say(f"note: --context-length {context} is past the model's own {trained} tokens")
     for flag, value, most in (
         ("--max-tokens", max_tokens, context - 1),

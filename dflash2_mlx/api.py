@@ -224,17 +224,7 @@ def load_pair(
     _check_datastore_flag(datastore)
     check_draft_vocab_limit(draft_vocab_limit)
     if drafter is None:  # a registered pair (its block sizes are the front ends' business)
-        try:
-            pair = resolve(str(target))
-        except ModelNotFoundError:
-            if str(target).startswith((".", "/", "~")):  # a path, not a name
-                raise FetchError(f"target {target}: no such folder") from None
-            near = closest(str(target))
-            hint = f" (did you mean {', '.join(near)}?)" if near else ""
-            raise ModelNotFoundError(
-                f"{target}: not a pair `dflash2 models` lists{hint}; pass its drafter too: "
-                "load_pair(target, drafter)"
-            ) from None
+        pair = _registered_pair(str(target))
         target, drafter = pair.target, pair.drafter
     elif _names_a_pair(target):  # a pair's name with another drafter: that pair's target
         target = resolve(str(target), drafter=str(drafter)).target
@@ -287,6 +277,27 @@ def _check_config_json(folder: Path) -> None:
             raise CompatibilityError(
                 f"{path}: expected a JSON object, found {type(config).__name__}"
             )
+
+
+def _registered_pair(target: str):
+    """The pair `dflash2 models` lists under `target`: its name, its target's repo id, or the
+    folder the embedded target lives in."""
+    try:
+        return resolve(target)
+    except ModelNotFoundError:
+        pass
+    path = Path(target).expanduser()
+    if not path.exists() and target.startswith((".", "/", "~")):  # a path, not a name
+        raise FetchError(f"target {target}: no such folder") from None
+    try:
+        return resolve(None, target)  # a registered pair's target folder
+    except ModelNotFoundError:
+        near = [] if path.exists() else closest(target)
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise ModelNotFoundError(
+            f"{target}: not a pair `dflash2 models` lists{hint}; pass its drafter too: "
+            "load_pair(target, drafter)"
+        ) from None
 
 
 def _names_a_pair(target) -> bool:

@@ -273,7 +273,8 @@ def autotune(
 
     say(f"calibration: greedy at block {B} on {len(prompts)} prompts")
     calib = calibrate_at(0.0, max(lookup_widths, default=B))
-    _check_rounds(calib, len(prompts), max_tokens)
+    if B > 1:  # block 1 drafts nothing: one block to choose, no rounds to count
+        _check_rounds(calib, len(prompts), max_tokens)
     measured = costs.measure_costs(
         pair,
         widths,
@@ -327,8 +328,8 @@ def _check_rounds(calib: dict, prompts: int, max_tokens: int) -> None:
         raise ParameterError(
             f"autotune: the calibration ran {calib['rounds']} drafter rounds ({prompts} prompts "
             f"x {max_tokens} tokens), fewer than the {MIN_ROUNDS} a block is chosen by; "
-            "nothing was stored: run it with more prompts or tokens (--limit, --max-tokens; "
-            "the defaults are enough)"
+            "nothing was stored: give it more prompts or tokens (bench: --limit, --max-tokens; "
+            "its defaults are enough)"
         )
 
 

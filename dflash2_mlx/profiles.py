@@ -92,14 +92,27 @@ def save_profile(profile: Mapping, root: str | Path | None = None) -> Path:
     return path
 
 
-def load_profile(key: Mapping, root: str | Path | None = None) -> dict | None:
-    """The stored profile with exactly this key, else None (a corrupt file counts as none)."""
-    path = profile_path(key, root)
+def _read_profile(path: Path) -> tuple[dict | None, str | None]:
+    """(the profile at `path`, None) or (None, why it is not one); (None, None): no file."""
+    if not path.exists():
+        return None, None
     try:
         profile = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError) as exc:
+        return (
+            None,
+            f"{path}: the autotune profile is unreadable ({exc}), ignored: rerun --autotune",
+        )
     if not isinstance(profile, dict) or profile.get("schema") != SCHEMA:
+        return None, f"{path}: not a {SCHEMA} autotune profile, ignored: rerun --autotune"
+    return profile, None
+
+
+def load_profile(key: Mapping, root: str | Path | None = None) -> dict | None:
+    """The stored profile with exactly this key, else None (a damaged file counts as none:
+    `damaged_profile` says why)."""
+    profile, _ = _read_profile(profile_path(key, root))
+    if profile is None:
         return None
     if json.dumps(profile.get("key"), sort_keys=True) != json.dumps(key, sort_keys=True):
         return None
@@ -113,15 +126,7 @@ def damaged_profile(pair, target: str, drafter: str, root: str | Path | None = N
         path = profile_path(profile_key(pair, target, drafter), root)
     except Exception:  # noqa: BLE001 - no key to look it up by: no profile applies
         return None
-    if not path.exists():
-        return None
-    try:
-        profile = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        return f"{path}: the autotune profile is unreadable ({exc}), ignored: rerun --autotune"
-    if not isinstance(profile, dict) or profile.get("schema") != SCHEMA:
-        return f"{path}: not a {SCHEMA} autotune profile, ignored: rerun --autotune"
-    return None
+    return _read_profile(path)[1]
 
 
 def _recommended(pair, target: str, drafter: str, field: str, root) -> int | None:

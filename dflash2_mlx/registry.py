@@ -248,8 +248,12 @@ def resolve(
             raise ModelNotFoundError(
                 f"--target {target} needs --drafter: no registered pair has this target"
             )
-        if entry.embedded and not _is_embedded_folder(str(target)):
-            raise ModelNotFoundError(f"--target {target}: pass a folder or repo id, not an alias")
+        named = str(target).strip().lower() in _names() and not Path(target).exists()
+        if named or (entry.embedded and not _is_embedded_folder(str(target))):
+            raise ModelNotFoundError(
+                f"--target {target}: pass a folder or repo id, not an alias (the alias alone: "
+                f"dflash2 chat {target})"
+            )
     else:
         entry = lookup(model if model is not None else DEFAULT_ALIAS)
     tgt, drf = target, drafter

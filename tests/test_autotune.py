@@ -354,6 +354,8 @@ def test_autotune_refuses_a_calibration_of_too_few_rounds_and_stores_nothing(tmp
     assert f"fewer than the {A.MIN_ROUNDS} a block is chosen by; nothing was stored" in err
     assert "Traceback" not in err
     assert A.recommended_block(d2.load_pair(t, d), str(t), str(d)) is None
+    assert run([*args, "--block", "1"]) == 0  # block 1 drafts nothing: no rounds to count
+    assert A.recommended_block(d2.load_pair(t, d), str(t), str(d)) == 1
 
 
 def test_chat_uses_the_stored_profile_unless_block_is_given(tmp_path, capsys, monkeypatch):

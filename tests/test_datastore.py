@@ -143,6 +143,9 @@ def test_bad_inputs_name_the_file_and_line(tmp_path):
     bad.write_text('{"response_ids": [1, 2]}\n{"prompt_ids": [3]}\n')
     with pytest.raises(ConfigError, match=r"bad.jsonl:2: no response_ids"):
         build([bad], tmp_path / "x.npz")
+    bad.write_text('{"response_ids": []}\n\n')
+    with pytest.raises(ConfigError, match=r"no response tokens in .*bad.jsonl"):
+        build([bad], tmp_path / "x.npz")  # it would build a store that cannot load
     bad.write_text('{"response_ids": [1, -2]}\n')
     with pytest.raises(ConfigError, match=r"bad.jsonl:1: response_ids must be a list of ids"):
         build([bad], tmp_path / "x.npz")

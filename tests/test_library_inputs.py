@@ -148,15 +148,16 @@ def test_a_pairs_stop_token_ids_add_to_its_end_of_turn_ids():
     import dflash2_mlx as d2
 
     model, drafter = tiny.make_target("llama"), tiny.make_drafter(2, block_size=4)
-    ref = tiny.greedy_reference(model, PROMPT, 12)
-    eos = ref[4]
-    other = next(t for t in range(tiny.VOCAB) if t not in ref)  # never generated
-    tokenizer = types.SimpleNamespace(eos_token_ids={eos})
+    tokenizer = types.SimpleNamespace(eos_token_ids=set())
     pair = d2.Pair.from_models(model, tokenizer, drafter)
+    full = pair.generate(PROMPT, GenerationParams(max_tokens=12))[0]  # no EOS yet
+    eos = full[4]
+    other = next(t for t in range(tiny.VOCAB) if t not in full)  # never generated
+    tokenizer.eos_token_ids = {eos}
     params = GenerationParams(max_tokens=12, stop_token_ids=[other])
     assert pair.with_defaults(params).stop_token_ids == frozenset({eos, other})
-    assert pair.generate(PROMPT, params)[0] == ref[: ref.index(eos) + 1]
-    assert pair.decoder.generate(PROMPT, params) == ref
+    assert pair.generate(PROMPT, params)[0] == full[: full.index(eos) + 1]
+    assert pair.decoder.generate(PROMPT, params) == full  # exactly the ids it is given
 
 
 def test_load_pair_refuses_an_unknown_dtype(tiny_pair):
@@ -226,5 +227,8 @@ def test_load_pair_by_a_registered_name_needs_no_drafter(monkeypatch, tiny_pair)
     assert d2.load_pair("tiny-test", tiny_pair[1]).decoder.target.vocab_size > 0
     with pytest.raises(FetchError, match="target /nowhere/model: no such folder"):
         d2.load_pair("/nowhere/model")
+    for folder in (tiny_pair[0], str(tiny_pair[0])):  # a folder of no registered pair
+        with pytest.raises(d2.DFlash2Error, match="not a pair .* pass its drafter too"):
+            d2.load_pair(folder)
     with pytest.raises(d2.DFlash2Error, match=r"tiny-tset: not a pair .*did you mean tiny-test"):
         d2.load_pair("tiny-tset")

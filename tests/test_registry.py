@@ -132,8 +132,10 @@ def test_target_alone_is_checked_then_matched_to_its_pair(embedded, tmp_path, mo
     monkeypatch.setattr(emb, "model_dir", lambda cache_dir=None: folder)
     r = resolve(None, str(folder))
     assert (r.target, r.drafter, r.alias) == (str(folder), str(drafter), "smollm2-135m")
-    with pytest.raises(ModelNotFoundError, match="pass a folder or repo id, not an alias"):
-        resolve(None, "smollm2-135m")
+    for alias in ("smollm2-135m", "qwen3-4b"):  # an alias is no target folder
+        with pytest.raises(ModelNotFoundError, match="pass a folder or repo id, not an alias"):
+            resolve(None, alias)
+    assert resolve(None, "mlx-community/Qwen3-4B-bf16").drafter == "z-lab/Qwen3-4B-DFlash-b16"
 
 
 def test_embedded_drafter_not_built(tmp_path, monkeypatch):

@@ -824,6 +824,7 @@ def test_cli_serve_end_to_end(pair, tmp_path):
     target, drafter = tmp_path / "target", tmp_path / "drafter"
     save_model(target, pair.model)
     args = {k: v for k, v in dataclasses.asdict(pair.model.args).items() if v is not None}
+    args["max_position_embeddings"] = 4096  # the context it was "trained" for
     (target / "config.json").write_text(json.dumps(args))
     pair.tokenizer._tokenizer.save_pretrained(target)
     save_drafter(pair.drafter, drafter)

@@ -4,7 +4,8 @@ A server on 127.0.0.1 is still reachable from any web page the user opens: a pag
 it (a `text/plain` "simple request" needs no preflight), and through DNS rebinding
 (evil.example resolving to 127.0.0.1) read the answers. So, before any route runs:
 - the Host header must name a loopback host (localhost, 127.x.x.x, ::1) or one the operator
-  allows (`--allowed-hosts`): a rebound name is refused;
+  allows (`--allowed-hosts`): a rebound name is refused (HTTP/1.0 may leave it out: no browser
+  does);
 - a browser's cross-origin request (an Origin header other than the server's own) is refused
   unless `--cors` names that origin; allowed origins get CORS headers and preflights;
 - POST bodies must be `application/json` (never a form or text/plain a page can send freely);

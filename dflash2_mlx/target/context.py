@@ -5,6 +5,11 @@ from __future__ import annotations
 
 def default_context_length(model) -> int:
     """The target's max_position_embeddings (text_config included), else 4096."""
+    return trained_context_length(model) or 4096
+
+
+def trained_context_length(model) -> int | None:
+    """The target's max_position_embeddings (text_config included), None if it gives none."""
     args = getattr(model, "args", None)
     for src in (args, getattr(args, "text_config", None)):
         v = (
@@ -14,4 +19,4 @@ def default_context_length(model) -> int:
         )
         if isinstance(v, int) and v > 0:
             return v
-    return 4096
+    return None

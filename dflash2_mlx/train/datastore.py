@@ -56,6 +56,8 @@ def build(files: Sequence[str | Path], out: str | Path, note: str = "") -> dict:
                 "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
             }
         )
+    if not any(responses):  # an empty store would be refused where it loads
+        raise ConfigError(f"no response tokens in {', '.join(str(f) for f in files)}")
     top = max((max(r) for r in responses if r), default=0)
     dtype = np.uint16 if top < np.iinfo(np.uint16).max else np.uint32
     separator = int(np.iinfo(dtype).max)
