@@ -195,6 +195,7 @@ def _speed(run: BenchRun) -> int:
         lookup_block=run.engine.lookup_block,
         progress=_speed_progress(run.err),
         block_by_context=run.report["settings"]["block_by_context"],
+        verify_cost=run.engine.verify_cost if run.report["settings"]["block_by_context"] else None,
     )
     run.report.update(result)
     vc = _verify_cost(run, blocks)

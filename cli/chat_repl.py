@@ -116,6 +116,7 @@ class Chat(SlashCommands):
             self.spec,
             lookup_block=self.engine.lookup_block if self.spec else None,
             block_by_context=by_context if self.spec else (),
+            verify_cost=self.engine.verify_cost if self.spec and by_context else None,
             logits_processors=self.processors,
             constraint=budget,
         )

@@ -253,6 +253,7 @@ def serve(
             security=security,
             block_by_context=settings.block.by_context if settings.speculative else (),
             block_by_temperature=settings.block.by_temperature if settings.speculative else (),
+            verify_cost=settings.verify_cost if settings.speculative else None,
         )
     except BaseException:
         sock.close()

@@ -3,7 +3,9 @@
 The autotuner measures one verify forward over B rows of width W (costs.batch_verify_costs,
 beside costs.verify_costs for one row) and stores the table in the profile ("batch_verify").
 `width_costs` turns a profile into the cost(rows, width) of engine/width.py's width rule
-(None when the profile has no table: the rule's default cost model applies).
+(None when the profile has no table: the rule's default cost model applies); `context_costs`
+into one sequence's cost(context, width) (GenerationParams.verify_cost), from the verify costs
+it measured at two contexts.
 """
 
 from __future__ import annotations
@@ -41,13 +43,39 @@ def width_costs(profile: Mapping | None) -> Callable[[int, int], float] | None:
     return table_cost(table) if table else None
 
 
+def context_costs(profile: Mapping | None) -> Callable[[int, int], float] | None:
+    """One sequence's verify cost(context, width) from a stored profile's costs at its short
+    and long contexts (interpolated as table_cost), or None without both."""
+    try:
+        near = (profile.get("lookup") or {}).get("verify_ms") or profile["verify"]["ms"]
+        far = profile["long_context"]
+        table = {
+            int(profile["verify"]["context"]): {int(w): float(ms) for w, ms in near.items()},
+            int(far["context"]): {int(w): float(ms) for w, ms in far["verify_ms"].items()},
+        }
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # no profile, or one made before long contexts were measured
+    return table_cost(table) if len(table) == 2 and all(table.values()) else None
+
+
+def _from_profile(read, pair, target: str, drafter: str, root):
+    from .profiles import load_profile, profile_key
+
+    try:
+        return read(load_profile(profile_key(pair, target, drafter), root))
+    except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
+        return None
+
+
+def profile_context_costs(
+    pair, target: str, drafter: str, *, root=None
+) -> Callable[[int, int], float] | None:
+    """The stored profile's cost(context, width) for this pair on this machine, or None."""
+    return _from_profile(context_costs, pair, target, drafter, root)
+
+
 def profile_width_costs(
     pair, target: str, drafter: str, *, root=None
 ) -> Callable[[int, int], float] | None:
     """The stored profile's cost(rows, width) for this pair on this machine, or None."""
-    from .profiles import load_profile, profile_key
-
-    try:
-        return width_costs(load_profile(profile_key(pair, target, drafter), root))
-    except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
-        return None
+    return _from_profile(width_costs, pair, target, drafter, root)

@@ -103,10 +103,11 @@ def dflash2_decode(
     block: int | None,
     lookup_block: int | None = None,
     block_by_context: tuple[tuple[int, int], ...] = (),
+    verify_cost: Callable[[int, int], float] | None = None,
 ) -> Timed:
     """dflash2, greedy, at `block` (None: the drafter's trained block size; from the contexts
     of `block_by_context` on, its blocks), lookup rounds up to `lookup_block` (None: the
-    engine's default)."""
+    engine's default); `verify_cost`: GenerationParams.verify_cost."""
     stats = GenerationStats()
     out: list[int] = []
     t_first = None
@@ -116,6 +117,7 @@ def dflash2_decode(
         lookup_block=lookup_block,
         sampling=SamplingParams(temperature=0.0),
         block_by_context=block_by_context,
+        verify_cost=verify_cost,
     )
     for ev in pair.stream(list(ids), params):
         if t_first is None:
@@ -256,6 +258,7 @@ def run_bench(
     lookup_block: int | None = None,
     progress: Callable[[int, int, dict, dict[int, dict]], None] | None = None,
     block_by_context: tuple[tuple[int, int], ...] = (),
+    verify_cost: Callable[[int, int], float] | None = None,
 ) -> dict:
     """Plain mlx-lm vs dflash2 at each block size, greedy, on the same prompt ids.
 
@@ -264,14 +267,16 @@ def run_bench(
     Returns {"results": [{"block", "summary", "per_category", "rows"}], "all_identical",
     "mismatches": [{"block", "id", "category", "index", "plain", "dflash2"}]}.
     `progress(i, n, prompt_info, rows_by_block)` is called after each prompt.
-    `block_by_context`: GenerationParams.block_by_context of every dflash2 run."""
+    `block_by_context`, `verify_cost`: GenerationParams' of every dflash2 run."""
     blocks = [int(b) for b in blocks]
     encoded = [(p, chat_prompt_ids(pair.tokenizer, p.messages, thinking=thinking)) for p in prompts]
     if warmup and encoded:
         ids = encoded[0][1]
         plain_decode(pair, ids, min(16, max_tokens))
         for b in blocks:
-            dflash2_decode(pair, ids, min(16, max_tokens), b, lookup_block, block_by_context)
+            dflash2_decode(
+                pair, ids, min(16, max_tokens), b, lookup_block, block_by_context, verify_cost
+            )
     rows: dict[int, list[dict]] = {b: [] for b in blocks}
     mismatches: list[dict] = []
     for i, (p, ids) in enumerate(encoded):
@@ -282,7 +287,7 @@ def run_bench(
             blocks,
             max_tokens,
             max(1, repeats),
-            (lookup_block, block_by_context),
+            (lookup_block, block_by_context, verify_cost),
             mismatches,
         )
         for b in blocks:
@@ -297,7 +302,7 @@ def _time_prompt(
     pair, p: Prompt, ids, blocks, max_tokens, repeats, drafting: tuple, mismatches: list[dict]
 ) -> dict[int, dict]:
     """One prompt's row per block: `repeats` plain runs, each followed by one dflash2 run per
-    block (`drafting`: its lookup_block and block_by_context); the first mismatch per block is
+    block (`drafting`: its lookup_block, block_by_context and verify_cost); the first mismatch is
     appended to `mismatches`."""
     plain: list[Timed] = []
     spec: dict[int, list[Timed]] = {b: [] for b in blocks}

@@ -343,6 +343,9 @@ class EngineSettings:
     # cost(rows, width) of one batched verify from this machine's autotune profile, else None
     # (engine/width.py's default model). Chooses each batched round's width cap.
     width_cost: Callable[[int, int], float] | None = None
+    # One sequence's verify cost(context, width) from the profile, else None
+    # (GenerationParams.verify_cost).
+    verify_cost: Callable[[int, int], float] | None = None
 
     @property
     def effective_block(self) -> int:
@@ -355,7 +358,7 @@ def resolve_engine(
 ) -> EngineSettings:
     """Settings for a loaded `pair` (dflash2_mlx.api.Pair) of `resolved` (a registry
     ResolvedPair) whose target lives in `target_dir`."""
-    from .batch_costs import profile_width_costs
+    from .batch_costs import profile_context_costs, profile_width_costs
     from .profiles import recommended_block, recommended_block_by_context
     from .profiles import damaged_profile, recommended_block_by_temperature
     from .profiles import recommended_lookup_block
@@ -379,4 +382,5 @@ def resolve_engine(
         resolve_sampling(flags.sampling, target_dir),
         recommended_lookup_block(pair, resolved.target, resolved.drafter),
         profile_width_costs(pair, resolved.target, resolved.drafter),
+        profile_context_costs(pair, resolved.target, resolved.drafter),
     )

@@ -163,6 +163,9 @@ def test_the_autotuner_stores_the_schedule_and_the_settings_use_it_with_its_bloc
     assert s.block.by_context == s.auto_block.by_context == tuple(map(tuple, schedule))
     c, b = schedule[0]
     assert f"; {b} from {c:,}" in s.block.describe()  # said at start (chat, serve)
+    long = profile["long_context"]  # one sequence's verify cost at both measured contexts
+    ms = {int(w): v for w, v in long["verify_ms"].items()}
+    assert s.verify_cost(long["context"], 2) == pytest.approx(ms[2])
     s = resolve_engine(EngineFlags(block=2), pair, resolved, None)  # --block: that block alone
     assert s.block.by_context == () and s.auto_block.by_context == tuple(map(tuple, schedule))
     # a stored schedule that does not fall from the chosen block within the trained size: none
@@ -237,7 +240,10 @@ def test_the_server_runs_its_requests_with_the_schedule_and_shows_it():
     with pytest.raises(ParameterError, match="block_size must be 1 .. "):
         create_app(pair, model_name="m", block_by_context=((30, 99),))
     schedule = ((30, 2), (60, 1))
-    app = create_app(pair, model_name="m", default_max_tokens=40, block_by_context=schedule)
+    steep = lambda context, width: 1.0 + width  # noqa: E731 - each token as dear as a forward
+    app = create_app(
+        pair, model_name="m", default_max_tokens=40, block_by_context=schedule, verify_cost=steep
+    )
     prompt = list(range(5, 25))
     with running(app) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
@@ -249,6 +255,8 @@ def test_the_server_runs_its_requests_with_the_schedule_and_shows_it():
             model="m", prompt=list(range(5, 45)), max_tokens=4, temperature=0
         )
         r = client.completions.create(model="m", prompt=prompt, max_tokens=40, temperature=0)
+        repeats = list(range(5, 17)) * 3  # its lookup proposals are cut past 30 tokens
+        cut = client.completions.create(model="m", prompt=repeats, max_tokens=40, temperature=0)
     # usage says the block at the reply's start: the trained one for 20 prompt tokens, 2 for 40
     assert r.usage.model_extra["dflash2"]["block_size"] == pair.drafter.config.block_size
     assert long.usage.model_extra["dflash2"]["block_size"] == 2
@@ -262,6 +270,11 @@ def test_the_server_runs_its_requests_with_the_schedule_and_shows_it():
         == expected[1].rounds
         != pair.generate(prompt, replace(params, block_by_context=()))[1].rounds
     )
+    # so did the verify cost: its lookup proposals were cut as the engine cuts them
+    want, stats = pair.generate(repeats, replace(params, verify_cost=steep))
+    assert cut.choices[0].text == pair.tokenizer.decode(want)
+    assert cut.usage.model_extra["dflash2"]["rounds"] == stats.rounds
+    assert stats.rounds != pair.generate(repeats, params)[1].rounds
 
 
 def test_the_chats_status_line_shows_the_block_at_the_conversations_length():

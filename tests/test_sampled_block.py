@@ -60,15 +60,16 @@ def test_the_chat_builds_each_turns_params_at_its_temperature():
         thinking_budget=None,
         max_tokens=16,
         spec=True,
-        engine=SimpleNamespace(lookup_block=12),
+        engine=SimpleNamespace(lookup_block=12, verify_cost=max),
         processors=(),
     )
     for temperature, block, by_context in ((0.0, 4, ((1536, 2),)), (1.2, 3, ((1536, 2),))):
         chat.sampling = d2.SamplingParams(temperature=temperature)
         params = Chat.params(chat)
         assert (params.block_size, params.block_by_context) == (block, by_context)
-    chat.block = BlockChoice(4, 8, "/block")  # /block 4: nothing falls
-    assert Chat.params(chat).block_size == 4
+        assert params.verify_cost is max  # the profile's, with its schedule
+    chat.block = BlockChoice(4, 8, "/block")  # /block 4: nothing falls, nothing is cut
+    assert Chat.params(chat).block_size == 4 and Chat.params(chat).verify_cost is None
 
 
 @pytest.mark.parametrize(

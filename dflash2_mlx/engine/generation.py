@@ -7,8 +7,8 @@ single-sequence loop (loop.py) and the batched one (batch.py).
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import mlx.core as mx
 
@@ -16,7 +16,9 @@ from ..errors import ParameterError
 from .constraint import ConstraintFactory, TokenConstraint, constrain
 from .logprobs import check_top, token_logprobs
 from .processors import LogitsProcessor, process
+from .proposal import Proposal
 from .sampling import SamplingParams, plain_number
+from .width import WidthRule, cut_to_rate
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,11 @@ class GenerationParams:
     # block_size, greedy output never changes and sampled output keeps its distribution (a
     # seeded sample's draws follow the blocks, as they follow block_size).
     block_by_context: tuple[tuple[int, int], ...] = ()
+    # ms of one sequence's verify of `width` tokens at `context` tokens, cost(context, width)
+    # (the autotune profile's: batch_costs.context_costs). From block_by_context's first
+    # context on, a greedy round's lookup, prediction or datastore proposal is cut to the width
+    # its source's acceptance in this generation so far pays for (engine/width.py). None: never.
+    verify_cost: Callable[[int, int], float] | None = None
     # Which tokens may come next (a JSON schema: grammar.py); called once per generation.
     # The output is then what plain decoding over the masked logits gives (engine/constraint.py).
     constraint: ConstraintFactory | None = None
@@ -68,6 +75,10 @@ class GenerationParams:
             or self.max_tokens < 1
         ):
             raise ParameterError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.verify_cost is not None and not callable(self.verify_cost):
+            raise ParameterError(
+                f"verify_cost must be a callable or None, got {self.verify_cost!r}"
+            )
         if self.constraint is not None and not callable(self.constraint):
             raise ParameterError(
                 "constraint must be a callable (e.g. pair.json_schema(...)), got "
@@ -86,7 +97,13 @@ class GenerationParams:
             ):
                 raise ParameterError(f"{name} must be an int >= 1, got {value!r}")
         if not self.speculative:  # plain decoding drafts nothing: these would be ignored
-            for name in ("block_size", "lookup_block", "prediction", "block_by_context"):
+            for name in (
+                "block_size",
+                "lookup_block",
+                "prediction",
+                "block_by_context",
+                "verify_cost",
+            ):
                 if getattr(self, name):
                     raise ParameterError(
                         f"{name} has no effect with speculative=False (plain decoding drafts "
@@ -174,6 +191,7 @@ class _Run:
     key: mx.array
     constraint: TokenConstraint | None = None  # this generation's own (GenerationParams')
     produced: int = 0  # tokens committed so far
+    rates: WidthRule = field(default_factory=WidthRule)  # its acceptance by source so far
 
     @property
     def room(self) -> int:
@@ -191,6 +209,18 @@ class _Run:
         random draws never depend on max_tokens — a seeded reply's first N tokens are the same
         whatever max_tokens (the commit is cut at it)."""
         return min(tokens, self.room) if self.params.sampling.greedy else tokens
+
+    def cut_model_free(self, p: Proposal, context: int) -> Proposal:
+        """A greedy round's lookup, prediction or datastore proposal cut as its source's
+        acceptance so far pays for, from block_by_context's first context on (where the
+        profile found a verify's extra tokens dear enough to lower the drafter's block;
+        GenerationParams.verify_cost). The output never depends on it."""
+        cost, schedule = self.params.verify_cost, self.params.block_by_context
+        if cost is None or not schedule or context < schedule[0][0] or p.source == "grammar":
+            return p
+        if not self.params.sampling.greedy:  # its draws would follow the cut
+            return p
+        return cut_to_rate(p, self.rates.rate(p.source), lambda width: cost(context, width))
 
     def logprobs(self, logits: mx.array, commit: list[int]) -> tuple:
         """The committed tokens' TokenLogprobs from their rows of `logits` (when asked for)."""

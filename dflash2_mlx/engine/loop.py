@@ -218,7 +218,7 @@ class SpeculativeDecoder:
         what it may commit (_Run.span)."""
         found = self._model_free(session, run)
         if found is not None:
-            return found
+            return run.cut_model_free(found, len(session.tokens))
         length = run.span(run.block_at(len(session.tokens)))
         if length < 2:
             return NOTHING
@@ -282,6 +282,7 @@ class SpeculativeDecoder:
         t1 = time.perf_counter()
         fwd, logits, accepted, bonus = self._verify(session, anchor, proposal, run, k_verify)
         drafted, room = len(proposal.drafts), run.room
+        run.rates.observe(proposal.source, drafted, accepted)
         commit, finish = self._commit(
             session, run, fwd, drafted + 1, proposal.drafts[:accepted] + [bonus]
         )

@@ -69,6 +69,12 @@ def choose_width(
     return best
 
 
+def cut_to_rate(p: Proposal, rate: float, cost: Callable[[int], float]) -> Proposal:
+    """One sequence's proposal cut to the width with the most expected committed tokens per
+    unit of cost(width), each draft accepted with probability `rate` (choose_width)."""
+    return shorten(p, choose_width([len(p.drafts)], [rate], lambda _rows, w: cost(w)) - 1)
+
+
 def shorten(p: Proposal, drafts: int) -> Proposal:
     """The proposal's first `drafts` drafts (with their distributions)."""
     if len(p.drafts) <= drafts:

@@ -109,6 +109,7 @@ def create_app(
     security: SecurityPolicy | None = None,
     block_by_context: tuple[tuple[int, int], ...] = (),
     block_by_temperature: tuple[tuple[float, int], ...] = (),
+    verify_cost: Callable[[int, int], float] | None = None,
 ) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
 
@@ -131,7 +132,8 @@ def create_app(
     None: engine/width.py's default model. block_by_context: the block from a context length
     on (GenerationParams.block_by_context; the autotune profile's, settings.EngineSettings).
     block_by_temperature: the block of sampled requests from a temperature on
-    (settings.block_for_temperature; the autotune profile's).
+    (settings.block_for_temperature; the autotune profile's). verify_cost: one sequence's
+    verify cost(context, width) (GenerationParams.verify_cost; settings.EngineSettings).
     limits: body size, prompt / prediction / stop lengths, shutdown grace (serve/limits.py);
     security: hosts, origins, API key (serve/security.py). The worker thread starts and stops
     with the app (its lifespan).
@@ -143,6 +145,7 @@ def create_app(
     _check_serve_args(
         block_size,
         block_by_context,
+        verify_cost,
         block_by_temperature,
         trained,
         lookup_block,
@@ -178,6 +181,7 @@ def create_app(
         thinking_budget,
         check_block_by_context(block_by_context),
         block_by_temperature,
+        verify_cost,
     )
     chat = ChatTemplate(pair.tokenizer, thinking)
     metrics = metrics_mod.Metrics()
@@ -233,6 +237,7 @@ def _lifespan(handler: Handler):
 def _check_serve_args(
     block_size,
     block_by_context,
+    verify_cost,
     block_by_temperature,
     trained,
     lookup_block,
@@ -248,6 +253,7 @@ def _check_serve_args(
         lookup_block=lookup_block,
         speculative=speculative,
         block_by_context=block_by_context,
+        verify_cost=verify_cost,
     )
     for value in [block_size] + [b for _, b in block_by_context]:
         if value is not None:

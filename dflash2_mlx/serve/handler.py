@@ -115,6 +115,7 @@ class Handler:
             sampling=sampling,
             block_size=block,
             block_by_context=by_context,
+            verify_cost=s.verify_cost if by_context else None,
             speculative=s.speculative,
             prediction=predicted,
             lookup_block=s.lookup_block,

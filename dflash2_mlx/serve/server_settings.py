@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from ..engine.generation import block_at
 from ..engine.sampling import SamplingParams
@@ -24,6 +25,7 @@ class Settings:
     block_by_context: tuple[tuple[int, int], ...] = ()  # GenerationParams.block_by_context
     # The block of sampled requests from a temperature on (settings.block_for_temperature).
     block_by_temperature: tuple[tuple[float, int], ...] = ()
+    verify_cost: Callable[[int, int], float] | None = None  # GenerationParams.verify_cost
 
     def blocks_for(self, sampling: SamplingParams) -> tuple[int | None, tuple]:
         """(block_size, block_by_context) of a request sampled with `sampling`: the server's,

@@ -12,14 +12,13 @@ Usage: python datastore_length_ab.py OUT.json [--contexts 2000,3500] [--question
 
 import argparse
 import copy
-import json
-import statistics
 
 from dflash2_mlx import bench as B
 from dflash2_mlx.engine.generation import block_at
 from dflash2_mlx.prompts import load_prompts
 from dflash2_mlx.text import chat_prompt_ids
-from long_context_block import histories, profiled_pair, questions, seconds, write_record
+from long_context_block import histories, interleaved, profiled_pair, questions, summarize
+from long_context_block import write_record
 
 
 class CutStore:
@@ -69,45 +68,9 @@ def main():
 
     B.plain_decode(pair, cases[0][2], 8)  # warm-up
     run(before, cases[0][2])
-    rows = []
-    for i, (group, pid, ids) in enumerate(cases):
-        plain = B.plain_decode(pair, ids, args.max_tokens)
-        arms = [("before", before), ("after", after)]
-        timed = {name: run(dec, ids) for name, dec in (arms if i % 2 == 0 else arms[::-1])}
-        row = {
-            "group": group,
-            "prompt": pid,
-            "prompt_tokens": len(ids),
-            "tokens": len(plain.tokens),
-            "plain_tps": round(plain.tps, 3),
-        }
-        for name, t in timed.items():
-            s = t.stats.as_dict()
-            row[name] = {
-                "identical": t.tokens == plain.tokens,
-                "tps": round(t.tps, 3),
-                "speedup": round(t.tps / plain.tps, 3),
-                "tau": round(t.stats.tau, 3),
-                "rounds": t.stats.rounds,
-                "datastore_rounds": s.get("datastore_rounds"),
-                "datastore_tau": s.get("datastore_tau"),
-            }
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-
-    summary = {}
-    for group in dict.fromkeys(r["group"] for r in rows):
-        rs = [r for r in rows if r["group"] == group]
-        summary[group] = {
-            **{
-                f"{a}_speedup_median": round(statistics.median(r[a]["speedup"] for r in rs), 3)
-                for a in ("before", "after")
-            },
-            "after_over_before_total": round(seconds(rs, "before") / seconds(rs, "after"), 3),
-            "datastore_rounds": {
-                a: sum(r[a]["datastore_rounds"] or 0 for r in rs) for a in ("before", "after")
-            },
-        }
+    arms = [("before", lambda ids: run(before, ids)), ("after", lambda ids: run(after, ids))]
+    rows = interleaved(pair, cases, args.max_tokens, arms)
+    summary = summarize(rows, "group", ("before", "after"))
     what = (
         "Datastore rounds up to 7 tokens (before) vs cut to the drafter's block at the "
         "context less the anchor, then on while sure (after), greedy, embedded SmolLM2-135M "

@@ -70,6 +70,53 @@ def seconds(rows, arm):
     return sum(r["tokens"] / r[arm]["tps"] for r in rows)
 
 
+def arm_numbers(t, plain) -> dict:
+    """One dflash2 arm's numbers in a case's row (`t`, `plain`: bench.Timed runs)."""
+    s = t.stats.as_dict()
+    return {
+        "identical": t.tokens == plain.tokens,
+        "tps": round(t.tps, 3),
+        "speedup": round(t.tps / plain.tps, 3),
+        "tau": round(t.stats.tau, 3),
+        "rounds": t.stats.rounds,
+        "lookup_rounds": s.get("lookup_rounds"),
+        "datastore_rounds": s.get("datastore_rounds"),
+    }
+
+
+def interleaved(pair, cases, max_tokens: int, arms) -> list[dict]:
+    """An A/B's rows: per case (group, id, prompt ids), plain mlx-lm, then the two arms
+    (name, run(ids) -> bench.Timed) in alternating order."""
+    rows = []
+    for i, (group, pid, ids) in enumerate(cases):
+        plain = B.plain_decode(pair, ids, max_tokens)
+        row = {"group": group, "prompt": pid, "prompt_tokens": len(ids)}
+        row.update(tokens=len(plain.tokens), plain_tps=round(plain.tps, 3))
+        for name, run in arms if i % 2 == 0 else arms[::-1]:
+            row[name] = arm_numbers(run(ids), plain)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def summarize(rows, key: str, arms: tuple[str, str]) -> dict:
+    """Per value of row[key]: each arm's median speedup and all tokens over all time, the
+    second arm's over the first's."""
+    a, b = arms
+    out = {}
+    for group in dict.fromkeys(r[key] for r in rows):
+        rs = [r for r in rows if r[key] == group]
+        out[str(group)] = {
+            "prompt_tokens": [r["prompt_tokens"] for r in rs],
+            **{
+                f"{arm}_speedup_median": round(statistics.median(r[arm]["speedup"] for r in rs), 3)
+                for arm in arms
+            },
+            f"{b}_over_{a}_total": round(seconds(rs, a) / seconds(rs, b), 3),
+        }
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -104,29 +151,10 @@ def main():
             "plain_tps": round(plain.tps, 3),
         }
         for name, t in (("fixed", fixed), ("scheduled", sched)):
-            row[name] = {
-                "identical": t.tokens == plain.tokens,
-                "tps": round(t.tps, 3),
-                "speedup": round(t.tps / plain.tps, 3),
-                "tau": round(t.stats.tau, 3),
-                "rounds": t.stats.rounds,
-            }
+            row[name] = arm_numbers(t, plain)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    summary = {}
-    for c in contexts:
-        rs = [r for r in rows if r["context"] == c]
-        summary[str(c)] = {
-            "prompt_tokens": [r["prompt_tokens"] for r in rs],
-            **{
-                f"{name}_speedup_median": round(
-                    statistics.median(r[name]["speedup"] for r in rs), 3
-                )
-                for name in ("fixed", "scheduled")
-            },
-            # all tokens over all time, scheduled / fixed
-            "scheduled_over_fixed_total": round(seconds(rs, "fixed") / seconds(rs, "scheduled"), 3),
-        }
+    summary = summarize(rows, "context", ("fixed", "scheduled"))
     what = (
         "Long conversations (held-out turns with the target's own greedy answers, then "
         "an unseen question), greedy, embedded SmolLM2-135M pair: plain mlx-lm vs dflash2 at the "
