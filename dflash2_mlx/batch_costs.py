@@ -45,17 +45,29 @@ def width_costs(profile: Mapping | None) -> Callable[[int, int], float] | None:
 
 def context_costs(profile: Mapping | None) -> Callable[[int, int], float] | None:
     """One sequence's verify cost(context, width) from a stored profile's costs at its short
-    and long contexts (interpolated as table_cost), or None without both."""
+    and long contexts (interpolated as table_cost), or None without both. The long context is
+    timed at the drafter's widths only: wider ones (lookup rounds) scale its widest by the
+    short context's shape. Each table is made non-decreasing in width (x86 OpenBLAS times an
+    odd width above the even one after it), so no width looks cheaper than a narrower one."""
     try:
         near = (profile.get("lookup") or {}).get("verify_ms") or profile["verify"]["ms"]
-        far = profile["long_context"]
-        table = {
-            int(profile["verify"]["context"]): {int(w): float(ms) for w, ms in near.items()},
-            int(far["context"]): {int(w): float(ms) for w, ms in far["verify_ms"].items()},
-        }
-    except (KeyError, TypeError, ValueError, AttributeError):
+        near = {int(w): float(ms) for w, ms in near.items()}
+        far = {int(w): float(ms) for w, ms in profile["long_context"]["verify_ms"].items()}
+        contexts = int(profile["verify"]["context"]), int(profile["long_context"]["context"])
+        top = max(far)
+        far.update({w: far[top] * ms / near[top] for w, ms in near.items() if w > top})
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
         return None  # no profile, or one made before long contexts were measured
-    return table_cost(table) if len(table) == 2 and all(table.values()) else None
+    table = dict(zip(contexts, (_rising(near), _rising(far))))
+    return table_cost(table) if len(table) == 2 else None
+
+
+def _rising(ms: Mapping[int, float]) -> dict[int, float]:
+    """`ms` by width, each at least the cost of every narrower width."""
+    out, most = {}, 0.0
+    for w in sorted(ms):
+        most = out[w] = max(most, ms[w])
+    return out
 
 
 def _from_profile(read, pair, target: str, drafter: str, root):

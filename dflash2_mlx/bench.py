@@ -302,8 +302,8 @@ def _time_prompt(
     pair, p: Prompt, ids, blocks, max_tokens, repeats, drafting: tuple, mismatches: list[dict]
 ) -> dict[int, dict]:
     """One prompt's row per block: `repeats` plain runs, each followed by one dflash2 run per
-    block (`drafting`: its lookup_block, block_by_context and verify_cost); the first mismatch is
-    appended to `mismatches`."""
+    block (`drafting`: its lookup_block, block_by_context and verify_cost); the first mismatch
+    per block is appended to `mismatches`."""
     plain: list[Timed] = []
     spec: dict[int, list[Timed]] = {b: [] for b in blocks}
     mism: dict[int, int | None] = {b: None for b in blocks}

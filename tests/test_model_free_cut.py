@@ -40,7 +40,6 @@ def test_where_and_for_whom_proposals_are_cut():
     assert _run(params).cut_model_free(look, 99).drafts == look.drafts  # before the schedule
     for other in (
         replace(params, verify_cost=None),
-        replace(params, block_by_context=()),
         replace(params, sampling=d2.SamplingParams(temperature=0.8)),
     ):
         assert _run(other).cut_model_free(look, 500).drafts == look.drafts
@@ -54,6 +53,8 @@ def test_where_and_for_whom_proposals_are_cut():
         d2.GenerationParams(verify_cost=3)
     with pytest.raises(ParameterError, match="verify_cost has no effect with speculative=False"):
         d2.GenerationParams(speculative=False, verify_cost=lambda c, w: 1.0)
+    with pytest.raises(ParameterError, match="from block_by_context's first context on"):
+        replace(params, block_by_context=())  # it would do nothing: refused, not ignored
 
 
 def test_the_engine_cuts_lookup_rounds_at_long_contexts_output_unchanged():
@@ -77,6 +78,14 @@ def test_the_engine_cuts_lookup_rounds_at_long_contexts_output_unchanged():
     assert out == plain and looked and min(looked) < max(uncut)
     later = replace(cut, block_by_context=((10**6, 4),))  # never that long: never cut
     assert widths(later) == (plain, uncut)
+    # a width no rate pays for: a drafter round instead (not a one-token round, which would
+    # also stop its source's rate from learning)
+    dear = replace(cut, verify_cost=lambda c, w: 1.0 + 100.0 * (w - 1))
+    events = list(pair.stream(prompt, dear))
+    assert [t for ev in events for t in ev.tokens] == plain
+    rounds = [ev for ev in events if not ev.prefill]
+    assert {ev.source for ev in rounds} == {"drafter"}
+    assert rounds[0].block_size == 4  # the drafter's block (max_tokens narrows the last ones)
 
 
 def test_the_profile_gives_one_sequences_cost_by_context_and_width():
@@ -91,3 +100,9 @@ def test_the_profile_gives_one_sequences_cost_by_context_and_width():
     assert cost(256, 12) == pytest.approx(19.0) and cost(2048, 12) > cost(2048, 4)
     assert context_costs({**profile, "long_context": None}) is None  # made before: none
     assert context_costs(None) is None
+    # widths past the long context's measured ones follow the short context's shape; an odd
+    # width timed above the next even one makes no width cheaper than a narrower one
+    assert cost(2048, 12) == pytest.approx(30.0 * 19.0 / 13.0)
+    odd = {**profile, "verify": {"context": 256, "ms": {"1": 10.0, "3": 14.0, "4": 13.0}}}
+    odd["lookup"] = None
+    assert context_costs(odd)(256, 4) == pytest.approx(14.0)

@@ -42,8 +42,9 @@ class GenerationParams:
     block_by_context: tuple[tuple[int, int], ...] = ()
     # ms of one sequence's verify of `width` tokens at `context` tokens, cost(context, width)
     # (the autotune profile's: batch_costs.context_costs). From block_by_context's first
-    # context on, a greedy round's lookup, prediction or datastore proposal is cut to the width
-    # its source's acceptance in this generation so far pays for (engine/width.py). None: never.
+    # context on, a greedy single-sequence round's lookup, prediction or datastore proposal is
+    # cut to the width its source's acceptance in this generation so far pays for (a drafter
+    # round instead where that is none; engine/width.py). None: never. Needs block_by_context.
     verify_cost: Callable[[int, int], float] | None = None
     # Which tokens may come next (a JSON schema: grammar.py); called once per generation.
     # The output is then what plain decoding over the masked logits gives (engine/constraint.py).
@@ -78,6 +79,10 @@ class GenerationParams:
         if self.verify_cost is not None and not callable(self.verify_cost):
             raise ParameterError(
                 f"verify_cost must be a callable or None, got {self.verify_cost!r}"
+            )
+        if self.verify_cost is not None and self.speculative and not self.block_by_context:
+            raise ParameterError(
+                "verify_cost applies from block_by_context's first context on: give that too"
             )
         if self.constraint is not None and not callable(self.constraint):
             raise ParameterError(

@@ -214,11 +214,14 @@ class SpeculativeDecoder:
         """What the constraint forces next, else the prediction's continuation while the answer
         follows it, else the context's own, else the prediction's after a re-sync: up to
         lookup_block - 1 tokens (no draft pass to pay for them); else the datastore's (up to
-        DEFAULT_DATASTORE_LENGTH); else the drafter's block - 1. A greedy round's are cut to
+        DEFAULT_DATASTORE_LENGTH), at long contexts cut as its source's acceptance pays for
+        (_Run.cut_model_free); else the drafter's block - 1. A greedy round's are cut to
         what it may commit (_Run.span)."""
         found = self._model_free(session, run)
         if found is not None:
-            return run.cut_model_free(found, len(session.tokens))
+            found = run.cut_model_free(found, len(session.tokens))
+        if found is not None and found.drafts:  # cut to nothing: the drafter's round instead
+            return found
         length = run.span(run.block_at(len(session.tokens)))
         if length < 2:
             return NOTHING

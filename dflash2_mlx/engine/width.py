@@ -1,4 +1,5 @@
-"""Each batched round's verify width: how far the rows' proposals are cut.
+"""Each batched round's verify width: how far the rows' proposals are cut (and, for one
+sequence at a long context, `cut_to_rate`: GenerationParams.verify_cost).
 
 A batched verify pads every row to the widest proposal, so one long lookup proposal (up to
 lookup_block - 1 tokens) makes every row pay its width. Each round picks the cap W (tokens
