@@ -358,6 +358,66 @@ def test_json_schema_on_the_embedded_smollm2(tmp_path_factory):
     assert stats.grammar_rounds > 0  # the rest of the keys is forced text, drafted for free
 
 
+# Rounds of a json_object reply on SmolLM2 (its drafts, then what each round committed) after
+# which llguidance's rollback left the mask allowing `",` after `{"` (an empty key, then a
+# comma), which consume_token then refused: the server answered 500 (pydantic-ai's prompt).
+JSON_ROUNDS = [
+    ([], ['{"']),
+    ([" is", " {", " city"], ["properties"]),
+    (
+        [
+            '":',
+            ' {"',
+            "name",
+            '":',
+            ' {"',
+            "max",
+            "Length",
+            '":',
+            " ",
+            "2",
+            "0",
+            ",",
+            ' "',
+            "type",
+            '":',
+        ],
+        ['":', '{"'],
+    ),
+    (['",', ' "', '":'], ["name"]),
+    (['":', ' "', "1"], ['":', '{"']),
+    (['",', ' "', '":'], []),
+]
+
+
+@pytest.mark.real_model
+def test_a_draft_walk_leaves_the_grammar_as_it_was(tmp_path_factory):
+    """Each round's masks are those of a matcher that never walked drafts (exact: the same
+    grammar at the same tokens)."""
+    from smollm2 import any_conversion
+    from transformers import AutoTokenizer
+
+    from dflash2_mlx.grammar import Grammars
+
+    hf = AutoTokenizer.from_pretrained(str(any_conversion(tmp_path_factory)))
+    grammar = Grammars(hf, len(hf), [hf.eos_token_id]).json_schema(None)
+
+    def ids(pieces):
+        out = [hf.convert_tokens_to_ids(hf.tokenize(p)) for p in pieces]
+        assert all(len(i) == 1 for i in out), pieces
+        return [i[0] for i in out]
+
+    walked, committed = grammar(), []
+    for drafts, commit in JSON_ROUNDS:
+        rows = walked.allowed(ids(drafts))
+        fresh = grammar()
+        fresh.commit(committed)
+        assert (rows[0] == fresh.allowed([])[0]).all()
+        walked.commit(ids(commit))
+        committed += ids(commit)
+    assert not rows[0][ids(['",'])[0]]
+
+
 @pytest.fixture(scope="module")
 def qwen_like(tmp_path_factory):
     """SmolLM2's byte-level BPE tokenizer with Qwen's markers added as single, non-special

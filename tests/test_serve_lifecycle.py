@@ -339,6 +339,22 @@ def test_hosts_origins_content_type_and_api_key(pair, logs):
             },
         )
         assert pre.status_code == 204 and "POST" in pre.headers["access-control-allow-methods"]
+        # an SDK's long list (~250 characters) comes back whole, name by name
+        sdk = [f"x-stainless-{part}" for part in ("arch", "lang", "os", "package-version")]
+        sdk += ["anthropic-version", "x-stainless-runtime-version", "x-stainless-timeout"]
+        sdk += ["authorization", "content-type", "x-stainless-retry-count", "x-api-key"]
+        asked = ",".join(sdk + ["bad name", "x-stainless-helper-method"])
+        pre = httpx.options(
+            base + "/v1/messages",
+            headers={
+                **ok,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": asked,
+            },
+        )
+        assert len(asked) > 200 and pre.status_code == 204
+        allowed = pre.headers["access-control-allow-headers"].split(", ")
+        assert allowed == sdk + ["x-stainless-helper-method"]
         pre = httpx.options(
             base + "/v1/chat/completions", headers={**evil, "Access-Control-Request-Method": "POST"}
         )
@@ -357,12 +373,15 @@ def test_hosts_origins_content_type_and_api_key(pair, logs):
         # API key
         client = openai.OpenAI(base_url=base + "/v1", api_key="s3cret", max_retries=0)
         want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 2)
-        assert (
-            client.chat.completions.create(model="tiny", messages=HI, max_tokens=2, temperature=0)
-            .choices[0]
-            .message.content
-            == want
+        reply = client.chat.completions.create(
+            model="tiny", messages=HI, max_tokens=2, temperature=0
         )
+        assert reply.choices[0].message.content == want
+        assert reply._request_id.startswith("req_")  # the SDK's id of a response, for logs
+        ids = {httpx.get(base + "/health").headers["x-request-id"] for _ in range(2)}
+        assert len(ids) == 2
+        r = httpx.post(base + "/v1/messages", headers=key, json={})  # refused, still an id
+        assert r.status_code == 400 and r.headers["request-id"] == r.headers["x-request-id"]
         for auth in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             r = httpx.get(base + "/v1/models", headers=auth)
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", auth

@@ -72,6 +72,35 @@ def test_reply_is_the_chat_reply_as_output_items(client):
         assert s.get_final_response().output_text == r.output_text
 
 
+def test_a_reasoning_summary_is_the_thinking_whole(client):
+    """Codex and the Agents SDK ask for `reasoning.summary` and show its summary_text: that
+    is the thinking itself (no summarizer), whole and in the summary stream events."""
+    plain = respond(client, tt.HI)
+    assert plain.output[0].summary == []  # not asked for: none
+    thought = plain.output[0].content[0].text
+    for key, value in (
+        ("summary", "auto"),
+        ("summary", "detailed"),
+        ("generate_summary", "concise"),
+    ):
+        r = respond(client, tt.HI, reasoning={"effort": "medium", key: value})
+        assert [(p.type, p.text) for p in r.output[0].summary] == [("summary_text", thought)]
+        assert r.output[0].content[0].text == thought and r.output_text == plain.output_text
+        assert r.reasoning.model_dump(exclude_none=True)[key] == value  # echoed
+    stream = events(client, tt.HI, reasoning={"summary": "auto"})
+    kinds = [e.type for e in stream if "summary" in e.type]
+    assert kinds[0] == "response.reasoning_summary_part.added"
+    assert kinds[-2:] == [
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+    ]
+    deltas = [e.delta for e in stream if e.type == "response.reasoning_summary_text.delta"]
+    assert "".join(deltas) == thought
+    with client.responses.stream(model="tools", input=tt.HI, reasoning={"summary": "auto"}) as s:
+        final = s.get_final_response()
+    assert final.output[0].summary[0].text == thought
+
+
 def test_instructions_and_reasoning_effort(client):
     system = [{"role": "system", "content": "be kind."}]
     chat = ask(client, system + tt.HI, extra_body=OFF)
@@ -194,7 +223,8 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
             "input[1].content",
         ),
         ({"instructions": "x", "input": [{"role": "system", "content": {}}]}, "input[0].content"),
-        ({"reasoning": {"effort": "low", "summary": "auto"}}, "reasoning.summary"),
+        ({"reasoning": {"effort": "low", "summary": "short"}}, "reasoning.summary"),
+        ({"reasoning": {"generate_summary": 1}}, "reasoning.generate_summary"),
         ({"reasoning": {"effort": "high", "bogus": 1}}, "reasoning.bogus"),
         ({"include": ["reasoning.bogus"]}, "include"),
         (

@@ -59,26 +59,6 @@ ROUTES = {
 ENDPOINTS = tuple(ROUTES)
 
 
-class _CountResponses:
-    """ASGI middleware: counts every response by endpoint and status (streams included)."""
-
-    def __init__(self, app, metrics: metrics_mod.Metrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path = scope.get("path", "")
-        endpoint = next((e for e in ENDPOINTS if path == e or path.startswith(e + "/")), "other")
-
-        async def counting_send(message):
-            if message["type"] == "http.response.start":
-                self.metrics.count_response(endpoint, message["status"])
-            await send(message)
-
-        return await self.app(scope, receive, counting_send)
-
-
 def display_name(name: str | None) -> str | None:
     """A folder's name instead of its path: responses never show the server's filesystem."""
     if name is None:
@@ -215,7 +195,7 @@ def create_app(
     # Outermost last: every response is counted, refusals included; faults become JSON 500s.
     app.add_middleware(FaultGuard)
     app.add_middleware(SecurityGate, policy=security)
-    app.add_middleware(_CountResponses, metrics=metrics)
+    app.add_middleware(metrics_mod.CountResponses, metrics=metrics, endpoints=ENDPOINTS)
     return app
 
 

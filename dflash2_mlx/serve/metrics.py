@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import Counter
 from operator import attrgetter
 from typing import TYPE_CHECKING, Callable
 
 from ..engine.events import RoundEvent
 from ..engine.events import tau as tau_of
+from .messages_output import MESSAGES_PATH
 from .reasoning import ThinkingStats
 
 if TYPE_CHECKING:
@@ -298,3 +300,33 @@ def _prompt_cache_metrics(metric, st: PromptCacheStats) -> None:
         "The prompt cache's budget.",
         [((), st.max_bytes)],
     )
+
+
+class CountResponses:
+    """ASGI middleware: counts every response by endpoint and status (streams included) and
+    gives each its request id."""
+
+    def __init__(self, app, metrics: Metrics, endpoints: tuple[str, ...]):
+        self.app, self.metrics, self.endpoints = app, metrics, endpoints
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        endpoint = next(
+            (e for e in self.endpoints if path == e or path.startswith(e + "/")), "other"
+        )
+
+        # An id per response, where OpenAI's and Anthropic's SDKs read one (`_request_id`).
+        request_id = f"req_{uuid.uuid4().hex}".encode()
+        names = (b"x-request-id", b"request-id") if path.startswith(MESSAGES_PATH) else ()
+        names = names or (b"x-request-id",)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.count_response(endpoint, message["status"])
+                tags = [(name, request_id) for name in names]
+                message = {**message, "headers": list(message.get("headers", [])) + tags}
+            await send(message)
+
+        return await self.app(scope, receive, counting_send)

@@ -59,19 +59,22 @@ def apply_text_format(text, chat: dict) -> None:
         chat["response_format"] = fmt
 
 
+SUMMARIES = ("auto", "concise", "detailed")
+
+
 def apply_reasoning(reasoning, chat: dict) -> None:
-    """`reasoning.effort` as the template's thinking switch (enable_thinking). Summaries are
-    not written: the thinking comes whole, as the reasoning item's text."""
+    """`reasoning.effort` as the template's thinking switch (enable_thinking). A `summary`
+    (or the older `generate_summary`) is the thinking itself, whole: there is no separate
+    summarizer (responses_output.ResponseBuilder)."""
     if reasoning is None:
         return
     check_object(reasoning, "reasoning", ("effort", "summary", "generate_summary"))
     for k in ("summary", "generate_summary"):
-        if reasoning.get(k) is not None:
+        value = reasoning.get(k)
+        if value is not None and value not in SUMMARIES:
             raise invalid(
                 f"reasoning.{k}",
-                f"reasoning.{k}: summaries are not written (the reasoning item holds the whole "
-                "thinking as reasoning_text); send null",
-                "unsupported_parameter",
+                f"reasoning.{k} must be one of {', '.join(SUMMARIES)} or null; got {brief(value)}",
             )
     kwargs = chat.get("chat_template_kwargs")
     if kwargs is None or isinstance(kwargs, dict):  # else the chat parser refuses it

@@ -67,6 +67,10 @@ class ResponseBuilder:
         self.id, self.created = _id("resp"), int(time.time())
         self.model, self.echo = model, echo
         self.encrypted = encrypted_reasoning  # reasoning items carry encrypted_content
+        # A summary asked for is the thinking, whole, also as the item's summary_text (the
+        # part Codex and the Agents SDK show): no separate summarizer runs.
+        asked = echo.get("reasoning") or {}
+        self.summary = (asked.get("summary") or asked.get("generate_summary")) is not None
         self.output: list[dict] = []  # finished items
         self.item: dict | None = None  # the reasoning or message item being streamed
         self.text = ""  # the streamed item's text so far
@@ -116,7 +120,7 @@ class ResponseBuilder:
             kind = "message" if d.kind == "content" else "reasoning"
             if self.item is None or self.item["type"] != kind:
                 events += self._close() + self._open(kind)
-            events.append(self._text_delta(d.text))
+            events += self._text_deltas(d.text)
         return events
 
     def end(self, deltas: list[Delta], finish: str, usage_: dict) -> list[dict]:
@@ -162,21 +166,41 @@ class ResponseBuilder:
                     "response.content_part.added", **self._where(), content_index=0, part=part
                 )
             )
+        elif self.summary:
+            part = {"type": "summary_text", "text": ""}
+            events.append(
+                self._event(
+                    "response.reasoning_summary_part.added",
+                    **self._where(),
+                    summary_index=0,
+                    part=part,
+                )
+            )
         return events
 
-    def _text_delta(self, text: str) -> dict:
+    def _text_deltas(self, text: str) -> list[dict]:
         self.text += text
         if self.item["type"] == "message":
-            return self._event(
-                "response.output_text.delta",
-                **self._where(),
-                content_index=0,
-                delta=text,
-                logprobs=[],
+            return [
+                self._event(
+                    "response.output_text.delta",
+                    **self._where(),
+                    content_index=0,
+                    delta=text,
+                    logprobs=[],
+                )
+            ]
+        where = self._where()
+        events = [
+            self._event("response.reasoning_text.delta", **where, content_index=0, delta=text)
+        ]
+        if self.summary:
+            events.append(
+                self._event(
+                    "response.reasoning_summary_text.delta", **where, summary_index=0, delta=text
+                )
             )
-        return self._event(
-            "response.reasoning_text.delta", **self._where(), content_index=0, delta=text
-        )
+        return events
 
     def _close(self, status: str = "completed") -> list[dict]:
         if self.item is None:
@@ -203,7 +227,10 @@ class ResponseBuilder:
                     "response.reasoning_text.done", **where, content_index=0, text=self.text
                 )
             )
+            events += self._summary_done(where)
         item = {**self.item, "content": [part], "status": status}
+        if self.item["type"] == "reasoning" and self.summary:
+            item["summary"] = [{"type": "summary_text", "text": self.text}]
         if self.item["type"] == "reasoning" and self.encrypted:
             item["encrypted_content"] = seal(self.text)
         events.append(
@@ -212,6 +239,20 @@ class ResponseBuilder:
         self.output.append(item)
         self.item = None
         return events
+
+    def _summary_done(self, where: dict) -> list[dict]:
+        """The reasoning item's summary part closing (when a summary was asked for)."""
+        if not self.summary:
+            return []
+        part = {"type": "summary_text", "text": self.text}
+        return [
+            self._event(
+                "response.reasoning_summary_text.done", **where, summary_index=0, text=self.text
+            ),
+            self._event(
+                "response.reasoning_summary_part.done", **where, summary_index=0, part=part
+            ),
+        ]
 
     def _call(self, call: dict) -> list[dict]:
         fn = call["function"]

@@ -33,6 +33,18 @@ log = logging.getLogger("dflash2.serve")
 
 OPEN_PATHS = ("/health",)  # answered without the API key (liveness probes)
 PREFLIGHT_MAX_AGE = "600"
+# A preflight's requested header names are echoed whole (a name cut short blocks the request
+# that follows); these bound what one preflight can make the server repeat.
+PREFLIGHT_MAX_HEADERS = 100
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}")
+
+
+def preflight_headers(requested: str | None) -> str:
+    """The Access-Control-Allow-Headers of a preflight: the requested names that are header
+    names (RFC 9110 tokens), each whole; none requested: Authorization and Content-Type."""
+    names = [n.strip() for n in (requested or "").split(",")]
+    names = [n for n in names if _HEADER_NAME.fullmatch(n)][:PREFLIGHT_MAX_HEADERS]
+    return ", ".join(names) if names else "authorization, content-type"
 
 
 @dataclass(frozen=True)
@@ -158,13 +170,13 @@ class SecurityGate:
         if cors is None:
             return await self.app(scope, receive, send)
         if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
-            allow = headers.get("access-control-request-headers", "authorization, content-type")
+            allow = preflight_headers(headers.get("access-control-request-headers"))
             return await Response(
                 status_code=204,
                 headers={
                     **cors,
                     "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-                    "Access-Control-Allow-Headers": allow[:200],
+                    "Access-Control-Allow-Headers": allow,
                     "Access-Control-Max-Age": PREFLIGHT_MAX_AGE,
                 },
             )(scope, receive, send)
