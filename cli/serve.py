@@ -71,8 +71,12 @@ def serve(
         help="Limit on prompt + max_tokens (default: the "
         "target's max_position_embeddings, else 4096).",
     ),
-    max_tokens: int = typer.Option(
-        512, "--max-tokens", min=1, help="max_tokens of requests that give none."
+    max_tokens: Optional[int] = typer.Option(
+        None,
+        "--max-tokens",
+        min=1,
+        help="max_tokens of requests that give none (default: what the context leaves, "
+        "as OpenAI's API; agents such as Codex send none).",
     ),
     max_queue: int = typer.Option(
         8,

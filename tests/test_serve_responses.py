@@ -166,6 +166,27 @@ def test_tool_round_trip_with_output_items_sent_back(client):
     assert stream[-1].response.output[-1].id == done[0].item_id
 
 
+def test_a_namespace_s_functions_are_tools_and_its_calls_say_so(client):
+    """Codex groups tools in namespaces: the model sees their functions as tools; a call to
+    one carries the namespace, and goes back in the history with it."""
+    ns = {"type": "namespace", "name": "weather", "description": "w", "tools": [FN]}
+    plain = respond(client, tt.ASK, tools=[FN]).output
+    r = respond(client, tt.ASK, tools=[ns])
+    calls = [i for i in r.output if i.type == "function_call"]
+    assert [(c.name, c.arguments) for c in calls] == [
+        (c.name, c.arguments) for c in plain if c.type == "function_call"
+    ]
+    assert [c.model_dump()["namespace"] for c in calls] == ["weather"]
+    history = tt.ASK + [i.model_dump(exclude_none=True) for i in r.output]
+    history.append(
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": tt.RESULT}
+    )
+    assert respond(client, history, tools=[ns]).output_text == tt.FINAL
+    stream = events(client, tt.ASK, tools=[ns], extra_body={"client_metadata": {"turn": "1"}})
+    added = [e.item for e in stream if e.type == "response.output_item.added"]
+    assert [i.model_dump().get("namespace") for i in added] == ["weather"]
+
+
 def test_structured_output_through_text_format(client):
     fmt = {"type": "json_schema", "name": "reply", "schema": OK_SCHEMA, "strict": True}
     r = respond(client, tt.HI, text={"format": fmt}, max_output_tokens=120)
@@ -191,6 +212,15 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
         ({"truncation": "auto"}, "truncation"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        (
+            {"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "x"}]}]},
+            "tools[0].tools[0].type",
+        ),
+        (
+            {"tools": [FN, {"type": "namespace", "name": "n", "tools": [FN]}]},
+            "tools[1].tools[0].name",  # two tools of one name
+        ),
+        ({"tools": [{"type": "namespace", "tools": [FN]}]}, "tools[0].name"),
         ({"tools": [{"type": "function", "name": "f", "parameters": 3}]}, "tools[0].parameters"),
         ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
         ({"max_output_tokens": 0}, "max_output_tokens"),

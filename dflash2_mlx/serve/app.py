@@ -75,7 +75,7 @@ def create_app(
     max_queue: int = 8,
     max_batch: int = DEFAULT_MAX_BATCH,
     context_length: int | None = None,
-    default_max_tokens: int = 512,
+    default_max_tokens: int | None = None,
     block_size: int | None = None,
     speculative: bool = True,
     drafter_name: str | None = None,
@@ -98,7 +98,7 @@ def create_app(
     1: one at a time; a target that cannot be batched runs one at a time whatever it is).
     context_length: prompt + max_tokens limit (default: the target's max_position_embeddings,
     else 4096). default_max_tokens: for requests that give none, clipped to what the context
-    leaves. block_size / speculative: the engine settings of every request. drafter_name: shown
+    leaves (None: all it leaves, as OpenAI's API). block_size / speculative: the engine settings of every request. drafter_name: shown
     in /v1/models (a path shows as its last part). sampling: what a request gets for the
     sampling fields it leaves out (dflash2_mlx.settings.resolve_sampling; default: greedy).
     thinking: the `enable_thinking` of requests that do not set it in chat_template_kwargs
@@ -247,7 +247,7 @@ def _check_serve_args(
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
     if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
         raise DFlash2Error(f"max_batch must be an int >= 1 (1: one at a time); got {max_batch!r}")
-    if default_max_tokens < 1:
+    if default_max_tokens is not None and default_max_tokens < 1:
         raise DFlash2Error(f"default_max_tokens must be >= 1; got {default_max_tokens}")
     if not isinstance(prompt_cache_mb, int) or prompt_cache_mb < 0:
         raise DFlash2Error(f"prompt_cache_mb must be an int >= 0 (0: off); got {prompt_cache_mb!r}")

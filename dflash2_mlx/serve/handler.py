@@ -95,7 +95,7 @@ class Handler:
             raise context_exceeded(s.context, where, len(ids))
         max_tokens = req.max_tokens
         if max_tokens is None:
-            max_tokens = min(s.default_max_tokens, room)
+            max_tokens = min(s.default_max_tokens or room, room)
         elif self.past_window(req, len(ids)):
             max_tokens = room  # Anthropic's newer models: up to the context's end
         elif max_tokens > room:
@@ -321,7 +321,9 @@ class Handler:
         """A /v1/responses object, repeating the sampling values this request ran with."""
         used = self.s.sampling.complete(req.sampling_fields)
         echo = {**req.responses, "temperature": used.temperature, "top_p": used.top_p}
-        return ResponseBuilder(self.s.model_name, echo, req.encrypted_reasoning)
+        return ResponseBuilder(
+            self.s.model_name, echo, req.encrypted_reasoning, req.tool_namespaces
+        )
 
     async def stream_lines(
         self,

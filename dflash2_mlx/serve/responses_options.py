@@ -4,28 +4,66 @@ and `include` (responses_request.py uses them)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from .api_error import brief, check_object, invalid
 from .reasoning import with_effort
 
 
-def chat_tools(tools) -> list:
+# Tools that OpenAI's servers run (web search, files, code, images): none runs here.
+HOSTED = ("web_search", "web_search_preview", "file_search", "code_interpreter", "image_generation")
+
+
+@dataclass
+class ChatTools:
+    """Responses `tools` as chat tools: a namespace's function tools join the list (the
+    model calls them by name); `origin` names each chat tool's Responses field, and
+    `namespace` the namespace of each function that came from one."""
+
+    tools: list = field(default_factory=list)
+    origin: dict[str, str] = field(default_factory=dict)  # "tools[j]" -> "tools[i].tools[k]"
+    namespace: dict[str, str] = field(default_factory=dict)  # function name -> namespace
+
+
+def chat_tools(tools) -> ChatTools:
     if not isinstance(tools, list):
         raise invalid("tools", "tools must be a list of tools", "invalid_type")
-    out = []
+    out = ChatTools()
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            kind = t.get("type") if isinstance(t, dict) else t
-            raise invalid(
-                f"tools[{i}].type",
-                f"only function tools are supported; got {brief(kind)}",
-                "unsupported_parameter",
-            )
-        # the chat order (templates render the keys as they come)
-        order = ("name", "description", "parameters", "strict")
-        fn = {k: t[k] for k in order if k in t}
-        fn.update((k, v) for k, v in t.items() if k not in order and k != "type")
-        out.append({"type": "function", "function": fn})
+        if isinstance(t, dict) and t.get("type") == "namespace":
+            _add_namespace(out, t, f"tools[{i}]")
+        else:
+            _add_function(out, t, f"tools[{i}]")
     return out
+
+
+def _add_namespace(out: ChatTools, ns: dict, where: str) -> None:
+    name, inner = ns.get("name"), ns.get("tools")
+    if not isinstance(name, str) or not name:
+        raise invalid(f"{where}.name", "a namespace needs a name", "invalid_type")
+    if not isinstance(inner, list):
+        raise invalid(f"{where}.tools", "a namespace's tools must be a list", "invalid_type")
+    for k, t in enumerate(inner):
+        _add_function(out, t, f"{where}.tools[{k}]")
+        if isinstance(t.get("name"), str):
+            out.namespace[t["name"]] = name
+
+
+def _add_function(out: ChatTools, t, where: str) -> None:
+    if not isinstance(t, dict) or t.get("type") != "function":
+        kind = t.get("type") if isinstance(t, dict) else t
+        why = f"only function tools (and namespaces of them) are supported; got {brief(kind)}"
+        if kind in HOSTED:
+            why += f": {kind} runs on OpenAI's servers, and none runs here"
+        if kind == "web_search":
+            why += ' (Codex: web_search = "disabled" in its config.toml)'
+        raise invalid(f"{where}.type", why, "unsupported_parameter")
+    # the chat order (templates render the keys as they come)
+    order = ("name", "description", "parameters", "strict")
+    fn = {k: t[k] for k in order if k in t}
+    fn.update((k, v) for k, v in t.items() if k not in order and k != "type")
+    out.origin[f"tools[{len(out.tools)}]"] = where
+    out.tools.append({"type": "function", "function": fn})
 
 
 def chat_tool_choice(choice):

@@ -63,10 +63,17 @@ def usage(chat_usage: dict) -> dict:
 class ResponseBuilder:
     """One response: its id, the fields it echoes, its output items and its event sequence."""
 
-    def __init__(self, model: str, echo: dict, encrypted_reasoning: bool = False):
+    def __init__(
+        self,
+        model: str,
+        echo: dict,
+        encrypted_reasoning: bool = False,
+        namespaces: dict[str, str] | None = None,
+    ):
         self.id, self.created = _id("resp"), int(time.time())
         self.model, self.echo = model, echo
         self.encrypted = encrypted_reasoning  # reasoning items carry encrypted_content
+        self.namespaces = namespaces or {}  # function name -> the namespace tool it is in
         # A summary asked for is the thinking, whole, also as the item's summary_text (the
         # part Codex and the Agents SDK show): no separate summarizer runs.
         asked = echo.get("reasoning") or {}
@@ -264,6 +271,8 @@ class ResponseBuilder:
             "arguments": "",
             "status": "in_progress",
         }
+        if fn["name"] in self.namespaces:
+            item["namespace"] = self.namespaces[fn["name"]]
         index = len(self.output)
         where = {"item_id": item["id"], "output_index": index}
         done = {**item, "arguments": fn["arguments"], "status": "completed"}

@@ -55,6 +55,7 @@ _HARMLESS = (
     "prompt_cache_retention",
     "safety_identifier",
     "max_tool_calls",  # built-in tools only, which are not served
+    "client_metadata",  # Codex's turn ids
 )
 # field -> (allowed value test, why the others are refused)
 _REFUSED = {
@@ -93,8 +94,11 @@ def parse_responses(body: dict) -> GenRequest:
     chat["messages"] = messages
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
+    namespaces: dict[str, str] = {}
     if body.get("tools") is not None:
-        chat["tools"] = chat_tools(body["tools"])
+        tools = chat_tools(body["tools"])
+        chat["tools"], namespaces = tools.tools, tools.namespace
+        origin.update(tools.origin)
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = chat_tool_choice(body["tool_choice"])
     apply_text_format(body.get("text"), chat)
@@ -105,7 +109,7 @@ def parse_responses(body: dict) -> GenRequest:
     except APIError as err:
         raise _renamed(err, origin) from None
     req.responses, req.rename = _echo(body), renamer(origin)
-    req.encrypted_reasoning = encrypted
+    req.encrypted_reasoning, req.tool_namespaces = encrypted, namespaces
     return req
 
 
@@ -305,6 +309,9 @@ _RENAMES = (
 def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
     """An error about the chat request, naming the Responses field it came from."""
     param = err.param or ""
+    tool = re.match(r"^(tools\[\d+\])(\.function)?(.*)$", param)
+    if tool and tool.group(1) in origin:  # a function of a namespace has a path of its own
+        param = origin[tool.group(1)] + tool.group(3)
     m = re.match(r"^messages\[(\d+)\](\.tool_calls\[(\d+)\])?(.*)$", param)
     if m:
         message, call, rest = f"messages[{m.group(1)}]", m.group(2), m.group(4)

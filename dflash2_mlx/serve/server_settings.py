@@ -14,7 +14,7 @@ from ..settings import SamplingDefaults, block_for_temperature
 class Settings:
     model_name: str
     context: int  # prompt + max_tokens limit
-    default_max_tokens: int
+    default_max_tokens: int | None  # None: what the context leaves
     block_size: int | None  # None: the drafter's trained block size
     speculative: bool
     effective_block: int  # tokens verified per round (1 when speculative is off)
