@@ -350,11 +350,12 @@ class GrammarConstraint:
         self.matcher, self.stop_ids = matcher, stop_ids
 
     def _mask(self, matcher=None) -> np.ndarray:
-        bits = np.frombuffer((matcher or self.matcher).compute_bitmask(), dtype=np.uint8)
+        matcher = self.matcher if matcher is None else matcher
+        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
         return np.unpackbits(bits, bitorder="little").astype(bool)
 
     def allowed(self, drafts: Sequence[int]) -> np.ndarray:
-        """Walks the drafts while each is allowed, on a copy of the matcher (under a microsecond):
+        """Walks the drafts while each is allowed, on a copy of the matcher (a few microseconds):
         after llguidance's rollback a later mask could allow a token it then refused. A stop
         token ends the walk: the generation ends there. A token the mask allows but the
         matcher refuses is taken out of that row, so it is never chosen."""

@@ -418,6 +418,33 @@ def test_a_draft_walk_leaves_the_grammar_as_it_was(tmp_path_factory):
     assert not rows[0][ids(['",'])[0]]
 
 
+class _RefusingMatcher:
+    """A matcher whose mask allows every token and which refuses `refused` anyway."""
+
+    def __init__(self, refused: int):
+        self.refused = refused
+
+    def deep_copy(self):
+        return _RefusingMatcher(self.refused)
+
+    def compute_bitmask(self) -> bytes:
+        return bytes([0xFF]) * 2  # 16 tokens, all allowed
+
+    def consume_token(self, t: int) -> bool:
+        return t != self.refused
+
+    def get_error(self) -> str:
+        return "refused"
+
+
+def test_a_draft_the_mask_allows_and_the_matcher_refuses_is_not_chosen():
+    from dflash2_mlx.grammar import GrammarConstraint
+
+    rows = GrammarConstraint(_RefusingMatcher(5), frozenset({0})).allowed([3, 5, 7])
+    assert rows.shape == (4, 16) and rows[0].all()
+    assert not rows[1][5] and rows[1].sum() == 15  # out of the row the verify chooses from
+
+
 @pytest.fixture(scope="module")
 def qwen_like(tmp_path_factory):
     """SmolLM2's byte-level BPE tokenizer with Qwen's markers added as single, non-special

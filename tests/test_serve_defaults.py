@@ -51,6 +51,31 @@ def test_without_a_generation_config_an_omitted_temperature_is_greedy(pair):  # 
         assert sampled != greedy and sampled == _say(client, temperature=5.0, seed=3)
 
 
+def test_a_request_without_a_limit_runs_as_on_openai(pair):  # noqa: F811
+    """No --max-tokens: chat and Responses run to the context's end (agents send no limit),
+    completions stop at 16, OpenAI's default; the flag sets both."""
+    ids = chat_prompt_ids(pair.tokenizer, HI)
+    context = len(ids) + 10  # its greedy answer is longer
+    with running(create_app(pair, model_name="tiny", context_length=context)) as base:
+        assert (
+            httpx.get(base + "/v1/models").json()["data"][0]["dflash2"]["default_max_tokens"]
+            is None
+        )
+        client = _client(base)
+        chat = client.chat.completions.create(model="tiny", messages=HI, temperature=0)
+        assert (chat.choices[0].message.content, chat.usage.completion_tokens) == reference(
+            pair, ids, 10
+        )
+        text = client.completions.create(model="tiny", prompt="ab", temperature=0)
+        want = reference(pair, pair.tokenizer.encode("ab"), 16)
+        assert (text.choices[0].text, text.usage.completion_tokens) == want
+    with running(create_app(pair, model_name="tiny", default_max_tokens=5)) as base:
+        client = _client(base)
+        chat = client.chat.completions.create(model="tiny", messages=HI, temperature=0)
+        text = client.completions.create(model="tiny", prompt="ab", temperature=0)
+        assert chat.usage.completion_tokens <= 5 and text.usage.completion_tokens <= 5
+
+
 def test_generation_config_defaults_and_request_overrides(pair, tmp_path):  # noqa: F811
     greedy, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 12)
     (tmp_path / GENERATION_CONFIG).write_text(

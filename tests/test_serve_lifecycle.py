@@ -330,6 +330,7 @@ def test_hosts_origins_content_type_and_api_key(pair, logs):
         ok = {"Origin": "http://localhost:3000"}
         r = post(ok, json=body)
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ok["Origin"]
+        assert "x-request-id" in r.headers["access-control-expose-headers"]  # the SDKs' id
         pre = httpx.options(
             base + "/v1/chat/completions",
             headers={

@@ -187,6 +187,39 @@ def test_a_namespace_s_functions_are_tools_and_its_calls_say_so(client):
     assert [i.model_dump().get("namespace") for i in added] == ["weather"]
 
 
+def test_functions_of_one_name_in_two_namespaces_stay_apart():
+    """Two MCP servers' `search`: the model sees `namespace__name` for each, and calls to them
+    come back, and go back, as (namespace, name)."""
+    from dflash2_mlx.serve.responses_output import ResponseBuilder
+
+    body = {
+        "input": [
+            *tt.ASK,
+            {
+                "type": "function_call",
+                "call_id": "c1",
+                "namespace": "b",
+                "name": "get_weather",
+                "arguments": '{"city": "paris"}',
+            },
+            {"type": "function_call_output", "call_id": "c1", "output": tt.RESULT},
+        ],
+        "tools": [{"type": "namespace", "name": ns, "tools": [FN]} for ns in ("a", "b")],
+        "tool_choice": {"type": "function", "namespace": "a", "name": "get_weather"},
+    }
+    req = parse_responses(body)
+    assert [t["function"]["name"] for t in req.tools.tools] == ["a__get_weather", "b__get_weather"]
+    assert req.tools.name == "a__get_weather"  # the forced one
+    assert req.messages[1]["tool_calls"][0]["function"]["name"] == "b__get_weather"
+    builder = ResponseBuilder("tools", {}, namespaces=req.tool_namespaces)
+    call = {"id": "c2", "function": {"name": "b__get_weather", "arguments": "{}"}}
+    events = builder._call(call)
+    assert (events[-1]["item"]["namespace"], events[-1]["item"]["name"]) == ("b", "get_weather")
+    assert events[2]["name"] == "get_weather"
+    one = parse_responses({**body, "tools": body["tools"][:1], "tool_choice": None})
+    assert [t["function"]["name"] for t in one.tools.tools] == ["get_weather"]  # no clash
+
+
 def test_structured_output_through_text_format(client):
     fmt = {"type": "json_schema", "name": "reply", "schema": OK_SCHEMA, "strict": True}
     r = respond(client, tt.HI, text={"format": fmt}, max_output_tokens=120)
@@ -216,9 +249,10 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
             {"tools": [{"type": "namespace", "name": "n", "tools": [{"type": "x"}]}]},
             "tools[0].tools[0].type",
         ),
+        ({"tools": [FN, FN]}, "tools[1].name"),  # two tools of one name
         (
-            {"tools": [FN, {"type": "namespace", "name": "n", "tools": [FN]}]},
-            "tools[1].tools[0].name",  # two tools of one name
+            {"tools": [FN, {"type": "namespace", "name": "n", "tools": [{**FN, "parameters": 3}]}]},
+            "tools[1].tools[0].parameters",
         ),
         ({"tools": [{"type": "namespace", "tools": [FN]}]}, "tools[0].name"),
         ({"tools": [{"type": "function", "name": "f", "parameters": 3}]}, "tools[0].parameters"),

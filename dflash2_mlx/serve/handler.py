@@ -41,6 +41,15 @@ from .stream import PENDING, SSE_KEEPALIVE, UNREAD, Reader, SSEResponse
 log = logging.getLogger("dflash2.serve")
 
 
+# OpenAI's default for a completions request with no max_tokens (chat's: the whole room).
+COMPLETION_MAX_TOKENS = 16
+
+
+def _unset_default(req: GenRequest, room: int) -> int:
+    """max_tokens for a request that gives none when the server sets no default."""
+    return COMPLETION_MAX_TOKENS if req.kind == "completion" else room
+
+
 class Handler:
     def __init__(
         self, pair, worker: Worker, settings: Settings, chat: ChatTemplate, limits: RequestLimits
@@ -95,7 +104,7 @@ class Handler:
             raise context_exceeded(s.context, where, len(ids))
         max_tokens = req.max_tokens
         if max_tokens is None:
-            max_tokens = min(s.default_max_tokens or room, room)
+            max_tokens = min(s.default_max_tokens or _unset_default(req, room), room)
         elif self.past_window(req, len(ids)):
             max_tokens = room  # Anthropic's newer models: up to the context's end
         elif max_tokens > room:

@@ -4,6 +4,7 @@ and `include` (responses_request.py uses them)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .api_error import brief, check_object, invalid
@@ -17,39 +18,56 @@ HOSTED = ("web_search", "web_search_preview", "file_search", "code_interpreter",
 @dataclass
 class ChatTools:
     """Responses `tools` as chat tools: a namespace's function tools join the list (the
-    model calls them by name); `origin` names each chat tool's Responses field, and
-    `namespace` the namespace of each function that came from one."""
+    model calls them by name; `namespace__name` where another tool has that name).
+    `origin` names each chat tool's Responses field; `names` maps (namespace or None, name)
+    to the chat name, `called` the chat names of namespaced functions back."""
 
     tools: list = field(default_factory=list)
     origin: dict[str, str] = field(default_factory=dict)  # "tools[j]" -> "tools[i].tools[k]"
-    namespace: dict[str, str] = field(default_factory=dict)  # function name -> namespace
+    names: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    called: dict[str, tuple[str, str]] = field(default_factory=dict)  # chat -> (ns, name)
+
+    def chat_name(self, namespace, name: str) -> str:
+        """The chat name of a call a client sends back (its `namespace` as it came)."""
+        return self.names.get((namespace, name), name)
 
 
 def chat_tools(tools) -> ChatTools:
     if not isinstance(tools, list):
         raise invalid("tools", "tools must be a list of tools", "invalid_type")
     out = ChatTools()
+    raw = Counter(_raw_names(tools))
     for i, t in enumerate(tools):
         if isinstance(t, dict) and t.get("type") == "namespace":
-            _add_namespace(out, t, f"tools[{i}]")
+            _add_namespace(out, t, f"tools[{i}]", raw)
         else:
             _add_function(out, t, f"tools[{i}]")
     return out
 
 
-def _add_namespace(out: ChatTools, ns: dict, where: str) -> None:
+def _raw_names(tools: list):
+    for t in tools:
+        inner = t.get("tools") if isinstance(t, dict) and t.get("type") == "namespace" else [t]
+        for f in inner if isinstance(inner, list) else ():
+            if isinstance(f, dict) and isinstance(f.get("name"), str):
+                yield f["name"]
+
+
+def _add_namespace(out: ChatTools, ns: dict, where: str, raw: Counter) -> None:
     name, inner = ns.get("name"), ns.get("tools")
     if not isinstance(name, str) or not name:
         raise invalid(f"{where}.name", "a namespace needs a name", "invalid_type")
     if not isinstance(inner, list):
         raise invalid(f"{where}.tools", "a namespace's tools must be a list", "invalid_type")
     for k, t in enumerate(inner):
-        _add_function(out, t, f"{where}.tools[{k}]")
-        if isinstance(t.get("name"), str):
-            out.namespace[t["name"]] = name
+        fn = _add_function(out, t, f"{where}.tools[{k}]")
+        given = fn.get("name")
+        if isinstance(given, str):
+            chat = f"{name}__{given}" if raw[given] > 1 else given  # two MCP servers' `search`
+            fn["name"], out.names[(name, given)], out.called[chat] = chat, chat, (name, given)
 
 
-def _add_function(out: ChatTools, t, where: str) -> None:
+def _add_function(out: ChatTools, t, where: str) -> dict:
     if not isinstance(t, dict) or t.get("type") != "function":
         kind = t.get("type") if isinstance(t, dict) else t
         why = f"only function tools (and namespaces of them) are supported; got {brief(kind)}"
@@ -64,11 +82,15 @@ def _add_function(out: ChatTools, t, where: str) -> None:
     fn.update((k, v) for k, v in t.items() if k not in order and k != "type")
     out.origin[f"tools[{len(out.tools)}]"] = where
     out.tools.append({"type": "function", "function": fn})
+    return fn
 
 
-def chat_tool_choice(choice):
+def chat_tool_choice(choice, tools: ChatTools):
     if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
+        name = choice.get("name")
+        if isinstance(name, str):
+            name = tools.chat_name(choice.get("namespace"), name)
+        return {"type": "function", "function": {"name": name}}
     if isinstance(choice, dict):
         raise invalid(
             "tool_choice",

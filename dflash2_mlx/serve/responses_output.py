@@ -68,12 +68,13 @@ class ResponseBuilder:
         model: str,
         echo: dict,
         encrypted_reasoning: bool = False,
-        namespaces: dict[str, str] | None = None,
+        namespaces: dict[str, tuple[str, str]] | None = None,
     ):
         self.id, self.created = _id("resp"), int(time.time())
         self.model, self.echo = model, echo
         self.encrypted = encrypted_reasoning  # reasoning items carry encrypted_content
-        self.namespaces = namespaces or {}  # function name -> the namespace tool it is in
+        # a namespaced function's chat name -> (its namespace, its name there)
+        self.namespaces = namespaces or {}
         # A summary asked for is the thinking, whole, also as the item's summary_text (the
         # part Codex and the Agents SDK show): no separate summarizer runs.
         asked = echo.get("reasoning") or {}
@@ -272,7 +273,7 @@ class ResponseBuilder:
             "status": "in_progress",
         }
         if fn["name"] in self.namespaces:
-            item["namespace"] = self.namespaces[fn["name"]]
+            item["namespace"], item["name"] = self.namespaces[fn["name"]]
         index = len(self.output)
         where = {"item_id": item["id"], "output_index": index}
         done = {**item, "arguments": fn["arguments"], "status": "completed"}
@@ -283,7 +284,7 @@ class ResponseBuilder:
                 "response.function_call_arguments.done",
                 **where,
                 arguments=fn["arguments"],
-                name=fn["name"],
+                name=item["name"],
             ),
             self._event("response.output_item.done", item=done, output_index=index),
         ]

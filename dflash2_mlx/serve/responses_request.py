@@ -20,6 +20,7 @@ from .api_error import APIError, brief, invalid, renamed
 from .responses_options import (
     apply_reasoning,
     apply_text_format,
+    ChatTools,
     chat_tool_choice,
     chat_tools,
     wants_encrypted_reasoning,
@@ -90,17 +91,16 @@ def parse_responses(body: dict) -> GenRequest:
                 name, f"Unrecognized request argument supplied: {name[:60]}", "unknown_parameter"
             )
     chat: dict[str, Any] = {k: body[k] for k in _SAME if k in body}
-    messages, origin = _messages(body)
+    tools = chat_tools(body["tools"]) if body.get("tools") is not None else ChatTools()
+    messages, origin = _messages(body, tools)
     chat["messages"] = messages
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
-    namespaces: dict[str, str] = {}
     if body.get("tools") is not None:
-        tools = chat_tools(body["tools"])
-        chat["tools"], namespaces = tools.tools, tools.namespace
+        chat["tools"] = tools.tools
         origin.update(tools.origin)
     if body.get("tool_choice") is not None:
-        chat["tool_choice"] = chat_tool_choice(body["tool_choice"])
+        chat["tool_choice"] = chat_tool_choice(body["tool_choice"], tools)
     apply_text_format(body.get("text"), chat)
     apply_reasoning(body.get("reasoning"), chat)
     encrypted = wants_encrypted_reasoning(body.get("include"))
@@ -109,7 +109,7 @@ def parse_responses(body: dict) -> GenRequest:
     except APIError as err:
         raise _renamed(err, origin) from None
     req.responses, req.rename = _echo(body), renamer(origin)
-    req.encrypted_reasoning, req.tool_namespaces = encrypted, namespaces
+    req.encrypted_reasoning, req.tool_namespaces = encrypted, tools.called
     return req
 
 
@@ -130,7 +130,7 @@ def _echo(body: dict) -> dict:
     }
 
 
-def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
+def _messages(body: dict, tools: ChatTools) -> tuple[list[dict], dict[str, str]]:
     """The chat messages of `instructions` and `input`, and where each message (and each
     assistant tool call) came from: {"messages[k]" or "messages[k].tool_calls[j]": path}.
     Consecutive assistant items (text and calls) make one assistant turn, as generated;
@@ -180,7 +180,7 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
             think(last)
             calls = last.setdefault("tool_calls", [])
             origin[f"messages[{len(messages) - 1}].tool_calls[{len(calls)}]"] = where
-            calls.append(_call(where, item))
+            calls.append(_call(where, item, tools))
         elif kind == "function_call_output":
             thought.clear()
             origin[f"messages[{len(messages)}]#kind"] = kind
@@ -278,11 +278,12 @@ def _parts(where: str, content):
     return parts
 
 
-def _call(where: str, item: dict) -> dict:
+def _call(where: str, item: dict, tools: ChatTools) -> dict:
     for k in ("call_id", "name", "arguments"):
         if not isinstance(item.get(k), str):
             raise invalid(f"{where}.{k}", f"{k} must be a string", "invalid_type")
-    fn = {"name": item["name"], "arguments": item["arguments"]}
+    name = tools.chat_name(item.get("namespace"), item["name"])  # as the model wrote it
+    fn = {"name": name, "arguments": item["arguments"]}
     return {"id": item["call_id"], "type": "function", "function": fn}
 
 

@@ -86,7 +86,8 @@ class GenRequest:
     # a /v1/responses request (a chat one inside): the fields its response echoes
     responses: dict | None = None
     encrypted_reasoning: bool = False  # /v1/responses: reasoning items carry encrypted_content
-    tool_namespaces: dict[str, str] = field(default_factory=dict)  # /v1/responses: fn -> namespace
+    # /v1/responses: a namespaced function's chat name -> (namespace, its name there)
+    tool_namespaces: dict[str, tuple[str, str]] = field(default_factory=dict)
     anthropic: bool = False  # a /v1/messages request (messages_request.py), chat inside
     thinking_budget: int | None = None  # most tokens in the thinking section (engine/budget.py)
     # how its errors name the fields the client sent (/v1/responses and /v1/messages differ)

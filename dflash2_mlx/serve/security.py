@@ -33,6 +33,8 @@ log = logging.getLogger("dflash2.serve")
 
 OPEN_PATHS = ("/health",)  # answered without the API key (liveness probes)
 PREFLIGHT_MAX_AGE = "600"
+# What a page's script may read of a response besides the simple headers (the SDKs read these).
+EXPOSED = {"Access-Control-Expose-Headers": "x-request-id, request-id, retry-after"}
 # A preflight's requested header names are echoed whole (a name cut short blocks the request
 # that follows); these bound what one preflight can make the server repeat.
 PREFLIGHT_MAX_HEADERS = 100
@@ -225,7 +227,7 @@ class SecurityGate:
                         "the origin",
                         code="origin_not_allowed",
                     )
-                cors = {"Access-Control-Allow-Origin": origin, "Vary": "Origin"}
+                cors = {"Access-Control-Allow-Origin": origin, "Vary": "Origin", **EXPOSED}
         if scope["method"] == "OPTIONS":
             return cors
         if self._key is not None and scope["path"] not in OPEN_PATHS:
