@@ -571,7 +571,8 @@ BAD = [
     ("completions", {"prompt": LONG}, 400, "prompt"),
     ("completions", {"prompt": ""}, 400, "prompt"),
     ("completions", {"prompt": [1, 500]}, 400, "prompt"),
-    ("completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("completions", {"prompt": ["a", 5]}, 400, "prompt[1]"),
+    ("completions", {"prompt": ["a", ""]}, 400, "prompt[1]"),
     ("completions", {"prompt": "ab", "echo": True}, 400, "echo"),
     ("completions", {"prompt": "ab", "best_of": 3}, 400, "best_of"),
     ("completions", {"prompt": "ab", "suffix": "cd"}, 400, "suffix"),  # no FIM tokens

@@ -69,6 +69,27 @@ def test_completion_choices(client):
     assert streamed == {0: alone[0], 1: alone[1]}
 
 
+def test_a_batch_of_prompts_is_each_prompt_alone(client):
+    """`prompt` as a list (LangChain's OpenAI LLM, eval harnesses): prompt k's choice j is at
+    index k * n + j and is that prompt's request alone; each prompt counts once in usage."""
+    prompts = ["abc", "hello there", [5, 6, 7]]
+    kw = dict(model="tiny", max_tokens=8, temperature=1.5, seed=3)
+    alone = [client.completions.create(prompt=p, n=2, **kw) for p in prompts]
+    batch = client.completions.create(prompt=prompts, n=2, **kw)
+    assert [c.index for c in batch.choices] == list(range(6))
+    assert [c.text for c in batch.choices] == [c.text for a in alone for c in a.choices]
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert batch.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    streamed = {}
+    for chunk in client.completions.create(prompt=prompts, n=2, stream=True, **kw):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert streamed == {c.index: c.text for c in batch.choices}
+    greedy = client.completions.create(model="tiny", prompt=prompts[:2], max_tokens=8)
+    one = client.completions.create(model="tiny", prompt=prompts[1], max_tokens=8)
+    assert greedy.choices[1].text == one.choices[0].text
+
+
 def test_more_choices_than_the_server_takes_is_a_400(pair):  # noqa: F811
     import httpx
 
@@ -79,4 +100,10 @@ def test_more_choices_than_the_server_takes_is_a_400(pair):  # noqa: F811
         assert r.status_code == 400 and r.json()["error"]["param"] == "n"
         ok = httpx.post(base + "/v1/chat/completions", json={**body, "n": 2})
         assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
+        three = {"prompt": ["a", "b", "c"], "max_tokens": 2}
+        r = httpx.post(base + "/v1/completions", json=three)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+        long = {"prompt": ["a", "b" * 5000], "max_tokens": 2}  # the second is past the context
+        r = httpx.post(base + "/v1/completions", json=long)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt[1]", r.text
         assert "\ndflash2_queue_depth 0" in httpx.get(base + "/metrics").text  # none leaked

@@ -1,10 +1,12 @@
-"""Several choices (`n` > 1) of one chat or completion request: one job per choice.
+"""Several choices (`n` > 1) of one chat or completion request, or a completions request's
+batch of prompts (`n` choices each): one job per choice.
 
-The jobs share the prompt (tokenized once) and generate side by side in the batch; choice i
-samples with seed + i when the request gives a seed (so the response is reproducible) and
-with a seed of its own otherwise. A whole response lists every choice with its index; a
-stream interleaves the choices' chunks as they come (each carries its index) and ends with
-one usage chunk and one [DONE]. `usage` counts the prompt once and every choice's tokens.
+A prompt's jobs share it (tokenized once) and generate side by side in the batch; a prompt's
+choice j samples with seed + j when the request gives a seed (so the response is reproducible)
+and with a seed of its own otherwise. A whole response lists every choice with its index
+(prompt k's choice j: k * n + j, as OpenAI's); a stream interleaves the choices' chunks as they
+come (each carries its index) and ends with one usage chunk and one [DONE]. `usage` counts
+each prompt once and every choice's tokens.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from .logprobs import Logprobs
 from .queue import Job, ShuttingDown
 from .reasoning import ThinkingStats
 from .reply import ChatReply
-from .schemas import GenRequest, invalid
+from .api_error import renamed
+from .schemas import APIError, GenRequest, invalid
 from .stream import UNREAD, Reader, SSEResponse
 
 
@@ -57,34 +60,52 @@ def merged_replies(replies: list[ReplyStats]) -> ReplyStats | None:
     return ReplyStats(sum(r.tool_calls for r in replies), thinking)
 
 
-async def _queue(handler, req: GenRequest) -> tuple[list[Job], object, int]:
-    """Every choice's place taken first (all or a 503), then the first choice's job queued as
-    a request's and one more per choice with its seed."""
-    worker, extra = handler.worker, req.n - 1
+async def _queue(handler, req: GenRequest) -> tuple[list[Job], object, list[int]]:
+    """Every choice's place taken first (all or a 503), then for each prompt (a completions
+    batch has several) its first choice's job queued as a request's and one more per choice
+    with its seed; (jobs, chat prompt, each job's prompt length)."""
+    subs = [replace(req, prompt=p, prompts=None) for p in req.prompts or [req.prompt]]
+    worker, extra = handler.worker, len(subs) * req.n - 1
     most = worker.max_queue + worker.capacity
-    if req.n > most:
-        raise invalid("n", f"n={req.n} is more than this server takes at once ({most})")
+    if extra >= most:
+        field = "n" if req.prompts is None else "prompt"
+        raise invalid(
+            field, f"{extra + 1} choices are more than this server takes at once ({most})"
+        )
     handler.reserve(extra)
+    jobs: list[Job] = []
+    lengths: list[int] = []
     try:
-        job, prompt, n_prompt = await handler.queue_job(req)
-    except BaseException:
-        worker.unreserve(extra)
-        raise
-    jobs, sp = [job], job.params.sampling
-    try:
-        for i in range(1, req.n):
-            seed = None if sp.seed is None else (sp.seed + i) % SEEDS
-            params = replace(job.params, sampling=replace(sp, seed=seed))
-            choice = Job(job.prompt_ids, params, job.stop)
-            extra -= 1  # submit takes the place, or gives it back when shutting down
-            worker.submit(choice)
-            jobs.append(choice)
-    except ShuttingDown:
+        for k, sub in enumerate(subs):
+            if k:
+                extra -= 1  # queue_job takes a place of its own
+                worker.unreserve()
+            try:
+                job, prompt, n_prompt = await handler.queue_job(sub)
+            except APIError as err:  # a batch's prompt is named by its index
+                rules = ((r"^prompt\b", f"prompt[{k}]"),) if req.prompts else ()
+                raise renamed(err, err.param or "", rules) from None
+            jobs.append(job)
+            lengths += [n_prompt] * req.n
+            for i in range(1, req.n):
+                extra -= 1  # submit takes the place, or gives it back when shutting down
+                jobs.append(_choice(job, i))
+                worker.submit(jobs[-1])
+    except BaseException as e:
         worker.unreserve(extra)
         for j in jobs:
             worker.cancel(j)
-        raise shutting_down() from None
-    return jobs, prompt, n_prompt
+        if isinstance(e, ShuttingDown):
+            raise shutting_down() from None
+        raise
+    return jobs, prompt, lengths
+
+
+def _choice(job: Job, i: int) -> Job:
+    """The prompt's choice i: its job with seed + i (when the request gives a seed)."""
+    sp = job.params.sampling
+    seed = None if sp.seed is None else (sp.seed + i) % SEEDS
+    return Job(job.prompt_ids, replace(job.params, sampling=replace(sp, seed=seed)), job.stop)
 
 
 async def _merged(streams) -> object:
@@ -119,8 +140,10 @@ async def _merged(streams) -> object:
 
 
 async def handle_choices(handler, request: Request, req: GenRequest) -> Response:
-    jobs, prompt, n_prompt = await _queue(handler, req)
+    jobs, prompt, lengths = await _queue(handler, req)
     readers = [Reader(j, request) for j in jobs]
+    # usage counts each prompt once; its block is the first prompt's
+    prompt_tokens = (sum(lengths[:: req.n]), lengths[0])
 
     def release():
         for reader in readers:
@@ -143,12 +166,12 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
             if req.logprobs is not None:
                 lp = Logprobs(tok, req.kind, handler.pair.eos_ids, job.prompt_ids)
             item = first if i == 0 else UNREAD
-            stats = ChoiceStats(shared, i == 0)
-            args.append((fmt.choice(i), req, n_prompt, item, reader, reply, lp, stats, replies))
+            stats = ChoiceStats(shared, i % req.n == 0)  # a prompt's prefill counts once
+            args.append((fmt.choice(i), req, lengths[i], item, reader, reply, lp, stats, replies))
         if req.stream:
             handed_over = True
             return SSEResponse(
-                _stream(handler, fmt, req, n_prompt, args, readers, shared, replies), release
+                _stream(handler, fmt, req, prompt_tokens, args, readers, shared, replies), release
             )
         tasks = [asyncio.ensure_future(_whole(handler, a)) for a in args]
         try:
@@ -163,7 +186,8 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
             for t in tasks:
                 t.cancel()
         body = {**bodies[0], "choices": [b["choices"][0] for b in bodies]}
-        body["usage"] = handler.usage_of(req, n_prompt, shared, merged_replies(replies))
+        total, context = prompt_tokens
+        body["usage"] = handler.usage_of(req, total, shared, merged_replies(replies), context)
         return JSONResponse(body)
     finally:
         if not handed_over:
@@ -198,7 +222,7 @@ async def _choice_lines(handler, args, reader: Reader):
         raise _ChoiceFailed(failure)
 
 
-async def _stream(handler, fmt, req, n_prompt, args, readers, shared, replies):
+async def _stream(handler, fmt, req, prompt_tokens, args, readers, shared, replies):
     try:
         lines = [_choice_lines(handler, a, r) for a, r in zip(args, readers)]
         async for line in _merged(lines):
@@ -209,5 +233,7 @@ async def _stream(handler, fmt, req, n_prompt, args, readers, shared, replies):
         yield SSE_DONE
         return
     if req.include_usage:
-        yield sse(fmt.usage_chunk(handler.usage_of(req, n_prompt, shared, merged_replies(replies))))
+        total, context = prompt_tokens
+        usage_ = handler.usage_of(req, total, shared, merged_replies(replies), context)
+        yield sse(fmt.usage_chunk(usage_))
     yield SSE_DONE

@@ -224,7 +224,7 @@ class Handler:
     async def _handle(self, request: Request, req: GenRequest) -> Response:
         if req.model is not None and req.model != self.s.model_name:
             raise unknown_model(req.model, self.s.model_name)
-        if req.n > 1:
+        if req.n > 1 or req.prompts:
             return await handle_choices(self, request, req)
         job, prompt, n_prompt = await self.queue_job(req)
         reader = Reader(job, request)
@@ -260,9 +260,17 @@ class Handler:
                 release()
 
     def usage_of(
-        self, req: GenRequest, n_prompt: int, stats: GenerationStats, reply: ReplyStats | None
+        self,
+        req: GenRequest,
+        n_prompt: int,
+        stats: GenerationStats,
+        reply: ReplyStats | None,
+        context: int | None = None,
     ) -> dict:
-        block = self.s.usage_block(self.s.sampling.complete(req.sampling_fields), n_prompt)
+        """`usage` of `n_prompt` prompt tokens; its block is the one for a prompt of
+        `context` tokens (default: n_prompt; a completions batch: its first prompt's)."""
+        sampling = self.s.sampling.complete(req.sampling_fields)
+        block = self.s.usage_block(sampling, n_prompt if context is None else context)
         return usage(n_prompt, stats, block, self.s.speculative, reply)
 
     def _finished(self, reply: ChatReply, replies: list | None = None) -> ReplyStats:

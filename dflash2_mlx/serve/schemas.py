@@ -77,6 +77,7 @@ class GenRequest:
     include_usage: bool = False
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
+    prompts: list | None = None  # completions: a batch of prompts (n choices each); else None
     prediction: str | None = None  # predicted output (a drafting hint), chat only
     tools: ToolRequest | None = None  # chat only: tools, tool_choice, parallel_tool_calls
     template_kwargs: dict = field(default_factory=dict)  # chat only: chat_template_kwargs
@@ -379,24 +380,23 @@ def parse_completion(body: dict) -> GenRequest:
     prompt = body.get("prompt")
     if prompt is None:
         raise invalid("prompt", "prompt is required", "missing_required_parameter")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, list):
-        if prompt and all(isinstance(p, (str, list)) for p in prompt):
-            raise invalid(
-                "prompt",
-                "batched prompts are not supported: send one per request",
-                "unsupported_parameter",
-            )
-        if not all(is_int(t) for t in prompt):
-            raise invalid(
-                "prompt", "prompt must be a string or a list of token ids", "invalid_type"
-            )
-    elif not isinstance(prompt, str):
-        raise invalid("prompt", "prompt must be a string or a list of token ids", "invalid_type")
     suffix = optional(body, "suffix", lambda v: isinstance(v, str), "a string")
-    if len(prompt) == 0 and not suffix:  # with a suffix: a middle at the text's start
-        raise invalid("prompt", "prompt is empty")
+    batch = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
+    prompts = [
+        _one_prompt(p, f"prompt[{i}]" if batch else "prompt", suffix)
+        for i, p in enumerate(prompt if batch else [prompt])
+    ]
     req = _common(body, "completion", "max_tokens")
-    req.prompt, req.suffix = prompt, suffix or None  # "": nothing after, a plain completion
+    req.prompt, req.suffix = prompts[0], suffix or None  # "": nothing after, a plain completion
+    req.prompts = prompts if len(prompts) > 1 else None
     return req
+
+
+def _one_prompt(prompt, where: str, suffix: str | None):
+    """A string or a list of token ids (one prompt of a batch, or the prompt)."""
+    text = isinstance(prompt, str)
+    if not text and not (isinstance(prompt, list) and all(is_int(t) for t in prompt)):
+        raise invalid(where, f"{where} must be a string or a list of token ids", "invalid_type")
+    if len(prompt) == 0 and not suffix:  # with a suffix: a middle at the text's start
+        raise invalid(where, f"{where} is empty")
+    return prompt
