@@ -11,7 +11,7 @@ import anthropic
 import httpx
 import pytest
 import tiny_tools as tt
-from test_serve import running
+from test_serve import pair, running  # noqa: F401  (pair: fixture)
 from test_serve_tools import ask, tool_pair  # noqa: F401  (tool_pair: fixture)
 
 from dflash2_mlx.serve import create_app
@@ -125,6 +125,29 @@ def test_stop_reasons(client):
     assert r.content[0].text == full[: full.index(stop)]
 
 
+def test_what_claude_code_sends_by_default(client, url, pair):  # noqa: F811
+    """Claude Code's defaults: adaptive thinking (the template's default: the tiny model
+    thinks, a model without thinking answers), an effort (no thinking switch, as Anthropic's),
+    context_management clearing past thinking (the template renders past thinking its way)."""
+    default = send(client, tt.HI)
+    claude = {
+        "thinking": {"type": "adaptive"},
+        "output_config": {"effort": "high"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    }
+    r = send(client, tt.HI, extra_body=claude)
+    assert [(b.type, getattr(b, "text", None)) for b in r.content] == [
+        (b.type, getattr(b, "text", None)) for b in default.content
+    ]
+    assert [b.type for b in r.content] == ["thinking", "text"]
+    with running(create_app(pair, model_name="tiny", default_max_tokens=4)) as base:
+        body = {"model": "tiny", "max_tokens": 4, "messages": tt.HI, **claude}
+        r = httpx.post(base + "/v1/messages", json=body)  # a model that never thinks
+        assert r.status_code == 200 and r.json()["content"][0]["type"] == "text", r.text
+        enabled = {**body, "thinking": {"type": "enabled", "budget_tokens": 9}}
+        assert httpx.post(base + "/v1/messages", json=enabled).status_code == 400
+
+
 @pytest.mark.parametrize(
     "extra,needle",
     [
@@ -201,6 +224,11 @@ def test_stop_reasons(client):
             "output_config.format.schema",
         ),
         ({"output_config": {"effort": "huge"}}, "output_config.effort"),
+        ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}, "context_"),
+        (  # Anthropic's words, on which Claude Code moves the text into a user turn
+            {"messages": [*tt.HI, {"role": "system", "content": "x"}]},
+            'Unexpected role "system"',
+        ),
         ({"stop_sequences": "x"}, "stop_sequences"),
         ({"messages": []}, "at least one message"),
         ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages[0].name"),

@@ -38,7 +38,7 @@ _HARMLESS = (
 _NEUTRAL = {  # field -> allowed value test: others would change the output and are refused
     "mcp_servers": lambda v: v in (None, []),
     "container": lambda v: v is None,
-    "context_management": lambda v: v is None,
+    "context_management": lambda v: v is None or _clears_thinking_only(v),
 }
 _EFFORTS = ("low", "medium", "high", "xhigh", "max")
 # tool field -> values that change nothing here: how a call's input streams (this server sends
@@ -71,7 +71,7 @@ def parse_messages(body: dict) -> GenRequest:
         chat["tools"] = _tools(tools)
     _tool_choice(body.get("tool_choice"), chat)
     budget = _thinking(body.get("thinking"), chat)
-    _output_config(body.get("output_config"), chat, origin)
+    _output_config(body.get("output_config"), chat)
     if chat["messages"] and chat["messages"][-1]["role"] == "assistant":
         _prefill(chat, len(body["messages"]) - 1)
     try:
@@ -107,6 +107,12 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
             raise invalid(where, "each message must be an object", "invalid_type")
         check_object(m, where, ("role", "content"))
         role, content = m.get("role"), m.get("content")
+        if role == "system":  # Anthropic's words: Claude Code then moves it into a user turn
+            raise invalid(
+                f"{where}.role",
+                'messages: Unexpected role "system". The Messages API accepts a top-level '
+                '`system` parameter, not "system" as an input message role.',
+            )
         if role not in ("user", "assistant") or not isinstance(role, str):
             raise invalid(f"{where}.role", f"role must be user or assistant; got {brief(role)}")
         if isinstance(content, str):
@@ -265,6 +271,15 @@ def _prefill(chat: dict, last: int) -> None:
     chat["continue_final_message"] = True
 
 
+def _clears_thinking_only(value) -> bool:
+    """context_management that only clears past thinking (Claude Code's): the template renders
+    past thinking by its own rule (Qwen's keeps the current turn's), and nothing else changes."""
+    edits = value.get("edits") if isinstance(value, dict) and len(value) == 1 else None
+    return isinstance(edits, list) and all(
+        isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking_") for e in edits
+    )
+
+
 def _thinking(thinking, chat: dict) -> int | None:
     """enabled / adaptive / disabled: the template's thinking switch; returns the budget (the
     most tokens the thinking section may hold: engine/budget.py), None: none."""
@@ -296,12 +311,17 @@ def _thinking(thinking, chat: dict) -> int | None:
         raise invalid(
             "thinking.budget_tokens", f"budget_tokens must be an int >= 1; got {brief(budget)}"
         )
-    chat["chat_template_kwargs"] = {"enable_thinking": kind != "disabled"}
+    # adaptive: the model decides, here its template's default (one that never thinks answers)
+    chat["chat_template_kwargs"] = (
+        {} if kind == "adaptive" else {"enable_thinking": kind == "enabled"}
+    )
     return budget
 
 
-def _output_config(config, chat: dict, origin: dict[str, str]) -> None:
-    """`format` (a JSON schema) as the chat response_format; `effort` switches thinking on."""
+def _output_config(config, chat: dict) -> None:
+    """`format` (a JSON schema) as the chat response_format. `effort` is checked: as in
+    Anthropic's API it turns no thinking on (`thinking` does), and the answer's length it
+    scales there has no knob here."""
     if config is None:
         return
     check_object(config, "output_config", ("format", "effort"))
@@ -321,9 +341,6 @@ def _output_config(config, chat: dict, origin: dict[str, str]) -> None:
             raise invalid(
                 "output_config.effort", f"output_config.effort must be one of {', '.join(_EFFORTS)}"
             )
-        if "chat_template_kwargs" not in chat:
-            chat["chat_template_kwargs"] = {"enable_thinking": True}
-            origin["#thinking"] = "output_config.effort"
 
 
 _RENAMES = (
@@ -348,6 +365,6 @@ def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
         if origin.get(key + "#kind") == "tool_result":
             rest = rest.replace(".tool_call_id", ".tool_use_id", 1)
         param = origin.get(key, "messages") + rest
-    if param == "chat_template_kwargs.enable_thinking":  # set by `thinking` or by the effort
-        param = origin.get("#thinking", "thinking.type")
+    if param == "chat_template_kwargs.enable_thinking":  # set by `thinking`
+        param = "thinking.type"
     return renamed(err, param, _RENAMES)
