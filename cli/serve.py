@@ -75,8 +75,8 @@ def serve(
         None,
         "--max-tokens",
         min=1,
-        help="max_tokens of requests that give none (default: what the context leaves, "
-        "as OpenAI's API; agents such as Codex send none).",
+        help="max_tokens of requests that give none (default, as OpenAI's API: what the "
+        "context leaves on chat and responses, 16 on completions).",
     ),
     max_queue: int = typer.Option(
         8,
