@@ -145,6 +145,15 @@ def test_reasoning_items_sent_back_are_the_next_turns_reasoning_content(client):
         parse_responses({"input": [*tt.HI, foreign, *items[1:]]})
     assert err.value.param == "input[1].encrypted_content"
     assert respond(client, tt.HI).output[0].encrypted_content is None  # only when included
+    # a client that keeps only the summary (the Vercel AI SDK) sends back the same thinking
+    summed = respond(client, tt.HI, reasoning={"summary": "auto"}).output[0]
+    summary_only = {"type": "reasoning", "id": summed.id, "summary": summed.model_dump()["summary"]}
+    again = parse_responses({"input": [*tt.HI, summary_only, *items[1:]]})
+    assert again.messages[1]["reasoning_content"] == thought
+    bad = {**summary_only, "summary": [{"type": "x"}]}
+    with pytest.raises(APIError) as err:
+        parse_responses({"input": [*tt.HI, bad, *items[1:]]})
+    assert err.value.param == "input[1].summary"
 
 
 def test_tool_round_trip_with_output_items_sent_back(client):

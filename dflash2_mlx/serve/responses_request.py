@@ -231,7 +231,8 @@ def _message(where: str, item: dict) -> dict:
 
 def _thought(where: str, item: dict) -> str:
     """A reasoning item's thinking: its reasoning_text parts, else its encrypted_content (this
-    server's, responses_output.seal); its summary is for display, as OpenAI's are."""
+    server's, responses_output.seal), else its summary_text parts (this server's summary is
+    the thinking whole; clients such as the Vercel AI SDK keep only the summary)."""
     content = item.get("content") or []
     if not isinstance(content, list):
         raise invalid(f"{where}.content", f"{where}.content must be a list", "invalid_type")
@@ -247,7 +248,9 @@ def _thought(where: str, item: dict) -> str:
             raise invalid(f"{where}.content[{j}].text", "text must be a string", "invalid_type")
         texts.append(part["text"])
     sealed = item.get("encrypted_content")
-    if texts or sealed is None:
+    if not texts and sealed is None:
+        return _summary(where, item.get("summary"))
+    if texts:
         return "".join(texts)
     text = unseal(sealed)
     if text is None:
@@ -256,6 +259,22 @@ def _thought(where: str, item: dict) -> str:
             f"{where}.encrypted_content was not made by this server, so it cannot be read",
         )
     return text
+
+
+def _summary(where: str, summary) -> str:
+    if summary is None:
+        return ""
+    ok = isinstance(summary, list) and all(
+        isinstance(p, dict) and p.get("type") == "summary_text" and isinstance(p.get("text"), str)
+        for p in summary
+    )
+    if not ok:
+        raise invalid(
+            f"{where}.summary",
+            f"{where}.summary must be a list of summary_text parts",
+            "invalid_type",
+        )
+    return "\n\n".join(p["text"] for p in summary)
 
 
 def _parts(where: str, content):
