@@ -601,7 +601,6 @@ def test_bad_input_is_a_clean_4xx(url, endpoint, body, status, param):
 @pytest.mark.parametrize(
     "path,extra,field",
     [
-        ("/v1/messages", {"output_config": {"effort": "high"}}, "output_config.effort"),
         ("/v1/messages", {"thinking": {"type": "enabled"}}, "thinking.type"),
         ("/v1/responses", {"reasoning": {"effort": "high"}}, "reasoning.effort"),
     ],
