@@ -89,8 +89,9 @@ async def _queue(handler, req: GenRequest) -> tuple[list[Job], object, list[int]
             lengths += [n_prompt] * req.n
             for i in range(1, req.n):
                 extra -= 1  # submit takes the place, or gives it back when shutting down
-                jobs.append(_choice(job, i))
-                worker.submit(jobs[-1])
+                choice = _choice(job, i)
+                worker.submit(choice)
+                jobs.append(choice)  # submitted: cancelled below if a later one fails
     except BaseException as e:
         worker.unreserve(extra)
         for j in jobs:
