@@ -491,13 +491,26 @@ def test_reply_split_does_not_depend_on_round_boundaries(tool_tokenizer):
         )
     assert results == {
         (
-            f"\n{tt.THOUGHT}\n",
-            f"\n\nok  then {broken} {listed} end",  # the "\n" between the two calls is dropped
+            tt.THOUGHT,  # the template's newlines around the thinking belong to neither part
+            f"ok  then {broken} {listed} end",  # the "\n" between the two calls is dropped
             "tool_calls",
             2,
             (("get_weather", '{"city": "paris"}'), ("get_weather", '{"city": "rome"}')),
         )
     }
+
+
+def test_newlines_around_the_thinking_belong_to_neither_part(tool_tokenizer):
+    """As Qwen's template strips them from history: the thinking's leading and trailing
+    newlines and the answer's leading ones go; newlines inside either part stay."""
+    text = "<think>\n\na\n\nb\n</think>\n\nanswer\n\nmore\n"
+    for step in range(1, 8):
+        reply = ChatReply(tool_tokenizer, ChatPrompt([1]))
+        for i in range(0, len(text), step):
+            reply.feed(text[i : i + step], RoundEvent(tokens=[5]))
+        reply.finish("stop")
+        assert "".join(reply.reasoning) == "a\n\nb", step
+        assert "".join(reply.content) == "answer\n\nmore\n", step
 
 
 def test_a_call_cut_inside_its_end_marker_is_still_a_call(tool_tokenizer):
@@ -551,12 +564,7 @@ def test_a_call_inside_the_thinking_goes_back_to_it(tool_tokenizer):
         calls = tuple((c["function"]["name"], c["function"]["arguments"]) for c in reply.calls)
         results.add(("".join(reply.reasoning), "".join(reply.content), finish, calls))
     assert results == {
-        (
-            f"\nso  then {broken} ok\n",
-            f"\n\n{tt.FINAL}",
-            "tool_calls",
-            (("get_weather", '{"city": "paris"}'),),
-        )
+        (f"so  then {broken} ok", tt.FINAL, "tool_calls", (("get_weather", '{"city": "paris"}'),))
     }
 
 

@@ -84,6 +84,12 @@ class ChatReply:
         # (between or around calls it is no answer: Qwen-style templates put "\n" there).
         self.held, self.call_lead, self.after_call = "", "", False
         self.call_from = "normal"  # the section the open call began in
+        # The newlines a template puts around a thinking section belong to neither part
+        # (Qwen's own template strips them from history): dropped at its start and end, and
+        # at the start of the answer after it.
+        self.thought_started = False  # text of this thinking section sent
+        self.thought_tail = ""  # its trailing newlines, held until more thinking follows
+        self.after_thinking = False  # no answer text yet since a thinking section closed
 
     def feed(self, text: str, event) -> list[Delta]:
         self.thinking.add(event)
@@ -110,6 +116,8 @@ class ChatReply:
         out: list[Delta] = []
         for state, text in segments:
             state = "tool" if state == THINKING_CALL else state  # a call, wherever it opened
+            if self.current == "reasoning" and state != "reasoning":
+                out += self._leave_thinking(state)
             if self.current == "tool" and state != "tool":
                 out += self._close_call(complete=True)
             if state == "tool" and self.current != "tool":
@@ -120,8 +128,7 @@ class ChatReply:
             if state == "tool":
                 self.call_text += text
             elif state == "reasoning":
-                self.reasoning.append(text)
-                out.append(Delta("reasoning", text))
+                out += self._thought(text)
             else:
                 out += self._content(text)
         return out
@@ -145,7 +152,36 @@ class ChatReply:
             return given
         return self._new_id()
 
+    def _thought(self, text: str) -> list[Delta]:
+        if not self.thought_started:
+            text = text.lstrip("\n")
+            self.thought_started = bool(text)
+        text = self.thought_tail + text
+        body = text.rstrip("\n")
+        self.thought_tail = text[len(body) :]
+        if not body:
+            return []
+        self.reasoning.append(body)
+        return [Delta("reasoning", body)]
+
+    def _leave_thinking(self, state: str) -> list[Delta]:
+        """The section ends (its trailing newlines dropped) or a call opens inside it (they
+        stay: the thinking goes on after the call)."""
+        tail, self.thought_tail = self.thought_tail, ""
+        if state != "tool":
+            self.thought_started, self.after_thinking = False, True
+            return []
+        if not tail:
+            return []
+        self.reasoning.append(tail)
+        return [Delta("reasoning", tail)]
+
     def _content(self, text: str, hold: bool = True) -> list[Delta]:
+        if self.after_thinking and text:
+            text = text.lstrip("\n")
+            self.after_thinking = not text
+            if not text:
+                return []
         held = self.tools is not None and (not self.content or self.after_call)
         if hold and held and not (self.held + text).strip():
             self.held += text
