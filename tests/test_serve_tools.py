@@ -511,6 +511,11 @@ def test_newlines_around_the_thinking_belong_to_neither_part(tool_tokenizer):
         reply.finish("stop")
         assert "".join(reply.reasoning) == "a\n\nb", step
         assert "".join(reply.content) == "answer\n\nmore\n", step
+    # a second section and the answer's later parts keep theirs
+    reply = ChatReply(tool_tokenizer, ChatPrompt([1]))
+    reply.feed("<think>a\n</think>\n\nmid<think>\nb</think>\n\nc", RoundEvent(tokens=[5]))
+    reply.finish("stop")
+    assert ("".join(reply.reasoning), "".join(reply.content)) == ("a\nb", "mid\n\nc")
 
 
 def test_a_call_cut_inside_its_end_marker_is_still_a_call(tool_tokenizer):

@@ -26,7 +26,6 @@ from .logprobs import Logprobs
 from .queue import Job, ShuttingDown
 from .reasoning import ThinkingStats
 from .reply import ChatReply
-from .api_error import renamed
 from .schemas import APIError, GenRequest, invalid
 from .stream import UNREAD, Reader, SSEResponse
 
@@ -83,8 +82,9 @@ async def _queue(handler, req: GenRequest) -> tuple[list[Job], object, list[int]
             try:
                 job, prompt, n_prompt = await handler.queue_job(sub)
             except APIError as err:  # a batch's prompt is named by its index
-                rules = ((r"^prompt\b", f"prompt[{k}]"),) if req.prompts else ()
-                raise renamed(err, err.param or "", rules) from None
+                if req.prompts and err.param == "prompt":
+                    err.param = f"prompt[{k}]"
+                raise
             jobs.append(job)
             lengths += [n_prompt] * req.n
             for i in range(1, req.n):

@@ -122,6 +122,7 @@ class ChatReply:
                 out += self._close_call(complete=True)
             if state == "tool" and self.current != "tool":
                 self.call_lead, self.held, self.call_from = self.held, "", self.current
+                self.after_thinking = False  # what follows a call is held as usual
             self.current = state
             if not text:
                 continue
@@ -153,7 +154,7 @@ class ChatReply:
         return self._new_id()
 
     def _thought(self, text: str) -> list[Delta]:
-        if not self.thought_started:
+        if not self.thought_started and not self.reasoning:  # a later section keeps them
             text = text.lstrip("\n")
             self.thought_started = bool(text)
         text = self.thought_tail + text
@@ -177,7 +178,7 @@ class ChatReply:
         return [Delta("reasoning", tail)]
 
     def _content(self, text: str, hold: bool = True) -> list[Delta]:
-        if self.after_thinking and text:
+        if self.after_thinking and text and not self.content:
             text = text.lstrip("\n")
             self.after_thinking = not text
             if not text:
