@@ -107,14 +107,7 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
             raise invalid(where, "each message must be an object", "invalid_type")
         check_object(m, where, ("role", "content"))
         role, content = m.get("role"), m.get("content")
-        if role == "system":  # Anthropic's words: Claude Code then moves it into a user turn
-            raise invalid(
-                f"{where}.role",
-                'messages: Unexpected role "system". The Messages API accepts a top-level '
-                '`system` parameter, not "system" as an input message role.',
-            )
-        if role not in ("user", "assistant") or not isinstance(role, str):
-            raise invalid(f"{where}.role", f"role must be user or assistant; got {brief(role)}")
+        _check_role(f"{where}.role", role)
         if isinstance(content, str):
             add({"role": role, "content": content}, where)
             continue
@@ -255,6 +248,17 @@ def _tool_choice(choice, chat: dict) -> None:
         )
     if choice.get("disable_parallel_tool_use"):
         chat["parallel_tool_calls"] = False
+
+
+def _check_role(where: str, role) -> None:
+    if role == "system":  # Anthropic's words: Claude Code then moves it into a user turn
+        raise invalid(
+            where,
+            'messages: Unexpected role "system". The Messages API accepts a top-level '
+            '`system` parameter, not "system" as an input message role.',
+        )
+    if role not in ("user", "assistant") or not isinstance(role, str):
+        raise invalid(where, f"role must be user or assistant; got {brief(role)}")
 
 
 def _prefill(chat: dict, last: int) -> None:
