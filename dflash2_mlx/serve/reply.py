@@ -87,7 +87,6 @@ class ChatReply:
         # The newlines a template puts around a thinking section belong to neither part
         # (Qwen's own template strips them from history): dropped at its start and end, and
         # at the start of the answer after it.
-        self.thought_started = False  # text of this thinking section sent
         self.thought_tail = ""  # its trailing newlines, held until more thinking follows
         self.after_thinking = False  # no answer text yet since a thinking section closed
 
@@ -154,9 +153,8 @@ class ChatReply:
         return self._new_id()
 
     def _thought(self, text: str) -> list[Delta]:
-        if not self.thought_started and not self.reasoning:  # a later section keeps them
+        if not self.reasoning:  # only the first section's: a later one keeps them
             text = text.lstrip("\n")
-            self.thought_started = bool(text)
         text = self.thought_tail + text
         body = text.rstrip("\n")
         self.thought_tail = text[len(body) :]
@@ -170,7 +168,7 @@ class ChatReply:
         stay: the thinking goes on after the call)."""
         tail, self.thought_tail = self.thought_tail, ""
         if state != "tool":
-            self.thought_started, self.after_thinking = False, True
+            self.after_thinking = True
             return []
         if not tail:
             return []
