@@ -26,7 +26,7 @@ _EXPORTS = {  # public name -> the module that defines it
     "GenerationStats": "engine.events",
     "RoundEvent": "engine.events",
     "GenerationParams": "engine.generation",
-    "Session": "engine.loop",
+    "Session": "engine.session",
     "SpeculativeDecoder": "engine.loop",
     "PromptCache": "engine.prompt_cache",
     "penalties": "engine.processors",

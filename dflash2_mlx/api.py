@@ -19,7 +19,8 @@ from .engine.batch import DEFAULT_MAX_BATCH, BatchDecoder
 from .engine.events import GenerationStats, RoundEvent
 from .engine.lookup import DEFAULT_LOOKUP
 from .engine.generation import GenerationParams
-from .engine.loop import Session, SpeculativeDecoder, check_lookup
+from .engine.loop import SpeculativeDecoder, check_lookup
+from .engine.session import Session
 from .engine.width import WidthRule
 from .errors import CompatibilityError, ConfigError, ParameterError
 from .grammar import Grammar, Grammars, Thinking

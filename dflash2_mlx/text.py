@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 from .chat_template import mark_special_text, special_strings
 from .engine.events import GenerationStats, RoundEvent
 from .engine.generation import GenerationParams
-from .engine.loop import Session
+from .engine.session import Session
 from .errors import ParameterError
 
 

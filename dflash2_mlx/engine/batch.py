@@ -38,7 +38,8 @@ from .events import RoundEvent
 from .batch_accept import accept_rows
 from .batch_propose import propose_rows
 from .generation import GenerationParams, _Run
-from .loop import Session, SpeculativeDecoder
+from .loop import SpeculativeDecoder
+from .session import Session
 from .prefill import Prefill, _Cancelled
 from .width import WidthRule
 

@@ -11,7 +11,7 @@ from typing import Sequence
 import mlx.core as mx
 
 from .generation import _Run, cut, shape_logits
-from .loop import Session, record
+from .session import Session, record
 from .proposal import Proposal
 from .sampling import accept
 from .width import WidthRule

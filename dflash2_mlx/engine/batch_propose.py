@@ -10,7 +10,8 @@ import mlx.core as mx
 
 from ..drafter.batch import DraftRequest, draft_rows
 from .generation import _Run
-from .loop import Session, SpeculativeDecoder
+from .loop import SpeculativeDecoder
+from .session import Session
 from .proposal import NOTHING, Proposal
 
 

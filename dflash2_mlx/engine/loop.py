@@ -1,18 +1,13 @@
 """The speculative loop: prefill, draft, verify, accept, commit, roll back, stop.
 
-State lives in a `Session` (caches, committed tokens, context features not yet given to the
-drafter), so a chat can continue a conversation without re-prefilling its history.
-Invariants between rounds: the target cache holds tokens[:-1] (the last committed token, the
-anchor, is not yet fed); the drafter cache holds positions < drafter offset, and `pending`
-holds the target features of the positions from there up to the anchor.
+State lives in a `Session` (engine/session.py), so a chat can continue a conversation without
+re-prefilling its history.
 """
 
 from __future__ import annotations
 
 import os
 import time
-import weakref
-from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import mlx.core as mx
@@ -24,61 +19,10 @@ from .datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from .events import RoundEvent
 from .generation import GenerationParams, _Run, cut, shape_logits, token_ids
 from .lookup import DEFAULT_LOOKUP_BLOCK, ContextLookup, PredictionLookup
-from .prefill import Prefill, _Cancelled, drafter_offset
+from .prefill import Prefill, _Cancelled
 from .proposal import NOTHING, Proposal
 from .sampling import SamplingParams, accept
-
-
-@dataclass
-class Session:
-    """Conversation state reusable across generations with the same engine."""
-
-    target_cache: list
-    drafter_cache: list
-    tokens: list[int] = field(default_factory=list)  # committed ids, prompt included
-    pending: mx.array | None = None  # features for positions drafter_offset .. len(tokens)-2
-    in_round: bool = False  # a round was interrupted midway: the caches are not consistent
-    lookup: ContextLookup | None = None  # n-gram index of `tokens` (context lookup drafts)
-    prediction: PredictionLookup | None = None  # the current generation's predicted answer
-    owner: object = field(default=None, repr=False, compare=False)  # the decoder that made it
-    # the generation using it (a weak reference: a dropped batch or stream frees it)
-    holder: weakref.ref | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def busy(self) -> bool:
-        """A generation is using it: a second one would rewind its caches under the first."""
-        return self.holder is not None and self.holder() is not None
-
-    def hold(self, user: object) -> None:
-        self.holder = weakref.ref(user)
-
-    def release(self) -> None:
-        self.holder = None
-
-    def lend_target_cache(self) -> None:
-        """Its target rows move into a batch cache (engine/batch.py): until they come back its
-        own caches are not consistent (a batch dropped midway leaves it to clear on next use)."""
-        self.target_cache, self.in_round = [], True
-
-    def return_target_cache(self, target_cache: list) -> None:
-        self.target_cache, self.in_round = target_cache, False
-
-    @property
-    def fed(self) -> int:
-        """Tokens held by the target cache."""
-        return max(len(self.tokens) - 1, 0)
-
-
-def record(session: Session, commit: list[int], features: mx.array) -> None:
-    """Append committed tokens to the session; queue their rows' features [1, n, F] (the
-    anchor's and all but the last committed) for the drafter."""
-    session.pending = (
-        features if session.pending is None else mx.concatenate([session.pending, features], axis=1)
-    )
-    session.tokens.extend(commit)
-    for index in (session.lookup, session.prediction):
-        if index is not None:
-            index.extend(commit)
+from .session import Session, drafter_offset, record
 
 
 def _ms(t0: float) -> float:

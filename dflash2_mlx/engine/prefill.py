@@ -18,6 +18,7 @@ from mlx_lm.models.cache import ArraysCache
 from ..target.adapter import ChunkedPrefill, TargetAdapter
 from ..target.capture import snapshot_state
 from .sampling import SamplingParams, pick
+from .session import drafter_offset
 
 
 class _Cancelled(Exception):
@@ -30,13 +31,8 @@ def _restorable(cache) -> bool:
     return not cache.is_trimmable() and isinstance(cache, ArraysCache)
 
 
-def drafter_offset(session) -> int:
-    """Positions the session's drafter cache holds."""
-    return session.drafter_cache[0].offset if session.drafter_cache else 0
-
-
 class Prefill:
-    """The prefill of `prompt` into `session` (an engine/loop.py Session whose first `reused`
+    """The prefill of `prompt` into `session` (an engine/session.py Session whose first `reused`
     prompt tokens are already cached): `advance` feeds the next chunk; once `done`, `finish`
     picks the first token. Before every chunk but the first `cancel()` is polled: True raises
     _Cancelled, the session rolled back to the prefix it reused (`roll_back`)."""

@@ -35,7 +35,8 @@ import mlx.core as mx
 from ..errors import ParameterError
 from .events import RoundEvent
 from .generation import token_ids
-from .loop import Session, SpeculativeDecoder
+from .loop import SpeculativeDecoder
+from .session import Session
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
