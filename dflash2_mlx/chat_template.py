@@ -93,6 +93,25 @@ class TemplateInfo:
 _CALL_ID_LENGTH = re.compile(r"(?:tool_call\.id|tool_call_id)\s*\|\s*length\s*!=\s*(\d+)")
 
 
+def turn_marks(tokenizer) -> set[int]:
+    """Token ids that only a template writes between turns: the special tokens and EOS ids
+    (a message's text cannot spell them: the server keeps their text as text)."""
+    marks = set(getattr(tokenizer, "all_special_ids", None) or ())
+    return marks | set(getattr(tokenizer, "eos_token_ids", None) or ())  # a turn's end, at least
+
+
+def thinking_left_open(tokenizer, ids: list[int]) -> bool:
+    """The prompt leaves a thinking section open for the reply: its last think start comes
+    after its last think end, in the reply's own turn (no turn mark after it). A `<think>`
+    that a user's message or a tool result quotes is followed by its turn's end: text."""
+    if not getattr(tokenizer, "has_thinking", False):
+        return False
+    start = tokenizer.rfind_think_start(ids)
+    if start < 0 or start < tokenizer.rfind_think_end(ids):
+        return False
+    return not turn_marks(tokenizer).intersection(ids[start:])
+
+
 def render_text(
     tokenizer, messages: list[dict], *, tools=None, add_generation_prompt=True, **kwargs
 ) -> str:

@@ -760,3 +760,48 @@ def test_tools_and_reasoning_in_one_batch(client):
             break
     else:
         pytest.fail("the requests never ran in one batch")
+
+
+def test_a_think_marker_a_message_quotes_is_text(tool_tokenizer):
+    """A `<think>` in a user's message or a tool result is text there: the prompt leaves no
+    section open (the reply starts in the answer, a forced tool_choice can open its call);
+    one the reply's own turn opens (a final assistant message to continue) is open."""
+    quoted = [
+        {"role": "user", "content": "what is <think> for?"},
+        {"role": "assistant", "content": "a tag."},
+        {"role": "user", "content": "weather in paris?"},
+    ]
+    template = ChatTemplate(tool_tokenizer)
+    p = template.prompt(quoted, None, {})
+    assert "<think>" in tool_tokenizer.decode(p.ids) and p.state == "normal"
+    assert template.prompt(quoted, parse_tools_body(tool_choice="required"), {}).state == "tool"
+    assert template.prompt(quoted, None, {}, prefill="<think>\n").state == "reasoning"
+
+
+def test_a_value_keeps_a_marker_as_its_text(tool_tokenizer):
+    """A response_format reply is its value after at most one thinking section: a think
+    marker written inside the value is the value's text, at every round boundary (the usage
+    counts only the first section's tokens as thinking)."""
+    tok = tool_tokenizer
+    cases = [
+        ('{"a": "x<think>y</think>z"}', "", '{"a": "x<think>y</think>z"}'),
+        ('<think>\nhm\n</think>\n\n{"a": "<think>"}', "hm", '{"a": "<think>"}'),
+        (' \n{"a": "</think><think>"}', "", ' \n{"a": "</think><think>"}'),
+    ]
+    for text, reasoning, content in cases:
+        ids = tok.encode(text, add_special_tokens=False)
+        for step in (1, 2, 3, 5, len(text)):
+            reply = ChatReply(tok, ChatPrompt([1]), value=True)
+            for i in range(0, len(text), step):
+                reply.feed(text[i : i + step], RoundEvent(tokens=[5]))
+            reply.finish("stop")
+            got = ("".join(reply.reasoning), "".join(reply.content))
+            assert got == (reasoning, content), (text, step)
+        reply = ChatReply(tok, ChatPrompt([1]), value=True)
+        reply.feed(text, RoundEvent(tokens=ids))
+        section = tok.encode(text[: text.index("</think>") + 8], add_special_tokens=False)
+        assert reply.thinking.stats.tokens == (len(section) if reasoning else 0), text
+    # without a value (free text) a later section is still a section
+    reply = ChatReply(tok, ChatPrompt([1]))
+    reply.feed('{"a": "x<think>y</think>z"}', RoundEvent(tokens=[5]))
+    assert "".join(reply.reasoning) == "y"

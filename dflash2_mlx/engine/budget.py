@@ -14,6 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..chat_template import thinking_left_open
 from ..errors import ParameterError
 
 
@@ -53,8 +54,7 @@ class ThinkingBudget:
         end = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
         if not start or not end:
             raise ParameterError("this model has no thinking section to budget")
-        ids = list(prompt_ids)
-        opened = tokenizer.rfind_think_start(ids) > tokenizer.rfind_think_end(ids)
+        opened = thinking_left_open(tokenizer, list(prompt_ids))
         return cls.factory(start, end, budget, vocab, opened)
 
     def _next(self, s: _State, token: int) -> _State:

@@ -244,7 +244,10 @@ class Handler:
             reply = None
             if prompt is not None:  # Anthropic's tool_use ids read "toolu_..."
                 reply = ChatReply(
-                    self.pair.tokenizer, prompt, "toolu_" if req.anthropic else "call_"
+                    self.pair.tokenizer,
+                    prompt,
+                    "toolu_" if req.anthropic else "call_",
+                    value=req.response_schema is not None,
                 )
             lp = None
             if req.logprobs is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..chat_template import THINKING_KWARG
+from ..chat_template import THINKING_KWARG, thinking_left_open, turn_marks
 from ..engine.events import RoundEvent
 from ..engine.events import tau as tau_of
 from .api_error import brief, invalid, renamed
@@ -119,17 +119,20 @@ class ThinkingStats:
 
 
 class ThinkingTracker:
-    """Follows the think markers through the generated tokens, round by round."""
+    """Follows the think markers through the generated tokens, round by round. `once`: only
+    a section the reply opens with (a response_format value's markers are its text)."""
 
-    def __init__(self, tokenizer, inside: bool):
+    def __init__(self, tokenizer, inside: bool, once: bool = False):
         self.start = tuple(getattr(tokenizer, "think_start_tokens", None) or ())
         self.end = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
         self.inside = inside and bool(self.end)
         self.tail: list[int] = []
         self.stats = ThinkingStats()
+        self.once, self.done = once, False
+        self.outside = 0  # with `once`: tokens the reply began with outside a section
 
     def add(self, ev: RoundEvent) -> None:
-        if not self.start or not self.end:
+        if not self.start or not self.end or self.done:
             return
         if self.inside and not ev.prefill:
             s = self.stats
@@ -144,17 +147,20 @@ class ThinkingTracker:
             if self.inside:
                 self.stats.tokens += 1
                 if tuple(self.tail[-len(self.end) :]) == self.end:
-                    self.inside = False
+                    self.inside, self.done = False, self.once
             elif tuple(self.tail[-len(self.start) :]) == self.start:
                 self.inside = True
                 self.stats.tokens += len(self.start)
+            elif self.once:  # no start marker where the reply begins: no section
+                self.outside += 1
+                self.done = self.outside >= len(self.start)
+            if self.done:
+                return
 
 
 def opens_thinking(tokenizer, ids: list[int]) -> bool:
     """The prompt leaves a thinking section open (the template starts the reply inside it)."""
-    if not getattr(tokenizer, "has_thinking", False):
-        return False
-    return tokenizer.rfind_think_start(ids) > tokenizer.rfind_think_end(ids)
+    return thinking_left_open(tokenizer, ids)
 
 
 def closes_thinking(tokenizer, ids: list[int]) -> bool:
@@ -165,6 +171,4 @@ def closes_thinking(tokenizer, ids: list[int]) -> bool:
     end = tokenizer.rfind_think_end(ids)
     if end < 0 or tokenizer.rfind_think_start(ids) > end:
         return False
-    marks = set(getattr(tokenizer, "all_special_ids", None) or ())
-    marks |= set(getattr(tokenizer, "eos_token_ids", None) or ())  # a turn's end, at least
-    return not marks.intersection(ids[end + len(tokenizer.think_end_tokens) :])
+    return not turn_marks(tokenizer).intersection(ids[end + len(tokenizer.think_end_tokens) :])

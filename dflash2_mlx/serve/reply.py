@@ -65,9 +65,13 @@ def _machine(tokenizer, tools: bool) -> TextStateMachine | None:
 
 
 class ChatReply:
-    """Feed each round's text and event; get the deltas to send; `finish` at the end."""
+    """Feed each round's text and event; get the deltas to send; `finish` at the end.
+    `value`: the reply is a `response_format` value after at most one thinking section, so
+    once the value begins a marker's text inside it is the value's text."""
 
-    def __init__(self, tokenizer, prompt: ChatPrompt, id_prefix: str = "call_"):
+    def __init__(
+        self, tokenizer, prompt: ChatPrompt, id_prefix: str = "call_", value: bool = False
+    ):
         self.tok, self.tools = tokenizer, prompt.tools
         self.id_length = prompt.call_id_length  # None: API-style ids, `id_prefix` + hex
         self.id_prefix = id_prefix
@@ -75,7 +79,8 @@ class ChatReply:
         self.state = self.machine.make_state(prompt.state) if self.machine else None
         self.current = prompt.state
         self.call_text = prompt.call_prefix
-        self.thinking = ThinkingTracker(tokenizer, prompt.state == "reasoning")
+        self.thinking = ThinkingTracker(tokenizer, prompt.state == "reasoning", once=value)
+        self.value_ahead = value and self.machine is not None  # markers still count
         self.calls: list[dict] = []
         self.unparsed = 0  # call texts the parser refused (kept as text)
         self.content: list[str] = []
@@ -94,8 +99,27 @@ class ChatReply:
         self.thinking.add(event)
         if self.machine is None:
             return self._emit([("normal", text)])
-        self.state, segments = TextStateMachine.split(self.state, text)
-        return self._emit(segments)
+        return self._emit(self._split(text))
+
+    def _split(self, text: str) -> list:
+        """The machine's segments of `text`. Before a value begins, a character at a time:
+        at its first character the markers stop (the rest goes through at once)."""
+        if not self.value_ahead:
+            self.state, segments = TextStateMachine.split(self.state, text)
+            return segments
+        segments = []
+        for i, ch in enumerate(text):
+            self.state, part = TextStateMachine.split(self.state, ch)
+            segments += part
+            if any(state == "normal" and t.strip() for state, t in part):
+                self.value_ahead = False
+                name, buffer = self.state[0], self.state[3]
+                _, root, states, _ = TextStateMachine({name: []}).make_state(name)
+                self.state, part = TextStateMachine.split(
+                    (name, root, states, buffer), text[i + 1 :]
+                )
+                return segments + part
+        return segments
 
     def finish(self, finish_reason: str) -> tuple[list[Delta], str]:
         """The held-back text and an unclosed call; "stop" becomes "tool_calls" after calls."""
