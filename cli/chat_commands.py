@@ -3,7 +3,6 @@ which holds the state they read and change."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 
 from rich.text import Text
@@ -14,6 +13,7 @@ from dflash2_mlx.errors import DFlash2Error, ParameterError
 from dflash2_mlx.settings import BlockChoice, check_block
 
 from .chat_view import HELP, stats_table
+from .terminal import interactive
 
 
 def _template_has_thinking(tokenizer) -> bool:
@@ -61,8 +61,9 @@ class SlashCommands:
         return True
 
     def _say(self, text, style: str = "") -> None:
-        """A command's output: stdout at a terminal, stderr when piped (stdout: answers)."""
-        out = self.console if sys.stdin.isatty() else self.err
+        """A command's output: stdout at a terminal, stderr when either end is not one (stdout
+        then holds the answers alone)."""
+        out = self.console if interactive() else self.err
         out.print(Text(text, style=style) if isinstance(text, str) else text)
 
     def _help(self, name: str, arg: str) -> None:

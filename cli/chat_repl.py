@@ -29,6 +29,7 @@ from .chat_commands import SlashCommands
 from .chat_view import AnswerView, StatusLine, status_text
 from .common import check_thinking_flag, fail, utf8_problem
 from .stop_flag import StopFlag
+from .terminal import interactive, line_editing, read_line
 
 
 @dataclass
@@ -231,16 +232,14 @@ class Chat(SlashCommands):
 
     # ----------------------------------------------------------------- the loop
     def repl(self) -> int:
-        try:
-            import readline  # noqa: F401  (line editing and history for input())
-        except ImportError:  # pragma: no cover
-            pass
-        say, piped = self.console.print, not sys.stdin.isatty()
+        line_editing()
+        piped = not sys.stdin.isatty()
+        say = (self.console if interactive() else self.err).print  # hints: where the user looks
         if hasattr(sys.stdin, "reconfigure"):  # a stray byte is one refused line, not a crash
             sys.stdin.reconfigure(errors="surrogateescape")
         while True:
             try:
-                line = input("" if piped else ">>> ")  # piped: answers alone
+                line = read_line("" if piped else ">>> ")  # piped: answers alone
             except EOFError:
                 if piped:  # stdout holds the answers alone; a script sees its failed lines
                     return 2 if self.failures else 0

@@ -46,10 +46,10 @@ def run_chat(opts: ChatOptions) -> int:
         err.print(chat.status(stats, finish), soft_wrap=True)
         return 130 if finish in ("stopped", "interrupted") else 0
     spec = settings.block.describe() if chat.spec else "speculative off"
+    keys = ", Ctrl-C stops an answer, Ctrl-D exits" if sys.stdin.isatty() else ""
     err.print(
         Text(
-            f"{resolved.name}: {spec}, {settings.sampling.describe()}. /help for "
-            "commands, Ctrl-C stops an answer, Ctrl-D exits.",
+            f"{resolved.name}: {spec}, {settings.sampling.describe()}. /help for commands{keys}.",
             style="dim",
         )
     )

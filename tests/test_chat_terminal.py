@@ -165,3 +165,61 @@ def test_status_line_fits_an_80_column_terminal(tiny_pair):
     finally:
         child.close(force=True)
     assert child.exitstatus == 0, (child.exitstatus, child.signalstatus)
+
+
+def spawn_chat(line: str) -> "pexpect.spawn":
+    env = dict(os.environ, TERM="xterm-256color", COLUMNS="", LINES="")
+    return pexpect.spawn(
+        "bash", ["-c", line], env=env, encoding="utf-8", dimensions=(40, 160), timeout=90
+    )
+
+
+def chat_line(tiny_pair, *extra: str) -> str:
+    exe, *pre = command()
+    target, drafter = tiny_pair
+    args = [exe, *pre, "chat", "--target", str(target), "--drafter", str(drafter), *extra]
+    return " ".join(f"'{a}'" for a in args)
+
+
+def test_a_pasted_text_is_one_message(tiny_pair):
+    """A pasted text of several lines (the terminal's bracketed paste, which the chat turns
+    on) is one message, answered once."""
+    pasted = "hello model\nwhy"
+    expected = answer(*tiny_pair, [{"role": "user", "content": pasted}], 6)
+    child = spawn_chat(chat_line(tiny_pair, "--max-tokens", "6"))
+    try:
+        child.expect_exact(PROMPT)
+        assert "\x1b[?2004h" in child.before  # the terminal is asked for bracketed paste
+        child.send("\x1b[200~" + pasted + "\n\x1b[201~")  # what a terminal sends for a paste
+        child.send("\r")
+        child.expect_exact(PROMPT)
+        assert screen(expected) in screen(child.before)
+        child.sendline("/stats")
+        child.expect_exact(PROMPT)
+        assert "turns 1" in screen(child.before), screen(child.before)
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, (child.exitstatus, child.signalstatus)
+
+
+def test_redirected_answers_stay_clean(tiny_pair, tmp_path):
+    """With stdout redirected at a terminal the prompt, hints and command replies stay on
+    the terminal, and the file holds the answers alone."""
+    expected = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 6)
+    out = tmp_path / "answers.txt"
+    child = spawn_chat(chat_line(tiny_pair, "--max-tokens", "6") + f" > '{out}'")
+    try:
+        child.expect_exact(PROMPT)  # on the terminal, though stdout is a file
+        child.sendline("hello model")
+        child.expect_exact(PROMPT)
+        child.sendline("/temp")
+        child.expect_exact(PROMPT)
+        assert "temperature = 0.0" in screen(child.before)
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, (child.exitstatus, child.signalstatus)
+    assert out.read_text() == expected + "\n"

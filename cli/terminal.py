@@ -1,0 +1,36 @@
+"""The chat's terminal: whether both ends are one, line editing, and reading a line.
+
+Answers go to stdout; the prompt, hints and command replies go wherever the user sees them
+(stderr when stdout is redirected), so `dflash2 chat > answers.txt` keeps a clean file.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def interactive() -> bool:
+    """Both stdin and stdout are the terminal."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def line_editing() -> None:
+    """GNU readline's line editing and history for input(), with bracketed paste: a pasted
+    text of several lines is one message (CPython turns bracketed paste off for its REPL,
+    which runs a paste line by line). libedit (some macOS builds) keeps its defaults."""
+    try:
+        import readline
+    except ImportError:  # pragma: no cover
+        return
+    if "libedit" not in (readline.__doc__ or ""):
+        readline.parse_and_bind("set enable-bracketed-paste on")
+
+
+def read_line(prompt: str) -> str:
+    """A line from stdin, `prompt` shown where the user sees it (stderr when stdout is
+    redirected: input() would write it into the answers); a paste's last newlines dropped."""
+    if sys.stdin.isatty() and not sys.stdout.isatty():
+        sys.stderr.write(prompt)
+        sys.stderr.flush()
+        prompt = ""
+    return input(prompt).rstrip("\r\n")
