@@ -186,6 +186,13 @@ def test_load_pair_names_a_missing_folder_and_a_broken_config(tiny_pair, tmp_pat
     (broken / "tokenizer_config.json").write_text('{"bos_token": ')
     with pytest.raises(CompatibilityError, match=r"broken/tokenizer_config.json: not a readable"):
         d2.load_pair(broken, tiny_pair[1])
+    shutil.copy(tiny_pair[0] / "tokenizer_config.json", broken / "tokenizer_config.json")
+    (broken / "tokenizer.json").unlink()
+    with pytest.raises(CompatibilityError, match=r"broken: no tokenizer files \(tokenizer.json"):
+        d2.load_pair(broken, tiny_pair[1])
+    (broken / "config.json").unlink()
+    with pytest.raises(CompatibilityError, match=r"broken: config.json is missing"):
+        d2.load_pair(broken, tiny_pair[1])
     drafter = tmp_path / "drafter"
     shutil.copytree(tiny_pair[1], drafter)
     (drafter / "config.json").unlink()
