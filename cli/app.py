@@ -81,7 +81,8 @@ def doctor(
         typer.echo(json.dumps(info, indent=2))
         return
     for k, v in info.items():
-        typer.echo(f"{k:>14}: {v}")
+        if v not in ("", None):  # e.g. no BLAS note on this machine
+            typer.echo(f"{k:>14}: {v}")
 
 
 def _kernel_table(report: dict) -> str:

@@ -26,6 +26,7 @@ from .common import (
     TopPOpt,
     engine_flags,
     fail,
+    drafting_flags,
     refuse_idle_drafting,
     sampling_flags,
     utf8_problem,
@@ -88,9 +89,7 @@ def chat(
         refuse_idle_drafting(
             no_spec,
             "a --prompt answer cannot turn speculation on",
-            no_datastore,
-            full_vocab,
-            draft_vocab,
+            drafting_flags(block, lookup, no_datastore, full_vocab, draft_vocab),
         )
         if thinking is False and thinking_budget is not None:
             fail("--thinking-budget has no effect with --no-thinking")

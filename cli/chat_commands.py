@@ -115,8 +115,12 @@ class SlashCommands:
         else:
             size = check_block(self._number(name, arg, int), self.trained, "/block")
             self.block = BlockChoice(size, self.trained, "/block")
-        off = "" if self.spec else " (used when /spec on)"
-        self._say(f"block = {self.block.size}{off}", "dim")
+        now, note = self.block_now(), ""
+        if not self.spec:
+            note = " (used when /spec on)"
+        elif now != self.block.size:  # the profile's block by temperature or context
+            note = f" (block {now} at this temperature and context)"
+        self._say(f"block = {self.block.size}{note}", "dim")
 
     def _set_spec(self, name: str, arg: str) -> None:
         self.spec = _on_off(name, arg)

@@ -46,19 +46,23 @@ def utf8_problem(text: str) -> str | None:
         return f"is not valid UTF-8{byte} at character {e.start}"
 
 
-def refuse_idle_drafting(
-    no_spec: bool, why: str, no_datastore: bool, full_vocab: bool, draft_vocab
-) -> None:
+def refuse_idle_drafting(no_spec: bool, why: str, flags: dict[str, bool]) -> None:
     """With --no-spec and nothing that can turn speculation on (`why`), a drafting flag
-    would be ignored: refused, naming it."""
-    given = {
+    would be ignored: refused, naming it. `flags`: each drafting flag -> whether given."""
+    for flag, was_given in flags.items() if no_spec else ():
+        if was_given:
+            fail(f"{flag} has no effect with --no-spec: {why}")
+
+
+def drafting_flags(block, lookup, no_datastore, full_vocab, draft_vocab) -> dict[str, bool]:
+    """The drafting flags a --no-spec run would not use -> whether each was given."""
+    return {
+        "--block": block is not None,
+        "--lookup": lookup is not None,
         "--no-datastore": no_datastore,
         "--full-vocab": full_vocab,
         "--draft-vocab": draft_vocab is not None,
     }
-    for flag, was_given in given.items() if no_spec else ():
-        if was_given:
-            fail(f"{flag} has no effect with --no-spec: {why}")
 
 
 def check_thinking_flag(tokenizer, thinking: bool | None) -> None:

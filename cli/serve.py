@@ -30,6 +30,7 @@ from .common import (
     engine_flags,
     fail,
     load_resolved,
+    drafting_flags,
     refuse_idle_drafting,
     sampling_flags,
 )
@@ -198,7 +199,9 @@ def serve(
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
     refuse_idle_drafting(
-        no_spec, "no request can turn speculation on", no_datastore, full_vocab, draft_vocab
+        no_spec,
+        "no request can turn speculation on",
+        drafting_flags(block, lookup, no_datastore, full_vocab, draft_vocab),
     )
     flags = engine_flags(
         block=block,

@@ -282,7 +282,8 @@ def resolve_sampling(
 @dataclass(frozen=True)
 class EngineFlags:
     """The engine options as a front end was given them (None / False: not given).
-    Contradictions and bad values are refused here, before any model loads."""
+    Contradictions and bad values are refused here, before any model loads (drafting options
+    beside `speculative` False are the front end's call: chat can turn speculation on)."""
 
     block: int | None = None
     speculative: bool = True
@@ -299,14 +300,6 @@ class EngineFlags:
         if not isinstance(self.sampling, Mapping):
             raise ParameterError(
                 f"sampling must be a mapping of field -> value, got {type(self.sampling).__name__}"
-            )
-        if not self.speculative and self.block is not None:
-            raise ParameterError(
-                "--block has no effect with --no-spec (plain decoding verifies one token a round)"
-            )
-        if not self.speculative and self.lookup is not None:
-            raise ParameterError(
-                "--lookup has no effect with --no-spec (plain decoding drafts nothing)"
             )
         if self.full_vocab and self.draft_vocab is not None:
             raise ParameterError("--draft-vocab and --full-vocab contradict each other")

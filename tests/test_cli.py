@@ -94,8 +94,9 @@ BAD = [
     (["chat", "--repetition-penalty", "inf"], "--repetition-penalty: repetition_penalty: must"),
     (["chat", "--max-tokens", "many"], "--max-tokens"),
     (["chat", "--block", "0"], "block_size must be"),
-    (["chat", "--block", "3", "--no-spec"], "--block has no effect with --no-spec"),
-    (["chat", "--lookup", "2", "--no-spec"], "--lookup has no effect with --no-spec"),
+    (["chat", "-p", "hi", "--block", "3", "--no-spec"], "--block has no effect with --no-spec"),
+    (["chat", "-p", "hi", "--lookup", "2", "--no-spec"], "--lookup has no effect with --no-spec"),
+    (["serve", "--block", "3", "--no-spec"], "--block has no effect with --no-spec"),
     (["serve", "--lookup", "0", "--no-spec"], "--lookup has no effect with --no-spec"),
     (["serve", "--draft-vocab", "100", "--no-spec"], "--draft-vocab has no effect with --no-spec"),
     (["serve", "--no-spec", "--no-datastore"], "--no-datastore has no effect with --no-spec"),
@@ -266,6 +267,29 @@ def test_piped_chat_writes_answers_alone_to_stdout(tiny_pair):
     assert done.stdout == f"{expected}\n{expected}\n{slashed}\n"
     assert "conversation cleared" in done.stderr and "speculative decoding off" in done.stderr
     assert "spec off" in done.stderr.splitlines()[-1] and ">>>" not in done.stdout + done.stderr
+
+
+def test_a_chat_started_plain_keeps_its_drafting_flags_for_spec_on(tiny_pair):
+    """`--no-spec` beside `--block` / `--lookup` in a chat: /spec on drafts with them."""
+    import subprocess
+    import sys
+
+    expected = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 10)
+    args = _chat(tiny_pair, "--max-tokens", "10", "--no-spec", "--block", "3", "--lookup", "2")
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash2_cli", *args],
+        input="hello model\n/clear\n/spec on\n/block\nhello model\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{expected}\n{expected}\n"
+    assert (
+        "block 3 (trained 8)" in done.stderr
+        and "context lookup: after a repeat of the last 2" in done.stderr
+    )
+    assert "block 3 │" in done.stderr.splitlines()[-1]
 
 
 def test_a_piped_line_that_is_not_utf8_or_a_bad_command_is_refused_and_the_chat_goes_on(tiny_pair):

@@ -82,8 +82,6 @@ def test_a_block_above_the_trained_size_or_below_one_is_refused_naming_the_flag(
 @pytest.mark.parametrize(
     "kw, message",
     [
-        (dict(speculative=False, block=4), "--block has no effect with --no-spec"),
-        (dict(speculative=False, lookup=2), "--lookup has no effect with --no-spec"),
         (dict(full_vocab=True, draft_vocab=20), "--draft-vocab and --full-vocab contradict"),
         (dict(block=0), "--block: block_size must be an int >= 1"),
         (dict(lookup=-1), "--lookup must be an int >= 0"),
