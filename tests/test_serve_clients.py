@@ -136,6 +136,9 @@ def test_participant_names_are_written_before_the_text_when_the_template_drops_t
 
     # one token per character: each name adds exactly "name: " (an empty name adds nothing)
     assert prompt_tokens(named) == prompt_tokens(plain + HI) + len("ops: ") + len("bob: ")
+    # a name that repeats its role (AutoGen's) says nothing and is not written
+    roles = [{**plain[0], "name": "system"}, {**plain[1], "name": "User"}, *HI]
+    assert prompt_tokens(roles) == prompt_tokens(plain + HI)
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi", "name": 7}]

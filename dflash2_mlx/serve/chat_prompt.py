@@ -198,7 +198,9 @@ class ChatTemplate:
         it renders, else as "name: " before the message's text. Assistant names are written
         only when the history holds two or more (a multi-agent chat): one name is the model's
         own and, written into its turns, would teach it to open its reply with it. A tool
-        message's name is its function's, which templates render their own way."""
+        message's name is its function's, which templates render their own way. A name that
+        repeats its role (AutoGen's "user" on every user message) says nothing: dropped."""
+        messages = [_unnamed(m) if _names_its_role(m) else m for m in messages]
         named = [m for m in messages if m.get("name") and m["role"] != "tool"]
         roles = {m["role"] for m in named}
         if not roles:
@@ -278,6 +280,11 @@ class ChatTemplate:
         prompt = render_text(self.tok, messages, tools=tools, **kwargs)
         lead = shared[len(prompt) : at] if shared.startswith(prompt) and at >= len(prompt) else ""
         return lead, shared[at:end]
+
+
+def _names_its_role(m: dict) -> bool:
+    name = m.get("name")
+    return m["role"] != "tool" and isinstance(name, str) and name.strip().lower() == m["role"]
 
 
 def _unnamed(m: dict) -> dict:
