@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import signal
 from pathlib import Path
 from typing import Optional
 
@@ -53,8 +54,9 @@ def train(
     out: Path = typer.Option(..., "--out", "-o", help="Drafter folder to write."),
     work: Optional[Path] = typer.Option(
         None,
-        help="Work folder for regenerations, features and "
-        "checkpoints (default: OUT.work). Reruns resume from it.",
+        help="Work folder for regenerations, features (~5.8 KB a token for SmolLM2) and "
+        "checkpoints (default: OUT.work). Reruns resume from it; delete it once the drafter "
+        "is final.",
     ),
     prompts: str = typer.Option(
         "train+train-wide+train-deep+train-extra+train-more",
@@ -62,7 +64,9 @@ def train(
         "with '+' (train, train-wide, train-deep, train-broad: 564, 704, "
         "1,070 and 1,300 hand-written; train-extra, train-more: 843 and 424 "
         "template-built). NAME@0,0.7 gives a set its own "
-        "regeneration temperatures.",
+        "regeneration temperatures. A JSONL line: "
+        '{"id": "q1", "category": "chat", "messages": [{"role": "user", "content": "..."}]} '
+        "(the last message the user's).",
     ),
     heldout: str = typer.Option("heldout", help="Held-out prompts (never trained on)."),
     version: int = typer.Option(2, min=1, max=2, help="2 = DFlash2 (conv + selector), 1 = DFlash."),
@@ -75,7 +79,13 @@ def train(
     steps: int = typer.Option(2000, min=1),
     batch: int = typer.Option(8, min=1),
     anchors: int = typer.Option(32, min=1, help="Anchors (blocks) per sequence and step."),
-    lr: float = typer.Option(6e-4, min=0.0, max=1.0),
+    lr: float = typer.Option(
+        6e-4,
+        min=0.0,
+        max=1.0,
+        help="Peak learning rate (warm-up, then cosine over --steps; a rerun with more "
+        "--steps resumes on the schedule of the new total).",
+    ),
     max_new_tokens: int = typer.Option(256, min=8),
     temperatures: str = typer.Option(
         "0,0.7",
@@ -216,6 +226,8 @@ def train(
             f"--corpus-ratio {corpus_ratio} of --batch {batch} rounds to no corpus sequence "
             "per batch: raise either (or give 0 to only widen the vocabulary)"
         )
+    if lr == 0:
+        fail("--lr 0 would leave the drafter as it starts: give a learning rate > 0")
     if version == 1 and not (conv and selector):
         fail("--no-conv / --no-selector are DFlash2 parts; --version 1 has neither")
     if ablation and not (conv and selector and version == 2):
@@ -228,6 +240,9 @@ def train(
         )
     if not out.name:  # "." or "..": the folder it names
         out = out.resolve()
+    work = work or out.with_name(out.name + ".work")
+    if _inside(work, out):
+        fail(f"--work {work} is inside --out {out}: --out holds the drafter alone; name another")
     if target == "smollm2-135m":
         from dflash2_mlx.embedded import ensure_smollm2
 
@@ -235,7 +250,7 @@ def train(
     pc = PipelineConfig(
         target=target,
         out=out,
-        work=work or out.with_name(out.name + ".work"),
+        work=work,
         prompts=prompts,
         heldout=heldout,
         max_new_tokens=max_new_tokens,
@@ -273,6 +288,21 @@ def train(
     _run_training(pc, tc, ablation=ablation)
 
 
+def _as_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _size(folder: Path) -> str:
+    total = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    return f"{total / 1e9:.1f} GB" if total >= 1e8 else f"{total / 1e6:.0f} MB"
+
+
+def _inside(folder: Path, parent: Path) -> bool:
+    """`folder` is `parent` or below it (as resolved: symlinks, "..")."""
+    folder, parent = folder.resolve(), parent.resolve()
+    return folder == parent or parent in folder.parents
+
+
 def _run_training(pc, tc, *, ablation: bool) -> None:
     """The pipeline (or the ablation) with a progress display; Ctrl-C as an exit (errors
     reach the app's handler: one line on stderr)."""
@@ -286,6 +316,7 @@ def _run_training(pc, tc, *, ablation: bool) -> None:
     def say(text: str) -> None:  # the pipeline's lines are text: a path's [x] is no markup
         console.print(text, markup=False)
 
+    signal.signal(signal.SIGTERM, _as_interrupt)  # `kill`, a job scheduler: saved as Ctrl-C
     try:
         if ablation:
             with progress:
@@ -303,6 +334,13 @@ def _run_training(pc, tc, *, ablation: bool) -> None:
         raise typer.Exit(130)
     if not result.get("unchanged"):
         console.print(escape(f"drafter written to {result['out']}"))
+    console.print(
+        escape(
+            f"try it: dflash2 chat --target {pc.target} --drafter {result['out']}\n"
+            f"{pc.work} ({_size(pc.work)}) holds the regenerations, features and checkpoint a "
+            "rerun resumes from: delete it once this drafter is final"
+        )
+    )
 
 
 def _progress(console, steps: int):

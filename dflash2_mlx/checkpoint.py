@@ -7,6 +7,7 @@ no embedding / LM head; DFlash2 codebooks are raw tensors without a ".weight" su
 from __future__ import annotations
 
 import json
+import os
 import math
 from pathlib import Path
 from typing import Iterable
@@ -17,7 +18,7 @@ from mlx.utils import tree_flatten
 from .config import DrafterConfig
 from .drafter.model import Drafter
 from .drafter.vocab import DRAFT_VOCAB_FILE, read_draft_vocab
-from .errors import CheckpointError, ConfigError, ParameterError
+from .errors import CheckpointError, ConfigError, DFlash2Error, ParameterError
 from .registry import fetch
 
 WEIGHTS_NAME = "model.safetensors"
@@ -212,7 +213,9 @@ def save_drafter(
     dtype: mx.Dtype | None = None,
     extra_files: Iterable[tuple[str, str]] = (),
 ) -> Path:
-    """Write config.json + model.safetensors in the official format."""
+    """Write config.json + model.safetensors in the official format. Each file is written
+    beside its place and renamed over it: a failed write (a full disk) leaves the folder's
+    earlier drafter whole."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     params = dict(tree_flatten(model.parameters()))
@@ -221,8 +224,17 @@ def save_drafter(
         params = {k: v.astype(dtype) for k, v in params.items()}
     cfg = model.config.to_dict()
     cfg["dtype"] = str(next(iter(params.values())).dtype).replace("mlx.core.", "")
-    mx.save_safetensors(str(folder / WEIGHTS_NAME), params, metadata={"format": "mlx"})
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    for name, text in extra_files:
-        (folder / name).write_text(text)
+    texts = [("config.json", json.dumps(cfg, indent=2) + "\n"), *extra_files]
+    staged = {WEIGHTS_NAME: folder / f".{WEIGHTS_NAME}.part.safetensors"}  # mlx adds the suffix
+    staged.update((name, folder / f".{name}.part") for name, _ in texts)
+    try:
+        mx.save_safetensors(str(staged[WEIGHTS_NAME]), params, metadata={"format": "mlx"})
+        for name, text in texts:
+            staged[name].write_text(text)
+    except (OSError, RuntimeError) as e:  # mlx's failed write is a RuntimeError
+        for part in staged.values():
+            part.unlink(missing_ok=True)
+        raise DFlash2Error(f"{folder}: cannot write the drafter there: {e}") from None
+    for name, part in staged.items():
+        os.replace(part, folder / name)
     return folder

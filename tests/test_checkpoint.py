@@ -719,3 +719,25 @@ def test_error_repo_id_with_hub_offline_env(monkeypatch, tmp_path, hang_guard):
 def test_every_error_class_is_a_dflash2_error():
     for cls in (ConfigError, CheckpointError, CompatibilityError):
         assert issubclass(cls, DFlash2Error)
+
+
+def test_a_failed_save_leaves_the_earlier_drafter_whole(v2_folder, tmp_path, monkeypatch):
+    """A write that fails midway (a full disk) is one error naming the folder; the drafter
+    saved there before stays as it was and no partial file is left."""
+    import dflash2_mlx.checkpoint as ck
+    from dflash2_mlx.errors import DFlash2Error
+
+    d = load_drafter(v2_folder[0])
+    out = tmp_path / "out"
+    save_drafter(d, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = ck.mx.save_safetensors
+
+    def full_disk(path, *args, **kw):
+        real(path, *args, **kw)  # a partial file on disk, then the error mlx raises
+        raise RuntimeError("[write] Unable to write 1566909 bytes to file.")
+
+    monkeypatch.setattr(ck.mx, "save_safetensors", full_disk)
+    with pytest.raises(DFlash2Error, match=r"out: cannot write the drafter there: \[write\]"):
+        save_drafter(d, out, extra_files=[("README.md", "card")])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

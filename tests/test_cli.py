@@ -119,6 +119,8 @@ BAD = [
         "--stream-passes: no effect with --corpus-ratio 0",
     ),
     (["train", "x", "-o", "o", "--init-from", "d", "--ablation"], "cannot start an --ablation"),
+    (["train", "x", "-o", "o", "--lr", "0"], "--lr 0 would leave the drafter as it starts"),
+    (["train", "x", "-o", "o", "--work", "o/w"], "is inside --out o: --out holds the drafter"),
     (["train", "x", "-o", "o", "--layer-ids", ""], "--layer-ids takes comma-separated integers"),
     (["serve", "--allowed-hosts", ""], "--allowed-hosts '' names nothing"),
     (["bench", "--plot", "--limit"], "--plot needs a file path, got '--limit'"),

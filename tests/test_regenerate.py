@@ -99,7 +99,7 @@ def _records(path: Path) -> list[dict]:
 
 
 @pytest.mark.real_model
-def test_writes_records_and_resumes(tiny_dir, tiny, tmp_path):
+def test_writes_records_and_resumes(tiny_dir, tiny, tmp_path, monkeypatch):
     out = tmp_path / "regen.jsonl"
     logs: list[str] = []
     st = regenerate(
@@ -144,9 +144,16 @@ def test_writes_records_and_resumes(tiny_dir, tiny, tmp_path):
     recs2 = _records(out)
     assert recs2[:6] == recs and len(recs2) == 10
     assert len({(r["id"], r["temperature"]) for r in recs2}) == 10
-    # Nothing left to do.
+
+    # Nothing left to do: and nothing opened for writing (a read-only --work reruns)
+    def read_only(path, mode="r", *args, **kw):
+        assert not set(mode) & set("wax+"), (path, mode)
+        return open(path, mode, *args, **kw)
+
+    monkeypatch.setattr(regen_module, "open", read_only, raising=False)
     st3 = regenerate(tiny, PROMPTS, out, max_new_tokens=6, temperatures=[0.0, 0.7], log=logs.append)
     assert (st3.written, st3.skipped) == (0, 10)
+    monkeypatch.undo()
 
     # Greedy decoding does not depend on how sequences were batched.
     solo = tmp_path / "solo.jsonl"

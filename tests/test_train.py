@@ -657,8 +657,10 @@ def test_init_from_an_exported_drafter_even_at_another_block_size(target, sequen
         atol=1e-6,
     )
     v1 = _trainer(target, sequences, tmp_path / "c", version=1, steps=1).export(tmp_path / "v1")
-    with pytest.raises(DFlash2Error, match="has no tensor 'layers.0.attention_conv"):
+    with pytest.raises(DFlash2Error, match="is a DFlash drafter; --version 2 trains a DFlash2"):
         _trainer(target, sequences, tmp_path / "d", steps=1, init_from=str(v1))
+    with pytest.raises(DFlash2Error, match="is a DFlash2 drafter; --version 1 trains a DFlash "):
+        _trainer(target, sequences, tmp_path / "f", steps=1, version=1, init_from=str(exported))
 
 
 def test_init_from_a_smaller_drafter_grows_it_by_identity_layers(target, sequences, tmp_path):
@@ -886,9 +888,13 @@ def test_an_init_from_of_another_kind_is_refused_before_regenerating(
     args = [str(target_dir), "--out", str(tmp_path / "o"), "--work", str(work)]
     args += ["--prompts", str(_prompt_file(tmp_path / "p.jsonl", 3, "p"))]
     args += ["--heldout", str(_prompt_file(tmp_path / "h.jsonl", 2, "h"))]
-    args += ["--layer-ids", "0,2", "--block-size", "4", "--init-from", str(v1)]
-    assert "has no tensor 'layers.0.attention_conv" in _refused(args, capsys)
+    args += ["--block-size", "4", "--init-from", str(v1)]
+    assert "give --version 1 to start from it" in _refused(args, capsys)
     assert not list(work.glob("regen_*"))  # nothing was regenerated for a run that cannot start
+    # its target layers (0, 2) are the run's; others given are refused, naming the flag
+    other = _refused([*args, "--version", "1", "--layer-ids", "0,1"], capsys)
+    assert "--layer-ids: the --init-from drafter" in other and "trained with 0,2" in other
+    assert not list(work.glob("regen_*"))
 
 
 def test_prompts_that_all_pass_the_length_limit_are_named_not_a_missing_cache(tmp_path):
@@ -912,3 +918,49 @@ def test_prompts_that_all_pass_the_length_limit_are_named_not_a_missing_cache(tm
     tc = TrainConfig(layers=1, block_size=4, target_layer_ids=(0, 2), steps=1)
     with pytest.raises(DFlash2Error, match=rf"{p}: no train prompt and answer fit in 6 tokens"):
         prepare_data(pc, tc, log=lambda s: None)
+
+
+def test_a_kill_mid_training_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
+    """SIGTERM (`kill`, a job scheduler) stops as Ctrl-C does: the checkpoint is saved at the
+    step reached and the same command resumes there."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tiny_pair import save_target
+
+    target_dir = save_target(tmp_path / "target")
+    args = [sys.executable, "-m", "dflash2_cli", "train", str(target_dir), "--out"]
+    args += [str(tmp_path / "o"), "--work", str(tmp_path / "w")]
+    args += ["--prompts", str(_prompt_file(tmp_path / "p.jsonl", 4, "p"))]
+    args += ["--heldout", str(_prompt_file(tmp_path / "h.jsonl", 2, "h"))]
+    args += ["--batch", "2", "--anchors", "4", "--max-new-tokens", "16", "--layers", "1"]
+    args += ["--temperatures", "0", "--layer-ids", "0,2", "--block-size", "4"]
+    proc = subprocess.Popen(
+        [*args, "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    ckpt = tmp_path / "w" / "run-o" / "checkpoint"
+    deadline = time.monotonic() + 180
+    while not (ckpt / "state.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # training: its first checkpoint (every 100 steps) is written
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "interrupted: checkpoint saved at step" in out and "rerun the same command" in out
+    saved = json.loads((ckpt / "state.json").read_text())
+    assert saved["step"] >= 100 and not ckpt.with_name("checkpoint.tmp").exists()
+    assert f"checkpoint saved at step {saved['step']}" in out
+    again = subprocess.run(
+        [*args, "--steps", str(saved["step"] + 1)], capture_output=True, text=True, timeout=120
+    )
+    assert again.returncode == 0, again.stderr
+    assert f"resumed at step {saved['step']}" in again.stdout + again.stderr
+
+
+def test_the_model_card_verdict_follows_its_numbers():
+    from dflash2_mlx.train.model_card import _verdict
+
+    assert "would not speed decoding up" in _verdict({"proxy_tau": 1.03, "train_tau": 1.0})
+    assert "more data would help" in _verdict({"proxy_tau": 1.7, "train_tau": 2.3})
+    assert _verdict({"proxy_tau": 1.9, "train_tau": 2.0}) == ""  # no gap: nothing to say

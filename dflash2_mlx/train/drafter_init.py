@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from ..checkpoint import load_drafter
+from ..checkpoint import load_drafter, read_config
 from ..config import DrafterConfig, default_target_layer_ids
 from ..drafter.model import Drafter
 from ..errors import DFlash2Error
@@ -70,6 +70,25 @@ def drafter_config_for(
     return DrafterConfig.from_dict(raw, "generated drafter config")
 
 
+def adopt_start(cfg: TrainConfig, folder: Path) -> None:
+    """--init-from: the run reads the target layers and uses the mask token its start drafter
+    was trained with (its fc weighs each layer's features); other ones given are refused."""
+    start = read_config(Path(folder))
+    for flag, field, theirs in (
+        ("--layer-ids", "target_layer_ids", tuple(start.target_layer_ids)),
+        ("--mask-token-id", "mask_token_id", start.mask_token_id),
+    ):
+        given = getattr(cfg, field)
+        if given is None:
+            setattr(cfg, field, theirs)
+        elif (tuple(given) if isinstance(given, (list, tuple)) else given) != theirs:
+            shown = ",".join(map(str, theirs)) if isinstance(theirs, tuple) else theirs
+            raise DFlash2Error(
+                f"{flag}: the --init-from drafter {folder} was trained with {shown}; leave "
+                f"{flag} out to use that (other values would feed it what it never learned)"
+            )
+
+
 def init_drafter(dcfg: DrafterConfig, cfg: TrainConfig) -> Drafter:
     mx.random.seed(cfg.seed)
     d = Drafter(dcfg)
@@ -118,7 +137,15 @@ def init_from_drafter(drafter: Drafter, folder: str | Path, scale: mx.array) -> 
 def start_tensors(drafter: Drafter, folder: str | Path) -> dict[str, mx.array]:
     """`folder`'s tensors (fc with its feature scaling folded in, new layers grown) checked
     against `drafter`'s names and shapes: a DFlash2Error names the first that does not fit."""
-    src = dict(tree_flatten(load_drafter(folder).parameters()))
+    start = load_drafter(folder)
+    if start.config.version != drafter.config.version:
+        kind = {1: "DFlash", 2: "DFlash2"}
+        raise DFlash2Error(
+            f"{folder}: is a {kind[start.config.version]} drafter; --version "
+            f"{drafter.config.version} trains a {kind[drafter.config.version]} one: give "
+            f"--version {start.config.version} to start from it"
+        )
+    src = dict(tree_flatten(start.parameters()))
     ckpt_scale = Path(folder) / "feature_scale.npy"
     if ckpt_scale.exists():
         src["fc.weight"] = src["fc.weight"] * mx.array(np.load(ckpt_scale))[None, :]

@@ -20,7 +20,7 @@ from ..errors import DFlash2Error
 from ..prompts import load_prompts
 from ..registry import fetch
 from ..target.adapter import TargetAdapter
-from .drafter_init import start_tensors
+from .drafter_init import adopt_start, start_tensors
 from .features import build_feature_cache, load_feature_cache, read_regenerations
 from .fixed_text import corpus_sequences
 from .live import live_sequences
@@ -161,6 +161,8 @@ def prepare_data(
     model, tokenizer = load_target(str(target))
     target_cfg = json.loads((target / "config.json").read_text())
     probe = TargetAdapter(model, ())
+    if start is not None:  # its target layers and mask token, before the defaults
+        adopt_start(tc, start)
     if tc.mask_token_id is None:
         tc.mask_token_id = _guess_mask_id(tokenizer, probe.vocab_size)
     dcfg = drafter_config_for(probe, target_cfg, tc)

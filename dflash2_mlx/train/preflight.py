@@ -81,6 +81,8 @@ def check_claim(run: Path, out: Path) -> None:
 
 def claim_run(run: Path, out: Path) -> None:
     check_claim(run, out)
+    if (run / "out.txt").exists():
+        return  # ours (check_claim): nothing to write
     run.mkdir(parents=True, exist_ok=True)
     (run / "out.txt").write_text(str(out.resolve()) + "\n", encoding="utf-8")
 

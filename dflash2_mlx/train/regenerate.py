@@ -281,6 +281,9 @@ def regenerate(
     _check_unchanged(
         tokenizer, [p for p in items if any((p.id, t) in done for t in temps)], out, encoded
     )
+    if all((p.id, t) in done for p in items for t in temps):  # read alone (a read-only --work)
+        stats.skipped += len(items) * len(temps)
+        return stats
     with open(out, "a", encoding="utf-8") as fh:
         for temp in temps:
             todo = [p for p in items if (p.id, temp) not in done]

@@ -185,6 +185,16 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         tmp = self.out / "checkpoint.tmp"
+        try:
+            self._write_checkpoint(tmp)
+        except (OSError, RuntimeError, DFlash2Error) as e:  # a full disk: the last one stays
+            raise DFlash2Error(
+                f"{self.ckpt}: cannot save the checkpoint at step {self.step} ({e}); free "
+                "space and rerun: training resumes from the last one saved"
+            ) from None
+        _swap_in(tmp, self.ckpt)
+
+    def _write_checkpoint(self, tmp: Path) -> None:
         save_drafter(self.drafter, tmp)
         mx.savez(str(tmp / "optimizer.npz"), **dict(tree_flatten(self.opt.state)))
         np.save(tmp / "feature_scale.npy", np.array(self.scale))
@@ -200,7 +210,6 @@ class Trainer:
                 default=str,
             )
         )
-        _swap_in(tmp, self.ckpt)
 
     def try_resume(self) -> bool:
         old = self.ckpt.with_name(self.ckpt.name + ".old")
