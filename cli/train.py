@@ -310,7 +310,7 @@ def _run_training(pc, tc, *, ablation: bool) -> None:
 
     from dflash2_mlx.train.pipeline import run_ablation, run_pipeline
 
-    console = Console()
+    console = Console(soft_wrap=True)  # a log keeps whole lines (a terminal wraps its own)
     progress, on_step = _progress(console, tc.steps)
 
     def say(text: str) -> None:  # the pipeline's lines are text: a path's [x] is no markup
