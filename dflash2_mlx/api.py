@@ -95,6 +95,10 @@ class Pair:
         """A `GenerationParams.constraint`: the reply is a JSON value `schema` accepts (None:
         any JSON object), then a stop token; `thinking`: after a thinking section (see
         grammar.Thinking). Raises ParameterError for a schema it cannot compile."""
+        if thinking is not None and not isinstance(thinking, Thinking):
+            raise ParameterError(
+                f"thinking must be a grammar.Thinking (the model's markers) or None, got {thinking!r}"
+            )
         return self.grammars.json_schema(schema, thinking)
 
     @property
@@ -173,6 +177,8 @@ class Pair:
         width_cost: Callable[[int, int], float] | None = None,
     ) -> list[tuple[list[int], GenerationStats]]:
         prompts = list(prompts)  # a generator too
+        for p in params if isinstance(params, (list, tuple)) else [params]:
+            _no_logprobs(p, "generate_batch")
         results = [([], GenerationStats()) for _ in prompts]
         for i, ev in self.stream_batch(prompts, params, max_batch, width_cost):
             results[i][0].extend(ev.tokens)
@@ -182,12 +188,22 @@ class Pair:
     def generate(
         self, prompt_ids, params: GenerationParams, session: Session | None = None
     ) -> tuple[list[int], GenerationStats]:
+        _no_logprobs(params, "generate")
         stats = GenerationStats()
         out: list[int] = []
         for ev in self.stream(prompt_ids, params, session):
             stats.add(ev)
             out.extend(ev.tokens)
         return out, stats
+
+
+def _no_logprobs(params, method: str) -> None:
+    """generate's results hold tokens and stats: log-probabilities would be dropped."""
+    if getattr(params, "logprobs", None) is not None:
+        raise ParameterError(
+            f"logprobs: {method} returns no log-probabilities; read them off the events of "
+            "pair.stream / stream_batch (RoundEvent.logprobs) or generate_text(...).logprobs"
+        )
 
 
 _DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}

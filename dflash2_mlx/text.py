@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from .chat_template import mark_special_text, special_strings
 from .engine.events import GenerationStats, RoundEvent
-from .engine.generation import GenerationParams
+from .engine.generation import GenerationParams, token_ids
 from .engine.session import Session
 from .errors import ParameterError
 
@@ -105,6 +105,7 @@ class TextResult:
     tokens: list[int]
     finish_reason: str
     stats: GenerationStats = field(default_factory=GenerationStats)
+    logprobs: list = field(default_factory=list)  # with GenerationParams.logprobs: one a token
 
 
 class IncrementalDecoder:
@@ -246,8 +247,11 @@ def stream_text(
     """Generate and yield text per round; stops at EOS, a stop string or max_tokens.
     `cancel`: polled before the prefill, between its chunks and between rounds (True: the
     stream ends there, no further chunk). Bad arguments raise here, before anything runs."""
-    texts = EventText(pair, prompt_ids, params, stop)
-    return _text_chunks(texts, pair.stream(prompt_ids, params, session, cancel))
+    if getattr(pair, "tokenizer", None) is None or getattr(pair, "decoder", None) is None:
+        raise ParameterError(f"text needs a pair with a tokenizer, got {type(pair).__name__}")
+    ids = token_ids(prompt_ids, "the prompt", pair.decoder.target.vocab_size)  # read once
+    texts = EventText(pair, ids, params, stop)
+    return _text_chunks(texts, pair.stream(ids, params, session, cancel))
 
 
 def _text_chunks(texts: EventText, events) -> Iterator[TextChunk]:
@@ -270,11 +274,13 @@ def generate_text(
 ) -> TextResult:
     parts: list[str] = []
     tokens: list[int] = []
+    logprobs: list = []
     stats = GenerationStats()
     finish = "length"
     for chunk in stream_text(pair, prompt_ids, params, stop, session):
         parts.append(chunk.text)
         tokens.extend(chunk.event.tokens)
+        logprobs.extend(chunk.event.logprobs)
         stats.add(chunk.event)
         finish = chunk.finish_reason or finish
-    return TextResult("".join(parts), tokens, finish, stats)
+    return TextResult("".join(parts), tokens, finish, stats, logprobs)

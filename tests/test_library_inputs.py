@@ -60,6 +60,42 @@ def test_text_stop_strings_of_the_wrong_type_are_refused_at_the_call(tiny_pair, 
         d2.generate_text(None, ids, GenerationParams(max_tokens=2))
 
 
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ("hi", "the prompt must be token ids, not text"),
+        (None, "the prompt must be a sequence of token ids, got NoneType"),
+        (5, "the prompt must be a sequence of token ids, got int"),
+        ([[1, 2]], r"the prompt\[0\] = \[1, 2\] is not a token id"),
+        (["a"], r"the prompt\[0\] = 'a' is not a token id"),
+    ],
+)
+def test_the_text_layer_names_a_bad_prompt_as_the_engine_does(tiny_pair, prompt, message):
+    import dflash2_mlx as d2
+
+    pair = d2.load_pair(*tiny_pair)
+    with pytest.raises(ParameterError, match=message):
+        d2.generate_text(pair, prompt, GenerationParams(max_tokens=2))
+
+
+def test_the_text_layer_reads_a_generator_prompt_once_and_returns_logprobs(tiny_pair):
+    import dflash2_mlx as d2
+
+    pair = d2.load_pair(*tiny_pair)
+    ids = [3, 14, 15]
+    params = GenerationParams(max_tokens=4, logprobs=2)
+    want = d2.generate_text(pair, ids, params)
+    got = d2.generate_text(pair, (t for t in ids), params)
+    assert (got.text, got.tokens) == (want.text, want.tokens)
+    assert [lp.token for lp in got.logprobs] == got.tokens  # one a token, as the events carry
+    with pytest.raises(ParameterError, match="logprobs: generate returns no log-probabilities"):
+        pair.generate(ids, params)
+    with pytest.raises(ParameterError, match="logprobs: generate_batch returns no log-prob"):
+        pair.generate_batch([ids], params)
+    with pytest.raises(ParameterError, match="thinking must be a grammar.Thinking"):
+        pair.json_schema({"type": "object"}, thinking=True)
+
+
 @pytest.mark.parametrize("stop", ["", ["ok", ""]])
 def test_an_empty_stop_string_is_refused_not_dropped(tiny_pair, stop):
     """The server refuses it (it would match everywhere); the library once dropped it."""

@@ -20,7 +20,7 @@ from test_sampling import PROMPT, V, empirical, tv
 
 from dflash2_mlx import GenerationParams, ParameterError, SamplingParams, SpeculativeDecoder
 from dflash2_mlx.api import Pair
-from dflash2_mlx.engine.processors import penalties
+from dflash2_mlx.engine.processors import check_penalty, penalties
 from dflash2_mlx.engine.sampling import filtered_probs
 from dflash2_mlx.target.adapter import TargetAdapter
 
@@ -116,6 +116,10 @@ def test_bad_settings_are_refused_naming_the_field():
         penalties("x", repetition_penalty=1.2)
     neutral = dict(repetition_penalty=1, presence_penalty=0, frequency_penalty=0.0, logit_bias={})
     assert penalties(tiny.VOCAB, **neutral) == ()
+    # NumPy ids, as prompts take them; a string id is no id
+    assert check_penalty("logit_bias", {np.int64(4): 3}, tiny.VOCAB) == {4: 3.0}
+    with pytest.raises(ParameterError, match=re.escape("token ids must be ints in [0, ")):
+        check_penalty("logit_bias", {"4": 3}, tiny.VOCAB)
 
 
 def test_presence_and_frequency_count_the_completion_only_with_no_window():

@@ -11,6 +11,8 @@ proposed unprocessed (they only need verifying).
 
 from __future__ import annotations
 
+import operator
+
 from typing import Callable, Sequence
 
 import mlx.core as mx
@@ -85,10 +87,16 @@ def check_penalty(name: str, value, vocab: int):
         return number(value)
     if not isinstance(value, dict):
         raise bad("must be a mapping of token ids to numbers", value)
-    for token in value:
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+    ids = {}
+    for token, v in value.items():
+        try:  # NumPy ints too, as prompts take them
+            t = operator.index(token) if not isinstance(token, bool) else None
+        except TypeError:
+            t = None
+        if t is None or not 0 <= t < vocab:
             raise bad(f"token ids must be ints in [0, {vocab})", token)
-    return {t: number(v) for t, v in value.items()}
+        ids[t] = number(v)
+    return ids
 
 
 def penalties(
