@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import sys
 from dataclasses import dataclass, field, replace
@@ -26,6 +25,7 @@ from .errors import CompatibilityError, ConfigError, ParameterError
 from .grammar import Grammar, Grammars, Thinking
 from .registry import FetchError, ModelNotFoundError, closest, fetch, is_repo_id, lookup, resolve
 from .target.adapter import TargetAdapter
+from .target.folder import check_target_folder
 
 
 def check_compatible(adapter: TargetAdapter, drafter: Drafter) -> None:
@@ -246,7 +246,7 @@ def load_pair(
     elif _names_a_pair(target):  # a pair's name with another drafter: that pair's target
         target = resolve(str(target), drafter=str(drafter)).target
     target = fetch(target, "target", offline=offline)
-    _check_target_folder(target)
+    check_target_folder(target)
     try:
         model, tokenizer = load_target(str(target))
     except (
@@ -277,56 +277,6 @@ def load_pair(
 
 
 # The JSON files mlx-lm and its tokenizer read from a target folder.
-_TARGET_JSON = ("config.json", "tokenizer_config.json", "generation_config.json")
-
-
-def _check_target_folder(folder: Path) -> None:
-    """A target folder holds a config, parseable JSON files and tokenizer files, and is no
-    drafter (mlx-lm's errors would name none of these)."""
-    if not (folder / "config.json").is_file():
-        raise CompatibilityError(
-            f"{folder}: config.json is missing (an mlx-lm model folder holds config.json, "
-            "the weights and the tokenizer files)"
-        )
-    for name in _TARGET_JSON:
-        path = folder / name
-        try:
-            config = json.loads(path.read_text())
-        except FileNotFoundError:
-            continue
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CompatibilityError(f"{path}: not a readable JSON file: {exc}") from None
-        if not isinstance(config, dict):
-            raise CompatibilityError(
-                f"{path}: expected a JSON object, found {type(config).__name__}"
-            )
-        if name == "config.json" and _is_drafter_config(config):
-            raise CompatibilityError(
-                f"{folder} is a DFlash drafter, not a target model: give it as the drafter, "
-                "and as the target the model it drafts for"
-            )
-    if not any(next(folder.glob(pattern), None) for pattern in _TOKENIZER_FILES):
-        raise CompatibilityError(
-            f"{folder}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)"
-        )
-
-
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "*.model",
-    "vocab.json",
-    "vocab.txt",
-    "*.tiktoken",
-    "tekken.json",
-)
-
-
-def _is_drafter_config(config: dict) -> bool:
-    archs = config.get("architectures") or []
-    named = isinstance(archs, list) and any("DFlash" in str(a) for a in archs)
-    return named or "dflash_config" in config
-
-
 def _registered_pair(target: str):
     """The pair `dflash2 models` lists under `target`: its name, its target's repo id, or the
     folder the embedded target lives in."""

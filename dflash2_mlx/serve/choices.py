@@ -160,10 +160,9 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
             return error_response(from_worker(first.error), request)
         fmt, tok = Formatter(req.kind, handler.s.model_name), handler.pair.tokenizer
         shared, replies = GenerationStats(), []
-        value = req.response_schema is not None  # the reply is a response_format value
         args = []
         for i, (job, reader) in enumerate(zip(jobs, readers)):
-            reply = ChatReply(tok, prompt, value=value) if prompt is not None else None
+            reply = None if prompt is None else ChatReply.for_request(tok, prompt, req)
             lp = None
             if req.logprobs is not None:
                 lp = Logprobs(tok, req.kind, handler.pair.eos_ids, job.prompt_ids)

@@ -241,14 +241,9 @@ class Handler:
             if first.kind == "error":
                 return error_response(from_worker(first.error), request)
             fmt = Formatter(req.kind, self.s.model_name)
-            reply = None
-            if prompt is not None:  # Anthropic's tool_use ids read "toolu_..."
-                reply = ChatReply(
-                    self.pair.tokenizer,
-                    prompt,
-                    "toolu_" if req.anthropic else "call_",
-                    value=req.response_schema is not None,
-                )
+            reply = (
+                None if prompt is None else ChatReply.for_request(self.pair.tokenizer, prompt, req)
+            )
             lp = None
             if req.logprobs is not None:
                 lp = Logprobs(self.pair.tokenizer, req.kind, self.pair.eos_ids, job.prompt_ids)

@@ -95,6 +95,13 @@ class ChatReply:
         self.thought_tail = ""  # its trailing newlines, held until more thinking follows
         self.after_thinking = False  # no answer text yet since a thinking section closed
 
+    @classmethod
+    def for_request(cls, tokenizer, prompt: ChatPrompt, req) -> "ChatReply":
+        """The reply to a GenRequest: Anthropic's tool_use ids read "toolu_..."; a
+        response_format reply is a value."""
+        prefix = "toolu_" if req.anthropic else "call_"
+        return cls(tokenizer, prompt, prefix, value=req.response_schema is not None)
+
     def feed(self, text: str, event) -> list[Delta]:
         self.thinking.add(event)
         if self.machine is None:
