@@ -136,16 +136,16 @@ def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> 
         fields.append(("spec", ("spec off (plain decoding)", "spec off", ""), "yellow"))
     rounds = max(stats.rounds, 1)
     draft, verify = stats.draft_ms / rounds, stats.verify_ms / rounds
-    fields += [
+    cost = (  # plain decoding drafts nothing: a round is one token's forward
         (
-            "cost",
-            (
-                f"draft {draft:.1f} · verify {verify:.1f} ms/round",
-                f"draft {draft:.1f} · verify {verify:.1f} ms",
-                "",
-            ),
-            "",
-        ),
+            f"draft {draft:.1f} · verify {verify:.1f} ms/round",
+            f"draft {draft:.1f} · verify {verify:.1f} ms",
+        )
+        if spec
+        else (f"{verify:.1f} ms/token", f"{verify:.0f} ms")
+    )
+    fields += [
+        ("cost", (*cost, ""), ""),
         ("tokens", (f"{stats.committed} tok", ""), ""),
         (
             "prompt",

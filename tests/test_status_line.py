@@ -76,6 +76,7 @@ def test_narrowing_keeps_the_most_useful_fields():
 def test_plain_decoding_and_no_speed_yet():
     line = status_text(stats(), block=1, spec=False, finish="length")
     assert "spec off (plain decoding)" in line.plain and "τ" not in line.plain
+    assert "ms/token" in line.plain and "draft" not in line.plain  # no draft to time
     assert line.fit(60).plain == "  550.0 tok/s │ spec off (plain decoding) │ 177 tok │ length"
     assert line.fit(40).plain == "550.0 tok/s │ spec off │ length"
     first = status_text(GenerationStats(), block=8, spec=True)
