@@ -109,7 +109,8 @@ def thinking_left_open(tokenizer, ids: list[int]) -> bool:
     start = tokenizer.rfind_think_start(ids)
     if start < 0 or start < tokenizer.rfind_think_end(ids):
         return False
-    return not turn_marks(tokenizer).intersection(ids[start:])
+    after = ids[start + len(getattr(tokenizer, "think_start_tokens", None) or (1,)) :]
+    return not turn_marks(tokenizer).intersection(after)  # the marker may be special itself
 
 
 def render_text(

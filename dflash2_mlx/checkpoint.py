@@ -137,7 +137,8 @@ def read_config(folder: Path, mask_token_id: int | None = None) -> DrafterConfig
 
 
 def read_weights(folder: Path) -> dict[str, mx.array]:
-    files = sorted(folder.glob("*.safetensors"))
+    # a dotfile is a save_drafter's staged file that a kill left, not the drafter's
+    files = sorted(f for f in folder.glob("*.safetensors") if not f.name.startswith("."))
     if not files:
         raise CheckpointError(f"{folder}: no *.safetensors file")
     weights: dict[str, mx.array] = {}
@@ -227,14 +228,17 @@ def save_drafter(
     texts = [("config.json", json.dumps(cfg, indent=2) + "\n"), *extra_files]
     staged = {WEIGHTS_NAME: folder / f".{WEIGHTS_NAME}.part.safetensors"}  # mlx adds the suffix
     staged.update((name, folder / f".{name}.part") for name, _ in texts)
+    written = False
     try:
         mx.save_safetensors(str(staged[WEIGHTS_NAME]), params, metadata={"format": "mlx"})
         for name, text in texts:
             staged[name].write_text(text)
+        written = True
     except (OSError, RuntimeError) as e:  # mlx's failed write is a RuntimeError
-        for part in staged.values():
-            part.unlink(missing_ok=True)
         raise DFlash2Error(f"{folder}: cannot write the drafter there: {e}") from None
+    finally:  # a failure or an interrupt leaves no staged file (read_weights skips them)
+        for part in staged.values() if not written else ():
+            part.unlink(missing_ok=True)
     for name, part in staged.items():
         os.replace(part, folder / name)
     return folder

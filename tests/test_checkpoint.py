@@ -741,3 +741,15 @@ def test_a_failed_save_leaves_the_earlier_drafter_whole(v2_folder, tmp_path, mon
     with pytest.raises(DFlash2Error, match=r"out: cannot write the drafter there: \[write\]"):
         save_drafter(d, out, extra_files=[("README.md", "card")])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+    def interrupted(path, *args, **kw):
+        real(path, *args, **kw)
+        raise KeyboardInterrupt  # Ctrl-C, or train's SIGTERM
+
+    monkeypatch.setattr(ck.mx, "save_safetensors", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_drafter(d, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (out / ".model.safetensors.part.safetensors").write_bytes(b"torn")  # what a kill -9 leaves
+    monkeypatch.undo()
+    assert load_drafter(out).config == d.config  # a staged file is never read as weights

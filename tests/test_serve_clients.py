@@ -139,6 +139,10 @@ def test_participant_names_are_written_before_the_text_when_the_template_drops_t
     # a name that repeats its role (AutoGen's) says nothing and is not written
     roles = [{**plain[0], "name": "system"}, {**plain[1], "name": "User"}, *HI]
     assert prompt_tokens(roles) == prompt_tokens(plain + HI)
+    # two assistant speakers, one named as its role: the other's name is still written
+    said = {"role": "assistant", "content": "k"}
+    two = [{**said, "name": "assistant"}, {**said, "name": "cr"}, {"role": "user", "content": "h"}]
+    assert prompt_tokens(two) == prompt_tokens([said, said, two[-1]]) + len("cr: ")
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "hi", "name": 7}]

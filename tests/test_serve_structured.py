@@ -229,3 +229,24 @@ def test_a_closed_section_with_a_marker_of_several_tokens():
     assert closes_thinking(Tok(), [9, 1, 6, 7, 8, 2])  # the reply's turn: closed by the template
     assert not closes_thinking(Tok(), [6, 7, 8, 9, 1])  # an earlier turn's, ended by eos 9
     assert not closes_thinking(Tok(), [1, 6, 3])  # open
+
+
+def test_a_section_opened_by_a_special_marker_is_open():
+    """The reply's own turn opens the section with a marker that is itself a special token:
+    open (only a turn mark after it closes the turn); one a message quoted is not."""
+    from dflash2_mlx.chat_template import thinking_left_open
+
+    class Tok:
+        has_thinking, think_start_tokens, think_end_tokens = True, [6], [7]
+        all_special_ids, eos_token_ids = [6, 9], [9]
+
+        def rfind_think_start(self, ids):
+            return max((i for i, t in enumerate(ids) if t == 6), default=-1)
+
+        def rfind_think_end(self, ids):
+            return max((i for i, t in enumerate(ids) if t == 7), default=-1)
+
+    assert thinking_left_open(Tok(), [1, 5, 9, 1, 6])  # the generation prompt opens it
+    assert thinking_left_open(Tok(), [1, 5, 9, 1, 6, 3, 4])  # a continued final message
+    assert not thinking_left_open(Tok(), [1, 6, 5, 9, 1])  # a message's, its turn ended
+    assert not thinking_left_open(Tok(), [1, 6, 3, 7, 2])  # closed

@@ -801,6 +801,10 @@ def test_a_value_keeps_a_marker_as_its_text(tool_tokenizer):
         reply.feed(text, RoundEvent(tokens=ids))
         section = tok.encode(text[: text.index("</think>") + 8], add_special_tokens=False)
         assert reply.thinking.stats.tokens == (len(section) if reasoning else 0), text
+    # a round's text is one delta a part, though fed a character at a time before the value
+    reply = ChatReply(tok, ChatPrompt([1]), value=True)
+    deltas = reply.feed('<think>\nthinking hard\n</think>\n\n{"a": 1}', RoundEvent(tokens=[5]))
+    assert [d.kind for d in deltas] == ["reasoning", "content"], deltas
     # without a value (free text) a later section is still a section
     reply = ChatReply(tok, ChatPrompt([1]))
     reply.feed('{"a": "x<think>y</think>z"}', RoundEvent(tokens=[5]))

@@ -200,12 +200,13 @@ class ChatTemplate:
         own and, written into its turns, would teach it to open its reply with it. A tool
         message's name is its function's, which templates render their own way. A name that
         repeats its role (AutoGen's "user" on every user message) says nothing: dropped."""
+        speakers = {m["name"] for m in messages if m.get("name") and m["role"] == "assistant"}
         messages = [_unnamed(m) if _names_its_role(m) else m for m in messages]
         named = [m for m in messages if m.get("name") and m["role"] != "tool"]
         roles = {m["role"] for m in named}
         if not roles:
             return messages
-        if len({m["name"] for m in named if m["role"] == "assistant"}) == 1:
+        if len(speakers) == 1:
             roles.discard("assistant")
             messages = [_unnamed(m) if m["role"] == "assistant" else m for m in messages]
         if not getattr(self.tok, "chat_template", None):  # the plain "role: text" fallback

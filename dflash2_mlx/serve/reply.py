@@ -125,8 +125,9 @@ class ChatReply:
                 self.state, part = TextStateMachine.split(
                     (name, root, states, buffer), text[i + 1 :]
                 )
-                return segments + part
-        return segments
+                segments += part
+                break
+        return _merged(segments)
 
     def finish(self, finish_reason: str) -> tuple[list[Delta], str]:
         """The held-back text and an unclosed call; "stop" becomes "tool_calls" after calls."""
@@ -258,6 +259,18 @@ class ChatReply:
             self.calls.append(call)
             out.append(Delta("tool_call", call=call))
         return out
+
+
+def _merged(segments: list) -> list:
+    """Adjacent segments of one state as one (a character-at-a-time split would otherwise
+    send a delta a character); an empty segment stays where it marks a state entered."""
+    out: list = []
+    for state, text in segments:
+        if out and out[-1][0] == state:
+            out[-1] = (state, out[-1][1] + text)
+        else:
+            out.append((state, text))
+    return out
 
 
 def _without_partial(text: str, marker: str) -> str:
