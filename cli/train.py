@@ -241,8 +241,11 @@ def train(
     if not out.name:  # "." or "..": the folder it names
         out = out.resolve()
     work = work or out.with_name(out.name + ".work")
-    if _inside(work, out):
-        fail(f"--work {work} is inside --out {out}: --out holds the drafter alone; name another")
+    if _inside(work, out) or _inside(out, work):
+        fail(
+            f"--work {work} and --out {out} nest: --out holds the drafter alone, and --work "
+            "is deleted once the drafter is final; name folders side by side"
+        )
     if target == "smollm2-135m":
         from dflash2_mlx.embedded import ensure_smollm2
 
@@ -316,7 +319,7 @@ def _run_training(pc, tc, *, ablation: bool) -> None:
     def say(text: str) -> None:  # the pipeline's lines are text: a path's [x] is no markup
         console.print(text, markup=False)
 
-    signal.signal(signal.SIGTERM, _as_interrupt)  # `kill`, a job scheduler: saved as Ctrl-C
+    before = signal.signal(signal.SIGTERM, _as_interrupt)  # `kill`, a scheduler: as Ctrl-C
     try:
         if ablation:
             with progress:
@@ -332,11 +335,14 @@ def _run_training(pc, tc, *, ablation: bool) -> None:
     except KeyboardInterrupt:
         console.print("[yellow]stopped; rerun the same command to resume[/]")
         raise typer.Exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, before)
     if not result.get("unchanged"):
         console.print(escape(f"drafter written to {result['out']}"))
+    target, drafter = shlex.quote(str(pc.target)), shlex.quote(str(result["out"]))
     console.print(
         escape(
-            f"try it: dflash2 chat --target {pc.target} --drafter {result['out']}\n"
+            f"try it: dflash2 chat --target {target} --drafter {drafter}\n"
             f"{pc.work} ({_size(pc.work)}) holds the regenerations, features and checkpoint a "
             "rerun resumes from: delete it once this drafter is final"
         )

@@ -248,7 +248,9 @@ def stream_text(
     `cancel`: polled before the prefill, between its chunks and between rounds (True: the
     stream ends there, no further chunk). Bad arguments raise here, before anything runs."""
     if getattr(pair, "tokenizer", None) is None or getattr(pair, "decoder", None) is None:
-        raise ParameterError(f"text needs a pair with a tokenizer, got {type(pair).__name__}")
+        raise ParameterError(
+            f"text needs a pair (load_pair: a tokenizer and a decoder), got {type(pair).__name__}"
+        )
     ids = token_ids(prompt_ids, "the prompt", pair.decoder.target.vocab_size)  # read once
     texts = EventText(pair, ids, params, stop)
     return _text_chunks(texts, pair.stream(ids, params, session, cancel))

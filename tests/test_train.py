@@ -164,7 +164,7 @@ def test_training_with_dropout_still_lowers_the_loss(target, sequences, tmp_path
 def test_export_reloads_and_drafts_identically(target, sequences, tmp_path):
     tr = _trainer(target, sequences, tmp_path / "run", steps=12)
     tr.run()
-    out = tr.export(tmp_path / "drafter", dtype=mx.float32, card="# card\n")
+    out = tr.export(tmp_path / "drafter", dtype=mx.float32, extra_files=[("README.md", "# card\n")])
     reloaded = load_drafter(out)
     adapter = TargetAdapter(target, (0, 2))
     reloaded.bind(adapter.binding())

@@ -29,22 +29,22 @@ def count_tokens(sequences: Iterable[Iterable[int]]) -> Counter:
     return counts
 
 
-def write_draft_vocab(folder: str | Path, counts: Counter, source: str) -> Path:
-    """Write every counted id, most frequent first (ties by id, so the file is deterministic)."""
+def draft_vocab_text(counts: Counter, source: str) -> str:
+    """The file's text: every counted id, most frequent first (ties by id: deterministic)."""
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    body = {
+        "format": _FORMAT,
+        "version": 1,
+        "source": source,
+        "token_ids": [t for t, _ in ranked],
+        "counts": [c for _, c in ranked],
+    }
+    return json.dumps(body) + "\n"
+
+
+def write_draft_vocab(folder: str | Path, counts: Counter, source: str) -> Path:
     path = Path(folder) / DRAFT_VOCAB_FILE
-    path.write_text(
-        json.dumps(
-            {
-                "format": _FORMAT,
-                "version": 1,
-                "source": source,
-                "token_ids": [t for t, _ in ranked],
-                "counts": [c for _, c in ranked],
-            }
-        )
-        + "\n"
-    )
+    path.write_text(draft_vocab_text(counts, source))
     return path
 
 

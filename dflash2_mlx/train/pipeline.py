@@ -15,7 +15,7 @@ from typing import Callable
 import mlx.core as mx
 
 from ..drafter.model import Drafter
-from ..drafter.vocab import count_tokens, write_draft_vocab
+from ..drafter.vocab import DRAFT_VOCAB_FILE, count_tokens, draft_vocab_text
 from ..errors import DFlash2Error
 from ..prompts import load_prompts
 from ..registry import fetch
@@ -153,16 +153,16 @@ def prepare_data(
     check_out(pc.out, pc.work, write=False)
     check_settings(tc, pc.max_new_tokens, [t for _, temps in parts for t in temps])
     check_heldout_apart("+".join(name for name, _ in parts), pc.heldout, pc.skip_bad_lines)
-    check_earlier_run(_run_folder(pc), pc.out, tc)
     # Folders, or repo ids downloaded, after the checks a download would keep waiting:
     target = fetch(pc.target, "target")
     start = fetch(tc.init_from, "drafter") if tc.init_from else None
     check_inputs(target, pc.corpus, start)
+    if start is not None:  # its target layers and mask token: before a resume compares them
+        adopt_start(tc, start)
+    check_earlier_run(_run_folder(pc), pc.out, tc)
     model, tokenizer = load_target(str(target))
     target_cfg = json.loads((target / "config.json").read_text())
     probe = TargetAdapter(model, ())
-    if start is not None:  # its target layers and mask token, before the defaults
-        adopt_start(tc, start)
     if tc.mask_token_id is None:
         tc.mask_token_id = _guess_mask_id(tokenizer, probe.vocab_size)
     dcfg = drafter_config_for(probe, target_cfg, tc)
@@ -262,26 +262,24 @@ def train_drafter(
         },
     }
     card = model_card(pc, tc, final, stages)
-    trainer.export(pc.out, dtype=getattr(mx, pc.dtype), card=card)
+    record = {
+        "pipeline": {k: str(v) for k, v in asdict(pc).items()},
+        "train": asdict(tc),
+        "final": final,
+        "history": trainer.history,
+        "stages": stages,
+    }
     # What the drafter learned to emit: every response token of its training data.
-    write_draft_vocab(
-        pc.out,
+    vocab = draft_vocab_text(
         count_tokens(s.tokens[s.response_start :] for s in data.train),
         f"response tokens of the {len(data.train)} training regenerations ({pc.prompts})",
     )
-    (pc.out / "training.json").write_text(
-        json.dumps(
-            {
-                "pipeline": {k: str(v) for k, v in asdict(pc).items()},
-                "train": asdict(tc),
-                "final": final,
-                "history": trainer.history,
-                "stages": stages,
-            },
-            indent=2,
-            default=str,
-        )
-    )
+    extra = [
+        ("README.md", card),
+        (DRAFT_VOCAB_FILE, vocab),
+        ("training.json", json.dumps(record, indent=2, default=str)),
+    ]
+    trainer.export(pc.out, dtype=getattr(mx, pc.dtype), extra_files=extra)  # all or nothing
     return {"final": final, "stages": stages, "out": str(pc.out)}
 
 

@@ -187,12 +187,13 @@ class Trainer:
         tmp = self.out / "checkpoint.tmp"
         try:
             self._write_checkpoint(tmp)
+            _swap_in(tmp, self.ckpt)
         except (OSError, RuntimeError, DFlash2Error) as e:  # a full disk: the last one stays
+            why = str(e).removeprefix(f"{tmp}: ")
             raise DFlash2Error(
-                f"{self.ckpt}: cannot save the checkpoint at step {self.step} ({e}); free "
+                f"{self.ckpt}: cannot save the checkpoint at step {self.step} ({why}); free "
                 "space and rerun: training resumes from the last one saved"
             ) from None
-        _swap_in(tmp, self.ckpt)
 
     def _write_checkpoint(self, tmp: Path) -> None:
         save_drafter(self.drafter, tmp)
@@ -348,12 +349,11 @@ class Trainer:
         self.save_checkpoint()
         return self.history[-1] if self.history else {}
 
-    def export(self, folder: Path, dtype=mx.bfloat16, card: str = "") -> Path:
+    def export(self, folder: Path, dtype=mx.bfloat16, extra_files=()) -> Path:
+        """The drafter (feature scaling folded into fc) and `extra_files` (name, text), all
+        written or none (checkpoint.save_drafter)."""
         return save_drafter(
-            folded_copy(self.drafter, self.scale),
-            folder,
-            dtype=dtype,
-            extra_files=[("README.md", card)] if card else [],
+            folded_copy(self.drafter, self.scale), folder, dtype=dtype, extra_files=extra_files
         )
 
 
