@@ -964,3 +964,21 @@ def test_the_model_card_verdict_follows_its_numbers():
     assert "would not speed decoding up" in _verdict({"proxy_tau": 1.03, "train_tau": 1.0})
     assert "more data would help" in _verdict({"proxy_tau": 1.7, "train_tau": 2.3})
     assert _verdict({"proxy_tau": 1.9, "train_tau": 2.0}) == ""  # no gap: nothing to say
+
+
+def test_skipped_prompt_lines_are_reported_once(tmp_path):
+    """The preflight's read of the prompt files is silent; the run's own read reports a
+    skipped line (it used to be reported twice)."""
+    import warnings
+
+    from dflash2_mlx.prompts import load_prompts
+    from dflash2_mlx.train.preflight import check_heldout_apart
+
+    prompts = _prompt_file(tmp_path / "p.jsonl", 2, "p")
+    prompts.write_text(prompts.read_text() + "{not json\n")
+    held = _prompt_file(tmp_path / "h.jsonl", 1, "h")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_heldout_apart(str(prompts), str(held), skip_bad=True)
+    with pytest.warns(UserWarning, match=r"p.jsonl:3"):
+        load_prompts(str(prompts), skip_bad=True)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -134,8 +135,12 @@ def check_inputs(target: Path, corpus: str | None, init_from: Path | None) -> No
 def check_heldout_apart(train_spec: str, heldout_spec: str, skip_bad: bool) -> None:
     """The held-out prompts must not be training prompts (τ would be measured on training
     data): none may have a training prompt's exact messages."""
-    seen = {_key(p.messages): p.id for p in load_prompts(train_spec, skip_bad=skip_bad)}
-    for p in load_prompts(heldout_spec, skip_bad=skip_bad):
+    with warnings.catch_warnings():  # a skipped line is reported when the run reads it
+        warnings.simplefilter("ignore")
+        train = load_prompts(train_spec, skip_bad=skip_bad)
+        held = load_prompts(heldout_spec, skip_bad=skip_bad)
+    seen = {_key(p.messages): p.id for p in train}
+    for p in held:
         if _key(p.messages) in seen:
             raise ParameterError(
                 f"--heldout {heldout_spec}: prompt {p.id!r} is also training prompt "
