@@ -445,3 +445,41 @@ def test_retry_after_follows_the_queue_and_recent_generations(pair):
         assert int(r.headers["retry-after"]) == max(1, math.ceil(worker.recent_seconds * 2))
         cm.__exit__(None, None, None)
         waiting.join(60)
+
+
+def test_the_worker_thread_clears_its_mlx_streams_when_it_ends(monkeypatch):
+    """MLX asks every thread that ran MLX work to call mx.clear_streams() at its end, or the
+    process may abort at exit ("terminate called without an active exception"): the worker
+    does, after its loop ends or fails."""
+    import threading
+
+    import mlx.core as mx
+
+    from dflash2_mlx.serve.queue import _run_then_clear
+
+    cleared = []
+    real = mx.clear_streams
+
+    def recording():
+        cleared.append(threading.current_thread().name)
+        real()
+
+    monkeypatch.setattr(mx, "clear_streams", recording)
+
+    def work(jobs):
+        mx.eval(mx.ones((8, 8)) @ mx.ones((8, 8)))
+        if jobs == "fail":
+            raise RuntimeError("the loop failed")
+
+    for jobs in ("ok", "fail"):
+        t = threading.Thread(target=lambda j=jobs: _quiet(_run_then_clear, work, j), name=jobs)
+        t.start()
+        t.join()
+    assert cleared == ["ok", "fail"]
+
+
+def _quiet(fn, *args):
+    try:
+        fn(*args)
+    except RuntimeError:
+        pass

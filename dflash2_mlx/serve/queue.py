@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Callable
 
+import mlx.core as mx
+
 from ..engine.batch import DEFAULT_MAX_BATCH
 from ..engine.prompt_cache import PromptCache
 from .jobs import Item, Job, QueueFull, ShuttingDown
@@ -29,6 +31,18 @@ __all__ = ["Item", "Job", "QueueFull", "ShuttingDown", "Worker"]
 log = logging.getLogger("dflash2.serve")
 
 RETRY_EWMA = 0.3  # weight of the latest generation in the per-request time estimate
+
+
+def _run_then_clear(run: Callable, jobs) -> None:
+    """The worker thread: the scheduler's loop, then MLX's cleanup of this thread's streams,
+    which MLX asks of every thread that ran MLX work (without it the process may abort at
+    exit: "terminate called without an active exception")."""
+    try:
+        run(jobs)
+    finally:
+        clear = getattr(mx, "clear_streams", None)  # MLX >= 0.32
+        if clear is not None:
+            clear()
 
 
 class Worker:
@@ -63,8 +77,9 @@ class Worker:
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(
-                target=self.scheduler.run, args=(self._jobs,), name="dflash2-worker", daemon=True
+                target=_run_then_clear, args=(self.scheduler.run, self._jobs), daemon=True
             )
+            self._thread.name = "dflash2-worker"
             self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
