@@ -214,8 +214,6 @@ class EventText:
     strings cut (a chunk whose finish_reason is set is the generation's last)."""
 
     def __init__(self, pair, prompt_ids: Sequence[int], params: GenerationParams, stop=()):
-        if getattr(pair, "tokenizer", None) is None:
-            raise ParameterError(f"text needs a pair with a tokenizer, got {type(pair).__name__}")
         self.stream = TextStream(pair.tokenizer, stop, context=prompt_ids)
         self.hidden = pair.with_defaults(params).stop_token_ids  # end-of-turn: not text
 

@@ -16,11 +16,10 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..chat_template import THINKING_KWARG, TemplateInfo, render_text
+from ..chat_template import THINKING_KWARG, TemplateInfo, render_text, thinking_left_open
 from ..errors import DFlash2Error
 from ..text import chat_prompt_ids, quiet_length_warning
 from .api_error import APIError, invalid
-from .reasoning import opens_thinking
 from .tools import ToolRequest
 
 
@@ -154,7 +153,7 @@ class ChatTemplate:
             )
         if prefill is not None:
             ids = self._prefilled(ids, prefill)
-        state = "reasoning" if opens_thinking(self.tok, ids) else "normal"
+        state = "reasoning" if thinking_left_open(self.tok, ids) else "normal"
         stops = ()
         if active is not None and not active.parallel:
             if not self.tok.tool_call_end:
@@ -171,7 +170,7 @@ class ChatTemplate:
             lambda: self._call_opening(messages, listed, kwargs, active.name)
         )
         ids = ids + [int(t) for t in self.tok.encode(lead + opening, add_special_tokens=False)]
-        if opens_thinking(self.tok, ids):
+        if thinking_left_open(self.tok, ids):
             raise invalid(
                 "tool_choice",
                 "a forced tool_choice makes the reply open with a tool call, but this prompt "
@@ -183,7 +182,7 @@ class ChatTemplate:
     def _prefilled(self, ids: list[int], prefill: str) -> list[int]:
         """The prompt with the reply's prefill after it. Not inside a thinking section the
         template opens: the prefill is meant as the answer's start."""
-        if opens_thinking(self.tok, ids):
+        if thinking_left_open(self.tok, ids):
             raise invalid(
                 "messages",
                 "this prompt opens a thinking section, so the final assistant message cannot "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..chat_template import THINKING_KWARG, thinking_left_open, turn_marks
+from ..chat_template import THINKING_KWARG, turn_marks
 from ..engine.events import RoundEvent
 from ..engine.events import tau as tau_of
 from .api_error import brief, invalid, renamed
@@ -156,11 +156,6 @@ class ThinkingTracker:
                 self.done = self.outside >= len(self.start)
             if self.done:
                 return
-
-
-def opens_thinking(tokenizer, ids: list[int]) -> bool:
-    """The prompt leaves a thinking section open (the template starts the reply inside it)."""
-    return thinking_left_open(tokenizer, ids)
 
 
 def closes_thinking(tokenizer, ids: list[int]) -> bool:
