@@ -94,8 +94,11 @@ def test_requests_join_and_leave_mid_batch(decoder, monkeypatch):
             ids[batch.add(PROMPTS[3], params)] = 3
         if step == 7:  # a client disconnects mid-generation: it leaves at once
             gone = next(r for r, i in ids.items() if i == 1)
-            batch.cancel(gone)
+            assert batch.cancel(gone) is True
             assert all(r.rid != gone for r in batch.rows)
+            assert batch.cancel(gone) is False  # already gone: nothing to drop
+            with pytest.raises(ParameterError, match="cancel takes an id"):
+                batch.cancel(str(gone))
         for rid, ev in batch.step():
             out.setdefault(ids[rid], []).extend(ev.tokens)
     while batch.busy:

@@ -23,6 +23,7 @@ from dflash2_mlx.train.fixed_text import (
     supervised_lengths,
 )
 from dflash2_mlx.train.objective import decay_weights, loss_terms
+from dflash2_mlx.train import stream as stream_mod
 from dflash2_mlx.train.stream import FixedTextStream, plan_shards
 from dflash2_mlx.train.trainer import (
     TrainConfig,
@@ -231,6 +232,23 @@ def test_mixed_training_streams_shards_within_the_disk_bound_and_resumes(target,
     assert stream2.state() == {"shard": 2, "draws": 2, "epoch": 2}
     again.run()
     assert again.step == 12
+
+
+def test_a_lone_shard_is_computed_once_for_every_pass(target, tmp_path, monkeypatch):
+    adapter, _ = _regen(target)
+    built = []
+    real = stream_mod.build_feature_cache
+    monkeypatch.setattr(
+        stream_mod, "build_feature_cache", lambda *a, **k: built.append(1) or real(*a, **k)
+    )
+    stream = FixedTextStream(
+        adapter, _seqs(target, 2), tmp_path / "stream", max_disk_bytes=10**9, log=lambda s: None
+    )
+    rng = random.Random(0)
+    for _ in range(13):  # passes=2: 3 passes and more over one shard of 2 sequences
+        stream.draw(rng)
+    assert len(stream.shards) == 1 and stream.state()["epoch"] == 3
+    assert built == [1] and (tmp_path / "stream" / "shard_00000").is_dir()
 
 
 def test_fixed_ratio_needs_a_stream_and_keeps_regenerations(target, tmp_path):

@@ -162,16 +162,20 @@ class BatchDecoder:
         self.waiting.append(_Waiting(rid, prompt, run, session, cancel, on_prefill, now))
         return rid
 
-    def cancel(self, rid: int) -> None:
-        """Drop a generation now (a client that left): queued, or leaving the batch."""
-        for w in self.waiting:
-            if w.rid == rid:
-                w.let_go()
+    def cancel(self, rid: int) -> bool:
+        """Drop a generation now (a client that left): queued, or leaving the batch. False
+        when no such generation runs or waits (it has already left, or never was)."""
+        if isinstance(rid, bool) or not isinstance(rid, int):
+            raise ParameterError(f"cancel takes an id that add() returned, got {rid!r}")
+        gone = [w for w in self.waiting if w.rid == rid]
+        for w in gone:
+            w.let_go()
         self.waiting = [w for w in self.waiting if w.rid != rid]
-        for row in self.rows:
-            if row.rid == rid:
-                row.done = True
+        rows = [row for row in self.rows if row.rid == rid]
+        for row in rows:
+            row.done = True
         self._leave()
+        return bool(gone or rows)
 
     # ------------------------------------------------------------------ rounds
     def step(self) -> list[tuple[int, RoundEvent]]:

@@ -112,8 +112,9 @@ class FixedTextStream:
     def draw(self, rng: random.Random) -> StoredSequence:
         """One sequence of the current shard; moves on once the shard's budget is drawn."""
         if self.draws >= self._budget():
-            self._pool = None
-            shutil.rmtree(self.shard_dir(self.index), ignore_errors=True)
+            if len(self.shards) > 1:  # a lone shard is kept: the next pass reads it again
+                self._pool = None
+                shutil.rmtree(self.shard_dir(self.index), ignore_errors=True)
             self.index, self.draws = self.index + 1, 0
             if self.index == len(self.shards):
                 self.index, self.epoch = 0, self.epoch + 1
