@@ -127,9 +127,12 @@ class SlashCommands:
         self._say(f"speculative decoding {'on' if self.spec else 'off'}", "dim")
 
     def _set_thinking(self, name: str, arg: str) -> None:
-        on = _on_off(name, arg)
         if not _template_has_thinking(self.pair.tokenizer):
             raise _Bad("this model's chat template has no thinking switch")
+        if not arg:
+            now = {True: "on", False: "off", None: "as the chat template's default"}
+            return self._say(f"thinking {now[self.thinking]}")
+        on = _on_off(name, arg)
         self.thinking = on
         self._say(f"thinking {'on' if on else 'off'}", "dim")
 

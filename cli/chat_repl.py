@@ -255,7 +255,7 @@ class Chat(SlashCommands):
                 continue
             if line.startswith("/") and not line.startswith("//"):
                 if not self.command(line):
-                    return 0
+                    return 2 if piped and self.failures else 0
                 continue
             line = line[1:] if line.startswith("//") else line  # "//x" sends "/x"
             live = self.console.is_terminal

@@ -26,6 +26,7 @@ _EXPORTS = {  # public name -> the module that defines it
     "GenerationStats": "engine.events",
     "RoundEvent": "engine.events",
     "GenerationParams": "engine.generation",
+    "TokenLogprob": "engine.logprobs",
     "Session": "engine.session",
     "SpeculativeDecoder": "engine.loop",
     "PromptCache": "engine.prompt_cache",

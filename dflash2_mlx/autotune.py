@@ -72,6 +72,9 @@ from .errors import ParameterError
 from .quant import describe_quant, is_quantized, quant_signature, quantized_layers, weight_dtype  # noqa: F401
 
 QUANT_CAP = 5
+# A wider verify timed this many times cheaper than one token, and by more than a few ms (a
+# tiny model's timings are mostly overhead and jitter): the timings are not trusted.
+IMPLAUSIBLE, JITTER_MS = 1.5, 10.0
 # Lookup-block candidates measured beyond the drafter's blocks (tokens verified per round).
 LOOKUP_WIDTHS = (4, 6, 8, 12, 16, 24, 32)
 # Row counts and widths of the batched engine's verify cost table (widths cut to those measured
@@ -285,6 +288,7 @@ def autotune(
         repeats=repeats,
         say=say,
     )
+    _check_costs(measured.verify["ms"])
     block_ms = {w: measured.verify["ms"][w] for w in range(1, B + 1)}
     choice = choose_block(
         block_ms, measured.draft["ms"], calib["position_probs"], max_block=B, cap=cap
@@ -330,6 +334,19 @@ def _check_rounds(calib: dict, prompts: int, max_tokens: int) -> None:
             f"x {max_tokens} tokens), fewer than the {MIN_ROUNDS} a block is chosen by; "
             "nothing was stored: give it more prompts or tokens (bench: --limit, --max-tokens; "
             "its defaults are enough)"
+        )
+
+
+def _check_costs(verify_ms: Mapping[int, float]) -> None:
+    """A verify of one token timed well above a wider one: the load changed while they ran
+    (a busy machine), and a block chosen from such costs would be wrong for every later run."""
+    one = verify_ms[1]
+    w = min((w for w in verify_ms if w > 1), key=verify_ms.get, default=None)
+    if w is not None and verify_ms[w] * IMPLAUSIBLE + JITTER_MS < one:
+        raise ParameterError(
+            f"autotune: the verify timings are not plausible: one token took {one:.1f} ms, "
+            f"{w} tokens {verify_ms[w]:.1f} ms (was the machine busy?); nothing was stored: "
+            "rerun it on a quiet machine"
         )
 
 

@@ -336,7 +336,7 @@ def fetch(
         from huggingface_hub import constants
 
         why = (
-            "--offline: the hub is not asked"
+            "offline: the hub is not asked"
             if offline
             else "HF_HUB_OFFLINE is set: the hub is not asked"
             if constants.HF_HUB_OFFLINE

@@ -344,6 +344,31 @@ def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys):
     assert settings["blocks"] == [prof["chosen_block"]]
 
 
+def test_autotune_refuses_implausible_verify_timings_and_stores_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    """Under a changing load, one token once timed 1,530 ms and three 220 ms: such costs
+    would choose the block of every later chat."""
+    from dflash2_mlx import costs
+
+    real = costs.verify_costs
+
+    def busy(*args, **kwargs):  # the first width's timing hit a busy spell
+        out = real(*args, **kwargs)
+        out["ms"][1] = 5 * max(out["ms"].values()) + 50.0
+        return out
+
+    monkeypatch.setattr(costs, "verify_costs", busy)
+    t, d = save_pair(tmp_path / "pair")
+    args = ["bench", "--target", str(t), "--drafter", str(d), "--limit", "2", "--block", "2"]
+    args += ["--max-tokens", "24", "--repeats", "1", "--context", "16", "--autotune", "--no-plot"]
+    assert run(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the verify timings are not plausible: one token took" in err
+    assert "nothing was stored: rerun it on a quiet machine" in err
+    assert A.recommended_block(d2.load_pair(t, d), str(t), str(d)) is None
+
+
 def test_autotune_refuses_a_calibration_of_too_few_rounds_and_stores_nothing(tmp_path, capsys):
     """One drafter round once chose block 1 and stored it: chat then drafted nothing."""
     t, d = save_pair(tmp_path / "pair")

@@ -79,21 +79,27 @@ def test_a_long_prompt_joins_a_chunk_per_step(decoder, chunks_per_step):
     assert out == alone
 
 
-def test_nothing_running_prefills_straight_through(decoder):
-    """Nobody to stall: a long prompt's prefill event comes at the first step; one joining
-    next is held to the step's budget, in smaller chunks when prefill_step is smaller."""
+def test_nothing_running_a_step_prefills_one_chunk_and_a_short_prompt_goes_ahead(decoder):
+    """With nothing running a step feeds one prefill chunk, so a request that arrives
+    meanwhile is taken at the next step; a prompt that fits in the step's budget goes ahead
+    of the long one (a chat's short turn does not wait for a pasted document), which then
+    goes on in the smaller chunks of a step with rows running."""
     params = GenerationParams(max_tokens=6)
     batch = BatchDecoder(decoder, max_batch=4, prefill_step=3)
-    ids = {batch.add(LONG, params): "long", batch.add(LONG[:20], params): "next"}
-    first = batch.step()
-    assert [(ids[rid], ev.prefill) for rid, ev in first] == [("long", True), ("long", False)]
-    assert len(batch.waiting) == 1 and batch.waiting[0].prefill.feed.fed == 3
+    ids = {batch.add(LONG, params): "long"}
+    assert batch.step() == [] and batch.waiting[0].prefill.feed.fed == CHUNK
+    short = PROMPTS[0]
+    assert len(short) <= CHUNK
+    ids[batch.add(short, params)] = "short"
+    second = batch.step()
+    assert [(ids[rid], ev.prefill) for rid, ev in second] == [("short", True), ("short", False)]
+    assert [ids[w.rid] for w in batch.waiting] == ["long"]
     out = {}
-    for rid, ev in first:
+    for rid, ev in second:
         out.setdefault(ids[rid], []).extend(ev.tokens)
     _finish(batch, ids, out)
     assert out["long"] == decoder.generate(LONG, params)
-    assert out["next"] == decoder.generate(LONG[:20], params)
+    assert out["short"] == decoder.generate(short, params)
     for bad in (0, 2.5, True, None):
         with pytest.raises(ParameterError, match="prefill_step"):
             BatchDecoder(decoder, prefill_step=bad)

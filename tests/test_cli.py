@@ -295,10 +295,14 @@ def test_a_chat_started_plain_keeps_its_drafting_flags_for_spec_on(tiny_pair):
     assert "block 3 │" in done.stderr.splitlines()[-1]
 
 
-def test_a_piped_line_that_is_not_utf8_or_a_bad_command_is_refused_and_the_chat_goes_on(tiny_pair):
+@pytest.mark.parametrize("ending", ["", "/exit\n"])
+def test_a_piped_line_that_is_not_utf8_or_a_bad_command_is_refused_and_the_chat_goes_on(
+    tiny_pair, ending
+):
     """Strict UTF-8 stdin (a macOS terminal's locale): a stray byte is one refused line, not a
     traceback that ends the conversation; a command given an argument it takes none of is
-    refused; the script exits 2 for them, its good lines answered."""
+    refused; the script exits 2 for them (whether its input ends or it says /exit), its good
+    lines answered."""
     import os
     import subprocess
     import sys
@@ -306,7 +310,7 @@ def test_a_piped_line_that_is_not_utf8_or_a_bad_command_is_refused_and_the_chat_
     expected = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 10)
     done = subprocess.run(
         [sys.executable, "-m", "dflash2_cli", *_chat(tiny_pair, "--max-tokens", "10")],
-        input=b"hello \xff model\n/clear now\nhello model\n",
+        input=b"hello \xff model\n/clear now\nhello model\n" + ending.encode(),
         capture_output=True,
         timeout=120,
         env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"},

@@ -4,6 +4,8 @@ import pytest
 import tiny
 
 from dflash2_mlx import GenerationParams, GenerationStats, SpeculativeDecoder
+from dflash2_mlx.errors import CompatibilityError
+from dflash2_mlx.engine.batch import BatchDecoder
 from dflash2_mlx.target.adapter import TargetAdapter
 
 PROMPTS = [
@@ -162,3 +164,30 @@ def test_session_survives_an_interrupted_round():
     assert dec.generate(prompt, GenerationParams(max_tokens=10), session) == tiny.greedy_reference(
         model, prompt, 10
     )
+
+
+@pytest.mark.parametrize(
+    "family, fallback",
+    [("falcon_h1", "layer 0 uses CacheList"), ("gemma2", "5-D grouped attention scores")],
+)
+def test_other_families_are_exact_alone_and_one_at_a_time_in_a_batch(family, fallback):
+    """Falcon-H1's caches are CacheLists (attention + Mamba2, restored from a snapshot after
+    a verify: its nested list must be copied, or the restore is the state after the verify);
+    gemma2's 5-D attention scores do not take a per-row batch mask: both run a batch one
+    request at a time, exactly."""
+    model = tiny.make_target(family)
+    drafter = tiny.make_drafter(2)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
+    refs = [tiny.greedy_reference(model, p, 24) for p in PROMPTS]
+    for prompt, ref in zip(PROMPTS, refs):
+        for block in (2, 4, 8):
+            out = dec.generate(prompt, GenerationParams(max_tokens=24, block_size=block))
+            assert out == ref, (family, block, prompt)
+    batch = BatchDecoder(dec, max_batch=4)
+    assert fallback in batch.fallback
+    assert batch.generate([(p, GenerationParams(max_tokens=24)) for p in PROMPTS]) == refs
+
+
+def test_a_target_without_a_decoder_is_refused_by_its_family():
+    with pytest.raises(CompatibilityError, match="target family 'mamba' is not supported"):
+        TargetAdapter(tiny.make_target("mamba"), (0, 1))

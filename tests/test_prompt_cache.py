@@ -306,3 +306,23 @@ def test_a_processor_that_fails_on_the_first_token_leaves_the_session_to_be_clea
     assert session.in_round  # not consistent: its caches hold the prompt, its tokens do not
     turn3 = TURN1 + out1 + [40, 41, 7]
     assert dec.generate(turn3, PARAMS, session) == cold(dec, turn3)
+
+
+def test_a_short_conversation_is_kept_at_its_size_and_continues_exactly():
+    """mlx-lm allocates KV rows 256 at a time: a 20-token conversation kept whole would
+    count (and hold) 256 rows a layer. The stored entry holds its rows alone."""
+    from mlx_lm.models.cache import KVCache
+
+    dec = decoder("llama")
+    cache = PromptCache(dec, 1 << 30)
+    out1, _, _ = run(dec, cache, TURN1)
+    turn2 = TURN1 + out1 + [40, 41]
+    with cache.lease(turn2) as lease:  # the entry itself: it continues the conversation
+        kv = [c for c in lease.session.target_cache if type(c) is KVCache]
+        assert kv and all(c.keys.shape[2] == c.offset == lease.served for c in kv)
+        assert cache.stats().nbytes == 0  # leased: out of the cache
+        per_row = sum(c.keys.nbytes + c.values.nbytes for c in kv) // lease.served
+    out2, ev, _ = run(dec, cache, turn2)
+    assert out2 == cold(dec, turn2) and ev.reused_tokens == len(TURN1) + len(out1) - 1
+    stored = cache.stats().nbytes
+    assert stored < per_row * (len(turn2) + len(out2) + 64)  # not a 256-row allocation

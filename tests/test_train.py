@@ -982,3 +982,15 @@ def test_skipped_prompt_lines_are_reported_once(tmp_path):
         check_heldout_apart(str(prompts), str(held), skip_bad=True)
     with pytest.warns(UserWarning, match=r"p.jsonl:3"):
         load_prompts(str(prompts), skip_bad=True)
+
+
+def test_default_layer_ids_are_distinct_on_a_shallow_target_and_repeats_are_refused(target):
+    """The reference spread (layers 1..T-3) names layer 1 five times on 4 layers."""
+    adapter = TargetAdapter(target, (0, 2))
+    cfg = TrainConfig(layers=1, block_size=4, mask_token_id=95, steps=1)
+    assert drafter_config_for(adapter, TARGET_CFG, cfg).target_layer_ids == (1,)
+    deep = TargetAdapter(tiny.make_target("llama", layers=12), (0, 2))
+    assert drafter_config_for(deep, TARGET_CFG, cfg).target_layer_ids == (1, 3, 5, 7, 9)
+    repeated = TrainConfig(layers=1, block_size=4, mask_token_id=95, target_layer_ids=(0, 2, 0))
+    with pytest.raises(DFlash2Error, match=r"\[0, 2, 0\] name a layer twice"):
+        drafter_config_for(adapter, TARGET_CFG, repeated)

@@ -12,6 +12,32 @@ VOCAB = 96
 HIDDEN = 64
 
 
+# Other mlx-lm families, by the fields their ModelArgs needs beyond the common ones.
+OTHER_FAMILIES = {
+    # hybrid: each layer's cache is a CacheList of an attention KV cache and a Mamba2 state
+    "falcon_h1": dict(
+        head_dim=16,
+        mamba_d_ssm=64,
+        mamba_d_head=16,
+        mamba_n_heads=4,
+        mamba_d_state=8,
+        mamba_chunk_size=16,
+        rope_theta=10000.0,
+    ),
+    # a state-space model without a transformer decoder: refused
+    "mamba": dict(
+        state_size=8, conv_kernel=4, use_bias=False, use_conv_bias=True, time_step_rank=8
+    ),
+    # 5-D grouped attention scores, soft-capped logits
+    "gemma2": dict(
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0,
+    ),
+}
+
+
 def make_target(
     family: str = "llama",
     seed: int = 0,
@@ -20,7 +46,8 @@ def make_target(
     hidden: int = HIDDEN,
     **extra,
 ):
-    """A random-weight mlx-lm model of `family` (llama, qwen3 or qwen3_5), in fp32."""
+    """A random-weight mlx-lm model of `family` (llama, qwen3, qwen3_5 or OTHER_FAMILIES), in
+    fp32."""
     mx.random.seed(seed)
     common = dict(
         hidden_size=hidden,
@@ -73,6 +100,12 @@ def make_target(
             **extra,
         )
         model = qwen3_5.Model(qwen3_5.ModelArgs(model_type="qwen3_5", text_config=text))
+    elif family in OTHER_FAMILIES:
+        import importlib
+
+        module = importlib.import_module(f"mlx_lm.models.{family}")
+        fields = dict(common, model_type=family, **OTHER_FAMILIES[family], **extra)
+        model = module.Model(module.ModelArgs.from_dict(fields))
     else:
         raise ValueError(family)
     # Sharpen the random weights a little so greedy argmaxes are well separated.

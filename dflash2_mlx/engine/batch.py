@@ -10,8 +10,8 @@ per-row masks or offsets to pay for) and moves back into the batch cache when ot
 Requests join between rounds (prefilled alone, then merged into the batch cache) and leave when
 they finish, fail or are cancelled. While others run, a joining request's prompt is prefilled a
 chunk per step (`prefill_step` tokens at most) between their rounds, so a long prompt does not
-stall their streams. Per request, the proposal, the
-acceptance rule and the key sequence are those of SpeculativeDecoder.stream, so a request
+stall their streams (engine/batch_join.py). Per request, the proposal, the acceptance rule and
+the key sequence are those of SpeculativeDecoder.stream, so a request
 returns what it returns alone (up to the float rounding of a batched matmul, which can only
 matter on an exact near-tie of two logits).
 
@@ -36,11 +36,12 @@ from ..errors import ParameterError
 from ..target import batch as tbatch
 from .events import RoundEvent
 from .batch_accept import accept_rows
+from .batch_join import Waiting, feed, first_event, next_waiting
 from .batch_propose import propose_rows
 from .generation import GenerationParams, _Run
 from .loop import SpeculativeDecoder
 from .session import Session
-from .prefill import Prefill, _Cancelled
+from .prefill import _Cancelled
 from .width import WidthRule
 
 # Requests verified together when the caller names no limit: on bandwidth-bound hardware a
@@ -65,34 +66,13 @@ class _Row:
 
 
 @dataclass
-class _Waiting:
-    rid: int
-    prompt: list[int]
-    run: _Run
-    session: Session | None  # None: a fresh one
-    cancel: Callable[[], bool] | None  # polled between prefill chunks
-    on_prefill: Callable[[RoundEvent], None] | None
-    added: float  # perf_counter() at `add`
-    prefill: Prefill | None = None  # its prefill once begun (it joins when that is done)
-    queue_ms: float = 0.0  # `add` -> the start of its prefill
-
-    def let_go(self) -> None:
-        """It leaves before it joined: its session is free, a begun prefill rolled back to
-        the prefix it reused (Prefill.roll_back), else cleared on its next use."""
-        if self.prefill is not None and not self.prefill.roll_back():
-            self.prefill.session.in_round = True
-        if self.session is not None:
-            self.session.release()
-
-
-@dataclass
 class BatchDecoder:
     """Runs up to `max_batch` generations together; `add` queues one, `step` advances all."""
 
     decoder: SpeculativeDecoder
     max_batch: int = DEFAULT_MAX_BATCH
     rows: list[_Row] = field(default_factory=list)
-    waiting: list[_Waiting] = field(default_factory=list)
+    waiting: list[Waiting] = field(default_factory=list)
     cache: tbatch.BatchCache | None = None  # the target's, one row per entry of `rows`
     fallback: str | None = None  # why this target runs one request at a time (None: batched)
     widths: WidthRule = field(default_factory=WidthRule)  # each round's verify width cap
@@ -159,7 +139,7 @@ class BatchDecoder:
             session.hold(self)
         rid, self._next_id = self._next_id, self._next_id + 1
         now = time.perf_counter()
-        self.waiting.append(_Waiting(rid, prompt, run, session, cancel, on_prefill, now))
+        self.waiting.append(Waiting(rid, prompt, run, session, cancel, on_prefill, now))
         return rid
 
     def cancel(self, rid: int) -> bool:
@@ -209,10 +189,9 @@ class BatchDecoder:
         self.rows, self.cache = [], None
 
     def _join(self) -> list[tuple[int, RoundEvent]]:
-        """Admit waiting requests in order while there is room, one prefill at a time; each
-        joins the batch when its prefill is done. While rows run, a step feeds at most
-        `prefill_step` prompt tokens, so a long prompt does not stall their rounds; with
-        nothing running the first prefill goes straight through (nobody waits on it)."""
+        """Admit waiting requests while there is room, one prefill at a time, a step's budget
+        of prompt tokens (engine/batch_join.py); each joins the batch when its prefill is
+        done."""
         events: list[tuple[int, RoundEvent]] = []
         joined: list[_Row] = []
         try:
@@ -229,14 +208,15 @@ class BatchDecoder:
     def _admit(self, events: list, joined: list[_Row]) -> None:
         """A request whose prefill or on_prefill raises leaves alone, with an error event
         (finish_reason "error"); the others go on."""
-        budget = self.prefill_step if self.rows else None  # None: no limit
+        budget = self.prefill_step if self.rows else self.decoder.prefill_chunk
         while self.waiting and len(self.rows) + len(joined) < self.capacity:
-            w = self.waiting[0]
+            w = next_waiting(self.waiting, budget)
+            running = bool(self.rows or joined)
             try:
-                budget = self._feed(w, budget)
+                budget = feed(self.decoder, w, budget, self.prefill_step if running else budget)
                 if w.prefill is None or not w.prefill.done:
                     break
-                event = self._first(w, len(self.rows) + len(joined) + 1)
+                event = first_event(self.decoder, w, len(self.rows) + len(joined) + 1)
             except _Cancelled:
                 self._drop(w)
                 continue
@@ -244,51 +224,19 @@ class BatchDecoder:
                 self._drop(w)
                 events.append((w.rid, RoundEvent(tokens=[], finish_reason="error", error=e)))
                 continue
-            self.waiting.pop(0)
+            self.waiting.remove(w)
             events.append((w.rid, event))
             if event.finish_reason is None:
                 joined.append(_Row(w.rid, w.prefill.session, w.run))
             else:
                 w.prefill.session.release()
-            if budget is None:  # a further prefill would hold back this one's next tokens
-                budget = self.prefill_step
+            # a further prefill would hold back this one's next tokens
+            budget = min(budget, self.prefill_step)
 
-    def _first(self, w: _Waiting, size: int) -> RoundEvent:
-        """Its prefill is done: the first token (the prefill event), shown to `on_prefill`
-        while its session still holds its own caches."""
-        event = self.decoder._first(w.prefill, w.run)
-        event = replace(event, batch_size=size, queue_ms=w.queue_ms)
-        if w.on_prefill is not None:
-            w.on_prefill(event)
-        return event
-
-    def _drop(self, w: _Waiting) -> None:
-        """The first waiting request leaves before it joined."""
-        self.waiting.pop(0)
+    def _drop(self, w: Waiting) -> None:
+        """A waiting request leaves before it joined."""
+        self.waiting.remove(w)
         w.let_go()
-
-    def _feed(self, w: _Waiting, budget: int | None) -> int | None:
-        """Begin `w`'s prefill if needed and feed it whole chunks while they fit in `budget`
-        prompt tokens (None: all of it); returns the budget left. A chunk is at most the
-        step's budget, so every step with rows running feeds at least one. A prefill begins
-        (and its queue time ends) only when a chunk of it fits."""
-        chunk = self.decoder.prefill_chunk
-        if budget is not None:
-            chunk = min(chunk, self.prefill_step)
-        if w.prefill is None:
-            if budget is not None and budget < min(chunk, len(w.prompt)):
-                return budget
-            session = w.session if w.session is not None else self.decoder.new_session()
-            w.queue_ms = (time.perf_counter() - w.added) * 1000.0
-            w.prefill = self.decoder._begin(session, w.prompt, w.cancel)
-        p = w.prefill
-        while not p.done:
-            n = min(chunk, p.remaining)
-            if budget is not None and n > budget:
-                break
-            p.advance(n)
-            budget = None if budget is None else budget - n
-        return budget
 
     def _leave(self) -> None:
         keep = [i for i, r in enumerate(self.rows) if not r.done]

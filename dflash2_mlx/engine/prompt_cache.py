@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 import mlx.core as mx
+from mlx_lm.models.cache import KVCache
 
 from ..errors import ParameterError
 from .events import RoundEvent
@@ -103,6 +104,16 @@ def clone_session(session: Session) -> Session:
         prediction=None,
         holder=None,  # a copy is not in use by the generation that uses the original
     )
+
+
+def _compact(session: Session) -> None:
+    """Target KV buffers cut to the rows they hold where the spare room is large: mlx-lm
+    allocates 256 rows at a time, so a short conversation kept whole would hold (and count
+    against the budget) up to 256 rows a layer. A continuation allocates again as it goes."""
+    for c in session.target_cache:
+        if type(c) is KVCache and c.keys is not None and c.keys.shape[2] - c.offset > c.offset // 8:
+            c.keys = mx.contiguous(c.keys[..., : c.offset, :])
+            c.values = mx.contiguous(c.values[..., : c.offset, :])
 
 
 def session_nbytes(session: Session) -> int:
@@ -237,6 +248,7 @@ class PromptCache:
     def _store(self, session: Session, prompt_len: int) -> None:
         if session.in_round or session.fed == 0:  # interrupted mid-round: not consistent
             return
+        _compact(session)
         mx.eval(_session_arrays(session))
         entry = _Entry(session, prompt_len, session_nbytes(session))
         with self._lock:

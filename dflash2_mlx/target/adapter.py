@@ -42,9 +42,11 @@ def _find_inner(model):
             continue
         if hasattr(obj, "embed_tokens") and isinstance(getattr(obj, "layers", None), list):
             return obj
+    family = _model_type(model) or f"{type(model).__module__}.{type(model).__name__}"
     raise CompatibilityError(
-        f"target {type(model).__module__}.{type(model).__name__}: cannot find its decoder "
-        "(a module with `embed_tokens` and a `layers` list)"
+        f"target family {family!r} is not supported: dflash2 drafts from the layer features "
+        "of a decoder with `embed_tokens` and a `layers` list (transformers and hybrids such "
+        "as Qwen3.5, Falcon-H1, Jamba), and this model has none"
     )
 
 

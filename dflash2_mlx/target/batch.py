@@ -43,8 +43,19 @@ _COMPACT_AT = 64
 _PAD = -1  # `order` entry of a padding column
 
 
+# Families whose attention a per-row batch mask does not fit, whatever their caches.
+_UNBATCHABLE_FAMILIES = {
+    # scores are [B, kv heads, repeats, L, S]: a [B, 1, L, S] mask meets B at the kv heads
+    # (mlx-lm's own batch generation is wrong on it too)
+    "gemma2": "gemma2 adds its mask to 5-D grouped attention scores, which a per-row mask "
+    "does not broadcast over"
+}
+
+
 def batchable(adapter: TargetAdapter) -> str | None:
     """None when every layer's cache can be batched and rolled back per row; else why not."""
+    if adapter.model_type in _UNBATCHABLE_FAMILIES:
+        return _UNBATCHABLE_FAMILIES[adapter.model_type]
     for i, c in enumerate(adapter.make_cache()):
         if type(c) is KVCache:
             continue

@@ -36,11 +36,16 @@ class Capture:
 
 
 def snapshot_state(cache) -> Any:
-    """A restorable copy of a cache's state; arrays are immutable, so references suffice."""
-    state = cache.state
-    if isinstance(state, tuple):
-        return tuple(list(s) if isinstance(s, list) else s for s in state)
-    return list(state) if isinstance(state, list) else state
+    """A restorable copy of a cache's state: its lists and tuples copied at every depth (a
+    CacheList's state holds its ArraysCache's own list, which the layer writes in place);
+    arrays are immutable, so references suffice."""
+    return _copy_containers(cache.state)
+
+
+def _copy_containers(state):
+    if isinstance(state, (list, tuple)):
+        return type(state)(_copy_containers(s) for s in state)
+    return state
 
 
 class _Proxy:

@@ -22,13 +22,16 @@ def drafter_config_for(
 ) -> DrafterConfig:
     """A drafter config shaped like the target's own layers (Qwen3-style, official fields)."""
     n_layers = len(adapter.layers)
-    ids = list(cfg.target_layer_ids or default_target_layer_ids(n_layers, 5))
+    # the reference spread repeats layers on a shallow target (4 layers: [1, 1, 1, 1, 1])
+    ids = list(cfg.target_layer_ids or sorted(set(default_target_layer_ids(n_layers, 5))))
     bad = [i for i in ids if not 0 <= i < n_layers]
     if bad:
         raise DFlash2Error(
             f"target layer ids (--layer-ids) {bad} out of range: the target has {n_layers} layers "
             f"(valid 0..{n_layers - 1})"
         )
+    if len(set(ids)) < len(ids):
+        raise DFlash2Error(f"target layer ids (--layer-ids) {ids} name a layer twice")
     if cfg.mask_token_id is None:
         raise DFlash2Error("a mask token id is needed (an id the target never emits)")
     if not 0 <= cfg.mask_token_id < adapter.vocab_size:

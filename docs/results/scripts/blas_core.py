@@ -2,6 +2,7 @@
 width (the skinny products of decoding and verifying) and a 512-token prefill, each kernel set
 in its own process (OPENBLAS_CORETYPE), alternated ABAB so that load drift hits both.
 Usage: python blas_core.py OUT.json [--cores SkylakeX,Haswell] [--rounds 2]
+(`--cores stock,SkylakeX`: against the reference BLAS the Linux MLX wheel ships)
 A child (--child) prints one JSON line for the kernel set its environment names."""
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def main() -> None:
     runs: dict[str, list[dict]] = {}
     for _ in range(args.rounds):
         for core in args.cores.split(","):
-            env = {**os.environ, "OPENBLAS_CORETYPE": core}
+            # "stock": the reference BLAS the Linux MLX wheel ships (dflash2 binds none)
+            pin = {"DFLASH2_BLAS": "stock"} if core == "stock" else {"OPENBLAS_CORETYPE": core}
+            env = {**os.environ, **pin}
             cmd = [sys.executable, __file__, "--child"]
             line = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
             got = json.loads(line.stdout.strip().splitlines()[-1])
