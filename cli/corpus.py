@@ -24,7 +24,7 @@ def corpus(
     target: str = typer.Option(
         "smollm2-135m",
         help="Target whose tokenizer and chat template "
-        "count the tokens (an mlx-lm folder or repo id).",
+        "count the tokens (an mlx-lm folder, repo id or alias).",
     ),
     sources: str = typer.Option(
         SOURCE_NAMES,
@@ -47,13 +47,11 @@ def corpus(
     from dflash2_mlx.train.corpus import CorpusConfig, build_corpus
 
     cfg = CorpusConfig(out, tuple(s.strip() for s in sources.split(",") if s.strip()), limit)
-    if target == "smollm2-135m":
-        from dflash2_mlx.embedded import ensure_smollm2
-
-        target = str(ensure_smollm2())
     from mlx_lm.utils import load_tokenizer
 
-    from dflash2_mlx.registry import fetch, is_repo_id
+    from dflash2_mlx.registry import fetch, is_repo_id, target_of
+
+    target = target_of(target)
 
     folder = fetch(target, "target tokenizer")  # a repo id: its tokenizer files only
     name = target if is_repo_id(target) else folder.name  # not a snapshot's commit hash

@@ -48,7 +48,7 @@ def train(
     ctx: typer.Context,
     target: str = typer.Argument(
         ...,
-        help="mlx-lm target: a folder or a Hugging Face repo id "
+        help="mlx-lm target: a folder, a Hugging Face repo id or an alias of `dflash2 models` "
         "('smollm2-135m' = the embedded default).",
     ),
     out: Path = typer.Option(..., "--out", "-o", help="Drafter folder to write."),
@@ -217,6 +217,8 @@ def train(
     if corpus is None and used:
         fail(f"{', '.join(used)} only {'applies' if len(used) == 1 else 'apply'} with --corpus")
     idle = [f for f in used if f in ("--corpus-distill", "--stream-disk-gb", "--stream-passes")]
+    if corpus_distill == 0 and "--corpus-distill" in idle:  # off, as the ratio makes it
+        idle.remove("--corpus-distill")
     if corpus is not None and corpus_ratio == 0 and idle:
         fail(f"{', '.join(idle)}: no effect with --corpus-ratio 0 (no batch holds corpus text)")
     if "temperatures" in given and all(t for _, t in prompt_parts(prompts, ())):
@@ -246,12 +248,10 @@ def train(
             f"--work {work} and --out {out} nest: --out holds the drafter alone, and --work "
             "is deleted once the drafter is final; name folders side by side"
         )
-    if target == "smollm2-135m":
-        from dflash2_mlx.embedded import ensure_smollm2
+    from dflash2_mlx.registry import target_of
 
-        target = str(ensure_smollm2())
     pc = PipelineConfig(
-        target=target,
+        target=target_of(target),
         out=out,
         work=work,
         prompts=prompts,
@@ -288,7 +288,7 @@ def train(
         init_from=str(init_from) if init_from else None,
         command=_command_line(ctx.params),
     )
-    _run_training(pc, tc, ablation=ablation)
+    _run_training(pc, tc, ablation=ablation, target=target)
 
 
 def _as_interrupt(signum, frame) -> None:
@@ -306,9 +306,10 @@ def _inside(folder: Path, parent: Path) -> bool:
     return folder == parent or parent in folder.parents
 
 
-def _run_training(pc, tc, *, ablation: bool) -> None:
+def _run_training(pc, tc, *, ablation: bool, target: str) -> None:
     """The pipeline (or the ablation) with a progress display; Ctrl-C as an exit (errors
-    reach the app's handler: one line on stderr)."""
+    reach the app's handler: one line on stderr). `target` as typed (an alias stays one in
+    the suggested chat command)."""
     from rich.console import Console
 
     from dflash2_mlx.train.pipeline import run_ablation, run_pipeline
@@ -339,7 +340,7 @@ def _run_training(pc, tc, *, ablation: bool) -> None:
         signal.signal(signal.SIGTERM, before)
     if not result.get("unchanged"):
         console.print(escape(f"drafter written to {result['out']}"))
-    target, drafter = shlex.quote(str(pc.target)), shlex.quote(str(result["out"]))
+    target, drafter = shlex.quote(target), shlex.quote(str(result["out"]))  # as typed
     console.print(
         escape(
             f"try it: dflash2 chat --target {target} --drafter {drafter}\n"

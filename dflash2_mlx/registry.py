@@ -206,6 +206,16 @@ def _is_embedded_folder(target: str) -> bool:
     return path.exists() and path.resolve() == model_dir().resolve()
 
 
+def _is_alias(name: str) -> bool:
+    return name.strip().lower() in _names() and not Path(name).expanduser().exists()
+
+
+def target_of(name: str) -> str:
+    """A target as `train` and `corpus` take it: an alias's target (the embedded one converted
+    on first use), else the folder or repo id as typed."""
+    return resolve(name).target if _is_alias(name) else name
+
+
 def _entry_of_target(target: str) -> ModelEntry | None:
     """The registered pair whose target this is: an alias, a target repo id, or the folder
     the embedded target is converted into."""
@@ -231,12 +241,15 @@ def resolve(
     - MODEL with --target and/or --drafter: the alias's pair with those replaced (its block
       sizes and notes still apply).
     - --target alone: allowed when a registered pair has that target.
+    - --target ALIAS (not a folder of that name): that alias's target, as MODEL.
     - --drafter alone, or nothing: the embedded default (`smollm2-135m`), with that drafter.
     `build_embedded=False` leaves the embedded target as EMBEDDED_TARGET (no conversion).
     """
     for flag, value in (("MODEL", model), ("--target", target), ("--drafter", drafter)):
         if value is not None and not str(value).strip():
             raise ModelNotFoundError(f"{flag} is empty")
+    if model is None and target is not None and _is_alias(str(target)):
+        model, target = str(target), None  # `--target qwen3-4b --drafter mine`
     if model is None and target is not None and drafter is not None:
         return ResolvedPair(str(target), str(drafter))
     if model is None and target is not None:
@@ -247,12 +260,6 @@ def resolve(
         if entry is None:
             raise ModelNotFoundError(
                 f"--target {target} needs --drafter: no registered pair has this target"
-            )
-        named = str(target).strip().lower() in _names() and not Path(target).exists()
-        if named or (entry.embedded and not _is_embedded_folder(str(target))):
-            raise ModelNotFoundError(
-                f"--target {target}: pass a folder or repo id, not an alias (the alias alone: "
-                f"dflash2 chat {target})"
             )
     else:
         entry = lookup(model if model is not None else DEFAULT_ALIAS)

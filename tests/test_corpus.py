@@ -362,8 +362,29 @@ def test_fetch_into_a_relative_folder(source, tmp_path, monkeypatch):
     assert CorpusConfig(Path("c1"), sources=("wiki",)).out == tmp_path / "c1"
     got = fetch(source, Path("c1/downloads"))
     assert got == tmp_path / "c1/downloads" / DROPS[source.client][1]
-    assert len(calls) == 1 and Path(calls[0][1]) == tmp_path / "c1/downloads"
+    assert len(calls) == 1 and Path(calls[0][1]) == tmp_path / "c1/downloads/.partial"
     assert fetch(source, Path("c1/downloads")) == got and len(calls) == 1  # reused
+
+
+def test_an_interrupted_download_is_not_taken_for_a_finished_one(tmp_path, monkeypatch):
+    """apt-get download writes the archive's final name as it goes: a Ctrl-C left half a
+    .deb that the next run reused (and failed to unpack)."""
+    source, name = SOURCES["python-docs"], DROPS["apt"][1]
+
+    def interrupted(cmd, cwd, **kwargs):
+        (Path(cwd) / name).write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(corpus.subprocess, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fetch(source, tmp_path / "dl")
+    assert not (tmp_path / "dl" / name).exists()
+    monkeypatch.setattr(
+        corpus.subprocess, "run", lambda cmd, cwd, **kw: (Path(cwd) / name).write_bytes(b"whole")
+    )
+    got = fetch(source, tmp_path / "dl")
+    assert got == tmp_path / "dl" / name and got.read_bytes() == b"whole"
+    assert not (tmp_path / "dl" / ".partial" / name).exists()
 
 
 @pytest.mark.network

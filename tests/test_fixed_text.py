@@ -18,6 +18,7 @@ from dflash2_mlx.train.fixed_text import (
     anchor_pool,
     block_labels,
     corpus_sequences,
+    corpus_sources,
     render_with_spans,
     sample_text_anchors,
     supervised_lengths,
@@ -222,7 +223,7 @@ def test_mixed_training_streams_shards_within_the_disk_bound_and_resumes(target,
     # the next shard happens at the next draw)
     assert stream.state() == {"shard": 2, "draws": 2, "epoch": 2}
     assert all(len(s) <= 1 for s in seen)  # one shard of features on disk at a time
-    assert {x for s in seen for x in s} == {"shard_00000", "shard_00001", "shard_00002"}
+    assert {x for s in seen for x in s} == {stream.shard_dir(i).name for i in range(3)}
     assert all(np.isfinite(r["loss"]) and r["distill"] > 0 for r in recs)
     batch = tr.next_batch()
     assert [b.fixed for b in batch] == [True, True, False, False]
@@ -248,7 +249,27 @@ def test_a_lone_shard_is_computed_once_for_every_pass(target, tmp_path, monkeypa
     for _ in range(13):  # passes=2: 3 passes and more over one shard of 2 sequences
         stream.draw(rng)
     assert len(stream.shards) == 1 and stream.state()["epoch"] == 3
-    assert built == [1] and (tmp_path / "stream" / "shard_00000").is_dir()
+    assert built == [1] and stream.shard_dir(0).is_dir()
+
+
+def test_a_resume_under_another_disk_bound_computes_its_shard_afresh(target, tmp_path):
+    """The old plan's half-computed shard 1 held other sequences: merged into the new plan's
+    shard 1, it went over the new bound."""
+    adapter, _ = _regen(target)
+    per_token = 2 * 64 * 2 + 16
+
+    def stream(tokens):
+        folder = tmp_path / "stream"
+        return FixedTextStream(adapter, _seqs(target), folder, max_disk_bytes=per_token * tokens)
+
+    old = stream(140)
+    old.log = new_log = lambda s: None
+    old.pool()
+    new = stream(70)
+    new.log = new_log
+    assert old.shards != new.shards and old.shard_dir(0) != new.shard_dir(0)
+    assert [s.id for s in new.pool()] == [s.id for s in new.shards[0]]
+    assert not old.shard_dir(0).exists()
 
 
 def test_fixed_ratio_needs_a_stream_and_keeps_regenerations(target, tmp_path):
@@ -299,6 +320,10 @@ def test_chat_rendering_spans_and_corpus_sequences(tmp_path):
     assert (
         len(seqs) == 2 and seqs[0].spans == tuple(spans) and seqs[0].response_start == spans[0][0]
     )
+    entry = {"source": "wiki", "package": "ovos-wiki", "version": "1.0", "licence": "CC BY-SA"}
+    (tmp_path / "manifest.json").write_text(json.dumps({"sources": [entry]}))
+    assert corpus_sources(tmp_path) == ["wiki (ovos-wiki 1.0, CC BY-SA)"]  # for the card
+    assert corpus_sources(path) == []  # JSONL files: no manifest
     path.write_text('{"id": 1}\n')
     with pytest.raises(DFlash2Error, match=r"c.jsonl:1: not a corpus record"):
         corpus_sequences(tok, path, max_tokens=40)
@@ -400,6 +425,14 @@ def test_train_command_mixes_a_corpus_and_deletes_its_features(tmp_path, capsys)
     assert all("distill" in h for h in log["history"])
     assert "50% of each batch fixed text" in (out / "README.md").read_text()
     assert not list(work.glob("stream_*"))  # the features are gone after training
+    # the draft vocabulary holds what the corpus's answers taught, not only the regenerations'
+    from transformers import AutoTokenizer
+
+    vocab = json.loads((out / "draft_vocab.json").read_text())
+    assert "and of the 8 --corpus answers" in vocab["source"]
+    answers = " ".join(chat(i, 20)[1]["content"] for i in range(8))
+    taught = AutoTokenizer.from_pretrained(str(target_dir))(answers)["input_ids"]
+    assert set(taught) <= set(vocab["token_ids"])
     none = ["--corpus", str(corpus), "--stream-disk-gb", "0"]  # refused before regenerating
     assert run(["train", str(target_dir), "--out", str(tmp_path / "z"), *common, *none]) == 2
     assert "disk bound (--stream-disk-gb) of 0.0 MB holds 0 tokens" in capsys.readouterr().err

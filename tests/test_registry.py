@@ -132,9 +132,11 @@ def test_target_alone_is_checked_then_matched_to_its_pair(embedded, tmp_path, mo
     monkeypatch.setattr(emb, "model_dir", lambda cache_dir=None: folder)
     r = resolve(None, str(folder))
     assert (r.target, r.drafter, r.alias) == (str(folder), str(drafter), "smollm2-135m")
-    for alias in ("smollm2-135m", "qwen3-4b"):  # an alias is no target folder
-        with pytest.raises(ModelNotFoundError, match="pass a folder or repo id, not an alias"):
-            resolve(None, alias)
+    for alias in ("smollm2-135m", "qwen3-4b", "SmolLM2"):  # an alias: its target, as MODEL
+        assert resolve(None, alias) == resolve(alias)
+        assert resolve(None, alias, "/my/drafter") == resolve(alias, None, "/my/drafter")
+    assert registry.target_of("qwen3-4b") == "mlx-community/Qwen3-4B-bf16"
+    assert registry.target_of("./my-model") == "./my-model"  # not an alias: as typed
     assert resolve(None, "mlx-community/Qwen3-4B-bf16").drafter == "z-lab/Qwen3-4B-DFlash-b16"
 
 

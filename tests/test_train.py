@@ -595,6 +595,27 @@ def test_train_refuses_what_it_reads_before_writing_anything(tmp_path, capsys, m
         err = _refused([*args, "--out", str(out)], capsys)
         assert says in err, (args, err)
         assert not out.exists() and not (tmp_path / "d.work").exists(), args
+    # read by the chat template once the target loads, still before any regeneration
+    strict = str(
+        save_target(
+            tmp_path / "strict",
+            chat_template="{% for m in messages %}{% if m['role'] == 'tool' %}"
+            "{{ raise_exception('no tool turns here') }}{% endif %}{{ m['content'] }} "
+            "{% endfor %}",
+        )
+    )
+    tool = [{"role": "user", "content": "q"}, {"role": "tool", "content": "t"}]
+    tool += [{"role": "assistant", "content": "a b c d e f"}]
+    (tmp_path / "tools.jsonl").write_text(json.dumps({"id": "t1", "messages": tool}) + "\n")
+    first = [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "q"}]
+    (tmp_path / "first.jsonl").write_text(json.dumps({"id": "f1", "messages": first}) + "\n")
+    for args, says in (
+        ([strict, "--corpus", str(tmp_path / "tools.jsonl")], "record 't1': the chat template: no"),
+        ([target, "--corpus", str(tmp_path / "first.jsonl")], "first.jsonl:1: messages begin with"),
+    ):
+        err = _refused([*args, *base, "--corpus-distill", "0", "--out", str(out)], capsys)
+        assert says in err, (args, err)
+        assert not out.exists() and not (tmp_path / "d.work").exists(), args
     monkeypatch.chdir(tmp_path)  # --out . is the folder it names (here one with files)
     assert str(tmp_path) in _refused([target, *base, "--out", "."], capsys)
 
@@ -991,6 +1012,11 @@ def test_default_layer_ids_are_distinct_on_a_shallow_target_and_repeats_are_refu
     assert drafter_config_for(adapter, TARGET_CFG, cfg).target_layer_ids == (1,)
     deep = TargetAdapter(tiny.make_target("llama", layers=12), (0, 2))
     assert drafter_config_for(deep, TARGET_CFG, cfg).target_layer_ids == (1, 3, 5, 7, 9)
+    for kl in (dict(distill_weight=1.0), dict(fixed_ratio=0.5)):  # a KL reads the last layer
+        kd = replace(cfg, **kl)
+        assert drafter_config_for(deep, TARGET_CFG, kd).target_layer_ids == (1, 3, 5, 7, 11)
+    off = replace(cfg, fixed_ratio=0.5, fixed_distill_weight=0.0)
+    assert drafter_config_for(deep, TARGET_CFG, off).target_layer_ids == (1, 3, 5, 7, 9)
     repeated = TrainConfig(layers=1, block_size=4, mask_token_id=95, target_layer_ids=(0, 2, 0))
     with pytest.raises(DFlash2Error, match=r"\[0, 2, 0\] name a layer twice"):
         drafter_config_for(adapter, TARGET_CFG, repeated)

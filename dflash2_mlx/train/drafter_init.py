@@ -17,13 +17,27 @@ from ..target.adapter import TargetAdapter
 from .config import TrainConfig
 
 
+def _distills(cfg: TrainConfig) -> bool:
+    """A KL to the target's distribution is trained (read off the last layer's features)."""
+    return cfg.distill_weight > 0 or (cfg.fixed_ratio > 0 and cfg.fixed_distill_weight > 0)
+
+
+def _default_layer_ids(n_layers: int, last: bool) -> list[int]:
+    """The reference spread of five target layers, distinct (on a shallow target it repeats
+    layers: 4 layers give [1, 1, 1, 1, 1]); ending at the last layer when `last` (a
+    distillation reads the target's logits off its output)."""
+    ids = default_target_layer_ids(n_layers, 5)
+    if last:
+        ids[-1] = n_layers - 1
+    return sorted(set(ids))
+
+
 def drafter_config_for(
     adapter: TargetAdapter, target_config: dict, cfg: TrainConfig
 ) -> DrafterConfig:
     """A drafter config shaped like the target's own layers (Qwen3-style, official fields)."""
     n_layers = len(adapter.layers)
-    # the reference spread repeats layers on a shallow target (4 layers: [1, 1, 1, 1, 1])
-    ids = list(cfg.target_layer_ids or sorted(set(default_target_layer_ids(n_layers, 5))))
+    ids = list(cfg.target_layer_ids or _default_layer_ids(n_layers, _distills(cfg)))
     bad = [i for i in ids if not 0 <= i < n_layers]
     if bad:
         raise DFlash2Error(

@@ -99,7 +99,9 @@ def render_with_spans(
     inner = getattr(tokenizer, "_tokenizer", None)  # mlx-lm's wrapper holds the HF tokenizer
     hf = inner if hasattr(inner, "apply_chat_template") else tokenizer
     text = hf.apply_chat_template(messages, tokenize=False)
-    enc = hf(text, add_special_tokens=False, return_offsets_mapping=True)
+    # max_len tokens lie well inside this many characters: a 30,000-token record is not
+    # tokenized whole (nor warned about) to keep its first 512
+    enc = hf(text[: max_len * 16], add_special_tokens=False, return_offsets_mapping=True)
     ids, starts = list(enc["input_ids"]), [o[0] for o in enc["offset_mapping"]]
     spans = []
     for i, m in enumerate(messages):
@@ -143,8 +145,11 @@ def _messages_problem(messages) -> str | None:
     for i, m in enumerate(messages):
         if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             return f"[{i}] needs a string role and a string content"
-    if not any(m["role"] == "assistant" for m in messages):
+    roles = [m["role"] for m in messages]
+    if "assistant" not in roles:
         return "hold no assistant turn (nothing to learn from)"
+    if roles[0] == "assistant":
+        return "begin with an assistant turn (a user or system turn comes first)"
     return None
 
 
@@ -163,6 +168,17 @@ def corpus_paths(spec: str | Path) -> list[Path]:
     return paths
 
 
+def corpus_sources(spec: str | Path) -> list[str]:
+    """'name (package version, licence)' of each source a `dflash2 corpus` folder's
+    manifest.json lists ([] for JSONL files or a folder without one)."""
+    path = Path(spec) / "manifest.json"
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))["sources"]
+        return [f"{e['source']} ({e['package']} {e['version']}, {e['licence']})" for e in entries]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def corpus_sequences(
     tokenizer, spec: str | Path, *, max_tokens: int, max_len: int = 512, seed: int = 0
 ) -> list[Sequence_]:
@@ -174,7 +190,12 @@ def corpus_sequences(
     for rec in recs:
         if total >= max_tokens:
             break
-        tokens, spans = render_with_spans(tokenizer, rec["messages"], max_len)
+        try:
+            tokens, spans = render_with_spans(tokenizer, rec["messages"], max_len)
+        except CorpusError:
+            raise
+        except Exception as exc:  # the chat template's own refusal, whatever it raises
+            raise CorpusError(f"{spec}: record {rec['id']!r}: the chat template: {exc}") from None
         if not spans:
             continue
         out.append(Sequence_(str(rec["id"]), 0.0, tokens, spans[0][0], tuple(spans)))

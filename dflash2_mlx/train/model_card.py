@@ -14,8 +14,9 @@ def _fixed_text_line(pc: PipelineConfig, tc: TrainConfig, stages: dict) -> str:
     if not pc.corpus or tc.fixed_ratio <= 0:
         return ""
     c = stages.get("corpus", {})
+    sources = f": {', '.join(c['sources'])}" if c.get("sources") else ""
     return (
-        f"; {tc.fixed_ratio:.0%} of each batch fixed text from `{pc.corpus}` "
+        f"; {tc.fixed_ratio:.0%} of each batch fixed text from `{pc.corpus}`{sources} "
         f"({c.get('tokens', 0):,} tokens, streamed), labelled by the target: its greedy "
         f"token up to the first position where the text leaves its greedy path, + "
         f"{tc.fixed_distill_weight:g} × KL there"
@@ -63,7 +64,7 @@ dflash2, in Z Lab's `dflash` reference loader, and in SGLang / vLLM DFlash loade
   softmax over {"the seen vocabulary + " + str(tc.negatives) + " sampled negatives" if tc.vocab_subset else "the full vocabulary"}
 - Optimizer: AdamW lr {tc.lr}, warm-up {tc.warmup:.0%}, cosine, clip {tc.clip}{f", dropout {tc.dropout:g}" if tc.dropout else ""}; {train.get("steps")} steps
   of {tc.batch_seqs} sequences × {tc.anchors_per_seq} anchors{resumed}
-- Draft vocabulary: `draft_vocab.json` holds every token of the training responses (dflash2
+- Draft vocabulary: `draft_vocab.json` holds every token of the training responses{" and corpus answers" if pc.corpus else ""} (dflash2
   drafts from those rows of the LM head only: a cheaper draft; `--full-vocab` turns it off;
   other loaders ignore the file)
 - Hardware: {mx.default_device()} (MLX {mx.__version__})

@@ -22,7 +22,7 @@ from ..registry import fetch
 from ..target.adapter import TargetAdapter
 from .drafter_init import adopt_start, start_tensors
 from .features import build_feature_cache, load_feature_cache, read_regenerations
-from .fixed_text import corpus_sequences
+from .fixed_text import corpus_sequences, corpus_sources
 from .live import live_sequences
 from .model_card import model_card
 from .pipeline_config import PipelineConfig, prompt_parts
@@ -110,17 +110,9 @@ def _regenerate_split(
 
 
 def _fixed_text_stream(
-    pc: PipelineConfig,
-    tokenizer,
-    adapter: TargetAdapter,
-    tag: str,
-    seed: int,
-    log: Callable[[str], None],
+    pc: PipelineConfig, seqs: list, adapter: TargetAdapter, tag: str, log: Callable[[str], None]
 ) -> tuple[FixedTextStream, dict]:
-    """The corpus's fixed text, streamed through the target, and its stage record."""
-    seqs = corpus_sequences(
-        tokenizer, pc.corpus, max_tokens=pc.corpus_tokens, max_len=pc.max_len, seed=seed
-    )
+    """The corpus's fixed text (`seqs`), streamed through the target, and its stage record."""
     fixed = FixedTextStream(
         adapter,
         seqs,
@@ -133,12 +125,31 @@ def _fixed_text_stream(
         "sequences": len(seqs),
         "tokens": sum(len(s.tokens) for s in seqs),
         "shards": len(fixed.shards),
+        "sources": corpus_sources(pc.corpus),
     }
     log(
         f"fixed text: {len(seqs):,} sequences, {stage['tokens']:,} tokens "
         f"in {len(fixed.shards)} shards"
     )
     return fixed, stage
+
+
+def _check_with_target(pc: PipelineConfig, tc: TrainConfig, adapter, tokenizer) -> list | None:
+    """What needs the loaded target, checked before hours of regeneration, not after; returns
+    the corpus's sequences (None without --corpus), rendered now so that a record the chat
+    template refuses stops nothing that ran."""
+    if tc.distill_weight > 0:
+        check_distillable(adapter)
+    if pc.corpus and tc.fixed_ratio > 0 and tc.fixed_distill_weight > 0:
+        check_distillable(adapter, "--corpus-distill 0")
+    if not pc.corpus:
+        return None
+    corpus = corpus_sequences(
+        tokenizer, pc.corpus, max_tokens=pc.corpus_tokens, max_len=pc.max_len, seed=tc.seed
+    )
+    if tc.fixed_ratio > 0:  # a shard holds at least the longest sequence
+        check_disk_bound(adapter, pc.stream_disk_bytes, max(len(s.tokens) for s in corpus))
+    return corpus
 
 
 def prepare_data(
@@ -170,13 +181,7 @@ def prepare_data(
     if start is not None:  # a start of another kind or shape: refused now, not after the data
         start_tensors(Drafter(dcfg), start)
     adapter = TargetAdapter(model, dcfg.target_layer_ids)
-    # Before hours of regeneration, not after:
-    if tc.distill_weight > 0:
-        check_distillable(adapter)
-    if pc.corpus and tc.fixed_ratio > 0 and tc.fixed_distill_weight > 0:
-        check_distillable(adapter, "--corpus-distill 0")
-    if pc.corpus and tc.fixed_ratio > 0:  # at least an anchor's block (lengths come later)
-        check_disk_bound(adapter, pc.stream_disk_bytes, tc.block_size + 1)
+    corpus = _check_with_target(pc, tc, adapter, tokenizer)
     # The first things written, after every check: a refused run leaves no folder behind.
     check_out(pc.out, pc.work)
     check_work_identity(pc.work, target, pc.max_new_tokens, pc.max_len)
@@ -216,8 +221,8 @@ def prepare_data(
         raise DFlash2Error(f"{pc.prompts}: no usable training sequences")
     check_anchorable(train, tc.block_size)
     fixed = None
-    if pc.corpus:
-        fixed, stages["corpus"] = _fixed_text_stream(pc, tokenizer, adapter, tag, tc.seed, log)
+    if corpus:
+        fixed, stages["corpus"] = _fixed_text_stream(pc, corpus, adapter, tag, log)
     return PreparedData(model, adapter, target_cfg, train, held, stages, fixed)
 
 
@@ -270,10 +275,13 @@ def train_drafter(
         "stages": stages,
     }
     # What the drafter learned to emit: every response token of its training data.
-    vocab = draft_vocab_text(
-        count_tokens(s.tokens[s.response_start :] for s in data.train),
-        f"response tokens of the {len(data.train)} training regenerations ({pc.prompts})",
-    )
+    counts = count_tokens(s.tokens[s.response_start :] for s in data.train)
+    source = f"response tokens of the {len(data.train)} training regenerations ({pc.prompts})"
+    if data.fixed is not None:  # and the corpus's answers, which it learned from too
+        answers = [s for shard in data.fixed.shards for s in shard]
+        counts += count_tokens(s.tokens[a:b] for s in answers for a, b in s.spans)
+        source += f" and of the {len(answers)} --corpus answers ({pc.corpus})"
+    vocab = draft_vocab_text(counts, source)
     extra = [
         ("README.md", card),
         (DRAFT_VOCAB_FILE, vocab),

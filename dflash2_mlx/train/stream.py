@@ -83,7 +83,9 @@ class FixedTextStream:
         self.epoch, self._pool = int(state.get("epoch", 0)), None
 
     def shard_dir(self, i: int) -> Path:
-        return self.folder / f"shard_{i:05d}"
+        """Named by the plan too: a resume under another disk bound (other shards) computes
+        its shard afresh instead of adding to what the old plan's left."""
+        return self.folder / f"shard_{i:05d}_of_{self.shard_tokens}"
 
     def _budget(self) -> int:
         return max(1, round(self.passes * len(self.shards[self.index])))
