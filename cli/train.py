@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-import signal
+
 from pathlib import Path
 from typing import Optional
 
@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from .common import fail, given_params
+from .stop_flag import terminate_as_interrupt
 
 
 def _command_line(params: dict) -> str:
@@ -291,10 +292,6 @@ def train(
     _run_training(pc, tc, ablation=ablation, target=target)
 
 
-def _as_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def _size(folder: Path) -> str:
     total = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
     return f"{total / 1e9:.1f} GB" if total >= 1e8 else f"{total / 1e6:.0f} MB"
@@ -320,24 +317,22 @@ def _run_training(pc, tc, *, ablation: bool, target: str) -> None:
     def say(text: str) -> None:  # the pipeline's lines are text: a path's [x] is no markup
         console.print(text, markup=False)
 
-    before = signal.signal(signal.SIGTERM, _as_interrupt)  # `kill`, a scheduler: as Ctrl-C
     try:
-        if ablation:
-            with progress:
+        with terminate_as_interrupt(), progress:
+            if ablation:
                 summary = run_ablation(pc, tc, log=say, on_step=on_step)
-            for name, r in summary["variants"].items():
-                gain = r["gain_over_dflash"]
-                vs = "no DFlash τ to compare" if gain is None else f"{gain:+.1%} vs DFlash"
-                console.print(f"{name:<24} τ {r['proxy_tau']:.3f}  ({vs})")
-            console.print(escape(f"ablation written to {pc.out / 'ablation.json'}"))
-            return
-        with progress:
-            result = run_pipeline(pc, tc, log=say, on_step=on_step)
+            else:
+                result = run_pipeline(pc, tc, log=say, on_step=on_step)
     except KeyboardInterrupt:
         console.print("[yellow]stopped; rerun the same command to resume[/]")
         raise typer.Exit(130)
-    finally:
-        signal.signal(signal.SIGTERM, before)
+    if ablation:
+        for name, r in summary["variants"].items():
+            gain = r["gain_over_dflash"]
+            vs = "no DFlash τ to compare" if gain is None else f"{gain:+.1%} vs DFlash"
+            console.print(f"{name:<24} τ {r['proxy_tau']:.3f}  ({vs})")
+        console.print(escape(f"ablation written to {pc.out / 'ablation.json'}"))
+        return
     if not result.get("unchanged"):
         console.print(escape(f"drafter written to {result['out']}"))
     target, drafter = shlex.quote(target), shlex.quote(str(result["out"]))  # as typed

@@ -13,7 +13,13 @@ from offline import require_pypi
 from tiny_pair import save_tokenizer
 
 from dflash2_mlx.train import corpus
-from dflash2_mlx.train.corpus import CorpusConfig, archive_version, build_corpus, fetch
+from dflash2_mlx.train.corpus import (
+    CorpusConfig,
+    archive_version,
+    build_corpus,
+    build_source,
+    fetch,
+)
 from dflash2_mlx.train.corpus_sources import (
     SOURCES,
     CorpusError,
@@ -126,8 +132,18 @@ def test_rst_cleanup_and_sections():
     text = rst_to_text(sections[0][1])
     assert "synopsis" not in text and "index" not in text
     assert "The demo module calls os.path.join and `spam`;\nsee the site for more." in text
-    assert rst_to_text(sections[1][1]).startswith(".. function:: spam(x)\n\n   Return *x*")
+    assert rst_to_text(sections[1][1]).startswith("spam(x)\n\n   Return *x*")
     assert chunk_paragraphs("a\n\nbb\n\ncc", 5) == ["a\n\nbb", "cc"]
+    table = "\n".join(f"row {i:02d}" for i in range(6))  # one paragraph, cut between lines
+    assert chunk_paragraphs(table, 14) == ["row 00\nrow 01", "row 02\nrow 03", "row 04\nrow 05"]
+    said = rst_to_text(
+        ".. note::\n\n   Mind it.\n\n.. versionchanged:: 3.8\n   Faster.\n\n"
+        ".. class:: Timer(stmt)\n\n.. code-block:: python\n\n   x = 1\n\n-----------\n\nEnd."
+    )
+    assert said == (
+        "Note:\n\n   Mind it.\n\nChanged in version 3.8\n   Faster.\n\n"
+        "class Timer(stmt)\n\n   x = 1\n\nEnd."
+    )
 
 
 RST_LINKS = """\
@@ -167,7 +183,7 @@ def test_rst_links_to_their_text_and_comments_dropped():
         "document processor; see the PEP and Python Packaging\n"
         "Authority (the `_` name is kept), or the\ntutorial.\n"
     )
-    assert ".. function:: spam(x)\n\n   Return *x* spammed.\n\n   Deprecated: use eggs." in text
+    assert "spam(x)\n\n   Return *x* spammed.\n\n   Deprecated: use eggs." in text
     assert ".. [#] A footnote stays." in text
     for gone in ("online version", "XXX", "index", "commented-out", "https"):
         assert gone not in text, gone
@@ -187,7 +203,7 @@ def test_docs_tree_gives_one_record_per_section_chunk(tmp_path):
         recs[0]["messages"][0]["content"]
         == "Explain demo --- A demo module (Python documentation, library/demo)."
     )
-    assert recs[1]["messages"][1]["content"].startswith(".. function:: spam(x)")
+    assert recs[1]["messages"][1]["content"].startswith("spam(x)")
     assert [r["id"] for r in docs_records_from_tree(root)] == ["python-docs/library/demo#0.0"]
 
 
@@ -395,3 +411,30 @@ def test_fetch_from_pypi(tmp_path, monkeypatch):
     assert got.parent == tmp_path / "c1/downloads"
     assert got.name.startswith("chitchat_dataset-") and got.suffix == ".whl"
     assert next(chitchat_records(got))["messages"][0]["role"] == "user"
+
+
+def test_a_limit_samples_every_part_and_an_interrupted_source_leaves_no_file(tmp_path, tok):
+    """--limit 50 once gave python-docs' first pages only (about, bugs, c-api/...); Ctrl-C
+    while counting left <source>.jsonl.tmp behind."""
+    recs = [
+        {"id": f"r{i}", "messages": [{"role": "user", "content": "q"}, {"role": "assistant"}]}
+        for i in range(100)
+    ]
+    for r in recs:
+        r["messages"][1]["content"] = "a"
+    source = Source("demo", "pip", "demo", "MIT", lambda archive: iter(recs))
+    archive = tmp_path / "demo-1.0-py3-none-any.whl"
+    archive.write_bytes(b"whl")
+    entry = build_source(source, archive, tmp_path, tok, 10, lambda *a: None)
+    ids = [json.loads(x)["id"] for x in (tmp_path / "demo.jsonl").read_text().splitlines()]
+    assert entry["records"] == len(ids) == 10 and ids != [f"r{i}" for i in range(10)]
+    assert ids == sorted(ids, key=lambda r: int(r[1:]))  # in the source's order
+    assert build_source(source, archive, tmp_path, tok, 10, lambda *a: None) == entry  # seeded
+
+    def interrupted(name, done, total):
+        raise KeyboardInterrupt
+
+    (tmp_path / "demo.jsonl").unlink()
+    with pytest.raises(KeyboardInterrupt):
+        build_source(source, archive, tmp_path, tok, None, interrupted)
+    assert list(tmp_path.glob("demo.jsonl*")) == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -162,6 +163,10 @@ def sha256(path: Path) -> str:
 
 
 def count_tokens(tokenizer, messages: list[dict]) -> int:
+    # counted whole, past the model's length: transformers' "longer than" warning says nothing
+    inner = getattr(tokenizer, "_tokenizer", None)  # mlx-lm's wrapper holds the HF tokenizer
+    tokenizer = inner if hasattr(inner, "apply_chat_template") else tokenizer
+    tokenizer.model_max_length = max(getattr(tokenizer, "model_max_length", 0), 1 << 30)
     ids = tokenizer.apply_chat_template(messages, tokenize=True)
     return len(getattr(ids, "input_ids", ids))
 
@@ -176,20 +181,24 @@ def build_source(
 ) -> dict:
     """Extract `archive` into out/<name>.jsonl (written whole, then renamed) -> manifest entry."""
     records = list(source.extract(archive))
-    if limit is not None:
-        records = records[:limit]
+    if limit is not None and len(records) > limit:  # a seeded sample, not the first pages
+        keep = sorted(random.Random(0).sample(range(len(records)), limit))
+        records = [records[i] for i in keep]
     if not records:
         raise CorpusError(f"{source.name}: {archive} yielded no records")
     path, tokens = out / f"{source.name}.jsonl", 0
     tmp = path.with_suffix(".jsonl.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for i, rec in enumerate(records, 1):
-            rec["tokens"] = count_tokens(tokenizer, rec["messages"])
-            tokens += rec["tokens"]
-            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-            if i % 200 == 0 or i == len(records):
-                progress(source.name, i, len(records))
-    tmp.replace(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for i, rec in enumerate(records, 1):
+                rec["tokens"] = count_tokens(tokenizer, rec["messages"])
+                tokens += rec["tokens"]
+                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                if i % 200 == 0 or i == len(records):
+                    progress(source.name, i, len(records))
+        tmp.replace(path)
+    finally:  # an interrupted source leaves nothing half-written
+        tmp.unlink(missing_ok=True)
     return {
         "source": source.name,
         "client": source.client,

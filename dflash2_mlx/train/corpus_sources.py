@@ -123,6 +123,33 @@ _DROP_DIRECTIVE = re.compile(  # and `__ url`, an anonymous link's target
 )
 # explicit markup that is neither a directive (`name::`) nor a footnote (`[1]`): a comment
 _COMMENT = re.compile(r"^\s*\.\.(?:\s|$)(?!\s*(?:[\w:.+-]+::|\[))")
+_DIRECTIVE = re.compile(r"^(\s*)\.\. (?:\w+:)?([\w-]+)::\s*(.*)$")  # kept: said in words
+_SAID = {
+    "note": "Note:",
+    "warning": "Warning:",
+    "important": "Important:",
+    "tip": "Tip:",
+    "seealso": "See also:",
+    "versionadded": "Added in version {}",
+    "versionchanged": "Changed in version {}",
+    "deprecated": "Deprecated since version {}",
+    "class": "class {}",
+    "exception": "exception {}",
+}
+_CODE = ("code-block", "sourcecode", "code", "doctest", "testcode", "productionlist")
+
+
+def _said(line: str) -> str | None:
+    """A kept directive's line in words (`.. note::` -> "Note:", `.. function:: f(x)` ->
+    "f(x)"); None drops the line (a code block's language)."""
+    m = _DIRECTIVE.match(line)
+    if m is None:
+        return line
+    indent, name, args = m.groups()
+    if name in _CODE:
+        return None
+    said = _SAID.get(name, "{}").format(args).strip()
+    return indent + said if said else None
 
 
 def rst_to_text(rst: str) -> str:
@@ -138,7 +165,10 @@ def rst_to_text(rst: str) -> str:
         if _DROP_DIRECTIVE.match(line) or _COMMENT.match(line):
             skip_below = indent
             continue
-        out.append(line.rstrip())
+        if _HEADING.match(line):  # an underline left of a heading inside a section
+            continue
+        if (line := _said(line)) is not None:
+            out.append(line.rstrip())
     text = "\n".join(out)  # joined first: a link's text may run over several lines
     text = _REF.sub(r"\1", _LINK.sub(r"\1", _ROLE.sub(r"\1", text))).replace("``", "`")
     return re.sub(r"\n{3,}", "\n\n", text).strip()
@@ -171,9 +201,10 @@ def rst_sections(rst: str) -> Iterator[tuple[str, str]]:
 
 
 def chunk_paragraphs(text: str, max_chars: int) -> list[str]:
-    """Paragraph-aligned chunks of at most ~max_chars (a longer paragraph stays whole)."""
+    """Paragraph-aligned chunks of at most ~max_chars (a longer paragraph, a table, is cut
+    between its lines)."""
     chunks, cur = [], ""
-    for para in text.split("\n\n"):
+    for para in (p for para in text.split("\n\n") for p in _line_cut(para, max_chars)):
         if cur and len(cur) + len(para) + 2 > max_chars:
             chunks.append(cur)
             cur = para
@@ -182,6 +213,17 @@ def chunk_paragraphs(text: str, max_chars: int) -> list[str]:
     if cur.strip():
         chunks.append(cur)
     return chunks
+
+
+def _line_cut(para: str, max_chars: int) -> list[str]:
+    pieces, cur = [], ""
+    for line in para.split("\n"):
+        if cur and len(cur) + len(line) + 1 > max_chars:
+            pieces.append(cur)
+            cur = line
+        else:
+            cur = f"{cur}\n{line}" if cur else line
+    return [*pieces, cur]
 
 
 def docs_records_from_tree(
