@@ -366,6 +366,25 @@ def test_history_arguments_that_are_no_json_object_reach_the_template_as_text(
     assert r.usage.prompt_tokens == len(want)
 
 
+def test_a_null_tool_result_and_the_reasoning_field_of_vllm_are_taken(client):
+    """Clients send an empty tool output as null, and OpenRouter / vLLM history carries a
+    turn's thinking as `reasoning`: both were 400s; they read as "" and reasoning_content."""
+    body = answered_call('{"city": "Paris"}', ASSISTANT_CALL["tool_calls"][0]["id"])["messages"]
+
+    def with_(tool: dict, assistant: dict):
+        return [*body[:-2], {**body[-2], **assistant}, {**body[-1], **tool}]
+
+    null, empty = (with_({"content": c}, {}) for c in (None, ""))
+    a, b = (ask(client, m, tools=tt.TOOLS, max_tokens=4) for m in (null, empty))
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+    assert a.choices[0].message.content == b.choices[0].message.content
+    think = "the user asks for the weather"
+    named = [with_({}, {k: think}) for k in ("reasoning", "reasoning_content")]
+    c, d = (ask(client, m, tools=tt.TOOLS, max_tokens=4) for m in named)
+    assert c.usage.prompt_tokens == d.usage.prompt_tokens
+    assert c.choices[0].message.content == d.choices[0].message.content
+
+
 FN = {"name": "f", "parameters": {"type": "object", "properties": {}}}
 FN_ARGS_5 = {"name": "get_weather", "arguments": 5}
 BAD = [

@@ -242,7 +242,8 @@ _MESSAGE_FIELDS = {
     "system": ("name",),
     "developer": ("name",),
     "user": ("name",),
-    "assistant": ("name", "tool_calls", "reasoning_content", "refusal"),
+    # `reasoning`: vLLM's and OpenRouter's name for `reasoning_content`
+    "assistant": ("name", "tool_calls", "reasoning_content", "reasoning", "refusal"),
     "tool": ("tool_call_id", "name"),
 }
 
@@ -273,8 +274,8 @@ def _message(i: int, m) -> dict:
     refusal = m.get("refusal") if role == "assistant" else None
     if refusal is not None and not isinstance(refusal, str):
         raise invalid(f"messages[{i}].refusal", "refusal must be a string", "invalid_type")
-    if m.get("content") is None and (calls or refusal):
-        content = refusal or ""  # a turn that only calls tools, or refused (its text)
+    if m.get("content") is None and (calls or refusal or role == "tool"):
+        content = refusal or ""  # a turn that only calls tools, refused (its text), or empty
     elif "content" not in m:
         raise invalid(f"messages[{i}].content", "content is required", "missing_required_parameter")
     else:
@@ -285,13 +286,13 @@ def _message(i: int, m) -> dict:
         out["tool_calls"] = history_tool_calls(i, calls)
     if role == "tool":
         out["tool_call_id"] = tool_call_id(i, m.get("tool_call_id"))
-    for k in ("name", "reasoning_content"):
+    for k in ("name", "reasoning_content", "reasoning"):
         if k in _MESSAGE_FIELDS[role] and m.get(k) is not None and (k, m[k]) != ("name", ""):
             if not isinstance(m[k], str):
                 raise invalid(
                     f"messages[{i}].{k}", f"messages[{i}].{k} must be a string", "invalid_type"
                 )
-            out[k] = m[k]
+            out.setdefault("reasoning_content" if k == "reasoning" else k, m[k])
     return out
 
 
