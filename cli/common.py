@@ -291,7 +291,8 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     """Resolve an alias / --target / --drafter, fetch both, load the pair with `flags` (an
     EngineFlags): (pair, resolved, the target's folder)."""
     from dflash2_mlx import load_pair
-    from dflash2_mlx.registry import fetch, resolve
+    from dflash2_mlx.downloads import fetch
+    from dflash2_mlx.registry import resolve
 
     resolved = resolve(model, target, drafter)
     tdir = fetch(resolved.target, "target", offline=offline)

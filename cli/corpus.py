@@ -52,7 +52,8 @@ def corpus(
     cfg = CorpusConfig(out, tuple(s.strip() for s in sources.split(",") if s.strip()), limit)
     from mlx_lm.utils import load_tokenizer
 
-    from dflash2_mlx.registry import fetch, is_repo_id, target_of
+    from dflash2_mlx.downloads import fetch, is_repo_id
+    from dflash2_mlx.registry import target_of
 
     target = target_of(target)
 

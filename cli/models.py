@@ -24,11 +24,11 @@ def _size(n: int) -> str:
 
 
 def _inventory() -> dict:
-    from dflash2_mlx import registry
+    from dflash2_mlx import downloads, registry
     from dflash2_mlx.embedded import model_dir
 
-    cached = {r["repo"].lower() for r in registry.hf_cache()}
-    root, converted = registry.dflash2_cache()
+    cached = {r["repo"].lower() for r in downloads.hf_cache()}
+    root, converted = downloads.dflash2_cache()
     rows = []
     for e in registry.aliases():
         if e.embedded:
@@ -50,7 +50,7 @@ def _inventory() -> dict:
         )
     return {
         "aliases": rows,
-        "hf_cache": {"dir": registry.hf_cache_dir(), "repos": registry.hf_cache()},
+        "hf_cache": {"dir": downloads.hf_cache_dir(), "repos": downloads.hf_cache()},
         "dflash2_cache": {"dir": str(root), "models": converted},
     }
 
@@ -124,7 +124,7 @@ def pull(
     """
     if model is None and target is None and drafter is None:
         fail("give a MODEL alias (see `dflash2 models`) or --target and --drafter")
-    from dflash2_mlx import registry
+    from dflash2_mlx import downloads, registry
 
     if model is not None and target is None:
         entry = registry.lookup(model)
@@ -138,7 +138,7 @@ def pull(
             typer.echo(f"{what:>7}: {src} (local folder)")
             continue
         typer.echo(f"{what:>7}: downloading {src} ...")
-        path = registry.fetch(src, what)
+        path = downloads.fetch(src, what)
         typer.echo(f"{what:>7}: {src} -> {path}")
     how = resolved.alias or f"--target {resolved.target} --drafter {resolved.drafter}"
     typer.echo(f"ready: dflash2 chat {how}")

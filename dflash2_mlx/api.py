@@ -23,7 +23,9 @@ from .engine.session import Session
 from .engine.width import WidthRule
 from .errors import CompatibilityError, ConfigError, ParameterError
 from .grammar import Grammar, Grammars, Thinking
-from .registry import FetchError, ModelNotFoundError, closest, fetch, is_repo_id, lookup, resolve
+from .downloads import fetch, is_repo_id
+from .errors import FetchError, ModelNotFoundError
+from .registry import closest, lookup, resolve
 from .target.adapter import TargetAdapter
 from .target.folder import check_target_folder
 

@@ -19,7 +19,7 @@ from .config import DrafterConfig
 from .drafter.model import Drafter
 from .drafter.vocab import DRAFT_VOCAB_FILE, read_draft_vocab
 from .errors import CheckpointError, ConfigError, DFlash2Error, ParameterError
-from .registry import fetch
+from .downloads import fetch
 
 WEIGHTS_NAME = "model.safetensors"
 

@@ -22,3 +22,12 @@ class CompatibilityError(DFlash2Error):
 
 class ParameterError(DFlash2Error, ValueError):
     """A generation parameter is out of range or unsupported."""
+
+
+class ModelNotFoundError(DFlash2Error):
+    """An alias is unknown, or a pair is incomplete or cannot be built."""
+
+
+class FetchError(ModelNotFoundError, CheckpointError):
+    """A model folder or Hugging Face repo cannot be found or downloaded (for a drafter, this
+    is also why its checkpoint cannot be loaded)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from offline import fake_hf_repo
 
-from dflash2_mlx import registry
+from dflash2_mlx import downloads, registry
 from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.registry import ModelNotFoundError, ResolvedPair, resolve
 
@@ -182,31 +182,31 @@ def test_embedded_conversion_errors_are_user_errors(embedded, monkeypatch):
 
 # ------------------------------------------------------------------ fetch and caches
 def test_fetch_local_folder_and_bad_paths(tmp_path):
-    assert registry.fetch(str(tmp_path)) == tmp_path
+    assert downloads.fetch(str(tmp_path)) == tmp_path
     f = tmp_path / "file"
     f.write_text("x")
     with pytest.raises(ModelNotFoundError, match="found a file"):
-        registry.fetch(str(f), "drafter")
+        downloads.fetch(str(f), "drafter")
     with pytest.raises(ModelNotFoundError, match="no such folder"):
-        registry.fetch(str(tmp_path / "nope"))
+        downloads.fetch(str(tmp_path / "nope"))
     with pytest.raises(ModelNotFoundError, match="no such folder"):
-        registry.fetch("a/b/c")
+        downloads.fetch("a/b/c")
 
 
 def test_fetch_offline_gives_one_clear_error(hf_offline):
     with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE is set: the hub is not asked"):
-        registry.fetch("mlx-community/Qwen3-4B-bf16")
+        downloads.fetch("mlx-community/Qwen3-4B-bf16")
     with pytest.raises(ModelNotFoundError, match="offline: the hub is not asked"):
-        registry.fetch("mlx-community/Qwen3-4B-bf16", offline=True)
+        downloads.fetch("mlx-community/Qwen3-4B-bf16", offline=True)
 
 
 def test_fetch_from_cache_and_cache_listing(hf_offline):
     fake_hf_repo(hf_offline, "z-lab/Qwen3-4B-DFlash-b16")
-    path = registry.fetch("z-lab/Qwen3-4B-DFlash-b16", "drafter")
+    path = downloads.fetch("z-lab/Qwen3-4B-DFlash-b16", "drafter")
     assert (path / "config.json").is_file()
-    repos = registry.hf_cache()
+    repos = downloads.hf_cache()
     assert [r["repo"] for r in repos] == ["z-lab/Qwen3-4B-DFlash-b16"]
-    assert registry.hf_cache_dir() == str(hf_offline)
+    assert downloads.hf_cache_dir() == str(hf_offline)
 
 
 def test_empty_caches(tmp_path, monkeypatch):
@@ -214,10 +214,10 @@ def test_empty_caches(tmp_path, monkeypatch):
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "none"))
     monkeypatch.setenv("DFLASH2_HOME", str(tmp_path / "home"))
-    assert registry.hf_cache() == []
-    root, models = registry.dflash2_cache()
+    assert downloads.hf_cache() == []
+    root, models = downloads.dflash2_cache()
     assert root == tmp_path / "home" and models == []
     (root / "models" / "smollm2-135m-instruct").mkdir(parents=True)
     (root / "models" / "smollm2-135m-instruct" / "config.json").write_text("{}")
-    _, models = registry.dflash2_cache()
+    _, models = downloads.dflash2_cache()
     assert [m["name"] for m in models] == ["smollm2-135m-instruct"] and models[0]["size_bytes"] == 2

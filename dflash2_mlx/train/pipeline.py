@@ -18,7 +18,7 @@ from ..drafter.model import Drafter
 from ..drafter.vocab import DRAFT_VOCAB_FILE, count_tokens, draft_vocab_text
 from ..errors import DFlash2Error
 from ..prompts import load_prompts
-from ..registry import fetch
+from ..downloads import fetch
 from ..target.adapter import TargetAdapter
 from .drafter_init import adopt_start, start_tensors
 from .features import build_feature_cache, load_feature_cache, read_regenerations
