@@ -62,6 +62,7 @@ from .profiles import (  # noqa: F401
 from .block_schedule import measure_schedule
 from .calibration import (  # noqa: F401 - acceptance_probs re-exported
     MIN_ROUNDS,
+    check_rounds,
     SAMPLED_TEMPERATURES,
     acceptance_probs,
     calibrate,
@@ -72,9 +73,6 @@ from .errors import ParameterError
 from .quant import describe_quant, is_quantized, quant_signature, quantized_layers, weight_dtype  # noqa: F401
 
 QUANT_CAP = 5
-# A wider verify timed this many times cheaper than one token, and by more than a few ms (a
-# tiny model's timings are mostly overhead and jitter): the timings are not trusted.
-IMPLAUSIBLE, JITTER_MS = 1.5, 10.0
 # Lookup-block candidates measured beyond the drafter's blocks (tokens verified per round).
 LOOKUP_WIDTHS = (4, 6, 8, 12, 16, 24, 32)
 # Row counts and widths of the batched engine's verify cost table (widths cut to those measured
@@ -277,7 +275,7 @@ def autotune(
     say(f"calibration: greedy at block {B} on {len(prompts)} prompts")
     calib = calibrate_at(0.0, max(lookup_widths, default=B))
     if B > 1:  # block 1 drafts nothing: one block to choose, no rounds to count
-        _check_rounds(calib, len(prompts), max_tokens)
+        check_rounds(calib, len(prompts), max_tokens)
     measured = costs.measure_costs(
         pair,
         widths,
@@ -288,7 +286,7 @@ def autotune(
         repeats=repeats,
         say=say,
     )
-    _check_costs(measured.verify["ms"])
+    costs.check_plausible(measured.verify["ms"])
     block_ms = {w: measured.verify["ms"][w] for w in range(1, B + 1)}
     choice = choose_block(
         block_ms, measured.draft["ms"], calib["position_probs"], max_block=B, cap=cap
@@ -323,31 +321,6 @@ def autotune(
         "block_by_context": long["block_by_context"] if long else [],
         **sampled,
     }
-
-
-def _check_rounds(calib: dict, prompts: int, max_tokens: int) -> None:
-    """Too few greedy drafter rounds to choose a block by: refused before anything is stored
-    (a profile chosen from one round could turn drafting off for every later chat)."""
-    if calib["rounds"] < MIN_ROUNDS:
-        raise ParameterError(
-            f"autotune: the calibration ran {calib['rounds']} drafter rounds ({prompts} prompts "
-            f"x {max_tokens} tokens), fewer than the {MIN_ROUNDS} a block is chosen by; "
-            "nothing was stored: give it more prompts or tokens (bench: --limit, --max-tokens; "
-            "its defaults are enough)"
-        )
-
-
-def _check_costs(verify_ms: Mapping[int, float]) -> None:
-    """A verify of one token timed well above a wider one: the load changed while they ran
-    (a busy machine), and a block chosen from such costs would be wrong for every later run."""
-    one = verify_ms[1]
-    w = min((w for w in verify_ms if w > 1), key=verify_ms.get, default=None)
-    if w is not None and verify_ms[w] * IMPLAUSIBLE + JITTER_MS < one:
-        raise ParameterError(
-            f"autotune: the verify timings are not plausible: one token took {one:.1f} ms, "
-            f"{w} tokens {verify_ms[w]:.1f} ms (was the machine busy?); nothing was stored: "
-            "rerun it on a quiet machine"
-        )
 
 
 def _sampled_section(

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable, Iterable, Sequence
 
+from .errors import ParameterError
+
 # Temperatures the autotuner calibrates sampled rounds at; a request at or above one of them
 # (and below the next) uses its block (settings.block_for_temperature).
 SAMPLED_TEMPERATURES = (0.7, 1.0)
@@ -108,3 +110,15 @@ def falling_blocks(choices: Sequence[tuple[float, int]], first: int) -> list[lis
             out.append([float(temperature), int(block)])
             current = block
     return out
+
+
+def check_rounds(calib: dict, prompts: int, max_tokens: int) -> None:
+    """Too few greedy drafter rounds to choose a block by: refused before anything is stored
+    (a profile chosen from one round could turn drafting off for every later chat)."""
+    if calib["rounds"] < MIN_ROUNDS:
+        raise ParameterError(
+            f"autotune: the calibration ran {calib['rounds']} drafter rounds ({prompts} prompts "
+            f"x {max_tokens} tokens), fewer than the {MIN_ROUNDS} a block is chosen by; "
+            "nothing was stored: give it more prompts or tokens (bench: --limit, --max-tokens; "
+            "its defaults are enough)"
+        )

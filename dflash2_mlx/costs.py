@@ -11,13 +11,17 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import mlx.core as mx
 
 from .engine.sampling import SamplingParams
 from .errors import ParameterError
 from .target import batch as tbatch
+
+# A wider verify timed this many times cheaper than one token, and by more than a few ms (a
+# tiny model's timings are mostly overhead and jitter): the timings are not trusted.
+IMPLAUSIBLE, JITTER_MS = 1.5, 10.0
 
 
 def context_ids(vocab: int, n: int) -> list[int]:
@@ -219,3 +223,16 @@ def measure_costs(
     say(f"draft cost, blocks 2..{max(blocks)}")
     draft = draft_costs(pair, blocks, context=context, repeats=repeats)
     return Costs(verify, batch_verify, draft)
+
+
+def check_plausible(verify_ms: Mapping[int, float]) -> None:
+    """A verify of one token timed well above a wider one: the load changed while they ran
+    (a busy machine), and a block chosen from such costs would be wrong for every later run."""
+    one = verify_ms[1]
+    w = min((w for w in verify_ms if w > 1), key=verify_ms.get, default=None)
+    if w is not None and verify_ms[w] * IMPLAUSIBLE + JITTER_MS < one:
+        raise ParameterError(
+            f"autotune: the verify timings are not plausible: one token took {one:.1f} ms, "
+            f"{w} tokens {verify_ms[w]:.1f} ms (was the machine busy?); nothing was stored: "
+            "rerun it on a quiet machine"
+        )
