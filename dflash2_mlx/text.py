@@ -162,7 +162,9 @@ class IncrementalDecoder:
 class TextStream:
     """Turns round events into text, cutting at the first stop string (never emitted).
 
-    Text that could be the start of a stop string is held back until it is decided.
+    Text that could be the start of a stop string is held back until it is decided. A stop
+    string never matches part of an added token's text (`<think>`, `<tool_call>`: a stop "i"
+    would leave "<th" as the answer); it may match the whole of one.
     `context`: the prompt ids (the text continues them: a leading space is kept).
     """
 
@@ -174,6 +176,8 @@ class TextStream:
         if "" in stop:  # it would match everywhere: refused, as the server does
             raise ParameterError(f"stop strings must not be empty, got {list(stop)!r}")
         self.stop = list(stop)
+        self.markers = _added_token_texts(tokenizer) if stop else {}
+        self.spans: list[tuple[int, int]] = []  # where the markers lie in the decoded text
         self.decoder = IncrementalDecoder(tokenizer, context)
         self.sent = 0  # chars of the decoded text already emitted
         self.stopped = False
@@ -188,7 +192,10 @@ class TextStream:
         for k, step in enumerate(steps or [[]]):
             self.decoder.add(step, final and k == max(len(steps), 1) - 1)
             text = self.decoder.text
-            found = [(text.find(s, max(0, self.sent - len(s) + 1)), s) for s in self.stop]
+            marker = self.markers.get(step[0]) if step else None
+            if marker and text.endswith(marker):
+                self.spans.append((len(text) - len(marker), len(text)))
+            found = [(self._find(text, s, max(0, self.sent - len(s) + 1)), s) for s in self.stop]
             found = [(i, s) for i, s in found if i != -1]
             if found:
                 i, s = min(found, key=lambda f: f[0])
@@ -207,6 +214,23 @@ class TextStream:
         out = text[self.sent : end] if end > self.sent else ""
         self.sent = max(self.sent, end)
         return out, False
+
+    def _find(self, text: str, s: str, start: int) -> int:
+        """text.find(s, start), past matches that cut into a marker."""
+        i = text.find(s, start)
+        while i != -1 and any(
+            a < i + len(s) and i < b and not (i <= a and b <= i + len(s)) for a, b in self.spans
+        ):
+            i = text.find(s, i + 1)
+        return i
+
+
+def _added_token_texts(tokenizer) -> dict[int, str]:
+    """Added tokens of more than one character, by id (the HF tokenizer's table)."""
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)
+    table = getattr(inner, "added_tokens_decoder", None) or {}
+    texts = {int(i): getattr(t, "content", str(t)) for i, t in table.items()}
+    return {i: t for i, t in texts.items() if len(t) > 1}
 
 
 class EventText:

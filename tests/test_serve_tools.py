@@ -385,6 +385,31 @@ def test_a_null_tool_result_and_the_reasoning_field_of_vllm_are_taken(client):
     assert c.choices[0].message.content == d.choices[0].message.content
 
 
+def test_a_stop_string_never_cuts_into_a_marker(tool_pair):
+    """A stop "i" once matched inside "<think>" and left "<th" as the reply's content; a
+    stop may still be a whole marker."""
+    from dflash2_mlx.text import TextStream
+
+    text = f"<think>\n{tt.THOUGHT}\n</think>\n\n{tt.ANSWER}"
+    ids = tool_pair.tokenizer.encode(text, add_special_tokens=False)
+    thought = text.index(tt.THOUGHT)
+    for stops, want in (
+        (["i"], text[: text.index("i", thought)]),  # the first "i" outside the markers
+        (["k>"], text),  # only ever inside one: no match
+        (["<think>"], ""),
+        (["</think>"], text[: text.index("</think>")]),
+    ):
+        whole = TextStream(tool_pair.tokenizer, stops)
+        assert whole.feed(ids, final=True)[0] == want, stops
+        one, got = TextStream(tool_pair.tokenizer, stops), ""
+        for t in ids:  # a token a round: the same cut
+            part, hit = one.feed([t], final=False)
+            got += part
+            if hit:
+                break
+        assert got == want, stops
+
+
 FN = {"name": "f", "parameters": {"type": "object", "properties": {}}}
 FN_ARGS_5 = {"name": "get_weather", "arguments": 5}
 BAD = [
