@@ -2,7 +2,7 @@
 
 A field that would change the output and is not implemented (n > 1, best_of, ...) is refused
 with a 400 naming it, unless it has its neutral value (n=1, best_of=1, ...). Unknown fields are refused too. Only fields that cannot
-change the output (user, metadata, ...) are accepted and unused. Tools are validated in
+change the output (user, metadata, ...) are accepted and unused. Messages are read in chat_messages.py, tools validated in
 tools.py, chat_template_kwargs in reasoning.py; whether the model supports them is checked
 against its template (chat_prompt.py).
 """
@@ -18,7 +18,8 @@ from .api_error import APIError, brief, check_object, invalid, is_int, is_num, o
 from .reasoning import chat_effort, parse_template_kwargs
 from .response_format import parse_response_format
 from .token_fields import PENALTIES, parse_logprobs, parse_penalties
-from .tools import ToolRequest, check_tool_answers, history_tool_calls, parse_tools, tool_call_id
+from .chat_messages import continuation, message, text_content
+from .tools import ToolRequest, check_tool_answers, parse_tools
 
 MAX_STOP = 16
 
@@ -200,31 +201,6 @@ def _common(body: dict, kind: str, max_param: str) -> GenRequest:
     return req
 
 
-def _text(param: str, content, sep: str, refusal: bool = False) -> str:
-    """A string, or a list of text parts joined with `sep` (with `refusal`, an assistant's
-    refusal parts count as its text, as OpenAI's history holds them)."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise invalid(param, f"{param} must be a string or a list of text parts", "invalid_type")
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        key = "refusal" if refusal and kind == "refusal" else "text" if kind == "text" else None
-        if key is None:
-            raise invalid(
-                f"{param}[{j}]",
-                'only text content parts ({"type": "text", "text": ...}) are supported'
-                f"; got type {brief(kind)}",
-                "unsupported_parameter",
-            )
-        if not isinstance(part.get(key), str):
-            code = "missing_required_parameter" if part.get(key) is None else "invalid_type"
-            raise invalid(f"{param}[{j}].{key}", f"{param}[{j}].{key} must be a string", code)
-        texts.append(part[key])
-    return sep.join(texts)
-
-
 def _prediction(value) -> str | None:
     """OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts}."""
     if value is None:
@@ -234,92 +210,7 @@ def _prediction(value) -> str | None:
         raise invalid(
             "prediction.type", f'prediction.type must be "content"; got {brief(value.get("type"))}'
         )
-    return _text("prediction.content", value.get("content"), "")
-
-
-# Message fields besides role and content, by role.
-_MESSAGE_FIELDS = {
-    "system": ("name",),
-    "developer": ("name",),
-    "user": ("name",),
-    # `reasoning`: vLLM's and OpenRouter's name for `reasoning_content`
-    "assistant": ("name", "tool_calls", "reasoning_content", "reasoning", "refusal"),
-    "tool": ("tool_call_id", "name"),
-}
-
-
-def _message(i: int, m) -> dict:
-    """One message, as the chat template takes it."""
-    if not isinstance(m, dict):
-        raise invalid(f"messages[{i}]", "each message must be an object", "invalid_type")
-    role = m.get("role")
-    if not isinstance(role, str) or role not in _MESSAGE_FIELDS:
-        raise invalid(
-            f"messages[{i}].role",
-            f"role must be system, developer, user, assistant or tool; got {brief(role)}",
-        )
-    for k, v in m.items():
-        if k not in ("role", "content", *_MESSAGE_FIELDS[role]) and v not in (None, []):
-            raise invalid(
-                f"messages[{i}].{k}",
-                f"message field {brief(k)} is not supported"
-                + (
-                    f" on a {role} message"
-                    if k in _MESSAGE_FIELDS["assistant"] + _MESSAGE_FIELDS["tool"]
-                    else ""
-                ),
-                "unsupported_parameter",
-            )
-    calls = m.get("tool_calls") if role == "assistant" else None
-    refusal = m.get("refusal") if role == "assistant" else None
-    if refusal is not None and not isinstance(refusal, str):
-        raise invalid(f"messages[{i}].refusal", "refusal must be a string", "invalid_type")
-    if m.get("content") is None and (calls or refusal or role == "tool"):
-        content = refusal or ""  # a turn that only calls tools, refused (its text), or empty
-    elif "content" not in m:
-        raise invalid(f"messages[{i}].content", "content is required", "missing_required_parameter")
-    else:
-        content = _text(f"messages[{i}].content", m["content"], "\n", role == "assistant")
-    # Chat templates know "system"; OpenAI's newer "developer" role means the same.
-    out = {"role": "system" if role == "developer" else role, "content": content}
-    if calls:
-        out["tool_calls"] = history_tool_calls(i, calls)
-    if role == "tool":
-        out["tool_call_id"] = tool_call_id(i, m.get("tool_call_id"))
-    for k in ("name", "reasoning_content", "reasoning"):
-        if k in _MESSAGE_FIELDS[role] and m.get(k) is not None and (k, m[k]) != ("name", ""):
-            if not isinstance(m[k], str):
-                raise invalid(
-                    f"messages[{i}].{k}", f"messages[{i}].{k} must be a string", "invalid_type"
-                )
-            out.setdefault("reasoning_content" if k == "reasoning" else k, m[k])
-    return out
-
-
-def _continuation(body: dict, messages: list[dict]) -> tuple[list[dict], str | None, bool]:
-    """vLLM's `continue_final_message` (the reply continues the final assistant message, whose
-    text becomes the reply's prefill) and `add_generation_prompt` (false: the prompt ends
-    without an assistant header). Returns (messages, prefill, generation prompt)."""
-    flag = lambda v: isinstance(v, bool)  # noqa: E731
-    cont = optional(body, "continue_final_message", flag, "a boolean")
-    header = optional(body, "add_generation_prompt", flag, "a boolean")
-    if not cont:
-        return messages, None, header is not False
-    if header:
-        raise invalid(
-            "add_generation_prompt",
-            "add_generation_prompt and continue_final_message cannot both be true",
-        )
-    last = messages[-1]
-    if last["role"] != "assistant" or last.get("tool_calls"):
-        raise invalid(
-            f"messages[{len(messages) - 1}]",
-            "continue_final_message: the final message must be an assistant message of text "
-            "(no tool calls), which the reply continues",
-        )
-    if len(messages) == 1:
-        raise invalid("messages", "a final assistant message to continue needs a message before it")
-    return messages[:-1], last["content"], True
+    return text_content("prediction.content", value.get("content"), "")
 
 
 def parse_chat(body: dict) -> GenRequest:
@@ -351,10 +242,10 @@ def parse_chat(body: dict) -> GenRequest:
         raise invalid("messages", "messages must be a list of messages", "invalid_type")
     if not messages:
         raise invalid("messages", "messages is empty: at least one message is needed")
-    out = [_message(i, m) for i, m in enumerate(messages)]
+    out = [message(i, m) for i, m in enumerate(messages)]
     check_tool_answers(out)
     req = _common(body, "chat", "max_completion_tokens")
-    req.messages, req.prefill, req.generation_prompt = _continuation(body, out)
+    req.messages, req.prefill, req.generation_prompt = continuation(body, out)
     req.prediction = _prediction(body.get("prediction"))
     req.tools = parse_tools(body)
     if req.logprobs is not None and req.tools is not None and req.tools.active:
