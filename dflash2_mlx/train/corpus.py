@@ -162,11 +162,16 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def count_tokens(tokenizer, messages: list[dict]) -> int:
-    # counted whole, past the model's length: transformers' "longer than" warning says nothing
-    inner = getattr(tokenizer, "_tokenizer", None)  # mlx-lm's wrapper holds the HF tokenizer
+def _counting(tokenizer):
+    """The HF tokenizer (mlx-lm's wrapper holds it) that counts records whole, past the
+    model's length: transformers' "longer than" warning would say nothing here."""
+    inner = getattr(tokenizer, "_tokenizer", None)
     tokenizer = inner if hasattr(inner, "apply_chat_template") else tokenizer
     tokenizer.model_max_length = max(getattr(tokenizer, "model_max_length", 0), 1 << 30)
+    return tokenizer
+
+
+def count_tokens(tokenizer, messages: list[dict]) -> int:
     ids = tokenizer.apply_chat_template(messages, tokenize=True)
     return len(getattr(ids, "input_ids", ids))
 
@@ -186,12 +191,12 @@ def build_source(
         records = [records[i] for i in keep]
     if not records:
         raise CorpusError(f"{source.name}: {archive} yielded no records")
-    path, tokens = out / f"{source.name}.jsonl", 0
+    path, tokens, counter = out / f"{source.name}.jsonl", 0, _counting(tokenizer)
     tmp = path.with_suffix(".jsonl.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
             for i, rec in enumerate(records, 1):
-                rec["tokens"] = count_tokens(tokenizer, rec["messages"])
+                rec["tokens"] = count_tokens(counter, rec["messages"])
                 tokens += rec["tokens"]
                 fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
                 if i % 200 == 0 or i == len(records):
