@@ -50,7 +50,7 @@ def chat(
         "--thinking-budget",
         help="Most tokens a thinking model may think before it answers (its end marker is "
         "then forced; exact).",
-        min=1,
+        min=0,
     ),
     repetition_penalty: Optional[float] = typer.Option(
         None,

@@ -116,7 +116,7 @@ def serve(
     thinking_budget: Optional[int] = typer.Option(
         None,
         "--thinking-budget",
-        min=1,
+        min=0,
         help="Most tokens a reply may think when its request does not say (thinking_budget; "
         "exact: the end marker is then forced).",
     ),
@@ -227,6 +227,7 @@ def serve(
     )
     sock = _listen(host, port)
 
+    from dflash2_mlx.registry import names_of
     from dflash2_mlx.serve import create_app, display_name, run_server
     from dflash2_mlx.settings import resolve_engine
     from dflash2_mlx.target.context import trained_context_length
@@ -243,6 +244,7 @@ def serve(
         app = create_app(
             pair,
             model_name=name,
+            other_names=names_of(resolved.alias) if resolved.alias else (),
             max_queue=max_queue,
             max_batch=max_batch,
             context_length=context_length,

@@ -170,6 +170,12 @@ def lookup(name: str) -> ModelEntry:
     raise ModelNotFoundError(f"unknown model {name!r}{hint} (`dflash2 models` lists the aliases)")
 
 
+def names_of(alias: str) -> tuple[str, ...]:
+    """Every name of an alias's pair: the alias, its synonyms, its target's repo id."""
+    e = lookup(alias)
+    return (e.alias, *e.synonyms) + (() if e.embedded else (e.target,))
+
+
 def embedded_drafter_dir() -> Path:
     """The bundled drafter of the embedded default, or a clear error if it is not built."""
     if not (EMBEDDED_DRAFTER / "config.json").is_file():

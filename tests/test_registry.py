@@ -66,6 +66,16 @@ def test_synonym_and_target_repo_resolve():
     assert resolve(None, "mlx-community/Qwen3-8B-bf16").drafter == "z-lab/Qwen3-8B-DFlash-b16"
 
 
+def test_names_of_an_alias():
+    """What `dflash2 serve ALIAS` also answers to as a request's `model`."""
+    assert registry.names_of("Qwen3.8-27B") == (
+        "qwen3.8-27b-4bit",
+        "qwen3.8-27b",
+        "mlx-community/Qwen3.8-27B-4bit",
+    )
+    assert registry.names_of("smollm2") == ("smollm2-135m", "smollm2", "default")
+
+
 @pytest.mark.parametrize(
     "typo, suggestion",
     [

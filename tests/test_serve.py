@@ -652,6 +652,19 @@ def test_unknown_route_and_method(url):
     assert slash.status_code == 404 and slash.json()["error"]["code"] == "not_found"
 
 
+def test_a_request_may_name_the_model_by_another_name(pair):
+    """`other_names` (an alias's synonyms, `dflash2 serve` passes them): a request naming one,
+    in any case, is served and answered under the served name; any other name is a 404."""
+    app = create_app(pair, model_name="tiny", other_names=("Tiny-Alias",), default_max_tokens=2)
+    with running(app) as base:
+        chat = base + "/v1/chat/completions"
+        ok = httpx.post(chat, json={"messages": HI, "model": "TINY-alias"})
+        assert ok.status_code == 200 and ok.json()["model"] == "tiny"
+        assert httpx.get(base + "/v1/models/tiny-alias").json()["id"] == "tiny"
+        err = httpx.post(chat, json={"messages": HI, "model": "tiny-2"})
+        assert err.status_code == 404 and err.json()["error"]["code"] == "model_not_found"
+
+
 # ------------------------------------------------------------------ queue, disconnect, metrics
 def _open_long_stream(http: httpx.Client, url: str):
     """Start a long streaming generation; return once it has produced text.

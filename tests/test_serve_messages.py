@@ -350,8 +350,11 @@ def test_thinking_budget_on_chat_completions(client, url):
     chat = httpx.post(url + "/v1/chat/completions", json=body).json()["choices"][0]["message"]
     assert chat["reasoning_content"] == r.content[0].thinking
     assert chat["content"] == "".join(b.text for b in r.content if b.type == "text")
-    bad = httpx.post(url + "/v1/chat/completions", json={**body, "thinking_budget": 0})
+    bad = httpx.post(url + "/v1/chat/completions", json={**body, "thinking_budget": -1})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "thinking_budget"
+    none = httpx.post(url + "/v1/chat/completions", json={**body, "thinking_budget": 0})
+    message = none.json()["choices"][0]["message"]  # 0: the section's end marker comes first
+    assert chat["reasoning_content"] and not message.get("reasoning_content")
 
 
 def test_a_server_wide_thinking_budget(tool_pair, url):  # noqa: F811
@@ -376,8 +379,8 @@ def test_a_server_wide_thinking_budget(tool_pair, url):  # noqa: F811
     plain = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2))
     with pytest.raises(DFlash2Error, match="no thinking section"):
         create_app(plain, model_name="p", thinking_budget=3)
-    for bad in (0, True, 2.5):
-        with pytest.raises(DFlash2Error, match=f"thinking_budget must be an int >= 1; got {bad}"):
+    for bad in (-1, True, 2.5):
+        with pytest.raises(DFlash2Error, match=f"thinking_budget must be an int >= 0; got {bad}"):
             create_app(tool_pair, model_name="tools", thinking_budget=bad)
 
 

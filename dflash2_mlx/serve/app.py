@@ -72,6 +72,7 @@ def create_app(
     pair,
     *,
     model_name: str,
+    other_names: tuple[str, ...] = (),
     max_queue: int = 8,
     max_batch: int = DEFAULT_MAX_BATCH,
     context_length: int | None = None,
@@ -91,7 +92,8 @@ def create_app(
     block_by_temperature: tuple[tuple[float, int], ...] = (),
     verify_cost: Callable[[int, int], float] | None = None,
 ) -> FastAPI:
-    """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name`.
+    """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name` (a request's `model`
+    may also say one of `other_names`: an alias's synonyms, its target's repo id).
 
     max_queue: requests that may wait while others generate (beyond: 503 + Retry-After).
     max_batch: requests generating together in one batched speculative loop (engine/batch.py;
@@ -104,7 +106,8 @@ def create_app(
     thinking: the `enable_thinking` of requests that do not set it in chat_template_kwargs
     (None: the template's own default; refused if the template has no such switch).
     thinking_budget: the most tokens a reply's thinking section may hold when a request does
-    not say (engine/budget.py; None: no limit; refused for a model without thinking markers).
+    not say (engine/budget.py; 0: an empty section; None: no limit; refused for a model
+    without thinking markers).
     prompt_cache_mb: memory for the engine state of recent conversations, reused by prompt
     prefix across requests (engine/prompt_cache.py); 0: off. lookup_block: tokens verified in
     a round drafted by context lookup or a request's prediction (None: the engine's default).
@@ -141,8 +144,8 @@ def create_app(
         )
     if thinking_budget is not None:
         budget = thinking_budget
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-            raise DFlash2Error(f"thinking_budget must be an int >= 1; got {budget!r}")
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise DFlash2Error(f"thinking_budget must be an int >= 0; got {budget!r}")
         if not getattr(pair.tokenizer, "think_end_tokens", None):
             raise DFlash2Error("--thinking-budget: this model has no thinking section to budget")
     context = context_length or default_context_length(pair.model)
@@ -162,6 +165,7 @@ def create_app(
         check_block_by_context(block_by_context),
         block_by_temperature,
         verify_cost,
+        tuple(other_names),
     )
     chat = ChatTemplate(pair.tokenizer, thinking)
     metrics = metrics_mod.Metrics()
@@ -329,7 +333,7 @@ def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, max_bo
         model_id = model_id.removesuffix("/")  # /v1/models/ID/ as clients that join paths send
         if not model_id:
             return await list_models()
-        if model_id != model_name:
+        if not handler.s.serves(model_id):
             raise unknown_model(model_id, model_name)
         return card
 

@@ -161,7 +161,7 @@ class Handler:
 
     async def count_tokens(self, req: GenRequest) -> dict:
         """The prompt tokens of a chat request (Anthropic's count_tokens), nothing generated."""
-        if req.model is not None and req.model != self.s.model_name:
+        if not self.s.serves(req.model):
             raise unknown_model(req.model, self.s.model_name)
         self.limits.check_text(req)
         self.reserve()  # a place while it tokenizes: a flood of them is a 503, as generations
@@ -222,7 +222,7 @@ class Handler:
         return job, prompt, len(ids)
 
     async def _handle(self, request: Request, req: GenRequest) -> Response:
-        if req.model is not None and req.model != self.s.model_name:
+        if not self.s.serves(req.model):
             raise unknown_model(req.model, self.s.model_name)
         if req.n > 1 or req.prompts:
             return await handle_choices(self, request, req)

@@ -253,8 +253,8 @@ def parse_chat(body: dict) -> GenRequest:
     kwargs = parse_template_kwargs(body.get("chat_template_kwargs"))
     req.template_kwargs, req.rename = chat_effort(kwargs, body.get("reasoning_effort"))
     budget = optional(body, "thinking_budget", is_int, "an integer")
-    if budget is not None and budget < 1:
-        raise invalid("thinking_budget", f"thinking_budget must be >= 1; got {budget}")
+    if budget is not None and budget < 0:  # 0: an empty thinking section
+        raise invalid("thinking_budget", f"thinking_budget must be >= 0; got {budget}")
     req.thinking_budget = budget
     req.response_schema = parse_response_format(body.get("response_format"))
     if req.prefill is not None and req.response_schema is not None:

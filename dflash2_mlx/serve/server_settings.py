@@ -26,6 +26,13 @@ class Settings:
     # The block of sampled requests from a temperature on (settings.block_for_temperature).
     block_by_temperature: tuple[tuple[float, int], ...] = ()
     verify_cost: Callable[[int, int], float] | None = None  # GenerationParams.verify_cost
+    other_names: tuple[str, ...] = ()  # what a request's `model` may also say (an alias's synonyms)
+
+    def serves(self, name: str | None) -> bool:
+        """A request's `model` names this server's model (none named: it does); case-blind,
+        as the registry's aliases."""
+        names = (self.model_name, *self.other_names)
+        return name is None or name.lower() in {n.lower() for n in names}
 
     def blocks_for(self, sampling: SamplingParams) -> tuple[int | None, tuple]:
         """(block_size, block_by_context) of a request sampled with `sampling`: the server's,
