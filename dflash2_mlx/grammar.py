@@ -32,6 +32,17 @@ ANY_OBJECT: dict = {"type": "object"}
 _REGEX_ESCAPES = {"/": "\\/", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
+class OpeningRefused(ParameterError):
+    """A forced call's opening, written by the prompt, that the reply grammar refuses (its
+    tool name tokenizes otherwise there, say)."""
+
+
+def _brief(error: str) -> str:
+    """llguidance's error without the parser state it dumps after the first line."""
+    first = error.strip().splitlines()[0] if error.strip() else error
+    return first if len(first) <= 300 else first[:300] + "…"
+
+
 class Grammars:
     """Compiles grammars for one tokenizer (its llguidance view is built once, on first use:
     ~1 s for a 50k vocabulary)."""
@@ -86,9 +97,10 @@ class Grammars:
             raise ParameterError(f"invalid JSON schema: {e}") from None
         matcher = LLMatcher(self._tokenizer(), source, log_level=0)
         if matcher.get_error():
-            raise ParameterError(f"unsupported JSON schema: {matcher.get_error()}")
+            raise ParameterError(f"unsupported JSON schema: {_brief(matcher.get_error())}")
         if calls is not None and calls.opened and not matcher.consume_tokens(list(calls.opened)):
-            raise ParameterError(f"the prompt's opening of the call: {matcher.get_error()}")
+            log.debug("the call the prompt opened is refused: %s", matcher.get_error())
+            raise OpeningRefused("the call the prompt opened is not one the grammar allows")
         return Grammar(matcher, frozenset(self.stop_ids))
 
     def _marker(self, text: str) -> str:

@@ -159,6 +159,19 @@ def test_tokens_past_a_stop_string_get_no_logprobs(pair, client):
     assert "".join(e.token for e in streamed) == content
 
 
+def test_an_empty_reply_asked_for_logprobs_has_empty_lists(pair, client):
+    """A stop string the first token completes: no text, so no entries, but the lists are
+    there (empty), as clients that asked index them; a completion's parallel lists too."""
+    ids = chat_prompt_ids(pair.tokenizer, HI)
+    first = pair.tokenizer.decode([expected(pair, ids, 1)[0][0]])
+    kw = dict(model="tiny", messages=HI, max_tokens=8, temperature=0, logprobs=True, stop=[first])
+    r = client.chat.completions.create(**kw)
+    assert r.choices[0].message.content == "" and r.choices[0].logprobs.content == []
+    c = client.completions.create(model="tiny", prompt=ids, max_tokens=8, logprobs=2, stop=[first])
+    assert c.choices[0].text == "" and c.choices[0].logprobs.tokens == []
+    assert c.choices[0].logprobs.token_logprobs == [] and c.choices[0].logprobs.text_offset == []
+
+
 def test_token_bytes_of_a_byte_level_tokenizer_rebuild_the_text(tmp_path_factory):
     """SmolLM2's byte-level BPE splits characters across tokens: each entry's `bytes` are the
     token's own, so they join back into the text's UTF-8 (a decoded token would be U+FFFD)."""

@@ -305,6 +305,15 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
             "reasoning.effort",
         ),
         ({"max_output_tokens": 5000}, "max_output_tokens"),  # past the context: the handler's
+        # the chat completions shapes of a tool and a tool_choice (hand-written clients mix them)
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools[0].function"),
+        (
+            {
+                "tools": [{"type": "function", "name": "f"}],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "tool_choice.function",
+        ),
         (
             {
                 "input": [
@@ -354,3 +363,21 @@ def test_two_calls_sent_back_make_one_assistant_turn(client):
         again.usage.input_tokens
         == ask(client, chat_history, tools=tt.TOOLS, max_tokens=1).usage.prompt_tokens
     )
+
+
+def test_an_assistant_refusal_part_is_its_text(url):
+    """An earlier assistant turn's refusal part (replayed output items) reads as that turn's
+    text, as on chat completions; in a user turn it stays a 400."""
+
+    def prompt_tokens(part):
+        turn = {"type": "message", "role": "assistant", "content": [part]}
+        body = {"model": "tools", "input": [*tt.HI, turn, *tt.HI], "max_output_tokens": 1}
+        r = httpx.post(url + "/v1/responses", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["input_tokens"]
+
+    refused = prompt_tokens({"type": "refusal", "refusal": "no way"})
+    assert refused == prompt_tokens({"type": "output_text", "text": "no way"})
+    user = [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]
+    r = httpx.post(url + "/v1/responses", json={"model": "tools", "input": user})
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("input[0].content")

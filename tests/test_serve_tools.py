@@ -221,6 +221,19 @@ def test_tool_choice_required_named_and_none(tool_pair, client):
     assert none.usage.prompt_tokens == len(chat_prompt_ids(tool_pair.tokenizer, tt.ASK))
 
 
+def test_a_forced_strict_call_the_grammar_cannot_follow_is_a_short_400(client):
+    """A tool name the tiny tokenizer cannot spell (<unk>): the call the prompt opens is not
+    one the grammar allows. The 400 names tool_choice in one sentence, without the grammar
+    parser's state (it once carried llguidance's whole dump)."""
+    unknown = {"type": "function", "function": {**tt.WEATHER["function"], "name": "get_time"}}
+    choice = {"type": "function", "function": {"name": "get_time"}}
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, tt.ASK, tools=[strict(unknown)], tool_choice=choice)
+    err = e.value.body
+    assert err["param"] == "tool_choice" and "grammar of the strict tool's call" in err["message"]
+    assert "\n" not in err["message"] and len(err["message"]) < 300
+
+
 SKY = {
     "type": "function",
     "function": {"name": "get_sky", "description": "the sky", "parameters": {"type": "object"}},

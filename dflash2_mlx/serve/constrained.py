@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..engine.budget import BothFactories, ThinkingBudget
 from ..errors import ParameterError
-from ..grammar import Calls, Grammar, Thinking
+from ..grammar import Calls, Grammar, OpeningRefused, Thinking
 from .api_error import invalid
 from .chat_prompt import ChatPrompt
 from .reasoning import closes_thinking
@@ -45,7 +45,7 @@ def reply_grammar(pair, req: GenRequest, prompt: ChatPrompt | None) -> Grammar |
         calls = _calls(pair, req, tools, prompt) if tools is not None else None
     except _NotOpened:
         if strict:
-            raise _not_opened() from None
+            raise _not_opened("does not tokenize on its own") from None
         return None  # forced, not strict: the prefilled opening alone
     forced = prompt is not None and prompt.state == "tool"  # past any thinking already
     thinking = _thinking(pair.tokenizer, prompt) if prompt is not None and not forced else None
@@ -56,6 +56,8 @@ def reply_grammar(pair, req: GenRequest, prompt: ChatPrompt | None) -> Grammar |
             # the template's calls are not json_tools' {"name", "arguments"} (arguments
             # first, say): the prefilled opening alone forces the call, as before
             return None
+        if isinstance(e, OpeningRefused):
+            raise _not_opened("is not one the grammar of the strict tool's call allows") from None
         where = "response_format" if req.response_schema is not None else "tools"
         raise invalid(where, f"{where}: {e}") from None
 
@@ -64,11 +66,11 @@ class _NotOpened(Exception):
     """The forced call's opening does not tokenize on its own at the prompt's end."""
 
 
-def _not_opened():
+def _not_opened(why: str):
     return invalid(
         "tool_choice",
-        "strict tools with a forced tool_choice: the prompt's opening of the call "
-        'does not tokenize on its own; use tool_choice "auto"',
+        f"strict tools with a forced tool_choice: the opening of the call that the prompt "
+        f'writes {why}; use tool_choice "auto", or strict false',
         "unsupported_parameter",
     )
 

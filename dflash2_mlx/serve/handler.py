@@ -311,7 +311,7 @@ class Handler:
                 parts.append(item.text)
             finish = item.finish_reason or finish
             item = await reader.next(poll_disconnect=True)
-        logprobs = lp.take(sent) if lp is not None else None
+        logprobs = lp.take(sent, whole=True) if lp is not None else None
         if reply is None:
             usage_ = self.usage_of(req, n_prompt, stats, None)
             return fmt.full("".join(parts), finish, usage_, logprobs=logprobs)

@@ -51,13 +51,14 @@ class Logprobs:
                 self.entries.append((len(self.decoder.text), lp))
                 self.decoder.add([lp.token])
 
-    def take(self, sent: int) -> dict | None:
+    def take(self, sent: int, whole: bool = False) -> dict | None:
         """The entries of the tokens starting in the first `sent` characters of the text as a
-        choice's `logprobs` (None when there are none); they are not sent again."""
+        choice's `logprobs`; they are not sent again. None when there are none, but for a
+        `whole` reply (an empty one asked for logprobs: empty lists, which clients index)."""
         starts = [start for start, _ in self.entries if start < sent]
         ready = [lp for _, lp in self.entries[: len(starts)]]
         self.entries = self.entries[len(ready) :]
-        if not ready:
+        if not ready and not whole:
             return None
         if self.kind == "chat":
             return {"content": [self._chat(lp) for lp in ready], "refusal": None}

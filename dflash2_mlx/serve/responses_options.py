@@ -76,6 +76,13 @@ def _add_function(out: ChatTools, t, where: str) -> dict:
         if kind == "web_search":
             why += ' (Codex: web_search = "disabled" in its config.toml)'
         raise invalid(f"{where}.type", why, "unsupported_parameter")
+    if "function" in t and "name" not in t:  # a chat completions tool, sent here
+        raise invalid(
+            f"{where}.function",
+            'a Responses tool is flat: {"type": "function", "name": ..., "parameters": ...} '
+            '(the chat completions shape nests them in "function")',
+            "invalid_value",
+        )
     # the chat order (templates render the keys as they come)
     order = ("name", "description", "parameters", "strict")
     fn = {k: t[k] for k in order if k in t}
@@ -87,6 +94,13 @@ def _add_function(out: ChatTools, t, where: str) -> dict:
 
 def chat_tool_choice(choice, tools: ChatTools):
     if isinstance(choice, dict) and choice.get("type") == "function":
+        if "function" in choice and "name" not in choice:  # the chat completions shape
+            raise invalid(
+                "tool_choice.function",
+                'a Responses tool_choice is flat: {"type": "function", "name": ...} (the '
+                'chat completions shape nests the name in "function")',
+                "invalid_value",
+            )
         name = choice.get("name")
         if isinstance(name, str):
             name = tools.chat_name(choice.get("namespace"), name)

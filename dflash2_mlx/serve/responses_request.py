@@ -278,22 +278,25 @@ def _summary(where: str, summary) -> str:
 
 
 def _parts(where: str, content):
-    """Text parts (input_text, output_text) as chat text parts; anything else as it is."""
+    """Text parts (input_text, output_text) as chat text parts and refusal parts as chat's
+    (an assistant's only: chat's check); anything else as it is."""
     if not isinstance(content, list):
         return content
     parts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text"):
+        if kind not in ("input_text", "output_text", "refusal"):
             raise invalid(
                 f"{where}[{j}]",
-                f"only text parts (input_text, output_text) are supported; got type {brief(kind)}",
+                "only text parts (input_text, output_text) and an assistant's refusal parts "
+                f"are supported; got type {brief(kind)}",
                 "unsupported_parameter",
             )
-        if not isinstance(part.get("text"), str):
-            code = "missing_required_parameter" if part.get("text") is None else "invalid_type"
-            raise invalid(f"{where}[{j}].text", f"{where}[{j}].text must be a string", code)
-        parts.append({"type": "text", "text": part["text"]})
+        key = "refusal" if kind == "refusal" else "text"
+        if not isinstance(part.get(key), str):
+            code = "missing_required_parameter" if part.get(key) is None else "invalid_type"
+            raise invalid(f"{where}[{j}].{key}", f"{where}[{j}].{key} must be a string", code)
+        parts.append({"type": "refusal" if key == "refusal" else "text", key: part[key]})
     return parts
 
 
