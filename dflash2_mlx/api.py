@@ -158,17 +158,7 @@ class Pair:
         """Generate from several prompts together; yields (prompt index, event). `params`: one
         for all, or one per prompt. `width_cost`: as for `batch`."""
         prompts = list(prompts)  # a generator too
-        if isinstance(params, GenerationParams):
-            params = [params] * len(prompts)
-        try:
-            params = list(params)
-        except TypeError:
-            raise ParameterError(
-                "params must be a GenerationParams or a list of them (one per prompt), got "
-                f"{type(params).__name__}"
-            ) from None
-        if len(params) != len(prompts):
-            raise ParameterError(f"{len(prompts)} prompts but {len(params)} GenerationParams")
+        params = _params_per_prompt(params, len(prompts))
         return self.batch(max_batch, width_cost).stream(zip(prompts, params))
 
     def generate_batch(
@@ -179,7 +169,8 @@ class Pair:
         width_cost: Callable[[int, int], float] | None = None,
     ) -> list[tuple[list[int], GenerationStats]]:
         prompts = list(prompts)  # a generator too
-        for p in params if isinstance(params, (list, tuple)) else [params]:
+        params = _params_per_prompt(params, len(prompts))
+        for p in params:
             _no_logprobs(p, "generate_batch")
         results = [([], GenerationStats()) for _ in prompts]
         for i, ev in self.stream_batch(prompts, params, max_batch, width_cost):
@@ -197,6 +188,26 @@ class Pair:
             stats.add(ev)
             out.extend(ev.tokens)
         return out, stats
+
+
+def _params_per_prompt(params, n: int) -> list[GenerationParams]:
+    """One GenerationParams for all `n` prompts, or an iterable of one per prompt."""
+    if isinstance(params, GenerationParams):
+        return [params] * n
+    if isinstance(params, (str, bytes, dict)) or not hasattr(params, "__iter__"):
+        raise ParameterError(
+            "params must be a GenerationParams or a list of them (one per prompt), got "
+            f"{type(params).__name__}"
+        )
+    params = list(params)  # a generator too
+    bad = next((i for i, p in enumerate(params) if not isinstance(p, GenerationParams)), None)
+    if bad is not None:
+        raise ParameterError(
+            f"params[{bad}] must be a GenerationParams, got {type(params[bad]).__name__}"
+        )
+    if len(params) != n:
+        raise ParameterError(f"{n} prompts but {len(params)} GenerationParams")
+    return params
 
 
 def _no_logprobs(params, method: str) -> None:

@@ -142,11 +142,21 @@ def read_weights(folder: Path) -> dict[str, mx.array]:
     if not files:
         raise CheckpointError(f"{folder}: no *.safetensors file")
     weights: dict[str, mx.array] = {}
+    source: dict[str, Path] = {}  # a tensor's file: one in two files is a stray export
     for f in files:
         try:
-            weights.update(mx.load(str(f)))
+            part = mx.load(str(f))
         except Exception as exc:  # noqa: BLE001
             raise CheckpointError(f"{f}: cannot read safetensors: {exc}") from None
+        twice = sorted(k for k in part if k in source)
+        if twice:
+            raise CheckpointError(
+                f"{folder}: tensor {twice[0]!r} is in both {source[twice[0]].name} and {f.name}"
+                f"{f' (and {len(twice) - 1} more)' if len(twice) > 1 else ''}: a checkpoint "
+                "holds each once; move the stray file out of the folder"
+            )
+        weights.update(part)
+        source.update((k, f) for k in part)
     return weights
 
 

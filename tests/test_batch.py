@@ -198,6 +198,13 @@ def test_pair_generate_batch():
     ]
     with pytest.raises(ParameterError, match="3 prompts but 2"):
         pair.generate_batch(PROMPTS[:3], params[:2])
+    # params as a generator are read once, and their logprobs refused as a list's are
+    with pytest.raises(ParameterError, match="logprobs"):
+        pair.generate_batch(PROMPTS[:2], (GenerationParams(logprobs=2) for _ in range(2)))
+    with pytest.raises(ParameterError, match=r"params must be a GenerationParams .* got dict"):
+        pair.generate_batch(PROMPTS[:2], {"max_tokens": 4})
+    with pytest.raises(ParameterError, match=r"params\[1\] must be a GenerationParams"):
+        pair.generate_batch(PROMPTS[:2], [GenerationParams(max_tokens=4), 4])
 
 
 def _run(batch: BatchDecoder, ids: dict) -> dict[int, list]:
@@ -357,3 +364,32 @@ def test_a_sliding_window_target_keeps_rows_in_order():
                 assert np.all(np.diff(row[row >= 0]) == 1)
     assert out == alone
     assert len(accepted) > 1, accepted  # rows rolled back by different amounts
+
+
+def test_a_failed_requests_stats_count_no_round_for_its_error_event(decoder):
+    """A request whose logits processor raises leaves with an error event (no tokens): its
+    GenerationStats count the rounds that ran, so tokens = prefill + accepted + rounds."""
+    from dflash2_mlx import GenerationStats
+
+    calls = []
+
+    def third_call_fails(tokens, logits):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("boom")
+        return logits
+
+    batch = BatchDecoder(decoder, max_batch=2)
+    bad = batch.add(
+        PROMPTS[0], GenerationParams(max_tokens=20, logits_processors=[third_call_fails])
+    )
+    batch.add(PROMPTS[1], GenerationParams(max_tokens=20))
+    stats, tokens, last = GenerationStats(), [], None
+    while batch.busy:
+        for rid, ev in batch.step():
+            if rid == bad:
+                stats.add(ev)
+                tokens += ev.tokens
+                last = ev
+    assert last.finish_reason == "error" and str(last.error) == "boom"
+    assert stats.committed == len(tokens) == 1 + stats.accepted + stats.rounds

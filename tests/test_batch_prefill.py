@@ -132,6 +132,52 @@ def test_a_joiner_cancelled_mid_prefill_is_dropped(decoder):
     assert decoder.generate(LONG, params, session) == decoder.generate(LONG, params)
 
 
+class _CtrlCOnce:
+    """Stands in for a layer: raises KeyboardInterrupt at its next call once armed (a Ctrl-C
+    in the middle of a prefill chunk), else is the layer."""
+
+    def __init__(self, layer):
+        self.layer, self.armed = layer, False
+
+    def __call__(self, *args, **kwargs):
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        return self.layer(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.layer, name)
+
+
+def test_a_ctrl_c_mid_prefill_chunk_drops_that_request(decoder):
+    """A KeyboardInterrupt inside a joiner's prefill chunk leaves its caches half-fed: the
+    request leaves (it was once kept, and the next step fed the chunk again over them), its
+    session is free and answers as a cold run; the running rows go on, exact."""
+    params = GenerationParams(max_tokens=20)
+    layers = decoder.target.layers
+    ctrl_c = layers[-1] = _CtrlCOnce(layers[-1])
+    try:
+        batch = BatchDecoder(decoder, max_batch=4, prefill_step=CHUNK)
+        ids, out = {}, {}
+        _running(batch, ids, out)
+        session = decoder.new_session()
+        ids[batch.add(LONG, params, session=session)] = "long"
+        for rid, ev in batch.step():  # the joiner's first chunk, the rows' round
+            out.setdefault(ids[rid], []).extend(ev.tokens)
+        assert batch.waiting[0].prefill is not None and not batch.waiting[0].prefill.done
+        ctrl_c.armed = True
+        with pytest.raises(KeyboardInterrupt):
+            batch.step()  # the joiner's second chunk comes before the rows' round
+        assert not batch.waiting and not session.busy
+        _finish(batch, ids, out)
+        assert "long" not in out
+        assert out["a"] == decoder.generate(PROMPTS[0], GenerationParams(max_tokens=60))
+        assert out["b"] == decoder.generate(PROMPTS[1], GenerationParams(max_tokens=60))
+        assert decoder.generate(LONG, params, session) == decoder.generate(LONG, params)
+    finally:
+        layers[-1] = ctrl_c.layer
+
+
 def test_a_joiner_with_a_cached_prefix_prefills_only_the_rest(decoder):
     params = GenerationParams(max_tokens=12)
     session = decoder.new_session()

@@ -374,6 +374,20 @@ def test_error_missing_tensor(v2_folder, tmp_path):
     assert "missing" in msg and repr(gone) in msg and str(tmp_path / "d") in msg
 
 
+def test_error_a_tensor_in_two_files(v2_folder, tmp_path):
+    """A stray export beside the weights (zz-old.safetensors) used to replace the tensors it
+    shares with them, silently (the last file in name order won)."""
+    _, weights = v2_folder
+    write_folder(tmp_path / "d", pc.tiny("Qwen3.8-27B-DFlash2"), weights)
+    stray = {
+        "norm.weight": mx.zeros_like(weights["norm.weight"]),
+        "fc.weight": weights["fc.weight"],
+    }
+    mx.save_safetensors(str(tmp_path / "d" / "zz-old.safetensors"), stray)
+    msg = raises(CheckpointError, load_drafter, tmp_path / "d")
+    assert "'fc.weight'" in msg and "zz-old.safetensors" in msg and "1 more" in msg
+
+
 def test_error_missing_many_tensors_is_summarised(v2_folder, tmp_path):
     _, weights = v2_folder
     kept = {k: v for k, v in weights.items() if not k.startswith("layers.")}

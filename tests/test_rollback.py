@@ -68,6 +68,34 @@ def test_mixer_is_restored_after_each_call():
         assert type(layer.linear_attn).__name__ == "GatedDeltaNet"
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_another_thread_goes_through_the_proxies_unrecorded(family):
+    """Plain mlx-lm on the same model in another thread while a forward is tapped (an app
+    comparing against it, say) goes straight through to the layers: nothing of it lands in
+    the capture (it once did: crashes and wrong tokens), and its logits are the model's."""
+    import threading
+
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from dflash2_mlx.target.capture import tapped
+
+    model = tiny.make_target(family)
+    adapter = TargetAdapter(model, (0, 1))
+    ids = mx.array([[1, 2, 3, 4]])
+    alone = np.array(model(ids, cache=make_prompt_cache(model)))
+    out = {}
+
+    def plain():
+        out["logits"] = np.array(model(ids, cache=make_prompt_cache(model)))
+
+    with tapped(adapter.layers, {0, 1}, adapter._recurrent(adapter.make_cache())) as cap:
+        thread = threading.Thread(target=plain)
+        thread.start()
+        thread.join()
+    assert not cap.features and not cap.replays and not cap.gdn
+    np.testing.assert_array_equal(out["logits"], alone)  # the same ops on the same shapes
+
+
 def test_generic_layer_replay_is_exact_too(monkeypatch):
     """Recurrent layers without the fast path are replayed whole; still lossless."""
     from dflash2_mlx import GenerationParams, SpeculativeDecoder

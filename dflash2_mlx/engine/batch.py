@@ -166,7 +166,8 @@ class BatchDecoder:
         processor, a grammar) leaves with an error event, the others go on, as does a row
         whose round runs alone (on its own caches) and fails; a batched round whose shared
         part (the drafter pass, the verify forward) raises leaves the batch cache mid-round:
-        every running request leaves and the error is raised."""
+        every running request leaves and the error is raised. A KeyboardInterrupt leaves
+        the same way, and in a prefill, that request leaves (its session freed)."""
         events = self._join()
         if self.rows:
             try:
@@ -224,6 +225,9 @@ class BatchDecoder:
                 self._drop(w)
                 events.append((w.rid, RoundEvent(tokens=[], finish_reason="error", error=e)))
                 continue
+            except BaseException:  # Ctrl-C mid-prefill: it leaves, as running rows do
+                self._drop(w)
+                raise
             self.waiting.remove(w)
             events.append((w.rid, event))
             if event.finish_reason is None:

@@ -73,6 +73,8 @@ class GenerationStats:
     grammar_rounds: int = 0  # rounds whose drafts were the text a constraint forces
 
     def add(self, ev: RoundEvent) -> None:
+        if ev.error is not None:  # a failed request's last event: no round ran
+            return
         if ev.prefill:
             self.queue_ms += ev.queue_ms
             self.prefill_ms += ev.prefill_ms

@@ -2,7 +2,9 @@
 
 No class is patched: for the duration of one call, selected entries of *this model instance's*
 layer list are replaced by recording proxies, and restored afterwards (also on error). Two
-targets in one process never see each other's proxies.
+targets in one process never see each other's proxies, and a proxy records only the calls of
+the thread that put it there: another thread running the same model meanwhile (plain mlx-lm,
+say) goes straight through to the layer.
 """
 
 from __future__ import annotations
@@ -49,13 +51,16 @@ def _copy_containers(state):
 
 
 class _Proxy:
-    __slots__ = ("_layer", "_index", "_capture", "_cache", "_record_features")
+    __slots__ = ("_layer", "_index", "_capture", "_cache", "_record_features", "_thread")
 
     def __init__(self, layer, index, capture, cache, record_features):
         self._layer, self._index, self._capture = layer, index, capture
         self._cache, self._record_features = cache, record_features
+        self._thread = threading.get_ident()
 
     def __call__(self, *args, **kwargs):
+        if threading.get_ident() != self._thread:  # not this capture's forward
+            return self._layer(*args, **kwargs)
         if self._cache is not None:
             self._capture.replays.append(
                 ReplayRecord(self._layer, self._cache, args, kwargs, snapshot_state(self._cache))
@@ -72,12 +77,15 @@ class _Proxy:
 class _MixerProxy:
     """Stands in for a Gated-DeltaNet mixer: same computation, inputs recorded."""
 
-    __slots__ = ("_mixer", "_records")
+    __slots__ = ("_mixer", "_records", "_thread")
 
     def __init__(self, mixer, records):
         self._mixer, self._records = mixer, records
+        self._thread = threading.get_ident()
 
     def __call__(self, inputs, mask=None, cache=None):
+        if threading.get_ident() != self._thread:  # not this capture's forward
+            return self._mixer(inputs, mask=mask, cache=cache)
         return gdn.forward(self._mixer, inputs, mask, cache, self._records)
 
     def __getattr__(self, name):
