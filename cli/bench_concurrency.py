@@ -4,7 +4,7 @@ at a time against one at a time (dflash2_mlx.bench_batch), rendered and added to
 from __future__ import annotations
 
 from .bench_options import BenchRun
-from .bench_view import concurrency_table, fmt_number, lossless_verdict
+from .bench_view import concurrency_table, fmt_number, lossless_verdict, run_size
 
 
 def run_concurrency_mode(run: BenchRun) -> int:
@@ -50,8 +50,7 @@ def _concurrency_settings(run: BenchRun) -> int:
     )
     run.console.print(
         Text(
-            f"{len(run.prompts)} prompts · max {o.max_tokens} tokens · {o.repeats} repeats · "
-            f"greedy · block {block} ({source}) · lookup block {lookup_block or 'default'} · "
+            f"{run_size(len(run.prompts), o.max_tokens, o.repeats)} · greedy · block {block} ({source}) · lookup block {lookup_block or 'default'} · "
             f"at most {', '.join(map(str, levels))} rows at a time vs one at a time",
             style="dim",
         )

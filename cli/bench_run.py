@@ -15,6 +15,7 @@ from .bench_view import (
     lossless_verdict,
     print_block_choice,
     print_lookup_choice,
+    run_size,
     speed_tables,
 )
 from .bench_options import BenchOptions, BenchRun
@@ -229,8 +230,7 @@ def _speed_settings(run: BenchRun) -> list[int]:
     )
     run.console.print(
         Text(
-            f"{len(run.prompts)} prompts · max {o.max_tokens} tokens · {o.repeats} repeats · "
-            f"greedy · block {', '.join(map(str, blocks))} ({source}) · lookup block "
+            f"{run_size(len(run.prompts), o.max_tokens, o.repeats)} · greedy · block {', '.join(map(str, blocks))} ({source}) · lookup block "
             f"{lookup_block or 'default'}",
             style="dim",
         )

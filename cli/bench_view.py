@@ -37,6 +37,14 @@ def env_line(env: dict) -> str:
     )
 
 
+def run_size(prompts: int, max_tokens: int, repeats: int) -> str:
+    """What a bench runs, said before it: '7 prompts · max 256 tokens · 1 repeat'."""
+    return (
+        f"{prompts} prompt{'s' if prompts != 1 else ''} · max {max_tokens} tokens · "
+        f"{repeats} repeat{'s' if repeats != 1 else ''}"
+    )
+
+
 def speed_tables(report: dict):
     """One rich table per block size: categories, then all prompts."""
     from rich.table import Table
@@ -88,7 +96,14 @@ def speed_tables(report: dict):
         for cat, s in res["per_category"].items():
             add(cat, s)
         t.add_section()
-        add("all (median)", res["summary"], style="bold")
+        add("all", res["summary"], style="bold")
+        total = res["summary"].get("speedup_total")
+        t.caption = (
+            "tok/s and speedup: medians over the prompts"
+            + (f" (all tokens over all time: {total:.2f}x)" if total is not None else "")
+            + "; τ and ms: over all rounds"
+        )
+        t.caption_justify = "left"
         tables.append(t)
     return tables
 

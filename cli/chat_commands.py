@@ -144,6 +144,15 @@ class SlashCommands:
         )
 
 
+def is_command(line: str) -> bool:
+    """A slash command: "/name ..." (not "//", which sends "/..."), or a known command's name
+    after spaces (a paste's "  /usr/bin ..." stays text)."""
+    if line.startswith("/"):
+        return not line.startswith("//")
+    name = line.lstrip().partition(" ")[0].lower()
+    return name in _COMMANDS or name in ("/exit", "/quit")
+
+
 # Slash command -> the Chat method that runs it (name, arg); /exit and /quit end the chat.
 _COMMANDS = {
     "/help": "_help",

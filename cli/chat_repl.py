@@ -25,7 +25,7 @@ from dflash2_mlx.settings import idle_when_greedy
 from dflash2_mlx.target.context import default_context_length
 from dflash2_mlx.text import chat_prompt_ids, quiet_length_warning, stream_text
 
-from .chat_commands import SlashCommands
+from .chat_commands import SlashCommands, is_command
 from .chat_view import AnswerView, StatusLine, status_text
 from .common import check_thinking_flag, fail, utf8_problem
 from .stop_flag import StopFlag
@@ -167,7 +167,8 @@ class Chat(SlashCommands):
         view = AnswerView(self.console) if live else None
         if view:
             view.__enter__()  # until the first token: what a long prompt is waiting for
-            view.update("", Text(f"prefilling {len(ids):,} prompt tokens…", style="dim"), True)
+            new = len(ids) - self.session.reusable(ids)  # the rest is the conversation's cache
+            view.update("", Text(f"prefilling {new:,} prompt tokens…", style="dim"), True)
         try:
             with StopFlag() as stop:
                 chunks = stream_text(
@@ -253,7 +254,7 @@ class Chat(SlashCommands):
             if utf8_problem(line):
                 self._bad(f"the line {utf8_problem(line)}; nothing was sent")
                 continue
-            if line.startswith("/") and not line.startswith("//"):
+            if is_command(line):
                 if not self.command(line):
                     return 2 if piped and self.failures else 0
                 continue

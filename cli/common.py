@@ -294,7 +294,7 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     from dflash2_mlx.downloads import fetch
     from dflash2_mlx.registry import resolve
 
-    resolved = resolve(model, target, drafter)
+    resolved = resolve(model, target, drafter, offline=offline)
     tdir = fetch(resolved.target, "target", offline=offline)
     ddir = fetch(resolved.drafter, "drafter", offline=offline)
     alias = f"{resolved.alias}: " if resolved.alias else ""

@@ -6,6 +6,7 @@ Answers go to stdout; the prompt, hints and command replies go wherever the user
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -17,12 +18,13 @@ def interactive() -> bool:
 def line_editing() -> None:
     """GNU readline's line editing and history for input(), with bracketed paste: a pasted
     text of several lines is one message (CPython turns bracketed paste off for its REPL,
-    which runs a paste line by line). libedit (some macOS builds) keeps its defaults."""
+    which runs a paste line by line). libedit (some macOS builds) keeps its defaults, as
+    does a dumb terminal (Emacs' shell: its escape codes would show as text)."""
     try:
         import readline
     except ImportError:  # pragma: no cover
         return
-    if "libedit" not in (readline.__doc__ or ""):
+    if "libedit" not in (readline.__doc__ or "") and os.environ.get("TERM") != "dumb":
         readline.parse_and_bind("set enable-bracketed-paste on")
 
 

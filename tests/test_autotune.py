@@ -369,6 +369,16 @@ def test_autotune_refuses_implausible_verify_timings_and_stores_nothing(
     assert A.recommended_block(d2.load_pair(t, d), str(t), str(d)) is None
 
 
+def test_verify_timings_a_wider_width_beats_by_far_are_not_plausible():
+    """A busy spell in the middle of the widths (a review's run: 5 tokens 1,098 ms, 6 tokens
+    618 ms) is refused too; a BLAS curve's own bumps (width 3 dearer than 4) are not."""
+    noisy = {1: 162.0, 3: 331.0, 4: 286.0, 5: 1098.0, 6: 618.0, 8: 1514.0}
+    with pytest.raises(d2.ParameterError, match="5 tokens took 1098.0 ms, 6 tokens 618.0 ms"):
+        costs.check_plausible(noisy)
+    measured = {1: 130.7, 2: 139.7, 3: 168.2, 4: 137.0, 5: 173.9, 6: 175.1, 7: 216.2, 8: 177.4}
+    costs.check_plausible(measured)  # the autotune table in docs/results (Intel Xeon)
+
+
 def test_autotune_refuses_a_calibration_of_too_few_rounds_and_stores_nothing(tmp_path, capsys):
     """One drafter round once chose block 1 and stored it: chat then drafted nothing."""
     t, d = save_pair(tmp_path / "pair")

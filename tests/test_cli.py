@@ -257,7 +257,7 @@ def test_piped_chat_writes_answers_alone_to_stdout(tiny_pair):
 
     expected = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 10)
     slashed = answer(*tiny_pair, [{"role": "user", "content": "/usr is where?"}], 10)
-    script = "hello model\n/clear\n/spec OFF\nhello model\n/clear\n//usr is where?\n/quit\n"
+    script = "hello model\n/clear\n/spec OFF\nhello model\n  /clear\n//usr is where?\n/quit\n"
     done = subprocess.run(
         [sys.executable, "-m", "dflash2_cli", *_chat(tiny_pair, "--max-tokens", "10")],
         input=script,
@@ -270,6 +270,17 @@ def test_piped_chat_writes_answers_alone_to_stdout(tiny_pair):
     assert done.stdout == f"{expected}\n{expected}\n{slashed}\n"
     assert "conversation cleared" in done.stderr and "speculative decoding off" in done.stderr
     assert "spec off" in done.stderr.splitlines()[-1] and ">>>" not in done.stdout + done.stderr
+
+
+def test_what_a_chat_line_takes_for_a_command():
+    """A known command after spaces is one (it used to go to the model); other text that
+    starts with spaces and a slash stays text, and "//" sends a "/"."""
+    from dflash2_cli.chat_commands import is_command
+
+    assert is_command("/temp 1") and is_command("  /temp 0.5") and is_command(" /EXIT")
+    assert is_command("/nonsense")  # at the line's start: an unknown command's error
+    assert not is_command("//x") and not is_command("  /usr/bin is where?")
+    assert not is_command("hi /temp")
 
 
 def test_a_chat_started_plain_keeps_its_drafting_flags_for_spec_on(tiny_pair):
@@ -439,7 +450,10 @@ def test_chat_thinking_budget_runs_as_the_library_does(tiny_pair, capsys):
     argv = _chat(tiny_pair, "-p", "hello model", "--max-tokens", "10", "--thinking-budget", "2")
     assert run(argv) == 0
     assert capsys.readouterr().out == want + "\n"
-    assert run(_chat(tiny_pair, "-p", "hi", "--thinking-budget", "0")) != 0
+    empty = ThinkingBudget.for_prompt(pair.tokenizer, ids, 0, vocab)  # 0: an empty section
+    want = generate_text(pair, ids, d2.GenerationParams(max_tokens=10, constraint=empty)).text
+    assert run(argv[:-1] + ["0"]) == 0 and capsys.readouterr().out == want + "\n"
+    assert run(_chat(tiny_pair, "-p", "hi", "--thinking-budget", "-1")) != 0
 
 
 def test_chat_with_a_draft_vocabulary_and_full_vocab(tiny_pair, tmp_path, capsys):
@@ -760,3 +774,20 @@ def test_a_warning_is_one_line_without_source(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = [x for x in out.stderr.splitlines() if "bogus" in x]
     assert lines and all(x.startswith("warning: ") and ".py:" not in x for x in lines), out.stderr
+
+
+def test_bracketed_paste_is_left_off_in_a_dumb_terminal(monkeypatch):
+    """TERM=dumb (Emacs' shell): readline's bracketed-paste codes would show as text."""
+    readline = pytest.importorskip("readline")
+    if "libedit" in (readline.__doc__ or ""):
+        pytest.skip("libedit keeps its own defaults")
+    from dflash2_cli.terminal import line_editing
+
+    bound = []
+    monkeypatch.setattr(readline, "parse_and_bind", bound.append)
+    monkeypatch.setenv("TERM", "dumb")
+    line_editing()
+    assert bound == []
+    monkeypatch.setenv("TERM", "xterm-256color")
+    line_editing()
+    assert bound == ["set enable-bracketed-paste on"]

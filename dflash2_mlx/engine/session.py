@@ -55,6 +55,20 @@ class Session:
         """Tokens held by the target cache."""
         return max(len(self.tokens) - 1, 0)
 
+    def reusable(self, prompt: list[int]) -> int:
+        """Tokens of `prompt` a generation from it keeps from this session (the rest is
+        prefilled; at least one token anew): their shared prefix, where the caches can be cut
+        to it (0 after an interrupted round)."""
+        if self.in_round:
+            return 0
+        fed, common = self.fed, 0
+        limit = min(fed, len(prompt) - 1)
+        while common < limit and self.tokens[common] == prompt[common]:
+            common += 1
+        if common < fed and not all(c.is_trimmable() for c in self.target_cache):
+            return 0
+        return common
+
 
 def record(session: Session, commit: list[int], features: mx.array) -> None:
     """Append committed tokens to the session; queue their rows' features [1, n, F] (the
