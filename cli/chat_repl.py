@@ -9,6 +9,7 @@ cache and the conversation goes on; a second Ctrl-C interrupts at once and reset
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,7 +30,7 @@ from .chat_commands import SlashCommands, is_command
 from .chat_view import AnswerView, StatusLine, status_text
 from .common import check_thinking_flag, fail, utf8_problem
 from .stop_flag import StopFlag
-from .terminal import interactive, line_editing, read_line
+from .terminal import interactive, keys_unechoed, line_editing, read_line
 
 
 @dataclass
@@ -261,7 +262,8 @@ class Chat(SlashCommands):
             line = line[1:] if line.startswith("//") else line  # "//x" sends "/x"
             live = self.console.is_terminal
             try:
-                _, stats, finish = self.turn(line, live=live)
+                with keys_unechoed() if live else nullcontext():
+                    _, stats, finish = self.turn(line, live=live)
                 if not live:  # piped: the answer was written as is; its status to stderr
                     sys.stdout.write("\n")
                     self.err.print(self.status(stats, finish), soft_wrap=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 
 def interactive() -> bool:
@@ -36,3 +38,25 @@ def read_line(prompt: str) -> str:
         sys.stderr.flush()
         prompt = ""
     return input(prompt).rstrip("\r\n")
+
+
+@contextmanager
+def keys_unechoed() -> Iterator[None]:
+    """While an answer streams, what the user types ahead is not echoed into it (the echo
+    and its newline broke the live redraw); the line stays in the terminal's input buffer
+    and the next prompt reads it. Ctrl-C still interrupts."""
+    try:
+        import termios
+
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+    except (ImportError, OSError, ValueError):  # not a terminal (or no termios)
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~termios.ECHO
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)  # TCSANOW: keep what was typed
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)

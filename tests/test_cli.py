@@ -791,3 +791,21 @@ def test_bracketed_paste_is_left_off_in_a_dumb_terminal(monkeypatch):
     monkeypatch.setenv("TERM", "xterm-256color")
     line_editing()
     assert bound == ["set enable-bracketed-paste on"]
+
+
+def test_keys_typed_during_an_answer_are_not_echoed_and_are_kept(monkeypatch):
+    """While an answer streams the terminal does not echo what is typed ahead (its echo broke
+    the live redraw); the line stays in the input buffer for the next prompt."""
+    termios = pytest.importorskip("termios")
+    pty = pytest.importorskip("pty")
+    from dflash2_cli.terminal import keys_unechoed
+
+    master, slave = pty.openpty()
+    with open(slave, "r", closefd=True) as tty, open(master, "wb", buffering=0) as keyboard:
+        monkeypatch.setattr(sys, "stdin", tty)
+        assert termios.tcgetattr(slave)[3] & termios.ECHO
+        with keys_unechoed():
+            assert not termios.tcgetattr(slave)[3] & termios.ECHO
+            keyboard.write(b"typed ahead\n")
+        assert termios.tcgetattr(slave)[3] & termios.ECHO
+        assert tty.readline() == "typed ahead\n"
