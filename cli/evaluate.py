@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -65,6 +66,7 @@ def evaluate(
         fail("--seed only applies to sampled runs: every --temperatures value is 0")
     check_writable(json_path, "--json")  # before the run, not after it
     from rich.console import Console
+    from rich.text import Text
 
     from dflash2_mlx.bench import select_prompts
     from dflash2_mlx.prompts import load_prompts
@@ -94,6 +96,7 @@ def evaluate(
         record = {"prompts": prompts, "prompt_ids": [p.id for p in chosen]}
         record.update(max_tokens=max_tokens, seed=seed, results=result)
         json_path.write_text(json.dumps(_report(pair, resolved, record), indent=2))
+        Console().print(Text(f"results: {json_path}", style="dim"))  # as bench says it
 
 
 def _parse_lists(
@@ -150,6 +153,8 @@ def _report(pair, resolved, record: dict) -> dict:
     from dflash2_mlx.bench import environment
 
     return {
+        "schema": "dflash2.evaluate/1",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": "dflash2 " + " ".join(sys.argv[1:]),
         "environment": environment(),
         "target": resolved.target,

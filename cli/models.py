@@ -137,7 +137,8 @@ def pull(
         if Path(src).expanduser().exists():
             typer.echo(f"{what:>7}: {src} (local folder)")
             continue
-        typer.echo(f"{what:>7}: downloading {src} ...")
+        if downloads.is_repo_id(src):  # else fetch says what is wrong with the path
+            typer.echo(f"{what:>7}: downloading {src} ...")
         path = downloads.fetch(src, what)
         typer.echo(f"{what:>7}: {src} -> {path}")
     how = resolved.alias or f"--target {resolved.target} --drafter {resolved.drafter}"

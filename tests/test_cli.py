@@ -646,11 +646,13 @@ def test_evaluate_writes_tau_per_setting_and_category(tiny_pair, tmp_path, capsy
     )
     report = json.loads(out.read_text())
     assert report["draft_vocab"] is None and report["command"].startswith("dflash2 ")
+    assert report["schema"] == "dflash2.evaluate/1" and report["created"]
     res = report["results"]
     assert sorted(res) == ["T=0/B=2", "T=0/B=4", "T=1/B=2", "T=1/B=4"]
     for r in res.values():
         assert 1.0 <= r["tau"] <= 4.0 and r["per_category"]
-    assert "T=0/B=4" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "T=0/B=4" in shown and f"results:{out}" in "".join(shown.split())  # wrapped or not
 
 
 @pytest.mark.parametrize("blocks", ["16,100", "2,99"])
