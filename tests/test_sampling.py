@@ -90,6 +90,20 @@ def test_a_seeded_reply_does_not_depend_on_max_tokens(version):
                 produced += len(ev.tokens)
 
 
+def test_an_unseeded_reply_follows_mx_random_seed_as_mlx_lm_does():
+    """No seed: the run draws its own from MLX's global generator, so mx.random.seed(n)
+    before it reproduces it (as mlx-lm's sampling does), and runs after one another differ."""
+    model = tiny.make_target("llama", vocab=V, seed=11)
+    drafter = tiny.make_drafter(2, vocab=V, mask_token_id=V - 1, seed=12, top_k=4)
+    dec = SpeculativeDecoder(TargetAdapter(model, drafter.config.target_layer_ids), drafter)
+    params = GenerationParams(max_tokens=24, sampling=SamplingParams(temperature=1.0))
+    mx.random.seed(5)
+    first = [dec.generate(PROMPT, params) for _ in range(3)]
+    mx.random.seed(5)
+    assert [dec.generate(PROMPT, params) for _ in range(3)] == first
+    assert len({tuple(r) for r in first}) > 1
+
+
 def test_the_distribution_check_can_fail():
     """Sanity of the statistic: the draft distribution itself is far from the target's."""
     model = tiny.make_target("llama", vocab=V, seed=11)

@@ -6,7 +6,6 @@ re-prefilling its history.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Callable, Iterator, Sequence
 
@@ -265,7 +264,9 @@ class SpeculativeDecoder:
         if not params.speculative:
             block = lookup_block = 1
         sp = params.sampling
-        seed = sp.seed if sp.seed is not None else int.from_bytes(os.urandom(4), "little")
+        # unseeded: a draw from MLX's global generator, so mx.random.seed() reproduces a run
+        # as it does mlx-lm's (MLX seeds it from the clock)
+        seed = sp.seed if sp.seed is not None else int(mx.random.randint(0, 2**31 - 1).item())
         constraint = None
         if params.constraint is not None:
             ends = getattr(params.constraint, "stop_ids", frozenset())
