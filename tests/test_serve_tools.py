@@ -598,6 +598,28 @@ def test_a_call_cut_inside_its_end_marker_is_still_a_call(tool_tokenizer):
     assert reply.finish("length")[1] == "length" and "".join(reply.content) == open_call
 
 
+def test_a_call_cut_before_its_end_stays_text_whatever_the_parser_reads(tmp_path):
+    """GLM's parser reads any fragment of a call as one (`get_weather` without its
+    arguments): a call cut by max_tokens or a client's stop string before its end marker
+    stays text; one the reply ends after (its stop token), or that parallel_tool_calls'
+    stop ends, is a call."""
+    tok = _tokenizer_with(tt.TEMPLATE, tmp_path / "lenient")
+    tok._tool_parser = lambda text, tools: {"name": "get_weather", "arguments": {}}
+    prompt = ChatPrompt([1], tools=ToolRequest(tuple(tt.TOOLS)))
+    cut = tt.CALL_TEXT[: tt.CALL_TEXT.index("paris")]
+    for finish, stop, is_call in (
+        ("length", None, False),
+        ("stop", "pa", False),  # a client's stop string
+        ("stop", None, True),  # the reply ended (its stop token)
+        ("stop", tok.tool_call_end, True),  # parallel_tool_calls false
+    ):
+        reply = ChatReply(tok, prompt)
+        reply.feed(cut, RoundEvent(tokens=[5]))
+        _, reason = reply.finish(finish, stop)
+        assert bool(reply.calls) == is_call and ("".join(reply.content) == cut) != is_call
+        assert reason == ("tool_calls" if is_call else finish), (finish, stop)
+
+
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e999"])
 def test_a_call_with_arguments_strict_json_cannot_carry_stays_text(tool_tokenizer, value):
     """Python's json reads NaN, Infinity and 1e999; JSON.parse and the Messages body (a float
@@ -638,10 +660,12 @@ def _tokenizer_with(template: str, tmp_path):
 
 
 def test_call_ids_take_the_length_the_template_requires(tmp_path, tool_tokenizer):
-    """Mistral's templates refuse history ids that are not 9 alphanumeric characters: the
-    ids the server makes are that, so a client can send its calls back."""
+    """Mistral's templates refuse history ids that are not 9 alphanumeric characters (or
+    none): the ids the server makes are that, so a client can send its calls back; the
+    server's own renders that probe the template use such ids too (without, every turn after
+    a call, and a forced tool_choice, were a 400)."""
     check = (
-        "{% if tool_call.id is defined and tool_call.id|length != 9 %}"
+        "{% if tool_call.id is not defined or tool_call.id|length != 9 %}"
         "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}"
         "{% endif %}"
     )
@@ -658,6 +682,8 @@ def test_call_ids_take_the_length_the_template_requires(tmp_path, tool_tokenizer
     history = tt.ASK + [{"role": "assistant", "content": "", "tool_calls": [call]}]
     history.append({"role": "tool", "tool_call_id": call["id"], "content": tt.RESULT})
     assert chat.prompt(history, parse_tools_body(), {}).ids  # the template takes it back
+    forced = chat.prompt(tt.ASK, parse_tools_body(tool_choice="required"), {})
+    assert forced.state == "tool"
     with pytest.raises(APIError, match="length 9"):
         chat.prompt(tt.followup("call_1"), parse_tools_body(), {})
     assert ChatTemplate(tool_tokenizer).prompt(tt.ASK, None, {}).call_id_length is None

@@ -228,7 +228,8 @@ class ChatTemplate:
         at = next((i for i, m in enumerate(messages) if m.get("tool_calls")), None)
         if at is None:
             return
-        probe = {"type": "function", "function": {"name": "probe_", "arguments": {"x_": 1}}}
+        fn = {"name": "probe_", "arguments": {"x_": 1}}
+        probe = {"id": self._probe_id(), "type": "function", "function": fn}
         other = [*messages[:at], {**messages[at], "tool_calls": [probe]}, *messages[at + 1 :]]
 
         def text(ms: list[dict]) -> str:
@@ -243,6 +244,12 @@ class ChatTemplate:
                 "unsupported_parameter",
             )
 
+    def _probe_id(self) -> str:
+        """A call id for the renders that probe the template: of the length it requires
+        (Mistral's templates refuse any other: every turn after a call was a 400)."""
+        n = self.info.call_id_length
+        return ("probe" + "0" * n)[:n] if n else "call_0"
+
     def _call_opening(
         self, messages: list[dict], tools: list[dict], kwargs: dict, name: str | None
     ) -> tuple[str, str]:
@@ -250,7 +257,8 @@ class ChatTemplate:
         thinking section), and the text every call (to `name`, if given) opens with."""
 
         def render(fn: str, args: dict) -> str:
-            call = {"id": "call_0", "type": "function", "function": {"name": fn, "arguments": args}}
+            fn_ = {"name": fn, "arguments": args}
+            call = {"id": self._probe_id(), "type": "function", "function": fn_}
             turn = {"role": "assistant", "content": "", "tool_calls": [call]}
             return render_text(
                 self.tok, [*messages, turn], tools=tools, add_generation_prompt=False, **kwargs

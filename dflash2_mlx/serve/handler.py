@@ -315,7 +315,7 @@ class Handler:
         if reply is None:
             usage_ = self.usage_of(req, n_prompt, stats, None)
             return fmt.full("".join(parts), finish, usage_, logprobs=logprobs)
-        more, finish = reply.finish(finish)
+        more, finish = reply.finish(finish, stop)
         usage_ = self.usage_of(req, n_prompt, stats, self._finished(reply, replies))
         if req.responses is not None:
             builder = self._response_builder(req)
@@ -366,12 +366,12 @@ class Handler:
         while item is PENDING:  # headers are sent: keep the connection alive until it comes
             yield SSE_KEEPALIVE
             item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)
-        finish = "length"
+        finish, stop = "length", None
         for line in out.start(item):
             yield line
         while item.kind == "chunk":
             stats.add(item.event)
-            finish = item.finish_reason or finish
+            finish, stop = item.finish_reason or finish, item.stop or stop
             for line in out.item(item, reply):
                 yield line
             item = await reader.next(poll_disconnect=False)  # Starlette watches the client
@@ -383,7 +383,7 @@ class Handler:
             return
         deltas, counted = [], None
         if reply is not None:
-            deltas, finish = reply.finish(finish)
+            deltas, finish = reply.finish(finish, stop)
             counted = self._finished(reply, replies)
         for line in out.end(deltas, finish, self.usage_of(req, n_prompt, stats, counted)):
             yield line

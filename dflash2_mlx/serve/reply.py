@@ -129,14 +129,21 @@ class ChatReply:
                 break
         return _merged(segments)
 
-    def finish(self, finish_reason: str) -> tuple[list[Delta], str]:
-        """The held-back text and an unclosed call; "stop" becomes "tool_calls" after calls."""
+    def finish(self, finish_reason: str, stop: str | None = None) -> tuple[list[Delta], str]:
+        """The held-back text and an unclosed call; "stop" becomes "tool_calls" after calls.
+        `stop`: the stop string that ended the reply, if one did."""
         out: list[Delta] = []
         if self.machine is not None:
             self.state, rest, state = TextStateMachine.flush(self.state)
             out = self._emit([(state, rest)])
-        if self.current == "tool":  # cut by max_tokens, or by parallel_tool_calls' stop
-            out += self._close_call(complete=False)
+        if self.current == "tool":
+            # whole at the end of the reply, at parallel_tool_calls' stop (its end marker), or
+            # cut inside its end marker; cut before it (max_tokens, a client's stop string) it
+            # stays text: a lenient parser (GLM's) reads a fragment as a call
+            end = self.tok.tool_call_end
+            whole = finish_reason == "stop" and stop in (None, end)
+            whole = whole or bool(end) and _without_partial(self.call_text, end) != self.call_text
+            out += self._close_call(complete=False, cut=not whole)
         if self.held and not self.calls:  # a reply of whitespace alone stays verbatim
             out += self._content("", hold=False)
         if self.calls and finish_reason == "stop":
@@ -221,13 +228,15 @@ class ChatReply:
         self.content.append(text)
         return [Delta("content", text)]
 
-    def _close_call(self, complete: bool) -> list[Delta]:
-        """The call's text parsed into calls, else kept as text. An unclosed call (cut by
-        max_tokens) may end in part of its end marker, which is no part of the call."""
+    def _close_call(self, complete: bool, cut: bool = False) -> list[Delta]:
+        """The call's text parsed into calls, else kept as text (and a `cut` one, unparsed).
+        An unclosed call may end in part of its end marker, which is no part of the call."""
         text, self.call_text = self.call_text, ""
         end = self.tok.tool_call_end or ""
         call = text if complete else _without_partial(text, end)
         try:
+            if cut:
+                raise ValueError("the reply was cut inside it")
             parsed = self.tok.tool_parser(call, list(self.tools.tools))
             calls = parsed if isinstance(parsed, list) else [parsed]
             if not calls or not all(
