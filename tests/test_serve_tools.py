@@ -743,6 +743,28 @@ def test_forced_call_opening_follows_the_template(tmp_path):
         (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply.calls
     ] == [("get_weather", tt.CALL_ARGS)]
 
+    # GLM's format puts a marker right after the name: the opening ends after the name (it
+    # used to end before it, at the last whitespace, and a named tool_choice was a 400)
+    glm = _tokenizer_with(
+        fmt(
+            "<tool_call>{{ tc.function.name }}{% for k, v in tc.function.arguments.items() %}"
+            "<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>"
+        ),
+        tmp_path / "glm",
+    )
+    assert glm.tool_parser.__module__.endswith("glm47")
+    p = ChatTemplate(glm).prompt(tt.ASK, named, {})
+    assert glm.decode(p.ids).endswith("assistant\n<tool_call>get_weather")
+    assert p.state == "tool" and p.call_prefix == "get_weather"
+    reply = ChatReply(glm, p)
+    reply.feed(
+        "<arg_key>city</arg_key><arg_value>paris</arg_value></tool_call>", RoundEvent(tokens=[5])
+    )
+    assert reply.finish("stop")[1] == "tool_calls"
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in reply.calls] == [
+        ("get_weather", '{"city": "paris"}')
+    ]
+
     args_first = _tokenizer_with(
         fmt(
             '{% set tool_call = tc.function %}<tool_call>\n{"arguments": '
@@ -806,6 +828,23 @@ def test_calls_of_one_block_and_their_ids(tmp_path, parallel):
     assert calls == [("get_weather", {"city": c}) for c in cities]
     ids = [c["id"] for c in reply.calls]
     assert ids[0] == "functions.get_weather:0" and len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parallel_tool_calls_false_without_an_end_marker(tmp_path, parallel):
+    """Mistral's format has no end marker, so no stop can end the reply after the first call:
+    with parallel_tool_calls false the reply keeps its first call (it was a 400)."""
+    tok = _tokenizer_with(tt.TEMPLATE + "{# [TOOL_CALLS] #}", tmp_path / "mistral")
+    assert tok.tool_parser.__module__.endswith("mistral") and not tok.tool_call_end
+    prompt = ChatTemplate(tok).prompt(tt.ASK, parse_tools_body(parallel_tool_calls=parallel), {})
+    assert prompt.stops == ()
+    text = "".join(f'[TOOL_CALLS]get_weather[ARGS]{{"city": "{c}"}}' for c in ("paris", "rome"))
+    reply = ChatReply(tok, prompt)
+    for i in range(0, len(text), 7):
+        reply.feed(text[i : i + 7], RoundEvent(tokens=[5]))
+    assert reply.finish("stop")[1] == "tool_calls"
+    calls = [json.loads(c["function"]["arguments"])["city"] for c in reply.calls]
+    assert calls == (["paris", "rome"] if parallel else ["paris"]) and not reply.content
 
 
 def test_tools_and_reasoning_in_one_batch(client):

@@ -155,15 +155,10 @@ class ChatTemplate:
             ids = self._prefilled(ids, prefill)
         state = "reasoning" if thinking_left_open(self.tok, ids) else "normal"
         stops = ()
-        if active is not None and not active.parallel:
-            if not self.tok.tool_call_end:
-                raise invalid(
-                    "parallel_tool_calls",
-                    "parallel_tool_calls false needs a tool "
-                    "call end marker, and this model's tool-call format has none",
-                    "unsupported_parameter",
-                )
-            stops = (self.tok.tool_call_end,)  # the end of the first call ends the reply
+        if active is not None and not active.parallel and self.tok.tool_call_end:
+            # the end of the first call ends the reply (without an end marker, Mistral's,
+            # the reply keeps its first call: serve/reply.py)
+            stops = (self.tok.tool_call_end,)
         if active is None or not active.forced:
             return ChatPrompt(ids, state, "", stops, active, self.info.call_id_length)
         lead, opening = _template_call(
@@ -273,10 +268,14 @@ class ChatTemplate:
         start = self.tok.tool_call_start
         at = shared.rfind(start)
         # End before the last whitespace: the model writes the next word with its leading
-        # space itself, as unforced (no token boundary inside a word).
+        # space itself, as unforced (no token boundary inside a word); a format that puts a
+        # marker right after the name (GLM's, Mistral's, Kimi's) ends after the name.
         end = max(shared.rfind(" "), shared.rfind("\n"), shared.rfind("\t"), at + len(start))
+        if name and name not in shared[at:end]:
+            named = re.search(rf"{re.escape(name)}(?=[^A-Za-z0-9_-])", shared[at:])
+            end = at + named.end() if named else end
         if at < len(os.path.commonprefix([a, base])) or (
-            name and not re.search(rf"{re.escape(name)}[^A-Za-z0-9_-]", shared[at:end])
+            name and not re.search(rf"{re.escape(name)}(?![A-Za-z0-9_-])", shared[at:end])
         ):
             raise invalid(
                 "tool_choice",

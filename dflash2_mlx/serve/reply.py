@@ -254,9 +254,11 @@ class ChatReply:
                 return [Delta("reasoning", text)]
             return self._content(text, hold=False)
         self.call_lead, self.after_call = "", True
-        if not self.tools.parallel and len(calls) > 1:  # one block may hold several (Kimi's)
-            log.info("parallel_tool_calls false: kept the first of %d calls", len(calls))
-            calls = calls[:1]
+        if not self.tools.parallel and len(self.calls) + len(calls) > 1:
+            # one block may hold several (Kimi's), and a format without an end marker
+            # (Mistral's) has no stop to end the reply after the first
+            log.info("parallel_tool_calls false: kept the first call, dropped %d", len(calls))
+            calls = [] if self.calls else calls[:1]
         out = []
         for c, args in zip(calls, texts):
             call = {
