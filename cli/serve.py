@@ -316,13 +316,20 @@ def _policies(
     """The flags as ServeLimits and SecurityPolicy (serve/limits.py, serve/security.py)."""
     from dflash2_mlx.errors import DFlash2Error
     from dflash2_mlx.serve import SecurityPolicy, ServeLimits
-    from dflash2_mlx.serve.security import WILDCARDS, hosts_for_bind
+    from dflash2_mlx.serve.security import WILDCARDS, hosts_for_bind, is_loopback
 
     hosts = hosts_for_bind(host, _items(allowed_hosts, "--allowed-hosts"))
     if host in WILDCARDS and not hosts:
         typer.echo(
-            f"note: listening on {host}, but only requests whose Host is a loopback "
-            "name are answered; add --allowed-hosts NAME,... for the others",
+            f"note: listening on {host}; browsers' requests are answered only when their "
+            "Host is a loopback name (add --allowed-hosts NAME,... for the others)",
+            err=True,
+        )
+    if not is_loopback(host) and not api_key:
+        typer.echo(
+            f"warning: listening on {host} without --api-key: any client that reaches this "
+            "port can use the model (the Host check stops browsers, not other programs); "
+            "set --api-key (or DFLASH2_API_KEY) to require a key",
             err=True,
         )
     try:

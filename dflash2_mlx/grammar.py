@@ -391,6 +391,11 @@ class GrammarConstraint:
 
     def commit(self, tokens: Sequence[int]) -> None:
         if tokens and not self.matcher.consume_tokens([int(t) for t in tokens]):
-            raise RuntimeError(
-                f"grammar: committed tokens were refused: {self.matcher.get_error()}"
+            # tokens its own mask allowed: llguidance ran past a limit of its own (a pattern
+            # such as a{100000} compiles, then "too many expressions constructed")
+            log.debug("grammar: committed tokens were refused: %s", self.matcher.get_error())
+            raise ParameterError(
+                "the reply's schema (response_format, or a strict tool's parameters) is beyond "
+                f"what the grammar engine can follow: {_brief(self.matcher.get_error())}; "
+                "simplify it (a long repetition count in a pattern, say)"
             )

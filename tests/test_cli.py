@@ -811,3 +811,17 @@ def test_keys_typed_during_an_answer_are_not_echoed_and_are_kept(monkeypatch):
             keyboard.write(b"typed ahead\n")
         assert termios.tcgetattr(slave)[3] & termios.ECHO
         assert tty.readline() == "typed ahead\n"
+
+
+def test_serve_warns_of_a_bind_beyond_loopback_without_a_key(capsys):
+    """--host 0.0.0.0 (or a LAN address) without --api-key: any program that reaches the
+    port can use the model (the Host check stops browsers only), said at start."""
+    from dflash2_cli.serve import _policies
+
+    def said(host, key):
+        _policies(host, 4.0, None, None, 1.0, None, None, key, None)
+        return capsys.readouterr().err
+
+    assert "warning: listening on 0.0.0.0 without --api-key" in said("0.0.0.0", None)
+    assert "warning: listening on 192.0.2.2 without --api-key" in said("192.0.2.2", None)
+    assert "warning" not in said("0.0.0.0", "k") + said("127.0.0.1", None) + said("::1", None)

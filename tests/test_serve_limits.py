@@ -429,3 +429,33 @@ def test_a_server_fault_is_a_counted_json_500_and_the_server_keeps_serving(logs)
     assert metric(text, "dflash2_requests_total", endpoint=CHAT, status="500") == 1
     assert metric(text, "dflash2_requests_total", endpoint=CHAT, status="200") == 1
     assert any("injected fault" in rec.getMessage() or rec.exc_info for rec in logs.records)
+
+
+def test_descriptor_exhaustion_is_bounded_and_logged_once_a_minute(monkeypatch):
+    """A flood of idle connections (a review's 2,100 half-sent headers) took every file
+    descriptor, /health with them, and asyncio logged each failed accept with a traceback
+    (60 MB in 17 s): uvicorn now holds at most MAX_CONNECTIONS, the soft descriptor limit is
+    raised toward the hard one, and the accept error is logged once a minute."""
+    resource = pytest.importorskip("resource")
+    from dflash2_mlx.serve import lifecycle
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    calls = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (256, hard))
+    monkeypatch.setattr(resource, "setrlimit", lambda _, limits: calls.append(limits))
+    lifecycle._more_files()
+    top = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    assert calls == ([(top, hard)] if top > 256 else [])
+
+    def record(msg, at):
+        r = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None, None)
+        r.created = at
+        return r
+
+    once = lifecycle._Sometimes(60.0)
+    flood = [once.filter(record("socket.accept() out of system resource", t)) for t in range(90)]
+    assert flood.count(True) == 2 and flood[0] and flood[60]
+    assert once.filter(record("something else", 1.0))
+    pair = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2))
+    server = lifecycle.make_server(create_app(pair, model_name="t"))
+    assert server.config.limit_concurrency == lifecycle.MAX_CONNECTIONS

@@ -250,3 +250,19 @@ def test_a_section_opened_by_a_special_marker_is_open():
     assert thinking_left_open(Tok(), [1, 5, 9, 1, 6, 3, 4])  # a continued final message
     assert not thinking_left_open(Tok(), [1, 6, 5, 9, 1])  # a message's, its turn ended
     assert not thinking_left_open(Tok(), [1, 6, 3, 7, 2])  # closed
+
+
+def test_a_schema_beyond_the_grammar_engine_is_a_400_whole_and_an_error_event_streamed(url):
+    """A pattern llguidance compiles but cannot follow past a few tokens (a{100000}: "too many
+    expressions constructed" mid-reply) is the client's schema's limit, not a server fault:
+    a 400 saying so (it was a 500 with the parser's state in the log)."""
+    a = {"type": "string", "pattern": "^a{100000}$"}
+    schema = {"type": "object", "properties": {"a": a}, "required": ["a"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    body = {"messages": ASK, "max_tokens": 200, "response_format": fmt}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 400, r.text
+    assert "beyond what the grammar engine can follow" in r.json()["error"]["message"]
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}) as s:
+        events = [line for line in s.iter_lines() if line.startswith("data: {")]
+    assert "beyond what the grammar engine" in events[-1] and '"error"' in events[-1]

@@ -21,6 +21,9 @@ log = logging.getLogger("dflash2.serve")
 
 # uvicorn's own deadline comes after ours, so a stopped stream can still send its last events.
 DELIVERY_MARGIN_S = 2.0
+# Connections uvicorn holds at once; beyond, a plain 503 (a flood of idle connections would
+# otherwise take every file descriptor, and /health with them).
+MAX_CONNECTIONS = 1000
 
 
 class Drain:
@@ -75,13 +78,51 @@ def make_server(app, *, log_level: str = "info") -> DrainingServer:
         app,
         log_level=log_level,
         timeout_graceful_shutdown=drain.grace_s + DELIVERY_MARGIN_S,
+        limit_concurrency=MAX_CONNECTIONS,
         **security.uvicorn_options(),
     )
     return DrainingServer(config, drain)
 
 
+def _more_files() -> None:
+    """The soft limit on open files up to the hard one (macOS starts at 256), so the
+    connection limit is reached before the descriptors run out."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = min(hard if hard != resource.RLIM_INFINITY else 65536, 65536)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):  # no such limit here, or not allowed
+        pass
+
+
+class _Sometimes(logging.Filter):
+    """asyncio logs every failed accept() with a traceback when descriptors run out (one a
+    connection attempt: tens of MB a minute); one a minute is enough to see it."""
+
+    def __init__(self, every_s: float = 60.0):
+        super().__init__()
+        self.every_s, self.last = every_s, -every_s
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "out of system resource" not in str(record.msg):
+            return True
+        now = record.created
+        if now - self.last < self.every_s:
+            return False
+        self.last = now
+        return True
+
+
+_ACCEPT_ERRORS = _Sometimes()
+
+
 def run(app, sock: socket.socket, *, log_level: str = "info") -> int:
     """Serve on a bound socket until Ctrl-C / SIGTERM; the exit code (130 after Ctrl-C)."""
+    _more_files()
+    logging.getLogger("asyncio").addFilter(_ACCEPT_ERRORS)  # once: the same filter object
     server = make_server(app, log_level=log_level)
     try:
         server.run(sockets=[sock])

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
+from .api_error import loggable
 from .chat_prompt import ChatPrompt
 from .reasoning import ThinkingTracker
 
@@ -245,7 +246,8 @@ class ChatReply:
                 raise ValueError(f"no function name in {parsed!r}")
             texts = [_arguments_text(c) for c in calls]
         except Exception as e:  # the model's text, not a server fault: keep it as text
-            log.warning("a tool call did not parse (%s: %s); kept as text", type(e).__name__, e)
+            why = loggable(f"{type(e).__name__}: {e}", 300)  # the model's text: one line
+            log.warning("a tool call did not parse (%s); kept as text", why)
             self.unparsed += 1
             text = self.tok.tool_call_start + text + (end if complete else "")
             self.held, self.call_lead = self.call_lead, ""
