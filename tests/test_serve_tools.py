@@ -847,6 +847,35 @@ def test_parallel_tool_calls_false_without_an_end_marker(tmp_path, parallel):
     assert calls == (["paris", "rome"] if parallel else ["paris"]) and not reply.content
 
 
+def test_a_muse_spark_reply_reads_its_message_headers(tmp_path):
+    """mlx-lm's Muse Spark format: a reply is messages, each after a header (to=self: the
+    thinking; to=NAME: a call; to=user: the answer) whose text is no part of any. The reply
+    starts in a header, as mlx_lm.server's does (it came back as content, the thinking too)."""
+    from mlx_lm.tokenizer_utils import load
+
+    hf = tt._hf_tokenizer(list(tt.vocabulary()))
+    hf.chat_template = tt.TEMPLATE + "{# <atem:function_calls> #}"
+    hf.save_pretrained(str(tmp_path / "muse"))
+    tok = load(tmp_path / "muse", defaults={"chat_template_type": "muse_spark"})
+    assert tok.response_initial_state == "header"
+    thought = "to=self<|message|>the user wants paris.<|eom|>"
+    call = (
+        '<|start|>assistant to=get_weather<|message|><atem:function_calls><atem:invoke name="'
+        'get_weather"><atem:parameter name="city">paris</atem:parameter></atem:invoke>'
+        "</atem:function_calls><|eom|>"
+    )
+    answer = "<|start|>assistant to=user<|message|>sunny.<|eot|>"
+    for tools, text in ((ToolRequest(tuple(tt.TOOLS)), thought + call), (None, thought + answer)):
+        reply = ChatReply(tok, ChatPrompt([1], tools=tools))
+        for i in range(0, len(text), 6):
+            reply.feed(text[i : i + 6], RoundEvent(tokens=[5]))
+        reply.finish("stop")
+        assert "".join(reply.reasoning) == "the user wants paris."
+        assert "".join(reply.content) == ("" if tools else "sunny.")
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in reply.calls]
+        assert calls == ([("get_weather", '{"city": "paris"}')] if tools else [])
+
+
 def test_tools_and_reasoning_in_one_batch(client):
     """Tool calls and thinking replies generated together (one batch) each come back exactly
     as alone: the reply parsing is per request, downstream of its own text."""

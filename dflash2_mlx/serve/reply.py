@@ -53,7 +53,7 @@ def _machine(tokenizer, tools: bool) -> TextStateMachine | None:
                 THINKING_CALL: [(end, "reasoning")] if end else [],
             }
         )
-    if tools:
+    if tools or getattr(tokenizer, "response_transitions", None):  # Muse Spark's headers too
         return make_text_state_machine(tokenizer)
     if getattr(tokenizer, "has_thinking", False):
         return TextStateMachine(
@@ -63,6 +63,17 @@ def _machine(tokenizer, tools: bool) -> TextStateMachine | None:
             }
         )
     return None
+
+
+HEADER = "header"  # Muse Spark: each message of a reply opens with one (mlx-lm's format)
+
+
+def _first_state(tokenizer, prompt_state: str) -> str:
+    """Where the reply's text starts: in the thinking or call the prompt opened, else where
+    the model's response format says (Muse Spark: a message header), else in the answer."""
+    if prompt_state != "normal":
+        return prompt_state
+    return getattr(tokenizer, "response_initial_state", None) or "normal"
 
 
 class ChatReply:
@@ -77,8 +88,9 @@ class ChatReply:
         self.id_length = prompt.call_id_length  # None: API-style ids, `id_prefix` + hex
         self.id_prefix = id_prefix
         self.machine = _machine(tokenizer, prompt.tools is not None)
-        self.state = self.machine.make_state(prompt.state) if self.machine else None
-        self.current = prompt.state
+        start = _first_state(tokenizer, prompt.state)
+        self.state = self.machine.make_state(start) if self.machine else None
+        self.current = start
         self.call_text = prompt.call_prefix
         self.thinking = ThinkingTracker(tokenizer, prompt.state == "reasoning", once=value)
         self.value_ahead = value and self.machine is not None  # markers still count
@@ -163,7 +175,7 @@ class ChatReply:
                 self.call_lead, self.held, self.call_from = self.held, "", self.current
                 self.after_thinking = False  # what follows a call is held as usual
             self.current = state
-            if not text:
+            if not text or state == HEADER:  # a message's header (to=user): no text of it
                 continue
             if state == "tool":
                 self.call_text += text
