@@ -252,8 +252,8 @@ class ChatTemplate:
         thinking section), and the text every call (to `name`, if given) opens with."""
 
         def render(fn: str, args: dict) -> str:
-            fn_ = {"name": fn, "arguments": args}
-            call = {"id": self._probe_id(), "type": "function", "function": fn_}
+            function = {"name": fn, "arguments": args}
+            call = {"id": self._probe_id(), "type": "function", "function": function}
             turn = {"role": "assistant", "content": "", "tool_calls": [call]}
             return render_text(
                 self.tok, [*messages, turn], tools=tools, add_generation_prompt=False, **kwargs
@@ -269,7 +269,7 @@ class ChatTemplate:
         at = shared.rfind(start)
         # End before the last whitespace: the model writes the next word with its leading
         # space itself, as unforced (no token boundary inside a word); a format that puts a
-        # marker right after the name (GLM's, Mistral's, Kimi's) ends after the name.
+        # marker right after the name (GLM's, Mistral's, Gemma's) ends after the name.
         end = max(shared.rfind(" "), shared.rfind("\n"), shared.rfind("\t"), at + len(start))
         if name and name not in shared[at:end]:
             named = re.search(rf"{re.escape(name)}(?=[^A-Za-z0-9_-])", shared[at:])
