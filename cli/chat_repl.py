@@ -27,6 +27,7 @@ from dflash2_mlx.target.context import default_context_length
 from dflash2_mlx.text import chat_prompt_ids, quiet_length_warning, stream_text
 
 from .chat_commands import SlashCommands, is_command
+from .chat_thinking import THINKING, ThinkingSplit
 from .chat_view import AnswerView, StatusLine, status_text
 from .common import check_thinking_flag, fail, utf8_problem
 from .stop_flag import StopFlag
@@ -76,6 +77,7 @@ class Chat(SlashCommands):
         self.history: list[dict] = []
         self.session = pair.new_session()  # one Session for the whole conversation
         self.total = GenerationStats()
+        self.thinking_shown = False  # the last piece of a reply shown was its thinking
         self.turns = 0
         self.failures = 0  # lines refused or failed (a piped chat exits 2 if any)
         self.warn_greedy_filters(only=settings.sampling.from_flags)
@@ -164,7 +166,9 @@ class Chat(SlashCommands):
         """Answer `user`; returns (text, stats of this answer, finish reason)."""
         ids = self.prompt_ids(user)
         params = self.params(ids, self.room(len(ids)))
-        stats, parts, finish = GenerationStats(), [], "length"
+        stats, finish = GenerationStats(), "length"
+        reply = ThinkingSplit(self.pair.tokenizer, ids)
+        self.thinking_shown = False
         view = AnswerView(self.console) if live else None
         if view:
             view.__enter__()  # until the first token: what a long prompt is waiting for
@@ -179,13 +183,8 @@ class Chat(SlashCommands):
                     for chunk in chunks:
                         stats.add(chunk.event)
                         self.total.add(chunk.event)
-                        parts.append(chunk.text)
                         finish = chunk.finish_reason or finish
-                        if view:
-                            view.update(chunk.text, self.status(stats))
-                        elif chunk.text:
-                            sys.stdout.write(chunk.text)
-                            sys.stdout.flush()
+                        self.show(reply.feed(chunk.text), view, self.status(stats))
                         if stop.set:
                             finish = "stopped"
                             break
@@ -197,6 +196,7 @@ class Chat(SlashCommands):
             finish = "interrupted"
             self.session = self.pair.new_session()
         finally:
+            self.show(reply.finish(), view, self.status(stats, finish))
             if view:
                 view.update("", self.status(stats, finish), force=True)
                 view.__exit__(None, None, None)
@@ -205,12 +205,31 @@ class Chat(SlashCommands):
                 "interrupted mid-round: the cache was reset (the next turn prefills "
                 "the conversation again)"
             )
-        text = "".join(parts)
-        if text or finish != "stopped":  # stopped before its first token: no turn to keep
-            turn = [{"role": "user", "content": user}, {"role": "assistant", "content": text}]
-            self.history += turn
+        text, thought = reply.answer_text, reply.thinking_text
+        if text or thought or finish != "stopped":  # stopped before its first token: no turn
+            answer = {"role": "assistant", "content": text}
+            if thought:  # the template keeps or drops it (Qwen's drop it from the history)
+                answer["reasoning_content"] = thought
+            self.history += [{"role": "user", "content": user}, answer]
             self.turns += 1
         return text, stats, finish
+
+    def show(self, pieces, view, status) -> None:
+        """A reply's pieces: the thinking dimmed, on its own lines; piped, the answer alone on
+        stdout (the thinking on stderr, where the statuses go)."""
+        for kind, text in pieces:
+            thinking = kind == THINKING
+            ends_thought = self.thinking_shown and not thinking  # the answer: a line of its own
+            if view:
+                view.update("\n" * ends_thought + text, status, style="dim italic" * thinking)
+            else:
+                sys.stderr.write("\n" * ends_thought)
+                out = sys.stderr if thinking else sys.stdout
+                out.write(text)
+                out.flush()
+            self.thinking_shown = thinking
+        if view and not pieces:
+            view.update("", status)
 
     def settings(self) -> dict:
         sp = self.sampling

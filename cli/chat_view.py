@@ -225,7 +225,7 @@ class AnswerView:
 
     def __init__(self, console: Console, refresh_s: float = 0.05):
         self.console = console
-        self.partial = ""
+        self.partial = Text()
         self.status: StatusLine | Text = Text("")
         self.refresh_s = refresh_s
         self.shown = 0.0
@@ -244,21 +244,21 @@ class AnswerView:
     def __exit__(self, *exc):
         self.live.stop()
         if self.partial:
-            self.console.print(Text(self.partial))
-            self.partial = ""
+            self.console.print(self.partial)
+            self.partial = Text()
         self.console.print(self.status)
 
     def _render(self):
         rows = max(self.console.size.height - 4, 1)
-        parts = [_Tail(Text(self.partial), rows)] if self.partial else []
+        parts = [_Tail(self.partial, rows)] if self.partial else []
         return Group(*parts, self.status)
 
-    def update(self, text: str, status: StatusLine, force: bool = False) -> None:
-        self.partial += text
+    def update(self, text: str, status: StatusLine, force: bool = False, style: str = "") -> None:
+        self.partial.append(text, style=style or None)
         self.status = status
-        if "\n" in self.partial:
-            done, self.partial = self.partial.rsplit("\n", 1)
-            self.live.console.print(Text(done))
+        if "\n" in text:
+            *done, self.partial = self.partial.split("\n", allow_blank=True)
+            self.live.console.print(Text("\n").join(done))
             force = True
         now = time.monotonic()
         if force or now - self.shown >= self.refresh_s:

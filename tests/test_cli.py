@@ -825,3 +825,31 @@ def test_serve_warns_of_a_bind_beyond_loopback_without_a_key(capsys):
     assert "warning: listening on 0.0.0.0 without --api-key" in said("0.0.0.0", None)
     assert "warning: listening on 192.0.2.2 without --api-key" in said("192.0.2.2", None)
     assert "warning" not in said("0.0.0.0", "k") + said("127.0.0.1", None) + said("::1", None)
+
+
+def test_a_chat_reply_splits_into_its_thinking_and_its_answer(tmp_path):
+    """The chat shows a thinking model's first section dimmed and keeps it out of a piped
+    answer and out of the turn's content (it goes back as reasoning_content): its markers
+    are found whatever the chunks, and markers later in the answer are answer text."""
+    import tiny_tools as tt
+
+    from dflash2_cli.chat_thinking import ANSWER, THINKING, ThinkingSplit
+
+    hf = tt._hf_tokenizer(list(tt.vocabulary()))
+    hf.chat_template = tt.TEMPLATE
+    hf.save_pretrained(str(tmp_path))
+    tok = tt.load_tokenizer(tmp_path)
+    assert tok.has_thinking
+    text = "<think>\nthe user says hi.\n\n</think>\n\nhello <think> there"
+    for step in (1, 3, 7, len(text)):
+        split = ThinkingSplit(tok, [1])
+        pieces = [p for i in range(0, len(text), step) for p in split.feed(text[i : i + step])]
+        pieces += split.finish()
+        assert split.thinking_text == "the user says hi." and not split.thinking_text.endswith("\n")
+        assert split.answer_text == "hello <think> there", step
+        for kind, whole in ((THINKING, split.thinking_text), (ANSWER, split.answer_text)):
+            assert "".join(t for k, t in pieces if k == kind) == whole
+    plain = ThinkingSplit(tok, [1])
+    plain.feed("\nhi <think>x</think>")
+    plain.finish()
+    assert plain.answer_text == "\nhi <think>x</think>" and not plain.thinking_text
