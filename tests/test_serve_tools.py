@@ -765,6 +765,28 @@ def test_forced_call_opening_follows_the_template(tmp_path):
         ("get_weather", '{"city": "paris"}')
     ]
 
+    # Kimi-K2's template writes the call's id (functions.NAME:0) where others write the name
+    kimi = _tokenizer_with(
+        fmt(
+            "<|tool_calls_section_begin|><|tool_call_begin|>{{ tc.id }}<|tool_call_argument_begin|>"
+            "{{ tc.function.arguments | tojson }}<|tool_call_end|><|tool_calls_section_end|>"
+        ),
+        tmp_path / "kimi-ids",
+    )
+    assert kimi.tool_parser.__module__.endswith("kimi_k2")
+    p = ChatTemplate(kimi).prompt(tt.ASK, named, {})
+    assert p.state == "tool" and p.call_prefix.endswith("functions.get_weather")
+    reply = ChatReply(kimi, p)
+    reply.feed(
+        ':0<|tool_call_argument_begin|>{"city": "paris"}<|tool_call_end|>'
+        "<|tool_calls_section_end|>",
+        RoundEvent(tokens=[5]),
+    )
+    assert reply.finish("stop")[1] == "tool_calls"
+    assert [(c["function"]["name"], c["id"]) for c in reply.calls] == [
+        ("get_weather", "functions.get_weather:0")
+    ]
+
     args_first = _tokenizer_with(
         fmt(
             '{% set tool_call = tc.function %}<tool_call>\n{"arguments": '

@@ -239,11 +239,15 @@ class ChatTemplate:
                 "unsupported_parameter",
             )
 
-    def _probe_id(self) -> str:
+    def _probe_id(self, name: str = "probe_") -> str:
         """A call id for the renders that probe the template: of the length it requires
-        (Mistral's templates refuse any other: every turn after a call was a 400)."""
+        (Mistral's templates refuse any other: every turn after a call was a 400), or Kimi's
+        `functions.NAME:0` (its template writes the id where others write the name)."""
         n = self.info.call_id_length
-        return ("probe" + "0" * n)[:n] if n else "call_0"
+        if n:
+            return ("probe" + "0" * n)[:n]
+        parser = getattr(getattr(self.tok, "tool_parser", None), "__module__", "")
+        return f"functions.{name}:0" if parser.startswith("mlx_lm.tool_parsers.kimi") else "call_0"
 
     def _call_opening(
         self, messages: list[dict], tools: list[dict], kwargs: dict, name: str | None
@@ -253,7 +257,7 @@ class ChatTemplate:
 
         def render(fn: str, args: dict) -> str:
             function = {"name": fn, "arguments": args}
-            call = {"id": self._probe_id(), "type": "function", "function": function}
+            call = {"id": self._probe_id(fn), "type": "function", "function": function}
             turn = {"role": "assistant", "content": "", "tool_calls": [call]}
             return render_text(
                 self.tok, [*messages, turn], tools=tools, add_generation_prompt=False, **kwargs
