@@ -982,3 +982,16 @@ def test_a_value_keeps_a_marker_as_its_text(tool_tokenizer):
     reply = ChatReply(tok, ChatPrompt([1]))
     reply.feed('{"a": "x<think>y</think>z"}', RoundEvent(tokens=[5]))
     assert "".join(reply.reasoning) == "y"
+
+
+def test_an_empty_reply_with_tools_streams_the_whole_replys_content(client):
+    """No text and no call (a stop string before the call): whole, content is ""; streamed,
+    the role chunk sets no content (a call-only reply rebuilds to null), so the end sends
+    content "" and a client that rebuilds the message gets "" too."""
+    kw = dict(tools=tt.TOOLS, stop=["<tool_call>"])
+    whole = ask(client, tt.ASK, **kw).choices[0].message
+    assert whole.content == "" and not whole.tool_calls
+    chunks = [c.choices[0].delta for c in ask(client, tt.ASK, stream=True, **kw) if c.choices]
+    assert [d.content for d in chunks if d.content is not None] == [""]
+    calls = ask(client, tt.ASK, tools=tt.TOOLS, stream=True)  # a call: content stays null
+    assert all(c.choices[0].delta.content is None for c in calls if c.choices)

@@ -228,6 +228,7 @@ class ChatStream:
         self.fmt, self.with_usage, self.logprobs = fmt, include_usage, logprobs
         self.closing = closing  # False: one choice of several (no usage chunk, no [DONE])
         self.tools = tools  # the reply may be calls: the role chunk sets no content
+        self.answered = False  # content or a call went out (else the end sends content "")
 
     def start(self, first):
         if self.fmt.kind == "chat":  # a reply of calls rebuilds to content null, as whole
@@ -237,7 +238,9 @@ class ChatStream:
     def item(self, item, reply):
         self.logprobs.add(item)
         if reply is not None:
-            for chunk in delta_chunks(self.fmt, reply.feed(item.text, item.event), self.with_usage):
+            deltas = reply.feed(item.text, item.event)
+            self.answered |= any(d.kind != "reasoning" for d in deltas)
+            for chunk in delta_chunks(self.fmt, deltas, self.with_usage):
                 yield sse(self.logprobs(chunk))
         elif item.text:
             yield sse(self.logprobs(self.fmt.chunk(item.text, with_usage=self.with_usage)))
@@ -250,6 +253,9 @@ class ChatStream:
     def end(self, deltas: list[Delta], finish: str, usage_: dict):
         for chunk in delta_chunks(self.fmt, deltas, self.with_usage):
             yield sse(self.logprobs(chunk))
+        if self.tools and not self.answered and not any(d.kind != "reasoning" for d in deltas):
+            # no text, no call: content "", as the whole reply's (the role chunk set none)
+            yield sse(self.logprobs(self.fmt.chunk("", with_usage=self.with_usage)))
         text = None if self.fmt.kind == "chat" else ""
         yield sse(self.logprobs(self.fmt.chunk(text, finish, with_usage=self.with_usage)))
         if self.closing:
