@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from mlx_lm.generate import TextStateMachine
 
-from dflash2_mlx.chat_template import thinking_left_open
+from dflash2_mlx.chat_template import thinking_left_open, thought_piece
 
 THINKING, ANSWER = "thinking", "answer"
 
@@ -69,11 +69,7 @@ class ThinkingSplit:
         return out
 
     def _thinking(self, text: str) -> list[tuple[str, str]]:
-        if not self.thought:
-            text = text.lstrip("\n")
-        text = self.tail + text
-        body = text.rstrip("\n")
-        self.tail = text[len(body) :]
+        body, self.tail = thought_piece(text, not self.thought, self.tail)
         if not body:
             return []
         self.thought.append(body)

@@ -100,6 +100,18 @@ def turn_marks(tokenizer) -> set[int]:
     return marks | set(getattr(tokenizer, "eos_token_ids", None) or ())  # a turn's end, at least
 
 
+def thought_piece(text: str, first: bool, tail: str) -> tuple[str, str]:
+    """A streamed piece of a thinking section without the newlines a template puts around it
+    (Qwen's own template strips them from history): those at its start (`first`: nothing of
+    it shown yet) dropped, trailing ones held (`tail`) until more of it comes.
+    Returns (the text to show, the newlines held)."""
+    if first:
+        text = text.lstrip("\n")
+    text = tail + text
+    body = text.rstrip("\n")
+    return body, text[len(body) :]
+
+
 def thinking_left_open(tokenizer, ids: list[int]) -> bool:
     """The prompt leaves a thinking section open for the reply: its last think start comes
     after its last think end, in the reply's own turn (no turn mark after it). A `<think>`

@@ -743,50 +743,6 @@ def test_forced_call_opening_follows_the_template(tmp_path):
         (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reply.calls
     ] == [("get_weather", tt.CALL_ARGS)]
 
-    # GLM's format puts a marker right after the name: the opening ends after the name (it
-    # used to end before it, at the last whitespace, and a named tool_choice was a 400)
-    glm = _tokenizer_with(
-        fmt(
-            "<tool_call>{{ tc.function.name }}{% for k, v in tc.function.arguments.items() %}"
-            "<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>"
-        ),
-        tmp_path / "glm",
-    )
-    assert glm.tool_parser.__module__.endswith("glm47")
-    p = ChatTemplate(glm).prompt(tt.ASK, named, {})
-    assert glm.decode(p.ids).endswith("assistant\n<tool_call>get_weather")
-    assert p.state == "tool" and p.call_prefix == "get_weather"
-    reply = ChatReply(glm, p)
-    reply.feed(
-        "<arg_key>city</arg_key><arg_value>paris</arg_value></tool_call>", RoundEvent(tokens=[5])
-    )
-    assert reply.finish("stop")[1] == "tool_calls"
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in reply.calls] == [
-        ("get_weather", '{"city": "paris"}')
-    ]
-
-    # Kimi-K2's template writes the call's id (functions.NAME:0) where others write the name
-    kimi = _tokenizer_with(
-        fmt(
-            "<|tool_calls_section_begin|><|tool_call_begin|>{{ tc.id }}<|tool_call_argument_begin|>"
-            "{{ tc.function.arguments | tojson }}<|tool_call_end|><|tool_calls_section_end|>"
-        ),
-        tmp_path / "kimi-ids",
-    )
-    assert kimi.tool_parser.__module__.endswith("kimi_k2")
-    p = ChatTemplate(kimi).prompt(tt.ASK, named, {})
-    assert p.state == "tool" and p.call_prefix.endswith("functions.get_weather")
-    reply = ChatReply(kimi, p)
-    reply.feed(
-        ':0<|tool_call_argument_begin|>{"city": "paris"}<|tool_call_end|>'
-        "<|tool_calls_section_end|>",
-        RoundEvent(tokens=[5]),
-    )
-    assert reply.finish("stop")[1] == "tool_calls"
-    assert [(c["function"]["name"], c["id"]) for c in reply.calls] == [
-        ("get_weather", "functions.get_weather:0")
-    ]
-
     args_first = _tokenizer_with(
         fmt(
             '{% set tool_call = tc.function %}<tool_call>\n{"arguments": '
@@ -814,6 +770,56 @@ def test_forced_call_opening_follows_the_template(tmp_path):
             model="t", messages=tt.ASK, tools=tt.TOOLS, tool_choice="required", max_tokens=8
         )
         assert r.usage.prompt_tokens == len(required.ids)
+
+
+def _call_format(call: str) -> str:
+    """A chat template whose assistant turns write their tool calls with `call` (tc: one)."""
+    return (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% for tc in m.tool_calls or [] %}" + call + "{% endfor %}<|im_end|>\n"
+        "{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+
+@pytest.mark.parametrize(
+    "parser, call, prefix, rest, call_id",
+    [
+        (  # GLM: a marker right after the name (the opening ended before it: a 400)
+            "glm47",
+            "<tool_call>{{ tc.function.name }}{% for k, v in tc.function.arguments.items() %}"
+            "<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>",
+            "get_weather",
+            "<arg_key>city</arg_key><arg_value>paris</arg_value></tool_call>",
+            None,
+        ),
+        (  # Kimi-K2: the template writes the call's id (functions.NAME:0) for the name
+            "kimi_k2",
+            "<|tool_calls_section_begin|><|tool_call_begin|>{{ tc.id }}<|tool_call_argument_begin|>"
+            "{{ tc.function.arguments | tojson }}<|tool_call_end|><|tool_calls_section_end|>",
+            "<|tool_call_begin|>functions.get_weather",
+            ':0<|tool_call_argument_begin|>{"city": "paris"}<|tool_call_end|>'
+            "<|tool_calls_section_end|>",
+            "functions.get_weather:0",
+        ),
+    ],
+)
+def test_a_named_tool_choice_opens_the_call_with_its_name(
+    tmp_path, parser, call, prefix, rest, call_id
+):
+    tok = _tokenizer_with(_call_format(call), tmp_path / parser)
+    assert tok.tool_parser.__module__.endswith(parser)
+    p = ChatTemplate(tok).prompt(tt.ASK, parse_tools_body(tool_choice=WEATHER_CHOICE), {})
+    assert p.state == "tool" and p.call_prefix.endswith(prefix)
+    reply = ChatReply(tok, p)
+    reply.feed(rest, RoundEvent(tokens=[5]))
+    assert reply.finish("stop")[1] == "tool_calls"
+    (got,) = reply.calls
+    assert (got["function"]["name"], json.loads(got["function"]["arguments"])) == (
+        "get_weather",
+        tt.CALL_ARGS,
+    )
+    assert call_id is None or got["id"] == call_id
 
 
 def parse_tools_body(**kw) -> ToolRequest:

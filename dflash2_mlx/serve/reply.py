@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
+from ..chat_template import thought_piece
 from .api_error import loggable
 from .chat_prompt import ChatPrompt
 from .reasoning import ThinkingTracker
@@ -205,11 +206,8 @@ class ChatReply:
         return self._new_id()
 
     def _thought(self, text: str) -> list[Delta]:
-        if not self.reasoning:  # only the first section's: a later one keeps them
-            text = text.lstrip("\n")
-        text = self.thought_tail + text
-        body = text.rstrip("\n")
-        self.thought_tail = text[len(body) :]
+        # only the first section's leading newlines: a later one keeps them
+        body, self.thought_tail = thought_piece(text, not self.reasoning, self.thought_tail)
         if not body:
             return []
         self.reasoning.append(body)
