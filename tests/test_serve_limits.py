@@ -19,6 +19,7 @@ import tiny
 from test_serve import HI, TEMPLATE, make_tokenizer, metric, reference, running
 
 from dflash2_mlx.api import Pair
+from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.serve import ServeLimits, create_app
 from dflash2_mlx.text import chat_prompt_ids
 
@@ -459,3 +460,19 @@ def test_descriptor_exhaustion_is_bounded_and_logged_once_a_minute(monkeypatch):
     pair = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2))
     server = lifecycle.make_server(create_app(pair, model_name="t"))
     assert server.config.limit_concurrency == lifecycle.MAX_CONNECTIONS
+
+
+def test_a_stalled_body_is_a_408_and_its_buffer_freed():
+    """A body that stops coming (a review held 300 of them, 4 MB each, with no key) is
+    refused once nothing of it arrived for body_stall_s: the connection and its buffer go."""
+    pair = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2))
+    app = create_app(pair, model_name="t", limits=ServeLimits(body_stall_s=0.5))
+    with running(app) as base:
+        t0 = time.monotonic()
+        status, body = raw_post(base, "/v1/chat/completions", {"Content-Length": "100"}, [b'{"m'])
+        assert status == 408 and body["error"]["code"] == "request_timeout", body
+        assert time.monotonic() - t0 < 10
+        ok = httpx.post(base + "/v1/chat/completions", json={"messages": HI, "max_tokens": 2})
+        assert ok.status_code == 200
+    with pytest.raises(DFlash2Error, match="body_stall_s must be > 0"):
+        ServeLimits(body_stall_s=0)

@@ -195,7 +195,7 @@ def create_app(
     app.state.worker, app.state.metrics, app.state.settings = worker, metrics, settings
     app.state.limits, app.state.security, app.state.drain = limits, security, drain
     _add_error_handlers(app)
-    _add_routes(app, handler, drain, card, limits.max_body_bytes)
+    _add_routes(app, handler, drain, card, limits)
     # Outermost last: every response is counted, refusals included; faults become JSON 500s.
     app.add_middleware(FaultGuard)
     app.add_middleware(SecurityGate, policy=security)
@@ -313,7 +313,7 @@ def _not_found_hint(path: str) -> str:
     return f". This server serves {SERVED}"
 
 
-def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, max_body: int) -> None:
+def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, limits) -> None:
     """The endpoints (ENDPOINTS); generation goes to `handler`, `card` is the model object."""
     worker, model_name = handler.worker, card["id"]
     GET = ["GET", "HEAD"]  # HEAD: the headers of the GET (uvicorn sends no body)
@@ -354,7 +354,7 @@ def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, max_bo
         return PlainTextResponse(worker.metrics.render(), media_type=metrics_mod.CONTENT_TYPE)
 
     async def json_body(request: Request) -> dict:
-        return await read_json(request, max_body)
+        return await read_json(request, limits.max_body_bytes, limits.body_stall_s)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

@@ -7,6 +7,7 @@ that leaves mid-upload raises `ClientGone` (answered 499, counted, one log line)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
@@ -26,9 +27,10 @@ def _invalid_json(message: str) -> APIError:
     return APIError(400, message, code="invalid_json")
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
+async def read_body(request: Request, max_bytes: int, stall_s: float = 30.0) -> bytes:
     """The body, refused with 413 as soon as it is known to exceed `max_bytes` (a declared
-    Content-Length before reading anything, else while the chunks arrive)."""
+    Content-Length before reading anything, else while the chunks arrive), and with 408 when
+    nothing of it arrives for `stall_s` seconds."""
     too_large = APIError(
         413,
         f"the request body exceeds this server's limit of {max_bytes} bytes",
@@ -37,18 +39,26 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise too_large
-    body = bytearray()
+    body, chunks = bytearray(), request.stream().__aiter__()
     try:
-        async for chunk in request.stream():
-            body += chunk
+        while True:
+            try:
+                body += await asyncio.wait_for(chunks.__anext__(), stall_s)
+            except StopAsyncIteration:
+                return bytes(body)
+            except asyncio.TimeoutError:
+                raise APIError(
+                    408,
+                    f"the request body stalled: nothing of it came for {stall_s:g} s",
+                    code="request_timeout",
+                ) from None
             if len(body) > max_bytes:
                 raise too_large
     except ClientDisconnect:
         raise ClientGone from None
-    return bytes(body)
 
 
-async def read_json(request: Request, max_bytes: int) -> dict:
+async def read_json(request: Request, max_bytes: int, stall_s: float = 30.0) -> dict:
     """The body as a JSON object: size-limited, parsed, free of lone surrogates."""
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity"):  # inflating would let a small upload pass the size limit
@@ -57,7 +67,7 @@ async def read_json(request: Request, max_bytes: int) -> dict:
             f"Content-Encoding {encoding[:40]!r} is not supported: send the JSON body uncompressed",
             code="unsupported_content_encoding",
         )
-    raw = await read_body(request, max_bytes)
+    raw = await read_body(request, max_bytes, stall_s)
     try:
         body = json.loads(raw)
     except RecursionError:

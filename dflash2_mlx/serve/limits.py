@@ -27,6 +27,8 @@ class ServeLimits:
     keepalive_s: a stream still waiting for its first token (queue, prefill) after this long
     sends its headers, then an SSE comment every keepalive_s until the token comes (clients
     time out on silent connections; a non-streaming request cannot do that).
+    body_stall_s: a request body that sends nothing for this long is refused with 408 (a
+    stalled upload would hold its buffer, up to max_body_bytes, as long as it stays open).
     """
 
     max_body_bytes: int = 4 * MB
@@ -35,6 +37,7 @@ class ServeLimits:
     max_stop_chars: int = 1000
     shutdown_grace_s: float = 10.0
     keepalive_s: float = 5.0
+    body_stall_s: float = 30.0
 
     def __post_init__(self):
         for name in ("max_body_bytes", "max_stop_chars"):
@@ -48,8 +51,9 @@ class ServeLimits:
             raise DFlash2Error(
                 f"shutdown_grace_s must be >= 0 and finite; got {self.shutdown_grace_s}"
             )
-        if not self.keepalive_s > 0:
-            raise DFlash2Error(f"keepalive_s must be > 0; got {self.keepalive_s}")
+        for name in ("keepalive_s", "body_stall_s"):
+            if not getattr(self, name) > 0:
+                raise DFlash2Error(f"{name} must be > 0; got {getattr(self, name)}")
 
 
 def longest_token_chars(tokenizer) -> int | None:
