@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from rich.text import Text
 
-from dflash2_mlx.chat_template import TemplateInfo
+from dflash2_mlx.chat_template import TemplateInfo, render_text
 from dflash2_mlx.engine.sampling import field_problem
 from dflash2_mlx.errors import DFlash2Error, ParameterError
 from dflash2_mlx.settings import BlockChoice, check_block
@@ -18,6 +18,25 @@ from .terminal import interactive
 
 def _template_has_thinking(tokenizer) -> bool:
     return TemplateInfo.of(tokenizer).thinking_switch  # as `serve` decides it
+
+
+def thinking_shown(tokenizer, thinking: bool | None) -> str:
+    """The thinking setting in words: on, off, or the template's default and what it is
+    (read off the template: its prompt with the switch left out is its prompt with it on or
+    off), or that the template has no switch."""
+    if not _template_has_thinking(tokenizer):
+        return "the chat template has no thinking switch"
+    if thinking is not None:
+        return "on" if thinking else "off"
+    ask = [{"role": "user", "content": "hi"}]
+    try:
+        left_out = render_text(tokenizer, ask)
+        on = render_text(tokenizer, ask, enable_thinking=True)
+        off = render_text(tokenizer, ask, enable_thinking=False)
+    except Exception:  # noqa: BLE001 - a template that fails here is said elsewhere
+        return "the chat template's default"
+    default = "on" if left_out == on != off else "off" if left_out == off != on else None
+    return "the chat template's default" + (f" ({default})" if default else "")
 
 
 class SlashCommands:
@@ -127,11 +146,10 @@ class SlashCommands:
         self._say(f"speculative decoding {'on' if self.spec else 'off'}", "dim")
 
     def _set_thinking(self, name: str, arg: str) -> None:
+        if not arg:  # showing it is no error, with a switch or without
+            return self._say(f"thinking: {thinking_shown(self.pair.tokenizer, self.thinking)}")
         if not _template_has_thinking(self.pair.tokenizer):
             raise _Bad("this model's chat template has no thinking switch")
-        if not arg:
-            now = {True: "on", False: "off", None: "as the chat template's default"}
-            return self._say(f"thinking {now[self.thinking]}")
         on = _on_off(name, arg)
         self.thinking = on
         self._say(f"thinking {'on' if on else 'off'}", "dim")

@@ -26,7 +26,7 @@ from dflash2_mlx.settings import idle_when_greedy
 from dflash2_mlx.target.context import default_context_length
 from dflash2_mlx.text import chat_prompt_ids, quiet_length_warning, stream_text
 
-from .chat_commands import SlashCommands, is_command
+from .chat_commands import SlashCommands, is_command, thinking_shown
 from .chat_thinking import THINKING, ThinkingSplit
 from .chat_view import AnswerView, StatusLine, status_text
 from .common import check_thinking_flag, fail, utf8_problem
@@ -66,6 +66,7 @@ class Chat(SlashCommands):
         self.max_tokens = opts.max_tokens
         self.spec, self.thinking = settings.speculative, opts.thinking
         vocab = pair.decoder.target.vocab_size
+        self.repetition_penalty = opts.repetition_penalty
         self.processors = penalties(vocab, repetition_penalty=opts.repetition_penalty)
         self.thinking_budget = opts.thinking_budget
         if self.thinking_budget is not None and not getattr(
@@ -247,7 +248,9 @@ class Chat(SlashCommands):
                 if self.pair.decoder.lookup
                 else "off"
             ),
-            "thinking": {None: "template default", True: "on", False: "off"}[self.thinking],
+            "thinking": thinking_shown(self.pair.tokenizer, self.thinking),
+            "thinking budget": "-" if self.thinking_budget is None else self.thinking_budget,
+            "repetition penalty": self.repetition_penalty or "-",
             "system": self.system or "-",
         }
 

@@ -83,9 +83,9 @@ def test_chat_in_a_terminal(tiny_pair):
             ("/max 0", "error: /max must be a number of tokens >= 1, got 0"),
             ("/max", "max tokens = 12"),  # no argument: the current value, as /system
             ("/temp", "temperature = 0.5"),
-            ("/thinking", "thinking as the chat template's default"),
+            ("/thinking", "thinking: the chat template's default (on)"),  # read off it
             ("/thinking off", "thinking off"),
-            ("/thinking", "thinking off"),
+            ("/thinking", "thinking: off"),
             ("/nosuch", "unknown command /nosuch"),
             ("/help", "/spec on|off"),
         ]:
