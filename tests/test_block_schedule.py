@@ -318,8 +318,10 @@ def test_the_chats_status_line_shows_the_block_at_the_conversations_length():
         block=BlockChoice(4, 8, BY_PROFILE, None, schedule, ((1.0, 3),)),
         trained=8,
         spec=True,
-        pair=SimpleNamespace(decoder=SimpleNamespace(lookup=3)),
+        pair=SimpleNamespace(decoder=SimpleNamespace(lookup=3), tokenizer=None),
         thinking=None,
+        thinking_budget=None,
+        repetition_penalty=None,
         system=None,
     )
     block = Chat.settings(settings)["block"]
