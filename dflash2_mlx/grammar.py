@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import ParameterError
+from .json_schema import check_refs, closed_objects
 
 log = logging.getLogger("dflash2")
 
@@ -146,7 +147,7 @@ class Calls:
         for name, args in self.tools:
             args = dict(closed_objects(args or ANY_OBJECT))
             defs = {k: args.pop(k) for k in ("$defs", "definitions") if k in args}
-            _check_refs(name, args)
+            check_refs(name, args)
             call = {
                 "type": "object",
                 "properties": {"name": {"const": name}, "arguments": args},
@@ -155,77 +156,6 @@ class Calls:
             }
             out.append({**call, **defs})
         return out
-
-
-_DATA_KEYS = frozenset({"enum", "const", "default", "examples"})  # values, not schemas
-# maps of names (which may be any word, "properties" too) to schemas
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
-_COMBINED = ("allOf", "anyOf", "oneOf", "$ref")  # keys other schemas add to the object
-_OTHER_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-
-
-def closed_objects(schema):
-    """`schema` with `additionalProperties: false` on every object schema that lists its
-    `properties`, says nothing of other keys and takes no keys from a schema it is combined
-    with: a reply holds the keys its schema names (what OpenAI's strict mode requires, and
-    llama.cpp and XGrammar do by default), not whatever a small model adds until max_tokens
-    cuts the JSON. Left open: objects beside allOf / anyOf / oneOf / $ref, the branches of
-    such an object, and definitions an allOf extends. Say `additionalProperties: true` (or give
-    a schema for them) to allow other keys anywhere."""
-    extended = {str(r).rsplit("/", 1)[-1] for r in _refs(schema, inside_all_of=False)}
-
-    def close(node, partial: bool = False):
-        if isinstance(node, list):
-            return [close(v) for v in node]
-        if not isinstance(node, dict):
-            return node
-        has_props = isinstance(node.get("properties"), dict)
-        out = {}
-        for k, v in node.items():
-            if k in _DATA_KEYS or k == "allOf":
-                out[k] = v
-            elif k in ("anyOf", "oneOf") and isinstance(v, list):
-                out[k] = [close(b, partial=has_props) for b in v]
-            elif k in _SCHEMA_MAPS and isinstance(v, dict):
-                defs = k in ("$defs", "definitions")
-                out[k] = {n: sub if defs and n in extended else close(sub) for n, sub in v.items()}
-            else:
-                out[k] = close(v)
-        combined = any(k in node for k in _COMBINED + _OTHER_KEYS)
-        if has_props and not combined and not partial:
-            out["additionalProperties"] = False
-        return out
-
-    return close(schema)
-
-
-def _refs(node, inside_all_of: bool):
-    """The $refs inside allOf lists of `node` (the definitions they extend)."""
-    if isinstance(node, list):
-        for v in node:
-            yield from _refs(v, inside_all_of)
-    elif isinstance(node, dict):
-        if inside_all_of and "$ref" in node:
-            yield node["$ref"]
-        for k, v in node.items():
-            if k not in _DATA_KEYS:
-                yield from _refs(v, inside_all_of or k == "allOf")
-
-
-def _check_refs(name: str, schema) -> None:
-    """References must point into `$defs` / `definitions`: the arguments' schema is nested in
-    the call's, so a reference to its root (`#`) or its properties would point elsewhere."""
-    if isinstance(schema, dict):
-        ref = schema.get("$ref")
-        if ref is not None and not str(ref).startswith(("#/$defs/", "#/definitions/")):
-            raise ValueError(f"tool {name}: $ref {ref!r} (only #/$defs/... references)")
-        if "x-guidance" in schema:
-            raise ValueError(f"tool {name}: x-guidance is not supported in tool parameters")
-        for v in schema.values():
-            _check_refs(name, v)
-    elif isinstance(schema, list):
-        for v in schema:
-            _check_refs(name, v)
 
 
 def _json(schema: dict) -> str:

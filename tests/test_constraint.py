@@ -513,7 +513,7 @@ def test_objects_hold_the_keys_their_schema_lists(qwen_like):
     """An object schema with `properties` and nothing said of other keys takes no others (what
     OpenAI's strict mode means; llama.cpp and XGrammar do it by default): a small model cannot
     add keys until max_tokens cuts the JSON. `additionalProperties: true` still allows them."""
-    from dflash2_mlx.grammar import closed_objects
+    from dflash2_mlx.json_schema import closed_objects
 
     hf, grammars = qwen_like
     person = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}

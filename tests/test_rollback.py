@@ -93,7 +93,7 @@ def test_another_thread_goes_through_the_proxies_unrecorded(family):
         thread.start()
         thread.join()
     assert not cap.features and not cap.replays and not cap.gdn
-    np.testing.assert_array_equal(out["logits"], alone)  # the same ops on the same shapes
+    np.testing.assert_allclose(out["logits"], alone, rtol=1e-5, atol=1e-5)  # the model's own
 
 
 def test_generic_layer_replay_is_exact_too(monkeypatch):

@@ -253,7 +253,8 @@ class ChatStream:
     def end(self, deltas: list[Delta], finish: str, usage_: dict):
         for chunk in delta_chunks(self.fmt, deltas, self.with_usage):
             yield sse(self.logprobs(chunk))
-        if self.tools and not self.answered and not any(d.kind != "reasoning" for d in deltas):
+        self.answered |= any(d.kind != "reasoning" for d in deltas)
+        if self.tools and not self.answered:
             # no text, no call: content "", as the whole reply's (the role chunk set none)
             yield sse(self.logprobs(self.fmt.chunk("", with_usage=self.with_usage)))
         text = None if self.fmt.kind == "chat" else ""
