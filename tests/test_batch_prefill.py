@@ -223,3 +223,34 @@ def test_a_joiner_cancelled_mid_prefill_keeps_the_prefix_its_session_held(decode
     _finish(batch, ids, out)
     assert out["retry"] == decoder.generate(turn2, params)
     assert out["a"] == decoder.generate(PROMPTS[0], GenerationParams(max_tokens=60))
+
+
+def test_a_running_request_counts_the_time_it_waited_on_a_joiners_prefill(decoder):
+    """decode_ms is the wall time after the first token: a row's rounds, and the steps it
+    waited while another request's prefill chunks ran (RoundEvent.wait_ms)."""
+    import time
+
+    from dflash2_mlx.engine.events import GenerationStats
+
+    polls = []
+
+    def slow_cancel():  # polled between the joiner's prefill chunks: 30 ms each
+        polls.append(time.sleep(0.03))
+        return False
+
+    batch = BatchDecoder(decoder, max_batch=4, prefill_step=CHUNK)
+    rid = batch.add(PROMPTS[0], GenerationParams(max_tokens=40))
+    stats, began, first, last = GenerationStats(), None, None, None
+    while batch.busy:
+        if stats.rounds == 2:
+            batch.add(LONG, GenerationParams(max_tokens=4), cancel=slow_cancel)
+        before = time.perf_counter()
+        for r, ev in batch.step():
+            if r == rid:
+                stats.add(ev)
+                last = time.perf_counter()
+                if ev.prefill:  # its first round may run in the same step
+                    began, first = before, last
+    waited = 0.03 * len(polls)
+    assert len(polls) >= 5 and stats.wait_ms >= 1000 * waited * 0.9
+    assert 0.9 * (last - first) * 1000 <= stats.decode_ms <= (last - began) * 1000

@@ -115,6 +115,27 @@ def test_lru_eviction_under_a_small_budget():
     assert tiny_cache.stats().entries == 0 and tiny_cache.stats().evictions == 1
 
 
+def test_keystroke_branches_are_evicted_before_a_long_conversation():
+    """An editor's completions each branch off the last one near its end: under a small
+    budget they push out one another (each is a short prefill away from the next one), not
+    the older, longer conversation beside them."""
+    dec = decoder("llama")
+    conversation = [(5 * i + 2) % 90 + 1 for i in range(120)]
+    code = [(11 * i + 7) % 90 + 1 for i in range(60)]
+    probe = PromptCache(dec, 1 << 30)
+    run(dec, probe, conversation)
+    cache = PromptCache(dec, 2 * probe.stats().nbytes)  # the conversation and a few more
+    run(dec, cache, conversation)
+    for k in range(8):  # each keystroke re-tokenizes the last word: it branches off
+        run(dec, cache, code + [70 + k, 40 + k])
+    st = cache.stats()
+    assert st.evictions >= 1 and st.nbytes <= cache.max_bytes
+    out, ev, _ = run(dec, cache, conversation + [33])
+    assert ev.reused_tokens == len(conversation) and out == cold(dec, conversation + [33])
+    out, ev, _ = run(dec, cache, code + [77, 47])  # the last keystroke's branch serves on
+    assert ev.reused_tokens >= len(code) and out == cold(dec, code + [77, 47])
+
+
 def test_leases_in_flight_together_do_not_interfere(dec):
     """With turn 1 stored: a branch off its prompt (gets a copy), its next turn (takes the
     entry, or a copy for hybrid) and the same next turn again (the entry is out: another

@@ -483,3 +483,20 @@ def _quiet(fn, *args):
         fn(*args)
     except RuntimeError:
         pass
+
+
+def test_the_null_origin_is_allowed_only_when_named():
+    """file:// pages and sandboxed frames send `Origin: null`: refused unless --cors names
+    null; any other word that is not an origin is still a start-up error."""
+    from dflash2_mlx.serve.api_error import APIError
+    from dflash2_mlx.serve.security import SecurityGate
+
+    scope = {"method": "POST", "path": "/v1/chat/completions", "http_version": "1.1"}
+    headers = {"host": "localhost:8000", "origin": "null", "content-type": "application/json"}
+    with pytest.raises(APIError) as refused:
+        SecurityGate(None, SecurityPolicy())._check(scope, headers)
+    assert refused.value.status == 403
+    named = SecurityGate(None, SecurityPolicy(cors_origins=("null",)))._check(scope, headers)
+    assert named["Access-Control-Allow-Origin"] == "null"
+    with pytest.raises(DFlash2Error, match="--cors 'nul'"):
+        SecurityPolicy(cors_origins=("nul",))

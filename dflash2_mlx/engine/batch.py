@@ -84,6 +84,8 @@ class BatchDecoder:
     # rows keep their columns in position order (a sliding-window target: target/batch.py)
     _in_order: bool = field(default=False, init=False)
     _next_id: int = 0
+    # request id -> when its last event was made (its wait between rounds: RoundEvent.wait_ms)
+    _last_event: dict[int, float] = field(default_factory=dict, init=False)
 
     def __post_init__(self):
         if (
@@ -169,17 +171,37 @@ class BatchDecoder:
         every running request leaves and the error is raised. A KeyboardInterrupt leaves
         the same way, and in a prefill, that request leaves (its session freed)."""
         events = self._join()
+        joined = time.perf_counter()
+        rounds: list[tuple[int, RoundEvent]] = []
         if self.rows:
             try:
                 if not self.batched:
-                    events += [(r.rid, self._single_round(r)) for r in self.rows]
+                    rounds = [(r.rid, self._single_round(r)) for r in self.rows]
                 else:
-                    events += self._batch_round()
+                    rounds = self._batch_round()
             except BaseException:
                 self._abandon()
                 raise
             self._leave()
-        return events
+        out = self._timed(events, joined) + self._timed(rounds, time.perf_counter())
+        active = {r.rid for r in self.rows}  # cancelled ones leave no time behind
+        self._last_event = {r: t for r, t in self._last_event.items() if r in active}
+        return out
+
+    def _timed(self, events: list[tuple[int, RoundEvent]], now: float):
+        """Each round's wait_ms: the wall time since its request's last event that its own
+        draft and verify do not account for (the others' prefill chunks in between)."""
+        out = []
+        for rid, event in events:
+            last = self._last_event.pop(rid, None)
+            if last is not None and not event.prefill:
+                wall = (now - last) * 1000.0
+                wait = max(0.0, wall - event.draft_ms - event.verify_ms)
+                event = replace(event, wait_ms=wait)
+            if event.finish_reason is None:
+                self._last_event[rid] = now
+            out.append((rid, event))
+        return out
 
     def _abandon(self) -> None:
         """Every running request leaves now; their sessions, caches torn mid-round, clear on
@@ -279,7 +301,7 @@ class BatchDecoder:
         t0 = time.perf_counter()
         proposals, verify_keys, errors = propose_rows(dec, pairs)
         proposals = self.widths.cap(proposals, [not r.run.params.sampling.greedy for r in rows])
-        draft_ms = (time.perf_counter() - t0) * 1000.0 / len(rows)  # the round's, shared
+        draft_ms = (time.perf_counter() - t0) * 1000.0  # one pass for all: each row waited it
         width = max(len(p.drafts) for p in proposals) + 1
         ids = [
             [r.session.tokens[-1]] + p.drafts + [0] * (width - 1 - len(p.drafts))

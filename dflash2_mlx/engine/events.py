@@ -24,6 +24,9 @@ class RoundEvent:
     # what is left of it is waited for within verify_ms)
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    # batched engine: time since this request's last event spent on others' work (a joining
+    # request's prefill chunks), so draft + verify + wait is the wall time it waited
+    wait_ms: float = 0.0
     prefill_ms: float = 0.0  # the prompt's prefill, on the prefill event
     finish_reason: str | None = None  # None while going on; "stop" | "length" | "error"
     prefill: bool = False  # the event that carries the first token after prefill
@@ -53,6 +56,7 @@ class GenerationStats:
     committed: int = 0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    wait_ms: float = 0.0  # between its rounds, on others' work (batched engine)
     prefill_ms: float = 0.0
     prompt_tokens: int = 0
     reused_tokens: int = 0
@@ -88,6 +92,7 @@ class GenerationStats:
         self.committed += len(ev.tokens)
         self.draft_ms += ev.draft_ms
         self.verify_ms += ev.verify_ms
+        self.wait_ms += ev.wait_ms
         self.histogram[ev.accepted + 1] += 1
         self.last_round = ev.accepted + 1
         self.longest_round = max(self.longest_round, ev.block_size)
@@ -134,7 +139,8 @@ class GenerationStats:
 
     @property
     def decode_ms(self) -> float:
-        return self.draft_ms + self.verify_ms
+        """Time after the first token: its rounds, and the waits between them."""
+        return self.draft_ms + self.verify_ms + self.wait_ms
 
     @property
     def decode_tps(self) -> float:
@@ -152,6 +158,7 @@ class GenerationStats:
             "acceptance_rate": round(self.acceptance_rate, 4),
             "draft_ms": round(self.draft_ms, 3),
             "verify_ms": round(self.verify_ms, 3),
+            "wait_ms": round(self.wait_ms, 3),
             "prefill_ms": round(self.prefill_ms, 3),
             "prompt_tokens": self.prompt_tokens,
             "reused_tokens": self.reused_tokens,

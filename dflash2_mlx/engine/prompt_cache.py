@@ -19,7 +19,8 @@ recurrent entry is always copied: it is a fixed point that no later state can be
 to. Copies are cheap: MLX arrays have value semantics, so a copy holds new handles on the same
 buffers and the first write through either handle copies the buffer.
 
-Bounded by a byte budget over the stored entries' arrays; least recently used out first.
+Bounded by a byte budget over the stored entries' arrays; out first, the least recently used
+of the entries whose tokens another entry nearly all holds, else the least recently used.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
         else:
             hi = mid
     return lo
+
+
+# An entry all but this many of whose tokens (or an eighth of them) another entry holds is
+# evicted first: what it alone holds is a short prefill away.
+NEARLY_HELD_TOKENS = 32
 
 
 def _is_cache(x) -> bool:
@@ -258,8 +264,29 @@ class PromptCache:
             self._next_key += 1
             self._bytes += entry.nbytes
             while self._bytes > self.max_bytes:
-                self._remove(next(iter(self._entries)))
+                self._remove(self._victim())
                 self._evictions += 1
+
+    def _victim(self) -> int:
+        """The entry to evict: the least recently used of those whose tokens another entry
+        nearly all holds (losing it costs a short prefill: an editor's keystroke requests each
+        branch off the last one near its end, and would otherwise push out a long
+        conversation), else the least recently used."""
+        if self.trimmable:
+            for key, entry in self._entries.items():
+                if self._nearly_held(key, entry):
+                    return key
+        return next(iter(self._entries))
+
+    def _nearly_held(self, key: int, entry: _Entry) -> bool:
+        slack = max(NEARLY_HELD_TOKENS, entry.fed // 8)
+        need, head = entry.fed - slack, entry.tokens[:8]
+        for other_key, other in self._entries.items():
+            if other_key == key or other.fed < need or other.tokens[:8] != head:
+                continue
+            if common_prefix(entry.tokens, other.tokens, min(entry.fed, other.fed)) >= need:
+                return True
+        return False
 
 
 class Lease:

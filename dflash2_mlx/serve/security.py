@@ -76,10 +76,11 @@ class SecurityPolicy:
             tuple(o.strip().rstrip("/").lower() for o in self.cors_origins if o.strip()),
         )
         for origin in self.cors_origins:
-            if origin != "*" and "://" not in origin:
+            # "null": what file:// pages and sandboxed frames send (any such page matches it)
+            if origin not in ("*", "null") and "://" not in origin:
                 raise DFlash2Error(
                     f"--cors {origin!r}: an origin is scheme://host[:port], "
-                    "e.g. http://localhost:3000 (or * for any)"
+                    "e.g. http://localhost:3000 (or null for file:// pages, * for any)"
                 )
         if self.api_key is not None and not self.api_key.strip():
             raise DFlash2Error("--api-key is empty")
