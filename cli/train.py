@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from .common import fail, given_params
 from .stop_flag import terminate_as_interrupt
+from .train_progress import training_progress
 
 
 def _command_line(params: dict) -> str:
@@ -312,7 +313,7 @@ def _run_training(pc, tc, *, ablation: bool, target: str) -> None:
     from dflash2_mlx.train.pipeline import run_ablation, run_pipeline
 
     console = Console(soft_wrap=True)  # a log keeps whole lines (a terminal wraps its own)
-    progress, on_step = _progress(console, tc.steps)
+    progress, on_step = training_progress(console, tc.steps)
 
     def say(text: str) -> None:  # the pipeline's lines are text: a path's [x] is no markup
         console.print(text, markup=False)
@@ -343,46 +344,6 @@ def _run_training(pc, tc, *, ablation: bool, target: str) -> None:
             "rerun resumes from: delete it once this drafter is final"
         )
     )
-
-
-def _progress(console, steps: int):
-    """A progress bar (loss, tokens/s, ETA) on a terminal; a line every 10 steps in a log.
-    Held-out τ evaluations are always printed as lines."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    progress = Progress(
-        TextColumn("training"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[stats]}"),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not console.is_terminal,
-    )
-    task: dict = {}
-
-    def on_step(rec: dict):
-        step = rec["step"]
-        if task.get("last", step) >= step:  # first step, or the next ablation variant's run
-            task["id"] = progress.add_task("train", total=steps, completed=step - 1, stats="")
-        task["last"] = step
-        stats = f"loss {rec['loss']:.3f}  lr {rec['lr']:.2e}  {rec['tok_s']:.0f} tok/s"
-        progress.update(task["id"], completed=step, stats=stats)
-        if "proxy_tau" in rec or (not console.is_terminal and step % 10 == 0):
-            extra = (
-                f"  τ(held-out) {rec['proxy_tau']:.3f}  τ(train) {rec['train_tau']:.3f}"
-                if "proxy_tau" in rec
-                else ""
-            )
-            progress.console.print(f"step {step:>6}/{steps}  {stats}{extra}")
-
-    return progress, on_step
 
 
 def register(app: typer.Typer) -> None:

@@ -27,7 +27,7 @@ from .downloads import fetch, is_repo_id
 from .errors import FetchError, ModelNotFoundError
 from .registry import closest, lookup, resolve
 from .target.adapter import TargetAdapter
-from .target.folder import check_target_folder
+from .target.folder import load_target_folder
 
 
 def check_compatible(adapter: TargetAdapter, drafter: Drafter) -> None:
@@ -243,7 +243,6 @@ def load_pair(
     context's own continuation where the last `lookup` tokens repeat (engine/lookup.py);
     `datastore`: the drafter folder's response datastore (engine/datastore.py) — None: used
     when it ships one, True: required, False: off."""
-    from mlx_lm import load as load_target
 
     if dtype is not None and dtype not in _DTYPES:
         raise ParameterError(f"dtype must be one of {', '.join(_DTYPES)} or None, got {dtype!r}")
@@ -259,21 +258,7 @@ def load_pair(
     elif _names_a_pair(target):  # a pair's name with another drafter: that pair's target
         target = resolve(str(target), drafter=str(drafter), offline=offline).target
     target = fetch(target, "target", offline=offline)
-    check_target_folder(target)
-    try:
-        model, tokenizer = load_target(str(target))
-    except (
-        OSError,
-        ValueError,
-        KeyError,
-        TypeError,
-        AttributeError,
-        ImportError,
-        RuntimeError,
-    ) as exc:
-        raise CompatibilityError(
-            f"{target}: cannot load the target with mlx-lm: {type(exc).__name__}: {exc}"
-        ) from None
+    model, tokenizer = load_target_folder(target)
     adapter_probe = TargetAdapter(model, ())
     weight_dtype = _DTYPES.get(dtype or "", adapter_probe.embed_tokens(mx.array([[0]])).dtype)
     folder = fetch(drafter, "drafter", offline=offline)

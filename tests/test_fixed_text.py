@@ -325,7 +325,7 @@ def test_chat_rendering_spans_and_corpus_sequences(tmp_path):
     assert corpus_sources(tmp_path) == ["wiki (ovos-wiki 1.0, CC BY-SA)"]  # for the card
     assert corpus_sources(path) == []  # JSONL files: no manifest
     path.write_text('{"id": 1}\n')
-    with pytest.raises(DFlash2Error, match=r"c.jsonl:1: not a corpus record"):
+    with pytest.raises(DFlash2Error, match=r"c.jsonl:1: not a corpus record.*messages missing"):
         corpus_sequences(tok, path, max_tokens=40)
     for messages, problem in (
         ("hello", "must be a list of {role, content} objects"),
@@ -435,7 +435,7 @@ def test_train_command_mixes_a_corpus_and_deletes_its_features(tmp_path, capsys)
     assert set(taught) <= set(vocab["token_ids"])
     none = ["--corpus", str(corpus), "--stream-disk-gb", "0"]  # refused before regenerating
     assert run(["train", str(target_dir), "--out", str(tmp_path / "z"), *common, *none]) == 2
-    assert "disk bound (--stream-disk-gb) of 0.0 MB holds 0 tokens" in capsys.readouterr().err
+    assert "--stream-disk-gb 0 holds 0 tokens of features" in capsys.readouterr().err
     assert run(["train", str(target_dir), "--out", str(out), "--corpus-ratio", "0.3", *common]) == 2
     assert "--corpus-ratio only applies with --corpus" in capsys.readouterr().err
     # given at its default value it is still given; a ratio that rounds to no sequence is refused

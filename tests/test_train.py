@@ -12,7 +12,7 @@ import pytest
 import tiny
 
 from dflash2_mlx import load_drafter
-from dflash2_mlx.errors import DFlash2Error
+from dflash2_mlx.errors import DFlash2Error, ParameterError
 from dflash2_mlx.target.adapter import TargetAdapter
 from dflash2_mlx.train.features import (
     FeatureCacheError,
@@ -192,6 +192,30 @@ def test_resume_continues_from_checkpoint(target, sequences, tmp_path):
     np.testing.assert_allclose(np.array(again.drafter.fc.weight), np.array(tr.drafter.fc.weight))
     again.run()
     assert again.step == 20
+
+
+def test_an_interrupted_run_resumed_ends_as_the_uninterrupted_one(target, sequences, tmp_path):
+    """The checkpoint keeps the batch sampler's whole state and MLX's (dropout), so the same
+    command and seed give the same drafter whether or not it was stopped midway (a resume
+    used to reseed the sampler)."""
+
+    def stop_at_7(rec):
+        if rec["step"] == 7:
+            raise KeyboardInterrupt
+
+    whole = _trainer(target, sequences, tmp_path / "whole", steps=16, dropout=0.1)
+    whole.run()
+    cut = _trainer(target, sequences, tmp_path / "cut", steps=16, dropout=0.1)
+    with pytest.raises(KeyboardInterrupt):
+        cut.run(on_step=stop_at_7)
+    again = _trainer(target, sequences, tmp_path / "cut", steps=16, dropout=0.1)
+    assert again.try_resume() and again.step == 7
+    again.run()
+    for name in ("fc", "hidden_norm"):
+        np.testing.assert_array_equal(
+            np.array(getattr(again.drafter, name).weight),
+            np.array(getattr(whole.drafter, name).weight),
+        )
 
 
 def test_feature_cache_roundtrip_resume_and_disk_full(target, tmp_path):
@@ -714,12 +738,12 @@ def test_init_from_a_smaller_drafter_grows_it_by_identity_layers(target, sequenc
 def test_train_progress_shows_loss_speed_and_eta_on_a_terminal():
     import io
 
-    from dflash2_cli.train import _progress
+    from dflash2_cli.train_progress import training_progress
     from rich.console import Console
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=120)
-    progress, on_step = _progress(console, steps=20)
+    progress, on_step = training_progress(console, steps=20)
     with progress:
         for step in range(1, 21):
             rec = {"step": step, "loss": 5.0 - step / 10, "lr": 1e-3, "tok_s": 1234.0}
@@ -734,11 +758,12 @@ def test_train_progress_shows_loss_speed_and_eta_on_a_terminal():
     assert "τ(held-out) 1.750  τ(train) 2.500" in out
     # A log (not a terminal) gets plain lines every 10 steps instead of a bar.
     buf = io.StringIO()
-    progress, on_step = _progress(Console(file=buf, force_terminal=False), steps=20)
+    progress, on_step = training_progress(Console(file=buf, force_terminal=False), steps=20)
     with progress:
         for step in range(1, 21):
             on_step({"step": step, "loss": 1.0, "lr": 1e-3, "tok_s": 10.0})
     assert buf.getvalue().count("step ") == 2
+    assert re.search(r"step +20/20 .* \d+:\d\d elapsed, ~0:00 left", buf.getvalue())
 
 
 def test_answers_too_short_for_any_anchor_are_an_error_not_a_hang(sequences):
@@ -941,6 +966,35 @@ def test_prompts_that_all_pass_the_length_limit_are_named_not_a_missing_cache(tm
         prepare_data(pc, tc, log=lambda s: None)
 
 
+@pytest.mark.parametrize("broken", ["no weights", "unknown model_type"])
+def test_a_target_mlx_lm_cannot_load_is_named_before_anything_is_written(tmp_path, broken):
+    from tiny_pair import save_target
+
+    from dflash2_mlx.train.pipeline import prepare_data
+    from dflash2_mlx.train.pipeline_config import PipelineConfig
+
+    folder = save_target(tmp_path / "target")
+    if broken == "no weights":
+        for f in folder.glob("*.safetensors"):
+            f.unlink()
+    else:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "model_type": "nosuch"}))
+    pc = PipelineConfig(
+        str(folder),
+        tmp_path / "o",
+        tmp_path / "work",
+        prompts=str(_prompt_file(tmp_path / "p.jsonl", 3, "p")),
+        heldout=str(_prompt_file(tmp_path / "h.jsonl", 2, "h")),
+        max_new_tokens=8,
+        temperatures=(0.0,),
+    )
+    tc = TrainConfig(layers=1, block_size=4, target_layer_ids=(0, 2), steps=1)
+    with pytest.raises(DFlash2Error, match=rf"{folder}: cannot load the target with mlx-lm"):
+        prepare_data(pc, tc, log=lambda s: None)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "work").exists()
+
+
 def test_a_kill_mid_training_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
     """SIGTERM (`kill`, a job scheduler) stops as Ctrl-C does: the checkpoint is saved at the
     step reached and the same command resumes there."""
@@ -985,6 +1039,37 @@ def test_the_model_card_verdict_follows_its_numbers():
     assert "would not speed decoding up" in _verdict({"proxy_tau": 1.03, "train_tau": 1.0})
     assert "more data would help" in _verdict({"proxy_tau": 1.7, "train_tau": 2.3})
     assert _verdict({"proxy_tau": 1.9, "train_tau": 2.0}) == ""  # no gap: nothing to say
+
+
+def test_the_model_card_names_the_parts_and_losses_trained():
+    """An ablation variant's card says which DFlash2 part stayed neutral and drops the
+    selector loss it did not train."""
+    from dflash2_mlx.train.model_card import _objective, _parts
+
+    full = TrainConfig(layers=1, block_size=4)
+    assert "selector cross-entropy" in _objective(full)
+    assert _parts(full) == " (dynamic convs trained, selector trained)"
+    neutral = replace(full, selector_weight=0.0, train_conv=False)
+    assert "selector" not in _objective(neutral)
+    assert _parts(neutral) == " (dynamic convs kept as identity, selector untrained)"
+    assert _parts(replace(full, version=1)) == ""
+
+
+def test_work_must_not_be_a_file_or_hold_a_drafter(tmp_path):
+    """--work is deleted once the drafter is final: a drafter's or a model's folder is
+    refused (the run used to fill it and then say to delete it)."""
+    from dflash2_mlx.train.preflight import check_out
+
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
+    with pytest.raises(ParameterError, match=r"--work .*drafter: holds a model"):
+        check_out(tmp_path / "new", drafter, write=False)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ParameterError, match="--work .*afile: is a file"):
+        check_out(tmp_path / "new", afile, write=False)
+    assert not (tmp_path / "new").exists()
 
 
 def test_skipped_prompt_lines_are_reported_once(tmp_path):

@@ -42,6 +42,29 @@ def check_target_folder(folder: Path) -> None:
         )
 
 
+def load_target_folder(folder: Path):
+    """mlx-lm's (model, tokenizer) from a checked target folder; what mlx-lm raises on a
+    broken one (no weights, an unknown model_type, tokenizer files it cannot read) as a
+    CompatibilityError naming the folder."""
+    from mlx_lm import load
+
+    check_target_folder(folder)
+    try:
+        return load(str(folder))
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        ImportError,
+        RuntimeError,
+    ) as exc:
+        raise CompatibilityError(
+            f"{folder}: cannot load the target with mlx-lm: {type(exc).__name__}: {exc}"
+        ) from None
+
+
 _TOKENIZER_FILES = (
     "tokenizer.json",
     "*.model",

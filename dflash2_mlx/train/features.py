@@ -183,6 +183,9 @@ def build_feature_cache(
         (s for s in seqs if _key(s.id, s.temperature) not in done), key=lambda s: len(s.tokens)
     )
     shard = _ShardWriter(folder, done, shard_no)
+    cached, total = len(done), len(done) + len(todo)
+    if todo:
+        log(f"features: {len(todo)} sequences to compute ({cached} cached) in {folder}")
     for start in range(0, len(todo), batch):
         group = todo[start : start + batch]
         feats, top = target_features(adapter, group, greedy)
@@ -190,9 +193,11 @@ def build_feature_cache(
             n = len(s.tokens)
             shard.add(s, f[:n], None if top is None else top[j, :n].tolist())
         if shard.n_rows >= shard_rows:
-            shard.flush()
-            log(f"features: {len(done)}/{len(done) + len(todo) - start - len(group)} sequences")
+            shard.flush()  # a stop loses at most the rows not yet written
+            log(f"features: {cached + start + len(group)}/{total} sequences")
     shard.flush()
+    if todo:
+        log(f"features: {total}/{total} sequences")
     return folder
 
 

@@ -128,9 +128,14 @@ def read_corpus(paths: Sequence[Path]) -> list[dict]:
                 continue
             try:
                 rec = json.loads(line)
-                rec["messages"], rec["id"]  # noqa: B018 - both are required
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            except json.JSONDecodeError as exc:
                 raise CorpusError(f"{path}:{n}: not a corpus record ({exc})") from None
+            missing = [k for k in ("id", "messages") if not isinstance(rec, dict) or k not in rec]
+            if missing:
+                raise CorpusError(
+                    f'{path}:{n}: not a corpus record: a JSON object with "id" and '
+                    f'"messages" is needed ({", ".join(missing)} missing)'
+                )
             problem = _messages_problem(rec["messages"])
             if problem:
                 raise CorpusError(f"{path}:{n}: messages {problem}")

@@ -20,6 +20,7 @@ from ..errors import DFlash2Error
 from ..prompts import load_prompts
 from ..downloads import fetch
 from ..target.adapter import TargetAdapter
+from ..target.folder import load_target_folder
 from .drafter_init import adopt_start, start_tensors
 from .features import build_feature_cache, load_feature_cache, read_regenerations
 from .fixed_text import corpus_sequences, corpus_sources
@@ -158,8 +159,6 @@ def prepare_data(
     """Regenerate responses and cache the target's features (both resumable; with
     pc.live_features the training ones are computed as steps draw them); fills in
     tc.mask_token_id when unset."""
-    from mlx_lm import load as load_target
-
     parts = prompt_parts(pc.prompts, pc.temperatures)
     check_out(pc.out, pc.work, write=False)
     check_settings(tc, pc.max_new_tokens, [t for _, temps in parts for t in temps])
@@ -171,7 +170,7 @@ def prepare_data(
     if start is not None:  # its target layers and mask token: before a resume compares them
         adopt_start(tc, start)
     check_earlier_run(_run_folder(pc), pc.out, tc)
-    model, tokenizer = load_target(str(target))
+    model, tokenizer = load_target_folder(target)
     target_cfg = json.loads((target / "config.json").read_text())
     probe = TargetAdapter(model, ())
     if tc.mask_token_id is None:

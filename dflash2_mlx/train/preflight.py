@@ -49,6 +49,7 @@ def check_out(out: Path, work: Path, *, write: bool = True) -> None:
                 f"--out {out}: holds files dflash2 train did not write ({', '.join(others[:4])}); "
                 "the drafter would replace them: name a new or empty folder"
             )
+    _check_work(work)
     if not write:
         return
     for flag, folder in (("--out", out), ("--work", work)):
@@ -56,7 +57,23 @@ def check_out(out: Path, work: Path, *, write: bool = True) -> None:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ParameterError(f"{flag} {folder}: cannot create it: {e.strerror or e}") from None
-    (out / MARKER).write_text("written by dflash2 train: a rerun may replace this folder's files\n")
+    try:
+        (out / MARKER).write_text("written by dflash2 train: a rerun may replace its files\n")
+    except OSError as e:
+        raise ParameterError(f"--out {out}: cannot write in it: {e.strerror or e}") from None
+
+
+def _check_work(work: Path) -> None:
+    """--work is a folder of regenerations and checkpoints, deleted once the drafter is
+    final: never a file, a model's folder or a drafter's."""
+    if work.exists() and not work.is_dir():
+        raise ParameterError(f"--work {work}: is a file; name a folder for the work files")
+    held = [n for n in (*OURS, "config.json", "model.safetensors") if (work / n).exists()]
+    if held:
+        raise ParameterError(
+            f"--work {work}: holds a model or a drafter ({held[0]}), and a work folder is "
+            "deleted once its drafter is final: name another folder"
+        )
 
 
 def _same_path(a: Path, b: Path) -> bool:

@@ -10,6 +10,7 @@ a shard interrupted while being computed resumes from its last written piece (fe
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 from pathlib import Path
@@ -43,9 +44,9 @@ def check_disk_bound(adapter: TargetAdapter, max_disk_bytes: int, longest: int) 
     tokens = max_disk_bytes // per_token
     if tokens < longest:
         raise DFlash2Error(
-            f"a disk bound (--stream-disk-gb) of {max_disk_bytes / 1e6:.1f} MB holds {tokens} "
-            f"tokens of features, less than the longest sequence's {longest}: raise it to at "
-            f"least {longest * per_token / 1e9:.6f}"
+            f"--stream-disk-gb {max_disk_bytes / 1e9:g} holds {tokens} tokens of features, "
+            f"less than the longest sequence's {longest}: raise it to at least "
+            f"{math.ceil(longest * per_token / 1e6) / 1e3:g}"
         )
     return tokens
 

@@ -122,6 +122,20 @@ def _start_drafter(
             layer.mlp_conv.freeze()
 
 
+def _rng_state(rng: random.Random) -> dict:
+    version, words, gauss = rng.getstate()
+    return {"version": version, "words": list(words), "gauss": gauss}
+
+
+def _restored_rng(saved, seed: int) -> random.Random:
+    """The batch sampler as it was saved, so a resumed run draws what the uninterrupted one
+    would; a checkpoint from before the whole state was kept reseeds."""
+    rng = random.Random(seed)
+    if isinstance(saved, dict):
+        rng.setstate((saved["version"], tuple(saved["words"]), saved["gauss"]))
+    return rng
+
+
 class Trainer:
     def __init__(
         self,
@@ -206,7 +220,8 @@ class Trainer:
                     "history": self.history,
                     "config": asdict(self.cfg),
                     "stream": self.fixed.state() if self.fixed is not None else None,
-                    "rng": self.rng.getstate()[1][:10],
+                    "rng": _rng_state(self.rng),
+                    "mlx_key": mx.random.state[0].tolist(),  # dropout's draws
                 },
                 default=str,
             )
@@ -228,7 +243,10 @@ class Trainer:
         self.step, self.history = state["step"], state["history"]
         if self.fixed is not None and state.get("stream"):
             self.fixed.restore(state["stream"])
-        self.rng = random.Random(self.cfg.seed + self.step)
+        self.rng = _restored_rng(state.get("rng"), self.cfg.seed + self.step)
+        if state.get("mlx_key"):  # MLX's generator: seeding with a key's two words sets it
+            high, low = state["mlx_key"]
+            mx.random.seed((int(high) << 32) | int(low))
         return True
 
     # ------------------------------------------------------------- training
