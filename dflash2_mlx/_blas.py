@@ -134,10 +134,34 @@ def _core_name(handle: ctypes.CDLL) -> str | None:
 
 def default_threads() -> int:
     """BLAS threads: DFLASH2_BLAS_THREADS, else half the cores (at least 1)."""
-    env = os.environ.get("DFLASH2_BLAS_THREADS", "")
+    env = os.environ.get("DFLASH2_BLAS_THREADS", "").strip()
     if env.isdigit() and int(env) > 0:
         return int(env)
+    if env:
+        warnings.warn(f"DFLASH2_BLAS_THREADS={env!r} is not a count >= 1; using the default")
     return max(1, (os.cpu_count() or 2) // 2)
+
+
+def _set_threads() -> None:
+    """OpenBLAS reads OPENBLAS_NUM_THREADS when it loads: DFLASH2_BLAS_THREADS, dflash2's
+    own setting, wins over it; else one already set is kept; else the default."""
+    if (
+        os.environ.get("DFLASH2_BLAS_THREADS", "").strip()
+        or not os.environ.get("OPENBLAS_NUM_THREADS", "").strip().isdigit()
+    ):
+        os.environ["OPENBLAS_NUM_THREADS"] = str(default_threads())
+
+
+def _threads_in_use(handle: ctypes.CDLL) -> int | None:
+    """The threads OpenBLAS runs (it caps what it was asked for at the cores it sees)."""
+    for name in ("openblas_get_num_threads", "scipy_openblas_get_num_threads"):
+        fn = getattr(handle, name, None)
+        if fn is not None:
+            fn.restype = ctypes.c_int
+            n = fn()
+            return n if n > 0 else None
+    threads = os.environ.get("OPENBLAS_NUM_THREADS", "")
+    return int(threads) if threads.isdigit() else None
 
 
 def bind(mode: str | None = None) -> BlasInfo:
@@ -157,7 +181,7 @@ def bind(mode: str | None = None) -> BlasInfo:
     late = "mlx.core" in sys.modules
     # OpenBLAS spin-waits its threads: with 2 threads on a 2-core machine that is also running
     # anything else, a decode step was measured 5x slower than with 1 thread.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(default_threads()))
+    _set_threads()
     errors = []
     for route, find in (
         ("system-openblas", _system_openblas),
@@ -184,10 +208,7 @@ def bind(mode: str | None = None) -> BlasInfo:
                 "dflash2_mlx first",
                 stacklevel=3,
             )
-        threads = os.environ["OPENBLAS_NUM_THREADS"]
-        _INFO = BlasInfo(
-            route, path, note, int(threads) if threads.isdigit() else None, _core_name(handle)
-        )
+        _INFO = BlasInfo(route, path, note, _threads_in_use(handle), _core_name(handle))
         return _INFO
     why = (
         "; ".join(errors)

@@ -346,5 +346,17 @@ def doctor() -> dict[str, Any]:
         "blas_core": blas.core,
         "blas_note": blas.note,
         "cache_dir": str(_blas.cache_root()),
+        "autotune": _profiles_line(),
         "kernels": kernels.describe(),
     }
+
+
+def _profiles_line() -> str:
+    """Where the autotune profiles are, and how to forget them."""
+    from .profiles import profile_dir
+
+    folder = profile_dir()
+    n = len(list(folder.glob("*.json"))) if folder.is_dir() else 0
+    if not n:
+        return f"no profile yet in {folder} (dflash2 bench --autotune makes one)"
+    return f"{n} profile{'s' if n != 1 else ''} in {folder} (deleting the folder forgets them)"

@@ -211,14 +211,25 @@ def choose_lookup_block(
 
 
 # ----------------------------------------------------------------------------- measurement
+# Lookup rounds a lookup block is chosen from (the 7 bench prompts give ~60 at 128 tokens).
+MIN_LOOKUP_ROUNDS = 10
+
+
 def _lookup_profile(pair, verify_ms: Mapping[int, float], calib: Mapping, widths) -> dict:
     """The lookup-block part of a profile: the choice, its table and the costs behind it."""
     rounds = [(d, a) for d, a, n in calib.get("lookup_counts", []) for _ in range(n)]
     choice = choose_lookup_block(verify_ms, rounds, widths)
+    chosen = choice.lookup_block
     if not pair.decoder.lookup:
         reason = "context lookup is off (--lookup 0)"
-    elif choice.lookup_block is None:
+    elif chosen is None:
         reason = "no lookup round in the calibration (nothing repeated)"
+    elif choice.rounds < MIN_LOOKUP_ROUNDS:  # a choice from a round or two is noise
+        chosen = None
+        reason = (
+            f"{choice.rounds} lookup rounds in the calibration, fewer than the "
+            f"{MIN_LOOKUP_ROUNDS} a lookup block is chosen by: the engine's default stays"
+        )
     else:
         reason = f"best measured tokens per verify ms over {choice.rounds} lookup rounds"
     return {
@@ -226,7 +237,7 @@ def _lookup_profile(pair, verify_ms: Mapping[int, float], calib: Mapping, widths
         "calibration_block": calib.get("lookup_block"),
         "verify_ms": {str(w): verify_ms[w] for w in sorted(verify_ms)},
         "table": [asdict(r) for r in choice.rows],
-        "chosen": choice.lookup_block,
+        "chosen": chosen,
         "reason": reason,
     }
 

@@ -136,6 +136,20 @@ def test_choose_lookup_block_replays_each_round_cut_at_each_width():
     assert A.choose_lookup_block(verify, [], [4, 8]).lookup_block is None
 
 
+def test_a_lookup_block_is_not_chosen_from_a_handful_of_rounds():
+    """One lookup round in a short calibration chose (and stored) a lookup block that every
+    later run used: fewer than MIN_LOOKUP_ROUNDS keep the engine's default."""
+    from types import SimpleNamespace
+
+    pair = SimpleNamespace(decoder=SimpleNamespace(lookup=3))
+    verify = {w: 10.0 + w for w in range(1, 33)}
+    few = {"lookup_counts": [[15, 5, 1]], "lookup_block": 16}
+    out = A._lookup_profile(pair, verify, few, [4, 8, 16])
+    assert out["chosen"] is None and "1 lookup rounds" in out["reason"] and out["table"]
+    enough = {"lookup_counts": [[15, 5, A.MIN_LOOKUP_ROUNDS]], "lookup_block": 16}
+    assert A._lookup_profile(pair, verify, enough, [4, 8, 16])["chosen"] == 8
+
+
 def test_the_profile_records_the_lookup_block(llama_pair, monkeypatch, tmp_path):
     _fake_measurements(monkeypatch, best_block=6)
     calib = A.calibrate
@@ -144,9 +158,9 @@ def test_the_profile_records_the_lookup_block(llama_pair, monkeypatch, tmp_path)
         out = calib(pair, prompts, block, **kw)  # the fake above
         out.update(
             lookup_block=kw["lookup_block"],
-            lookup_rounds=3,
+            lookup_rounds=3 * A.MIN_LOOKUP_ROUNDS,
             lookup_tau=9.0,
-            lookup_counts=[[31, 31, 2], [31, 0, 1]],
+            lookup_counts=[[31, 31, 2 * A.MIN_LOOKUP_ROUNDS], [31, 0, A.MIN_LOOKUP_ROUNDS]],
         )
         return out
 
@@ -331,6 +345,8 @@ def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys):
     assert [r["block"] for r in prof["table"]] == [1, 2, 3, 4]
     assert set(prof["verify"]["ms"]) == {"1", "2", "3", "4"}
     assert len(prof["acceptance"]["position_probs"]) == 3
+    unreached = [c == 0 for c in prof["acceptance"]["position_rounds"]]
+    assert ("no round reached it" in said) == any(unreached)  # shown as —, not a measured 0
     assert Path(prof["path"]).is_file()
     pair = d2.load_pair(t, d)
     assert A.recommended_block(pair, str(t), str(d)) == prof["chosen_block"]

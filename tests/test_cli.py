@@ -205,9 +205,14 @@ def test_pull_offline_is_a_clear_error(caches, capsys):
     assert "Traceback" not in err
 
 
-def test_pull_local_pair(tmp_path, capsys):
-    assert run(["pull", "--target", str(tmp_path), "--drafter", str(tmp_path)]) == 0
-    assert "local folder" in capsys.readouterr().out
+def test_pull_local_pair(tiny_pair, tmp_path, capsys):
+    target, drafter = tiny_pair
+    assert run(["pull", "--target", str(target), "--drafter", str(drafter)]) == 0
+    out = capsys.readouterr().out
+    assert "local folder" in out and "ready: dflash2 chat" in out
+    # a folder that holds no model is not "ready"
+    assert run(["pull", "--target", str(tmp_path), "--drafter", str(drafter)]) == 2
+    assert f"{tmp_path}: config.json is missing" in capsys.readouterr().err
 
 
 def test_embedded_default_without_drafter(tmp_path, monkeypatch, capsys):

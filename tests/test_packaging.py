@@ -5,6 +5,7 @@ the kernel sources, the embedded drafter and the CLI."""
 from __future__ import annotations
 
 import shutil
+import os
 import subprocess
 import sys
 import zipfile
@@ -51,6 +52,30 @@ def test_blas_is_bound_before_mlx_loads_whatever_is_imported_first():
         "print('bound first')\n"
     )
     assert _run(code) == "bound first"
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS uses Accelerate, not OpenBLAS")
+def test_blas_threads_are_dflash2s_setting_and_reported_as_openblas_runs_them(monkeypatch):
+    """DFLASH2_BLAS_THREADS wins over an OPENBLAS_NUM_THREADS already set, a bad value is
+    warned about, and the count reported is the one OpenBLAS runs (it caps what it is asked
+    for at the cores it sees), as the autotune profile's key and the bench record it."""
+    code = (
+        "import warnings; warnings.simplefilter('error')\n"
+        "import dflash2_mlx\n"
+        "from dflash2_mlx import _blas\n"
+        "print(_blas.info().threads if _blas.info().optimized else 'stock')\n"
+    )
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    monkeypatch.setenv("DFLASH2_BLAS_THREADS", "1")
+    got = _run(code)
+    if got == "stock":
+        pytest.skip("no OpenBLAS on this machine (the reference BLAS has no threads)")
+    assert got == "1"
+    monkeypatch.setenv("DFLASH2_BLAS_THREADS", "4096")
+    assert 1 <= int(_run(code)) <= (os.cpu_count() or 1)
+    monkeypatch.setenv("DFLASH2_BLAS_THREADS", "abc")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0 and "DFLASH2_BLAS_THREADS='abc' is not a count" in out.stderr
 
 
 def test_unknown_names_are_attribute_errors():
