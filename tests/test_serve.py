@@ -498,6 +498,8 @@ BAD = [
     ("chat", {"messages": HI, "repetition_context_size": 1.5}, 400, "repetition_context_size"),
     ("chat", {"messages": HI, "logit_bias": {"500": 10}}, 400, "logit_bias"),
     ("chat", {"messages": HI, "logit_bias": {"a": 10}}, 400, "logit_bias"),
+    ("chat", {"messages": HI, "logit_bias": {"1_0": 10}}, 400, "logit_bias"),  # int() reads 10
+    ("chat", {"messages": HI, "logit_bias": {"\u0665": 10}}, 400, "logit_bias"),  # Arabic 5
     ("completions", {"prompt": "ab", "logit_bias": {"5": "x"}}, 400, "logit_bias"),
     ("chat", {"messages": HI, "frobnicate": 1}, 400, "frobnicate"),
     (

@@ -221,3 +221,10 @@ def test_completion_keys_of_tokens_that_split_a_character_stay_distinct(tmp_path
     assert out["tokens"] == [key] and out["token_logprobs"] == [-1.0]
     assert len(out["top_logprobs"][0]) == 3 and out["top_logprobs"][0][key] == -1.0
     assert out["top_logprobs"][0][" ok"] == -2.0
+    chat = Logprobs(tok, "chat", frozenset())  # chat entries name the token the same way
+    chat.add(event)
+    entry = chat.take(10)["content"][0]
+    assert entry["token"] == key and entry["bytes"] == list(token_bytes(tok, first))
+    assert [t["token"] for t in entry["top_logprobs"]][:2] == [
+        "bytes:" + "".join(f"\\x{b:02x}" for b in token_bytes(tok, t)) for t in (second, first)
+    ]

@@ -90,11 +90,7 @@ class Logprobs:
 
     def _one(self, token: int, logprob: float) -> dict:
         raw = token_bytes(self.tokenizer, token)
-        return {
-            "token": raw.decode("utf-8", errors="replace"),
-            "logprob": logprob,
-            "bytes": list(raw),
-        }
+        return {"token": self._key(token), "logprob": logprob, "bytes": list(raw)}
 
     def _chat(self, lp) -> dict:
         return {**self._one(lp.token, lp.logprob), "top_logprobs": [self._one(*t) for t in lp.top]}

@@ -29,10 +29,11 @@ def parse_penalties(body: dict) -> dict[str, Any]:
         if name == "logit_bias":
             if not isinstance(v, dict):
                 raise invalid(name, "logit_bias must be an object", "invalid_type")
-            try:
-                v = {int(k): w for k, w in v.items()}
-            except ValueError:
-                raise invalid(name, "logit_bias keys must be token ids") from None
+            # int() would also take "1_0", " 5", "+5" and other scripts' digits
+            bad = next((k for k in v if not (k.isascii() and k.isdigit())), None)
+            if bad is not None:
+                raise invalid(name, f"logit_bias keys must be token ids; got {brief(bad)}")
+            v = {int(k): w for k, w in v.items()}
         elif not (is_int(v) if name == "repetition_context_size" else is_num(v)):
             kind = "an integer" if name == "repetition_context_size" else "a number"
             raise invalid(name, f"{name} must be {kind}; got {brief(v)}", "invalid_type")
