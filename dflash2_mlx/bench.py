@@ -12,12 +12,10 @@ here. Everything returns plain dicts, ready for JSON.
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
 import mlx.core as mx
@@ -26,6 +24,7 @@ from .costs import batch_verify_costs, draft_costs, verify_costs  # noqa: F401  
 from .engine.events import GenerationStats, tau
 from .engine.generation import GenerationParams
 from .engine.sampling import SamplingParams
+from .profiles import chip_name
 from .prompts import Prompt
 from .text import chat_prompt_ids
 
@@ -33,23 +32,6 @@ SCHEMA = "dflash2.bench/1"
 
 
 # ----------------------------------------------------------------------------- environment
-def chip_name() -> str:
-    """The chip or CPU model ('Apple M3 Max', 'AMD EPYC'), best effort."""
-    try:
-        name = str(mx.device_info().get("device_name") or "")
-        if name:
-            return name
-    except (AttributeError, RuntimeError, TypeError):
-        pass
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def environment() -> dict:
     """doctor() plus the chip name: what a benchmark result depends on."""
     from .api import doctor

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 from pathlib import Path
 from typing import Mapping
 
@@ -33,13 +34,31 @@ def _identity(name: str) -> str:
         return str(name)
 
 
+def chip_name() -> str:
+    """The chip or CPU model ('Apple M3 Max', 'AMD EPYC'), best effort."""
+    import mlx.core as mx
+
+    try:
+        name = str(mx.device_info().get("device_name") or "")
+        if name:
+            return name
+    except (AttributeError, RuntimeError, TypeError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def device_key() -> str:
     """'gpu Apple M3 Max', or on CPU 'cpu AMD EPYC, blas scipy-openblas x2 Haswell' (CPU
     timings depend on the BLAS, its threads and its kernel set)."""
     import mlx.core as mx
 
     from . import _blas
-    from .bench import chip_name
 
     dev = mx.default_device()
     kind = "gpu" if dev.type == mx.DeviceType.gpu else "cpu"
