@@ -96,6 +96,8 @@ def test_the_package_list_matches_the_tree():
         if "__pycache__" not in p.parts
     }
     found |= {name for name, folder in mapped.items() if (ROOT / folder / "__init__.py").is_file()}
+    assets = ROOT / "dflash2_mlx" / "assets"  # data folders, listed too (setuptools ships them)
+    found |= {"dflash2_mlx.assets"} | {f"dflash2_mlx.assets.{p.name}" for p in assets.iterdir()}
     assert sorted(cfg["packages"]) == sorted(found)
 
 
