@@ -52,9 +52,13 @@ def test_reply_is_the_chat_reply_as_blocks(client):
     assert r.stop_reason == "end_turn" and r.id.startswith("msg_")
     assert r.usage.output_tokens > 0
     with client.messages.stream(model="tools", messages=tt.HI, max_tokens=64) as s:
+        events = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in s]
         final = s.get_final_message()
     assert [b.type for b in final.content] == ["thinking", "text"]
     assert final.content[1].text == chat.content and final.stop_reason == "end_turn"
+    # as Anthropic's: a thinking block's last delta before its stop is its signature
+    first_stop = events.index(("content_block_stop", None))
+    assert ("content_block_delta", "signature_delta") in events[:first_stop]
 
 
 def client_openai(client):
@@ -293,6 +297,31 @@ def test_same_role_turns_combine_and_blocks_join_by_lines(client):
     system = client.messages.count_tokens(model="tools", messages=tt.HI, system=blocks)
     lines = client.messages.count_tokens(model="tools", messages=tt.HI, system="weather in\nparis?")
     assert system.input_tokens == lines.input_tokens
+
+
+def test_thinking_blocks_sent_back_are_the_turns_reasoning_content():
+    """As the Responses API reads its reasoning items: the template keeps or drops them by
+    its own rule (Qwen's keeps the current turn's across its calls, Claude Code's loop)."""
+    from dflash2_mlx.serve.messages_request import parse_messages
+
+    call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "x"}}
+    turn = [
+        {"type": "thinking", "thinking": "I need the weather tool.", "signature": "s"},
+        {"type": "redacted_thinking", "data": "opaque"},
+        call,
+    ]
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}
+    body = {
+        "max_tokens": 8,
+        "messages": [
+            *tt.ASK,
+            {"role": "assistant", "content": turn},
+            {"role": "user", "content": [result]},
+        ],
+    }
+    assistant = parse_messages(body).messages[1]
+    assert assistant["reasoning_content"] == "I need the weather tool."
+    assert [c["function"]["name"] for c in assistant["tool_calls"]] == ["get_weather"]
 
 
 def test_the_api_key_as_x_api_key(tool_pair):  # noqa: F811

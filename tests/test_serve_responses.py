@@ -140,10 +140,14 @@ def test_reasoning_items_sent_back_are_the_next_turns_reasoning_content(client):
     again = parse_responses({"input": [*tt.HI, sealed_only, *items[1:]]})
     assert again.messages[1]["reasoning_content"] == thought
     assert again.messages[1]["content"] == r.output_text
+    # another server's sealed thinking (a Codex conversation begun with OpenAI's models):
+    # its summary stands for it, else nothing; refused, it had ended the conversation
     foreign = {**sealed_only, "encrypted_content": "gAAAAABo-opaque"}
-    with pytest.raises(APIError) as err:
-        parse_responses({"input": [*tt.HI, foreign, *items[1:]]})
-    assert err.value.param == "input[1].encrypted_content"
+    moved = parse_responses({"input": [*tt.HI, foreign, *items[1:]]}).messages[1]
+    assert not moved.get("reasoning_content") and moved["content"] == r.output_text
+    summary = [{"type": "summary_text", "text": "**Greeting** the user"}]
+    moved = parse_responses({"input": [*tt.HI, {**foreign, "summary": summary}, *items[1:]]})
+    assert moved.messages[1]["reasoning_content"] == "**Greeting** the user"
     assert respond(client, tt.HI).output[0].encrypted_content is None  # only when included
     # a client that keeps only the summary (the Vercel AI SDK) sends back the same thinking
     summed = respond(client, tt.HI, reasoning={"summary": "auto"}).output[0]

@@ -133,8 +133,13 @@ class MessageBuilder:
         if self.open is None:
             return []
         self.blocks.append(self.open)
-        self.open = None
-        return [{"type": "content_block_stop", "index": len(self.blocks) - 1}]
+        index, self.open = len(self.blocks) - 1, None
+        stop = [{"type": "content_block_stop", "index": index}]
+        if self.blocks[index]["type"] != "thinking":
+            return stop
+        # Anthropic ends a thinking block with its signature (this server signs nothing)
+        sign = {"type": "signature_delta", "signature": ""}
+        return [{"type": "content_block_delta", "index": index, "delta": sign}, *stop]
 
     def _tool_use(self, call: dict) -> list[dict]:
         fn = call["function"]

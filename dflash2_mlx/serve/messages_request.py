@@ -113,7 +113,7 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
             continue
         if not isinstance(content, list):
             raise invalid(f"{where}.content", "content must be a string or blocks", "invalid_type")
-        texts, calls = [], []
+        texts, calls, thoughts = [], [], []
         for j, block in enumerate(content):
             at = f"{where}.content[{j}]"
             kind = block.get("type") if isinstance(block, dict) else None
@@ -126,8 +126,16 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
             elif kind == "tool_result" and role == "user":
                 origin[f"messages[{len(messages)}]#kind"] = "tool_result"
                 add(_result(at, block), at)
-            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-                continue  # a past turn's thinking: templates drop it from the history
+            elif kind == "thinking" and role == "assistant":
+                # the turn's reasoning_content: the template keeps or drops it by its own rule
+                # (Qwen's keeps the current turn's, across its tool calls)
+                if not isinstance(block.get("thinking"), str):
+                    raise invalid(
+                        f"{at}.thinking", f"{at}.thinking must be a string", "invalid_type"
+                    )
+                thoughts.append(block["thinking"])
+            elif kind == "redacted_thinking" and role == "assistant":
+                continue  # sealed by another server: nothing to read
             else:
                 raise invalid(
                     f"{at}.type",
@@ -137,6 +145,8 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
                 )
         if texts or calls or role == "assistant" or not content:  # roles keep alternating
             message = {"role": role, "content": "\n".join(texts) if texts else None}
+            if thoughts:
+                message["reasoning_content"] = "\n".join(thoughts)
             if calls:
                 message["tool_calls"] = calls
             elif message["content"] is None:
@@ -154,6 +164,9 @@ def _joined(messages: list[dict], message: dict) -> bool:
     if message["role"] not in ("user", "assistant"):
         return False
     last["content"] = "\n".join(t for t in (last["content"], message["content"]) if t)
+    thoughts = [m["reasoning_content"] for m in (last, message) if m.get("reasoning_content")]
+    if thoughts:
+        last["reasoning_content"] = "\n".join(thoughts)
     if message.get("tool_calls"):
         last["tool_calls"] = message["tool_calls"]
     return True

@@ -232,7 +232,10 @@ def _message(where: str, item: dict) -> dict:
 def _thought(where: str, item: dict) -> str:
     """A reasoning item's thinking: its reasoning_text parts, else its encrypted_content (this
     server's, responses_output.seal), else its summary_text parts (this server's summary is
-    the thinking whole; clients such as the Vercel AI SDK keep only the summary)."""
+    the thinking whole; clients such as the Vercel AI SDK keep only the summary). Another
+    server's sealed thinking (a conversation begun with OpenAI's models, then moved here)
+    cannot be read: its summary stands for it (Codex resends the whole history each turn,
+    so a refusal would end the conversation for good)."""
     content = item.get("content") or []
     if not isinstance(content, list):
         raise invalid(f"{where}.content", f"{where}.content must be a list", "invalid_type")
@@ -253,12 +256,7 @@ def _thought(where: str, item: dict) -> str:
     if texts:
         return "".join(texts)
     text = unseal(sealed)
-    if text is None:
-        raise invalid(
-            f"{where}.encrypted_content",
-            f"{where}.encrypted_content was not made by this server, so it cannot be read",
-        )
-    return text
+    return _summary(where, item.get("summary")) if text is None else text
 
 
 def _summary(where: str, summary) -> str:
