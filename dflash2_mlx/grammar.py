@@ -102,7 +102,10 @@ class Grammars:
         if calls is not None and calls.opened and not matcher.consume_tokens(list(calls.opened)):
             log.debug("the call the prompt opened is refused: %s", matcher.get_error())
             raise OpeningRefused("the call the prompt opened is not one the grammar allows")
-        return Grammar(matcher, frozenset(self.stop_ids))
+        grammar = Grammar(matcher, frozenset(self.stop_ids))
+        if grammar().stuck():  # e.g. {"$ref": "#"}: it would "finish" at once with nothing
+            raise ParameterError("unsupported JSON schema: no value satisfies it")
+        return grammar
 
     def _marker(self, text: str) -> str:
         """A marker as the grammar writes it: the token, when the tokenizer holds it as one
@@ -319,6 +322,13 @@ class GrammarConstraint:
     def forced(self) -> list[int]:
         return self.matcher.compute_ff_tokens()
 
+    def stuck(self) -> bool:
+        """Nothing but a stop token is allowed, yet the value is incomplete (llguidance then
+        allows the stop: a $ref cycle with no base case, a key the tokenizer cannot spell)."""
+        mask = self._mask()
+        mask[[t for t in self.stop_ids if t < len(mask)]] = False
+        return not self.matcher.is_accepting() and not mask.any()
+
     def commit(self, tokens: Sequence[int]) -> None:
         if tokens and not self.matcher.consume_tokens([int(t) for t in tokens]):
             # tokens its own mask allowed: llguidance ran past a limit of its own (a pattern
@@ -328,4 +338,15 @@ class GrammarConstraint:
                 "the reply's schema (response_format, or a strict tool's parameters) is beyond "
                 f"what the grammar engine can follow: {_brief(self.matcher.get_error())}; "
                 "simplify it (a long repetition count in a pattern, say)"
+            )
+
+    def end(self) -> None:
+        """A stop token ended the reply: only where the value is complete, else the grammar
+        was stuck (llguidance allows the stop there) and the cut value is an error, not a
+        finished reply."""
+        if not self.matcher.is_accepting():
+            raise ParameterError(
+                "the reply's schema (response_format, or a strict tool's parameters) admits no "
+                "complete value from where the reply got to (a $ref cycle with no base case, "
+                "or a key or pattern this model's tokens cannot spell)"
             )

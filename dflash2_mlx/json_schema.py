@@ -9,6 +9,13 @@ _DATA_KEYS = frozenset({"enum", "const", "default", "examples"})  # values, not 
 _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
 _COMBINED = ("allOf", "anyOf", "oneOf", "$ref")  # keys other schemas add to the object
 _OTHER_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+# Formats held to a pattern of our own: llguidance's take second 60 at any hour, which
+# pydantic and Python's datetime refuse (RFC 3339 allows it only in a leap second).
+_TIME = (
+    r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+)
+_DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+_FORMAT_PATTERNS = {"time": f"^{_TIME}$", "date-time": f"^{_DATE}T{_TIME}$"}
 
 
 def closed_objects(schema):
@@ -18,7 +25,8 @@ def closed_objects(schema):
     llama.cpp and XGrammar do by default), not whatever a small model adds until max_tokens
     cuts the JSON. Left open: objects beside allOf / anyOf / oneOf / $ref, the branches of
     such an object, and definitions an allOf extends. Say `additionalProperties: true` (or give
-    a schema for them) to allow other keys anywhere."""
+    a schema for them) to allow other keys anywhere. Times and date-times are held to seconds
+    00-59 (_FORMAT_PATTERNS)."""
     extended = {str(r).rsplit("/", 1)[-1] for r in _refs(schema, inside_all_of=False)}
 
     def close(node, partial: bool = False):
@@ -38,6 +46,8 @@ def closed_objects(schema):
                 out[k] = {n: sub if defs and n in extended else close(sub) for n, sub in v.items()}
             else:
                 out[k] = close(v)
+        if node.get("format") in _FORMAT_PATTERNS and "pattern" not in node:
+            out["pattern"] = _FORMAT_PATTERNS[out.pop("format")]
         combined = any(k in node for k in _COMBINED + _OTHER_KEYS)
         if has_props and not combined and not partial:
             out["additionalProperties"] = False

@@ -509,6 +509,23 @@ def test_reply_grammars_on_a_real_tokenizer_with_marker_tokens(qwen_like):
 
 
 @pytest.mark.real_model
+def test_times_are_held_to_seconds_a_clock_shows(qwen_like):
+    """llguidance's time and date-time formats take second 60 at any hour, which pydantic and
+    Python's datetime refuse: a reply "12:30:60Z" came back as a finished, valid-looking value."""
+    hf, grammars = qwen_like
+    for fmt, ok, bad in (
+        ("time", "12:30:59Z", "12:30:60Z"),
+        ("date-time", "2024-05-01T23:59:59.5+02:00", "2024-05-01T12:30:60Z"),
+    ):
+        schema = {"type": "object", "properties": {"t": {"type": "string", "format": fmt}}}
+        assert _accepts(grammars.json_schema(schema), hf, f'{{"t": "{ok}"}}')
+        assert not _accepts(grammars.json_schema(schema), hf, f'{{"t": "{bad}"}}')
+    from dflash2_mlx.json_schema import closed_objects
+
+    mine = {"type": "string", "format": "time", "pattern": "^1"}  # the schema's own stays
+    assert closed_objects(mine) == mine
+
+
 def test_objects_hold_the_keys_their_schema_lists(qwen_like):
     """An object schema with `properties` and nothing said of other keys takes no others (what
     OpenAI's strict mode means; llama.cpp and XGrammar do it by default): a small model cannot

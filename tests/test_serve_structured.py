@@ -129,6 +129,10 @@ BAD = [
     ({"type": "regex"}, "response_format.type"),
     ({"type": ["json_object"]}, "response_format.type"),
     ("json", "response_format"),
+    (  # llguidance's "lenient" would let uniqueItems pass unenforced
+        _schema({"type": "array", "uniqueItems": True, "x-guidance": {"lenient": True}}),
+        "response_format.json_schema.schema.x-guidance",
+    ),
 ]
 
 
@@ -266,3 +270,24 @@ def test_a_schema_beyond_the_grammar_engine_is_a_400_whole_and_an_error_event_st
     with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}) as s:
         events = [line for line in s.iter_lines() if line.startswith("data: {")]
     assert "beyond what the grammar engine" in events[-1] and '"error"' in events[-1]
+
+
+def test_a_schema_with_no_complete_value_is_an_error_not_a_finished_reply(url):
+    """llguidance allows the stop token where a value cannot go on ($ref cycles with no base
+    case): the cut JSON used to come back with finish_reason "stop". A schema stuck from its
+    start is refused up front; one stuck midway ends the reply with an error."""
+    cycle = {"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}}
+    stuck_at_once = {"$ref": "#/$defs/A", **cycle}
+    midway = {"type": "object", "properties": {"x": {"$ref": "#/$defs/A"}}, "required": ["x"]}
+    for schema, needle in (
+        (stuck_at_once, "no value satisfies it"),
+        ({**midway, **cycle}, "admits no complete value"),
+    ):
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        body = {"messages": ASK, "max_tokens": 40, "response_format": fmt}
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}) as s:
+        events = [line for line in s.iter_lines() if line.startswith("data: {")]
+    assert "admits no complete value" in events[-1] and '"error"' in events[-1]
+    assert not any('"finish_reason":"stop"' in e.replace(" ", "") for e in events)

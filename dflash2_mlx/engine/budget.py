@@ -16,6 +16,7 @@ import numpy as np
 
 from ..chat_template import thinking_left_open
 from ..errors import ParameterError
+from .constraint import ended
 
 
 @dataclass
@@ -123,6 +124,10 @@ class AllOf:
     def commit(self, tokens: Sequence[int]) -> None:
         for c in self.constraints:
             c.commit(tokens)
+
+    def end(self) -> None:
+        for c in self.constraints:
+            ended(c)
 
     def forced(self) -> list[int]:
         return next((f for c in self.constraints if (f := c.forced())), [])

@@ -33,6 +33,17 @@ class TokenConstraint(Protocol):
         nothing is: proposed as drafts, like a lookup match (no draft pass)."""
         ...
 
+    # Optional, `end() -> None`: a stop token ended the generation; raises (ParameterError)
+    # when the committed text is incomplete (`ended` calls it where there is one).
+
+
+def ended(constraint) -> None:
+    """The generation stopped on a stop token: a constraint that can tell checks its text is
+    complete (grammar.py's: a stuck grammar allows the stop token too)."""
+    end = getattr(constraint, "end", None)
+    if end is not None:
+        end()
+
 
 # What GenerationParams carries: called once per generation for its own constraint state. A
 # factory with a `stop_ids` set (grammar.py's) allows only those once its text is complete:

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import mlx.core as mx
 
 from ..errors import ParameterError
-from .constraint import ConstraintFactory, TokenConstraint, constrain
+from .constraint import ConstraintFactory, TokenConstraint, constrain, ended
 from .logprobs import check_top, token_logprobs
 from .processors import LogitsProcessor, process
 from .proposal import Proposal
@@ -246,6 +246,8 @@ def cut(run: _Run, tokens: list[int]) -> tuple[list[int], str | None]:
     run.produced += len(commit)
     if run.constraint is not None:  # a stop token ends the generation: no state after it
         run.constraint.commit(commit if hit is None else commit[:hit])
+        if hit is not None:
+            ended(run.constraint)
     return commit, "stop" if hit is not None else run.length_finish()
 
 

@@ -51,4 +51,8 @@ def parse_response_format(value) -> dict | None:
             ]
             raise invalid(where, f"{where} must be {kind_name}", "invalid_type")
     schema = spec.get("schema")
+    if isinstance(schema, dict) and "x-guidance" in schema:  # its "lenient" lets keywords the
+        # grammar cannot enforce pass unenforced: a reply would claim a schema it breaks
+        where = "response_format.json_schema.schema.x-guidance"
+        raise invalid(where, f"{where}: the grammar engine's own options are not supported")
     return {"type": "object"} if schema is None else schema
