@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import ParameterError
-from .json_schema import check_refs, closed_objects
+from .json_schema import check_refs, closed_objects, without_format
 
 log = logging.getLogger("dflash2")
 
@@ -86,17 +86,25 @@ class Grammars:
         if value is None and calls is None:
             raise ValueError("a reply grammar needs a value schema or tool calls")
         value = None if value is None else closed_objects(value)
-        try:
-            if calls is None and thinking is None:
-                source = LLMatcher.grammar_from_json_schema(
-                    json.dumps(value), overrides={"whitespace_pattern": _WHITESPACE}
-                )
-            else:
-                lark = _reply_lark(value, calls, thinking, self._marker)
-                source = LLMatcher.grammar_from_lark(lark)
-        except (TypeError, ValueError) as e:
-            raise ParameterError(f"invalid JSON schema: {e}") from None
-        matcher = LLMatcher(self._tokenizer(), source, log_level=0)
+        while True:
+            try:
+                if calls is None and thinking is None:
+                    source = LLMatcher.grammar_from_json_schema(
+                        json.dumps(value), overrides={"whitespace_pattern": _WHITESPACE}
+                    )
+                else:
+                    lark = _reply_lark(value, calls, thinking, self._marker)
+                    source = LLMatcher.grammar_from_lark(lark)
+            except (TypeError, ValueError) as e:
+                raise ParameterError(f"invalid JSON schema: {e}") from None
+            matcher = LLMatcher(self._tokenizer(), source, log_level=0)
+            # a format it does not know is a note, as JSON Schema says (pydantic's SecretStr
+            # writes "password", Path "path"): the string goes unchecked, not the request refused
+            unknown = re.search(r"Unknown format: (\S+)", matcher.get_error() or "")
+            plain = None if not unknown or value is None else without_format(value, unknown[1])
+            if plain is None or plain == value:
+                break
+            value = plain
         if matcher.get_error():
             raise ParameterError(f"unsupported JSON schema: {_brief(matcher.get_error())}")
         if calls is not None and calls.opened and not matcher.consume_tokens(list(calls.opened)):

@@ -56,6 +56,19 @@ def closed_objects(schema):
     return close(schema)
 
 
+def without_format(schema, name: str):
+    """`schema` with every `format: name` left out (data values kept as they are)."""
+    if isinstance(schema, list):
+        return [without_format(v, name) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {
+        k: v if k in _DATA_KEYS else without_format(v, name)
+        for k, v in schema.items()
+        if not (k == "format" and v == name)
+    }
+
+
 def _refs(node, inside_all_of: bool):
     """The $refs inside allOf lists of `node` (the definitions they extend)."""
     if isinstance(node, list):

@@ -526,6 +526,17 @@ def test_times_are_held_to_seconds_a_clock_shows(qwen_like):
     assert closed_objects(mine) == mine
 
 
+def test_formats_llguidance_does_not_know_are_notes(qwen_like):
+    """JSON Schema's format is an annotation where a validator does not know it: pydantic's
+    SecretStr ("password"), bytes ("binary") and Path ("path") were a 400; now their strings go
+    unchecked, and the formats llguidance knows (email) are still enforced."""
+    hf, grammars = qwen_like
+    props = {k: {"type": "string", "format": f} for k, f in (("p", "password"), ("e", "email"))}
+    schema = {"type": "object", "properties": props, "required": ["p", "e"]}
+    assert _accepts(grammars.json_schema(schema), hf, '{"p": "any text", "e": "a@b.co"}')
+    assert not _accepts(grammars.json_schema(schema), hf, '{"p": "any text", "e": "no"}')
+
+
 def test_objects_hold_the_keys_their_schema_lists(qwen_like):
     """An object schema with `properties` and nothing said of other keys takes no others (what
     OpenAI's strict mode means; llama.cpp and XGrammar do it by default): a small model cannot
