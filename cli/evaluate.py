@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 import time
 from pathlib import Path
 from typing import Optional
@@ -88,15 +89,45 @@ def evaluate(
         ),
     )
     block_list = _check_trained(given_blocks, pair.drafter.config.block_size)
-    result = measure_tau(
-        pair, chosen, block_sizes=block_list, temperatures=temps, max_tokens=max_tokens, seed=seed
-    )
+    with _progress(err) as on_run:
+        result = measure_tau(
+            pair,
+            chosen,
+            block_sizes=block_list,
+            temperatures=temps,
+            max_tokens=max_tokens,
+            seed=seed,
+            progress=on_run,
+        )
     Console().print(_tau_table(result, f"τ on {len(chosen)} '{prompts}' prompts"))
     if json_path:  # its folder exists: check_writable made it
         record = {"prompts": prompts, "prompt_ids": [p.id for p in chosen]}
         record.update(max_tokens=max_tokens, seed=seed, results=result)
         json_path.write_text(json.dumps(_report(pair, resolved, record), indent=2))
         Console().print(Text(f"results: {json_path}", style="dim"))  # as bench says it
+
+
+@contextmanager
+def _progress(console):
+    """A bar on a terminal (generations done of all), a line at each quarter elsewhere."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    bar = Progress(
+        "evaluating", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
+    )
+    task = bar.add_task("evaluate", total=None)
+
+    def on_run(done: int, total: int) -> None:
+        if console.is_terminal:
+            bar.update(task, completed=done, total=total)
+        elif done * 4 // total != (done - 1) * 4 // total:
+            console.print(f"evaluated {done}/{total} generations", style="dim")
+
+    if not console.is_terminal:
+        yield on_run
+        return
+    with bar:
+        yield on_run
 
 
 def _parse_lists(

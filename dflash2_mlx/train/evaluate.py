@@ -5,7 +5,7 @@ written as JSON by the callers."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..api import Pair
 from ..engine.events import GenerationStats
@@ -33,14 +33,17 @@ def measure_tau(
     temperatures=(0.0, 1.0),
     max_tokens: int = 128,
     seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """τ (mean committed tokens per round, bonus included) per temperature, block and category.
-    No `block_sizes`: default_blocks; one above the drafter's trained size is a ParameterError."""
+    No `block_sizes`: default_blocks; one above the drafter's trained size is a ParameterError.
+    `progress(done, total)` after each generation."""
     out: dict = {}
     trained = pair.drafter.config.block_size
     block_sizes = default_blocks(trained) if block_sizes is None else block_sizes
     for block in block_sizes:  # refused, not skipped: a skipped one would leave a hole
         check_block(block, trained, "block_sizes")
+    done, runs = 0, len(temperatures) * len(block_sizes) * len(prompts)
     for temp in temperatures:
         for block in block_sizes:
             per_cat: dict[str, GenerationStats] = defaultdict(GenerationStats)
@@ -55,6 +58,9 @@ def measure_tau(
                 for ev in pair.stream(ids, params):
                     per_cat[p.category].add(ev)
                     total.add(ev)
+                done += 1
+                if progress is not None:
+                    progress(done, runs)
             out[f"T={temp:g}/B={block}"] = {
                 "tau": round(total.tau, 4),
                 "acceptance_rate": round(total.acceptance_rate, 4),
