@@ -348,7 +348,7 @@ class GrammarConstraint:
                 "simplify it (a long repetition count in a pattern, say)"
             )
 
-    def end(self) -> None:
+    def on_stop(self) -> None:
         """A stop token ended the reply: only where the value is complete, else the grammar
         was stuck (llguidance allows the stop there) and the cut value is an error, not a
         finished reply."""

@@ -125,7 +125,7 @@ class AllOf:
         for c in self.constraints:
             c.commit(tokens)
 
-    def end(self) -> None:
+    def on_stop(self) -> None:
         for c in self.constraints:
             ended(c)
 

@@ -33,16 +33,16 @@ class TokenConstraint(Protocol):
         nothing is: proposed as drafts, like a lookup match (no draft pass)."""
         ...
 
-    # Optional, `end() -> None`: a stop token ended the generation; raises (ParameterError)
-    # when the committed text is incomplete (`ended` calls it where there is one).
+    # Optional, `on_stop() -> None`: a stop token ended the generation; raises
+    # (ParameterError) when the committed text is incomplete (`ended` calls it where defined).
 
 
 def ended(constraint) -> None:
     """The generation stopped on a stop token: a constraint that can tell checks its text is
     complete (grammar.py's: a stuck grammar allows the stop token too)."""
-    end = getattr(constraint, "end", None)
-    if end is not None:
-        end()
+    on_stop = getattr(constraint, "on_stop", None)
+    if callable(on_stop):
+        on_stop()
 
 
 # What GenerationParams carries: called once per generation for its own constraint state. A

@@ -113,36 +113,16 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
             continue
         if not isinstance(content, list):
             raise invalid(f"{where}.content", "content must be a string or blocks", "invalid_type")
-        texts, calls, thoughts = [], [], []
+        parts: dict[str, list] = {"text": [], "call": [], "thought": []}
         for j, block in enumerate(content):
             at = f"{where}.content[{j}]"
-            kind = block.get("type") if isinstance(block, dict) else None
-            if kind == "text":
-                if not isinstance(block.get("text"), str):
-                    raise invalid(f"{at}.text", f"{at}.text must be a string", "invalid_type")
-                texts.append(block["text"])
-            elif kind == "tool_use" and role == "assistant":
-                calls.append(_call(at, block))
-            elif kind == "tool_result" and role == "user":
+            kind, value = _block(at, role, block)
+            if kind == "result":
                 origin[f"messages[{len(messages)}]#kind"] = "tool_result"
-                add(_result(at, block), at)
-            elif kind == "thinking" and role == "assistant":
-                # the turn's reasoning_content: the template keeps or drops it by its own rule
-                # (Qwen's keeps the current turn's, across its tool calls)
-                if not isinstance(block.get("thinking"), str):
-                    raise invalid(
-                        f"{at}.thinking", f"{at}.thinking must be a string", "invalid_type"
-                    )
-                thoughts.append(block["thinking"])
-            elif kind == "redacted_thinking" and role == "assistant":
-                continue  # sealed by another server: nothing to read
-            else:
-                raise invalid(
-                    f"{at}.type",
-                    f"{role} content blocks of type {brief(kind)} are not supported (text, "
-                    + ("tool_use, thinking)" if role == "assistant" else "tool_result)"),
-                    "unsupported_parameter",
-                )
+                add(value, at)
+            elif kind is not None:
+                parts[kind].append(value)
+        texts, calls, thoughts = parts["text"], parts["call"], parts["thought"]
         if texts or calls or role == "assistant" or not content:  # roles keep alternating
             message = {"role": role, "content": "\n".join(texts) if texts else None}
             if thoughts:
@@ -153,6 +133,34 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
                 message["content"] = ""
             add(message, where)
     return messages, origin
+
+
+def _block(at: str, role: str, block) -> tuple[str | None, object]:
+    """A content block as ("text", str), ("call", a chat tool call), ("result", a tool
+    message), ("thought", str) or (None, None) for one skipped; others are a 400."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "text":
+        if not isinstance(block.get("text"), str):
+            raise invalid(f"{at}.text", f"{at}.text must be a string", "invalid_type")
+        return "text", block["text"]
+    if kind == "tool_use" and role == "assistant":
+        return "call", _call(at, block)
+    if kind == "tool_result" and role == "user":
+        return "result", _result(at, block)
+    if kind == "thinking" and role == "assistant":
+        # the turn's reasoning_content: the template keeps or drops it by its own rule (Qwen's
+        # keeps the current turn's, across its tool calls)
+        if not isinstance(block.get("thinking"), str):
+            raise invalid(f"{at}.thinking", f"{at}.thinking must be a string", "invalid_type")
+        return "thought", block["thinking"]
+    if kind == "redacted_thinking" and role == "assistant":
+        return None, None  # sealed by another server: nothing to read
+    raise invalid(
+        f"{at}.type",
+        f"{role} content blocks of type {brief(kind)} are not supported (text, "
+        + ("tool_use, thinking)" if role == "assistant" else "tool_result)"),
+        "unsupported_parameter",
+    )
 
 
 def _joined(messages: list[dict], message: dict) -> bool:
