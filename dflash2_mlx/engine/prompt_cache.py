@@ -279,14 +279,12 @@ class PromptCache:
         return next(iter(self._entries))
 
     def _nearly_held(self, key: int, entry: _Entry) -> bool:
-        slack = max(NEARLY_HELD_TOKENS, entry.fed // 8)
-        need, head = entry.fed - slack, entry.tokens[:8]
-        for other_key, other in self._entries.items():
-            if other_key == key or other.fed < need or other.tokens[:8] != head:
-                continue
-            if common_prefix(entry.tokens, other.tokens, min(entry.fed, other.fed)) >= need:
-                return True
-        return False
+        need = entry.fed - max(NEARLY_HELD_TOKENS, entry.fed // 8)
+        held = entry.tokens[: max(need, 0)]
+        return any(
+            k != key and other.fed >= need and other.tokens[: len(held)] == held
+            for k, other in self._entries.items()
+        )
 
 
 class Lease:
