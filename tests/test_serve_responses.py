@@ -284,7 +284,7 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
             {"input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
             "input[0].content[0].text",
         ),
-        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].id"),  # not one of ours
         ({"input": [{"type": "function_call", "call_id": "c"}]}, "input[0].name"),
         ({"input": None}, "input"),
         ({"text": {"format": {"type": "json_schema", "schema": 3}}}, "text.format.schema"),
@@ -344,6 +344,25 @@ def test_what_it_cannot_serve_is_a_400_naming_the_field(url, extra, param):
     r = httpx.post(url + "/v1/responses", json=body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_earlier_output_items_sent_back_by_reference(client, url):
+    """The Vercel AI SDK's OpenAI provider sends a turn's earlier output items back as
+    `item_reference`s (its store defaults to true): the server's recent items resolve, so
+    the turn is the one with the items sent whole; an id it never made is a 400 saying what
+    to send instead."""
+    first = respond(client, tt.HI)
+    items = [i.model_dump(exclude_none=True) for i in first.output]
+    assert [i["type"] for i in items] == ["reasoning", "message"]
+    refs = [{"type": "item_reference", "id": i["id"]} for i in items]
+    thanks = [{"role": "user", "content": "thanks"}]
+    whole = respond(client, tt.HI + items + thanks)
+    by_reference = respond(client, tt.HI + refs + thanks)
+    assert by_reference.output_text == whole.output_text
+    assert by_reference.usage.input_tokens == whole.usage.input_tokens
+    body = {"model": "tools", "input": [*tt.HI, {"type": "item_reference", "id": "msg_x"}]}
+    r = httpx.post(url + "/v1/responses", json=body)
+    assert r.status_code == 400 and "store = false" in r.json()["error"]["message"]
 
 
 def test_two_calls_sent_back_make_one_assistant_turn(client):

@@ -366,7 +366,8 @@ def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, limits
 
     @app.post("/v1/responses")
     async def responses(request: Request):
-        return await handler.handle(request, parse_responses(await json_body(request)))
+        body = await json_body(request)
+        return await handler.handle(request, parse_responses(body, handler.recent_items))
 
     @app.post("/v1/messages")
     async def messages(request: Request):

@@ -29,6 +29,7 @@ from .queue import Item, Job, QueueFull, ShuttingDown, Worker
 from .reply import ChatReply
 from .messages_output import MessageBuilder, MessagesStream
 from .messages_output import usage as messages_usage
+from .response_items import RecentItems
 from .responses_output import ResponseBuilder, ResponsesStream
 from .responses_output import usage as responses_usage
 from .api_error import brief, loggable
@@ -55,7 +56,7 @@ class Handler:
         self, pair, worker: Worker, settings: Settings, chat: ChatTemplate, limits: RequestLimits
     ):
         self.pair, self.worker, self.s, self.chat = pair, worker, settings, chat
-        self.limits = limits
+        self.limits, self.recent_items = limits, RecentItems()  # item_reference's targets
         self.fim = fim_ids(pair.tokenizer, settings.vocab)  # a completion's `suffix` (fim.py)
         # One tokenization at a time: a burst of long prompts cannot multiply the memory.
         self.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="dflash2-tokenize")
@@ -336,9 +337,8 @@ class Handler:
         """A /v1/responses object, repeating the sampling values this request ran with."""
         used = self.s.sampling.complete(req.sampling_fields)
         echo = {**req.responses, "temperature": used.temperature, "top_p": used.top_p}
-        return ResponseBuilder(
-            self.s.model_name, echo, req.encrypted_reasoning, req.tool_namespaces
-        )
+        args = (self.s.model_name, echo, req.encrypted_reasoning, req.tool_namespaces)
+        return ResponseBuilder(*args, keep=self.recent_items.add)
 
     async def stream_lines(
         self,

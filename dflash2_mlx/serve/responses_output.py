@@ -15,6 +15,7 @@ import binascii
 import json
 import time
 import uuid
+from typing import Callable
 
 from .reply import Delta
 
@@ -69,8 +70,10 @@ class ResponseBuilder:
         echo: dict,
         encrypted_reasoning: bool = False,
         namespaces: dict[str, tuple[str, str]] | None = None,
+        keep: Callable[[dict], None] | None = None,
     ):
         self.id, self.created = _id("resp"), int(time.time())
+        self.keep = keep  # told each finished item (response_items: item_reference targets)
         self.model, self.echo = model, echo
         self.encrypted = encrypted_reasoning  # reasoning items carry encrypted_content
         # a namespaced function's chat name -> (its namespace, its name there)
@@ -109,6 +112,11 @@ class ResponseBuilder:
         """The finished response from all of the reply's deltas."""
         self.feed(deltas)  # builds the items (the events are not sent)
         return self._end(finish, usage_)[-1]["response"]
+
+    def _finished(self, item: dict) -> None:
+        self.output.append(item)
+        if self.keep is not None:
+            self.keep(item)
 
     # ------------------------------------------------------------------ stream
     def start(self) -> list[dict]:
@@ -244,7 +252,7 @@ class ResponseBuilder:
         events.append(
             self._event("response.output_item.done", item=item, output_index=where["output_index"])
         )
-        self.output.append(item)
+        self._finished(item)
         self.item = None
         return events
 
@@ -288,7 +296,7 @@ class ResponseBuilder:
             ),
             self._event("response.output_item.done", item=done, output_index=index),
         ]
-        self.output.append(done)
+        self._finished(done)
         return events
 
 

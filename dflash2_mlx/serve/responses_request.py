@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .response_items import RecentItems
 from .api_error import APIError, brief, invalid, renamed
 from .responses_options import (
     apply_reasoning,
@@ -76,9 +77,12 @@ _REFUSED = {
 }
 
 
-def parse_responses(body: dict) -> GenRequest:
+def parse_responses(body: dict, recent: RecentItems | None = None) -> GenRequest:
     """The chat request a Responses body asks for; GenRequest.responses holds the fields
-    its response echoes."""
+    its response echoes. `recent`: the server's recent output items, which `item_reference`
+    inputs name."""
+    if recent is not None and isinstance(body.get("input"), list):
+        body = {**body, "input": recent.resolved(body["input"])}
     known = {*_SAME, *_HARMLESS, *_REFUSED, "input", "instructions", "max_output_tokens"}
     known |= {"tools", "tool_choice", "text", "reasoning", "include"}
     for name, value in body.items():

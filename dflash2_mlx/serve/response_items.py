@@ -1,0 +1,56 @@
+"""The output items of recent /v1/responses replies, by id, so that `item_reference` inputs
+resolve. Responses are not stored (`store` is false), but some clients send earlier output
+items back by reference all the same: the Vercel AI SDK's OpenAI provider does on every turn
+after the first (its `store` defaults to true). Kept in memory, the newest first out last."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections import OrderedDict
+
+from .api_error import invalid
+
+MAX_ITEMS = 4096
+MAX_CHARS = 32 << 20  # of the items' JSON: a bound on the memory they hold
+
+
+class RecentItems:
+    def __init__(self, max_items: int = MAX_ITEMS, max_chars: int = MAX_CHARS):
+        self.max_items, self.max_chars = max_items, max_chars
+        self._items: OrderedDict[str, tuple[dict, int]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def add(self, item: dict) -> None:
+        size = len(json.dumps(item, ensure_ascii=False))
+        with self._lock:
+            if item["id"] in self._items:
+                self._chars -= self._items.pop(item["id"])[1]
+            self._items[item["id"]] = (copy.deepcopy(item), size)
+            self._chars += size
+            while self._items and (
+                len(self._items) > self.max_items or self._chars > self.max_chars
+            ):
+                self._chars -= self._items.popitem(last=False)[1][1]
+
+    def resolved(self, items: list, where: str = "input") -> list:
+        """`items` with each `item_reference` replaced by the item it names."""
+        out = []
+        for i, item in enumerate(items):
+            if not (isinstance(item, dict) and item.get("type") == "item_reference"):
+                out.append(item)
+                continue
+            with self._lock:
+                found = self._items.get(str(item.get("id")))
+            if found is None:
+                raise invalid(
+                    f"{where}[{i}].id",
+                    f"{where}[{i}]: item {str(item.get('id'))[:60]!r} is not one of this "
+                    "server's recent replies (responses are not stored): send the item itself "
+                    "(the Vercel AI SDK: providerOptions.openai.store = false)",
+                    "unsupported_parameter",
+                )
+            out.append(copy.deepcopy(found[0]))
+        return out
