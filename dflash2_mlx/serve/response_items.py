@@ -35,8 +35,8 @@ class RecentItems:
             ):
                 self._chars -= self._items.popitem(last=False)[1][1]
 
-    def resolved(self, items: list, where: str = "input") -> list:
-        """`items` with each `item_reference` replaced by the item it names."""
+    def resolved(self, items: list) -> list:
+        """`input` items with each `item_reference` replaced by the item it names."""
         out = []
         for i, item in enumerate(items):
             if not (isinstance(item, dict) and item.get("type") == "item_reference"):
@@ -46,8 +46,8 @@ class RecentItems:
                 found = self._items.get(str(item.get("id")))
             if found is None:
                 raise invalid(
-                    f"{where}[{i}].id",
-                    f"{where}[{i}]: item {str(item.get('id'))[:60]!r} is not one of this "
+                    f"input[{i}].id",
+                    f"input[{i}]: item {str(item.get('id'))[:60]!r} is not one of this "
                     "server's recent replies (responses are not stored): send the item itself "
                     "(the Vercel AI SDK: providerOptions.openai.store = false)",
                     "unsupported_parameter",

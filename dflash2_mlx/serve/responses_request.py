@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .response_items import RecentItems
 from .api_error import APIError, brief, invalid, renamed
+from .response_items import RecentItems
 from .responses_options import (
     apply_reasoning,
     apply_text_format,
