@@ -114,7 +114,8 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
         check_block(b, trained)
     if not options.concurrency:  # the speed benchmark and --autotune time at this depth
         widest = max(options.blocks or [trained])
-        check_context(pair, options.context, max(A.LOOKUP_WIDTHS) if options.autotune else widest)
+        widest = max(A.LOOKUP_WIDTHS) if options.autotune else widest
+        check_context(pair, options.context, widest, name="--context")
     qsig = A.quant_signature(pair)
     report["pair"] = {
         "name": resolved.name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
@@ -81,22 +82,22 @@ def check_writable(path: Path | None, flag: str) -> None:
     if path is None:
         return
     folder = Path(path).parent
-    for up in (folder, *folder.parents):  # a file where a folder must be
-        if up.exists():
-            if not up.is_dir():
-                fail(f"{flag}: cannot write {path}: {up} is a file, not a folder")
-            break
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        fail(f"{flag}: cannot write {path}: {exc.strerror or exc}")
+    missing = [up for up in (folder, *folder.parents) if not up.exists()]
+    existing = missing[-1].parent if missing else folder
+    if not existing.is_dir():  # a file where a folder must be
+        fail(f"{flag}: cannot write {path}: {existing} is a file, not a folder")
     if Path(path).is_dir():
         fail(f"{flag}: cannot write {path}: it is a folder (give a file path)")
     try:  # a real write: os.access says yes to root, even on /proc
+        folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".dflash2-probe-"):
             pass
     except OSError as exc:
-        fail(f"{flag}: cannot write {path}: {folder} is not writable ({exc.strerror or exc})")
+        fail(f"{flag}: cannot write {path}: {existing} is not writable ({exc.strerror or exc})")
+    finally:  # the run makes them when it writes: a failed run leaves no empty folders
+        for up in missing:
+            with contextlib.suppress(OSError):
+                up.rmdir()
 
 
 def is_user_error(exc: BaseException) -> bool:

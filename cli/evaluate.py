@@ -100,9 +100,10 @@ def evaluate(
             progress=on_run,
         )
     Console().print(_tau_table(result, f"τ on {len(chosen)} '{prompts}' prompts"))
-    if json_path:  # its folder exists: check_writable made it
+    if json_path:  # check_writable found its folder writable
         record = {"prompts": prompts, "prompt_ids": [p.id for p in chosen]}
         record.update(max_tokens=max_tokens, seed=seed, results=result)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(_report(pair, resolved, record), indent=2))
         Console().print(Text(f"results: {json_path}", style="dim"))  # as bench says it
 

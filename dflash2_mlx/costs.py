@@ -34,14 +34,15 @@ def _median_ms(samples: list[float]) -> float:
     return round(statistics.median(samples) * 1000.0, 4)
 
 
-def check_context(pair, context: int, width: int) -> None:
-    """A ParameterError unless a cache of `context` tokens plus `width` more fits the model."""
+def check_context(pair, context: int, width: int, name: str = "context") -> None:
+    """A ParameterError (naming `name`) unless a cache of `context` tokens plus `width` more fits
+    the model."""
     from .target.context import default_context_length
 
     limit = default_context_length(pair.model)
     if context + width > limit:
         raise ParameterError(
-            f"context: {context} tokens plus a verify of {width} (the widest measured) exceed "
+            f"{name}: {context} tokens plus a verify of {width} (the widest measured) exceed "
             f"the model's context ({limit} tokens)"
         )
 

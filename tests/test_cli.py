@@ -571,6 +571,7 @@ def test_bench_refuses_a_context_past_the_models_before_measuring(tiny_pair, cap
         assert run(["bench", *pair, *common, "--context", str(limit), *extra]) == 2
         captured = capsys.readouterr()
         assert f"exceed the model's context ({limit} tokens)" in captured.err, captured.err
+        assert f"error: --context: {limit} tokens" in captured.err, captured.err
         assert "tok/s" not in captured.out + captured.err  # nothing was measured
 
 
@@ -767,6 +768,9 @@ def test_evaluate_json_path_is_checked_before_the_run(tmp_path, capsys):
     if sys.platform == "linux":  # /proc: os.access says yes to root, a write says no
         assert run(["evaluate", *NOWHERE, "--json", "/proc/dflash2-x.json"]) == 2
         assert "/proc is not writable" in capsys.readouterr().err
+    # a run that fails after the check leaves no empty folders behind
+    assert run(["evaluate", *NOWHERE, "--json", str(tmp_path / "new" / "deep" / "x.json")]) == 2
+    assert "--json" not in capsys.readouterr().err and not (tmp_path / "new").exists()
 
 
 def test_bench_output_paths_are_checked_before_the_run(tmp_path, capsys):
