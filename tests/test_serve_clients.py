@@ -98,6 +98,14 @@ def test_neutral_stream_options_and_harmless_fields_are_accepted(url, client):
     err = _error(httpx.post(url + "/v1/chat/completions", json=body), 400)
     assert err["param"] == "stream_options.include_obfuscation", err
     assert err["code"] == "unsupported_parameter"
+    # accepted and unused, yet a value of the wrong type is the 400 OpenAI sends
+    for field, value in (("user", 5), ("metadata", {"k": 1}), ("service_tier", [])):
+        err = _error(
+            httpx.post(url + "/v1/chat/completions", json={"messages": HI, field: value}), 400
+        )
+        assert err["param"] == field and err["code"] == "invalid_type", err
+    err = _error(httpx.post(url + "/v1/completions", json={"prompt": "x", "user": {}}), 400)
+    assert err["param"] == "user", err
 
 
 def test_output_changing_openai_fields_are_refused_by_name(url):

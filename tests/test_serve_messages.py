@@ -240,6 +240,17 @@ def test_what_claude_code_sends_by_default(client, url, pair):  # noqa: F811
         ({"tools": [TOOL], "tool_choice": {"type": "any", "name": "f"}}, "tool_choice.name"),
         ({"tools": [{**TOOL, "defer_loading": True}]}, "tools[0].defer_loading"),
         ({"frobnicate": 1}, "frobnicate"),
+        ({"tools": [TOOL], "tool_choice": "auto"}, 'tool_choice must be an object, e.g. {"type"'),
+        ({"thinking": "enabled"}, 'thinking must be an object, e.g. {"type": "enabled"}'),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
+        (
+            {"output_config": {"format": {"type": "json_schema", "schema": {}, "x": 1}}},
+            "output_config.format.x",
+        ),
+        # accepted and unused, but of the reference API's types
+        ({"metadata": "x"}, "metadata must be an object"),
+        ({"service_tier": 5}, "service_tier must be a string"),
+        ({"cache_control": 5}, "cache_control must be an object"),
     ],
 )
 def test_errors_take_anthropics_shape_and_name_the_field(url, extra, needle):
@@ -250,6 +261,18 @@ def test_errors_take_anthropics_shape_and_name_the_field(url, extra, needle):
     err = r.json()
     assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
     assert needle in err["error"]["message"], err
+
+
+def test_count_tokens_refuses_generation_fields(url):
+    """As Anthropic's: a count is of a prompt; max_tokens, sampling and stops are refused."""
+    body = {"model": "tools", "messages": tt.HI}
+    assert httpx.post(url + "/v1/messages/count_tokens", json=body).status_code == 200
+    for extra in ({"max_tokens": 8}, {"temperature": 5}, {"stop_sequences": ["x"]}):
+        r = httpx.post(url + "/v1/messages/count_tokens", json={**body, **extra})
+        assert r.status_code == 400, r.text
+        assert (
+            r.json()["error"]["message"] == f"{next(iter(extra))}: Extra inputs are not permitted"
+        )
 
 
 def test_past_the_context_it_generates_up_to_the_window(tool_pair):  # noqa: F811

@@ -309,6 +309,15 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
             "reasoning.effort",
         ),
         ({"max_output_tokens": 5000}, "max_output_tokens"),  # past the context: the handler's
+        # a switch the client sent itself is named as sent, not as reasoning.effort
+        (
+            {"chat_template_kwargs": {"enable_thinking": "yes"}},
+            "chat_template_kwargs.enable_thinking",
+        ),
+        # accepted and unused, but of the reference API's types
+        ({"max_tool_calls": "x"}, "max_tool_calls"),
+        ({"user": 5}, "user"),
+        ({"metadata": {"k": {"nested": 1}}}, "metadata"),
         # the chat completions shapes of a tool and a tool_choice (hand-written clients mix them)
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools[0].function"),
         (

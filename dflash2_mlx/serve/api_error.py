@@ -95,6 +95,14 @@ def renamed(err: APIError, param: str, renames=()) -> APIError:
     )
 
 
+def not_typed_object(where: str, value) -> APIError:
+    """The 400 for a string (or other value) sent where an object with a `type` belongs."""
+    example = f'{{"type": "{value}"}}' if isinstance(value, str) else '{"type": ...}'
+    return invalid(
+        where, f"{where} must be an object, e.g. {example}; got {brief(value)}", "invalid_type"
+    )
+
+
 def check_object(value, where: str, keys: tuple[str, ...]) -> dict:
     """`value` if it is an object holding only `keys`, else a 400 naming `where` (or the
     first other key)."""

@@ -36,7 +36,7 @@ from .lifecycle import Drain
 from .limits import RequestLimits, ServeLimits
 from .queue import Worker
 from .schemas import APIError, parse_chat, parse_completion
-from .messages_request import parse_messages
+from .messages_request import parse_count_tokens, parse_messages
 from .model_card import model_card
 from .responses_request import parse_responses
 from .security import SecurityGate, SecurityPolicy
@@ -375,7 +375,4 @@ def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, limits
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
-        body = await json_body(request)
-        if "max_tokens" in body:  # not a count_tokens field
-            raise APIError(400, "max_tokens: Extra inputs are not permitted", param="max_tokens")
-        return await handler.count_tokens(parse_messages({**body, "max_tokens": 1}))
+        return await handler.count_tokens(parse_count_tokens(await json_body(request)))

@@ -20,7 +20,9 @@ import json
 import re
 
 from .api_error import APIError, brief, check_object, invalid, renamed
+from .messages_options import apply_output_config, apply_thinking, apply_tool_choice, chat_tools
 from .schemas import GenRequest, parse_chat
+from .unused_fields import ANTHROPIC, check_unused
 
 _SAME = ("model", "stream", "temperature", "top_p", "top_k", "max_tokens")
 # Accepted and unused: they cannot change the generated text (cache_control: this server's
@@ -40,10 +42,20 @@ _NEUTRAL = {  # field -> allowed value test: others would change the output and 
     "container": lambda v: v is None,
     "context_management": lambda v: v is None or _clears_thinking_only(v),
 }
-_EFFORTS = ("low", "medium", "high", "xhigh", "max")
-# tool field -> values that change nothing here: how a call's input streams (this server sends
-# it whole), and every tool loaded up front
-_TOOL_NEUTRAL = {"eager_input_streaming": (None, False, True), "defer_loading": (None, False)}
+
+
+# generation's fields, not a count's (Anthropic's count_tokens refuses them)
+_NOT_COUNTED = ("max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences")
+_NOT_COUNTED += ("metadata", "service_tier")
+
+
+def parse_count_tokens(body: dict) -> GenRequest:
+    """The prompt a count_tokens body asks to count (no generation fields)."""
+    if isinstance(body, dict):
+        for name in _NOT_COUNTED:
+            if name in body:
+                raise invalid(name, f"{name}: Extra inputs are not permitted", "unknown_parameter")
+    return parse_messages({**body, "max_tokens": 1})
 
 
 def parse_messages(body: dict) -> GenRequest:
@@ -55,6 +67,7 @@ def parse_messages(body: dict) -> GenRequest:
             raise invalid(name, f"{name}: Extra inputs are not permitted", "unknown_parameter")
         if name in _NEUTRAL and not _NEUTRAL[name](value):
             raise invalid(name, f"{name} is not supported", "unsupported_parameter")
+    check_unused(body, ANTHROPIC)
     if body.get("max_tokens") is None:
         raise invalid("max_tokens", "max_tokens: Field required", "missing_required_parameter")
     chat = {k: body[k] for k in _SAME if k in body}
@@ -68,10 +81,10 @@ def parse_messages(body: dict) -> GenRequest:
         chat["stop"] = stops
     tools = body.get("tools")
     if tools is not None:
-        chat["tools"] = _tools(tools)
-    _tool_choice(body.get("tool_choice"), chat)
-    budget = _thinking(body.get("thinking"), chat)
-    _output_config(body.get("output_config"), chat)
+        chat["tools"] = chat_tools(tools)
+    apply_tool_choice(body.get("tool_choice"), chat)
+    budget = apply_thinking(body.get("thinking"), chat)
+    apply_output_config(body.get("output_config"), chat)
     if chat["messages"] and chat["messages"][-1]["role"] == "assistant":
         _prefill(chat, len(body["messages"]) - 1)
     try:
@@ -216,61 +229,6 @@ def _result(where: str, block: dict) -> dict:
     return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": text}
 
 
-def _tools(tools) -> list:
-    if not isinstance(tools, list):
-        raise invalid("tools", "tools must be a list of tools", "invalid_type")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict) or (t.get("type") or "custom") != "custom":
-            kind = t.get("type") if isinstance(t, dict) else t
-            raise invalid(
-                f"tools[{i}].type",
-                f"only custom (client) tools are supported; got {brief(kind)}",
-                "unsupported_parameter",
-            )
-        fn = {"name": t.get("name"), "parameters": t.get("input_schema")}
-        if t.get("description") is not None:
-            fn = {
-                "name": fn["name"],
-                "description": t["description"],
-                "parameters": fn["parameters"],
-            }
-        if t.get("strict") is not None:
-            fn["strict"] = t["strict"]
-        extra = set(t) - {"type", "name", "description", "input_schema", "strict", "cache_control"}
-        extra = {k for k in extra if not any(t[k] is v for v in _TOOL_NEUTRAL.get(k, ()))}
-        if extra:
-            key = sorted(extra)[0]
-            raise invalid(
-                f"tools[{i}].{key}", f"tools[{i}].{key} is not supported", "unsupported_parameter"
-            )
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def _tool_choice(choice, chat: dict) -> None:
-    if choice is None:
-        return
-    kind = choice.get("type") if isinstance(choice, dict) else None
-    names = {"auto": "auto", "any": "required", "none": "none"}
-    if kind in ("auto", "any", "tool", "none"):
-        keys = ("type", "disable_parallel_tool_use") + (("name",) if kind == "tool" else ())
-        check_object(choice, "tool_choice", keys)
-    if kind in ("any", "tool") and not chat.get("tools"):
-        raise invalid("tool_choice.type", f"tool_choice.type {kind!r} needs tools")
-    if isinstance(kind, str) and kind in names:
-        chat["tool_choice"] = names[kind]
-    elif kind == "tool":
-        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
-    else:
-        raise invalid(
-            "tool_choice.type",
-            f"tool_choice.type must be auto, any, tool or none; got {brief(kind)}",
-        )
-    if choice.get("disable_parallel_tool_use"):
-        chat["parallel_tool_calls"] = False
-
-
 def _check_role(where: str, role) -> None:
     if role == "system":  # Anthropic's words: Claude Code then moves it into a user turn
         raise invalid(
@@ -303,69 +261,6 @@ def _clears_thinking_only(value) -> bool:
     return isinstance(edits, list) and all(
         isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking_") for e in edits
     )
-
-
-def _thinking(thinking, chat: dict) -> int | None:
-    """enabled / adaptive / disabled: the template's thinking switch; returns the budget (the
-    most tokens the thinking section may hold: engine/budget.py), None: none."""
-    if thinking is None:
-        return None
-    kind = thinking.get("type") if isinstance(thinking, dict) else None
-    if not isinstance(kind, str) or kind not in ("enabled", "disabled", "adaptive"):
-        raise invalid(
-            "thinking.type",
-            f"thinking.type must be enabled, adaptive or disabled; got {brief(kind)}",
-        )
-    for k, v in thinking.items():
-        if k not in ("type", "budget_tokens", "display") or (k == "display" and v == "omitted"):
-            raise invalid(
-                f"thinking.{k}",
-                f"thinking.{k}={brief(v)} is not supported",
-                "unsupported_parameter",
-            )
-    budget = thinking.get("budget_tokens")
-    if budget is not None and kind != "enabled":
-        raise invalid(
-            "thinking.budget_tokens",
-            f"thinking.budget_tokens goes with thinking.type enabled, not {kind}",
-            "unsupported_parameter",
-        )
-    if budget is not None and (
-        isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
-    ):
-        raise invalid(
-            "thinking.budget_tokens", f"budget_tokens must be an int >= 1; got {brief(budget)}"
-        )
-    # adaptive: the model decides, here its template's default (one that never thinks answers)
-    chat["chat_template_kwargs"] = (
-        {} if kind == "adaptive" else {"enable_thinking": kind == "enabled"}
-    )
-    return budget
-
-
-def _output_config(config, chat: dict) -> None:
-    """`format` (a JSON schema) as the chat response_format. `effort` is checked: as in
-    Anthropic's API it turns no thinking on (`thinking` does), and the answer's length it
-    scales there has no knob here."""
-    if config is None:
-        return
-    check_object(config, "output_config", ("format", "effort"))
-    fmt = config.get("format")
-    if fmt is not None:
-        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
-            raise invalid(
-                "output_config.format.type", "output_config.format.type must be json_schema"
-            )
-        chat["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"schema": fmt.get("schema")},
-        }
-    effort = config.get("effort")
-    if effort is not None:
-        if effort not in _EFFORTS:
-            raise invalid(
-                "output_config.effort", f"output_config.effort must be one of {', '.join(_EFFORTS)}"
-            )
 
 
 _RENAMES = (

@@ -136,12 +136,12 @@ def apply_text_format(text, chat: dict) -> None:
 SUMMARIES = ("auto", "concise", "detailed")
 
 
-def apply_reasoning(reasoning, chat: dict) -> None:
-    """`reasoning.effort` as the template's thinking switch (enable_thinking). A `summary`
-    (or the older `generate_summary`) is the thinking itself, whole: there is no separate
-    summarizer (responses_output.ResponseBuilder)."""
+def apply_reasoning(reasoning, chat: dict) -> bool:
+    """`reasoning.effort` as the template's thinking switch (enable_thinking); whether it set
+    it. A `summary` (or the older `generate_summary`) is the thinking itself, whole: there is
+    no separate summarizer (responses_output.ResponseBuilder)."""
     if reasoning is None:
-        return
+        return False
     check_object(reasoning, "reasoning", ("effort", "summary", "generate_summary"))
     for k in ("summary", "generate_summary"):
         value = reasoning.get(k)
@@ -155,6 +155,8 @@ def apply_reasoning(reasoning, chat: dict) -> None:
         given = with_effort(kwargs or {}, reasoning.get("effort"), "reasoning.effort")
         if given:
             chat["chat_template_kwargs"] = given
+            return reasoning.get("effort") is not None
+    return False
 
 
 # `include` values about items this server never makes (built-in tools, images): nothing to add

@@ -28,6 +28,7 @@ from .responses_options import (
 )
 from .responses_output import unseal
 from .schemas import GenRequest, parse_chat
+from .unused_fields import OPENAI, check_unused
 
 # Responses field -> its chat field (the same meaning and checks).
 _SAME = (
@@ -94,6 +95,7 @@ def parse_responses(body: dict, recent: RecentItems | None = None) -> GenRequest
             raise invalid(
                 name, f"Unrecognized request argument supplied: {name[:60]}", "unknown_parameter"
             )
+    check_unused(body, OPENAI)
     chat: dict[str, Any] = {k: body[k] for k in _SAME if k in body}
     tools = chat_tools(body["tools"]) if body.get("tools") is not None else ChatTools()
     messages, origin = _messages(body, tools)
@@ -106,7 +108,8 @@ def parse_responses(body: dict, recent: RecentItems | None = None) -> GenRequest
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = chat_tool_choice(body["tool_choice"], tools)
     apply_text_format(body.get("text"), chat)
-    apply_reasoning(body.get("reasoning"), chat)
+    if apply_reasoning(body.get("reasoning"), chat):
+        origin[_SWITCH] = "reasoning.effort"
     encrypted = wants_encrypted_reasoning(body.get("include"))
     try:
         req = parse_chat(chat)
@@ -327,8 +330,8 @@ _RENAMES = (
     (r"^response_format\.json_schema\b", "text.format"),
     (r"^response_format", "text.format"),
     (r"^max_completion_tokens", "max_output_tokens"),
-    (r"^chat_template_kwargs\.enable_thinking", "reasoning.effort"),
 )
+_SWITCH = "chat_template_kwargs.enable_thinking"
 
 
 def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
@@ -353,6 +356,8 @@ def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
                     ".content", ".output", 1
                 )
         param = base + rest
+    if param.startswith(_SWITCH) and _SWITCH in origin:  # the switch reasoning.effort set
+        param = origin[_SWITCH] + param[len(_SWITCH) :]
     err = renamed(err, param, _RENAMES)
     if err.code == "context_length_exceeded":  # its message names the prompt's field too
         message = err.message.replace("the messages", "the input")

@@ -20,6 +20,7 @@ from .response_format import parse_response_format
 from .token_fields import PENALTIES, parse_logprobs, parse_penalties
 from .chat_messages import continuation, message, text_content
 from .tools import ToolRequest, check_tool_answers, parse_tools
+from .unused_fields import OPENAI, check_unused
 
 MAX_STOP = 16
 
@@ -112,6 +113,7 @@ def _check_fields(body: dict, own: set[str], refused: dict) -> None:
             raise invalid(
                 name, f"Unrecognized request argument supplied: {name[:60]}", "unknown_parameter"
             )
+    check_unused(body, OPENAI)
 
 
 _INT_FIELDS = ("top_k", "seed")
