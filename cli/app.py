@@ -21,6 +21,7 @@ except ImportError:  # pragma: no cover
 from . import bench, chat, corpus, evaluate, models, serve, train
 from .common import EXIT_USAGE, is_user_error, print_error
 from .helptext import TidyGroup
+from .terminal import locale_streams
 
 app = typer.Typer(
     name="dflash2",
@@ -133,6 +134,7 @@ def _command_path(argv: list[str] | None) -> str:
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on `argv` (default: sys.argv[1:]) and return the exit code."""
+    locale_streams()
     try:
         rv = app(args=argv, prog_name="dflash2", standalone_mode=False)
     except _NO_ARGS as exc:  # bare `dflash2`: the help, not an error

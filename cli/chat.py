@@ -31,6 +31,7 @@ from .common import (
     sampling_flags,
     utf8_problem,
 )
+from .terminal import argument_text
 
 
 def chat(
@@ -80,6 +81,7 @@ def chat(
 
     Example: dflash2 chat --target ./model --drafter ./drafter --prompt "Hi"
     """
+    prompt, system = (None if v is None else argument_text(v) for v in (prompt, system))
     for flag, value in (("--prompt", prompt), ("--system", system)):
         if value is not None and not value.strip():
             fail(f"{flag} is empty")

@@ -6,10 +6,42 @@ Answers go to stdout; the prompt, hints and command replies go wherever the user
 
 from __future__ import annotations
 
+import codecs
 import os
 import sys
 from contextlib import contextmanager
 from typing import Iterator
+
+
+def _is_ascii(encoding: str | None) -> bool:
+    try:
+        return codecs.lookup(encoding or "utf-8").name == "ascii"
+    except LookupError:
+        return False
+
+
+def locale_streams() -> None:
+    """A locale that cannot write every character (ASCII, Latin-1) shows "?" for the others
+    instead of stopping a command with UnicodeEncodeError; where it is ASCII (LC_ALL=C with
+    Python's UTF-8 coercion off), stdin is read as UTF-8, of which ASCII is a part."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        raises = getattr(stream, "errors", None) in ("strict", "surrogateescape")
+        if raises and not encoding.startswith("utf") and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+    if _is_ascii(getattr(sys.stdin, "encoding", None)) and hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(encoding="utf-8")
+
+
+def argument_text(text: str) -> str:
+    """A command-line argument as the UTF-8 text it holds in an ASCII locale, where Python
+    gets its other bytes as lone surrogates (else as it is: invalid bytes stay surrogates)."""
+    if not _is_ascii(sys.getfilesystemencoding()):
+        return text
+    try:
+        return os.fsencode(text).decode("utf-8")
+    except UnicodeDecodeError:
+        return text
 
 
 def interactive() -> bool:

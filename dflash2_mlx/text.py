@@ -16,6 +16,7 @@ from .engine.events import GenerationStats, RoundEvent
 from .engine.generation import GenerationParams, token_ids
 from .engine.session import Session
 from .errors import ParameterError
+from .token_bytes import incomplete_tail, knows_token_bytes, token_bytes
 
 
 # transformers warns (on stderr, once per tokenizer) when a text passes the tokenizer's
@@ -114,7 +115,8 @@ class IncrementalDecoder:
     Each `add` decodes a short window (the ids of the previous add as context, then the new
     ones) and returns what the new ones add to it. Streaming detokenizers that start from
     nothing drop the first token's leading space (" Paris" -> "Paris"); the context keeps it.
-    A window ending in an incomplete UTF-8 character is held back until it completes.
+    The ids of a UTF-8 character not yet complete are held back until it is: found from the
+    tokens' bytes where the vocabulary gives them, else from a window's trailing U+FFFD.
     """
 
     CONTEXT = 4  # prompt ids seeding the first window
@@ -126,6 +128,7 @@ class IncrementalDecoder:
         self.start = 0  # window start: the context of the next add
         self.read = len(self.ids)  # ids up to here are shown
         self.text = ""  # everything returned so far
+        self.byte_level = knows_token_bytes(tokenizer)
 
     def _decode(self, ids: list[int]) -> str:
         try:
@@ -135,20 +138,37 @@ class IncrementalDecoder:
         except TypeError:  # a tokenizer without HF's keyword arguments
             return self.tokenizer.decode(ids)
 
+    def _whole(self, end: int) -> int:
+        """The end of the ids before `end` that leave no character incomplete (from the bytes
+        of the last UTF8_MAX unshown tokens: each adds one byte at least)."""
+        parts = [token_bytes(self.tokenizer, t) for t in self.ids[max(self.read, end - 4) : end]]
+        missing = incomplete_tail(b"".join(parts))
+        while missing > 0 and parts:
+            missing -= len(parts.pop())
+            end -= 1
+        return end
+
+    def _whole_by_text(self, end: int, full: str) -> tuple[int, str]:
+        """As _whole, for a vocabulary without bytes: ids that end in U+FFFD are held, up to
+        UTF8_MAX of them (more that never complete a character are invalid bytes, shown)."""
+        if not full.endswith("\ufffd"):
+            return end, full
+        for held in range(1, min(self.UTF8_MAX, end - self.read) + 1):
+            text = self._decode(self.ids[self.start : end - held])
+            if not text.endswith("\ufffd"):
+                return end - held, text
+        return end, full
+
     def add(self, tokens: Sequence[int], final: bool = False) -> str:
         self.ids.extend(int(t) for t in tokens)
         end = len(self.ids)
+        if not final and self.byte_level:
+            end = self._whole(end)
         if end == self.read:
             return ""
         full = self._decode(self.ids[self.start : end])
-        if full.endswith("\ufffd") and not final:
-            # Hold back the ids of an incomplete character; more than UTF8_MAX ids that
-            # never complete one are invalid bytes: shown as decoded.
-            for held in range(1, min(self.UTF8_MAX, end - self.read) + 1):
-                text = self._decode(self.ids[self.start : end - held])
-                if not text.endswith("\ufffd"):
-                    end, full = end - held, text
-                    break
+        if not final and not self.byte_level:
+            end, full = self._whole_by_text(end, full)
             if end == self.read:
                 return ""
         shown = self._decode(self.ids[self.start : self.read])

@@ -783,6 +783,37 @@ def test_bench_output_paths_are_checked_before_the_run(tmp_path, capsys):
         assert err.startswith(f"error: {flag}: cannot write") and "Traceback" not in err
 
 
+ASCII_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+
+
+def _in_ascii_locale(args: list[str], stdin: bytes = b"") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONIOENCODING"}
+    env.update(ASCII_LOCALE)
+    return subprocess.run(args, input=stdin, capture_output=True, env=env, timeout=300)
+
+
+def test_an_ascii_locale_reads_utf8_and_writes_what_it_can():
+    """LC_ALL=C with Python's UTF-8 coercion off: a UTF-8 argument or stdin line is read as
+    the text it is (it was "not valid UTF-8"), and a character the locale cannot write is a
+    "?" (it was a UnicodeEncodeError traceback, the answer lost)."""
+    code = (
+        "import sys; from dflash2_cli.terminal import argument_text, locale_streams;"
+        "locale_streams(); print(ascii(argument_text(sys.argv[1])), ascii(sys.stdin.read()));"
+        "print('caf\\u00e9 \\u4f60')"
+    )
+    out = _in_ascii_locale([sys.executable, "-c", code, "你好"], "café".encode())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode("ascii").splitlines() == ["'\\u4f60\\u597d' 'caf\\xe9'", "caf? ?"]
+
+
+def test_chat_in_an_ascii_locale(tiny_pair):
+    target, drafter = tiny_pair
+    args = [sys.executable, "-m", "dflash2_cli", "chat", "--target", str(target)]
+    args += ["--drafter", str(drafter), "--prompt", "你好 café", "--max-tokens", "4"]
+    out = _in_ascii_locale(args)
+    assert out.returncode == 0 and b"Traceback" not in out.stderr, out.stderr
+
+
 def test_a_warning_is_one_line_without_source(tmp_path):
     """The command prints a library warning as `warning: ...`, not Python's file:line and
     code (the BLAS binding warns at import, before any command runs)."""

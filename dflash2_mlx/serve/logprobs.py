@@ -16,21 +16,7 @@ from typing import Sequence
 
 from ..engine.events import RoundEvent
 from ..text import IncrementalDecoder
-
-
-def token_bytes(tokenizer, token: int) -> bytes:
-    """The bytes `token` adds to a text: from the tokenizer's byte-level or SentencePiece
-    vocabulary where mlx-lm's detokenizer knows it, else its decoded text's UTF-8."""
-    from mlx_lm import tokenizer_utils as tu
-
-    det = getattr(tokenizer, "_detokenizer", None)
-    if isinstance(det, tu.SPMStreamingDetokenizer) and token < len(det.tokenmap):
-        return det.tokenmap[token].replace("\u2581".encode(), b" ")
-    if isinstance(det, tu.BPEStreamingDetokenizer) and token < len(det.tokenmap):
-        table, piece = tu._byte_decoder(), det.tokenmap[token]
-        if all(c in table for c in piece):
-            return bytes(table[c] for c in piece)
-    return tokenizer.decode([token]).encode("utf-8")
+from ..token_bytes import token_bytes
 
 
 @dataclass

@@ -1,0 +1,87 @@
+"""Streamed text equals the tokenizer's decode of the same ids, however the ids arrive (a
+token at a time with stop strings, rounds of any length), when characters split across byte
+tokens — also after real U+FFFD characters and invalid bytes, which once made the decoder
+show an incomplete character's U+FFFD for good (`'������ ok'` for `'����搐 ok'`)."""
+
+import random
+
+import pytest
+from mlx_lm.utils import load_tokenizer
+from smollm2 import any_conversion
+
+from dflash2_mlx.engine.events import RoundEvent
+from dflash2_mlx.engine.logprobs import TokenLogprob
+from dflash2_mlx.serve.logprobs import Logprobs
+from dflash2_mlx.text import IncrementalDecoder
+from dflash2_mlx.token_bytes import incomplete_tail, knows_token_bytes
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return load_tokenizer(any_conversion(tmp_path_factory))
+
+
+def _byte_ids(tok) -> dict[int, int]:
+    """The single-byte token of each byte value (byte-level BPE has all 256)."""
+    from mlx_lm.tokenizer_utils import _byte_decoder
+
+    char_of = {b: c for c, b in _byte_decoder().items()}
+    return {b: tok.convert_tokens_to_ids(char_of[b]) for b in range(256)}
+
+
+def _streamed(tok, ids, sizes) -> str:
+    decoder, text, i = IncrementalDecoder(tok, tok.encode("Say:")), "", 0
+    while i < len(ids):
+        step = next(sizes)
+        text += decoder.add(ids[i : i + step], final=i + step >= len(ids))
+        i += step
+    return text
+
+
+def _want(tok, ids) -> str:
+    return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def test_real_replacement_characters_then_a_split_character(tok):
+    assert knows_token_bytes(tok)
+    byte = _byte_ids(tok)
+    fffd = tok.encode("\ufffd")
+    for n in range(1, 6):
+        ids = fffd * n + [byte[0xE6], byte[0x90], byte[0x90]] + tok.encode(" ok")
+        assert _want(tok, ids) == "\ufffd" * n + "搐 ok"
+        for step in (1, 2, 3, len(ids)):
+            assert _streamed(tok, ids, iter(lambda s=step: s, None)) == "\ufffd" * n + "搐 ok"
+
+
+def test_random_bytes_in_random_rounds(tok):
+    """Partial and invalid UTF-8 (bytes 0x80-0xff) among whole characters, in rounds of 1-5."""
+    byte, rng = _byte_ids(tok), random.Random(7)
+    pool = [byte[b] for b in range(0x80, 0x100)] + tok.encode("晨你好👨‍👩‍👧 a b.")
+    for _ in range(600):
+        ids = [rng.choice(pool) for _ in range(rng.randint(1, 12))]
+        sizes = iter(lambda: rng.randint(1, 5), None)
+        assert _streamed(tok, ids, sizes) == _want(tok, ids), ids
+
+
+def test_every_token_gets_its_logprob_entry(tok):
+    """Entries go out with their token's text: after real U+FFFD ones, a split character's
+    tokens once started past the text's end and were never sent."""
+    byte = _byte_ids(tok)
+    ids = tok.encode("\ufffd") * 4 + [byte[0xE6], byte[0x90], byte[0x90]] + tok.encode(" ok")
+    lp = Logprobs(tok, "chat", frozenset())
+    for t in ids:
+        lp.add(RoundEvent(tokens=[t], logprobs=(TokenLogprob(t, -1.0, ()),)))
+    text = lp.decoder.text
+    assert text == "\ufffd" * 4 + "搐 ok"
+    entries = lp.take(len(text))["content"]
+    assert len(entries) == len(ids)
+    assert b"".join(bytes(e["bytes"]) for e in entries).decode() == text
+
+
+@pytest.mark.parametrize(
+    "data,tail",
+    [(b"ok", 0), (b"\xe6", 1), (b"\xe6\x90", 2), (b"\xe6\x90\x90", 0), (b"\xf0\x9f\x99", 3)]
+    + [(b"\x90", 0), (b"\x90\x90\x90\x90", 0), (b"a\xc3", 1), (b"\xef\xbf\xbd", 0)],
+)
+def test_incomplete_tail(data, tail):
+    assert incomplete_tail(data) == tail
