@@ -211,8 +211,17 @@ def _is_alias(name: str) -> bool:
 
 def target_of(name: str) -> str:
     """A target as `train` and `corpus` take it: an alias's target (the embedded one converted
-    on first use), else the folder or repo id as typed."""
-    return resolve(name).target if _is_alias(name) else name
+    on first use), else the folder or repo id as typed (a name that is neither, yet near an
+    alias, is a typo of it: an error saying which)."""
+    if _is_alias(name):
+        return resolve(name).target
+    near = [] if Path(name).expanduser().exists() or is_repo_id(name) else closest(name)
+    if near:
+        raise ModelNotFoundError(
+            f"target {name!r}: no such folder, Hugging Face repo id or alias; did you mean "
+            f"{', '.join(near)}? (`dflash2 models` lists the aliases)"
+        )
+    return name
 
 
 def _entry_of_target(target: str) -> ModelEntry | None:

@@ -147,6 +147,9 @@ def test_target_alone_is_checked_then_matched_to_its_pair(embedded, tmp_path, mo
         assert resolve(None, alias, "/my/drafter") == resolve(alias, None, "/my/drafter")
     assert registry.target_of("qwen3-4b") == "mlx-community/Qwen3-4B-bf16"
     assert registry.target_of("./my-model") == "./my-model"  # not an alias: as typed
+    with pytest.raises(ModelNotFoundError, match="did you mean smollm2"):  # train smolm2
+        registry.target_of("smolm2")
+    assert registry.target_of("org/smolm2") == "org/smolm2"  # a repo id: as typed
     assert resolve(None, "mlx-community/Qwen3-4B-bf16").drafter == "z-lab/Qwen3-4B-DFlash-b16"
 
 
