@@ -1,7 +1,8 @@
 """A tiny-pair `dflash2 serve` in a process of its own, for tests that signal it.
 
-`python tests/serve_child.py GRACE_S [MAX_BATCH]` prints its port, serves until SIGINT, exits with the
-server's code (130 after Ctrl-C), as `dflash2 serve` does.
+`python tests/serve_child.py GRACE_S [MAX_BATCH [STEP_S]]` prints its port, serves until SIGINT,
+exits with the server's code (130 after Ctrl-C), as `dflash2 serve` does. STEP_S: every target
+forward takes that long at least (a large model's step, or a long prefill chunk).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import dflash2_mlx  # noqa: F401  (binds the optimized BLAS before MLX loads)
@@ -22,10 +24,18 @@ from dflash2_mlx.api import Pair  # noqa: E402
 from dflash2_mlx.serve import ServeLimits, create_app, run_server  # noqa: E402
 
 
-def main(grace: float, max_batch: int) -> int:
+def main(grace: float, max_batch: int, step_s: float = 0.0) -> int:
     pair = Pair.from_models(
         tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2, block_size=4)
     )
+    if step_s:
+        adapter, forward = pair.decoder.target, pair.decoder.target.forward
+
+        def slow_forward(*args, **kwargs):
+            time.sleep(step_s)
+            return forward(*args, **kwargs)
+
+        adapter.forward = slow_forward  # this pair's alone
     app = create_app(
         pair,
         model_name="tiny",
@@ -44,7 +54,10 @@ if __name__ == "__main__":
     # A background job of a non-interactive shell starts with SIGINT ignored, and uvicorn
     # restores (then re-raises into) that: serve as a foreground `dflash2 serve` does.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    code = main(float(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 4)
+    args = sys.argv[1:]
+    code = main(
+        float(args[0]), int(args[1]) if len(args) > 1 else 4, float(args[2] if len(args) > 2 else 0)
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # as the CLI: no interpreter teardown after MLX ran on other threads

@@ -270,6 +270,35 @@ def test_sigint_ends_a_cut_stream_with_an_error_and_done(tmp_path):
     assert "cancelled" in err and "shutting down" in err
 
 
+def test_a_cut_waits_for_a_long_step_to_end(tmp_path):
+    """A cut takes effect when the worker's current step ends: a step longer than uvicorn's
+    margin (2 s once) had the stream cancelled mid-step, no error event or [DONE], and a
+    traceback in the log. Here every forward takes 3 s: the stream still ends cleanly."""
+    child = Path(__file__).with_name("serve_child.py")
+    proc = subprocess.Popen(
+        [sys.executable, str(child), "0.2", "1", "3.0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{int(proc.stdout.readline())}"
+        wait_for(lambda: _up(base), 60, "the server to start")
+        with httpx.Client(timeout=60) as http:
+            cm, lines = _open_long_stream(http, base)  # a step has just begun
+            proc.send_signal(signal.SIGINT)
+            rest = [line for line in lines if line.startswith("data: ")]
+            cm.__exit__(None, None, None)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert rest[-1] == "data: [DONE]", rest
+    assert json.loads(rest[-2][6:])["error"]["code"] == "shutting_down"
+    assert proc.returncode == 130 and "Traceback" not in err, err
+
+
 def _up(base: str) -> bool:
     with contextlib.suppress(httpx.TransportError):
         return httpx.get(base + "/health", timeout=1).status_code == 200

@@ -19,8 +19,11 @@ from .security import SecurityPolicy
 
 log = logging.getLogger("dflash2.serve")
 
-# uvicorn's own deadline comes after ours, so a stopped stream can still send its last events.
-DELIVERY_MARGIN_S = 2.0
+# uvicorn's own deadline comes after ours, so a stopped stream can still send its last events:
+# a cut takes effect when the worker's current step ends (a prefill chunk or a round: seconds
+# on a CPU or for a large model). uvicorn stops waiting as soon as the connections close, so
+# the margin only bounds a hung one; a second Ctrl-C exits at once.
+DELIVERY_MARGIN_S = 60.0
 # Connections uvicorn holds at once; beyond, a plain 503 (a flood of idle connections would
 # otherwise take every file descriptor, and /health with them).
 MAX_CONNECTIONS = 1000
