@@ -113,9 +113,11 @@ def test_a_whole_batched_run_raises_a_requests_failure(pair, monkeypatch):
 
 def test_a_bad_request_in_a_batch_stream_runs_none_of_them(pair):
     batch = pair.batch()
-    with pytest.raises(ParameterError, match="must be token ids, not text"):
+    with pytest.raises(ParameterError, match="^request 1 of the batch: .*must be token ids"):
         list(batch.stream([(P0, GREEDY), ("text", GREEDY)]))
     assert not batch.busy
+    with pytest.raises(ParameterError, match=r"^request 1 of the batch: the prompt\[1\] = "):
+        pair.generate_batch([P0, [5, 10**9]], GREEDY)
     assert batch.generate([(P1, GREEDY)]) == [pair.generate(P1, GREEDY)[0]]
 
 
@@ -278,3 +280,29 @@ def test_what_a_session_can_reuse_of_a_next_prompt(pair):
     assert event.reused_tokens == len(held) - 1
     session.in_round = True  # an interrupted round: its caches are cleared on next use
     assert session.reusable(held) == 0
+
+
+def test_a_reused_session_steps_on_alternating_threads(pair):
+    """An async app advances a stream from whichever executor thread is free: on a session
+    rolled back to a shared prefix, the drafter cache's trim was left lazy on the first
+    thread's stream ("There is no Stream(cpu, 1) in current thread" on the second)."""
+    import concurrent.futures as cf
+
+    import mlx.core as mx
+
+    want = pair.generate(P0, GREEDY)[0]
+    session = pair.new_session()
+    pair.generate(P0, GREEDY, session)  # it now holds P0 and an answer: the next one trims
+    threads = cf.ThreadPoolExecutor(1), cf.ThreadPoolExecutor(1)
+    try:
+        stream, out = pair.stream(P0, GREEDY, session), []
+        for n in range(100):
+            event = threads[n % 2].submit(next, stream, None).result()
+            if event is None:
+                break
+            out += event.tokens
+        assert out == want
+    finally:
+        for t in threads:
+            t.submit(mx.clear_streams).result()
+            t.shutdown()

@@ -361,7 +361,10 @@ class BatchDecoder:
         ids: dict[int, int] = {}
         try:
             for i, (p, params) in enumerate(list(requests)):
-                ids[self.add(p, params)] = i
+                try:
+                    ids[self.add(p, params)] = i
+                except ParameterError as e:  # which of them it is
+                    raise ParameterError(f"request {i} of the batch: {e}") from None
             while self.busy:
                 for rid, event in self.step():
                     if event.error is not None:  # one failed: the run ends with its error

@@ -126,6 +126,9 @@ class SpeculativeDecoder:
         if d_off > common:
             for c in session.drafter_cache:
                 c.trim(d_off - common)
+            # evaluated here: a lazy trim is bound to this thread's stream, and the next step
+            # of the generation may run on another thread (an async app's executor)
+            mx.eval([c.state for c in session.drafter_cache])
             session.pending = None
         elif session.pending is not None:
             session.pending = session.pending[:, : common - d_off]

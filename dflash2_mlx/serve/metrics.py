@@ -170,13 +170,13 @@ _SCALARS = (
     (
         "dflash2_prompt_tokens_total",
         "counter",
-        "Prompt tokens of started generations.",
+        "Prompt tokens of started generations (each choice of an n > 1 request counts its own).",
         "prompt_tokens",
     ),
     (
         "dflash2_generated_tokens_total",
         "counter",
-        "Tokens committed by the engine.",
+        "Tokens committed by the engine (a round past a stop string included: usage counts the reply's).",
         "generated_tokens",
     ),
     (
