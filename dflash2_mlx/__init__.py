@@ -38,6 +38,8 @@ _EXPORTS = {  # public name -> the module that defines it
     "CompatibilityError": "errors",
     "ConfigError": "errors",
     "DFlash2Error": "errors",
+    "FetchError": "errors",
+    "ModelNotFoundError": "errors",
     "ParameterError": "errors",
 }
 __all__ = list(_EXPORTS)

@@ -16,6 +16,9 @@ SOURCES: tuple[str, ...] = get_args(DraftSource)
 
 @dataclass(frozen=True, kw_only=True)
 class RoundEvent:
+    """What one round committed (or the prefill's first token: `prefill` true) and how: drafts
+    proposed and accepted, its `source`, its times; each field's comment below says more."""
+
     tokens: list[int]  # committed this round (drafts accepted + bonus; the first event: 1 token)
     drafted: int = 0  # draft tokens proposed (0 for the prefill token or plain decoding)
     accepted: int = 0  # of those, accepted by the target

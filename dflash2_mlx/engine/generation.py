@@ -23,6 +23,14 @@ from .width import WidthRule, cut_to_rate
 
 @dataclass(frozen=True)
 class GenerationParams:
+    """How one generation runs: `max_tokens`, `sampling` (SamplingParams), the drafter's
+    `block_size` (None: its trained one) or `speculative=False` (plain decoding), extra
+    `stop_token_ids`, a `prediction` of the answer's tokens, a JSON-schema `constraint`,
+    `logits_processors` (penalties), `logprobs` (alternatives per token, 0-20), and the
+    autotuner's `lookup_block` / `block_by_context` / `verify_cost`. The output is plain
+    decoding's with the same sampler, processors and constraint whatever the drafting fields
+    say; each field's comment below says what it does."""
+
     max_tokens: int = 256
     sampling: SamplingParams = SamplingParams()
     block_size: int | None = None  # None = the drafter's trained block size

@@ -21,6 +21,9 @@ IMPOSSIBLE = -9999.0
 
 @dataclass(frozen=True)
 class TokenLogprob:
+    """A committed token's log-probability under the target (after the generation's
+    processors and constraint) and the `top` alternatives there."""
+
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()  # the most likely tokens there, most likely first

@@ -67,6 +67,10 @@ def field_problem(name: str, value) -> str | None:
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """The target's sampler: temperature 0 is greedy (the default); top_p, top_k (0: off) and
+    min_p filter as mlx-lm's do; `seed` makes a sampled reply reproducible (None: MLX's global
+    random state). Out-of-range values are a ParameterError naming the field."""
+
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
