@@ -413,3 +413,25 @@ def test_an_assistant_refusal_part_is_its_text(url):
     user = [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]
     r = httpx.post(url + "/v1/responses", json={"model": "tools", "input": user})
     assert r.status_code == 400 and r.json()["error"]["param"].startswith("input[0].content")
+
+
+def test_a_function_that_leaves_strict_out_is_strict_where_it_can_be(url):
+    """The Responses API's `strict` defaults to true: left out (or null), the call is held to
+    its schema as with strict true; strict false is not held; and where no grammar can hold
+    it (a schema llguidance refuses) the call goes unheld rather than a 400, which an explicit
+    strict true still gets."""
+    rome = {**FN, "parameters": {**FN["parameters"], "properties": {"city": {"enum": ["rome"]}}}}
+
+    def city(tool: dict):
+        body = {"model": "tools", "input": tt.ASK, "tools": [tool], **OFF, "temperature": 0}
+        r = httpx.post(url + "/v1/responses", json={**body, "max_output_tokens": 64})
+        assert r.status_code == 200, r.text
+        calls = [o for o in r.json()["output"] if o["type"] == "function_call"]
+        return {json.loads(c["arguments"]).get("city") for c in calls}
+
+    assert city(rome) == city({**rome, "strict": None}) == city({**rome, "strict": True})
+    assert city(rome) == {"rome"} and "rome" not in city({**rome, "strict": False})
+    broken = {**FN, "parameters": {"type": "object", "properties": {"x": {"$ref": "#/nope"}}}}
+    assert city(broken) is not None  # unheld, answered
+    body = {"model": "tools", "input": tt.ASK, "tools": [{**broken, "strict": True}]}
+    assert httpx.post(url + "/v1/responses", json=body).status_code == 400

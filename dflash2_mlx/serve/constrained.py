@@ -5,10 +5,12 @@ tool); and a thinking budget (engine/budget.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..engine.budget import BothFactories, ThinkingBudget
 from ..errors import ParameterError
 from ..grammar import Calls, Grammar, OpeningRefused, Thinking
-from .api_error import invalid
+from .api_error import APIError, invalid
 from .chat_prompt import ChatPrompt
 from .reasoning import closes_thinking
 from .schemas import GenRequest
@@ -35,8 +37,19 @@ def reply_grammar(pair, req: GenRequest, prompt: ChatPrompt | None) -> Grammar |
     and/or strict tools' arguments, after the model's thinking section if it has one; with
     a forced tool_choice, a call to a listed tool (the one named) with an object of
     arguments, where the model's call format is json_tools (elsewhere the prefilled opening
-    of the call alone forces it)."""
+    of the call alone forces it). Tools strict by default only (ToolRequest.soft) that no
+    grammar can hold are not held."""
     tools = prompt.tools if prompt is not None else None
+    try:
+        return _reply_grammar(pair, req, prompt, tools)
+    except APIError:
+        if tools is None or not tools.soft:
+            raise
+        loose = replace(tools, strict=tools.strict - tools.soft, soft=frozenset())
+        return _reply_grammar(pair, req, prompt, loose)
+
+
+def _reply_grammar(pair, req: GenRequest, prompt, tools: ToolRequest | None) -> Grammar | None:
     strict = bool(tools and tools.strict)
     held_call = bool(tools and tools.forced) and _format(pair.tokenizer) == "json_tools"
     if req.response_schema is None and not strict and not held_call:

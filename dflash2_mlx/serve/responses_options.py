@@ -27,6 +27,16 @@ class ChatTools:
     names: dict[tuple[str | None, str], str] = field(default_factory=dict)
     called: dict[str, tuple[str, str]] = field(default_factory=dict)  # chat -> (ns, name)
 
+    def strict_by_default(self) -> frozenset[str]:
+        """The functions that leave `strict` out made strict, as the Responses API's default
+        is; their chat names (ToolRequest.soft: held to their schema where that can be)."""
+        names = []
+        for t in self.tools:
+            if t["function"].get("strict") is None:
+                t["function"]["strict"] = True
+                names.append(t["function"]["name"])
+        return frozenset(names)
+
     def chat_name(self, namespace, name: str) -> str:
         """The chat name of a call a client sends back (its `namespace` as it came)."""
         return self.names.get((namespace, name), name)

@@ -14,6 +14,7 @@ refused.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from .api_error import APIError, brief, invalid, renamed
@@ -102,6 +103,7 @@ def parse_responses(body: dict, recent: RecentItems | None = None) -> GenRequest
     chat["messages"] = messages
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
+    soft = tools.strict_by_default()
     if body.get("tools") is not None:
         chat["tools"] = tools.tools
         origin.update(tools.origin)
@@ -115,6 +117,8 @@ def parse_responses(body: dict, recent: RecentItems | None = None) -> GenRequest
         req = parse_chat(chat)
     except APIError as err:
         raise _renamed(err, origin) from None
+    if req.tools is not None and soft:
+        req.tools = replace(req.tools, soft=soft)
     req.responses, req.rename = _echo(body), renamer(origin)
     req.encrypted_reasoning, req.tool_namespaces = encrypted, tools.called
     return req

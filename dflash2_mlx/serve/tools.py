@@ -25,6 +25,9 @@ class ToolRequest:
     name: str | None = None  # the function `tool_choice` names
     parallel: bool = True  # False: at most one call
     strict: frozenset[str] = frozenset()  # tools whose arguments must follow their schema
+    # of those, strict by default only (Responses' omitted `strict`): held to their schema
+    # where the grammar can be (json_tools models, schemas llguidance compiles), else not
+    soft: frozenset[str] = frozenset()
 
     @property
     def active(self) -> bool:
