@@ -216,16 +216,7 @@ def test_sigint_ends_a_cut_stream_with_an_error_and_done(tmp_path):
     """A real process, a real Ctrl-C: the waiting requests get JSON 503 at once; the running
     stream gets its grace period (1 s), then an error event and [DONE]; the port closes; the
     exit code is 130; no traceback."""
-    child = Path(__file__).with_name("serve_child.py")
-    proc = subprocess.Popen(
-        [sys.executable, str(child), "1.0", "1"],  # one at a time: two wait
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        base = f"http://127.0.0.1:{int(proc.stdout.readline())}"
-        wait_for(lambda: _up(base), 60, "the server to start")
+    with _child_server("1.0", "1") as (proc, base):  # one at a time: two wait
         results: list = []
         with httpx.Client(timeout=60) as http:
             cm, lines = _open_long_stream(http, base)
@@ -261,10 +252,6 @@ def test_sigint_ends_a_cut_stream_with_an_error_and_done(tmp_path):
         with pytest.raises(httpx.TransportError):  # no longer accepting
             httpx.get(base + "/health", timeout=2)
         _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err
     assert "cancelled" in err and "shutting down" in err
@@ -274,9 +261,24 @@ def test_a_cut_waits_for_a_long_step_to_end(tmp_path):
     """A cut takes effect when the worker's current step ends: a step longer than uvicorn's
     margin (2 s once) had the stream cancelled mid-step, no error event or [DONE], and a
     traceback in the log. Here every forward takes 3 s: the stream still ends cleanly."""
+    with _child_server("0.2", "1", "3.0") as (proc, base):
+        with httpx.Client(timeout=60) as http:
+            cm, lines = _open_long_stream(http, base)  # a step has just begun
+            proc.send_signal(signal.SIGINT)
+            rest = [line for line in lines if line.startswith("data: ")]
+            cm.__exit__(None, None, None)
+        _, err = proc.communicate(timeout=60)
+    assert rest[-1] == "data: [DONE]", rest
+    assert json.loads(rest[-2][6:])["error"]["code"] == "shutting_down"
+    assert proc.returncode == 130 and "Traceback" not in err, err
+
+
+@contextlib.contextmanager
+def _child_server(*args: str):
+    """tests/serve_child.py with `args` in a process of its own, up: (process, base URL)."""
     child = Path(__file__).with_name("serve_child.py")
     proc = subprocess.Popen(
-        [sys.executable, str(child), "0.2", "1", "3.0"],
+        [sys.executable, str(child), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -284,19 +286,11 @@ def test_a_cut_waits_for_a_long_step_to_end(tmp_path):
     try:
         base = f"http://127.0.0.1:{int(proc.stdout.readline())}"
         wait_for(lambda: _up(base), 60, "the server to start")
-        with httpx.Client(timeout=60) as http:
-            cm, lines = _open_long_stream(http, base)  # a step has just begun
-            proc.send_signal(signal.SIGINT)
-            rest = [line for line in lines if line.startswith("data: ")]
-            cm.__exit__(None, None, None)
-        _, err = proc.communicate(timeout=60)
+        yield proc, base
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert rest[-1] == "data: [DONE]", rest
-    assert json.loads(rest[-2][6:])["error"]["code"] == "shutting_down"
-    assert proc.returncode == 130 and "Traceback" not in err, err
 
 
 def _up(base: str) -> bool:
