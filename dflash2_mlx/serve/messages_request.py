@@ -42,8 +42,6 @@ _NEUTRAL = {  # field -> allowed value test: others would change the output and 
     "container": lambda v: v is None,
     "context_management": lambda v: v is None or _clears_thinking_only(v),
 }
-
-
 # generation's fields, not a count's (Anthropic's count_tokens refuses them)
 _NOT_COUNTED = ("max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences")
 _NOT_COUNTED += ("metadata", "service_tier")
@@ -51,10 +49,9 @@ _NOT_COUNTED += ("metadata", "service_tier")
 
 def parse_count_tokens(body: dict) -> GenRequest:
     """The prompt a count_tokens body asks to count (no generation fields)."""
-    if isinstance(body, dict):
-        for name in _NOT_COUNTED:
-            if name in body:
-                raise invalid(name, f"{name}: Extra inputs are not permitted", "unknown_parameter")
+    for name in _NOT_COUNTED:
+        if name in body:
+            raise invalid(name, f"{name}: Extra inputs are not permitted", "unknown_parameter")
     return parse_messages({**body, "max_tokens": 1})
 
 
