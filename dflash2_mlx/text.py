@@ -141,7 +141,8 @@ class IncrementalDecoder:
     def _whole(self, end: int) -> int:
         """The end of the ids before `end` that leave no character incomplete (from the bytes
         of the last UTF8_MAX unshown tokens: each adds one byte at least)."""
-        parts = [token_bytes(self.tokenizer, t) for t in self.ids[max(self.read, end - 4) : end]]
+        first = max(self.read, end - self.UTF8_MAX)
+        parts = [token_bytes(self.tokenizer, t) for t in self.ids[first:end]]
         missing = incomplete_tail(b"".join(parts))
         while missing > 0 and parts:
             missing -= len(parts.pop())
