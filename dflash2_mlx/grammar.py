@@ -33,6 +33,18 @@ ANY_OBJECT: dict = {"type": "object"}
 _REGEX_ESCAPES = {"/": "\\/", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
+# llguidance's own limits (a parser row past 2000 items, too many expressions, ...)
+_LIMIT = re.compile(r"TooComplex|too many|max is|limit", re.IGNORECASE)
+
+
+def _beyond_limits(error: str | None) -> ParameterError:
+    return ParameterError(
+        "the reply's schema (response_format, or the strict tools' parameters) is beyond "
+        f"what the grammar engine can follow: {_brief(error or '')}; simplify it (fewer "
+        "strict tools, or a shorter repetition count in a pattern, say)"
+    )
+
+
 class OpeningRefused(ParameterError):
     """A forced call's opening, written by the prompt, that the reply grammar refuses (its
     tool name tokenizes otherwise there, say)."""
@@ -109,6 +121,8 @@ class Grammars:
             raise ParameterError(f"unsupported JSON schema: {_brief(matcher.get_error())}")
         if calls is not None and calls.opened and not matcher.consume_tokens(list(calls.opened)):
             log.debug("the call the prompt opened is refused: %s", matcher.get_error())
+            if _LIMIT.search(matcher.get_error() or ""):  # many strict tools, say
+                raise _beyond_limits(matcher.get_error())
             raise OpeningRefused("the call the prompt opened is not one the grammar allows")
         grammar = Grammar(matcher, frozenset(self.stop_ids))
         if grammar().stuck():  # e.g. {"$ref": "#"}: it would "finish" at once with nothing
@@ -342,11 +356,7 @@ class GrammarConstraint:
             # tokens its own mask allowed: llguidance ran past a limit of its own (a pattern
             # such as a{100000} compiles, then "too many expressions constructed")
             log.debug("grammar: committed tokens were refused: %s", self.matcher.get_error())
-            raise ParameterError(
-                "the reply's schema (response_format, or a strict tool's parameters) is beyond "
-                f"what the grammar engine can follow: {_brief(self.matcher.get_error())}; "
-                "simplify it (a long repetition count in a pattern, say)"
-            )
+            raise _beyond_limits(self.matcher.get_error())
 
     def on_stop(self) -> None:
         """A stop token ended the reply: only where the value is complete, else the grammar

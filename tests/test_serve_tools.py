@@ -130,6 +130,22 @@ def test_strict_tools_hold_the_arguments_to_their_schema(client):
     assert usage["tool_calls"] == len(calls) and usage["rounds"] >= 1
 
 
+def test_strict_tools_past_the_grammar_engine_and_past_the_context(tool_pair):
+    """700 strict tools and a forced choice pass llguidance's parser limit: a 400 saying so
+    (it said the call's opening was refused, and to use "auto"); the same past the context is
+    context_length_exceeded, found before any grammar is compiled."""
+    many = [strict({"function": {**tt.WEATHER["function"], "name": f"t{i}"}}) for i in range(700)]
+    body = {"messages": tt.HI, "max_tokens": 1, "tools": many, "tool_choice": "required"}
+    for context, code in ((400_000, "invalid_value"), (1024, "context_length_exceeded")):
+        app = create_app(tool_pair, model_name="tools", context_length=context)
+        with running(app) as base:
+            err = httpx.post(base + "/v1/chat/completions", json=body, timeout=120).json()["error"]
+        assert err["code"] == code, err
+        if code == "invalid_value":
+            assert err["param"] == "tools" and "beyond what the grammar engine" in err["message"]
+            assert "Current row has" in err["message"] and "opening" not in err["message"]
+
+
 def test_a_schema_reply_beside_tools(client):
     """response_format with tools (auto): the reply calls a tool as without the schema, or
     answers with a value the schema accepts."""

@@ -183,8 +183,10 @@ class Handler:
             ids, stop = prompt.ids, stop + list(prompt.stops)
         else:
             ids = self.tokenize(req)
+        predicted = self.predicted_ids(req)
+        self.limits.check_tokens(req, ids, predicted)  # before a grammar compiles for nothing
         constraint = reply_constraint(self.pair, req, prompt, self.s.thinking_budget)
-        return prompt, ids, stop, self.predicted_ids(req), constraint
+        return prompt, ids, stop, predicted, constraint
 
     def reserve(self, count: int = 1) -> None:
         """Places in the queue, or a 503 (full: with Retry-After; shutting down)."""
@@ -211,7 +213,6 @@ class Handler:
             prompt, ids, stop, predicted, grammar = await loop.run_in_executor(
                 self.tokenizer_thread, self._encode, req
             )
-            self.limits.check_tokens(req, ids, predicted)
             job = Job(ids, self.plan(req, ids, predicted, grammar), stop)
         except BaseException:
             self.worker.unreserve()
