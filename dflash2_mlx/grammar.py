@@ -34,7 +34,7 @@ _REGEX_ESCAPES = {"/": "\\/", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 # llguidance's own limits (a parser row past 2000 items, too many expressions, ...)
-_LIMIT = re.compile(r"TooComplex|too many|max is|limit", re.IGNORECASE)
+_LIMIT = re.compile(r"max is \d+|too many", re.IGNORECASE)
 
 
 def _beyond_limits(error: str | None) -> ParameterError:
@@ -121,7 +121,8 @@ class Grammars:
             raise ParameterError(f"unsupported JSON schema: {_brief(matcher.get_error())}")
         if calls is not None and calls.opened and not matcher.consume_tokens(list(calls.opened)):
             log.debug("the call the prompt opened is refused: %s", matcher.get_error())
-            if _LIMIT.search(matcher.get_error() or ""):  # many strict tools, say
+            # its first line: every refusal's state dump ends "Stop: ParserTooComplex"
+            if _LIMIT.search((matcher.get_error() or "").split("\n", 1)[0]):  # many tools
                 raise _beyond_limits(matcher.get_error())
             raise OpeningRefused("the call the prompt opened is not one the grammar allows")
         grammar = Grammar(matcher, frozenset(self.stop_ids))
