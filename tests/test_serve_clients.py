@@ -106,6 +106,11 @@ def test_neutral_stream_options_and_harmless_fields_are_accepted(url, client):
         assert err["param"] == field and err["code"] == "invalid_type", err
     err = _error(httpx.post(url + "/v1/completions", json={"prompt": "x", "user": {}}), 400)
     assert err["param"] == "user", err
+    for seed in (-(2**63) - 1, 2**64):  # the message says the range the server takes
+        err = _error(
+            httpx.post(url + "/v1/chat/completions", json={"messages": HI, "seed": seed}), 400
+        )
+        assert "seed must be an integer in [-2**63, 2**64)" in err["message"], err
 
 
 def test_output_changing_openai_fields_are_refused_by_name(url):

@@ -137,7 +137,9 @@ def _sampling(body: dict) -> dict[str, Any]:
             )
         if name == "top_k" and v == -1:  # vLLM's and mlx-lm's "off"
             v = 0
-        if name == "seed" and -(2**63) <= v < 0:  # OpenAI's seeds are int64: the same bits
+        if name == "seed" and not -(2**63) <= v < 2**64:  # an int64 (OpenAI's) or a uint64
+            raise invalid(name, f"seed must be an integer in [-2**63, 2**64); got {brief(v)}")
+        if name == "seed" and v < 0:  # OpenAI's seeds are int64: the same bits
             v %= 2**64
         problem = field_problem(name, v)
         if problem:
