@@ -13,11 +13,12 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
-def _is_ascii(encoding: str | None) -> bool:
+def _codec(encoding: str | None) -> str:
+    """Python's name of an encoding ("utf-8", "ascii", "latin-1"); "" when unknown."""
     try:
-        return codecs.lookup(encoding or "utf-8").name == "ascii"
+        return codecs.lookup(encoding or "utf-8").name
     except LookupError:
-        return False
+        return ""
 
 
 def locale_streams() -> None:
@@ -25,18 +26,20 @@ def locale_streams() -> None:
     instead of stopping a command with UnicodeEncodeError; where it is ASCII (LC_ALL=C with
     Python's UTF-8 coercion off), stdin is read as UTF-8, of which ASCII is a part."""
     for stream in (sys.stdout, sys.stderr):
-        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        utf = _codec(getattr(stream, "encoding", None)).startswith("utf")
         raises = getattr(stream, "errors", None) in ("strict", "surrogateescape")
-        if raises and not encoding.startswith("utf") and hasattr(stream, "reconfigure"):
+        if raises and not utf and hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
-    if _is_ascii(getattr(sys.stdin, "encoding", None)) and hasattr(sys.stdin, "reconfigure"):
+    if _codec(getattr(sys.stdin, "encoding", None)) == "ascii" and hasattr(
+        sys.stdin, "reconfigure"
+    ):
         sys.stdin.reconfigure(encoding="utf-8")
 
 
 def argument_text(text: str) -> str:
     """A command-line argument as the UTF-8 text it holds in an ASCII locale, where Python
     gets its other bytes as lone surrogates (else as it is: invalid bytes stay surrogates)."""
-    if not _is_ascii(sys.getfilesystemencoding()):
+    if _codec(sys.getfilesystemencoding()) != "ascii":
         return text
     try:
         return os.fsencode(text).decode("utf-8")

@@ -38,7 +38,13 @@ def incomplete_tail(data: bytes) -> int:
         byte = data[-k]
         if byte & 0xC0 == 0x80:  # a continuation byte: its lead byte is further back
             continue
-        need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 1
-        need = 4 if byte >> 3 == 0b11110 else need
+        if byte >> 5 == 0b110:
+            need = 2
+        elif byte >> 4 == 0b1110:
+            need = 3
+        elif byte >> 3 == 0b11110:
+            need = 4
+        else:  # ASCII, or a byte no character starts with
+            return 0
         return k if k < need else 0
     return 0

@@ -27,7 +27,7 @@ class ChatTools:
     names: dict[tuple[str | None, str], str] = field(default_factory=dict)
     called: dict[str, tuple[str, str]] = field(default_factory=dict)  # chat -> (ns, name)
 
-    def strict_by_default(self) -> frozenset[str]:
+    def make_strict_by_default(self) -> frozenset[str]:
         """The functions that leave `strict` out made strict, as the Responses API's default
         is; their chat names (ToolRequest.soft: held to their schema where that can be)."""
         names = []

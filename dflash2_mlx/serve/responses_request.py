@@ -103,7 +103,7 @@ def parse_responses(body: dict, recent: RecentItems | None = None) -> GenRequest
     chat["messages"] = messages
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
-    soft = tools.strict_by_default()
+    soft = tools.make_strict_by_default()
     if body.get("tools") is not None:
         chat["tools"] = tools.tools
         origin.update(tools.origin)
