@@ -76,16 +76,18 @@ def fetch(
     except LocalEntryNotFoundError:
         from huggingface_hub import constants
 
+        # each cause with its own remedy (`dflash2 pull` itself lands here when offline)
         why = (
-            "offline: the hub is not asked"
+            "offline mode asks no hub: load it once without offline mode"
             if offline
-            else "HF_HUB_OFFLINE is set: the hub is not asked"
+            else "HF_HUB_OFFLINE is set, so the hub is not asked: unset it to download"
             if constants.HF_HUB_OFFLINE
-            else "the hub cannot be reached (offline?)"
+            else "the hub cannot be reached: download it where it can (`dflash2 pull` fetches "
+            "ahead of time into this cache)"
         )
         raise FetchError(
-            f"{what} {path_or_repo}: not in the local Hugging Face cache and {why}: download "
-            "it with network access (`dflash2 pull`), or pass a local folder"
+            f"{what} {path_or_repo}: not in the local Hugging Face cache; {why}, "
+            "or pass a local folder"
         ) from None
     except GatedRepoError:
         raise FetchError(

@@ -201,7 +201,7 @@ def test_models_lists_aliases_and_caches(caches, capsys):
 def test_pull_offline_is_a_clear_error(caches, capsys):
     assert run(["pull", "qwen3-4b"]) == 2
     err = capsys.readouterr().err
-    assert "not in the local Hugging Face cache and HF_HUB_OFFLINE is set" in err
+    assert "not in the local Hugging Face cache; HF_HUB_OFFLINE is set, so the hub is not asked: unset it" in err
     assert "Traceback" not in err
 
 
