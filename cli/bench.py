@@ -26,28 +26,21 @@ from .common import (
     ThinkingOpt,
     engine_flags,
     fail,
+    number_list,
 )
 
 
 def parse_ints(values: Optional[List[str]], flag: str, example: str) -> list[int]:
     """'--block 4 --block 8' or '--block 4,8,16' -> [4, 8, 16] (sorted, unique, >= 1)."""
-    out: set[int] = set()
-    for value in values or []:
-        for part in str(value).replace(" ", ",").split(","):
-            if not part:
-                continue
-            try:
-                b = int(part)
-            except ValueError:
-                fail(f"{flag} needs integers (e.g. {example}), got {part!r}")
-            if b < 1:
-                fail(f"{flag} must be >= 1, got {b}")
-            out.add(b)
+    out = {b for value in values or [] for b in number_list(value, int, flag, example)}
+    for b in sorted(out):
+        if b < 1:
+            fail(f"{flag} must be >= 1, got {b}")
     return sorted(out)
 
 
 def parse_blocks(values: Optional[List[str]]) -> list[int]:
-    return parse_ints(values, "--block", "--block 8 or --block 4,8,16")
+    return parse_ints(values, "--block", "4,8,16")
 
 
 def default_json_path() -> Path:
@@ -170,7 +163,7 @@ def bench(
         plot=plot,
         no_plot=no_plot,
         autotune=autotune,
-        concurrency=parse_ints(concurrency, "--concurrency", "--concurrency 1,2,4,8"),
+        concurrency=parse_ints(concurrency, "--concurrency", "1,2,4,8"),
         kernels=kernels,
         thinking=thinking,
         offline=offline,

@@ -23,6 +23,23 @@ def fail(message: str) -> None:
     raise UserError(message)
 
 
+def number_list(text: str, kind: type, flag: str, example: str) -> tuple:
+    """'4,8', '4 8' or '4, 8' -> (4, 8) of `kind`, in the order given; a one-line error
+    naming `flag` when a part is no number or nothing is given."""
+    noun = "integers" if kind is int else "numbers"
+    usage = f"{flag} takes comma-separated {noun} (e.g. {flag} {example})"
+    parts = str(text).replace(",", " ").split()
+    if not parts:
+        fail(f"{usage}, got {text!r}")
+    out = []
+    for part in parts:
+        try:
+            out.append(kind(part))
+        except ValueError:
+            fail(f"{usage}: {part!r} in {text!r} is not one")
+    return tuple(out)
+
+
 def output_path(flag: str):
     """A Typer callback for an option that takes a file path: a value that looks like the
     next flag (`--json --no-plot`) is a forgotten path, not a file named '--no-plot'."""

@@ -24,6 +24,7 @@ from .common import (
     check_writable,
     engine_flags,
     fail,
+    number_list,
     given_params,
     text_row,
     load_resolved,
@@ -142,21 +143,13 @@ def _parse_lists(
     if blocks is not None:
         block_list = tuple(
             dict.fromkeys(  # a setting given twice is measured once
-                check_block(b, flag="--blocks") for b in _numbers(blocks, int, "--blocks", "4,8")
+                check_block(b, flag="--blocks") for b in number_list(blocks, int, "--blocks", "4,8")
             )
         )
-    temps = tuple(dict.fromkeys(_numbers(temperatures, float, "--temperatures", "0,0.7")))
+    temps = tuple(dict.fromkeys(number_list(temperatures, float, "--temperatures", "0,0.7")))
     for t in temps:
         check_sampling({"temperature": t}, {"temperature": "--temperatures"})
     return block_list, temps
-
-
-def _numbers(text: str, kind: type, flag: str, example: str) -> tuple:
-    """'4,8' -> (4, 8) of `kind`; a one-line error naming `flag` otherwise."""
-    try:
-        return tuple(kind(part) for part in text.split(","))
-    except ValueError:
-        fail(f"{flag} takes comma-separated numbers (e.g. {flag} {example}), got {text!r}")
 
 
 def _check_trained(given: tuple[int, ...] | None, trained: int) -> tuple[int, ...] | None:

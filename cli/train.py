@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .common import fail, given_params
+from .common import fail, given_params, number_list
 from .stop_flag import terminate_as_interrupt
 from .train_progress import training_progress
 
@@ -30,20 +30,6 @@ def _command_line(params: dict) -> str:
         else:
             parts += [flag, str(value)]
     return " ".join(shlex.quote(p) for p in parts)
-
-
-def _numbers(text: str, kind: type, flag: str) -> tuple:
-    """'1,8,15' -> (1, 8, 15); a usage error naming the flag and the part that is no number."""
-    out = []
-    for part in text.split(","):
-        try:
-            out.append(kind(part))
-        except ValueError:
-            noun = "integers" if kind is int else "numbers"
-            raise typer.BadParameter(
-                f"{part.strip()!r} in {text!r}: {flag} takes comma-separated {noun}"
-            ) from None
-    return tuple(out)
 
 
 def train(
@@ -205,8 +191,8 @@ def train(
     from dflash2_mlx.train.pipeline_config import prompt_parts
     from dflash2_mlx.train.trainer import TrainConfig
 
-    ids = _numbers(layer_ids, int, "--layer-ids") if layer_ids is not None else None
-    temps = _numbers(temperatures, float, "--temperatures")
+    ids = number_list(layer_ids, int, "--layer-ids", "1,8,15") if layer_ids is not None else None
+    temps = number_list(temperatures, float, "--temperatures", "0,0.7")
     corpus_flags = (
         "corpus_ratio",
         "corpus_tokens",

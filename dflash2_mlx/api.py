@@ -274,7 +274,6 @@ def load_pair(
     )
 
 
-# The JSON files mlx-lm and its tokenizer read from a target folder.
 def _registered_pair(target: str, offline: bool = False):
     """The pair `dflash2 models` lists under `target`: its name, its target's repo id, or the
     folder the embedded target lives in."""
@@ -314,8 +313,8 @@ def _check_datastore_flag(wanted) -> None:
 
 
 def _drafter_datastore(folder: Path, wanted: bool | None) -> Datastore | None:
-    """The drafter folder's datastore as `wanted` says (True with none shipped: an error)."""
-    _check_datastore_flag(wanted)
+    """The drafter folder's datastore as `wanted` (checked by `load_pair`) says (True with
+    none shipped: an error)."""
     path = find_datastore(folder) if wanted is not False else None
     if wanted and path is None:
         raise ConfigError(

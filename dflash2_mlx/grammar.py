@@ -213,8 +213,8 @@ def _reply_lark(value: dict | None, calls: Calls | None, thinking: Thinking | No
     return "\n".join(lines)
 
 
-def _text_until(rule: str, text: str, written: str) -> list[str]:
-    """`rule`: any text, then the marker `text` (written as `written`). A special token
+def _text_until(rule: str, written: str) -> list[str]:
+    """`rule`: any text, then a marker as the grammar writes it (`written`). A special token
     ends plain text by itself; a literal marker ends a lazy lexeme."""
     if written.startswith("<["):
         return [f"{rule}: {rule.upper()}_TEXT {written}", f"{rule.upper()}_TEXT: /(?s:.*)/"]
@@ -222,7 +222,7 @@ def _text_until(rule: str, text: str, written: str) -> list[str]:
 
 
 def _thinking_rules(thinking: Thinking, marker) -> list[str]:
-    rules = _text_until("rest", thinking.end, marker(thinking.end))
+    rules = _text_until("rest", marker(thinking.end))
     if not thinking.opened:
         rules.append(f"section: {marker(thinking.start)} rest")
     return rules
@@ -238,7 +238,7 @@ def _call_rules(calls: Calls, with_value: bool, marker) -> list[str]:
         rules.append(f"more: (GAP? {opener} call)*")
     if with_value or calls.opened:  # (text before a call would shadow the value's lexemes)
         return rules + [f"made: {opener} call{more}"]
-    rules += _text_until("pre", calls.opener, opener) + [f"made: pre call{more}"]
+    rules += _text_until("pre", opener) + [f"made: pre call{more}"]
     if opener.startswith("<["):  # text cannot spell the opener
         return rules + ["TEXT: /(?s:.*)/"]
     # a reply without a call: text that does not contain the opener

@@ -2,8 +2,9 @@
 
 Front ends parse their flags into `EngineFlags` and render what `resolve_engine` returns; the
 rules live here and nowhere else:
-- contradicting flags (--no-spec with --block or --lookup, --full-vocab with --draft-vocab)
-  are refused, naming the flags;
+- contradicting flags (--full-vocab with --draft-vocab) are refused, naming the flags (a
+  drafting flag beside --no-spec is the front end's to refuse: chat can turn speculation on
+  later, `cli/common.refuse_idle_drafting`);
 - the response datastore (engine/datastore.py): on when the drafter ships one, unless
   --no-datastore;
 - the block size: --block, else this machine's autotune profile (`dflash2 bench --autotune`),

@@ -128,7 +128,7 @@ BAD = [
     (["evaluate", "--json", "--offline", *NOWHERE], "--json needs a file path, got '--offline'"),
     # evaluate checks its lists before loading (this pair does not exist)
     (["evaluate", "--blocks", "0", *NOWHERE], "--blocks: block_size must be an int >= 1"),
-    (["evaluate", "--blocks", "4,x", *NOWHERE], "--blocks takes comma-separated numbers"),
+    (["evaluate", "--blocks", "4,x", *NOWHERE], "--blocks takes comma-separated integers"),
     (["evaluate", "--temperatures", "-1", *NOWHERE], "--temperatures: temperature must be"),
     (["evaluate", "--temperatures", "0,hot", *NOWHERE], "--temperatures takes comma-separated"),
     (
@@ -201,7 +201,10 @@ def test_models_lists_aliases_and_caches(caches, capsys):
 def test_pull_offline_is_a_clear_error(caches, capsys):
     assert run(["pull", "qwen3-4b"]) == 2
     err = capsys.readouterr().err
-    assert "not in the local Hugging Face cache; HF_HUB_OFFLINE is set, so the hub is not asked: unset it" in err
+    assert (
+        "not in the local Hugging Face cache; HF_HUB_OFFLINE is set, so the hub is not asked: unset it"
+        in err
+    )
     assert "Traceback" not in err
 
 

@@ -207,9 +207,14 @@ def test_fetch_local_folder_and_bad_paths(tmp_path):
 
 
 def test_fetch_offline_gives_one_clear_error(hf_offline):
-    with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE is set, so the hub is not asked: unset it to download"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match="HF_HUB_OFFLINE is set, so the hub is not asked: unset it to download",
+    ):
         downloads.fetch("mlx-community/Qwen3-4B-bf16")
-    with pytest.raises(ModelNotFoundError, match="offline mode asks no hub: load it once without offline mode"):
+    with pytest.raises(
+        ModelNotFoundError, match="offline mode asks no hub: load it once without offline mode"
+    ):
         downloads.fetch("mlx-community/Qwen3-4B-bf16", offline=True)
 
 

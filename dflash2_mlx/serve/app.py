@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP server: one model, one worker thread running up to `max_batch`
 requests together (serve/scheduler.py), a bounded queue.
 
-Endpoints: POST /v1/chat/completions, POST /v1/completions (SSE streaming or not),
-GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics (Prometheus text).
+Endpoints: POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages (SSE
+streaming or not), POST /v1/messages/count_tokens, GET /v1/models, GET /v1/models/{id},
+GET /health, GET /metrics (Prometheus text).
 """
 
 from __future__ import annotations

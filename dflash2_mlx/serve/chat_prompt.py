@@ -96,7 +96,7 @@ class ChatTemplate:
             out[THINKING_KWARG] = self.thinking
         return out
 
-    def _check_tools(self, tools: ToolRequest) -> None:
+    def _check_tools(self) -> None:
         if not self.info.tool_calling:
             raise invalid(
                 "tools",
@@ -125,7 +125,7 @@ class ChatTemplate:
         kwargs = self.template_kwargs(given)
         active = tools if tools is not None and tools.active else None
         if active is not None:
-            self._check_tools(active)
+            self._check_tools()
         listed = list(active.tools) if active else None
         messages = _template_call(lambda: self._show_names(messages, listed, kwargs))
         _template_call(lambda: self._check_history_calls(messages, listed, kwargs))

@@ -129,10 +129,6 @@ class Metrics:
         """Mean tokens committed per round (accepted drafts + the bonus token)."""
         return tau_of(self.accepted, self.rounds)
 
-    @property
-    def mean_generation_seconds(self) -> float:
-        return self.generation_seconds / self.generations if self.generations else 0.0
-
     def render(self) -> str:
         with self._lock:
             out = _Exposition()
