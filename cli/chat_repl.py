@@ -18,10 +18,9 @@ from rich.text import Text
 
 from dflash2_mlx import GenerationParams, GenerationStats
 from dflash2_mlx.engine.budget import ThinkingBudget
-from dflash2_mlx.engine.generation import block_at
 from dflash2_mlx.engine.processors import penalties
 from dflash2_mlx.errors import DFlash2Error, ParameterError
-from dflash2_mlx.settings import EngineFlags, EngineSettings
+from dflash2_mlx.settings import Drafting, EngineFlags, EngineSettings
 from dflash2_mlx.settings import idle_when_greedy
 from dflash2_mlx.target.context import default_context_length
 from dflash2_mlx.text import chat_prompt_ids, quiet_length_warning, stream_text
@@ -113,18 +112,17 @@ class Chat(SlashCommands):
             budget = ThinkingBudget.for_prompt(
                 self.pair.tokenizer, prompt_ids, self.thinking_budget, vocab
             )
-        block, by_context = self.block.at_temperature(self.sampling.temperature)
         return GenerationParams(
             max_tokens or self.max_tokens,
             self.sampling,
-            block if self.spec else None,
-            self.spec,
-            lookup_block=self.engine.lookup_block if self.spec else None,
-            block_by_context=by_context if self.spec else (),
-            verify_cost=self.engine.verify_cost if self.spec and by_context else None,
+            **self.drafting().fields(self.sampling.temperature),
             logits_processors=self.processors,
             constraint=budget,
         )
+
+    def drafting(self) -> Drafting:
+        """The drafting of the next turn: /spec and /block may have changed it."""
+        return Drafting.of(self.spec, self.block, self.engine.lookup_block, self.engine.verify_cost)
 
     def status(self, stats: GenerationStats, finish: str | None = None) -> StatusLine:
         """The live status: the block is the one at the conversation's length (the profile's
@@ -133,10 +131,8 @@ class Chat(SlashCommands):
 
     def block_now(self) -> int:
         """The block the next round uses: at the chat's temperature and length (1: spec off)."""
-        if not self.spec:
-            return 1
-        return block_at(
-            *self.block.at_temperature(self.sampling.temperature), len(self.session.tokens)
+        return self.drafting().block_now(
+            self.sampling.temperature, len(self.session.tokens), self.block.trained
         )
 
     def warn_greedy_filters(self, only: tuple[str, ...] | None = None) -> None:

@@ -249,20 +249,15 @@ def serve(
             max_batch=max_batch,
             context_length=context_length,
             default_max_tokens=max_tokens,
-            block_size=settings.block.size if settings.speculative else None,
-            speculative=settings.speculative,
+            drafting=settings.drafting,
             drafter_name=resolved.drafter,
             sampling=settings.sampling,
             thinking=thinking,
             thinking_budget=thinking_budget,
             prompt_cache_mb=prompt_cache_mb,
-            lookup_block=settings.lookup_block if settings.speculative else None,
             width_cost=settings.width_cost,
             limits=limits,
             security=security,
-            block_by_context=settings.block.by_context if settings.speculative else (),
-            block_by_temperature=settings.block.by_temperature if settings.speculative else (),
-            verify_cost=settings.verify_cost if settings.speculative else None,
         )
     except BaseException:
         sock.close()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .engine.generation import block_at
 from .engine.lookup import DEFAULT_LOOKUP
 from .engine.sampling import SamplingParams, field_problem
 from .errors import ConfigError, ParameterError
@@ -99,10 +100,6 @@ class BlockChoice:
             f"; {b} from temperature {t:g}" for t, b in self.by_temperature
         )
 
-    def at_temperature(self, temperature: float) -> tuple[int, tuple[tuple[int, int], ...]]:
-        """(block, block_by_context) for a generation at `temperature` (block_for_temperature)."""
-        return block_for_temperature(self.size, self.by_context, self.by_temperature, temperature)
-
 
 def block_for_temperature(
     block: int,
@@ -123,6 +120,59 @@ def block_for_temperature(
     if lowered == block:
         return block, by_context
     return lowered, tuple((c, b) for c, b in by_context if b < lowered)
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """How a front end's generations draft, and the one rule (`fields`) that turns it into a
+    generation's drafting fields: chat, serve and bench share it. `block` None: the drafter's
+    trained block (`trained`, which `at` needs only then)."""
+
+    speculative: bool = True
+    block: int | None = None
+    by_context: tuple[tuple[int, int], ...] = ()  # GenerationParams.block_by_context
+    by_temperature: tuple[tuple[float, int], ...] = ()  # block_for_temperature
+    lookup_block: int | None = None  # GenerationParams.lookup_block
+    verify_cost: Callable[[int, int], float] | None = None  # GenerationParams.verify_cost
+
+    @classmethod
+    def of(cls, speculative: bool, block: BlockChoice, lookup_block=None, verify_cost=None):
+        """A front end's drafting at `block` (a BlockChoice); nothing but the switch when
+        speculation is off (plain decoding would refuse the rest)."""
+        if not speculative:
+            return cls(False)
+        return cls(
+            True, block.size, block.by_context, block.by_temperature, lookup_block, verify_cost
+        )
+
+    def at(self, temperature: float, trained: int | None = None) -> tuple[int | None, tuple]:
+        """(block, block_by_context) of a generation at `temperature` (block_for_temperature)."""
+        if not (self.speculative and self.by_temperature):
+            return self.block, self.by_context
+        return block_for_temperature(
+            self.block or trained, self.by_context, self.by_temperature, temperature
+        )
+
+    def fields(self, temperature: float, trained: int | None = None) -> dict:
+        """GenerationParams' drafting fields for a generation sampled at `temperature`."""
+        if not self.speculative:
+            return {"speculative": False}
+        block, by_context = self.at(temperature, trained)
+        return {
+            "speculative": True,
+            "block_size": block,
+            "block_by_context": by_context,
+            "lookup_block": self.lookup_block,
+            # it applies from the schedule's first context on: nothing to apply without one
+            "verify_cost": self.verify_cost if by_context else None,
+        }
+
+    def block_now(self, temperature: float, context: int, trained: int) -> int:
+        """The block a drafter round verifies at `context` tokens (1: speculation off)."""
+        if not self.speculative:
+            return 1
+        block, by_context = self.at(temperature, trained)
+        return block_at(block or trained, by_context, context)
 
 
 def check_falling(first: int, pairs, what: str) -> None:
@@ -345,6 +395,11 @@ class EngineSettings:
     def effective_block(self) -> int:
         """Tokens verified per round: 1 when speculative decoding is off."""
         return self.block.size if self.speculative else 1
+
+    @property
+    def drafting(self) -> Drafting:
+        """What every generation drafts with (Drafting.fields)."""
+        return Drafting.of(self.speculative, self.block, self.lookup_block, self.verify_cost)
 
 
 def resolve_engine(

@@ -17,7 +17,7 @@ from dflash2_mlx import costs
 from dflash2_mlx.block_schedule import STEP, block_schedule, costs_at, long_context, monotone
 from dflash2_mlx.errors import DFlash2Error, ParameterError
 from dflash2_mlx.registry import ResolvedPair
-from dflash2_mlx.settings import BY_PROFILE, BlockChoice, EngineFlags, resolve_engine
+from dflash2_mlx.settings import BY_PROFILE, BlockChoice, Drafting, EngineFlags, resolve_engine
 
 pytestmark = pytest.mark.usefixtures("dflash2_home")  # profiles go to a private cache
 
@@ -238,11 +238,14 @@ def test_the_server_runs_its_requests_with_the_schedule_and_shows_it():
     with pytest.raises(DFlash2Error, match="the pair has no tokenizer"):
         create_app(d2.Pair.from_models(pair.model, None, pair.drafter), model_name="m")
     with pytest.raises(ParameterError, match="block_size must be 1 .. "):
-        create_app(pair, model_name="m", block_by_context=((30, 99),))
+        create_app(pair, model_name="m", drafting=Drafting(by_context=((30, 99),)))
     schedule = ((30, 2), (60, 1))
     steep = lambda context, width: 1.0 + width  # noqa: E731 - each token as dear as a forward
     app = create_app(
-        pair, model_name="m", default_max_tokens=40, block_by_context=schedule, verify_cost=steep
+        pair,
+        model_name="m",
+        default_max_tokens=40,
+        drafting=Drafting(by_context=schedule, verify_cost=steep),
     )
     prompt = list(range(5, 25))
     with running(app) as base:
@@ -309,7 +312,9 @@ def test_the_chats_status_line_shows_the_block_at_the_conversations_length():
             sampling=d2.SamplingParams(temperature=temperature),
             spec=spec,
             session=SimpleNamespace(tokens=[0] * tokens),
+            engine=SimpleNamespace(lookup_block=None, verify_cost=None),
         )
+        chat.drafting = lambda chat=chat: Chat.drafting(chat)
         chat.block_now = lambda chat=chat: Chat.block_now(chat)
         assert shown in Chat.status(chat, stats).plain, (tokens, spec, temperature)
     settings = SimpleNamespace(  # /stats lists the schedule beside the block

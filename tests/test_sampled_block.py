@@ -18,6 +18,7 @@ from dflash2_mlx.engine.generation import check_block_by_temperature
 from dflash2_mlx.prompts import load_prompts
 from dflash2_mlx.registry import ResolvedPair
 from dflash2_mlx.settings import (
+    Drafting,
     EngineFlags,
     SamplingDefaults,
     block_for_temperature,
@@ -63,6 +64,7 @@ def test_the_chat_builds_each_turns_params_at_its_temperature():
         engine=SimpleNamespace(lookup_block=12, verify_cost=max),
         processors=(),
     )
+    chat.drafting = lambda: Chat.drafting(chat)
     for temperature, block, by_context in ((0.0, 4, ((1536, 2),)), (1.2, 3, ((1536, 2),))):
         chat.sampling = d2.SamplingParams(temperature=temperature)
         params = Chat.params(chat)
@@ -126,8 +128,8 @@ def test_the_autotuner_calibrates_sampled_rounds_and_the_settings_use_their_bloc
     s = resolve_engine(EngineFlags(), pair, resolved, None)
     assert s.block.by_temperature == s.auto_block.by_temperature == ((1.0, 1),)
     assert s.block.describe().endswith("; 1 from temperature 1)")  # said at start
-    assert s.block.at_temperature(0.9) == (4, s.block.by_context)
-    assert s.block.at_temperature(1.0)[0] == 1
+    assert s.drafting.at(0.9) == (4, s.block.by_context)
+    assert s.drafting.at(1.0)[0] == 1
     s = resolve_engine(EngineFlags(block=2), pair, resolved, None)  # --block: that block alone
     assert s.block.by_temperature == () and s.auto_block.by_temperature == ((1.0, 1),)
     for bad in ([[1.0, 4]], [[1.0, 5]], [[1.0, 2], [0.7, 1]], "junk"):  # none that falls: none
@@ -167,19 +169,18 @@ def test_the_server_runs_a_hot_request_at_its_block_and_reports_it():
         tiny.make_target("llama", seed=3), make_tokenizer(), tiny.make_drafter(2, 4), lookup=0
     )
     with pytest.raises(ParameterError, match="block_by_temperature must be 1 .. 16: 99 exceeds"):
-        create_app(served, model_name="m", block_by_temperature=((1.0, 99),))
+        create_app(served, model_name="m", drafting=Drafting(by_temperature=((1.0, 99),)))
     with pytest.raises(ParameterError, match="block_by_temperature has no effect"):
-        create_app(served, model_name="m", speculative=False, block_by_temperature=((1.0, 2),))
+        create_app(served, model_name="m", drafting=Drafting(False, by_temperature=((1.0, 2),)))
     with pytest.raises(DFlash2Error, match="strictly ascending"):
-        create_app(served, model_name="m", block_by_temperature=((1.0, 2), (0.5, 1)))
+        create_app(served, model_name="m", drafting=Drafting(by_temperature=((1.0, 2), (0.5, 1))))
     with pytest.raises(ParameterError, match="the blocks must fall from the block \\(2\\)"):
-        create_app(served, model_name="m", block_size=2, block_by_temperature=((0.7, 3),))
+        create_app(served, model_name="m", drafting=Drafting(block=2, by_temperature=((0.7, 3),)))
     app = create_app(
         served,
         model_name="m",
-        block_size=4,
         default_max_tokens=30,
-        block_by_temperature=((1.0, 2),),
+        drafting=Drafting(block=4, by_temperature=((1.0, 2),)),
     )
     prompt = list(range(5, 25))
     with running(app) as base:
@@ -196,7 +197,7 @@ def test_the_server_runs_a_hot_request_at_its_block_and_reports_it():
     # a server whose default temperature is 1.0: a request that gives none runs block 2
     hot = SamplingDefaults(d2.SamplingParams(temperature=1.0), (("temperature", "--temp"),))
     app = create_app(
-        served, model_name="m", block_size=4, sampling=hot, block_by_temperature=((1.0, 2),)
+        served, model_name="m", sampling=hot, drafting=Drafting(block=4, by_temperature=((1.0, 2),))
     )
     with running(app) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
@@ -224,9 +225,11 @@ def test_the_chats_temp_command_says_when_the_block_changes():
         sampling=d2.SamplingParams(),
         spec=True,
         session=SimpleNamespace(tokens=[]),
+        engine=SimpleNamespace(lookup_block=None, verify_cost=None),
         _say=lambda text, style="": said.append(text),
         warn_greedy_filters=lambda: None,
     )
+    chat.drafting = lambda: Chat.drafting(chat)
     chat._number = lambda name, arg, kind: Chat._number(chat, name, arg, kind)
     chat.block_now = lambda: Chat.block_now(chat)
     for arg in ("0.5", "1", "1.5", "0"):

@@ -21,6 +21,7 @@ import uvicorn
 from dflash2_mlx.api import Pair
 from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.serve import create_app
+from dflash2_mlx.settings import Drafting
 from dflash2_mlx.text import chat_prompt_ids
 
 EOS = 2
@@ -175,7 +176,7 @@ def test_without_speculation_a_prediction_is_refused_and_drafting_knobs_too(pair
     """--no-spec decodes without drafts: a Predicted Outputs hint cannot be honoured (a 400
     naming it, not silently dropped); a block size for such a server is refused at start."""
     want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 12)
-    with running(create_app(pair, model_name="tiny", speculative=False)) as base:
+    with running(create_app(pair, model_name="tiny", drafting=Drafting(False))) as base:
         plain = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         r = plain.chat.completions.create(model="tiny", messages=HI, max_tokens=12)
         assert r.choices[0].message.content == want
@@ -187,9 +188,9 @@ def test_without_speculation_a_prediction_is_refused_and_drafting_knobs_too(pair
                 prediction={"type": "content", "content": want},
             )
         assert err.value.body["param"] == "prediction" and "--no-spec" in err.value.body["message"]
-    for knob in (dict(block_size=2), dict(lookup_block=8)):
+    for knob in (dict(block=2), dict(lookup_block=8)):
         with pytest.raises(DFlash2Error, match="has no effect with speculative=False"):
-            create_app(pair, model_name="tiny", speculative=False, **knob)
+            create_app(pair, model_name="tiny", drafting=Drafting(False, **knob))
 
 
 def test_greedy_completion_stream_token_prompt(pair, client):

@@ -16,6 +16,7 @@ from dflash2_mlx.engine.sampling import SamplingParams
 from dflash2_mlx.errors import ConfigError, ParameterError
 from dflash2_mlx.registry import ResolvedPair
 from dflash2_mlx.settings import (
+    Drafting,
     BY_ALIAS,
     BY_FLAG,
     BY_PROFILE,
@@ -269,4 +270,4 @@ def test_resolve_engine_takes_the_lookup_block_from_the_profile(pair):
     from dflash2_mlx.serve.app import create_app
 
     with pytest.raises(ParameterError, match="lookup_block must be an int >= 1"):
-        create_app(pair, model_name="m", lookup_block=0)
+        create_app(pair, model_name="m", drafting=Drafting(lookup_block=0))

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -23,7 +24,7 @@ from ..engine.batch import DEFAULT_MAX_BATCH
 from ..engine.generation import GenerationParams, check_block_by_context, check_block_by_temperature
 from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error, ParameterError
-from ..settings import SamplingDefaults, check_block, check_falling
+from ..settings import Drafting, SamplingDefaults, check_block, check_falling
 from ..target.context import default_context_length
 from . import metrics as metrics_mod
 from .api_error import loggable
@@ -31,7 +32,7 @@ from .body import ClientGone, read_json
 from .chat_prompt import ChatTemplate
 from .guard import FaultGuard
 from .handler import Handler, unknown_model
-from .server_settings import Settings
+from .server_settings import ServerSettings
 from .http_errors import CLIENT_GONE, error_response
 from .lifecycle import Drain
 from .limits import RequestLimits, ServeLimits
@@ -78,67 +79,47 @@ def create_app(
     max_batch: int = DEFAULT_MAX_BATCH,
     context_length: int | None = None,
     default_max_tokens: int | None = None,
-    block_size: int | None = None,
-    speculative: bool = True,
+    drafting: Drafting = Drafting(),
     drafter_name: str | None = None,
     sampling: SamplingDefaults | None = None,
     thinking: bool | None = None,
     thinking_budget: int | None = None,
     prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB,
-    lookup_block: int | None = None,
     width_cost: Callable[[int, int], float] | None = None,
     limits: ServeLimits | None = None,
     security: SecurityPolicy | None = None,
-    block_by_context: tuple[tuple[int, int], ...] = (),
-    block_by_temperature: tuple[tuple[float, int], ...] = (),
-    verify_cost: Callable[[int, int], float] | None = None,
 ) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name` (a request's `model`
-    may also say one of `other_names`: an alias's synonyms, its target's repo id).
+        may also say one of `other_names`: an alias's synonyms, its target's repo id).
 
-    max_queue: requests that may wait while others generate (beyond: 503 + Retry-After).
-    max_batch: requests generating together in one batched speculative loop (engine/batch.py;
-    1: one at a time; a target that cannot be batched runs one at a time whatever it is).
-    context_length: prompt + max_tokens limit (default: the target's max_position_embeddings,
-    else 4096). default_max_tokens: for requests that give none, clipped to what the context
-    leaves (None: all it leaves, as OpenAI's API). block_size / speculative: the engine settings of every request. drafter_name: shown
-    in /v1/models (a path shows as its last part). sampling: what a request gets for the
-    sampling fields it leaves out (dflash2_mlx.settings.resolve_sampling; default: greedy).
-    thinking: the `enable_thinking` of requests that do not set it in chat_template_kwargs
-    (None: the template's own default; refused if the template has no such switch).
-    thinking_budget: the most tokens a reply's thinking section may hold when a request does
-    not say (engine/budget.py; 0: an empty section; None: no limit; refused for a model
-    without thinking markers).
-    prompt_cache_mb: memory for the engine state of recent conversations, reused by prompt
-    prefix across requests (engine/prompt_cache.py); 0: off. lookup_block: tokens verified in
-    a round drafted by context lookup or a request's prediction (None: the engine's default).
-    width_cost: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost);
-    None: engine/width.py's default model. block_by_context: the block from a context length
-    on (GenerationParams.block_by_context; the autotune profile's, settings.EngineSettings).
-    block_by_temperature: the block of sampled requests from a temperature on
-    (settings.block_for_temperature; the autotune profile's). verify_cost: one sequence's
-    verify cost(context, width) (GenerationParams.verify_cost; settings.EngineSettings).
-    limits: body size, prompt / prediction / stop lengths, shutdown grace (serve/limits.py);
-    security: hosts, origins, API key (serve/security.py). The worker thread starts and stops
-    with the app (its lifespan).
+        max_queue: requests that may wait while others generate (beyond: 503 + Retry-After).
+        max_batch: requests generating together in one batched speculative loop (engine/batch.py;
+        1: one at a time; a target that cannot be batched runs one at a time whatever it is).
+        context_length: prompt + max_tokens limit (default: the target's max_position_embeddings,
+        else 4096). default_max_tokens: for requests that give none, clipped to what the context
+        leaves (None: all it leaves, as OpenAI's API). drafting: how every request drafts (speculation
+    on or off, the block, lookup block, the profile's schedules by context and temperature and its
+    verify cost: settings.Drafting; a front end's is `EngineSettings.drafting`). drafter_name: shown
+        in /v1/models (a path shows as its last part). sampling: what a request gets for the
+        sampling fields it leaves out (dflash2_mlx.settings.resolve_sampling; default: greedy).
+        thinking: the `enable_thinking` of requests that do not set it in chat_template_kwargs
+        (None: the template's own default; refused if the template has no such switch).
+        thinking_budget: the most tokens a reply's thinking section may hold when a request does
+        not say (engine/budget.py; 0: an empty section; None: no limit; refused for a model
+        without thinking markers).
+        prompt_cache_mb: memory for the engine state of recent conversations, reused by prompt
+        prefix across requests (engine/prompt_cache.py); 0: off.
+        width_cost: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost);
+        None: engine/width.py's default model.
+        limits: body size, prompt / prediction / stop lengths, shutdown grace (serve/limits.py);
+        security: hosts, origins, API key (serve/security.py). The worker thread starts and stops
+        with the app (its lifespan).
     """
     limits = limits or ServeLimits()
     security = security or SecurityPolicy()
     trained = pair.drafter.config.block_size
-    block_by_temperature = check_block_by_temperature(block_by_temperature)
-    _check_serve_args(
-        block_size,
-        block_by_context,
-        verify_cost,
-        block_by_temperature,
-        trained,
-        lookup_block,
-        speculative,
-        max_queue,
-        max_batch,
-        default_max_tokens,
-        prompt_cache_mb,
-    )
+    drafting = _checked_drafting(drafting, trained)
+    _check_serve_args(max_queue, max_batch, default_max_tokens, prompt_cache_mb)
     if pair.tokenizer is None:  # requests are text: nothing could be served
         raise DFlash2Error(
             "create_app: the pair has no tokenizer (Pair.from_models(model, tokenizer, ...))"
@@ -152,20 +133,15 @@ def create_app(
     context = context_length or default_context_length(pair.model)
     if context < 2:
         raise DFlash2Error(f"context_length must be >= 2; got {context}")
-    settings = Settings(
+    settings = ServerSettings(
         model_name,
         context,
         default_max_tokens,
-        block_size,
-        speculative,
-        (block_size or trained) if speculative else 1,
+        drafting,
+        trained,
         pair.decoder.target.vocab_size,
         sampling or SamplingDefaults(),
-        lookup_block,
         thinking_budget,
-        check_block_by_context(block_by_context),
-        block_by_temperature,
-        verify_cost,
         tuple(other_names),
     )
     chat = ChatTemplate(pair.tokenizer, thinking)
@@ -219,35 +195,34 @@ def _lifespan(handler: Handler):
     return lifespan
 
 
-def _check_serve_args(
-    block_size,
-    block_by_context,
-    verify_cost,
-    block_by_temperature,
-    trained,
-    lookup_block,
-    speculative,
-    max_queue,
-    max_batch,
-    default_max_tokens,
-    prompt_cache_mb,
-) -> None:
-    """Refuses a bad server setting before anything is built (DFlash2Error / ParameterError)."""
-    GenerationParams(  # ParameterError now
-        block_size=block_size,
-        lookup_block=lookup_block,
-        speculative=speculative,
-        block_by_context=block_by_context,
-        verify_cost=verify_cost,
+def _checked_drafting(d: Drafting, trained: int) -> Drafting:
+    """`d` with its schedules checked (a ParameterError naming the field), before anything
+    is built."""
+    if not isinstance(d, Drafting):
+        raise ParameterError(f"drafting must be a dflash2_mlx.settings.Drafting, got {d!r}")
+    GenerationParams(  # as every request's params would be refused
+        block_size=d.block,
+        lookup_block=d.lookup_block,
+        speculative=d.speculative,
+        block_by_context=d.by_context,
+        verify_cost=d.verify_cost,
     )
-    for value in [block_size] + [b for _, b in block_by_context]:
+    for value in [d.block] + [b for _, b in d.by_context]:
         if value is not None:
             check_block(value, trained, "block_size")
-    if block_by_temperature and not speculative:
+    by_temperature = check_block_by_temperature(d.by_temperature)
+    if by_temperature and not d.speculative:
         raise ParameterError("block_by_temperature has no effect with speculative=False")
-    for _, value in block_by_temperature:
+    for _, value in by_temperature:
         check_block(value, trained, "block_by_temperature")
-    check_falling(block_size or trained, block_by_temperature, "block_by_temperature")
+    check_falling(d.block or trained, by_temperature, "block_by_temperature")
+    return replace(
+        d, by_context=check_block_by_context(d.by_context), by_temperature=by_temperature
+    )
+
+
+def _check_serve_args(max_queue, max_batch, default_max_tokens, prompt_cache_mb) -> None:
+    """Refuses a bad server setting before anything is built (DFlash2Error)."""
     if max_queue < 0:
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
     if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:

@@ -35,7 +35,7 @@ from .responses_output import usage as responses_usage
 from .api_error import brief, loggable
 from .constrained import reply_constraint
 from .schemas import APIError, GenRequest, invalid
-from .server_settings import Settings
+from .server_settings import ServerSettings
 from .http_errors import CLIENT_GONE, error_response, from_worker, internal_error, shutting_down
 from .stream import PENDING, SSE_KEEPALIVE, UNREAD, Reader, SSEResponse
 
@@ -53,7 +53,12 @@ def _unset_default(req: GenRequest, room: int) -> int:
 
 class Handler:
     def __init__(
-        self, pair, worker: Worker, settings: Settings, chat: ChatTemplate, limits: RequestLimits
+        self,
+        pair,
+        worker: Worker,
+        settings: ServerSettings,
+        chat: ChatTemplate,
+        limits: RequestLimits,
     ):
         self.pair, self.worker, self.s, self.chat = pair, worker, settings, chat
         self.limits, self.recent_items = limits, RecentItems()  # item_reference's targets
@@ -119,16 +124,11 @@ class Handler:
                 "(--no-spec): leave prediction out",
             )
         sampling = s.sampling.complete(req.sampling_fields)
-        block, by_context = s.blocks_for(sampling)
         return GenerationParams(
             max_tokens=max_tokens,
             sampling=sampling,
-            block_size=block,
-            block_by_context=by_context,
-            verify_cost=s.verify_cost if by_context else None,
-            speculative=s.speculative,
+            **s.drafting_fields(sampling),
             prediction=predicted,
-            lookup_block=s.lookup_block,
             constraint=constraint,
             logits_processors=self.processors(req, len(ids)),
             logprobs=req.logprobs,

@@ -7,13 +7,13 @@ from __future__ import annotations
 import time
 
 from .chat_prompt import ChatTemplate
-from .server_settings import Settings
+from .server_settings import ServerSettings
 from .queue import Worker
 
 
 def model_card(
     pair,
-    settings: Settings,
+    settings: ServerSettings,
     worker: Worker,
     chat: ChatTemplate,
     *,
@@ -41,9 +41,9 @@ def model_card(
             "lookup": pair.decoder.lookup,
             "datastore": pair.decoder.datastore is not None,
             "block_size": settings.effective_block,
-            "block_by_context": [list(p) for p in settings.block_by_context],
-            "block_by_temperature": [list(p) for p in settings.block_by_temperature],
-            "trained_block_size": pair.drafter.config.block_size,
+            "block_by_context": [list(p) for p in settings.drafting.by_context],
+            "block_by_temperature": [list(p) for p in settings.drafting.by_temperature],
+            "trained_block_size": settings.trained,
             "context_length": settings.context,
             "default_max_tokens": settings.default_max_tokens,
             "max_queue": max_queue,
