@@ -10,6 +10,9 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from dflash2_mlx.train.config import TrainConfig  # its fields are the defaults below
+from dflash2_mlx.train.pipeline_config import PipelineConfig, prompt_parts
+
 from .common import fail, given_params, number_list
 from .stop_flag import terminate_as_interrupt
 from .train_progress import training_progress
@@ -47,7 +50,7 @@ def train(
         "is final.",
     ),
     prompts: str = typer.Option(
-        "train+train-wide+train-deep+train-extra+train-more",
+        PipelineConfig.prompts,
         help="Bundled split names or JSONL files of prompts, joined "
         "with '+' (train, train-wide, train-deep, train-broad: 564, 704, "
         "1,070 and 1,300 hand-written; train-extra, train-more: 843 and 424 "
@@ -56,31 +59,39 @@ def train(
         '{"id": "q1", "category": "chat", "messages": [{"role": "user", "content": "..."}]} '
         "(the last message the user's).",
     ),
-    heldout: str = typer.Option("heldout", help="Held-out prompts (never trained on)."),
-    version: int = typer.Option(2, min=1, max=2, help="2 = DFlash2 (conv + selector), 1 = DFlash."),
-    layers: int = typer.Option(2, min=1, max=16, help="Drafter layers."),
-    block_size: int = typer.Option(8, min=2, max=32, help="Trained block size."),
+    heldout: str = typer.Option(
+        PipelineConfig.heldout, help="Held-out prompts (never trained on)."
+    ),
+    version: int = typer.Option(
+        TrainConfig.version, min=1, max=2, help="2 = DFlash2 (conv + selector), 1 = DFlash."
+    ),
+    layers: int = typer.Option(TrainConfig.layers, min=1, max=16, help="Drafter layers."),
+    block_size: int = typer.Option(
+        TrainConfig.block_size, min=2, max=32, help="Trained block size."
+    ),
     layer_ids: Optional[str] = typer.Option(None, help="Target layer ids, e.g. '1,8,15,22,29'."),
     mask_token_id: Optional[int] = typer.Option(
         None, min=0, help="Mask token id (default: a reserved token of the tokenizer)."
     ),
-    steps: int = typer.Option(2000, min=1),
-    batch: int = typer.Option(8, min=1),
-    anchors: int = typer.Option(32, min=1, help="Anchors (blocks) per sequence and step."),
+    steps: int = typer.Option(TrainConfig.steps, min=1),
+    batch: int = typer.Option(TrainConfig.batch_seqs, min=1),
+    anchors: int = typer.Option(
+        TrainConfig.anchors_per_seq, min=1, help="Anchors (blocks) per sequence and step."
+    ),
     lr: float = typer.Option(
-        6e-4,
+        TrainConfig.lr,
         min=0.0,
         max=1.0,
         help="Peak learning rate (warm-up, then cosine over --steps; a rerun with more "
         "--steps resumes on the schedule of the new total).",
     ),
-    max_new_tokens: int = typer.Option(256, min=8),
+    max_new_tokens: int = typer.Option(PipelineConfig.max_new_tokens, min=8),
     temperatures: str = typer.Option(
-        "0,0.7",
+        ",".join(f"{t:g}" for t in PipelineConfig.temperatures),
         help="Regeneration temperatures (of the prompt sets without their own @temperatures).",
     ),
     regen_batch: int = typer.Option(
-        32,
+        PipelineConfig.regen_batch,
         min=1,
         help="Sequences regenerated together; larger "
         "is faster while memory allows (SmolLM2 on one CPU core: "
@@ -96,7 +107,7 @@ def train(
         "keeps it neutral: drafts are the per-position argmax).",
     ),
     distill: float = typer.Option(
-        0.0,
+        TrainConfig.distill_weight,
         min=0.0,
         max=100.0,
         help="Weight of the distillation term: KL from "
@@ -104,7 +115,7 @@ def train(
         "layer, which --layer-ids must then end with) to the drafter's.",
     ),
     dropout: float = typer.Option(
-        0.0,
+        TrainConfig.dropout,
         min=0.0,
         max=0.9,
         help="Dropout on the context rows "
@@ -125,12 +136,12 @@ def train(
         help="Share of each batch's sequences from --corpus (the rest regenerations).",
     ),
     corpus_tokens: int = typer.Option(
-        2_000_000,
+        PipelineConfig.corpus_tokens,
         min=1000,
         help="Tokens of --corpus to use (records shuffled with --seed, then cut).",
     ),
     corpus_distill: float = typer.Option(
-        1.0,
+        TrainConfig.fixed_distill_weight,
         min=0.0,
         max=100.0,
         help="Weight of the KL to the target's "
@@ -181,16 +192,12 @@ def train(
     skip_bad_lines: bool = typer.Option(
         False, "--skip-bad-lines", help="Skip malformed prompt lines (default: stop)."
     ),
-    seed: int = typer.Option(0, min=0),
+    seed: int = typer.Option(TrainConfig.seed, min=0),
 ):
     """Distil a drafter: regenerate responses with the target, cache its features, train.
 
     Example: dflash2 train smollm2-135m --out my-drafter --steps 3000
     """
-    from dflash2_mlx.train.pipeline import PipelineConfig
-    from dflash2_mlx.train.pipeline_config import prompt_parts
-    from dflash2_mlx.train.trainer import TrainConfig
-
     ids = number_list(layer_ids, int, "--layer-ids", "1,8,15") if layer_ids is not None else None
     temps = number_list(temperatures, float, "--temperatures", "0,0.7")
     corpus_flags = (
@@ -211,31 +218,9 @@ def train(
         fail(f"{', '.join(idle)}: no effect with --corpus-ratio 0 (no batch holds corpus text)")
     if "temperatures" in given and all(t for _, t in prompt_parts(prompts, ())):
         fail("--temperatures has no effect: every --prompts set names its own @temperatures")
-    if corpus is not None and corpus_ratio > 0 and round(corpus_ratio * batch) == 0:
-        fail(
-            f"--corpus-ratio {corpus_ratio} of --batch {batch} rounds to no corpus sequence "
-            "per batch: raise either (or give 0 to only widen the vocabulary)"
-        )
-    if lr == 0:
-        fail("--lr 0 would leave the drafter as it starts: give a learning rate > 0")
-    if version == 1 and not (conv and selector):
-        fail("--no-conv / --no-selector are DFlash2 parts; --version 1 has neither")
-    if ablation and not (conv and selector and version == 2):
-        fail("--ablation trains every variant itself; drop --version / --no-conv / --no-selector")
-    if init_from and (ablation or not (conv and selector)):
-        # the start's trained convs and selector would stay in: not the neutral parts asked for
-        fail(
-            "--init-from keeps its drafter's trained convs and selector: it cannot start "
-            + ("an --ablation" if ablation else "with --no-conv / --no-selector")
-        )
     if not out.name:  # "." or "..": the folder it names
         out = out.resolve()
     work = work or out.with_name(out.name + ".work")
-    if _inside(work, out) or _inside(out, work):
-        fail(
-            f"--work {work} and --out {out} nest: --out holds the drafter alone, and --work "
-            "is deleted once the drafter is final; name folders side by side"
-        )
     from dflash2_mlx.registry import target_of
 
     pc = PipelineConfig(
@@ -282,12 +267,6 @@ def train(
 def _size(folder: Path) -> str:
     total = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
     return f"{total / 1e9:.1f} GB" if total >= 1e8 else f"{total / 1e6:.0f} MB"
-
-
-def _inside(folder: Path, parent: Path) -> bool:
-    """`folder` is `parent` or below it (as resolved: symlinks, "..")."""
-    folder, parent = folder.resolve(), parent.resolve()
-    return folder == parent or parent in folder.parents
 
 
 def _run_training(pc, tc, *, ablation: bool, target: str) -> None:

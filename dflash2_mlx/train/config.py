@@ -1,4 +1,4 @@
-"""The training configuration of `dflash2 train` (typed, resolved once by the CLI)."""
+"""The training configuration of `dflash2 train` (typed; the CLI's defaults are these)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ class TrainConfig:
     mask_token_id: int | None = None
     steps: int = 2000
     batch_seqs: int = 8
-    anchors_per_seq: int = 16
+    anchors_per_seq: int = 32
     lr: float = 6e-4
     warmup: float = 0.04
     clip: float = 1.0

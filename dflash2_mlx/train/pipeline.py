@@ -31,6 +31,7 @@ from .preflight import (
     check_anchorable,
     check_earlier_run,
     check_heldout_apart,
+    check_config,
     check_inputs,
     check_out,
     check_settings,
@@ -317,6 +318,7 @@ def run_ablation(
     """Train every variant into pc.out/<variant>/ and write pc.out/ablation.json with the
     held-out teacher-forced τ (each block exactly what greedy decoding drafts at its anchor),
     per-position accuracy and the final loss parts."""
+    check_config(tc, ablation=True)
     data = prepare_data(pc, tc, log)
     results = {}
     for name, change in ABLATION_VARIANTS.items():

@@ -34,16 +34,58 @@ RESUMABLE_CHANGES = frozenset(
 )
 
 
+def check_nesting(out: Path, work: Path) -> None:
+    """--out holds the drafter alone and --work is deleted once the drafter is final: they
+    may not nest."""
+    if _inside(work, out) or _inside(out, work):
+        raise ParameterError(
+            f"--work {work} and --out {out} nest: --out holds the drafter alone, and --work "
+            "is deleted once the drafter is final; name folders side by side"
+        )
+
+
+def _inside(folder: Path, parent: Path) -> bool:
+    """`folder` is `parent` or below it (as resolved: symlinks, "..")."""
+    folder, parent = folder.resolve(), parent.resolve()
+    return folder == parent or parent in folder.parents
+
+
+def check_config(tc: TrainConfig, *, ablation: bool = False) -> None:
+    """Settings that contradict each other or would train nothing, named by their flags."""
+    if not tc.lr > 0:
+        raise ParameterError(
+            f"--lr {tc.lr:g} would leave the drafter as it starts: give a learning rate > 0"
+        )
+    neutral = not tc.train_conv or tc.selector_weight == 0  # --no-conv / --no-selector
+    if tc.version == 1 and neutral:
+        raise ParameterError("--no-conv / --no-selector are DFlash2 parts; --version 1 has neither")
+    if ablation and (neutral or tc.version != 2):
+        raise ParameterError(
+            "--ablation trains every variant itself; drop --version / --no-conv / --no-selector"
+        )
+    if tc.init_from and (ablation or neutral):
+        # the start's trained convs and selector would stay in: not the neutral parts asked for
+        raise ParameterError(
+            "--init-from keeps its drafter's trained convs and selector: it cannot start "
+            + ("an --ablation" if ablation else "with --no-conv / --no-selector")
+        )
+    if tc.fixed_ratio > 0 and round(tc.fixed_ratio * tc.batch_seqs) == 0:
+        raise ParameterError(
+            f"--corpus-ratio {tc.fixed_ratio:g} of --batch {tc.batch_seqs} rounds to no corpus "
+            "sequence per batch: raise either (or give 0 to only widen the vocabulary)"
+        )
+
+
 def check_out(out: Path, work: Path, *, write: bool = True) -> None:
     """--out must be a folder this run may write: new, empty (dotfiles aside), or one that
-    dflash2 train wrote (its files are replaced); --work must be creatable. Both are made
-    now (unless `write` is false: the checks alone), so a typo costs nothing."""
+    dflash2 train wrote (its files are replaced), beside --work (check_nesting), which must be
+    creatable. Both are made now (unless `write` is false: the checks alone), so a typo costs
+    nothing."""
+    check_nesting(out, work)
     if out.exists() and not out.is_dir():
         raise ParameterError(f"--out {out}: is a file; name a folder for the drafter")
     if out.is_dir() and not any((out / name).exists() for name in OURS):
-        others = sorted(
-            p.name for p in out.iterdir() if not p.name.startswith(".") and not _same_path(p, work)
-        )
+        others = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
         if others:
             raise ParameterError(
                 f"--out {out}: holds files dflash2 train did not write ({', '.join(others[:4])}); "
@@ -117,7 +159,9 @@ def check_earlier_run(run: Path, out: Path, cfg: TrainConfig) -> None:
 
 def check_settings(tc: TrainConfig, max_new_tokens: int, temperatures) -> None:
     """Settings that can only fail later: answers too short to hold one block (the trainer
-    would find no anchor), negative or non-finite temperatures, exclusive starts."""
+    would find no anchor), negative or non-finite temperatures, exclusive starts; and
+    `check_config`'s."""
+    check_config(tc)
     if max_new_tokens < tc.block_size - 1:
         raise ParameterError(
             f"--max-new-tokens {max_new_tokens} must be at least --block-size - 1 "
