@@ -68,6 +68,7 @@ from .calibration import (  # noqa: F401 - acceptance_probs re-exported
     calibrate,
     falling_blocks,
 )
+from .batch_costs import verify_at  # noqa: F401 - re-exported
 from .engine.width import MEASURED_WIDTHS
 from .errors import ParameterError
 from .quant import describe_quant, is_quantized, quant_signature, quantized_layers, weight_dtype  # noqa: F401
@@ -147,23 +148,6 @@ def choose_block(
         raise ValueError("no block size has both a verify and a draft cost")
     best = max(allowed, key=lambda r: (r.expected_tps, -r.block))
     return Choice(best.block, rows, cap)
-
-
-def verify_at(ms: Mapping[int, float], width: int) -> float:
-    """The verify cost at `width` from costs measured at some widths: exact where measured,
-    linear between the measured widths around it, along the last two beyond the widest."""
-    if width in ms:
-        return float(ms[width])
-    known = sorted(ms)
-    below = [w for w in known if w < width]
-    above = [w for w in known if w > width]
-    if below and above:
-        lo, hi = below[-1], above[0]
-    elif len(below) >= 2:
-        lo, hi = below[-2], below[-1]
-    else:
-        return float(ms[known[0]]) if known else 0.0
-    return float(ms[lo]) + (float(ms[hi]) - float(ms[lo])) * (width - lo) / (hi - lo)
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,27 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
-from .autotune import verify_at
+
+def verify_at(ms: Mapping[int, float], width: int) -> float:
+    """The verify cost at `width` from costs measured at some widths: exact where measured,
+    linear between the measured widths around it, along the last two beyond the widest."""
+    if width in ms:
+        return float(ms[width])
+    known = sorted(ms)
+    below = [w for w in known if w < width]
+    above = [w for w in known if w > width]
+    if below and above:
+        lo, hi = below[-1], above[0]
+    elif len(below) >= 2:
+        lo, hi = below[-2], below[-1]
+    else:
+        return float(ms[known[0]]) if known else 0.0
+    return float(ms[lo]) + (float(ms[hi]) - float(ms[lo])) * (width - lo) / (hi - lo)
 
 
 def table_cost(table: Mapping[int, Mapping[int, float]]) -> Callable[[int, int], float]:
     """cost(rows, width) from measured ms {rows: {width: ms}}: interpolated in width for each
-    measured row count, then in rows, both as autotune.verify_at (linear between measured
+    measured row count, then in rows, both as verify_at (linear between measured
     points, along the last two beyond the largest, the smallest's below it)."""
 
     def cost(rows: int, width: int) -> float:
@@ -68,26 +83,3 @@ def _rising(ms: Mapping[int, float]) -> dict[int, float]:
     for w in sorted(ms):
         most = out[w] = max(most, ms[w])
     return out
-
-
-def _from_profile(read, pair, target: str, drafter: str, root):
-    from .profiles import load_profile, profile_key
-
-    try:
-        return read(load_profile(profile_key(pair, target, drafter), root))
-    except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
-        return None
-
-
-def profile_context_costs(
-    pair, target: str, drafter: str, *, root=None
-) -> Callable[[int, int], float] | None:
-    """The stored profile's cost(context, width) for this pair on this machine, or None."""
-    return _from_profile(context_costs, pair, target, drafter, root)
-
-
-def profile_width_costs(
-    pair, target: str, drafter: str, *, root=None
-) -> Callable[[int, int], float] | None:
-    """The stored profile's cost(rows, width) for this pair on this machine, or None."""
-    return _from_profile(width_costs, pair, target, drafter, root)

@@ -1,14 +1,16 @@
 """Stored autotune profiles: JSON under `cache_root()/autotune`, keyed by device (chip, and
 the BLAS on CPU), mlx version, target, drafter, quantization signature, draft vocabulary,
-lookup and a shipped datastore left off; `recommended_block` / `recommended_lookup_block` find them again for chat and serve."""
+lookup and a shipped datastore left off; `profile_advice` finds one again for chat, serve and
+bench (read once: `ProfileAdvice`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import platform
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .quant import quant_signature
 
@@ -130,7 +132,10 @@ def _read_profile(path: Path) -> tuple[dict | None, str | None]:
 def load_profile(key: Mapping, root: str | Path | None = None) -> dict | None:
     """The stored profile with exactly this key, else None (a damaged file counts as none:
     `damaged_profile` says why)."""
-    profile, _ = _read_profile(profile_path(key, root))
+    return _matching(_read_profile(profile_path(key, root))[0], key)
+
+
+def _matching(profile: dict | None, key: Mapping) -> dict | None:
     if profile is None:
         return None
     if json.dumps(profile.get("key"), sort_keys=True) != json.dumps(key, sort_keys=True):
@@ -138,34 +143,83 @@ def load_profile(key: Mapping, root: str | Path | None = None) -> dict | None:
     return profile
 
 
+@dataclass(frozen=True)
+class ProfileAdvice:
+    """What this machine's stored autotune profile says for one pair, read once: each field
+    None or () where no profile matches (other device, mlx version, models or quantization)
+    or it did not measure that. Blocks are not clamped: settings.choose_block clamps every
+    recommendation to the trained size, with the reason."""
+
+    block: int | None = None  # "chosen_block"
+    lookup_block: int | None = None  # GenerationParams.lookup_block
+    by_context: tuple[tuple[int, int], ...] = ()  # GenerationParams.block_by_context
+    by_temperature: tuple[tuple[float, int], ...] = ()  # settings.block_for_temperature
+    width_cost: Callable[[int, int], float] | None = None  # batch_costs.width_costs
+    verify_cost: Callable[[int, int], float] | None = None  # batch_costs.context_costs
+    damaged: str | None = None  # why a stored file was ignored (it does not read as a profile)
+
+
+def profile_advice(pair, target: str, drafter: str, *, root=None) -> ProfileAdvice:
+    """The stored profile of this pair on this machine, read once (a profile is an
+    optimisation, never a failure: whatever does not read is left out)."""
+    from .batch_costs import context_costs, width_costs
+    from .engine.generation import check_block_by_context, check_block_by_temperature
+
+    try:
+        key = profile_key(pair, target, drafter)
+    except Exception:  # noqa: BLE001 - no key to look it up by: no profile applies
+        return ProfileAdvice()
+    stored, damaged = _read_profile(profile_path(key, root))
+    profile = _matching(stored, key)
+    if profile is None:
+        return ProfileAdvice(damaged=damaged)
+    trained = pair.drafter.config.block_size
+    return ProfileAdvice(
+        _count(profile.get("chosen_block")),
+        _count(profile.get("chosen_lookup_block")),
+        _falling(profile, "block_by_context", check_block_by_context, trained),
+        _falling(profile, "block_by_temperature", check_block_by_temperature, trained),
+        _safely(width_costs, profile),
+        _safely(context_costs, profile),
+    )
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def _safely(read: Callable, profile: dict):
+    try:
+        return read(profile)
+    except Exception:  # noqa: BLE001 - a damaged table: the default cost model applies
+        return None
+
+
+def _falling(profile: dict, field: str, check, trained: int) -> tuple:
+    """The profile's `field` pairs, checked by `check`: () when it was made before they were
+    measured, or their blocks do not fall from its chosen block within the trained size."""
+    try:
+        pairs = check(profile.get(field) or ())
+    except Exception:  # noqa: BLE001
+        return ()
+    blocks = [profile.get("chosen_block")] + [b for _, b in pairs]
+    if not all(isinstance(a, int) and trained >= a > b for a, b in zip(blocks, blocks[1:])):
+        return ()
+    return pairs
+
+
 def damaged_profile(pair, target: str, drafter: str, root: str | Path | None = None) -> str | None:
     """Why this pair's stored profile on this machine is ignored (a file that does not read
     as a profile), else None (none stored, or it reads)."""
-    try:
-        path = profile_path(profile_key(pair, target, drafter), root)
-    except Exception:  # noqa: BLE001 - no key to look it up by: no profile applies
-        return None
-    return _read_profile(path)[1]
-
-
-def _recommended(pair, target: str, drafter: str, field: str, root) -> int | None:
-    try:
-        profile = load_profile(profile_key(pair, target, drafter), root)
-    except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
-        return None
-    value = profile.get(field) if profile else None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        return None
-    return value
+    return profile_advice(pair, target, drafter, root=root).damaged
 
 
 def recommended_block(
     pair, target: str, drafter: str, *, root: str | Path | None = None
 ) -> int | None:
     """The autotuned block for this pair on this machine (`dflash2 bench --autotune`), or None
-    when no profile matches (other device, mlx version, models or quantization). Not clamped:
-    settings.choose_block clamps every recommendation to the trained size, with the reason."""
-    return _recommended(pair, target, drafter, "chosen_block", root)
+    (ProfileAdvice)."""
+    return profile_advice(pair, target, drafter, root=root).block
 
 
 def recommended_lookup_block(
@@ -173,44 +227,12 @@ def recommended_lookup_block(
 ) -> int | None:
     """The autotuned lookup block (GenerationParams.lookup_block) for this pair on this
     machine, or None when no profile matches or it measured no lookup round."""
-    return _recommended(pair, target, drafter, "chosen_lookup_block", root)
-
-
-def _falling_schedule(pair, target: str, drafter: str, field: str, check, root) -> tuple:
-    """The profile's `field` pairs, checked by `check`: () when no profile matches, it was
-    made before they were measured, or their blocks do not fall from its chosen block within
-    the trained size."""
-    try:
-        profile = load_profile(profile_key(pair, target, drafter), root) or {}
-        pairs = check(profile.get(field) or ())
-    except Exception:  # noqa: BLE001 - a profile is an optimisation, never a failure
-        return ()
-    blocks = [profile.get("chosen_block")] + [b for _, b in pairs]
-    trained = pair.drafter.config.block_size
-    if not all(isinstance(a, int) and trained >= a > b for a, b in zip(blocks, blocks[1:])):
-        return ()
-    return pairs
+    return profile_advice(pair, target, drafter, root=root).lookup_block
 
 
 def recommended_block_by_context(
     pair, target: str, drafter: str, *, root: str | Path | None = None
 ) -> tuple[tuple[int, int], ...]:
     """The autotuned blocks by context (GenerationParams.block_by_context) for this pair on
-    this machine (see _falling_schedule)."""
-    from .engine.generation import check_block_by_context
-
-    return _falling_schedule(
-        pair, target, drafter, "block_by_context", check_block_by_context, root
-    )
-
-
-def recommended_block_by_temperature(
-    pair, target: str, drafter: str, *, root: str | Path | None = None
-) -> tuple[tuple[float, int], ...]:
-    """The autotuned blocks for sampling by temperature (settings.block_for_temperature) for
-    this pair on this machine (see _falling_schedule)."""
-    from .engine.generation import check_block_by_temperature
-
-    return _falling_schedule(
-        pair, target, drafter, "block_by_temperature", check_block_by_temperature, root
-    )
+    this machine (ProfileAdvice)."""
+    return profile_advice(pair, target, drafter, root=root).by_context

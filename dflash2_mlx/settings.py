@@ -407,19 +407,17 @@ def resolve_engine(
 ) -> EngineSettings:
     """Settings for a loaded `pair` (dflash2_mlx.api.Pair) of `resolved` (a registry
     ResolvedPair) whose target lives in `target_dir`."""
-    from .batch_costs import profile_context_costs, profile_width_costs
-    from .profiles import recommended_block, recommended_block_by_context
-    from .profiles import damaged_profile, recommended_block_by_temperature
-    from .profiles import recommended_lookup_block
+    from .profiles import profile_advice
 
     trained = pair.drafter.config.block_size
+    advice = profile_advice(pair, resolved.target, resolved.drafter)
     auto = choose_block(
         trained,
-        profile=recommended_block(pair, resolved.target, resolved.drafter),
+        profile=advice.block,
         alias=resolved.block_size,
-        by_context=recommended_block_by_context(pair, resolved.target, resolved.drafter),
-        by_temperature=recommended_block_by_temperature(pair, resolved.target, resolved.drafter),
-        ignored_profile=damaged_profile(pair, resolved.target, resolved.drafter),
+        by_context=advice.by_context,
+        by_temperature=advice.by_temperature,
+        ignored_profile=advice.damaged,
     )
     block = choose_block(trained, flag=flags.block) if flags.block is not None else auto
     return EngineSettings(
@@ -429,7 +427,7 @@ def resolve_engine(
         pair.decoder.lookup,
         pair.decoder.datastore is not None,
         resolve_sampling(flags.sampling, target_dir),
-        recommended_lookup_block(pair, resolved.target, resolved.drafter),
-        profile_width_costs(pair, resolved.target, resolved.drafter),
-        profile_context_costs(pair, resolved.target, resolved.drafter),
+        advice.lookup_block,
+        advice.width_cost,
+        advice.verify_cost,
     )

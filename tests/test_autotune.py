@@ -150,7 +150,7 @@ def test_a_lookup_block_is_not_chosen_from_a_handful_of_rounds():
     assert A._lookup_profile(pair, verify, enough, [4, 8, 16])["chosen"] == 8
 
 
-def test_the_profile_records_the_lookup_block(llama_pair, monkeypatch, tmp_path):
+def test_the_profile_records_the_lookup_block(llama_pair, monkeypatch, tmp_path, steady_timings):
     _fake_measurements(monkeypatch, best_block=6)
     calib = A.calibrate
 
@@ -238,7 +238,7 @@ def _fake_measurements(monkeypatch, best_block=8):
     )
 
 
-def test_quantized_target_caps_the_block_at_5(quant_pair, llama_pair, monkeypatch):
+def test_quantized_target_caps_the_block_at_5(quant_pair, llama_pair, monkeypatch, steady_timings):
     _fake_measurements(monkeypatch)
     q = A.autotune(quant_pair, [], target="t", drafter="d")
     assert q["cap"] == 5 and q["chosen_block"] == 5 and "q4 g32 affine" in q["cap_reason"]
@@ -248,7 +248,7 @@ def test_quantized_target_caps_the_block_at_5(quant_pair, llama_pair, monkeypatc
 
 # ------------------------------------------------------------------------------ profiles
 def test_profile_is_stored_found_and_ignored_when_the_key_changes(
-    llama_pair, quant_pair, monkeypatch, tmp_path
+    llama_pair, quant_pair, monkeypatch, tmp_path, steady_timings
 ):
     _fake_measurements(monkeypatch, best_block=6)
     profile = A.autotune(llama_pair, [], target="org/target", drafter="org/drafter")
@@ -316,7 +316,7 @@ def test_a_shipped_datastore_left_off_gets_its_own_profile(llama_pair, tmp_path,
 
 
 # ------------------------------------------------------------------------------ end to end
-def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys):
+def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys, steady_timings):
     t, d = save_pair(tmp_path / "pair")
     base = [
         "bench",
@@ -395,7 +395,9 @@ def test_verify_timings_a_wider_width_beats_by_far_are_not_plausible():
     costs.check_plausible(measured)  # the autotune table in docs/results (Intel Xeon)
 
 
-def test_autotune_refuses_a_calibration_of_too_few_rounds_and_stores_nothing(tmp_path, capsys):
+def test_autotune_refuses_a_calibration_of_too_few_rounds_and_stores_nothing(
+    tmp_path, capsys, steady_timings
+):
     """One drafter round once chose block 1 and stored it: chat then drafted nothing."""
     t, d = save_pair(tmp_path / "pair")
     args = ["bench", "--target", str(t), "--drafter", str(d), "--limit", "1"]
@@ -409,7 +411,9 @@ def test_autotune_refuses_a_calibration_of_too_few_rounds_and_stores_nothing(tmp
     assert A.recommended_block(d2.load_pair(t, d), str(t), str(d)) == 1
 
 
-def test_chat_uses_the_stored_profile_unless_block_is_given(tmp_path, capsys, monkeypatch):
+def test_chat_uses_the_stored_profile_unless_block_is_given(
+    tmp_path, capsys, monkeypatch, steady_timings
+):
     t, d = save_pair(tmp_path / "pair")
     pair = d2.load_pair(t, d)
     _fake_measurements(monkeypatch, best_block=6)

@@ -224,7 +224,7 @@ def enough_rounds(monkeypatch):
 
 @pytest.mark.usefixtures("dflash2_home", "enough_rounds")
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
-def test_batch_verify_costs_are_stored_and_read_back(family):
+def test_batch_verify_costs_are_stored_and_read_back(family, steady_timings):
     import dflash2_mlx as d2
     from dflash2_mlx import autotune as A
     from dflash2_mlx.autotune import BATCH_WIDTHS as WIDTHS
@@ -247,12 +247,12 @@ def test_batch_verify_costs_are_stored_and_read_back(family):
 
 
 @pytest.mark.usefixtures("dflash2_home", "enough_rounds")
-def test_the_profiles_width_cost_reaches_every_batched_front_end():
+def test_the_profiles_width_cost_reaches_every_batched_front_end(steady_timings):
     """A stored profile's cost(rows, width) is what the library's, bench's and the server's
     batched rounds use; without one they use the default model."""
     import dflash2_mlx as d2
     from dflash2_mlx import autotune as A
-    from dflash2_mlx.batch_costs import profile_width_costs
+    from dflash2_mlx.profiles import profile_advice
     from dflash2_mlx.engine.width import default_cost
     from dflash2_mlx.profiles import save_profile
     from dflash2_mlx.serve import create_app
@@ -260,10 +260,10 @@ def test_the_profiles_width_cost_reaches_every_batched_front_end():
 
     target, drafter = tiny.make_target("llama"), tiny.make_drafter(2, block_size=4)
     pair = d2.Pair.from_models(target, make_tokenizer(), drafter)
-    assert profile_width_costs(pair, "t", "d") is None
+    assert profile_advice(pair, "t", "d").width_cost is None
     assert pair.batch(2).widths.cost is default_cost
     save_profile(A.autotune(pair, [], target="t", drafter="d", batches=(2,), repeats=1, context=16))
-    cost = profile_width_costs(pair, "t", "d")
+    cost = profile_advice(pair, "t", "d").width_cost
     assert cost is not None and cost(2, 4) > 0
     assert pair.batch(2, cost).widths.cost is cost
     app = create_app(pair, model_name="tiny", max_batch=2, width_cost=cost)

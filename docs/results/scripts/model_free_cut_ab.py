@@ -11,7 +11,7 @@ Usage: python model_free_cut_ab.py OUT.json [--contexts 2000,3500,5000] [--quest
 import argparse
 
 from dflash2_mlx import bench as B
-from dflash2_mlx.batch_costs import profile_context_costs
+from dflash2_mlx.profiles import profile_advice
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.registry import EMBEDDED_DRAFTER
 from dflash2_mlx.text import chat_prompt_ids
@@ -27,7 +27,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     args = ap.parse_args()
     pair, block, lookup_block, schedule = profiled_pair()
-    cost = profile_context_costs(pair, str(ensure_smollm2()), str(EMBEDDED_DRAFTER))
+    cost = profile_advice(pair, str(ensure_smollm2()), str(EMBEDDED_DRAFTER)).verify_cost
     if cost is None or not schedule:
         raise SystemExit("needs a profile with long-context costs: dflash2 bench --autotune")
     print(f"block {block}, lookup block {lookup_block}, block_by_context {schedule}", flush=True)
