@@ -8,7 +8,7 @@ from dataclasses import replace
 from rich.text import Text
 
 from dflash2_mlx.chat_template import TemplateInfo, render_text
-from dflash2_mlx.engine.sampling import field_problem
+from dflash2_mlx.sampling import field_problem
 from dflash2_mlx.errors import DFlash2Error, ParameterError
 from dflash2_mlx.settings import BlockChoice, check_block
 

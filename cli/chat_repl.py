@@ -64,7 +64,7 @@ class Chat(SlashCommands):
         self.sampling = settings.sampling.params
         self.max_tokens = opts.max_tokens
         self.spec, self.thinking = settings.speculative, opts.thinking
-        vocab = pair.decoder.target.vocab_size
+        vocab = pair.vocab_size
         self.repetition_penalty = opts.repetition_penalty
         self.processors = penalties(vocab, repetition_penalty=opts.repetition_penalty)
         self.thinking_budget = opts.thinking_budget
@@ -108,7 +108,7 @@ class Chat(SlashCommands):
     def params(self, prompt_ids: list[int] = (), max_tokens: int | None = None) -> GenerationParams:
         budget = None
         if self.thinking_budget is not None and prompt_ids:
-            vocab = self.pair.decoder.target.vocab_size
+            vocab = self.pair.vocab_size
             budget = ThinkingBudget.for_prompt(
                 self.pair.tokenizer, prompt_ids, self.thinking_budget, vocab
             )

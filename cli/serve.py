@@ -10,6 +10,8 @@ from typing import List, Optional
 
 import typer
 
+from dflash2_mlx import defaults
+
 from .common import (
     BlockOpt,
     DraftVocabOpt,
@@ -35,8 +37,6 @@ from .common import (
     sampling_flags,
 )
 
-DEFAULT_PROMPT_CACHE_MB = 1024  # = dflash2_mlx.serve.app's (not imported: no MLX here)
-DEFAULT_MAX_BATCH = 4  # = dflash2_mlx.engine.batch's (not imported: no MLX here)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -80,13 +80,13 @@ def serve(
         "context leaves on chat and responses, 16 on completions).",
     ),
     max_queue: int = typer.Option(
-        8,
+        defaults.MAX_QUEUE,
         "--max-queue",
         min=0,
         help="Requests that may wait while others generate; more get 503 with Retry-After.",
     ),
     max_batch: int = typer.Option(
-        DEFAULT_MAX_BATCH,
+        defaults.MAX_BATCH,
         "--max-batch",
         min=1,
         help="Requests generating together in one batched speculative loop (each exactly as "
@@ -100,7 +100,7 @@ def serve(
     min_p: MinPOpt = None,
     seed: SeedOpt = None,
     prompt_cache_mb: int = typer.Option(
-        DEFAULT_PROMPT_CACHE_MB,
+        defaults.PROMPT_CACHE_MB,
         "--prompt-cache-mb",
         min=0,
         help="Memory (MiB) for the "
@@ -124,7 +124,7 @@ def serve(
         "info", "--log-level", help="uvicorn log level: " + ", ".join(LOG_LEVELS) + "."
     ),
     max_body_mb: float = typer.Option(
-        4.0,
+        defaults.MAX_BODY_MB,
         "--max-body-mb",
         min=0.001,
         max=4096.0,
@@ -143,7 +143,7 @@ def serve(
         help="Longest `prediction` in tokens (default: the context length).",
     ),
     shutdown_grace: float = typer.Option(
-        10.0,
+        defaults.SHUTDOWN_GRACE_S,
         "--shutdown-grace",
         min=0,
         max=86400,  # finite: inf (or nan) would never end the server

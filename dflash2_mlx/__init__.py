@@ -31,7 +31,7 @@ _EXPORTS = {  # public name -> the module that defines it
     "SpeculativeDecoder": "engine.loop",
     "PromptCache": "engine.prompt_cache",
     "penalties": "engine.processors",
-    "SamplingParams": "engine.sampling",
+    "SamplingParams": "sampling",
     "generate_text": "text",
     "stream_text": "text",
     "CheckpointError": "errors",

@@ -90,6 +90,11 @@ class Pair:
             return frozenset()
         return frozenset([int(ids)] if isinstance(ids, int) else (int(i) for i in ids))
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the target scores (its logits' width): a prompt's ids must be below it."""
+        return self.decoder.target.vocab_size
+
     def new_session(self) -> Session:
         return self.decoder.new_session()
 
@@ -108,7 +113,7 @@ class Pair:
         """Grammars over this pair's tokens (grammar.py): replies held to a JSON schema and
         tool calls to their arguments' schemas."""
         if self._grammars is None:
-            self._grammars = Grammars(self.tokenizer, self.decoder.target.vocab_size, self.eos_ids)
+            self._grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_ids)
         return self._grammars
 
     def with_defaults(self, params: GenerationParams) -> GenerationParams:

@@ -23,7 +23,7 @@ import mlx.core as mx
 from .costs import batch_verify_costs, draft_costs, verify_costs  # noqa: F401  (re-exported)
 from .engine.events import GenerationStats, tau
 from .engine.generation import GenerationParams
-from .engine.sampling import SamplingParams
+from .sampling import SamplingParams
 from .profiles import chip_name
 from .prompts import Prompt
 from .text import chat_prompt_ids

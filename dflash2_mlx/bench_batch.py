@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from .bench import first_mismatch
 from .engine.generation import GenerationParams
-from .engine.sampling import SamplingParams
+from .sampling import SamplingParams
 from .prompts import Prompt
 from .text import chat_prompt_ids
 

@@ -60,7 +60,7 @@ def calibrate(
     and the share of drafting rounds that ran the drafter."""
     from .engine.events import tau
     from .engine.generation import GenerationParams
-    from .engine.sampling import SamplingParams
+    from .sampling import SamplingParams
     from .text import chat_prompt_ids
 
     rounds: list[tuple[int, int]] = []

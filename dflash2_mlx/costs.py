@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Mapping
 
 import mlx.core as mx
 
-from .engine.sampling import SamplingParams
+from .sampling import SamplingParams
 from .errors import ParameterError
 from .target import batch as tbatch
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 from .engine.generation import block_at
 from .engine.lookup import DEFAULT_LOOKUP
-from .engine.sampling import SamplingParams, field_problem
+from .sampling import SamplingParams, field_problem
 from .errors import ConfigError, ParameterError
 
 # SamplingParams field -> its flag in `dflash2 chat` and `dflash2 serve`.

@@ -294,7 +294,7 @@ def stream_text(
         raise ParameterError(
             f"text needs a pair (load_pair: a tokenizer and a decoder), got {type(pair).__name__}"
         )
-    ids = token_ids(prompt_ids, "the prompt", pair.decoder.target.vocab_size)  # read once
+    ids = token_ids(prompt_ids, "the prompt", pair.vocab_size)  # read once
     texts = EventText(pair, ids, params, stop)
     return _text_chunks(texts, pair.stream(ids, params, session, cancel))
 

@@ -21,7 +21,7 @@ from test_sampling import PROMPT, V, empirical, tv
 from dflash2_mlx import GenerationParams, ParameterError, SamplingParams, SpeculativeDecoder
 from dflash2_mlx.api import Pair
 from dflash2_mlx.engine.processors import check_penalty, penalties
-from dflash2_mlx.engine.sampling import filtered_probs
+from dflash2_mlx.sampling import filtered_probs
 from dflash2_mlx.target.adapter import TargetAdapter
 
 PROMPTS = [[3, 14, 15, 9, 26], [5, 35, 8, 9, 7, 9, 2, 7, 1, 8]]

@@ -8,7 +8,8 @@ import pytest
 import tiny
 
 from dflash2_mlx import GenerationParams, ParameterError, SamplingParams, SpeculativeDecoder
-from dflash2_mlx.engine.sampling import filtered_probs, rejection_sample
+from dflash2_mlx.engine.acceptance import rejection_sample
+from dflash2_mlx.sampling import filtered_probs
 from dflash2_mlx.target.adapter import TargetAdapter
 
 V = 12

@@ -22,7 +22,7 @@ from test_serve import CLI, HI, make_tokenizer, metric, reference, running
 from test_serve_lifecycle import serving, wait_for
 
 from dflash2_mlx.api import Pair
-from dflash2_mlx.engine.batch import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_STEP
+from dflash2_mlx.engine.batch import DEFAULT_PREFILL_STEP
 from dflash2_mlx.errors import DFlash2Error
 from dflash2_mlx.serve import ServeLimits, create_app, scheduler
 from dflash2_mlx.settings import Drafting
@@ -250,9 +250,6 @@ def test_max_batch_is_validated(pair):
     for bad in (1, "no"):  # refused when the app is built, not as a 500 on every request
         with pytest.raises(DFlash2Error, match="speculative must be True or False"):
             create_app(pair, model_name="tiny", drafting=Drafting(bad))
-    from dflash2_cli.serve import DEFAULT_MAX_BATCH as CLI_DEFAULT
-
-    assert CLI_DEFAULT == DEFAULT_MAX_BATCH
     bad = subprocess.run(
         [sys.executable, "-c", CLI, "serve", "--max-batch", "0"],
         capture_output=True,

@@ -12,7 +12,7 @@ import pytest
 import dflash2_mlx as d2
 from dflash2_mlx import autotune as A
 from dflash2_mlx.engine.lookup import DEFAULT_LOOKUP
-from dflash2_mlx.engine.sampling import SamplingParams
+from dflash2_mlx.sampling import SamplingParams
 from dflash2_mlx.errors import ConfigError, ParameterError
 from dflash2_mlx.registry import ResolvedPair
 from dflash2_mlx.settings import (

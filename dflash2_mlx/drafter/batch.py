@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..engine.sampling import SamplingParams
+from ..sampling import SamplingParams
 from .attention import ContextCache, DrafterAttention
 from .model import DraftBlock, Drafter
 

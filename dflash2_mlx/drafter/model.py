@@ -19,7 +19,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from ..config import DrafterConfig
 from ..errors import ParameterError
-from ..engine.sampling import SamplingParams, filtered_probs, sample
+from ..sampling import SamplingParams, filtered_probs, sample
 from ..target.head import TargetBinding
 from .attention import ContextCache, DrafterAttention
 from .conv import GroupedDynamicConv

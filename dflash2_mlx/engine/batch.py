@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import mlx.core as mx
 
+from .. import defaults
 from ..errors import ParameterError
 from ..target import batch as tbatch
 from .events import RoundEvent
@@ -46,7 +47,7 @@ from .width import WidthRule
 
 # Requests verified together when the caller names no limit: on bandwidth-bound hardware a
 # verify over 4 rows costs little more than over one (docs/results/batch_*.json).
-DEFAULT_MAX_BATCH = 4
+DEFAULT_MAX_BATCH = defaults.MAX_BATCH
 # Prompt tokens a joining request prefills per step while others run. Measured on a 2-core
 # CPU (docs/results/smollm2-join-stall.json, a 2,000-token join): a running stream's longest
 # pause 28.8 s (whole prefill) -> 2.7 s, the joiner's first token as late as before; 64 pauses

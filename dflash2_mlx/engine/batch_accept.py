@@ -13,7 +13,7 @@ import mlx.core as mx
 from .generation import _Run, cut, shape_logits
 from .session import Session, record
 from .proposal import Proposal
-from .sampling import accept
+from .acceptance import accept
 from .width import WidthRule
 
 

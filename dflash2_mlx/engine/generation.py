@@ -17,7 +17,7 @@ from .constraint import ConstraintFactory, TokenConstraint, constrain, ended
 from .logprobs import check_top, token_logprobs
 from .processors import LogitsProcessor, process
 from .proposal import Proposal
-from .sampling import SamplingParams, plain_number
+from ..sampling import SamplingParams, plain_number
 from .width import WidthRule, cut_to_rate
 
 

@@ -20,7 +20,8 @@ from .generation import GenerationParams, _Run, cut, shape_logits, token_ids
 from .lookup import DEFAULT_LOOKUP_BLOCK, ContextLookup, PredictionLookup
 from .prefill import Prefill, _Cancelled
 from .proposal import NOTHING, Proposal
-from .sampling import SamplingParams, accept
+from ..sampling import SamplingParams
+from .acceptance import accept
 from .session import Session, drafter_offset, record
 
 

@@ -17,7 +17,7 @@ from mlx_lm.models.cache import ArraysCache
 
 from ..target.adapter import ChunkedPrefill, TargetAdapter
 from ..target.capture import snapshot_state
-from .sampling import SamplingParams, pick
+from ..sampling import SamplingParams, pick
 from .session import drafter_offset
 
 

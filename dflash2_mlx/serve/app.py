@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.batch import DEFAULT_MAX_BATCH
+from .. import defaults
 from ..engine.generation import GenerationParams, check_block_by_context, check_block_by_temperature
 from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error, ParameterError
@@ -45,7 +45,6 @@ from .security import SecurityGate, SecurityPolicy
 
 log = logging.getLogger("dflash2.serve")
 
-DEFAULT_PROMPT_CACHE_MB = 1024
 
 # path -> method of every endpoint (GET ones answer HEAD too)
 ROUTES = {
@@ -75,8 +74,8 @@ def create_app(
     *,
     model_name: str,
     other_names: tuple[str, ...] = (),
-    max_queue: int = 8,
-    max_batch: int = DEFAULT_MAX_BATCH,
+    max_queue: int = defaults.MAX_QUEUE,
+    max_batch: int = defaults.MAX_BATCH,
     context_length: int | None = None,
     default_max_tokens: int | None = None,
     drafting: Drafting = Drafting(),
@@ -84,7 +83,7 @@ def create_app(
     sampling: SamplingDefaults | None = None,
     thinking: bool | None = None,
     thinking_budget: int | None = None,
-    prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB,
+    prompt_cache_mb: int = defaults.PROMPT_CACHE_MB,
     width_cost: Callable[[int, int], float] | None = None,
     limits: ServeLimits | None = None,
     security: SecurityPolicy | None = None,
@@ -139,7 +138,7 @@ def create_app(
         default_max_tokens,
         drafting,
         trained,
-        pair.decoder.target.vocab_size,
+        pair.vocab_size,
         sampling or SamplingDefaults(),
         thinking_budget,
         tuple(other_names),

@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..engine.events import GenerationStats, RoundEvent
-from ..engine.sampling import SEEDS
+from ..sampling import SEEDS
 from .format import SSE_DONE, Formatter, ReplyStats, sse
 from .http_errors import CLIENT_GONE, error_response, from_worker, shutting_down
 from .logprobs import Logprobs

@@ -24,7 +24,7 @@ def reply_constraint(pair, req: GenRequest, prompt: ChatPrompt | None, default_b
     n = req.thinking_budget if req.thinking_budget is not None else default_budget
     if n is None or prompt is None:
         return grammar
-    vocab = pair.decoder.target.vocab_size
+    vocab = pair.vocab_size
     try:
         budget = ThinkingBudget.for_prompt(pair.tokenizer, prompt.ids, n, vocab)
     except ParameterError as e:

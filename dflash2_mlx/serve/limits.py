@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .. import defaults
 from ..errors import DFlash2Error
 from .schemas import APIError, GenRequest
 
@@ -31,11 +32,11 @@ class ServeLimits:
     stalled upload would hold its buffer, up to max_body_bytes, as long as it stays open).
     """
 
-    max_body_bytes: int = 4 * MB
+    max_body_bytes: int = int(defaults.MAX_BODY_MB * MB)
     max_prompt_tokens: int | None = None
     max_prediction_tokens: int | None = None
     max_stop_chars: int = 1000
-    shutdown_grace_s: float = 10.0
+    shutdown_grace_s: float = defaults.SHUTDOWN_GRACE_S
     keepalive_s: float = 5.0
     body_stall_s: float = 30.0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..engine.sampling import field_problem
+from ..sampling import field_problem
 from ..settings import SAMPLING_FLAGS
 from .api_error import APIError, brief, check_object, invalid, is_int, is_num, optional  # noqa: F401  (APIError is imported from here)
 from .reasoning import chat_effort, parse_template_kwargs

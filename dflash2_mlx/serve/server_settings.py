@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.sampling import SamplingParams
+from ..sampling import SamplingParams
 from ..settings import Drafting, SamplingDefaults
 
 

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 from ..api import Pair
 from ..engine.events import GenerationStats
 from ..engine.generation import GenerationParams
-from ..engine.sampling import SEEDS, SamplingParams
+from ..sampling import SEEDS, SamplingParams
 from ..prompts import Prompt
 from ..settings import check_block
 from ..text import chat_prompt_ids
