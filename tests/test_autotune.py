@@ -411,6 +411,24 @@ def test_autotune_refuses_a_calibration_of_too_few_rounds_and_stores_nothing(
     assert A.recommended_block(d2.load_pair(t, d), str(t), str(d)) == 1
 
 
+def test_autotune_refuses_before_measuring_where_no_profile_can_be_stored(
+    tmp_path, capsys, monkeypatch
+):
+    """A cache folder that cannot be written lost minutes of measuring at the end."""
+    t, d = save_pair(tmp_path / "pair")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("DFLASH2_HOME", str(blocker / "home"))
+    measured = []
+    monkeypatch.setattr(A, "calibrate", lambda *a, **k: measured.append(1))
+    args = ["bench", "--target", str(t), "--drafter", str(d), "--limit", "1", "--autotune"]
+    assert run([*args, "--no-plot"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{blocker / 'home' / 'autotune'}: cannot store the autotune profile there" in err
+    assert "set DFLASH2_HOME to a writable folder" in err and "Traceback" not in err
+    assert not measured
+
+
 def test_chat_uses_the_stored_profile_unless_block_is_given(
     tmp_path, capsys, monkeypatch, steady_timings
 ):

@@ -124,6 +124,8 @@ BAD = [
     (["train", "x", "-o", "w/o", "--work", "w"], "--work w and --out w/o nest"),
     (["train", "x", "-o", "o", "--layer-ids", ""], "--layer-ids takes comma-separated integers"),
     (["serve", "--allowed-hosts", ""], "--allowed-hosts '' names nothing"),
+    (["serve", "--api-key", "secret "], "starts or ends with whitespace, which no client can"),
+    (["serve", "--api-key", "sécret"], "--api-key must be printable ASCII"),
     (["bench", "--plot", "--limit"], "--plot needs a file path, got '--limit'"),
     (["evaluate", "--json", "--offline", *NOWHERE], "--json needs a file path, got '--offline'"),
     # evaluate checks its lists before loading (this pair does not exist)

