@@ -73,12 +73,20 @@ class Pair:
         (engine/datastore.py)."""
         adapter = TargetAdapter(model, drafter.config.target_layer_ids)
         check_compatible(adapter, drafter)
-        return cls(
+        pair = cls(
             model,
             tokenizer,
             drafter,
             SpeculativeDecoder(adapter, drafter, prefill_chunk, lookup=lookup, datastore=datastore),
         )
+        bad = sorted(i for i in pair.eos_ids if not 0 <= i < adapter.vocab_size)
+        if bad:  # every request would be refused for stop ids it never sent
+            raise CompatibilityError(
+                f"the tokenizer's end-of-sequence id {bad[0]} is outside the target's vocabulary "
+                f"[0, {adapter.vocab_size}): check eos_token in tokenizer_config.json and "
+                "eos_token_id in config.json and generation_config.json"
+            )
+        return pair
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -274,9 +282,12 @@ def load_pair(
         draft_vocab=not full_vocab,
         draft_vocab_limit=draft_vocab_limit,
     )
-    return Pair.from_models(
-        model, tokenizer, d, lookup=lookup, datastore=_drafter_datastore(folder, datastore)
-    )
+    try:
+        return Pair.from_models(
+            model, tokenizer, d, lookup=lookup, datastore=_drafter_datastore(folder, datastore)
+        )
+    except CompatibilityError as exc:  # name the folders: the pair's own message cannot
+        raise CompatibilityError(f"target {target}, drafter {folder}: {exc}") from None
 
 
 def _registered_pair(target: str, offline: bool = False):

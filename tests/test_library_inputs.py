@@ -2,6 +2,7 @@
 silent reinterpretation): prompt ids, seeds, parameter types, load_pair's arguments."""
 
 import json
+import re
 
 import mlx.core as mx
 import numpy as np
@@ -203,6 +204,46 @@ def test_load_pair_refuses_an_unknown_dtype(tiny_pair):
 
     with pytest.raises(ParameterError, match="dtype must be one of float32, bfloat16, float16"):
         d2.load_pair(*tiny_pair, dtype="int8")
+
+
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("hidden_size", "576", "config.json: hidden_size must be a whole number >= 1, got '576'"),
+        ("tie_word_embeddings", "yes", "tie_word_embeddings must be true or false, got 'yes'"),
+        ("eos_token_id", "abc", "eos_token_id must be a token id (an integer >= 0) or a list"),
+        ("bos_token_id", [1, "x"], "bos_token_id must be a token id"),
+    ],
+)
+def test_a_target_config_field_of_the_wrong_type_is_named(tiny_pair, tmp_path, field, value, says):
+    """These were tracebacks from transformers' config classes, or a TypeError naming nothing."""
+    import shutil
+
+    import dflash2_mlx as d2
+
+    broken = tmp_path / "t"
+    shutil.copytree(tiny_pair[0], broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, field: value}))
+    with pytest.raises(CompatibilityError, match=re.escape(says)):
+        d2.load_pair(broken, tiny_pair[1])
+
+
+def test_an_end_of_sequence_id_past_the_vocabulary_is_refused_at_load(tiny_pair, tmp_path):
+    """It loaded, then every request was refused for `stop_token_ids` it never sent."""
+    import shutil
+
+    import dflash2_mlx as d2
+
+    broken = tmp_path / "t"
+    shutil.copytree(tiny_pair[0], broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "eos_token_id": 99999}))
+    (broken / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 99999]}))
+    with pytest.raises(CompatibilityError) as err:
+        d2.load_pair(broken, tiny_pair[1])
+    assert str(err.value).startswith(f"target {broken}, drafter ")
+    assert "end-of-sequence id 99999 is outside the target's vocabulary" in str(err.value)
 
 
 def test_load_pair_names_a_missing_folder_and_a_broken_config(tiny_pair, tmp_path):

@@ -119,6 +119,8 @@ class Datastore:
                 meta = json.loads(str(f["meta"])) if "meta" in f else {}
         except Exception as exc:  # a truncated or empty file, a field of the wrong kind
             why = str(exc) or type(exc).__name__
+            if "allow_pickle" in why:  # numpy's advice to trust the file: not ours to give
+                why = "not a numpy .npz archive"
             raise ConfigError(f"{path}: cannot read it as a datastore: {why}") from None
         if tokens.ndim != 1 or tokens.dtype.kind != "u" or not tokens.size or separator < 1:
             raise ConfigError(

@@ -61,7 +61,8 @@ class SpeculativeDecoder:
         if datastore is not None and datastore.max_token() >= target.vocab_size:
             raise CompatibilityError(
                 f"the datastore holds token id {datastore.max_token()}, outside this target's "
-                f"vocabulary [0, {target.vocab_size}): it was built for another tokenizer"
+                f"vocabulary [0, {target.vocab_size}): it was built for another tokenizer "
+                "(leave it out: --no-datastore, load_pair(datastore=False))"
             )
         self.target = target
         self.drafter = drafter

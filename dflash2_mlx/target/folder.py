@@ -9,6 +9,18 @@ from pathlib import Path
 from ..errors import CompatibilityError
 
 _TARGET_JSON = ("config.json", "tokenizer_config.json", "generation_config.json")
+# Fields every decoder's config has, by the type it needs: mlx-lm's errors name none of them.
+_COUNTS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+_FLAGS = ("tie_word_embeddings",)
+_TOKEN_IDS = ("bos_token_id", "eos_token_id")  # a pad id is often -1: not checked
 
 
 def check_target_folder(folder: Path) -> None:
@@ -36,10 +48,42 @@ def check_target_folder(folder: Path) -> None:
                 f"{folder} is a DFlash drafter, not a target model: give it as the drafter, "
                 "and as the target the model it drafts for"
             )
+        _check_field_types(path, config)
     if not any(next(folder.glob(pattern), None) for pattern in _TOKENIZER_FILES):
         raise CompatibilityError(
             f"{folder}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)"
         )
+
+
+def _check_field_types(path: Path, config: dict) -> None:
+    """The common fields of `config` (top level, or a multimodal model's text_config) have the
+    types mlx-lm needs; an absent or null field is the model's own business."""
+    for where, fields in (("", config), ("text_config.", config.get("text_config"))):
+        for name, value in fields.items() if isinstance(fields, dict) else ():
+            if value is None:
+                continue
+            if name in _COUNTS and not (
+                _is_count(value)
+                or (isinstance(value, list) and value and all(map(_is_count, value)))
+            ):  # a list: per-layer sizes (Gemma 3n)
+                want = "a whole number >= 1"
+            elif name in _FLAGS and not isinstance(value, bool):
+                want = "true or false"
+            elif name in _TOKEN_IDS and not (
+                _is_id(value) or (isinstance(value, list) and all(map(_is_id, value)))
+            ):
+                want = "a token id (an integer >= 0) or a list of them"
+            else:
+                continue
+            raise CompatibilityError(f"{path}: {where}{name} must be {want}, got {value!r}")
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def load_target_folder(folder: Path):
@@ -52,6 +96,7 @@ def load_target_folder(folder: Path):
     try:
         return load(str(folder))
     except (
+        _StrictDataclassError,  # transformers' config classes check some field types
         OSError,
         ValueError,
         KeyError,
@@ -63,6 +108,14 @@ def load_target_folder(folder: Path):
         raise CompatibilityError(
             f"{folder}: cannot load the target with mlx-lm: {type(exc).__name__}: {exc}"
         ) from None
+
+
+try:
+    from huggingface_hub.errors import StrictDataclassError as _StrictDataclassError
+except ImportError:  # an older huggingface_hub checks no field types
+
+    class _StrictDataclassError(Exception):
+        pass
 
 
 _TOKENIZER_FILES = (
