@@ -53,9 +53,10 @@ def run_bench_command(options: BenchOptions) -> int:
     from dflash2_mlx import bench as B
     from dflash2_mlx.prompts import load_prompts
 
-    check_writable(options.json_path, "--json")
+    reads = {"--prompts": options.prompts}
+    check_writable(options.json_path, "--json", reads)
     if options.plot_path:
-        check_writable(options.plot_path, "--plot")
+        check_writable(options.plot_path, "--plot", reads)
     console, err = _consoles()
     chosen = None
     if not options.kernels_only:  # fail fast, before any model

@@ -257,9 +257,12 @@ class Chat(SlashCommands):
         say = (self.console if interactive() else self.err).print  # hints: where the user looks
         if hasattr(sys.stdin, "reconfigure"):  # a stray byte is one refused line, not a crash
             sys.stdin.reconfigure(errors="surrogateescape")
+        first = True
         while True:
             try:
                 line = read_line("" if piped else ">>> ")  # piped: answers alone
+                if first:  # a file saved with a byte order mark (Notepad): not the user's text
+                    line, first = line.removeprefix("\ufeff"), False
             except EOFError:
                 if piped:  # stdout holds the answers alone; a script sees its failed lines
                     return 2 if self.failures else 0

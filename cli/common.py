@@ -94,10 +94,14 @@ def check_thinking_flag(tokenizer, thinking: bool | None) -> None:
         )
 
 
-def check_writable(path: Path | None, flag: str) -> None:
-    """Fail before the run when the results could not be written at the end."""
+def check_writable(path: Path | None, flag: str, reads: dict[str, str] | None = None) -> None:
+    """Fail before the run when the results could not be written at the end, or would replace
+    a file the run reads (`reads`: flag -> path)."""
     if path is None:
         return
+    for read_flag, read in (reads or {}).items():
+        if Path(read).is_file() and Path(read).resolve() == Path(path).resolve():
+            fail(f"{flag} {path} is the {read_flag} file this run reads: name another file")
     folder = Path(path).parent
     missing = [up for up in (folder, *folder.parents) if not up.exists()]
     existing = missing[-1].parent if missing else folder

@@ -66,7 +66,7 @@ def evaluate(
     given_blocks, temps = _parse_lists(blocks, temperatures)
     if "seed" in given_params(ctx) and not any(t > 0 for t in temps):
         fail("--seed only applies to sampled runs: every --temperatures value is 0")
-    check_writable(json_path, "--json")  # before the run, not after it
+    check_writable(json_path, "--json", {"--prompts": prompts})  # before the run, not after
     from rich.console import Console
     from rich.text import Text
 

@@ -99,7 +99,7 @@ def load_prompts(split: str | Path, *, skip_bad: bool = False) -> list[Prompt]:
         return _joined([load_prompts(part, skip_bad=skip_bad) for part in split.split("+")], split)
     path = prompt_path(split)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte order mark is no part of it
     except OSError as exc:
         hint = ""
         if not path.exists() and path.suffix != ".jsonl" and len(path.parts) == 1:

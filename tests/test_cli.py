@@ -282,6 +282,22 @@ def test_piped_chat_writes_answers_alone_to_stdout(tiny_pair):
     assert "spec off" in done.stderr.splitlines()[-1] and ">>>" not in done.stdout + done.stderr
 
 
+def test_a_piped_chat_file_with_a_byte_order_mark_sends_the_text_alone(tiny_pair):
+    """A turns file saved by Notepad: the mark went to the model with the first line."""
+    import subprocess
+    import sys
+
+    expected = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 10)
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash2_cli", *_chat(tiny_pair, "--max-tokens", "10")],
+        input="\ufeffhello model\n".encode(),
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode() == f"{expected}\n"
+
+
 def test_what_a_chat_line_takes_for_a_command():
     """A known command after spaces is one (it used to go to the model); other text that
     starts with spaces and a slash stays text, and "//" sends a "/"."""
@@ -910,3 +926,17 @@ def test_a_chat_reply_splits_into_its_thinking_and_its_answer(tmp_path):
     plain.feed("\nhi <think>x</think>")
     plain.finish()
     assert plain.answer_text == "\nhi <think>x</think>" and not plain.thinking_text
+
+
+@pytest.mark.parametrize("command", ["bench", "evaluate"])
+def test_results_never_replace_the_prompts_file_they_read(command, tmp_path, capsys):
+    """`--json` naming the `--prompts` file replaced the prompt set with results, silently."""
+    from dflash2_cli.app import run
+
+    prompts = tmp_path / "mine.jsonl"
+    line = {"id": "a", "category": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    prompts.write_text(json.dumps(line) + "\n")
+    argv = [command, *NOWHERE, "--prompts", str(prompts), "--json", str(prompts)]
+    assert run(argv) == 2
+    assert f"--json {prompts} is the --prompts file this run reads" in capsys.readouterr().err
+    assert json.loads(prompts.read_text()) == line

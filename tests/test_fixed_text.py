@@ -444,3 +444,15 @@ def test_train_command_mixes_a_corpus_and_deletes_its_features(tmp_path, capsys)
     few = ["--corpus", str(out), "--corpus-ratio", "0.4", "--batch", "1"]
     assert run(["train", str(target_dir), "--out", str(out), *common, *few]) == 2
     assert "rounds to no corpus sequence per batch" in capsys.readouterr().err
+
+
+def test_a_corpus_file_with_a_byte_order_mark_reads(tmp_path):
+    from dflash2_mlx.train.fixed_text import read_corpus
+
+    rec = {
+        "id": "a",
+        "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+    }
+    f = tmp_path / "c.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + (json.dumps(rec) + "\n").encode())
+    assert read_corpus([f]) == [rec]

@@ -105,6 +105,13 @@ def test_blank_lines_after_the_last_prompt_are_not_prompts(tmp_path):
     assert [p.id for p in load_prompts(f)] == ["ok"]
 
 
+def test_a_byte_order_mark_is_no_part_of_the_first_prompt(tmp_path):
+    """Windows editors save one; it was "Unexpected UTF-8 BOM" on line 1."""
+    f = tmp_path / "bom.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + (GOOD + "\r\n").encode())
+    assert [p.id for p in load_prompts(f)] == ["ok"]
+
+
 def test_skip_bad_warns_and_keeps_the_rest(tmp_path):
     f = _write(tmp_path, [GOOD, "{oops", GOOD.replace('"ok"', '"ok2"')])
     with pytest.warns(UserWarning, match=r"bad\.jsonl:2:"):

@@ -37,8 +37,8 @@ def jsonl_lines(path: Path) -> Iterator[tuple[int, str]]:
         raise CorpusError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     with fh:
         for n, raw in enumerate(fh, 1):
-            try:
-                yield n, raw.decode("utf-8")
+            try:  # a Windows editor's byte order mark is no part of the first record
+                yield n, raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 raise CorpusError(
                     f"{path}:{n}: not UTF-8 text (byte {raw[exc.start]:#04x})"
