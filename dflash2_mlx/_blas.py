@@ -16,6 +16,7 @@ import hashlib
 import os
 import platform
 import subprocess
+import tempfile
 import sys
 import sysconfig
 import warnings
@@ -96,30 +97,39 @@ def _scipy_openblas_shim() -> str | None:
     key = hashlib.sha256((_SHIM_SOURCE + str(lib) + platform.machine()).encode()).hexdigest()[:16]
     shim = cache_root() / "blas" / f"cblas_shim_{key}.so"
     if not shim.exists():
-        shim.parent.mkdir(parents=True, exist_ok=True)
-        src = shim.with_suffix(".c")
-        src.write_text(_SHIM_SOURCE)
-        cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-        tmp = shim.with_suffix(f".{os.getpid()}.tmp")
-        cmd = [
-            *cc.split()[:1],
-            "-O2",
-            "-shared",
-            "-fPIC",
-            str(src),
-            "-o",
-            str(tmp),
-            f"-L{lib.parent}",
-            f"-l:{lib.name}",
-            f"-Wl,-rpath,{lib.parent}",
-        ]
         try:
-            subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise RuntimeError(f"could not compile the OpenBLAS shim ({' '.join(cmd)}): {exc}")
-        os.replace(tmp, shim)
+            _build_shim(shim, lib)
+        except OSError:  # a read-only cache: a private folder for this process instead
+            shim = Path(tempfile.mkdtemp(prefix="dflash2-blas-")) / shim.name
+            _build_shim(shim, lib)
     ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)  # the shim's dependency, loaded first
     return str(shim)
+
+
+def _build_shim(shim: Path, lib: Path) -> None:
+    """Compile the shim into `shim` (an OSError where its folder cannot be written)."""
+    shim.parent.mkdir(parents=True, exist_ok=True)
+    src = shim.with_suffix(".c")
+    src.write_text(_SHIM_SOURCE)
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    tmp = shim.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [
+        *cc.split()[:1],
+        "-O2",
+        "-shared",
+        "-fPIC",
+        str(src),
+        "-o",
+        str(tmp),
+        f"-L{lib.parent}",
+        f"-l:{lib.name}",
+        f"-Wl,-rpath,{lib.parent}",
+    ]
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"could not compile the OpenBLAS shim ({' '.join(cmd)}): {exc}")
+    os.replace(tmp, shim)
 
 
 def _core_name(handle: ctypes.CDLL) -> str | None:

@@ -72,3 +72,13 @@ def test_importing_mlx_first_is_warned_about():
         timeout=120,
     )
     assert ok.returncode == 0 and "import dflash2_mlx first" not in ok.stderr, ok.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the BLAS binding only acts on Linux")
+def test_a_cache_that_cannot_be_written_still_gets_the_fast_blas(tmp_path):
+    """The shim was built only in the cache: a read-only one meant the 4x slower reference
+    BLAS. (A folder under a file: unwritable even for root.)"""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    fast, err = probe({"DFLASH2_BLAS": "auto", "DFLASH2_HOME": str(blocker / "home")})
+    assert fast["blas"] in ("system-openblas", "scipy-openblas"), (fast, err)
