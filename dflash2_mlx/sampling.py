@@ -101,9 +101,9 @@ def filtered_probs(logits: mx.array, params: SamplingParams) -> mx.array:
     # Shift first (softmax is shift-invariant): the top row is exactly 0, never inf - inf.
     scores = (scores - mx.max(scores, axis=-1, keepdims=True)) / params.temperature
     vocab = scores.shape[-1]
-    if 0 < params.top_k < vocab:
-        kth = mx.sort(scores, axis=-1)[..., vocab - params.top_k][..., None]
-        scores = mx.where(scores >= kth, scores, -mx.inf)
+    if 0 < params.top_k < vocab:  # exactly k, as mlx-lm's apply_top_k: ties at the k-th cut
+        drop = mx.argpartition(-scores, kth=params.top_k - 1, axis=-1)[..., params.top_k :]
+        scores = mx.put_along_axis(scores, drop, mx.array(-mx.inf, scores.dtype), axis=-1)
     probs = mx.softmax(scores, axis=-1)
     if params.top_p < 1.0:
         order = mx.argsort(-probs, axis=-1)

@@ -8,9 +8,10 @@
 // gain loop, so the forward picks what the backward maximised. NaN as the reference: a row
 // holding NaN has NaN probabilities; a NaN gain makes the value NaN (tested as gain != gain,
 // MLX builds kernels without fast math; precise::max would drop it); the argmax is the greedy
-// walk's (lowest index on ties, NaN never chosen, else 0). Softmax as MLX's: subtract the row
-// max, exp (metal::precise: the unqualified one follows the math mode), divide by the sum; then
-// gain = p * (1 + V) in the reference's order.
+// walk's (lowest index on ties, NaN never chosen, else 0). Softmax: subtract the row max, exp
+// (metal::precise: the unqualified one follows the math mode; MLX's own Metal softmax uses
+// fast::exp, so the two differ by ulps, inside the self-check's tolerance), divide by the sum;
+// then gain = p * (1 + V) in the reference's order.
 // Grid (walks, 1, 1): one walk per work item.
 uint n = thread_position_in_grid.x;
 int nd = lattice_ndim;

@@ -6,7 +6,9 @@
 // an exact sample of q (mx.random.categorical samples batched distributions the same way).
 // The argmax is the greedy walk's (lowest index on ties, NaN never chosen, else 0).
 // exp / log are metal::precise: the unqualified names follow the library's math mode (fast
-// by default on macOS 15), and the draws must be the reference's (MLX's exp / log are precise).
+// by default on macOS 15). The Gumbel draws match the reference's (MLX's log is precise); its
+// q comes from MLX's softmax, whose Metal kernel uses fast::exp: q differs by ulps, inside the
+// self-check's tolerance.
 // Grid (walks, 1, 1): one walk per work item.
 uint n = thread_position_in_grid.x;
 int nd = lattice_ndim;

@@ -218,3 +218,12 @@ def test_underflowing_temperature_and_top_p_never_sample_nans():
     ):
         out = dec.generate(PROMPT, GenerationParams(max_tokens=8, block_size=4, sampling=sp))
         assert out == greedy, sp
+
+
+def test_top_k_keeps_exactly_k_tokens_when_the_kth_is_tied():
+    """Ties at the k-th logit (common in bf16) all stayed in: top_k 2 sampled from 5 tokens.
+    mlx-lm's apply_top_k keeps exactly k, and so does the filter (which of the tied, either
+    may pick)."""
+    logits = mx.array([[3.0, 2.0, 2.0, 2.0, 1.0, 2.0]])
+    kept = (filtered_probs(logits, SamplingParams(temperature=1.0, top_k=2)) > 0)[0].tolist()
+    assert sum(kept) == 2 and kept[0] and not kept[4]
