@@ -11,6 +11,7 @@ from dflash2_mlx.chat_template import TemplateInfo, render_text
 from dflash2_mlx.sampling import field_problem
 from dflash2_mlx.errors import DFlash2Error, ParameterError
 from dflash2_mlx.settings import BlockChoice, check_block
+from dflash2_mlx.target.context import default_context_length
 
 from .chat_view import HELP, stats_table
 from .terminal import interactive
@@ -157,7 +158,11 @@ class SlashCommands:
     def _show_stats(self, name: str, arg: str) -> None:
         self._say(
             stats_table(
-                self.total, self.turns, len(self.session.tokens), self.settings(), self.block_now()
+                self.total,
+                self.turns,
+                (len(self.session.tokens), default_context_length(self.pair.model)),
+                self.settings(),
+                self.block_now(),
             )
         )
 

@@ -91,11 +91,9 @@ class Chat(SlashCommands):
         a prompt that fills the context is an error, as the server's 400."""
         context = default_context_length(self.pair.model)
         room = context - n_prompt
-        if room < 1:
-            hint = " (/clear starts a new conversation)" if self.history else ""
+        if room < 1:  # alone: fitted_prompt drops the turns before it first
             raise ParameterError(
-                f"the prompt is {n_prompt} tokens and the model's context {context}: "
-                f"shorten it{hint}"
+                f"the prompt is {n_prompt} tokens and the model's context {context}: shorten it"
             )
         if self.max_tokens > room:
             self.note(
@@ -143,26 +141,48 @@ class Chat(SlashCommands):
             verb = "has" if len(idle) == 1 else "have"
             self.note(f"{', '.join(idle)} {verb} no effect at temperature 0 (greedy decoding)")
 
-    def messages(self, user: str) -> list[dict]:
+    def messages(self, user: str, history: list[dict] | None = None) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.history + [{"role": "user", "content": user}]
+        past = self.history if history is None else history
+        return head + past + [{"role": "user", "content": user}]
 
-    def prompt_ids(self, user: str) -> list[int]:
+    def prompt_ids(self, user: str, history: list[dict] | None = None) -> list[int]:
         try:
             with quiet_length_warning():  # run() checks the context itself, in one line
                 return chat_prompt_ids(
-                    self.pair.tokenizer, self.messages(user), thinking=self.thinking
+                    self.pair.tokenizer, self.messages(user, history), thinking=self.thinking
                 )
         except DFlash2Error:
             raise
         except Exception as exc:  # noqa: BLE001 - a Jinja template error, say what it was
             raise ParameterError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
 
+    def fitted_prompt(self, user: str) -> tuple[list[int], int]:
+        """The prompt of `user` after the conversation. Where it leaves the answer less than
+        max_tokens of the context, the oldest turns are dropped (said in a note) until it
+        does, or none is left; they are dropped only if the prompt then fits (a message too
+        long for any conversation loses nothing)."""
+        context = default_context_length(self.pair.model)
+        kept, ids = self.history, self.prompt_ids(user)
+        while kept and context - len(ids) < self.max_tokens:
+            kept = kept[2:]  # one turn: a user message and its answer
+            ids = self.prompt_ids(user, kept)
+        room = self.room(len(ids))  # refuses a prompt that still fills the context
+        dropped = (len(self.history) - len(kept)) // 2
+        if dropped:
+            self.history = kept
+            self.note(
+                f"the conversation reached the model's {context:,}-token context: its "
+                + ("oldest turn was" if dropped == 1 else f"{dropped} oldest turns were")
+                + " dropped (/clear starts anew)"
+            )
+        return ids, room
+
     # ----------------------------------------------------------------- one turn
     def turn(self, user: str, live: bool) -> tuple[str, GenerationStats, str]:
         """Answer `user`; returns (text, stats of this answer, finish reason)."""
-        ids = self.prompt_ids(user)
-        params = self.params(ids, self.room(len(ids)))
+        ids, room = self.fitted_prompt(user)
+        params = self.params(ids, room)
         stats, finish = GenerationStats(), "length"
         reply = ThinkingSplit(self.pair.tokenizer, ids)
         self.thinking_shown = False

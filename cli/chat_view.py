@@ -162,7 +162,8 @@ def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> 
     return StatusLine(fields)
 
 
-def stats_table(total, turns: int, context_tokens: int, settings: dict, block: int) -> Group:
+def stats_table(total, turns: int, context: tuple[int, int], settings: dict, block: int) -> Group:
+    """`context`: (tokens in the conversation's cache, the model's context length)."""
     table = Table(title="session", show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
@@ -186,7 +187,7 @@ def stats_table(total, turns: int, context_tokens: int, settings: dict, block: i
         ("draft / verify", f"{total.draft_ms:.0f} ms / {total.verify_ms:.0f} ms"),
         ("prefill", f"{total.prompt_tokens} tokens in {total.prefill_ms:.0f} ms"),
         ("reused from cache", f"{total.reused_tokens} prompt tokens"),
-        ("context in cache", f"{context_tokens} tokens"),
+        ("context", f"{context[0]:,} of {context[1]:,} tokens (the oldest turns go past it)"),
     ]
     for k, v in rows:
         text_row(table, k, str(v))

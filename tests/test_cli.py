@@ -298,6 +298,43 @@ def test_a_piped_chat_file_with_a_byte_order_mark_sends_the_text_alone(tiny_pair
     assert done.stdout.decode() == f"{expected}\n"
 
 
+def test_a_full_chat_drops_its_oldest_turns_and_a_message_too_long_loses_nothing(
+    tiny_pair, tmp_path
+):
+    """An answer that filled the context left every later message refused (only /clear went
+    on). Now the oldest turns go, said in a note, and a message too long for any conversation
+    is refused without dropping them."""
+    import shutil
+    import subprocess
+    import sys
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_pair[0], target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 60}))
+    users = ["hello model", "hello again", "and again", "once more", "x " * 80, "last one"]
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash2_cli", "chat", "--target", str(target)]
+        + ["--drafter", str(tiny_pair[1]), "--max-tokens", "10"],
+        input="\n".join(users) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr  # the long line was refused
+    answers = done.stdout.split("\n")[:-1]
+    assert len(answers) == 5, done.stdout
+    assert done.stderr.count("context: its oldest turn was dropped (/clear starts anew)") == 2
+    assert "the prompt is 85 tokens and the model's context 60: shorten it" in done.stderr
+    turns = [
+        m
+        for u, a in zip(users[2:4], answers[2:4])
+        for m in ({"role": "user", "content": u}, {"role": "assistant", "content": a})
+    ]  # turns 1 and 2 dropped, turns 3 and 4 kept through the refused line
+    last = turns + [{"role": "user", "content": users[-1]}]
+    assert answers[-1] == answer(target, tiny_pair[1], last, 10)
+
+
 def test_what_a_chat_line_takes_for_a_command():
     """A known command after spaces is one (it used to go to the model); other text that
     starts with spaces and a slash stays text, and "//" sends a "/"."""
@@ -643,7 +680,7 @@ def test_rounds_above_the_block_are_drawn():
     assert "│ ···█ │ block 4" in status_text(stats, block=4, spec=True).plain
     stats.add(RoundEvent(tokens=[1, 2], drafted=3, accepted=1, block_size=4))
     console = Console(record=True, width=120)
-    console.print(stats_table(stats, 1, 0, {}, 4))
+    console.print(stats_table(stats, 1, (0, 8192), {}, 4))
     rows = {
         line.split()[0]: line.split()[1:]
         for line in console.export_text().splitlines()
@@ -726,7 +763,7 @@ def test_stats_and_tables_show_brackets_as_written():
 
     console = Console(record=True, width=120)
     settings = {"system": "Reply with [/INST] tags as [name]"}
-    console.print(stats_table(GenerationStats(), 0, 0, settings, 4))
+    console.print(stats_table(GenerationStats(), 0, (0, 8192), settings, 4))
     assert "Reply with [/INST] tags as [name]" in console.export_text()
 
 
