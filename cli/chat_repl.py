@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from dflash2_mlx import GenerationParams, GenerationStats
-from dflash2_mlx.engine.budget import ThinkingBudget
+from dflash2_mlx.engine.budget import ThinkingBudget, can_budget
 from dflash2_mlx.engine.processors import penalties
 from dflash2_mlx.errors import DFlash2Error, ParameterError
 from dflash2_mlx.settings import Drafting, EngineFlags, EngineSettings
@@ -68,9 +68,7 @@ class Chat(SlashCommands):
         self.repetition_penalty = opts.repetition_penalty
         self.processors = penalties(vocab, repetition_penalty=opts.repetition_penalty)
         self.thinking_budget = opts.thinking_budget
-        if self.thinking_budget is not None and not getattr(
-            pair.tokenizer, "think_end_tokens", None
-        ):
+        if self.thinking_budget is not None and not can_budget(pair.tokenizer):
             fail("--thinking-budget: this model has no thinking section to budget")
         self.params()  # validate now, before the first turn
         self.system = opts.system

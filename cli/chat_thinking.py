@@ -3,8 +3,9 @@
 A thinking model's reply opens with one thinking section (between the tokenizer's think
 markers, or after a start marker the prompt wrote): the chat shows it dimmed, keeps it out of
 a piped answer, and gives it back to the template as the turn's `reasoning_content` (which a
-Qwen-style template drops from the history). Markers later in the answer are its text, as
-the server reads them (serve/reply.py).
+Qwen-style template drops from the history). Markers later in the answer are shown as its
+text; the server (serve/reply.py, as mlx-lm's) moves a later section to `reasoning_content`
+instead, for clients that show interleaved thinking apart.
 """
 
 from __future__ import annotations

@@ -19,6 +19,18 @@ from ..errors import ParameterError
 from .constraint import ended
 
 
+def think_markers(tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(start, end) token ids of an mlx-lm tokenizer's thinking section (empty: none)."""
+    start = tuple(getattr(tokenizer, "think_start_tokens", None) or ())
+    end = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
+    return start, end
+
+
+def can_budget(tokenizer) -> bool:
+    """The model has both thinking markers: a thinking budget can hold it."""
+    return all(think_markers(tokenizer))
+
+
 @dataclass
 class _State:
     inside: bool
@@ -51,8 +63,7 @@ class ThinkingBudget:
     def for_prompt(cls, tokenizer, prompt_ids, budget: int, vocab: int):
         """The factory for a reply to `prompt_ids` with an mlx-lm tokenizer's think markers;
         a ParameterError when the model has none."""
-        start = tuple(getattr(tokenizer, "think_start_tokens", None) or ())
-        end = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
+        start, end = think_markers(tokenizer)
         if not start or not end:
             raise ParameterError("this model has no thinking section to budget")
         opened = thinking_left_open(tokenizer, list(prompt_ids))

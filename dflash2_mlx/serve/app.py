@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import defaults
+from ..engine.budget import can_budget
 from ..engine.generation import GenerationParams, check_block_by_context, check_block_by_temperature
 from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error, ParameterError
@@ -127,7 +128,7 @@ def create_app(
         budget = thinking_budget
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
             raise DFlash2Error(f"thinking_budget must be an int >= 0; got {budget!r}")
-        if not getattr(pair.tokenizer, "think_end_tokens", None):
+        if not can_budget(pair.tokenizer):
             raise DFlash2Error("--thinking-budget: this model has no thinking section to budget")
     context = context_length or default_context_length(pair.model)
     if context < 2:
