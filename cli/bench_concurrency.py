@@ -33,20 +33,17 @@ def _concurrency_settings(run: BenchRun) -> int:
     """The one block measured (given, else the rule chat and serve use), recorded and printed."""
     from rich.text import Text
 
-    from dflash2_mlx.settings import BY_FLAG
+    from dflash2_mlx.settings import BY_PROFILE
 
-    o, auto = run.options, run.engine.block
+    from .bench_options import chosen_blocks
+
+    o = run.options
     lookup_block, width_cost, levels = run.engine.lookup_block, run.engine.width_cost, o.concurrency
-    block, source = (o.blocks[0], BY_FLAG) if o.blocks else (auto.size, auto.reason)
-    if not o.blocks and auto.note:
-        run.err.print(Text(f"note: {auto.note}", style="yellow"))
+    blocks, source = chosen_blocks(run)  # one: the options refuse more beside --concurrency
+    block = blocks[0]
     run.report["settings"].update(
-        blocks=[block],
-        block_source=source,
-        lookup_block=lookup_block,
-        lookup_block_source="autotune profile" if lookup_block else "engine default",
         concurrency=levels,
-        batch_width_cost="autotune profile" if width_cost else "default model (engine/width.py)",
+        batch_width_cost=BY_PROFILE if width_cost else "default model (engine/width.py)",
     )
     run.console.print(
         Text(

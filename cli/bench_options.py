@@ -113,3 +113,25 @@ class BenchRun:
     report: dict  # the JSON report, filled in by the mode
     console: Any  # rich consoles: results (stdout) and progress / notes (stderr)
     err: Any
+
+
+def chosen_blocks(run: BenchRun) -> tuple[list[int], str]:
+    """(the blocks to measure, why): given, else the rule chat and serve use (said when it
+    clamped a recommendation); recorded in the report with the lookup block."""
+    from rich.text import Text
+
+    from dflash2_mlx.settings import BY_FLAG, BY_PROFILE
+
+    auto, lookup_block = run.engine.block, run.engine.lookup_block
+    blocks, source = run.options.blocks, BY_FLAG
+    if not blocks:  # dflash2_mlx.settings
+        blocks, source = [auto.size], auto.reason
+        if auto.note:
+            run.err.print(Text(f"note: {auto.note}", style="yellow"))
+    run.report["settings"].update(
+        blocks=blocks,
+        block_source=source,
+        lookup_block=lookup_block,
+        lookup_block_source=BY_PROFILE if lookup_block else "engine default",
+    )
+    return blocks, source

@@ -18,7 +18,7 @@ from .bench_view import (
     run_size,
     speed_tables,
 )
-from .bench_options import BenchOptions, BenchRun
+from .bench_options import BenchOptions, BenchRun, chosen_blocks
 from .common import check_thinking_flag, check_writable, fail
 
 
@@ -215,22 +215,10 @@ def _speed_settings(run: BenchRun) -> list[int]:
     """The blocks to measure (given, else the rule chat and serve use), recorded and printed."""
     from rich.text import Text
 
-    from dflash2_mlx.settings import BY_FLAG
-
-    o, auto, lookup_block = run.options, run.engine.block, run.engine.lookup_block
-    blocks, source = o.blocks, BY_FLAG
-    if not blocks:  # the rule chat and serve use (dflash2_mlx.settings)
-        blocks, source = [auto.size], auto.reason
-        if auto.note:
-            run.err.print(Text(f"note: {auto.note}", style="yellow"))
+    o, lookup_block = run.options, run.engine.lookup_block
+    blocks, source = chosen_blocks(run)
     by_context = () if o.blocks else run.engine.block.by_context  # the autotuned block's
-    run.report["settings"].update(
-        blocks=blocks,
-        block_source=source,
-        block_by_context=by_context,
-        lookup_block=lookup_block,
-        lookup_block_source="autotune profile" if lookup_block else "engine default",
-    )
+    run.report["settings"].update(block_by_context=by_context)
     run.console.print(
         Text(
             f"{run_size(len(run.prompts), o.max_tokens, o.repeats)} · greedy · block {', '.join(map(str, blocks))} ({source}) · lookup block "
