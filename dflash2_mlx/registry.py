@@ -9,6 +9,8 @@ or downloads a model, except the embedded default's target, which is built on fi
 from __future__ import annotations
 
 import difflib
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,10 +166,48 @@ def lookup(name: str) -> ModelEntry:
         raise ModelNotFoundError(
             f"{name!r} is not a known alias; to use your own model pass "
             f"--target {name} --drafter DRAFTER (a folder or a Hugging Face repo id)"
+            + _fitting_hint(name)
         )
     near = closest(name)
     hint = f"; did you mean {', '.join(near)}?" if near else ""
     raise ModelNotFoundError(f"unknown model {name!r}{hint} (`dflash2 models` lists the aliases)")
+
+
+# A quantization or precision suffix of a repo or folder name: "Qwen3-4B-4bit" is "qwen3-4b".
+_VARIANT = re.compile(r"([-_.](\d+bits?|bf16|fp16|f16|float16|float32|mlx|q\d\w*|dwq|awq))+$")
+
+
+def fitting_alias(target: str) -> str | None:
+    """A registered pair whose drafter fits `target` though its target is another copy: the
+    same model in another precision (by name), or a local folder of the embedded target's
+    shape (its hidden size, vocabulary and layers, as the bundled drafter records them)."""
+    base = _VARIANT.sub("", Path(str(target).rstrip("/")).name.lower())
+    for e in ENTRIES:
+        if not e.embedded and _VARIANT.sub("", e.target.lower().rsplit("/", 1)[-1]) == base:
+            return e.alias
+    config = Path(target).expanduser() / "config.json"
+    try:
+        theirs = json.loads(config.read_text())
+        ours = json.loads((EMBEDDED_DRAFTER / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    mine = theirs.get("text_config", theirs) if isinstance(theirs, dict) else {}
+    fits = isinstance(mine, dict) and (
+        mine.get("hidden_size"),
+        mine.get("vocab_size"),
+        mine.get("num_hidden_layers"),
+    ) == (ours["hidden_size"], ours["vocab_size"], ours["num_target_layers"])
+    return next(e.alias for e in ENTRIES if e.embedded) if fits else None
+
+
+def _fitting_hint(target: str) -> str:
+    alias = fitting_alias(target)
+    if alias is None:
+        return ""
+    return (
+        f"; the {alias} drafter fits it: give the alias with this target "
+        f"(dflash2 chat {alias} --target {target})"
+    )
 
 
 def names_of(alias: str) -> tuple[str, ...]:
@@ -270,6 +310,7 @@ def resolve(
         if entry is None:
             raise ModelNotFoundError(
                 f"--target {target} needs --drafter: no registered pair has this target"
+                + _fitting_hint(str(target))
             )
     else:
         entry = lookup(model if model is not None else DEFAULT_ALIAS)

@@ -78,12 +78,14 @@ class BlockChoice:
     by_context: tuple[tuple[int, int], ...] = ()
     by_temperature: tuple[tuple[float, int], ...] = ()
     ignored_profile: str | None = None  # why a stored profile was not read (a damaged file)
+    advice: str | None = None  # what to measure before trusting a recommendation here
 
     @property
     def note(self) -> str | None:
-        """Said to the user when a recommendation was clamped or a profile ignored."""
+        """Said to the user when a recommendation was clamped, a profile ignored, or where a
+        recommendation may not hold (`advice`)."""
         if self.clamped_from is None:
-            return self.ignored_profile
+            return self.ignored_profile or self.advice
         return (
             f"the {self.reason} (block {self.clamped_from}) exceeds the drafter's trained "
             f"block size {self.trained}: using {self.trained}"
@@ -402,6 +404,22 @@ class EngineSettings:
         return Drafting.of(self.speculative, self.block, self.lookup_block, self.verify_cost)
 
 
+QUANTIZED_CPU = (
+    "quantized weights on the CPU: MLX's CPU quantized matmul costs about a whole forward per "
+    "verified token, so drafting may run slower than plain decoding here; `dflash2 bench "
+    "--autotune` measures it and picks the block (1: plain)"
+)
+
+
+def _quantized_on_cpu(pair) -> bool:
+    """A quantized target running on the CPU (where a verify's width is dear)."""
+    import mlx.core as mx
+
+    from .quant import quantized_layers
+
+    return mx.default_device() == mx.cpu and bool(quantized_layers(pair.model))
+
+
 def resolve_engine(
     flags: EngineFlags, pair, resolved, target_dir: str | Path | None
 ) -> EngineSettings:
@@ -419,6 +437,8 @@ def resolve_engine(
         by_temperature=advice.by_temperature,
         ignored_profile=advice.damaged,
     )
+    if auto.reason in (BY_ALIAS, BY_TRAINED) and _quantized_on_cpu(pair):
+        auto = replace(auto, advice=QUANTIZED_CPU)
     block = choose_block(trained, flag=flags.block) if flags.block is not None else auto
     return EngineSettings(
         flags.speculative,

@@ -318,3 +318,30 @@ def test_load_pair_by_a_registered_name_needs_no_drafter(monkeypatch, tiny_pair)
             d2.load_pair(folder)
     with pytest.raises(d2.DFlash2Error, match=r"tiny-tset: not a pair .*did you mean tiny-test"):
         d2.load_pair("tiny-tset")
+
+
+def test_a_half_precision_target_gets_a_float32_drafter_on_the_cpu(tiny_pair, tmp_path):
+    """A bf16 target made a bf16 drafter, which drafted 3.4x slower on the CPU (no fast
+    half-precision matmul there). Greedy output stays the plain decoding of the bf16 target."""
+    import shutil
+
+    import dflash2_mlx as d2
+    from dflash2_mlx.quant import weight_dtype
+    from mlx_lm.generate import generate_step
+
+    half = tmp_path / "bf16"
+    shutil.copytree(tiny_pair[0], half)
+    for f in half.glob("*.safetensors"):
+        weights = {k: v.astype(mx.bfloat16) for k, v in mx.load(str(f)).items()}
+        mx.save_safetensors(str(f), weights, metadata={"format": "mlx"})
+    pair = d2.load_pair(half, tiny_pair[1])
+    want = "float32" if mx.default_device() == mx.cpu else "bfloat16"
+    assert weight_dtype(pair.drafter) == want and weight_dtype(pair.model) == "bfloat16"
+    prompt = [5, 9, 14, 20, 33, 40, 51, 9, 14, 20]
+    steps = generate_step(
+        mx.array(prompt), pair.model, max_tokens=24, sampler=lambda x: mx.argmax(x, -1)
+    )
+    plain = [int(t) for t, _ in steps]
+    params = d2.GenerationParams(24, block_size=4)
+    got = [t for ev in pair.stream(prompt, params) for t in ev.tokens]
+    assert got == plain[: len(got)] and len(got) == 24

@@ -239,3 +239,28 @@ def test_empty_caches(tmp_path, monkeypatch):
     (root / "models" / "smollm2-135m-instruct" / "config.json").write_text("{}")
     _, models = downloads.dflash2_cache()
     assert [m["name"] for m in models] == ["smollm2-135m-instruct"] and models[0]["size_bytes"] == 2
+
+
+def test_another_copy_of_a_registered_target_is_pointed_at_its_drafter(tmp_path):
+    """A 4-bit or bf16 copy of a registered target was refused with no hint that its drafter
+    fits: the user had to find it inside the package."""
+    import json
+
+    mine = tmp_path / "smol-4bit"
+    mine.mkdir()
+    shape = {"hidden_size": 576, "vocab_size": 49152, "num_hidden_layers": 30}
+    (mine / "config.json").write_text(json.dumps({"model_type": "llama", **shape}))
+    with pytest.raises(ModelNotFoundError) as err:
+        resolve(target=str(mine))
+    assert (
+        f"the smollm2-135m drafter fits it: give the alias with this target (dflash2 chat "
+        f"smollm2-135m --target {mine})" in str(err.value)
+    )
+    with pytest.raises(ModelNotFoundError, match="the smollm2-135m drafter fits it"):
+        registry.lookup(str(mine))
+    assert resolve("smollm2-135m", target=str(mine)).target == str(mine)  # the form it names
+    with pytest.raises(ModelNotFoundError, match="the qwen3-4b drafter fits it"):
+        resolve(target="mlx-community/Qwen3-4B-4bit")
+    (mine / "config.json").write_text(json.dumps({**shape, "num_hidden_layers": 12}))
+    assert registry.fitting_alias(str(mine)) is None  # another shape: no drafter named
+    assert registry.fitting_alias("org/unrelated-4bit") is None

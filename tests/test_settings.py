@@ -22,6 +22,7 @@ from dflash2_mlx.settings import (
     BY_PROFILE,
     BY_TRAINED,
     GENERATION_CONFIG,
+    QUANTIZED_CPU,
     SAMPLING_FLAGS,
     EngineFlags,
     SamplingDefaults,
@@ -271,3 +272,24 @@ def test_resolve_engine_takes_the_lookup_block_from_the_profile(pair):
 
     with pytest.raises(ParameterError, match="lookup_block must be an int >= 1"):
         create_app(pair, model_name="m", drafting=Drafting(lookup_block=0))
+
+
+def test_a_quantized_target_on_the_cpu_is_told_to_measure_its_block():
+    """With no profile, a quantized target got block 4 on the CPU and ran at 0.3-0.5x plain
+    decoding there, unsaid."""
+    import mlx.nn as nn
+
+    import mlx.core as mx
+
+    model = make_target("llama")
+    nn.quantize(model, group_size=32, bits=4)
+    quantized = d2.Pair.from_models(model, None, make_drafter(2, block_size=8))
+    plain = d2.Pair.from_models(make_target("llama"), None, make_drafter(2, 8))
+    on_cpu = mx.default_device() == mx.cpu
+    s = resolve_engine(EngineFlags(), quantized, ResolvedPair("t", "d"), None)
+    assert (s.auto_block.note == QUANTIZED_CPU) == on_cpu
+    assert (
+        resolve_engine(EngineFlags(), plain, ResolvedPair("t", "d"), None).auto_block.note is None
+    )
+    given = resolve_engine(EngineFlags(block=2), quantized, ResolvedPair("t", "d"), None)
+    assert given.block.note is None  # the user's own block: nothing to advise
