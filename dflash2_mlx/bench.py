@@ -55,8 +55,16 @@ class Timed:
         return n / self.seconds if n > 0 and self.seconds > 0 else None
 
 
+def _float32(tokens, logits):
+    """A logits processor: mlx-lm's greedy sampler takes the argmax of logits - logsumexp in
+    the model's dtype, where bf16 rounding can tie the top two and pick the lower id; greedy
+    decoding is the argmax of the logits, which float32 keeps."""
+    return logits.astype(mx.float32)
+
+
 def plain_decode(pair, ids: Sequence[int], max_tokens: int) -> Timed:
-    """Baseline: mlx-lm's own greedy `generate_step` on the pair's target, stopping at EOS."""
+    """Baseline: mlx-lm's own greedy `generate_step` on the pair's target, stopping at EOS
+    (its log-probabilities in float32: `_float32`)."""
     from mlx_lm.generate import generate_step
 
     eos = pair.eos_ids
@@ -67,6 +75,7 @@ def plain_decode(pair, ids: Sequence[int], max_tokens: int) -> Timed:
         pair.model,
         max_tokens=max_tokens,
         sampler=lambda x: mx.argmax(x, axis=-1),
+        logits_processors=[_float32],
     ):
         tok = int(tok)
         if t_first is None:

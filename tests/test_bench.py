@@ -5,6 +5,7 @@ table, one-line user errors, and the help example."""
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -319,3 +320,28 @@ def test_cost_curves_on_a_hybrid_gated_deltanet_target():
     vc = costs.verify_costs(hybrid, [1, 4], context=24, repeats=2)
     dc = costs.draft_costs(hybrid, [1, 4], context=24, repeats=2)
     assert vc["ms"][4] > 0 and dc["ms"][4] > 0
+
+
+def test_the_plain_baseline_is_the_argmax_of_half_precision_logits():
+    """mlx-lm's greedy sampler reads logits - logsumexp in the model's dtype: in bf16 the top
+    two can round to one value and the lower id wins, and bench called dflash2's true argmax
+    a mismatch."""
+    import mlx.core as mx
+
+    from dflash2_mlx.bench import plain_decode
+
+    top = mx.array([0.0116577, 0.0117188], dtype=mx.bfloat16)
+    row = mx.concatenate([top, mx.full((30,), 0.011, dtype=mx.bfloat16)])
+    assert int(mx.argmax(row - mx.logsumexp(row, keepdims=True))) == 0  # the tie, in bf16
+
+    class Fixed:  # every step scores the vocabulary the same way
+        layers = ()
+
+        def make_cache(self):
+            return []
+
+        def __call__(self, inputs, cache=None, **kw):
+            return mx.broadcast_to(row, (1, inputs.shape[-1], row.shape[0]))
+
+    pair = types.SimpleNamespace(model=Fixed(), eos_ids=frozenset())
+    assert plain_decode(pair, [3, 4], 3).tokens == [1, 1, 1]
