@@ -19,21 +19,7 @@ from .bench_view import (
     speed_tables,
 )
 from .bench_options import BenchOptions, BenchRun, chosen_blocks
-from .common import check_thinking_flag, check_writable, fail
-
-
-def _load(model, target, drafter, offline, engine, err):
-    """The pair and its engine settings; bench is greedy, so no generation_config.json."""
-    from rich.text import Text
-
-    from dflash2_mlx.settings import resolve_engine
-
-    from .common import load_resolved
-
-    pair, resolved, _ = load_resolved(
-        model, target, drafter, offline, lambda msg: err.print(Text(msg, style="dim")), engine
-    )
-    return pair, resolved, resolve_engine(engine, pair, resolved, target_dir=None)
+from .common import check_thinking_flag, check_writable, fail, load_engine
 
 
 def _write_json(report: dict, path: Path) -> Path:
@@ -106,8 +92,10 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
     from dflash2_mlx.costs import check_context
     from dflash2_mlx.settings import check_block
 
-    pair, resolved, engine = _load(
-        options.model, options.target, options.drafter, options.offline, options.engine, err
+    o = options
+    say = lambda msg: err.print(Text(msg, style="dim"))  # noqa: E731
+    pair, resolved, engine = load_engine(  # greedy: no generation_config.json
+        o.model, o.target, o.drafter, o.offline, say, o.engine, sampling=False
     )
     check_thinking_flag(pair.tokenizer, options.thinking)
     trained = engine.block.trained

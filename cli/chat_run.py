@@ -12,22 +12,7 @@ from dflash2_mlx import GenerationParams
 from dflash2_mlx.errors import ParameterError
 
 from .chat_repl import Chat, ChatOptions
-from .common import fail, load_resolved
-
-
-def load(opts: ChatOptions, err: Console):
-    """The pair and the engine settings (the same resolver as `dflash2 serve`)."""
-    from dflash2_mlx.settings import resolve_engine
-
-    pair, resolved, target_dir = load_resolved(
-        opts.model,
-        opts.target,
-        opts.drafter,
-        opts.offline,
-        lambda msg: err.print(Text(msg, style="dim")),
-        opts.engine,
-    )
-    return pair, resolved, resolve_engine(opts.engine, pair, resolved, target_dir)
+from .common import fail, load_engine
 
 
 def run_chat(opts: ChatOptions) -> int:
@@ -37,7 +22,14 @@ def run_chat(opts: ChatOptions) -> int:
         GenerationParams(opts.max_tokens)
     except ParameterError as exc:
         fail(f"--max-tokens: {exc}")
-    pair, resolved, settings = load(opts, err)
+    pair, resolved, settings = load_engine(  # the same resolver as `dflash2 serve`
+        opts.model,
+        opts.target,
+        opts.drafter,
+        opts.offline,
+        lambda msg: err.print(Text(msg, style="dim")),
+        opts.engine,
+    )
     chat = Chat(pair, opts, settings, console, err)
     if opts.prompt is not None:
         _, stats, finish = chat.turn(opts.prompt, live=False)

@@ -309,6 +309,18 @@ def engine_flags(
     )
 
 
+def load_engine(
+    model, target, drafter, offline: bool, say: Callable[[str], None], flags, *, sampling=True
+):
+    """`load_resolved`, then the engine settings (EngineSettings) the front end runs with:
+    (pair, resolved, settings). `sampling` false: the target's generation_config.json is not
+    read (bench is greedy)."""
+    from dflash2_mlx.settings import resolve_engine
+
+    pair, resolved, target_dir = load_resolved(model, target, drafter, offline, say, flags)
+    return pair, resolved, resolve_engine(flags, pair, resolved, target_dir if sampling else None)
+
+
 def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], None], flags):
     """Resolve an alias / --target / --drafter, fetch both, load the pair with `flags` (an
     EngineFlags): (pair, resolved, the target's folder)."""

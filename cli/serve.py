@@ -31,7 +31,7 @@ from .common import (
     TopPOpt,
     engine_flags,
     fail,
-    load_resolved,
+    load_engine,
     drafting_flags,
     refuse_idle_drafting,
     sampling_flags,
@@ -229,15 +229,13 @@ def serve(
 
     from dflash2_mlx.registry import names_of
     from dflash2_mlx.serve import create_app, display_name, run_server
-    from dflash2_mlx.settings import resolve_engine
     from dflash2_mlx.target.context import trained_context_length
 
     def say(msg: str) -> None:
         typer.echo(msg, err=True)
 
     try:
-        pair, resolved, target_dir = load_resolved(model, target, drafter, offline, say, flags)
-        settings = resolve_engine(flags, pair, resolved, target_dir)
+        pair, resolved, settings = load_engine(model, target, drafter, offline, say, flags)
         if settings.auto_block.note:
             say(f"note: {settings.auto_block.note}")
         name = model_name or display_name(resolved.name)  # a folder's name, not its path

@@ -452,7 +452,7 @@ def test_an_eof_error_is_an_error_not_a_ctrl_c(tiny_pair, capsys, monkeypatch):
     def truncated(*_a, **_k):
         raise EOFError("no data left in the file")
 
-    monkeypatch.setattr(chat_run, "load_resolved", truncated)
+    monkeypatch.setattr(chat_run, "load_engine", truncated)
     assert run(_chat(tiny_pair, "-p", "hello", "--max-tokens", "4")) == 1
     assert "unexpected end of data: no data left in the file" in capsys.readouterr().err
 
