@@ -229,7 +229,6 @@ def serve(
 
     from dflash2_mlx.registry import names_of
     from dflash2_mlx.serve import create_app, display_name, run_server
-    from dflash2_mlx.target.context import trained_context_length
 
     def say(msg: str) -> None:
         typer.echo(msg, err=True)
@@ -260,16 +259,7 @@ def serve(
     except BaseException:
         sock.close()
         raise
-    context = app.state.settings.context
-    trained = trained_context_length(pair.model)
-    if trained is not None and context > trained:
-        say(f"note: --context-length {context} is past the model's own {trained} tokens")
-    for flag, value, most in (
-        ("--max-tokens", max_tokens, context - 1),
-        ("--max-prompt-tokens", max_prompt_tokens, context - 1),
-    ):
-        if value is not None and value > most:
-            say(f"note: {flag} {value} is more than the context allows: at most {most} here")
+    _context_notes(app.state.settings.context, pair, max_tokens, max_prompt_tokens, say)
     shown = f"[{host}]" if ":" in host else host
     say(f"sampling defaults (for fields a request leaves out): {settings.sampling.describe()}")
     say(
@@ -281,6 +271,18 @@ def serve(
     )
     # After Ctrl-C: waiting requests get 503, the running ones --shutdown-grace seconds.
     _exit_after_shutdown(run_server(app, sock, log_level=log_level))
+
+
+def _context_notes(context: int, pair, max_tokens, max_prompt_tokens, say) -> None:
+    """Said at start: a context past what the model was trained on, limits it cannot reach."""
+    from dflash2_mlx.target.context import trained_context_length
+
+    trained = trained_context_length(pair.model)
+    if trained is not None and context > trained:
+        say(f"note: --context-length {context} is past the model's own {trained} tokens")
+    for flag, value in (("--max-tokens", max_tokens), ("--max-prompt-tokens", max_prompt_tokens)):
+        if value is not None and value > context - 1:
+            say(f"note: {flag} {value} is more than the context allows: at most {context - 1} here")
 
 
 def _items(values: Optional[List[str]], flag: str) -> tuple[str, ...]:
