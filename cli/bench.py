@@ -167,7 +167,7 @@ def bench(
         kernels=kernels,
         thinking=thinking,
         offline=offline,
-        engine=engine_flags(
+        engine_flags=engine_flags(
             lookup=lookup,
             datastore=not no_datastore,
             full_vocab=full_vocab,

@@ -36,7 +36,7 @@ class BenchOptions:
     kernels: bool
     thinking: Optional[bool]
     offline: bool
-    engine: Any  # common.engine_flags(...)
+    engine_flags: Any  # common.engine_flags(...): as given
     argv: list[str]
     given: frozenset[str] = frozenset()  # the parameters the command line set
 

@@ -95,7 +95,7 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
     o = options
     say = lambda msg: err.print(Text(msg, style="dim"))  # noqa: E731
     pair, resolved, engine = load_engine(  # greedy: no generation_config.json
-        o.model, o.target, o.drafter, o.offline, say, o.engine, sampling=False
+        o.model, o.target, o.drafter, o.offline, say, o.engine_flags, sampling=False
     )
     check_thinking_flag(pair.tokenizer, options.thinking)
     trained = engine.block.trained

@@ -45,7 +45,7 @@ class ChatOptions:
     max_tokens: int
     thinking: Optional[bool]
     offline: bool
-    engine: EngineFlags  # block, spec, lookup, draft vocabulary, sampling: as given
+    engine_flags: EngineFlags  # block, spec, lookup, draft vocabulary, sampling: as given
     repetition_penalty: Optional[float] = None  # mlx-lm's (engine/processors.py); None: none
     thinking_budget: Optional[int] = None  # most thinking tokens (engine/budget.py); None: any
 

@@ -28,7 +28,7 @@ def run_chat(opts: ChatOptions) -> int:
         opts.drafter,
         opts.offline,
         lambda msg: err.print(Text(msg, style="dim")),
-        opts.engine,
+        opts.engine_flags,
     )
     chat = Chat(pair, opts, settings, console, err)
     if opts.prompt is not None:

@@ -11,7 +11,8 @@ rules live here and nowhere else:
   else the alias's recommendation, else the drafter's trained size. An explicit block above
   the trained size is an error; a recommendation above it is clamped. The reason is kept.
   The profile's own block falls where it measured a smaller one pays: from a context length
-  on (block_by_context) and, for sampled requests, from a temperature on (block_for_temperature);
+  on (block_by_context) and, for sampled requests, from a temperature on (block_for_temperature;
+  these rules are block_rules.py's);
 - the lookup block (tokens verified in a lookup or prediction round): the autotune profile,
   else the engine's default;
 - sampling defaults, field by field: the flag, else the target's generation_config.json
