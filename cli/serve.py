@@ -247,6 +247,7 @@ def serve(
             context_length=context_length,
             default_max_tokens=max_tokens,
             drafting=settings.drafting,
+            target_name=resolved.target,
             drafter_name=resolved.drafter,
             sampling=settings.sampling,
             thinking=thinking,

@@ -335,6 +335,8 @@ def test_models_health_and_harmless_fields(url):
     assert (models["has_more"], models["first_id"], models["last_id"]) == (False, "tiny", "tiny")
     assert card["dflash2"] == {
         "speculative": True,
+        "target": None,  # create_app was given no target_name
+        "weights": "target float32; drafter float32",
         "drafter": "tiny-dflash2",
         "drafter_version": 2,
         "draft_vocab": None,
@@ -911,6 +913,7 @@ def test_cli_serve_end_to_end(pair, tmp_path):
         card = httpx.get(base + "/v1/models", headers=key).json()["data"][0]
         assert card["id"] == "tiny-cli" and card["dflash2"]["context_length"] == 8192
         assert card["dflash2"]["drafter"] == drafter.name  # a name, never a server path
+        assert card["dflash2"]["target"] == target.name  # which copy of a model is served
         want, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 8)
         cli = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
         r = cli.chat.completions.create(model="tiny-cli", messages=HI, max_tokens=8, temperature=0)

@@ -80,6 +80,7 @@ def create_app(
     context_length: int | None = None,
     default_max_tokens: int | None = None,
     drafting: Drafting = Drafting(),
+    target_name: str | None = None,
     drafter_name: str | None = None,
     sampling: SamplingDefaults | None = None,
     thinking: bool | None = None,
@@ -99,7 +100,8 @@ def create_app(
         else 4096). default_max_tokens: for requests that give none, clipped to what the context
         leaves (None: all it leaves, as OpenAI's API). drafting: how every request drafts (speculation
     on or off, the block, lookup block, the profile's schedules by context and temperature and its
-    verify cost: settings.Drafting; a front end's is `EngineSettings.drafting`). drafter_name: shown
+    verify cost: settings.Drafting; a front end's is `EngineSettings.drafting`). target_name,
+    drafter_name: shown
         in /v1/models (a path shows as its last part). sampling: what a request gets for the
         sampling fields it leaves out (dflash2_mlx.settings.resolve_sampling; default: greedy).
         thinking: the `enable_thinking` of requests that do not set it in chat_template_kwargs
@@ -155,6 +157,7 @@ def create_app(
         worker,
         chat,
         created=int(time.time()),
+        target=display_name(target_name),
         drafter=display_name(drafter_name),
         max_queue=max_queue,
         thinking=thinking,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from ..quant import describe_quant, quant_signature
 from .chat_prompt import ChatTemplate
 from .server_settings import ServerSettings
 from .queue import Worker
@@ -18,6 +19,7 @@ def model_card(
     chat: ChatTemplate,
     *,
     created: int,
+    target: str | None,
     drafter: str | None,
     max_queue: int,
     thinking: bool | None,
@@ -35,6 +37,8 @@ def model_card(
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
         "dflash2": {
             "speculative": settings.speculative,
+            "target": target,
+            "weights": describe_quant(quant_signature(pair)),  # a 4-bit copy is told apart
             "drafter": drafter,
             "drafter_version": pair.drafter.config.version,
             "draft_vocab": pair.drafter.draft_vocab_size,
