@@ -76,6 +76,7 @@ class Chat(SlashCommands):
         self.session = pair.new_session()  # one Session for the whole conversation
         self.total = GenerationStats()
         self.thinking_shown = False  # the last piece of a reply shown was its thinking
+        self.prefilling = 0  # prompt tokens the current turn prefills
         self.turns = 0
         self.failures = 0  # lines refused or failed (a piped chat exits 2 if any)
         self.warn_greedy_filters(only=settings.sampling.from_flags)
@@ -122,7 +123,10 @@ class Chat(SlashCommands):
 
     def status(self, stats: GenerationStats, finish: str | None = None) -> StatusLine:
         """The live status: the block is the one at the conversation's length (the profile's
-        block_by_context and block_by_temperature may have lowered it)."""
+        block_by_context and block_by_temperature may have lowered it). A turn stopped before
+        its first token says how much prompt it was prefilling."""
+        if finish in ("stopped", "interrupted") and not (stats.prompt_tokens + stats.reused_tokens):
+            finish = f"{finish} in the prefill of {self.prefilling:,} prompt tokens"
         return status_text(stats, block=self.block_now(), spec=self.spec, finish=finish)
 
     def block_now(self) -> int:
@@ -185,10 +189,11 @@ class Chat(SlashCommands):
         reply = ThinkingSplit(self.pair.tokenizer, ids)
         self.thinking_shown = False
         view = AnswerView(self.console) if live else None
+        self.prefilling = len(ids) - self.session.reusable(ids)  # the rest: the cache's
         if view:
             view.__enter__()  # until the first token: what a long prompt is waiting for
-            new = len(ids) - self.session.reusable(ids)  # the rest is the conversation's cache
-            view.update("", Text(f"prefilling {new:,} prompt tokens…", style="dim"), True)
+            prefill = f"prefilling {self.prefilling:,} prompt tokens…"
+            view.update("", Text(prefill, style="dim"), True)
         try:
             with StopFlag() as stop:
                 chunks = stream_text(
