@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from rich.text import Text
 
-from dflash2_mlx.chat_template import TemplateInfo, render_text
+from dflash2_mlx.chat_template import TemplateInfo, default_thinking
 from dflash2_mlx.sampling import field_problem
 from dflash2_mlx.errors import DFlash2Error, ParameterError
 from dflash2_mlx.settings import BlockChoice, check_block
@@ -29,15 +29,9 @@ def thinking_shown(tokenizer, thinking: bool | None) -> str:
         return "the chat template has no thinking switch"
     if thinking is not None:
         return "on" if thinking else "off"
-    ask = [{"role": "user", "content": "hi"}]
-    try:
-        left_out = render_text(tokenizer, ask)
-        on = render_text(tokenizer, ask, enable_thinking=True)
-        off = render_text(tokenizer, ask, enable_thinking=False)
-    except Exception:  # noqa: BLE001 - a template that fails here is said elsewhere
-        return "the chat template's default"
-    default = "on" if left_out == on != off else "off" if left_out == off != on else None
-    return "the chat template's default" + (f" ({default})" if default else "")
+    default = default_thinking(tokenizer)
+    words = {True: " (on)", False: " (off)", None: ""}[default]
+    return "the chat template's default" + words
 
 
 class SlashCommands:

@@ -23,38 +23,6 @@ def _size(n: int) -> str:
     return str(n)
 
 
-def _inventory() -> dict:
-    from dflash2_mlx import downloads, registry
-    from dflash2_mlx.embedded import model_dir
-
-    cached = {r["repo"].lower() for r in downloads.hf_cache()}
-    root, converted = downloads.dflash2_cache()
-    rows = []
-    for e in registry.aliases():
-        if e.embedded:
-            tgt_ok = (model_dir() / "config.json").is_file()
-            drf_ok = (registry.EMBEDDED_DRAFTER / "config.json").is_file()
-        else:
-            tgt_ok, drf_ok = e.target.lower() in cached, e.drafter.lower() in cached
-        rows.append(
-            {
-                "alias": e.alias,
-                "synonyms": list(e.synonyms),
-                "target": e.target,
-                "drafter": e.drafter,
-                "block_sizes": list(e.block_sizes),
-                "notes": e.notes,
-                "target_local": tgt_ok,
-                "drafter_local": drf_ok,
-            }
-        )
-    return {
-        "aliases": rows,
-        "hf_cache": {"dir": downloads.hf_cache_dir(), "repos": downloads.hf_cache()},
-        "dflash2_cache": {"dir": str(root), "models": converted},
-    }
-
-
 def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     """List the model aliases (target, drafter, block sizes) and what is downloaded.
 
@@ -65,7 +33,9 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     from rich.table import Table
     from rich.text import Text
 
-    inv = _inventory()
+    from dflash2_mlx.registry import inventory
+
+    inv = inventory()
     if as_json:
         typer.echo(json.dumps(inv, indent=2))
         return
@@ -80,7 +50,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
         mark = lambda ok: Text("✓", "green") if ok else Text("·", "dim")  # noqa: E731
         blocks = ", ".join(map(str, r["block_sizes"])) or "trained"
         tgt, drf = r["target"], r["drafter"]
-        if r["alias"] == "smollm2-135m":
+        if r["embedded"]:
             tgt, drf = "embedded SmolLM2-135M-Instruct", "bundled DFlash2 drafter"
         local = Text(" ").join([mark(r["target_local"]), mark(r["drafter_local"])])
         text_row(table, name, tgt, drf, blocks, local)
@@ -126,11 +96,8 @@ def pull(
         fail("give a MODEL alias (see `dflash2 models`) or --target and --drafter")
     from dflash2_mlx import downloads, registry
 
-    if model is not None and target is None:
-        entry = registry.lookup(model)
-        if entry.embedded:
-            if drafter is None:
-                registry.embedded_drafter_dir()  # a clear error first if it is not built
+    if model is not None and target is None and drafter is None and registry.lookup(model).embedded:
+        registry.embedded_drafter_dir()  # a clear error first if it is not built
     from dflash2_mlx.checkpoint import read_config
     from dflash2_mlx.target.folder import check_target_folder
 

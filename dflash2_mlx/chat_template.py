@@ -197,3 +197,17 @@ def mark_special_text(messages, specials: tuple[str, ...]) -> Marked:
         }
         out.append({**message, **fields} if fields else message)
     return Marked(out, found, nonce) if found else Marked(list(messages), [])
+
+
+def default_thinking(tokenizer) -> bool | None:
+    """Whether the template thinks when `enable_thinking` is left out: its prompt then equals
+    its prompt with the switch on (True) or off (False); None: cannot tell (no switch, or a
+    template that fails here, which is said where it is used)."""
+    ask = [{"role": "user", "content": "hi"}]
+    try:
+        left_out = render_text(tokenizer, ask)
+        on = render_text(tokenizer, ask, enable_thinking=True)
+        off = render_text(tokenizer, ask, enable_thinking=False)
+    except Exception:  # noqa: BLE001 - any template error: not known
+        return None
+    return True if left_out == on != off else False if left_out == off != on else None

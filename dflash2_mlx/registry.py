@@ -323,3 +323,38 @@ def resolve(
         else:
             tgt = entry.target
     return ResolvedPair(str(tgt), str(drf), entry.block_sizes, entry.alias, entry.notes)
+
+
+def inventory() -> dict:
+    """Every alias with whether its target and drafter are local, and what the Hugging Face
+    and dflash2 caches hold (`dflash2 models` renders it)."""
+    from . import downloads
+    from .embedded import model_dir
+
+    cached = {r["repo"].lower() for r in downloads.hf_cache()}
+    root, converted = downloads.dflash2_cache()
+    rows = []
+    for e in aliases():
+        if e.embedded:
+            tgt_ok = (model_dir() / "config.json").is_file()
+            drf_ok = (EMBEDDED_DRAFTER / "config.json").is_file()
+        else:
+            tgt_ok, drf_ok = e.target.lower() in cached, e.drafter.lower() in cached
+        rows.append(
+            {
+                "alias": e.alias,
+                "synonyms": list(e.synonyms),
+                "target": e.target,
+                "drafter": e.drafter,
+                "block_sizes": list(e.block_sizes),
+                "notes": e.notes,
+                "embedded": e.embedded,
+                "target_local": tgt_ok,
+                "drafter_local": drf_ok,
+            }
+        )
+    return {
+        "aliases": rows,
+        "hf_cache": {"dir": downloads.hf_cache_dir(), "repos": downloads.hf_cache()},
+        "dflash2_cache": {"dir": str(root), "models": converted},
+    }
