@@ -5,7 +5,6 @@ the functions, so `dflash2 --help` never loads them."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from .bench_view import (
@@ -47,14 +46,8 @@ def run_bench_command(options: BenchOptions) -> int:
     chosen = None
     if not options.kernels_only:  # fail fast, before any model
         chosen = B.select_prompts(load_prompts(options.prompts), options.limit)
-    env = B.environment()
-    report: dict = {
-        "schema": B.SCHEMA,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": "dflash2 " + " ".join(options.argv),
-        "environment": env,
-    }
-    console.print(Text(env_line(env), style="dim"))
+    report = B.report_header(B.SCHEMA, options.argv)
+    console.print(Text(env_line(report["environment"]), style="dim"))
     code = 0
     if not options.kernels_only:
         run = _load_run(options, chosen, report, console, err)
@@ -89,6 +82,7 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
     from rich.text import Text
 
     from dflash2_mlx import autotune as A
+    from dflash2_mlx import bench as B
     from dflash2_mlx.costs import check_context
     from dflash2_mlx.settings import check_block
 
@@ -105,20 +99,7 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
         widest = max(options.blocks or [trained])
         widest = max(A.LOOKUP_WIDTHS) if options.autotune else widest
         check_context(pair, options.context, widest, name="--context")
-    qsig = A.quant_signature(pair)
-    report["pair"] = {
-        "name": resolved.name,
-        "alias": resolved.alias,
-        "target": resolved.target,
-        "drafter": resolved.drafter,
-        "drafter_version": pair.drafter.config.version,
-        "draft_vocab": pair.drafter.draft_vocab_size,
-        "lookup": pair.decoder.lookup,
-        "datastore": pair.decoder.datastore is not None,
-        "trained_block": trained,
-        "quantization": qsig,
-        "quantization_text": A.describe_quant(qsig),
-    }
+    report["pair"] = B.pair_record(pair, resolved)
     report["settings"] = {
         "prompts": str(options.prompts),
         "limit": options.limit,
@@ -131,7 +112,7 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
     }
     console.print(
         Text(
-            f"{resolved.name}: {A.describe_quant(qsig)}; drafter DFlash"
+            f"{resolved.name}: {report['pair']['quantization_text']}; drafter DFlash"
             f"{'2' if pair.drafter.config.version == 2 else ' v1'}, trained "
             f"block {trained}",
             style="dim",

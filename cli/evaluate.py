@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -175,18 +174,12 @@ def _tau_table(result: dict, title: str):
 
 def _report(pair, resolved, record: dict) -> dict:
     """The JSON written by --json: the command, machine and pair, then `record`."""
-    from dflash2_mlx.bench import environment
+    from dflash2_mlx.bench import pair_record, report_header
 
+    named = pair_record(pair, resolved)
     return {
-        "schema": "dflash2.evaluate/1",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": "dflash2 " + " ".join(sys.argv[1:]),
-        "environment": environment(),
-        "target": resolved.target,
-        "drafter": resolved.drafter,
-        "draft_vocab": pair.drafter.draft_vocab_size,
-        "lookup": pair.decoder.lookup,
-        "datastore": pair.decoder.datastore is not None,
+        **report_header("dflash2.evaluate/1", sys.argv[1:]),
+        **{k: named[k] for k in ("target", "drafter", "draft_vocab", "lookup", "datastore")},
         **record,
     }
 

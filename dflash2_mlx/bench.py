@@ -32,6 +32,37 @@ SCHEMA = "dflash2.bench/1"
 
 
 # ----------------------------------------------------------------------------- environment
+def report_header(schema: str, argv: Sequence[str]) -> dict:
+    """The start of a --json report: its schema, when, the command, the machine."""
+    return {
+        "schema": schema,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": "dflash2 " + " ".join(argv),
+        "environment": environment(),
+    }
+
+
+def pair_record(pair, resolved) -> dict:
+    """The measured pair (`resolved`: registry.ResolvedPair): names, drafter, drafting
+    sources, the weights' quantization."""
+    from .quant import describe_quant, quant_signature
+
+    qsig = quant_signature(pair)
+    return {
+        "name": resolved.name,
+        "alias": resolved.alias,
+        "target": resolved.target,
+        "drafter": resolved.drafter,
+        "drafter_version": pair.drafter.config.version,
+        "draft_vocab": pair.drafter.draft_vocab_size,
+        "lookup": pair.decoder.lookup,
+        "datastore": pair.decoder.datastore is not None,
+        "trained_block": pair.drafter.config.block_size,
+        "quantization": qsig,
+        "quantization_text": describe_quant(qsig),
+    }
+
+
 def environment() -> dict:
     """doctor() plus the chip name: what a benchmark result depends on."""
     from .api import doctor
