@@ -161,12 +161,14 @@ class Chat(SlashCommands):
 
     def fitted_prompt(self, user: str) -> tuple[list[int], int]:
         """The prompt of `user` after the conversation. Where it leaves the answer less than
-        max_tokens of the context, the oldest turns are dropped (said in a note) until it
-        does, or none is left; they are dropped only if the prompt then fits (a message too
-        long for any conversation loses nothing)."""
+        max_tokens of the context (at most a quarter of it: a max_tokens near the context
+        would drop every turn), the oldest turns are dropped (said in a note) until it does,
+        or none is left; they are dropped only if the prompt then fits (a message too long
+        for any conversation loses nothing). `room` cuts the answer to what is left."""
         context = default_context_length(self.pair.model)
+        want = min(self.max_tokens, context // 4)
         kept, ids = self.history, self.prompt_ids(user)
-        while kept and context - len(ids) < self.max_tokens:
+        while kept and context - len(ids) < want:
             kept = kept[2:]  # one turn: a user message and its answer
             ids = self.prompt_ids(user, kept)
         room = self.room(len(ids))  # refuses a prompt that still fills the context

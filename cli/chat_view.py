@@ -187,7 +187,7 @@ def stats_table(total, turns: int, context: tuple[int, int], settings: dict, blo
         ("draft / verify", f"{total.draft_ms:.0f} ms / {total.verify_ms:.0f} ms"),
         ("prefill", f"{total.prompt_tokens} tokens in {total.prefill_ms:.0f} ms"),
         ("reused from cache", f"{total.reused_tokens} prompt tokens"),
-        ("context", f"{context[0]:,} of {context[1]:,} tokens (the oldest turns go past it)"),
+        ("context", f"{context[0]:,} of {context[1]:,} tokens (then the oldest turns are dropped)"),
     ]
     for k, v in rows:
         text_row(table, k, str(v))

@@ -99,9 +99,10 @@ def check_writable(path: Path | None, flag: str, reads: dict[str, str] | None = 
     a file the run reads (`reads`: flag -> path)."""
     if path is None:
         return
-    for read_flag, read in (reads or {}).items():
-        if Path(read).is_file() and Path(read).resolve() == Path(path).resolve():
-            fail(f"{flag} {path} is the {read_flag} file this run reads: name another file")
+    for read_flag, spec in (reads or {}).items():
+        for read in {str(spec), *str(spec).split("+")}:  # 'a+b.jsonl': each file it joins
+            if Path(read).is_file() and Path(read).resolve() == Path(path).resolve():
+                fail(f"{flag} {path} is the {read_flag} file this run reads: name another file")
     folder = Path(path).parent
     missing = [up for up in (folder, *folder.parents) if not up.exists()]
     existing = missing[-1].parent if missing else folder

@@ -99,11 +99,23 @@ def _scipy_openblas_shim() -> str | None:
     if not shim.exists():
         try:
             _build_shim(shim, lib)
-        except OSError:  # a read-only cache: a private folder for this process instead
-            shim = Path(tempfile.mkdtemp(prefix="dflash2-blas-")) / shim.name
-            _build_shim(shim, lib)
+        except OSError:  # a read-only cache: a private folder of this user's instead
+            shim = _private_folder() / shim.name
+            if not shim.exists():
+                _build_shim(shim, lib)
     ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)  # the shim's dependency, loaded first
     return str(shim)
+
+
+def _private_folder() -> Path:
+    """A temporary folder only this user can write (a shim is code: never one another user
+    could have placed), made once and reused by later processes."""
+    folder = Path(tempfile.gettempdir()) / f"dflash2-blas-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    info = folder.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022 or folder.is_symlink():
+        return Path(tempfile.mkdtemp(prefix="dflash2-blas-"))  # someone else's: a fresh one
+    return folder
 
 
 def _build_shim(shim: Path, lib: Path) -> None:

@@ -94,7 +94,7 @@ def block_for_temperature(
 @dataclass(frozen=True)
 class Drafting:
     """How a front end's generations draft, and the one rule (`fields`) that turns it into a
-    generation's drafting fields: chat, serve and bench share it. `block` None: the drafter's
+    generation's drafting fields: chat and serve share it (bench sets its blocks per run). `block` None: the drafter's
     trained block (`trained`, which `at` needs only then)."""
 
     speculative: bool = True
@@ -107,12 +107,13 @@ class Drafting:
     @classmethod
     def of(cls, speculative: bool, block: BlockChoice, lookup_block=None, verify_cost=None):
         """A front end's drafting at `block` (a BlockChoice); nothing but the switch when
-        speculation is off (plain decoding would refuse the rest)."""
+        speculation is off (plain decoding would refuse the rest). The verify cost applies
+        from the block's context schedule on: none without one (--block, or a profile whose
+        block never falls), as GenerationParams requires."""
         if not speculative:
             return cls(False)
-        return cls(
-            True, block.size, block.by_context, block.by_temperature, lookup_block, verify_cost
-        )
+        cost = verify_cost if block.by_context else None
+        return cls(True, block.size, block.by_context, block.by_temperature, lookup_block, cost)
 
     def at(self, temperature: float, trained: int | None = None) -> tuple[int | None, tuple]:
         """(block, block_by_context) of a generation at `temperature` (block_for_temperature)."""

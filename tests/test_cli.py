@@ -334,6 +334,17 @@ def test_a_full_chat_drops_its_oldest_turns_and_a_message_too_long_loses_nothing
     ]  # turns 1 and 2 dropped, turns 3 and 4 kept through the refused line
     last = turns + [{"role": "user", "content": users[-1]}]
     assert answers[-1] == answer(target, tiny_pair[1], last, 10)
+    # a --max-tokens near the context keeps a short conversation: the answer is cut instead
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash2_cli", "chat", "--target", str(target)]
+        + ["--drafter", str(tiny_pair[1]), "--max-tokens", "4"],
+        input="hi\n/max 50\nhello\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "dropped" not in done.stderr and "this answer is limited to" in done.stderr
 
 
 def test_what_a_chat_line_takes_for_a_command():

@@ -291,5 +291,7 @@ def test_a_quantized_target_on_the_cpu_is_told_to_measure_its_block():
     assert (
         resolve_engine(EngineFlags(), plain, ResolvedPair("t", "d"), None).auto_block.note is None
     )
-    given = resolve_engine(EngineFlags(block=2), quantized, ResolvedPair("t", "d"), None)
-    assert given.block.note is None  # the user's own block: nothing to advise
+    for given in (EngineFlags(block=2), EngineFlags(speculative=False)):  # nothing to advise
+        assert (
+            resolve_engine(given, quantized, ResolvedPair("t", "d"), None).auto_block.note is None
+        )

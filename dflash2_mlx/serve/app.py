@@ -91,31 +91,32 @@ def create_app(
     security: SecurityPolicy | None = None,
 ) -> FastAPI:
     """An app serving `pair` (a dflash2_mlx.api.Pair) as `model_name` (a request's `model`
-        may also say one of `other_names`: an alias's synonyms, its target's repo id).
+    may also say one of `other_names`: an alias's synonyms, its target's repo id).
 
-        max_queue: requests that may wait while others generate (beyond: 503 + Retry-After).
-        max_batch: requests generating together in one batched speculative loop (engine/batch.py;
-        1: one at a time; a target that cannot be batched runs one at a time whatever it is).
-        context_length: prompt + max_tokens limit (default: the target's max_position_embeddings,
-        else 4096). default_max_tokens: for requests that give none, clipped to what the context
-        leaves (None: all it leaves, as OpenAI's API). drafting: how every request drafts (speculation
-    on or off, the block, lookup block, the profile's schedules by context and temperature and its
-    verify cost: settings.Drafting; a front end's is `EngineSettings.drafting`). target_name,
-    drafter_name: shown
-        in /v1/models (a path shows as its last part). sampling: what a request gets for the
-        sampling fields it leaves out (dflash2_mlx.settings.resolve_sampling; default: greedy).
-        thinking: the `enable_thinking` of requests that do not set it in chat_template_kwargs
-        (None: the template's own default; refused if the template has no such switch).
-        thinking_budget: the most tokens a reply's thinking section may hold when a request does
-        not say (engine/budget.py; 0: an empty section; None: no limit; refused for a model
-        without thinking markers).
-        prompt_cache_mb: memory for the engine state of recent conversations, reused by prompt
-        prefix across requests (engine/prompt_cache.py); 0: off.
-        width_cost: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost);
-        None: engine/width.py's default model.
-        limits: body size, prompt / prediction / stop lengths, shutdown grace (serve/limits.py);
-        security: hosts, origins, API key (serve/security.py). The worker thread starts and stops
-        with the app (its lifespan).
+    max_queue: requests that may wait while others generate (beyond: 503 + Retry-After).
+    max_batch: requests generating together in one batched speculative loop (engine/batch.py;
+    1: one at a time; a target that cannot be batched runs one at a time whatever it is).
+    context_length: prompt + max_tokens limit (default: the target's max_position_embeddings,
+    else 4096). default_max_tokens: for requests that give none, clipped to what the context
+    leaves (None: all it leaves, as OpenAI's API).
+    drafting: how every request drafts (speculation on or off, the block, the lookup block, the
+    profile's schedules by context and temperature and its verify cost: settings.Drafting; a
+    front end's is `EngineSettings.drafting`).
+    target_name, drafter_name: shown in /v1/models (a path shows as its last part).
+    sampling: what a request gets for the sampling fields it leaves out
+    (dflash2_mlx.settings.resolve_sampling; default: greedy).
+    thinking: the `enable_thinking` of requests that do not set it in chat_template_kwargs
+    (None: the template's own default; refused if the template has no such switch).
+    thinking_budget: the most tokens a reply's thinking section may hold when a request does
+    not say (engine/budget.py; 0: an empty section; None: no limit; refused for a model
+    without thinking markers).
+    prompt_cache_mb: memory for the engine state of recent conversations, reused by prompt
+    prefix across requests (engine/prompt_cache.py); 0: off.
+    width_cost: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost);
+    None: engine/width.py's default model.
+    limits: body size, prompt / prediction / stop lengths, shutdown grace (serve/limits.py);
+    security: hosts, origins, API key (serve/security.py). The worker thread starts and stops
+    with the app (its lifespan).
     """
     limits = limits or ServeLimits()
     security = security or SecurityPolicy()

@@ -20,7 +20,7 @@ _COUNTS = (
     "max_position_embeddings",
 )
 _FLAGS = ("tie_word_embeddings",)
-_TOKEN_IDS = ("bos_token_id", "eos_token_id")  # a pad id is often -1: not checked
+_TOKEN_IDS = ("eos_token_id",)  # the one the engine uses (a pad id is often -1)
 
 
 def check_target_folder(folder: Path) -> None:
