@@ -123,16 +123,7 @@ def create_app(
     trained = pair.drafter.config.block_size
     drafting = _checked_drafting(drafting, trained)
     _check_serve_args(max_queue, max_batch, default_max_tokens, prompt_cache_mb)
-    if pair.tokenizer is None:  # requests are text: nothing could be served
-        raise DFlash2Error(
-            "create_app: the pair has no tokenizer (Pair.from_models(model, tokenizer, ...))"
-        )
-    if thinking_budget is not None:
-        budget = thinking_budget
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
-            raise DFlash2Error(f"thinking_budget must be an int >= 0; got {budget!r}")
-        if not can_budget(pair.tokenizer):
-            raise DFlash2Error("--thinking-budget: this model has no thinking section to budget")
+    _check_pair(pair, thinking_budget)
     context = context_length or default_context_length(pair.model)
     if context < 2:
         raise DFlash2Error(f"context_length must be >= 2; got {context}")
@@ -177,11 +168,32 @@ def create_app(
     app.state.limits, app.state.security, app.state.drain = limits, security, drain
     _add_error_handlers(app)
     _add_routes(app, handler, drain, card, limits)
-    # Outermost last: every response is counted, refusals included; faults become JSON 500s.
+    _add_middleware(app, metrics, security)
+    return app
+
+
+def _add_middleware(app: FastAPI, metrics, security: SecurityPolicy) -> None:
+    """Outermost last: every response is counted, refusals included; faults become JSON
+    500s."""
     app.add_middleware(FaultGuard)
     app.add_middleware(SecurityGate, policy=security)
     app.add_middleware(metrics_mod.CountResponses, metrics=metrics, endpoints=ENDPOINTS)
-    return app
+
+
+def _check_pair(pair, thinking_budget) -> None:
+    """A pair that can serve text, and a thinking budget it can hold (DFlash2Error)."""
+    if pair.tokenizer is None:  # requests are text: nothing could be served
+        raise DFlash2Error(
+            "create_app: the pair has no tokenizer (Pair.from_models(model, tokenizer, ...))"
+        )
+    if thinking_budget is None:
+        return
+    if not isinstance(thinking_budget, int) or isinstance(thinking_budget, bool):
+        raise DFlash2Error(f"thinking_budget must be an int >= 0; got {thinking_budget!r}")
+    if thinking_budget < 0:
+        raise DFlash2Error(f"thinking_budget must be an int >= 0; got {thinking_budget!r}")
+    if not can_budget(pair.tokenizer):
+        raise DFlash2Error("--thinking-budget: this model has no thinking section to budget")
 
 
 def _lifespan(handler: Handler):
