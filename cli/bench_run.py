@@ -87,7 +87,10 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
     from dflash2_mlx.settings import check_block
 
     o = options
-    say = lambda msg: err.print(Text(msg, style="dim"))  # noqa: E731
+
+    def say(msg: str) -> None:
+        err.print(Text(msg, style="dim"))
+
     pair, resolved, engine = load_engine(  # greedy: no generation_config.json
         o.model, o.target, o.drafter, o.offline, say, o.engine_flags, sampling=False
     )

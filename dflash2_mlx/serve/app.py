@@ -188,9 +188,11 @@ def _check_pair(pair, thinking_budget) -> None:
         )
     if thinking_budget is None:
         return
-    if not isinstance(thinking_budget, int) or isinstance(thinking_budget, bool):
-        raise DFlash2Error(f"thinking_budget must be an int >= 0; got {thinking_budget!r}")
-    if thinking_budget < 0:
+    if (
+        not isinstance(thinking_budget, int)
+        or isinstance(thinking_budget, bool)
+        or thinking_budget < 0
+    ):
         raise DFlash2Error(f"thinking_budget must be an int >= 0; got {thinking_budget!r}")
     if not can_budget(pair.tokenizer):
         raise DFlash2Error("--thinking-budget: this model has no thinking section to budget")
