@@ -23,6 +23,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from .paths import cache_root
+
 _SHIM_SOURCE = r"""
 /* Forward MLX's unprefixed CBLAS calls to scipy-openblas32's prefixed ones. */
 extern void scipy_cblas_sgemm(int, int, int, int, int, int, float, const float *, int,
@@ -63,14 +65,6 @@ class BlasInfo:
 
 _INFO: BlasInfo | None = None
 _HANDLES: list[ctypes.CDLL] = []
-
-
-def cache_root() -> Path:
-    """The user cache folder of dflash2 (DFLASH2_HOME, else XDG cache)."""
-    if os.environ.get("DFLASH2_HOME"):
-        return Path(os.environ["DFLASH2_HOME"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "dflash2"
 
 
 def _system_openblas() -> str | None:

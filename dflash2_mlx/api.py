@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import mlx.core as mx
 
-from . import _blas, kernels
+from . import _blas, kernels, paths
 from .checkpoint import check_draft_vocab_limit, load_drafter
 from .engine.datastore import Datastore, find_datastore
 from .drafter.model import Drafter
@@ -374,7 +374,7 @@ def doctor() -> dict[str, Any]:
         "blas_threads": blas.threads,
         "blas_core": blas.core,
         "blas_note": blas.note,
-        "cache_dir": str(_blas.cache_root()),
+        "cache_dir": str(paths.cache_root()),
         "autotune": _profiles_line(),
         "kernels": kernels.describe(),
     }

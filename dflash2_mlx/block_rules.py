@@ -9,6 +9,7 @@ from typing import Callable
 
 from .engine.generation import block_at
 from .errors import ParameterError
+from .values import is_int
 
 # Why a block size was chosen (bench writes these into its JSON as `block_source`).
 BY_FLAG = "--block"
@@ -21,7 +22,7 @@ BY_TRAINED = "drafter's trained block"
 def check_block(value, trained: int | None = None, flag: str = "--block") -> int:
     """`value` if it is a usable block size, else a ParameterError naming `flag`: an int >= 1,
     and at most the drafter's trained block size when that is known."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not is_int(value, 1):
         raise ParameterError(f"{flag}: block_size must be an int >= 1, got {value!r}")
     if trained is not None and value > trained:
         raise ParameterError(

@@ -20,6 +20,7 @@ from .drafter.model import Drafter
 from .drafter.vocab import DRAFT_VOCAB_FILE, read_draft_vocab
 from .errors import CheckpointError, ConfigError, DFlash2Error, ParameterError
 from .downloads import fetch
+from .values import is_int
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -190,7 +191,7 @@ def load_drafter(
 
 
 def check_draft_vocab_limit(limit) -> None:
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+    if limit is not None and not is_int(limit):
         raise ParameterError(f"draft_vocab_limit must be an int or None, got {limit!r}")
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
+from .values import is_int, is_number
 
 ARCH_V1 = "DFlashDraftModel"
 ARCH_V2 = "DFlash2DraftModel"
@@ -305,7 +306,7 @@ class _Fields:
             if default is ...:
                 raise self.error(f"required field '{name}' is missing")
             return default
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        if kind is float and is_int(value):
             value = float(value)
         if kind is int and isinstance(value, float) and value.is_integer():
             value = int(value)
@@ -335,7 +336,7 @@ def _rope(fields: _Fields) -> tuple[dict[str, Any] | None, int | float]:
     if rope is not None and not isinstance(rope, dict):
         raise fields.error(f"'rope_parameters' / 'rope_scaling' must be an object, found {rope!r}")
     rope_theta = cfg.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0
-    if isinstance(rope_theta, bool) or not isinstance(rope_theta, (int, float)) or rope_theta <= 0:
+    if not is_number(rope_theta) or rope_theta <= 0:
         raise fields.error(f"'rope_theta' must be a positive number, found {rope_theta!r}")
     return rope, rope_theta
 
@@ -345,11 +346,7 @@ def _target_layer_ids(fields: _Fields, num_target_layers: Any, layers: int) -> l
     cfg, dflash = fields.cfg, fields.dflash
     if "target_layer_ids" in dflash or "target_layer_ids" in cfg:
         ids = dflash.get("target_layer_ids", cfg.get("target_layer_ids"))
-        if (
-            not isinstance(ids, list)
-            or not ids
-            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
-        ):
+        if not isinstance(ids, list) or not ids or not all(is_int(i) for i in ids):
             raise fields.error(
                 f"'target_layer_ids' must be a non-empty list of ints, found {ids!r}"
             )
@@ -373,7 +370,7 @@ def _mask_token_id(fields: _Fields, given: int | None) -> int:
             "'dflash_config.mask_token_id' is missing; older drafters need the "
             "mask token id given explicitly (the id of '<|MASK|>' in the target tokenizer)"
         )
-    if not isinstance(mask, int) or isinstance(mask, bool) or mask < 0:
+    if not is_int(mask, 0):
         raise fields.error(f"'mask_token_id' must be a non-negative int, found {mask!r}")
     return mask
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import FetchError, ModelNotFoundError
+from .paths import cache_root
 
 # mlx-lm's own download patterns for a target; a drafter needs only its config and weights.
 TARGET_PATTERNS = (
@@ -140,8 +141,6 @@ def hf_cache_dir() -> str:
 
 def dflash2_cache() -> tuple[Path, list[dict]]:
     """The dflash2 cache root and the models converted into it (e.g. the embedded target)."""
-    from ._blas import cache_root
-
     root = cache_root()
     found = []
     models = root / "models"

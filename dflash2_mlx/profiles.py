@@ -15,6 +15,8 @@ from typing import Callable, Mapping
 
 from .errors import ConfigError
 from .quant import quant_signature
+from .values import is_int
+from .paths import cache_root
 
 SCHEMA = "dflash2.autotune/1"
 
@@ -96,8 +98,6 @@ def profile_key(pair, target: str, drafter: str) -> dict:
 def profile_dir(root: str | Path | None = None) -> Path:
     if root is not None:
         return Path(root)
-    from ._blas import cache_root
-
     return cache_root() / "autotune"
 
 
@@ -209,7 +209,7 @@ def profile_advice(pair, target: str, drafter: str, *, root=None) -> ProfileAdvi
 
 
 def _count(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+    return value if is_int(value, 1) else None
 
 
 def _safely(read: Callable, profile: dict):

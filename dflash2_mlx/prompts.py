@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import DFlash2Error
+from .values import is_int
 
 ASSETS = Path(__file__).resolve().parent / "assets" / "prompts"
 SPLITS = (
@@ -77,11 +78,7 @@ def _parse(line: str) -> Prompt:
     if messages[-1]["role"] != "user":
         raise ValueError("the last message must be from the user")
     ids = obj.get("prompt_ids")
-    if ids is not None and not (
-        isinstance(ids, list)
-        and ids
-        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
-    ):
+    if ids is not None and not (isinstance(ids, list) and ids and all(is_int(t, 0) for t in ids)):
         raise ValueError("'prompt_ids' must be a non-empty list of token ids (ints >= 0)")
     turns = [{"role": m["role"], "content": m["content"]} for m in messages]
     return Prompt(pid, category, turns, None if ids is None else tuple(ids))

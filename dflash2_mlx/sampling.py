@@ -11,15 +11,12 @@ from dataclasses import dataclass, fields
 import mlx.core as mx
 
 from .errors import ParameterError
+from .values import is_int, is_number
 
 # Below this temperature the distribution is numerically argmax already (two distinct fp32
 # logits differ by far more than 1e-30 * 87, where exp underflows), while logits / T would
 # overflow float32 (1e-38, 1e-46: a vocabulary of NaNs); so it is greedy.
 GREEDY_BELOW = 1e-30
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 SEEDS = 2**64  # what mx.random.key takes (a uint64)
@@ -28,20 +25,17 @@ SEEDS = 2**64  # what mx.random.key takes (a uint64)
 # SamplingParams and by front ends that check one field at a time (flags, request fields).
 _CHECKS = {
     "temperature": (
-        lambda v: _is_number(v) and math.isfinite(v) and v >= 0,
+        lambda v: is_number(v) and math.isfinite(v) and v >= 0,
         "temperature must be a finite number >= 0",
     ),
     "top_p": (
-        lambda v: _is_number(v) and 0 <= v <= 1,
+        lambda v: is_number(v) and 0 <= v <= 1,
         "top_p must be in [0, 1] (0: the most likely token only)",
     ),
-    "top_k": (
-        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-        "top_k must be an int >= 0 (0 = off)",
-    ),
-    "min_p": (lambda v: _is_number(v) and 0 <= v < 1, "min_p must be in [0, 1)"),
+    "top_k": (lambda v: is_int(v, 0), "top_k must be an int >= 0 (0 = off)"),
+    "min_p": (lambda v: is_number(v) and 0 <= v < 1, "min_p must be in [0, 1)"),
     "seed": (
-        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < SEEDS),
+        lambda v: v is None or (is_int(v, 0) and v < SEEDS),
         "seed must be an int in [0, 2**64)",
     ),
 }

@@ -42,6 +42,7 @@ from .block_rules import (  # noqa: F401 - the front ends import them from here
 from .engine.lookup import DEFAULT_LOOKUP
 from .sampling import SamplingParams, field_problem
 from .errors import ConfigError, ParameterError
+from .values import is_int
 
 # SamplingParams field -> its flag in `dflash2 chat` and `dflash2 serve`.
 SAMPLING_FLAGS = {
@@ -204,9 +205,7 @@ class EngineFlags:
             ("--lookup", self.lookup, 0),
             ("--draft-vocab", self.draft_vocab, 1),
         ):
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < low
-            ):
+            if value is not None and not is_int(value, low):
                 raise ParameterError(f"{flag} must be an int >= {low}, got {value!r}")
         check_sampling(self.sampling)
 

@@ -45,7 +45,7 @@ def test_doctor_reports_runtime():
         assert key in d
     assert d["mlx"] != "?"
     assert d["dflash2"] == dflash2_mlx.__version__  # a bug report says which release
-    assert str(dflash2_mlx._blas.cache_root() / "autotune") in d["autotune"]
+    assert str(dflash2_mlx.paths.cache_root() / "autotune") in d["autotune"]
 
 
 @pytest.mark.skipif(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import CheckpointError
+from ..values import is_int
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 _FORMAT = "dflash2-draft-vocab"
@@ -66,14 +67,7 @@ def read_draft_vocab(folder: str | Path, vocab_size: int) -> list[int] | None:
     ids = data.get("token_ids")
     if not isinstance(ids, list) or not ids:
         raise CheckpointError(f"{path}: field 'token_ids' must be a non-empty list of ids")
-    bad = next(
-        (
-            t
-            for t in ids
-            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size
-        ),
-        None,
-    )
+    bad = next((t for t in ids if not is_int(t, 0) or t >= vocab_size), None)
     if bad is not None:
         raise CheckpointError(
             f"{path}: field 'token_ids' holds {bad!r}; expected ints in "

@@ -44,6 +44,7 @@ from .loop import SpeculativeDecoder
 from .session import Session
 from .prefill import _Cancelled
 from .width import WidthRule
+from ..values import is_int
 
 # Requests verified together when the caller names no limit: on bandwidth-bound hardware a
 # verify over 4 rows costs little more than over one (docs/results/batch_*.json).
@@ -96,7 +97,7 @@ class BatchDecoder:
         ):
             raise ParameterError(f"max_batch must be an int >= 1, got {self.max_batch!r}")
         step = self.prefill_step
-        if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        if not is_int(step, 1):
             raise ParameterError(f"prefill_step must be an int >= 1, got {step!r}")
         self.fallback = tbatch.batchable(self.decoder.target)
         self._in_order = tbatch.windowed(self.decoder.target)
@@ -148,7 +149,7 @@ class BatchDecoder:
     def cancel(self, rid: int) -> bool:
         """Drop a generation now (a client that left): queued, or leaving the batch. False
         when no such generation runs or waits (it has already left, or never was)."""
-        if isinstance(rid, bool) or not isinstance(rid, int):
+        if not is_int(rid):
             raise ParameterError(f"cancel takes an id that add() returned, got {rid!r}")
         gone = [w for w in self.waiting if w.rid == rid]
         for w in gone:

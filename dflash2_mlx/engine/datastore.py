@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from ..values import is_int, is_number
 
 DATASTORE_FILE = "datastore.npz"
 # Held-out replay (docs/results/smollm2-datastore-gate.json): with the share gate, keys of 3
@@ -78,10 +79,9 @@ class Datastore:
         meta: dict | None = None,
         min_share: float = DEFAULT_MIN_SHARE,
     ):
-        if not isinstance(min_match, int) or isinstance(min_match, bool) or min_match < 1:
+        if not is_int(min_match, 1):
             raise ValueError(f"min_match must be an int >= 1, got {min_match!r}")
-        number = isinstance(min_share, (int, float)) and not isinstance(min_share, bool)
-        if not number or not 0.0 <= min_share <= 1.0:
+        if not is_number(min_share) or not 0.0 <= min_share <= 1.0:
             raise ValueError(f"min_share must be a number in [0, 1], got {min_share!r}")
         self.min_share = float(min_share)
         self.tokens = np.asarray(tokens)

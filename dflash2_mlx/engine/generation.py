@@ -19,6 +19,7 @@ from .processors import LogitsProcessor, process
 from .proposal import Proposal
 from ..sampling import SamplingParams, plain_number
 from .width import WidthRule, cut_to_rate
+from ..values import is_int, is_number
 
 
 @dataclass(frozen=True)
@@ -105,9 +106,7 @@ class GenerationParams:
         object.__setattr__(self, "block_by_context", check_block_by_context(self.block_by_context))
         for name in ("block_size", "lookup_block"):
             value = getattr(self, name)
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < 1
-            ):
+            if value is not None and not is_int(value, 1):
                 raise ParameterError(f"{name} must be an int >= 1, got {value!r}")
         if not self.speculative:  # plain decoding drafts nothing: these would be ignored
             for name in (
@@ -127,19 +126,16 @@ class GenerationParams:
 def check_block_by_context(pairs) -> tuple[tuple[int, int], ...]:
     """GenerationParams.block_by_context checked: (context, block) pairs of ints >= 1, the
     contexts strictly ascending."""
-    return _schedule(pairs, "block_by_context", "context", "int >= 1", lambda c: _count(c, 1))
+    return _schedule(pairs, "block_by_context", "context", "int >= 1", lambda c: is_int(c, 1))
 
 
 def check_block_by_temperature(pairs) -> tuple[tuple[float, int], ...]:
     """A front end's block_by_temperature (settings.block_for_temperature) checked:
     (temperature, block) pairs, temperatures > 0 strictly ascending, blocks ints >= 1."""
-    ok = lambda t: isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0  # noqa: E731
-    out = _schedule(pairs, "block_by_temperature", "temperature", "number > 0", ok)
+    out = _schedule(
+        pairs, "block_by_temperature", "temperature", "number > 0", lambda t: is_number(t) and t > 0
+    )
     return tuple((float(t), b) for t, b in out)
-
-
-def _count(v, low: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= low
 
 
 def _schedule(pairs, what: str, key: str, kind: str, key_ok) -> tuple:
@@ -149,7 +145,7 @@ def _schedule(pairs, what: str, key: str, kind: str, key_ok) -> tuple:
     except (TypeError, ValueError):
         raise ParameterError(f"{what} must be ({key}, block) pairs, got {pairs!r}") from None
     for k, b in out:
-        if not key_ok(k) or not _count(b, 1):
+        if not key_ok(k) or not is_int(b, 1):
             raise ParameterError(f"{what}: {(k, b)!r} is not a {key} ({kind}) and a block >= 1")
     if any(a[0] >= b[0] for a, b in zip(out, out[1:])):
         raise ParameterError(f"{what}: the {key}s must be strictly ascending, got {out!r}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import mlx.core as mx
+from ..values import is_int
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 # What OpenAI writes for a token that cannot come (here: one a constraint forbids, -inf).
@@ -60,7 +61,7 @@ def check_top(value) -> int | None:
     """GenerationParams.logprobs: None (off) or 0 .. MAX_TOP_LOGPROBS alternatives."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+    if not is_int(value, 0) or value > MAX_TOP_LOGPROBS:
         from ..errors import ParameterError
 
         raise ParameterError(

@@ -11,6 +11,7 @@ probability p(x)). Rounds where it fires skip the drafter's pass.
 from __future__ import annotations
 
 from typing import Sequence
+from ..values import is_int
 
 # The high-level API's and the CLI's default min_match, and how far a repeat is trusted: a
 # match whose context agrees on fewer than SURE_AGREEMENT tokens (the key's included; only with
@@ -35,7 +36,7 @@ DEFAULT_LOOKUP_BLOCK = 16
 
 
 def _checked(min_match: int) -> int:
-    if not isinstance(min_match, int) or isinstance(min_match, bool) or min_match < 1:
+    if not is_int(min_match, 1):
         raise ValueError(f"min_match must be an int >= 1, got {min_match!r}")
     return min_match
 

@@ -23,6 +23,7 @@ from .proposal import NOTHING, Proposal
 from ..sampling import SamplingParams
 from .acceptance import accept
 from .session import Session, drafter_offset, record
+from ..values import is_int
 
 
 def _ms(t0: float) -> float:
@@ -30,7 +31,7 @@ def _ms(t0: float) -> float:
 
 
 def check_lookup(lookup) -> None:
-    if not isinstance(lookup, int) or isinstance(lookup, bool) or lookup < 0:
+    if not is_int(lookup, 0):
         raise ParameterError(f"lookup must be an int >= 0 (0: off), got {lookup!r}")
 
 

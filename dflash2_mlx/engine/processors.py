@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import mlx.core as mx
 
 from ..errors import ParameterError
+from ..values import is_int, is_number
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
@@ -76,7 +77,7 @@ def check_penalty(name: str, value, vocab: int):
         return ParameterError(f"{name}: {problem}, got {got!r}")
 
     def number(v, kind=(int, float)):
-        if isinstance(v, bool) or not isinstance(v, kind) or not low <= v <= high:
+        if not (is_int(v) if kind is int else is_number(v)) or not low <= v <= high:
             what = "an int" if kind is int else "a number"
             raise bad(f"must be {what} in [{low}, {high}]", v)
         return v if kind is int else float(v)
@@ -109,7 +110,7 @@ def penalties(
     (check_penalty); those that do nothing add no processor."""
     from mlx_lm.sample_utils import make_logits_processors
 
-    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+    if not is_int(vocab, 1):
         raise ParameterError(f"vocab must be the vocabulary size (an int >= 1), got {vocab!r}")
     given = {n: check_penalty(n, v, vocab) for n, v in settings.items() if v is not None}
     active = {n: v for n, v in given.items() if v != PENALTY_FIELDS[n]}
@@ -119,9 +120,7 @@ def penalties(
             "presence_penalty and frequency_penalty count the completion's tokens: give "
             "prompt_tokens (the prompt's length)"
         )
-    if prompt_tokens is not None and (
-        isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 0
-    ):
+    if prompt_tokens is not None and not is_int(prompt_tokens, 0):
         raise ParameterError(f"prompt_tokens must be an int >= 0, got {prompt_tokens!r}")
     out = make_logits_processors(
         logit_bias=active.get("logit_bias"),

@@ -39,6 +39,7 @@ from .events import RoundEvent
 from .generation import token_ids
 from .loop import SpeculativeDecoder
 from .session import Session
+from ..values import is_int
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
@@ -171,7 +172,7 @@ class PromptCache:
                 "decoder must be a SpeculativeDecoder (a Pair's .decoder), got a "
                 f"{type(decoder).__name__}"
             )
-        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
+        if not is_int(max_bytes, 1):
             raise ParameterError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
         self.decoder = decoder
         self.max_bytes = max_bytes

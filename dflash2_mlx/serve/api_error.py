@@ -66,14 +66,6 @@ def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
 
 
-def is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def optional(body: dict, name: str, test, expected: str):
     """body[name] (None when absent or null), or a 400 naming it when `test` refuses it."""
     v = body.get(name)

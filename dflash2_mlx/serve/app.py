@@ -27,6 +27,7 @@ from ..engine.prompt_cache import PromptCache
 from ..errors import DFlash2Error, ParameterError
 from ..settings import Drafting, SamplingDefaults, check_block, check_falling
 from ..target.context import default_context_length
+from ..values import is_int
 from . import metrics as metrics_mod
 from .api_error import loggable
 from .body import ClientGone, read_json
@@ -188,11 +189,7 @@ def _check_pair(pair, thinking_budget) -> None:
         )
     if thinking_budget is None:
         return
-    if (
-        not isinstance(thinking_budget, int)
-        or isinstance(thinking_budget, bool)
-        or thinking_budget < 0
-    ):
+    if not is_int(thinking_budget, 0):
         raise DFlash2Error(f"thinking_budget must be an int >= 0; got {thinking_budget!r}")
     if not can_budget(pair.tokenizer):
         raise DFlash2Error("--thinking-budget: this model has no thinking section to budget")
@@ -243,7 +240,7 @@ def _check_serve_args(max_queue, max_batch, default_max_tokens, prompt_cache_mb)
     """Refuses a bad server setting before anything is built (DFlash2Error)."""
     if max_queue < 0:
         raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
-    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+    if not is_int(max_batch, 1):
         raise DFlash2Error(f"max_batch must be an int >= 1 (1: one at a time); got {max_batch!r}")
     if default_max_tokens is not None and default_max_tokens < 1:
         raise DFlash2Error(f"default_max_tokens must be >= 1; got {default_max_tokens}")

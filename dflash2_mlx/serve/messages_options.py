@@ -3,6 +3,7 @@ as the chat fields they amount to (messages_request.py)."""
 
 from __future__ import annotations
 
+from ..values import is_int
 from .api_error import brief, check_object, invalid, not_typed_object
 
 _EFFORTS = ("low", "medium", "high", "xhigh", "max")
@@ -97,9 +98,7 @@ def apply_thinking(thinking, chat: dict) -> int | None:
             f"thinking.budget_tokens goes with thinking.type enabled, not {kind}",
             "unsupported_parameter",
         )
-    if budget is not None and (
-        isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
-    ):
+    if budget is not None and not is_int(budget, 1):
         raise invalid(
             "thinking.budget_tokens", f"budget_tokens must be an int >= 1; got {brief(budget)}"
         )

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from ..sampling import field_problem
 from ..settings import SAMPLING_FLAGS
-from .api_error import APIError, brief, check_object, invalid, is_int, is_num, optional  # noqa: F401  (APIError is imported from here)
+from ..values import is_int, is_number
+from .api_error import APIError, brief, check_object, invalid, optional  # noqa: F401  (APIError is imported from here)
 from .reasoning import chat_effort, parse_template_kwargs
 from .response_format import parse_response_format
 from .token_fields import PENALTIES, parse_logprobs, parse_penalties
@@ -28,7 +29,7 @@ MAX_STOP = 16
 def _neutral(*values) -> Callable[[Any], bool]:
     def ok(v):
         return any(
-            v is x or (type(v) is type(x) and v == x) or (is_num(v) and is_num(x) and v == x)
+            v is x or (type(v) is type(x) and v == x) or (is_number(v) and is_number(x) and v == x)
             for x in values
         )
 
@@ -129,7 +130,7 @@ def _sampling(body: dict) -> dict[str, Any]:
         if v is None:
             continue
         integer = name in _INT_FIELDS
-        if not (is_int(v) if integer else is_num(v)):
+        if not (is_int(v) if integer else is_number(v)):
             raise invalid(
                 name,
                 f"{name} must be {'an integer' if integer else 'a number'}; got {brief(v)}",

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api_error import brief, invalid, is_int, is_num, optional
+from ..values import is_int, is_number
+from .api_error import brief, invalid, optional
 
 PENALTIES = (
     "presence_penalty",
@@ -34,7 +35,7 @@ def parse_penalties(body: dict) -> dict[str, Any]:
             if bad is not None:
                 raise invalid(name, f"logit_bias keys must be token ids; got {brief(bad)}")
             v = {int(k): w for k, w in v.items()}
-        elif not (is_int(v) if name == "repetition_context_size" else is_num(v)):
+        elif not (is_int(v) if name == "repetition_context_size" else is_number(v)):
             kind = "an integer" if name == "repetition_context_size" else "a number"
             raise invalid(name, f"{name} must be {kind}; got {brief(v)}", "invalid_type")
         given[name] = v

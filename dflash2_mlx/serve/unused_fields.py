@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .api_error import brief, invalid, is_int
+from ..values import is_int
+from .api_error import brief, invalid
 
 Check = tuple[Callable[[Any], bool], str]  # (value test, what the value must be)
 

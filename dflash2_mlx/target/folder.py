@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import CompatibilityError
+from ..values import is_int
 
 _TARGET_JSON = ("config.json", "tokenizer_config.json", "generation_config.json")
 # Fields every decoder's config has, by the type it needs: mlx-lm's errors name none of them.
@@ -79,11 +80,11 @@ def _check_field_types(path: Path, config: dict) -> None:
 
 
 def _is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return is_int(value, 1)
 
 
 def _is_id(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_int(value, 0)
 
 
 def load_target_folder(folder: Path):

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from ..values import is_int
 
 
 def read_responses(path: Path) -> list[list[int]]:
@@ -33,9 +34,7 @@ def read_responses(path: Path) -> list[list[int]]:
                 ids = json.loads(line)["response_ids"]
             except (ValueError, KeyError, TypeError) as exc:
                 raise ConfigError(f"{path}:{line_no}: no response_ids list: {exc}") from None
-            if not isinstance(ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
-            ):
+            if not isinstance(ids, list) or not all(is_int(t, 0) for t in ids):
                 raise ConfigError(f"{path}:{line_no}: response_ids must be a list of ids >= 0")
             out.append(ids)
     return out
