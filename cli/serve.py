@@ -40,8 +40,13 @@ from .common import (
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
-def _listen(host: str, port: int):
-    """Bind the listening socket first: a busy port is one line, before any model loads."""
+API_KEY_ENV = "DFLASH2_API_KEY"
+BACKLOG = 2048  # uvicorn's
+
+
+def _bind(host: str, port: int):
+    """Bind the socket first: a port another server listens on is one line, before any model
+    loads (clients are refused, not kept waiting, until it has loaded: _listen)."""
     import socket
 
     try:
@@ -52,6 +57,28 @@ def _listen(host: str, port: int):
     except OSError as e:
         fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
     return sock
+
+
+def _listen(sock, host: str, port: int) -> None:
+    """Listen once the model has loaded. Two servers started on one port at once both bind
+    (SO_REUSEADDR); the second to listen stops here with one line, before it says it serves."""
+    try:
+        sock.listen(BACKLOG)
+    except OSError as e:
+        sock.close()
+        fail(f"cannot listen on {host}:{port}: {e.strerror or e} (taken while the model loaded)")
+
+
+def _say(msg: str) -> None:
+    """A startup line on stderr. If its reader has gone (`| head`, a log shipper that died),
+    the server serves on and its lines go nowhere, as uvicorn's do after the start."""
+    import os
+    import sys
+
+    try:
+        typer.echo(msg, err=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
 
 
 def serve(
@@ -166,7 +193,7 @@ def serve(
     api_key: Optional[str] = typer.Option(
         None,
         "--api-key",
-        envvar="DFLASH2_API_KEY",
+        envvar=API_KEY_ENV,
         show_envvar=True,
         help="Require `Authorization: Bearer KEY` on every endpoint but /health.",
     ),
@@ -214,6 +241,8 @@ def serve(
     )
     if model_name is not None and not model_name.strip():
         fail("--model-name is empty")
+    if api_key is None and _env_is_empty(API_KEY_ENV):  # click reads an empty value as unset
+        fail(f"{API_KEY_ENV} is set but empty: give the key, or unset it to serve without one")
     limits, security = _policies(
         host,
         max_body_mb,
@@ -225,14 +254,12 @@ def serve(
         api_key,
         trust_proxy,
     )
-    sock = _listen(host, port)
+    sock = _bind(host, port)
 
     from dflash2_mlx.registry import names_of
     from dflash2_mlx.serve import create_app, display_name, run_server
 
-    def say(msg: str) -> None:
-        typer.echo(msg, err=True)
-
+    say = _say
     try:
         pair, resolved, settings = load_engine(model, target, drafter, offline, say, flags)
         if settings.auto_block.note:
@@ -261,6 +288,7 @@ def serve(
         sock.close()
         raise
     _context_notes(app.state.settings.context, pair, max_tokens, max_prompt_tokens, say)
+    _listen(sock, host, port)
     shown = f"[{host}]" if ":" in host else host
     say(f"sampling defaults (for fields a request leaves out): {settings.sampling.describe()}")
     say(
@@ -269,9 +297,16 @@ def serve(
         + f", context {app.state.settings.context}, batch {app.state.worker.capacity}"
         + f", queue {max_queue}, prompt cache "
         + (f"{prompt_cache_mb} MiB" if prompt_cache_mb else "off")
+        + (", API key required" if api_key else ", no API key")
     )
     # After Ctrl-C: waiting requests get 503, the running ones --shutdown-grace seconds.
     _exit_after_shutdown(run_server(app, sock, log_level=log_level))
+
+
+def _env_is_empty(name: str) -> bool:
+    import os
+
+    return name in os.environ and not os.environ[name].strip()
 
 
 def _context_notes(context: int, pair, max_tokens, max_prompt_tokens, say) -> None:

@@ -24,7 +24,12 @@ def _codec(encoding: str | None) -> str:
 def locale_streams() -> None:
     """A locale that cannot write every character (ASCII, Latin-1) shows "?" for the others
     instead of stopping a command with UnicodeEncodeError; where it is ASCII (LC_ALL=C with
-    Python's UTF-8 coercion off), stdin is read as UTF-8, of which ASCII is a part."""
+    Python's UTF-8 coercion off), stdin is read as UTF-8, of which ASCII is a part. A stream
+    closed at start (`>&-`: Python makes it None) writes to the null device instead, as a
+    command's output then goes nowhere rather than crashing it (uvicorn's logs ask isatty())."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115
     for stream in (sys.stdout, sys.stderr):
         utf = _codec(getattr(stream, "encoding", None)).startswith("utf")
         raises = getattr(stream, "errors", None) in ("strict", "surrogateescape")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import tempfile
 from dataclasses import dataclass
@@ -127,12 +128,17 @@ def profile_path(key: Mapping, root: str | Path | None = None) -> Path:
 
 def save_profile(profile: Mapping, root: str | Path | None = None) -> Path:
     path = profile_path(profile["key"], root)
-    tmp = path.with_suffix(".tmp")
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(profile, indent=2) + "\n")
-        tmp.replace(path)
+        # a temporary file of its own: two autotunes storing at once never share one
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(profile, indent=2) + "\n")
+        os.replace(tmp, path)
     except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise ConfigError(_unstorable(path.parent, exc)) from None
     return path
 

@@ -301,6 +301,41 @@ def test_folders_are_keyed_by_absolute_path_and_content(llama_pair, tmp_path, mo
     assert A.profile_key(llama_pair, "m", "org/d")["target"] != key["target"]
 
 
+def test_profiles_stored_at_once_never_meet(tmp_path):
+    """Two autotunes storing one key at the same moment (two `bench --autotune`, a server
+    reading it meanwhile): each writes its own temporary file, so no save fails and a reader
+    never sees a half-written profile (one shared temporary name lost a measurement to a
+    'cannot store' error and showed readers an empty file)."""
+    import threading
+
+    key = {"device": "test", "target": "t", "drafter": "d"}
+    profiles_of = [{"schema": profiles.SCHEMA, "key": key, "chosen_block": b} for b in (3, 5)]
+    failures, seen = [], []
+
+    def store(profile):
+        for _ in range(150):
+            try:
+                profiles.save_profile(profile, tmp_path)
+            except Exception as e:  # noqa: BLE001 - counted, asserted below
+                failures.append(e)
+
+    def read():
+        path = profiles.profile_path(key, tmp_path)
+        for _ in range(300):
+            if path.exists():
+                seen.append(json.loads(path.read_text())["chosen_block"])
+
+    threads = [threading.Thread(target=store, args=(p,)) for p in profiles_of]
+    threads.append(threading.Thread(target=read))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert failures == []
+    assert seen and set(seen) <= {3, 5}
+    assert [f.name for f in tmp_path.iterdir()] == [profiles.profile_path(key, tmp_path).name]
+
+
 def test_a_shipped_datastore_left_off_gets_its_own_profile(llama_pair, tmp_path, monkeypatch):
     from dflash2_mlx.engine.datastore import DATASTORE_FILE
 

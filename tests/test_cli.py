@@ -159,6 +159,54 @@ def test_user_mistakes_are_one_line_exit_2(argv, message, capsys):
     assert "Traceback" not in cap.err + cap.out
 
 
+def test_an_empty_api_key_in_the_environment_is_refused(monkeypatch, capsys):
+    """DFLASH2_API_KEY="" (an env file whose secret was left blank) served with no key at
+    all: click reads an empty value as unset. Refused, as --api-key '' is."""
+    monkeypatch.setenv("DFLASH2_API_KEY", "")
+    # (a target that does not exist: were the key let through, that would be the error)
+    assert run(["serve", "--target", "/no/such/dir", "--drafter", "x/y"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "error: DFLASH2_API_KEY is set but empty: give the key, or unset it to serve without one"
+    )
+
+
+def test_a_port_taken_while_the_model_loads_is_one_line():
+    """Two servers started at once on one port both bind it (SO_REUSEADDR, before their models
+    load); the one that listens second stops with one line, before it says it serves (it
+    crashed in uvicorn with a hundred lines of tracebacks). Where the second bind already
+    fails (BSD), that is the same line, earlier."""
+    from dflash2_cli.common import UserError
+    from dflash2_cli.serve import _bind, _listen
+
+    first = _bind("127.0.0.1", 0)
+    port = first.getsockname()[1]
+    try:
+        try:
+            second = _bind("127.0.0.1", port)
+        except UserError as early:
+            assert str(early).startswith(f"cannot listen on 127.0.0.1:{port}: ")
+            return
+        first.listen(8)
+        with pytest.raises(UserError, match="taken while the model loaded"):
+            _listen(second, "127.0.0.1", port)
+        assert second.fileno() == -1  # closed
+    finally:
+        first.close()
+
+
+def test_a_stream_closed_at_start_writes_nowhere(monkeypatch):
+    """`dflash2 serve >&-`: Python makes sys.stdout None, and uvicorn's log formatter asked it
+    isatty() after the model had loaded. The CLI gives such a stream the null device."""
+    from dflash2_cli.terminal import locale_streams
+
+    monkeypatch.setattr(sys, "stdout", None)
+    locale_streams()
+    assert sys.stdout is not None and not sys.stdout.isatty()
+    print("goes nowhere", flush=True)
+    sys.stdout.close()
+
+
 def test_console_script_error_has_no_traceback():
     for argv in (["chat", "--temp", "abc"], ["chat", "--top-p", "2"]):
         out = subprocess.run(

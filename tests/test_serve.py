@@ -813,7 +813,23 @@ def test_metrics_exposition(url):
     assert 1.0 <= metric(text, "dflash2_mean_acceptance_length") <= 4.0
     assert metric(text, "dflash2_queue_depth") == 0 and metric(text, "dflash2_in_flight") == 0
     assert "# TYPE dflash2_requests_total counter" in text
+    assert re.search(r'^dflash2_info\{version="[^"]+",model="tiny"\} 1$', text, re.M)
+    assert 0 < metric(text, "process_start_time_seconds") <= time.time()
+    assert metric(text, "dflash2_prefill_seconds_count") >= 2  # one per generation
+    assert metric(text, "dflash2_mlx_active_memory_bytes") > 0  # the weights at least
+    assert metric(text, "dflash2_mlx_peak_memory_bytes") >= metric(
+        text, "dflash2_mlx_active_memory_bytes"
+    )
     assert httpx.get(url + "/health").json()["status"] == "ok"  # still serving after all that
+
+
+def test_metrics_of_an_absent_prompt_cache_read_zero(pair):
+    """--prompt-cache-mb 0: its series are there and read 0 (a dashboard's query of a series
+    that vanished would say "no data", an alert on it never fire)."""
+    with running(create_app(pair, model_name="tiny", prompt_cache_mb=0)) as base:
+        text = httpx.get(base + "/metrics").text
+    for name in ("hits_total", "misses_total", "entries", "bytes", "max_bytes"):
+        assert re.search(rf"^dflash2_prompt_cache_{name} 0$", text, re.M), name
 
 
 # ------------------------------------------------------------------ the command line

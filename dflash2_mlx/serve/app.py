@@ -140,7 +140,7 @@ def create_app(
         tuple(other_names),
     )
     chat = ChatTemplate(pair.tokenizer, thinking)
-    metrics = metrics_mod.Metrics()
+    metrics = metrics_mod.Metrics(model_name)
     worker = _start_worker(pair, max_queue, metrics, prompt_cache_mb, max_batch, width_cost)
     handler = Handler(pair, worker, settings, chat, RequestLimits(limits, pair.tokenizer, context))
     drain = Drain(worker, limits.shutdown_grace_s)

@@ -26,7 +26,7 @@ def error_response(err: APIError, request: Request | None = None) -> JSONRespons
         where = f"{request.method} {loggable(request.url.path, 200)}: "
     anthropic = request is not None and request.url.path.startswith(MESSAGES_PATH)
     log.log(
-        logging.ERROR if err.status >= 500 and err.status != 503 else logging.INFO,
+        _level(err.status),
         "%s%d %s: %s",
         where,
         err.status,
@@ -35,6 +35,14 @@ def error_response(err: APIError, request: Request | None = None) -> JSONRespons
     )
     body = error_body(err) if anthropic else err.body()
     return JSONResponse(body, status_code=err.status, headers=err.headers)
+
+
+def _level(status: int) -> int:
+    """A fault is an error; a full queue or a shutdown a warning (the operator's to see at
+    --log-level warning); a client's mistake information."""
+    if status == 503:
+        return logging.WARNING
+    return logging.ERROR if status >= 500 else logging.INFO
 
 
 def shutting_down() -> APIError:

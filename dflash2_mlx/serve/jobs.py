@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..engine.generation import GenerationParams
+from .request_ids import REQUEST_ID
 
 _job_ids = itertools.count(1)
 
@@ -48,6 +49,8 @@ class Job:
         self.state = "waiting"  # waiting -> running -> done, or waiting -> cancelled
         self.stopped_by: BaseException | None = None  # the server stopped it (not the client)
         self.id = next(_job_ids)
+        # in log lines: the request's id (its x-request-id), else the job's number
+        self.name = REQUEST_ID.get() or f"job {self.id}"
         self.submitted = time.perf_counter()  # reset when queued (Worker.submit)
 
     def emit(self, item: Item) -> None:

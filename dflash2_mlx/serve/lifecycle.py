@@ -1,6 +1,6 @@
 """Running the app under uvicorn, and shutting it down gracefully.
 
-On Ctrl-C (SIGINT) or SIGTERM: the listening socket closes (uvicorn); new requests on open
+On Ctrl-C (SIGINT), SIGTERM or SIGHUP: the listening socket closes (uvicorn); new requests on open
 connections and every request still waiting in the queue get a JSON 503; the running
 generations may finish for `grace` seconds, after which each is stopped: a stream ends with an
 error event and `data: [DONE]`, a whole answer is a JSON 503. Then the worker stops.
@@ -9,12 +9,17 @@ error event and `data: [DONE]`, a whole answer is a JSON 503. Then the worker st
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import logging
+import signal
 import socket
+import threading
 
 import uvicorn
 
 from .queue import ShuttingDown, Worker
+from .request_ids import NameRequests
 from .security import SecurityPolicy
 
 log = logging.getLogger("dflash2.serve")
@@ -27,6 +32,13 @@ DELIVERY_MARGIN_S = 60.0
 # Connections uvicorn holds at once; beyond, a plain 503 (a flood of idle connections would
 # otherwise take every file descriptor, and /health with them).
 MAX_CONNECTIONS = 1000
+# Signals that drain and stop the server. uvicorn takes SIGINT and SIGTERM; SIGHUP (a closed
+# terminal, `kill -HUP`) would otherwise end the process mid-stream.
+STOP_SIGNALS = tuple(
+    getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)
+)
+# Every line of the server's log starts with its time (a log kept by nohup or a service).
+TIME = "%(asctime)s "
 
 
 class Drain:
@@ -59,6 +71,22 @@ class DrainingServer(uvicorn.Server):
         self.drain.begin()
         await super().shutdown(sockets)
 
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """uvicorn's, over STOP_SIGNALS: each begins the drain; once stopped, the process ends
+        as the signal would have ended it."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        for sig in reversed(self._captured_signals):
+            signal.raise_signal(sig)
+
 
 def show_logs(log_level: str) -> None:
     """The server's own lines (refusals, cancellations, shutdown) on stderr, as uvicorn's."""
@@ -68,8 +96,19 @@ def show_logs(log_level: str) -> None:
     logger.setLevel(log_level.upper() if log_level != "trace" else logging.DEBUG)
     if not logger.handlers:
         handler = logging.StreamHandler()
-        handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+        handler.setFormatter(DefaultFormatter(TIME + "%(levelprefix)s %(message)s"))
+        handler.addFilter(NameRequests())
         logger.addHandler(handler)
+
+
+def _log_config() -> dict:
+    """uvicorn's logging, each line with its time."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    for formatter in config["formatters"].values():
+        formatter["fmt"] = TIME + formatter["fmt"]
+    return config
 
 
 def make_server(app, *, log_level: str = "info") -> DrainingServer:
@@ -80,6 +119,7 @@ def make_server(app, *, log_level: str = "info") -> DrainingServer:
     config = uvicorn.Config(
         app,
         log_level=log_level,
+        log_config=_log_config(),
         timeout_graceful_shutdown=drain.grace_s + DELIVERY_MARGIN_S,
         limit_concurrency=MAX_CONNECTIONS,
         **security.uvicorn_options(),
@@ -123,7 +163,7 @@ _ACCEPT_ERRORS = _Sometimes()
 
 
 def run(app, sock: socket.socket, *, log_level: str = "info") -> int:
-    """Serve on a bound socket until Ctrl-C / SIGTERM; the exit code (130 after Ctrl-C)."""
+    """Serve on a bound socket until a STOP_SIGNALS signal; the exit code (130 after Ctrl-C)."""
     _more_files()
     logging.getLogger("asyncio").addFilter(_ACCEPT_ERRORS)  # once: the same filter object
     server = make_server(app, log_level=log_level)

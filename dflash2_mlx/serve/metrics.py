@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import threading
-import uuid
+import time
 from collections import Counter
 from operator import attrgetter
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..engine.events import RoundEvent
 from ..engine.events import tau as tau_of
+from ..engine.prompt_cache import PromptCacheStats
 from .messages_output import MESSAGES_PATH
 from .reasoning import ThinkingStats
-
-if TYPE_CHECKING:
-    from ..engine.prompt_cache import PromptCacheStats
+from .request_ids import REQUEST_ID, new_request_id
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # rows verified together in a round
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)  # queue wait, seconds
+_NO_CACHE = PromptCacheStats(0, 0, 0, 0, 0, 0)  # --prompt-cache-mb 0: its series read 0
+PREFILL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)  # a prompt's prefill
 
 
 class Histogram:
@@ -51,8 +52,10 @@ class Histogram:
 class Metrics:
     """Thread-safe totals: the event loop counts requests, the worker counts rounds."""
 
-    def __init__(self):
+    def __init__(self, model: str = ""):
         self._lock = threading.Lock()
+        self.model = model  # the served name, in dflash2_info
+        self.started = time.time()
         self.requests: Counter = Counter()  # (endpoint, status) -> responses
         self.prompt_tokens = 0
         self.generated_tokens = 0
@@ -70,6 +73,7 @@ class Metrics:
         self.batch_size = 0  # rows verified together in the latest round (0: idle)
         self.batch_rows = Histogram(ROWS_BUCKETS)  # per round
         self.queue_wait = Histogram(WAIT_BUCKETS)  # per request: submitted -> prefill starts
+        self.prefill = Histogram(PREFILL_BUCKETS)  # per generation: its prompt's prefill
         self.cached_prompt_tokens = 0  # prompt tokens served by the prompt cache
         self.prompt_cache: Callable[[], PromptCacheStats] | None = None  # its counters
 
@@ -81,6 +85,7 @@ class Metrics:
         with self._lock:
             self.generated_tokens += len(ev.tokens)
             if ev.prefill:
+                self.prefill.observe(ev.prefill_ms / 1000.0)
                 self.prompt_tokens += ev.prompt_tokens + ev.reused_tokens
                 self.cached_prompt_tokens += ev.reused_tokens
                 return
@@ -130,8 +135,22 @@ class Metrics:
         return tau_of(self.accepted, self.rounds)
 
     def render(self) -> str:
+        from .. import __version__ as version
+
         with self._lock:
             out = _Exposition()
+            out.metric(
+                "dflash2_info",
+                "gauge",
+                "The server: dflash2's version and the model's served name.",
+                [((("version", version), ("model", _label(self.model))), 1)],
+            )
+            out.metric(
+                "process_start_time_seconds",
+                "gauge",
+                "When the server started, in seconds since the epoch.",
+                [((), round(self.started, 3))],
+            )
             out.metric(
                 "dflash2_requests_total",
                 "counter",
@@ -150,14 +169,19 @@ class Metrics:
             out.lines += self.queue_wait.lines(
                 "dflash2_queue_wait_seconds", "Per request: from queued to its prefill's start."
             )
+            out.lines += self.prefill.lines(
+                "dflash2_prefill_seconds",
+                "Per generation: its prompt's prefill (time to first token: queue wait + this).",
+            )
             out.metric(
                 "dflash2_cached_prompt_tokens_total",
                 "counter",
                 "Prompt tokens served by the prompt cache (not prefilled).",
                 [((), self.cached_prompt_tokens)],
             )
-            if self.prompt_cache is not None:
-                _prompt_cache_metrics(out.metric, self.prompt_cache())
+            cache = self.prompt_cache() if self.prompt_cache is not None else _NO_CACHE
+            _prompt_cache_metrics(out.metric, cache)
+            _memory_metrics(out.metric)
             return "\n".join(out.lines) + "\n"
 
 
@@ -228,7 +252,8 @@ _SCALARS = (
     (
         "dflash2_generation_seconds_total",
         "counter",
-        "Wall time spent generating.",
+        "Seconds of generation summed over generations (concurrent ones each count theirs: "
+        "not a busy ratio).",
         "generation_seconds",
     ),
     (
@@ -273,6 +298,26 @@ class _Exposition:
             self.lines.append(f"{name}{{{lab}}} {value}" if lab else f"{name} {value}")
 
 
+def _label(value: str) -> str:
+    """A label value as the exposition format escapes it."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _memory_metrics(metric) -> None:
+    """MLX's memory now and at its peak (weights, caches, the prompt cache, buffers)."""
+    import mlx.core as mx
+
+    for name, help_, value in (
+        ("dflash2_mlx_active_memory_bytes", "Memory MLX holds now.", mx.get_active_memory()),
+        (
+            "dflash2_mlx_peak_memory_bytes",
+            "The most MLX has held since start.",
+            mx.get_peak_memory(),
+        ),
+    ):
+        metric(name, "gauge", help_, [((), value)])
+
+
 def _prompt_cache_metrics(metric, st: PromptCacheStats) -> None:
     for name, help_, value in (
         ("dflash2_prompt_cache_hits_total", "Requests that resumed a cached prefix.", st.hits),
@@ -314,7 +359,8 @@ class CountResponses:
         )
 
         # An id per response, where OpenAI's and Anthropic's SDKs read one (`_request_id`).
-        request_id = f"req_{uuid.uuid4().hex}".encode()
+        rid = new_request_id()
+        request_id = rid.encode()
         names = (b"x-request-id", b"request-id") if path.startswith(MESSAGES_PATH) else ()
         names = names or (b"x-request-id",)
 
@@ -325,4 +371,8 @@ class CountResponses:
                 message = {**message, "headers": list(message.get("headers", [])) + tags}
             await send(message)
 
-        return await self.app(scope, receive, counting_send)
+        token = REQUEST_ID.set(rid)  # for the log lines of this request's task
+        try:
+            return await self.app(scope, receive, counting_send)
+        finally:
+            REQUEST_ID.reset(token)

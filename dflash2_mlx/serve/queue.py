@@ -133,7 +133,7 @@ class Worker:
                 self.waiting -= 1
                 self.metrics.count_dropped()
                 self._publish()
-                log.info("job %d cancelled while waiting: the client left", job.id)
+                log.info("%s cancelled while waiting: the client left", job.name)
 
     def close(self) -> None:
         """Shutdown begins: refuse new jobs, answer the waiting ones with ShuttingDown."""

@@ -166,7 +166,7 @@ class Scheduler:
                 if r.produced
                 else f"during the prefill of its {len(job.prompt_ids)} prompt tokens"
             )
-            log.info("job %d cancelled %s: %s", job.id, when, why)
+            log.info("%s cancelled %s: %s", job.name, when, why)
             if job.stopped_by is not None:
                 job.emit(Item("error", error=job.stopped_by))
             self._finish(r)
@@ -187,7 +187,7 @@ class Scheduler:
         """The job ends with `e` (a server bug: logged once, answered 500); its state is not
         kept for a next turn."""
         if not (logged or isinstance(e, DFlash2Error)):
-            log.error("generation of job %d failed", r.job.id, exc_info=e)
+            log.error("generation of %s failed", r.job.name, exc_info=e)
         if r.finished:
             return
         if r.lease is not None and r.rid >= 0:  # it ran: maybe not consistent, never stored
