@@ -118,7 +118,10 @@ class Grammars:
                 break
             value = plain
         if matcher.get_error():
-            raise ParameterError(f"unsupported JSON schema: {_brief(matcher.get_error())}")
+            why = _brief(matcher.get_error())
+            if "uniqueItems" in why:  # pydantic writes it for a set
+                why += " (no grammar can hold items unique: send an array without it, a list)"
+            raise ParameterError(f"unsupported JSON schema: {why}")
         if calls is not None and calls.opened and not matcher.consume_tokens(list(calls.opened)):
             log.debug("the call the prompt opened is refused: %s", matcher.get_error())
             # its first line: every refusal's state dump ends "Stop: ParserTooComplex"

@@ -3,6 +3,8 @@ list, and the references a tool's parameters may hold."""
 
 from __future__ import annotations
 
+from .values import is_number
+
 
 _DATA_KEYS = frozenset({"enum", "const", "default", "examples"})  # values, not schemas
 # maps of names (which may be any word, "properties" too) to schemas
@@ -16,6 +18,12 @@ _TIME = (
 )
 _DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 _FORMAT_PATTERNS = {"time": f"^{_TIME}$", "date-time": f"^{_DATE}T{_TIME}$"}
+# Numbers a small model may write until max_tokens cuts the JSON (1111…, 0.0000…): at most 16
+# integer digits (llama.cpp's schemas allow as many) and 10 decimals, where the schema sets no
+# bound of its own.
+_INTEGER_LIMIT = 10**16 - 1
+_NUMBER_LIMIT = 1e16
+_DECIMALS = 1e-10  # a multipleOf: llguidance takes no finer one
 
 
 def closed_objects(schema):
@@ -26,14 +34,21 @@ def closed_objects(schema):
     cuts the JSON. Left open: objects beside allOf / anyOf / oneOf / $ref, the branches of
     such an object, and definitions an allOf extends. Say `additionalProperties: true` (or give
     a schema for them) to allow other keys anywhere. Times and date-times are held to seconds
-    00-59 (_FORMAT_PATTERNS)."""
+    00-59 (_FORMAT_PATTERNS); numbers to 16 digits and 10 decimals unless the schema bounds
+    them (_numbers_bounded); a map whose keys are an enum (pydantic's dict[Literal[...], T])
+    lists them as its properties (_keys_listed)."""
     extended = {str(r).rsplit("/", 1)[-1] for r in _refs(schema, inside_all_of=False)}
+    definitions = {}
+    if isinstance(schema, dict):
+        for k in ("$defs", "definitions"):
+            definitions.update(schema.get(k) if isinstance(schema.get(k), dict) else {})
 
     def close(node, partial: bool = False):
         if isinstance(node, list):
             return [close(v) for v in node]
         if not isinstance(node, dict):
             return node
+        node = _numbers_bounded(_keys_listed(node, definitions))
         has_props = isinstance(node.get("properties"), dict)
         out = {}
         for k, v in node.items():
@@ -54,6 +69,46 @@ def closed_objects(schema):
         return out
 
     return close(schema)
+
+
+def _numbers_bounded(node: dict) -> dict:
+    """An integer or number schema with the digits it may take bounded (see _INTEGER_LIMIT):
+    each side the schema leaves open, where that keeps a value possible."""
+    types = node.get("type") if isinstance(node.get("type"), list) else [node.get("type")]
+    if "number" in types:
+        limit = _NUMBER_LIMIT
+    elif "integer" in types:
+        limit = _INTEGER_LIMIT
+    else:
+        return node
+    low = next((node[k] for k in ("minimum", "exclusiveMinimum") if k in node), None)
+    high = next((node[k] for k in ("maximum", "exclusiveMaximum") if k in node), None)
+    out = dict(node)
+    if high is None and not (is_number(low) and low >= limit):
+        out["maximum"] = limit
+    if low is None and not (is_number(high) and high <= -limit):
+        out["minimum"] = -limit
+    if "number" in types and "multipleOf" not in node:
+        out["multipleOf"] = _DECIMALS
+    return out
+
+
+def _keys_listed(node: dict, defs: dict) -> dict:
+    """A map whose `propertyNames` is an enum or a const (directly or by a $ref to one), which
+    llguidance does not take, as the same object with those names as its optional properties
+    and no other keys."""
+    names = node.get("propertyNames")
+    if not isinstance(names, dict) or "properties" in node or "patternProperties" in node:
+        return node
+    ref = names.get("$ref")
+    if isinstance(ref, str) and ref.startswith(("#/$defs/", "#/definitions/")):
+        names = defs.get(ref.rsplit("/", 1)[-1], {})
+    keys = names.get("enum", [names["const"]] if "const" in names else None)
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        return node
+    value = node.get("additionalProperties", True)
+    out = {k: v for k, v in node.items() if k not in ("propertyNames", "additionalProperties")}
+    return {**out, "properties": {k: value for k in keys}, "additionalProperties": False}
 
 
 def without_format(schema, name: str):

@@ -526,6 +526,7 @@ def test_times_are_held_to_seconds_a_clock_shows(qwen_like):
     assert closed_objects(mine) == mine
 
 
+@pytest.mark.real_model
 def test_formats_llguidance_does_not_know_are_notes(qwen_like):
     """JSON Schema's format is an annotation where a validator does not know it: pydantic's
     SecretStr ("password"), bytes ("binary") and Path ("path") were a 400; now their strings go
@@ -537,6 +538,51 @@ def test_formats_llguidance_does_not_know_are_notes(qwen_like):
     assert not _accepts(grammars.json_schema(schema), hf, '{"p": "any text", "e": "no"}')
 
 
+@pytest.mark.real_model
+def test_numbers_take_at_most_16_digits_and_10_decimals(qwen_like):
+    """A small model's number that never ends (`"population": 1111…`, `0.0000…`) ran to
+    max_tokens, or the end of the context when the client sent none (instructor, pydantic-ai
+    and litellm send none): numbers the schema leaves unbounded take 16 integer digits at most
+    (as llama.cpp's) and 10 decimals; a schema's own bounds stay."""
+    from dflash2_mlx.json_schema import closed_objects
+
+    hf, grammars = qwen_like
+    for kind in ("integer", "number"):
+        g = grammars.json_schema({"type": "object", "properties": {"n": {"type": kind}}})
+        assert _accepts(g, hf, '{"n": ' + "9" * 16 + "}")
+        assert _accepts(g, hf, '{"n": -' + "9" * 16 + "}")
+        assert not _accepts(g, hf, '{"n": ' + "9" * 17 + "}")
+    g = grammars.json_schema({"type": "object", "properties": {"x": {"type": ["number", "null"]}}})
+    assert _accepts(g, hf, '{"x": 3.1415926535}') and _accepts(g, hf, '{"x": null}')
+    assert not _accepts(g, hf, '{"x": 3.14159265358}')  # 11 decimals
+    own = {"type": "integer", "minimum": 0, "exclusiveMaximum": 10**20}
+    assert closed_objects(own) == own  # bounded by the schema: left as it is
+    big = {"type": "number", "minimum": 1e20}  # a maximum of ours would admit nothing
+    assert closed_objects(big) == {**big, "multipleOf": 1e-10}
+
+
+@pytest.mark.real_model
+def test_a_map_keyed_by_an_enum_takes_those_keys(qwen_like):
+    """pydantic writes dict[Literal["math", "art"], int] (or an Enum's keys) as `propertyNames`,
+    which llguidance refuses (a 400 for instructor and pydantic-ai users): it is the object
+    with those keys as optional properties and no others."""
+    hf, grammars = qwen_like
+    literal = {"type": "object", "additionalProperties": {"type": "integer"}}
+    literal["propertyNames"] = {"enum": ["math", "art"]}
+    by_ref = {
+        "type": "object",
+        "properties": {"m": {**literal, "propertyNames": {"$ref": "#/$defs/Subject"}}},
+        "$defs": {"Subject": {"type": "string", "enum": ["math", "art"]}},
+    }
+    for schema, wrap in ((literal, "{}"), (by_ref, '{{"m": {}}}')):
+        g = grammars.json_schema(schema)
+        assert _accepts(g, hf, wrap.format('{"math": 3, "art": 4}'))
+        assert _accepts(g, hf, wrap.format('{"art": 4}'))
+        assert not _accepts(g, hf, wrap.format('{"music": 4}'))
+        assert not _accepts(g, hf, wrap.format('{"art": "a"}'))
+
+
+@pytest.mark.real_model
 def test_objects_hold_the_keys_their_schema_lists(qwen_like):
     """An object schema with `properties` and nothing said of other keys takes no others (what
     OpenAI's strict mode means; llama.cpp and XGrammar do it by default): a small model cannot

@@ -227,3 +227,25 @@ def test_top_k_keeps_exactly_k_tokens_when_the_kth_is_tied():
     logits = mx.array([[3.0, 2.0, 2.0, 2.0, 1.0, 2.0]])
     kept = (filtered_probs(logits, SamplingParams(temperature=1.0, top_k=2)) > 0)[0].tolist()
     assert sum(kept) == 2 and kept[0] and not kept[4]
+
+
+def test_the_nucleus_among_the_likeliest_tokens_is_the_full_sorts():
+    """top_p's nucleus is found among the most likely tokens by a partial selection (a full
+    sort of each verified row cost a CPU more than the rest of the sampling); a row whose
+    nucleus is larger falls back to the full sort. The mask is the same either way, on rows
+    peaked and flat, and with a top_k before it."""
+    from dflash2_mlx.sampling import nucleus
+
+    vocab = 5000
+    mx.random.seed(3)
+    peaked = mx.random.normal((4, vocab)) * 4
+    flat = mx.random.normal((2, vocab)) * 0.1  # its nucleus holds most of the vocabulary
+    for rows in (peaked, mx.concatenate([peaked, flat])):
+        probs = mx.softmax(rows, axis=-1)
+        for top_p in (0.3, 0.9, 0.99):
+            fast = nucleus(probs, top_p, candidates=256)
+            assert mx.array_equal(fast, nucleus(probs, top_p, candidates=vocab)).item(), top_p
+            assert mx.all(mx.sum(fast, axis=-1) >= 1).item()
+    sp = SamplingParams(temperature=0.7, top_p=0.9, top_k=300)
+    kept = filtered_probs(peaked, sp) > 0
+    assert mx.all(mx.sum(kept, axis=-1) <= 300).item()

@@ -51,11 +51,15 @@ def reply_grammar(pair, req: GenRequest, prompt: ChatPrompt | None) -> Grammar |
 
 def _reply_grammar(pair, req: GenRequest, prompt, tools: ToolRequest | None) -> Grammar | None:
     strict = bool(tools and tools.strict)
-    held_call = bool(tools and tools.forced) and _format(pair.tokenizer) == "json_tools"
-    if req.response_schema is None and not strict and not held_call:
+    forced_call = bool(tools and tools.forced)
+    held_call = forced_call and _format(pair.tokenizer) == "json_tools"
+    # a forced tool_choice's reply is a call, with no text for response_format to hold (as
+    # OpenAI: instructor's RESPONSES_TOOLS sends both)
+    schema = None if forced_call else req.response_schema
+    if schema is None and not strict and not held_call:
         return None
     try:
-        calls = _calls(pair, req, tools, prompt) if tools is not None else None
+        calls = _calls(pair, schema, tools, prompt) if tools is not None else None
     except _NotOpened:
         if strict:
             raise _not_opened("does not tokenize on its own") from None
@@ -63,15 +67,15 @@ def _reply_grammar(pair, req: GenRequest, prompt, tools: ToolRequest | None) -> 
     forced = prompt is not None and prompt.state == "tool"  # past any thinking already
     thinking = _thinking(pair.tokenizer, prompt) if prompt is not None and not forced else None
     try:
-        return pair.grammars.reply(req.response_schema, calls, thinking)
+        return pair.grammars.reply(schema, calls, thinking)
     except ParameterError as e:
-        if req.response_schema is None and not strict:
+        if schema is None and not strict:
             # the template's calls are not json_tools' {"name", "arguments"} (arguments
             # first, say): the prefilled opening alone forces the call, as before
             return None
         if isinstance(e, OpeningRefused):
             raise _not_opened("is not one the grammar of the strict tool's call allows") from None
-        where = "response_format" if req.response_schema is not None else "tools"
+        where = "response_format" if schema is not None else "tools"
         raise invalid(where, f"{where}: {e}") from None
 
 
@@ -93,18 +97,12 @@ def _format(tok) -> str:
     return getattr(getattr(tok, "tool_parser", None), "__module__", "").rsplit(".", 1)[-1]
 
 
-def _calls(pair, req: GenRequest, tools: ToolRequest, prompt: ChatPrompt) -> Calls:
+def _calls(pair, schema: dict | None, tools: ToolRequest, prompt: ChatPrompt) -> Calls:
     """The calls a reply held to a grammar may make: every tool (the one a forced
     tool_choice names), the strict ones with their arguments' schemas, in the model's
-    json_tools format; a forced choice goes on from the call the prompt opened."""
-    why = "response_format together with tools" if req.response_schema else "strict tools"
-    if tools.forced and req.response_schema is not None:
-        raise invalid(
-            "tool_choice",
-            f'{why}: only with tool_choice "auto" (the reply may call them or answer); '
-            f"got {tools.choice}",
-            "unsupported_parameter",
-        )
+    json_tools format; a forced choice goes on from the call the prompt opened. `schema`:
+    response_format's, where the reply may answer instead."""
+    why = "response_format together with tools" if schema else "strict tools"
     names = [t["function"]["name"] for t in tools.tools]
     first = next((i for i, n in enumerate(names) if n in tools.strict), None)
     tok = pair.tokenizer
