@@ -152,7 +152,6 @@ def test_cost_curves(pair):
 
 # ------------------------------------------------------------------------------ the command
 def test_bench_command_json_and_png(tiny_pair, tmp_path, capsys):
-    pytest.importorskip("matplotlib")
     assert run(_args(tiny_pair, tmp_path, "--limit", "2", "--block", "2,4", "--context", "32")) == 0
     out = capsys.readouterr().out
     assert "speedup" in out and "all outputs identical" in out

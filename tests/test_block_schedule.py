@@ -245,8 +245,7 @@ def test_the_engine_switches_blocks_at_the_schedules_contexts_output_unchanged(p
 
 
 def test_the_server_runs_its_requests_with_the_schedule_and_shows_it():
-    pytest.importorskip("fastapi")
-    openai = pytest.importorskip("openai")
+    import openai
     from test_serve import make_tokenizer, running
 
     from dflash2_mlx.serve import create_app

@@ -12,11 +12,10 @@ import shutil
 import sys
 from pathlib import Path
 
-import pytest
+import pexpect
 
 from tiny_pair import answer
 
-pexpect = pytest.importorskip("pexpect")
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-B]|\r")
 PROMPT = ">>> "

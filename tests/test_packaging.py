@@ -139,8 +139,9 @@ def test_a_built_wheel_ships_kernels_assets_and_the_cli(tmp_path):
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    # a deprecated field builds today and fails once setuptools drops it
-    assert "deprecated" not in out.stderr.lower(), out.stderr
+    # a deprecated field builds today and fails once setuptools drops it (pip's own
+    # deprecation notices are not ours)
+    assert "SetuptoolsDeprecationWarning" not in out.stderr, out.stderr
     wheel = next((tmp_path / "dist").glob("dflash2-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for kernel in (ROOT / "metal").glob("*.metal"):

@@ -172,6 +172,7 @@ def test_an_empty_reply_asked_for_logprobs_has_empty_lists(pair, client):
     assert c.choices[0].logprobs.token_logprobs == [] and c.choices[0].logprobs.text_offset == []
 
 
+@pytest.mark.real_model
 def test_token_bytes_of_a_byte_level_tokenizer_rebuild_the_text(tmp_path_factory):
     """SmolLM2's byte-level BPE splits characters across tokens: each entry's `bytes` are the
     token's own, so they join back into the text's UTF-8 (a decoded token would be U+FFFD)."""
@@ -196,6 +197,7 @@ def _is_utf8(raw: bytes) -> bool:
         return False
 
 
+@pytest.mark.real_model
 def test_completion_keys_of_tokens_that_split_a_character_stay_distinct(tmp_path_factory):
     """Completions' top_logprobs is a dict keyed by token text: tokens holding part of a
     character are keyed by their bytes ("bytes:\\xe6\\x97", as OpenAI writes them), so no

@@ -267,7 +267,6 @@ def test_resolve_engine_takes_the_lookup_block_from_the_profile(pair):
     )
     s = resolve_engine(EngineFlags(), pair, plain, None)
     assert (s.lookup_block, s.block.size) == (12, 6)
-    pytest.importorskip("fastapi")
     from dflash2_mlx.serve.app import create_app
 
     with pytest.raises(ParameterError, match="lookup_block must be an int >= 1"):

@@ -1,5 +1,6 @@
 """Drafter training: the batched training forward, the objective, checkpoints and features."""
 
+import errno
 import json
 import os
 import random
@@ -218,7 +219,7 @@ def test_an_interrupted_run_resumed_ends_as_the_uninterrupted_one(target, sequen
         )
 
 
-def test_feature_cache_roundtrip_resume_and_disk_full(target, tmp_path):
+def test_feature_cache_roundtrip_resume_and_disk_full(target, tmp_path, monkeypatch):
     adapter = TargetAdapter(target, (0, 2))
     seqs = [Sequence_(f"p{i}", 0.0, p + [7, 8, 9], len(p)) for i, p in enumerate(PROMPTS)]
     folder = tmp_path / "feats"
@@ -232,7 +233,14 @@ def test_feature_cache_roundtrip_resume_and_disk_full(target, tmp_path):
     # A full disk: a clear error naming the folder, and what was cached is kept.
     full = tmp_path / "full"
     full.mkdir()
-    os.symlink("/dev/full", full / "shard_00000.tmp.npy")
+    if os.path.exists("/dev/full"):  # Linux: a device whose every write fails with ENOSPC
+        os.symlink("/dev/full", full / "shard_00000.tmp.npy")
+    else:  # macOS has none: the save itself fails as a full disk's would
+
+        def no_space(*args, **kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(np, "save", no_space)
     with pytest.raises(FeatureCacheError, match="disk is full"):
         build_feature_cache(adapter, seqs, full, batch=2, shard_rows=1, log=lambda s: None)
 
