@@ -161,6 +161,7 @@ def _speed(run: BenchRun) -> int:
 
     o = run.options
     blocks = _speed_settings(run)
+    load_before = B.machine_load()
     result = B.run_bench(
         run.pair,
         run.prompts,
@@ -174,10 +175,15 @@ def _speed(run: BenchRun) -> int:
         verify_cost=run.engine.verify_cost if run.report["settings"]["block_by_context"] else None,
     )
     run.report.update(result)
+    loads = (load_before, B.machine_load())
+    run.report["machine_load"] = {"before": loads[0], "after": loads[1]}
     vc = _verify_cost(run, blocks)
     for t in speed_tables(run.report):
         run.console.print(t)
     _print_verify_ms(vc, run.console)
+    note = B.busy_note(*loads)
+    if note:
+        run.err.print(f"note: {note}", style="yellow", markup=False, highlight=False)
     if o.plot_path is not False:
         _plot(run)
     return _mismatch_verdict(result["mismatches"], run.console, run.err)

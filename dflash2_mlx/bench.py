@@ -13,6 +13,7 @@ here. Everything returns plain dicts, ready for JSON.
 from __future__ import annotations
 
 import statistics
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -40,6 +41,29 @@ def report_header(schema: str, argv: Sequence[str]) -> dict:
         "command": "dflash2 " + " ".join(argv),
         "environment": environment(),
     }
+
+
+def machine_load() -> dict | None:
+    """The 1-minute load average beside the cores (None where the system keeps none)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    return {"load_1m": round(load, 2), "cores": os.cpu_count() or 1}
+
+
+def busy_note(*loads: dict | None) -> str | None:
+    """What to say of timings taken while the machine ran more than it has cores (other
+    jobs take turns with the measured one: each prompt's speedup swings by half), or None."""
+    busy = [x for x in loads if x is not None and x["load_1m"] > x["cores"]]
+    if not busy:
+        return None
+    worst = max(busy, key=lambda x: x["load_1m"])
+    return (
+        f"the machine was busy while this ran (load {worst['load_1m']:g} on {worst['cores']} "
+        "cores): speedups may be off by half, prompt by prompt; rerun on a quiet machine (tau "
+        "and the identical outputs do not depend on it)"
+    )
 
 
 def pair_record(pair, resolved) -> dict:

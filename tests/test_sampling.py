@@ -249,3 +249,36 @@ def test_the_nucleus_among_the_likeliest_tokens_is_the_full_sorts():
     sp = SamplingParams(temperature=0.7, top_p=0.9, top_k=300)
     kept = filtered_probs(peaked, sp) > 0
     assert mx.all(mx.sum(kept, axis=-1) <= 300).item()
+
+
+def test_rows_made_as_they_are_reached_accept_as_all_rows_at_once():
+    """A sampled round makes each verified row's probabilities only when acceptance reaches
+    it (rows after the first rejection are never needed): the same accepted count and bonus
+    as from every row at once, draw for draw, with dense and candidate q."""
+    mx.random.seed(5)
+    gamma, vocab = 6, 300
+    logits = mx.random.normal((gamma + 1, vocab)) * 2
+    sp = SamplingParams(temperature=0.8, top_p=0.9)
+    p = filtered_probs(logits, sp)
+    # a drafter near the target: its drafts are accepted or not, by chance
+    q_logits = logits[:gamma] + mx.random.normal((gamma, vocab))
+    dense_q = mx.softmax(q_logits, axis=-1)
+    cand = mx.argsort(-q_logits, axis=-1)[:, :16]
+    sparse_q = mx.softmax(mx.take_along_axis(q_logits, cand, axis=-1), axis=-1)
+    seen = set()
+    for q, c in ((dense_q, None), (sparse_q, cand)):
+        for s in range(40):
+            key, k_draft = mx.random.split(mx.random.key(s))
+            picked = mx.random.categorical(mx.log(q), key=k_draft)
+            drafts = picked if c is None else mx.take_along_axis(c, picked[:, None], -1)[:, 0]
+            made = []
+
+            def row(i):
+                made.append(i)
+                return filtered_probs(logits[i], sp)
+
+            lazy = rejection_sample(drafts, row, q, c, key)
+            assert lazy == rejection_sample(drafts, p, q, c, key)
+            assert made == list(range(lazy[0] + 1))  # up to the first rejection (or the bonus)
+            seen.add(lazy[0])
+    assert len(seen) > 2  # rounds that stopped at different positions
