@@ -19,8 +19,8 @@ _TIME = (
 _DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 _FORMAT_PATTERNS = {"time": f"^{_TIME}$", "date-time": f"^{_DATE}T{_TIME}$"}
 # Numbers a small model may write until max_tokens cuts the JSON (1111…, 0.0000…): at most 16
-# integer digits (llama.cpp's schemas allow as many) and 10 decimals, where the schema sets no
-# bound of its own.
+# integer digits (llama.cpp's schemas allow as many) on each side the schema leaves open, and
+# 10 decimals (no exponent) where it bounds neither side.
 _INTEGER_LIMIT = 10**16 - 1
 _NUMBER_LIMIT = 1e16
 _DECIMALS = 1e-10  # a multipleOf: llguidance takes no finer one
@@ -71,9 +71,15 @@ def closed_objects(schema):
     return close(schema)
 
 
+_VALUES_GIVEN = ("enum", "const", "allOf", "anyOf", "oneOf", "$ref", "not")
+
+
 def _numbers_bounded(node: dict) -> dict:
     """An integer or number schema with the digits it may take bounded (see _INTEGER_LIMIT):
-    each side the schema leaves open, where that keeps a value possible."""
+    each side the schema leaves open, where that keeps a value possible. Left as they are:
+    schemas whose values come from elsewhere too (an enum, a const, a combinator)."""
+    if any(k in node for k in _VALUES_GIVEN):
+        return node
     types = node.get("type") if isinstance(node.get("type"), list) else [node.get("type")]
     if "number" in types:
         limit = _NUMBER_LIMIT
@@ -88,7 +94,7 @@ def _numbers_bounded(node: dict) -> dict:
         out["maximum"] = limit
     if low is None and not (is_number(high) and high <= -limit):
         out["minimum"] = -limit
-    if "number" in types and "multipleOf" not in node:
+    if "number" in types and low is None and high is None and "multipleOf" not in node:
         out["multipleOf"] = _DECIMALS
     return out
 

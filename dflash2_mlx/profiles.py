@@ -128,19 +128,29 @@ def profile_path(key: Mapping, root: str | Path | None = None) -> Path:
 
 def save_profile(profile: Mapping, root: str | Path | None = None) -> Path:
     path = profile_path(profile["key"], root)
+    text = json.dumps(profile, indent=2) + "\n"
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # a temporary file of its own: two autotunes storing at once never share one
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
         with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(profile, indent=2) + "\n")
+            os.fchmod(fh.fileno(), 0o666 & ~_umask())  # as a plain write's (mkstemp: 0600)
+            fh.write(text)
         os.replace(tmp, path)
+        tmp = None
     except OSError as exc:
+        raise ConfigError(_unstorable(path.parent, exc)) from None
+    finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        raise ConfigError(_unstorable(path.parent, exc)) from None
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _read_profile(path: Path) -> tuple[dict | None, str | None]:

@@ -117,6 +117,7 @@ def nucleus(probs: mx.array, top_p: float, candidates: int = NUCLEUS_CANDIDATES)
     vocab = probs.shape[-1]
     if candidates < vocab:
         part = mx.argpartition(-probs, kth=candidates - 1, axis=-1)[..., :candidates]
+        part = mx.sort(part, axis=-1)  # by id: ties then fall as in the full sort's order
         keep, ids = _nucleus_sorted(probs, part, top_p)
         if not mx.any(keep[..., -1]).item():  # the last candidate is out: so is every later one
             return mx.put_along_axis(mx.zeros(probs.shape, mx.bool_), ids, keep, axis=-1)

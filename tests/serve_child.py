@@ -54,6 +54,7 @@ if __name__ == "__main__":
     # A background job of a non-interactive shell starts with SIGINT ignored, and uvicorn
     # restores (then re-raises into) that: serve as a foreground `dflash2 serve` does.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal's (pytest may run under nohup)
     args = sys.argv[1:]
     code = main(
         float(args[0]), int(args[1]) if len(args) > 1 else 4, float(args[2] if len(args) > 2 else 0)

@@ -558,7 +558,15 @@ def test_numbers_take_at_most_16_digits_and_10_decimals(qwen_like):
     own = {"type": "integer", "minimum": 0, "exclusiveMaximum": 10**20}
     assert closed_objects(own) == own  # bounded by the schema: left as it is
     big = {"type": "number", "minimum": 1e20}  # a maximum of ours would admit nothing
-    assert closed_objects(big) == {**big, "multipleOf": 1e-10}
+    assert closed_objects(big) == big
+    for given in (  # values from elsewhere: an enum, a const, a combinator
+        {"type": "integer", "enum": [10**17, 5]},
+        {"type": "number", "const": 3.14159265358979},
+        {"type": "integer", "allOf": [{"minimum": 10**17}]},
+    ):
+        assert closed_objects(given) == given
+    small = {"type": "number", "exclusiveMinimum": 0, "maximum": 5e-11}
+    assert closed_objects(small) == small  # bounded: its decimals are its own
 
 
 @pytest.mark.real_model

@@ -246,6 +246,11 @@ def test_the_nucleus_among_the_likeliest_tokens_is_the_full_sorts():
             fast = nucleus(probs, top_p, candidates=256)
             assert mx.array_equal(fast, nucleus(probs, top_p, candidates=vocab)).item(), top_p
             assert mx.all(mx.sum(fast, axis=-1) >= 1).item()
+    # bf16 logits tie often: the tied tokens at the nucleus's edge are the full sort's too
+    tied = mx.softmax((peaked * 3).astype(mx.bfloat16).astype(mx.float32), axis=-1)
+    for top_p in (0.5, 0.8, 0.95):
+        fast = nucleus(tied, top_p, candidates=256)
+        assert mx.array_equal(fast, nucleus(tied, top_p, candidates=vocab)).item(), top_p
     sp = SamplingParams(temperature=0.7, top_p=0.9, top_k=300)
     kept = filtered_probs(peaked, sp) > 0
     assert mx.all(mx.sum(kept, axis=-1) <= 300).item()
@@ -256,7 +261,7 @@ def test_rows_made_as_they_are_reached_accept_as_all_rows_at_once():
     it (rows after the first rejection are never needed): the same accepted count and bonus
     as from every row at once, draw for draw, with dense and candidate q."""
     mx.random.seed(5)
-    gamma, vocab = 6, 300
+    gamma, vocab = 6, 3000  # past the nucleus's 1,024 candidates
     logits = mx.random.normal((gamma + 1, vocab)) * 2
     sp = SamplingParams(temperature=0.8, top_p=0.9)
     p = filtered_probs(logits, sp)
@@ -278,7 +283,34 @@ def test_rows_made_as_they_are_reached_accept_as_all_rows_at_once():
                 return filtered_probs(logits[i], sp)
 
             lazy = rejection_sample(drafts, row, q, c, key)
-            assert lazy == rejection_sample(drafts, p, q, c, key)
+            assert lazy == rejection_sample(drafts, p, q, c, key) == _all_rows(drafts, p, q, c, key)
             assert made == list(range(lazy[0] + 1))  # up to the first rejection (or the bonus)
             seen.add(lazy[0])
     assert len(seen) > 2  # rounds that stopped at different positions
+
+
+def _all_rows(drafts, p, q, candidates, key):
+    """The acceptance as it was before rows were made lazily (every row at once): the
+    reference the lazy one must match draw for draw."""
+    from dflash2_mlx.sampling import sample
+
+    gamma = drafts.shape[0]
+    k_accept, k_bonus = mx.random.split(key)
+    p_d = mx.take_along_axis(p[:gamma], drafts[:, None], axis=-1)[:, 0]
+    if candidates is None:
+        q_d = mx.take_along_axis(q, drafts[:, None], axis=-1)[:, 0]
+    else:
+        q_d = mx.sum(mx.where(candidates == drafts[:, None], q, 0.0), axis=-1)
+    u = mx.random.uniform(shape=(gamma,), key=k_accept)
+    accepted = int(mx.sum(mx.cumprod((u * q_d < p_d).astype(mx.int32))).item())
+    if accepted == gamma:
+        return accepted, int(sample(p[gamma], k_bonus).item())
+    row = p[accepted]
+    if candidates is None:
+        residual = row - q[accepted]
+    else:
+        residual = row.at[candidates[accepted]].add(-q[accepted])
+    residual = mx.maximum(residual, 0.0)
+    total = mx.sum(residual)
+    residual = mx.where(total > 0, residual / mx.maximum(total, 1e-30), row)
+    return accepted, int(sample(residual, k_bonus).item())

@@ -300,6 +300,26 @@ def test_sighup_drains_and_names_the_request_in_its_log():
     assert rid in cut and "shutting down" in cut, cut
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
+def test_sighup_is_taken_only_where_it_would_end_the_process():
+    """Under nohup (SIGHUP ignored) or a caller's own handler, the server leaves SIGHUP as it
+    is: closing the terminal of a `nohup dflash2 serve &` must not stop it."""
+    import uvicorn
+
+    from dflash2_mlx.serve.lifecycle import DrainingServer
+
+    server = DrainingServer(uvicorn.Config(lambda scope, receive, send: None), drain=None)
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        for given, taken in ((signal.SIG_IGN, False), (signal.SIG_DFL, True)):
+            signal.signal(signal.SIGHUP, given)
+            with server.capture_signals():
+                assert (signal.getsignal(signal.SIGHUP) == server.handle_exit) is taken
+            assert signal.getsignal(signal.SIGHUP) == given
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 def test_a_cut_waits_for_a_long_step_to_end(tmp_path):
     """A cut takes effect when the worker's current step ends: a step longer than uvicorn's
     margin (2 s once) had the stream cancelled mid-step, no error event or [DONE], and a

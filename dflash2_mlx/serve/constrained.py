@@ -14,7 +14,7 @@ from .api_error import APIError, invalid
 from .chat_prompt import ChatPrompt
 from .reasoning import closes_thinking
 from .schemas import GenRequest
-from .tools import ToolRequest
+from .tools import ToolRequest, value_schema
 
 
 def reply_constraint(pair, req: GenRequest, prompt: ChatPrompt | None, default_budget=None):
@@ -51,11 +51,8 @@ def reply_grammar(pair, req: GenRequest, prompt: ChatPrompt | None) -> Grammar |
 
 def _reply_grammar(pair, req: GenRequest, prompt, tools: ToolRequest | None) -> Grammar | None:
     strict = bool(tools and tools.strict)
-    forced_call = bool(tools and tools.forced)
-    held_call = forced_call and _format(pair.tokenizer) == "json_tools"
-    # a forced tool_choice's reply is a call, with no text for response_format to hold (as
-    # OpenAI: instructor's RESPONSES_TOOLS sends both)
-    schema = None if forced_call else req.response_schema
+    held_call = bool(tools and tools.forced) and _format(pair.tokenizer) == "json_tools"
+    schema = value_schema(req.response_schema, tools)
     if schema is None and not strict and not held_call:
         return None
     try:

@@ -33,10 +33,10 @@ DELIVERY_MARGIN_S = 60.0
 # otherwise take every file descriptor, and /health with them).
 MAX_CONNECTIONS = 1000
 # Signals that drain and stop the server. uvicorn takes SIGINT and SIGTERM; SIGHUP (a closed
-# terminal, `kill -HUP`) would otherwise end the process mid-stream.
-STOP_SIGNALS = tuple(
-    getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)
-)
+# terminal, `kill -HUP`) would otherwise end the process mid-stream, so it drains too where its
+# handler is the default one (under nohup it is ignored, and stays so).
+HANGUP = getattr(signal, "SIGHUP", None)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Every line of the server's log starts with its time (a log kept by nohup or a service).
 TIME = "%(asctime)s "
 
@@ -73,12 +73,15 @@ class DrainingServer(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self):
-        """uvicorn's, over STOP_SIGNALS: each begins the drain; once stopped, the process ends
-        as the signal would have ended it."""
+        """uvicorn's, over STOP_SIGNALS and a default SIGHUP: each begins the drain; once
+        stopped, the process ends as the signal would have ended it."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        stops = STOP_SIGNALS
+        if HANGUP is not None and signal.getsignal(HANGUP) is signal.SIG_DFL:
+            stops += (HANGUP,)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in stops}
         try:
             yield
         finally:
@@ -163,7 +166,8 @@ _ACCEPT_ERRORS = _Sometimes()
 
 
 def run(app, sock: socket.socket, *, log_level: str = "info") -> int:
-    """Serve on a bound socket until a STOP_SIGNALS signal; the exit code (130 after Ctrl-C)."""
+    """Serve on a bound socket until Ctrl-C, SIGTERM or SIGHUP; the exit code (130 after
+    Ctrl-C)."""
     _more_files()
     logging.getLogger("asyncio").addFilter(_ACCEPT_ERRORS)  # once: the same filter object
     server = make_server(app, log_level=log_level)

@@ -21,6 +21,7 @@ from ..chat_template import thought_piece
 from .api_error import loggable
 from .chat_prompt import ChatPrompt
 from .reasoning import ThinkingTracker
+from .tools import value_schema
 
 log = logging.getLogger("dflash2.serve")
 
@@ -112,9 +113,10 @@ class ChatReply:
     @classmethod
     def for_request(cls, tokenizer, prompt: ChatPrompt, req) -> "ChatReply":
         """The reply to a GenRequest: Anthropic's tool_use ids read "toolu_..."; a
-        response_format reply is a value."""
+        response_format reply is a value (not where a forced tool_choice makes it a call)."""
         prefix = "toolu_" if req.anthropic else "call_"
-        return cls(tokenizer, prompt, prefix, value=req.response_schema is not None)
+        value = value_schema(req.response_schema, prompt.tools) is not None
+        return cls(tokenizer, prompt, prefix, value=value)
 
     def feed(self, text: str, event) -> list[Delta]:
         self.thinking.add(event)

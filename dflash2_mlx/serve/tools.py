@@ -39,6 +39,13 @@ class ToolRequest:
         return self.choice in ("required", "function")
 
 
+def value_schema(schema: dict | None, tools: ToolRequest | None) -> dict | None:
+    """response_format's schema as the reply holds it: none where a forced tool_choice makes
+    the reply a call, with no text for the format to hold (instructor's RESPONSES_TOOLS sends
+    both, as OpenAI takes)."""
+    return None if tools is not None and tools.forced else schema
+
+
 def _function(i: int, tool) -> dict:
     where = f"tools[{i}]"
     if not isinstance(tool, dict):
