@@ -123,37 +123,17 @@ def run_cfg(ids, cfg, temp, seed):
 
 def plain_run(ids, temp, seed):
     from mlx_lm.generate import generate_step
-
-    if temp == 0:  # bench.plain_decode's loop, with CPU time from the first token too
-        from dflash2_mlx.bench import _float32
-
-        out, t_first, c_first = [], None, None
-        for tok, _ in generate_step(
-            mx.array(list(ids)),
-            pair.model,
-            max_tokens=a.max_tokens,
-            sampler=lambda x: mx.argmax(x, axis=-1),
-            logits_processors=[_float32],
-        ):
-            tok = int(tok)
-            if t_first is None:
-                t_first = time.perf_counter()
-                c_first = time.process_time()
-            out.append(tok)
-            if tok in pair.eos_ids:
-                break
-        return out, time.perf_counter() - t_first, time.process_time() - c_first
     from mlx_lm.sample_utils import make_sampler
 
-    mx.random.seed(seed)
-    out, t_first = [], None
-    c_first = None
-    for tok, _ in generate_step(
-        mx.array(list(ids)),
-        pair.model,
-        max_tokens=a.max_tokens,
-        sampler=make_sampler(temp=temp, top_p=a.top_p),
-    ):
+    from dflash2_mlx.bench import _float32
+
+    if temp == 0:  # bench.plain_decode's loop, with CPU time from the first token too
+        kw = dict(sampler=lambda x: mx.argmax(x, axis=-1), logits_processors=[_float32])
+    else:
+        mx.random.seed(seed)
+        kw = dict(sampler=make_sampler(temp=temp, top_p=a.top_p))
+    out, t_first, c_first = [], None, None
+    for tok, _ in generate_step(mx.array(list(ids)), pair.model, max_tokens=a.max_tokens, **kw):
         tok = int(tok)
         if t_first is None:
             t_first = time.perf_counter()
