@@ -275,6 +275,27 @@ def test_sigint_ends_a_cut_stream_with_an_error_and_done(tmp_path):
     assert "cancelled" in err and "shutting down" in err
 
 
+def test_a_second_ctrl_c_quits_at_once_without_tracebacks():
+    """Ctrl-C twice (quit now, uvicorn's force exit) with a stream open: the process ends
+    before the grace period, with 130 and no traceback. The captured Ctrl-C used to be raised
+    inside the event loop, and the tasks it cut (the stream, the lifespan) logged theirs."""
+    with _child_server("30.0", "1") as (proc, base):
+        with httpx.Client(timeout=60) as http:
+            cm, lines = _open_long_stream(http, base)
+            t0 = time.time()
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(httpx.HTTPError):
+                for _ in lines:
+                    pass
+            cm.__exit__(None, None, None)
+            _, err = proc.communicate(timeout=30)
+    assert time.time() - t0 < 20  # not the 30 s grace period
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "CancelledError" not in err, err
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
 def test_sighup_drains_and_names_the_request_in_its_log():
     """SIGHUP (a closed terminal, `kill -HUP`) drains as SIGTERM does: the running stream gets

@@ -87,6 +87,12 @@ class DrainingServer(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def run(self, sockets=None) -> None:
+        """uvicorn's, re-raising the captured signals once the event loop has closed: raised
+        inside it (as uvicorn does), a Ctrl-C pressed twice cut the tasks still running with
+        a KeyboardInterrupt and logged their tracebacks."""
+        super().run(sockets=sockets)
         for sig in reversed(self._captured_signals):
             signal.raise_signal(sig)
 
@@ -165,11 +171,27 @@ class _Sometimes(logging.Filter):
 _ACCEPT_ERRORS = _Sometimes()
 
 
+class _NotCancelled(logging.Filter):
+    """Drops uvicorn's tracebacks of tasks cancelled as the event loop closes: after a second
+    Ctrl-C (quit now) every open stream and the lifespan logged one, as if it had failed (the
+    lifespan's comes as text)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, asyncio.CancelledError):
+            return False
+        return not str(record.msg).rstrip().endswith("CancelledError")
+
+
+_CANCELLED = _NotCancelled()
+
+
 def run(app, sock: socket.socket, *, log_level: str = "info") -> int:
     """Serve on a bound socket until Ctrl-C, SIGTERM or SIGHUP; the exit code (130 after
     Ctrl-C)."""
     _more_files()
     logging.getLogger("asyncio").addFilter(_ACCEPT_ERRORS)  # once: the same filter object
+    logging.getLogger("uvicorn.error").addFilter(_CANCELLED)
     server = make_server(app, log_level=log_level)
     try:
         server.run(sockets=[sock])
