@@ -31,11 +31,11 @@ from .common import (
     TopPOpt,
     engine_flags,
     fail,
-    load_engine,
     drafting_flags,
     refuse_idle_drafting,
     sampling_flags,
 )
+from .serve_run import context_notes, exit_after_shutdown, load_app, say, say_serving
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -67,18 +67,6 @@ def _listen(sock, host: str, port: int) -> None:
     except OSError as e:
         sock.close()
         fail(f"cannot listen on {host}:{port}: {e.strerror or e} (taken while the model loaded)")
-
-
-def _say(msg: str) -> None:
-    """A startup line on stderr. If its reader has gone (`| head`, a log shipper that died),
-    the server serves on and its lines go nowhere, as uvicorn's do after the start."""
-    import os
-    import sys
-
-    try:
-        typer.echo(msg, err=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
 
 
 def serve(
@@ -225,20 +213,8 @@ def serve(
     """
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
-    refuse_idle_drafting(
-        no_spec,
-        "no request can turn speculation on",
-        drafting_flags(block, lookup, no_datastore, full_vocab, draft_vocab),
-    )
-    flags = engine_flags(
-        block=block,
-        spec=not no_spec,
-        lookup=lookup,
-        datastore=not no_datastore,
-        full_vocab=full_vocab,
-        draft_vocab=draft_vocab,
-        sampling=sampling_flags(temp, top_p, top_k, min_p, seed),
-    )
+    sampling = sampling_flags(temp, top_p, top_k, min_p, seed)
+    flags = _engine_flags(no_spec, block, lookup, no_datastore, full_vocab, draft_vocab, sampling)
     if model_name is not None and not model_name.strip():
         fail("--model-name is empty")
     if api_key is None and _env_is_empty(API_KEY_ENV):  # click reads an empty value as unset
@@ -254,71 +230,57 @@ def serve(
         api_key,
         trust_proxy,
     )
-    sock = _bind(host, port)
-
-    from dflash2_mlx.registry import names_of
-    from dflash2_mlx.serve import create_app, display_name, run_server
-
-    say = _say
-    try:
-        pair, resolved, settings = load_engine(model, target, drafter, offline, say, flags)
-        if settings.auto_block.note:
-            say(f"note: {settings.auto_block.note}")
-        name = model_name or display_name(resolved.name)  # a folder's name, not its path
-        app = create_app(
-            pair,
-            model_name=name,
-            other_names=names_of(resolved.alias) if resolved.alias else (),
-            max_queue=max_queue,
-            max_batch=max_batch,
-            context_length=context_length,
-            default_max_tokens=max_tokens,
-            drafting=settings.drafting,
-            target_name=resolved.target,
-            drafter_name=resolved.drafter,
-            sampling=settings.sampling,
-            thinking=thinking,
-            thinking_budget=thinking_budget,
-            prompt_cache_mb=prompt_cache_mb,
-            width_cost=settings.width_cost,
-            limits=limits,
-            security=security,
-        )
-    except BaseException:
-        sock.close()
-        raise
-    _context_notes(app.state.settings.context, pair, max_tokens, max_prompt_tokens, say)
-    _listen(sock, host, port)
-    shown = f"[{host}]" if ":" in host else host
-    say(f"sampling defaults (for fields a request leaves out): {settings.sampling.describe()}")
-    say(
-        f"serving {name!r} on http://{shown}:{port}/v1: "
-        + (settings.block.describe() if settings.speculative else "speculative off")
-        + f", context {app.state.settings.context}, batch {app.state.worker.capacity}"
-        + f", queue {max_queue}, prompt cache "
-        + (f"{prompt_cache_mb} MiB" if prompt_cache_mb else "off")
-        + (", API key required" if api_key else ", no API key")
+    sock = _bind(host, port)  # before the model loads; listened on once it has (_listen)
+    pair, settings, app, name = load_app(
+        sock,
+        model,
+        target,
+        drafter,
+        offline,
+        flags,
+        model_name,
+        max_queue=max_queue,
+        max_batch=max_batch,
+        context_length=context_length,
+        default_max_tokens=max_tokens,
+        thinking=thinking,
+        thinking_budget=thinking_budget,
+        prompt_cache_mb=prompt_cache_mb,
+        limits=limits,
+        security=security,
     )
+    context_notes(app.state.settings.context, pair, max_tokens, max_prompt_tokens, say)
+    _listen(sock, host, port)
+    say_serving(name, host, port, settings, app, max_queue, prompt_cache_mb, bool(api_key))
+    from dflash2_mlx.serve import run_server
+
     # After Ctrl-C: waiting requests get 503, the running ones --shutdown-grace seconds.
-    _exit_after_shutdown(run_server(app, sock, log_level=log_level))
+    exit_after_shutdown(run_server(app, sock, log_level=log_level))
+
+
+def _engine_flags(no_spec, block, lookup, no_datastore, full_vocab, draft_vocab, sampling):
+    """The engine flags, checked before anything binds or loads: with --no-spec a drafting
+    flag is refused (no request can turn speculation on)."""
+    refuse_idle_drafting(
+        no_spec,
+        "no request can turn speculation on",
+        drafting_flags(block, lookup, no_datastore, full_vocab, draft_vocab),
+    )
+    return engine_flags(
+        block=block,
+        spec=not no_spec,
+        lookup=lookup,
+        datastore=not no_datastore,
+        full_vocab=full_vocab,
+        draft_vocab=draft_vocab,
+        sampling=sampling,
+    )
 
 
 def _env_is_empty(name: str) -> bool:
     import os
 
     return name in os.environ and not os.environ[name].strip()
-
-
-def _context_notes(context: int, pair, max_tokens, max_prompt_tokens, say) -> None:
-    """Said at start: a context past what the model was trained on, limits it cannot reach."""
-    from dflash2_mlx.target.context import trained_context_length
-
-    trained = trained_context_length(pair.model)
-    if trained is not None and context > trained:
-        say(f"note: --context-length {context} is past the model's own {trained} tokens")
-    for flag, value in (("--max-tokens", max_tokens), ("--max-prompt-tokens", max_prompt_tokens)):
-        if value is not None and value > context - 1:
-            say(f"note: {flag} {value} is more than the context allows: at most {context - 1} here")
 
 
 def _items(values: Optional[List[str]], flag: str) -> tuple[str, ...]:
@@ -379,18 +341,6 @@ def _policies(
     except DFlash2Error as e:
         fail(str(e))
     return limits, security
-
-
-def _exit_after_shutdown(code: int) -> None:
-    """Leave without the interpreter's teardown: the server and its worker thread are stopped
-    by now, and MLX's static destructors can abort ("terminate called without an active
-    exception", seen in CI) when threads that ran MLX work are torn down at exit."""
-    import os
-    import sys
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def register(app: typer.Typer) -> None:

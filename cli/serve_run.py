@@ -1,0 +1,91 @@
+"""`dflash2 serve`'s run once its flags are checked and its socket bound: load the pair into an
+app, the start notes, the line that says what is served, and the exit. Model code is imported
+inside the functions, so `dflash2 --help` never loads it."""
+
+from __future__ import annotations
+
+import typer
+
+from .common import load_engine
+
+
+def say(msg: str) -> None:
+    """A startup line on stderr. If its reader has gone (`| head`, a log shipper that died),
+    the server serves on and its lines go nowhere, as uvicorn's do after the start."""
+    import os
+    import sys
+
+    try:
+        typer.echo(msg, err=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+
+
+def load_app(sock, model, target, drafter, offline: bool, flags, model_name, **options):
+    """Load the pair and build its app (create_app with `options`): (pair, engine settings,
+    app, the name served). The socket bound for it is closed if anything fails or is
+    interrupted on the way."""
+    from dflash2_mlx.registry import names_of
+    from dflash2_mlx.serve import create_app, display_name
+
+    try:
+        pair, resolved, settings = load_engine(model, target, drafter, offline, say, flags)
+        if settings.auto_block.note:
+            say(f"note: {settings.auto_block.note}")
+        name = model_name or display_name(resolved.name)  # a folder's name, not its path
+        app = create_app(
+            pair,
+            model_name=name,
+            other_names=names_of(resolved.alias) if resolved.alias else (),
+            drafting=settings.drafting,
+            target_name=resolved.target,
+            drafter_name=resolved.drafter,
+            sampling=settings.sampling,
+            width_cost=settings.width_cost,
+            **options,
+        )
+    except BaseException:
+        sock.close()
+        raise
+    return pair, settings, app, name
+
+
+def context_notes(context: int, pair, max_tokens, max_prompt_tokens, say) -> None:
+    """Said at start: a context past what the model was trained on, limits it cannot reach."""
+    from dflash2_mlx.target.context import trained_context_length
+
+    trained = trained_context_length(pair.model)
+    if trained is not None and context > trained:
+        say(f"note: --context-length {context} is past the model's own {trained} tokens")
+    for flag, value in (("--max-tokens", max_tokens), ("--max-prompt-tokens", max_prompt_tokens)):
+        if value is not None and value > context - 1:
+            say(f"note: {flag} {value} is more than the context allows: at most {context - 1} here")
+
+
+def say_serving(
+    name: str, host: str, port: int, settings, app, max_queue: int, prompt_cache_mb: int, keyed
+) -> None:
+    """The sampling defaults, then what is served where and how (`keyed`: an API key is
+    required)."""
+    shown = f"[{host}]" if ":" in host else host
+    say(f"sampling defaults (for fields a request leaves out): {settings.sampling.describe()}")
+    say(
+        f"serving {name!r} on http://{shown}:{port}/v1: "
+        + (settings.block.describe() if settings.speculative else "speculative off")
+        + f", context {app.state.settings.context}, batch {app.state.worker.capacity}"
+        + f", queue {max_queue}, prompt cache "
+        + (f"{prompt_cache_mb} MiB" if prompt_cache_mb else "off")
+        + (", API key required" if keyed else ", no API key")
+    )
+
+
+def exit_after_shutdown(code: int) -> None:
+    """Leave without the interpreter's teardown: the server and its worker thread are stopped
+    by now, and MLX's static destructors can abort ("terminate called without an active
+    exception", seen in CI) when threads that ran MLX work are torn down at exit."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
