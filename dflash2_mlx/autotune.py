@@ -252,22 +252,7 @@ def autotune(
     cap, cap_reason = _quant_cap(key, B)
     lookup_widths = sorted(set(range(2, B + 1)) | set(LOOKUP_WIDTHS)) if pair.decoder.lookup else []
     widths = sorted(set(range(1, B + 1)) | set(lookup_widths))
-
-    def calibrate_at(temperature: float, lookup_block: int) -> dict:
-        return calibrate(
-            pair,
-            prompts,
-            B,
-            lookup_block=lookup_block,
-            max_tokens=max_tokens,
-            thinking=thinking,
-            temperature=temperature,
-            progress=lambda i, n: say(f"calibration {i}/{n}"),
-        )
-
-    def best(probs) -> int:
-        return choose_block(block_ms, measured.draft["ms"], probs, max_block=B, cap=cap).block
-
+    calibrate_at = _calibrator(pair, prompts, B, max_tokens, thinking, say)
     say(f"calibration: greedy at block {B} on {len(prompts)} prompts")
     calib = calibrate_at(0.0, max(lookup_widths, default=B))
     if B > 1:  # block 1 drafts nothing: one block to choose, no rounds to count
@@ -284,6 +269,46 @@ def autotune(
     )
     costs.check_plausible(measured.verify["ms"])
     block_ms = {w: measured.verify["ms"][w] for w in range(1, B + 1)}
+    decisions = _decisions(
+        pair, calibrate_at, calib, measured, block_ms, lookup_widths, B, cap, context, repeats, say
+    )
+    return {
+        "schema": SCHEMA,
+        "key": key,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "max_block": B,
+        "trained_block": trained,
+        "cap": cap,
+        "cap_reason": cap_reason,
+        **_cost_sections(measured, block_ms, context, repeats),
+        "acceptance": calib,
+        **decisions,
+    }
+
+
+def _calibrator(pair, prompts, B: int, max_tokens: int, thinking, say) -> Callable[..., dict]:
+    """calibrate_at(temperature, lookup_block): the calibration at block B on `prompts`."""
+    return lambda temperature, lookup_block: calibrate(
+        pair,
+        prompts,
+        B,
+        lookup_block=lookup_block,
+        max_tokens=max_tokens,
+        thinking=thinking,
+        temperature=temperature,
+        progress=lambda i, n: say(f"calibration {i}/{n}"),
+    )
+
+
+def _decisions(
+    pair, calibrate_at, calib, measured, block_ms, lookup_widths, B, cap, context, repeats, say
+) -> dict:
+    """The profile's choices from the measured costs and the greedy calibration `calib`: the
+    block and its table, the lookup block, the sampled calibrations and the long context."""
+
+    def best(probs) -> int:
+        return choose_block(block_ms, measured.draft["ms"], probs, max_block=B, cap=cap).block
+
     choice = choose_block(
         block_ms, measured.draft["ms"], calib["position_probs"], max_block=B, cap=cap
     )
@@ -300,15 +325,6 @@ def autotune(
         say=say,
     )
     return {
-        "schema": SCHEMA,
-        "key": key,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "max_block": B,
-        "trained_block": trained,
-        "cap": cap,
-        "cap_reason": cap_reason,
-        **_cost_sections(measured, block_ms, context, repeats),
-        "acceptance": calib,
         "table": [asdict(r) for r in choice.rows],
         "chosen_block": choice.block,
         "lookup": lookup,
