@@ -187,12 +187,29 @@ def prepare_data(
     check_work_identity(pc.work, target, pc.max_new_tokens, pc.max_len)
     tag = "-".join(map(str, dcfg.target_layer_ids))
 
+    seqs, stages = _regenerate_and_cache(pc, (model, tokenizer), adapter, parts, tag, log)
+    train, held = _training_sets(pc, tc, adapter, seqs, tag)
+    fixed = None
+    if corpus:
+        fixed, stages["corpus"] = _fixed_text_stream(pc, corpus, adapter, tag, log)
+    return PreparedData(model, adapter, target_cfg, train, held, stages, fixed)
+
+
+def _regenerate_and_cache(
+    pc: PipelineConfig,
+    target: tuple,
+    adapter: TargetAdapter,
+    parts: list[tuple[str, tuple[float, ...]]],
+    tag: str,
+    log: Callable[[str], None],
+) -> tuple[dict, dict]:
+    """Regenerates the train and held-out splits and caches their features (not the training
+    ones with pc.live_features); returns each split's regenerations this run asks for, and the
+    stage records."""
     stages, seqs = {}, {}
     for name, split in (("train", parts), ("heldout", [(pc.heldout, (0.0,))])):
         regen = pc.work / f"regen_{name}.jsonl"
-        wanted, stages[f"regen_{name}"] = _regenerate_split(
-            pc, (model, tokenizer), regen, split, log
-        )
+        wanted, stages[f"regen_{name}"] = _regenerate_split(pc, target, regen, split, log)
         seqs[name] = [
             q for q in read_regenerations(regen, pc.max_len) if (q.id, q.temperature) in wanted
         ]
@@ -207,6 +224,14 @@ def prepare_data(
         t0 = time.perf_counter()
         build_feature_cache(adapter, seqs[name], pc.work / f"features_{name}_{tag}", log=log)
         stages[f"features_{name}"] = {"seconds": round(time.perf_counter() - t0, 1)}
+    return seqs, stages
+
+
+def _training_sets(
+    pc: PipelineConfig, tc: TrainConfig, adapter: TargetAdapter, seqs: dict, tag: str
+) -> tuple[list, list]:
+    """(train, held-out): the features of this run's regenerations (the training ones live
+    with pc.live_features), each checked to hold an anchorable block."""
     if pc.live_features:
         train = live_sequences(adapter, seqs["train"])
     else:
@@ -220,10 +245,7 @@ def prepare_data(
     if not train:
         raise DFlash2Error(f"{pc.prompts}: no usable training sequences")
     check_anchorable(train, tc.block_size)
-    fixed = None
-    if corpus:
-        fixed, stages["corpus"] = _fixed_text_stream(pc, corpus, adapter, tag, log)
-    return PreparedData(model, adapter, target_cfg, train, held, stages, fixed)
+    return train, held
 
 
 def train_drafter(
