@@ -200,24 +200,7 @@ def train(
     """
     ids = number_list(layer_ids, int, "--layer-ids", "1,8,15") if layer_ids is not None else None
     temps = number_list(temperatures, float, "--temperatures", "0,0.7")
-    corpus_flags = (
-        "corpus_ratio",
-        "corpus_tokens",
-        "corpus_distill",
-        "stream_disk_gb",
-        "stream_passes",
-    )
-    given = given_params(ctx)
-    used = ["--" + n.replace("_", "-") for n in corpus_flags if n in given]
-    if corpus is None and used:
-        fail(f"{', '.join(used)} only {'applies' if len(used) == 1 else 'apply'} with --corpus")
-    idle = [f for f in used if f in ("--corpus-distill", "--stream-disk-gb", "--stream-passes")]
-    if corpus_distill == 0 and "--corpus-distill" in idle:  # off, as the ratio makes it
-        idle.remove("--corpus-distill")
-    if corpus is not None and corpus_ratio == 0 and idle:
-        fail(f"{', '.join(idle)}: no effect with --corpus-ratio 0 (no batch holds corpus text)")
-    if "temperatures" in given and all(t for _, t in prompt_parts(prompts, ())):
-        fail("--temperatures has no effect: every --prompts set names its own @temperatures")
+    _refuse_idle_flags(given_params(ctx), prompts, corpus, corpus_ratio, corpus_distill)
     if not out.name:  # "." or "..": the folder it names
         out = out.resolve()
     work = work or out.with_name(out.name + ".work")
@@ -262,6 +245,30 @@ def train(
         command=_command_line(ctx.params),
     )
     _run_training(pc, tc, ablation=ablation, target=target)
+
+
+def _refuse_idle_flags(given, prompts: str, corpus, corpus_ratio: float, corpus_distill) -> None:
+    """Refuses a flag given (`given`: the parameters named on the command line) that would
+    change nothing: a --corpus flag without --corpus, one that acts on corpus batches with
+    --corpus-ratio 0 (none holds corpus text), --temperatures when every --prompts set names
+    its own."""
+    corpus_flags = (
+        "corpus_ratio",
+        "corpus_tokens",
+        "corpus_distill",
+        "stream_disk_gb",
+        "stream_passes",
+    )
+    used = ["--" + n.replace("_", "-") for n in corpus_flags if n in given]
+    if corpus is None and used:
+        fail(f"{', '.join(used)} only {'applies' if len(used) == 1 else 'apply'} with --corpus")
+    idle = [f for f in used if f in ("--corpus-distill", "--stream-disk-gb", "--stream-passes")]
+    if corpus_distill == 0 and "--corpus-distill" in idle:  # off, as the ratio makes it
+        idle.remove("--corpus-distill")
+    if corpus is not None and corpus_ratio == 0 and idle:
+        fail(f"{', '.join(idle)}: no effect with --corpus-ratio 0 (no batch holds corpus text)")
+    if "temperatures" in given and all(t for _, t in prompt_parts(prompts, ())):
+        fail("--temperatures has no effect: every --prompts set names its own @temperatures")
 
 
 def _size(folder: Path) -> str:
