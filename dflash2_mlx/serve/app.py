@@ -306,6 +306,12 @@ def _not_found_hint(path: str) -> str:
 
 def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, limits) -> None:
     """The endpoints (ENDPOINTS); generation goes to `handler`, `card` is the model object."""
+    _add_info_routes(app, handler, drain, card)
+    _add_generation_routes(app, handler, limits)
+
+
+def _add_info_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict) -> None:
+    """The GET endpoints: the models (`card`), health and metrics."""
     worker, model_name = handler.worker, card["id"]
     GET = ["GET", "HEAD"]  # HEAD: the headers of the GET (uvicorn sends no body)
 
@@ -343,6 +349,10 @@ def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, limits
     @app.api_route("/metrics", methods=GET)
     async def get_metrics():
         return PlainTextResponse(worker.metrics.render(), media_type=metrics_mod.CONTENT_TYPE)
+
+
+def _add_generation_routes(app: FastAPI, handler: Handler, limits) -> None:
+    """The POST endpoints: each request body read within `limits`, then given to `handler`."""
 
     async def json_body(request: Request) -> dict:
         return await read_json(request, limits.max_body_bytes, limits.body_stall_s)
