@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover
 
 from . import bench, chat, corpus, evaluate, models, serve, train
 from .common import EXIT_USAGE, is_user_error, print_error
+from .foreign_flags import foreign_flag_hint
 from .helptext import TidyGroup
 from .terminal import locale_streams
 
@@ -142,7 +143,10 @@ def run(argv: list[str] | None = None) -> int:
         return 0
     except click_exceptions.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else _command_path(argv)
-        print_error(f"{exc.format_message()} (see '{where} --help')")
+        foreign = isinstance(exc, click_exceptions.NoSuchOption) and foreign_flag_hint(
+            exc.option_name
+        )
+        print_error(f"{foreign or exc.format_message()} (see '{where} --help')")
         return EXIT_USAGE
     except typer.Abort as exc:
         if isinstance(exc.__context__, EOFError):  # click's Abort for an EOFError: not a Ctrl-C

@@ -206,7 +206,7 @@ def _fitting_hint(target: str) -> str:
         return ""
     return (
         f"; the {alias} drafter fits it: give the alias with this target "
-        f"(e.g. dflash2 chat {alias} --target {target})"
+        f"({alias} --target {target})"
     )
 
 

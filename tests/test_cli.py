@@ -142,6 +142,12 @@ BAD = [
     (["chat", "--drafter", "/no/such/drafter", "--offline"], "/no/such/drafter"),
     (["chat", "--target", "/no/such/dir", "--drafter", "x/y"], "no such folder"),
     (["chat", "--bogus"], "No such option"),
+    # mlx-lm's flags: what to write here (click's spelling match said --model-name for --model)
+    (["serve", "--model", "x/y"], "--model (mlx-lm's); here: give the model as the argument"),
+    (["chat", "--draft-model", "x/y"], "here: --drafter takes a DFlash / DFlash2 drafter"),
+    (["serve", "--decode-concurrency", "4"], "here: --max-batch N"),
+    (["serve", "--allowed-origins", "*"], "here: --cors ORIGIN"),
+    (["bench", "--num-draft-tokens", "3"], "here: --block N verifies N tokens a round"),
     (["frobnicate"], "No such command"),
     (["pull"], "give a MODEL alias"),
     (["pull", "nosuchmodel"], "unknown model"),

@@ -253,8 +253,8 @@ def test_another_copy_of_a_registered_target_is_pointed_at_its_drafter(tmp_path)
     with pytest.raises(ModelNotFoundError) as err:
         resolve(target=str(mine))
     assert (
-        f"the smollm2-135m drafter fits it: give the alias with this target (e.g. dflash2 chat "
-        f"smollm2-135m --target {mine})" in str(err.value)
+        f"the smollm2-135m drafter fits it: give the alias with this target (smollm2-135m "
+        f"--target {mine})" in str(err.value)
     )
     with pytest.raises(ModelNotFoundError, match="the smollm2-135m drafter fits it"):
         registry.lookup(str(mine))
