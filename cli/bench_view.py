@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from .common import text_row
+from .terminal import text_row
 
 
 def fmt_number(x, spec: str = ".1f", none: str = "—") -> str:

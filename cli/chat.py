@@ -9,6 +9,7 @@ import typer
 
 from .common import (
     BlockOpt,
+    ChatTemplateOpt,
     DraftVocabOpt,
     DrafterOpt,
     FullVocabOpt,
@@ -66,6 +67,7 @@ def chat(
     block: BlockOpt = None,
     no_spec: NoSpecOpt = False,
     thinking: ThinkingOpt = None,
+    chat_template: ChatTemplateOpt = None,
     offline: OfflineOpt = False,
     full_vocab: FullVocabOpt = False,
     draft_vocab: DraftVocabOpt = None,
@@ -103,6 +105,7 @@ def chat(
         full_vocab=full_vocab,
         draft_vocab=draft_vocab,
         sampling=sampling_flags(temp, top_p, top_k, min_p, seed),
+        chat_template=chat_template,
     )
     if repetition_penalty is not None:
         from dflash2_mlx.engine.processors import check_penalty

@@ -4,7 +4,7 @@ line live at the bottom and are redrawn in place)."""
 
 from __future__ import annotations
 
-from .common import text_row
+from .terminal import text_row
 
 import time
 

@@ -130,14 +130,6 @@ def is_user_error(exc: BaseException) -> bool:
     return errors is not None and isinstance(exc, errors.DFlash2Error)
 
 
-def text_row(table, *cells, **row) -> None:
-    """A table row whose strings are text, not Rich markup (a system prompt "[/INST]" or a
-    category "[code]" shows as written)."""
-    from rich.text import Text
-
-    table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **row)
-
-
 def print_error(message: str) -> None:
     message = " ".join(str(message).split())  # one line, whatever the exception held
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
@@ -199,6 +191,16 @@ DraftVocabOpt = Annotated[
         help="Draft from only the N most frequent tokens of "
         "the draft vocabulary: a smaller draft head, cheaper rounds; outputs are the same (`dflash2 "
         "bench` measures the trade). At least 16 (the selector's top-K) for a DFlash 2 drafter.",
+        show_default=False,
+    ),
+]
+ChatTemplateOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--chat-template",
+        metavar="FILE|TEXT",
+        help="A Jinja chat template in place of the model's (or for a model that has none): a "
+        "file (.jinja, or a tokenizer_config.json holding one) or the template's text.",
         show_default=False,
     ),
 ]
@@ -295,8 +297,11 @@ def engine_flags(
     full_vocab=False,
     draft_vocab=None,
     sampling=None,
+    chat_template=None,
 ):
-    """The engine options as given, checked (contradictions refused) before any model loads."""
+    """The engine options as given, checked (contradictions refused) before any model loads;
+    `chat_template` as given (a file or the template's text) is read here."""
+    from dflash2_mlx.chat_template import read_chat_template
     from dflash2_mlx.settings import EngineFlags
 
     return EngineFlags(
@@ -307,6 +312,7 @@ def engine_flags(
         full_vocab=full_vocab,
         draft_vocab=draft_vocab,
         sampling=sampling or {},
+        chat_template=None if chat_template is None else read_chat_template(chat_template),
     )
 
 
@@ -342,7 +348,15 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
         draft_vocab_limit=flags.draft_vocab,
         lookup=flags.lookup_or_default,
         datastore=None if flags.datastore else False,  # None: when the drafter ships one
+        chat_template=flags.chat_template,
     )
+    if flags.chat_template:
+        say("chat template: from --chat-template")
+    elif not getattr(pair.tokenizer, "has_chat_template", True):
+        say(
+            "note: the model has no chat template: messages go in as 'role: text' lines "
+            "(--chat-template FILE gives one)"
+        )
     size = pair.drafter.draft_vocab_size
     if size is not None:
         short = flags.draft_vocab is not None and flags.draft_vocab > size

@@ -25,9 +25,9 @@ from .common import (
     fail,
     number_list,
     given_params,
-    text_row,
     load_resolved,
 )
+from .terminal import text_row
 
 
 def evaluate(

@@ -12,7 +12,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from .common import fail, text_row
+from .common import fail
+from .terminal import text_row
 
 
 def _size(n: int) -> str:

@@ -14,6 +14,7 @@ from dflash2_mlx import defaults
 
 from .common import (
     BlockOpt,
+    ChatTemplateOpt,
     DraftVocabOpt,
     DrafterOpt,
     FullVocabOpt,
@@ -128,6 +129,7 @@ def serve(
     lookup: LookupOpt = None,
     no_datastore: NoDatastoreOpt = False,
     thinking: ThinkingOpt = None,
+    chat_template: ChatTemplateOpt = None,
     thinking_budget: Optional[int] = typer.Option(
         None,
         "--thinking-budget",
@@ -211,10 +213,12 @@ def serve(
 
     Example: dflash2 serve --target ./model --drafter ./drafter --max-queue 4
     """
+    log_level = log_level.lower()  # mlx_lm.server's spelling is INFO, DEBUG, ...
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
     sampling = sampling_flags(temp, top_p, top_k, min_p, seed)
-    flags = _engine_flags(no_spec, block, lookup, no_datastore, full_vocab, draft_vocab, sampling)
+    drafting = (block, lookup, no_datastore, full_vocab, draft_vocab)
+    flags = _engine_flags(no_spec, drafting, sampling, chat_template)
     if model_name is not None and not model_name.strip():
         fail("--model-name is empty")
     if api_key is None and _env_is_empty(API_KEY_ENV):  # click reads an empty value as unset
@@ -258,14 +262,12 @@ def serve(
     exit_after_shutdown(run_server(app, sock, log_level=log_level))
 
 
-def _engine_flags(no_spec, block, lookup, no_datastore, full_vocab, draft_vocab, sampling):
+def _engine_flags(no_spec, drafting: tuple, sampling, chat_template):
     """The engine flags, checked before anything binds or loads: with --no-spec a drafting
-    flag is refused (no request can turn speculation on)."""
-    refuse_idle_drafting(
-        no_spec,
-        "no request can turn speculation on",
-        drafting_flags(block, lookup, no_datastore, full_vocab, draft_vocab),
-    )
+    flag is refused (no request can turn speculation on). `drafting`: --block, --lookup,
+    --no-datastore, --full-vocab, --draft-vocab."""
+    block, lookup, no_datastore, full_vocab, draft_vocab = drafting
+    refuse_idle_drafting(no_spec, "no request can turn speculation on", drafting_flags(*drafting))
     return engine_flags(
         block=block,
         spec=not no_spec,
@@ -274,6 +276,7 @@ def _engine_flags(no_spec, block, lookup, no_datastore, full_vocab, draft_vocab,
         full_vocab=full_vocab,
         draft_vocab=draft_vocab,
         sampling=sampling,
+        chat_template=chat_template,
     )
 
 
@@ -314,8 +317,8 @@ def _policies(
     hosts = hosts_for_bind(host, _items(allowed_hosts, "--allowed-hosts"))
     if host in WILDCARDS and not hosts:
         typer.echo(
-            f"note: listening on {host}; browsers' requests are answered only when their "
-            "Host is a loopback name (add --allowed-hosts NAME,... for the others)",
+            f"note: listening on {host}; requests are answered only when their Host names a "
+            "loopback address (a client on the LAN gets 403: add --allowed-hosts NAME,...)",
             err=True,
         )
     if not is_loopback(host) and not api_key:

@@ -100,3 +100,11 @@ def keys_unechoed() -> Iterator[None]:
         yield
     finally:
         termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def text_row(table, *cells, **row) -> None:
+    """A table row whose strings are text, not Rich markup (a system prompt "[/INST]" or a
+    category "[code]" shows as written)."""
+    from rich.text import Text
+
+    table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **row)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator, Sequence
 import mlx.core as mx
 
 from . import _blas, kernels, paths
+from .chat_template import check_chat_template
 from .checkpoint import check_draft_vocab_limit, load_drafter
 from .engine.datastore import Datastore, find_datastore
 from .drafter.model import Drafter
@@ -245,6 +246,7 @@ def load_pair(
     draft_vocab_limit: int | None = None,
     lookup: int = DEFAULT_LOOKUP,
     datastore: bool | None = None,
+    chat_template: str | None = None,
 ) -> Pair:
     """Load an mlx-lm target (folder or repo id) and a DFlash / DFlash2 drafter; with no
     `drafter`, `target` names a pair of `dflash2 models` (e.g. "smollm2-135m", the embedded
@@ -256,7 +258,9 @@ def load_pair(
     `draft_vocab_limit`: draft from only its N most frequent tokens; `lookup` > 0: propose the
     context's own continuation where the last `lookup` tokens repeat (engine/lookup.py);
     `datastore`: the drafter folder's response datastore (engine/datastore.py) — None: used
-    when it ships one, True: required, False: off."""
+    when it ships one, True: required, False: off. `chat_template`: a Jinja chat template in
+    place of the target's own (or for a target that has none; chat_template.read_chat_template
+    reads one from a file)."""
 
     if dtype is not None and dtype not in _DTYPES:
         raise ParameterError(f"dtype must be one of {', '.join(_DTYPES)} or None, got {dtype!r}")
@@ -266,13 +270,17 @@ def load_pair(
     check_lookup(lookup)  # these before anything loads (a hub target downloads)
     _check_datastore_flag(datastore)
     check_draft_vocab_limit(draft_vocab_limit)
+    if chat_template is not None and not (isinstance(chat_template, str) and chat_template.strip()):
+        raise ParameterError(f"chat_template must be a non-empty string, got {chat_template!r}")
     if drafter is None:  # a registered pair (its block sizes are the front ends' business)
         pair = _registered_pair(str(target), offline)
         target, drafter = pair.target, pair.drafter
     elif _names_a_pair(target):  # a pair's name with another drafter: that pair's target
         target = resolve(str(target), drafter=str(drafter), offline=offline).target
     target = fetch(target, "target", offline=offline)
-    model, tokenizer = load_target_folder(target)
+    model, tokenizer = load_target_folder(target, chat_template)
+    if chat_template:
+        check_chat_template(tokenizer, "chat_template")
     adapter_probe = TargetAdapter(model, ())
     weight_dtype = _DTYPES.get(dtype or "", _drafter_dtype(model, adapter_probe))
     folder = fetch(drafter, "drafter", offline=offline)

@@ -211,3 +211,46 @@ def default_thinking(tokenizer) -> bool | None:
     except Exception:  # noqa: BLE001 - any template error: not known
         return None
     return True if left_out == on != off else False if left_out == off != on else None
+
+
+def read_chat_template(value: str) -> str:
+    """A chat template given by the user (mlx_lm.server's --chat-template): a file of Jinja
+    (or a tokenizer_config.json holding one), else the template's own text."""
+    import json
+    from pathlib import Path
+
+    from .errors import ParameterError
+
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+            if path.suffix == ".json":
+                text = json.loads(text).get("chat_template") if text.strip() else None
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
+            raise ParameterError(f"chat template {path}: cannot read it ({e})") from None
+        if not isinstance(text, str):
+            raise ParameterError(f"chat template {path}: no 'chat_template' string in it")
+    elif "{{" in value or "{%" in value:
+        text = value
+    else:
+        raise ParameterError(
+            f"chat template {value!r}: no such file, and not a Jinja template (no '{{{{' or '{{%')"
+        )
+    if not text.strip():
+        raise ParameterError(f"chat template {value!r} is empty")
+    return text
+
+
+def check_chat_template(tokenizer, where: str) -> None:
+    """A ParameterError naming `where` unless the tokenizer's template renders a user turn."""
+    from .errors import ParameterError
+
+    try:
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+        )
+    except Exception as e:  # noqa: BLE001 - jinja2's and transformers' errors alike
+        raise ParameterError(
+            f"{where}: the chat template does not render a user turn: {e}"
+        ) from None

@@ -188,6 +188,7 @@ class EngineFlags:
     full_vocab: bool = False
     draft_vocab: int | None = None
     sampling: Mapping[str, Any] = field(default_factory=dict)  # field -> value (None: not given)
+    chat_template: str | None = None  # its text, in place of the target's (read_chat_template)
 
     def __post_init__(self):
         for name in ("speculative", "datastore", "full_vocab"):

@@ -87,15 +87,18 @@ def _is_id(value) -> bool:
     return is_int(value, 0)
 
 
-def load_target_folder(folder: Path):
-    """mlx-lm's (model, tokenizer) from a checked target folder; what mlx-lm raises on a
-    broken one (no weights, an unknown model_type, tokenizer files it cannot read) as a
-    CompatibilityError naming the folder."""
+def load_target_folder(folder: Path, chat_template: str | None = None):
+    """mlx-lm's (model, tokenizer) from a checked target folder (`chat_template`: in place of
+    the folder's, as mlx_lm.server's --chat-template); what mlx-lm raises on a broken one (no
+    weights, an unknown model_type, tokenizer files it cannot read) as a CompatibilityError
+    naming the folder."""
     from mlx_lm import load
 
     check_target_folder(folder)
     try:
-        return load(str(folder))
+        # (a chat_template of None in tokenizer_config would remove the folder's own)
+        config = {"chat_template": chat_template} if chat_template else None
+        return load(str(folder), tokenizer_config=config)
     except (
         _StrictDataclassError,  # transformers' config classes check some field types
         OSError,

@@ -1,0 +1,80 @@
+"""A chat template given by the user (mlx_lm.server's --chat-template): in place of the
+model's, or for a model that has none (whose messages otherwise go in as 'role: text' lines,
+said on load); a file, a tokenizer_config.json or the text; bad ones refused before serving."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from tiny_pair import CHAT_TEMPLATE, answer
+
+import dflash2_mlx as d2
+from dflash2_cli.app import run
+from dflash2_mlx.chat_template import read_chat_template
+from dflash2_mlx.errors import ParameterError
+from dflash2_mlx.text import chat_prompt_ids
+
+HELLO = [{"role": "user", "content": "hello model"}]
+
+
+@pytest.fixture(scope="module")
+def bare_target(tiny_pair, tmp_path_factory):
+    """The tiny target with its chat template removed."""
+    folder = tmp_path_factory.mktemp("bare") / "target"
+    shutil.copytree(tiny_pair[0], folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_read_chat_template_from_a_file_a_config_or_the_text(tmp_path):
+    jinja = tmp_path / "t.jinja"
+    jinja.write_text(CHAT_TEMPLATE)
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
+    assert read_chat_template(str(jinja)) == CHAT_TEMPLATE
+    assert read_chat_template(str(config)) == CHAT_TEMPLATE
+    assert read_chat_template(CHAT_TEMPLATE) == CHAT_TEMPLATE
+    (tmp_path / "empty.json").write_text("{}")
+    (tmp_path / "blank.jinja").write_text("\n")
+    for value, message in [
+        ("nosuch.jinja", "no such file, and not a Jinja template"),
+        (str(tmp_path / "empty.json"), "no 'chat_template' string in it"),
+        (str(tmp_path / "blank.jinja"), "is empty"),
+    ]:
+        with pytest.raises(ParameterError, match=message):
+            read_chat_template(value)
+
+
+def test_a_model_without_a_template_takes_the_one_given(tiny_pair, bare_target):
+    bare = d2.load_pair(bare_target, tiny_pair[1])
+    given = d2.load_pair(bare_target, tiny_pair[1], chat_template=CHAT_TEMPLATE)
+    own = d2.load_pair(*tiny_pair)
+    assert chat_prompt_ids(given.tokenizer, HELLO) == chat_prompt_ids(own.tokenizer, HELLO)
+    assert chat_prompt_ids(bare.tokenizer, HELLO) != chat_prompt_ids(own.tokenizer, HELLO)
+    with pytest.raises(ParameterError, match="does not render a user turn"):
+        d2.load_pair(bare_target, tiny_pair[1], chat_template="{% for m in messages %}")
+    with pytest.raises(ParameterError, match="chat_template must be a non-empty string"):
+        d2.load_pair(bare_target, tiny_pair[1], chat_template=" ")
+
+
+def test_chat_says_when_the_model_has_no_template_and_takes_one(tiny_pair, bare_target, capsys):
+    flags = ["--drafter", str(tiny_pair[1]), "-p", "hello model", "--max-tokens", "8"]
+    assert run(["chat", "--target", str(bare_target), *flags]) == 0
+    assert "note: the model has no chat template" in capsys.readouterr().err
+    template = bare_target.parent / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    given = ["--chat-template", str(template)]
+    assert run(["chat", "--target", str(bare_target), *flags, *given]) == 0
+    cap = capsys.readouterr()
+    assert cap.out == answer(*tiny_pair, HELLO, 8) + "\n"  # as the model's own template
+    assert "chat template: from --chat-template" in cap.err and "no chat template" not in cap.err
+
+
+def test_serve_refuses_a_bad_template_before_it_binds(capsys):
+    assert run(["serve", "--chat-template", "nosuch", "--port", "1"]) == 2
+    assert "chat template 'nosuch': no such file" in capsys.readouterr().err
