@@ -31,7 +31,8 @@ def run_chat(opts: ChatOptions) -> int:
         opts.engine_flags,
     )
     chat = Chat(pair, opts, settings, console, err)
-    if opts.prompt is not None:
+    if opts.prompt is not None:  # what it samples with, said as the session's banner does
+        err.print(Text(f"sampling: {settings.sampling.describe()}", style="dim"))
         _, stats, finish = chat.turn(opts.prompt, live=False)
         sys.stdout.write("\n")
         sys.stdout.flush()

@@ -1,5 +1,6 @@
-"""Sampling parameters and filters: the target distribution p = filter(softmax(logits / T))
-with, in order, top_k, top_p and min_p, and draws from it. A leaf module: the drafter samples
+"""Sampling parameters and filters: the target distribution p, as mlx-lm's sampler draws it
+(top_p and min_p on the untempered distribution, then top_k, then the temperature over the
+tokens kept), and draws from it. A leaf module: the drafter samples
 its walks with it, the engine verifies against it (engine/acceptance.py)."""
 
 from __future__ import annotations
@@ -88,52 +89,54 @@ class SamplingParams:
 
 
 def filtered_probs(logits: mx.array, params: SamplingParams) -> mx.array:
-    """[..., V] logits -> [..., V] fp32 probabilities after temperature, top_k, top_p, min_p.
-    Greedy (temperature 0): the T -> 0 limit, one-hot on the argmax."""
+    """[..., V] logits -> [..., V] fp32 probabilities, as mlx-lm's sampler (make_sampler)
+    draws: top_p and min_p cut the untempered distribution, top_k keeps the k likeliest of
+    what is left, and the temperature shapes the tokens kept. Greedy (temperature 0): the
+    T -> 0 limit, one-hot on the argmax."""
     scores = logits.astype(mx.float32)
+    vocab = scores.shape[-1]
     if params.greedy:
-        vocab = scores.shape[-1]
         return (mx.arange(vocab) == mx.argmax(scores, axis=-1, keepdims=True)).astype(mx.float32)
     # Shift first (softmax is shift-invariant): the top row is exactly 0, never inf - inf.
-    scores = (scores - mx.max(scores, axis=-1, keepdims=True)) / params.temperature
-    vocab = scores.shape[-1]
-    if 0 < params.top_k < vocab:  # exactly k, as mlx-lm's apply_top_k: ties at the k-th cut
-        drop = mx.argpartition(-scores, kth=params.top_k - 1, axis=-1)[..., params.top_k :]
-        scores = mx.put_along_axis(scores, drop, mx.array(-mx.inf, scores.dtype), axis=-1)
-    probs = mx.softmax(scores, axis=-1)
+    scores = scores - mx.max(scores, axis=-1, keepdims=True)
+    keep = None
     if params.top_p < 1.0:
-        probs = mx.where(nucleus(probs, params.top_p), probs, 0.0)
-    if params.min_p > 0:
-        probs = mx.where(probs >= params.min_p * mx.max(probs, axis=-1, keepdims=True), probs, 0.0)
-    return probs / mx.sum(probs, axis=-1, keepdims=True)
+        keep = nucleus(mx.softmax(scores, axis=-1), params.top_p)
+    if params.min_p > 0:  # p >= min_p * max p, the top's log-probability being 0 here
+        above = scores >= math.log(params.min_p)
+        keep = above if keep is None else keep & above
+    if 0 < params.top_k < vocab:  # exactly k, as mlx-lm's apply_top_k: ties at the k-th cut
+        left = scores if keep is None else mx.where(keep, scores, -mx.inf)
+        drop = mx.argpartition(-left, kth=params.top_k - 1, axis=-1)[..., params.top_k :]
+        top = mx.put_along_axis(mx.ones(scores.shape, mx.bool_), drop, mx.array(False), axis=-1)
+        keep = top if keep is None else keep & top
+    scores = scores / params.temperature
+    return mx.softmax(scores if keep is None else mx.where(keep, scores, -mx.inf), axis=-1)
 
 
 def nucleus(probs: mx.array, top_p: float, candidates: int = NUCLEUS_CANDIDATES) -> mx.array:
-    """[..., V] mask of each row's top_p nucleus: its most likely tokens while the mass before
-    each is below top_p (the most likely always: a top_p below float32's range rounds to 0).
-    Found among the `candidates` most likely tokens, a partial selection, where every row's
-    nucleus is inside them; else by a full sort (5 ms a row of 49,152 on a CPU core, paid by
-    every verified row of a sampled round)."""
-    vocab = probs.shape[-1]
-    if candidates < vocab:
+    """[..., V] mask of each row's top_p nucleus, as mlx-lm's apply_top_p: its most likely
+    tokens while the mass before each is below top_p (the most likely always: a top_p below
+    float32's range rounds to 0), and every token as likely as the last of them. Found among
+    the `candidates` most likely tokens, a partial selection, where every row's nucleus is
+    inside them; else by a full sort (5 ms a row of 49,152 on a CPU core, paid by every
+    verified row of a sampled round)."""
+    if candidates < probs.shape[-1]:
         part = mx.argpartition(-probs, kth=candidates - 1, axis=-1)[..., :candidates]
-        part = mx.sort(part, axis=-1)  # by id: ties then fall as in the full sort's order
-        keep, ids = _nucleus_sorted(probs, part, top_p)
+        keep, least = _nucleus_edge(mx.take_along_axis(probs, part, axis=-1), top_p)
         if not mx.any(keep[..., -1]).item():  # the last candidate is out: so is every later one
-            return mx.put_along_axis(mx.zeros(probs.shape, mx.bool_), ids, keep, axis=-1)
-    keep, ids = _nucleus_sorted(probs, None, top_p)
-    return mx.put_along_axis(mx.zeros(probs.shape, mx.bool_), ids, keep, axis=-1)
+            return probs >= least
+    return probs >= _nucleus_edge(probs, top_p)[1]
 
 
-def _nucleus_sorted(probs: mx.array, ids: mx.array | None, top_p: float):
-    """(keep, ids): `ids` (default: the whole vocabulary) sorted by descending probability,
-    and which of them the nucleus keeps."""
-    p = probs if ids is None else mx.take_along_axis(probs, ids, axis=-1)
-    order = mx.argsort(-p, axis=-1)
-    ids = order if ids is None else mx.take_along_axis(ids, order, axis=-1)
-    sorted_p = mx.take_along_axis(p, order, axis=-1)
+def _nucleus_edge(probs: mx.array, top_p: float):
+    """(keep, least): which of `probs` sorted in descending order the nucleus keeps (a
+    prefix), and the probability of the last one kept [..., 1]."""
+    sorted_p = -mx.sort(-probs, axis=-1)
     keep = (mx.cumsum(sorted_p, axis=-1) - sorted_p) < top_p
-    return keep | (mx.arange(keep.shape[-1]) == 0), ids
+    keep = keep | (mx.arange(keep.shape[-1]) == 0)
+    last = mx.sum(keep, axis=-1, keepdims=True) - 1
+    return keep, mx.take_along_axis(sorted_p, last, axis=-1)
 
 
 def sample(probs: mx.array, key: mx.array) -> mx.array:

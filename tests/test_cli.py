@@ -296,6 +296,7 @@ def test_chat_prompt_prints_answer_and_stats(tiny_pair, capsys):
     cap = capsys.readouterr()
     assert cap.out == expected + "\n" and expected.strip()
     stats = cap.err.strip().splitlines()[-1]
+    assert "sampling: greedy (default)" in cap.err  # what a --prompt answer samples with
     for part in ("tok/s", "τ ", "(last ", "block 8", "draft ", "verify ", "10 tok", "length"):
         assert part in stats, stats
     # plain decoding gives the same text (lossless), and a smaller block too

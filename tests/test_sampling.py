@@ -220,6 +220,33 @@ def test_underflowing_temperature_and_top_p_never_sample_nans():
         assert out == greedy, sp
 
 
+def test_the_filter_is_mlx_lms_sampler():
+    """The target distribution is the one mlx-lm's make_sampler draws from: top_p and min_p
+    cut the untempered distribution, top_k what is left, then the temperature. The filter
+    applied the temperature first (transformers' order): at T 0.6 / top_p 0.95 it left out
+    tokens mlx-lm samples. Compared with mlx-lm's own filters, on rows whose nucleus lies
+    among the likeliest 1,024 tokens and beyond."""
+    from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+    def mlx_lm_probs(logits, sp):
+        lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        lp = apply_top_p(lp, sp.top_p) if sp.top_p < 1 else lp
+        lp = apply_min_p(lp, sp.min_p) if sp.min_p else lp
+        lp = apply_top_k(lp, sp.top_k) if sp.top_k else lp
+        return mx.softmax(lp * (1.0 / sp.temperature), axis=-1)
+
+    mx.random.seed(0)
+    for vocab, scale in ((50, 2.0), (3000, 0.5), (3000, 6.0)):
+        logits = mx.random.normal((4, vocab)) * scale
+        for t, top_p, min_p, top_k in itertools.product(
+            (0.3, 0.6, 1.0, 1.6), (1.0, 0.5, 0.95), (0.0, 0.05), (0, 20)
+        ):
+            sp = SamplingParams(temperature=t, top_p=top_p, min_p=min_p, top_k=top_k)
+            ours, theirs = np.array(filtered_probs(logits, sp)), np.array(mlx_lm_probs(logits, sp))
+            assert ((ours > 0) == (theirs > 0)).all(), sp  # the same tokens can be drawn
+            assert np.abs(ours - theirs).max() < 1e-5, sp
+
+
 def test_top_k_keeps_exactly_k_tokens_when_the_kth_is_tied():
     """Ties at the k-th logit (common in bf16) all stayed in: top_k 2 sampled from 5 tokens.
     mlx-lm's apply_top_k keeps exactly k, and so does the filter (which of the tied, either
