@@ -668,6 +668,9 @@ def test_a_request_may_name_the_model_by_another_name(pair):
         assert httpx.get(base + "/v1/models/tiny-alias").json()["id"] == "tiny"
         err = httpx.post(chat, json={"messages": HI, "model": "tiny-2"})
         assert err.status_code == 404 and err.json()["error"]["code"] == "model_not_found"
+        # mlx_lm.server's name for the model it serves, which its clients send
+        ok = httpx.post(chat, json={"messages": HI, "model": "default_model"})
+        assert ok.status_code == 200 and ok.json()["model"] == "tiny"
 
 
 # ------------------------------------------------------------------ queue, disconnect, metrics

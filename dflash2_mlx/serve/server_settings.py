@@ -8,6 +8,9 @@ from ..sampling import SamplingParams
 from ..settings import Drafting, SamplingDefaults
 
 
+MLX_LM_DEFAULT_MODEL = "default_model"  # what mlx_lm.server calls the model it loaded
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     model_name: str
@@ -39,7 +42,7 @@ class ServerSettings:
         return self.drafting.block_now(sampling.temperature, prompt_tokens, self.trained)
 
     def serves(self, name: str | None) -> bool:
-        """A request's `model` names this server's model (none named: it does); case-blind,
-        as the registry's aliases."""
-        names = (self.model_name, *self.other_names)
+        """A request's `model` names this server's model (none named, or mlx_lm.server's
+        "default_model": it does); case-blind, as the registry's aliases."""
+        names = (self.model_name, *self.other_names, MLX_LM_DEFAULT_MODEL)
         return name is None or name.lower() in {n.lower() for n in names}
