@@ -322,9 +322,12 @@ def load_engine(
     """`load_resolved`, then the engine settings (EngineSettings) the front end runs with:
     (pair, resolved, settings). `sampling` false: the target's generation_config.json is not
     read (bench is greedy)."""
-    from dflash2_mlx.settings import resolve_engine
+    from dflash2_mlx.settings import resolve_engine, resolve_sampling
 
     pair, resolved, target_dir = load_resolved(model, target, drafter, offline, say, flags)
+    own = None if sampling else resolve_sampling({}, target_dir)  # what chat and serve take
+    if own is not None and not own.params.greedy:
+        say(f"note: measured greedy; the model samples by default ({own.describe()})")
     return pair, resolved, resolve_engine(flags, pair, resolved, target_dir if sampling else None)
 
 

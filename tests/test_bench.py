@@ -363,3 +363,22 @@ def test_a_busy_machine_is_said_beside_the_speeds(monkeypatch):
     assert busy == {"load_1m": 9.8, "cores": 2}
     assert "load 9.8 on 2 cores" in B.busy_note({"load_1m": 0.5, "cores": 2}, busy)
     assert B.busy_note({"load_1m": 1.9, "cores": 2}, None) is None
+
+
+def test_bench_says_it_measures_greedy_a_model_that_samples_by_default(
+    tmp_path, capsys, dflash2_home
+):
+    """bench decodes greedily; a model whose generation_config.json samples (Qwen3's T 0.6,
+    top_k 20, top_p 0.95) is run by chat and serve at those settings, so bench says so."""
+    from tiny_pair import save_pair
+
+    t, d = save_pair(tmp_path / "pair")
+    args = ["bench", "--target", str(t), "--drafter", str(d), "--limit", "1"]
+    args += ["--max-tokens", "4", "--repeats", "1", "--no-plot"]
+    assert run(args) == 0
+    assert "measured greedy" not in capsys.readouterr().err
+    config = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+    (t / "generation_config.json").write_text(json.dumps(config))
+    assert run(args) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "note: measured greedy; the model samples by default (temperature 0.6" in err
