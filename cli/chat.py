@@ -25,10 +25,8 @@ from .common import (
     ThinkingOpt,
     TopKOpt,
     TopPOpt,
-    engine_flags,
     fail,
-    drafting_flags,
-    refuse_idle_drafting,
+    spec_engine_flags,
     sampling_flags,
     utf8_problem,
 )
@@ -89,23 +87,15 @@ def chat(
             fail(f"{flag} is empty")
         if value is not None and utf8_problem(value):
             fail(f"{flag} {utf8_problem(value)}")
-    if prompt is not None:  # one answer: no /spec on or /thinking on to come
-        refuse_idle_drafting(
-            no_spec,
-            "a --prompt answer cannot turn speculation on",
-            drafting_flags(block, lookup, no_datastore, full_vocab, draft_vocab),
-        )
-        if thinking is False and thinking_budget is not None:
-            fail("--thinking-budget has no effect with --no-thinking")
-    engine = engine_flags(
-        block=block,
-        spec=not no_spec,
-        lookup=lookup,
-        datastore=not no_datastore,
-        full_vocab=full_vocab,
-        draft_vocab=draft_vocab,
-        sampling=sampling_flags(temp, top_p, top_k, min_p, seed),
-        chat_template=chat_template,
+    one_answer = prompt is not None  # no /spec on or /thinking on to come
+    if one_answer and thinking is False and thinking_budget is not None:
+        fail("--thinking-budget has no effect with --no-thinking")
+    engine = spec_engine_flags(
+        no_spec,
+        (block, lookup, no_datastore, full_vocab, draft_vocab),
+        sampling_flags(temp, top_p, top_k, min_p, seed),
+        chat_template,
+        idle="a --prompt answer cannot turn speculation on" if one_answer else None,
     )
     if repetition_penalty is not None:
         from dflash2_mlx.engine.processors import check_penalty

@@ -64,23 +64,27 @@ def utf8_problem(text: str) -> str | None:
         return f"is not valid UTF-8{byte} at character {e.start}"
 
 
-def refuse_idle_drafting(no_spec: bool, why: str, flags: dict[str, bool]) -> None:
-    """With --no-spec and nothing that can turn speculation on (`why`), a drafting flag
-    would be ignored: refused, naming it. `flags`: each drafting flag -> whether given."""
-    for flag, was_given in flags.items() if no_spec else ():
+def spec_engine_flags(no_spec: bool, drafting: tuple, sampling, chat_template, idle=None):
+    """engine_flags from a front end's --no-spec, its drafting flags (`drafting`: --block,
+    --lookup, --no-datastore, --full-vocab, --draft-vocab), sampling flags and template.
+    `idle`: why nothing could turn speculation on later: with --no-spec, a drafting flag given
+    is then refused, naming it (it would be ignored)."""
+    block, lookup, no_datastore, full_vocab, draft_vocab = drafting
+    given = (block is not None, lookup is not None, no_datastore, full_vocab, draft_vocab)
+    names = ("--block", "--lookup", "--no-datastore", "--full-vocab", "--draft-vocab")
+    for flag, was_given in zip(names, given) if no_spec and idle else ():
         if was_given:
-            fail(f"{flag} has no effect with --no-spec: {why}")
-
-
-def drafting_flags(block, lookup, no_datastore, full_vocab, draft_vocab) -> dict[str, bool]:
-    """The drafting flags a --no-spec run would not use -> whether each was given."""
-    return {
-        "--block": block is not None,
-        "--lookup": lookup is not None,
-        "--no-datastore": no_datastore,
-        "--full-vocab": full_vocab,
-        "--draft-vocab": draft_vocab is not None,
-    }
+            fail(f"{flag} has no effect with --no-spec: {idle}")
+    return engine_flags(
+        block=block,
+        spec=not no_spec,
+        lookup=lookup,
+        datastore=not no_datastore,
+        full_vocab=full_vocab,
+        draft_vocab=draft_vocab,
+        sampling=sampling,
+        chat_template=chat_template,
+    )
 
 
 def check_thinking_flag(tokenizer, thinking: bool | None) -> None:

@@ -30,10 +30,8 @@ from .common import (
     ThinkingOpt,
     TopKOpt,
     TopPOpt,
-    engine_flags,
     fail,
-    drafting_flags,
-    refuse_idle_drafting,
+    spec_engine_flags,
     sampling_flags,
 )
 from .serve_run import context_notes, exit_after_shutdown, load_app, say, say_serving
@@ -218,7 +216,9 @@ def serve(
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
     sampling = sampling_flags(temp, top_p, top_k, min_p, seed)
     drafting = (block, lookup, no_datastore, full_vocab, draft_vocab)
-    flags = _engine_flags(no_spec, drafting, sampling, chat_template)
+    flags = spec_engine_flags(
+        no_spec, drafting, sampling, chat_template, idle="no request can turn speculation on"
+    )
     if model_name is not None and not model_name.strip():
         fail("--model-name is empty")
     if api_key is None and _env_is_empty(API_KEY_ENV):  # click reads an empty value as unset
@@ -260,24 +260,6 @@ def serve(
 
     # After Ctrl-C: waiting requests get 503, the running ones --shutdown-grace seconds.
     exit_after_shutdown(run_server(app, sock, log_level=log_level))
-
-
-def _engine_flags(no_spec, drafting: tuple, sampling, chat_template):
-    """The engine flags, checked before anything binds or loads: with --no-spec a drafting
-    flag is refused (no request can turn speculation on). `drafting`: --block, --lookup,
-    --no-datastore, --full-vocab, --draft-vocab."""
-    block, lookup, no_datastore, full_vocab, draft_vocab = drafting
-    refuse_idle_drafting(no_spec, "no request can turn speculation on", drafting_flags(*drafting))
-    return engine_flags(
-        block=block,
-        spec=not no_spec,
-        lookup=lookup,
-        datastore=not no_datastore,
-        full_vocab=full_vocab,
-        draft_vocab=draft_vocab,
-        sampling=sampling,
-        chat_template=chat_template,
-    )
 
 
 def _env_is_empty(name: str) -> bool:
