@@ -28,9 +28,8 @@ from .common import (
     fail,
     spec_engine_flags,
     sampling_flags,
-    utf8_problem,
 )
-from .terminal import argument_text
+from .terminal import argument_text, utf8_problem
 
 
 def chat(

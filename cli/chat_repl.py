@@ -28,9 +28,9 @@ from dflash2_mlx.text import chat_prompt_ids, quiet_length_warning, stream_text
 from .chat_commands import SlashCommands, is_command, thinking_shown
 from .chat_thinking import THINKING, ThinkingSplit
 from .chat_view import AnswerView, StatusLine, status_text
-from .common import check_thinking_flag, fail, utf8_problem
+from .common import check_thinking_flag, fail
 from .stop_flag import StopFlag
-from .terminal import interactive, keys_unechoed, line_editing, read_line
+from .terminal import interactive, keys_unechoed, line_editing, read_line, utf8_problem
 
 
 @dataclass

@@ -52,18 +52,6 @@ def output_path(flag: str):
     return check
 
 
-def utf8_problem(text: str) -> str | None:
-    """What makes `text` not UTF-8 (None: it is): undecodable bytes reach Python as lone
-    surrogates (a command line's always; stdin's with errors="surrogateescape")."""
-    try:
-        text.encode("utf-8")
-        return None
-    except UnicodeEncodeError as e:
-        code = ord(text[e.start])
-        byte = f" (byte 0x{code - 0xDC00:02x})" if 0xDC80 <= code <= 0xDCFF else ""
-        return f"is not valid UTF-8{byte} at character {e.start}"
-
-
 def spec_engine_flags(no_spec: bool, drafting: tuple, sampling, chat_template, idle=None):
     """engine_flags from a front end's --no-spec, its drafting flags (`drafting`: --block,
     --lookup, --no-datastore, --full-vocab, --draft-vocab), sampling flags and template.
@@ -324,14 +312,17 @@ def load_engine(
     model, target, drafter, offline: bool, say: Callable[[str], None], flags, *, sampling=True
 ):
     """`load_resolved`, then the engine settings (EngineSettings) the front end runs with:
-    (pair, resolved, settings). `sampling` false: the target's generation_config.json is not
-    read (bench is greedy)."""
+    (pair, resolved, settings). `sampling` false: greedy (bench), whatever the target's
+    generation_config.json says (a note says when it samples)."""
+    from dflash2_mlx.errors import DFlash2Error
     from dflash2_mlx.settings import resolve_engine, resolve_sampling
 
     pair, resolved, target_dir = load_resolved(model, target, drafter, offline, say, flags)
-    own = None if sampling else resolve_sampling({}, target_dir)  # what chat and serve take
-    if own is not None and not own.params.greedy:
-        say(f"note: measured greedy; the model samples by default ({own.describe()})")
+    if not sampling:  # said when chat and serve would sample; a file they refuse: not said
+        with contextlib.suppress(DFlash2Error):
+            own = resolve_sampling({}, target_dir)
+            if not own.params.greedy:
+                say(f"note: measured greedy; the model samples by default ({own.describe()})")
     return pair, resolved, resolve_engine(flags, pair, resolved, target_dir if sampling else None)
 
 
@@ -362,7 +353,7 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     elif not getattr(pair.tokenizer, "has_chat_template", True):
         say(
             "note: the model has no chat template: messages go in as 'role: text' lines "
-            "(--chat-template FILE gives one)"
+            "(chat and serve take --chat-template FILE)"
         )
     size = pair.drafter.draft_vocab_size
     if size is not None:

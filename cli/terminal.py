@@ -108,3 +108,15 @@ def text_row(table, *cells, **row) -> None:
     from rich.text import Text
 
     table.add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **row)
+
+
+def utf8_problem(text: str) -> str | None:
+    """What makes `text` not UTF-8 (None: it is): undecodable bytes reach Python as lone
+    surrogates (a command line's always; stdin's with errors="surrogateescape")."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        byte = f" (byte 0x{code - 0xDC00:02x})" if 0xDC80 <= code <= 0xDCFF else ""
+        return f"is not valid UTF-8{byte} at character {e.start}"

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Sequence
 import mlx.core as mx
 
 from . import _blas, kernels, paths
-from .chat_template import check_chat_template
+from .chat_template import check_chat_template, read_chat_template
 from .checkpoint import check_draft_vocab_limit, load_drafter
 from .engine.datastore import Datastore, find_datastore
 from .drafter.model import Drafter
@@ -270,8 +270,8 @@ def load_pair(
     check_lookup(lookup)  # these before anything loads (a hub target downloads)
     _check_datastore_flag(datastore)
     check_draft_vocab_limit(draft_vocab_limit)
-    if chat_template is not None and not (isinstance(chat_template, str) and chat_template.strip()):
-        raise ParameterError(f"chat_template must be a non-empty string, got {chat_template!r}")
+    if chat_template is not None:  # a file's path, or the template's text
+        chat_template = read_chat_template(chat_template)
     if drafter is None:  # a registered pair (its block sizes are the front ends' business)
         pair = _registered_pair(str(target), offline)
         target, drafter = pair.target, pair.drafter
@@ -280,6 +280,7 @@ def load_pair(
     target = fetch(target, "target", offline=offline)
     model, tokenizer = load_target_folder(target, chat_template)
     if chat_template:
+        tokenizer._chat_template = None  # a Python renderer (chat_template_type) would win
         check_chat_template(tokenizer, "chat_template")
     adapter_probe = TargetAdapter(model, ())
     weight_dtype = _DTYPES.get(dtype or "", _drafter_dtype(model, adapter_probe))

@@ -221,6 +221,8 @@ def read_chat_template(value: str) -> str:
 
     from .errors import ParameterError
 
+    if not (isinstance(value, str) and value.strip()):
+        raise ParameterError(f"chat_template must be a non-empty string, got {value!r}")
     path = Path(value).expanduser()
     if path.is_file():
         try:

@@ -101,7 +101,7 @@ def filtered_probs(logits: mx.array, params: SamplingParams) -> mx.array:
     scores = scores - mx.max(scores, axis=-1, keepdims=True)
     keep = None
     if params.top_p < 1.0:
-        keep = nucleus(mx.softmax(scores, axis=-1), params.top_p)
+        keep = nucleus(mx.softmax(scores, axis=-1), params.top_p, top_k=params.top_k)
     if params.min_p > 0:  # p >= min_p * max p, the top's log-probability being 0 here
         above = scores >= math.log(params.min_p)
         keep = above if keep is None else keep & above
@@ -114,13 +114,20 @@ def filtered_probs(logits: mx.array, params: SamplingParams) -> mx.array:
     return mx.softmax(scores if keep is None else mx.where(keep, scores, -mx.inf), axis=-1)
 
 
-def nucleus(probs: mx.array, top_p: float, candidates: int = NUCLEUS_CANDIDATES) -> mx.array:
+def nucleus(
+    probs: mx.array, top_p: float, candidates: int = NUCLEUS_CANDIDATES, top_k: int = 0
+) -> mx.array:
     """[..., V] mask of each row's top_p nucleus, as mlx-lm's apply_top_p: its most likely
     tokens while the mass before each is below top_p (the most likely always: a top_p below
     float32's range rounds to 0), and every token as likely as the last of them. Found among
     the `candidates` most likely tokens, a partial selection, where every row's nucleus is
     inside them; else by a full sort (5 ms a row of 49,152 on a CPU core, paid by every
-    verified row of a sampled round)."""
+    verified row of a sampled round). `top_k` > 0: only the k likeliest will be kept, so the
+    nucleus is looked for among them alone (a mask that then holds the k likeliest at least,
+    however wide the nucleus)."""
+    if 0 < top_k < min(candidates, probs.shape[-1]):
+        part = mx.argpartition(-probs, kth=top_k - 1, axis=-1)[..., :top_k]
+        return probs >= _nucleus_edge(mx.take_along_axis(probs, part, axis=-1), top_p)[1]
     if candidates < probs.shape[-1]:
         part = mx.argpartition(-probs, kth=candidates - 1, axis=-1)[..., :candidates]
         keep, least = _nucleus_edge(mx.take_along_axis(probs, part, axis=-1), top_p)

@@ -382,3 +382,6 @@ def test_bench_says_it_measures_greedy_a_model_that_samples_by_default(
     assert run(args) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert "note: measured greedy; the model samples by default (temperature 0.6" in err
+    (t / "generation_config.json").write_text(json.dumps({"top_k": "twenty"}))
+    assert run(args) == 0  # bench samples nothing: a file chat and serve refuse stops it not
+    assert "measured greedy" not in capsys.readouterr().err

@@ -62,6 +62,17 @@ def test_a_model_without_a_template_takes_the_one_given(tiny_pair, bare_target):
         d2.load_pair(bare_target, tiny_pair[1], chat_template=" ")
 
 
+def test_a_given_template_replaces_the_models_own_and_may_be_a_file(tiny_pair, tmp_path):
+    other = "{% for m in messages %}<<{{ m.role }}>> {{ m.content }};{% endfor %}<<assistant>>"
+    pair = d2.load_pair(*tiny_pair, chat_template=other)
+    text = pair.tokenizer.apply_chat_template(HELLO, add_generation_prompt=True, tokenize=False)
+    assert text == "<<user>> hello model;<<assistant>>"
+    path = tmp_path / "other.jinja"  # the library reads a file as the CLI does
+    path.write_text(other)
+    pair = d2.load_pair(*tiny_pair, chat_template=str(path))
+    assert pair.tokenizer.apply_chat_template(HELLO, tokenize=False) == text
+
+
 def test_chat_says_when_the_model_has_no_template_and_takes_one(tiny_pair, bare_target, capsys):
     flags = ["--drafter", str(tiny_pair[1]), "-p", "hello model", "--max-tokens", "8"]
     assert run(["chat", "--target", str(bare_target), *flags]) == 0

@@ -171,19 +171,22 @@ class _Sometimes(logging.Filter):
 _ACCEPT_ERRORS = _Sometimes()
 
 
-class _NotCancelled(logging.Filter):
-    """Drops uvicorn's tracebacks of tasks cancelled as the event loop closes: after a second
-    Ctrl-C (quit now) every open stream and the lifespan logged one, as if it had failed (the
-    lifespan's comes as text)."""
+class _QuitNow(logging.Filter):
+    """After a second Ctrl-C (quit now: uvicorn's force exit), drops uvicorn's tracebacks of
+    the tasks cancelled as the event loop closes: every open stream and the lifespan logged
+    one, as if it had failed (the lifespan's comes as text). Before it, nothing is dropped."""
+
+    def __init__(self, server: uvicorn.Server):
+        super().__init__()
+        self.server = server
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if not self.server.force_exit:
+            return True
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, asyncio.CancelledError):
             return False
         return not str(record.msg).rstrip().endswith("CancelledError")
-
-
-_CANCELLED = _NotCancelled()
 
 
 def run(app, sock: socket.socket, *, log_level: str = "info") -> int:
@@ -191,10 +194,13 @@ def run(app, sock: socket.socket, *, log_level: str = "info") -> int:
     Ctrl-C)."""
     _more_files()
     logging.getLogger("asyncio").addFilter(_ACCEPT_ERRORS)  # once: the same filter object
-    logging.getLogger("uvicorn.error").addFilter(_CANCELLED)
     server = make_server(app, log_level=log_level)
+    quit_now = _QuitNow(server)
+    logging.getLogger("uvicorn.error").addFilter(quit_now)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it captured once it has shut down
         return 130
+    finally:
+        logging.getLogger("uvicorn.error").removeFilter(quit_now)
     return 0
