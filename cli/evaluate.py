@@ -48,6 +48,9 @@ def evaluate(
     ),
     temperatures: str = typer.Option("0,1", help="Sampling temperatures, e.g. 0,0.7."),
     seed: int = typer.Option(0, min=0, max=2**64 - 1, help="Sampling seed (temperatures above 0)."),
+    top_p: Optional[float] = typer.Option(None, help="top_p of the sampled runs (default: off)."),
+    top_k: Optional[int] = typer.Option(None, help="top_k of the sampled runs (default: off)."),
+    min_p: Optional[float] = typer.Option(None, help="min_p of the sampled runs (default: off)."),
     json_path: Optional[Path] = typer.Option(
         None, "--json", help="Write the results here.", callback=output_path("--json")
     ),
@@ -63,8 +66,14 @@ def evaluate(
     Example: dflash2 evaluate --limit 14 --blocks 4,8 --json results/tau.json
     """
     given_blocks, temps = _parse_lists(blocks, temperatures)
-    if "seed" in given_params(ctx) and not any(t > 0 for t in temps):
-        fail("--seed only applies to sampled runs: every --temperatures value is 0")
+    filters = {
+        k: v for k, v in (("top_p", top_p), ("top_k", top_k), ("min_p", min_p)) if v is not None
+    }
+    for name in ("seed", *filters) if not any(t > 0 for t in temps) else ():
+        if name in given_params(ctx):
+            flag = "--" + name.replace("_", "-")
+            fail(f"{flag} only applies to sampled runs: every --temperatures value is 0")
+    _check_filters(filters)
     check_writable(json_path, "--json", {"--prompts": prompts})  # before the run, not after
     from rich.console import Console
     from rich.text import Text
@@ -98,14 +107,24 @@ def evaluate(
             max_tokens=max_tokens,
             seed=seed,
             progress=on_run,
+            filters=filters,
         )
     Console().print(_tau_table(result, f"τ on {len(chosen)} '{prompts}' prompts"))
     if json_path:  # check_writable found its folder writable
         record = {"prompts": prompts, "prompt_ids": [p.id for p in chosen]}
-        record.update(max_tokens=max_tokens, seed=seed, results=result)
+        record.update(max_tokens=max_tokens, seed=seed, filters=filters, results=result)
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(_report(pair, resolved, record), indent=2))
         Console().print(Text(f"results: {json_path}", style="dim"))  # as bench says it
+
+
+def _check_filters(filters: dict) -> None:
+    """--top-p / --top-k / --min-p checked before any model loads."""
+    from dflash2_mlx.sampling import field_problem
+
+    for name, value in filters.items():
+        if field_problem(name, value):
+            fail(f"--{name.replace('_', '-')}: {field_problem(name, value)}; got {value!r}")
 
 
 @contextmanager

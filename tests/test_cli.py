@@ -138,6 +138,12 @@ BAD = [
         ["evaluate", "--temperatures", "0", "--seed", "3", *NOWHERE],
         "--seed only applies to sampled",
     ),
+    (
+        ["evaluate", "--temperatures", "0", "--top-p", "0.9", *NOWHERE],
+        "--top-p only applies to sampled",
+    ),
+    (["evaluate", "--top-p", "2", *NOWHERE], "--top-p: top_p must be in [0, 1]"),
+    (["evaluate", "--top-k", "-1", *NOWHERE], "--top-k: top_k must be an int >= 0"),
     (["chat", "qwen3-4bb"], "did you mean qwen3-4b"),
     (["chat", "--drafter", "/no/such/drafter", "--offline"], "/no/such/drafter"),
     (["chat", "--target", "/no/such/dir", "--drafter", "x/y"], "no such folder"),
@@ -798,6 +804,27 @@ def test_evaluate_writes_tau_per_setting_and_category(tiny_pair, tmp_path, capsy
     assert [line for line in cap.err.splitlines() if line.startswith("evaluated")] == [
         f"evaluated {n}/12 generations" for n in (3, 6, 9, 12)
     ]
+
+
+def test_evaluate_samples_with_the_filters_given(tiny_pair, tmp_path, monkeypatch):
+    """τ at a model's own sampling settings (Qwen3's top_k 20, top_p 0.95): every sampled run
+    takes --top-p / --top-k, and the JSON records them."""
+    from dflash2_mlx.api import Pair
+
+    seen, stream = set(), Pair.stream
+
+    def recording(self, ids, params, *args, **kwargs):
+        seen.add((params.sampling.temperature, params.sampling.top_k, params.sampling.top_p))
+        return stream(self, ids, params, *args, **kwargs)
+
+    monkeypatch.setattr(Pair, "stream", recording)
+    target, drafter = tiny_pair
+    out = tmp_path / "tau.json"
+    argv = ["evaluate", "--target", str(target), "--drafter", str(drafter), "--limit", "1"]
+    argv += ["--max-tokens", "4", "--blocks", "2", "--temperatures", "0,0.6", "--top-k", "20"]
+    assert run([*argv, "--top-p", "0.95", "--json", str(out)]) == 0
+    assert seen == {(0.0, 20, 0.95), (0.6, 20, 0.95)}
+    assert json.loads(out.read_text())["filters"] == {"top_p": 0.95, "top_k": 20}
 
 
 @pytest.mark.parametrize("blocks", ["16,100", "2,99"])

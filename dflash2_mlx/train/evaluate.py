@@ -5,7 +5,7 @@ written as JSON by the callers."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..api import Pair
 from ..engine.events import GenerationStats
@@ -34,10 +34,12 @@ def measure_tau(
     max_tokens: int = 128,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    filters: Mapping[str, Any] | None = None,
 ) -> dict:
     """τ (mean committed tokens per round, bonus included) per temperature, block and category.
     No `block_sizes`: default_blocks; one above the drafter's trained size is a ParameterError.
-    `progress(done, total)` after each generation."""
+    `filters`: top_p / top_k / min_p of every sampled run (a model's own settings, e.g.
+    Qwen3's top_k 20, top_p 0.95). `progress(done, total)` after each generation."""
     out: dict = {}
     trained = pair.drafter.config.block_size
     block_sizes = default_blocks(trained) if block_sizes is None else block_sizes
@@ -53,7 +55,9 @@ def measure_tau(
                 params = GenerationParams(
                     max_tokens=max_tokens,
                     block_size=block,
-                    sampling=SamplingParams(temperature=temp, seed=(seed + i) % SEEDS),
+                    sampling=SamplingParams(
+                        temperature=temp, seed=(seed + i) % SEEDS, **(filters or {})
+                    ),
                 )
                 for ev in pair.stream(ids, params):
                     per_cat[p.category].add(ev)
