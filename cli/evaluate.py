@@ -66,14 +66,13 @@ def evaluate(
     Example: dflash2 evaluate --limit 14 --blocks 4,8 --json results/tau.json
     """
     given_blocks, temps = _parse_lists(blocks, temperatures)
-    filters = {
-        k: v for k, v in (("top_p", top_p), ("top_k", top_k), ("min_p", min_p)) if v is not None
-    }
+    from dflash2_mlx.settings import check_sampling  # the given ones, checked as chat's flags
+
+    filters = check_sampling({"top_p": top_p, "top_k": top_k, "min_p": min_p})
     for name in ("seed", *filters) if not any(t > 0 for t in temps) else ():
         if name in given_params(ctx):
             flag = "--" + name.replace("_", "-")
             fail(f"{flag} only applies to sampled runs: every --temperatures value is 0")
-    _check_filters(filters)
     check_writable(json_path, "--json", {"--prompts": prompts})  # before the run, not after
     from rich.console import Console
     from rich.text import Text
@@ -116,15 +115,6 @@ def evaluate(
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(_report(pair, resolved, record), indent=2))
         Console().print(Text(f"results: {json_path}", style="dim"))  # as bench says it
-
-
-def _check_filters(filters: dict) -> None:
-    """--top-p / --top-k / --min-p checked before any model loads."""
-    from dflash2_mlx.sampling import field_problem
-
-    for name, value in filters.items():
-        if field_problem(name, value):
-            fail(f"--{name.replace('_', '-')}: {field_problem(name, value)}; got {value!r}")
 
 
 @contextmanager
