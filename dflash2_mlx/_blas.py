@@ -5,8 +5,10 @@ fp32 matmul compute-bound and speculative decoding pointless. MLX resolves `cbla
 `cblas_dgemm` and `cblas_cgemm` dynamically, so a library loaded with RTLD_GLOBAL first wins.
 
 Routes, in order: a system OpenBLAS (Debian `libopenblas0-pthread`), else the pip wheel
-`scipy-openblas32` through a tiny C shim (its symbols carry a `scipy_` prefix) compiled once
-into the user cache. `DFLASH2_BLAS=stock` opts out. No effect on macOS (Accelerate is used).
+`scipy-openblas32` (its symbols carry a `scipy_` prefix). Either is reached through a small C
+shim (`cblas_shim.c`, compiled once into the user cache) that computes products of a few rows
+itself, where OpenBLAS is slowest. `DFLASH2_BLAS=openblas` keeps OpenBLAS alone,
+`DFLASH2_BLAS=stock` the reference BLAS. No effect on macOS (Accelerate is used).
 """
 
 from __future__ import annotations
@@ -25,27 +27,12 @@ from pathlib import Path
 
 from .paths import cache_root
 
-_SHIM_SOURCE = r"""
-/* Forward MLX's unprefixed CBLAS calls to scipy-openblas32's prefixed ones. */
-extern void scipy_cblas_sgemm(int, int, int, int, int, int, float, const float *, int,
-                              const float *, int, float, float *, int);
-extern void scipy_cblas_dgemm(int, int, int, int, int, int, double, const double *, int,
-                              const double *, int, double, double *, int);
-extern void scipy_cblas_cgemm(int, int, int, int, int, int, const void *, const void *, int,
-                              const void *, int, const void *, void *, int);
-void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const float *a, int lda,
-                 const float *b, int ldb, float be, float *c, int ldc) {
-  scipy_cblas_sgemm(o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
-}
-void cblas_dgemm(int o, int ta, int tb, int m, int n, int k, double al, const double *a, int lda,
-                 const double *b, int ldb, double be, double *c, int ldc) {
-  scipy_cblas_dgemm(o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
-}
-void cblas_cgemm(int o, int ta, int tb, int m, int n, int k, const void *al, const void *a,
-                 int lda, const void *b, int ldb, const void *be, void *c, int ldc) {
-  scipy_cblas_cgemm(o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
-}
-"""
+_SHIM_SOURCE = Path(__file__).with_name("cblas_shim.c")
+# The shim's own kernel takes products of up to this many rows (a decode step, a verify of a
+# few tokens, small batches); measured against OpenBLAS's gemm on SmolLM2's weight shapes, it
+# was 1.0-3.5x faster up to 24 rows and slower from about 32 (docs/results/README.md).
+KERNEL_MAX_ROWS = 24
+_KERNEL_NAMES = {1: "avx2", 2: "avx512"}
 
 
 @dataclass(frozen=True)
@@ -57,10 +44,22 @@ class BlasInfo:
     note: str = ""
     threads: int | None = None
     core: str | None = None  # the OpenBLAS kernel set in use (e.g. "SkylakeX", "Haswell")
+    kernel: str | None = None  # the shim's few-row kernel ("avx512", "avx2"), if it runs
 
     @property
     def optimized(self) -> bool:
         return self.route != "stock"
+
+    def fields(self) -> dict:
+        """What `doctor` and the benchmarks' JSON record."""
+        return {
+            "blas": self.route,
+            "blas_library": self.library,
+            "blas_threads": self.threads,
+            "blas_core": self.core,
+            "blas_kernel": self.kernel,
+            "blas_note": self.note,
+        }
 
 
 _INFO: BlasInfo | None = None
@@ -78,27 +77,49 @@ def _system_openblas() -> str | None:
     return found[0] if found else None
 
 
-def _scipy_openblas_shim() -> str | None:
+def _scipy_openblas() -> str | None:
     try:
         import scipy_openblas32  # type: ignore
     except ImportError:
         return None
-    lib_dir = Path(scipy_openblas32.get_lib_dir())
-    libs = sorted(lib_dir.glob("libscipy_openblas*.so*"))
-    if not libs:
-        return None
-    lib = libs[0]
-    key = hashlib.sha256((_SHIM_SOURCE + str(lib) + platform.machine()).encode()).hexdigest()[:16]
+    libs = sorted(Path(scipy_openblas32.get_lib_dir()).glob("libscipy_openblas*.so*"))
+    return str(libs[0]) if libs else None
+
+
+def _shim() -> Path:
+    """The compiled shim, built once into the cache (an error where it cannot be)."""
+    source = _SHIM_SOURCE.read_text()
+    key = hashlib.sha256((source + platform.machine()).encode()).hexdigest()[:16]
     shim = cache_root() / "blas" / f"cblas_shim_{key}.so"
     if not shim.exists():
         try:
-            _build_shim(shim, lib)
+            _build_shim(shim, source)
         except OSError:  # a read-only cache: a private folder of this user's instead
             shim = _private_folder() / shim.name
             if not shim.exists():
-                _build_shim(shim, lib)
-    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)  # the shim's dependency, loaded first
-    return str(shim)
+                _build_shim(shim, source)
+    return shim
+
+
+def _load(path: str, prefix: str, kernel: bool) -> tuple[ctypes.CDLL, str | None]:
+    """Load an OpenBLAS behind the shim; returns its handle and the shim's kernel in use.
+
+    The library is opened privately first, so that a failure leaves nothing half-bound; the
+    shim then takes the global cblas_* names and the library joins the global scope after it
+    (its LAPACK for MLX). A system OpenBLAS still serves alone where no shim can be built."""
+    handle = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+    try:
+        shim = ctypes.CDLL(str(_shim()), mode=ctypes.RTLD_GLOBAL)
+    except (OSError, RuntimeError):
+        if prefix:  # scipy-openblas's names are prefixed: MLX cannot use it without the shim
+            raise
+        return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), None
+    gemms = [ctypes.cast(getattr(handle, f"{prefix}cblas_{t}gemm"), ctypes.c_void_p) for t in "sdc"]
+    # The kernel is single-threaded: with more BLAS threads, OpenBLAS's own gemm is kept.
+    rows = KERNEL_MAX_ROWS if kernel and _threads_in_use(handle) == 1 else 0
+    level = shim.dflash2_cblas_init(*gemms, ctypes.c_int(rows), ctypes.c_int(2))
+    _HANDLES.append(shim)
+    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), _KERNEL_NAMES.get(level)
 
 
 def _private_folder() -> Path:
@@ -112,29 +133,26 @@ def _private_folder() -> Path:
     return folder
 
 
-def _build_shim(shim: Path, lib: Path) -> None:
+def _build_shim(shim: Path, source: str) -> None:
     """Compile the shim into `shim` (an OSError where its folder cannot be written)."""
     shim.parent.mkdir(parents=True, exist_ok=True)
     src = shim.with_suffix(".c")
-    src.write_text(_SHIM_SOURCE)
+    src.write_text(source)
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     tmp = shim.with_suffix(f".{os.getpid()}.tmp")
     cmd = [
         *cc.split()[:1],
-        "-O2",
+        "-O3",  # unrolls the kernel's loops, which keeps its sums in registers
         "-shared",
         "-fPIC",
         str(src),
         "-o",
         str(tmp),
-        f"-L{lib.parent}",
-        f"-l:{lib.name}",
-        f"-Wl,-rpath,{lib.parent}",
     ]
     try:
         subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise RuntimeError(f"could not compile the OpenBLAS shim ({' '.join(cmd)}): {exc}")
+        raise RuntimeError(f"could not compile the BLAS shim ({' '.join(cmd)}): {exc}")
     os.replace(tmp, shim)
 
 
@@ -194,25 +212,22 @@ def bind(mode: str | None = None) -> BlasInfo:
         return _INFO
     if mode not in ("auto", "openblas"):
         warnings.warn(f"DFLASH2_BLAS={mode!r} is not one of auto, openblas, stock; using auto")
+        mode = "auto"
     late = "mlx.core" in sys.modules
     # OpenBLAS spin-waits its threads: with 2 threads on a 2-core machine that is also running
     # anything else, a decode step was measured 5x slower than with 1 thread.
     _set_threads()
     errors = []
-    for route, find in (
-        ("system-openblas", _system_openblas),
-        ("scipy-openblas", _scipy_openblas_shim),
+    for route, find, prefix in (
+        ("system-openblas", _system_openblas, ""),
+        ("scipy-openblas", _scipy_openblas, "scipy_"),
     ):
         try:
             path = find()
+            if path is None:
+                continue
+            handle, kernel = _load(path, prefix, kernel=mode != "openblas")
         except Exception as exc:  # noqa: BLE001 - report and try the next route
-            errors.append(f"{route}: {exc}")
-            continue
-        if path is None:
-            continue
-        try:
-            handle = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-        except OSError as exc:
             errors.append(f"{route}: {exc}")
             continue
         _HANDLES.append(handle)
@@ -224,7 +239,8 @@ def bind(mode: str | None = None) -> BlasInfo:
                 "dflash2_mlx first",
                 stacklevel=3,
             )
-        _INFO = BlasInfo(route, path, note, _threads_in_use(handle), _core_name(handle))
+        threads, core = _threads_in_use(handle), _core_name(handle)
+        _INFO = BlasInfo(route, path, note, threads, core, kernel)
         return _INFO
     why = (
         "; ".join(errors)

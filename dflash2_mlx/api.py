@@ -366,7 +366,6 @@ def doctor() -> dict[str, Any]:
     """Backend, device, BLAS in use and versions."""
     import mlx_lm
 
-    blas = _blas.info()
     metal = bool(getattr(mx, "metal", None) and mx.metal.is_available())
     from . import __version__
 
@@ -378,11 +377,7 @@ def doctor() -> dict[str, Any]:
         "mlx_lm": getattr(mlx_lm, "__version__", "?"),
         "device": str(mx.default_device()),
         "metal": metal,
-        "blas": blas.route,
-        "blas_library": blas.library,
-        "blas_threads": blas.threads,
-        "blas_core": blas.core,
-        "blas_note": blas.note,
+        **_blas.info().fields(),
         "cache_dir": str(paths.cache_root()),
         "autotune": _profiles_line(),
         "kernels": kernels.describe(),

@@ -61,8 +61,8 @@ def chip_name() -> str:
 
 
 def device_key() -> str:
-    """'gpu Apple M3 Max', or on CPU 'cpu AMD EPYC, blas scipy-openblas x2 Haswell' (CPU
-    timings depend on the BLAS, its threads and its kernel set)."""
+    """'gpu Apple M3 Max', or on CPU 'cpu AMD EPYC, blas scipy-openblas x1 Haswell avx2' (CPU
+    timings depend on the BLAS, its threads, its kernel set and the shim's kernel)."""
     import mlx.core as mx
 
     from . import _blas
@@ -74,6 +74,7 @@ def device_key() -> str:
         info = _blas.info()
         key += f", blas {info.route}" + (f" x{info.threads}" if info.threads else "")
         key += f" {info.core}" if info.core else ""
+        key += f" {info.kernel}" if info.kernel else ""
     return key
 
 

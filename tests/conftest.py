@@ -50,7 +50,8 @@ def pytest_report_header(config):
     blas = dflash2_mlx._blas.info()
     core = f", kernels {blas.core}" if blas.core else ""
     threads = f", {blas.threads} thread(s)" if blas.threads else ""
-    return f"dflash2 BLAS: {blas.route}{core}{threads}"
+    kernel = f", few-row kernel {blas.kernel}" if blas.kernel else ""
+    return f"dflash2 BLAS: {blas.route}{core}{threads}{kernel}"
 
 
 @pytest.fixture(scope="session")

@@ -82,3 +82,115 @@ def test_a_cache_that_cannot_be_written_still_gets_the_fast_blas(tmp_path):
     blocker.write_text("")
     fast, err = probe({"DFLASH2_BLAS": "auto", "DFLASH2_HOME": str(blocker / "home")})
     assert fast["blas"] in ("system-openblas", "scipy-openblas"), (fast, err)
+
+
+# --- the shim's few-row kernel (dflash2_mlx/cblas_shim.c) ------------------------------------
+
+LINUX_X86 = sys.platform == "linux" and os.uname().machine == "x86_64"
+
+
+def _kernel_product(shim, level, a, b):
+    """C = A @ B.T by the shim's kernel at `level`; None where this CPU lacks that level."""
+    import ctypes
+
+    import numpy as np
+
+    m, k = a.shape
+    n = b.shape[0]
+    c = np.full((m, n), np.nan, dtype=np.float32)
+    ptr = ctypes.POINTER(ctypes.c_float)
+    used = shim.dflash2_skinny_sgemm(
+        level, m, n, k,
+        a.ctypes.data_as(ptr), a.strides[0] // 4,
+        b.ctypes.data_as(ptr), b.strides[0] // 4,
+        c.ctypes.data_as(ptr), n,
+    )  # fmt: skip
+    return c if used == level else None
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")
+@pytest.mark.parametrize("level", [1, 2], ids=["avx2", "avx512"])
+def test_the_few_row_kernel_computes_a_times_b_transposed(level):
+    """Every row count up to the cap, sizes that are not multiples of the vector width, and rows
+    that are slices of wider arrays (lda / ldb larger than k), against float64."""
+    import ctypes
+
+    import numpy as np
+
+    from dflash2_mlx import _blas
+
+    shim = ctypes.CDLL(str(_blas._shim()))
+    rng = np.random.default_rng(level)
+    checked = 0
+    for m in range(1, _blas.KERNEL_MAX_ROWS + 1):
+        n, k = int(rng.integers(1, 70)), int(rng.integers(1, 300))
+        a = rng.standard_normal((m, k + 5), dtype=np.float32)[:, :k]
+        b = rng.standard_normal((n, k + 3), dtype=np.float32)[:, :k]
+        c = _kernel_product(shim, level, a, b)
+        if c is None:
+            pytest.skip(f"this CPU has no {'AVX-512' if level == 2 else 'AVX2 + FMA'}")
+        exact = a.astype(np.float64) @ b.astype(np.float64).T
+        bound = 1e-6 * k * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64).T)
+        assert np.all(np.abs(c - exact) <= bound + 1e-30), (m, n, k)
+        checked += 1
+    assert checked == _blas.KERNEL_MAX_ROWS
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")
+@pytest.mark.parametrize("level", [1, 2], ids=["avx2", "avx512"])
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it(level):
+    """Each output is summed in one fixed order, so a token's product is the same alone and in
+    a verify of several (exact by construction: the same instructions on the same numbers)."""
+    import ctypes
+
+    import numpy as np
+
+    from dflash2_mlx import _blas
+
+    shim = ctypes.CDLL(str(_blas._shim()))
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((9, 200), dtype=np.float32)
+    b = rng.standard_normal((37, 200), dtype=np.float32)
+    whole = _kernel_product(shim, level, a, b)
+    if whole is None:
+        pytest.skip(f"this CPU has no {'AVX-512' if level == 2 else 'AVX2 + FMA'}")
+    for i in range(9):
+        alone = _kernel_product(shim, level, np.ascontiguousarray(a[i : i + 1]), b)
+        assert np.array_equal(alone[0], whole[i]), i
+
+
+KERNEL_PROBE = (
+    "import json, dflash2_mlx, mlx.core as mx, numpy as np\n"
+    "rng = np.random.default_rng(0); worst = 0.0\n"
+    "for m in (1, 3, 4, 17, 24, 25, 40):\n"  # the kernel's rows and OpenBLAS's beyond them
+    "    a = rng.standard_normal((m, 333), dtype=np.float32)\n"
+    "    w = rng.standard_normal((129, 333), dtype=np.float32)\n"
+    "    got = np.array(mx.array(a) @ mx.array(w).T)\n"
+    "    exact = a.astype(np.float64) @ w.astype(np.float64).T\n"
+    "    worst = max(worst, float(np.abs(got - exact).max()))\n"
+    "print(json.dumps({'kernel': dflash2_mlx._blas.info().kernel, 'worst': worst}))\n"
+)
+
+
+def _kernel_probe(env_extra):
+    env = dict(os.environ, **env_extra)
+    out = subprocess.run(
+        [sys.executable, "-c", KERNEL_PROBE], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")
+def test_mlx_products_go_through_the_kernel_at_one_thread_and_not_when_opted_out():
+    on = _kernel_probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "1"})
+    off = _kernel_probe({"DFLASH2_BLAS": "openblas", "DFLASH2_BLAS_THREADS": "1"})
+    threaded = _kernel_probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "2"})
+    if on["kernel"] is None:
+        with open("/proc/cpuinfo") as f:
+            assert " avx2 " not in f.read(), "an AVX2 CPU should run the kernel at 1 thread"
+        pytest.skip("this CPU has no AVX2")
+    assert on["kernel"] in ("avx2", "avx512")
+    assert off["kernel"] is None and threaded["kernel"] is None
+    # a product of 333 terms of N(0, 1)^2: float32's error is ~1e-4 here, a wrong sum is ~10
+    assert on["worst"] < 1e-2 and off["worst"] < 1e-2, (on, off)

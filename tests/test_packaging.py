@@ -150,6 +150,7 @@ def test_a_built_wheel_ships_kernels_assets_and_the_cli(tmp_path):
     for name in ("config.json", "model.safetensors", "draft_vocab.json", "datastore.npz"):
         assert f"{drafter}/{name}" in names, name
     assert "dflash2_mlx/assets/prompts/heldout.jsonl" in names
+    assert "dflash2_mlx/cblas_shim.c" in names  # the Linux BLAS shim is compiled on first use
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert {
         "dflash2_cli/app.py",
