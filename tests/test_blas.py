@@ -20,10 +20,10 @@ PROBE = (
 )
 
 
-def probe(env_extra):
+def probe(env_extra, code=PROBE):
     env = dict(os.environ, **env_extra)
     out = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
@@ -172,20 +172,11 @@ KERNEL_PROBE = (
 )
 
 
-def _kernel_probe(env_extra):
-    env = dict(os.environ, **env_extra)
-    out = subprocess.run(
-        [sys.executable, "-c", KERNEL_PROBE], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")
 def test_mlx_products_go_through_the_kernel_at_one_thread_and_not_when_opted_out():
-    on = _kernel_probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "1"})
-    off = _kernel_probe({"DFLASH2_BLAS": "openblas", "DFLASH2_BLAS_THREADS": "1"})
-    threaded = _kernel_probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "2"})
+    on, _ = probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "1"}, KERNEL_PROBE)
+    off, _ = probe({"DFLASH2_BLAS": "openblas", "DFLASH2_BLAS_THREADS": "1"}, KERNEL_PROBE)
+    threaded, _ = probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "2"}, KERNEL_PROBE)
     if on["kernel"] is None:
         with open("/proc/cpuinfo") as f:
             assert " avx2 " not in f.read(), "an AVX2 CPU should run the kernel at 1 thread"

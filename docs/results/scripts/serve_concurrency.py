@@ -338,7 +338,16 @@ def main():
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {
             k: env.get(k)
-            for k in ("chip", "blas", "blas_threads", "blas_core", "mlx", "mlx_lm", "device")
+            for k in (
+                "chip",
+                "blas",
+                "blas_threads",
+                "blas_core",
+                "blas_kernel",
+                "mlx",
+                "mlx_lm",
+                "device",
+            )
         },
         "mlx_lm_server": dict(mlx_lm_defaults(), blas=args.mlx_lm_blas) if "a" in runs else None,
         "dflash2_serve_has_max_batch": has_max_batch,
