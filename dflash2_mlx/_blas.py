@@ -28,10 +28,13 @@ from pathlib import Path
 from .paths import cache_root
 
 _SHIM_SOURCE = Path(__file__).with_name("cblas_shim.c")
-# The shim's own kernel takes products of up to this many rows (a decode step, a verify of a
-# few tokens, small batches); measured against OpenBLAS's gemm on SmolLM2's weight shapes, it
-# was 1.0-3.5x faster up to 24 rows and slower from about 32 (docs/results/README.md).
+# The shim's own kernel (single-threaded) takes products of up to this many rows (a decode
+# step, a verify of a few tokens, small batches), by OpenBLAS's thread count. Measured on
+# SmolLM2's weight shapes against OpenBLAS's gemm at 1 thread, it was 1.0-3.5x faster up to 24
+# rows and slower from about 32; against OpenBLAS at 2 threads, 1.0-1.9x faster up to 4 rows
+# and mixed at 8 (docs/results/smollm2-blas-kernel-ab.json). More threads: OpenBLAS alone.
 KERNEL_MAX_ROWS = 24
+KERNEL_ROWS_BY_THREADS = {1: KERNEL_MAX_ROWS, 2: 4}
 _KERNEL_NAMES = {1: "avx2", 2: "avx512"}
 
 
@@ -45,6 +48,7 @@ class BlasInfo:
     threads: int | None = None
     core: str | None = None  # the OpenBLAS kernel set in use (e.g. "SkylakeX", "Haswell")
     kernel: str | None = None  # the shim's few-row kernel ("avx512", "avx2"), if it runs
+    kernel_rows: int = 0  # the most rows it takes (more go to OpenBLAS)
 
     @property
     def optimized(self) -> bool:
@@ -58,6 +62,7 @@ class BlasInfo:
             "blas_threads": self.threads,
             "blas_core": self.core,
             "blas_kernel": self.kernel,
+            "blas_kernel_rows": self.kernel_rows or None,
             "blas_note": self.note,
         }
 
@@ -101,8 +106,9 @@ def _shim() -> Path:
     return shim
 
 
-def _load(path: str, prefix: str, kernel: bool) -> tuple[ctypes.CDLL, str | None]:
-    """Load an OpenBLAS behind the shim; returns its handle and the shim's kernel in use.
+def _load(path: str, prefix: str, kernel: bool) -> tuple[ctypes.CDLL, str | None, int]:
+    """Load an OpenBLAS behind the shim; returns its handle, the shim's kernel in use and the
+    most rows that kernel takes.
 
     The library is opened privately first, so that a failure leaves nothing half-bound; the
     shim then takes the global cblas_* names and the library joins the global scope after it
@@ -113,13 +119,13 @@ def _load(path: str, prefix: str, kernel: bool) -> tuple[ctypes.CDLL, str | None
     except (OSError, RuntimeError):
         if prefix:  # scipy-openblas's names are prefixed: MLX cannot use it without the shim
             raise
-        return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), None
+        return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), None, 0
     gemms = [ctypes.cast(getattr(handle, f"{prefix}cblas_{t}gemm"), ctypes.c_void_p) for t in "sdc"]
-    # The kernel is single-threaded: with more BLAS threads, OpenBLAS's own gemm is kept.
-    rows = KERNEL_MAX_ROWS if kernel and _threads_in_use(handle) == 1 else 0
+    rows = KERNEL_ROWS_BY_THREADS.get(_threads_in_use(handle), 0) if kernel else 0
     level = shim.dflash2_cblas_init(*gemms, ctypes.c_int(rows), ctypes.c_int(2))
     _HANDLES.append(shim)
-    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), _KERNEL_NAMES.get(level)
+    name = _KERNEL_NAMES.get(level)
+    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), name, rows if name else 0
 
 
 def _private_folder() -> Path:
@@ -226,7 +232,7 @@ def bind(mode: str | None = None) -> BlasInfo:
             path = find()
             if path is None:
                 continue
-            handle, kernel = _load(path, prefix, kernel=mode != "openblas")
+            handle, kernel, rows = _load(path, prefix, kernel=mode != "openblas")
         except Exception as exc:  # noqa: BLE001 - report and try the next route
             errors.append(f"{route}: {exc}")
             continue
@@ -240,7 +246,7 @@ def bind(mode: str | None = None) -> BlasInfo:
                 stacklevel=3,
             )
         threads, core = _threads_in_use(handle), _core_name(handle)
-        _INFO = BlasInfo(route, path, note, threads, core, kernel)
+        _INFO = BlasInfo(route, path, note, threads, core, kernel, rows)
         return _INFO
     why = (
         "; ".join(errors)
