@@ -110,20 +110,24 @@ def _load(path: str, prefix: str, kernel: bool) -> tuple[ctypes.CDLL, str | None
     """Load an OpenBLAS behind the shim; returns its handle, the shim's kernel in use and the
     most rows that kernel takes.
 
-    The library is opened privately first, so that a failure leaves nothing half-bound; the
-    shim then takes the global cblas_* names and the library joins the global scope after it
-    (its LAPACK for MLX). A system OpenBLAS still serves alone where no shim can be built."""
+    The library is opened privately and its gemm entry points looked up, and the shim is
+    initialised with them before it takes the global cblas_* names, so that no failure leaves
+    MLX calling a shim with nothing to forward to; the library then joins the global scope
+    after it (its LAPACK for MLX). A system OpenBLAS serves alone where no shim can be built."""
     handle = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+    # Looked up first: a library without them (an ILP64 build, say) fails here, before the
+    # shim's names are global with nothing to forward to.
+    gemms = [ctypes.cast(getattr(handle, f"{prefix}cblas_{t}gemm"), ctypes.c_void_p) for t in "sdc"]
     try:
-        shim = ctypes.CDLL(str(_shim()), mode=ctypes.RTLD_GLOBAL)
+        shim_path = str(_shim())
+        shim = ctypes.CDLL(shim_path, mode=ctypes.RTLD_LOCAL)
     except (OSError, RuntimeError):
         if prefix:  # scipy-openblas's names are prefixed: MLX cannot use it without the shim
             raise
         return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), None, 0
-    gemms = [ctypes.cast(getattr(handle, f"{prefix}cblas_{t}gemm"), ctypes.c_void_p) for t in "sdc"]
     rows = KERNEL_ROWS_BY_THREADS.get(_threads_in_use(handle), 0) if kernel else 0
     level = shim.dflash2_cblas_init(*gemms, ctypes.c_int(rows), ctypes.c_int(2))
-    _HANDLES.append(shim)
+    _HANDLES.append(ctypes.CDLL(shim_path, mode=ctypes.RTLD_GLOBAL))  # initialised: now global
     name = _KERNEL_NAMES.get(level)
     return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), name, rows if name else 0
 
@@ -142,7 +146,7 @@ def _private_folder() -> Path:
 def _build_shim(shim: Path, source: str) -> None:
     """Compile the shim into `shim` (an OSError where its folder cannot be written)."""
     shim.parent.mkdir(parents=True, exist_ok=True)
-    src = shim.with_suffix(".c")
+    src = shim.with_suffix(f".{os.getpid()}.c")  # processes building at once never share one
     src.write_text(source)
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     tmp = shim.with_suffix(f".{os.getpid()}.tmp")
@@ -159,6 +163,8 @@ def _build_shim(shim: Path, source: str) -> None:
         subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as exc:
         raise RuntimeError(f"could not compile the BLAS shim ({' '.join(cmd)}): {exc}")
+    finally:
+        src.unlink(missing_ok=True)
     os.replace(tmp, shim)
 
 

@@ -7,10 +7,12 @@
    beta 0) -- every linear layer of a decode step or a verify of a few tokens. OpenBLAS's gemm
    packs the whole weight B on each such call; this kernel streams each row of B once and
    dots it with every row of A, so a product costs about one read of the weight at 1-24 rows.
-   Each output is summed in the same order whatever the number of rows, so a token's logits
-   do not depend on how many tokens share its forward. */
+   Each output is summed in the same order whatever the number of rows (up to the cap), so a
+   row's product does not depend on the rows beside it. */
 
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *,
                          int, float, float *, int);
@@ -180,11 +182,19 @@ int dflash2_skinny_sgemm(int max_level, int m, int n, int k, const float *a, int
   return -1;
 }
 
+/* Only reachable if the shim were made global before dflash2_cblas_init (_blas.py never
+   does): a clear message instead of a jump to address 0. */
+static void missing(const char *name) {
+  fprintf(stderr, "dflash2 BLAS shim: %s called before dflash2_cblas_init\n", name);
+  abort();
+}
+
 void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const float *a, int lda,
                  const float *b, int ldb, float be, float *c, int ldc) {
 #if defined(__x86_64__)
   if (skinny_level && o == ROW_MAJOR && ta == NO_TRANS && tb == TRANS && al == 1.0f &&
-      be == 0.0f && m >= 1 && m <= skinny_max_rows && n >= 1 && k >= 1) {
+      be == 0.0f && m >= 1 && m <= skinny_max_rows && n >= 1 && k >= 1 && lda >= k &&
+      ldb >= k && ldc >= n) { /* illegal strides go on to OpenBLAS, which reports them */
     if (skinny_level == 2)
       skinny512(m, n, k, a, lda, b, ldb, c, ldc);
     else
@@ -192,15 +202,18 @@ void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const flo
     return;
   }
 #endif
+  if (!next_sgemm) missing("cblas_sgemm");
   next_sgemm(o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
 }
 
 void cblas_dgemm(int o, int ta, int tb, int m, int n, int k, double al, const double *a, int lda,
                  const double *b, int ldb, double be, double *c, int ldc) {
+  if (!next_dgemm) missing("cblas_dgemm");
   next_dgemm(o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
 }
 
 void cblas_cgemm(int o, int ta, int tb, int m, int n, int k, const void *al, const void *a,
                  int lda, const void *b, int ldb, const void *be, void *c, int ldc) {
+  if (!next_cgemm) missing("cblas_cgemm");
   next_cgemm(o, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
 }
