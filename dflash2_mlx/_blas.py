@@ -160,7 +160,11 @@ def _build_shim(shim: Path, source: str) -> None:
         str(tmp),
     ]
     try:
-        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+        except subprocess.CalledProcessError:  # a compiler without the kernel's intrinsics
+            cmd.append("-DDFLASH2_FORWARD_ONLY")
+            subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as exc:
         raise RuntimeError(f"could not compile the BLAS shim ({' '.join(cmd)}): {exc}")
     finally:

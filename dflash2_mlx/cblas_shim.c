@@ -8,7 +8,8 @@
    packs the whole weight B on each such call; this kernel streams each row of B once and
    dots it with every row of A, so a product costs about one read of the weight at 1-24 rows.
    Each output is summed in the same order whatever the number of rows (up to the cap), so a
-   row's product does not depend on the rows beside it. */
+   row's product does not depend on the rows beside it. Built with -DDFLASH2_FORWARD_ONLY (a
+   compiler without these intrinsics), it only forwards. */
 
 #include <stddef.h>
 #include <stdio.h>
@@ -29,7 +30,7 @@ static int skinny_max_rows;
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(DFLASH2_FORWARD_ONLY)
 #include <immintrin.h>
 
 #define NB512 4 /* rows of B a block streams at once */
@@ -173,7 +174,7 @@ int dflash2_cblas_init(void *sgemm, void *dgemm, void *cgemm, int max_rows, int 
 /* The kernel alone at a level, for tests: the level used, or -1 where this CPU lacks it. */
 int dflash2_skinny_sgemm(int max_level, int m, int n, int k, const float *a, int lda,
                          const float *b, int ldb, float *c, int ldc) {
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(DFLASH2_FORWARD_ONLY)
   int level = best_level(max_level);
   if (level == 2) return skinny512(m, n, k, a, lda, b, ldb, c, ldc), 2;
   if (level == 1) return skinny256(m, n, k, a, lda, b, ldb, c, ldc), 1;
@@ -191,7 +192,7 @@ static void missing(const char *name) {
 
 void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const float *a, int lda,
                  const float *b, int ldb, float be, float *c, int ldc) {
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(DFLASH2_FORWARD_ONLY)
   if (skinny_level && o == ROW_MAJOR && ta == NO_TRANS && tb == TRANS && al == 1.0f &&
       be == 0.0f && m >= 1 && m <= skinny_max_rows && n >= 1 && k >= 1 && lda >= k &&
       ldb >= k && ldc >= n) { /* illegal strides go on to OpenBLAS, which reports them */

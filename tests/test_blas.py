@@ -265,3 +265,25 @@ def test_an_openblas_without_cblas_names_leaves_mlx_on_its_own_blas(tmp_path):
     got, err = probe(env, code)
     assert got == {"blas": "stock", "sum": 4 * 32 * 64.0}, (got, err)
     assert "undefined symbol" in err, err  # the warning says why
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the BLAS binding only acts on Linux")
+def test_a_compiler_that_cannot_build_the_kernel_still_gets_openblas(tmp_path):
+    """The kernel needs a compiler with AVX-512 intrinsics; where the shim does not compile
+    with them, it is built to forward only (OpenBLAS alone), not dropped for the 4x slower
+    reference BLAS."""
+    import shutil
+    import sysconfig
+
+    real_cc = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) or "cc"
+    cc = tmp_path / "old-cc"
+    cc.write_text(
+        '#!/bin/sh\ncase "$*" in *-DDFLASH2_FORWARD_ONLY*) ;; *) exit 1 ;; esac\n'
+        f'exec {real_cc} "$@"\n'
+    )
+    cc.chmod(0o755)
+    env = {"CC": str(cc), "DFLASH2_HOME": str(tmp_path / "home"), "DFLASH2_BLAS_THREADS": "1"}
+    got, err = probe(env, KERNEL_PROBE)
+    assert got["kernel"] is None and got["worst"] < 1e-2, (got, err)
+    fast, err = probe({**env, "DFLASH2_BLAS": "auto"})
+    assert fast["blas"] in ("system-openblas", "scipy-openblas"), (fast, err)
