@@ -115,8 +115,7 @@ def _load(path: str, prefix: str, kernel: bool) -> tuple[ctypes.CDLL, str | None
     MLX calling a shim with nothing to forward to; the library then joins the global scope
     after it (its LAPACK for MLX). A system OpenBLAS serves alone where no shim can be built."""
     handle = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
-    # Looked up first: a library without them (an ILP64 build, say) fails here, before the
-    # shim's names are global with nothing to forward to.
+    # an ILP64 build (names ending in 64_) fails here, with nothing bound yet
     gemms = [ctypes.cast(getattr(handle, f"{prefix}cblas_{t}gemm"), ctypes.c_void_p) for t in "sdc"]
     try:
         shim_path = str(_shim())
