@@ -82,9 +82,10 @@ def doctor(
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
+    width = max(map(len, info))
     for k, v in info.items():
         if v not in ("", None):  # e.g. no BLAS note on this machine
-            typer.echo(f"{k:>14}: {v}")
+            typer.echo(f"{k:>{width}}: {v}")
 
 
 def _kernel_table(report: dict) -> str:
