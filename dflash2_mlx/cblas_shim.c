@@ -144,6 +144,15 @@ __attribute__((target("avx2,fma"))) static void skinny256(int m, int n, int k, c
   }
 }
 
+/* The kernel at `level` (1: AVX2 + FMA, 2: AVX-512). */
+static void skinny(int level, int m, int n, int k, const float *a, int lda, const float *b,
+                   int ldb, float *c, int ldc) {
+  if (level == 2)
+    skinny512(m, n, k, a, lda, b, ldb, c, ldc);
+  else
+    skinny256(m, n, k, a, lda, b, ldb, c, ldc);
+}
+
 static int cpu_level(void) {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) return 2;
@@ -176,8 +185,7 @@ int dflash2_skinny_sgemm(int max_level, int m, int n, int k, const float *a, int
                          const float *b, int ldb, float *c, int ldc) {
 #if defined(__x86_64__) && !defined(DFLASH2_FORWARD_ONLY)
   int level = best_level(max_level);
-  if (level == 2) return skinny512(m, n, k, a, lda, b, ldb, c, ldc), 2;
-  if (level == 1) return skinny256(m, n, k, a, lda, b, ldb, c, ldc), 1;
+  if (level > 0) return skinny(level, m, n, k, a, lda, b, ldb, c, ldc), level;
 #endif
   (void)max_level, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)c, (void)ldc;
   return -1;
@@ -196,10 +204,7 @@ void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const flo
   if (skinny_level && o == ROW_MAJOR && ta == NO_TRANS && tb == TRANS && al == 1.0f &&
       be == 0.0f && m >= 1 && m <= skinny_max_rows && n >= 1 && k >= 1 && lda >= k &&
       ldb >= k && ldc >= n) { /* illegal strides go on to OpenBLAS, which reports them */
-    if (skinny_level == 2)
-      skinny512(m, n, k, a, lda, b, ldb, c, ldc);
-    else
-      skinny256(m, n, k, a, lda, b, ldb, c, ldc);
+    skinny(skinny_level, m, n, k, a, lda, b, ldb, c, ldc);
     return;
   }
 #endif
