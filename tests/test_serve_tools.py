@@ -55,9 +55,10 @@ def ask(client, messages, **kw):
 
 
 def streamed(client, messages, **kw):
-    """Stream a reply and put it back together as a client does: content, reasoning_content,
-    and tool calls by index (id, type and name once, arguments concatenated)."""
-    content, reasoning, calls, finish, usage = "", "", {}, None, None
+    """Stream a reply and put it back together as a client does: content, reasoning_content
+    (also sent as `reasoning`, mlx_lm.server's name: the same text), and tool calls by index
+    (id, type and name once, arguments concatenated)."""
+    content, reasoning, also, calls, finish, usage = "", "", "", {}, None, None
     for chunk in ask(client, messages, stream=True, stream_options={"include_usage": True}, **kw):
         if chunk.usage is not None:
             usage = chunk.usage
@@ -67,6 +68,7 @@ def streamed(client, messages, **kw):
         delta = choice.delta
         content += delta.content or ""
         reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        also += (delta.model_extra or {}).get("reasoning") or ""
         for tc in delta.tool_calls or []:
             call = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
             call["id"] = tc.id or call["id"]
@@ -74,6 +76,7 @@ def streamed(client, messages, **kw):
                 call["name"] += tc.function.name or ""
                 call["arguments"] += tc.function.arguments or ""
         finish = choice.finish_reason or finish
+    assert also == reasoning
     return content, reasoning, [calls[i] for i in sorted(calls)], finish, usage
 
 
@@ -306,6 +309,7 @@ def test_reasoning_split(tool_pair, client):
     r = ask(client, tt.HI)
     msg = r.choices[0].message
     assert msg.model_extra["reasoning_content"].strip() == tt.THOUGHT
+    assert msg.model_extra["reasoning"] == msg.model_extra["reasoning_content"]
     assert msg.content.strip() == tt.ANSWER and "<think>" not in msg.content
     assert r.usage.completion_tokens_details.reasoning_tokens == thought_tokens(tool_pair.tokenizer)
     thinking = r.usage.model_extra["dflash2"]["reasoning"]
@@ -355,7 +359,7 @@ def test_thinking_switch_per_request_and_server_default(tool_pair, client):
     off = {"chat_template_kwargs": {"enable_thinking": False}}
     r = ask(client, tt.HI, extra_body=off)
     assert r.choices[0].message.content == tt.SHORT_ANSWER
-    assert "reasoning_content" not in r.choices[0].message.model_extra
+    assert not {"reasoning_content", "reasoning"} & set(r.choices[0].message.model_extra)
     assert r.usage.completion_tokens_details.reasoning_tokens == 0
     content, reasoning, _, _, _ = streamed(client, tt.HI, extra_body=off)
     assert (content, reasoning) == (tt.SHORT_ANSWER, "")

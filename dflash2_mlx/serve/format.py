@@ -146,8 +146,8 @@ class Formatter:
                 "content": text or (None if tool_calls else text),
                 "refusal": None,
             }
-            if reasoning:
-                message["reasoning_content"] = reasoning
+            if reasoning:  # under both names clients read (mlx_lm.server, vLLM: `reasoning`)
+                message["reasoning_content"] = message["reasoning"] = reasoning
             if tool_calls:
                 message["tool_calls"] = [
                     {k: v for k, v in c.items() if k != "index"} for c in tool_calls
@@ -204,7 +204,8 @@ def delta_chunks(fmt: Formatter, deltas: list[Delta], with_usage: bool):
         if d.kind == "content":
             yield fmt.chunk(d.text, with_usage=with_usage)
         elif d.kind == "reasoning":
-            yield fmt.delta_chunk({"reasoning_content": d.text}, with_usage=with_usage)
+            delta = {"reasoning_content": d.text, "reasoning": d.text}
+            yield fmt.delta_chunk(delta, with_usage=with_usage)
         else:
             c = d.call
             head = {
