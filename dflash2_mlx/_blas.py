@@ -28,13 +28,12 @@ from pathlib import Path
 from .paths import cache_root
 
 _SHIM_SOURCE = Path(__file__).with_name("cblas_shim.c")
-# The shim's own kernel (single-threaded) takes products of up to this many rows (a decode
-# step, a verify of a few tokens, small batches), by OpenBLAS's thread count. Measured on
-# SmolLM2's weight shapes against OpenBLAS's gemm at 1 thread, it was 1.0-3.5x faster up to 24
-# rows and slower from about 32; against OpenBLAS at 2 threads, 1.0-1.9x faster up to 4 rows
-# and mixed at 8 (docs/results/smollm2-blas-kernel-ab.json). More threads: OpenBLAS alone.
+# The shim's own kernel takes products of up to this many rows (a decode step, a verify of a
+# few tokens, small batches), split over OpenBLAS's thread count. Measured on SmolLM2's weight
+# shapes against OpenBLAS's gemm: at 1 thread 1.0-3.5x faster up to 24 rows and slower from
+# about 32 (docs/results/smollm2-blas-kernel-ab.json); at 2 threads (a pool of its own)
+# 1.4-2.9x faster at 1-24 rows (docs/results/smollm2-blas-kernel-threads.json).
 KERNEL_MAX_ROWS = 24
-KERNEL_ROWS_BY_THREADS = {1: KERNEL_MAX_ROWS, 2: 4}
 _KERNEL_NAMES = {1: "avx2", 2: "avx512"}
 
 
@@ -124,8 +123,9 @@ def _load(path: str, prefix: str, kernel: bool) -> tuple[ctypes.CDLL, str | None
         if prefix:  # scipy-openblas's names are prefixed: MLX cannot use it without the shim
             raise
         return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), None, 0
-    rows = KERNEL_ROWS_BY_THREADS.get(_threads_in_use(handle), 0) if kernel else 0
-    level = shim.dflash2_cblas_init(*gemms, ctypes.c_int(rows), ctypes.c_int(2))
+    rows = KERNEL_MAX_ROWS if kernel else 0
+    threads = ctypes.c_int(_threads_in_use(handle) or 1)
+    level = shim.dflash2_cblas_init(*gemms, ctypes.c_int(rows), ctypes.c_int(2), threads)
     _HANDLES.append(ctypes.CDLL(shim_path, mode=ctypes.RTLD_GLOBAL))  # initialised: now global
     name = _KERNEL_NAMES.get(level)
     return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), name, rows if name else 0
@@ -152,6 +152,7 @@ def _build_shim(shim: Path, source: str) -> None:
     cmd = [
         *cc.split()[:1],
         "-O3",  # unrolls the kernel's loops, which keeps its sums in registers
+        "-pthread",
         "-shared",
         "-fPIC",
         str(src),

@@ -27,6 +27,8 @@ static dgemm_fn next_dgemm;
 static cgemm_fn next_cgemm;
 static int skinny_level; /* 0: off, 1: AVX2 + FMA, 2: AVX-512 */
 static int skinny_max_rows;
+static int skinny_threads_n = 1; /* threads a product is split over */
+#define POOL_MAX 16
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 
@@ -153,6 +155,130 @@ static void skinny(int level, int m, int n, int k, const float *a, int lda, cons
     skinny256(m, n, k, a, lda, b, ldb, c, ldc);
 }
 
+
+/* ---- threads: a product's rows of B split into chunks that a pool of helpers and the caller
+   take in turn (a helper descheduled on a busy machine delays at most the chunk it holds) ---- */
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define POOL_MIN_WORK (1 << 16) /* n * k below this: one thread (a handoff costs more) */
+#define POOL_CHUNK_ROWS 64      /* at least this many rows of B a chunk */
+#define POOL_SPIN_NS 1000000    /* a helper waits this long for the next product, then sleeps */
+
+struct pool_job {
+  int level, m, n, k, lda, ldb, ldc, rows; /* rows: of B per chunk */
+  const float *a, *b;
+  float *c;
+};
+static struct pool_job pool_job;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* one product at a time */
+static int pool_helpers;              /* helper threads running in this process */
+static _Atomic uint64_t pool_ticket;  /* job number << 32 | chunks << 16 | next chunk */
+static _Atomic uint32_t pool_number;  /* the job number, as a futex word */
+static _Atomic int pool_done;         /* chunks of the current job finished */
+static _Atomic int pool_sleepers;
+
+static void pool_chunk(const struct pool_job *j, int i) {
+  int n0 = i * j->rows, nb = j->n - n0 < j->rows ? j->n - n0 : j->rows;
+  skinny(j->level, j->m, nb, j->k, j->a, j->lda, j->b + (size_t)n0 * j->ldb, j->ldb, j->c + n0,
+         j->ldc);
+}
+
+/* Take and compute chunks of job `number` while it has any left. A chunk is claimed by
+   advancing the ticket, so the job (and pool_job) stays in place until it is done. */
+static void pool_work(uint32_t number) {
+  uint64_t t = atomic_load_explicit(&pool_ticket, memory_order_acquire);
+  while ((uint32_t)(t >> 32) == number && (t & 0xffff) < ((t >> 16) & 0xffff)) {
+    if (!atomic_compare_exchange_weak_explicit(&pool_ticket, &t, t + 1, memory_order_acq_rel,
+                                               memory_order_acquire))
+      continue;
+    pool_chunk(&pool_job, (int)(t & 0xffff));
+    atomic_fetch_add_explicit(&pool_done, 1, memory_order_release);
+    t = atomic_load_explicit(&pool_ticket, memory_order_acquire);
+  }
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void *pool_helper(void *arg) {
+  uint32_t seen = (uint32_t)(uintptr_t)arg;
+  for (;;) {
+    int64_t since = now_ns();
+    uint32_t number;
+    for (int spins = 0; (number = atomic_load_explicit(&pool_number, memory_order_acquire)) == seen;) {
+      _mm_pause();
+      if (++spins % 256 || now_ns() - since < POOL_SPIN_NS) continue;
+      atomic_fetch_add(&pool_sleepers, 1);
+      syscall(SYS_futex, &pool_number, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+      atomic_fetch_sub(&pool_sleepers, 1);
+      since = now_ns();
+    }
+    seen = number;
+    pool_work(number);
+  }
+  return NULL;
+}
+
+static void pool_forget(void) { /* a forked child has none of the parent's helpers */
+  pool_helpers = 0;
+  pthread_mutex_init(&pool_lock, NULL);
+  atomic_store(&pool_sleepers, 0);
+}
+
+static void pool_grow(int helpers) {
+  static int registered;
+  if (!registered) registered = !pthread_atfork(NULL, NULL, pool_forget);
+  while (pool_helpers < helpers) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    uintptr_t number = atomic_load(&pool_number);
+    int failed = pthread_create(&t, &attr, pool_helper, (void *)number);
+    pthread_attr_destroy(&attr);
+    if (failed) break; /* fewer helpers: the caller takes more chunks */
+    pool_helpers++;
+  }
+}
+
+/* The kernel over `threads` threads (this one and pool helpers) where the product is large
+   enough; alone where it is not, or while another thread's product has the pool. Every output
+   is computed by the same code in the same order whichever thread takes it. */
+static void skinny_threads(int level, int threads, int m, int n, int k, const float *a, int lda,
+                           const float *b, int ldb, float *c, int ldc) {
+  int rows = (n + 4 * threads - 1) / (4 * threads); /* ~4 chunks a thread */
+  rows = rows < POOL_CHUNK_ROWS ? POOL_CHUNK_ROWS : (rows + 15) & ~15;
+  int chunks = (n + rows - 1) / rows;
+  if (threads < 2 || chunks < 2 || chunks > 0xffff || (long)n * k < POOL_MIN_WORK ||
+      pthread_mutex_trylock(&pool_lock)) {
+    skinny(level, m, n, k, a, lda, b, ldb, c, ldc);
+    return;
+  }
+  pool_grow(threads - 1);
+  struct pool_job job = {level, m, n, k, lda, ldb, ldc, rows, a, b, c};
+  pool_job = job;
+  atomic_store_explicit(&pool_done, 0, memory_order_relaxed);
+  uint32_t number = atomic_load(&pool_number) + 1;
+  atomic_store_explicit(&pool_ticket, (uint64_t)number << 32 | (uint64_t)chunks << 16,
+                        memory_order_release);
+  atomic_store_explicit(&pool_number, number, memory_order_release);
+  if (atomic_load(&pool_sleepers))
+    syscall(SYS_futex, &pool_number, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+  pool_work(number);
+  while (atomic_load_explicit(&pool_done, memory_order_acquire) < chunks) _mm_pause();
+  pthread_mutex_unlock(&pool_lock);
+}
+
 static int cpu_level(void) {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) return 2;
@@ -169,25 +295,30 @@ static int best_level(int max_level) {
 }
 
 /* Set the forwarding targets and the kernel: products of up to `max_rows` rows, with the
-   widest instructions up to `max_level` (0 none, 1 AVX2 + FMA, 2 AVX-512) this CPU has.
-   Returns the level in use. */
-int dflash2_cblas_init(void *sgemm, void *dgemm, void *cgemm, int max_rows, int max_level) {
+   widest instructions up to `max_level` (0 none, 1 AVX2 + FMA, 2 AVX-512) this CPU has, over
+   `threads` threads. Returns the level in use. */
+int dflash2_cblas_init(void *sgemm, void *dgemm, void *cgemm, int max_rows, int max_level,
+                       int threads) {
   next_sgemm = (sgemm_fn)sgemm;
   next_dgemm = (dgemm_fn)dgemm;
   next_cgemm = (cgemm_fn)cgemm;
   skinny_max_rows = max_rows;
   skinny_level = max_rows > 0 ? best_level(max_level) : 0;
+  skinny_threads_n = threads < 1 ? 1 : threads > POOL_MAX ? POOL_MAX : threads;
   return skinny_level;
 }
 
-/* The kernel alone at a level, for tests: the level used, or -1 where this CPU lacks it. */
-int dflash2_skinny_sgemm(int max_level, int m, int n, int k, const float *a, int lda,
-                         const float *b, int ldb, float *c, int ldc) {
+/* The kernel alone at a level over `threads` threads, for tests: the level used, or -1 where
+   this CPU lacks it. */
+int dflash2_skinny_sgemm(int max_level, int threads, int m, int n, int k, const float *a,
+                         int lda, const float *b, int ldb, float *c, int ldc) {
 #if defined(__x86_64__) && !defined(DFLASH2_FORWARD_ONLY)
   int level = best_level(max_level);
-  if (level > 0) return skinny(level, m, n, k, a, lda, b, ldb, c, ldc), level;
+  threads = threads < 1 ? 1 : threads > POOL_MAX ? POOL_MAX : threads;
+  if (level > 0) return skinny_threads(level, threads, m, n, k, a, lda, b, ldb, c, ldc), level;
 #endif
-  (void)max_level, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)c, (void)ldc;
+  (void)max_level, (void)threads, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b;
+  (void)ldb, (void)c, (void)ldc;
   return -1;
 }
 
@@ -204,7 +335,7 @@ void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const flo
   if (skinny_level && o == ROW_MAJOR && ta == NO_TRANS && tb == TRANS && al == 1.0f &&
       be == 0.0f && m >= 1 && m <= skinny_max_rows && n >= 1 && k >= 1 && lda >= k &&
       ldb >= k && ldc >= n) { /* illegal strides go on to OpenBLAS, which reports them */
-    skinny(skinny_level, m, n, k, a, lda, b, ldb, c, ldc);
+    skinny_threads(skinny_level, skinny_threads_n, m, n, k, a, lda, b, ldb, c, ldc);
     return;
   }
 #endif

@@ -89,9 +89,9 @@ def test_a_cache_that_cannot_be_written_still_gets_the_fast_blas(tmp_path):
 LINUX_X86 = sys.platform == "linux" and os.uname().machine == "x86_64"
 
 
-def _kernel_product(shim, level, a, b, c=None):
-    """C = A @ B.T by the shim's kernel at `level` into `c` (a fresh array when None; it may
-    be a view of wider rows); None where this CPU lacks that level."""
+def _kernel_product(shim, level, a, b, c=None, threads=1):
+    """C = A @ B.T by the shim's kernel at `level` over `threads` threads into `c` (a fresh
+    array when None; it may be a view of wider rows); None where this CPU lacks that level."""
     import ctypes
 
     import numpy as np
@@ -101,7 +101,7 @@ def _kernel_product(shim, level, a, b, c=None):
     c = np.full((m, n), np.nan, dtype=np.float32) if c is None else c
     ptr = ctypes.POINTER(ctypes.c_float)
     used = shim.dflash2_skinny_sgemm(
-        level, m, n, k,
+        level, threads, m, n, k,
         a.ctypes.data_as(ptr), a.strides[0] // 4,
         b.ctypes.data_as(ptr), b.strides[0] // 4,
         c.ctypes.data_as(ptr), c.strides[0] // 4,
@@ -197,16 +197,17 @@ KERNEL_PROBE = (
     "shim = ctypes.CDLL(str(_blas._shim())) if level else None\n"
     "ptr = ctypes.POINTER(ctypes.c_float)\n"
     "rng = np.random.default_rng(0); worst = 0.0; as_kernel = {}\n"
+    "N = 1029\n"  # rows of B: enough for a product to be split over threads
     "for m in (1, 3, 4, 17, 24, 25, 40):\n"  # the kernel's rows and OpenBLAS's beyond them
     "    a = rng.standard_normal((m, 333), dtype=np.float32)\n"
-    "    w = rng.standard_normal((129, 333), dtype=np.float32)\n"
+    "    w = rng.standard_normal((N, 333), dtype=np.float32)\n"
     "    got = np.array(mx.array(a) @ mx.array(w).T)\n"
     "    exact = a.astype(np.float64) @ w.astype(np.float64).T\n"
     "    worst = max(worst, float(np.abs(got - exact).max()))\n"
     "    if level:\n"  # the kernel's own result, bit for bit (its summation order is fixed)
-    "        c = np.empty((m, 129), np.float32)\n"
-    "        shim.dflash2_skinny_sgemm(level, m, 129, 333, a.ctypes.data_as(ptr), 333,\n"
-    "                                  w.ctypes.data_as(ptr), 333, c.ctypes.data_as(ptr), 129)\n"
+    "        c = np.empty((m, N), np.float32)\n"
+    "        shim.dflash2_skinny_sgemm(level, 1, m, N, 333, a.ctypes.data_as(ptr), 333,\n"
+    "                                  w.ctypes.data_as(ptr), 333, c.ctypes.data_as(ptr), N)\n"
     "        as_kernel[m] = bool(np.array_equal(got, c))\n"
     "print(json.dumps({'kernel': info.kernel, 'rows': info.kernel_rows, 'threads': info.threads,\n"
     "                  'worst': worst, 'as_kernel': as_kernel}))\n"
@@ -214,10 +215,10 @@ KERNEL_PROBE = (
 
 
 @pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")
-def test_mlx_products_go_through_the_kernel_by_thread_count_and_not_when_opted_out():
-    """MLX's products of up to 24 rows are the kernel's own (bit for bit) at one BLAS thread,
-    up to 4 at two (where it beat OpenBLAS's two threads), none under DFLASH2_BLAS=openblas;
-    all are right within float32's rounding."""
+def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opted_out():
+    """MLX's products of up to 24 rows are the kernel's own, bit for bit, at one BLAS thread
+    and at two (split over its pool there: the same sums whichever thread makes them), none
+    under DFLASH2_BLAS=openblas; all are right within float32's rounding."""
     from dflash2_mlx import _blas
 
     on, _ = probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "1"}, KERNEL_PROBE)
@@ -234,10 +235,95 @@ def test_mlx_products_go_through_the_kernel_by_thread_count_and_not_when_opted_o
         with open("/proc/cpuinfo") as f:
             assert " avx2 " not in f.read(), "an AVX2 CPU should run the kernel at 1 thread"
         pytest.skip("this CPU has no AVX2")
-    assert on["rows"] == 24 and all(on["as_kernel"][str(m)] for m in (1, 3, 4, 17, 24)), on
-    # OpenBLAS runs at most as many threads as the machine has cores
-    assert two["rows"] == {1: 24, 2: 4}[two["threads"]], two
-    assert all(two["as_kernel"][str(m)] for m in (1, 3, 4)), two
+    for run in (on, two):
+        assert run["rows"] == 24 and all(run["as_kernel"][str(m)] for m in (1, 3, 4, 17, 24)), run
+        assert not any(run["as_kernel"][str(m)] for m in (25, 40)), run  # OpenBLAS's
+
+
+# (m, n, k) whose products are split into chunks over threads (n * k >= 2^16), with row
+# counts and sizes that are not multiples of the vector or chunk widths
+THREADS_CASES = [(1, 577, 300), (4, 1029, 333), (13, 4099, 70), (24, 700, 129), (2, 581, 513)]
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")
+@pytest.mark.parametrize("level", [1, 2], ids=["avx2", "avx512"])
+def test_the_kernel_over_threads_gives_the_one_thread_products_bit_for_bit(level):
+    """Split over 2-5 threads (chunks of B's rows taken by a pool and the caller), every output
+    is the one-thread kernel's, exactly (the same instructions on the same numbers); A and B end
+    at an unreadable page and C's rows are wider than n with sentinels (chunk edges stay
+    inside); products from several Python threads at once, which share one pool, too."""
+    import ctypes
+    import threading
+
+    import numpy as np
+
+    from dflash2_mlx import _blas
+
+    shim = ctypes.CDLL(str(_blas._shim()))
+    rng = np.random.default_rng(11)
+    keep = []
+    cases = []
+    for m, n, k in THREADS_CASES:
+        a = _before_a_guard_page(rng.standard_normal((m, k), dtype=np.float32), k + 1, keep)
+        b = _before_a_guard_page(rng.standard_normal((n, k), dtype=np.float32), k + 3, keep)
+        alone = _kernel_product(shim, level, a, b)
+        if alone is None:
+            pytest.skip(f"this CPU has no {'AVX-512' if level == 2 else 'AVX2 + FMA'}")
+        cases.append((a, b, alone))
+    for threads in (2, 3, 5):
+        for a, b, alone in cases:
+            m, n = alone.shape
+            out = np.full((m + 1, n + 2), 7.5, dtype=np.float32)
+            _kernel_product(shim, level, a, b, out[:m, :n], threads=threads)
+            assert np.array_equal(out[:m, :n], alone), (threads, alone.shape)
+            assert np.all(out[:, n:] == 7.5) and np.all(out[m:] == 7.5), (threads, alone.shape)
+    failures = []
+
+    def many(seed):
+        for i in range(20):
+            a, b, alone = cases[(seed + i) % len(cases)]
+            if not np.array_equal(_kernel_product(shim, level, a, b, threads=2), alone):
+                failures.append((seed, i))
+
+    workers = [threading.Thread(target=many, args=(s,)) for s in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert not any(w.is_alive() for w in workers) and not failures, failures
+
+
+FORK_PROBE = (
+    "import ctypes, json, os, dflash2_mlx, numpy as np\n"
+    "from dflash2_mlx import _blas\n"
+    "info = _blas.info(); level = {'avx2': 1, 'avx512': 2}[info.kernel]\n"
+    "shim = ctypes.CDLL(str(_blas._shim())); ptr = ctypes.POINTER(ctypes.c_float)\n"
+    "a = np.ones((4, 333), np.float32); w = np.ones((1029, 333), np.float32)\n"
+    "def product():\n"
+    "    c = np.zeros((4, 1029), np.float32)\n"
+    "    shim.dflash2_skinny_sgemm(level, 2, 4, 1029, 333, a.ctypes.data_as(ptr), 333,\n"
+    "                              w.ctypes.data_as(ptr), 333, c.ctypes.data_as(ptr), 1029)\n"
+    "    return bool(np.all(c == 333))\n"
+    "parent = product()\n"  # the pool's helper runs now; a child has none of it
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os._exit(0 if product() and product() else 3)\n"
+    "_, status = os.waitpid(pid, 0)\n"
+    "print(json.dumps({'parent': parent and product(), 'child': os.waitstatus_to_exitcode(status)}))\n"
+)
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")
+def test_a_forked_child_computes_without_the_parents_helpers():
+    """A process that forks after products over threads (a DataLoader, a server's worker):
+    the child, which has none of the parent's helper threads, still gets every product right
+    and never waits on a helper it lacks."""
+    from dflash2_mlx import _blas
+
+    if _blas.info().kernel is None:
+        pytest.skip("no kernel on this machine (see the test above for why)")
+    out, _ = probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "1"}, FORK_PROBE)
+    assert out == {"parent": True, "child": 0}, out
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the BLAS binding only acts on Linux")
