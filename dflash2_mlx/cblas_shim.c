@@ -8,9 +8,12 @@
    packs the whole weight B on each such call; this kernel streams each row of B once and
    dots it with every row of A, so a product costs about one read of the weight at 1-24 rows.
    Each output is summed in the same order whatever the number of rows (up to the cap), so a
-   row's product does not depend on the rows beside it. Built with -DDFLASH2_FORWARD_ONLY (a
-   compiler without these intrinsics), it only forwards. */
+   row's product does not depend on the rows beside it, nor on how many threads share the
+   product (dflash2_cblas_init's `threads`: chunks of B's rows taken by a small pool of helper
+   threads and the caller). Built with -DDFLASH2_FORWARD_ONLY (a compiler without these
+   intrinsics), it only forwards. */
 
+#define _GNU_SOURCE
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,7 +162,6 @@ static void skinny(int level, int m, int n, int k, const float *a, int lda, cons
 /* ---- threads: a product's rows of B split into chunks that a pool of helpers and the caller
    take in turn (a helper descheduled on a busy machine delays at most the chunk it holds) ---- */
 #include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -169,7 +171,14 @@ static void skinny(int level, int m, int n, int k, const float *a, int lda, cons
 
 #define POOL_MIN_WORK (1 << 16) /* n * k below this: one thread (a handoff costs more) */
 #define POOL_CHUNK_ROWS 64      /* at least this many rows of B a chunk */
-#define POOL_SPIN_NS 1000000    /* a helper waits this long for the next product, then sleeps */
+/* A helper spins this long for the next product, then sleeps: most gaps between a forward's
+   products are shorter. Measured at 2 threads on 2 cores: with 1 ms, a forward took 1.35x as
+   long as at one thread while another process kept a core busy; with 50 us it stayed faster. */
+#define POOL_SPIN_NS 50000
+#define POOL_CALLER_SPINS 2000 /* pauses the caller waits for the last chunks, then sleeps */
+/* linux/futex.h's FUTEX_WAIT_PRIVATE and FUTEX_WAKE_PRIVATE (not included: kernel headers are
+   not everywhere a C compiler is) */
+enum { FUTEX_WAIT_P = 0 | 128, FUTEX_WAKE_P = 1 | 128 };
 
 struct pool_job {
   int level, m, n, k, lda, ldb, ldc, rows; /* rows: of B per chunk */
@@ -183,6 +192,9 @@ static _Atomic uint64_t pool_ticket;  /* job number << 32 | chunks << 16 | next 
 static _Atomic uint32_t pool_number;  /* the job number, as a futex word */
 static _Atomic int pool_done;         /* chunks of the current job finished */
 static _Atomic int pool_sleepers;
+static _Atomic int pool_caller_asleep;  /* the caller sleeps until pool_done is complete */
+static _Atomic long pool_helper_chunks; /* chunks helpers took (tests: the pool works) */
+static int pool_cannot_grow;            /* a helper could not be started: none more tried */
 
 static void pool_chunk(const struct pool_job *j, int i) {
   int n0 = i * j->rows, nb = j->n - n0 < j->rows ? j->n - n0 : j->rows;
@@ -192,16 +204,38 @@ static void pool_chunk(const struct pool_job *j, int i) {
 
 /* Take and compute chunks of job `number` while it has any left. A chunk is claimed by
    advancing the ticket, so the job (and pool_job) stays in place until it is done. */
-static void pool_work(uint32_t number) {
+static void pool_work(uint32_t number, int helper) {
   uint64_t t = atomic_load_explicit(&pool_ticket, memory_order_acquire);
-  while ((uint32_t)(t >> 32) == number && (t & 0xffff) < ((t >> 16) & 0xffff)) {
+  int chunks = (int)((t >> 16) & 0xffff);
+  while ((uint32_t)(t >> 32) == number && (int)(t & 0xffff) < chunks) {
     if (!atomic_compare_exchange_weak_explicit(&pool_ticket, &t, t + 1, memory_order_acq_rel,
                                                memory_order_acquire))
       continue;
     pool_chunk(&pool_job, (int)(t & 0xffff));
-    atomic_fetch_add_explicit(&pool_done, 1, memory_order_release);
+    if (helper) atomic_fetch_add_explicit(&pool_helper_chunks, 1, memory_order_relaxed);
+    if (atomic_fetch_add(&pool_done, 1) + 1 == chunks && atomic_load(&pool_caller_asleep))
+      syscall(SYS_futex, &pool_done, FUTEX_WAKE_P, 1, NULL, NULL, 0);
     t = atomic_load_explicit(&pool_ticket, memory_order_acquire);
   }
+}
+
+/* The caller, its own chunks done, waits for the helpers' last ones: it spins briefly, then
+   sleeps (a helper descheduled mid-chunk on a busy machine then gets the caller's core). */
+static void pool_wait(int chunks) {
+  for (int spins = 0;; spins++) {
+    int done = atomic_load(&pool_done);
+    if (done >= chunks) break;
+    if (spins < POOL_CALLER_SPINS) {
+      _mm_pause();
+      continue;
+    }
+    atomic_store(&pool_caller_asleep, 1);
+    done = atomic_load(&pool_done);
+    if (done >= chunks) break;
+    struct timespec limit = {0, 1000000}; /* a lost wake-up costs at most 1 ms */
+    syscall(SYS_futex, &pool_done, FUTEX_WAIT_P, done, &limit, NULL, 0);
+  }
+  atomic_store(&pool_caller_asleep, 0);
 }
 
 static int64_t now_ns(void) {
@@ -219,18 +253,18 @@ static void *pool_helper(void *arg) {
       _mm_pause();
       if (++spins % 256 || now_ns() - since < POOL_SPIN_NS) continue;
       atomic_fetch_add(&pool_sleepers, 1);
-      syscall(SYS_futex, &pool_number, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+      syscall(SYS_futex, &pool_number, FUTEX_WAIT_P, seen, NULL, NULL, 0);
       atomic_fetch_sub(&pool_sleepers, 1);
       since = now_ns();
     }
     seen = number;
-    pool_work(number);
+    pool_work(number, 1);
   }
   return NULL;
 }
 
 static void pool_forget(void) { /* a forked child has none of the parent's helpers */
-  pool_helpers = 0;
+  pool_helpers = pool_cannot_grow = 0;
   pthread_mutex_init(&pool_lock, NULL);
   atomic_store(&pool_sleepers, 0);
 }
@@ -238,7 +272,7 @@ static void pool_forget(void) { /* a forked child has none of the parent's helpe
 static void pool_grow(int helpers) {
   static int registered;
   if (!registered) registered = !pthread_atfork(NULL, NULL, pool_forget);
-  while (pool_helpers < helpers) {
+  while (pool_helpers < helpers && !pool_cannot_grow) {
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -246,7 +280,10 @@ static void pool_grow(int helpers) {
     uintptr_t number = atomic_load(&pool_number);
     int failed = pthread_create(&t, &attr, pool_helper, (void *)number);
     pthread_attr_destroy(&attr);
-    if (failed) break; /* fewer helpers: the caller takes more chunks */
+    if (failed) { /* fewer helpers: the caller takes more chunks */
+      pool_cannot_grow = 1;
+      break;
+    }
     pool_helpers++;
   }
 }
@@ -271,11 +308,11 @@ static void skinny_threads(int level, int threads, int m, int n, int k, const fl
   uint32_t number = atomic_load(&pool_number) + 1;
   atomic_store_explicit(&pool_ticket, (uint64_t)number << 32 | (uint64_t)chunks << 16,
                         memory_order_release);
-  atomic_store_explicit(&pool_number, number, memory_order_release);
+  atomic_store(&pool_number, number); /* seq_cst: before the sleepers are counted */
   if (atomic_load(&pool_sleepers))
-    syscall(SYS_futex, &pool_number, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-  pool_work(number);
-  while (atomic_load_explicit(&pool_done, memory_order_acquire) < chunks) _mm_pause();
+    syscall(SYS_futex, &pool_number, FUTEX_WAKE_P, INT_MAX, NULL, NULL, 0);
+  pool_work(number, 0);
+  pool_wait(chunks);
   pthread_mutex_unlock(&pool_lock);
 }
 
@@ -320,6 +357,15 @@ int dflash2_skinny_sgemm(int max_level, int threads, int m, int n, int k, const 
   (void)max_level, (void)threads, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b;
   (void)ldb, (void)c, (void)ldc;
   return -1;
+}
+
+/* Chunks of products that pool helpers computed so far (tests: the threads do share work). */
+long dflash2_pool_helper_chunks(void) {
+#if defined(__x86_64__) && !defined(DFLASH2_FORWARD_ONLY)
+  return atomic_load(&pool_helper_chunks);
+#else
+  return 0;
+#endif
 }
 
 /* Only reachable if the shim were made global before dflash2_cblas_init (_blas.py never

@@ -251,7 +251,8 @@ def test_the_kernel_over_threads_gives_the_one_thread_products_bit_for_bit(level
     """Split over 2-5 threads (chunks of B's rows taken by a pool and the caller), every output
     is the one-thread kernel's, exactly (the same instructions on the same numbers); A and B end
     at an unreadable page and C's rows are wider than n with sentinels (chunk edges stay
-    inside); products from several Python threads at once, which share one pool, too."""
+    inside); products from several Python threads at once, which share one pool, too. With
+    two cores or more, the pool's helpers do take chunks (not the caller alone)."""
     import ctypes
     import threading
 
@@ -260,6 +261,8 @@ def test_the_kernel_over_threads_gives_the_one_thread_products_bit_for_bit(level
     from dflash2_mlx import _blas
 
     shim = ctypes.CDLL(str(_blas._shim()))
+    shim.dflash2_pool_helper_chunks.restype = ctypes.c_long
+    helped = shim.dflash2_pool_helper_chunks()
     rng = np.random.default_rng(11)
     keep = []
     cases = []
@@ -285,45 +288,61 @@ def test_the_kernel_over_threads_gives_the_one_thread_products_bit_for_bit(level
             if not np.array_equal(_kernel_product(shim, level, a, b, threads=2), alone):
                 failures.append((seed, i))
 
-    workers = [threading.Thread(target=many, args=(s,)) for s in range(3)]
+    workers = [threading.Thread(target=many, args=(s,), daemon=True) for s in range(3)]
     for w in workers:
         w.start()
     for w in workers:
         w.join(timeout=120)
     assert not any(w.is_alive() for w in workers) and not failures, failures
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert shim.dflash2_pool_helper_chunks() > helped
 
 
 FORK_PROBE = (
-    "import ctypes, json, os, dflash2_mlx, numpy as np\n"
+    "import ctypes, json, os, threading, dflash2_mlx, numpy as np\n"
     "from dflash2_mlx import _blas\n"
     "info = _blas.info(); level = {'avx2': 1, 'avx512': 2}[info.kernel]\n"
     "shim = ctypes.CDLL(str(_blas._shim())); ptr = ctypes.POINTER(ctypes.c_float)\n"
-    "a = np.ones((4, 333), np.float32); w = np.ones((1029, 333), np.float32)\n"
+    "shim.dflash2_pool_helper_chunks.restype = ctypes.c_long\n"
+    "a = np.ones((4, 576), np.float32); w = np.ones((8192, 576), np.float32)\n"
     "def product():\n"
-    "    c = np.zeros((4, 1029), np.float32)\n"
-    "    shim.dflash2_skinny_sgemm(level, 2, 4, 1029, 333, a.ctypes.data_as(ptr), 333,\n"
-    "                              w.ctypes.data_as(ptr), 333, c.ctypes.data_as(ptr), 1029)\n"
-    "    return bool(np.all(c == 333))\n"
-    "parent = product()\n"  # the pool's helper runs now; a child has none of it
-    "pid = os.fork()\n"
-    "if pid == 0:\n"
-    "    os._exit(0 if product() and product() else 3)\n"
-    "_, status = os.waitpid(pid, 0)\n"
-    "print(json.dumps({'parent': parent and product(), 'child': os.waitstatus_to_exitcode(status)}))\n"
+    "    c = np.zeros((4, 8192), np.float32)\n"
+    "    shim.dflash2_skinny_sgemm(level, 2, 4, 8192, 576, a.ctypes.data_as(ptr), 576,\n"
+    "                              w.ctypes.data_as(ptr), 576, c.ctypes.data_as(ptr), 8192)\n"
+    "    return bool(np.all(c == 576))\n"
+    "stop = threading.Event(); right = []\n"
+    "def busy():\n"  # products in flight (the pool's lock held) while the process forks
+    "    while not stop.is_set(): right.append(product())\n"
+    "t = threading.Thread(target=busy, daemon=True); t.start()\n"
+    "while len(right) < 5: pass\n"
+    "children = []\n"
+    "for _ in range(3):\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        before = shim.dflash2_pool_helper_chunks()\n"
+    "        ok = all(product() for _ in range(40))\n"
+    "        helped = shim.dflash2_pool_helper_chunks() > before\n"
+    "        os._exit(0 if ok and helped else 3 if ok else 4)\n"
+    "    children.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+    "stop.set(); t.join()\n"
+    "print(json.dumps({'parent': all(right), 'children': children}))\n"
 )
 
 
 @pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")
-def test_a_forked_child_computes_without_the_parents_helpers():
-    """A process that forks after products over threads (a DataLoader, a server's worker):
-    the child, which has none of the parent's helper threads, still gets every product right
-    and never waits on a helper it lacks."""
+def test_a_forked_child_gets_a_pool_of_its_own():
+    """A process that forks while another thread's product holds the pool (a DataLoader, a
+    server's worker): the child, which has none of the parent's helper threads and a copy of
+    a held lock, gets every product right and starts helpers of its own (exit code 3: right
+    but alone; 4: wrong)."""
     from dflash2_mlx import _blas
 
     if _blas.info().kernel is None:
         pytest.skip("no kernel on this machine (see the test above for why)")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: a helper may never run before the caller has taken every chunk")
     out, _ = probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "1"}, FORK_PROBE)
-    assert out == {"parent": True, "child": 0}, out
+    assert out == {"parent": True, "children": [0, 0, 0]}, out
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the BLAS binding only acts on Linux")
