@@ -31,7 +31,8 @@ def lossless_verdict(console, err, mismatches: int, differ_from: str, same_as: s
 
 def env_line(env: dict) -> str:
     threads = f" x{env['blas_threads']}" if env.get("blas_threads") else ""
-    threads += f" + {env['blas_kernel']} kernel" if env.get("blas_kernel") else ""
+    if env.get("blas_kernel"):
+        threads += f" + {env['blas_kernel']} kernel x{env.get('blas_kernel_threads') or 1}"
     return (
         f"device {env['device']} ({env.get('chip', '?')}) · mlx {env['mlx']} · mlx-lm "
         f"{env['mlx_lm']} · BLAS {env['blas']}{threads} · {env['platform']}"

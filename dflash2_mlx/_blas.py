@@ -48,6 +48,7 @@ class BlasInfo:
     core: str | None = None  # the OpenBLAS kernel set in use (e.g. "SkylakeX", "Haswell")
     kernel: str | None = None  # the shim's few-row kernel ("avx512", "avx2"), if it runs
     kernel_rows: int = 0  # the most rows it takes (more go to OpenBLAS)
+    kernel_threads: int = 0  # the threads it splits a product over
 
     @property
     def optimized(self) -> bool:
@@ -62,6 +63,7 @@ class BlasInfo:
             "blas_core": self.core,
             "blas_kernel": self.kernel,
             "blas_kernel_rows": self.kernel_rows or None,
+            "blas_kernel_threads": self.kernel_threads or None,
             "blas_note": self.note,
         }
 
@@ -105,9 +107,11 @@ def _shim() -> Path:
     return shim
 
 
-def _load(path: str, prefix: str, kernel: bool) -> tuple[ctypes.CDLL, str | None, int]:
-    """Load an OpenBLAS behind the shim; returns its handle, the shim's kernel in use and the
-    most rows that kernel takes.
+def _load(
+    path: str, prefix: str, kernel: bool, asked: bool
+) -> tuple[ctypes.CDLL, str | None, int, int]:
+    """Load an OpenBLAS behind the shim; returns its handle, the shim's kernel in use, the
+    most rows that kernel takes and its threads (`asked`: see kernel_threads).
 
     The library is opened privately and its gemm entry points looked up, and the shim is
     initialised with them before it takes the global cblas_* names, so that no failure leaves
@@ -122,13 +126,15 @@ def _load(path: str, prefix: str, kernel: bool) -> tuple[ctypes.CDLL, str | None
     except (OSError, RuntimeError):
         if prefix:  # scipy-openblas's names are prefixed: MLX cannot use it without the shim
             raise
-        return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), None, 0
+        return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), None, 0, 0
     rows = KERNEL_MAX_ROWS if kernel else 0
-    threads = ctypes.c_int(_threads_in_use(handle) or 1)
-    level = shim.dflash2_cblas_init(*gemms, ctypes.c_int(rows), ctypes.c_int(2), threads)
+    threads = kernel_threads(_threads_in_use(handle) or 1, asked)
+    level = shim.dflash2_cblas_init(*gemms, *map(ctypes.c_int, (rows, 2, threads)))
     _HANDLES.append(ctypes.CDLL(shim_path, mode=ctypes.RTLD_GLOBAL))  # initialised: now global
     name = _KERNEL_NAMES.get(level)
-    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), name, rows if name else 0
+    if not name:
+        rows = threads = 0
+    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), name, rows, threads
 
 
 def _private_folder() -> Path:
@@ -192,14 +198,26 @@ def default_threads() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
-def _set_threads() -> None:
+def kernel_threads(openblas_threads: int, asked: bool) -> int:
+    """The kernel's threads: OpenBLAS's where a count was `asked` for (DFLASH2_BLAS_THREADS or
+    OPENBLAS_NUM_THREADS), else at least 2 where there are 2 cores. On 2 cores its pool made
+    decoding 1.2-1.4x faster than one thread on an idle machine and cost dflash2 2-6 % with
+    another process busy on a core, where OpenBLAS's own threads (the prefill's: still half the
+    cores) had slowed a decode step 5x (docs/results/smollm2-blas-kernel-threads.json)."""
+    if asked:
+        return openblas_threads
+    return max(openblas_threads, min(2, len(os.sched_getaffinity(0))))
+
+
+def _set_threads() -> bool:
     """OpenBLAS reads OPENBLAS_NUM_THREADS when it loads: DFLASH2_BLAS_THREADS, dflash2's
-    own setting, wins over it; else one already set is kept; else the default."""
-    if (
-        os.environ.get("DFLASH2_BLAS_THREADS", "").strip()
-        or not os.environ.get("OPENBLAS_NUM_THREADS", "").strip().isdigit()
-    ):
+    own setting, wins over it; else one already set is kept; else the default. Returns whether
+    a count was asked for (either variable set)."""
+    ours = bool(os.environ.get("DFLASH2_BLAS_THREADS", "").strip())
+    theirs = os.environ.get("OPENBLAS_NUM_THREADS", "").strip().isdigit()
+    if ours or not theirs:
         os.environ["OPENBLAS_NUM_THREADS"] = str(default_threads())
+    return ours or theirs
 
 
 def _threads_in_use(handle: ctypes.CDLL) -> int | None:
@@ -232,7 +250,7 @@ def bind(mode: str | None = None) -> BlasInfo:
     late = "mlx.core" in sys.modules
     # OpenBLAS spin-waits its threads: with 2 threads on a 2-core machine that is also running
     # anything else, a decode step was measured 5x slower than with 1 thread.
-    _set_threads()
+    asked = _set_threads()
     errors = []
     for route, find, prefix in (
         ("system-openblas", _system_openblas, ""),
@@ -242,7 +260,7 @@ def bind(mode: str | None = None) -> BlasInfo:
             path = find()
             if path is None:
                 continue
-            handle, kernel, rows = _load(path, prefix, kernel=mode != "openblas")
+            handle, kernel, rows, kthreads = _load(path, prefix, mode != "openblas", asked)
         except Exception as exc:  # noqa: BLE001 - report and try the next route
             errors.append(f"{route}: {exc}")
             continue
@@ -256,7 +274,7 @@ def bind(mode: str | None = None) -> BlasInfo:
                 stacklevel=3,
             )
         threads, core = _threads_in_use(handle), _core_name(handle)
-        _INFO = BlasInfo(route, path, note, threads, core, kernel, rows)
+        _INFO = BlasInfo(route, path, note, threads, core, kernel, rows, kthreads)
         return _INFO
     why = (
         "; ".join(errors)

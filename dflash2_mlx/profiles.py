@@ -61,8 +61,9 @@ def chip_name() -> str:
 
 
 def device_key() -> str:
-    """'gpu Apple M3 Max', or on CPU 'cpu AMD EPYC, blas scipy-openblas x1 Haswell avx2' (CPU
-    timings depend on the BLAS, its threads, its kernel set and the shim's kernel)."""
+    """'gpu Apple M3 Max', or on CPU 'cpu AMD EPYC, blas scipy-openblas x1 Haswell avx2 x2' (CPU
+    timings depend on the BLAS, its threads, its kernel set, the shim's kernel and its
+    threads)."""
     import mlx.core as mx
 
     from . import _blas
@@ -75,6 +76,7 @@ def device_key() -> str:
         key += f", blas {info.route}" + (f" x{info.threads}" if info.threads else "")
         key += f" {info.core}" if info.core else ""
         key += f" {info.kernel}" if info.kernel else ""
+        key += f" x{info.kernel_threads}" if info.kernel_threads > 1 else ""
     return key
 
 

@@ -275,6 +275,11 @@ def test_profile_is_stored_found_and_ignored_when_the_key_changes(
         monkeypatch.setattr(_blas, "info", lambda: other)
         assert f"Not{info.core}" in profiles.device_key()
         assert A.recommended_block(llama_pair, "org/target", "org/drafter", root=root) is None
+        # and so does the shim's kernel over another number of threads
+        more = dataclasses.replace(info, kernel="avx2", kernel_threads=info.kernel_threads + 2)
+        monkeypatch.setattr(_blas, "info", lambda: more)
+        assert profiles.device_key().endswith(f" avx2 x{info.kernel_threads + 2}")
+        assert A.recommended_block(llama_pair, "org/target", "org/drafter", root=root) is None
         monkeypatch.setattr(_blas, "info", lambda: info)
     # The default root is cache_root()/autotune; a corrupt file counts as no profile.
     default = A.save_profile(profile)

@@ -210,15 +210,16 @@ KERNEL_PROBE = (
     "                                  w.ctypes.data_as(ptr), 333, c.ctypes.data_as(ptr), N)\n"
     "        as_kernel[m] = bool(np.array_equal(got, c))\n"
     "print(json.dumps({'kernel': info.kernel, 'rows': info.kernel_rows, 'threads': info.threads,\n"
-    "                  'worst': worst, 'as_kernel': as_kernel}))\n"
+    "                  'kthreads': info.kernel_threads, 'worst': worst, 'as_kernel': as_kernel}))\n"
 )
 
 
 @pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")
 def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opted_out():
-    """MLX's products of up to 24 rows are the kernel's own, bit for bit, at one BLAS thread
-    and at two (split over its pool there: the same sums whichever thread makes them), none
-    under DFLASH2_BLAS=openblas; all are right within float32's rounding."""
+    """MLX's products of up to 24 rows are the kernel's own, bit for bit, at one BLAS thread,
+    at two and by default (split over its pool there: the same sums whichever thread makes
+    them), none under DFLASH2_BLAS=openblas; all are right within float32's rounding. The
+    kernel runs OpenBLAS's thread count where one is asked for, else at least 2 on 2 cores."""
     from dflash2_mlx import _blas
 
     on, _ = probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "1"}, KERNEL_PROBE)
@@ -235,7 +236,18 @@ def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opt
         with open("/proc/cpuinfo") as f:
             assert " avx2 " not in f.read(), "an AVX2 CPU should run the kernel at 1 thread"
         pytest.skip("this CPU has no AVX2")
-    for run in (on, two):
+    # no count asked for: OpenBLAS at half the cores, the kernel on at least 2 where there are 2
+    plain = {k: v for k, v in os.environ.items() if "BLAS_" not in k}
+    default = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", KERNEL_PROBE], capture_output=True, text=True, timeout=120,
+            env=dict(plain, DFLASH2_BLAS="auto"), check=True,
+        ).stdout.splitlines()[-1]
+    )  # fmt: skip
+    cores = len(os.sched_getaffinity(0))
+    assert default["kthreads"] == max(default["threads"], min(2, cores)), default
+    assert on["kthreads"] == 1 and two["kthreads"] == two["threads"], (on, two)
+    for run in (on, two, default):
         assert run["rows"] == 24 and all(run["as_kernel"][str(m)] for m in (1, 3, 4, 17, 24)), run
         assert not any(run["as_kernel"][str(m)] for m in (25, 40)), run  # OpenBLAS's
 
