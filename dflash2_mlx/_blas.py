@@ -29,10 +29,10 @@ from .paths import cache_root
 
 _SHIM_SOURCE = Path(__file__).with_name("cblas_shim.c")
 # The shim's own kernel takes products of up to this many rows (a decode step, a verify of a
-# few tokens, small batches), split over OpenBLAS's thread count. Measured on SmolLM2's weight
-# shapes against OpenBLAS's gemm: at 1 thread 1.0-3.5x faster up to 24 rows and slower from
-# about 32 (docs/results/smollm2-blas-kernel-ab.json); at 2 threads (a pool of its own)
-# 1.4-2.9x faster at 1-24 rows (docs/results/smollm2-blas-kernel-threads.json).
+# few tokens, small batches), split over its own threads (kernel_threads). Measured on
+# SmolLM2's weight shapes against OpenBLAS's gemm: at 1 thread 1.0-3.5x faster up to 24 rows
+# and slower from about 32 (docs/results/smollm2-blas-kernel-ab.json); at 2 threads 1.0-3.3x
+# faster but for one shape at 8 and 24 rows (0.8x, 0.97x: smollm2-blas-kernel-threads.json).
 KERNEL_MAX_ROWS = 24
 _KERNEL_NAMES = {1: "avx2", 2: "avx512"}
 
@@ -199,11 +199,12 @@ def default_threads() -> int:
 
 
 def kernel_threads(openblas_threads: int, asked: bool) -> int:
-    """The kernel's threads: OpenBLAS's where a count was `asked` for (DFLASH2_BLAS_THREADS or
-    OPENBLAS_NUM_THREADS), else at least 2 where there are 2 cores. On 2 cores its pool made
-    decoding 1.2-1.4x faster than one thread on an idle machine and cost dflash2 2-6 % with
-    another process busy on a core, where OpenBLAS's own threads (the prefill's: still half the
-    cores) had slowed a decode step 5x (docs/results/smollm2-blas-kernel-threads.json)."""
+    """The kernel's threads: OpenBLAS's where DFLASH2_BLAS_THREADS `asked` for a count (not
+    OPENBLAS_NUM_THREADS: dflash2 sets that one, and its child processes inherit it), else at
+    least 2 where there are 2 cores. On 2 cores its second thread made plain decoding 1.17x and
+    dflash2 1.29x faster on an idle machine, 1.11x and 0.96x with another process busy on a
+    core, where OpenBLAS's own 2 threads (the prefill's: still half the cores) had slowed a
+    decode step 5x (docs/results/smollm2-blas-kernel-threads.json)."""
     if asked:
         return openblas_threads
     return max(openblas_threads, min(2, len(os.sched_getaffinity(0))))
@@ -212,12 +213,11 @@ def kernel_threads(openblas_threads: int, asked: bool) -> int:
 def _set_threads() -> bool:
     """OpenBLAS reads OPENBLAS_NUM_THREADS when it loads: DFLASH2_BLAS_THREADS, dflash2's
     own setting, wins over it; else one already set is kept; else the default. Returns whether
-    a count was asked for (either variable set)."""
-    ours = bool(os.environ.get("DFLASH2_BLAS_THREADS", "").strip())
-    theirs = os.environ.get("OPENBLAS_NUM_THREADS", "").strip().isdigit()
-    if ours or not theirs:
-        os.environ["OPENBLAS_NUM_THREADS"] = str(default_threads())
-    return ours or theirs
+    DFLASH2_BLAS_THREADS sets a count."""
+    ours = os.environ.get("DFLASH2_BLAS_THREADS", "").strip()
+    if ours or not os.environ.get("OPENBLAS_NUM_THREADS", "").strip().isdigit():
+        os.environ["OPENBLAS_NUM_THREADS"] = str(default_threads())  # warns about a bad one
+    return ours.isdigit() and int(ours) > 0
 
 
 def _threads_in_use(handle: ctypes.CDLL) -> int | None:

@@ -158,7 +158,6 @@ static void skinny(int level, int m, int n, int k, const float *a, int lda, cons
     skinny256(m, n, k, a, lda, b, ldb, c, ldc);
 }
 
-
 /* ---- threads: a product's rows of B split into chunks that a pool of helpers and the caller
    take in turn (a helper descheduled on a busy machine delays at most the chunk it holds) ---- */
 #include <limits.h>
@@ -249,7 +248,8 @@ static void *pool_helper(void *arg) {
   for (;;) {
     int64_t since = now_ns();
     uint32_t number;
-    for (int spins = 0; (number = atomic_load_explicit(&pool_number, memory_order_acquire)) == seen;) {
+    for (int spins = 0;
+         (number = atomic_load_explicit(&pool_number, memory_order_acquire)) == seen;) {
       _mm_pause();
       if (++spins % 256 || now_ns() - since < POOL_SPIN_NS) continue;
       atomic_fetch_add(&pool_sleepers, 1);

@@ -219,7 +219,8 @@ def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opt
     """MLX's products of up to 24 rows are the kernel's own, bit for bit, at one BLAS thread,
     at two and by default (split over its pool there: the same sums whichever thread makes
     them), none under DFLASH2_BLAS=openblas; all are right within float32's rounding. The
-    kernel runs OpenBLAS's thread count where one is asked for, else at least 2 on 2 cores."""
+    kernel runs DFLASH2_BLAS_THREADS's count where it is set (OpenBLAS's too), else at least 2
+    where there are 2 cores, whatever OPENBLAS_NUM_THREADS says (a dflash2 parent sets it)."""
     from dflash2_mlx import _blas
 
     on, _ = probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "1"}, KERNEL_PROBE)
@@ -236,16 +237,17 @@ def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opt
         with open("/proc/cpuinfo") as f:
             assert " avx2 " not in f.read(), "an AVX2 CPU should run the kernel at 1 thread"
         pytest.skip("this CPU has no AVX2")
-    # no count asked for: OpenBLAS at half the cores, the kernel on at least 2 where there are 2
-    plain = {k: v for k, v in os.environ.items() if "BLAS_" not in k}
+    # no DFLASH2_BLAS_THREADS: OpenBLAS at half the cores (or at an inherited
+    # OPENBLAS_NUM_THREADS), the kernel on at least 2 where there are 2
+    plain = {k: v for k, v in os.environ.items() if k != "DFLASH2_BLAS_THREADS"}
     default = json.loads(
         subprocess.run(
             [sys.executable, "-c", KERNEL_PROBE], capture_output=True, text=True, timeout=120,
-            env=dict(plain, DFLASH2_BLAS="auto"), check=True,
+            env=dict(plain, DFLASH2_BLAS="auto", OPENBLAS_NUM_THREADS="1"), check=True,
         ).stdout.splitlines()[-1]
     )  # fmt: skip
     cores = len(os.sched_getaffinity(0))
-    assert default["kthreads"] == max(default["threads"], min(2, cores)), default
+    assert default["threads"] == 1 and default["kthreads"] == min(2, cores), default
     assert on["kthreads"] == 1 and two["kthreads"] == two["threads"], (on, two)
     for run in (on, two, default):
         assert run["rows"] == 24 and all(run["as_kernel"][str(m)] for m in (1, 3, 4, 17, 24)), run
