@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -308,7 +309,11 @@ def test_the_kernel_over_threads_gives_the_one_thread_products_bit_for_bit(level
     for w in workers:
         w.join(timeout=120)
     assert not any(w.is_alive() for w in workers) and not failures, failures
-    if len(os.sched_getaffinity(0)) >= 2:
+    if len(os.sched_getaffinity(0)) >= 2:  # on a busy machine a helper may take a while to run
+        a, b, alone = cases[2]
+        deadline = time.monotonic() + 30
+        while shim.dflash2_pool_helper_chunks() == helped and time.monotonic() < deadline:
+            assert np.array_equal(_kernel_product(shim, level, a, b, threads=2), alone)
         assert shim.dflash2_pool_helper_chunks() > helped
 
 
@@ -333,8 +338,10 @@ FORK_PROBE = (
     "for _ in range(3):\n"
     "    pid = os.fork()\n"
     "    if pid == 0:\n"
-    "        before = shim.dflash2_pool_helper_chunks()\n"
-    "        ok = all(product() for _ in range(40))\n"
+    "        before = shim.dflash2_pool_helper_chunks(); ok = True\n"
+    "        for i in range(2000):\n"  # a helper on a busy machine may take a while to run
+    "            ok = product() and ok\n"
+    "            if i >= 40 and shim.dflash2_pool_helper_chunks() > before: break\n"
     "        helped = shim.dflash2_pool_helper_chunks() > before\n"
     "        os._exit(0 if ok and helped else 3 if ok else 4)\n"
     "    children.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
