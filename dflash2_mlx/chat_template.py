@@ -213,6 +213,15 @@ def default_thinking(tokenizer) -> bool | None:
     return True if left_out == on != off else False if left_out == off != on else None
 
 
+def _names_a_file(path) -> bool:
+    """False where `path` cannot name a file: a template's text often has a stretch longer
+    than a file name may be (OSError) or a NUL (ValueError)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def read_chat_template(value: str) -> str:
     """A chat template given by the user (mlx_lm.server's --chat-template): a file of Jinja
     (or a tokenizer_config.json holding one), else the template's own text."""
@@ -224,7 +233,7 @@ def read_chat_template(value: str) -> str:
     if not (isinstance(value, str) and value.strip()):
         raise ParameterError(f"chat_template must be a non-empty string, got {value!r}")
     path = Path(value).expanduser()
-    if path.is_file():
+    if _names_a_file(path):
         try:
             text = path.read_text(encoding="utf-8")
             if path.suffix == ".json":

@@ -39,6 +39,9 @@ def test_read_chat_template_from_a_file_a_config_or_the_text(tmp_path):
     assert read_chat_template(str(jinja)) == CHAT_TEMPLATE
     assert read_chat_template(str(config)) == CHAT_TEMPLATE
     assert read_chat_template(CHAT_TEMPLATE) == CHAT_TEMPLATE
+    # a real template's text: lines longer than a file name may be, read twice (CLI, library)
+    long_text = "{# " + "x" * 400 + " #}" + CHAT_TEMPLATE
+    assert read_chat_template(read_chat_template(long_text)) == long_text
     (tmp_path / "empty.json").write_text("{}")
     (tmp_path / "blank.jinja").write_text("\n")
     for value, message in [
@@ -78,7 +81,7 @@ def test_chat_says_when_the_model_has_no_template_and_takes_one(tiny_pair, bare_
     assert run(["chat", "--target", str(bare_target), *flags]) == 0
     assert "note: the model has no chat template" in capsys.readouterr().err
     template = bare_target.parent / "chat.jinja"
-    template.write_text(CHAT_TEMPLATE)
+    template.write_text("{# " + "x" * 400 + " #}" + CHAT_TEMPLATE)  # real templates are long
     given = ["--chat-template", str(template)]
     assert run(["chat", "--target", str(bare_target), *flags, *given]) == 0
     cap = capsys.readouterr()
