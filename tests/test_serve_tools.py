@@ -273,6 +273,36 @@ def test_tool_choice_required_calls_a_listed_tool_without_strict(client):
     assert finish == "tool_calls" and not content
 
 
+def test_a_forced_tool_choice_holds_loose_tools_to_their_schema_where_it_can(client):
+    """tool_choice "required" or a named function: the call's arguments follow the tool's
+    schema, strict or not (a small model copied the schema itself into them); "auto" leaves a
+    loose tool's alone; a schema no grammar can hold goes unheld, answered, not a 400."""
+    fn = tt.WEATHER["function"]
+    rome = {
+        "type": "function",
+        "function": {
+            **fn,
+            "parameters": {**fn["parameters"], "properties": {"city": {"enum": ["rome"]}}},
+        },
+    }
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        r = ask(client, tt.ASK, tools=[rome], tool_choice=choice, parallel_tool_calls=False)
+        assert weather_calls(r.choices[0].message.tool_calls) == [("get_weather", {"city": "rome"})]
+        assert r.choices[0].finish_reason == "tool_calls"
+    auto = ask(client, tt.ASK, tools=[rome])  # the model asks for paris, unheld
+    assert weather_calls(auto.choices[0].message.tool_calls)[0] == ("get_weather", tt.CALL_ARGS)
+    broken = {
+        "type": "function",
+        "function": {
+            **fn,
+            "parameters": {"type": "object", "properties": {"x": {"$ref": "#/nope"}}},
+        },
+    }
+    r = ask(client, tt.ASK, tools=[broken], tool_choice="required", parallel_tool_calls=False)
+    assert r.choices[0].finish_reason in ("tool_calls", "length", "stop")
+
+
 def test_a_forced_call_with_a_response_format_is_the_call(client):
     """A forced tool_choice's reply is a call, with no text for response_format to hold:
     both together (instructor's RESPONSES_TOOLS sends them on every call) were a 400; the
@@ -621,7 +651,7 @@ def test_newlines_around_the_thinking_belong_to_neither_part(tool_tokenizer):
 def test_a_call_cut_inside_its_end_marker_is_still_a_call(tool_tokenizer):
     """max_tokens may end a reply inside the end marker after a whole call: the call is
     returned (finish_reason "length"), not its markup as content; a call cut before its
-    object closes stays text, verbatim."""
+    object closes is dropped (its markup is no answer), the text before it stays."""
     end = tool_tokenizer.tool_call_end
     for cut in range(1, len(end)):
         for step in (1, 5, len(tt.CALL_TEXT)):
@@ -636,15 +666,24 @@ def test_a_call_cut_inside_its_end_marker_is_still_a_call(tool_tokenizer):
             ]
             assert [d.kind for d in deltas] == ["tool_call"]
     open_call = tt.CALL_TEXT[: tt.CALL_TEXT.index("paris")]
-    reply = ChatReply(tool_tokenizer, ChatPrompt([1], tools=ToolRequest(tuple(tt.TOOLS))))
-    reply.feed(open_call, RoundEvent(tokens=[5]))
-    assert reply.finish("length")[1] == "length" and "".join(reply.content) == open_call
+    for before in ("", "\n\n", "Let me look. "):
+        for step in (1, 7, 100):
+            text = before + open_call
+            reply = ChatReply(tool_tokenizer, ChatPrompt([1], tools=ToolRequest(tuple(tt.TOOLS))))
+            deltas = []
+            for i in range(0, len(text), step):
+                deltas += reply.feed(text[i : i + step], RoundEvent(tokens=[5]))
+            more, finish = reply.finish("length")
+            streamed = "".join(d.text for d in deltas + more if d.kind == "content")
+            assert finish == "length" and not reply.calls and reply.dropped == 1
+            kept = before if before.strip() else ""  # whitespace before a call is no answer
+            assert "".join(reply.content) == streamed == kept and reply.unparsed == 0
 
 
-def test_a_call_cut_before_its_end_stays_text_whatever_the_parser_reads(tmp_path):
+def test_a_call_cut_before_its_end_is_dropped_whatever_the_parser_reads(tmp_path):
     """GLM's parser reads any fragment of a call as one (`get_weather` without its
     arguments): a call cut by max_tokens or a client's stop string before its end marker
-    stays text; one the reply ends after (its stop token), or that parallel_tool_calls'
+    is dropped; one the reply ends after (its stop token), or that parallel_tool_calls'
     stop ends, is a call."""
     tok = _tokenizer_with(tt.TEMPLATE, tmp_path / "lenient")
     tok._tool_parser = lambda text, tools: {"name": "get_weather", "arguments": {}}
@@ -659,7 +698,7 @@ def test_a_call_cut_before_its_end_stays_text_whatever_the_parser_reads(tmp_path
         reply = ChatReply(tok, prompt)
         reply.feed(cut, RoundEvent(tokens=[5]))
         _, reason = reply.finish(finish, stop)
-        assert bool(reply.calls) == is_call and ("".join(reply.content) == cut) != is_call
+        assert bool(reply.calls) == is_call and not reply.content
         assert reason == ("tool_calls" if is_call else finish), (finish, stop)
 
 

@@ -98,6 +98,7 @@ class ChatReply:
         self.value_ahead = value and self.machine is not None  # markers still count
         self.calls: list[dict] = []
         self.unparsed = 0  # call texts the parser refused (kept as text)
+        self.dropped = 0  # calls cut before their end (max_tokens, a stop string): dropped
         self.content: list[str] = []
         self.reasoning: list[str] = []
         # With tools: whitespace at the start or after a call, held until text follows
@@ -155,7 +156,8 @@ class ChatReply:
         if self.current == "tool":
             # whole at the end of the reply, at parallel_tool_calls' stop (its end marker), or
             # cut inside its end marker; cut before it (max_tokens, a client's stop string) it
-            # stays text: a lenient parser (GLM's) reads a fragment as a call
+            # is dropped: a lenient parser (GLM's) reads a fragment as a call, and its markup
+            # is no answer (an API's content never holds a call's syntax)
             end = self.tok.tool_call_end
             whole = finish_reason == "stop" and stop in (None, end)
             whole = whole or bool(end) and _without_partial(self.call_text, end) != self.call_text
@@ -242,8 +244,9 @@ class ChatReply:
         return [Delta("content", text)]
 
     def _close_call(self, complete: bool, cut: bool = False) -> list[Delta]:
-        """The call's text parsed into calls, else kept as text (and a `cut` one, unparsed).
-        An unclosed call may end in part of its end marker, which is no part of the call."""
+        """The call's text parsed into calls, else kept as text; a `cut` one is dropped (in the
+        thinking: kept there). An unclosed call may end in part of its end marker, which is
+        no part of the call."""
         text, self.call_text = self.call_text, ""
         end = self.tok.tool_call_end or ""
         call = text if complete else _without_partial(text, end)
@@ -258,10 +261,15 @@ class ChatReply:
                 raise ValueError(f"no function name in {parsed!r}")
             texts = [_arguments_text(c) for c in calls]
         except Exception as e:  # the model's text, not a server fault: keep it as text
+            text = self.tok.tool_call_start + text + (end if complete else "")
+            if cut and self.call_from != "reasoning":
+                log.warning("a tool call was cut before its end; dropped: %s", loggable(text, 300))
+                self.dropped += 1
+                self.call_lead = ""  # the whitespace before it is no answer either
+                return []
             why = loggable(f"{type(e).__name__}: {e}", 300)  # the model's text: one line
             log.warning("a tool call did not parse (%s); kept as text", why)
             self.unparsed += 1
-            text = self.tok.tool_call_start + text + (end if complete else "")
             self.held, self.call_lead = self.call_lead, ""
             if self.call_from == "reasoning":  # back in the thinking it was written in
                 self.reasoning.append(text)
