@@ -118,7 +118,7 @@ def parse_responses(body: dict, recent: RecentItems | None = None) -> GenRequest
     except APIError as err:
         raise _renamed(err, origin) from None
     if req.tools is not None and soft:
-        req.tools = replace(req.tools, soft=soft)
+        req.tools = replace(req.tools, soft=req.tools.soft | soft)
     req.responses, req.rename = _echo(body), renamer(origin)
     req.encrypted_reasoning, req.tool_namespaces = encrypted, tools.called
     return req

@@ -25,8 +25,9 @@ class ToolRequest:
     name: str | None = None  # the function `tool_choice` names
     parallel: bool = True  # False: at most one call
     strict: frozenset[str] = frozenset()  # tools whose arguments must follow their schema
-    # of those, strict by default only (Responses' omitted `strict`): held to their schema
-    # where the grammar can be (json_tools models, schemas llguidance compiles), else not
+    # of those, strict by default only (Responses' omitted `strict`, a forced tool_choice's
+    # tools): held to their schema where the grammar can be (json_tools models, schemas
+    # llguidance compiles), else not
     soft: frozenset[str] = frozenset()
 
     @property
@@ -151,7 +152,11 @@ def parse_tools(body: dict) -> ToolRequest | None:
         )
     if not tools:
         return None
-    return ToolRequest(tuple(tools), choice, name, parallel is not False, strict)
+    soft = frozenset()
+    if choice in ("required", "function"):  # a forced call's arguments follow their schema,
+        # strict or not (as vLLM holds them), where a grammar can hold them (ToolRequest.soft)
+        soft = frozenset(n for n in names if n not in strict and name in (None, n))
+    return ToolRequest(tuple(tools), choice, name, parallel is not False, strict | soft, soft)
 
 
 def _arguments(where: str, args):
