@@ -294,6 +294,18 @@ def test_past_the_context_it_generates_up_to_the_window(tool_pair):  # noqa: F81
         assert e.value.body["error"]["message"].endswith(" tokens > 19 maximum")
 
 
+def test_a_forced_call_max_tokens_cuts_leaves_no_markup(client):
+    """tool_choice any, cut by max_tokens inside the call: no tool_use and no text block of
+    the call's markup, whole or streamed; stop_reason max_tokens."""
+    kw = dict(tools=[TOOL], tool_choice={"type": "any"}, max_tokens=3)
+    r = send(client, tt.ASK, **kw)
+    assert r.stop_reason == "max_tokens" and all(b.type != "tool_use" for b in r.content)
+    assert not any("<tool" in getattr(b, "text", "") for b in r.content)
+    with client.messages.stream(model="tools", messages=tt.ASK, **kw) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "max_tokens" and final.content == r.content
+
+
 def test_a_reply_cut_after_a_call_stops_for_max_tokens():
     """The call after the complete one may be what max_tokens cut: the client must not take
     the turn for finished (Anthropic says max_tokens whatever came before)."""

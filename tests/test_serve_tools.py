@@ -1083,3 +1083,25 @@ def test_an_empty_reply_with_tools_streams_the_whole_replys_content(client):
     assert [d.content for d in chunks if d.content is not None] == [""]
     calls = ask(client, tt.ASK, tools=tt.TOOLS, stream=True)  # a call: content stays null
     assert all(c.choices[0].delta.content is None for c in calls if c.choices)
+
+
+def test_a_call_max_tokens_cuts_is_no_markup_on_any_endpoint(client, tool_url):
+    """A forced call cut by max_tokens: finish_reason "length", no call and none of its
+    markup in content, whole or streamed, on chat and on the Responses API (which said
+    "incomplete" with a message item of the markup)."""
+    kw = dict(tools=[SKY], tool_choice="required", max_tokens=3)
+    whole = ask(client, tt.ASK, **kw).choices[0]
+    assert whole.finish_reason == "length" and not whole.message.tool_calls
+    assert "<tool" not in (whole.message.content or "")
+    content, _, calls, finish, _ = streamed(client, tt.ASK, **kw)
+    assert (content, calls, finish) == ("", [], "length")
+    r = client.responses.create(
+        model="tools",
+        input=tt.ASK,
+        tools=[{"type": "function", **SKY["function"]}],
+        tool_choice="required",
+        max_output_tokens=3,
+        temperature=0,
+    )
+    assert r.status == "incomplete" and "<tool" not in r.output_text
+    assert [o.type for o in r.output if o.type != "reasoning"] in ([], ["message"])
