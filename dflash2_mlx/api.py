@@ -72,6 +72,10 @@ class Pair:
         """`lookup` > 0: context-lookup drafts where the context repeats (engine/lookup.py);
         0: the drafter alone. `datastore`: drafts from an index of the target's past answers
         (engine/datastore.py)."""
+        if not isinstance(drafter, Drafter):  # a folder's name: load_pair, or load_drafter
+            raise ParameterError(
+                f"drafter must be a Drafter (load_drafter(folder)), got {type(drafter).__name__}"
+            )
         adapter = TargetAdapter(model, drafter.config.target_layer_ids)
         check_compatible(adapter, drafter)
         pair = cls(

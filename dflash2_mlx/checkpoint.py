@@ -228,6 +228,8 @@ def save_drafter(
     """Write config.json + model.safetensors in the official format. Each file is written
     beside its place and renamed over it: a failed write (a full disk) leaves the folder's
     earlier drafter whole."""
+    if not isinstance(model, Drafter):
+        raise ParameterError(f"model must be a Drafter, got {type(model).__name__}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     params = dict(tree_flatten(model.parameters()))

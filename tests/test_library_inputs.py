@@ -340,3 +340,28 @@ def test_a_half_precision_target_gets_a_float32_drafter_on_the_cpu(tiny_pair, tm
     assert weight_dtype(d2.load_pair(half, tiny_pair[1], dtype="bfloat16").drafter) == "bfloat16"
     events = list(pair.stream([5, 9, 14, 20, 33, 40], d2.GenerationParams(24, block_size=4)))
     assert sum(len(ev.tokens) for ev in events) == 24 and any(ev.drafted for ev in events)
+
+
+def test_objects_of_the_wrong_kind_are_named_not_crashed_on(decoder, tmp_path):
+    """What a developer builds by hand: a bare model where the engine takes an adapter, a
+    folder's name where a Drafter goes, a constraint factory or a logits processor that
+    returns the wrong thing."""
+    import dflash2_mlx as d2
+
+    model, dec = decoder
+    with pytest.raises(ParameterError, match="target must be a TargetAdapter.*Pair.from_models"):
+        SpeculativeDecoder(model, dec.drafter)
+    with pytest.raises(ParameterError, match="drafter must be a Drafter, got str"):
+        SpeculativeDecoder(dec.target, "drafter")
+    with pytest.raises(ParameterError, match=r"drafter must be a Drafter \(load_drafter"):
+        d2.Pair.from_models(model, None, "drafter")
+    with pytest.raises(ParameterError, match="model must be a Drafter, got str"):
+        d2.save_drafter("drafter", tmp_path / "d")
+    with pytest.raises(ParameterError, match="the factory returned int, not a TokenConstraint"):
+        dec.generate(PROMPT, GenerationParams(max_tokens=2, constraint=lambda: 5))
+
+    def none(tokens, logits):
+        return None
+
+    with pytest.raises(ParameterError, match="'none' returned NoneType, not the logits"):
+        dec.generate(PROMPT, GenerationParams(max_tokens=2, logits_processors=(none,)))

@@ -114,8 +114,10 @@ def test_a_whole_batched_run_raises_a_requests_failure(pair, monkeypatch):
 def test_a_bad_request_in_a_batch_stream_runs_none_of_them(pair):
     batch = pair.batch()
     with pytest.raises(ParameterError, match="^request 1 of the batch: .*must be token ids"):
-        list(batch.stream([(P0, GREEDY), ("text", GREEDY)]))
+        batch.stream([(P0, GREEDY), ("text", GREEDY)])  # at the call, as stream alone
     assert not batch.busy
+    with pytest.raises(ParameterError, match="^request 0 of the batch: .*empty"):
+        pair.stream_batch([[]], GREEDY)
     with pytest.raises(ParameterError, match=r"^request 1 of the batch: the prompt\[1\] = "):
         pair.generate_batch([P0, [5, 10**9]], GREEDY)
     assert batch.generate([(P1, GREEDY)]) == [pair.generate(P1, GREEDY)[0]]

@@ -357,16 +357,25 @@ class BatchDecoder:
         self, requests: Iterable[tuple[Sequence[int], GenerationParams]]
     ) -> Iterator[tuple[int, RoundEvent]]:
         """Run `requests` (prompt ids, params) to the end, up to `max_batch` at a time;
-        yields (index into requests, event). All are validated before any runs."""
+        yields (index into requests, event). All are validated here, at the call: a bad one
+        raises before any runs (as `stream` does alone)."""
         if self.busy:
             raise RuntimeError("stream() runs its own requests: this BatchDecoder is busy")
+        requests = list(requests)
+        for i, (p, params) in enumerate(requests):
+            try:
+                self.decoder._validate(
+                    p, params if self.defaults is None else self.defaults(params)
+                )
+            except ParameterError as e:  # which of them it is
+                raise ParameterError(f"request {i} of the batch: {e}") from None
+        return self._run(requests)
+
+    def _run(self, requests: list) -> Iterator[tuple[int, RoundEvent]]:
         ids: dict[int, int] = {}
         try:
-            for i, (p, params) in enumerate(list(requests)):
-                try:
-                    ids[self.add(p, params)] = i
-                except ParameterError as e:  # which of them it is
-                    raise ParameterError(f"request {i} of the batch: {e}") from None
+            for i, (p, params) in enumerate(requests):  # validated by stream
+                ids[self.add(p, params)] = i
             while self.busy:
                 for rid, event in self.step():
                     if event.error is not None:  # one failed: the run ends with its error

@@ -45,6 +45,8 @@ def ended(constraint) -> None:
         on_stop()
 
 
+CONSTRAINT_METHODS = ("allowed", "commit", "forced")  # what a factory's constraint must have
+
 # What GenerationParams carries: called once per generation for its own constraint state. A
 # factory with a `stop_ids` set (grammar.py's) allows only those once its text is complete:
 # the generation must stop on them.

@@ -14,6 +14,7 @@ import mlx.core as mx
 from ..drafter.model import Drafter
 from ..errors import CompatibilityError, ParameterError
 from ..target.adapter import TargetAdapter
+from .constraint import CONSTRAINT_METHODS
 from .datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from .events import RoundEvent
 from .generation import GenerationParams, _Run, cut, shape_logits, token_ids
@@ -51,6 +52,14 @@ class SpeculativeDecoder:
         datastore: Datastore | None = None,
     ):
         check_lookup(lookup)
+        if not isinstance(target, TargetAdapter):  # a bare mlx-lm model: Pair.from_models
+            raise ParameterError(
+                f"target must be a TargetAdapter (TargetAdapter(model, "
+                f"drafter.config.target_layer_ids)), got {type(target).__name__}; "
+                "Pair.from_models(model, tokenizer, drafter) builds both"
+            )
+        if not isinstance(drafter, Drafter):
+            raise ParameterError(f"drafter must be a Drafter, got {type(drafter).__name__}")
         if (
             isinstance(prefill_chunk, bool)
             or not isinstance(prefill_chunk, int)
@@ -282,6 +291,11 @@ class SpeculativeDecoder:
                     "stop_token_ids must include them"
                 )
             constraint = params.constraint()
+            if not all(callable(getattr(constraint, m, None)) for m in CONSTRAINT_METHODS):
+                raise ParameterError(
+                    f"constraint: the factory returned {type(constraint).__name__}, not a "
+                    f"TokenConstraint (methods {', '.join(CONSTRAINT_METHODS)})"
+                )
         return prompt, _Run(params, block, lookup_block, mx.random.key(seed), constraint)
 
     def _first(self, prefill: Prefill, run: _Run) -> RoundEvent:

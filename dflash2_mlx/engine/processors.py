@@ -40,6 +40,11 @@ def process(
         seen = tokens[: len(history) + j]
         for processor in processors:
             row = processor(seen, row)
+            if not isinstance(row, mx.array):  # else a TypeError deep in the round
+                raise ParameterError(
+                    f"logits_processors: {getattr(processor, '__name__', processor)!r} returned "
+                    f"{type(row).__name__}, not the logits (an mx.array)"
+                )
         rows.append(row)
     return mx.concatenate(rows, axis=0) if len(rows) > 1 else rows[0]
 
