@@ -306,7 +306,8 @@ class Chat(SlashCommands):
                     return 2 if piped and self.failures else 0
                 continue
             line = line[1:] if line.startswith("//") else line  # "//x" sends "/x"
-            live = self.console.is_terminal
+            # a dumb terminal (Emacs' shell) redraws nothing: the answer streams as piped
+            live = self.console.is_terminal and not self.console.is_dumb_terminal
             try:
                 with keys_unechoed() if live else nullcontext():
                     _, stats, finish = self.turn(line, live=live)

@@ -13,6 +13,7 @@ from dflash2_mlx.errors import ParameterError
 
 from .chat_repl import Chat, ChatOptions
 from .common import fail, load_engine
+from .terminal import ends_on_hangup, keys_unechoed
 
 
 def run_chat(opts: ChatOptions) -> int:
@@ -31,13 +32,27 @@ def run_chat(opts: ChatOptions) -> int:
         opts.engine_flags,
     )
     chat = Chat(pair, opts, settings, console, err)
-    if opts.prompt is not None:  # what it samples with, said as the session's banner does
-        err.print(Text(f"sampling: {settings.sampling.describe()}", style="dim"))
+    with ends_on_hangup():
+        return (
+            _one_answer(chat, opts, settings, err)
+            if opts.prompt is not None
+            else _session(chat, resolved, settings, err)
+        )
+
+
+def _one_answer(chat: Chat, opts: ChatOptions, settings, err: Console) -> int:
+    """--prompt: what it samples with (as the session's banner says), then the answer; keys
+    typed meanwhile (Ctrl-C's ^C) are not echoed into it."""
+    err.print(Text(f"sampling: {settings.sampling.describe()}", style="dim"))
+    with keys_unechoed():
         _, stats, finish = chat.turn(opts.prompt, live=False)
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-        err.print(chat.status(stats, finish), soft_wrap=True)
-        return 130 if finish in ("stopped", "interrupted") else 0
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    err.print(chat.status(stats, finish), soft_wrap=True)
+    return 130 if finish in ("stopped", "interrupted") else 0
+
+
+def _session(chat: Chat, resolved, settings, err: Console) -> int:
     spec = settings.block.describe() if chat.spec else "speculative off"
     keys = ", Ctrl-C stops an answer, Ctrl-D exits" if sys.stdin.isatty() else ""
     err.print(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import signal
 import sys
 from contextlib import contextmanager
 from typing import Iterator
@@ -87,10 +88,13 @@ def keys_unechoed() -> Iterator[None]:
     and the next prompt reads it. Ctrl-C still interrupts."""
     try:
         import termios
-
+    except ImportError:  # pragma: no cover - no termios (Windows)
+        yield
+        return
+    try:
         fd = sys.stdin.fileno()
         saved = termios.tcgetattr(fd)
-    except (ImportError, OSError, ValueError):  # not a terminal (or no termios)
+    except (OSError, ValueError, termios.error):  # stdin is no terminal (a pipe, a file)
         yield
         return
     quiet = list(saved)
@@ -100,6 +104,24 @@ def keys_unechoed() -> Iterator[None]:
         yield
     finally:
         termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+@contextmanager
+def ends_on_hangup() -> Iterator[None]:
+    """SIGTERM and SIGHUP (the terminal closed, `kill`) end the program through its exits,
+    as Ctrl-C does: the terminal gets its cursor and echo back (the live view hides one,
+    an answer turns the other off). Exit status 128 + the signal, as the shell reports."""
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    wanted = [s for s in ("SIGTERM", "SIGHUP") if hasattr(signal, s)]
+    saved = {name: signal.signal(getattr(signal, name), stop) for name in wanted}
+    try:
+        yield
+    finally:
+        for name, handler in saved.items():
+            signal.signal(getattr(signal, name), handler)
 
 
 def text_row(table, *cells, **row) -> None:

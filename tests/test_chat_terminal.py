@@ -6,6 +6,7 @@ terminal's Ctrl-C, EOF from Ctrl-D) on a tiny random pair saved to disk.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -225,3 +226,78 @@ def test_redirected_answers_stay_clean(tiny_pair, tmp_path):
         child.close(force=True)
     assert child.exitstatus == 0, (child.exitstatus, child.signalstatus)
     assert out.read_text() == expected + "\n"
+
+
+def test_piped_turns_answer_on_a_terminal(tiny_pair):
+    """`echo ... | dflash2 chat` at a terminal: stdin is a pipe (no terminal to turn echo
+    off on), stdout the terminal; the answer shows and the chat ends at the pipe's end."""
+    expected = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 6)
+    child = spawn_chat("echo 'hello model' | " + chat_line(tiny_pair, "--max-tokens", "6"))
+    try:
+        child.expect(pexpect.EOF)
+        shown = screen(child.before)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, (child.exitstatus, child.signalstatus, shown[-600:])
+    assert screen(expected) in shown and "Traceback" not in shown
+
+
+def test_a_killed_chat_gives_the_terminal_its_cursor_back(tiny_pair):
+    """SIGTERM (or the terminal closing: SIGHUP) mid-answer ends the chat through its exits:
+    the live view's hidden cursor is shown again, the status is 128 + 15."""
+    child = spawn_chat("exec " + chat_line(tiny_pair, "--max-tokens", "100000"))
+    child.logfile_read = seen = io.StringIO()
+    try:
+        child.expect_exact(PROMPT)
+        child.sendline("hello model")
+        child.expect("tok/s")  # the answer streams, the cursor hidden
+        child.kill(15)
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    out = seen.getvalue()
+    assert child.exitstatus == 143, (child.exitstatus, child.signalstatus)
+    assert "\x1b[?25l" in out and out.rfind("\x1b[?25h") > out.rfind("\x1b[?25l"), out[-300:]
+
+
+def test_keys_typed_during_a_one_shot_answer_are_not_echoed_into_it(tiny_pair):
+    """--prompt at a terminal: what is typed meanwhile, and Ctrl-C's ^C, stay out of the
+    answer (as in the session); Ctrl-C ends it with status 130."""
+    begins = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 4).strip()
+    line = chat_line(tiny_pair, "--max-tokens", "100000", "-p", "hello model")
+    child = spawn_chat("exec " + line)
+    child.logfile_read = seen = io.StringIO()
+    try:
+        child.expect_exact(begins)  # the answer has begun
+        child.send("typed")
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 130, (child.exitstatus, child.signalstatus)
+    assert "typed" not in seen.getvalue() and "^C" not in seen.getvalue()
+
+
+def test_a_dumb_terminal_gets_the_answer_as_it_streams(tiny_pair):
+    """TERM=dumb (Emacs' shell, some IDE consoles) cannot redraw: the answer is written as
+    it comes, before it ends (the live view showed nothing until a line was complete),
+    then its status line; no escape codes."""
+    line = chat_line(tiny_pair, "--max-tokens", "100000")
+    env = dict(os.environ, TERM="dumb", COLUMNS="", LINES="")
+    child = pexpect.spawn(
+        "bash", ["-c", "exec " + line], env=env, encoding="utf-8", dimensions=(40, 160), timeout=90
+    )
+    child.logfile_read = seen = io.StringIO()
+    begins = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 4).strip()
+    try:
+        child.expect_exact(PROMPT)
+        child.sendline("hello model")
+        child.expect_exact(begins)  # while it still runs (100,000 tokens)
+        child.sendintr()
+        child.expect_exact(PROMPT)
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0, (child.exitstatus, child.signalstatus)
+    assert "tok/s" in seen.getvalue() and "\x1b" not in seen.getvalue()
