@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import ParameterError
-from .json_schema import check_refs, closed_objects, without_format
+from .json_schema import check_patterns_at_once, check_refs, closed_objects, without_format
 
 log = logging.getLogger("dflash2")
 
@@ -97,6 +97,11 @@ class Grammars:
 
         if value is None and calls is None:
             raise ValueError("a reply grammar needs a value schema or tool calls")
+        for schema in [value, *(args for _, args in calls.tools if args)] if calls else [value]:
+            try:  # before llguidance: it would take minutes and gigabytes over such a schema
+                check_patterns_at_once(schema)
+            except ValueError as e:
+                raise ParameterError(f"unsupported JSON schema: {e}") from None
         value = None if value is None else closed_objects(value)
         while True:
             try:

@@ -291,3 +291,37 @@ def test_a_schema_with_no_complete_value_is_an_error_not_a_finished_reply(url):
         events = [line for line in s.iter_lines() if line.startswith("data: {")]
     assert "admits no complete value" in events[-1] and '"error"' in events[-1]
     assert not any('"finish_reason":"stop"' in e.replace(" ", "") for e in events)
+
+
+def test_a_schema_of_many_patterns_at_once_is_a_fast_400_and_the_server_goes_on(url, client):
+    """allOf of 200 search patterns (a ~2 KB body): llguidance would take minutes and
+    gigabytes to check them, on the thread every prompt waits behind. It is refused before
+    compiling; 8 at once are llguidance's to judge, and any number apart or as alternatives
+    compile."""
+    import time
+
+    def pattern(i):
+        return {"type": "string", "pattern": f".*{i}.*"}
+
+    def post(schema, max_tokens=4):
+        body = {"messages": ASK, "max_tokens": max_tokens, "response_format": _schema(schema)}
+        return httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+
+    started = time.monotonic()
+    r = post({"allOf": [pattern(i) for i in range(200)]})
+    assert r.status_code == 400 and time.monotonic() - started < 10, r.text
+    assert "200 patterns or formats at once" in r.json()["error"]["message"]
+    defs = {f"d{i}": pattern(i) for i in range(9)}  # through $refs and properties alike
+    hidden = {"$defs": defs, "allOf": [{"$ref": f"#/$defs/d{i}"} for i in range(9)]}
+    assert post(hidden).status_code == 400
+    deep = {"allOf": [{"type": "object", "properties": {"a": pattern(i)}} for i in range(9)]}
+    assert post(deep).status_code == 400
+    eight = post({"allOf": [pattern(i) for i in range(8)]})  # llguidance's to judge (fast)
+    assert "at once" not in eight.text and time.monotonic() - started < 20
+    for fine in (
+        {"allOf": [pattern(1), {"type": "string", "pattern": "^a"}]},
+        {"anyOf": [pattern(i) for i in range(30)]},
+        {"type": "object", "properties": {f"k{i}": pattern(i) for i in range(30)}},
+    ):
+        assert post(fine).status_code == 200, post(fine).text
+    assert client.chat.completions.create(model="tiny", messages=ASK, max_tokens=4).choices
