@@ -437,6 +437,17 @@ def test_hosts_origins_content_type_and_api_key(pair, logs):
         assert r.status_code == 403
         r = post({"Origin": f"http://127.0.0.1:{port}"}, json=body)  # same origin
         assert r.status_code == 200
+        # two Origin headers (no browser sends two): refused, whichever comes last
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=30) as sock:
+            raw = json.dumps(body).encode()
+            sock.sendall(
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"Origin: http://evil.example\r\nOrigin: http://127.0.0.1:{port}\r\n"
+                f"Authorization: Bearer s3cret\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(raw)}\r\nConnection: close\r\n\r\n".encode()
+                + raw
+            )
+            assert sock.recv(200).startswith(b"HTTP/1.1 400 "), "two Origin headers"
         ok = {"Origin": "http://localhost:3000"}
         r = post(ok, json=body)
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ok["Origin"]

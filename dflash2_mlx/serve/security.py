@@ -227,6 +227,8 @@ class SecurityGate:
             )
         cors = None
         origin = headers.get("origin")
+        if sum(k.lower() == b"origin" for k, _ in scope["headers"]) > 1:  # no browser sends two
+            raise APIError(400, "more than one Origin header", code="origin_malformed")
         if origin is not None:
             own = origin.lower().rstrip("/") in (
                 f"http://{host_header.lower()}",
