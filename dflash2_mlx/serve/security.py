@@ -177,6 +177,9 @@ class SecurityGate:
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         try:
+            if sum(k.lower() == b"origin" for k, _ in scope["headers"]) > 1:  # the dict keeps
+                # the last: no browser sends two, and a forged one could hide behind ours
+                raise APIError(400, "more than one Origin header", code="origin_malformed")
             cors = self._check(scope, headers)
         except APIError as err:
             path, why = loggable(scope["path"], 200), loggable(err.message)
@@ -227,8 +230,6 @@ class SecurityGate:
             )
         cors = None
         origin = headers.get("origin")
-        if sum(k.lower() == b"origin" for k, _ in scope["headers"]) > 1:  # no browser sends two
-            raise APIError(400, "more than one Origin header", code="origin_malformed")
         if origin is not None:
             own = origin.lower().rstrip("/") in (
                 f"http://{host_header.lower()}",
