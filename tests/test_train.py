@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import signal
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -219,6 +220,38 @@ def test_an_interrupted_run_resumed_ends_as_the_uninterrupted_one(target, sequen
         )
 
 
+def test_a_ctrl_c_mid_step_waits_for_the_step_and_resumes_alike(target, sequences, tmp_path):
+    """A real SIGINT (or SIGTERM) lands inside a step, after the batch sampler drew: the step
+    finishes before the interrupt is raised, so the checkpoint holds a whole step and the
+    resumed run ends as the uninterrupted one (it saved the sampler past the cut step)."""
+    whole = _trainer(target, sequences, tmp_path / "whole", steps=12)
+    whole.run()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        folder = tmp_path / f"cut-{signum}"
+        cut = _trainer(target, sequences, folder, steps=12)
+        draw = cut.next_batch
+
+        def signalled(draw=draw, cut=cut, signum=signum):
+            batch = draw()
+            if cut.step == 5:
+                os.kill(os.getpid(), signum)  # mid-step: the sampler has drawn
+            return batch
+
+        cut.next_batch = signalled
+        before = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                cut.run()
+        finally:
+            signal.signal(signal.SIGTERM, before)
+        again = _trainer(target, sequences, folder, steps=12)
+        assert again.try_resume() and again.step == 6  # the cut step whole
+        again.run()
+        np.testing.assert_array_equal(
+            np.array(again.drafter.fc.weight), np.array(whole.drafter.fc.weight)
+        )
+
+
 def test_feature_cache_roundtrip_resume_and_disk_full(target, tmp_path, monkeypatch):
     adapter = TargetAdapter(target, (0, 2))
     seqs = [Sequence_(f"p{i}", 0.0, p + [7, 8, 9], len(p)) for i, p in enumerate(PROMPTS)]
@@ -382,6 +415,9 @@ def test_init_from_target_copies_the_top_layers(target, sequences, tmp_path):
     h = d.config.hidden_size
     want = d.hidden_norm(feats[..., -h:])
     np.testing.assert_allclose(np.array(d.context(feats * tr.scale)), np.array(want), atol=1e-3)
+    more = n + 1  # more layers than the target has: refused, not copied round from layer 0
+    with pytest.raises(DFlash2Error, match=f"--layers {more} is more than the target's {n}"):
+        _trainer(target, sequences, tmp_path / "deep", steps=1, init_from_target=True, layers=more)
 
 
 def test_prompt_parts_name_their_own_temperatures():
@@ -396,6 +432,9 @@ def test_prompt_parts_name_their_own_temperatures():
         ("my@work/p.jsonl", (0.5,)),
         ("train", (0.5,)),
     ]
+    # ... unless the name before the '@' is a prompt file and the whole is none: a typo
+    with pytest.raises(ParameterError, match=r"after '@' must be numbers .*got '0,abc'"):
+        prompt_parts("train@0,abc", (0.5,))
 
 
 def _prompt_file(path: Path, n: int, stem: str) -> Path:

@@ -46,6 +46,11 @@ def drafter_config_for(
         )
     if len(set(ids)) < len(ids):
         raise DFlash2Error(f"target layer ids (--layer-ids) {ids} name a layer twice")
+    if cfg.init_from_target and cfg.layers > n_layers:  # the copy would wrap round to layer 0
+        raise DFlash2Error(
+            f"--init-from-target copies the target's top --layers layers: --layers {cfg.layers} "
+            f"is more than the target's {n_layers}"
+        )
     if cfg.mask_token_id is None:
         raise DFlash2Error("a mask token id is needed (an id the target never emits)")
     if not 0 <= cfg.mask_token_id < adapter.vocab_size:

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ParameterError
+from ..prompts import prompt_path
+
 
 @dataclass
 class PipelineConfig:
@@ -38,7 +41,12 @@ def prompt_parts(spec: str, temperatures: tuple[float, ...]) -> list[tuple[str, 
         name, _, suffix = part.rpartition("@")
         try:
             own = tuple(float(t) for t in suffix.split(",")) if name else None
-        except ValueError:  # a suffix that is not numbers is part of a file name
+        except ValueError:  # a suffix that is not numbers is part of a file name,
+            if prompt_path(name).exists() and not prompt_path(part).exists():  # else a typo
+                raise ParameterError(
+                    f"--prompts {part!r}: the temperatures after '@' must be numbers "
+                    f"(e.g. {name}@0,0.7), got {suffix!r}"
+                ) from None
             own = None
         out.append((name, own) if own else (part, temperatures))
     return out

@@ -34,6 +34,7 @@ from .drafter_init import (  # noqa: F401
 )
 from .batches import make_blocks, make_subset, sample_anchors
 from .features import StoredSequence
+from .interrupts import whole_step
 from .fixed_text import sample_text_anchors
 from .objective import Blocks, Teacher, cosine_lr, decay_weights, loss_terms, proxy_acceptance
 from .preflight import check_resumable
@@ -324,38 +325,19 @@ class Trainer:
         t0, tokens = time.perf_counter(), 0
         try:
             while self.step < cfg.steps:
-                batch = self.next_batch()
-                self.opt.learning_rate = cosine_lr(self.step, cfg.steps, cfg.lr, cfg.warmup)
-                (loss, parts), grads = grad_fn(self.drafter, batch)
-                grads, gnorm = optim.clip_grad_norm(grads, cfg.clip)
-                self.opt.update(self.drafter, grads)
-                mx.eval(self.drafter.parameters(), self.opt.state, loss, parts)
-                self.step += 1
-                tokens += sum(
-                    b.labels.size if b.mask is None else int(b.mask.sum().item()) for b in batch
-                )
-                rec = {
-                    "step": self.step,
-                    "loss": float(loss),
-                    "lr": float(self.opt.learning_rate),
-                    "grad_norm": float(gnorm),
-                    "tok_s": tokens / (time.perf_counter() - t0),
-                    **{k: float(v) for k, v in parts.items()},
-                }
-                if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
-                    final = self.step == cfg.steps  # the last evaluation uses every sequence
-                    rec.update(
-                        evaluate_proxy(
-                            self.drafter,
-                            self.heldout,
-                            self.scale,
-                            len(self.heldout) if final else 24,
-                        )
-                    )
-                    rec["train_tau"] = evaluate_proxy(
-                        self.drafter, self.fit_probe, self.scale, FIT_PROBE
-                    )["proxy_tau"]
-                    self.history.append(rec)
+                with whole_step():  # Ctrl-C waits for the step's end: resumes give the same
+                    loss, parts, gnorm, trained = self._step(grad_fn)
+                    tokens += trained
+                    rec = {
+                        "step": self.step,
+                        "loss": float(loss),
+                        "lr": float(self.opt.learning_rate),
+                        "grad_norm": float(gnorm),
+                        "tok_s": tokens / (time.perf_counter() - t0),
+                        **{k: float(v) for k, v in parts.items()},
+                    }
+                    if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                        self._evaluate(rec)
                 if on_step:
                     on_step(rec)
                 if self.step % cfg.checkpoint_every == 0:
@@ -366,6 +348,29 @@ class Trainer:
             raise
         self.save_checkpoint()
         return self.history[-1] if self.history else {}
+
+    def _step(self, grad_fn) -> tuple:
+        """One optimizer step: (loss, its parts, the gradient's norm, tokens trained on)."""
+        cfg = self.cfg
+        batch = self.next_batch()
+        self.opt.learning_rate = cosine_lr(self.step, cfg.steps, cfg.lr, cfg.warmup)
+        (loss, parts), grads = grad_fn(self.drafter, batch)
+        grads, gnorm = optim.clip_grad_norm(grads, cfg.clip)
+        self.opt.update(self.drafter, grads)
+        mx.eval(self.drafter.parameters(), self.opt.state, loss, parts)
+        self.step += 1
+        trained = sum(b.labels.size if b.mask is None else int(b.mask.sum().item()) for b in batch)
+        return loss, parts, gnorm, trained
+
+    def _evaluate(self, rec: dict) -> None:
+        """Held-out proxy τ (every held-out sequence at the last step) and the training
+        probe's into `rec`, kept in the history."""
+        final = self.step == self.cfg.steps
+        held = len(self.heldout) if final else 24
+        rec.update(evaluate_proxy(self.drafter, self.heldout, self.scale, held))
+        fit = evaluate_proxy(self.drafter, self.fit_probe, self.scale, FIT_PROBE)
+        rec["train_tau"] = fit["proxy_tau"]
+        self.history.append(rec)
 
     def export(self, folder: Path, dtype=mx.bfloat16, extra_files=()) -> Path:
         """The drafter (feature scaling folded into fc) and `extra_files` (name, text), all
