@@ -81,6 +81,14 @@ def read_line(prompt: str) -> str:
     return input(prompt).rstrip("\r\n")
 
 
+def _in_background(fd: int) -> bool:
+    """The terminal's foreground is another process group (the shell's, after `&`)."""
+    try:
+        return os.tcgetpgrp(fd) != os.getpgrp()
+    except OSError:  # not our controlling terminal: no job control to stop us
+        return False
+
+
 @contextmanager
 def keys_unechoed() -> Iterator[None]:
     """While an answer streams, what the user types ahead is not echoed into it (the echo
@@ -95,6 +103,9 @@ def keys_unechoed() -> Iterator[None]:
         fd = sys.stdin.fileno()
         saved = termios.tcgetattr(fd)
     except (OSError, ValueError, termios.error):  # stdin is no terminal (a pipe, a file)
+        yield
+        return
+    if _in_background(fd):  # a job put in the background (`&`): setting it would stop us
         yield
         return
     quiet = list(saved)
@@ -116,7 +127,10 @@ def ends_on_hangup() -> Iterator[None]:
         raise SystemExit(128 + signum)
 
     wanted = [s for s in ("SIGTERM", "SIGHUP") if hasattr(signal, s)]
-    saved = {name: signal.signal(getattr(signal, name), stop) for name in wanted}
+    ignored = [s for s in wanted if signal.getsignal(getattr(signal, s)) is signal.SIG_IGN]
+    saved = {  # an ignored one (nohup's SIGHUP) stays ignored
+        name: signal.signal(getattr(signal, name), stop) for name in wanted if name not in ignored
+    }
     try:
         yield
     finally:

@@ -1073,3 +1073,28 @@ def test_results_never_replace_the_prompts_file_they_read(command, tmp_path, cap
     assert run(argv) == 2
     assert f"--json {prompts} is the --prompts file this run reads" in capsys.readouterr().err
     assert json.loads(prompts.read_text()) == line
+
+
+def test_a_background_job_leaves_the_terminal_alone(monkeypatch):
+    """`dflash2 chat -p ... &`: changing the terminal from the background would stop the job
+    (SIGTTOU), so echo is left as it is there; and an ignored SIGHUP (nohup) stays ignored."""
+    import os
+    import signal
+
+    termios = pytest.importorskip("termios")
+    pty = pytest.importorskip("pty")
+    from dflash2_cli.terminal import ends_on_hangup, keys_unechoed
+
+    master, slave = pty.openpty()
+    with open(slave, "r", closefd=True) as tty, open(master, "wb", buffering=0):
+        monkeypatch.setattr(sys, "stdin", tty)
+        monkeypatch.setattr(os, "tcgetpgrp", lambda fd: os.getpgrp() + 1)  # another job's
+        with keys_unechoed():
+            assert termios.tcgetattr(slave)[3] & termios.ECHO
+    before, term = signal.signal(signal.SIGHUP, signal.SIG_IGN), signal.getsignal(signal.SIGTERM)
+    try:
+        with ends_on_hangup():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not term  # that one is handled
+    finally:
+        signal.signal(signal.SIGHUP, before)

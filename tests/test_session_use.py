@@ -2,8 +2,10 @@
 and the batched library front end checks and applies what the single one does."""
 
 import gc
+from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import tiny
 
@@ -121,6 +123,38 @@ def test_a_bad_request_in_a_batch_stream_runs_none_of_them(pair):
     with pytest.raises(ParameterError, match=r"^request 1 of the batch: the prompt\[1\] = "):
         pair.generate_batch([P0, [5, 10**9]], GREEDY)
     assert batch.generate([(P1, GREEDY)]) == [pair.generate(P1, GREEDY)[0]]
+
+
+def test_a_batch_stream_makes_each_constraint_once_and_two_streams_do_not_mix(pair):
+    """Validated at the call, a stream still calls a request's constraint factory once (its
+    state is the generation's); a second stream made before the first runs is refused when it
+    starts, not fed the first one's events."""
+    made = []
+
+    class Free:  # allows anything: the tokens are the greedy ones
+        def allowed(self, drafts):
+            return np.ones((len(drafts) + 1, pair.vocab_size), dtype=bool)
+
+        def commit(self, tokens):
+            pass
+
+        def forced(self):
+            return []
+
+    def factory():
+        made.append(1)
+        return Free()
+
+    params = replace(GREEDY, constraint=factory)
+    batch = pair.batch()
+    assert batch.generate([(P0, params)]) == [pair.generate(P0, GREEDY)[0]]
+    assert len(made) == 1
+    first, second = batch.stream([(P0, GREEDY)]), batch.stream([(P1, GREEDY)])
+    next(first)
+    with pytest.raises(RuntimeError, match="busy"):
+        next(second)
+    first.close()
+    assert not batch.busy
 
 
 @pytest.mark.parametrize("params", [None, 5])

@@ -252,6 +252,26 @@ def test_a_ctrl_c_mid_step_waits_for_the_step_and_resumes_alike(target, sequence
         )
 
 
+def test_a_step_leaves_an_ignored_interrupt_ignored():
+    """A training run started in the background of a script ignores SIGINT: a step must not
+    turn it into a KeyboardInterrupt; an interrupt that is not ignored raises at the step's
+    end, through its own handler."""
+    from dflash2_mlx.train.interrupts import whole_step
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with whole_step():
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    finished = []
+    with pytest.raises(KeyboardInterrupt):
+        with whole_step():
+            os.kill(os.getpid(), signal.SIGINT)
+            finished.append(True)  # the step goes on to its end
+    assert finished == [True]
+
+
 def test_feature_cache_roundtrip_resume_and_disk_full(target, tmp_path, monkeypatch):
     adapter = TargetAdapter(target, (0, 2))
     seqs = [Sequence_(f"p{i}", 0.0, p + [7, 8, 9], len(p)) for i, p in enumerate(PROMPTS)]

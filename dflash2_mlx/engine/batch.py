@@ -133,9 +133,16 @@ class BatchDecoder:
         their rounds between its chunks included). Bad parameters raise ParameterError here,
         before anything runs. A session serves one generation at a time: it is held from
         here until the request leaves."""
+        prompt, run = self._validated(prompt, params)
+        return self._enqueue(prompt, run, session, cancel, on_prefill)
+
+    def _validated(self, prompt, params: GenerationParams):
+        """(prompt ids, the run) of a request, with this loop's defaults; ParameterError."""
         if self.defaults is not None:
             params = self.defaults(params)
-        prompt, run = self.decoder._validate(prompt, params)
+        return self.decoder._validate(prompt, params)
+
+    def _enqueue(self, prompt, run, session, cancel, on_prefill) -> int:
         self.decoder.check_session(session, cancel)  # another pair's, or in use: refused here
         if on_prefill is not None and not callable(on_prefill):
             raise ParameterError(f"on_prefill must be a callable or None, got {on_prefill!r}")
@@ -361,21 +368,21 @@ class BatchDecoder:
         raises before any runs (as `stream` does alone)."""
         if self.busy:
             raise RuntimeError("stream() runs its own requests: this BatchDecoder is busy")
-        requests = list(requests)
-        for i, (p, params) in enumerate(requests):
-            try:
-                self.decoder._validate(
-                    p, params if self.defaults is None else self.defaults(params)
-                )
+        validated = []
+        for i, (p, params) in enumerate(list(requests)):
+            try:  # the constraint factory runs here, once a generation
+                validated.append(self._validated(p, params))
             except ParameterError as e:  # which of them it is
                 raise ParameterError(f"request {i} of the batch: {e}") from None
-        return self._run(requests)
+        return self._run(validated)
 
-    def _run(self, requests: list) -> Iterator[tuple[int, RoundEvent]]:
+    def _run(self, validated: list) -> Iterator[tuple[int, RoundEvent]]:
+        if self.busy:  # another stream() began since this one was made
+            raise RuntimeError("stream() runs its own requests: this BatchDecoder is busy")
         ids: dict[int, int] = {}
         try:
-            for i, (p, params) in enumerate(requests):  # validated by stream
-                ids[self.add(p, params)] = i
+            for i, (prompt, run) in enumerate(validated):
+                ids[self._enqueue(prompt, run, None, None, None)] = i
             while self.busy:
                 for rid, event in self.step():
                     if event.error is not None:  # one failed: the run ends with its error

@@ -12,13 +12,16 @@ from typing import Iterator
 
 @contextmanager
 def whole_step() -> Iterator[None]:
-    """Inside: SIGINT and SIGTERM are noted, not acted on; leaving, a noted one raises
-    KeyboardInterrupt. Off the main thread (no signal handlers there) signals go on as ever."""
+    """Inside: SIGINT and SIGTERM are noted, not acted on; leaving, a noted one goes to the
+    handler it would have met (Python's: KeyboardInterrupt; the CLI's SIGTERM: the same). An
+    ignored signal stays ignored; off the main thread (no handlers there) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     noted: list[int] = []
-    wanted = (signal.SIGINT, signal.SIGTERM)
+    wanted = [
+        s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN
+    ]
     saved = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in wanted}
     try:
         yield
@@ -26,4 +29,4 @@ def whole_step() -> Iterator[None]:
         for s, handler in saved.items():
             signal.signal(s, handler)
     if noted:
-        raise KeyboardInterrupt
+        signal.raise_signal(noted[0])

@@ -338,10 +338,10 @@ class Trainer:
                     }
                     if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
                         self._evaluate(rec)
-                if on_step:
-                    on_step(rec)
-                if self.step % cfg.checkpoint_every == 0:
-                    self.save_checkpoint()
+                    if on_step:
+                        on_step(rec)
+                    if self.step % cfg.checkpoint_every == 0:  # a save is whole too
+                        self.save_checkpoint()
         except KeyboardInterrupt:
             self.save_checkpoint()
             self.log(f"interrupted: checkpoint saved at step {self.step} in {self.ckpt}")
