@@ -169,60 +169,108 @@ _REGEX_KEYS = ("pattern", "format")  # a format is a regex to llguidance too
 
 def patterns_at_once(schema) -> int:
     """The most regexes (`pattern`, `format`) one value of `schema` must match together: the
-    branches of allOf and a $ref merged into the schema holding them (their properties, items
-    and so on by where they apply), an anyOf / oneOf alternative counted by its largest."""
-    defs: dict = {}
-    if isinstance(schema, dict):
-        for k in ("$defs", "definitions"):
-            if isinstance(schema.get(k), dict):
-                defs.update(schema[k])
-    seen: dict[str, dict] = {}  # a definition's counts, once (a cycle counts nothing more)
+    branches of allOf and a $ref (a JSON pointer from the root) merged into the schema holding
+    them, by where they apply — a property by its name, where additionalProperties and every
+    patternProperties apply too; an item by its place, where `items` applies too — and an
+    anyOf / oneOf alternative counted by its largest."""
+    counts = _RegexCounts(schema).at(schema)
+    wild = {where: n for where, n in counts.items() if _ANY in where}
+    if len(wild) > 256:  # too many places to pair up: refused as that many
+        return len(wild)
+    return max((n + _meeting(wild, at) for at, n in counts.items()), default=0)
 
-    def counts(node) -> dict:
-        """{where: regexes} for the values under `node` (where: the keys down to them)."""
+
+_ANY = "*"  # a place that any name (or index) stands in: additionalProperties, items
+
+
+def _meeting(wild: dict, at: tuple) -> int:
+    """The regexes of the other places written with _ANY where `at` has a name or index."""
+    return sum(
+        n
+        for where, n in wild.items()
+        if where != at and len(where) == len(at) and all(w in (a, _ANY) for w, a in zip(where, at))
+    )
+
+
+class _RegexCounts:
+    """{place: regexes} of a schema's values (place: ("p", name) / ("i", index) steps)."""
+
+    def __init__(self, root):
+        self.root, self.refs = root, {}  # a $ref's counts, once (a cycle adds nothing more)
+
+    def at(self, node) -> dict:
         out: dict = {}
         if not isinstance(node, dict):
             return out
-
-        def add(more: dict, prefix: tuple = ()) -> None:
-            for at, n in more.items():
-                out[prefix + at] = out.get(prefix + at, 0) + n
-
-        add({(): sum(isinstance(node.get(k), str) for k in _REGEX_KEYS)})
-        for branch in node.get("allOf") if isinstance(node.get("allOf"), list) else ():
-            add(counts(branch))
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            name = ref.rsplit("/", 1)[-1]
-            if name not in seen:
-                seen[name] = {}
-                seen[name] = counts(defs.get(name))
-            add(seen[name])
+        _add(out, {(): sum(isinstance(node.get(k), str) for k in _REGEX_KEYS)})
+        for branch in _listed(node.get("allOf")):
+            _add(out, self.at(branch))
+        if isinstance(node.get("$ref"), str):
+            _add(out, self._ref(node["$ref"]))
         for key in ("anyOf", "oneOf"):
-            alternatives = node.get(key) if isinstance(node.get(key), list) else ()
             most: dict = {}
-            for branch in alternatives:
-                for at, n in counts(branch).items():
-                    most[at] = max(most.get(at, 0), n)
-            add(most)
-        for key, sub in node.items():
-            if (
-                key in _SCHEMA_MAPS
-                and key not in ("$defs", "definitions")
-                and isinstance(sub, dict)
-            ):
-                for name, child in sub.items():
-                    add(counts(child), (key, name))
-            elif key in ("items", "additionalProperties", "contains", "not") and isinstance(
-                sub, dict
-            ):
-                add(counts(sub), (key,))
-            elif key == "prefixItems" and isinstance(sub, list):
-                for i, child in enumerate(sub):
-                    add(counts(child), (key, i))
+            for branch in _listed(node.get(key)):
+                for where, n in self.at(branch).items():
+                    most[where] = max(most.get(where, 0), n)
+            _add(out, most)
+        for step, child in _children(node):
+            _add(out, self.at(child), step)
         return out
 
-    return max(counts(schema).values(), default=0)
+    def _ref(self, ref: str) -> dict:
+        if ref not in self.refs:
+            self.refs[ref] = {}
+            self.refs[ref] = self.at(_pointed(self.root, ref))
+        return self.refs[ref]
+
+
+def _add(out: dict, more: dict, step: tuple = ()) -> None:
+    for where, n in more.items():
+        if n:
+            out[step + where] = out.get(step + where, 0) + n
+
+
+def _listed(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _children(node: dict):
+    """(place step, subschema) of the values inside `node`'s."""
+    for name, child in (
+        (node.get("properties") or {}).items() if isinstance(node.get("properties"), dict) else ()
+    ):
+        yield ("p", name), child
+    for child in (
+        (node.get("patternProperties") or {}).values()
+        if isinstance(node.get("patternProperties"), dict)
+        else ()
+    ):
+        yield ("p", _ANY), child
+    for key, step in (("additionalProperties", ("p", _ANY)), ("contains", ("i", _ANY))):
+        yield step, node.get(key)
+    items = node.get("items")
+    if isinstance(items, list):  # the older form of prefixItems
+        yield from ((("i", i), child) for i, child in enumerate(items))
+    else:
+        yield ("i", _ANY), items
+    yield ("i", _ANY), node.get("additionalItems")
+    yield from ((("i", i), child) for i, child in enumerate(_listed(node.get("prefixItems"))))
+
+
+def _pointed(root, ref: str):
+    """What a JSON pointer `ref` ("#/$defs/A/properties/b") names in `root`; None: nothing."""
+    if not ref.startswith("#"):
+        return None
+    node = root
+    for part in ref[1:].split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
 
 
 def check_patterns_at_once(schema) -> None:

@@ -316,6 +316,12 @@ def test_a_schema_of_many_patterns_at_once_is_a_fast_400_and_the_server_goes_on(
     assert post(hidden).status_code == 400
     deep = {"allOf": [{"type": "object", "properties": {"a": pattern(i)}} for i in range(9)]}
     assert post(deep).status_code == 400
+    inner = {"properties": {"b": {"allOf": [pattern(i) for i in range(19)]}}}  # a JSON pointer
+    pointed = {"$defs": {"A": inner}, "properties": {"x": {"$ref": "#/$defs/A/properties/b"}}}
+    assert post(pointed).status_code == 400
+    some = {"allOf": [pattern(i) for i in range(5)]}  # 5 + 5 on one key: additionalProperties
+    merged = {"allOf": [{"properties": {"a": some}}, {"additionalProperties": some}]}
+    assert post(merged).status_code == 400
     eight = post({"allOf": [pattern(i) for i in range(8)]})  # llguidance's to judge (fast)
     assert "at once" not in eight.text and time.monotonic() - started < 20
     for fine in (
