@@ -1090,6 +1090,7 @@ def test_a_call_max_tokens_cuts_is_no_markup_on_any_endpoint(client, tool_url):
     markup in content, whole or streamed, on chat and on the Responses API (which said
     "incomplete" with a message item of the markup)."""
     kw = dict(tools=[SKY], tool_choice="required", max_tokens=3)
+    before = metric(httpx.get(tool_url + "/metrics").text, "dflash2_dropped_tool_calls_total")
     whole = ask(client, tt.ASK, **kw).choices[0]
     assert whole.finish_reason == "length" and not whole.message.tool_calls
     assert "<tool" not in (whole.message.content or "")
@@ -1105,3 +1106,5 @@ def test_a_call_max_tokens_cuts_is_no_markup_on_any_endpoint(client, tool_url):
     )
     assert r.status == "incomplete" and "<tool" not in r.output_text
     assert [o.type for o in r.output if o.type != "reasoning"] in ([], ["message"])
+    after = metric(httpx.get(tool_url + "/metrics").text, "dflash2_dropped_tool_calls_total")
+    assert after - before == 3  # whole, streamed, Responses: each counted

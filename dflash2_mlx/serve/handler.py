@@ -276,7 +276,8 @@ class Handler:
     def _finished(self, reply: ChatReply, replies: list | None = None) -> ReplyStats:
         """A finished chat reply's statistics, counted in /metrics (and added to `replies`)."""
         counted = ReplyStats(len(reply.calls), reply.thinking.stats)
-        self.worker.metrics.count_reply(counted.tool_calls, reply.unparsed, counted.thinking)
+        metrics = self.worker.metrics
+        metrics.count_reply(counted.tool_calls, reply.unparsed, counted.thinking, reply.dropped)
         if replies is not None:
             replies.append(counted)
         return counted

@@ -68,6 +68,7 @@ class Metrics:
         self.queue_depth = 0  # waiting, not yet started
         self.tool_calls = 0
         self.unparsed_tool_calls = 0
+        self.dropped_tool_calls = 0  # cut before their end (max_tokens, a stop string)
         self.reasoning = ThinkingStats()  # summed over finished chat replies
         self.in_flight = 0  # generating now (rows of the batch, and those joining it)
         self.batch_size = 0  # rows verified together in the latest round (0: idle)
@@ -99,11 +100,15 @@ class Metrics:
             self.generation_seconds += seconds
             self.cancelled += int(cancelled)
 
-    def count_reply(self, tool_calls: int, unparsed: int, thinking: ThinkingStats) -> None:
-        """A finished chat reply: its tool calls and its thinking section."""
+    def count_reply(
+        self, tool_calls: int, unparsed: int, thinking: ThinkingStats, dropped: int = 0
+    ) -> None:
+        """A finished chat reply: its tool calls (returned, refused by the parser, cut and
+        dropped) and its thinking section."""
         with self._lock:
             self.tool_calls += tool_calls
             self.unparsed_tool_calls += unparsed
+            self.dropped_tool_calls += dropped
             r = self.reasoning
             r.tokens, r.rounds = r.tokens + thinking.tokens, r.rounds + thinking.rounds
             r.drafted, r.accepted = r.drafted + thinking.drafted, r.accepted + thinking.accepted
@@ -230,6 +235,12 @@ _SCALARS = (
         "counter",
         "Tool-call texts the tool parser refused (returned as content).",
         "unparsed_tool_calls",
+    ),
+    (
+        "dflash2_dropped_tool_calls_total",
+        "counter",
+        "Tool calls cut before their end (max_tokens, a stop string): dropped, no content.",
+        "dropped_tool_calls",
     ),
     (
         "dflash2_reasoning_tokens_total",
