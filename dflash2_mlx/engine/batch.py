@@ -149,7 +149,7 @@ class BatchDecoder:
         if session is not None:
             session.hold(self)
         rid, self._next_id = self._next_id, self._next_id + 1
-        now = time.perf_counter()
+        now = time.perf_counter()  # its queue wait starts
         self.waiting.append(Waiting(rid, prompt, run, session, cancel, on_prefill, now))
         return rid
 
@@ -366,8 +366,6 @@ class BatchDecoder:
         """Run `requests` (prompt ids, params) to the end, up to `max_batch` at a time;
         yields (index into requests, event). All are validated here, at the call: a bad one
         raises before any runs (as `stream` does alone)."""
-        if self.busy:
-            raise RuntimeError("stream() runs its own requests: this BatchDecoder is busy")
         validated = []
         for i, (p, params) in enumerate(list(requests)):
             try:  # the constraint factory runs here, once a generation
@@ -377,7 +375,7 @@ class BatchDecoder:
         return self._run(validated)
 
     def _run(self, validated: list) -> Iterator[tuple[int, RoundEvent]]:
-        if self.busy:  # another stream() began since this one was made
+        if self.busy:  # another stream() runs (begun, maybe, since this one was made)
             raise RuntimeError("stream() runs its own requests: this BatchDecoder is busy")
         ids: dict[int, int] = {}
         try:
