@@ -39,9 +39,10 @@ _LIMIT = re.compile(r"max is \d+|too many", re.IGNORECASE)
 
 def _beyond_limits(error: str | None) -> ParameterError:
     return ParameterError(
-        "the reply's schema (response_format, or the strict tools' parameters) is beyond "
-        f"what the grammar engine can follow: {_brief(error or '')}; simplify it (fewer "
-        "strict tools, or a shorter repetition count in a pattern, say)"
+        "the reply's schema (response_format, or the parameters of tools held to theirs: "
+        "strict, or under a forced tool_choice) is beyond what the grammar engine can follow: "
+        f"{_brief(error or '')}; simplify it (fewer tools, or a shorter repetition count in a "
+        "pattern, say)"
     )
 
 
@@ -373,7 +374,8 @@ class GrammarConstraint:
         finished reply."""
         if not self.matcher.is_accepting():
             raise ParameterError(
-                "the reply's schema (response_format, or a strict tool's parameters) admits no "
+                "the reply's schema (response_format, or a tool's parameters held to it: "
+                "strict, or under a forced tool_choice) admits no "
                 "complete value from where the reply got to (a $ref cycle with no base case, "
                 "or a key or pattern this model's tokens cannot spell)"
             )
