@@ -65,7 +65,7 @@ class Pair:
         model,
         tokenizer,
         drafter: Drafter,
-        prefill_chunk: int = 512,
+        prefill_chunk: int | None = None,
         lookup: int = DEFAULT_LOOKUP,
         datastore: Datastore | None = None,
     ) -> "Pair":

@@ -139,3 +139,14 @@ def test_the_readme_streaming_example(tiny_pair):
     assert "".join(c.text for c in chunks) == whole.text
     assert [t for c in chunks for t in c.event.tokens] == whole.tokens
     assert chunks[-1].finish_reason in ("stop", "length")
+
+
+def test_the_prefill_chunk_is_the_devices_unless_given(pairs):
+    """256 prompt tokens a chunk on the CPU (faster there than 512, and a cancel between
+    chunks comes sooner), 512 on a GPU; a given one is kept."""
+    import mlx.core as mx
+
+    p, _ = pairs
+    assert p.decoder.prefill_chunk == (256 if mx.default_device() == mx.cpu else 512)
+    given = Pair.from_models(p.model, p.tokenizer, p.drafter, prefill_chunk=64)
+    assert given.decoder.prefill_chunk == 64

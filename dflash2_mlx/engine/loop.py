@@ -19,7 +19,7 @@ from .datastore import DEFAULT_DATASTORE_LENGTH, Datastore
 from .events import RoundEvent
 from .generation import GenerationParams, _Run, cut, shape_logits, token_ids
 from .lookup import DEFAULT_LOOKUP_BLOCK, ContextLookup, PredictionLookup
-from .prefill import Prefill, _Cancelled
+from .prefill import Prefill, _Cancelled, default_prefill_chunk
 from .proposal import NOTHING, Proposal
 from ..sampling import SamplingParams
 from .acceptance import accept
@@ -41,17 +41,19 @@ class SpeculativeDecoder:
     committed tokens when there is one (up to GenerationParams.lookup_block tokens verified),
     else the drafter's block (engine/lookup.py); 0: the drafter always. `datastore`: when
     neither lookup nor the prediction proposes, the most frequent continuation of the context
-    in an index of the target's own past answers (engine/datastore.py); None: off."""
+    in an index of the target's own past answers (engine/datastore.py); None: off.
+    `prefill_chunk`: prompt tokens a prefill chunk (None: prefill.default_prefill_chunk)."""
 
     def __init__(
         self,
         target: TargetAdapter,
         drafter: Drafter,
-        prefill_chunk: int = 512,
+        prefill_chunk: int | None = None,
         lookup: int = 0,
         datastore: Datastore | None = None,
     ):
         check_lookup(lookup)
+        prefill_chunk = default_prefill_chunk() if prefill_chunk is None else prefill_chunk
         if not isinstance(target, TargetAdapter):  # a bare mlx-lm model: Pair.from_models
             raise ParameterError(
                 f"target must be a TargetAdapter (TargetAdapter(model, "

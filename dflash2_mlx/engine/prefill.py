@@ -21,6 +21,14 @@ from ..sampling import SamplingParams, pick
 from .session import drafter_offset
 
 
+def default_prefill_chunk() -> int:
+    """Prompt tokens a prefill chunk: 256 on the CPU, where MLX's attention is composed of
+    plain ops and chunks of 256 ran 6-10 % faster than of 512 (600 / 1,024 / 3,072-token
+    prompts, SmolLM2, an Intel Xeon) and a cancel between chunks comes twice as soon; 512
+    on a GPU."""
+    return 256 if mx.default_device() == mx.cpu else 512
+
+
 class _Cancelled(Exception):
     """Raised between prefill chunks when the caller's `cancel` says so."""
 
