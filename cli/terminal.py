@@ -126,16 +126,15 @@ def ends_on_hangup() -> Iterator[None]:
     def stop(signum, frame):
         raise SystemExit(128 + signum)
 
-    wanted = [s for s in ("SIGTERM", "SIGHUP") if hasattr(signal, s)]
-    ignored = [s for s in wanted if signal.getsignal(getattr(signal, s)) is signal.SIG_IGN]
+    wanted = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
     saved = {  # an ignored one (nohup's SIGHUP) stays ignored
-        name: signal.signal(getattr(signal, name), stop) for name in wanted if name not in ignored
+        s: signal.signal(s, stop) for s in wanted if signal.getsignal(s) is not signal.SIG_IGN
     }
     try:
         yield
     finally:
-        for name, handler in saved.items():
-            signal.signal(getattr(signal, name), handler)
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 def text_row(table, *cells, **row) -> None:
