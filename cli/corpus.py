@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from .common import fail
-from .stop_flag import terminate_as_interrupt
+from .stop_flag import interrupt_status, terminate_as_interrupt
 
 SOURCE_NAMES = "chitchat,wiki,python-docs"
 
@@ -81,9 +81,9 @@ def corpus(
     try:
         with terminate_as_interrupt(), progress:
             manifest = build_corpus(cfg, tokenizer, name, on_progress, log=progress.console.print)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         console.print("[yellow]stopped; rerun the same command: the downloads are kept[/]")
-        raise typer.Exit(130)
+        raise typer.Exit(interrupt_status(e))
     console.print(escape(f"{manifest['tokens']:,} tokens in {out} (manifest.json, DATACARD.md)"))
 
 

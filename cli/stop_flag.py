@@ -26,14 +26,23 @@ class StopFlag:
         signal.signal(signal.SIGINT, self.old)
 
 
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as Ctrl-C is, so one handler saves the work of both."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated
+
+
+def interrupt_status(e: KeyboardInterrupt) -> int:
+    """The exit status a shell and a scheduler read: 128 + the signal's number."""
+    return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
 
 
 @contextmanager
 def terminate_as_interrupt():
     """Inside: SIGTERM (`kill`, a scheduler) stops the command as Ctrl-C does."""
-    before = signal.signal(signal.SIGTERM, _raise_interrupt)
+    before = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
     finally:

@@ -14,7 +14,7 @@ from dflash2_mlx.train.config import TrainConfig  # its fields are the defaults 
 from dflash2_mlx.train.pipeline_config import PipelineConfig, prompt_parts
 
 from .common import fail, given_params, number_list
-from .stop_flag import terminate_as_interrupt
+from .stop_flag import interrupt_status, terminate_as_interrupt
 from .train_progress import training_progress
 
 
@@ -296,9 +296,9 @@ def _run_training(pc, tc, *, ablation: bool, target: str) -> None:
                 summary = run_ablation(pc, tc, log=say, on_step=on_step)
             else:
                 result = run_pipeline(pc, tc, log=say, on_step=on_step)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         console.print("[yellow]stopped; rerun the same command to resume[/]")
-        raise typer.Exit(130)
+        raise typer.Exit(interrupt_status(e))
     if ablation:
         for name, r in summary["variants"].items():
             gain = r["gain_over_dflash"]

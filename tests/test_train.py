@@ -1088,7 +1088,7 @@ def test_a_kill_mid_training_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
         time.sleep(0.1)  # training: its first checkpoint (every 100 steps) is written
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, out
+    assert proc.returncode == 128 + signal.SIGTERM, out  # 143: what a scheduler reads
     assert "interrupted: checkpoint saved at step" in out and "rerun the same command" in out
     saved = json.loads((ckpt / "state.json").read_text())
     assert saved["step"] >= 100 and not ckpt.with_name("checkpoint.tmp").exists()
