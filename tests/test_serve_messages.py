@@ -235,6 +235,17 @@ def test_what_claude_code_sends_by_default(client, url, pair):  # noqa: F811
         ),
         ({"stop_sequences": "x"}, "stop_sequences"),
         ({"messages": []}, "at least one message"),
+        # empty turns: Anthropic's 400s (only a final assistant prefill may be empty)
+        ({"messages": [{"role": "user", "content": ""}]}, "messages[0]: all messages must"),
+        ({"messages": [{"role": "user", "content": []}]}, "messages[0]: all messages must"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+            "messages[0].content[0]: text content blocks must be non-empty",
+        ),
+        (
+            {"messages": [*tt.HI, {"role": "assistant", "content": ""}, *tt.HI]},
+            "messages[1]: all messages must",
+        ),
         ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages[0].name"),
         ({"thinking": {"type": "adaptive", "budget_tokens": 9}}, "thinking.budget_tokens"),
         ({"tools": [TOOL], "tool_choice": {"type": "any", "name": "f"}}, "tool_choice.name"),

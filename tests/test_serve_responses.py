@@ -241,6 +241,11 @@ def test_structured_output_through_text_format(client):
     chat = ask(client, tt.HI, response_format=chat_fmt, max_tokens=120)
     assert r.output_text == chat.choices[0].message.content
     assert r.text.format.type == "json_schema"
+    # verbosity "medium" is OpenAI's default, what clients send: it changes nothing
+    same = respond(
+        client, tt.HI, text={"format": fmt, "verbosity": "medium"}, max_output_tokens=120
+    )
+    assert same.output_text == r.output_text
 
 
 def test_cut_by_max_output_tokens_is_incomplete(client):
@@ -290,6 +295,7 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
         ({"text": {"format": {"type": "json_schema", "schema": 3}}}, "text.format.schema"),
         ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
         ({"reasoning": {"effort": "huge"}}, "reasoning.effort"),
+        ({"text": {"verbosity": "low"}}, "text.verbosity"),
         ({"frobnicate": 1}, "frobnicate"),
         ({"reasoning": {"effort": []}}, "reasoning.effort"),
         ({"reasoning": {"effort": "none"}, "chat_template_kwargs": 3}, "chat_template_kwargs"),

@@ -118,6 +118,12 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
         check_object(m, where, ("role", "content"))
         role, content = m.get("role"), m.get("content")
         _check_role(f"{where}.role", role)
+        if content in ("", []) and not (role == "assistant" and i == len(items) - 1):
+            raise invalid(
+                f"{where}.content",
+                f"{where}: all messages must have non-empty content except for the optional "
+                "final assistant message",
+            )
         if isinstance(content, str):
             add({"role": role, "content": content}, where)
             continue
@@ -152,6 +158,8 @@ def _block(at: str, role: str, block) -> tuple[str | None, object]:
     if kind == "text":
         if not isinstance(block.get("text"), str):
             raise invalid(f"{at}.text", f"{at}.text must be a string", "invalid_type")
+        if not block["text"]:  # as Anthropic's API: a client bug, not an empty turn
+            raise invalid(f"{at}.text", f"{at}: text content blocks must be non-empty")
         return "text", block["text"]
     if kind == "tool_use" and role == "assistant":
         return "call", _call(at, block)

@@ -129,8 +129,12 @@ def apply_text_format(text, chat: dict) -> None:
     if text is None:
         return
     check_object(text, "text", ("format", "verbosity"))
-    if text.get("verbosity") is not None:
-        raise invalid("text.verbosity", "verbosity is not supported", "unsupported_parameter")
+    if text.get("verbosity") not in (None, "medium"):  # "medium": OpenAI's default
+        raise invalid(
+            "text.verbosity",
+            'only verbosity "medium" (the default) is supported',
+            "unsupported_parameter",
+        )
     fmt = text.get("format")
     if fmt is None:
         return

@@ -47,7 +47,7 @@ _CHAT_ONLY = {
     ),
     "modalities": (lambda v: v is None or v == ["text"], "only text output is supported"),
     "audio": (_neutral(None), "audio output is not supported"),
-    "verbosity": (_neutral(None), "verbosity is not supported"),
+    "verbosity": (_neutral(None, "medium"), 'only verbosity "medium" (the default) is supported'),
     "web_search_options": (_neutral(None), "web search is not supported"),
     "store": (_neutral(None, False), "stored completions are not supported"),
 }
