@@ -154,6 +154,9 @@ def run(argv: list[str] | None = None) -> int:
             print_error(f"unexpected end of data: {str(exc.__context__) or 'EOFError'}")
             return 1
         return 130
+    except PermissionError as exc:  # a folder or file the user may not open: one line
+        print_error(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
+        return EXIT_USAGE
     except BrokenPipeError:  # `dflash2 ... | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

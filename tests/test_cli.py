@@ -232,6 +232,43 @@ def test_console_script_error_has_no_traceback():
         assert "Traceback" not in out.stderr
 
 
+def _without_root_bypass() -> list[str]:
+    """A command prefix under which file permissions apply (root's are dropped by setpriv)."""
+    if os.geteuid() != 0:
+        return []
+    import shutil
+
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: permissions cannot apply")
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
+
+
+@pytest.mark.parametrize("command", ["chat", "bench"])
+def test_a_model_folder_one_may_not_open_is_one_line(tmp_path, command):
+    """chmod 000 on the model folder: Path.is_file raises PermissionError there (Python
+    3.11): one line naming the file, exit 2, no traceback."""
+    from tiny_pair import save_pair
+
+    target, drafter = save_pair(tmp_path)
+    target.chmod(0)
+    argv = [command, "--target", str(target), "--drafter", str(drafter), "--max-tokens", "4"]
+    argv += ["-p", "hi"] if command == "chat" else ["--limit", "1", "--no-plot"]
+    try:
+        out = subprocess.run(
+            [*_without_root_bypass(), sys.executable, "-m", "dflash2_cli.app", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        target.chmod(0o755)
+    assert out.returncode == 2, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in out.stderr, out.stderr
+    assert last == f"error: {target / 'config.json'}: Permission denied", out.stderr
+
+
 # ------------------------------------------------------------------ models and pull
 @pytest.fixture
 def caches(hf_offline, dflash2_home):
