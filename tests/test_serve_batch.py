@@ -275,12 +275,50 @@ def test_queue_places_are_running_rows_plus_waiting(pair):
             )
             waiting.start()
             wait_for(lambda: worker.waiting == 1, what="a waiting request")
+            worker.recent_seconds = 4.0  # as if recent generations took 4 s
             r = httpx.post(base + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
             assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
-            assert int(r.headers["retry-after"]) == math.ceil((worker.recent_seconds or 1.0) * 1.5)
+            assert int(r.headers["retry-after"]) == math.ceil(4.0 * 1.5)
         waiting.join(60)
         r = httpx.post(base + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
         assert r.status_code == 200
+
+
+def test_a_client_hears_the_end_after_its_place_is_free(pair, monkeypatch):
+    """max_batch=1, max_queue=0: a client that sends its next request as soon as it has the
+    answer is never refused — the place is free (and the turn cached) before "done" (or an
+    error) is sent; it used to be freed after, and a sequential client got 503s."""
+    from dflash2_mlx.serve import jobs
+
+    app = create_app(pair, model_name="tiny", max_queue=0, max_batch=1, default_max_tokens=3)
+    worker, heard = app.state.worker, []
+    real = jobs.Job.emit
+
+    def emit(self, item):
+        if item.kind in ("done", "error"):
+            heard.append((item.kind, worker.running, worker.waiting))
+        real(self, item)
+
+    monkeypatch.setattr(jobs.Job, "emit", emit)
+    with running(app) as base:
+        for i in range(6):
+            body = {"prompt": f"q{i}", "max_tokens": 3, "temperature": 0, "stream": i % 2 == 1}
+            assert httpx.post(base + "/v1/completions", json=body, timeout=60).status_code == 200
+    assert heard == [("done", 0, 0)] * 6
+
+
+def test_retry_after_before_any_generation_finished(pair):
+    """No generation has finished yet: Retry-After is the longest running one's time so far
+    (times the requests ahead over the batch), not a flat second."""
+    app = create_app(pair, model_name="tiny", max_queue=0, max_batch=1, default_max_tokens=2)
+    worker = app.state.worker
+    with running(app) as base:
+        with holding(base, "zz"):
+            time.sleep(2.5)
+            assert worker.recent_seconds is None
+            r = httpx.post(base + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
+            assert r.status_code == 503, r.text
+            assert int(r.headers["retry-after"]) >= 3
 
 
 def test_a_failing_request_leaves_the_batch_alone(pair, url, monkeypatch, caplog):

@@ -52,6 +52,7 @@ class Job:
         # in log lines: the request's id (its x-request-id), else the job's number
         self.name = REQUEST_ID.get() or f"job {self.id}"
         self.submitted = time.perf_counter()  # reset when queued (Worker.submit)
+        self.began: float | None = None  # when it started running (Worker.begin)
 
     def emit(self, item: Item) -> None:
         try:

@@ -158,7 +158,10 @@ class Worker:
                     job.cancelled.set()
 
     def _retry_after(self) -> int:
-        per_job = self.recent_seconds or 1.0
+        per_job = self.recent_seconds
+        if per_job is None:  # none finished yet: the longest running so far, at least
+            now = time.perf_counter()
+            per_job = max((now - j.began for j in self._running if j.began), default=1.0)
         ahead = (self.waiting + self.running) / self.capacity  # batches' worth of requests
         return max(1, min(3600, math.ceil(per_job * ahead)))
 
@@ -172,6 +175,7 @@ class Worker:
             if job.state != "waiting":
                 return False
             job.state = "running"
+            job.began = time.perf_counter()
             self._queued.discard(job)
             self._running.add(job)
             self.waiting -= 1

@@ -152,8 +152,7 @@ class Scheduler:
             return
         if event.finish_reason is None:  # a stop string: its row leaves now
             self.batch.cancel(r.rid)
-        r.job.emit(Item("done"))
-        self._finish(r)
+        self._finish(r, Item("done"))
 
     def _sweep(self) -> None:
         """Jobs cancelled by their client or the server leave the batch at once."""
@@ -167,12 +166,13 @@ class Scheduler:
                 else f"during the prefill of its {len(job.prompt_ids)} prompt tokens"
             )
             log.info("%s cancelled %s: %s", job.name, when, why)
-            if job.stopped_by is not None:
-                job.emit(Item("error", error=job.stopped_by))
-            self._finish(r)
+            stopped = job.stopped_by
+            self._finish(r, None if stopped is None else Item("error", error=stopped))
 
-    def _finish(self, r: _Running) -> None:
-        """The job is through and its row has left the batch: its session goes back."""
+    def _finish(self, r: _Running, last: Item | None = None) -> None:
+        """The job is through and its row has left the batch: its session goes back. `last`
+        (done, or an error) reaches the client after its place is free and its turn cached,
+        so a next request it sends at once finds both."""
         if r.finished:
             return
         r.finished = True
@@ -182,6 +182,8 @@ class Scheduler:
                 r.lease.close()
         finally:
             self.worker.end(r.job, time.perf_counter() - r.started)
+            if last is not None:
+                r.job.emit(last)
 
     def _fail(self, r: _Running, e: Exception, logged: bool = False) -> None:
         """The job ends with `e` (a server bug: logged once, answered 500); its state is not
@@ -192,8 +194,7 @@ class Scheduler:
             return
         if r.lease is not None and r.rid >= 0:  # it ran: maybe not consistent, never stored
             r.lease.session.in_round = True
-        r.job.emit(Item("error", error=e))
-        self._finish(r)
+        self._finish(r, Item("error", error=e))
 
     def _fail_all(self, e: Exception) -> None:
         """A step failed: every running job gets the error; the batch starts over."""
