@@ -310,11 +310,24 @@ def _run_training(pc, tc, *, ablation: bool, target: str) -> None:
         console.print(escape(f"drafter written to {result['out']}"))
     target, drafter = shlex.quote(target), shlex.quote(str(result["out"]))  # as typed
     console.print(
-        escape(
-            f"try it: dflash2 chat --target {target} --drafter {drafter}\n"
-            f"{pc.work} ({_size(pc.work)}) holds the regenerations, features and checkpoint a "
-            "rerun resumes from: delete it once this drafter is final"
-        )
+        escape(f"try it: dflash2 chat --target {target} --drafter {drafter}\n{_work_note(pc.work)}")
+    )
+
+
+def _work_note(work: Path) -> str:
+    """What --work holds and what to delete: never a user's own files beside the work."""
+    from dflash2_mlx.train.preflight import WORK_IDENTITY, WORK_PREFIXES, files_not_ours
+
+    theirs = files_not_ours(work)
+    delete = (
+        f"delete its {', '.join(f'{p}*' for p in WORK_PREFIXES)} and {WORK_IDENTITY} once this "
+        f"drafter is final (other files there are not train's: {', '.join(theirs[:3])})"
+        if theirs
+        else "delete it once this drafter is final"
+    )
+    return (
+        f"{work} ({_size(work)}) holds the regenerations, features and checkpoint a rerun "
+        f"resumes from: {delete}"
     )
 
 

@@ -1172,3 +1172,19 @@ def test_default_layer_ids_are_distinct_on_a_shallow_target_and_repeats_are_refu
     repeated = TrainConfig(layers=1, block_size=4, mask_token_id=95, target_layer_ids=(0, 2, 0))
     with pytest.raises(DFlash2Error, match=r"\[0, 2, 0\] name a layer twice"):
         drafter_config_for(adapter, TARGET_CFG, repeated)
+
+
+def test_the_closing_note_never_says_to_delete_a_users_files(tmp_path):
+    """`--work .` in a folder of one's own: the note names train's files to delete, not the
+    folder; a folder of train's files alone may go whole."""
+    from dflash2_cli.train import _work_note
+
+    work = tmp_path / "w"
+    (work / "run-out").mkdir(parents=True)
+    for name in ("regen_train.jsonl", "features_train_abc", "work.json", ".hidden"):
+        (work / name).write_text("x")
+    assert _work_note(work).endswith("delete it once this drafter is final")
+    (work / "thesis.tex").write_text("mine")
+    note = _work_note(work)
+    assert "delete it once" not in note and "regen_*" in note and "run-*" in note, note
+    assert "other files there are not train's: thesis.tex" in note, note

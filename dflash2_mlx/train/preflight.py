@@ -256,6 +256,17 @@ def check_anchorable(train: list, block: int, what: str = "training") -> None:
 
 
 WORK_IDENTITY = "work.json"
+# the names pipeline.py gives what it writes in --work
+WORK_PREFIXES = ("regen_", "features_", "run-", "stream_")
+
+
+def files_not_ours(work: Path) -> list[str]:
+    """The names in --work that dflash2 train did not write (a staged prompt file, a user's
+    own files where --work named a folder of theirs): never to be deleted with its work."""
+    if not work.is_dir():
+        return []
+    names = (p.name for p in work.iterdir() if not p.name.startswith("."))
+    return sorted(n for n in names if n != WORK_IDENTITY and not n.startswith(WORK_PREFIXES))
 
 
 def target_fingerprint(target: Path) -> str:
