@@ -94,6 +94,13 @@ class BenchOptions:
                 "--thinking/--no-thinking" if name == "thinking" else "--" + name.replace("_", "-")
             )
             fail(f"{flag} needs a model run: --kernels alone times the kernels only (add a MODEL)")
+        plots = not (self.no_plot or self.autotune or self.concurrency or self.kernels_only)
+        png = Path(self.plot) if self.plot is not None else Path(self.json_path).with_suffix(".png")
+        if plots and png.resolve() == Path(self.json_path).resolve():
+            fail(
+                f"--json {self.json_path}: the plot would be written over it; give --plot "
+                "another path (or --no-plot)"
+            )
         if self.concurrency and "context" in self.given:
             fail(
                 "--context sets the cache depth the speed benchmark and --autotune time at; "

@@ -295,6 +295,9 @@ def test_bench_kernels_alone_loads_no_model(tmp_path, capsys, monkeypatch):
         (["--concurrency", "2", "--autotune"], "separate modes"),
         (["--concurrency", "2", "--block", "2,4"], "--concurrency takes one --block"),
         (["--concurrency", "2", "--plot", "a.png"], "--concurrency writes no plot"),
+        # one file for both: the JSON would replace the plot (or the plot the JSON)
+        (["--json", "out.png"], "--json out.png: the plot would be written over it"),
+        (["--json", "o.json", "--plot", "o.json"], "--json o.json: the plot would be written"),
     ],
 )
 def test_user_errors_are_one_line(argv, message, capsys):
