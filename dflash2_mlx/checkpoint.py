@@ -134,7 +134,25 @@ def read_config(folder: Path, mask_token_id: int | None = None) -> DrafterConfig
         raise ConfigError(f"{cfg_path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
     except (OSError, UnicodeDecodeError) as exc:  # a folder, unreadable, not text
         raise ConfigError(f"{cfg_path}: cannot read it: {exc}") from None
+    if _is_a_model_config(raw):
+        raise CheckpointError(
+            f"{folder} is a {raw['model_type']} model, not a DFlash drafter (its config.json "
+            "has no dflash_config): give it as the target, and as the drafter one trained for it"
+        )
     return DrafterConfig.from_dict(raw, str(cfg_path), mask_token_id=mask_token_id)
+
+
+def _is_a_model_config(raw) -> bool:
+    """A model's config.json (the target given as the drafter): no field a drafter has."""
+    drafter_fields = ("dflash_config", "target_layer_ids", "num_target_layers", "block_size")
+    archs = raw.get("architectures") if isinstance(raw, dict) else None
+    named = isinstance(archs, list) and any("DFlash" in str(a) for a in archs)
+    return (
+        isinstance(raw, dict)
+        and isinstance(raw.get("model_type"), str)
+        and not named
+        and not any(f in raw for f in drafter_fields)
+    )
 
 
 def read_weights(folder: Path) -> dict[str, mx.array]:
