@@ -173,3 +173,25 @@ def test_dflash2_with_identity_conv_and_zero_successors_drafts_like_v1():
     drafts_v1 = mx.argmax(v1.logits(h1), axis=-1).tolist()
     sel = v2.select(h2, v2.logits(h2), mx.array(26), 0.0)
     assert sel.tokens.tolist() == drafts_v1
+
+
+def test_candidates_come_in_id_order_whatever_their_scores():
+    """A sampled walk's draws follow the candidates' order, so it must not move with float
+    noise: the same top-16 set with its scores permuted (argpartition's order follows them)
+    gives the same ids in the same order, ascending, each with its own score."""
+    from dflash2_mlx.drafter.selector import CandidateSelector
+
+    rng = np.random.default_rng(0)
+    sel = CandidateSelector(hidden_size=8, vocab_size=512, rank=4, top_k=16)
+    logits = rng.normal(size=(3, 512)).astype(np.float32)
+    top = np.stack([rng.choice(512, sel.top_k, replace=False) for _ in range(3)])
+    for r in range(3):
+        logits[r, top[r]] = 5 + rng.random(sel.top_k)
+    permuted = logits.copy()
+    for r in range(3):
+        permuted[r, top[r]] = logits[r, top[r]][::-1]
+    ids, scores = sel.candidates(mx.array(logits))
+    ids2, _ = sel.candidates(mx.array(permuted))
+    assert np.array_equal(np.array(ids), np.sort(top, axis=-1))
+    assert np.array_equal(np.array(ids), np.array(ids2))
+    assert np.array_equal(np.array(scores), np.take_along_axis(logits, np.array(ids), axis=-1))

@@ -53,9 +53,10 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = mx.zeros((vocab_size, rank))
 
     def candidates(self, logits: mx.array) -> tuple[mx.array, mx.array]:
-        """Top-K ids (unsorted, argpartition order) and their unary scores."""
+        """Top-K ids (ascending: argpartition's order moves with float noise far from the
+        top, and a sampled walk's draws follow the candidates' order) and their unary scores."""
         k = min(self.top_k, logits.shape[-1])
-        ids = mx.argpartition(logits, -k, axis=-1)[..., -k:]
+        ids = mx.sort(mx.argpartition(logits, -k, axis=-1)[..., -k:], axis=-1)
         return ids, mx.take_along_axis(logits, ids, axis=-1)
 
     def lattice(
