@@ -213,11 +213,11 @@ def default_thinking(tokenizer) -> bool | None:
     return True if left_out == on != off else False if left_out == off != on else None
 
 
-def _names_a_file(path) -> bool:
-    """False where `path` cannot name a file: a template's text often has a stretch longer
-    than a file name may be (OSError) or a NUL (ValueError)."""
+def _names_a(path, kind: str = "file") -> bool:
+    """False where `path` cannot name a file or folder: a template's text often has a
+    stretch longer than a file name may be (OSError) or a NUL (ValueError)."""
     try:
-        return path.is_file()
+        return path.is_file() if kind == "file" else path.is_dir()
     except (OSError, ValueError):
         return False
 
@@ -233,7 +233,11 @@ def read_chat_template(value: str) -> str:
     if not (isinstance(value, str) and value.strip()):
         raise ParameterError(f"chat_template must be a non-empty string, got {value!r}")
     path = Path(value).expanduser()
-    if _names_a_file(path):
+    if _names_a(path, "folder"):
+        raise ParameterError(
+            f"chat template {path}: is a folder; give a Jinja file or a tokenizer_config.json"
+        )
+    if _names_a(path):
         try:
             text = path.read_text(encoding="utf-8")
             if path.suffix == ".json":

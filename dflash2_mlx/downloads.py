@@ -86,9 +86,12 @@ def fetch(
             else "the hub cannot be reached: download it where it can (`dflash2 pull` fetches "
             "ahead of time into this cache)"
         )
+        local = Path(str(path_or_repo)).expanduser()
+        folder = local.parent.is_dir() and local.parent != Path(".")  # a mistyped local path?
         raise FetchError(
-            f"{what} {path_or_repo}: not in the local Hugging Face cache; {why}, "
-            "or pass a local folder"
+            f"{what} {path_or_repo}: "
+            + (f"no such folder in {local.parent}, and " if folder else "")
+            + f"not in the local Hugging Face cache; {why}, or pass a local folder"
         ) from None
     except GatedRepoError:
         raise FetchError(

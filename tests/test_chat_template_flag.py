@@ -48,6 +48,7 @@ def test_read_chat_template_from_a_file_a_config_or_the_text(tmp_path):
         ("nosuch.jinja", "no such file, and not a Jinja template"),
         (str(tmp_path / "empty.json"), "no 'chat_template' string in it"),
         (str(tmp_path / "blank.jinja"), "is empty"),
+        (str(tmp_path), "is a folder; give a Jinja file or a tokenizer_config.json"),
     ]:
         with pytest.raises(ParameterError, match=message):
             read_chat_template(value)

@@ -308,6 +308,18 @@ def test_pull_offline_is_a_clear_error(caches, capsys):
     assert "Traceback" not in err
 
 
+def test_a_mistyped_local_path_is_named_as_one(caches, tmp_path, monkeypatch, capsys):
+    """`--target pair/targt` where pair/ exists: looked for on the hub as a repo id too, and
+    the error says the folder has no such entry, not only that the hub cache lacks it."""
+    (tmp_path / "pair").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert run(["pull", "--target", "pair/targt", "--drafter", "pair/drft"]) == 2
+    err = capsys.readouterr().err
+    assert "pair/targt: no such folder in pair, and not in the local Hugging Face cache" in err
+    assert run(["pull", "--target", "org/model", "--drafter", "org/drafter"]) == 2
+    assert "org/model: not in the local Hugging Face cache" in capsys.readouterr().err
+
+
 def test_pull_local_pair(tiny_pair, tmp_path, capsys):
     target, drafter = tiny_pair
     assert run(["pull", "--target", str(target), "--drafter", str(drafter)]) == 0
