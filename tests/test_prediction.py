@@ -31,6 +31,20 @@ def test_follows_the_prediction_and_resyncs_after_an_edit():
     assert PredictionLookup([1, 2]).propose(0) == []
 
 
+def test_the_prediction_tokens_the_answer_followed_are_counted_once():
+    """OpenAI's accepted_prediction_tokens: the prediction's tokens that appeared in the
+    completion. An edit costs its own tokens; a re-sync counts the matched key; a repeat of
+    the prediction's text counts nothing twice."""
+    pl = PredictionLookup([10, 11, 12, 13, 14, 15, 16, 17], min_match=2)
+    used = []
+    for tokens in ([10], [11, 99], [13, 14], [15], [16, 17], [16, 17]):  # 12 became 99
+        pl.extend(tokens)
+        pl.propose(3)
+        used.append(pl.take_used())
+    assert used == [1, 1, 2, 1, 2, 0]  # 10 | 11 | 13 14 (the re-sync key) | 15 | 16 17 | -
+    assert sum(used) == 7 and pl.take_used() == 0  # all but 12
+
+
 def _decoder(version=2, family="llama", **kw):
     model = tiny.make_target(family)
     drafter = tiny.make_drafter(version, block_size=8)

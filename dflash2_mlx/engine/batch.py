@@ -11,9 +11,8 @@ Requests join between rounds (prefilled alone, then merged into the batch cache)
 they finish, fail or are cancelled. While others run, a joining request's prompt is prefilled a
 chunk per step (`prefill_step` tokens at most) between their rounds, so a long prompt does not
 stall their streams (engine/batch_join.py). Per request, the proposal, the acceptance rule and
-the key sequence are those of SpeculativeDecoder.stream, so a request
-returns what it returns alone (up to the float rounding of a batched matmul, which can only
-matter on an exact near-tie of two logits).
+the key sequence are those of SpeculativeDecoder.stream, so a request returns what it returns
+alone (up to the float rounding of a batched matmul: only an exact near-tie of two logits).
 
 Targets whose caches cannot be rolled back per row (target/batch.py `batchable`) run one
 request at a time through the single-sequence engine: same API, no batching; so does
@@ -41,7 +40,7 @@ from .batch_join import Waiting, feed, first_event, next_waiting
 from .batch_propose import propose_rows
 from .generation import GenerationParams, _Run
 from .loop import SpeculativeDecoder
-from .session import Session
+from .session import Session, prediction_used
 from .prefill import _Cancelled
 from .width import WidthRule
 from ..values import is_int
@@ -339,6 +338,7 @@ class BatchDecoder:
                 batch_size=len(rows),
                 logprobs=o.logprobs,
                 error=o.error,
+                prediction_used=prediction_used(row.session),
             )
             events.append((row.rid, event))
         return events

@@ -38,6 +38,8 @@ class RoundEvent:
     source: DraftSource = "drafter"
     batch_size: int = 1  # requests in the verify forward of this round (engine/batch.py)
     queue_ms: float = 0.0  # on the prefill event: waited from `add` to the prefill's start
+    prediction_tokens: int = 0  # on the prefill event: the request's prediction's length
+    prediction_used: int = 0  # of the prediction's tokens, those this event's tokens followed
     # with GenerationParams.logprobs: one engine.logprobs.TokenLogprob per token in `tokens`
     logprobs: tuple = ()
     # finish_reason "error" (the batched engine): why this request left (its prefill, or its
@@ -71,6 +73,8 @@ class GenerationStats:
     longest_round: int = 0  # most tokens verified in one round (lookup rounds may pass the block)
     prediction_drafted: int = 0  # draft tokens taken from the request's prediction
     prediction_accepted: int = 0  # of those, accepted
+    prediction_tokens: int = 0  # the prediction's length
+    prediction_used: int = 0  # its tokens the answer followed (appeared in the completion)
     queue_ms: float = 0.0  # waited before the prefill (batched engine, server)
     batch_rows: int = 0  # rows of the verify forwards of its rounds, summed
     max_batch_size: int = 0  # most rows in one of its rounds
@@ -82,6 +86,8 @@ class GenerationStats:
     def add(self, ev: RoundEvent) -> None:
         if ev.error is not None:  # a failed request's last event: no round ran
             return
+        self.prediction_tokens += ev.prediction_tokens
+        self.prediction_used += ev.prediction_used
         if ev.prefill:
             self.queue_ms += ev.queue_ms
             self.prefill_ms += ev.prefill_ms
@@ -173,6 +179,8 @@ class GenerationStats:
             "longest_round": self.longest_round,
             "prediction_drafted": self.prediction_drafted,
             "prediction_accepted": self.prediction_accepted,
+            "prediction_tokens": self.prediction_tokens,
+            "prediction_used": self.prediction_used,
             "queue_ms": round(self.queue_ms, 3),
             "mean_batch_size": round(self.mean_batch_size, 4),
             "max_batch_size": self.max_batch_size,

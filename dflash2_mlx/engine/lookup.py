@@ -110,16 +110,35 @@ class PredictionLookup:
         self.cursor: int | None = 0  # where the answer is aligned with the prediction
         self._last = 0  # the latest aligned point (where a re-sync is looked for first)
         self.answer: list[int] = []
+        # the prediction's tokens the answer has followed (OpenAI's accepted_prediction_tokens:
+        # "in the prediction that appeared in the completion"), each counted once
+        self._used = bytearray(len(self.predicted))
+        self._fresh = 0  # of those, marked since take_used()
 
     def extend(self, tokens: Sequence[int]) -> None:
         """The answer's newly committed tokens."""
         tokens = [int(t) for t in tokens]
         self.answer.extend(tokens)
         c = self.cursor
-        if c is not None and self.predicted[c : c + len(tokens)] == tokens:
+        if c is None:
+            return
+        ahead = self.predicted[c : c + len(tokens)]
+        same = next((i for i, (a, b) in enumerate(zip(ahead, tokens)) if a != b), len(ahead))
+        self._mark(c, c + same)
+        if same == len(tokens):
             self.cursor = self._last = c + len(tokens)
         else:
             self.cursor = None
+
+    def take_used(self) -> int:
+        """Prediction tokens the answer followed since the last call."""
+        fresh, self._fresh = self._fresh, 0
+        return fresh
+
+    def _mark(self, start: int, stop: int) -> None:
+        for i in range(start, stop):
+            self._fresh += not self._used[i]
+            self._used[i] = 1
 
     def propose(self, length: int, resync: bool = True) -> list[int]:
         """The next `length` predicted tokens while aligned; else, with `resync`, those after
@@ -135,4 +154,5 @@ class PredictionLookup:
                 return []
             after = [s for s in starts if s >= self._last]
             self.cursor = after[0] if after else starts[-1]
+            self._mark(self.cursor - n, self.cursor)  # the answer's last n tokens follow it
         return self.predicted[self.cursor : self.cursor + length]

@@ -23,7 +23,7 @@ from .prefill import Prefill, _Cancelled, default_prefill_chunk
 from .proposal import NOTHING, Proposal
 from ..sampling import SamplingParams
 from .acceptance import accept
-from .session import Session, drafter_offset, record
+from .session import Session, drafter_offset, prediction_used, record
 from ..values import is_int
 
 
@@ -257,6 +257,7 @@ class SpeculativeDecoder:
             finish_reason=finish,
             source=proposal.source,
             logprobs=logprobs,
+            prediction_used=prediction_used(session),
         )
 
     # --------------------------------------------------------------- generation
@@ -318,6 +319,8 @@ class SpeculativeDecoder:
             prefill=True,
             prompt_tokens=len(prefill.prompt) - prefill.reused,
             reused_tokens=prefill.reused,
+            prediction_tokens=len(params.prediction),
+            prediction_used=prediction_used(session),
         )
 
     def _start(

@@ -82,6 +82,11 @@ def record(session: Session, commit: list[int], features: mx.array) -> None:
             index.extend(commit)
 
 
+def prediction_used(session: Session) -> int:
+    """The prediction's tokens the answer followed since the last event (RoundEvent)."""
+    return session.prediction.take_used() if session.prediction is not None else 0
+
+
 def drafter_offset(session: Session) -> int:
     """Positions the session's drafter cache holds."""
     return session.drafter_cache[0].offset if session.drafter_cache else 0

@@ -49,8 +49,8 @@ def usage(
     datastore_rounds: rounds whose drafts came from the response datastore;
     grammar_rounds: rounds whose drafts were the text response_format's schema forces;
     block_size: tokens verified per round (anchor + drafts; 1 when speculative is off).
-    completion_tokens_details counts the draft tokens taken from the request's `prediction`
-    that the target accepted / rejected (OpenAI's Predicted Outputs fields).
+    completion_tokens_details: the request's `prediction` tokens that appeared in the
+    completion (the answer followed them) / did not (OpenAI's Predicted Outputs fields).
     A chat reply (`reply`) adds completion_tokens_details.reasoning_tokens and, in `dflash2`,
     tool_calls and `reasoning`: the thinking section's tokens and the rounds that began in it
     (with their drafted / accepted tokens and tau).
@@ -64,8 +64,8 @@ def usage(
         "total_tokens": prompt_tokens + stats.committed,
         "prompt_tokens_details": {"cached_tokens": stats.reused_tokens},
         "completion_tokens_details": {
-            "accepted_prediction_tokens": stats.prediction_accepted,
-            "rejected_prediction_tokens": stats.prediction_drafted - stats.prediction_accepted,
+            "accepted_prediction_tokens": stats.prediction_used,
+            "rejected_prediction_tokens": stats.prediction_tokens - stats.prediction_used,
         },
         "dflash2": _engine_usage(stats, block_size, speculative),
     }
