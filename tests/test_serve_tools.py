@@ -215,6 +215,45 @@ def test_parallel_calls_and_parallel_tool_calls_false(client):
     assert [c["name"] for c in calls] == ["get_weather"] and finish == "tool_calls"
 
 
+def test_a_prefill_that_opens_a_call_is_answered_with_the_call(client, tool_url):
+    """A final assistant message that opens a tool call (its start marker, maybe some of its
+    JSON): the reply goes on inside the call, which comes back as tool_calls (strict: held to
+    the schema from there), not as text; Anthropic's prefill likewise gives a tool_use."""
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    for opening in ("<tool_call>\n", '<tool_call>\n{"name": "get_weather"'):
+        prefilled = tt.ASK + [{"role": "assistant", "content": opening}]
+        for tools in (tt.TOOLS, [strict(tt.WEATHER)]):
+            r = ask(client, prefilled, tools=tools, extra_body=extra)
+            choice = r.choices[0]
+            assert weather_calls(choice.message.tool_calls) == [("get_weather", tt.CALL_ARGS)]
+            assert choice.message.content is None and choice.finish_reason == "tool_calls"
+            content, _, calls, finish, _ = streamed(
+                client, prefilled, tools=tools, extra_body=extra
+            )
+            assert (content, finish) == ("", "tool_calls")
+            assert [(c["name"], json.loads(c["arguments"])) for c in calls] == weather_calls(
+                choice.message.tool_calls
+            )
+    assert ask(client, prefilled, extra_body=extra).choices[0].message.tool_calls is None
+    body = {
+        "model": "tools",
+        "max_tokens": 64,
+        "messages": tt.ASK + [{"role": "assistant", "content": "<tool_call>"}],
+        "tools": [
+            {
+                "name": "get_weather",
+                "input_schema": tt.WEATHER["function"]["parameters"],
+                "strict": True,  # "<tool_call>" without its newline: the tiny model needs help
+            }
+        ],
+        "thinking": {"type": "disabled"},
+    }
+    r = httpx.post(tool_url + "/v1/messages", json=body).json()
+    assert r.get("stop_reason") == "tool_use", str(r)
+    blocks = {(b["type"], tuple(sorted(b.get("input", {})))) for b in r["content"]}
+    assert blocks == {("tool_use", ("city",))}, r  # one call or more, no text
+
+
 def test_tool_choice_required_named_and_none(tool_pair, client):
     auto = ask(client, tt.ASK, tools=tt.TOOLS)
     for choice in ("required", WEATHER_CHOICE):

@@ -151,14 +151,17 @@ class ChatTemplate:
                 ),
                 "unsupported_parameter",
             )
+        call = None  # the call a prefill leaves open: the reply goes on inside it
         if prefill is not None:
-            ids = self._prefilled(ids, prefill)
+            ids, call = self._prefilled(ids, prefill, active)
         state = "reasoning" if thinking_left_open(self.tok, ids) else "normal"
         stops = ()
         if active is not None and not active.parallel and self.tok.tool_call_end:
             # the end of the first call ends the reply (without an end marker, Mistral's,
             # the reply keeps its first call: serve/reply.py)
             stops = (self.tok.tool_call_end,)
+        if call is not None:
+            return ChatPrompt(ids, "tool", call, stops, active, self.info.call_id_length)
         if active is None or not active.forced:
             return ChatPrompt(ids, state, "", stops, active, self.info.call_id_length)
         lead, opening = _template_call(
@@ -174,9 +177,11 @@ class ChatTemplate:
         call = opening[len(self.tok.tool_call_start) :]
         return ChatPrompt(ids, "tool", call, stops, active, self.info.call_id_length)
 
-    def _prefilled(self, ids: list[int], prefill: str) -> list[int]:
-        """The prompt with the reply's prefill after it. Not inside a thinking section the
-        template opens: the prefill is meant as the answer's start."""
+    def _prefilled(self, ids: list[int], prefill: str, tools) -> tuple[list[int], str | None]:
+        """The prompt with the reply's prefill after it, and the text of the tool call it
+        leaves open (after the start marker; None: none), where tools are active: the reply
+        goes on inside that call, as after a forced tool_choice's opening. Not inside a
+        thinking section the template opens: the prefill is meant as the answer's start."""
         if thinking_left_open(self.tok, ids):
             raise invalid(
                 "messages",
@@ -184,8 +189,17 @@ class ChatTemplate:
                 f"be continued as the answer; {THINKING_OFF}",
                 "unsupported_parameter",
             )
-        text = self.tok.encode(prefill, add_special_tokens=False, split_special_tokens=True)
-        return ids + [int(t) for t in text]  # a special token's text in it is text
+        start, end = self.tok.tool_call_start, self.tok.tool_call_end
+        at = prefill.rfind(start) if tools is not None and start else -1
+        if at < 0 or (end and end in prefill[at:]):
+            at, call = len(prefill), None
+        else:  # encoded as a forced call's opening is (constrained.py checks it is there)
+            call = prefill[at + len(start) :]
+        text = self.tok.encode(prefill[:at], add_special_tokens=False, split_special_tokens=True)
+        opening = (
+            self.tok.encode(start + call, add_special_tokens=False) if call is not None else []
+        )
+        return ids + [int(t) for t in [*text, *opening]], call  # other marker text is text
 
     def _show_names(self, messages: list[dict], tools, kwargs: dict) -> list[dict]:
         """Participant names reach the model: through the template for the roles whose names

@@ -125,12 +125,12 @@ def _calls(pair, schema: dict | None, tools: ToolRequest, prompt: ChatPrompt) ->
             except ParameterError as e:
                 raise invalid(f"tools[{i}].function.parameters", str(e)) from None
         specs.append((fn["name"], schema))
-    opened = _opened(tok, prompt) if tools.forced else ()
+    opened = _opened(tok, prompt) if prompt is not None and prompt.state == "tool" else ()
     return Calls(tok.tool_call_start, tok.tool_call_end, tuple(specs), tools.parallel, opened)
 
 
 def _opened(tok, prompt: ChatPrompt) -> tuple[int, ...]:
-    """The tokens of the call a forced tool_choice opened at the end of the prompt."""
+    """The tokens of the call a forced tool_choice (or a prefill) opened at the prompt's end."""
     text = tok.tool_call_start + prompt.call_prefix
     ids = [int(t) for t in tok.encode(text, add_special_tokens=False)]
     if prompt.ids[-len(ids) :] != ids:
