@@ -254,6 +254,31 @@ def test_a_prefill_that_opens_a_call_is_answered_with_the_call(client, tool_url)
     assert blocks == {("tool_use", ("city",))}, r  # one call or more, no text
 
 
+def test_a_stream_held_on_a_long_call_keeps_the_connection_alive(tool_pair):
+    """A call's text is sent when its end marker comes; meanwhile (a file written through a
+    tool call runs for minutes) the stream sends keep-alive comments, as before the first
+    token, so clients and proxies do not time out on a silent connection."""
+    from dflash2_mlx.serve import ServeLimits
+
+    quote = tool_pair.tokenizer.encode('"', add_special_tokens=False)
+    body = {
+        "model": "tools",
+        "messages": tt.ASK,
+        "tools": [strict(tt.WEATHER)],
+        "tool_choice": "required",
+        "max_tokens": 120,
+        "temperature": 0,
+        "stream": True,
+        "logit_bias": {str(t): -100 for t in quote},  # the argument's string never closes
+    }
+    app = create_app(tool_pair, model_name="tools", limits=ServeLimits(keepalive_s=0.05))
+    with running(app) as base, httpx.stream("POST", base + "/v1/chat/completions", json=body) as r:
+        lines = [line for line in r.iter_lines() if line]
+    first = next(i for i, line in enumerate(lines) if line.startswith("data:"))
+    assert ": keep-alive" in lines[first:], lines
+    assert lines[-1] == "data: [DONE]"
+
+
 def test_tool_choice_required_named_and_none(tool_pair, client):
     auto = ask(client, tt.ASK, tools=tt.TOOLS)
     for choice in ("required", WEATHER_CHOICE):

@@ -66,6 +66,15 @@ def invalid(param: str, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, message, param=param, code=code)
 
 
+def unknown_model(name: str, served: str) -> APIError:
+    return APIError(
+        404,
+        f"The model {brief(name)} does not exist; this server serves {served!r}",
+        param="model",
+        code="model_not_found",
+    )
+
+
 def optional(body: dict, name: str, test, expected: str):
     """body[name] (None when absent or null), or a 400 naming it when `test` refuses it."""
     v = body.get(name)

@@ -29,11 +29,11 @@ from ..settings import Drafting, SamplingDefaults, check_block, check_falling
 from ..target.context import default_context_length
 from ..values import is_int
 from . import metrics as metrics_mod
-from .api_error import loggable
+from .api_error import loggable, unknown_model
 from .body import ClientGone, read_json
 from .chat_prompt import ChatTemplate
 from .guard import FaultGuard
-from .handler import Handler, unknown_model
+from .handler import Handler
 from .server_settings import ServerSettings
 from .http_errors import CLIENT_GONE, error_response
 from .lifecycle import Drain

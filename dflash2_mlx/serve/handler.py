@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import Request
@@ -32,7 +33,7 @@ from .messages_output import usage as messages_usage
 from .response_items import RecentItems
 from .responses_output import ResponseBuilder, ResponsesStream
 from .responses_output import usage as responses_usage
-from .api_error import brief, loggable
+from .api_error import loggable, unknown_model
 from .constrained import reply_constraint
 from .schemas import APIError, GenRequest, invalid
 from .server_settings import ServerSettings
@@ -371,12 +372,18 @@ class Handler:
         finish, stop = "length", None
         for line in out.start(item):
             yield line
-        while item.kind == "chunk":
-            stats.add(item.event)
-            finish, stop = item.finish_reason or finish, item.stop or stop
-            for line in out.item(item, reply):
-                yield line
-            item = await reader.next(poll_disconnect=False)  # Starlette watches the client
+        quiet = time.monotonic()  # since the client last got a line
+        while item.kind in ("chunk", "pending"):  # Starlette watches the client
+            if item.kind == "chunk":
+                stats.add(item.event)
+                finish, stop = item.finish_reason or finish, item.stop or stop
+                for line in out.item(item, reply):
+                    quiet = time.monotonic()
+                    yield line
+            if time.monotonic() - quiet >= self.limits.keepalive_s:  # a call held to its end
+                quiet = time.monotonic()
+                yield SSE_KEEPALIVE
+            item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)
         if item.kind == "error":  # headers are sent: report it in the stream, then end it
             err = from_worker(item.error)
             log.info("stream ended by %d %s: %s", err.status, err.code, loggable(err.message))
@@ -389,12 +396,3 @@ class Handler:
             counted = self._finished(reply, replies)
         for line in out.end(deltas, finish, self.usage_of(req, n_prompt, stats, counted)):
             yield line
-
-
-def unknown_model(name: str, served: str) -> APIError:
-    return APIError(
-        404,
-        f"The model {brief(name)} does not exist; this server serves {served!r}",
-        param="model",
-        code="model_not_found",
-    )
