@@ -252,6 +252,8 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
     r = respond(client, tt.HI, max_output_tokens=3)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert events(client, tt.HI, max_output_tokens=3)[-1].type == "response.incomplete"
+    # cut inside the thinking: the reasoning item alone, as OpenAI's API (no empty message)
+    assert [i.type for i in r.output] == ["reasoning"], r.output
 
 
 @pytest.mark.parametrize(

@@ -150,8 +150,9 @@ class ResponseBuilder:
     def _end(self, finish: str, usage_: dict) -> list[dict]:
         status = "incomplete" if finish == "length" else "completed"
         events = self._close(status)
-        if not any(i["type"] in ("message", "function_call") for i in self.output):
-            events += self._open("message") + self._close(status)  # an empty answer
+        answered = any(i["type"] in ("message", "function_call") for i in self.output)
+        if not answered and status == "completed":  # an empty answer (a cut one: none yet)
+            events += self._open("message") + self._close(status)
         name = "response.incomplete" if status == "incomplete" else "response.completed"
         return events + [self._event(name, response=self.response(status, usage_))]
 
