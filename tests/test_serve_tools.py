@@ -657,6 +657,14 @@ def test_bad_tools_and_template_kwargs_are_a_clean_400(tool_url, extra, param):
     assert err["param"] == param and err["message"], err
 
 
+def test_a_named_tool_choice_without_its_name_says_what_is_missing(tool_url):
+    body = {"messages": tt.ASK, "tools": tt.TOOLS, "tool_choice": {"type": "function"}}
+    err = httpx.post(tool_url + "/v1/chat/completions", json=body).json()["error"]
+    assert err["param"] == "tool_choice.function.name", err
+    assert err["message"].startswith("tool_choice.function.name is required"), err
+    assert "get_weather" in err["message"] and "None" not in err["message"], err
+
+
 # ------------------------------------------------------------------ the splitter itself
 def test_reply_split_does_not_depend_on_round_boundaries(tool_tokenizer):
     """Speculative rounds commit several tokens at once: the same text cut anywhere (markers

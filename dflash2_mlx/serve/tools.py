@@ -124,6 +124,13 @@ def _choice(value, names: list[str]) -> tuple[str, str | None]:
         )
     fn = value.get("function")
     name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise invalid(
+            "tool_choice.function.name",
+            'tool_choice.function.name is required: {"type": "function", "function": '
+            f'{{"name": ...}}}} naming one of the tools ({", ".join(names) or "none given"})',
+            "missing_required_parameter" if name is None else "invalid_type",
+        )
     if name not in names:
         raise invalid(
             "tool_choice.function.name",
