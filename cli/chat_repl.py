@@ -253,6 +253,16 @@ class Chat(SlashCommands):
         if view and not pieces:
             view.update("", status)
 
+    def end_unshown(self, stats, finish) -> None:
+        """A reply streamed as is (piped, --prompt) ends its line; its status goes to stderr,
+        on a line of its own after thinking that a cut left there."""
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if self.thinking_shown:
+            sys.stderr.write("\n")
+            self.thinking_shown = False
+        self.err.print(self.status(stats, finish), soft_wrap=True)
+
     def settings(self) -> dict:
         sp = self.sampling
         return {
@@ -311,9 +321,8 @@ class Chat(SlashCommands):
             try:
                 with keys_unechoed() if live else nullcontext():
                     _, stats, finish = self.turn(line, live=live)
-                if not live:  # piped: the answer was written as is; its status to stderr
-                    sys.stdout.write("\n")
-                    self.err.print(self.status(stats, finish), soft_wrap=True)
+                if not live:
+                    self.end_unshown(stats, finish)
                 if piped and finish in ("stopped", "interrupted"):  # Ctrl-C ends a script
                     return 130
             except DFlash2Error as exc:

@@ -46,9 +46,7 @@ def _one_answer(chat: Chat, opts: ChatOptions, settings, err: Console) -> int:
     err.print(Text(f"sampling: {settings.sampling.describe()}", style="dim"))
     with keys_unechoed():
         _, stats, finish = chat.turn(opts.prompt, live=False)
-    sys.stdout.write("\n")
-    sys.stdout.flush()
-    err.print(chat.status(stats, finish), soft_wrap=True)
+    chat.end_unshown(stats, finish)
     return 130 if finish in ("stopped", "interrupted") else 0
 
 

@@ -702,6 +702,22 @@ def test_chat_prompt_thinking_and_system(tiny_pair, capsys):
     assert "top_k has no effect at temperature 0" in cap.err  # never silently ignored
 
 
+def test_a_prompt_cut_inside_its_thinking_ends_that_line(tiny_pair, capsys):
+    """-p with a reply cut inside its thinking (which goes to stderr): the status starts a
+    line of its own, not after the last thinking words."""
+    from tiny_pair import CHAT_TEMPLATE
+
+    opened = CHAT_TEMPLATE.replace(
+        "{% endif %}{% endif %}", "{% else %}<think> {% endif %}{% endif %}"
+    )
+    argv = _chat(tiny_pair, "-p", "why", "--max-tokens", "3", "--chat-template", opened)
+    assert run(argv) == 0
+    cap = capsys.readouterr()
+    assert cap.out == "\n"  # no answer: all three tokens were thinking
+    status = next(line for line in cap.err.splitlines() if "tok/s" in line)
+    assert status.split()[0].replace(".", "").isdigit(), cap.err
+
+
 def test_chat_errors_after_loading(tiny_pair, tmp_path, capsys):
     target, drafter = tiny_pair
     assert run(_chat(tiny_pair, "-p", "hi", "--block", "99")) == 2
