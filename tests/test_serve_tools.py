@@ -806,6 +806,21 @@ def test_a_call_inside_the_thinking_goes_back_to_it(tool_tokenizer):
     }
 
 
+def test_a_think_marker_inside_a_call_is_no_reasoning(tool_tokenizer):
+    """reasoning_tokens counts a thinking section's tokens, not a call's text that happens to
+    hold a think marker (a call the prompt opened, or one the reply opens)."""
+    call = '\n{"name": "get_weather", "arguments": {"city": "<think> paris"}}\n</tool_call>'
+    for state, text in (("normal", "<tool_call>" + call + "\nok"), ("tool", call + "\nok")):
+        prompt = ChatPrompt([1], state=state, tools=ToolRequest(tuple(tt.TOOLS)))
+        reply = ChatReply(tool_tokenizer, prompt)
+        ids = tool_tokenizer.encode(text, add_special_tokens=False)
+        assert tool_tokenizer.think_start_tokens[0] in ids  # the marker itself, in the call
+        reply.feed(text, RoundEvent(tokens=ids))
+        reply.finish("stop")
+        assert [c["function"]["name"] for c in reply.calls] == ["get_weather"], state
+        assert reply.thinking.stats.tokens == 0 and "".join(reply.reasoning) == "", state
+
+
 def _tokenizer_with(template: str, tmp_path):
     hf = tt._hf_tokenizer(list(tt.vocabulary()))
     hf.chat_template = template

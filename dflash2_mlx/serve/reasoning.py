@@ -122,10 +122,18 @@ class ThinkingTracker:
     """Follows the think markers through the generated tokens, round by round. `once`: only
     a section the reply opens with (a response_format value's markers are its text)."""
 
-    def __init__(self, tokenizer, inside: bool, once: bool = False):
+    def __init__(self, tokenizer, state: str, once: bool = False, calls: bool = False):
+        """`state`: where the reply starts (ChatPrompt.state); `calls`: its tool calls are
+        parsed, so a think marker inside one is the call's text, not a section."""
         self.start = tuple(getattr(tokenizer, "think_start_tokens", None) or ())
         self.end = tuple(getattr(tokenizer, "think_end_tokens", None) or ())
-        self.inside = inside and bool(self.end)
+        self.inside = state == "reasoning" and bool(self.end)
+        self.call_start, self.call_end = (
+            (_marker_ids(tokenizer, "tool_call_start"), _marker_ids(tokenizer, "tool_call_end"))
+            if calls
+            else ((), ())
+        )
+        self.in_call = state == "tool" and bool(self.call_end)
         self.tail: list[int] = []
         self.stats = ThinkingStats()
         self.once, self.done = once, False
@@ -141,21 +149,33 @@ class ThinkingTracker:
                 s.drafted + ev.drafted,
                 s.accepted + ev.accepted,
             )
-        keep = max(len(self.start), len(self.end))
+        keep = max(len(self.start), len(self.end), len(self.call_start), len(self.call_end))
         for t in ev.tokens:
             self.tail = (self.tail + [t])[-keep:]
-            if self.inside:
+            if self.in_call:
+                self.in_call = not self._ends(self.call_end)
+            elif self.inside:
                 self.stats.tokens += 1
                 if tuple(self.tail[-len(self.end) :]) == self.end:
                     self.inside, self.done = False, self.once
-            elif tuple(self.tail[-len(self.start) :]) == self.start:
+            elif self._ends(self.start):
                 self.inside = True
                 self.stats.tokens += len(self.start)
+            elif self.call_end and self._ends(self.call_start):
+                self.in_call = True
             elif self.once:  # no start marker where the reply begins: no section
                 self.outside += 1
                 self.done = self.outside >= len(self.start)
             if self.done:
                 return
+
+    def _ends(self, marker: tuple[int, ...]) -> bool:
+        return bool(marker) and tuple(self.tail[-len(marker) :]) == marker
+
+
+def _marker_ids(tokenizer, name: str) -> tuple[int, ...]:
+    text = getattr(tokenizer, name, None)
+    return tuple(tokenizer.encode(text, add_special_tokens=False)) if text else ()
 
 
 def closes_thinking(tokenizer, ids: list[int]) -> bool:

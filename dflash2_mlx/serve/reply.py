@@ -94,7 +94,8 @@ class ChatReply:
         self.state = self.machine.make_state(start) if self.machine else None
         self.current = start
         self.call_text = prompt.call_prefix
-        self.thinking = ThinkingTracker(tokenizer, prompt.state == "reasoning", once=value)
+        calls = prompt.tools is not None
+        self.thinking = ThinkingTracker(tokenizer, prompt.state, once=value, calls=calls)
         self.value_ahead = value and self.machine is not None  # markers still count
         self.calls: list[dict] = []
         self.unparsed = 0  # call texts the parser refused (kept as text)
