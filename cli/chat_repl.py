@@ -162,12 +162,16 @@ class Chat(SlashCommands):
     def fitted_prompt(self, user: str) -> tuple[list[int], int]:
         """The prompt of `user` after the conversation. Where it leaves the answer less than
         max_tokens of the context (at most a quarter of it: a max_tokens near the context
-        would drop every turn), the oldest turns are dropped (said in a note) until it does,
-        or none is left; they are dropped only if the prompt then fits (a message too long
-        for any conversation loses nothing). `room` cuts the answer to what is left."""
+        would drop every turn), the oldest turns are dropped (said in a note) until it leaves
+        a quarter of the context more, or none is left: the next turns then reuse the cached
+        conversation, where dropping one turn a turn changed its start every time and each
+        prefilled it all again. They are dropped only if the prompt then fits (a message too
+        long for any conversation loses nothing). `room` cuts the answer to what is left."""
         context = default_context_length(self.pair.model)
         want = min(self.max_tokens, context // 4)
         kept, ids = self.history, self.prompt_ids(user)
+        if context - len(ids) < want:
+            want += context // 4
         while kept and context - len(ids) < want:
             kept = kept[2:]  # one turn: a user message and its answer
             ids = self.prompt_ids(user, kept)
