@@ -161,9 +161,22 @@ class SlashCommands:
         )
 
 
+def pasted_block(line: str) -> bool:
+    """Several lines at once (a bracketed paste): the user's text as it is."""
+    return "\n" in line.strip("\n")
+
+
+def sent_text(line: str) -> str:
+    """What a typed line sends: "//x" sends "/x"; a pasted block goes as it is."""
+    return line[1:] if line.startswith("//") and not pasted_block(line) else line
+
+
 def is_command(line: str) -> bool:
     """A slash command: "/name ..." (not "//", which sends "/..."), or a known command's name
-    after spaces (a paste's "  /usr/bin ..." stays text)."""
+    after spaces (a paste's "  /usr/bin ..." stays text); never a pasted block of lines
+    (code opening with a "//" comment, a path and a question about it)."""
+    if pasted_block(line):
+        return False
     if line.startswith("/"):
         return not line.startswith("//")
     name = line.lstrip().partition(" ")[0].lower()

@@ -25,7 +25,7 @@ from dflash2_mlx.settings import idle_when_greedy
 from dflash2_mlx.target.context import default_context_length
 from dflash2_mlx.text import chat_prompt_ids, quiet_length_warning, stream_text
 
-from .chat_commands import SlashCommands, is_command, thinking_shown
+from .chat_commands import SlashCommands, is_command, sent_text, thinking_shown
 from .chat_thinking import THINKING, ThinkingSplit
 from .chat_view import AnswerView, StatusLine, status_text
 from .common import check_thinking_flag, fail
@@ -319,7 +319,7 @@ class Chat(SlashCommands):
                 if not self.command(line):
                     return 2 if piped and self.failures else 0
                 continue
-            line = line[1:] if line.startswith("//") else line  # "//x" sends "/x"
+            line = sent_text(line)
             # a dumb terminal (Emacs' shell) redraws nothing: the answer streams as piped
             live = self.console.is_terminal and not self.console.is_dumb_terminal
             try:

@@ -473,6 +473,14 @@ def test_what_a_chat_line_takes_for_a_command():
     assert is_command("/nonsense")  # at the line's start: an unknown command's error
     assert not is_command("//x") and not is_command("  /usr/bin is where?")
     assert not is_command("hi /temp")
+    # a pasted block of lines is the user's text, sent whole: never a command, never unescaped
+    from dflash2_cli.chat_commands import sent_text
+
+    paste = "/usr/local/bin/tool --flag\nWhat does this command do?"
+    code = "// add two numbers\nint add(int a, int b) { return a + b; }"
+    assert not is_command(paste) and not is_command(code) and not is_command("/temp 1\n/max 3")
+    assert sent_text(code) == code and sent_text(paste) == paste
+    assert sent_text("//x") == "/x" and sent_text("//x\n") == "/x\n" and is_command("/temp 1\n")
 
 
 def test_a_chat_started_plain_keeps_its_drafting_flags_for_spec_on(tiny_pair):
