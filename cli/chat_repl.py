@@ -221,6 +221,9 @@ class Chat(SlashCommands):
         except KeyboardInterrupt:  # a second Ctrl-C: the engine may be mid-round
             finish = "interrupted"
             self.session = self.pair.new_session()
+        except SystemExit:  # the terminal closed, or a kill (terminal.ends_on_hangup)
+            finish = "stopped"
+            raise
         finally:
             self.show(reply.finish(), view, self.status(stats, finish))
             if view:

@@ -258,6 +258,8 @@ def test_a_killed_chat_gives_the_terminal_its_cursor_back(tiny_pair):
     out = seen.getvalue()
     assert child.exitstatus == 143, (child.exitstatus, child.signalstatus)
     assert "\x1b[?25l" in out and out.rfind("\x1b[?25h") > out.rfind("\x1b[?25l"), out[-300:]
+    last = out[out.rfind("tok/s") :]  # the answer's last status says it was stopped
+    assert "stopped" in last and "length" not in last, last[-300:]
 
 
 def test_keys_typed_during_a_one_shot_answer_are_not_echoed_into_it(tiny_pair):
