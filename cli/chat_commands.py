@@ -154,7 +154,11 @@ class SlashCommands:
             stats_table(
                 self.total,
                 self.turns,
-                (len(self.session.tokens), default_context_length(self.pair.model)),
+                # the conversation's tokens (the cache keeps a cleared one for reuse)
+                (
+                    len(self.session.tokens) if self.history else 0,
+                    default_context_length(self.pair.model),
+                ),
                 self.settings(),
                 self.block_now(),
             )

@@ -163,7 +163,7 @@ def status_text(stats, *, block: int, spec: bool, finish: str | None = None) -> 
 
 
 def stats_table(total, turns: int, context: tuple[int, int], settings: dict, block: int) -> Group:
-    """`context`: (tokens in the conversation's cache, the model's context length)."""
+    """`context`: (tokens in the conversation, the model's context length)."""
     table = Table(title="session", show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()

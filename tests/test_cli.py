@@ -345,6 +345,21 @@ def _chat(pair, *extra) -> list[str]:
     return ["chat", "--target", str(target), "--drafter", str(drafter), *extra]
 
 
+def test_stats_after_clear_show_an_empty_conversation(tiny_pair):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash2_cli", *_chat(tiny_pair, "--max-tokens", "4")],
+        input="hello model\n/stats\n/clear\n/stats\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    sizes = re.findall(r"context\s+([\d,]+) of", done.stdout + done.stderr)
+    assert len(sizes) == 2 and int(sizes[0]) > 0 and sizes[1] == "0", done.stdout + done.stderr
+
+
 def test_chat_prompt_prints_answer_and_stats(tiny_pair, capsys):
     expected = answer(*tiny_pair, [{"role": "user", "content": "hello model"}], 10)
     assert run(_chat(tiny_pair, "--prompt", "hello model", "--max-tokens", "10")) == 0
