@@ -145,6 +145,7 @@ def _autotune(run: BenchRun) -> int:
         progress=lambda msg: run.err.print(Text(msg, style="dim")),
     )
     run.report["settings"]["repeats"] = o.autotune_repeats
+    before = A.load_profile(profile["key"])
     saved = A.save_profile(profile)
     run.report["autotune"] = dict(profile, path=str(saved))
     print_block_choice(profile, console)
@@ -152,7 +153,26 @@ def _autotune(run: BenchRun) -> int:
     console.print(
         Text(f"profile: {saved} (chat and serve use it when no --block is given)", style="dim")
     )
+    if before is not None:
+        console.print(Text(_replaced(before, profile), style="dim"))
     return 0
+
+
+def _replaced(before: dict, after: dict) -> str:
+    """What a rerun changed in the profile it replaced."""
+    changes = [
+        f"{name} {before.get(field)} → {after.get(field)}"
+        for name, field in (
+            ("block", "chosen_block"),
+            ("lookup block", "chosen_lookup_block"),
+            ("blocks by context", "block_by_context"),
+            ("blocks by temperature", "block_by_temperature"),
+        )
+        if before.get(field) != after.get(field)
+    ]
+    return f"it replaces the profile of {before.get('created', 'an earlier run')}: " + (
+        "; ".join(changes) if changes else "the same choices"
+    )
 
 
 def _speed(run: BenchRun) -> int:

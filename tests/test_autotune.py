@@ -376,6 +376,7 @@ def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys, st
     assert run(base + ["--autotune", "--block", "4", "--json", str(tmp_path / "a.json")]) == 0
     out = capsys.readouterr().out
     assert "◀ chosen" in out and "exp. tok/s" in out and "chosen block" in out
+    assert "it replaces the profile" not in out  # the first one
     report = json.loads((tmp_path / "a.json").read_text())
     prof = report["autotune"]
     assert prof["max_block"] == 4 and 1 <= prof["chosen_block"] <= 4
@@ -398,6 +399,10 @@ def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys, st
     settings = json.loads((tmp_path / "b.json").read_text())["settings"]
     assert settings["block_source"] == "autotune profile"
     assert settings["blocks"] == [prof["chosen_block"]]
+    # a rerun replaces it, and says so (with what changed)
+    assert run(base + ["--autotune", "--block", "4", "--json", str(tmp_path / "c.json")]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"it replaces the profile of {prof['created']}: " in said, said
 
 
 def test_autotune_refuses_implausible_verify_timings_and_stores_nothing(
