@@ -179,5 +179,7 @@ def choose_block(
                 return BlockChoice(trained, trained, reason, clamped_from=value)
             if reason != BY_PROFILE:
                 return BlockChoice(value, trained, reason, ignored_profile=ignored_profile)
-            return BlockChoice(value, trained, reason, None, by_context, by_temperature)
+            return BlockChoice(
+                value, trained, reason, None, by_context, by_temperature, ignored_profile
+            )
     return BlockChoice(trained, trained, BY_TRAINED, ignored_profile=ignored_profile)

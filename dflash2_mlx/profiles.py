@@ -10,7 +10,7 @@ import json
 import os
 import platform
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -212,12 +212,15 @@ def profile_advice(pair, target: str, drafter: str, *, root=None) -> ProfileAdvi
         key = profile_key(pair, target, drafter)
     except Exception:  # noqa: BLE001 - no key to look it up by: no profile applies
         return ProfileAdvice()
-    stored, damaged = _read_profile(profile_path(key, root))
+    path = profile_path(key, root)
+    stored, damaged = _read_profile(path)
     profile = _matching(stored, key)
     if profile is None:
+        if stored is not None:  # a file copied from elsewhere, or its name's hash collides
+            damaged = f"{path}: the profile of another device or pair, ignored: rerun --autotune"
         return ProfileAdvice(damaged=damaged)
     trained = pair.drafter.config.block_size
-    return ProfileAdvice(
+    advice = ProfileAdvice(
         _count(profile.get("chosen_block")),
         _count(profile.get("chosen_lookup_block")),
         _falling(profile, "block_by_context", check_block_by_context, trained),
@@ -225,6 +228,20 @@ def profile_advice(pair, target: str, drafter: str, *, root=None) -> ProfileAdvi
         _safely(width_costs, profile),
         _safely(context_costs, profile),
     )
+    dropped = [
+        field
+        for field, kept in (
+            ("chosen_block", advice.block),
+            ("chosen_lookup_block", advice.lookup_block),
+            ("block_by_context", advice.by_context),
+            ("block_by_temperature", advice.by_temperature),
+        )
+        if profile.get(field) not in (None, [], ()) and not kept
+    ]
+    if dropped:
+        why = f"{path}: the profile's {', '.join(dropped)} do not read, ignored: rerun --autotune"
+        advice = replace(advice, damaged=why)
+    return advice
 
 
 def _count(value) -> int | None:

@@ -496,9 +496,20 @@ def test_chat_uses_the_stored_profile_unless_block_is_given(
     assert "block 6" in capsys.readouterr().err
     assert run(chat + ["--block", "3"]) == 0
     assert "block 3" in capsys.readouterr().err
-    # a damaged profile is ignored and said to be, naming the file
     path = A.profile_path(A.profile_key(pair, str(t), str(d)))
-    path.write_text(path.read_text()[:100])
+    good = json.loads(path.read_text())
+    # a field that does not read is left out and said to be; the others still apply
+    path.write_text(json.dumps({**good, "chosen_block": "4"}))
+    assert run(chat) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{path}: the profile's chosen_block do not read, ignored" in err, err
+    # another device's or pair's profile at this path: said, not silently passed over
+    path.write_text(json.dumps({**good, "key": {**good["key"], "device": "elsewhere"}}))
+    assert run(chat) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{path}: the profile of another device or pair, ignored" in err, err
+    # a damaged profile is ignored and said to be, naming the file
+    path.write_text(json.dumps(good)[:100])
     assert run(chat) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert f"{path}: the autotune profile is unreadable" in err and "block 6" not in err
