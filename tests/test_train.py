@@ -561,6 +561,11 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     said = " ".join(capsys.readouterr().out.split())
     assert "already trained to step 4: nothing to do" in said and "written" not in said
     assert (out / "training.json").read_text() == record
+    # another work folder (so other settings may apply) replaces it, and says so first
+    other = [tmp_path / "work2" if a == str(tmp_path / "work") else a for a in again]
+    assert run([*map(str, other), "--prompts", prompts + "@0,0.7"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"{out} holds a drafter trained before: this run replaces it when it ends" in said
 
     abl = tmp_path / "ablation"
     assert (

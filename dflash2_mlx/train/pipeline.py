@@ -275,6 +275,8 @@ def train_drafter(
                 "out": str(pc.out),
                 "unchanged": True,
             }
+    elif (pc.out / "training.json").exists():  # a new run (another --work, other settings)
+        log(f"{pc.out} holds a drafter trained before: this run replaces it when it ends")
     start, t0 = trainer.step, time.perf_counter()
     final = trainer.run(on_step)
     if data.fixed is not None:  # its features go; the corpus recomputes them when needed
