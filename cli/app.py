@@ -155,7 +155,9 @@ def run(argv: list[str] | None = None) -> int:
             return 1
         return 130
     except PermissionError as exc:  # a folder or file the user may not open: one line
-        print_error(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
+        if not exc.filename:  # nothing to name: where it came from is the traceback's to say
+            raise
+        print_error(f"{exc.filename}: {exc.strerror}")
         return EXIT_USAGE
     except BrokenPipeError:  # `dflash2 ... | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -65,6 +65,13 @@ class BenchOptions:
         """False: no PNG (--no-plot); None: next to the JSON; else the --plot path."""
         return False if self.no_plot else self.plot
 
+    @property
+    def png(self) -> Path:
+        """Where the plot goes when there is one: --plot, else next to the JSON."""
+        return (
+            Path(self.plot) if self.plot is not None else Path(self.json_path).with_suffix(".png")
+        )
+
     def check(self) -> None:
         """Refuses contradictory or out-of-range options (one-line user errors)."""
         for flag, value, low in (
@@ -95,8 +102,7 @@ class BenchOptions:
             )
             fail(f"{flag} needs a model run: --kernels alone times the kernels only (add a MODEL)")
         plots = not (self.no_plot or self.autotune or self.concurrency or self.kernels_only)
-        png = Path(self.plot) if self.plot is not None else Path(self.json_path).with_suffix(".png")
-        if plots and png.resolve() == Path(self.json_path).resolve():
+        if plots and self.png.resolve() == Path(self.json_path).resolve():
             fail(
                 f"--json {self.json_path}: the plot would be written over it; give --plot "
                 "another path (or --no-plot)"

@@ -291,8 +291,7 @@ def _plot(run: BenchRun) -> None:
     """The PNG (--plot, else next to the JSON); a note instead if matplotlib is missing."""
     from rich.text import Text
 
-    plot = run.options.plot_path
-    png = Path(plot) if plot is not None else Path(run.options.json_path).with_suffix(".png")
+    png = run.options.png
     try:
         from dflash2_mlx.bench_plot import write_plot
 

@@ -170,11 +170,15 @@ class Chat(SlashCommands):
         context = default_context_length(self.pair.model)
         want = min(self.max_tokens, context // 4)
         kept, ids = self.history, self.prompt_ids(user)
-        if context - len(ids) < want:
-            want += context // 4
-        while kept and context - len(ids) < want:
+        goal = want + context // 4 if context - len(ids) < want else want
+        fitting = None
+        while kept and context - len(ids) < goal:
             kept = kept[2:]  # one turn: a user message and its answer
             ids = self.prompt_ids(user, kept)
+            if fitting is None and context - len(ids) >= want:
+                fitting = kept, ids  # the fewest turns dropped
+        if context - len(ids) < goal and fitting is not None:  # no quarter to free: keep those
+            kept, ids = fitting
         room = self.room(len(ids))  # refuses a prompt that still fills the context
         dropped = (len(self.history) - len(kept)) // 2
         if dropped:

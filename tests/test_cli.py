@@ -424,6 +424,30 @@ def test_a_piped_chat_file_with_a_byte_order_mark_sends_the_text_alone(tiny_pair
     assert done.stdout.decode() == f"{expected}\n"
 
 
+def test_a_long_message_in_a_full_chat_keeps_the_turns_that_still_fit(tiny_pair, tmp_path):
+    """Where a message is too long to free a quarter of the context more even with every
+    turn gone, only the turns it needs are dropped (here 2 of 3), not all of them."""
+    import shutil
+    import subprocess
+    import sys
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_pair[0], target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 100}))
+    users = ["hello model", "hello again", "and again", "x " * 64]
+    done = subprocess.run(
+        [sys.executable, "-m", "dflash2_cli", "chat", "--target", str(target)]
+        + ["--drafter", str(tiny_pair[1]), "--max-tokens", "10"],
+        input="\n".join(users) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "its 2 oldest turns were dropped" in done.stderr, done.stderr
+
+
 def test_a_full_chat_drops_its_oldest_turns_and_a_message_too_long_loses_nothing(
     tiny_pair, tmp_path
 ):

@@ -38,8 +38,7 @@ def test_the_prediction_tokens_the_answer_followed_are_counted_once():
     pl = PredictionLookup([10, 11, 12, 13, 14, 15, 16, 17], min_match=2)
     used = []
     for tokens in ([10], [11, 99], [13, 14], [15], [16, 17], [16, 17]):  # 12 became 99
-        pl.extend(tokens)
-        pl.propose(3)
+        pl.extend(tokens)  # no propose: counted whoever drafted (context lookup, the drafter)
         used.append(pl.take_used())
     assert used == [1, 1, 2, 1, 2, 0]  # 10 | 11 | 13 14 (the re-sync key) | 15 | 16 17 | -
     assert sum(used) == 7 and pl.take_used() == 0  # all but 12
@@ -74,6 +73,11 @@ def test_greedy_with_a_prediction_equals_plain_decoding(family, version):
             # At most 19 drafts precede the edit: more accepted means it re-synced after it.
             if kind == "edited":
                 assert stats.prediction_accepted > 19, stats.as_dict()
+            # the prediction's tokens that appeared in the answer, whoever drafted them (context
+            # lookup on): all of the exact one, all but the edit's two, none of the random one
+            used = {"exact": 48, "edited": 45, "random": 0}[kind]
+            assert stats.prediction_tokens == len(prediction), stats.as_dict()
+            assert stats.prediction_used == used or (kind == "random" and stats.prediction_used < 3)
     exact = GenerationStats()
     for ev in dec.stream(
         PROMPT, GenerationParams(max_tokens=48, block_size=8, lookup_block=8, prediction=tuple(ref))

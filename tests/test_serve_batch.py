@@ -321,6 +321,22 @@ def test_retry_after_before_any_generation_finished(pair):
             assert int(r.headers["retry-after"]) >= 3
 
 
+def test_retry_after_counts_a_second_at_least_per_request_ahead(pair):
+    """Before any generation finished, each request ahead counts at least a second: one just
+    started (its time so far ~0) must not make a long queue's Retry-After 1 s."""
+    app = create_app(pair, model_name="tiny", max_queue=8, max_batch=1, default_max_tokens=2)
+    worker = app.state.worker
+    with running(app) as base:
+        with holding(base, "zz"):
+            worker.reserve(8)  # eight places taken besides the running one
+            try:
+                r = httpx.post(base + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
+            finally:
+                worker.unreserve(8)
+            assert r.status_code == 503 and worker.recent_seconds is None, r.text
+            assert int(r.headers["retry-after"]) >= 9  # (8 waiting + 1 running) / 1 x >= 1 s
+
+
 def test_a_failing_request_leaves_the_batch_alone(pair, url, monkeypatch, caplog):
     """A fault in one request's text handling answers it 500 (one traceback in the log) and
     leaves the others in the batch exact; the worker keeps serving."""

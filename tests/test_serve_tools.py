@@ -254,6 +254,21 @@ def test_a_prefill_that_opens_a_call_is_answered_with_the_call(client, tool_url)
     assert blocks == {("tool_use", ("city",))}, r  # one call or more, no text
 
 
+def test_a_prefilled_call_a_strict_tool_cannot_take_names_the_message(tool_url):
+    """A prefill that opens a call to no listed tool, under a strict tool: the 400 names the
+    final assistant message (the client sent no forced tool_choice to blame)."""
+    body = {
+        "messages": tt.ASK + [{"role": "assistant", "content": '<tool_call>\n{"name": "nope"'}],
+        "tools": [strict(tt.WEATHER)],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    }
+    r = httpx.post(tool_url + "/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages" and "the final assistant message opens" in err["message"]
+
+
 def test_a_stream_held_on_a_long_call_keeps_the_connection_alive(tool_pair):
     """A call's text is sent when its end marker comes; meanwhile (a file written through a
     tool call runs for minutes) the stream sends keep-alive comments, as before the first
@@ -663,6 +678,10 @@ def test_a_named_tool_choice_without_its_name_says_what_is_missing(tool_url):
     assert err["param"] == "tool_choice.function.name", err
     assert err["message"].startswith("tool_choice.function.name is required"), err
     assert "get_weather" in err["message"] and "None" not in err["message"], err
+    body = {"model": "tools", "max_tokens": 8, "messages": tt.ASK, "tool_choice": {"type": "tool"}}
+    body["tools"] = [{"name": "get_weather", "input_schema": tt.WEATHER["function"]["parameters"]}]
+    err = httpx.post(tool_url + "/v1/messages", json=body).json()["error"]  # Anthropic's shape
+    assert "name is required" in err["message"] and '"function"' not in err["message"], err
 
 
 # ------------------------------------------------------------------ the splitter itself

@@ -111,21 +111,19 @@ class PredictionLookup:
         self._last = 0  # the latest aligned point (where a re-sync is looked for first)
         self.answer: list[int] = []
         # the prediction's tokens the answer has followed (OpenAI's accepted_prediction_tokens:
-        # "in the prediction that appeared in the completion"), each counted once
+        # "in the prediction that appeared in the completion"), each counted once, whoever
+        # drafted them: a cursor of its own, re-synced on every `min_match` tokens
         self._used = bytearray(len(self.predicted))
         self._fresh = 0  # of those, marked since take_used()
+        self._follows: int | None = 0  # where the answer follows the prediction (counting)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """The answer's newly committed tokens."""
         tokens = [int(t) for t in tokens]
         self.answer.extend(tokens)
+        self._count(len(self.answer) - len(tokens))
         c = self.cursor
-        if c is None:
-            return
-        ahead = self.predicted[c : c + len(tokens)]
-        same = next((i for i, (a, b) in enumerate(zip(ahead, tokens)) if a != b), len(ahead))
-        self._mark(c, c + same)
-        if same == len(tokens):
+        if c is not None and self.predicted[c : c + len(tokens)] == tokens:
             self.cursor = self._last = c + len(tokens)
         else:
             self.cursor = None
@@ -135,10 +133,29 @@ class PredictionLookup:
         fresh, self._fresh = self._fresh, 0
         return fresh
 
-    def _mark(self, start: int, stop: int) -> None:
-        for i in range(start, stop):
-            self._fresh += not self._used[i]
-            self._used[i] = 1
+    def _count(self, first: int) -> None:
+        """Marks the prediction's tokens that the answer's tokens from `first` on follow."""
+        pred, answer, n, c = self.predicted, self.answer, self.n, self._follows
+        for pos in range(first, len(answer)):
+            if c is not None and c < len(pred) and pred[c] == answer[pos]:
+                self._mark(c)
+                c += 1
+                continue
+            c = None
+            starts = (
+                self._starts.get(tuple(answer[pos - n + 1 : pos + 1])) if pos + 1 >= n else None
+            )
+            if starts:  # back in step: the key and the run before it that matches too
+                c = next((s for s in starts if not self._used[s - 1]), starts[0])
+                k = 1
+                while c - k >= 0 and pos - k + 1 >= 0 and pred[c - k] == answer[pos - k + 1]:
+                    self._mark(c - k)
+                    k += 1
+        self._follows = c
+
+    def _mark(self, i: int) -> None:
+        self._fresh += not self._used[i]
+        self._used[i] = 1
 
     def propose(self, length: int, resync: bool = True) -> list[int]:
         """The next `length` predicted tokens while aligned; else, with `resync`, those after
@@ -154,5 +171,4 @@ class PredictionLookup:
                 return []
             after = [s for s in starts if s >= self._last]
             self.cursor = after[0] if after else starts[-1]
-            self._mark(self.cursor - n, self.cursor)  # the answer's last n tokens follow it
         return self.predicted[self.cursor : self.cursor + length]

@@ -190,8 +190,9 @@ class ChatTemplate:
                 "unsupported_parameter",
             )
         start, end = self.tok.tool_call_start, self.tok.tool_call_end
-        at = prefill.rfind(start) if tools is not None and start else -1
-        if at < 0 or (end and end in prefill[at:]):
+        # (a format without an end marker, Mistral's, cannot tell an open call from a whole one)
+        at = prefill.rfind(start) if tools is not None and start and end else -1
+        if at < 0 or end in prefill[at:]:
             at, call = len(prefill), None
         else:  # encoded as a forced call's opening is (constrained.py checks it is there)
             call = prefill[at + len(start) :]

@@ -59,7 +59,7 @@ def _reply_grammar(pair, req: GenRequest, prompt, tools: ToolRequest | None) -> 
         calls = _calls(pair, schema, tools, prompt) if tools is not None else None
     except _NotOpened:
         if strict:
-            raise _not_opened("does not tokenize on its own") from None
+            raise _not_opened("does not tokenize on its own", tools.forced) from None
         return None  # forced, not strict: the prefilled opening alone
     forced = prompt is not None and prompt.state == "tool"  # past any thinking already
     thinking = _thinking(pair.tokenizer, prompt) if prompt is not None and not forced else None
@@ -71,7 +71,8 @@ def _reply_grammar(pair, req: GenRequest, prompt, tools: ToolRequest | None) -> 
             # first, say): the prefilled opening alone forces the call, as before
             return None
         if isinstance(e, OpeningRefused):
-            raise _not_opened("is not one the grammar of the strict tool's call allows") from None
+            why = "is not one the grammar of the strict tool's call allows"
+            raise _not_opened(why, tools.forced) from None
         where = "response_format" if schema is not None else "tools"
         raise invalid(where, f"{where}: {e}") from None
 
@@ -80,7 +81,15 @@ class _NotOpened(Exception):
     """The forced call's opening does not tokenize on its own at the prompt's end."""
 
 
-def _not_opened(why: str):
+def _not_opened(why: str, forced: bool):
+    """The call the prompt opened (a forced tool_choice's, else the prefill's) cannot be held."""
+    if not forced:
+        return invalid(
+            "messages",
+            f"strict tools: the tool call the final assistant message opens {why}; leave the "
+            "call out of it, or send strict false",
+            "unsupported_parameter",
+        )
     return invalid(
         "tool_choice",
         f"strict tools with a forced tool_choice: the opening of the call that the prompt "

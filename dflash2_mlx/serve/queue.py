@@ -161,7 +161,7 @@ class Worker:
         per_job = self.recent_seconds
         if per_job is None:  # none finished yet: the longest running so far, at least
             now = time.perf_counter()
-            per_job = max((now - j.began for j in self._running if j.began), default=1.0)
+            per_job = max([1.0] + [now - j.began for j in self._running if j.began])
         ahead = (self.waiting + self.running) / self.capacity  # batches' worth of requests
         return max(1, min(3600, math.ceil(per_job * ahead)))
 

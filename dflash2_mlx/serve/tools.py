@@ -127,8 +127,8 @@ def _choice(value, names: list[str]) -> tuple[str, str | None]:
     if not isinstance(name, str):
         raise invalid(
             "tool_choice.function.name",
-            'tool_choice.function.name is required: {"type": "function", "function": '
-            f'{{"name": ...}}}} naming one of the tools ({", ".join(names) or "none given"})',
+            "tool_choice.function.name is required, naming one of the tools "
+            f"({', '.join(names) or 'none given'})",
             "missing_required_parameter" if name is None else "invalid_type",
         )
     if name not in names:
