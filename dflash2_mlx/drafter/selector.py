@@ -56,7 +56,7 @@ class CandidateSelector(nn.Module):
         """Top-K ids (ascending: argpartition's order moves with float noise far from the
         top, and a sampled walk's draws follow the candidates' order) and their unary scores."""
         k = min(self.top_k, logits.shape[-1])
-        ids = mx.sort(mx.argpartition(logits, -k, axis=-1)[..., -k:], axis=-1)
+        ids = mx.stop_gradient(mx.sort(mx.argpartition(logits, -k, axis=-1)[..., -k:], axis=-1))
         return ids, mx.take_along_axis(logits, ids, axis=-1)
 
     def lattice(

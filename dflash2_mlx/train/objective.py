@@ -173,9 +173,7 @@ def loss_terms(
         total = total + distill_weight * parts["distill"]
     if drafter.config.version == 2 and selector_weight > 0:
         sel = drafter.candidate_selector
-        k = min(sel.top_k, logits.shape[-1])
-        cand = mx.stop_gradient(mx.argpartition(logits, -k, axis=-1)[..., -k:])
-        unary = mx.take_along_axis(logits, cand, axis=-1)
+        cand, unary = sel.candidates(logits)  # the candidates drafting walks
         cand_full = cand if subset is None else subset.ids[cand]
         prev = mx.concatenate([block_ids[:, :1], gold[:, :-1]], axis=1)
         proj = sel.hidden_projection(h) * sel.predecessor_codebook[prev]  # [n, B-1, r]
