@@ -424,26 +424,33 @@ def test_a_piped_chat_file_with_a_byte_order_mark_sends_the_text_alone(tiny_pair
     assert done.stdout.decode() == f"{expected}\n"
 
 
-def test_a_long_message_in_a_full_chat_keeps_the_turns_that_still_fit(tiny_pair, tmp_path):
-    """Where a message is too long to free a quarter of the context more even with every
-    turn gone, only the turns it needs are dropped (here 2 of 3), not all of them."""
+def _with_context(model: Path, folder: Path, context: int) -> Path:
+    """A copy of `model` whose config says its context is `context` tokens."""
     import shutil
-    import subprocess
-    import sys
 
-    target = tmp_path / "target"
-    shutil.copytree(tiny_pair[0], target)
-    config = json.loads((target / "config.json").read_text())
-    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 100}))
-    users = ["hello model", "hello again", "and again", "x " * 64]
-    done = subprocess.run(
+    shutil.copytree(model, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}))
+    return folder
+
+
+def _piped_chat(target: Path, drafter: Path, lines: list[str], max_tokens: int = 10):
+    """`dflash2 chat` with `lines` piped in, in a process of its own."""
+    return subprocess.run(
         [sys.executable, "-m", "dflash2_cli", "chat", "--target", str(target)]
-        + ["--drafter", str(tiny_pair[1]), "--max-tokens", "10"],
-        input="\n".join(users) + "\n",
+        + ["--drafter", str(drafter), "--max-tokens", str(max_tokens)],
+        input="\n".join(lines) + "\n",
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_a_long_message_in_a_full_chat_keeps_the_turns_that_still_fit(tiny_pair, tmp_path):
+    """Where a message is too long to free a quarter of the context more even with every
+    turn gone, only the turns it needs are dropped (here 2 of 3), not all of them."""
+    target = _with_context(tiny_pair[0], tmp_path / "target", 100)
+    done = _piped_chat(target, tiny_pair[1], ["hello model", "hello again", "and again", "x " * 64])
     assert done.returncode == 0, done.stderr
     assert "its 2 oldest turns were dropped" in done.stderr, done.stderr
 
@@ -454,23 +461,9 @@ def test_a_full_chat_drops_its_oldest_turns_and_a_message_too_long_loses_nothing
     """An answer that filled the context left every later message refused (only /clear went
     on). Now the oldest turns go, said in a note, and a message too long for any conversation
     is refused without dropping them."""
-    import shutil
-    import subprocess
-    import sys
-
-    target = tmp_path / "target"
-    shutil.copytree(tiny_pair[0], target)
-    config = json.loads((target / "config.json").read_text())
-    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 60}))
+    target = _with_context(tiny_pair[0], tmp_path / "target", 60)
     users = ["hello model", "hello again", "and again", "once more", "x " * 80, "last one"]
-    done = subprocess.run(
-        [sys.executable, "-m", "dflash2_cli", "chat", "--target", str(target)]
-        + ["--drafter", str(tiny_pair[1]), "--max-tokens", "10"],
-        input="\n".join(users) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _piped_chat(target, tiny_pair[1], users)
     assert done.returncode == 2, done.stderr  # the long line was refused
     answers = done.stdout.split("\n")[:-1]
     assert len(answers) == 5, done.stdout
@@ -491,14 +484,7 @@ def test_a_full_chat_drops_its_oldest_turns_and_a_message_too_long_loses_nothing
     last = turns + [{"role": "user", "content": users[-1]}]
     assert answers[-1] == answer(target, tiny_pair[1], last, 10)
     # a --max-tokens near the context keeps a short conversation: the answer is cut instead
-    done = subprocess.run(
-        [sys.executable, "-m", "dflash2_cli", "chat", "--target", str(target)]
-        + ["--drafter", str(tiny_pair[1]), "--max-tokens", "4"],
-        input="hi\n/max 50\nhello\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _piped_chat(target, tiny_pair[1], ["hi", "/max 50", "hello"], max_tokens=4)
     assert done.returncode == 0, done.stderr
     assert "dropped" not in done.stderr and "this answer is limited to" in done.stderr
 
