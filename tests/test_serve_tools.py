@@ -825,6 +825,22 @@ def test_a_call_inside_the_thinking_goes_back_to_it(tool_tokenizer):
     }
 
 
+def test_a_prefilled_call_that_does_not_parse_holds_only_what_follows(tool_tokenizer):
+    """The reply to a prefill holds only what follows it: a call the prefill opened that
+    does not parse comes back as the model's text after the prefill, not with it again (a
+    forced tool_choice's opening, which the client never saw, stays in)."""
+    prefix = '\n{"name": "get_weather"'
+    after = ", broken}\n</tool_call>"
+    for prefilled, want in ((True, after), (False, "<tool_call>" + prefix + after)):
+        prompt = ChatPrompt(
+            [1], "tool", prefix, tools=ToolRequest(tuple(tt.TOOLS)), call_prefilled=prefilled
+        )
+        reply = ChatReply(tool_tokenizer, prompt)
+        reply.feed(after, RoundEvent(tokens=[5]))
+        reply.finish("stop")
+        assert (reply.calls, "".join(reply.content)) == ([], want), prefilled
+
+
 def test_a_think_marker_inside_a_call_is_no_reasoning(tool_tokenizer):
     """reasoning_tokens counts a thinking section's tokens, not a call's text that happens to
     hold a think marker (a call the prompt opened, or one the reply opens)."""

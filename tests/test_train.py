@@ -1186,9 +1186,12 @@ def test_the_closing_note_never_says_to_delete_a_users_files(tmp_path):
 
     work = tmp_path / "w"
     (work / "run-out").mkdir(parents=True)
-    for name in ("regen_train.jsonl", "features_train_abc", "work.json", ".hidden"):
+    for name in ("regen_train.jsonl", "features_train_abc", "work.json"):
         (work / name).write_text("x")
     assert _work_note(work).endswith("delete it once this drafter is final")
+    (work / ".git").mkdir()  # a repository's folder is one's own, dotted or not
+    assert "not train's: .git" in _work_note(work)
+    (work / ".git").rmdir()
     (work / "thesis.tex").write_text("mine")
     note = _work_note(work)
     assert "delete it once" not in note and "regen_*" in note and "run-*" in note, note

@@ -39,6 +39,7 @@ class ChatPrompt:
     stops: tuple[str, ...] = ()  # stop strings the tools add (parallel_tool_calls false)
     tools: ToolRequest | None = None  # active tools: the reply's calls are parsed
     call_id_length: int | None = None  # the template's required tool-call id length
+    call_prefilled: bool = False  # the client's prefill opened the call (it has that text)
 
 
 def _template_call(fn) -> object:
@@ -161,7 +162,7 @@ class ChatTemplate:
             # the reply keeps its first call: serve/reply.py)
             stops = (self.tok.tool_call_end,)
         if call is not None:
-            return ChatPrompt(ids, "tool", call, stops, active, self.info.call_id_length)
+            return ChatPrompt(ids, "tool", call, stops, active, self.info.call_id_length, True)
         if active is None or not active.forced:
             return ChatPrompt(ids, state, "", stops, active, self.info.call_id_length)
         lead, opening = _template_call(

@@ -94,6 +94,10 @@ class ChatReply:
         self.state = self.machine.make_state(start) if self.machine else None
         self.current = start
         self.call_text = prompt.call_prefix
+        # a call the client's prefill opened: its text is the client's, never sent back
+        self.prefilled = (
+            tokenizer.tool_call_start + prompt.call_prefix if prompt.call_prefilled else ""
+        )
         calls = prompt.tools is not None
         self.thinking = ThinkingTracker(tokenizer, prompt.state, once=value, calls=calls)
         self.value_ahead = value and self.machine is not None  # markers still count
@@ -250,6 +254,7 @@ class ChatReply:
         no part of the call."""
         text, self.call_text = self.call_text, ""
         end = self.tok.tool_call_end or ""
+        known, self.prefilled = self.prefilled, ""  # only the first call can be the prefill's
         call = text if complete else _without_partial(text, end)
         try:
             if cut:
@@ -262,7 +267,7 @@ class ChatReply:
                 raise ValueError(f"no function name in {parsed!r}")
             texts = [_arguments_text(c) for c in calls]
         except Exception as e:  # the model's text, not a server fault: keep it as text
-            text = self.tok.tool_call_start + text + (end if complete else "")
+            text = (self.tok.tool_call_start + text).removeprefix(known) + (end if complete else "")
             if cut and self.call_from != "reasoning":
                 log.warning("a tool call was cut before its end; dropped: %s", loggable(text, 300))
                 self.dropped += 1

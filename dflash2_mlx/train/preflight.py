@@ -265,7 +265,7 @@ def files_not_ours(work: Path) -> list[str]:
     own files where --work named a folder of theirs): never to be deleted with its work."""
     if not work.is_dir():
         return []
-    names = (p.name for p in work.iterdir() if not p.name.startswith("."))
+    names = (p.name for p in work.iterdir())  # .git, .env: a folder of one's own too
     return sorted(n for n in names if n != WORK_IDENTITY and not n.startswith(WORK_PREFIXES))
 
 
