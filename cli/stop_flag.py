@@ -27,23 +27,31 @@ class StopFlag:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised as Ctrl-C is, so one handler saves the work of both."""
+    """SIGTERM or SIGHUP, raised as Ctrl-C is, so one handler saves the work of all."""
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.signum = signum
 
 
 def _raise_terminated(signum, frame) -> None:
-    raise Terminated
+    raise Terminated(signum)
 
 
 def interrupt_status(e: KeyboardInterrupt) -> int:
     """The exit status a shell and a scheduler read: 128 + the signal's number."""
-    return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+    return 128 + (e.signum if isinstance(e, Terminated) else signal.SIGINT)
 
 
 @contextmanager
 def terminate_as_interrupt():
-    """Inside: SIGTERM (`kill`, a scheduler) stops the command as Ctrl-C does."""
-    before = signal.signal(signal.SIGTERM, _raise_terminated)
+    """Inside: SIGTERM (`kill`, a scheduler) and SIGHUP (the terminal or ssh session gone)
+    stop the command as Ctrl-C does; an ignored one (nohup) stays ignored."""
+    wanted = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    wanted = [s for s in wanted if signal.getsignal(s) is not signal.SIG_IGN]
+    before = {s: signal.signal(s, _raise_terminated) for s in wanted}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for s, handler in before.items():
+            signal.signal(s, handler)

@@ -1067,9 +1067,11 @@ def test_a_target_mlx_lm_cannot_load_is_named_before_anything_is_written(tmp_pat
     assert not (tmp_path / "o").exists() and not (tmp_path / "work").exists()
 
 
-def test_a_kill_mid_training_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
-    """SIGTERM (`kill`, a job scheduler) stops as Ctrl-C does: the checkpoint is saved at the
-    step reached and the same command resumes there."""
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_kill_mid_training_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, signame):
+    """SIGTERM (`kill`, a job scheduler) or SIGHUP (the terminal or ssh session gone) stops as
+    Ctrl-C does: the checkpoint is saved at the step reached, the exit status is 128 + the
+    signal's number, and the same command resumes there."""
     import signal
     import subprocess
     import sys
@@ -1091,9 +1093,10 @@ def test_a_kill_mid_training_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
     deadline = time.monotonic() + 180
     while not (ckpt / "state.json").exists() and time.monotonic() < deadline:
         time.sleep(0.1)  # training: its first checkpoint (every 100 steps) is written
-    proc.send_signal(signal.SIGTERM)
+    signum = getattr(signal, signame)
+    proc.send_signal(signum)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, out  # 143: what a scheduler reads
+    assert proc.returncode == 128 + signum, out  # 143 / 129: what a scheduler, a shell read
     assert "interrupted: checkpoint saved at step" in out and "rerun the same command" in out
     saved = json.loads((ckpt / "state.json").read_text())
     assert saved["step"] >= 100 and not ckpt.with_name("checkpoint.tmp").exists()

@@ -1,6 +1,7 @@
-"""Training steps whole: Ctrl-C (or SIGTERM, which the CLI turns into it) during a step waits
-for the step's end, so the checkpoint an interrupt saves holds a whole step — its weights,
-optimizer state and the sampler's draws alike — and a resumed run gives the same drafter."""
+"""Training steps whole: Ctrl-C (or SIGTERM / SIGHUP, which the CLI turns into it) during a
+step waits for the step's end, so the checkpoint an interrupt saves holds a whole step — its
+weights, optimizer state and the sampler's draws alike — and a resumed run gives the same
+drafter."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ from typing import Iterator
 
 @contextmanager
 def whole_step() -> Iterator[None]:
-    """Inside: SIGINT and SIGTERM are noted, not acted on; leaving, a noted one goes to the
-    handler it would have met (Python's: KeyboardInterrupt; the CLI's SIGTERM: the same). An
-    ignored signal stays ignored; off the main thread (no handlers there) nothing changes."""
+    """Inside: SIGINT, SIGTERM and SIGHUP are noted, not acted on; leaving, a noted one goes
+    to the handler it would have met (Python's: KeyboardInterrupt; the CLI's SIGTERM and
+    SIGHUP: the same). An ignored signal stays ignored; off the main thread (no handlers
+    there) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     noted: list[int] = []
-    wanted = [
-        s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN
-    ]
+    caught = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    wanted = [s for s in caught if signal.getsignal(s) is not signal.SIG_IGN]
     saved = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in wanted}
     try:
         yield
