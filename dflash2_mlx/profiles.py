@@ -238,6 +238,12 @@ def profile_advice(pair, target: str, drafter: str, *, root=None) -> ProfileAdvi
         )
         if profile.get(field) not in (None, [], ()) and not kept
     ]
+    chosen = profile.get("chosen_block")
+    if not (is_int(chosen, 1) and chosen <= trained):  # what the blocks by context fall from
+        dropped = [f for f in dropped if not f.startswith("block_by_")]
+        falling = ("block_by_context", "block_by_temperature")
+        if chosen is None and any(profile.get(f) for f in falling):
+            dropped.insert(0, "chosen_block")
     if dropped:
         why = f"{path}: the profile's {', '.join(dropped)} do not read, ignored: rerun --autotune"
         advice = replace(advice, damaged=why)

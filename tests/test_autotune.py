@@ -499,10 +499,11 @@ def test_chat_uses_the_stored_profile_unless_block_is_given(
     path = A.profile_path(A.profile_key(pair, str(t), str(d)))
     good = json.loads(path.read_text())
     # a field that does not read is left out and said to be; the others still apply
-    path.write_text(json.dumps({**good, "chosen_block": "4"}))
-    assert run(chat) == 0
-    err = " ".join(capsys.readouterr().err.split())
-    assert f"{path}: the profile's chosen_block do not read, ignored" in err, err
+    for bad in ("4", None):  # blamed on the block, not on the blocks by context that fall from it
+        path.write_text(json.dumps({**good, "chosen_block": bad, "block_by_context": [[64, 2]]}))
+        assert run(chat) == 0
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"{path}: the profile's chosen_block do not read, ignored" in err, err
     # another device's or pair's profile at this path: said, not silently passed over
     path.write_text(json.dumps({**good, "key": {**good["key"], "device": "elsewhere"}}))
     assert run(chat) == 0
