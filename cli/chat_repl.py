@@ -227,6 +227,8 @@ class Chat(SlashCommands):
             self.session = self.pair.new_session()
         except SystemExit:  # the terminal closed, or a kill (terminal.ends_on_hangup)
             finish = "stopped"
+            if not live:  # its status line, as the turn's end would write it
+                self.end_unshown(stats, finish)
             raise
         finally:
             self.show(reply.finish(), view, self.status(stats, finish))

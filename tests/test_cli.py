@@ -446,6 +446,27 @@ def _piped_chat(target: Path, drafter: Path, lines: list[str], max_tokens: int =
     )
 
 
+def test_a_piped_chat_killed_mid_answer_still_says_where_it_stopped(tiny_pair):
+    """SIGTERM while a piped answer streams: exit 143, and stderr ends with the answer's status
+    line, "stopped" (it used to end at the banner)."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dflash2_cli", *_chat(tiny_pair, "--max-tokens", "100000")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdin.write("hello model\n")
+    proc.stdin.flush()
+    assert proc.stdout.read(1)  # the answer streams
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "tok/s" in err.splitlines()[-1] and "stopped" in err.splitlines()[-1], err
+
+
 def test_a_long_message_in_a_full_chat_keeps_the_turns_that_still_fit(tiny_pair, tmp_path):
     """Where a message is too long to free a quarter of the context more even with every
     turn gone, only the turns it needs are dropped (here 2 of 3), not all of them."""
