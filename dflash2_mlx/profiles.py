@@ -228,6 +228,16 @@ def profile_advice(pair, target: str, drafter: str, *, root=None) -> ProfileAdvi
         _safely(width_costs, profile),
         _safely(context_costs, profile),
     )
+    dropped = _unread_fields(profile, advice, trained)
+    if dropped:
+        why = f"{path}: the profile's {', '.join(dropped)} do not read, ignored: rerun --autotune"
+        advice = replace(advice, damaged=why)
+    return advice
+
+
+def _unread_fields(profile: dict, advice: ProfileAdvice, trained: int) -> list[str]:
+    """The profile's fields that `advice` left out as unreadable; blocks by context or
+    temperature left out for a bad or missing chosen_block (they fall from it) name it."""
     dropped = [
         field
         for field, kept in (
@@ -239,15 +249,13 @@ def profile_advice(pair, target: str, drafter: str, *, root=None) -> ProfileAdvi
         if profile.get(field) not in (None, [], ()) and not kept
     ]
     chosen = profile.get("chosen_block")
-    if not (is_int(chosen, 1) and chosen <= trained):  # what the blocks by context fall from
-        dropped = [f for f in dropped if not f.startswith("block_by_")]
-        falling = ("block_by_context", "block_by_temperature")
-        if chosen is None and any(profile.get(f) for f in falling):
-            dropped.insert(0, "chosen_block")
-    if dropped:
-        why = f"{path}: the profile's {', '.join(dropped)} do not read, ignored: rerun --autotune"
-        advice = replace(advice, damaged=why)
-    return advice
+    if is_int(chosen, 1) and chosen <= trained:
+        return dropped
+    dropped = [f for f in dropped if not f.startswith("block_by_")]
+    falling = ("block_by_context", "block_by_temperature")
+    if chosen is None and any(profile.get(f) for f in falling):
+        dropped.insert(0, "chosen_block")
+    return dropped
 
 
 def _count(value) -> int | None:

@@ -156,7 +156,7 @@ class ThinkingTracker:
                 self.in_call = not self._ends(self.call_end)
             elif self.inside:
                 self.stats.tokens += 1
-                if tuple(self.tail[-len(self.end) :]) == self.end:
+                if self._ends(self.end):
                     self.inside, self.done = False, self.once
             elif self._ends(self.start):
                 self.inside = True
