@@ -240,8 +240,13 @@ def test_what_claude_code_sends_by_default(client, url, pair):  # noqa: F811
         ({"messages": [{"role": "user", "content": []}]}, "messages[0]: all messages must"),
         (
             {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
-            "messages[0].content[0]: text content blocks must be non-empty",
+            "messages[0].content[0]: text content blocks must contain non-whitespace text",
         ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": " \n"}]}]},
+            "messages[0].content[0]: text content blocks must contain non-whitespace text",
+        ),
+        ({"messages": [{"role": "user", "content": "\t "}]}, "messages[0]: all messages must"),
         (
             {"messages": [*tt.HI, {"role": "assistant", "content": ""}, *tt.HI]},
             "messages[1]: all messages must",

@@ -118,7 +118,8 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
         check_object(m, where, ("role", "content"))
         role, content = m.get("role"), m.get("content")
         _check_role(f"{where}.role", role)
-        if content in ("", []) and not (role == "assistant" and i == len(items) - 1):
+        blank = content == [] or (isinstance(content, str) and not content.strip())
+        if blank and not (role == "assistant" and i == len(items) - 1):
             raise invalid(
                 f"{where}.content",
                 f"{where}: all messages must have non-empty content except for the optional "
@@ -158,8 +159,10 @@ def _block(at: str, role: str, block) -> tuple[str | None, object]:
     if kind == "text":
         if not isinstance(block.get("text"), str):
             raise invalid(f"{at}.text", f"{at}.text must be a string", "invalid_type")
-        if not block["text"]:  # as Anthropic's API: a client bug, not an empty turn
-            raise invalid(f"{at}.text", f"{at}: text content blocks must be non-empty")
+        if not block["text"].strip():  # as Anthropic's API: a client bug, not an empty turn
+            raise invalid(
+                f"{at}.text", f"{at}: text content blocks must contain non-whitespace text"
+            )
         return "text", block["text"]
     if kind == "tool_use" and role == "assistant":
         return "call", _call(at, block)
