@@ -72,6 +72,28 @@ def test_reply_is_the_chat_reply_as_output_items(client):
         assert s.get_final_response().output_text == r.output_text
 
 
+def test_every_text_delta_goes_to_a_part_announced_before_it(client):
+    """As the Node SDK's stream accumulator rebuilds a response: an item's content part exists
+    only from its `content_part.added`, and a delta to a part not announced is an error."""
+    stream = events(client, tt.HI)
+    parts: dict[str, list[dict]] = {}
+    for e in stream:
+        if e.type == "response.output_item.added":
+            parts[e.item.id] = []
+        elif e.type == "response.content_part.added":
+            assert e.content_index == len(parts[e.item_id])
+            parts[e.item_id].append(e.part.model_dump())
+        elif e.type in ("response.output_text.delta", "response.reasoning_text.delta"):
+            parts[e.item_id][e.content_index]["text"] += e.delta
+        elif e.type == "response.content_part.done":
+            assert parts[e.item_id][e.content_index]["text"] == e.part.text
+    final = stream[-1].response.output
+    assert [i.type for i in final] == ["reasoning", "message"]
+    for item in final:
+        assert [p["text"] for p in parts[item.id]] == [p.text for p in item.content]
+        assert [p["type"] for p in parts[item.id]] == [p.type for p in item.content]
+
+
 def test_a_reasoning_summary_is_the_thinking_whole(client):
     """Codex and the Agents SDK ask for `reasoning.summary` and show its summary_text: that
     is the thinking itself (no summarizer), whole and in the summary stream events."""

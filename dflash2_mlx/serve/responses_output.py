@@ -176,14 +176,17 @@ class ResponseBuilder:
                 "response.output_item.added", item=dict(self.item), output_index=len(self.output)
             )
         ]
-        if kind == "message":
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            events.append(
-                self._event(
-                    "response.content_part.added", **self._where(), content_index=0, part=part
-                )
-            )
-        elif self.summary:
+        # a reasoning item's text part is announced too: the Node SDK's stream accumulator
+        # makes content[0] only from this event
+        part = (
+            {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            if kind == "message"
+            else {"type": "reasoning_text", "text": ""}
+        )
+        events.append(
+            self._event("response.content_part.added", **self._where(), content_index=0, part=part)
+        )
+        if kind == "reasoning" and self.summary:
             part = {"type": "summary_text", "text": ""}
             events.append(
                 self._event(
@@ -243,6 +246,9 @@ class ResponseBuilder:
                 self._event(
                     "response.reasoning_text.done", **where, content_index=0, text=self.text
                 )
+            )
+            events.append(
+                self._event("response.content_part.done", **where, content_index=0, part=part)
             )
             events += self._summary_done(where)
         item = {**self.item, "content": [part], "status": status}
