@@ -621,6 +621,43 @@ def test_a_translated_field_is_named_as_sent(url, path, extra, field):
     assert message.startswith(field + ":") and "True" not in message, message
 
 
+CALL_ITEM = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+TOOL_USE = {"type": "tool_use", "id": "c1", "name": "f", "input": {}}
+TOOL_RESULT = {"type": "tool_result", "tool_use_id": "c1", "content": "42"}
+
+
+@pytest.mark.parametrize(
+    "path,body,field",
+    [
+        ("/v1/responses", {"input": [{"role": "user", "content": "hi"}, CALL_ITEM]}, "input[1]"),
+        (  # an assistant message, then its call as an item of its own
+            "/v1/responses",
+            {"input": [*HI, {"role": "assistant", "content": "ok"}, CALL_ITEM]},
+            "input[2]",
+        ),
+        (
+            "/v1/messages",
+            {
+                "max_tokens": 4,
+                "messages": [
+                    *HI,
+                    {"role": "assistant", "content": [TOOL_USE]},
+                    {"role": "user", "content": [TOOL_RESULT]},
+                ],
+            },
+            "messages[1].content",
+        ),
+    ],
+)
+def test_a_call_the_template_cannot_render_is_named_where_it_was_sent(url, path, body, field):
+    """Responses and Messages carry calls as items and blocks: no `tool_calls` field is named."""
+    r = httpx.post(url + path, json=body)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith(field + ": this model's chat template"), message
+    assert "tool_calls" not in message
+
+
 def test_an_unknown_field_sent_as_null_asks_nothing_and_passes(url):
     """SDKs and proxies send unset fields as null; only a value would be ignored."""
     body = {"messages": HI, "max_tokens": 1, "frobnicate": None}

@@ -292,6 +292,8 @@ def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
         rest = m.group(2)
         if origin.get(key + "#kind") == "tool_result":
             rest = rest.replace(".tool_call_id", ".tool_use_id", 1)
+        if rest == ".tool_calls":  # the calls: tool_use blocks
+            rest = ".content"
         param = origin.get(key, "messages") + rest
     if param == "chat_template_kwargs.enable_thinking":  # set by `thinking`
         param = "thinking.type"

@@ -350,6 +350,8 @@ def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
         if call and message + call in origin:
             base = origin[message + call]
             rest = re.sub(r"^\.function\.", ".", rest).replace(".id", ".call_id", 1)
+        elif rest == ".tool_calls" and message + ".tool_calls[0]" in origin:
+            base, rest = origin[message + ".tool_calls[0]"], ""  # the calls: function_call items
         else:
             base = origin.get(message, "input")
             if call:
