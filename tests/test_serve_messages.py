@@ -7,6 +7,8 @@ Anthropic's shape, naming the Messages field; the API key as x-api-key."""
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import pytest
@@ -150,6 +152,43 @@ def test_what_claude_code_sends_by_default(client, url, pair):  # noqa: F811
         assert r.status_code == 200 and r.json()["content"][0]["type"] == "text", r.text
         enabled = {**body, "thinking": {"type": "enabled", "budget_tokens": 9}}
         assert httpx.post(base + "/v1/messages", json=enabled).status_code == 400
+
+
+def test_a_thread_is_refused_so_the_sdks_tool_runner_goes_on_without_one(url):
+    """Anthropic's server-held conversations (`thread`) are not held here. The refusal carries
+    the error_code on which the SDK's tool_runner (which asks for a thread by default) sends
+    the whole conversation instead, and the run goes on."""
+    r = httpx.post(
+        url + "/v1/messages",
+        json={"model": "tools", "max_tokens": 8, "messages": tt.HI, "thread": {"type": "create"}},
+    )
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["details"] == {"error_code": "thread_unsupported_request"}
+    assert err["message"].startswith("thread: this server holds no conversations")
+    sent: list[dict] = []
+    hooks = {"request": [lambda req: sent.append(json.loads(req.content))]}
+    client = anthropic.Anthropic(
+        base_url=url,
+        api_key="unused",
+        max_retries=0,
+        http_client=anthropic.DefaultHttpxClient(event_hooks=hooks),
+    )
+    if not hasattr(client.beta.messages, "tool_runner"):
+        pytest.skip("this anthropic SDK has no tool_runner")
+
+    @anthropic.beta_tool
+    def get_weather(city: str) -> str:
+        """the weather in a city"""
+        return tt.RESULT
+
+    runner = client.beta.messages.tool_runner(
+        model="tools", max_tokens=64, tools=[get_weather], messages=tt.ASK
+    )
+    replies = list(runner)
+    assert replies and replies[-1].stop_reason in ("end_turn", "max_tokens")
+    assert all("thread" not in body for body in sent[1:]), sent
+    assert len(sent) == len(replies) + ("thread" in sent[0])
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        details: dict | None = None,
     ):
         if len(message) > MAX_MESSAGE:  # whatever a message quotes, it stays short
             message = message[:MAX_MESSAGE] + "..."
@@ -50,6 +51,7 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
         self.type, self.code, self.headers = type, code, headers or {}
+        self.details = details  # Anthropic's machine-readable `error.details`, where one applies
 
     def body(self) -> dict:
         return {
@@ -92,7 +94,13 @@ def renamed(err: APIError, param: str, renames=()) -> APIError:
         return err
     message = err.message.replace(err.param, param) if err.param else err.message
     return APIError(
-        err.status, message, param=param, type=err.type, code=err.code, headers=err.headers
+        err.status,
+        message,
+        param=param,
+        type=err.type,
+        code=err.code,
+        headers=err.headers,
+        details=err.details,
     )
 
 

@@ -39,7 +39,10 @@ def error_body(err: APIError) -> dict:
     message = (
         err.message if not err.param or err.param in err.message else f"{err.param}: {err.message}"
     )
-    return {"type": "error", "error": {"type": kind, "message": message}}
+    error = {"type": kind, "message": message}
+    if err.details:
+        error["details"] = err.details
+    return {"type": "error", "error": error}
 
 
 def usage(chat_usage: dict) -> dict:

@@ -42,6 +42,21 @@ _NEUTRAL = {  # field -> allowed value test: others would change the output and 
     "container": lambda v: v is None,
     "context_management": lambda v: v is None or _clears_thinking_only(v),
 }
+
+
+# Server-held conversations (Threads): none here. The SDK's tool_runner asks for one by default
+# and, told so in these words, sends the whole conversation from then on.
+def _no_threads() -> APIError:
+    return APIError(
+        400,
+        "thread: this server holds no conversations; send the whole conversation without "
+        "`thread` (the SDK's tool_runner does so after this error, or pass thread=False)",
+        param="thread",
+        code="unsupported_parameter",
+        details={"error_code": "thread_unsupported_request"},
+    )
+
+
 # generation's fields, not a count's (Anthropic's count_tokens refuses them)
 _NOT_COUNTED = ("max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences")
 _NOT_COUNTED += ("metadata", "service_tier")
@@ -59,8 +74,10 @@ def parse_messages(body: dict) -> GenRequest:
     """The chat request an Anthropic Messages body asks for (GenRequest.anthropic set)."""
     known = {*_SAME, *_HARMLESS, *_NEUTRAL, "messages", "system", "stop_sequences", "tools"}
     known |= {"tool_choice", "thinking", "output_config"}
+    if body.get("thread") is not None:
+        raise _no_threads()
     for name, value in body.items():
-        if name not in known:
+        if name not in known | {"thread"}:
             raise invalid(name, f"{name}: Extra inputs are not permitted", "unknown_parameter")
         if name in _NEUTRAL and not _NEUTRAL[name](value):
             raise invalid(name, f"{name} is not supported", "unsupported_parameter")
