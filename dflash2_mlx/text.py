@@ -140,11 +140,12 @@ class IncrementalDecoder:
 
     def _whole(self, end: int) -> int:
         """The end of the ids before `end` that leave no character incomplete (from the bytes
-        of the last UTF8_MAX unshown tokens: each adds one byte at least)."""
-        first = max(self.read, end - self.UTF8_MAX)
+        of the last UTF8_MAX tokens: each adds one byte at least). The window reaches into the
+        shown ids: a prompt may end inside a character that the reply completes."""
+        first = max(self.start, end - self.UTF8_MAX)
         parts = [token_bytes(self.tokenizer, t) for t in self.ids[first:end]]
         missing = incomplete_tail(b"".join(parts))
-        while missing > 0 and parts:
+        while missing > 0 and end > self.read:
             missing -= len(parts.pop())
             end -= 1
         return end

@@ -3,6 +3,7 @@ token at a time with stop strings, rounds of any length), when characters split 
 tokens — also after real U+FFFD characters and invalid bytes, which once made the decoder
 show an incomplete character's U+FFFD for good (`'������ ok'` for `'����搐 ok'`)."""
 
+import os
 import random
 
 import pytest
@@ -32,8 +33,8 @@ def _byte_ids(tok) -> dict[int, int]:
     return {b: tok.convert_tokens_to_ids(char_of[b]) for b in range(256)}
 
 
-def _streamed(tok, ids, sizes) -> str:
-    decoder, text, i = IncrementalDecoder(tok, tok.encode("Say:")), "", 0
+def _streamed(tok, ids, sizes, context=None) -> str:
+    decoder, text, i = IncrementalDecoder(tok, context or tok.encode("Say:")), "", 0
     while i < len(ids):
         step = next(sizes)
         text += decoder.add(ids[i : i + step], final=i + step >= len(ids))
@@ -64,6 +65,31 @@ def test_random_bytes_in_random_rounds(tok):
         ids = [rng.choice(pool) for _ in range(rng.randint(1, 12))]
         sizes = iter(lambda: rng.randint(1, 5), None)
         assert _streamed(tok, ids, sizes) == _want(tok, ids), ids
+
+
+def test_a_character_the_prompt_opened_is_completed_by_the_reply(tok):
+    """A prompt of ids may end inside a character (a cut reply sent back to continue): the
+    reply's text is what decoding it after the prompt adds to the prompt's whole characters,
+    the same whichever byte the prompt stopped at; a character never completed stays the
+    prompt's."""
+    byte, rng = _byte_ids(tok), random.Random(3)
+    say = tok.encode("Say:")
+    for char in ("晨", "😀", "é"):
+        data = [byte[b] for b in char.encode()]
+        for cut in range(1, len(data)):
+            reply = data[cut:] + tok.encode(" ok")
+            for step in (1, 2, len(reply)):
+                got = _streamed(tok, reply, iter(lambda s=step: s, None), say + data[:cut])
+                assert got == char + " ok", (char, cut, step, got)
+        assert _streamed(tok, tok.encode("A"), iter(lambda: 1, None), say + data[:1]) == "A"
+    pool = [byte[b] for b in range(0x80, 0x100)] + tok.encode("晨你好 a.")
+    for _ in range(300):
+        context = say + [rng.choice(pool) for _ in range(rng.randint(0, 3))]
+        ids = [rng.choice(pool) for _ in range(rng.randint(1, 8))]
+        full, shown = _want(tok, context + ids), _want(tok, context)
+        want = full[len(os.path.commonprefix([full, shown])) :]
+        sizes = iter(lambda: rng.randint(1, 4), None)
+        assert _streamed(tok, ids, sizes, context) == want, (context, ids)
 
 
 def test_every_token_gets_its_logprob_entry(tok):
