@@ -299,6 +299,31 @@ def test_a_second_ctrl_c_quits_at_once_without_tracebacks():
     assert "Traceback" not in err and "CancelledError" not in err, err
 
 
+def test_an_upload_still_coming_at_shutdown_is_refused_at_once():
+    """A body still arriving when the drain begins is a 503 at once: it held the shutdown up
+    to its stall timeout (30 s), or without end when it dripped, then ended in a 500 and a
+    traceback."""
+    with _child_server("3.0", "1") as (proc, base):
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            head = f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            head += "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+            s.sendall(head.encode() + b'{"prompt": "a')
+            time.sleep(0.5)  # the body is being read
+            t0 = time.time()
+            proc.send_signal(signal.SIGTERM)
+            data = b""
+            while part := s.recv(65536):
+                data += part
+        answered = time.time() - t0
+        _, err = proc.communicate(timeout=30)
+        ended = time.time() - t0
+    assert data.startswith(b"HTTP/1.1 503"), data
+    assert json.loads(data.partition(b"\r\n\r\n")[2])["error"]["code"] == "shutting_down"
+    assert answered < 2.5 and ended < 10, (answered, ended)
+    assert "Traceback" not in err, err
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
 def test_sighup_drains_and_names_the_request_in_its_log():
     """SIGHUP (a closed terminal, `kill -HUP`) drains as SIGTERM does: the running stream gets

@@ -476,3 +476,72 @@ def test_a_stalled_body_is_a_408_and_its_buffer_freed():
         assert ok.status_code == 200
     with pytest.raises(DFlash2Error, match="body_stall_s must be > 0"):
         ServeLimits(body_stall_s=0)
+
+
+def test_many_consecutive_turns_are_joined_in_linear_time():
+    """50,000 consecutive turns (a 4 MB body), which Messages and Responses join into one: a
+    join per turn copied the text so far each time, 10-12 s of one core per request."""
+    from dflash2_mlx.serve.messages_request import parse_messages
+    from dflash2_mlx.serve.responses_request import parse_responses
+
+    n, text = 50_000, "x" * 80
+    t0 = time.perf_counter()
+    req = parse_messages(
+        {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": text}] * n}
+    )
+    assert [m["content"] for m in req.messages] == ["\n".join([text] * n)]
+    said = {"type": "message", "role": "assistant", "content": text}
+    thought = {
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "t"}],
+    }
+    req = parse_responses({"input": [*HI, *[thought, said] * n, *HI]})
+    assert req.messages[1]["content"] == text * n
+    assert req.messages[1]["reasoning_content"] == "t" * n
+    assert time.perf_counter() - t0 < 5
+
+
+def test_item_references_stand_for_no_more_than_a_body_may_hold():
+    from dflash2_mlx.serve.api_error import APIError
+    from dflash2_mlx.serve.response_items import RecentItems
+
+    recent = RecentItems(max_resolved=1000)
+    item = {"id": "msg_1", "type": "message", "role": "assistant", "content": "y" * 300}
+    recent.add(item)
+    ref = {"type": "item_reference", "id": "msg_1"}
+    assert recent.resolved([ref, ref]) == [item, item]
+    with pytest.raises(APIError) as refused:
+        recent.resolved([ref] * 4)  # 1.2k characters of items from 4 references
+    assert refused.value.status == 413 and refused.value.param == "input"
+
+
+def test_a_body_that_takes_long_to_parse_leaves_the_server_answering():
+    """Parsing runs off the event loop: a 700,000-prompt completions body (3.5 MB) took 12 s
+    to refuse, and /health, every stream and the shutdown signal waited for it."""
+    import threading
+
+    pair = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2))
+    with running(create_app(pair, model_name="t")) as base:
+        body = json.dumps({"prompt": ["a"] * 700_000, "max_tokens": 1}).encode()
+        done: list = []
+        post = threading.Thread(
+            target=lambda: done.append(
+                httpx.post(
+                    base + "/v1/completions",
+                    content=body,
+                    timeout=120,
+                    headers={"content-type": "application/json"},
+                )
+            )
+        )
+        post.start()
+        waits = []
+        while post.is_alive():
+            t0 = time.perf_counter()
+            assert httpx.get(base + "/health", timeout=30).status_code == 200
+            waits.append(time.perf_counter() - t0)
+            time.sleep(0.05)
+        post.join()
+    assert done[0].status_code == 400 and "choices are more" in done[0].json()["error"]["message"]
+    assert len(waits) >= 3 and max(waits) < 1.0, waits

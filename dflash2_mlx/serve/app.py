@@ -18,6 +18,7 @@ from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import defaults
@@ -39,7 +40,7 @@ from .http_errors import CLIENT_GONE, error_response
 from .lifecycle import Drain
 from .limits import RequestLimits, ServeLimits
 from .queue import Worker
-from .schemas import APIError, parse_chat, parse_completion
+from .schemas import APIError, GenRequest, parse_chat, parse_completion
 from .messages_request import parse_count_tokens, parse_messages
 from .model_card import model_card
 from .responses_request import parse_responses
@@ -307,7 +308,7 @@ def _not_found_hint(path: str) -> str:
 def _add_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict, limits) -> None:
     """The endpoints (ENDPOINTS); generation goes to `handler`, `card` is the model object."""
     _add_info_routes(app, handler, drain, card)
-    _add_generation_routes(app, handler, limits)
+    _add_generation_routes(app, handler, limits, drain.stopped)
 
 
 def _add_info_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict) -> None:
@@ -351,29 +352,33 @@ def _add_info_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict) -
         return PlainTextResponse(worker.metrics.render(), media_type=metrics_mod.CONTENT_TYPE)
 
 
-def _add_generation_routes(app: FastAPI, handler: Handler, limits) -> None:
-    """The POST endpoints: each request body read within `limits`, then given to `handler`."""
+def _add_generation_routes(app: FastAPI, handler: Handler, limits, stopped) -> None:
+    """The POST endpoints: each request body read within `limits` (refused once `stopped`:
+    shutting down), then given to `handler`."""
 
-    async def json_body(request: Request) -> dict:
-        return await read_json(request, limits.max_body_bytes, limits.body_stall_s)
+    async def parsed(request: Request, parse, *args) -> GenRequest:
+        """The body read within `limits`, parsed off the event loop (a body's parse may take
+        seconds; the loop serves every other client meanwhile)."""
+        body = await read_json(request, limits.max_body_bytes, limits.body_stall_s, stopped)
+        return await run_in_threadpool(parse, body, *args)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await handler.handle(request, parse_chat(await json_body(request)))
+        return await handler.handle(request, await parsed(request, parse_chat))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await handler.handle(request, parse_completion(await json_body(request)))
+        return await handler.handle(request, await parsed(request, parse_completion))
 
     @app.post("/v1/responses")
     async def responses(request: Request):
-        body = await json_body(request)
-        return await handler.handle(request, parse_responses(body, handler.recent_items))
+        req = await parsed(request, parse_responses, handler.recent_items)
+        return await handler.handle(request, req)
 
     @app.post("/v1/messages")
     async def messages(request: Request):
-        return await handler.handle(request, parse_messages(await json_body(request)))
+        return await handler.handle(request, await parsed(request, parse_messages))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
-        return await handler.count_tokens(parse_count_tokens(await json_body(request)))
+        return await handler.count_tokens(await parsed(request, parse_count_tokens))

@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 
 from .schemas import APIError
@@ -27,10 +28,13 @@ def _invalid_json(message: str) -> APIError:
     return APIError(400, message, code="invalid_json")
 
 
-async def read_body(request: Request, max_bytes: int, stall_s: float = 30.0) -> bytes:
+async def read_body(
+    request: Request, max_bytes: int, stall_s: float = 30.0, stop: asyncio.Event | None = None
+) -> bytes:
     """The body, refused with 413 as soon as it is known to exceed `max_bytes` (a declared
-    Content-Length before reading anything, else while the chunks arrive), and with 408 when
-    nothing of it arrives for `stall_s` seconds."""
+    Content-Length before reading anything, else while the chunks arrive), with 408 when
+    nothing of it arrives for `stall_s` seconds, and with 503 when `stop` is set (the server
+    shuts down: an upload still coming would hold the shutdown up to its stall timeout)."""
     too_large = APIError(
         413,
         f"the request body exceeds this server's limit of {max_bytes} bytes",
@@ -40,25 +44,43 @@ async def read_body(request: Request, max_bytes: int, stall_s: float = 30.0) -> 
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise too_large
     body, chunks = bytearray(), request.stream().__aiter__()
+    stopping = {asyncio.ensure_future(stop.wait())} if stop is not None else set()
     try:
         while True:
-            try:
-                body += await asyncio.wait_for(chunks.__anext__(), stall_s)
-            except StopAsyncIteration:
-                return bytes(body)
-            except asyncio.TimeoutError:
+            chunk = asyncio.ensure_future(chunks.__anext__())
+            done, _ = await asyncio.wait(
+                {chunk, *stopping}, timeout=stall_s, return_when="FIRST_COMPLETED"
+            )
+            if chunk not in done:
+                chunk.cancel()
+                if done:
+                    raise APIError(
+                        503,
+                        "the server is shutting down",
+                        type="server_error",
+                        code="shutting_down",
+                    )
                 raise APIError(
                     408,
                     f"the request body stalled: nothing of it came for {stall_s:g} s",
                     code="request_timeout",
-                ) from None
+                )
+            try:
+                body += chunk.result()
+            except StopAsyncIteration:
+                return bytes(body)
             if len(body) > max_bytes:
                 raise too_large
     except ClientDisconnect:
         raise ClientGone from None
+    finally:
+        for waiter in stopping:
+            waiter.cancel()
 
 
-async def read_json(request: Request, max_bytes: int, stall_s: float = 30.0) -> dict:
+async def read_json(
+    request: Request, max_bytes: int, stall_s: float = 30.0, stop: asyncio.Event | None = None
+) -> dict:
     """The body as a JSON object: size-limited, parsed, free of lone surrogates."""
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity"):  # inflating would let a small upload pass the size limit
@@ -67,7 +89,14 @@ async def read_json(request: Request, max_bytes: int, stall_s: float = 30.0) -> 
             f"Content-Encoding {encoding[:40]!r} is not supported: send the JSON body uncompressed",
             code="unsupported_content_encoding",
         )
-    raw = await read_body(request, max_bytes, stall_s)
+    raw = await read_body(request, max_bytes, stall_s, stop)
+    # off the event loop, as the request's parsing: a 4 MB body takes seconds to walk, and the
+    # loop serves every other client (and the shutdown signal) meanwhile
+    return await run_in_threadpool(parse_json, raw)
+
+
+def parse_json(raw: bytes) -> dict:
+    """The body as a JSON object, free of deep nesting and lone surrogates."""
     try:
         body = json.loads(raw)
     except RecursionError:

@@ -63,14 +63,15 @@ async def _queue(handler, req: GenRequest) -> tuple[list[Job], object, list[int]
     """Every choice's place taken first (all or a 503), then for each prompt (a completions
     batch has several) its first choice's job queued as a request's and one more per choice
     with its seed; (jobs, chat prompt, each job's prompt length)."""
-    subs = [replace(req, prompt=p, prompts=None) for p in req.prompts or [req.prompt]]
-    worker, extra = handler.worker, len(subs) * req.n - 1
+    prompts = req.prompts or [req.prompt]
+    worker, extra = handler.worker, len(prompts) * req.n - 1
     most = worker.max_queue + worker.capacity
-    if extra >= most:
+    if extra >= most:  # before anything is made per prompt: there may be a million
         field = "n" if req.prompts is None else "prompt"
         raise invalid(
             field, f"{extra + 1} choices are more than this server takes at once ({most})"
         )
+    subs = [replace(req, prompt=p, prompts=None) for p in prompts]
     handler.reserve(extra)
     jobs: list[Job] = []
     lengths: list[int] = []

@@ -62,7 +62,8 @@ class Handler:
         limits: RequestLimits,
     ):
         self.pair, self.worker, self.s, self.chat = pair, worker, settings, chat
-        self.limits, self.recent_items = limits, RecentItems()  # item_reference's targets
+        self.limits = limits
+        self.recent_items = RecentItems(max_resolved=limits.body_bytes)  # item_reference's
         self.fim = fim_ids(pair.tokenizer, settings.vocab)  # a completion's `suffix` (fim.py)
         # One tokenization at a time: a burst of long prompts cannot multiply the memory.
         self.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="dflash2-tokenize")

@@ -47,11 +47,13 @@ class Drain:
     def __init__(self, worker: Worker, grace_s: float):
         self.worker, self.grace_s = worker, grace_s
         self.draining = False
+        self.stopped = asyncio.Event()  # set at the start: uploads still coming are refused
 
     def begin(self) -> None:
         if self.draining:
             return
         self.draining = True
+        self.stopped.set()
         self.worker.close()
         log.info(
             "shutting down: waiting requests answered 503; running generations have %g s",

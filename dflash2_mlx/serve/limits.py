@@ -87,6 +87,7 @@ class RequestLimits:
         self.prediction_tokens = limits.max_prediction_tokens or context
         self.stop_chars = limits.max_stop_chars
         self.keepalive_s = limits.keepalive_s
+        self.body_bytes = limits.max_body_bytes
         per_token = longest_token_chars(tokenizer)
         # Text longer than this holds more tokens than allowed, however it tokenizes.
         self.prompt_chars = per_token and per_token * self.prompt_tokens

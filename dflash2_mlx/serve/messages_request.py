@@ -166,6 +166,7 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
             elif message["content"] is None:
                 message["content"] = ""
             add(message, where)
+    _join_pieces(messages)
     return messages, origin
 
 
@@ -201,6 +202,16 @@ def _block(at: str, role: str, block) -> tuple[str | None, object]:
     )
 
 
+def _join_pieces(messages: list[dict]) -> None:
+    """Each joined turn's texts and thoughts as one, by newlines (empty ones left out)."""
+    for message in messages:
+        for key, pieces in (("content", "_texts"), ("reasoning_content", "_thoughts")):
+            if pieces in message:
+                text = "\n".join(t for t in message.pop(pieces) if t)
+                if text or key == "content":
+                    message[key] = text
+
+
 def _joined(messages: list[dict], message: dict) -> bool:
     """Joins `message` to the last of `messages` when both are user (or assistant) turns, the
     earlier with no tool calls, as Anthropic combines consecutive turns; whether it did."""
@@ -209,10 +220,9 @@ def _joined(messages: list[dict], message: dict) -> bool:
         return False
     if message["role"] not in ("user", "assistant"):
         return False
-    last["content"] = "\n".join(t for t in (last["content"], message["content"]) if t)
-    thoughts = [m["reasoning_content"] for m in (last, message) if m.get("reasoning_content")]
-    if thoughts:
-        last["reasoning_content"] = "\n".join(thoughts)
+    # pieces joined once, at the end (_join_pieces): a join per turn copied the text each time
+    for key, pieces in (("content", "_texts"), ("reasoning_content", "_thoughts")):
+        last.setdefault(pieces, [last.get(key)]).append(message.get(key))
     if message.get("tool_calls"):
         last["tool_calls"] = message["tool_calls"]
     return True

@@ -10,15 +10,20 @@ import json
 import threading
 from collections import OrderedDict
 
-from .api_error import invalid
+from .api_error import APIError, invalid
 
 MAX_ITEMS = 4096
 MAX_CHARS = 32 << 20  # of the items' JSON: a bound on the memory they hold
 
 
 class RecentItems:
-    def __init__(self, max_items: int = MAX_ITEMS, max_chars: int = MAX_CHARS):
-        self.max_items, self.max_chars = max_items, max_chars
+    """`max_resolved`: the most characters of items one request's references may stand for
+    (the body limit: a reference is no way to send more than a body may hold)."""
+
+    def __init__(
+        self, max_items: int = MAX_ITEMS, max_chars: int = MAX_CHARS, max_resolved: int = MAX_CHARS
+    ):
+        self.max_items, self.max_chars, self.max_resolved = max_items, max_chars, max_resolved
         self._items: OrderedDict[str, tuple[dict, int]] = OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()
@@ -37,7 +42,7 @@ class RecentItems:
 
     def resolved(self, items: list) -> list:
         """`input` items with each `item_reference` replaced by the item it names."""
-        out = []
+        out, size = [], 0
         for i, item in enumerate(items):
             if not (isinstance(item, dict) and item.get("type") == "item_reference"):
                 out.append(item)
@@ -51,6 +56,15 @@ class RecentItems:
                     "server's recent replies (responses are not stored): send the item itself "
                     "(the Vercel AI SDK: providerOptions.openai.store = false)",
                     "unsupported_parameter",
+                )
+            size += found[1]
+            if size > self.max_resolved:
+                raise APIError(
+                    413,
+                    f"input: its item references stand for more than {self.max_resolved} "
+                    "characters of items, more than a request body may hold",
+                    param="input",
+                    code="request_too_large",
                 )
             out.append(copy.deepcopy(found[0]))
         return out

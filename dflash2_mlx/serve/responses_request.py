@@ -156,7 +156,7 @@ def _messages(body: dict, tools: ChatTools) -> tuple[list[dict], dict[str, str]]
 
     def think(message: dict) -> None:
         if thought:
-            message["reasoning_content"] = message.get("reasoning_content", "") + "".join(thought)
+            message.setdefault("_thought", [message.get("reasoning_content", "")]).extend(thought)
             thought.clear()
 
     instructions = body.get("instructions")
@@ -176,7 +176,7 @@ def _messages(body: dict, tools: ChatTools) -> tuple[list[dict], dict[str, str]]
             if role != "assistant":
                 thought.clear()  # no answer followed that thinking
             if last is not None and (last["role"], role) == ("assistant", "assistant"):
-                last["content"] = _flat(last["content"]) + _flat(message["content"])
+                last.setdefault("_text", [_flat(last["content"])]).append(_flat(message["content"]))
                 think(last)
             elif len(messages) == 1 and instructions is not None and role in _SYSTEM:
                 last["content"] = instructions + "\n\n" + _flat(message["content"])
@@ -205,6 +205,11 @@ def _messages(body: dict, tools: ChatTools) -> tuple[list[dict], dict[str, str]]
                 "function_call_output, reasoning)",
                 "unsupported_parameter",
             )
+    for message in messages:  # joined once: a join per item copied the text for each (a DoS)
+        if "_text" in message:
+            message["content"] = "".join(message.pop("_text"))
+        if "_thought" in message:
+            message["reasoning_content"] = "".join(message.pop("_thought"))
     return messages, origin
 
 
