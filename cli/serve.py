@@ -183,7 +183,8 @@ def serve(
         "--api-key",
         envvar=API_KEY_ENV,
         show_envvar=True,
-        help="Require `Authorization: Bearer KEY` on every endpoint but /health.",
+        help="Require `Authorization: Bearer KEY` on every endpoint but /health. "
+        "The environment variable keeps the key out of `ps`, which any local user can read.",
     ),
     trust_proxy: Optional[List[str]] = typer.Option(
         None,

@@ -324,6 +324,17 @@ def test_an_upload_still_coming_at_shutdown_is_refused_at_once():
     assert "Traceback" not in err, err
 
 
+def test_an_access_line_quotes_a_long_path_short():
+    """uvicorn's access line quoted a request's target whole (16 KB a line of junk traffic,
+    in a log left to grow for weeks); it is cut as this server's own lines are."""
+    with _child_server("0.5", "1") as (proc, base):
+        assert httpx.get(base + "/" + "a" * 10_000, timeout=30).status_code == 404
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)  # uvicorn's access lines go to stdout
+    (line,) = [x for x in out.splitlines() if "aaaa" in x]
+    assert "404" in line and len(line) < 400, line
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
 def test_sighup_drains_and_names_the_request_in_its_log():
     """SIGHUP (a closed terminal, `kill -HUP`) drains as SIGTERM does: the running stream gets

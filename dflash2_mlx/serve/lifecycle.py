@@ -18,6 +18,7 @@ import threading
 
 import uvicorn
 
+from .api_error import loggable
 from .queue import ShuttingDown, Worker
 from .request_ids import NameRequests
 from .security import SecurityPolicy
@@ -173,6 +174,20 @@ class _Sometimes(logging.Filter):
 _ACCEPT_ERRORS = _Sometimes()
 
 
+class _ShortPaths(logging.Filter):
+    """uvicorn's access lines quote the request target whole (16 KB a line, refused junk
+    included): cut to what a log line of this server's own holds, control characters escaped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5:  # (client, method, path, version, status)
+            record.args = (*args[:2], loggable(args[2], 200), *args[3:])
+        return True
+
+
+_ACCESS_PATHS = _ShortPaths()
+
+
 class _QuitNow(logging.Filter):
     """After a second Ctrl-C (quit now: uvicorn's force exit), drops uvicorn's tracebacks of
     the tasks cancelled as the event loop closes: every open stream and the lifespan logged
@@ -196,6 +211,7 @@ def run(app, sock: socket.socket, *, log_level: str = "info") -> int:
     Ctrl-C)."""
     _more_files()
     logging.getLogger("asyncio").addFilter(_ACCEPT_ERRORS)  # once: the same filter object
+    logging.getLogger("uvicorn.access").addFilter(_ACCESS_PATHS)
     server = make_server(app, log_level=log_level)
     quit_now = _QuitNow(server)
     logging.getLogger("uvicorn.error").addFilter(quit_now)
