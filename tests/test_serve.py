@@ -373,6 +373,8 @@ def test_models_health_and_harmless_fields(url):
             "tool_choice": "none",
             "temperature": 0,
             "chat_template_kwargs": {"enable_thinking": False},
+            "include_stop_str_in_output": False,  # vLLM's, at what this server does
+            "skip_special_tokens": False,
         },
     )  # a model that does not think
     assert r.status_code == 200, r.text
@@ -581,6 +583,13 @@ BAD = [
     ("completions", {"prompt": ["a", ""]}, 400, "prompt[1]"),
     ("completions", {"prompt": "ab", "echo": True}, 400, "echo"),
     ("completions", {"prompt": "ab", "best_of": 3}, 400, "best_of"),
+    (
+        "completions",
+        {"prompt": "ab", "include_stop_str_in_output": True},
+        400,
+        "include_stop_str_in_output",
+    ),
+    ("chat", {"messages": HI, "skip_special_tokens": True}, 400, "skip_special_tokens"),
     ("completions", {"prompt": "ab", "suffix": "cd"}, 400, "suffix"),  # no FIM tokens
     ("completions", {"prompt": "", "suffix": "cd"}, 400, "suffix"),
     ("completions", {"prompt": "ab", "suffix": 5}, 400, "suffix"),

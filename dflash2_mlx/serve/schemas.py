@@ -55,6 +55,19 @@ _COMPLETION_ONLY = {
     "best_of": (_neutral(None, 1), "only best_of=1 is supported"),
     "echo": (_neutral(None, False), "echo is not supported"),
 }
+# vLLM's text fields, which its clients send: their values here pass, others are refused
+_TEXT_FIELDS = {
+    "include_stop_str_in_output": (
+        _neutral(None, False),
+        "the text never includes the stop string that ended it",
+    ),
+    "skip_special_tokens": (
+        _neutral(None, False),
+        "the text keeps the special tokens the model writes (but the end of its turn)",
+    ),
+}
+_CHAT_ONLY |= _TEXT_FIELDS
+_COMPLETION_ONLY |= _TEXT_FIELDS
 # Accepted and unused: they cannot change the generated text.
 _HARMLESS = {
     "user",
