@@ -8,6 +8,7 @@ first use (PEP 562), so `import dflash2_mlx` and the constants the CLI reads sta
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from . import _blas
 
@@ -43,6 +44,30 @@ _EXPORTS = {  # public name -> the module that defines it
     "ParameterError": "errors",
 }
 __all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:  # what type checkers and editors see: the names __getattr__ loads
+    from .api import Pair as Pair, doctor as doctor, load_pair as load_pair
+    from .checkpoint import load_drafter as load_drafter, save_drafter as save_drafter
+    from .config import DrafterConfig as DrafterConfig
+    from .engine.batch import BatchDecoder as BatchDecoder
+    from .engine.events import GenerationStats as GenerationStats, RoundEvent as RoundEvent
+    from .engine.generation import GenerationParams as GenerationParams
+    from .engine.logprobs import TokenLogprob as TokenLogprob
+    from .engine.loop import SpeculativeDecoder as SpeculativeDecoder
+    from .engine.processors import penalties as penalties
+    from .engine.prompt_cache import PromptCache as PromptCache
+    from .engine.session import Session as Session
+    from .errors import (
+        CheckpointError as CheckpointError,
+        CompatibilityError as CompatibilityError,
+        ConfigError as ConfigError,
+        DFlash2Error as DFlash2Error,
+        FetchError as FetchError,
+        ModelNotFoundError as ModelNotFoundError,
+        ParameterError as ParameterError,
+    )
+    from .sampling import SamplingParams as SamplingParams
+    from .text import generate_text as generate_text, stream_text as stream_text
 
 
 def __getattr__(name: str):

@@ -86,6 +86,21 @@ def test_unknown_names_are_attribute_errors():
     assert set(dflash2_mlx.__all__) <= set(dir(dflash2_mlx))
 
 
+def test_type_checkers_see_every_public_name_where_it_loads():
+    """The lazily loaded names are imported under TYPE_CHECKING too (else mypy and editors see
+    `Any` through `import dflash2_mlx`), each from the module __getattr__ loads it from."""
+    import ast
+
+    import dflash2_mlx
+
+    tree = ast.parse((ROOT / "dflash2_mlx" / "__init__.py").read_text())
+    (block,) = [
+        n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"
+    ]
+    typed = {a.name: n.module for n in block.body for a in n.names}
+    assert typed == dflash2_mlx._EXPORTS
+
+
 def test_the_package_list_matches_the_tree():
     tomllib = pytest.importorskip("tomllib")
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -151,6 +166,7 @@ def test_a_built_wheel_ships_kernels_assets_and_the_cli(tmp_path):
         assert f"{drafter}/{name}" in names, name
     assert "dflash2_mlx/assets/prompts/heldout.jsonl" in names
     assert "dflash2_mlx/cblas_shim.c" in names  # the Linux BLAS shim is compiled on first use
+    assert "dflash2_mlx/py.typed" in names  # type checkers read the package's hints
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert {
         "dflash2_cli/app.py",
