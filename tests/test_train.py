@@ -196,6 +196,53 @@ def test_resume_continues_from_checkpoint(target, sequences, tmp_path):
     assert again.step == 20
 
 
+def test_a_damaged_checkpoint_is_named_with_what_to_do(target, sequences, tmp_path):
+    """A checkpoint file cut short, edited or lost is one error naming it (and how to train
+    afresh), not a JSONDecodeError, a TypeError or mlx's "[load_npz]" traceback."""
+    import shutil
+
+    from dflash2_mlx.errors import CheckpointError
+
+    _trainer(target, sequences, tmp_path / "run", steps=10).run()
+    damages = {
+        "state.json": lambda p: p.write_text("{garbage"),
+        "state.json ": lambda p: p.write_text(
+            json.dumps({**json.loads(p.read_text()), "step": "x"})
+        ),
+        "optimizer.npz": lambda p: p.unlink(),
+        "optimizer.npz ": lambda p: p.write_bytes(p.read_bytes()[:500]),
+        "feature_scale.npy": lambda p: p.write_bytes(b""),
+    }
+    for i, (name, damage) in enumerate(damages.items()):
+        out = tmp_path / f"case{i}"
+        shutil.copytree(tmp_path / "run", out)
+        damage(out / "checkpoint" / name.strip())
+        with pytest.raises(CheckpointError) as refused:
+            _trainer(target, sequences, out, steps=20).try_resume()
+        message = str(refused.value)
+        assert message.startswith(f"{out / 'checkpoint' / name.strip()}: cannot resume"), message
+        assert f"delete {out} to train afresh" in message
+
+
+def test_a_damaged_feature_cache_or_work_record_is_named(target, tmp_path):
+    from dflash2_mlx.train.preflight import check_work_identity
+
+    adapter = TargetAdapter(target, (0, 2))
+    seqs = [Sequence_(f"p{i}", 0.0, p + [7, 8, 9], len(p)) for i, p in enumerate(PROMPTS)]
+    folder = tmp_path / "feats"
+    build_feature_cache(adapter, seqs, folder, batch=2, shard_rows=10, log=lambda s: None)
+    shard = folder / "shard_00000.npy"
+    shard.write_bytes(shard.read_bytes()[:300])
+    with pytest.raises(FeatureCacheError, match="the feature cache is damaged .*delete the folder"):
+        load_feature_cache(folder)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "work.json").write_text("{bad")
+    (tmp_path / "config.json").write_text("{}")  # the target folder's, which it fingerprints
+    with pytest.raises(ParameterError, match=r"work\.json: damaged .*use a new --work folder"):
+        check_work_identity(work, tmp_path, 32, 64)
+
+
 def test_an_interrupted_run_resumed_ends_as_the_uninterrupted_one(target, sequences, tmp_path):
     """The checkpoint keeps the batch sampler's whole state and MLX's (dropout), so the same
     command and seed give the same drafter whether or not it was stopped midway (a resume

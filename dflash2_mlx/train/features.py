@@ -205,6 +205,16 @@ def load_feature_cache(folder: Path) -> list[StoredSequence]:
     index_path = folder / "index.jsonl"
     if not index_path.exists():
         raise FeatureCacheError(f"{folder}: no index.jsonl (build the feature cache first)")
+    try:
+        return _read_cache(folder, index_path)
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:  # cut short, edited
+        raise FeatureCacheError(
+            f"{folder}: the feature cache is damaged ({str(exc)[:160]}): delete the folder, "
+            "and the next run computes its features again"
+        ) from None
+
+
+def _read_cache(folder: Path, index_path: Path) -> list[StoredSequence]:
     shards: dict[int, np.ndarray] = {}
     out = []
     for line in index_path.read_text().splitlines():

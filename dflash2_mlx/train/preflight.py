@@ -11,8 +11,9 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from ..errors import DFlash2Error, ParameterError
+from ..errors import CheckpointError, DFlash2Error, ParameterError
 from ..prompts import load_prompts
+from ..values import is_int
 from .config import TrainConfig
 
 # Files only `dflash2 train` writes in --out: its marker (made when the run starts), a
@@ -154,7 +155,32 @@ def check_earlier_run(run: Path, out: Path, cfg: TrainConfig) -> None:
     check_claim(run, out)
     state = run / "checkpoint" / "state.json"
     if state.exists():
-        check_resumable(json.loads(state.read_text()), cfg, state.parent)
+        check_resumable(read_state(state), cfg, state.parent)
+
+
+def damaged(path: Path, exc: BaseException, ckpt: Path) -> CheckpointError:
+    """The error for a checkpoint file that does not read (cut short, edited, lost)."""
+    return CheckpointError(
+        f"{path}: cannot resume from it ({str(exc)[:160]}); restore it, or delete {ckpt.parent} "
+        "to train afresh (the data in --work stays)"
+    )
+
+
+def read_state(path: Path) -> dict:
+    """A checkpoint's state.json, checked for what resuming reads from it."""
+    try:
+        state = json.loads(path.read_text())
+        if not isinstance(state, dict):
+            raise ValueError("not a JSON object")
+        if not is_int(state.get("step")) or state["step"] < 0:
+            raise ValueError(f"step {state.get('step')!r} is not a step number")
+        if not isinstance(state.get("history"), list):
+            raise ValueError("no history list")
+        if not isinstance(state.get("config", {}), dict):
+            raise ValueError("config is not an object")
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are too
+        raise damaged(path, exc, path.parent) from None
+    return state
 
 
 def check_settings(tc: TrainConfig, max_new_tokens: int, temperatures) -> None:
@@ -298,7 +324,15 @@ def check_work_identity(work: Path, target: Path, max_new_tokens: int, max_len: 
         work.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(mine, indent=1))
         return
-    theirs = json.loads(path.read_text())
+    try:
+        theirs = json.loads(path.read_text())
+        if not isinstance(theirs, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        raise ParameterError(
+            f"{path}: damaged ({str(exc)[:120]}); it records the target and lengths this "
+            "folder's regenerations and features were made with: use a new --work folder"
+        ) from None
     what = {"target": "another target (its config or weights differ)"}
     for key, value in mine.items():
         if theirs.get(key, value) != value:

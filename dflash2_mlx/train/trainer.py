@@ -37,7 +37,7 @@ from .features import StoredSequence
 from .interrupts import whole_step
 from .fixed_text import sample_text_anchors
 from .objective import Blocks, Teacher, cosine_lr, decay_weights, loss_terms, proxy_acceptance
-from .preflight import check_resumable
+from .preflight import check_resumable, damaged, read_state
 from .stream import FixedTextStream
 
 
@@ -234,13 +234,19 @@ class Trainer:
             old.rename(self.ckpt)  # killed between _swap_in's renames: the last good one
         if not (self.ckpt / "state.json").exists():
             return False
-        state = json.loads((self.ckpt / "state.json").read_text())
+        state = read_state(self.ckpt / "state.json")
         check_resumable(state, self.cfg, self.ckpt)
         loaded = load_drafter(self.ckpt)
         self.drafter.load_weights(list(tree_flatten(loaded.parameters())), strict=True)
-        opt_state = mx.load(str(self.ckpt / "optimizer.npz"))
-        self.opt.state = tree_unflatten(list(opt_state.items()))
-        self.scale = mx.array(np.load(self.ckpt / "feature_scale.npy"))
+        path = self.ckpt / "optimizer.npz"
+        try:
+            if not path.is_file():
+                raise FileNotFoundError("no such file")
+            self.opt.state = tree_unflatten(list(mx.load(str(path)).items()))
+            path = self.ckpt / "feature_scale.npy"
+            self.scale = mx.array(np.load(path))
+        except (OSError, EOFError, ValueError, RuntimeError) as exc:  # what the loaders raise
+            raise damaged(path, exc, self.ckpt) from None
         self.step, self.history = state["step"], state["history"]
         if self.fixed is not None and state.get("stream"):
             self.fixed.restore(state["stream"])
