@@ -243,6 +243,27 @@ def test_a_damaged_feature_cache_or_work_record_is_named(target, tmp_path):
         check_work_identity(work, tmp_path, 32, 64)
 
 
+def test_init_from_takes_its_start_shapes_and_refuses_another_targets(target, tmp_path):
+    """--init-from a drafter of another target is refused by what differs (it blamed the
+    --layer-ids the user never gave); a start's selector rank and conv shapes, which no flag
+    sets, are the run's (they failed on a tensor's shape)."""
+    from dflash2_mlx import save_drafter
+    from dflash2_mlx.train.drafter_init import adopt_start, check_start_fits
+
+    probe = TargetAdapter(target, ())
+    ours, wide = tmp_path / "ours", tmp_path / "wide"
+    save_drafter(tiny.make_drafter(2, layer_ids=(0, 2)), ours)
+    check_start_fits(ours, probe)
+    cfg = TrainConfig(version=2, selector_rank=64, conv_group_size=4)
+    adopt_start(cfg, ours)
+    start = load_drafter(ours).config
+    assert (cfg.selector_rank, cfg.conv_group_size) == (start.selector_rank, start.conv_group_size)
+    assert cfg.target_layer_ids == (0, 2)
+    save_drafter(tiny.make_drafter(2, hidden=128, layer_ids=(0, 9)), wide)
+    with pytest.raises(DFlash2Error, match=r"--init-from .*wide: was trained for another target"):
+        check_start_fits(wide, probe)
+
+
 def test_an_interrupted_run_resumed_ends_as_the_uninterrupted_one(target, sequences, tmp_path):
     """The checkpoint keeps the batch sampler's whole state and MLX's (dropout), so the same
     command and seed give the same drafter whether or not it was stopped midway (a resume

@@ -109,6 +109,22 @@ def adopt_start(cfg: TrainConfig, folder: Path) -> None:
                 f"{flag}: the --init-from drafter {folder} was trained with {shown}; leave "
                 f"{flag} out to use that (other values would feed it what it never learned)"
             )
+    if start.version == cfg.version == 2:  # its conv and selector shapes (no flags set them)
+        for field in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+            setattr(cfg, field, getattr(start, field))
+
+
+def check_start_fits(folder: Path, adapter: TargetAdapter) -> None:
+    """--init-from: a drafter trained for another target (other width, deeper layers tapped)
+    is refused by what differs, before its layer ids or tensors are blamed."""
+    start, n_layers = read_config(Path(folder)), len(adapter.layers)
+    if start.hidden_size != adapter.hidden_size or max(start.target_layer_ids) >= n_layers:
+        raise DFlash2Error(
+            f"--init-from {folder}: was trained for another target (hidden size "
+            f"{start.hidden_size}, target layers {list(start.target_layer_ids)}); this target "
+            f"has {n_layers} layers of hidden size {adapter.hidden_size}: start from a drafter "
+            "of this target, or leave --init-from out"
+        )
 
 
 def init_drafter(dcfg: DrafterConfig, cfg: TrainConfig) -> Drafter:

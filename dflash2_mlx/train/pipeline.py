@@ -21,7 +21,7 @@ from ..prompts import load_prompts
 from ..downloads import fetch
 from ..target.adapter import TargetAdapter
 from ..target.folder import load_target_folder
-from .drafter_init import adopt_start, start_tensors
+from .drafter_init import adopt_start, check_start_fits, start_tensors
 from .features import build_feature_cache, load_feature_cache, read_regenerations
 from .fixed_text import corpus_sequences, corpus_sources
 from .live import live_sequences
@@ -174,6 +174,8 @@ def prepare_data(
     model, tokenizer = load_target_folder(target)
     target_cfg = json.loads((target / "config.json").read_text())
     probe = TargetAdapter(model, ())
+    if start is not None:
+        check_start_fits(start, probe)
     if tc.mask_token_id is None:
         tc.mask_token_id = _guess_mask_id(tokenizer, probe.vocab_size)
     dcfg = drafter_config_for(probe, target_cfg, tc)
