@@ -611,6 +611,9 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     assert f"({prompts} at T = 0, 0.7)" in card  # the temperatures each set was regenerated at
     log = json.loads((out / "training.json").read_text())
     assert log["stages"]["train"]["steps"] == 4
+    pipeline = log["pipeline"]  # JSON's own types, paths as strings
+    assert pipeline["temperatures"] == [0.0, 0.7] and pipeline["corpus"] is None
+    assert pipeline["skip_bad_lines"] is False and pipeline["out"] == str(out)
     assert f"at most): {log['final']['train_tau']:.3f}" in card
     # The draft vocabulary: every token of the training responses, loaded with the drafter.
     regen = [json.loads(line) for line in (tmp_path / "work" / "regen_train.jsonl").open()]

@@ -294,7 +294,7 @@ def train_drafter(
     }
     card = model_card(pc, tc, final, stages)
     record = {
-        "pipeline": {k: str(v) for k, v in asdict(pc).items()},
+        "pipeline": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(pc).items()},
         "train": asdict(tc),
         "final": final,
         "history": trainer.history,
