@@ -55,9 +55,9 @@ def train(
         "with '+' (train, train-wide, train-deep, train-broad: 564, 704, "
         "1,070 and 1,300 hand-written; train-extra, train-more: 843 and 424 "
         "template-built). NAME@0,0.7 gives a set its own "
-        "regeneration temperatures. A JSONL line: "
-        '{"id": "q1", "category": "chat", "messages": [{"role": "user", "content": "..."}]} '
-        "(the last message the user's).",
+        "regeneration temperatures. Each JSONL line needs an id, a category and "
+        'messages: {"id": "q1", "category": "chat", "messages": [{"role": "user", '
+        '"content": "..."}]} (the last message the user\'s).',
     ),
     heldout: str = typer.Option(
         PipelineConfig.heldout, help="Held-out prompts (never trained on)."
@@ -125,7 +125,8 @@ def train(
     corpus: Optional[Path] = typer.Option(
         None,
         help="Fixed text to mix in: a `dflash2 corpus` "
-        "folder or a JSONL file of chat records. It is "
+        "folder or a JSONL file of chat records, each with an id and messages "
+        '({"id": "c1", "messages": [...]}). It is '
         "labelled by the target (its greedy next token, "
         "exact until the text leaves its greedy path, + KL).",
     ),
