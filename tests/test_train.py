@@ -971,7 +971,7 @@ def test_train_with_live_features_writes_no_feature_cache(tmp_path):
     log = json.loads((out / "training.json").read_text())
     assert log["stages"]["train"]["steps"] == 3 and "features_train" not in log["stages"]
     assert (
-        log["pipeline"]["live_features"] == "True" and "--live-features" in log["train"]["command"]
+        log["pipeline"]["live_features"] is True and "--live-features" in log["train"]["command"]
     )
     assert 1.0 <= log["final"]["train_tau"] <= 4.0
 
