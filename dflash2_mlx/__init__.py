@@ -11,10 +11,9 @@ import importlib
 from typing import TYPE_CHECKING
 
 from . import _blas
+from ._version import __version__ as __version__
 
 _blas.bind()
-
-__version__ = "0.1.0"
 
 _EXPORTS = {  # public name -> the module that defines it
     "Pair": "api",

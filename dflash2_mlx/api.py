@@ -371,7 +371,7 @@ def doctor() -> dict[str, Any]:
     import mlx_lm
 
     metal = bool(getattr(mx, "metal", None) and mx.metal.is_available())
-    from . import __version__
+    from ._version import __version__
 
     return {
         "dflash2": __version__,

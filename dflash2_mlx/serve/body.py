@@ -14,6 +14,7 @@ import re
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 
+from .http_errors import shutting_down
 from .schemas import APIError
 
 MAX_DEPTH = 64  # OpenAI bodies nest a few levels (tool schemas a dozen)
@@ -45,6 +46,7 @@ async def read_body(
         raise too_large
     body, chunks = bytearray(), request.stream().__aiter__()
     stopping = {asyncio.ensure_future(stop.wait())} if stop is not None else set()
+    chunk = None
     try:
         while True:
             chunk = asyncio.ensure_future(chunks.__anext__())
@@ -52,14 +54,8 @@ async def read_body(
                 {chunk, *stopping}, timeout=stall_s, return_when="FIRST_COMPLETED"
             )
             if chunk not in done:
-                chunk.cancel()
                 if done:
-                    raise APIError(
-                        503,
-                        "the server is shutting down",
-                        type="server_error",
-                        code="shutting_down",
-                    )
+                    raise shutting_down()
                 raise APIError(
                     408,
                     f"the request body stalled: nothing of it came for {stall_s:g} s",
@@ -73,9 +69,10 @@ async def read_body(
                 raise too_large
     except ClientDisconnect:
         raise ClientGone from None
-    finally:
-        for waiter in stopping:
-            waiter.cancel()
+    finally:  # what is still waiting goes with this read (a cancelled request's too)
+        for waiter in (*stopping, chunk):
+            if waiter is not None and not waiter.done():
+                waiter.cancel()
 
 
 async def read_json(

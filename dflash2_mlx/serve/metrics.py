@@ -140,7 +140,7 @@ class Metrics:
         return tau_of(self.accepted, self.rounds)
 
     def render(self) -> str:
-        from .. import __version__ as version
+        from .._version import __version__ as version
 
         with self._lock:
             out = _Exposition()
