@@ -109,10 +109,17 @@ def test_lru_eviction_under_a_small_budget():
     nxt = convs[0] + outs[0] + [40]
     out, ev, _ = run(dec, cache, nxt)
     assert ev.reused_tokens == 0 and out == cold(dec, nxt)
-    # A state larger than the whole budget is not kept.
+    # A state larger than the whole budget is not kept, nor does it push out the others
+    # first (it emptied the cache of every other conversation).
     tiny_cache = PromptCache(dec, one // 4)
     run(dec, tiny_cache, TURN1)
     assert tiny_cache.stats().entries == 0 and tiny_cache.stats().evictions == 1
+    run(dec, cache, convs[1])
+    run(dec, cache, [70] + TURN1 * 4)  # another conversation, 4 times the state: past the budget
+    st = cache.stats()
+    assert st.entries == 1 and st.nbytes <= cache.max_bytes
+    nxt = convs[1] + outs[1] + [41]
+    assert run(dec, cache, nxt)[1].reused_tokens == len(convs[1]) + len(outs[1]) - 1
 
 
 def test_keystroke_branches_are_evicted_before_a_long_conversation():

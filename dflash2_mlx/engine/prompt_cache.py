@@ -26,6 +26,7 @@ of the entries whose tokens another entry nearly all holds, else the least recen
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -40,6 +41,8 @@ from .generation import token_ids
 from .loop import SpeculativeDecoder
 from .session import Session
 from ..values import is_int
+
+log = logging.getLogger(__name__)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
@@ -184,6 +187,7 @@ class PromptCache:
         self._lock = threading.Lock()
         self._bytes = 0
         self._hits = self._misses = self._evictions = 0
+        self._said_too_large = False  # the note on a state past the budget: once
 
     def lease(self, prompt: Sequence[int]) -> "Lease":
         """A session for `prompt`: the stored one that serves its longest prefix (taken, or
@@ -259,6 +263,18 @@ class PromptCache:
         mx.eval(_session_arrays(session))
         entry = _Entry(session, prompt_len, session_nbytes(session))
         with self._lock:
+            if entry.nbytes > self.max_bytes:  # kept, it would push out every other one first
+                self._evictions += 1
+                if not self._said_too_large:
+                    self._said_too_large = True
+                    log.info(
+                        "prompt cache: a state of %d tokens (%.0f MB) is more than the whole "
+                        "budget (%.0f MB): not kept (raise --prompt-cache-mb to keep such)",
+                        entry.fed,
+                        entry.nbytes / 2**20,
+                        self.max_bytes / 2**20,
+                    )
+                return
             for key in [k for k, e in self._entries.items() if self._supersedes(entry, e)]:
                 self._remove(key)
             self._entries[self._next_key] = entry
