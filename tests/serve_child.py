@@ -53,7 +53,8 @@ def main(grace: float, max_batch: int, step_s: float = 0.0) -> int:
 if __name__ == "__main__":
     # A background job of a non-interactive shell starts with SIGINT ignored, and uvicorn
     # restores (then re-raises into) that: serve as a foreground `dflash2 serve` does.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not os.environ.get("SERVE_CHILD_INHERIT_SIGINT"):  # set: as a `&` job it stays
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal's (pytest may run under nohup)
     args = sys.argv[1:]
     code = main(

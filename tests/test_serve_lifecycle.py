@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import re
+import os
 import signal
 import socket
 import subprocess
@@ -324,6 +325,15 @@ def test_an_upload_still_coming_at_shutdown_is_refused_at_once():
     assert "Traceback" not in err, err
 
 
+def test_a_sigint_that_was_ignored_at_start_still_exits_130():
+    """A server started by a script with `&` starts with SIGINT ignored; SIGINT still stops
+    it, and the exit code says so (it was 0, as if it had ended by itself)."""
+    with _child_server("0.5", "1", ignored=(signal.SIGINT,)) as (proc, base):
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+
+
 def test_an_access_line_quotes_a_long_path_short():
     """uvicorn's access line quoted a request's target whole (16 KB a line of junk traffic,
     in a log left to grow for weeks); it is cut as this server's own lines are."""
@@ -397,14 +407,19 @@ def test_a_cut_waits_for_a_long_step_to_end(tmp_path):
 
 
 @contextlib.contextmanager
-def _child_server(*args: str):
-    """tests/serve_child.py with `args` in a process of its own, up: (process, base URL)."""
+def _child_server(*args: str, ignored: tuple = ()):
+    """tests/serve_child.py with `args` in a process of its own, up: (process, base URL).
+    `ignored`: signals it starts with ignored (as a script's `&` job starts with SIGINT)."""
     child = Path(__file__).with_name("serve_child.py")
     proc = subprocess.Popen(
         [sys.executable, str(child), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=(lambda: [signal.signal(s, signal.SIG_IGN) for s in ignored])
+        if ignored
+        else None,
+        env={**os.environ, "SERVE_CHILD_INHERIT_SIGINT": "1"} if ignored else None,
     )
     try:
         base = f"http://127.0.0.1:{int(proc.stdout.readline())}"

@@ -69,6 +69,7 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, drain: Drain):
         super().__init__(config)
         self.drain = drain
+        self.stopped_by: int | None = None  # a signal that stopped it without ending the process
 
     async def shutdown(self, sockets=None) -> None:
         self.drain.begin()
@@ -98,6 +99,9 @@ class DrainingServer(uvicorn.Server):
         super().run(sockets=sockets)
         for sig in reversed(self._captured_signals):
             signal.raise_signal(sig)
+        # still here: the signal was ignored when the server started (a script's `&` job
+        # ignores SIGINT) yet stopped it: `run` exits as that signal's status says
+        self.stopped_by = next(iter(self._captured_signals), None)
 
 
 def show_logs(log_level: str) -> None:
@@ -221,4 +225,4 @@ def run(app, sock: socket.socket, *, log_level: str = "info") -> int:
         return 130
     finally:
         logging.getLogger("uvicorn.error").removeFilter(quit_now)
-    return 0
+    return 128 + int(server.stopped_by) if server.stopped_by is not None else 0
