@@ -545,3 +545,25 @@ def test_a_body_that_takes_long_to_parse_leaves_the_server_answering():
         post.join()
     assert done[0].status_code == 400 and "choices are more" in done[0].json()["error"]["message"]
     assert len(waits) >= 3 and max(waits) < 1.0, waits
+
+
+def test_the_prompt_limit_is_worded_as_the_context_limit_clients_trim_for(pair):
+    """--max-prompt-tokens below the context is refused in the words agent frameworks match
+    to trim their history (OpenAI's "maximum context length is N tokens", Anthropic's
+    "prompt is too long"), with the server's limit as N."""
+    app = create_app(pair, model_name="t", limits=ServeLimits(max_prompt_tokens=40))
+    long = [{"role": "user", "content": "a b c d e f g h " * 8}]
+    with running(app) as base:
+        r = httpx.post(base + CHAT, json={"messages": long, "max_tokens": 2})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["code"] == "context_length_exceeded", r.text
+        assert err["param"] == "messages"
+        assert err["message"].startswith("This server's maximum context length for a prompt is 40")
+        r = httpx.post(
+            base + "/v1/messages", json={"messages": long, "max_tokens": 2, "model": "t"}
+        )
+        assert r.status_code == 400, r.text
+        assert "prompt is too long: " in r.json()["error"]["message"]
+        assert r.json()["error"]["message"].endswith("> 40 maximum")
+        ok = httpx.post(base + CHAT, json={"messages": HI, "max_tokens": 2})
+        assert ok.status_code == 200, ok.text

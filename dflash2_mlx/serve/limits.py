@@ -137,10 +137,14 @@ class RequestLimits:
         Messages request), or --max-prompt-tokens.
         `chars`: refused by its length in characters (then it has more than `n` tokens)."""
         tokens = f"more than {n} tokens ({chars} characters)" if chars else f"{n} tokens"
-        if self.prompt_tokens < self.context - 1:
+        if self.prompt_tokens < self.context - 1:  # --max-prompt-tokens, in the same words
+            if req.anthropic:
+                return prompt_too_long(self.prompt_tokens + 1, tokens)
             return _too_long(
                 where,
-                f"the prompt has {tokens}; this server's prompt limit is {self.prompt_tokens}",
+                f"This server's maximum context length for a prompt is {self.prompt_tokens} "
+                f"tokens (--max-prompt-tokens; the model's context is {self.context}). However, "
+                f"your {where} resulted in {tokens}. Please reduce the length of the {where}.",
                 "context_length_exceeded",
             )
         if req.anthropic:
