@@ -325,6 +325,29 @@ def test_an_upload_still_coming_at_shutdown_is_refused_at_once():
     assert "Traceback" not in err, err
 
 
+def test_a_second_ctrl_c_answers_a_waiting_request_in_json():
+    """Quitting at once cuts a request still in its prefill: its client gets the JSON 503
+    every other refusal is, not uvicorn's plain-text 500."""
+    with _child_server("30.0", "1", "1.0") as (proc, base):  # each forward takes 1 s
+        results: list = []
+        body = {"prompt": "abc " * 20, "max_tokens": 50, "temperature": 0}
+        post = threading.Thread(
+            target=lambda: results.append(
+                httpx.post(base + "/v1/completions", json=body, timeout=60)
+            )
+        )
+        post.start()
+        wait_for(lambda: health(base)["in_flight"] == 1, what="the request running")
+        proc.send_signal(signal.SIGINT)
+        while "shutting down" not in (line := proc.stderr.readline()) and line:
+            pass
+        proc.send_signal(signal.SIGINT)
+        post.join(30)
+        proc.communicate(timeout=30)
+    (r,) = results
+    assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
+
+
 def test_a_sigint_that_was_ignored_at_start_still_exits_130():
     """A server started by a script with `&` starts with SIGINT ignored; SIGINT still stops
     it, and the exit code says so (it was 0, as if it had ended by itself)."""
