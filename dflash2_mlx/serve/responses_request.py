@@ -205,12 +205,18 @@ def _messages(body: dict, tools: ChatTools) -> tuple[list[dict], dict[str, str]]
                 "function_call_output, reasoning)",
                 "unsupported_parameter",
             )
-    for message in messages:  # joined once: a join per item copied the text for each (a DoS)
+    _join_pieces(messages)
+    return messages, origin
+
+
+def _join_pieces(messages: list[dict]) -> None:
+    """Each assistant turn's texts and thoughts as one: joined once, as a join per input item
+    copied the text so far for each (seconds of the server for one body of many items)."""
+    for message in messages:
         if "_text" in message:
             message["content"] = "".join(message.pop("_text"))
         if "_thought" in message:
             message["reasoning_content"] = "".join(message.pop("_thought"))
-    return messages, origin
 
 
 _SYSTEM = ("system", "developer")

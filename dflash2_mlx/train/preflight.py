@@ -11,10 +11,10 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from ..errors import CheckpointError, DFlash2Error, ParameterError
+from ..errors import DFlash2Error, ParameterError
 from ..prompts import load_prompts
-from ..values import is_int
 from .config import TrainConfig
+from .resume import read_state
 
 # Files only `dflash2 train` writes in --out: its marker (made when the run starts), a
 # drafter folder's record, an ablation's summary.
@@ -156,31 +156,6 @@ def check_earlier_run(run: Path, out: Path, cfg: TrainConfig) -> None:
     state = run / "checkpoint" / "state.json"
     if state.exists():
         check_resumable(read_state(state), cfg, state.parent)
-
-
-def damaged(path: Path, exc: BaseException, ckpt: Path) -> CheckpointError:
-    """The error for a checkpoint file that does not read (cut short, edited, lost)."""
-    return CheckpointError(
-        f"{path}: cannot resume from it ({str(exc)[:160]}); restore it, or delete {ckpt.parent} "
-        "to train afresh (the data in --work stays)"
-    )
-
-
-def read_state(path: Path) -> dict:
-    """A checkpoint's state.json, checked for what resuming reads from it."""
-    try:
-        state = json.loads(path.read_text())
-        if not isinstance(state, dict):
-            raise ValueError("not a JSON object")
-        if not is_int(state.get("step")) or state["step"] < 0:
-            raise ValueError(f"step {state.get('step')!r} is not a step number")
-        if not isinstance(state.get("history"), list):
-            raise ValueError("no history list")
-        if not isinstance(state.get("config", {}), dict):
-            raise ValueError("config is not an object")
-    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are too
-        raise damaged(path, exc, path.parent) from None
-    return state
 
 
 def check_settings(tc: TrainConfig, max_new_tokens: int, temperatures) -> None:

@@ -37,7 +37,8 @@ from .features import StoredSequence
 from .interrupts import whole_step
 from .fixed_text import sample_text_anchors
 from .objective import Blocks, Teacher, cosine_lr, decay_weights, loss_terms, proxy_acceptance
-from .preflight import check_resumable, damaged, read_state
+from .preflight import check_resumable
+from .resume import read_arrays, read_state, restored_rng, rng_state
 from .stream import FixedTextStream
 
 
@@ -121,20 +122,6 @@ def _start_drafter(
         for layer in drafter.layers:
             layer.attention_conv.freeze()
             layer.mlp_conv.freeze()
-
-
-def _rng_state(rng: random.Random) -> dict:
-    version, words, gauss = rng.getstate()
-    return {"version": version, "words": list(words), "gauss": gauss}
-
-
-def _restored_rng(saved, seed: int) -> random.Random:
-    """The batch sampler as it was saved, so a resumed run draws what the uninterrupted one
-    would; a checkpoint from before the whole state was kept reseeds."""
-    rng = random.Random(seed)
-    if isinstance(saved, dict):
-        rng.setstate((saved["version"], tuple(saved["words"]), saved["gauss"]))
-    return rng
 
 
 class Trainer:
@@ -221,7 +208,7 @@ class Trainer:
                     "history": self.history,
                     "config": asdict(self.cfg),
                     "stream": self.fixed.state() if self.fixed is not None else None,
-                    "rng": _rng_state(self.rng),
+                    "rng": rng_state(self.rng),
                     "mlx_key": mx.random.state[0].tolist(),  # dropout's draws
                 },
                 default=str,
@@ -238,19 +225,12 @@ class Trainer:
         check_resumable(state, self.cfg, self.ckpt)
         loaded = load_drafter(self.ckpt)
         self.drafter.load_weights(list(tree_flatten(loaded.parameters())), strict=True)
-        path = self.ckpt / "optimizer.npz"
-        try:
-            if not path.is_file():
-                raise FileNotFoundError("no such file")
-            self.opt.state = tree_unflatten(list(mx.load(str(path)).items()))
-            path = self.ckpt / "feature_scale.npy"
-            self.scale = mx.array(np.load(path))
-        except (OSError, EOFError, ValueError, RuntimeError) as exc:  # what the loaders raise
-            raise damaged(path, exc, self.ckpt) from None
+        optimizer, scale = read_arrays(self.ckpt)
+        self.opt.state, self.scale = tree_unflatten(list(optimizer.items())), mx.array(scale)
         self.step, self.history = state["step"], state["history"]
         if self.fixed is not None and state.get("stream"):
             self.fixed.restore(state["stream"])
-        self.rng = _restored_rng(state.get("rng"), self.cfg.seed + self.step)
+        self.rng = restored_rng(state.get("rng"), self.cfg.seed + self.step)
         if state.get("mlx_key"):  # MLX's generator: seeding with a key's two words sets it
             high, low = state["mlx_key"]
             mx.random.seed((int(high) << 32) | int(low))
