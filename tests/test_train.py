@@ -235,6 +235,10 @@ def test_a_damaged_feature_cache_or_work_record_is_named(target, tmp_path):
     shard.write_bytes(shard.read_bytes()[:300])
     with pytest.raises(FeatureCacheError, match="the feature cache is damaged .*delete the folder"):
         load_feature_cache(folder)
+    index = folder / "index.jsonl"  # a kill during an append: the last line cut
+    index.write_text(index.read_text()[:-20])
+    with pytest.raises(FeatureCacheError, match="the feature cache is damaged"):
+        build_feature_cache(adapter, seqs, folder, batch=2, shard_rows=10, log=lambda s: None)
     work = tmp_path / "work"
     work.mkdir()
     (work / "work.json").write_text("{bad")
@@ -970,9 +974,7 @@ def test_train_with_live_features_writes_no_feature_cache(tmp_path):
     assert [p.name for p in work.glob("features_*")] == ["features_heldout_0-2"]
     log = json.loads((out / "training.json").read_text())
     assert log["stages"]["train"]["steps"] == 3 and "features_train" not in log["stages"]
-    assert (
-        log["pipeline"]["live_features"] is True and "--live-features" in log["train"]["command"]
-    )
+    assert log["pipeline"]["live_features"] is True and "--live-features" in log["train"]["command"]
     assert 1.0 <= log["final"]["train_tau"] <= 4.0
 
 

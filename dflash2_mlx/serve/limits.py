@@ -142,8 +142,8 @@ class RequestLimits:
                 return prompt_too_long(self.prompt_tokens + 1, tokens)
             return _too_long(
                 where,
-                f"This server's maximum context length for a prompt is {self.prompt_tokens} "
-                f"tokens (--max-prompt-tokens; the model's context is {self.context}). However, "
+                f"This server's maximum context length is {self.prompt_tokens} tokens for a "
+                f"prompt (--max-prompt-tokens; the model's context is {self.context}). However, "
                 f"your {where} resulted in {tokens}. Please reduce the length of the {where}.",
                 "context_length_exceeded",
             )

@@ -12,6 +12,7 @@ run (Ctrl-C, disk full) resumes where it stopped.
 from __future__ import annotations
 
 import errno
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -91,11 +92,25 @@ def _read_index(index_path: Path) -> tuple[set[str], int]:
     done = set()
     shard_no = 0
     if index_path.exists():
-        for line in index_path.read_text().splitlines():
-            rec = json.loads(line)
-            done.add(_key(rec["id"], rec["temperature"]))
-            shard_no = max(shard_no, rec["shard"] + 1)
+        with _intact(index_path.parent):
+            for line in index_path.read_text().splitlines():
+                rec = json.loads(line)
+                done.add(_key(rec["id"], rec["temperature"]))
+                shard_no = max(shard_no, rec["shard"] + 1)
     return done, shard_no
+
+
+@contextlib.contextmanager
+def _intact(folder: Path):
+    """A cache file that does not read (cut short by a kill, edited) as one error naming the
+    folder and what to do."""
+    try:
+        yield
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
+        raise FeatureCacheError(
+            f"{folder}: the feature cache is damaged ({str(exc)[:160]}): delete the folder, "
+            "and the next run computes its features again"
+        ) from None
 
 
 @dataclass
@@ -205,13 +220,8 @@ def load_feature_cache(folder: Path) -> list[StoredSequence]:
     index_path = folder / "index.jsonl"
     if not index_path.exists():
         raise FeatureCacheError(f"{folder}: no index.jsonl (build the feature cache first)")
-    try:
+    with _intact(folder):
         return _read_cache(folder, index_path)
-    except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:  # cut short, edited
-        raise FeatureCacheError(
-            f"{folder}: the feature cache is damaged ({str(exc)[:160]}): delete the folder, "
-            "and the next run computes its features again"
-        ) from None
 
 
 def _read_cache(folder: Path, index_path: Path) -> list[StoredSequence]:
