@@ -353,13 +353,13 @@ def _add_info_routes(app: FastAPI, handler: Handler, drain: Drain, card: dict) -
 
 
 def _add_generation_routes(app: FastAPI, handler: Handler, limits, stopped) -> None:
-    """The POST endpoints: each request body read within `limits` (refused once `stopped`:
-    shutting down), then given to `handler`."""
+    """The POST endpoints: each request body read within `limits` (refused once the event
+    `stopped()` gives is set: shutting down), then given to `handler`."""
 
     async def parsed(request: Request, parse, *args) -> GenRequest:
         """The body read within `limits`, parsed off the event loop (a body's parse may take
         seconds; the loop serves every other client meanwhile)."""
-        body = await read_json(request, limits.max_body_bytes, limits.body_stall_s, stopped)
+        body = await read_json(request, limits.max_body_bytes, limits.body_stall_s, stopped())
         return await run_in_threadpool(parse, body, *args)
 
     @app.post("/v1/chat/completions")

@@ -54,7 +54,7 @@ async def read_body(
                 {chunk, *stopping}, timeout=stall_s, return_when="FIRST_COMPLETED"
             )
             if chunk not in done:
-                if done:
+                if stop is not None and stop.is_set():
                     raise shutting_down()
                 raise APIError(
                     408,
@@ -100,7 +100,6 @@ def parse_json(raw: bytes) -> dict:
         raise _invalid_json("could not parse the JSON body: it is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as e:  # the message names a position, not a value
         raise _invalid_json(f"could not parse the JSON body: {str(e)[:120]}") from None
-    del raw
     if not isinstance(body, dict):
         raise _invalid_json("the request body must be a JSON object")
     check_tree(body)

@@ -48,13 +48,24 @@ class Drain:
     def __init__(self, worker: Worker, grace_s: float):
         self.worker, self.grace_s = worker, grace_s
         self.draining = False
-        self.stopped = asyncio.Event()  # set at the start: uploads still coming are refused
+        self._stopped: asyncio.Event | None = None
+
+    def stopped(self) -> asyncio.Event:
+        """Set once the drain begins (uploads still coming are refused): an event of the
+        running loop's (an Event waits on one loop only, and an app may be served again)."""
+        loop = asyncio.get_running_loop()
+        if self._stopped is None or self._stopped_loop is not loop:
+            self._stopped, self._stopped_loop = asyncio.Event(), loop
+            if self.draining:
+                self._stopped.set()
+        return self._stopped
 
     def begin(self) -> None:
         if self.draining:
             return
         self.draining = True
-        self.stopped.set()
+        if self._stopped is not None:
+            self._stopped.set()
         self.worker.close()
         log.info(
             "shutting down: waiting requests answered 503; running generations have %g s",
