@@ -656,6 +656,19 @@ TOOL_RESULT = {"type": "tool_result", "tool_use_id": "c1", "content": "42"}
             },
             "messages[1].content",
         ),
+        (  # joined into the turn before it (as Anthropic joins consecutive turns)
+            "/v1/messages",
+            {
+                "max_tokens": 4,
+                "messages": [
+                    *HI,
+                    {"role": "assistant", "content": "let me see"},
+                    {"role": "assistant", "content": [TOOL_USE]},
+                    {"role": "user", "content": [TOOL_RESULT]},
+                ],
+            },
+            "messages[2].content",
+        ),
     ],
 )
 def test_a_call_the_template_cannot_render_is_named_where_it_was_sent(url, path, body, field):

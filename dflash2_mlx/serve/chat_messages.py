@@ -8,6 +8,24 @@ from .api_error import brief, invalid, optional
 from .tools import history_tool_calls, tool_call_id
 
 
+def add_piece(message: dict, key: str, text: str | None) -> None:
+    """`text` added to `message[key]` (its content or reasoning_content) by join_pieces, once
+    every turn is read: a join per piece copied the text so far each time (a body of 50,000
+    consecutive turns took seconds of the server)."""
+    message.setdefault("_" + key, [message.get(key)]).append(text)
+
+
+def join_pieces(messages: list[dict], sep: str) -> None:
+    """Each message's added pieces joined by `sep`, empty ones left out."""
+    for message in messages:
+        for key in ("content", "reasoning_content"):
+            pieces = message.pop("_" + key, None)
+            if pieces is not None:
+                text = sep.join(t for t in pieces if t)
+                if text or key == "content":
+                    message[key] = text
+
+
 def text_content(param: str, content, sep: str, refusal: bool = False) -> str:
     """A string, or a list of text parts joined with `sep` (with `refusal`, an assistant's
     refusal parts count as its text, as OpenAI's history holds them)."""

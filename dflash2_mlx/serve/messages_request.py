@@ -20,6 +20,7 @@ import json
 import re
 
 from .api_error import APIError, brief, check_object, invalid, renamed
+from .chat_messages import add_piece, join_pieces
 from .messages_options import apply_output_config, apply_thinking, apply_tool_choice, chat_tools
 from .schemas import GenRequest, parse_chat
 from .unused_fields import ANTHROPIC, check_unused
@@ -118,6 +119,8 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
         if not _joined(messages, message):
             origin[f"messages[{len(messages)}]"] = where
             messages.append(message)
+        if message.get("tool_calls"):  # a joined turn's calls came from this message
+            origin[f"messages[{len(messages) - 1}].tool_calls"] = where
 
     system = body.get("system")
     if system is not None and (text := _text("system", system)):
@@ -166,7 +169,7 @@ def _messages(body: dict) -> tuple[list[dict], dict[str, str]]:
             elif message["content"] is None:
                 message["content"] = ""
             add(message, where)
-    _join_pieces(messages)
+    join_pieces(messages, "\n")
     return messages, origin
 
 
@@ -202,16 +205,6 @@ def _block(at: str, role: str, block) -> tuple[str | None, object]:
     )
 
 
-def _join_pieces(messages: list[dict]) -> None:
-    """Each joined turn's texts and thoughts as one, by newlines (empty ones left out)."""
-    for message in messages:
-        for key, pieces in (("content", "_texts"), ("reasoning_content", "_thoughts")):
-            if pieces in message:
-                text = "\n".join(t for t in message.pop(pieces) if t)
-                if text or key == "content":
-                    message[key] = text
-
-
 def _joined(messages: list[dict], message: dict) -> bool:
     """Joins `message` to the last of `messages` when both are user (or assistant) turns, the
     earlier with no tool calls, as Anthropic combines consecutive turns; whether it did."""
@@ -220,9 +213,8 @@ def _joined(messages: list[dict], message: dict) -> bool:
         return False
     if message["role"] not in ("user", "assistant"):
         return False
-    # pieces joined once, at the end (_join_pieces): a join per turn copied the text each time
-    for key, pieces in (("content", "_texts"), ("reasoning_content", "_thoughts")):
-        last.setdefault(pieces, [last.get(key)]).append(message.get(key))
+    for key in ("content", "reasoning_content"):
+        add_piece(last, key, message.get(key))
     if message.get("tool_calls"):
         last["tool_calls"] = message["tool_calls"]
     return True
@@ -319,8 +311,8 @@ def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
         rest = m.group(2)
         if origin.get(key + "#kind") == "tool_result":
             rest = rest.replace(".tool_call_id", ".tool_use_id", 1)
-        if rest == ".tool_calls":  # the calls: tool_use blocks
-            rest = ".content"
+        if rest == ".tool_calls":  # the calls: tool_use blocks of the message that sent them
+            key, rest = key + ".tool_calls", ".content"
         param = origin.get(key, "messages") + rest
     if param == "chat_template_kwargs.enable_thinking":  # set by `thinking`
         param = "thinking.type"

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from .api_error import APIError, brief, invalid, renamed
+from .chat_messages import add_piece, join_pieces
 from .response_items import RecentItems
 from .responses_options import (
     apply_reasoning,
@@ -156,7 +157,8 @@ def _messages(body: dict, tools: ChatTools) -> tuple[list[dict], dict[str, str]]
 
     def think(message: dict) -> None:
         if thought:
-            message.setdefault("_thought", [message.get("reasoning_content", "")]).extend(thought)
+            for text in thought:
+                add_piece(message, "reasoning_content", text)
             thought.clear()
 
     instructions = body.get("instructions")
@@ -176,7 +178,8 @@ def _messages(body: dict, tools: ChatTools) -> tuple[list[dict], dict[str, str]]
             if role != "assistant":
                 thought.clear()  # no answer followed that thinking
             if last is not None and (last["role"], role) == ("assistant", "assistant"):
-                last.setdefault("_text", [_flat(last["content"])]).append(_flat(message["content"]))
+                last["content"] = _flat(last["content"])
+                add_piece(last, "content", _flat(message["content"]))
                 think(last)
             elif len(messages) == 1 and instructions is not None and role in _SYSTEM:
                 last["content"] = instructions + "\n\n" + _flat(message["content"])
@@ -205,18 +208,8 @@ def _messages(body: dict, tools: ChatTools) -> tuple[list[dict], dict[str, str]]
                 "function_call_output, reasoning)",
                 "unsupported_parameter",
             )
-    _join_pieces(messages)
+    join_pieces(messages, "")
     return messages, origin
-
-
-def _join_pieces(messages: list[dict]) -> None:
-    """Each assistant turn's texts and thoughts as one: joined once, as a join per input item
-    copied the text so far for each (seconds of the server for one body of many items)."""
-    for message in messages:
-        if "_text" in message:
-            message["content"] = "".join(message.pop("_text"))
-        if "_thought" in message:
-            message["reasoning_content"] = "".join(message.pop("_thought"))
 
 
 _SYSTEM = ("system", "developer")
