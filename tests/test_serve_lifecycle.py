@@ -365,7 +365,7 @@ def test_an_access_line_quotes_a_long_path_short():
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)  # uvicorn's access lines go to stdout
     (line,) = [x for x in out.splitlines() if "aaaa" in x]
-    assert "404" in line and len(line) < 400, line
+    assert "404" in line and len(line) < 400 and "aaa... HTTP" in line, line
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")

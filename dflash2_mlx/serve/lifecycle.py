@@ -196,7 +196,9 @@ class _ShortPaths(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if isinstance(args, tuple) and len(args) == 5:  # (client, method, path, version, status)
-            record.args = (*args[:2], loggable(args[2], 200), *args[3:])
+            path = str(args[2])
+            short = loggable(path, 200) + ("..." if len(path) > 200 else "")
+            record.args = (*args[:2], short, *args[3:])
         return True
 
 

@@ -237,9 +237,6 @@ class ResponseBuilder:
                     logprobs=[],
                 )
             )
-            events.append(
-                self._event("response.content_part.done", **where, content_index=0, part=part)
-            )
         else:
             part = {"type": "reasoning_text", "text": self.text}
             events.append(
@@ -247,9 +244,10 @@ class ResponseBuilder:
                     "response.reasoning_text.done", **where, content_index=0, text=self.text
                 )
             )
-            events.append(
-                self._event("response.content_part.done", **where, content_index=0, part=part)
-            )
+        events.append(
+            self._event("response.content_part.done", **where, content_index=0, part=part)
+        )
+        if self.item["type"] == "reasoning":
             events += self._summary_done(where)
         item = {**self.item, "content": [part], "status": status}
         if self.item["type"] == "reasoning" and self.summary:
