@@ -291,6 +291,15 @@ def test_a_schema_with_no_complete_value_is_an_error_not_a_finished_reply(url):
         events = [line for line in s.iter_lines() if line.startswith("data: {")]
     assert "admits no complete value" in events[-1] and '"error"' in events[-1]
     assert not any('"finish_reason":"stop"' in e.replace(" ", "") for e in events)
+    # Responses: the `error` event, then the terminal `response.failed` stream consumers
+    # wait on (the stream just ended after the error)
+    fmt = {"format": {"type": "json_schema", "name": "x", "schema": {**midway, **cycle}}}
+    body = {"input": ASK, "max_output_tokens": 40, "text": fmt, "stream": True}
+    with httpx.stream("POST", url + "/v1/responses", json=body) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and "admits no complete value" in failed["error"]["message"]
 
 
 def test_a_schema_of_many_patterns_at_once_is_a_fast_400_and_the_server_goes_on(url, client):

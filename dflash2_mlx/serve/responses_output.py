@@ -144,7 +144,14 @@ class ResponseBuilder:
         return self.feed(deltas) + self._end(finish, usage_)
 
     def error(self, code: str | None, message: str, param: str | None) -> list[dict]:
-        return [self._event("error", code=code, message=message, param=param)]
+        """A reply that failed midway: the `error` event, then the terminal `response.failed`
+        that stream consumers wait on (the SDKs' final-response helpers among them)."""
+        failed = self.response("failed")
+        failed["error"] = {"code": "server_error", "message": message}
+        return [
+            self._event("error", code=code, message=message, param=param),
+            self._event("response.failed", response=failed),
+        ]
 
     # ------------------------------------------------------------------ items
     def _end(self, finish: str, usage_: dict) -> list[dict]:
