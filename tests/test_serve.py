@@ -332,6 +332,11 @@ def test_models_health_and_harmless_fields(url):
     assert card["id"] == "tiny" and card["object"] == "model"
     # Anthropic's model fields and list paging, which its SDKs read
     assert card["type"] == "model" and card["display_name"] == "tiny"
+    assert (card["lifecycle"], card["max_input_tokens"], card["max_tokens"]) == (
+        "active",
+        4095,
+        4095,
+    )
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", card["created_at"])
     assert (models["has_more"], models["first_id"], models["last_id"]) == (False, "tiny", "tiny")
     assert card["dflash2"] == {

@@ -35,6 +35,9 @@ def model_card(
         "type": "model",
         "display_name": settings.model_name,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
+        "lifecycle": "active",  # Anthropic's, required in its SDK's model
+        "max_input_tokens": settings.context - 1,  # a prompt leaves the reply one token
+        "max_tokens": settings.context - 1,
         "dflash2": {
             "speculative": settings.speculative,
             "target": target,
