@@ -156,15 +156,12 @@ def _messages(body: dict, tools: ChatTools) -> tuple[list[dict], dict[str, str]]
         messages.append(message)
 
     def think(message: dict) -> None:
-        if thought:
-            for text in thought:
-                add_piece(message, "reasoning_content", text)
-            thought.clear()
+        for text in thought:
+            add_piece(message, "reasoning_content", text)
+        thought.clear()
 
-    instructions = body.get("instructions")
+    instructions = _instructions(body)
     if instructions is not None:
-        if not isinstance(instructions, str):
-            raise invalid("instructions", "instructions must be a string", "invalid_type")
         add({"role": "system", "content": instructions}, "instructions")
     for i, item in enumerate(_input_items(body.get("input"))):
         where = f"input[{i}]"
@@ -213,6 +210,13 @@ def _messages(body: dict, tools: ChatTools) -> tuple[list[dict], dict[str, str]]
 
 
 _SYSTEM = ("system", "developer")
+
+
+def _instructions(body: dict) -> str | None:
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise invalid("instructions", "instructions must be a string", "invalid_type")
+    return instructions
 
 
 def _input_items(items) -> list:
