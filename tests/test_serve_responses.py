@@ -376,6 +376,16 @@ def test_cut_by_max_output_tokens_is_incomplete(client):
             },
             "input[0].output[0]",
         ),
+        (  # a Chat-style call on a message item would be lost unsaid
+            {
+                "input": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "", "tool_calls": [{"id": "a"}]},
+                ]
+            },
+            "input[1].tool_calls",
+        ),
+        ({"input": [{"role": "user", "content": "hi", "foo": 1}]}, "input[0].foo"),
     ],
 )
 def test_what_it_cannot_serve_is_a_400_naming_the_field(url, extra, param):

@@ -237,7 +237,18 @@ def _flat(content) -> str:
     return content or ""
 
 
+_MESSAGE_KEYS = ("type", "role", "content", "id", "status", "phase")  # phase: Codex's
+
+
 def _message(where: str, item: dict) -> dict:
+    for key, value in item.items():  # a Chat field (tool_calls, name) would be lost unsaid
+        if key not in _MESSAGE_KEYS and value is not None:
+            raise invalid(
+                f"{where}.{key}",
+                f"{where}.{key[:60]}: unknown field of a message item (a call is a "
+                "function_call item of its own)",
+                "unknown_parameter",
+            )
     content = item.get("content")
     if content is not None and not isinstance(content, (str, list)):
         raise invalid(
