@@ -574,7 +574,8 @@ def test_the_prompt_limit_is_worded_as_the_context_limit_clients_trim_for(pair):
         err = r.json()["error"]
         assert r.status_code == 400 and err["code"] == "context_length_exceeded", r.text
         assert err["param"] == "messages"
-        limit = re.search(r"maximum context length is (\d+) tokens", err["message"])
+        # the phrase clients match (litellm: "this model's maximum context length is")
+        limit = re.search(r"This model's maximum context length is (\d+) tokens", err["message"])
         assert limit and limit.group(1) == "40", err  # the pattern clients read N with
         r = httpx.post(
             base + "/v1/messages", json={"messages": long, "max_tokens": 2, "model": "t"}

@@ -142,8 +142,9 @@ class RequestLimits:
                 return prompt_too_long(self.prompt_tokens + 1, tokens)
             return _too_long(
                 where,
-                f"This server's maximum context length is {self.prompt_tokens} tokens for a "
-                f"prompt (--max-prompt-tokens; the model's context is {self.context}). However, "
+                f"This model's maximum context length is {self.prompt_tokens} tokens for a "
+                f"prompt on this server (--max-prompt-tokens; the model's own context is "
+                f"{self.context}). However, "
                 f"your {where} resulted in {tokens}. Please reduce the length of the {where}.",
                 "context_length_exceeded",
             )
