@@ -362,10 +362,16 @@ def test_an_access_line_quotes_a_long_path_short():
     in a log left to grow for weeks); it is cut as this server's own lines are."""
     with _child_server("0.5", "1") as (proc, base):
         assert httpx.get(base + "/" + "a" * 10_000, timeout=30).status_code == 404
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:  # a long method
+            s.sendall(b"M" * 5000 + f" / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            assert s.recv(100).startswith(b"HTTP/1.1 404")
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)  # uvicorn's access lines go to stdout
+        out, err = proc.communicate(timeout=30)  # uvicorn's access lines go to stdout
     (line,) = [x for x in out.splitlines() if "aaaa" in x]
     assert "404" in line and len(line) < 400 and "aaa... HTTP" in line, line
+    long = [x for x in (out + err).splitlines() if "MMMM" in x]
+    assert len(long) == 2 and all(len(x) < 700 for x in long), [len(x) for x in long]
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")

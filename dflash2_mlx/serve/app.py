@@ -273,7 +273,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def _client_gone(request, exc: ClientGone):
         log.info(
             "%s %s: the client closed the connection during its upload",
-            request.method,
+            loggable(request.method, 20),
             loggable(request.url.path, 200),
         )
         return Response(status_code=CLIENT_GONE)
@@ -281,7 +281,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        msg = f"{request.method} {request.url.path[:100]}: {exc.detail}"
+        msg = f"{loggable(request.method, 20)} {request.url.path[:100]}: {exc.detail}"
         if exc.status_code == 404:
             msg += _not_found_hint(request.url.path)
         err = APIError(exc.status_code, msg, code=code, headers=exc.headers)  # 405: Allow

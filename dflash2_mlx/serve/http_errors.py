@@ -23,7 +23,7 @@ def error_response(err: APIError, request: Request | None = None) -> JSONRespons
     sent is escaped: `loggable`)."""
     where = ""
     if request is not None:
-        where = f"{request.method} {loggable(request.url.path, 200)}: "
+        where = f"{loggable(request.method, 20)} {loggable(request.url.path, 200)}: "
     anthropic = request is not None and request.url.path.startswith(MESSAGES_PATH)
     log.log(
         _level(err.status),

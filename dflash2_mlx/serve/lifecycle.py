@@ -198,7 +198,7 @@ class _ShortPaths(logging.Filter):
         if isinstance(args, tuple) and len(args) == 5:  # (client, method, path, version, status)
             path = str(args[2])
             short = loggable(path, 200) + ("..." if len(path) > 200 else "")
-            record.args = (*args[:2], short, *args[3:])
+            record.args = (args[0], loggable(args[1], 20), short, *args[3:])
         return True
 
 
