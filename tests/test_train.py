@@ -212,6 +212,7 @@ def test_a_damaged_checkpoint_is_named_with_what_to_do(target, sequences, tmp_pa
         "optimizer.npz": lambda p: p.unlink(),
         "optimizer.npz ": lambda p: p.write_bytes(p.read_bytes()[:500]),
         "feature_scale.npy": lambda p: p.write_bytes(b""),
+        "feature_scale.npy ": lambda p: np.save(p, np.ones(7, np.float32)),  # another width
     }
     for i, (name, damage) in enumerate(damages.items()):
         out = tmp_path / f"case{i}"
@@ -235,6 +236,10 @@ def test_a_damaged_feature_cache_or_work_record_is_named(target, tmp_path):
     shard.write_bytes(shard.read_bytes()[:300])
     with pytest.raises(FeatureCacheError, match="the feature cache is damaged .*delete the folder"):
         load_feature_cache(folder)
+    (folder / "meta.json").write_text("{bad")
+    with pytest.raises(FeatureCacheError, match="the feature cache is damaged"):
+        build_feature_cache(adapter, seqs, folder, batch=2, shard_rows=10, log=lambda s: None)
+    (folder / "meta.json").unlink()
     index = folder / "index.jsonl"  # a kill during an append: the last line cut
     index.write_text(index.read_text()[:-20])
     with pytest.raises(FeatureCacheError, match="the feature cache is damaged"):

@@ -77,7 +77,8 @@ def _check_meta(adapter: TargetAdapter, folder: Path) -> None:
         "vocab": adapter.vocab_size,
     }
     if meta_path.exists():
-        old = json.loads(meta_path.read_text())
+        with _intact(folder):
+            old = json.loads(meta_path.read_text())
         if old != meta:
             raise FeatureCacheError(
                 f"{folder}: cached features were made for {old}, not {meta}; "

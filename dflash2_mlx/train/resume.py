@@ -39,8 +39,8 @@ def read_state(path: Path) -> dict:
     return state
 
 
-def read_arrays(ckpt: Path) -> tuple[dict, np.ndarray]:
-    """(the optimizer's state as mx.load gives it, the feature scaling)."""
+def read_arrays(ckpt: Path, width: int) -> tuple[dict, np.ndarray]:
+    """(the optimizer's state as mx.load gives it, the feature scaling: `width` values)."""
     import mlx.core as mx
 
     path = ckpt / "optimizer.npz"
@@ -49,7 +49,10 @@ def read_arrays(ckpt: Path) -> tuple[dict, np.ndarray]:
             raise FileNotFoundError("no such file")
         optimizer = mx.load(str(path))
         path = ckpt / "feature_scale.npy"
-        return optimizer, np.load(path)
+        scale = np.load(path)
+        if scale.shape != (width,):
+            raise ValueError(f"shape {scale.shape}, not ({width},)")
+        return optimizer, scale
     except (OSError, EOFError, ValueError, RuntimeError) as exc:  # what the loaders raise
         raise damaged(path, exc, ckpt) from None
 

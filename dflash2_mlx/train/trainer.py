@@ -225,7 +225,7 @@ class Trainer:
         check_resumable(state, self.cfg, self.ckpt)
         loaded = load_drafter(self.ckpt)
         self.drafter.load_weights(list(tree_flatten(loaded.parameters())), strict=True)
-        optimizer, scale = read_arrays(self.ckpt)
+        optimizer, scale = read_arrays(self.ckpt, self.scale.shape[0])
         self.opt.state, self.scale = tree_unflatten(list(optimizer.items())), mx.array(scale)
         self.step, self.history = state["step"], state["history"]
         if self.fixed is not None and state.get("stream"):
