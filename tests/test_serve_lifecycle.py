@@ -348,6 +348,21 @@ def test_a_second_ctrl_c_answers_a_waiting_request_in_json():
     assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
 
 
+def test_an_idle_connection_outlives_the_clients_own_idle_expiry():
+    """httpx's pool (the openai and anthropic SDKs') reuses a connection idle for up to 5 s;
+    uvicorn closed them at 5 s, and a request sent just then met "Server disconnected
+    without sending a response"."""
+    with _child_server("0.5", "1") as (proc, base):
+        port = int(base.rsplit(":", 1)[1])
+        ask = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(ask)
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            time.sleep(6)
+            s.sendall(ask)
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+
+
 def test_a_sigint_that_was_ignored_at_start_still_exits_130():
     """A server started by a script with `&` starts with SIGINT ignored; SIGINT still stops
     it, and the exit code says so (it was 0, as if it had ended by itself)."""

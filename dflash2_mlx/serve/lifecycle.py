@@ -38,6 +38,11 @@ MAX_CONNECTIONS = 1000
 # handler is the default one (under nohup it is ignored, and stays so).
 HANGUP = getattr(signal, "SIGHUP", None)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# An idle connection is kept longer than clients keep theirs (httpx's pool, which the openai
+# and anthropic SDKs use, drops one after 5 s): at uvicorn's 5 s the server could close one
+# just as a client sent its next request on it ("Server disconnected without sending a
+# response").
+KEEP_ALIVE_S = 30
 # Every line of the server's log starts with its time (a log kept by nohup or a service).
 TIME = "%(asctime)s "
 
@@ -148,6 +153,7 @@ def make_server(app, *, log_level: str = "info") -> DrainingServer:
         log_level=log_level,
         log_config=_log_config(),
         timeout_graceful_shutdown=drain.grace_s + DELIVERY_MARGIN_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
         limit_concurrency=MAX_CONNECTIONS,
         **security.uvicorn_options(),
     )
