@@ -816,6 +816,10 @@ def test_a_checkpoint_resumes_only_for_its_own_out_and_settings(target, sequence
         check_resumable(state, replace(tr.cfg, seed=5), tr.ckpt)
     with pytest.raises(DFlash2Error, match="past --steps 2"):
         check_resumable(state, replace(tr.cfg, steps=2), tr.ckpt)
+    edited = {**state, "config": {**state["config"], "block_size": str(tr.cfg.block_size)}}
+    shown = f"block_size '{tr.cfg.block_size}' there, {tr.cfg.block_size} now"  # not "8 ... 8"
+    with pytest.raises(DFlash2Error, match=shown):
+        check_resumable(edited, tr.cfg, tr.ckpt)
     # Refused before the data stage too (the run folder's checkpoint is read up front).
     with pytest.raises(DFlash2Error, match="seed 0 there, 5 now"):
         check_earlier_run(tr.out, tmp_path / "d", replace(tr.cfg, seed=5))

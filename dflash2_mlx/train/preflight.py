@@ -227,7 +227,7 @@ def check_resumable(state: dict, cfg: TrainConfig, ckpt: Path) -> None:
     ]
     afresh = f"or delete {ckpt.parent} to train afresh (the data in --work stays)"
     if differ:
-        shown = "; ".join(f"{k} {saved[k]} there, {now[k]} now" for k in differ[:4])
+        shown = "; ".join(f"{k} {saved[k]!r} there, {now[k]!r} now" for k in differ[:4])
         raise DFlash2Error(
             f"{ckpt} holds a checkpoint trained with other settings ({shown}): rerun with "
             f"those to resume it, {afresh}"
