@@ -54,12 +54,13 @@ class Drain:
         self.worker, self.grace_s = worker, grace_s
         self.draining = False
         self._stopped: asyncio.Event | None = None
+        self._stopped_loop: asyncio.AbstractEventLoop | None = None  # the loop it waits on
 
     def stopped(self) -> asyncio.Event:
         """Set once the drain begins (uploads still coming are refused): an event of the
         running loop's (an Event waits on one loop only, and an app may be served again)."""
         loop = asyncio.get_running_loop()
-        if self._stopped is None or self._stopped_loop is not loop:
+        if self._stopped_loop is not loop:
             self._stopped, self._stopped_loop = asyncio.Event(), loop
             if self.draining:
                 self._stopped.set()

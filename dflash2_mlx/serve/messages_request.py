@@ -74,11 +74,11 @@ def parse_count_tokens(body: dict) -> GenRequest:
 def parse_messages(body: dict) -> GenRequest:
     """The chat request an Anthropic Messages body asks for (GenRequest.anthropic set)."""
     known = {*_SAME, *_HARMLESS, *_NEUTRAL, "messages", "system", "stop_sequences", "tools"}
-    known |= {"tool_choice", "thinking", "output_config"}
+    known |= {"tool_choice", "thinking", "output_config", "thread"}
     if body.get("thread") is not None:
         raise _no_threads()
     for name, value in body.items():
-        if name not in known | {"thread"}:
+        if name not in known:
             raise invalid(name, f"{name}: Extra inputs are not permitted", "unknown_parameter")
         if name in _NEUTRAL and not _NEUTRAL[name](value):
             raise invalid(name, f"{name} is not supported", "unsupported_parameter")
