@@ -73,8 +73,13 @@ def test_a_long_prompt_joins_a_chunk_per_step(decoder, chunks_per_step):
     prefill = next(ev for rid, ev in steps[-1] if ids[rid] == "long")
     assert prefill.prefill and prefill.prompt_tokens == len(LONG) and prefill.reused_tokens == 0
     assert prefill.batch_size == 3 and prefill.prefill_ms > 0 and prefill.queue_ms >= 0
-    # the step that finished its prefill ran its first round with the others
-    assert [ev.batch_size for rid, ev in steps[-1] if ids[rid] == "a"] == [3]
+    # the step that finished its prefill sent its first token at once, with no round; the
+    # next step's round runs it with the others
+    assert [ids[rid] for rid, ev in steps[-1]] == ["long"]
+    following = batch.step()
+    assert {ids[rid]: ev.batch_size for rid, ev in following} == {"a": 3, "b": 3, "long": 3}
+    for rid, ev in following:
+        out.setdefault(ids[rid], []).extend(ev.tokens)
     _finish(batch, ids, out)
     assert out == alone
 
@@ -91,11 +96,13 @@ def test_nothing_running_a_step_prefills_one_chunk_and_a_short_prompt_goes_ahead
     short = PROMPTS[0]
     assert len(short) <= CHUNK
     ids[batch.add(short, params)] = "short"
-    second = batch.step()
-    assert [(ids[rid], ev.prefill) for rid, ev in second] == [("short", True), ("short", False)]
+    second = batch.step()  # its first token goes out at once; its first round comes next
+    assert [(ids[rid], ev.prefill) for rid, ev in second] == [("short", True)]
     assert [ids[w.rid] for w in batch.waiting] == ["long"]
+    third = batch.step()
+    assert [(ids[rid], ev.prefill) for rid, ev in third] == [("short", False)]
     out = {}
-    for rid, ev in second:
+    for rid, ev in second + third:
         out.setdefault(ids[rid], []).extend(ev.tokens)
     _finish(batch, ids, out)
     assert out["long"] == decoder.generate(LONG, params)

@@ -279,6 +279,23 @@ def test_stream_include_usage_and_stop_string(pair, client):
     }
 
 
+def test_a_stop_the_first_token_completes_ends_it_before_any_round(pair, url, client):
+    """The first token goes out from the prefill, before a round runs: its time to first
+    token is the prefill's, and a stop it completes (an editor's "\n" at a line's end)
+    ends the request with no round run at all."""
+    first = tiny.greedy_reference(pair.model, chat_prompt_ids(pair.tokenizer, HI), 1, eos={EOS})
+    stop = pair.tokenizer.decode(first)
+    assert first != [EOS] and stop.strip()
+    rounds = lambda: metric(httpx.get(url + "/metrics").text, "dflash2_batch_rows_count")  # noqa: E731
+    before = rounds()
+    r = client.chat.completions.create(
+        model="tiny", messages=HI, max_tokens=12, temperature=0, stop=[stop]
+    )
+    assert r.choices[0].message.content == "" and r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens == 1 and r.usage.model_extra["dflash2"]["rounds"] == 0
+    assert rounds() == before  # no round ran for it
+
+
 def test_sampling_is_seeded_and_not_greedy(pair, client):
     greedy, _ = reference(pair, chat_prompt_ids(pair.tokenizer, HI), 12)
     kw = dict(

@@ -170,8 +170,8 @@ class BatchDecoder:
     # ------------------------------------------------------------------ rounds
     def step(self) -> list[tuple[int, RoundEvent]]:
         """Admit waiting requests while there is room (their prefill events; while others
-        run, a long prompt's prefill spans several steps), then run one round over every
-        active request. Returns (request id, event) pairs; a request whose
+        run, a long prompt's prefill spans several steps), then, unless one joined, run one
+        round over every active request. Returns (request id, event) pairs; a request whose
         event has a finish_reason has left. A request whose own code raises (a logits
         processor, a grammar) leaves with an error event, the others go on, as does a row
         whose round runs alone (on its own caches) and fails; a batched round whose shared
@@ -181,7 +181,9 @@ class BatchDecoder:
         events = self._join()
         joined = time.perf_counter()
         rounds: list[tuple[int, RoundEvent]] = []
-        if self.rows:
+        # a first token goes out before the next round: its client's time to first token
+        # is its prefill, and a stop string it completes ends it before any round
+        if self.rows and not any(event.prefill for _, event in events):
             try:
                 if not self.batched:
                     rounds = [(r.rid, self._single_round(r)) for r in self.rows]
