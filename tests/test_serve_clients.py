@@ -203,7 +203,9 @@ def test_a_completion_suffix_fills_in_the_middle_with_the_fim_tokens(pair):  # n
     """Editors send the text after the cursor as `suffix`: a model with FIM tokens (Qwen's
     names here) gets <|fim_prefix|>prompt<|fim_suffix|>suffix<|fim_middle|>, and the greedy
     middle is plain greedy decoding of exactly that; an empty prompt (the cursor at the
-    start) is a middle too. A model without them refuses `suffix` (test_serve.py's BAD)."""
+    start) or suffix (at the end) is a middle too. A marker's text in the file is text: the
+    server builds the frame. A model without them refuses `suffix` (test_serve.py's BAD),
+    save an empty one: a plain completion is all it asks there."""
     import tiny
 
     from dflash2_mlx.api import Pair
@@ -211,10 +213,18 @@ def test_a_completion_suffix_fills_in_the_middle_with_the_fim_tokens(pair):  # n
     tok = make_tokenizer(extra_specials=FIM)
     fim = Pair.from_models(pair.model, tok, pair.drafter)
     pre, suf, mid = tok.convert_tokens_to_ids(list(FIM))
-    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    enc = lambda text: tok.encode(text, add_special_tokens=False, split_special_tokens=True)  # noqa: E731
+    marker = "FIM = ('<|fim_prefix|>', "  # editing a tokenizer's own source
+    assert len(enc(marker)) > len(tok.encode(marker, add_special_tokens=False)) + 5
     with running(create_app(fim, model_name="tiny", default_max_tokens=10)) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
-        for prompt, suffix in (("def f(x):\n    ", "\n    return y\n"), ("", "x = 1")):
+        cases = (
+            ("def f(x):\n    ", "\n    return y\n"),
+            ("", "x = 1"),
+            ("y = [1, 2]\nz = ", ""),
+            (marker, "'<|fim_suffix|>')\n"),
+        )
+        for prompt, suffix in cases:
             ids = [pre, *enc(prompt), suf, *enc(suffix), mid]
             want = tiny.greedy_reference(fim.model, ids, 10, eos={tok.eos_token_id})
             r = client.completions.create(
@@ -222,8 +232,10 @@ def test_a_completion_suffix_fills_in_the_middle_with_the_fim_tokens(pair):  # n
             )
             assert r.usage.prompt_tokens == len(ids)
             assert r.choices[0].text == tok.decode([t for t in want if t != tok.eos_token_id])
+    with running(create_app(pair, model_name="tiny", default_max_tokens=10)) as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         plain = client.completions.create(model="tiny", prompt="ab", suffix="", max_tokens=4)
-        assert plain.usage.prompt_tokens == 2  # "": nothing after the cursor, no FIM
+        assert plain.usage.prompt_tokens == 2  # no FIM tokens: "" asks nothing more
 
 
 # ------------------------------------------------------------------ keep-alive

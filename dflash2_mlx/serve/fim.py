@@ -30,8 +30,15 @@ def fim_ids(tokenizer, vocab: int) -> tuple[int, int, int] | None:
     return None
 
 
+def fim_text(tokenizer, text: str) -> list[int]:
+    """A file's text around the cursor as ids: the server builds the FIM frame, so a marker's
+    text in the file (a tokenizer's own source, say) is text, as llama.cpp's /infill takes it."""
+    ids = tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+    return [int(t) for t in ids]
+
+
 def fim_prompt(tokenizer, fim: tuple[int, int, int] | None, prefix: list[int], suffix: str):
-    """The prompt ids of `prefix` (ids, no special tokens added) and `suffix` (text)."""
+    """The prompt ids of `prefix` (ids) and `suffix` (text, as `fim_text`)."""
     if fim is None:
         raise invalid(
             "suffix",
@@ -41,4 +48,4 @@ def fim_prompt(tokenizer, fim: tuple[int, int, int] | None, prefix: list[int], s
             "unsupported_parameter",
         )
     pre, suf, mid = fim
-    return [pre, *prefix, suf, *tokenizer.encode(suffix, add_special_tokens=False), mid]
+    return [pre, *prefix, suf, *fim_text(tokenizer, suffix), mid]

@@ -22,7 +22,7 @@ from ..errors import ParameterError
 from ..text import quiet_length_warning
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .choices import handle_choices
-from .fim import fim_ids, fim_prompt
+from .fim import fim_ids, fim_prompt, fim_text
 from .format import ChatStream, Formatter, ReplyStats, usage
 from .limits import RequestLimits, context_exceeded, prompt_too_long
 from .logprobs import LogprobChunks, Logprobs
@@ -75,11 +75,16 @@ class Handler:
         )
 
     def tokenize(self, req: GenRequest) -> list[int]:
-        """A completion's prompt ids; with a `suffix`, the fill-in-the-middle prompt (fim.py)."""
-        tok, fim = self.pair.tokenizer, req.suffix is not None
+        """A completion's prompt ids; with a `suffix`, the fill-in-the-middle prompt (fim.py).
+        An empty suffix (the cursor at the file's end) is FIM on a model that has it, else a
+        plain completion: nothing comes after the text either way."""
+        tok = self.pair.tokenizer
+        fim = req.suffix is not None and (req.suffix != "" or self.fim is not None)
         with quiet_length_warning():  # the context is checked by the caller (a 400)
-            if isinstance(req.prompt, str):
-                ids = [int(t) for t in tok.encode(req.prompt, add_special_tokens=not fim)]
+            if isinstance(req.prompt, str) and fim:  # the file's text: a marker in it is text
+                ids = fim_text(tok, req.prompt)
+            elif isinstance(req.prompt, str):
+                ids = [int(t) for t in tok.encode(req.prompt)]
             else:
                 bad = next((t for t in req.prompt if not 0 <= t < self.s.vocab), None)
                 if bad is not None:

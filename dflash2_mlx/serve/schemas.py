@@ -297,7 +297,7 @@ def parse_completion(body: dict) -> GenRequest:
         for i, p in enumerate(prompt if batch else [prompt])
     ]
     req = _common(body, "completion", "max_tokens")
-    req.prompt, req.suffix = prompts[0], suffix or None  # "": nothing after, a plain completion
+    req.prompt, req.suffix = prompts[0], suffix  # "": the cursor at the end (handler.tokenize)
     req.prompts = prompts if len(prompts) > 1 else None
     return req
 
