@@ -730,3 +730,37 @@ def test_the_null_origin_is_allowed_only_when_named():
     assert named["Access-Control-Allow-Origin"] == "null"
     with pytest.raises(DFlash2Error, match="--cors 'nul'"):
         SecurityPolicy(cors_origins=("nul",))
+
+
+def test_a_client_that_leaves_before_its_answer_is_noticed_at_once():
+    """A request waiting for its answer (queued behind others, or in a long prefill) learns
+    that its client left when the connection closes, not at a poll: an editor's abandoned
+    keystroke requests must not start their prefill behind the one that matters."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from dflash2_mlx.serve.jobs import Item, Job
+    from dflash2_mlx.serve.stream import Reader
+
+    async def scenario():
+        gone = asyncio.Event()
+
+        async def receive():
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        job = Job([1, 2], GenerationParams(), [])
+        reader = Reader(job, Request({"type": "http", "method": "POST", "headers": []}, receive))
+        first = asyncio.ensure_future(reader.next(watch_client=True))
+        await asyncio.sleep(0.02)
+        assert not first.done()
+        job.out.put_nowait(Item("done"))  # an answer that comes is read
+        assert (await asyncio.wait_for(first, 1)).kind == "done"
+        waiting = asyncio.ensure_future(reader.next(watch_client=True))
+        await asyncio.sleep(0.02)
+        gone.set()
+        assert await asyncio.wait_for(waiting, 0.05) is None  # well inside any poll's period
+        reader.close()
+
+    asyncio.run(scenario())

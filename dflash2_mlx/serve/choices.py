@@ -154,7 +154,7 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
     handed_over = False
     try:
         wait = handler.limits.keepalive_s if req.stream else None
-        first = await readers[0].next(poll_disconnect=True, timeout=wait)
+        first = await readers[0].next(watch_client=True, timeout=wait)
         if first is None:
             return Response(status_code=CLIENT_GONE)
         if first.kind == "error":
@@ -199,7 +199,7 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
 async def _whole(handler, args):
     fmt, req, n_prompt, item, reader, *rest = args
     if item is UNREAD:
-        item = await reader.next(poll_disconnect=True)
+        item = await reader.next(watch_client=True)
     return await handler.complete(fmt, req, n_prompt, item, reader, *rest)
 
 

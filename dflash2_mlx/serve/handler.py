@@ -244,7 +244,7 @@ class Handler:
         handed_over = False
         try:
             wait = self.limits.keepalive_s if req.stream else None
-            first = await reader.next(poll_disconnect=True, timeout=wait)
+            first = await reader.next(watch_client=True, timeout=wait)
             if first is None:
                 return Response(status_code=CLIENT_GONE)
             if first.kind == "error":
@@ -320,7 +320,7 @@ class Handler:
             else:
                 parts.append(item.text)
             finish = item.finish_reason or finish
-            item = await reader.next(poll_disconnect=True)
+            item = await reader.next(watch_client=True)
         logprobs = lp.take(sent, whole=True) if lp is not None else None
         if reply is None:
             usage_ = self.usage_of(req, n_prompt, stats, None)
@@ -371,10 +371,10 @@ class Handler:
             out = ChatStream(fmt, req.include_usage, LogprobChunks(lp), stats is None, tools)
         stats = GenerationStats() if stats is None else stats
         if item is UNREAD:  # keep-alives only once keepalive_s passes without it
-            item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)
+            item = await reader.next(watch_client=False, timeout=self.limits.keepalive_s)
         while item is PENDING:  # headers are sent: keep the connection alive until it comes
             yield SSE_KEEPALIVE
-            item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)
+            item = await reader.next(watch_client=False, timeout=self.limits.keepalive_s)
         finish, stop = "length", None
         for line in out.start(item):
             yield line
@@ -389,7 +389,7 @@ class Handler:
             if time.monotonic() - quiet >= self.limits.keepalive_s:  # a call held to its end
                 quiet = time.monotonic()
                 yield SSE_KEEPALIVE
-            item = await reader.next(poll_disconnect=False, timeout=self.limits.keepalive_s)
+            item = await reader.next(watch_client=False, timeout=self.limits.keepalive_s)
         if item.kind == "error":  # headers are sent: report it in the stream, then end it
             err = from_worker(item.error)
             log.info("stream ended by %d %s: %s", err.status, err.code, loggable(err.message))

@@ -10,56 +10,58 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from .jobs import Item, Job
 
-DISCONNECT_POLL_S = 0.2
 SSE_KEEPALIVE = ": keep-alive\n\n"
 PENDING = Item("pending")  # `Reader.next` timed out: nothing yet
 UNREAD = Item("unread")  # not read yet (a choice after the first, its stream already open)
 
 
 class Reader:
-    """Reads a job's items; optionally notices a client that left (polled)."""
+    """Reads a job's items; optionally notices a client that left (at once: the server's
+    receive() answers http.disconnect when the connection closes)."""
 
     def __init__(self, job: Job, request: Request):
         self.job, self.request = job, request
         self._get: asyncio.Task | None = None
+        self._gone: asyncio.Task | None = None  # done once the client has left
         self.finished = False  # saw "done" or "error": the worker is through with the job
         self.failed = False  # saw "error"
-        self._polled = time.monotonic()
 
-    async def next(self, poll_disconnect: bool, timeout: float | None = None) -> Item | None:
-        """The next item, None if the client has gone (checked every DISCONNECT_POLL_S), or
-        PENDING after `timeout` seconds without one (None: no limit)."""
+    async def next(self, watch_client: bool, timeout: float | None = None) -> Item | None:
+        """The next item, None if the client has gone (with `watch_client`), or PENDING
+        after `timeout` seconds without one (None: no limit)."""
         if self._get is None:
             self._get = asyncio.ensure_future(self.job.out.get())
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            waits = [] if deadline is None else [max(0.0, deadline - time.monotonic())]
-            if poll_disconnect:
-                waits.append(max(0.0, self._polled + DISCONNECT_POLL_S - time.monotonic()))
-            done, _ = await asyncio.wait({self._get}, timeout=min(waits, default=None))
-            if poll_disconnect and time.monotonic() - self._polled >= DISCONNECT_POLL_S:
-                self._polled = time.monotonic()
-                if await self.request.is_disconnected():
-                    return None
-            if done:
-                item, self._get = self._get.result(), None
-                self.finished = item.kind in ("done", "error")
-                self.failed = item.kind == "error"
-                return item
-            if deadline is not None and time.monotonic() >= deadline:
-                return PENDING
+        waits = {self._get}
+        if watch_client:
+            if self._gone is None:
+                self._gone = asyncio.ensure_future(self._client_left())
+            waits.add(self._gone)
+        done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if self._gone in done:
+            return None
+        if self._get in done:
+            item, self._get = self._get.result(), None
+            self.finished = item.kind in ("done", "error")
+            self.failed = item.kind == "error"
+            return item
+        return PENDING
+
+    async def _client_left(self) -> None:
+        """Returns when the connection closes (its body is read: nothing else comes)."""
+        while (await self.request.receive())["type"] != "http.disconnect":
+            pass
 
     def close(self) -> None:
-        if self._get is not None:
-            self._get.cancel()
-            self._get = None
+        for task in (self._get, self._gone):
+            if task is not None:
+                task.cancel()
+        self._get = self._gone = None
 
     def release(self, worker) -> None:
         """Stop reading; the worker cancels the job unless it is through with it."""
