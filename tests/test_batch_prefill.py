@@ -35,6 +35,11 @@ def _steps_until_joined(batch: BatchDecoder, ids: dict, out: dict, joiner) -> li
     return steps
 
 
+def trims(decoder) -> bool:
+    """Every cache of the target trims (no recurrent state)."""
+    return all(c.is_trimmable() for c in decoder.target.make_cache())
+
+
 def _finish(batch: BatchDecoder, ids: dict, out: dict) -> None:
     while batch.busy:
         for rid, ev in batch.step():
@@ -123,7 +128,11 @@ def test_a_joiner_cancelled_mid_prefill_is_dropped(decoder):
     ids[batch.add(LONG, params, session=session, cancel=cancel)] = "long"
     steps = _steps_until_joined(batch, ids, out, "long")
     assert len(steps) == 4 and len(polls) == 3  # polled before chunks 2, 3 and 4
-    assert "long" not in out and session.in_round  # dropped: its caches are half-filled
+    assert "long" not in out
+    if trims(decoder):  # dropped, the 3 chunks it fed kept
+        assert not session.in_round and session.tokens == LONG[: 3 * CHUNK + 1]
+    else:  # dropped: its recurrent state holds part of a prompt, cleared on its next use
+        assert session.in_round
     rid = batch.add(LONG, params, session=session)  # cancelled by the caller this time
     ids[rid] = "again"
     for rid_, ev in batch.step():
@@ -206,9 +215,9 @@ def test_a_joiner_with_a_cached_prefix_prefills_only_the_rest(decoder):
 
 
 def test_a_joiner_cancelled_mid_prefill_keeps_the_prefix_its_session_held(decoder):
-    """A cancelled joiner (a client gone during a long prompt) rolls its chunks back
-    (attention caches trimmed, Gated-DeltaNet state restored): its session holds the
-    conversation again and the retried prompt prefills only its new tokens, exactly."""
+    """A cancelled joiner (a client gone during a long prompt) keeps the chunks it fed where
+    every cache trims, else rolls them back (Gated-DeltaNet state restored): its session
+    holds the conversation and the retried prompt prefills only what it lacks, exactly."""
     params = GenerationParams(max_tokens=12)
     session = decoder.new_session()
     first = decoder.generate(LONG[:20], params, session)
@@ -222,11 +231,12 @@ def test_a_joiner_cancelled_mid_prefill_keeps_the_prefix_its_session_held(decode
     ids[batch.add(turn2, params, session=session, cancel=cancel)] = "gone"
     _steps_until_joined(batch, ids, out, "gone")
     assert "gone" not in out and len(polls) == 2
-    assert not session.in_round and session.tokens == LONG[:20] + first  # rolled back
+    kept = 2 * CHUNK if trims(decoder) else 0  # polled before each chunk but the first
+    assert not session.in_round and session.tokens == turn2[: held + kept + 1]
     ids[batch.add(turn2, params, session=session)] = "retry"
     steps = _steps_until_joined(batch, ids, out, "retry")
     prefill = next(ev for rid, ev in steps[-1] if ids[rid] == "retry")
-    assert prefill.reused_tokens == held
+    assert prefill.reused_tokens == held + kept
     _finish(batch, ids, out)
     assert out["retry"] == decoder.generate(turn2, params)
     assert out["a"] == decoder.generate(PROMPTS[0], GenerationParams(max_tokens=60))

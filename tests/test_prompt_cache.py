@@ -253,9 +253,9 @@ def test_a_request_refused_before_its_prefill_keeps_the_conversation():
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])
 def test_a_prefill_cancelled_midway_keeps_the_prefix_it_reused(family):
-    """Cancelled between its chunks (Ctrl-C, a client gone), a prefill gives back what it
-    added (attention caches trimmed, Gated-DeltaNet state restored): the session holds the
-    conversation again and the next prompt reuses it, exactly."""
+    """Cancelled between its chunks (Ctrl-C, a client gone), a prefill keeps the chunks it
+    fed where every cache trims, else gives them back (Gated-DeltaNet state restored): the
+    session holds the conversation and the next prompt reuses what it shares, exactly."""
     dec = decoder(family, prefill_chunk=4)
     session = dec.new_session()
     out1 = [t for ev in dec.stream(TURN1, PARAMS, session) for t in ev.tokens]
@@ -265,10 +265,10 @@ def test_a_prefill_cancelled_midway_keeps_the_prefix_it_reused(family):
     cancel = lambda: polls.append(1) or len(polls) > 1  # noqa: E731
     cancelled = list(dec.stream(turn2, PARAMS, session, cancel=cancel))
     assert cancelled == [] and len(polls) == 2  # stopped before its second chunk
-    turn3 = TURN1 + out1 + [40, 41, 7]
+    turn3 = TURN1 + out1 + [40, 41, 7]  # the chunk fed: out1[-1], 40, 41, 42
     events = list(dec.stream(turn3, PARAMS, session))
     assert [t for ev in events for t in ev.tokens] == cold(dec, turn3)
-    assert events[0].reused_tokens == held
+    assert events[0].reused_tokens == held + (3 if family == "llama" else 0)
 
 
 def test_cancel_is_polled_before_the_prefill_and_between_rounds():
@@ -290,10 +290,10 @@ def test_cancel_is_polled_before_the_prefill_and_between_rounds():
 
 @pytest.mark.parametrize("kept", [None, 4])
 def test_a_request_cancelled_mid_prefill_keeps_the_conversation(kept):
-    """A client gone during its prompt's prefill: the chunks are rolled back and the entry it
-    took goes back to the cache, so its retry prefills only its new tokens — also when the
-    prompt re-rendered the answer differently (`kept` of its tokens: the lease trimmed the
-    entry it took, the usual next turn)."""
+    """A client gone during its prompt's prefill: the entry it took goes back to the cache
+    with the chunk it fed, so its retry prefills only the rest — also when the prompt
+    re-rendered the answer differently (`kept` of its tokens: the lease trimmed the entry
+    it took, the usual next turn)."""
     dec = decoder("llama", prefill_chunk=4)
     cache = PromptCache(dec, 1 << 30)
     out1, _, _ = run(dec, cache, TURN1)
@@ -306,7 +306,28 @@ def test_a_request_cancelled_mid_prefill_keeps_the_conversation(kept):
     assert cache.stats().entries == 1
     out2, ev, _ = run(dec, cache, turn2)
     held = len(TURN1) + (len(out1) - 1 if kept is None else kept)
-    assert ev.reused_tokens == held and out2 == cold(dec, turn2)
+    assert ev.reused_tokens == held + 4 and out2 == cold(dec, turn2)  # and its first chunk
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+def test_a_new_prompt_cancelled_mid_prefill_leaves_the_chunks_it_fed(family):
+    """An editor's keystroke request abandoned during a long file's first prefill: the
+    chunks it fed are stored (every cache trims), so the next keystroke's prompt prefills
+    only the rest instead of the whole file again; a recurrent state holding part of a
+    prompt is not kept (it could serve only prompts extending it, and is rolled back)."""
+    dec = decoder(family, prefill_chunk=4)
+    cache = PromptCache(dec, 1 << 30)
+    prompt = list(range(3, 23))  # 20 tokens: five chunks of 4
+    polls = []
+    cancel = lambda: polls.append(1) or len(polls) > 2  # noqa: E731  (before the 3rd chunk)
+    with cache.lease(prompt) as lease:
+        assert lease.served == 0
+        assert list(dec.stream(prompt, PARAMS, lease.session, cancel=cancel)) == []
+    trims = family == "llama"
+    assert cache.stats().entries == (1 if trims else 0)
+    keystroke = prompt + [40]
+    out, ev, _ = run(dec, cache, keystroke)
+    assert ev.reused_tokens == (8 if trims else 0) and out == cold(dec, keystroke)
 
 
 def test_a_second_stream_on_a_session_is_refused_even_before_the_first_starts(dec):

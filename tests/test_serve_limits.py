@@ -505,7 +505,7 @@ def test_many_consecutive_turns_are_joined_in_linear_time():
         return time.perf_counter() - t0
 
     small = min(parse(5_000) for _ in range(3))
-    large = min(parse(20_000) for _ in range(3))  # the best of 3: a busy machine stalls any
+    large = min(parse(20_000) for _ in range(3))  # the best of 3 each: a busy machine stalls some runs
     assert large < 8 * small, (small, large)
 
 

@@ -88,27 +88,33 @@ class Prefill:
         return n
 
     def roll_back(self) -> bool:
-        """Undo this prefill's chunks (attention caches trimmed, recurrent ones restored to
-        their state before it) unless a chunk or the first token's pick was cut midway or a
-        cache can do neither (a sliding window past its size): the session holds its reused
-        prefix again, the prompt's next token its last (unfed) one, so a next prompt sharing
-        the prefix reuses it (a Ctrl-C or a client gone during a long prompt no longer costs
-        the conversation's prefill). Returns whether the session is consistent (else it
-        stays `in_round`: cleared on its next use)."""
+        """Stop this prefill between chunks. Where every cache trims, the session keeps the
+        chunks fed (an editor's next keystroke, or the prompt sent again, prefills only the
+        rest; a prompt that branches off earlier trims them); else it holds its reused prefix
+        again, recurrent caches restored to their state before it (a Ctrl-C or a client gone
+        during a long prompt no longer costs the conversation's prefill). Neither where a
+        chunk or the first token's pick was cut midway, or a cache can do neither. Returns
+        whether the session is consistent (else it stays `in_round`: cleared on its next
+        use)."""
         session, caches = self.session, self.session.target_cache
         if self.rolled_back:
             return True
-        if not self.between_chunks or self.reused < 1:
+        if not self.between_chunks:
             return False
-        restore = {id(c): state for c, state in self.saved}
-        if not all(c.is_trimmable() or id(c) in restore for c in caches):
-            return False
-        for c in caches:
-            if id(c) in restore:
-                c.state = restore[id(c)]
-            else:
-                c.trim(self.feed.fed)
-        session.tokens = list(self.prompt[: self.reused + 1])
+        if self.feed.fed and all(c.is_trimmable() for c in caches):
+            session.tokens = list(self.prompt[: self.reused + self.feed.fed + 1])
+            features, first = self.feed.features()
+            _queue_features(session, features, self.reused + first)
+        else:
+            restore = {id(c): state for c, state in self.saved}
+            if self.reused < 1 or not all(c.is_trimmable() or id(c) in restore for c in caches):
+                return False
+            for c in caches:
+                if id(c) in restore:
+                    c.state = restore[id(c)]
+                else:
+                    c.trim(self.feed.fed)
+            session.tokens = list(self.prompt[: self.reused + 1])
         session.in_round, self.rolled_back = False, True
         return True
 
@@ -131,15 +137,7 @@ class Prefill:
         session = self.session
         self.between_chunks = False
         logits, feats, first = self.feed.result()
-        first += self.reused
-        d_off = drafter_offset(session)
-        pending = session.pending
-        if pending is not None and pending.shape[1] and first == d_off + pending.shape[1]:
-            feats = mx.concatenate([pending, feats], axis=1)
-        elif first > d_off:
-            for c in session.drafter_cache:
-                c.offset = first
-        session.pending = feats
+        _queue_features(session, feats, self.reused + first)
         last = logits[0, -1:] if shape is None else shape(logits[0, -1:])
         self.logits = last  # [1, V]: the first token's distribution (its logprob)
         token = int(pick(last[0], sampling, key).item())
@@ -149,3 +147,16 @@ class Prefill:
             session.lookup.reset(session.tokens)
         self.ms = (time.perf_counter() - self.started) * 1000.0
         return token
+
+
+def _queue_features(session, feats: mx.array, first: int) -> None:
+    """Queue the prefill's features [1, n, F] of positions first.. for the drafter: after
+    those it has not seen yet, or (rows no drafter layer can see skipped) in their place."""
+    d_off = drafter_offset(session)
+    pending = session.pending
+    if pending is not None and pending.shape[1] and first == d_off + pending.shape[1]:
+        feats = mx.concatenate([pending, feats], axis=1)
+    elif first > d_off:
+        for c in session.drafter_cache:
+            c.offset = first
+    session.pending = feats

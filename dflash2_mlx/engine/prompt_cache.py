@@ -307,9 +307,9 @@ class PromptCache:
 class Lease:
     """One request's use of the cache: `session` for the engine; back into the cache on close.
 
-    Pass every event of the generation to `observe`: the session goes back only if its
-    prefill finished (a prefill stopped midway leaves the caches ahead of the tokens), and not
-    after a round stopped midway.
+    Pass every event of the generation to `observe`: the session goes back if its prefill
+    finished, or stopped between chunks with what it holds consistent (Prefill.roll_back);
+    not after a round stopped midway.
     """
 
     def __init__(
@@ -346,10 +346,13 @@ class Lease:
         elif self._taken is not None and _positions(self.session) == self._as_taken:
             # refused before its prefill began (a bad parameter): the conversation stays
             self.cache._store(self.session, self._taken.prompt_len)
-        elif self._taken is not None and not self.session.in_round:
-            # a prefill cancelled and rolled back (Prefill.roll_back) after the prompt cut
-            # back into the stored answer: the prefix it kept stays
-            self.cache._store(self.session, min(self._taken.prompt_len, self.session.fed))
+        elif not self.session.in_round and (
+            self._taken is not None or self.session.fed > self.served
+        ):
+            # a prefill cancelled between chunks (Prefill.roll_back): what it kept stays, the
+            # chunks it fed included (an editor's next keystroke prefills only the rest)
+            held = self._taken.prompt_len if self._taken is not None else self.prompt_len
+            self.cache._store(self.session, min(held, self.session.fed))
 
     def __enter__(self) -> "Lease":
         return self

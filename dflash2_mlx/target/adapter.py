@@ -184,8 +184,12 @@ class ChunkedPrefill:
         """(last logits [1, 1, V], the kept features [1, n, F], index of the first kept row)."""
         if not self.done:
             raise RuntimeError(f"prefill not done: {self.fed} of {self.total} ids fed")
+        return (self._logits, *self.features())
+
+    def features(self) -> tuple[mx.array, int]:
+        """The kept features of the ids fed so far [1, n, F] and the index of the first."""
         kept = self._kept
         features = mx.concatenate(kept, axis=1) if len(kept) > 1 else kept[0]
         if self.keep_rows is not None and features.shape[1] > self.keep_rows:
             features = features[:, -self.keep_rows :]
-        return self._logits, features, self.total - features.shape[1]
+        return features, self.fed - features.shape[1]
