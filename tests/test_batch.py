@@ -109,6 +109,34 @@ def test_requests_join_and_leave_mid_batch(decoder, monkeypatch):
     assert out[1] == alone[1][: len(out[1])] and len(out[1]) < len(alone[1])
 
 
+@pytest.mark.parametrize("leaves", ["joiner", "solo"])
+def test_a_row_that_leaves_right_after_another_joined_a_lone_one(decoder, leaves):
+    """A lone row runs on its own caches; a request joins (its first token goes out before
+    the next round) and one of the two leaves at once (a stop its first token completed, a
+    client gone): the other goes on exactly, its caches matched to its row."""
+    params = GenerationParams(max_tokens=24)
+    alone = {i: decoder.generate(PROMPTS[i], params) for i in (0, 1)}
+    batch = BatchDecoder(decoder, max_batch=4)
+    solo = batch.add(PROMPTS[0], params)
+    out: dict[int, list[int]] = {}
+    for _ in range(3):
+        for rid, ev in batch.step():
+            out.setdefault(rid, []).extend(ev.tokens)
+    joiner = batch.add(PROMPTS[1], params)
+    events = batch.step()
+    assert [(rid, ev.prefill) for rid, ev in events] == [(joiner, True)]
+    for rid, ev in events:
+        out.setdefault(rid, []).extend(ev.tokens)
+    gone = joiner if leaves == "joiner" else solo
+    assert batch.cancel(gone) is True
+    while batch.busy:
+        for rid, ev in batch.step():
+            out.setdefault(rid, []).extend(ev.tokens)
+    stays, i = (solo, 0) if gone == joiner else (joiner, 1)
+    assert out[stays] == alone[i]
+    assert out[gone] == alone[1 - i][: len(out[gone])]
+
+
 def test_fallback_runs_one_at_a_time():
     """A target without exact per-row rollback runs through the single-sequence engine."""
     dec = _decoder("llama")

@@ -231,6 +231,8 @@ class BatchDecoder:
             self._admit(events, joined)
         finally:  # an on_prefill that raised loses no admitted request
             if joined and self.batched:
+                if self.rows:  # a row ran alone: its caches go first, so rows match cache rows
+                    self._end_solo()
                 new = tbatch.merge([r.session.target_cache for r in joined])
                 self.cache = tbatch.extend(self.cache, new)
                 for r in joined:
@@ -358,7 +360,8 @@ class BatchDecoder:
         """Requests joined a row that ran alone: its caches go back in front of the batch's."""
         solo = self.rows[0].session
         if solo.target_cache:
-            self.cache = tbatch.extend(tbatch.merge([solo.target_cache]), self.cache)
+            own = tbatch.merge([solo.target_cache])
+            self.cache = own if self.cache is None else tbatch.extend(own, self.cache)
             solo.lend_target_cache()
 
     # ------------------------------------------------------------------ whole runs
