@@ -90,6 +90,9 @@ def _canonical_name(name: str) -> str:
     return name
 
 
+FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+
 def check_weights(
     cfg: DrafterConfig, weights: dict[str, mx.array], source: str
 ) -> dict[str, mx.array]:
@@ -109,6 +112,12 @@ def check_weights(
             f"for a {cfg.architecture} with {cfg.num_hidden_layers} layers"
         )
     unexpected = sorted(set(renamed) - set(expected))
+    quantized = [u for u in unexpected if u.endswith((".scales", ".biases"))]
+    if quantized:
+        raise CheckpointError(
+            f"{source}: a quantized drafter (tensor '{quantized[0]}'): not supported; use its "
+            "unquantized weights (float32, float16 or bfloat16)"
+        )
     if unexpected:
         more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
         raise CheckpointError(
@@ -120,6 +129,12 @@ def check_weights(
         if found != shape:
             raise CheckpointError(
                 f"{source}: tensor '{name}' has shape {list(found)}, expected {list(shape)}"
+            )
+        if renamed[name].dtype not in FLOAT_DTYPES:  # FP8 reads as uint8: casts would be noise
+            raise CheckpointError(
+                f"{source}: tensor '{name}' is {str(renamed[name].dtype).removeprefix('mlx.core.')}"
+                "; a drafter's weights are float32, float16 or bfloat16 (FP8 and quantized "
+                "drafters are not supported)"
             )
     return renamed
 

@@ -404,6 +404,29 @@ def test_error_unexpected_tensor(v2_folder, tmp_path):
     assert "unexpected" in msg and "'lm_head.weight'" in msg and str(tmp_path / "d") in msg
 
 
+@pytest.mark.parametrize("dtype", [mx.uint8, mx.int8, mx.int32, mx.bool_])
+def test_error_weights_of_no_float_dtype(v2_folder, tmp_path, dtype):
+    """FP8 safetensors read as uint8 (and int weights) cast by value would be noise: a
+    drafter that loads but never drafts right. Refused, naming the tensor."""
+    _, weights = v2_folder
+    bad = dict(weights)
+    bad["fc.weight"] = weights["fc.weight"].astype(dtype)
+    write_folder(tmp_path / "d", pc.tiny("Qwen3.8-27B-DFlash2"), bad)
+    msg = raises(CheckpointError, load_drafter, tmp_path / "d")
+    assert "'fc.weight'" in msg and str(dtype).removeprefix("mlx.core.") in msg
+    assert "float32, float16 or bfloat16" in msg
+
+
+def test_error_a_quantized_drafter_is_named_so(v2_folder, tmp_path):
+    _, weights = v2_folder
+    q = dict(weights)
+    w = weights["fc.weight"].astype(mx.float32)
+    q["fc.weight"], q["fc.scales"], q["fc.biases"] = mx.quantize(w, group_size=32, bits=4)
+    write_folder(tmp_path / "d", pc.tiny("Qwen3.8-27B-DFlash2"), q)
+    msg = raises(CheckpointError, load_drafter, tmp_path / "d")
+    assert "quantized drafter" in msg and "'fc.biases'" in msg and "unquantized" in msg
+
+
 def test_error_v2_tensors_in_a_v1_checkpoint(tmp_path):
     """A DFlash2 checkpoint whose config says DFlash (v1): the v2 tensors are named."""
     v2cfg = _config(pc.tiny("Qwen3.8-27B-DFlash2"))
