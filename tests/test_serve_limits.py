@@ -504,8 +504,9 @@ def test_many_consecutive_turns_are_joined_in_linear_time():
         assert req.messages[1]["reasoning_content"] == "t" * n
         return time.perf_counter() - t0
 
+    # the best of 3 each: a busy machine stalls some runs
     small = min(parse(5_000) for _ in range(3))
-    large = min(parse(20_000) for _ in range(3))  # the best of 3 each: a busy machine stalls some runs
+    large = min(parse(20_000) for _ in range(3))
     assert large < 8 * small, (small, large)
 
 
