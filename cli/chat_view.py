@@ -23,7 +23,7 @@ HELP = """\
 /temp [X]        sampling temperature (0 = greedy); no value: show it, as below
 /top_p [X]       nucleus mass in [0, 1]
 /top_k [N]       keep the N most likely tokens (0 = off)
-/min_p [X]       min-p filter in [0, 1)
+/min_p [X]       min-p filter in [0, 1]
 /seed [N|off]    sampling seed
 /max [N]         most tokens per answer
 /block [N|auto]  tokens verified per round (1 .. the drafter's trained block size)

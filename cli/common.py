@@ -263,14 +263,16 @@ MinPOpt = Annotated[
     Optional[float],
     typer.Option(
         "--min-p",
-        help="Drop tokens below min_p x the top probability, in [0, 1)." + _FROM_MODEL,
+        help="Drop tokens below min_p x the top probability, in [0, 1]." + _FROM_MODEL,
         show_default=False,
     ),
 ]
 SeedOpt = Annotated[
     Optional[int],
     typer.Option(
-        "--seed", help="Random seed for sampling [default: a random one].", show_default=False
+        "--seed",
+        help="Random seed for sampling [default: none: each generation draws its own].",
+        show_default=False,
     ),
 ]
 

@@ -36,7 +36,7 @@ _CHECKS = {
         "top_p must be in [0, 1] (0: the most likely token only)",
     ),
     "top_k": (lambda v: is_int(v, 0), "top_k must be an int >= 0 (0 = off)"),
-    "min_p": (lambda v: is_number(v) and 0 <= v < 1, "min_p must be in [0, 1)"),
+    "min_p": (lambda v: is_number(v) and 0 <= v <= 1, "min_p must be in [0, 1]"),
     "seed": (
         lambda v: v is None or (is_int(v, 0) and v < SEEDS),
         "seed must be an int in [0, 2**64)",

@@ -87,7 +87,7 @@ BAD = [
     (["chat", "--temp", "-1"], "temperature must be"),
     (["chat", "--top-p", "1.5"], "top_p must be in [0, 1]"),
     (["chat", "--top-k", "-3"], "top_k must be"),
-    (["chat", "--min-p", "1"], "min_p must be in [0, 1)"),
+    (["chat", "--min-p", "1.5"], "min_p must be in [0, 1]"),
     (["chat", "--seed", "-1"], "seed must be"),
     (["evaluate", "--seed", str(2**64)], "'--seed': Input should be less than or equal to"),
     (["chat", "--max-tokens", "0"], "--max-tokens: max_tokens must be"),

@@ -172,7 +172,7 @@ def test_a_candidate_listed_twice_has_both_masses_taken_off_the_residual():
         ({"top_p": -0.1}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -2}, "top_k"),
-        ({"min_p": 1.0}, "min_p"),
+        ({"min_p": 1.5}, "min_p"),
         ({"seed": -1}, "seed"),
     ],
 )
@@ -239,7 +239,7 @@ def test_the_filter_is_mlx_lms_sampler():
     for vocab, scale in ((50, 2.0), (3000, 0.5), (3000, 6.0)):
         logits = mx.random.normal((4, vocab)) * scale
         for t, top_p, min_p, top_k in itertools.product(
-            (0.3, 0.6, 1.0, 1.6), (1.0, 0.5, 0.9, 0.95), (0.0, 0.05), (0, 20, 2000)
+            (0.3, 0.6, 1.0, 1.6), (1.0, 0.5, 0.9, 0.95), (0.0, 0.05, 1.0), (0, 20, 2000)
         ):
             sp = SamplingParams(temperature=t, top_p=top_p, min_p=min_p, top_k=top_k)
             ours, theirs = np.array(filtered_probs(logits, sp)), np.array(mlx_lm_probs(logits, sp))

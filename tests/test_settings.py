@@ -90,7 +90,7 @@ def test_a_block_above_the_trained_size_or_below_one_is_refused_naming_the_flag(
         (dict(sampling={"temperature": -1.0}), "--temp: temperature must be a finite number >= 0"),
         (dict(sampling={"top_p": 1.01}), "--top-p: top_p must be in [0, 1]"),
         (dict(sampling={"top_k": -3}), "--top-k: top_k must be an int >= 0"),
-        (dict(sampling={"min_p": 1.0}), "--min-p: min_p must be in [0, 1)"),
+        (dict(sampling={"min_p": 1.5}), "--min-p: min_p must be in [0, 1]"),
         (dict(sampling={"seed": -1}), "--seed: seed must be an int in [0, 2**64)"),
         (dict(sampling={"typical_p": 0.5}), "unknown sampling field 'typical_p'"),
         (dict(lookup=True), "--lookup must be an int >= 0, got True"),
