@@ -70,8 +70,9 @@ def test_bad_arguments_are_refused_with_their_names(dec):
 
 def test_next_turn_prefills_only_new_tokens(dec):
     """Turn 2 extends turn 1 + its answer: only the new tokens are prefilled. A turn whose
-    history re-renders the answer differently resumes where it diverges (attention) or at the
-    end of turn 1's prompt (hybrid: the stored prompt state). Outputs equal cold greedy runs."""
+    history re-renders the answer differently resumes where it diverges (attention) or at
+    turn 1's prompt's last token (hybrid: the state stored there). Outputs equal cold greedy
+    runs."""
     cache = PromptCache(dec, 1 << 30)
     out1, ev, lease = run(dec, cache, TURN1)
     assert out1 == cold(dec, TURN1) and ev.reused_tokens == 0 and lease.served == 0
@@ -81,7 +82,7 @@ def test_next_turn_prefills_only_new_tokens(dec):
     assert ev.prompt_tokens == 4 and out2 == cold(dec, turn2)
     rerendered = TURN1 + out1[:5] + [1, 40, 41]  # diverges inside turn 1's answer
     out3, ev, lease = run(dec, cache, rerendered)
-    want = len(TURN1) + 5 if cache.trimmable else len(TURN1)
+    want = len(TURN1) + 5 if cache.trimmable else len(TURN1) - 1
     assert ev.reused_tokens == lease.served == want
     assert out3 == cold(dec, rerendered)
     turn4 = turn2 + out2 + [50, 51]  # turn 2's conversation is still there
@@ -90,6 +91,23 @@ def test_next_turn_prefills_only_new_tokens(dec):
     st = cache.stats()
     assert (st.hits, st.misses, st.evictions) == (3, 1, 0)
     assert st.nbytes > 0 and st.entries >= 2
+
+
+def test_the_same_prompt_sent_again_resumes_at_its_last_token(dec):
+    """A regeneration or a retry sends the same prompt: it resumes from the state at the
+    prompt's last token (a recurrent one too, stored there mid-prefill; the state at the
+    prompt's end can serve no prompt ending there, whose last token is fed anew), prefills
+    that token alone and answers as a cold run; the next turn resumes too."""
+    cache = PromptCache(dec, 1 << 30)
+    prompt = list(range(3, 40))
+    out1, first, _ = run(dec, cache, prompt)
+    assert first.reused_tokens == 0 and out1 == cold(dec, prompt)
+    for _ in range(2):
+        again, ev, _ = run(dec, cache, prompt)
+        assert ev.reused_tokens == len(prompt) - 1 and again == out1
+    turn2 = prompt + out1[:-1] + [40, 41]
+    out2, ev, _ = run(dec, cache, turn2)
+    assert ev.reused_tokens >= len(prompt) - 1 and out2 == cold(dec, turn2)
 
 
 def test_lru_eviction_under_a_small_budget():

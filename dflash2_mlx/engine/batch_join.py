@@ -68,8 +68,7 @@ def feed(decoder: SpeculativeDecoder, w: Waiting, budget: int, chunk: int) -> in
         n = min(chunk, p.remaining)
         if n > budget:
             break
-        p.advance(n)
-        budget -= n
+        budget -= p.advance(n)
     return budget
 
 

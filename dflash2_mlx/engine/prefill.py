@@ -67,6 +67,8 @@ class Prefill:
         self.between_chunks = True
         # what roll_back restores: each cache that cannot trim (a recurrent one), as it was
         self.saved = [(c, snapshot_state(c)) for c in session.target_cache if _restorable(c)]
+        # ids fed when the session is shown to its on_checkpoint (all but the last)
+        self.checkpoint_at = self.feed.total - 1 if session.on_checkpoint else None
 
     @property
     def done(self) -> bool:
@@ -83,9 +85,35 @@ class Prefill:
             self.roll_back()
             raise _Cancelled
         self.between_chunks = False
+        if self.checkpoint_at and self.feed.fed < self.checkpoint_at:
+            chunk = min(chunk, self.checkpoint_at - self.feed.fed)
         n = self.feed.feed(chunk)
         self.between_chunks = True
+        if self.checkpoint_at and self.feed.fed == self.checkpoint_at:
+            self._checkpoint()
         return n
+
+    def _checkpoint(self) -> None:
+        """Show the session to its on_checkpoint as it stands, all the prompt but its last
+        token fed: for that call its tokens and the drafter's features are those of a prefill
+        that ended there, then back as they were."""
+        session = self.session
+        offsets = [c.offset for c in session.drafter_cache]
+        saved = session.tokens, session.pending, session.in_round
+        session.tokens = list(self.prompt[: self.reused + self.feed.fed + 1])
+        _queue_features(session, *self._fed_features())
+        session.in_round = False
+        try:
+            session.on_checkpoint(session)
+        finally:
+            session.tokens, session.pending, session.in_round = saved
+            for c, offset in zip(session.drafter_cache, offsets):
+                c.offset = offset
+
+    def _fed_features(self) -> tuple[mx.array, int]:
+        """The kept features of the ids fed so far, and the prompt position of the first."""
+        features, first = self.feed.features()
+        return features, self.reused + first
 
     def roll_back(self) -> bool:
         """Stop this prefill between chunks. Where every cache trims, the session keeps the
@@ -103,8 +131,7 @@ class Prefill:
             return False
         if self.feed.fed and all(c.is_trimmable() for c in caches):
             session.tokens = list(self.prompt[: self.reused + self.feed.fed + 1])
-            features, first = self.feed.features()
-            _queue_features(session, features, self.reused + first)
+            _queue_features(session, *self._fed_features())
         else:
             restore = {id(c): state for c, state in self.saved}
             if self.reused < 1 or not all(c.is_trimmable() or id(c) in restore for c in caches):

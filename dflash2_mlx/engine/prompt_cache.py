@@ -8,9 +8,10 @@ serves one request at a time; it comes back, extended by that request, when the 
 
 Attention caches trim, so an entry serves any prefix it shares with a prompt. Recurrent caches
 (Gated-DeltaNet: mlx-lm's ArraysCache) cannot be rolled back, so such an entry serves only
-prompts that extend all it holds; for those targets the state at the end of each prompt is
-stored too, since a next turn re-renders the answer through the chat template and seldom
-matches the state after the generation token for token.
+prompts that extend all it holds; for those targets the state at each prompt's last token
+(all of it fed but that one) is stored too: the same prompt sent again resumes there, and so
+does a next turn, which re-renders the answer through the chat template and seldom matches the
+state after the generation token for token.
 
 A request that continues an entry's conversation (its prompt holds the entry's whole prompt)
 takes the entry; one that branches off inside it (another conversation with the same system
@@ -113,6 +114,7 @@ def clone_session(session: Session) -> Session:
         lookup=copy.deepcopy(session.lookup),
         prediction=None,
         holder=None,  # a copy is not in use by the generation that uses the original
+        on_checkpoint=None,
     )
 
 
@@ -327,20 +329,25 @@ class Lease:
         self._closed = False
         self._taken = taken  # the stored entry itself: back as it was if nothing touched it
         self._as_taken = _positions(session) if taken is not None else None
+        if not cache.trimmable:  # a recurrent state is kept at the prompt's last token too
+            session.on_checkpoint = self._checkpoint
+
+    def _checkpoint(self, session: Session) -> None:
+        """The prefill has fed all of the prompt but its last token: a copy of the state
+        there serves the same prompt sent again (a regeneration, a retry) and what a next
+        turn usually shares (the template re-renders the answer)."""
+        self.cache._store(clone_session(session), self.prompt_len)
 
     def observe(self, event: RoundEvent) -> None:
-        """After the prefill, a target that cannot roll back stores a copy of its state at
-        the end of the prompt."""
         if event.prefill:
             self._prefilled = True
-            if not self.cache.trimmable:
-                self.cache._store(clone_session(self.session), self.prompt_len)
 
     def close(self) -> None:
         """Return the session (call once the generation has stopped)."""
         if self._closed:
             return
         self._closed = True
+        self.session.on_checkpoint = None
         if self._prefilled:
             self.cache._store(self.session, self.prompt_len)
         elif self._taken is not None and _positions(self.session) == self._as_taken:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from typing import Callable
 
 import mlx.core as mx
 
@@ -30,6 +31,9 @@ class Session:
     owner: object = field(default=None, repr=False, compare=False)  # the decoder that made it
     # the generation using it (a weak reference: a dropped batch or stream frees it)
     holder: weakref.ref | None = field(default=None, repr=False, compare=False)
+    # shown the session, consistent, when a prefill has fed all of its prompt but the last
+    # token: a prompt cache keeps a recurrent state there (one the same prompt can resume)
+    on_checkpoint: Callable[[Session], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def busy(self) -> bool:
