@@ -64,7 +64,8 @@ def logs(caplog):
 def serving(app, log_level: str = "warning"):
     """`running`, but with the server `dflash2 serve` runs (make_server: drain on shutdown,
     its forwarding policy); yields (base URL, server, thread)."""
-    sock = socket.socket()
+    # said to be TCP, so asyncio sets TCP_NODELAY (lifecycle._said_tcp): no ~40 ms a request
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     level = logging.getLogger("dflash2").level  # make_server sets it: restored after
     server = make_server(app, log_level=log_level)
@@ -764,3 +765,44 @@ def test_a_client_that_leaves_before_its_answer_is_noticed_at_once():
         reader.close()
 
     asyncio.run(scenario())
+
+
+def test_a_log_reader_that_stops_reading_stalls_nothing():
+    """The server's stdout and stderr are pipes nobody reads (a terminal paused with Ctrl-S,
+    `| less` left unscrolled): once the pipes are full, a log line written by the event loop
+    blocked it, every request hung and SIGTERM could not stop the process. Lines are written
+    by a thread of their own: requests go on, and SIGTERM ends the server."""
+    with _child_server("0") as (proc, base):
+        with httpx.Client(timeout=10) as http:
+            long = "/v1/" + "x" * 190  # an access line of ~250 bytes: 500 fill 64 KB twice
+            t0 = time.perf_counter()
+            for _ in range(500):
+                assert http.get(base + long).status_code == 404
+            # ~2 ms each; 44 when Nagle's algorithm held each response for a delayed ACK
+            assert time.perf_counter() - t0 < 10
+            assert http.get(base + "/health").status_code == 200
+            r = http.post(base + "/v1/completions", json={"prompt": "ab", "max_tokens": 2})
+            assert r.status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGTERM
+
+
+def test_a_socket_bound_by_a_bare_socket_call_serves_with_tcp_nodelay():
+    """run_server's socket made by socket.socket() says protocol 0, and asyncio sets
+    TCP_NODELAY only on connections whose socket says TCP: taken over as one that does."""
+    from dflash2_mlx.serve.lifecycle import _said_tcp
+
+    bare = socket.socket()
+    bare.bind(("127.0.0.1", 0))
+    address = bare.getsockname()
+    tcp = _said_tcp(bare)
+    assert tcp.proto == socket.IPPROTO_TCP and tcp.getsockname() == address
+    tcp.listen()
+    with socket.create_connection(address), tcp:
+        conn, _ = tcp.accept()
+        with conn:
+            assert conn.proto == socket.IPPROTO_TCP
+    unix = socket.socket(socket.AF_UNIX)
+    assert _said_tcp(unix) is unix
+    unix.close()

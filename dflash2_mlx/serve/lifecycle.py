@@ -19,6 +19,7 @@ import threading
 import uvicorn
 
 from .api_error import loggable
+from .log_output import drain_logs, write_in_background
 from .queue import ShuttingDown, Worker
 from .request_ids import NameRequests
 from .security import SecurityPolicy
@@ -114,6 +115,7 @@ class DrainingServer(uvicorn.Server):
         inside it (as uvicorn does), a Ctrl-C pressed twice cut the tasks still running with
         a KeyboardInterrupt and logged their tracebacks."""
         super().run(sockets=sockets)
+        drain_logs()
         for sig in reversed(self._captured_signals):
             signal.raise_signal(sig)
         # still here: the signal was ignored when the server started (a script's `&` job
@@ -157,7 +159,8 @@ def make_server(app, *, log_level: str = "info") -> DrainingServer:
         timeout_keep_alive=KEEP_ALIVE_S,
         limit_concurrency=MAX_CONNECTIONS,
         **security.uvicorn_options(),
-    )
+    )  # which sets up uvicorn's logging: its lines and ours are then written by a thread
+    write_in_background(["dflash2", "uvicorn", "uvicorn.access"])
     return DrainingServer(config, drain)
 
 
@@ -230,6 +233,16 @@ class _QuitNow(logging.Filter):
         return not str(record.msg).rstrip().endswith("CancelledError")
 
 
+def _said_tcp(sock: socket.socket) -> socket.socket:
+    """`sock` (taken over) as a socket that says it is TCP: asyncio sets TCP_NODELAY on a
+    connection only then, and one made by a bare socket.socket() says protocol 0: each
+    response then waited ~40 ms on the client's delayed ACK (Nagle's algorithm)."""
+    ip = sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM
+    if not ip or sock.proto != 0:
+        return sock
+    return socket.socket(sock.family, sock.type, socket.IPPROTO_TCP, fileno=sock.detach())
+
+
 def run(app, sock: socket.socket, *, log_level: str = "info") -> int:
     """Serve on a bound socket until Ctrl-C, SIGTERM or SIGHUP; the exit code (130 after
     Ctrl-C)."""
@@ -240,7 +253,7 @@ def run(app, sock: socket.socket, *, log_level: str = "info") -> int:
     quit_now = _QuitNow(server)
     logging.getLogger("uvicorn.error").addFilter(quit_now)
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=[_said_tcp(sock)])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it captured once it has shut down
         return 130
     finally:
