@@ -34,7 +34,15 @@ from .common import (
     spec_engine_flags,
     sampling_flags,
 )
-from .serve_run import context_notes, exit_after_shutdown, load_app, say, say_serving
+from .serve_run import (
+    context_notes,
+    exit_after_shutdown,
+    load_app,
+    prepare_process,
+    say,
+    say_serving,
+    url_host,
+)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -54,7 +62,7 @@ def _bind(host: str, port: int):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(addr)
     except OSError as e:
-        fail(f"cannot listen on {host}:{port}: {e.strerror or e}")
+        fail(f"cannot listen on {url_host(host)}:{port}: {e.strerror or e}")
     return sock
 
 
@@ -65,7 +73,10 @@ def _listen(sock, host: str, port: int) -> None:
         sock.listen(BACKLOG)
     except OSError as e:
         sock.close()
-        fail(f"cannot listen on {host}:{port}: {e.strerror or e} (taken while the model loaded)")
+        fail(
+            f"cannot listen on {url_host(host)}:{port}: {e.strerror or e} "
+            "(taken while the model loaded)"
+        )
 
 
 def serve(
@@ -212,6 +223,7 @@ def serve(
 
     Example: dflash2 serve --target ./model --drafter ./drafter --max-queue 4
     """
+    prepare_process()
     log_level = log_level.lower()  # mlx_lm.server's spelling is INFO, DEBUG, ...
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
@@ -224,6 +236,7 @@ def serve(
         fail("--model-name is empty")
     if api_key is None and _env_is_empty(API_KEY_ENV):  # click reads an empty value as unset
         fail(f"{API_KEY_ENV} is set but empty: give the key, or unset it to serve without one")
+    sock = _bind(host, port)  # before the model loads; listened on once it has (_listen)
     limits, security = _policies(
         host,
         max_body_mb,
@@ -235,7 +248,6 @@ def serve(
         api_key,
         trust_proxy,
     )
-    sock = _bind(host, port)  # before the model loads; listened on once it has (_listen)
     pair, settings, app, name = load_app(
         sock,
         model,
@@ -299,17 +311,15 @@ def _policies(
 
     hosts = hosts_for_bind(host, _items(allowed_hosts, "--allowed-hosts"))
     if host in WILDCARDS and not hosts:
-        typer.echo(
+        say(
             f"note: listening on {host}; requests are answered only when their Host names a "
-            "loopback address (a client on the LAN gets 403: add --allowed-hosts NAME,...)",
-            err=True,
+            "loopback address (a client on the LAN gets 403: add --allowed-hosts NAME,...)"
         )
     if not is_loopback(host) and not api_key:
-        typer.echo(
+        say(
             f"warning: listening on {host} without --api-key: any client that reaches this "
             "port can use the model (the Host check stops browsers, not other programs); "
-            "set --api-key (or DFLASH2_API_KEY) to require a key",
-            err=True,
+            "set --api-key (or DFLASH2_API_KEY) to require a key"
         )
     try:
         limits = ServeLimits(

@@ -9,14 +9,33 @@ import typer
 from .common import load_engine
 
 
+def prepare_process() -> None:
+    """The standard descriptors held open (closed at start, the listening socket took fd 2,
+    where a C-level error message would then go), and a SIGINT ignored at start (a script's
+    `&` job) stopping the model's load as it stops the server once serving."""
+    import os
+    import signal
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:  # closed: /dev/null takes the lowest free descriptor, this one
+            os.open(os.devnull, os.O_RDWR)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def say(msg: str) -> None:
-    """A startup line on stderr. If its reader has gone (`| head`, a log shipper that died),
+    """A startup line on stderr, with its time as every log line. If its reader has gone (`| head`, a log shipper that died),
     the server serves on and its lines go nowhere, as uvicorn's do after the start."""
     import os
     import sys
 
+    from datetime import datetime
+
+    when = datetime.now().isoformat(" ", "milliseconds").replace(".", ",")  # as the log's
     try:
-        typer.echo(msg, err=True)
+        typer.echo(f"{when} {msg}", err=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
 
@@ -62,15 +81,19 @@ def context_notes(context: int, pair, max_tokens, max_prompt_tokens, say) -> Non
             say(f"note: {flag} {value} is more than the context allows: at most {context - 1} here")
 
 
+def url_host(host: str) -> str:
+    """A host as a URL writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
 def say_serving(
     name: str, host: str, port: int, settings, app, max_queue: int, prompt_cache_mb: int, keyed
 ) -> None:
     """The sampling defaults, then what is served where and how (`keyed`: an API key is
     required)."""
-    shown = f"[{host}]" if ":" in host else host
     say(f"sampling defaults (for fields a request leaves out): {settings.sampling.describe()}")
     say(
-        f"serving {name!r} on http://{shown}:{port}/v1: "
+        f"serving {name!r} on http://{url_host(host)}:{port}/v1: "
         + (settings.block.describe() if settings.speculative else "speculative off")
         + f", context {app.state.settings.context}, batch {app.state.worker.capacity}"
         + f", queue {max_queue}, prompt cache "

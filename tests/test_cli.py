@@ -125,6 +125,9 @@ BAD = [
     (["train", "x", "-o", "w/o", "--work", "w"], "--work w and --out w/o nest"),
     (["train", "x", "-o", "o", "--layer-ids", ""], "--layer-ids takes comma-separated integers"),
     (["serve", "--allowed-hosts", ""], "--allowed-hosts '' names nothing"),
+    # the address fails first: no warning about serving it without a key before the error
+    (["serve", "--host", "999.1.1.1", "--port", "8655"], "cannot listen on 999.1.1.1:8655: "),
+    (["serve", "--host", "fe80::1", "--port", "8655"], "cannot listen on [fe80::1]:8655: "),
     (["serve", "--api-key", "secret "], "starts or ends with whitespace, which no client can"),
     (["serve", "--api-key", "sécret"], "--api-key must be printable ASCII"),
     (["bench", "--plot", "--limit"], "--plot needs a file path, got '--limit'"),
@@ -1155,6 +1158,7 @@ def test_serve_warns_of_a_bind_beyond_loopback_without_a_key(capsys):
         _policies(host, 4.0, None, None, 1.0, None, None, key, None)
         return capsys.readouterr().err
 
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", said("0.0.0.0", None))  # timed
     assert "warning: listening on 0.0.0.0 without --api-key" in said("0.0.0.0", None)
     assert "warning: listening on 192.0.2.2 without --api-key" in said("192.0.2.2", None)
     assert "warning" not in said("0.0.0.0", "k") + said("127.0.0.1", None) + said("::1", None)
@@ -1225,3 +1229,37 @@ def test_a_background_job_leaves_the_terminal_alone(monkeypatch):
             assert signal.getsignal(signal.SIGTERM) is not term  # that one is handled
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+def test_serve_holds_the_standard_descriptors_and_an_ignored_sigint(tmp_path):
+    """Started with stdin, stdout and stderr closed, `dflash2 serve`'s listening socket took
+    fd 2 (where a C-level error message goes); started by a script's `&` (SIGINT ignored), a
+    SIGINT during the model's load was lost. The descriptors are /dev/null's, and SIGINT
+    stops the load as it stops the server."""
+    import signal
+
+    out = tmp_path / "out.json"
+    code = (
+        "import json, os, signal, socket, stat\n"
+        "from dflash2_cli.serve_run import prepare_process\n"
+        "prepare_process()\n"
+        "s = socket.socket()\n"
+        "json.dump({'fds': [stat.S_ISCHR(os.fstat(fd).st_mode) for fd in (0, 1, 2)],\n"
+        "  'socket': s.fileno(), 'sigint': signal.getsignal(signal.SIGINT)\n"
+        "  is signal.default_int_handler}, open(os.environ['OUT'], 'w'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        stdin=subprocess.DEVNULL,
+        close_fds=True,
+        pass_fds=(),
+        preexec_fn=lambda: (
+            [os.close(fd) for fd in (0, 1, 2)] + [signal.signal(signal.SIGINT, signal.SIG_IGN)]
+        ),
+        env={**os.environ, "OUT": str(out)},
+        timeout=60,
+    )
+    assert done.returncode == 0
+    got = json.loads(out.read_text())
+    assert got == {"fds": [True, True, True], "socket": got["socket"], "sigint": True}
+    assert got["socket"] > 2

@@ -49,3 +49,20 @@ def fim_prompt(tokenizer, fim: tuple[int, int, int] | None, prefix: list[int], s
         )
     pre, suf, mid = fim
     return [pre, *prefix, suf, *fim_text(tokenizer, suffix), mid]
+
+
+def completion_ids(tokenizer, fim: tuple[int, int, int] | None, vocab: int, req) -> list[int]:
+    """A completion request's prompt ids: its text or token ids, in the FIM frame with a
+    `suffix`. An empty suffix (the cursor at the file's end) is FIM on a model that has it,
+    else a plain completion: nothing comes after the text either way."""
+    framed = req.suffix is not None and (req.suffix != "" or fim is not None)
+    if isinstance(req.prompt, str) and framed:  # the file's text: a marker in it is text
+        ids = fim_text(tokenizer, req.prompt)
+    elif isinstance(req.prompt, str):
+        ids = [int(t) for t in tokenizer.encode(req.prompt)]
+    else:
+        bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise invalid("prompt", f"token id {bad} is outside the vocabulary [0, {vocab})")
+        ids = list(req.prompt)
+    return fim_prompt(tokenizer, fim, ids, req.suffix) if framed else ids

@@ -22,7 +22,7 @@ from ..errors import ParameterError
 from ..text import quiet_length_warning
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .choices import handle_choices
-from .fim import fim_ids, fim_prompt, fim_text
+from .fim import completion_ids, fim_ids
 from .format import ChatStream, Formatter, ReplyStats, usage
 from .limits import RequestLimits, context_exceeded, prompt_too_long
 from .logprobs import LogprobChunks, Logprobs
@@ -37,7 +37,14 @@ from .api_error import loggable, unknown_model
 from .constrained import reply_constraint
 from .schemas import APIError, GenRequest, invalid
 from .server_settings import ServerSettings
-from .http_errors import CLIENT_GONE, error_response, from_worker, internal_error, shutting_down
+from .http_errors import (
+    CLIENT_GONE,
+    error_response,
+    from_worker,
+    internal_error,
+    log_level,
+    shutting_down,
+)
 from .stream import PENDING, SSE_KEEPALIVE, UNREAD, Reader, SSEResponse
 
 log = logging.getLogger("dflash2.serve")
@@ -75,24 +82,9 @@ class Handler:
         )
 
     def tokenize(self, req: GenRequest) -> list[int]:
-        """A completion's prompt ids; with a `suffix`, the fill-in-the-middle prompt (fim.py).
-        An empty suffix (the cursor at the file's end) is FIM on a model that has it, else a
-        plain completion: nothing comes after the text either way."""
-        tok = self.pair.tokenizer
-        fim = req.suffix is not None and (req.suffix != "" or self.fim is not None)
+        """A completion's prompt ids (fim.py: with a `suffix`, the fill-in-the-middle ones)."""
         with quiet_length_warning():  # the context is checked by the caller (a 400)
-            if isinstance(req.prompt, str) and fim:  # the file's text: a marker in it is text
-                ids = fim_text(tok, req.prompt)
-            elif isinstance(req.prompt, str):
-                ids = [int(t) for t in tok.encode(req.prompt)]
-            else:
-                bad = next((t for t in req.prompt if not 0 <= t < self.s.vocab), None)
-                if bad is not None:
-                    raise invalid(
-                        "prompt", f"token id {bad} is outside the vocabulary [0, {self.s.vocab})"
-                    )
-                ids = list(req.prompt)
-            return fim_prompt(tok, self.fim, ids, req.suffix) if fim else ids
+            return completion_ids(self.pair.tokenizer, self.fim, self.s.vocab, req)
 
     def predicted_ids(self, req: GenRequest) -> tuple[int, ...]:
         if not req.prediction:
@@ -392,7 +384,13 @@ class Handler:
             item = await reader.next(watch_client=False, timeout=self.limits.keepalive_s)
         if item.kind == "error":  # headers are sent: report it in the stream, then end it
             err = from_worker(item.error)
-            log.info("stream ended by %d %s: %s", err.status, err.code, loggable(err.message))
+            log.log(
+                log_level(err.status),
+                "stream ended by %d %s: %s",
+                err.status,
+                err.code,
+                loggable(err.message),
+            )
             for line in out.error(err):
                 yield line
             return

@@ -26,7 +26,7 @@ def error_response(err: APIError, request: Request | None = None) -> JSONRespons
         where = f"{loggable(request.method, 20)} {loggable(request.url.path, 200)}: "
     anthropic = request is not None and request.url.path.startswith(MESSAGES_PATH)
     log.log(
-        _level(err.status),
+        log_level(err.status),
         "%s%d %s: %s",
         where,
         err.status,
@@ -37,7 +37,7 @@ def error_response(err: APIError, request: Request | None = None) -> JSONRespons
     return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
-def _level(status: int) -> int:
+def log_level(status: int) -> int:
     """A fault is an error; a full queue or a shutdown a warning (the operator's to see at
     --log-level warning); a client's mistake information."""
     if status == 503:
