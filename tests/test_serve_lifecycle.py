@@ -138,6 +138,8 @@ def test_client_leaving_during_a_long_prefill_frees_the_worker(logs):
     half_prefill = time.perf_counter() - t0
     app = create_app(pair, model_name="tiny", default_max_tokens=4)
     with running(app) as base:
+        logs.set_level(logging.INFO, logger="uvicorn.access")  # uvicorn's config reset it
+        logging.getLogger("uvicorn.access").addHandler(logs.handler)
         before = httpx.get(base + "/metrics").text
         with pytest.raises(httpx.ReadTimeout):  # leaves 0.5 s into its 3000-token prefill
             httpx.post(
@@ -164,6 +166,10 @@ def test_client_leaving_during_a_long_prefill_frees_the_worker(logs):
     ) == 1
     lines = [r.getMessage() for r in logs.records if "cancelled" in r.getMessage()]
     assert len(lines) == 1 and "prefill" in lines[0] and "client left" in lines[0], lines
+    # the access log has its line too, as uvicorn writes one (it logs none for a response
+    # its client never got)
+    access = [r.getMessage() for r in logs.records if r.name == "uvicorn.access"]
+    assert sum('"POST /v1/completions HTTP/1.1" 499' in a for a in access) == 1, access
 
 
 # ------------------------------------------------------------------ shutdown

@@ -11,11 +11,10 @@ from fastapi.responses import JSONResponse
 from ..errors import DFlash2Error
 from .api_error import APIError, loggable
 from .messages_output import MESSAGES_PATH, error_body
+from .metrics import CLIENT_GONE  # noqa: F401  (the handlers' import)
 from .queue import ShuttingDown
 
 log = logging.getLogger("dflash2.serve")
-
-CLIENT_GONE = 499  # nginx's "client closed request": counted in /metrics, never seen by anyone
 
 
 def error_response(err: APIError, request: Request | None = None) -> JSONResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -14,6 +15,8 @@ from ..engine.prompt_cache import PromptCacheStats
 from .messages_output import MESSAGES_PATH
 from .reasoning import ThinkingStats
 from .request_ids import REQUEST_ID, new_request_id
+
+CLIENT_GONE = 499  # nginx's "client closed request": counted in /metrics, never seen by anyone
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -378,6 +381,8 @@ class CountResponses:
         async def counting_send(message):
             if message["type"] == "http.response.start":
                 self.metrics.count_response(endpoint, message["status"])
+                if message["status"] == CLIENT_GONE:  # uvicorn logs none: never sent
+                    _log_access(scope, CLIENT_GONE)
                 tags = [(name, request_id) for name in names]
                 message = {**message, "headers": list(message.get("headers", [])) + tags}
             await send(message)
@@ -387,3 +392,17 @@ class CountResponses:
             return await self.app(scope, receive, counting_send)
         finally:
             REQUEST_ID.reset(token)
+
+
+def _log_access(scope, status: int) -> None:
+    """An access line as uvicorn's, for a response uvicorn does not log."""
+    from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+
+    logging.getLogger("uvicorn.access").info(
+        '%s - "%s %s HTTP/%s" %d',
+        get_client_addr(scope),
+        scope.get("method", ""),
+        get_path_with_query_string(scope),
+        scope.get("http_version", "1.1"),
+        status,
+    )
