@@ -891,6 +891,64 @@ def test_init_from_a_smaller_drafter_grows_it_by_identity_layers(target, sequenc
         _trainer(target, sequences, tmp_path / "c", steps=1, init_from=str(big))
 
 
+@pytest.mark.parametrize("layers", [2, 3])
+def test_init_from_keeps_the_start_drafters_own_geometry_and_attention(
+    target, sequences, tmp_path, layers
+):
+    """A start whose heads, sliding windows, RoPE and norms differ from the target's (as
+    official drafters' do): the run keeps them, so it starts as that drafter's function
+    (they were taken from the target's config, another model; other heads were refused on a
+    tensor's shape), a grown layer with its last layer's type."""
+    import json
+
+    from dflash2_mlx import save_drafter
+    from dflash2_mlx.drafter.model import Drafter
+    from dflash2_mlx.checkpoint import read_config
+    from dflash2_mlx.train.drafter_init import adopt_start, start_tensors
+
+    folder = tmp_path / "start"
+    save_drafter(tiny.make_drafter(2, layer_ids=(0, 2)), folder)
+    raw = json.loads((folder / "config.json").read_text())
+    heads = raw["num_attention_heads"] * 2
+    raw.update(
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        intermediate_size=raw["intermediate_size"] + 32,
+        layer_types=["full_attention", "sliding_attention"],
+        sliding_window=4,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    )
+    raw.pop("is_causal", None)  # sliding layers are then causal, the others not
+    raw.pop("rope_theta", None)
+    (folder / "config.json").write_text(json.dumps(raw))
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    start = Drafter(read_config(folder))
+    mx.eval(start.parameters())
+    save_drafter(start, folder)
+    cfg = TrainConfig(version=2, layers=layers, mask_token_id=95, init_from=str(folder))
+    adopt_start(cfg, folder)
+    adapter = TargetAdapter(target, (0, 2))
+    dcfg = drafter_config_for(adapter, TARGET_CFG, cfg)
+    s_cfg = start.config
+    for field in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "head_dim"):
+        assert getattr(dcfg, field) == getattr(s_cfg, field), field
+    assert (dcfg.rope_theta, dcfg.rms_norm_eps, dcfg.sliding_window) == (1e6, 1e-5, 4)
+    assert dcfg.layer_types == ("full_attention", "sliding_attention", "sliding_attention")[:layers]
+    grown = Drafter(dcfg)
+    grown.load_weights(list(start_tensors(grown, folder).items()))
+    for d in (start, grown):
+        d.bind(adapter.binding())
+    feats = mx.random.normal((1, 12, start.fc.weight.shape[1]))
+    block = mx.array([[3] + [95] * 7])
+    np.testing.assert_allclose(
+        np.array(grown.hidden(block, feats, grown.make_cache())),
+        np.array(start.hidden(block, feats, start.make_cache())),
+        atol=1e-4,
+    )
+
+
 def test_train_progress_shows_loss_speed_and_eta_on_a_terminal():
     import io
 
@@ -1094,6 +1152,30 @@ def test_an_init_from_of_another_kind_is_refused_before_regenerating(
     # its target layers (0, 2) are the run's; others given are refused, naming the flag
     other = _refused([*args, "--version", "1", "--layer-ids", "0,1"], capsys)
     assert "--layer-ids: the --init-from drafter" in other and "trained with 0,2" in other
+    assert not list(work.glob("regen_*"))
+
+
+def test_a_quantized_target_is_refused_before_regenerating(tmp_path, capsys):
+    """Most MLX users hold 4-bit copies: the quantized LM head was refused after the
+    regeneration and the feature cache (hours on a real model), and said nothing of how."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm import load
+    from tiny_pair import save_target
+
+    target_dir, work = save_target(tmp_path / "target"), tmp_path / "work"
+    model, _ = load(str(target_dir))
+    nn.quantize(model, group_size=32, bits=4)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(target_dir / "model.safetensors"), weights, {"format": "mlx"})
+    cfg = json.loads((target_dir / "config.json").read_text())
+    cfg["quantization"] = {"group_size": 32, "bits": 4}
+    (target_dir / "config.json").write_text(json.dumps(cfg))
+    args = [str(target_dir), "--out", str(tmp_path / "o"), "--work", str(work)]
+    args += ["--prompts", str(_prompt_file(tmp_path / "p.jsonl", 3, "p"))]
+    args += ["--heldout", str(_prompt_file(tmp_path / "h.jsonl", 2, "h"))]
+    said = _refused([*args, "--block-size", "4"], capsys)
+    assert "unquantized target" in said and "--dequantize" in said
     assert not list(work.glob("regen_*"))
 
 

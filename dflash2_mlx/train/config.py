@@ -28,6 +28,7 @@ class TrainConfig:
     qk_norm_init: float = 2.0
     init_from_target: bool = False  # copy the target's top layers (see init_from_target)
     init_from: str | None = None  # start from this drafter folder's weights (see init_from_drafter)
+    start_layout: dict | None = None  # init_from's geometry and attention, kept (adopt_start)
     train_conv: bool = True  # False: DFlash2 convs stay identity (ablation "selector only")
     conv_kernel_size: int = 2
     conv_group_size: int = 16

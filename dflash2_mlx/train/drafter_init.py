@@ -89,12 +89,50 @@ def drafter_config_for(
             selector_rank=cfg.selector_rank,
             selector_top_k=cfg.selector_top_k,
         )
+    if cfg.start_layout:  # --init-from: its own geometry and attention, not the target's
+        _keep_start_layout(raw, dict(cfg.start_layout), cfg.layers)
     return DrafterConfig.from_dict(raw, "generated drafter config")
+
+
+# What an --init-from drafter keeps of its own config: the target's would be another model.
+_START_FIELDS = (
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "rope_parameters",
+    "layer_types",
+    "sliding_window",
+    "use_sliding_window",
+    "is_causal",
+    "attention_bias",
+)
+_START_DFLASH_FIELDS = ("output_multiplier", "input_embedding_scale", "final_logit_softcapping")
+
+
+def _start_layout(start: DrafterConfig) -> dict:
+    official = start.to_dict()
+    dflash = official["dflash_config"]
+    layout = {k: official[k] for k in _START_FIELDS if k in official}
+    return layout | {k: dflash[k] for k in _START_DFLASH_FIELDS if k in dflash}
+
+
+def _keep_start_layout(raw: dict, layout: dict, layers: int) -> None:
+    types = layout.get("layer_types")
+    if types:  # a grown layer is a copy of the last one (grown_layers): its type too
+        layout["layer_types"] = (list(types) + [types[-1]] * layers)[:layers]
+    raw.pop("rope_theta")  # in rope_parameters
+    raw.pop("is_causal")  # unset there: its sliding layers are causal, the others not
+    for k, v in layout.items():
+        (raw["dflash_config"] if k in _START_DFLASH_FIELDS else raw)[k] = v
 
 
 def adopt_start(cfg: TrainConfig, folder: Path) -> None:
     """--init-from: the run reads the target layers and uses the mask token its start drafter
-    was trained with (its fc weighs each layer's features); other ones given are refused."""
+    was trained with (its fc weighs each layer's features); other ones given are refused.
+    Its geometry and attention (heads, sliding windows, RoPE, norms) are kept too."""
     start = read_config(Path(folder))
     for flag, field, theirs in (
         ("--layer-ids", "target_layer_ids", tuple(start.target_layer_ids)),
@@ -112,6 +150,7 @@ def adopt_start(cfg: TrainConfig, folder: Path) -> None:
     if start.version == cfg.version == 2:  # its conv and selector shapes (no flags set them)
         for field in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
             setattr(cfg, field, getattr(start, field))
+    cfg.start_layout = _start_layout(start)
 
 
 def check_start_fits(folder: Path, adapter: TargetAdapter) -> None:

@@ -39,7 +39,14 @@ from .preflight import (
     claim_run,
 )
 from .stream import FixedTextStream, check_disk_bound
-from .trainer import TrainConfig, Trainer, check_distillable, drafter_config_for, init_drafter
+from .trainer import (
+    TrainConfig,
+    Trainer,
+    check_distillable,
+    drafter_config_for,
+    head_weight,
+    init_drafter,
+)
 
 
 def _guess_mask_id(tokenizer, vocab: int) -> int:
@@ -174,6 +181,7 @@ def prepare_data(
     model, tokenizer = load_target_folder(target)
     target_cfg = json.loads((target / "config.json").read_text())
     probe = TargetAdapter(model, ())
+    head_weight(probe)  # a quantized head is refused now, not after the regeneration
     if start is not None:
         check_start_fits(start, probe)
     if tc.mask_token_id is None:

@@ -48,7 +48,11 @@ def head_weight(adapter: TargetAdapter) -> mx.array:
     if w is None:  # tied: embed_tokens.as_linear
         w = adapter.embed_tokens.weight
     if hasattr(head, "scales") or hasattr(adapter.embed_tokens, "scales"):
-        raise DFlash2Error("training needs an unquantized target (its LM head is quantized)")
+        raise DFlash2Error(
+            "training needs an unquantized target (its LM head is quantized): train on its "
+            "bf16 weights, or dequantize it first (mlx_lm.convert --hf-path TARGET "
+            "--mlx-path OUT --dequantize); the drafter then serves the quantized target too"
+        )
     return w
 
 
