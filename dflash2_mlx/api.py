@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import platform
-import sys
+import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import mlx.core as mx
 
-from . import _blas, kernels, paths
 from .chat_template import check_chat_template, read_chat_template
 from .checkpoint import check_draft_vocab_limit, load_drafter
 from .engine.datastore import Datastore, find_datastore
@@ -30,6 +28,8 @@ from .registry import closest, lookup, resolve
 from .target.adapter import TargetAdapter
 from .target.folder import load_target_folder
 
+log = logging.getLogger(__name__)
+
 
 def check_compatible(adapter: TargetAdapter, drafter: Drafter) -> None:
     """Raise CompatibilityError if the drafter cannot run on this target."""
@@ -46,6 +46,14 @@ def check_compatible(adapter: TargetAdapter, drafter: Drafter) -> None:
     if not 0 <= cfg.mask_token_id < adapter.vocab_size:
         raise CompatibilityError(
             f"drafter mask_token_id {cfg.mask_token_id} is outside the target vocabulary"
+        )
+    made_for, layers = cfg.num_target_layers, len(adapter.layers)
+    if made_for is not None and made_for != layers:  # it runs, exactly, but seldom drafts right
+        log.warning(
+            "the drafter was made for a target of %d layers; this one has %d: another model "
+            "(its drafts will seldom be accepted)",
+            made_for,
+            layers,
         )
 
 
@@ -364,36 +372,3 @@ def _drafter_datastore(folder: Path, wanted: bool | None) -> Datastore | None:
             f"{folder}: the drafter ships no datastore.npz (datastore=True asks for it)"
         )
     return Datastore.load(path) if path is not None else None
-
-
-def doctor() -> dict[str, Any]:
-    """Backend, device, BLAS in use and versions."""
-    import mlx_lm
-
-    metal = bool(getattr(mx, "metal", None) and mx.metal.is_available())
-    from ._version import __version__
-
-    return {
-        "dflash2": __version__,
-        "platform": f"{platform.system()} {platform.machine()}",
-        "python": sys.version.split()[0],
-        "mlx": getattr(mx, "__version__", "?"),
-        "mlx_lm": getattr(mlx_lm, "__version__", "?"),
-        "device": str(mx.default_device()),
-        "metal": metal,
-        **_blas.info().fields(),
-        "cache_dir": str(paths.cache_root()),
-        "autotune": _profiles_line(),
-        "kernels": kernels.describe(),
-    }
-
-
-def _profiles_line() -> str:
-    """Where the autotune profiles are, and how to forget them."""
-    from .profiles import profile_dir
-
-    folder = profile_dir()
-    n = len(list(folder.glob("*.json"))) if folder.is_dir() else 0
-    if not n:
-        return f"no profile yet in {folder} (dflash2 bench --autotune makes one)"
-    return f"{n} profile{'s' if n != 1 else ''} in {folder} (deleting the folder forgets them)"

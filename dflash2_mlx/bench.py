@@ -89,7 +89,7 @@ def pair_record(pair, resolved) -> dict:
 
 def environment() -> dict:
     """doctor() plus the chip name: what a benchmark result depends on."""
-    from .api import doctor
+    from .diagnostics import doctor
 
     info = doctor()
     info["chip"] = chip_name()

@@ -367,8 +367,10 @@ def _mask_token_id(fields: _Fields, given: int | None) -> int:
     )
     if mask is None:
         raise fields.error(
-            "'dflash_config.mask_token_id' is missing; older drafters need the "
-            "mask token id given explicitly (the id of '<|MASK|>' in the target tokenizer)"
+            "'dflash_config.mask_token_id' is missing (an older drafter): add it to the "
+            'config.json, as "dflash_config": {"mask_token_id": N}, N the id of the token '
+            "the drafter was trained with ('<|MASK|>' in the target's tokenizer), or give "
+            "mask_token_id= to load_drafter"
         )
     if not is_int(mask, 0):
         raise fields.error(f"'mask_token_id' must be a non-negative int, found {mask!r}")

@@ -503,6 +503,11 @@ def test_error_missing_mask_token_id_and_explicit_fix(v2_folder):
     d = load_drafter(folder, mask_token_id=pc.TINY_MASK)
     assert d.config.mask_token_id == pc.TINY_MASK
     same_tensors(params(d), weights)
+    # the fix it names works for every front end (no flag takes the id): the config's field
+    assert '"dflash_config": {"mask_token_id": N}' in msg
+    cfg["dflash_config"]["mask_token_id"] = pc.TINY_MASK
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert load_drafter(folder).config.mask_token_id == pc.TINY_MASK
 
 
 def test_error_mask_token_id_outside_vocab(v2_folder):
@@ -684,10 +689,22 @@ def test_error_target_layer_ids_out_of_range(tmp_path, target):
     assert msg2 == msg
 
 
-def test_compatible_pair_builds(tmp_path, target):
+def test_compatible_pair_builds(tmp_path, target, caplog):
     d = _load_tiny(tmp_path)
-    pair = Pair.from_models(target, None, d)
-    assert pair.drafter is d
+    with caplog.at_level("WARNING", logger="dflash2_mlx.api"):
+        pair = Pair.from_models(target, None, d)
+    assert pair.drafter is d and not caplog.records
+
+
+def test_a_drafter_made_for_a_target_of_other_depth_is_said(tmp_path, target, caplog):
+    """Same width and vocabulary, another model (num_target_layers): it runs, exactly, and
+    seldom drafts right; said, not silent."""
+    d = _load_tiny(tmp_path, num_target_layers=pc.TINY_TARGET_LAYERS + 2)
+    with caplog.at_level("WARNING", logger="dflash2_mlx.api"):
+        Pair.from_models(target, None, d)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert f"made for a target of {pc.TINY_TARGET_LAYERS + 2} layers" in said
+    assert f"this one has {pc.TINY_TARGET_LAYERS}" in said
 
 
 # ----------------------------------------------------------------------------- paths
