@@ -272,6 +272,23 @@ def test_load_pair_names_a_missing_folder_and_a_broken_config(tiny_pair, tmp_pat
     (broken / "config.json").unlink()
     with pytest.raises(CompatibilityError, match=r"broken: config.json is missing"):
         d2.load_pair(broken, tiny_pair[1])
+    # a Hugging Face cache's repo folder: the snapshot that holds the model is named
+    repo = tmp_path / "models--org--name"
+    shutil.copytree(tiny_pair[0], repo / "snapshots" / "abc123")
+    with pytest.raises(CompatibilityError, match=r"the model is in .*snapshots/abc123, or give"):
+        d2.load_pair(repo, tiny_pair[1])
+    # a sharded model whose download stopped: the missing file is named
+    sharded = tmp_path / "sharded"
+    shutil.copytree(tiny_pair[0], sharded)
+    weights = next(sharded.glob("*.safetensors"))
+    index = {
+        "weight_map": {"a.weight": weights.name, "b.weight": "model-00002-of-00002.safetensors"}
+    }
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(
+        CompatibilityError, match=r"model-00002-of-00002.safetensors missing \(1 of"
+    ):
+        d2.load_pair(sharded, tiny_pair[1])
     drafter = tmp_path / "drafter"
     shutil.copytree(tiny_pair[1], drafter)
     (drafter / "config.json").unlink()

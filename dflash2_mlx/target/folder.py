@@ -28,10 +28,14 @@ def check_target_folder(folder: Path) -> None:
     """A target folder holds a config, parseable JSON files and tokenizer files, and is no
     drafter (mlx-lm's errors would name none of these)."""
     if not (folder / "config.json").is_file():
-        raise CompatibilityError(
-            f"{folder}: config.json is missing (an mlx-lm model folder holds config.json, "
-            "the weights and the tokenizer files)"
+        snapshots = sorted((folder / "snapshots").glob("*/config.json"))
+        hint = (  # a Hugging Face cache's repo folder (models--org--name)
+            f": the model is in {snapshots[-1].parent}, or give its repo id"
+            if snapshots
+            else " (an mlx-lm model folder holds config.json, the weights and the tokenizer files)"
         )
+        raise CompatibilityError(f"{folder}: config.json is missing{hint}")
+    _check_shards(folder)
     for name in _TARGET_JSON:
         path = folder / name
         try:
@@ -53,6 +57,23 @@ def check_target_folder(folder: Path) -> None:
     if not any(next(folder.glob(pattern), None) for pattern in _TOKENIZER_FILES):
         raise CompatibilityError(
             f"{folder}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)"
+        )
+
+
+def _check_shards(folder: Path) -> None:
+    """Every weights file the index lists is there (an interrupted download leaves one out;
+    mlx-lm would report its tensors missing, not the file)."""
+    index = folder / "model.safetensors.index.json"
+    try:
+        listed = set(json.loads(index.read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # none, or unreadable: mlx-lm reads the weights files themselves
+    missing = sorted(name for name in listed if not (folder / str(name)).is_file())
+    if missing:
+        raise CompatibilityError(
+            f"{folder}: {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
+            f"missing ({len(missing)} of the {len(listed)} weights files {index.name} lists; "
+            "an interrupted download?)"
         )
 
 
