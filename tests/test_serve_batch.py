@@ -213,7 +213,8 @@ def test_prompt_cache_resumes_a_turn_that_joins_a_batch(family):
         assert second["text"] == want
         usage = second["usage"]
         cached = usage.prompt_tokens_details.cached_tokens
-        assert len(chat_prompt_ids(pair.tokenizer, HI)) <= cached < usage.prompt_tokens
+        # at least turn one's prompt but its last token (where a hybrid's state is kept)
+        assert len(chat_prompt_ids(pair.tokenizer, HI)) - 1 <= cached < usage.prompt_tokens
         assert usage.model_extra["dflash2"]["max_batch_size"] == 2
 
 
