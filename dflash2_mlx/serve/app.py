@@ -32,6 +32,7 @@ from ..values import is_int
 from . import metrics as metrics_mod
 from .api_error import loggable, unknown_model
 from .body import ClientGone, read_json
+from .count_responses import CountResponses
 from .chat_prompt import ChatTemplate
 from .guard import FaultGuard
 from .handler import Handler
@@ -179,7 +180,7 @@ def _add_middleware(app: FastAPI, metrics, security: SecurityPolicy) -> None:
     500s."""
     app.add_middleware(FaultGuard)
     app.add_middleware(SecurityGate, policy=security)
-    app.add_middleware(metrics_mod.CountResponses, metrics=metrics, endpoints=ENDPOINTS)
+    app.add_middleware(CountResponses, metrics=metrics, endpoints=ENDPOINTS)
 
 
 def _check_pair(pair, thinking_budget) -> None:

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from ..errors import DFlash2Error
 from .api_error import APIError, loggable
 from .messages_output import MESSAGES_PATH, error_body
-from .metrics import CLIENT_GONE  # noqa: F401  (the handlers' import)
+from .count_responses import CLIENT_GONE  # noqa: F401  (the handlers' import)
 from .queue import ShuttingDown
 
 log = logging.getLogger("dflash2.serve")
