@@ -137,6 +137,32 @@ def test_a_row_that_leaves_right_after_another_joined_a_lone_one(decoder, leaves
     assert out[gone] == alone[1 - i][: len(out[gone])]
 
 
+def test_requests_that_keep_arriving_never_hold_a_running_one_up(decoder):
+    """A joiner's first token goes out before the next round, but a request done at its
+    first token (a max_tokens=1 scoring call) holds no round, and joiners arriving every step
+    hold one every other step at most: the running stream goes on, exactly."""
+    params = GenerationParams(max_tokens=40)
+    alone = decoder.generate(PROMPTS[0], params)
+    batch = BatchDecoder(decoder, max_batch=64)
+    running = batch.add(PROMPTS[0], params)
+    got: list[int] = []
+    held = {}
+    for kind, max_tokens in (("done at once", 1), ("joining", 3)):
+        steps_without = 0
+        for i in range(12):
+            batch.add([5, 6, (i % 20) + 1], GenerationParams(max_tokens=max_tokens))
+            events = batch.step()
+            mine = [ev for rid, ev in events if rid == running]
+            got += [t for ev in mine for t in ev.tokens]
+            steps_without += not any(not ev.prefill for ev in mine)
+        held[kind] = steps_without
+    assert held["done at once"] <= 1, held  # the first step: its own prefill
+    assert held["joining"] <= 6, held  # every other step at most
+    while batch.busy:
+        got += [t for rid, ev in batch.step() if rid == running for t in ev.tokens]
+    assert got == alone
+
+
 def test_fallback_runs_one_at_a_time():
     """A target without exact per-row rollback runs through the single-sequence engine."""
     dec = _decoder("llama")

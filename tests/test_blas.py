@@ -16,7 +16,7 @@ PROBE = (
     "mx.eval(a @ a); t = time.perf_counter()\n"
     "for _ in range(5): mx.eval(a @ a)\n"
     "ms = (time.perf_counter() - t) * 200\n"
-    "d = dflash2_mlx.doctor(); d['ms'] = ms\n"  # doctor() imports the API: not timed
+    "d = dflash2_mlx.doctor(); d['ms'] = ms\n"  # doctor() imports more: not timed
     "print(json.dumps(d))\n"
 )
 

@@ -274,7 +274,10 @@ def test_load_pair_names_a_missing_folder_and_a_broken_config(tiny_pair, tmp_pat
         d2.load_pair(broken, tiny_pair[1])
     # a Hugging Face cache's repo folder: the snapshot that holds the model is named
     repo = tmp_path / "models--org--name"
-    shutil.copytree(tiny_pair[0], repo / "snapshots" / "abc123")
+    for snapshot in ("abc123", "fff000"):  # refs/main names the current one
+        shutil.copytree(tiny_pair[0], repo / "snapshots" / snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
     with pytest.raises(CompatibilityError, match=r"the model is in .*snapshots/abc123, or give"):
         d2.load_pair(repo, tiny_pair[1])
     # a sharded model whose download stopped: the missing file is named

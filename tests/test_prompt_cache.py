@@ -348,6 +348,25 @@ def test_a_new_prompt_cancelled_mid_prefill_leaves_the_chunks_it_fed(family):
     assert ev.reused_tokens == (8 if trims else 0) and out == cold(dec, keystroke)
 
 
+def test_an_untouched_copy_never_replaces_the_conversation_it_was_copied_from():
+    """A request that branches off inside a stored conversation gets a copy; refused or
+    gone before its prefill began, that copy is not stored (it held all of the conversation
+    under the other request's prompt length and replaced it: the conversation's own next
+    turn then found it cut back)."""
+    dec = decoder("llama")  # attention: a prefix shared inside it is served
+    cache = PromptCache(dec, 1 << 30)
+    conv = list(range(3, 23))
+    out, _, _ = run(dec, cache, conv)
+    before = [(e.prompt_len, e.fed) for e in cache._entries.values()]
+    lease = cache.lease(conv[:6] + [50, 51])  # shares 6 tokens: a copy
+    assert lease.served == 6 and lease._taken is None
+    lease.close()
+    assert [(e.prompt_len, e.fed) for e in cache._entries.values()] == before
+    turn2 = conv + out + [70, 71]
+    out2, ev, _ = run(dec, cache, turn2)
+    assert ev.reused_tokens == len(conv) + len(out) - 1 and out2 == cold(dec, turn2)
+
+
 def test_a_second_stream_on_a_session_is_refused_even_before_the_first_starts(dec):
     session = dec.new_session()
     first = dec.stream(TURN1, PARAMS, session)

@@ -222,6 +222,7 @@ def test_a_completion_suffix_fills_in_the_middle_with_the_fim_tokens(pair):  # n
             ("def f(x):\n    ", "\n    return y\n"),
             ("", "x = 1"),
             ("y = [1, 2]\nz = ", ""),
+            ("", ""),  # a new, empty file
             (marker, "'<|fim_suffix|>')\n"),
         )
         for prompt, suffix in cases:

@@ -67,7 +67,8 @@ def serving(app, log_level: str = "warning"):
     # said to be TCP, so asyncio sets TCP_NODELAY (lifecycle._said_tcp): no ~40 ms a request
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
-    level = logging.getLogger("dflash2").level  # make_server sets it: restored after
+    own = [logging.getLogger(name) for name in ("dflash2", "dflash2_mlx")]
+    levels = [lg.level for lg in own]  # make_server sets them: restored after
     server = make_server(app, log_level=log_level)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -80,7 +81,8 @@ def serving(app, log_level: str = "warning"):
     finally:
         server.should_exit = True
         thread.join(30)
-        logging.getLogger("dflash2").setLevel(level)
+        for lg, level in zip(own, levels):
+            lg.setLevel(level)
 
 
 def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
@@ -767,7 +769,7 @@ def test_a_client_that_leaves_before_its_answer_is_noticed_at_once():
         waiting = asyncio.ensure_future(reader.next(watch_client=True))
         await asyncio.sleep(0.02)
         gone.set()
-        assert await asyncio.wait_for(waiting, 0.05) is None  # well inside any poll's period
+        assert await asyncio.wait_for(waiting, 0.1) is None  # inside the 0.2 s poll it had
         reader.close()
 
     asyncio.run(scenario())
@@ -785,7 +787,7 @@ def test_a_log_reader_that_stops_reading_stalls_nothing():
             for _ in range(500):
                 assert http.get(base + long).status_code == 404
             # ~2 ms each; 44 when Nagle's algorithm held each response for a delayed ACK
-            assert time.perf_counter() - t0 < 10
+            assert time.perf_counter() - t0 < 15
             assert http.get(base + "/health").status_code == 200
             r = http.post(base + "/v1/completions", json={"prompt": "ab", "max_tokens": 2})
             assert r.status_code == 200

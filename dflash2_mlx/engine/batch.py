@@ -7,20 +7,14 @@ drafter pass for the rows that need it), the proposals are cut to the round's wi
 own sampling parameters and random key, and the target cache rolls each row back by its own
 amount (target/batch.py). A lone row runs the single-sequence round over plain caches (no
 per-row masks or offsets to pay for) and moves back into the batch cache when others join.
-Requests join between rounds (prefilled alone, then merged into the batch cache) and leave when
-they finish, fail or are cancelled. While others run, a joining request's prompt is prefilled a
-chunk per step (`prefill_step` tokens at most) between their rounds, so a long prompt does not
-stall their streams (engine/batch_join.py). Per request, the proposal, the acceptance rule and
-the key sequence are those of SpeculativeDecoder.stream, so a request returns what it returns
-alone (up to the float rounding of a batched matmul: only an exact near-tie of two logits).
-
+Requests join between rounds (prefilled alone, a chunk per step while others run:
+engine/batch_join.py; then merged into the batch cache; their first token out before the next
+round) and leave when they finish, fail or are cancelled. Per request, the proposal, the
+acceptance rule and the key sequence are those of SpeculativeDecoder.stream, so a request
+returns what it returns alone (up to the float rounding of a batched matmul: a near-tie).
 Targets whose caches cannot be rolled back per row (target/batch.py `batchable`) run one
-request at a time through the single-sequence engine: same API, no batching; so does
-max_batch=1.
-
-A request may bring its own `Session` (a prompt cache's: only the uncached suffix of its
-prompt is prefilled); when it leaves, its rows of the batch cache go back into that session as
-single-sequence caches, so the session continues as if the request had run alone.
+request at a time, as does max_batch=1. A request may bring its own `Session` (a prompt
+cache's); when it leaves, its rows go back into that session as single-sequence caches.
 """
 
 from __future__ import annotations
@@ -87,6 +81,7 @@ class BatchDecoder:
     _next_id: int = 0
     # request id -> when its last event was made (its wait between rounds: RoundEvent.wait_ms)
     _last_event: dict[int, float] = field(default_factory=dict, init=False)
+    _held_last: bool = field(default=False, init=False)  # the last step ran no round: a joiner
 
     def __post_init__(self):
         if (
@@ -127,7 +122,7 @@ class BatchDecoder:
         request's caches again once the request has left). `cancel`: polled between prefill
         chunks; True drops the request (no event). `on_prefill`: called with the prefill
         event while `session` still holds the request's own caches, before they join the
-        batch (a prompt cache stores the state at the end of the prompt then); its
+        batch (a prompt cache notes that it finished its prefill); its
         prefill_ms runs from the start of its prefill to its first token (while others run,
         their rounds between its chunks included). Bad parameters raise ParameterError here,
         before anything runs. A session serves one generation at a time: it is held from
@@ -170,8 +165,9 @@ class BatchDecoder:
     # ------------------------------------------------------------------ rounds
     def step(self) -> list[tuple[int, RoundEvent]]:
         """Admit waiting requests while there is room (their prefill events; while others
-        run, a long prompt's prefill spans several steps), then, unless one joined, run one
-        round over every active request. Returns (request id, event) pairs; a request whose
+        run, a long prompt's prefill spans several steps), then run one round over every
+        active request (not in a step where one joined, unless the last step was one too).
+        Returns (request id, event) pairs; a request whose
         event has a finish_reason has left. A request whose own code raises (a logits
         processor, a grammar) leaves with an error event, the others go on, as does a row
         whose round runs alone (on its own caches) and fails; a batched round whose shared
@@ -181,9 +177,12 @@ class BatchDecoder:
         events = self._join()
         joined = time.perf_counter()
         rounds: list[tuple[int, RoundEvent]] = []
-        # a first token goes out before the next round: its client's time to first token
-        # is its prefill, and a stop string it completes ends it before any round
-        if self.rows and not any(event.prefill for _, event in events):
+        # A joiner's first token goes out before the next round: its time to first token is
+        # its prefill's, and a stop string it completes ends it before any round. Not two
+        # steps running, so a stream of joiners never holds the running rows up.
+        waits = not self._held_last and any(e.prefill and not e.finish_reason for _, e in events)
+        self._held_last = waits
+        if self.rows and not waits:
             try:
                 if not self.batched:
                     rounds = [(r.rid, self._single_round(r)) for r in self.rows]

@@ -38,8 +38,9 @@ class Waiting:
         return self.prefill.remaining if self.prefill is not None else len(self.prompt)
 
     def let_go(self) -> None:
-        """It leaves before it joined: its session is free, a begun prefill rolled back to
-        the prefix it reused (Prefill.roll_back), else cleared on its next use."""
+        """It leaves before it joined: its session is free, a begun prefill stopped between
+        chunks (Prefill.roll_back: what it fed kept, or given back), else cleared on its next
+        use."""
         if self.prefill is not None and not self.prefill.roll_back():
             self.prefill.session.in_round = True
         if self.session is not None:

@@ -43,7 +43,8 @@ class Prefill:
     """The prefill of `prompt` into `session` (an engine/session.py Session whose first `reused`
     prompt tokens are already cached): `advance` feeds the next chunk; once `done`, `finish`
     picks the first token. Before every chunk but the first `cancel()` is polled: True raises
-    _Cancelled, the session rolled back to the prefix it reused (`roll_back`)."""
+    _Cancelled, the session stopped between chunks (`roll_back`: the chunks it fed kept where
+    every cache trims, else given back)."""
 
     def __init__(
         self,

@@ -182,7 +182,7 @@ class PromptCache:
         self.decoder = decoder
         self.max_bytes = max_bytes
         probe = decoder.target.make_cache()
-        # Recurrent layers cannot roll back: keep the state at the end of each prompt too.
+        # Recurrent layers cannot roll back: keep the state at each prompt's last token too.
         self.trimmable = all(c.is_trimmable() for c in probe)
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # least recently used first
         self._next_key = 0
@@ -328,7 +328,7 @@ class Lease:
         self._prefilled = False
         self._closed = False
         self._taken = taken  # the stored entry itself: back as it was if nothing touched it
-        self._as_taken = _positions(session) if taken is not None else None
+        self._as_leased = _positions(session)  # a prefill that begins changes it
         if not cache.trimmable:  # a recurrent state is kept at the prompt's last token too
             session.on_checkpoint = self._checkpoint
 
@@ -348,16 +348,16 @@ class Lease:
             return
         self._closed = True
         self.session.on_checkpoint = None
+        untouched = _positions(self.session) == self._as_leased
         if self._prefilled:
             self.cache._store(self.session, self.prompt_len)
-        elif self._taken is not None and _positions(self.session) == self._as_taken:
+        elif untouched and self._taken is not None:
             # refused before its prefill began (a bad parameter): the conversation stays
             self.cache._store(self.session, self._taken.prompt_len)
-        elif not self.session.in_round and (
-            self._taken is not None or self.session.fed > self.served
-        ):
+        elif not untouched and not self.session.in_round:
             # a prefill cancelled between chunks (Prefill.roll_back): what it kept stays, the
-            # chunks it fed included (an editor's next keystroke prefills only the rest)
+            # chunks it fed included (an editor's next keystroke prefills only the rest); an
+            # untouched copy is not stored (it would replace the entry it was copied from)
             held = self._taken.prompt_len if self._taken is not None else self.prompt_len
             self.cache._store(self.session, min(held, self.session.fed))
 

@@ -123,17 +123,28 @@ class DrainingServer(uvicorn.Server):
         self.stopped_by = next(iter(self._captured_signals), None)
 
 
+# Loggers whose lines the server shows as its own: its own, the library's (a drafter made for
+# another target) and asyncio's (accept errors, a task's unretrieved exception).
+OWN_LOGGERS = ("dflash2", "dflash2_mlx", "asyncio")
+
+
 def show_logs(log_level: str) -> None:
-    """The server's own lines (refusals, cancellations, shutdown) on stderr, as uvicorn's."""
+    """The server's own lines (refusals, cancellations, shutdown) on stderr, as uvicorn's,
+    and the library's and asyncio's the same way (with their time, at --log-level)."""
     from uvicorn.logging import DefaultFormatter
 
-    logger = logging.getLogger("dflash2")
-    logger.setLevel(log_level.upper() if log_level != "trace" else logging.DEBUG)
-    if not logger.handlers:
+    level = log_level.upper() if log_level != "trace" else logging.DEBUG
+    for name in ("dflash2", "dflash2_mlx"):
+        logging.getLogger(name).setLevel(level)
+    handler = next(iter(logging.getLogger("dflash2").handlers), None)
+    if handler is None:
         handler = logging.StreamHandler()
         handler.setFormatter(DefaultFormatter(TIME + "%(levelprefix)s %(message)s"))
         handler.addFilter(NameRequests())
-        logger.addHandler(handler)
+    handler.setLevel(level)
+    for name in OWN_LOGGERS:
+        if handler not in logging.getLogger(name).handlers:
+            logging.getLogger(name).addHandler(handler)
 
 
 def _log_config() -> dict:
@@ -160,7 +171,7 @@ def make_server(app, *, log_level: str = "info") -> DrainingServer:
         limit_concurrency=MAX_CONNECTIONS,
         **security.uvicorn_options(),
     )  # which sets up uvicorn's logging: its lines and ours are then written by a thread
-    write_in_background(["dflash2", "uvicorn", "uvicorn.access"])
+    write_in_background([*OWN_LOGGERS, "uvicorn", "uvicorn.access"])
     return DrainingServer(config, drain)
 
 

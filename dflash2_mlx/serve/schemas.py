@@ -307,6 +307,6 @@ def _one_prompt(prompt, where: str, suffix: str | None):
     text = isinstance(prompt, str)
     if not text and not (isinstance(prompt, list) and all(is_int(t) for t in prompt)):
         raise invalid(where, f"{where} must be a string or a list of token ids", "invalid_type")
-    if len(prompt) == 0 and not suffix:  # with a suffix: a middle at the text's start
+    if len(prompt) == 0 and suffix is None:  # with a suffix: a middle at the text's start
         raise invalid(where, f"{where} is empty")
     return prompt

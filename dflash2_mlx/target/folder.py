@@ -28,10 +28,10 @@ def check_target_folder(folder: Path) -> None:
     """A target folder holds a config, parseable JSON files and tokenizer files, and is no
     drafter (mlx-lm's errors would name none of these)."""
     if not (folder / "config.json").is_file():
-        snapshots = sorted((folder / "snapshots").glob("*/config.json"))
+        snapshot = _cached_snapshot(folder)
         hint = (  # a Hugging Face cache's repo folder (models--org--name)
-            f": the model is in {snapshots[-1].parent}, or give its repo id"
-            if snapshots
+            f": the model is in {snapshot}, or give its repo id"
+            if snapshot
             else " (an mlx-lm model folder holds config.json, the weights and the tokenizer files)"
         )
         raise CompatibilityError(f"{folder}: config.json is missing{hint}")
@@ -58,6 +58,18 @@ def check_target_folder(folder: Path) -> None:
         raise CompatibilityError(
             f"{folder}: no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)"
         )
+
+
+def _cached_snapshot(repo: Path) -> Path | None:
+    """A Hugging Face cache repo folder's current snapshot (refs/main), else its newest."""
+    try:
+        current = repo / "snapshots" / (repo / "refs" / "main").read_text().strip()
+        if (current / "config.json").is_file():
+            return current
+    except OSError:
+        pass
+    found = [p.parent for p in (repo / "snapshots").glob("*/config.json")]
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 
 def _check_shards(folder: Path) -> None:
