@@ -461,6 +461,13 @@ def test_descriptor_exhaustion_is_bounded_and_logged_once_a_minute(monkeypatch):
     pair = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2))
     server = lifecycle.make_server(create_app(pair, model_name="t"))
     assert server.config.limit_concurrency == lifecycle.MAX_CONNECTIONS
+    # asyncio's lines (a failed accept) and the library's go through the log thread too: a
+    # log reader that stalls would otherwise freeze the event loop on them
+    from dflash2_mlx.serve.log_output import BackgroundStream
+
+    for name in ("asyncio", "dflash2_mlx", "dflash2", "uvicorn", "uvicorn.access"):
+        streams = [getattr(h, "stream", None) for h in logging.getLogger(name).handlers]
+        assert any(isinstance(st, BackgroundStream) for st in streams), (name, streams)
 
 
 def test_a_stalled_body_is_a_408_and_its_buffer_freed():
