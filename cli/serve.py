@@ -224,6 +224,8 @@ def serve(
     Example: dflash2 serve --target ./model --drafter ./drafter --max-queue 4
     """
     prepare_process()
+    if host.startswith("[") and host.endswith("]"):  # an IPv6 address as a URL writes it
+        host = host[1:-1]
     log_level = log_level.lower()  # mlx_lm.server's spelling is INFO, DEBUG, ...
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")

@@ -369,7 +369,8 @@ def _mask_token_id(fields: _Fields, given: int | None) -> int:
         raise fields.error(
             "'dflash_config.mask_token_id' is missing (an older drafter): add it to the "
             'config.json, as "dflash_config": {"mask_token_id": N}, N the id of the token '
-            "the drafter was trained with ('<|MASK|>' in the target's tokenizer), or give "
+            "the drafter was trained with (its mask token in the target's tokenizer, often "
+            "'<|MASK|>' or '<mask>'), or give "
             "mask_token_id= to load_drafter"
         )
     if not is_int(mask, 0):

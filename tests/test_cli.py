@@ -128,6 +128,7 @@ BAD = [
     # the address fails first: no warning about serving it without a key before the error
     (["serve", "--host", "999.1.1.1", "--port", "8655"], "cannot listen on 999.1.1.1:8655: "),
     (["serve", "--host", "fe80::1", "--port", "8655"], "cannot listen on [fe80::1]:8655: "),
+    (["serve", "--host", "[fe80::1]", "--port", "8655"], "cannot listen on [fe80::1]:8655: "),
     (["serve", "--api-key", "secret "], "starts or ends with whitespace, which no client can"),
     (["serve", "--api-key", "sécret"], "--api-key must be printable ASCII"),
     (["bench", "--plot", "--limit"], "--plot needs a file path, got '--limit'"),
