@@ -126,6 +126,7 @@ class DrainingServer(uvicorn.Server):
 # Loggers whose lines the server shows as its own: its own, the library's (a drafter made for
 # another target) and asyncio's (accept errors, a task's unretrieved exception).
 OWN_LOGGERS = ("dflash2", "dflash2_mlx", "asyncio")
+_own_handler: logging.Handler | None = None
 
 
 def show_logs(log_level: str) -> None:
@@ -133,14 +134,15 @@ def show_logs(log_level: str) -> None:
     and the library's and asyncio's the same way (with their time, at --log-level)."""
     from uvicorn.logging import DefaultFormatter
 
+    global _own_handler
     level = log_level.upper() if log_level != "trace" else logging.DEBUG
     for name in ("dflash2", "dflash2_mlx"):
         logging.getLogger(name).setLevel(level)
-    handler = next(iter(logging.getLogger("dflash2").handlers), None)
-    if handler is None:
-        handler = logging.StreamHandler()
-        handler.setFormatter(DefaultFormatter(TIME + "%(levelprefix)s %(message)s"))
-        handler.addFilter(NameRequests())
+    if _own_handler is None:  # one, whatever handlers an embedding program gave these loggers
+        _own_handler = logging.StreamHandler()
+        _own_handler.setFormatter(DefaultFormatter(TIME + "%(levelprefix)s %(message)s"))
+        _own_handler.addFilter(NameRequests())
+    handler = _own_handler
     handler.setLevel(level)
     for name in OWN_LOGGERS:
         if handler not in logging.getLogger(name).handlers:
