@@ -26,14 +26,14 @@ def prepare_process() -> None:
 
 
 def say(msg: str) -> None:
-    """A startup line on stderr, with its time as every log line. If its reader has gone (`| head`, a log shipper that died),
-    the server serves on and its lines go nowhere, as uvicorn's do after the start."""
+    """A startup line on stderr, with its time as every log line. If its reader has gone
+    (`| head`, a log shipper that died), the server serves on and its lines go nowhere, as
+    uvicorn's do after the start."""
+    import logging
     import os
     import sys
 
-    from datetime import datetime
-
-    when = datetime.now().isoformat(" ", "milliseconds").replace(".", ",")  # as the log's
+    when = logging.Formatter().formatTime(logging.makeLogRecord({}))  # the log's %(asctime)s
     try:
         typer.echo(f"{when} {msg}", err=True)
     except BrokenPipeError:

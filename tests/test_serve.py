@@ -287,7 +287,10 @@ def test_a_stop_the_first_token_completes_ends_it_before_any_round(pair, url, cl
     first = tiny.greedy_reference(pair.model, chat_prompt_ids(pair.tokenizer, HI), 1, eos={EOS})
     stop = pair.tokenizer.decode(first)
     assert first != [EOS] and stop.strip()
-    rounds = lambda: metric(httpx.get(url + "/metrics").text, "dflash2_batch_rows_count")  # noqa: E731
+
+    def rounds() -> float:
+        return metric(httpx.get(url + "/metrics").text, "dflash2_batch_rows_count")
+
     before = rounds()
     r = client.chat.completions.create(
         model="tiny", messages=HI, max_tokens=12, temperature=0, stop=[stop]

@@ -213,7 +213,10 @@ def test_a_completion_suffix_fills_in_the_middle_with_the_fim_tokens(pair):  # n
     tok = make_tokenizer(extra_specials=FIM)
     fim = Pair.from_models(pair.model, tok, pair.drafter)
     pre, suf, mid = tok.convert_tokens_to_ids(list(FIM))
-    enc = lambda text: tok.encode(text, add_special_tokens=False, split_special_tokens=True)  # noqa: E731
+
+    def enc(text: str) -> list[int]:  # as the server takes a file's text (fim.fim_text)
+        return tok.encode(text, add_special_tokens=False, split_special_tokens=True)
+
     marker = "FIM = ('<|fim_prefix|>', "  # editing a tokenizer's own source
     assert len(enc(marker)) > len(tok.encode(marker, add_special_tokens=False)) + 5
     with running(create_app(fim, model_name="tiny", default_max_tokens=10)) as base:
