@@ -17,6 +17,8 @@ from .engine.batch import DEFAULT_MAX_BATCH, BatchDecoder
 from .engine.events import GenerationStats, RoundEvent
 from .engine.lookup import DEFAULT_LOOKUP
 from .engine.generation import GenerationParams
+from .engine.logprobs import TokenLogprob
+from .engine.scoring import PromptScoring
 from .engine.loop import SpeculativeDecoder, check_lookup
 from .engine.session import Session
 from .engine.width import WidthRule
@@ -203,6 +205,12 @@ class Pair:
             results[i][0].extend(ev.tokens)
             results[i][1].add(ev)
         return results
+
+    def prompt_logprobs(self, prompt_ids, top: int = 0) -> list[TokenLogprob]:
+        """The log-probability of each prompt token after the first under the target, given
+        the tokens before it (an evaluation's loglikelihood), with the `top` likeliest tokens
+        at each position: engine/scoring.py."""
+        return PromptScoring(self.decoder.target, prompt_ids, top).run()
 
     def generate(
         self, prompt_ids, params: GenerationParams, session: Session | None = None

@@ -26,7 +26,7 @@ class TokenLogprob:
     processors and constraint) and the `top` alternatives there."""
 
     token: int
-    logprob: float
+    logprob: float | None  # None: a prompt's first token, which nothing before it scores
     top: tuple[tuple[int, float], ...] = ()  # the most likely tokens there, most likely first
 
 

@@ -22,7 +22,6 @@ from ..engine.events import GenerationStats, RoundEvent
 from ..sampling import SEEDS
 from .format import SSE_DONE, Formatter, ReplyStats, sse
 from .http_errors import CLIENT_GONE, error_response, from_worker, shutting_down
-from .logprobs import Logprobs
 from .queue import Job, ShuttingDown
 from .reasoning import ThinkingStats
 from .reply import ChatReply
@@ -107,7 +106,8 @@ def _choice(job: Job, i: int) -> Job:
     """The prompt's choice i: its job with seed + i (when the request gives a seed)."""
     sp = job.params.sampling
     seed = None if sp.seed is None else (sp.seed + i) % SEEDS
-    return Job(job.prompt_ids, replace(job.params, sampling=replace(sp, seed=seed)), job.stop)
+    params = replace(job.params, sampling=replace(sp, seed=seed))
+    return Job(job.prompt_ids, params, job.stop, job.score, job.generate)
 
 
 async def _merged(streams) -> object:
@@ -164,9 +164,7 @@ async def handle_choices(handler, request: Request, req: GenRequest) -> Response
         args = []
         for i, (job, reader) in enumerate(zip(jobs, readers)):
             reply = None if prompt is None else ChatReply.for_request(tok, prompt, req)
-            lp = None
-            if req.logprobs is not None:
-                lp = Logprobs(tok, req.kind, handler.pair.eos_ids, job.prompt_ids)
+            lp = handler.logprobs_of(req, job)
             item = first if i == 0 else UNREAD
             stats = ChoiceStats(shared, i % req.n == 0)  # a prompt's prefill counts once
             args.append((fmt.choice(i), req, lengths[i], item, reader, reply, lp, stats, replies))

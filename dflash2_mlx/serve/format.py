@@ -236,6 +236,11 @@ class ChatStream:
             text = None if self.tools else ""
             yield sse(self.fmt.chunk(text, role=True, with_usage=self.with_usage))
 
+    def echo(self, text: str):
+        """A completion's echoed prompt, the first text of the stream."""
+        self.logprobs.sent += len(text)
+        yield sse(self.logprobs(self.fmt.chunk(text, with_usage=self.with_usage)))
+
     def item(self, item, reply):
         self.logprobs.add(item)
         if reply is not None:

@@ -25,7 +25,7 @@ from .choices import handle_choices
 from .fim import completion_ids, fim_ids
 from .format import ChatStream, Formatter, ReplyStats, usage
 from .limits import RequestLimits, context_exceeded, prompt_too_long
-from .logprobs import LogprobChunks, Logprobs
+from .logprobs import EchoedPrompt, LogprobChunks, Logprobs
 from .queue import Item, Job, QueueFull, ShuttingDown, Worker
 from .reply import ChatReply
 from .messages_output import MessageBuilder, MessagesStream
@@ -124,7 +124,7 @@ class Handler:
             )
         sampling = s.sampling.complete(req.sampling_fields)
         return GenerationParams(
-            max_tokens=max_tokens,
+            max_tokens=max(max_tokens, 1),  # 0: a prompt only echoed (Job.generate)
             sampling=sampling,
             **s.drafting_fields(sampling),
             prediction=predicted,
@@ -212,7 +212,9 @@ class Handler:
             prompt, ids, stop, predicted, grammar = await loop.run_in_executor(
                 self.tokenizer_thread, self._encode, req
             )
-            job = Job(ids, self.plan(req, ids, predicted, grammar), stop)
+            params = self.plan(req, ids, predicted, grammar)
+            score = req.logprobs if req.echo else None  # the prompt's own, echoed first
+            job = Job(ids, params, stop, score=score, generate=req.max_tokens != 0)
         except BaseException:
             self.worker.unreserve()
             raise
@@ -245,9 +247,7 @@ class Handler:
             reply = (
                 None if prompt is None else ChatReply.for_request(self.pair.tokenizer, prompt, req)
             )
-            lp = None
-            if req.logprobs is not None:
-                lp = Logprobs(self.pair.tokenizer, req.kind, self.pair.eos_ids, job.prompt_ids)
+            lp = self.logprobs_of(req, job)
             if req.stream:
                 handed_over = True
                 stream = self.stream_lines(fmt, req, n_prompt, first, reader, reply, lp)
@@ -257,6 +257,15 @@ class Handler:
         finally:
             if not handed_over:
                 release()
+
+    def logprobs_of(self, req: GenRequest, job: Job) -> Logprobs | None:
+        if req.logprobs is None:
+            return None
+        return Logprobs(self.pair.tokenizer, req.kind, self.pair.eos_ids, job.prompt_ids)
+
+    def echo_of(self, req: GenRequest, job: Job) -> EchoedPrompt | None:
+        """A completion's prompt as `echo` returns it before the completion (None: no echo)."""
+        return EchoedPrompt.of(self.pair.tokenizer, job.prompt_ids) if req.echo else None
 
     def usage_of(
         self,
@@ -296,6 +305,9 @@ class Handler:
         """The whole response's body (a Response when the client left or the job failed)."""
         stats = GenerationStats() if stats is None else stats
         parts, deltas, finish, sent, stop = [], [], "length", 0, None
+        echo = self.echo_of(req, reader.job)
+        if echo is not None:
+            parts, sent = [echo.text], len(echo.text)
         while True:
             if item is None:
                 return Response(status_code=CLIENT_GONE)
@@ -303,6 +315,10 @@ class Handler:
                 return error_response(from_worker(item.error), reader.request)
             if item.kind == "done":
                 break
+            if item.kind == "scores":  # an echoed prompt's log-probabilities
+                lp.echo_prompt(echo, item.event)
+                item = await reader.next(watch_client=True)
+                continue
             stats.add(item.event)
             if lp is not None:
                 lp.add(item.event)
@@ -370,6 +386,13 @@ class Handler:
         finish, stop = "length", None
         for line in out.start(item):
             yield line
+        echo = self.echo_of(req, reader.job)
+        if echo is not None:
+            if item.kind == "scores":  # the prompt's log-probabilities go with its text
+                lp.echo_prompt(echo, item.event)
+                item = await reader.next(watch_client=False, timeout=self.limits.keepalive_s)
+            for line in out.echo(echo.text):
+                yield line
         quiet = time.monotonic()  # since the client last got a line
         while item.kind in ("chunk", "pending"):  # Starlette watches the client
             if item.kind == "chunk":

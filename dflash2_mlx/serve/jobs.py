@@ -30,19 +30,31 @@ class ShuttingDown(Exception):
 class Item:
     """What the worker sends back: a chunk of text, then "done"; or one "error"."""
 
-    kind: str  # "chunk" | "done" | "error" ("pending": serve/stream.py, never queued)
+    kind: str  # "scores" | "chunk" | "done" | "error" ("pending": serve/stream.py, never queued)
     text: str = ""
     finish_reason: str | None = None
-    event: object = None  # the RoundEvent of a chunk
+    event: object = None  # the RoundEvent of a chunk; the prompt's TokenLogprobs of "scores"
     error: BaseException | None = None
     stop: str | None = None  # the stop string that ended a chunk's text
 
 
 class Job:
-    def __init__(self, prompt_ids: Sequence[int], params: GenerationParams, stop: Sequence[str]):
+    """`score`: the prompt's own log-probabilities are sent first (a "scores" item, with that
+    many alternatives a token; None: not scored); `generate`: False for a prompt that is only
+    scored or echoed (max_tokens 0)."""
+
+    def __init__(
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerationParams,
+        stop: Sequence[str],
+        score: int | None = None,
+        generate: bool = True,
+    ):
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.stop = list(stop)
+        self.score, self.generate = score, generate
         self.loop = asyncio.get_running_loop()
         self.out: asyncio.Queue[Item] = asyncio.Queue()
         self.cancelled = threading.Event()

@@ -7,6 +7,11 @@ gone out, so a stream sends each entry with the chunk of its text (or a later on
 tokens past a stop string, whose text is never sent, get none; nor does the stop token that
 ends a reply, as in OpenAI's API. `bytes` are the token's own bytes (half of a character for
 a byte-level token that splits one), `token` their text.
+
+A completion's `echo` puts the prompt's tokens first (`echo_prompt`: the first with no
+log-probability, as OpenAI's) and counts the reply's offsets after the prompt's text; the
+token that ends the reply keeps its entry there, so a scorer that drops the last entry (the
+generated one) never drops a prompt token.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..engine.events import RoundEvent
+from ..engine.logprobs import TokenLogprob
 from ..text import IncrementalDecoder
 from ..token_bytes import token_bytes
 
@@ -27,21 +33,35 @@ class Logprobs:
     prompt: Sequence[int] = ()  # the text continues these ids
     entries: list = field(default_factory=list)  # (start in the text, TokenLogprob), unsent
     decoder: IncrementalDecoder | None = None
+    base: int = 0  # characters before the reply's text (an echoed prompt's)
+    keep_stop: bool = False  # the stop token that ends the reply has an entry (echo)
 
     def __post_init__(self):
         self.decoder = IncrementalDecoder(self.tokenizer, self.prompt)
 
+    def echo_prompt(self, prompt: EchoedPrompt, scores: Sequence[TokenLogprob]) -> None:
+        """The prompt's tokens first: the first unscored, then `scores` (one a token after)."""
+        first = TokenLogprob(self.prompt[0], None)  # type: ignore[arg-type]
+        self.entries += list(zip(prompt.starts, [first, *scores]))
+        self.base, self.keep_stop = len(prompt.text), True
+
     def add(self, event: RoundEvent) -> None:
         for lp in event.logprobs:
-            if lp.token not in self.stop_ids:
-                self.entries.append((len(self.decoder.text), lp))
+            if self.keep_stop or lp.token not in self.stop_ids:
+                self.entries.append((self.base + len(self.decoder.text), lp))
                 self.decoder.add([lp.token])
 
-    def take(self, sent: int, whole: bool = False) -> dict | None:
+    def take(self, sent: int, whole: bool = False, end: bool = False) -> dict | None:
         """The entries of the tokens starting in the first `sent` characters of the text as a
         choice's `logprobs`; they are not sent again. None when there are none, but for a
-        `whole` reply (an empty one asked for logprobs: empty lists, which clients index)."""
-        starts = [start for start, _ in self.entries if start < sent]
+        `whole` reply (an empty one asked for logprobs: empty lists, which clients index).
+        At the `end` (a whole reply's too) a kept stop token goes with them."""
+        end = end or whole
+        starts = [
+            start
+            for start, lp in self.entries
+            if start < sent or (end and self.keep_stop and lp.token in self.stop_ids)
+        ]
         ready = [lp for _, lp in self.entries[: len(starts)]]
         self.entries = self.entries[len(ready) :]
         if not ready and not whole:
@@ -51,7 +71,7 @@ class Logprobs:
         return {
             "tokens": [self._key(lp.token) for lp in ready],
             "token_logprobs": [lp.logprob for lp in ready],
-            "top_logprobs": [self._top(lp) for lp in ready],
+            "top_logprobs": [None if lp.logprob is None else self._top(lp) for lp in ready],
             "text_offset": starts,  # where each token's text starts in the completion's
         }
 
@@ -96,5 +116,22 @@ class LogprobChunks:
 
     def __call__(self, chunk: dict) -> dict:
         if self.lp is not None and chunk["choices"]:
-            chunk["choices"][0]["logprobs"] = self.lp.take(self.sent)
+            end = chunk["choices"][0]["finish_reason"] is not None
+            chunk["choices"][0]["logprobs"] = self.lp.take(self.sent, end=end)
         return chunk
+
+
+@dataclass(frozen=True)
+class EchoedPrompt:
+    """A completion's prompt as `echo` returns it: its tokens' text, and where each starts."""
+
+    text: str
+    starts: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tokenizer, ids: Sequence[int]) -> EchoedPrompt:
+        decoder, starts = IncrementalDecoder(tokenizer), []
+        for i, t in enumerate(ids):
+            starts.append(len(decoder.text))
+            decoder.add([t], final=i == len(ids) - 1)
+        return cls(decoder.text, tuple(starts))

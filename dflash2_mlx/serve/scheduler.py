@@ -7,7 +7,9 @@ queue. Each running job has its own text stream (incremental detokenization, sto
 stop string finishes that job and its row leaves the batch; so does a job whose client left
 (`job.cancelled`, polled between prefill chunks and between rounds) without disturbing the
 others. With a prompt cache each job starts from its lease's session (only the uncached suffix
-is prefilled) and hands its caches back to it when it leaves.
+is prefilled) and hands its caches back to it when it leaves. A job that asks for its
+prompt's own log-probabilities (`Job.score`) has them computed first, a chunk per loop
+between the batch's steps (engine/scoring.py), then joins the batch (or ends: max_tokens 0).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Callable
 
 from ..engine.events import RoundEvent
 from ..engine.prompt_cache import Lease, PromptCache
+from ..engine.scoring import PromptScoring
 from ..errors import DFlash2Error
 from ..text import EventText
 from .jobs import Item, Job
@@ -37,6 +40,7 @@ class _Running:
     waited_ms: float  # submit -> handed to the batch (the batch adds its own wait)
     text: EventText | None = None
     lease: Lease | None = None
+    scoring: PromptScoring | None = None  # its prompt's log-probabilities, before it runs
     rid: int = -1
     produced: int = 0
     finished: bool = False
@@ -59,6 +63,7 @@ class Scheduler:
         self.batch = pair.batch(max_batch, width_cost)
         self.running: dict[int, _Running] = {}  # by row id
         self.pending: deque[Job] = deque()  # taken from the queue, no room yet
+        self.scoring: deque[_Running] = deque()  # having their prompts scored, in turn
 
     def run(self, jobs: queue.Queue) -> None:
         died: BaseException | None = None
@@ -67,6 +72,8 @@ class Scheduler:
                 try:
                     self._sweep()
                     self._admit()
+                    if self.scoring:
+                        self._score()
                     if self.batch.busy:
                         self._step()
                 except Exception as e:  # the running jobs get the error; the worker goes on
@@ -76,7 +83,7 @@ class Scheduler:
             log.critical("the generation worker stopped; the server refuses requests", exc_info=e)
         finally:  # stopping: new and queued jobs are refused (503); the running ones end here
             self.worker.close()
-            for r in self.running.values():
+            for r in [*self.running.values(), *self.scoring]:
                 if died is not None and r.job.stopped_by is None:
                     r.job.stopped_by = died  # its client gets the error, not a silent hang
                 r.job.cancelled.set()
@@ -85,7 +92,7 @@ class Scheduler:
     def _take(self, jobs: queue.Queue) -> bool:
         """Move submitted jobs to `pending`, waiting for one only when nothing runs.
         False: the worker is stopping."""
-        block = not self.running and not self.pending
+        block = not self.running and not self.pending and not self.scoring
         while True:
             try:
                 job = jobs.get(block=block)
@@ -97,30 +104,66 @@ class Scheduler:
             block = False
 
     def _admit(self) -> None:
-        """Hand waiting jobs to the batch while it has room (they prefill at the next step)."""
+        """Hand waiting jobs to the batch while it has room (they prefill at the next step);
+        a job to score first holds its room meanwhile."""
         b = self.batch
-        while self.pending and len(b.rows) + len(b.waiting) < b.capacity:
+        while self.pending and len(b.rows) + len(b.waiting) + len(self.scoring) < b.capacity:
             job = self.pending.popleft()
             if not self.worker.begin(job):  # cancelled while waiting, or the server closed
                 continue
             now = time.perf_counter()
             r = _Running(job, now, (now - job.submitted) * 1000.0)
-            try:
-                params = self.pair.with_defaults(job.params)
-                r.text = EventText(self.pair, job.prompt_ids, params, job.stop)
-                if self.prompt_cache is not None:
-                    r.lease = self.prompt_cache.lease(job.prompt_ids)
-                r.rid = b.add(
-                    job.prompt_ids,
-                    params,
-                    session=r.lease.session if r.lease else None,
-                    cancel=job.cancelled.is_set,
-                    on_prefill=r.lease.observe if r.lease else None,
-                )
-            except Exception as e:  # bad parameters (400), or a server bug (500)
-                self._fail(r, e)
-                continue
-            self.running[r.rid] = r
+            if job.score is not None:
+                try:
+                    r.scoring = PromptScoring(self.pair.decoder.target, job.prompt_ids, job.score)
+                except Exception as e:  # bad ids (400), or a server bug (500)
+                    self._fail(r, e)
+                    continue
+                self.scoring.append(r)
+            elif job.generate:
+                self._join(r)
+            else:  # only its prompt echoed
+                self._finish(r, Item("done"))
+
+    def _join(self, r: _Running) -> None:
+        """The job's row joins the batch (its prefill runs at the next step)."""
+        job = r.job
+        try:
+            params = self.pair.with_defaults(job.params)
+            r.text = EventText(self.pair, job.prompt_ids, params, job.stop)
+            if self.prompt_cache is not None:
+                r.lease = self.prompt_cache.lease(job.prompt_ids)
+            r.rid = self.batch.add(
+                job.prompt_ids,
+                params,
+                session=r.lease.session if r.lease else None,
+                cancel=job.cancelled.is_set,
+                on_prefill=r.lease.observe if r.lease else None,
+            )
+        except Exception as e:  # bad parameters (400), or a server bug (500)
+            self._fail(r, e)
+            return
+        self.running[r.rid] = r
+
+    def _score(self) -> None:
+        """The next chunk of the first scoring job's prompt; once scored, its log-probabilities
+        go out and it joins the batch (or ends)."""
+        r = self.scoring[0]
+        try:
+            r.scoring.advance()
+        except Exception as e:
+            self.scoring.popleft()
+            self._fail(r, e)
+            return
+        if not r.scoring.done:
+            return
+        self.scoring.popleft()
+        r.job.emit(Item("scores", event=tuple(r.scoring.result)))
+        r.scoring = None
+        if r.job.generate:
+            self._join(r)
+        else:
+            self._finish(r, Item("done"))
 
     def _step(self) -> None:
         events = self.batch.step()
@@ -156,18 +199,24 @@ class Scheduler:
 
     def _sweep(self) -> None:
         """Jobs cancelled by their client or the server leave the batch at once."""
+        for r in [r for r in self.scoring if r.job.cancelled.is_set()]:
+            self.scoring.remove(r)
+            self._cancelled(r, f"while its {len(r.job.prompt_ids)} prompt tokens were scored")
         for r in [r for r in self.running.values() if r.job.cancelled.is_set()]:
             self.batch.cancel(r.rid)
-            job = r.job
-            why = "the server is shutting down" if job.stopped_by else "the client left"
             when = (
                 f"after {r.produced} generated tokens"
                 if r.produced
-                else f"during the prefill of its {len(job.prompt_ids)} prompt tokens"
+                else f"during the prefill of its {len(r.job.prompt_ids)} prompt tokens"
             )
-            log.info("%s cancelled %s: %s", job.name, when, why)
-            stopped = job.stopped_by
-            self._finish(r, None if stopped is None else Item("error", error=stopped))
+            self._cancelled(r, when)
+
+    def _cancelled(self, r: _Running, when: str) -> None:
+        job = r.job
+        why = "the server is shutting down" if job.stopped_by else "the client left"
+        log.info("%s cancelled %s: %s", job.name, when, why)
+        stopped = job.stopped_by
+        self._finish(r, None if stopped is None else Item("error", error=stopped))
 
     def _finish(self, r: _Running, last: Item | None = None) -> None:
         """The job is through and its row has left the batch: its session goes back. `last`
@@ -200,6 +249,7 @@ class Scheduler:
         """A step failed: every running job gets the error; the batch starts over."""
         if not isinstance(e, DFlash2Error):
             log.exception("generation failed: %d running requests end", len(self.running))
-        for r in list(self.running.values()):
+        for r in [*self.running.values(), *self.scoring]:
             self._fail(r, e, logged=True)
+        self.scoring.clear()
         self.batch = self.pair.batch(self.max_batch, self.width_cost)

@@ -51,10 +51,7 @@ _CHAT_ONLY = {
     "web_search_options": (_neutral(None), "web search is not supported"),
     "store": (_neutral(None, False), "stored completions are not supported"),
 }
-_COMPLETION_ONLY = {
-    "best_of": (_neutral(None, 1), "only best_of=1 is supported"),
-    "echo": (_neutral(None, False), "echo is not supported"),
-}
+_COMPLETION_ONLY = {"best_of": (_neutral(None, 1), "only best_of=1 is supported")}
 # vLLM's text fields, which its clients send: their values here pass, others are refused
 _TEXT_FIELDS = {
     "include_stop_str_in_output": (
@@ -115,6 +112,7 @@ class GenRequest:
     prefill: str | None = None
     generation_prompt: bool = True  # chat only: false renders no assistant header
     suffix: str | None = None  # completions: the text after the middle to fill in (fim.py)
+    echo: bool = False  # completions: the prompt comes back before the completion
 
 
 def _check_fields(body: dict, own: set[str], refused: dict) -> None:
@@ -162,13 +160,15 @@ def _sampling(body: dict) -> dict[str, Any]:
     return given
 
 
-def _common(body: dict, kind: str, max_param: str) -> GenRequest:
+def _common(body: dict, kind: str, max_param: str, least: int = 1) -> GenRequest:
+    """The fields chat and completions share; max_tokens >= `least` (0: an echo's)."""
     model = optional(body, "model", lambda v: isinstance(v, str), "a string")
     limit = None
     for name in ("max_tokens", "max_completion_tokens"):
         v = optional(body, name, is_int, "an integer")
-        if v is not None and v < 1:
-            raise invalid(name, f"{name} must be >= 1; got {v}")
+        if v is not None and v < least:
+            why = " (0 only with echo: the prompt alone)" if kind == "completion" else ""
+            raise invalid(name, f"{name} must be >= {least}{why}; got {v}")
         if v is not None and limit is not None and v != limit:
             raise invalid(name, "max_tokens and max_completion_tokens disagree; send one")
         if v is not None:
@@ -286,18 +286,22 @@ def parse_chat(body: dict) -> GenRequest:
 
 
 def parse_completion(body: dict) -> GenRequest:
-    _check_fields(body, _COMMON | {"prompt", "logprobs", "suffix"}, _COMPLETION_ONLY)
+    _check_fields(body, _COMMON | {"prompt", "logprobs", "suffix", "echo"}, _COMPLETION_ONLY)
     prompt = body.get("prompt")
     if prompt is None:
         raise invalid("prompt", "prompt is required", "missing_required_parameter")
     suffix = optional(body, "suffix", lambda v: isinstance(v, str), "a string")
+    echo = bool(optional(body, "echo", lambda v: isinstance(v, bool), "a boolean"))
+    if echo and suffix is not None:
+        raise invalid("echo", "echo cannot be used with suffix", "unsupported_parameter")
     batch = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
     prompts = [
         _one_prompt(p, f"prompt[{i}]" if batch else "prompt", suffix)
         for i, p in enumerate(prompt if batch else [prompt])
     ]
-    req = _common(body, "completion", "max_tokens")
+    req = _common(body, "completion", "max_tokens", least=0 if echo else 1)
     req.prompt, req.suffix = prompts[0], suffix  # "": the cursor at the end (handler.tokenize)
+    req.echo = echo
     req.prompts = prompts if len(prompts) > 1 else None
     return req
 
