@@ -270,7 +270,7 @@ def serve(
     )
     context_notes(app.state.settings.context, pair, max_tokens, max_prompt_tokens, say)
     _listen(sock, host, port)
-    say_serving(name, host, port, settings, app, max_queue, prompt_cache_mb, bool(api_key))
+    say_serving(name, host, port, settings, app, max_queue, prompt_cache_mb, security)
     from dflash2_mlx.serve import run_server
 
     # After Ctrl-C: waiting requests get 503, the running ones --shutdown-grace seconds.

@@ -87,10 +87,10 @@ def url_host(host: str) -> str:
 
 
 def say_serving(
-    name: str, host: str, port: int, settings, app, max_queue: int, prompt_cache_mb: int, keyed
+    name: str, host: str, port: int, settings, app, max_queue: int, prompt_cache_mb: int, security
 ) -> None:
-    """The sampling defaults, then what is served where and how (`keyed`: an API key is
-    required)."""
+    """The sampling defaults, then what is served where and how (`security`: the server's
+    SecurityPolicy: an API key, the web origins allowed)."""
     say(f"sampling defaults (for fields a request leaves out): {settings.sampling.describe()}")
     say(
         f"serving {name!r} on http://{url_host(host)}:{port}/v1: "
@@ -98,8 +98,16 @@ def say_serving(
         + f", context {app.state.settings.context}, batch {app.state.worker.capacity}"
         + f", queue {max_queue}, prompt cache "
         + (f"{prompt_cache_mb} MiB" if prompt_cache_mb else "off")
-        + (", API key required" if keyed else ", no API key")
+        + (", API key required" if security.api_key else ", no API key")
+        + _web_pages(security.cors_origins)
     )
+
+
+def _web_pages(origins: tuple[str, ...]) -> str:
+    """The cross-origin web pages the server answers (--cors), as the serving line says."""
+    if not origins:
+        return ""
+    return ", web pages from " + ("any origin" if "*" in origins else ", ".join(origins))
 
 
 def exit_after_shutdown(code: int) -> None:

@@ -256,12 +256,20 @@ def _added_token_texts(tokenizer) -> dict[int, str]:
 
 
 class EventText:
-    """One generation's text, round event by round event: end-of-turn tokens hidden, stop
-    strings cut (a chunk whose finish_reason is set is the generation's last)."""
+    """One generation's text, round event by round event: end-of-turn tokens hidden (and the
+    `hidden` ids: the special tokens, for skip_special_tokens), stop strings cut (a chunk whose
+    finish_reason is set is the generation's last)."""
 
-    def __init__(self, pair, prompt_ids: Sequence[int], params: GenerationParams, stop=()):
+    def __init__(
+        self,
+        pair,
+        prompt_ids: Sequence[int],
+        params: GenerationParams,
+        stop=(),
+        hidden: frozenset[int] = frozenset(),
+    ):
         self.stream = TextStream(pair.tokenizer, stop, context=prompt_ids)
-        self.hidden = pair.with_defaults(params).stop_token_ids  # end-of-turn: not text
+        self.hidden = pair.with_defaults(params).stop_token_ids | hidden  # not text
 
     def chunk(self, ev: RoundEvent) -> TextChunk:
         visible = [t for t in ev.tokens if t not in self.hidden]

@@ -610,7 +610,7 @@ BAD = [
     ("completions", {"prompt": "ab", "echo": "yes"}, 400, "echo"),
     ("completions", {"prompt": "ab", "echo": True, "suffix": "cd"}, 400, "echo"),
     ("completions", {"prompt": "ab", "max_tokens": 0}, 400, "max_tokens"),  # 0: echo's only
-    ("completions", {"prompt": "ab", "echo": True, "max_tokens": -1}, 400, "max_tokens"),
+    ("completions", {"prompt": "ab", "echo": True, "max_tokens": -3}, 400, "max_tokens"),
     ("completions", {"prompt": "ab", "best_of": 3}, 400, "best_of"),
     (
         "completions",

@@ -107,7 +107,7 @@ def _choice(job: Job, i: int) -> Job:
     sp = job.params.sampling
     seed = None if sp.seed is None else (sp.seed + i) % SEEDS
     params = replace(job.params, sampling=replace(sp, seed=seed))
-    return Job(job.prompt_ids, params, job.stop, job.score, job.generate)
+    return Job(job.prompt_ids, params, job.stop, job.score, job.generate, job.hidden)
 
 
 async def _merged(streams) -> object:

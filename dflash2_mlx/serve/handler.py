@@ -72,6 +72,8 @@ class Handler:
         self.limits = limits
         self.recent_items = RecentItems(max_resolved=limits.body_bytes)  # item_reference's
         self.fim = fim_ids(pair.tokenizer, settings.vocab)  # a completion's `suffix` (fim.py)
+        # what skip_special_tokens hides: the tokenizer's special tokens (its EOS, BOS, ...)
+        self.special_ids = frozenset(getattr(pair.tokenizer, "all_special_ids", None) or ())
         # One tokenization at a time: a burst of long prompts cannot multiply the memory.
         self.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="dflash2-tokenize")
 
@@ -214,7 +216,8 @@ class Handler:
             )
             params = self.plan(req, ids, predicted, grammar)
             score = req.logprobs if req.echo else None  # the prompt's own, echoed first
-            job = Job(ids, params, stop, score=score, generate=req.max_tokens != 0)
+            hidden = self.special_ids if req.skip_special_tokens else frozenset()
+            job = Job(ids, params, stop, score, req.max_tokens != 0, hidden)
         except BaseException:
             self.worker.unreserve()
             raise
@@ -261,7 +264,8 @@ class Handler:
     def logprobs_of(self, req: GenRequest, job: Job) -> Logprobs | None:
         if req.logprobs is None:
             return None
-        return Logprobs(self.pair.tokenizer, req.kind, self.pair.eos_ids, job.prompt_ids)
+        tok, stop_ids = self.pair.tokenizer, self.pair.eos_ids
+        return Logprobs(tok, req.kind, stop_ids, job.prompt_ids, hidden=job.hidden)
 
     def echo_of(self, req: GenRequest, job: Job) -> EchoedPrompt | None:
         """A completion's prompt as `echo` returns it before the completion (None: no echo)."""

@@ -41,7 +41,7 @@ class Item:
 class Job:
     """`score`: the prompt's own log-probabilities are sent first (a "scores" item, with that
     many alternatives a token; None: not scored); `generate`: False for a prompt that is only
-    scored or echoed (max_tokens 0)."""
+    scored or echoed (max_tokens 0); `hidden`: generated ids that are not text."""
 
     def __init__(
         self,
@@ -50,11 +50,13 @@ class Job:
         stop: Sequence[str],
         score: int | None = None,
         generate: bool = True,
+        hidden: frozenset[int] = frozenset(),
     ):
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.stop = list(stop)
         self.score, self.generate = score, generate
+        self.hidden = hidden  # token ids that are not text (skip_special_tokens)
         self.loop = asyncio.get_running_loop()
         self.out: asyncio.Queue[Item] = asyncio.Queue()
         self.cancelled = threading.Event()

@@ -33,6 +33,7 @@ class Logprobs:
     prompt: Sequence[int] = ()  # the text continues these ids
     entries: list = field(default_factory=list)  # (start in the text, TokenLogprob), unsent
     decoder: IncrementalDecoder | None = None
+    hidden: frozenset[int] = frozenset()  # other ids that are not text (skip_special_tokens)
     base: int = 0  # characters before the reply's text (an echoed prompt's)
     keep_stop: bool = False  # the stop token that ends the reply has an entry (echo)
 
@@ -47,6 +48,8 @@ class Logprobs:
 
     def add(self, event: RoundEvent) -> None:
         for lp in event.logprobs:
+            if lp.token in self.hidden and lp.token not in self.stop_ids:
+                continue
             if self.keep_stop or lp.token not in self.stop_ids:
                 self.entries.append((self.base + len(self.decoder.text), lp))
                 self.decoder.add([lp.token])

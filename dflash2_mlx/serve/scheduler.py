@@ -130,7 +130,7 @@ class Scheduler:
         job = r.job
         try:
             params = self.pair.with_defaults(job.params)
-            r.text = EventText(self.pair, job.prompt_ids, params, job.stop)
+            r.text = EventText(self.pair, job.prompt_ids, params, job.stop, job.hidden)
             if self.prompt_cache is not None:
                 r.lease = self.prompt_cache.lease(job.prompt_ids)
             r.rid = self.batch.add(

@@ -18,12 +18,15 @@ from ..values import is_int, is_number
 from .api_error import APIError, brief, check_object, invalid, optional  # noqa: F401  (APIError is imported from here)
 from .reasoning import chat_effort, parse_template_kwargs
 from .response_format import parse_response_format
-from .token_fields import PENALTIES, parse_logprobs, parse_penalties
+from .token_fields import ALIASES, PENALTIES, parse_logprobs, parse_penalties
 from .chat_messages import continuation, message, text_content
 from .tools import ToolRequest, check_tool_answers, parse_tools
 from .unused_fields import OPENAI, check_unused
 
 MAX_STOP = 16
+# max_tokens -1 and -2: Ollama's and LM Studio's "no limit" and "fill the context", which Open
+# WebUI and LM Studio's clients send; both ask what leaving it out asks
+NO_LIMIT = (-1, -2)
 
 
 def _neutral(*values) -> Callable[[Any], bool]:
@@ -52,18 +55,30 @@ _CHAT_ONLY = {
     "store": (_neutral(None, False), "stored completions are not supported"),
 }
 _COMPLETION_ONLY = {"best_of": (_neutral(None, 1), "only best_of=1 is supported")}
-# vLLM's text fields, which its clients send: their values here pass, others are refused
+# vLLM's fields, which its clients send (SillyTavern's vLLM text completions, all of them):
+# their values here pass, others are refused
 _TEXT_FIELDS = {
     "include_stop_str_in_output": (
         _neutral(None, False),
         "the text never includes the stop string that ended it",
     ),
+    "ignore_eos": (_neutral(None, False), "a reply ends at the model's end of text"),
+    "min_tokens": (_neutral(None, 0), "a reply may end before any token (min_tokens 0)"),
+    # its default; with a fast tokenizer (mlx-lm's) it changes nothing
+    "spaces_between_special_tokens": (
+        _neutral(None, True),
+        "special tokens are decoded as the tokenizer decodes them",
+    ),
+    "typical_p": (_neutral(None, 1), "typical sampling is not supported (1: off)"),
+}
+_CHAT_ONLY |= _TEXT_FIELDS | {
+    # honoured on completions (handler: the special tokens hidden from the text); a chat
+    # reply's markers (thinking, tool calls) may be special tokens its parser reads
     "skip_special_tokens": (
         _neutral(None, False),
-        "the text keeps the special tokens the model writes (but the end of its turn)",
-    ),
+        "a chat reply keeps the special tokens the model writes (but the end of its turn)",
+    )
 }
-_CHAT_ONLY |= _TEXT_FIELDS
 _COMPLETION_ONLY |= _TEXT_FIELDS
 # Accepted and unused: they cannot change the generated text.
 _HARMLESS = {
@@ -73,9 +88,10 @@ _HARMLESS = {
     "prompt_cache_key",
     "prompt_cache_retention",
     "safety_identifier",
+    "keep_alive",  # Ollama's: how long the model stays loaded (here: as long as the server)
 }
 _COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", "n"}
-_COMMON |= {*SAMPLING_FLAGS, *PENALTIES}
+_COMMON |= {*SAMPLING_FLAGS, *PENALTIES, *ALIASES}
 
 
 @dataclass
@@ -112,6 +128,7 @@ class GenRequest:
     prefill: str | None = None
     generation_prompt: bool = True  # chat only: false renders no assistant header
     suffix: str | None = None  # completions: the text after the middle to fill in (fim.py)
+    skip_special_tokens: bool = False  # completions: special tokens are not text (vLLM's)
     echo: bool = False  # completions: the prompt comes back before the completion
 
 
@@ -166,6 +183,8 @@ def _common(body: dict, kind: str, max_param: str, least: int = 1) -> GenRequest
     limit = None
     for name in ("max_tokens", "max_completion_tokens"):
         v = optional(body, name, is_int, "an integer")
+        if v in NO_LIMIT:
+            continue  # as if left out
         if v is not None and v < least:
             why = " (0 only with echo: the prompt alone)" if kind == "completion" else ""
             raise invalid(name, f"{name} must be >= {least}{why}; got {v}")
@@ -286,7 +305,8 @@ def parse_chat(body: dict) -> GenRequest:
 
 
 def parse_completion(body: dict) -> GenRequest:
-    _check_fields(body, _COMMON | {"prompt", "logprobs", "suffix", "echo"}, _COMPLETION_ONLY)
+    own = {"prompt", "logprobs", "suffix", "echo", "skip_special_tokens"}
+    _check_fields(body, _COMMON | own, _COMPLETION_ONLY)
     prompt = body.get("prompt")
     if prompt is None:
         raise invalid("prompt", "prompt is required", "missing_required_parameter")
@@ -302,6 +322,8 @@ def parse_completion(body: dict) -> GenRequest:
     req = _common(body, "completion", "max_tokens", least=0 if echo else 1)
     req.prompt, req.suffix = prompts[0], suffix  # "": the cursor at the end (handler.tokenize)
     req.echo = echo
+    skip = optional(body, "skip_special_tokens", lambda v: isinstance(v, bool), "a boolean")
+    req.skip_special_tokens = bool(skip)
     req.prompts = prompts if len(prompts) > 1 else None
     return req
 

@@ -171,6 +171,9 @@ class SecurityGate:
     def __init__(self, app, policy: SecurityPolicy):
         self.app, self.policy = app, policy
         self._key = policy.api_key.encode() if policy.api_key else None
+        # origins refused so far (bounded): each one's first refusal is a warning, which a
+        # user whose web page cannot reach the server sees at the default log level
+        self._refused_origins: set[str] = set()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -183,7 +186,8 @@ class SecurityGate:
             cors = self._check(scope, headers)
         except APIError as err:
             path, why = loggable(scope["path"], 200), loggable(err.message)
-            log.info("refused %s %s: %s", scope["method"], path, why)
+            level = self._level(err, headers.get("origin"))
+            log.log(level, "refused %s %s: %s", scope["method"], path, why)
             body = error_body(err) if scope["path"].startswith(MESSAGES_PATH) else err.body()
             return await JSONResponse(body, err.status, err.headers)(scope, receive, send)
         if cors is None:
@@ -207,6 +211,15 @@ class SecurityGate:
             await send(message)
 
         return await self.app(scope, receive, with_cors)
+
+    def _level(self, err: APIError, origin: str | None) -> int:
+        """INFO, but WARNING for an origin's first refusal (of the first 64 origins)."""
+        if err.code != "origin_not_allowed" or origin in self._refused_origins:
+            return logging.INFO
+        if len(self._refused_origins) >= 64:
+            return logging.INFO
+        self._refused_origins.add(origin)
+        return logging.WARNING
 
     def _check(self, scope, headers: dict) -> dict | None:
         """Raise APIError to refuse; return the CORS headers for an allowed cross-origin
@@ -237,11 +250,11 @@ class SecurityGate:
             )
             if not own:
                 if "*" not in p.cors_origins and origin.lower().rstrip("/") not in p.cors_origins:
+                    named = origin.lower().rstrip("/")[:60]
                     raise APIError(
                         403,
-                        f"cross-origin requests from {origin[:60]!r} are not "
-                        "allowed unless the server is started with --cors naming "
-                        "the origin",
+                        f"cross-origin requests from {origin[:60]!r} are not allowed: to let "
+                        f"a web page there use this server, start it with --cors {named}",
                         code="origin_not_allowed",
                     )
                 cors = {"Access-Control-Allow-Origin": origin, "Vary": "Origin", **EXPOSED}

@@ -19,10 +19,20 @@ PENALTIES = (
 )
 
 
+# llama.cpp's, Ollama's and LM Studio's name (Open WebUI sends it): the same penalty
+ALIASES = {"repeat_penalty": "repetition_penalty"}
+
+
 def parse_penalties(body: dict) -> dict[str, Any]:
     """The penalty and logit_bias fields given (null: not given), typed; their values are
     checked against the model when its processors are built (processors.penalties)."""
     given = {}
+    for alias, name in ALIASES.items():
+        v = body.get(alias)
+        if v is not None and body.get(name) is not None and body[name] != v:
+            raise invalid(alias, f"{alias} and {name} disagree; send one")
+        if v is not None:
+            body = {**body, name: v}
     for name in PENALTIES:
         v = body.get(name)
         if v is None:

@@ -1,0 +1,125 @@
+"""What chat front ends send (Open WebUI, LM Studio's clients, SillyTavern's vLLM text
+completions), against a real uvicorn server on 127.0.0.1: the fields they always send pass
+where they change nothing, are honoured where they do, and are refused with a 400 naming them
+otherwise; a web page's origin the server refuses is told the flag that allows it."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+import tiny
+from test_serve import HI, make_tokenizer, running
+
+from dflash2_mlx.api import Pair
+from dflash2_mlx.serve import create_app
+from dflash2_mlx.serve.schemas import APIError
+from dflash2_mlx.serve.security import SecurityGate, SecurityPolicy
+
+IM_START = 1  # a special token of the tiny tokenizer (not its EOS)
+PROMPT = [3, 9, 4, 12]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    model = tiny.make_target("llama")
+    return Pair.from_models(model, make_tokenizer(), tiny.make_drafter(2, block_size=4))
+
+
+@pytest.fixture(scope="module")
+def url(pair):
+    app = create_app(pair, model_name="tiny", default_max_tokens=12)
+    with running(app) as base:
+        yield base
+
+
+def post(url, path, body):
+    return httpx.post(f"{url}/v1/{path}", json={"model": "tiny", **body}, timeout=60)
+
+
+def test_sillytaverns_vllm_text_completion_fields_pass(url):
+    """SillyTavern's vLLM body: its neutral values change nothing; other values are a 400."""
+    plain = post(url, "completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0})
+    st = dict(
+        skip_special_tokens=True,
+        spaces_between_special_tokens=True,
+        ignore_eos=False,
+        min_tokens=0,
+        include_stop_str_in_output=False,
+        typical_p=1,
+    )
+    r = post(url, "completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0, **st})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+    for field, value in [
+        ("ignore_eos", True),
+        ("min_tokens", 4),
+        ("spaces_between_special_tokens", False),
+        ("typical_p", 0.9),
+    ]:
+        r = post(url, "completions", {"prompt": PROMPT, field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    r = post(url, "chat/completions", {"messages": HI, "skip_special_tokens": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "skip_special_tokens"
+
+
+def test_skip_special_tokens_hides_them_from_a_completions_text(url, pair):
+    """A reply of special tokens (logit_bias): kept as text by default, hidden with
+    skip_special_tokens (and their log-probability entries with them); usage counts them."""
+    body = {"prompt": PROMPT, "max_tokens": 3, "logit_bias": {str(IM_START): 100}, "logprobs": 0}
+    kept = post(url, "completions", body).json()
+    assert kept["choices"][0]["text"] == "<|im_start|>" * 3
+    hidden = post(url, "completions", {**body, "skip_special_tokens": True}).json()
+    assert hidden["choices"][0]["text"] == "" and hidden["choices"][0]["logprobs"]["tokens"] == []
+    assert hidden["usage"]["completion_tokens"] == 3
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/completions",
+        json={"model": "tiny", **body, "skip_special_tokens": True, "stream": True},
+        timeout=60,
+    ) as r:
+        streamed = "".join(line for line in r.iter_lines())
+    assert "im_start" not in streamed and "[DONE]" in streamed
+
+
+@pytest.mark.parametrize("limit", [-1, -2])
+def test_max_tokens_no_limit_is_the_same_as_leaving_it_out(url, limit):
+    """LM Studio's and Ollama's -1 ("no limit") and -2 ("fill the context")."""
+    for path, body in [("completions", {"prompt": PROMPT}), ("chat/completions", {"messages": HI})]:
+        left_out = post(url, path, {**body, "temperature": 0}).json()
+        r = post(url, path, {**body, "temperature": 0, "max_tokens": limit})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"] == left_out["choices"]
+    r = post(url, "completions", {"prompt": PROMPT, "max_tokens": -3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
+def test_open_webuis_ollama_fields(url):
+    """repeat_penalty is repetition_penalty's other name (honoured), keep_alive changes
+    nothing; a disagreement between the two names is a 400 naming the alias."""
+    base = {"messages": HI, "max_tokens": 10, "temperature": 0}
+    named = post(url, "chat/completions", {**base, "repetition_penalty": 1.8}).json()
+    alias = post(url, "chat/completions", {**base, "repeat_penalty": 1.8, "keep_alive": "5m"})
+    assert alias.status_code == 200, alias.text
+    assert alias.json()["choices"] == named["choices"]
+    plain = post(url, "chat/completions", base).json()
+    assert plain["choices"] != named["choices"]  # the penalty does change this reply
+    r = post(url, "chat/completions", {**base, "repeat_penalty": 1.8, "repetition_penalty": 1.1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "repeat_penalty"
+
+
+def test_a_refused_web_page_is_told_the_flag_and_warned_about_once(url):
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"messages": HI},
+        headers={"Origin": "http://localhost:3001"},
+        timeout=30,
+    )
+    assert r.status_code == 403
+    assert "start it with --cors http://localhost:3001" in r.json()["error"]["message"]
+    gate = SecurityGate(None, SecurityPolicy())
+    err = APIError(403, "refused", code="origin_not_allowed")
+    levels = [gate._level(err, o) for o in ["http://a.test", "http://a.test", "http://b.test"]]
+    assert levels == [logging.WARNING, logging.INFO, logging.WARNING]
+    assert gate._level(APIError(403, "x", code="host_not_allowed"), None) == logging.INFO
