@@ -20,7 +20,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import ParameterError
-from .json_schema import check_patterns_at_once, check_refs, closed_objects, without_format
+from .json_schema import (
+    check_can_end,
+    check_patterns_at_once,
+    check_refs,
+    closed_objects,
+    without_format,
+)
 
 log = logging.getLogger("dflash2")
 
@@ -55,6 +61,22 @@ def _brief(error: str) -> str:
     """llguidance's error without the parser state it dumps after the first line."""
     first = error.strip().splitlines()[0] if error.strip() else error
     return first if len(first) <= 300 else first[:300] + "…"
+
+
+def _checked(value: dict | None, calls: Calls | None) -> dict | None:
+    """`value` closed (json_schema.closed_objects) once it and the tools' schemas pass the
+    checks made before llguidance (which would take minutes and gigabytes over some)."""
+    try:
+        for schema in [value, *(args for _, args in calls.tools if args)] if calls else [value]:
+            check_patterns_at_once(schema)
+            check_can_end(schema)
+        return None if value is None else closed_objects(value)
+    except ValueError as e:
+        raise ParameterError(f"unsupported JSON schema: {e}") from None
+    except RecursionError:  # a chain of hundreds of $refs, each inside the last
+        raise ParameterError(
+            "unsupported JSON schema: its $refs nest too deep (hundreds of levels)"
+        ) from None
 
 
 class Grammars:
@@ -98,12 +120,7 @@ class Grammars:
 
         if value is None and calls is None:
             raise ValueError("a reply grammar needs a value schema or tool calls")
-        for schema in [value, *(args for _, args in calls.tools if args)] if calls else [value]:
-            try:  # before llguidance: it would take minutes and gigabytes over such a schema
-                check_patterns_at_once(schema)
-            except ValueError as e:
-                raise ParameterError(f"unsupported JSON schema: {e}") from None
-        value = None if value is None else closed_objects(value)
+        value = _checked(value, calls)
         while True:
             try:
                 if calls is None and thinking is None:

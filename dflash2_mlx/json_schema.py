@@ -16,12 +16,18 @@ _OTHER_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperti
 _TIME = (
     r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 )
-_DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
-_FORMAT_PATTERNS = {"time": f"^{_TIME}$", "date-time": f"^{_DATE}T{_TIME}$"}
-# Numbers a small model may write until max_tokens cuts the JSON (1111…, 0.0000…): at most 16
-# integer digits (llama.cpp's schemas allow as many) on each side the schema leaves open, and
-# 10 decimals (no exponent) where it bounds neither side.
-_INTEGER_LIMIT = 10**16 - 1
+# Dates that exist (Python's datetime and pydantic refuse 2023-02-30 and 0000-01-01): days by
+# month, February 29 in leap years only (every 4th, but centuries only every 400th).
+_YEAR = "([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+_LEAP = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|([2468][048]|[13579][26]|0[48])00)"
+_DAYS = "((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
+_DATE = f"({_YEAR}-{_DAYS}|{_LEAP}-02-29)"
+_FORMAT_PATTERNS = {"time": f"^{_TIME}$", "date": f"^{_DATE}$", "date-time": f"^{_DATE}T{_TIME}$"}
+# Numbers a small model may write until max_tokens cuts the JSON (1111…, 0.0000…): integers
+# within 2**53 - 1 (16 digits, held exactly by llguidance's doubles and by JavaScript's
+# numbers) and numbers within 1e16 on each side the schema leaves open, and 10 decimals (no
+# exponent) where it bounds neither side.
+_INTEGER_LIMIT = 2**53 - 1
 _NUMBER_LIMIT = 1e16
 _DECIMALS = 1e-10  # a multipleOf: llguidance takes no finer one
 
@@ -66,6 +72,13 @@ def closed_objects(schema):
         combined = any(k in node for k in _COMBINED + _OTHER_KEYS)
         if has_props and not combined and not partial:
             out["additionalProperties"] = False
+            # a key it requires without a schema stays allowed (any value), as when open
+            required = node.get("required") if isinstance(node.get("required"), list) else []
+            unlisted = {
+                k: {} for k in required if isinstance(k, str) and k not in node["properties"]
+            }
+            if unlisted:
+                out["properties"] = {**out["properties"], **unlisted}
         return out
 
     return close(schema)
@@ -283,3 +296,75 @@ def check_patterns_at_once(schema) -> None:
             f"{MAX_PATTERNS_AT_ONCE}: checking that they leave anything to write grows "
             "exponentially with their number"
         )
+
+
+def check_can_end(schema) -> None:
+    """ValueError where no finite value satisfies `schema` for sure: what it requires (a
+    property, an array's first items) refers back to itself through $refs with no way out, so
+    a reply could only run until max_tokens cuts it. Where unsure, it passes."""
+    if not isinstance(schema, dict):
+        return
+    refs = set(_all_refs(schema))
+    ends = {r: False for r in refs}  # least fixpoint: a ref ends once its target can
+    changed = True
+    while changed:
+        changed = False
+        for r in refs:
+            if not ends[r] and (_pointed(schema, r) is None or _can_end(_pointed(schema, r), ends)):
+                ends[r] = changed = True
+    if not _can_end(schema, ends):
+        raise ValueError(
+            "no finite value satisfies it: a property it requires refers back to it through "
+            "$ref with no way out (make it optional, or allow null)"
+        )
+
+
+def _all_refs(node):
+    if isinstance(node, list):
+        for v in node:
+            yield from _all_refs(v)
+    elif isinstance(node, dict):
+        if isinstance(node.get("$ref"), str):
+            yield node["$ref"]
+        for k, v in node.items():
+            if k not in _DATA_KEYS:
+                yield from _all_refs(v)
+
+
+def _can_end(node, ends: dict) -> bool:
+    """Whether a finite value of `node` may exist, a $ref ending as `ends` says."""
+    if node is False:
+        return False
+    if not isinstance(node, dict) or "const" in node or "enum" in node:
+        return True
+    if isinstance(node.get("$ref"), str) and not ends.get(node["$ref"], True):
+        return False
+    if not all(_can_end(b, ends) for b in _listed(node.get("allOf"))):
+        return False
+    for key in ("anyOf", "oneOf"):
+        branches = _listed(node.get(key))
+        if branches and not any(_can_end(b, ends) for b in branches):
+            return False
+    kinds = node.get("type", [])
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if not kinds or any(k not in ("object", "array") for k in kinds):
+        return True  # a scalar ends it (or no type said: any value)
+    return ("object" in kinds and _object_ends(node, ends)) or (
+        "array" in kinds and _array_ends(node, ends)
+    )
+
+
+def _object_ends(node: dict, ends: dict) -> bool:
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    required = _listed(node.get("required"))
+    return all(_can_end(props[k], ends) for k in required if isinstance(k, str) and k in props)
+
+
+def _array_ends(node: dict, ends: dict) -> bool:
+    least = node.get("minItems", 0)
+    least = least if isinstance(least, int) else 0
+    prefix = _listed(node.get("prefixItems")) or _listed(node.get("items"))
+    if not all(_can_end(b, ends) for b in prefix[:least]):
+        return False
+    rest = node.get("items") if not isinstance(node.get("items"), list) else None
+    return least <= len(prefix) or rest is None or _can_end(rest, ends)

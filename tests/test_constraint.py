@@ -547,10 +547,10 @@ def test_numbers_take_at_most_16_digits_and_10_decimals(qwen_like):
     from dflash2_mlx.json_schema import closed_objects
 
     hf, grammars = qwen_like
-    for kind in ("integer", "number"):
+    for kind, most in (("integer", str(2**53 - 1)), ("number", "9" * 16)):
         g = grammars.json_schema({"type": "object", "properties": {"n": {"type": kind}}})
-        assert _accepts(g, hf, '{"n": ' + "9" * 16 + "}")
-        assert _accepts(g, hf, '{"n": -' + "9" * 16 + "}")
+        assert _accepts(g, hf, '{"n": ' + most + "}")
+        assert _accepts(g, hf, '{"n": -' + most + "}")
         assert not _accepts(g, hf, '{"n": ' + "9" * 17 + "}")
     g = grammars.json_schema({"type": "object", "properties": {"x": {"type": ["number", "null"]}}})
     assert _accepts(g, hf, '{"x": 3.1415926535}') and _accepts(g, hf, '{"x": null}')
@@ -626,3 +626,87 @@ def test_objects_hold_the_keys_their_schema_lists(qwen_like):
     assert _accepts(grammars.json_schema(variants), hf, '{"k": 1, "a": 2}')
     union = {"anyOf": [person, {**base, "title": "B"}]}  # whole objects: each one closed
     assert not _accepts(grammars.json_schema(union), hf, '{"name": "Al", "x": 1}')
+
+
+def test_dates_are_days_a_calendar_has(char_pair):
+    """llguidance's date formats (and ours before) took 2023-02-30 and 2023-04-31, which
+    pydantic and Python's datetime refuse: days by month, February 29 in leap years only."""
+    tok = char_pair.tokenizer
+    for fmt, tail in (("date", ""), ("date-time", "T10:00:00Z")):
+        g = char_pair.grammars.json_schema({"type": "string", "format": fmt})
+        for day in ("2024-02-29", "2000-02-29", "2023-01-31", "2023-04-30", "0001-01-01"):
+            assert _accepts(g, tok, f'"{day}{tail}"'), day
+        for day in ("2023-02-29", "1900-02-29", "2023-02-30", "2023-04-31", "0000-01-01"):
+            assert not _accepts(g, tok, f'"{day}{tail}"'), day
+
+
+def test_integers_left_open_stay_within_what_a_double_holds(char_pair):
+    """The open sides of an integer take at most 2**53 - 1: 10**16 - 1 was a double's 1e16,
+    which let 17-digit replies through."""
+    tok = char_pair.tokenizer
+    g = char_pair.grammars.json_schema({"type": "integer"})
+    assert _accepts(g, tok, str(2**53 - 1)) and _accepts(g, tok, str(-(2**53) + 1))
+    assert not _accepts(g, tok, str(2**53)) and not _accepts(g, tok, str(10**16))
+
+
+def test_a_key_required_but_not_listed_is_allowed_in_a_closed_object(char_pair):
+    """`required` naming a key `properties` does not list: any value there (JSON Schema's
+    open objects allow it), not a 400 calling the user's schema unsatisfiable."""
+    tok = char_pair.tokenizer
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}
+    g = char_pair.grammars.json_schema(schema)
+    assert _accepts(g, tok, '{"a": 1, "b": "x"}')
+    assert not _accepts(g, tok, '{"a": 1}') and not _accepts(g, tok, '{"a": 1, "b": 2, "c": 3}')
+
+
+def _chain(n: int) -> dict:
+    defs = {f"M{i}": {"type": "object", "properties": {"v": {"type": "integer"}}} for i in range(n)}
+    for i in range(n - 1):
+        defs[f"M{i}"]["properties"]["next"] = {"$ref": f"#/$defs/M{i + 1}"}
+    return {"$defs": defs, "$ref": "#/$defs/M0"}
+
+
+@pytest.mark.parametrize(
+    "schema,admits",
+    [
+        ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, False),
+        ({"type": "object", "properties": {"a": {"$ref": "#"}}}, True),  # optional: {} ends it
+        (
+            {
+                "$defs": {
+                    "A": {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}}
+                    | {"required": ["a"]}
+                },
+                "$ref": "#/$defs/A",
+            },
+            False,
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+                "required": ["a"],
+            },
+            True,
+        ),
+        ({"type": "array", "items": {"$ref": "#"}, "minItems": 1}, False),
+        ({"type": "array", "items": {"$ref": "#"}}, True),  # [] ends it
+        ({"type": ["object", "null"], "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, True),
+    ],
+)
+def test_a_schema_no_finite_value_satisfies_is_refused(char_pair, schema, admits):
+    """A property it requires refers back to it with no way out: the reply could only run to
+    max_tokens (`{"a": {"a": …`); refused before anything runs. Optional, nullable or empty
+    ways out pass."""
+    if admits:
+        char_pair.json_schema(schema)
+    else:
+        with pytest.raises(ParameterError, match="no finite value"):
+            char_pair.json_schema(schema)
+
+
+def test_a_chain_of_hundreds_of_refs_is_a_parameter_error(char_pair):
+    """350 definitions each referring to the next: a RecursionError (a 500) before."""
+    char_pair.json_schema(_chain(20))
+    with pytest.raises(ParameterError, match="nest too deep"):
+        char_pair.json_schema(_chain(2000))
