@@ -40,7 +40,7 @@ def closed_objects(schema):
     cuts the JSON. Left open: objects beside allOf / anyOf / oneOf / $ref, the branches of
     such an object, and definitions an allOf extends. Say `additionalProperties: true` (or give
     a schema for them) to allow other keys anywhere. Times and date-times are held to seconds
-    00-59 (_FORMAT_PATTERNS); numbers to 16 digits and 10 decimals unless the schema bounds
+    00-59 and dates to real days (_FORMAT_PATTERNS); numbers to 16 digits and 10 decimals unless the schema bounds
     them (_numbers_bounded); a map whose keys are an enum (pydantic's dict[Literal[...], T])
     lists them as its properties (_keys_listed)."""
     extended = {str(r).rsplit("/", 1)[-1] for r in _refs(schema, inside_all_of=False)}
