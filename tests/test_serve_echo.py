@@ -124,6 +124,11 @@ def test_a_reply_ended_by_its_stop_token_keeps_that_entry_after_the_prompt(pair,
     assert len(lp.tokens) == len(PROMPT) + 1 and lp.token_logprobs[-1] > -1e-3
     assert lp.text_offset[-1] == len(r.choices[0].text)
     check_prompt_entries(pair, lp, r.choices[0].text, PROMPT, 1)
+    # the same where a stop string the first generated token completes ends the reply
+    first = pair.tokenizer.decode([int(np.argmax(reference(pair.model, PROMPT)[-1]))])
+    cut = client.completions.create(**kw, stop=[first]).choices[0]
+    assert cut.text == pair.tokenizer.decode(PROMPT) and cut.finish_reason == "stop"
+    assert cut.logprobs.tokens == lp.tokens[:-1] + [first]
     streamed = []
     for chunk in client.completions.create(**kw, logit_bias={str(EOS): 100}, stream=True):
         if chunk.choices and chunk.choices[0].logprobs is not None:

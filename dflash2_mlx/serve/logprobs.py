@@ -10,8 +10,8 @@ a byte-level token that splits one), `token` their text.
 
 A completion's `echo` puts the prompt's tokens first (`echo_prompt`: the first with no
 log-probability, as OpenAI's) and counts the reply's offsets after the prompt's text; the
-token that ends the reply keeps its entry there, so a scorer that drops the last entry (the
-generated one) never drops a prompt token.
+token that ends the reply (a stop token, or one that completes a stop string) keeps its entry
+there, so a scorer that drops the last entry (the generated one) never drops a prompt token.
 """
 
 from __future__ import annotations
@@ -58,13 +58,12 @@ class Logprobs:
         """The entries of the tokens starting in the first `sent` characters of the text as a
         choice's `logprobs`; they are not sent again. None when there are none, but for a
         `whole` reply (an empty one asked for logprobs: empty lists, which clients index).
-        At the `end` (a whole reply's too) a kept stop token goes with them."""
-        end = end or whole
-        starts = [
-            start
-            for start, lp in self.entries
-            if start < sent or (end and self.keep_stop and lp.token in self.stop_ids)
-        ]
+        At the `end` (a whole reply's too) with `keep_stop` (echo) every entry left goes:
+        the token that ended the reply, a stop token or one completing a stop string."""
+        if (end or whole) and self.keep_stop:  # echo: every generated token keeps its entry
+            starts = [start for start, _ in self.entries]
+        else:
+            starts = [start for start, _ in self.entries if start < sent]
         ready = [lp for _, lp in self.entries[: len(starts)]]
         self.entries = self.entries[len(ready) :]
         if not ready and not whole:
