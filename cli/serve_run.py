@@ -98,16 +98,19 @@ def say_serving(
         + f", context {app.state.settings.context}, batch {app.state.worker.capacity}"
         + f", queue {max_queue}, prompt cache "
         + (f"{prompt_cache_mb} MiB" if prompt_cache_mb else "off")
-        + (", API key required" if security.api_key else ", no API key")
-        + _web_pages(security.cors_origins)
+        + who_is_served(app.state.card, security)
     )
 
 
-def _web_pages(origins: tuple[str, ...]) -> str:
-    """The cross-origin web pages the server answers (--cors), as the serving line says."""
-    if not origins:
-        return ""
-    return ", web pages from " + ("any origin" if "*" in origins else ", ".join(origins))
+def who_is_served(card: dict, security) -> str:
+    """The serving line's end: tool calls where the model has none, the API key, the
+    cross-origin web pages answered (--cors)."""
+    out = "" if card["dflash2"]["tool_calling"] else ", no tool calls (tools: a 400)"
+    out += ", API key required" if security.api_key else ", no API key"
+    origins = security.cors_origins
+    if origins:
+        out += ", web pages from " + ("any origin" if "*" in origins else ", ".join(origins))
+    return out
 
 
 def exit_after_shutdown(code: int) -> None:

@@ -123,3 +123,17 @@ def test_a_refused_web_page_is_told_the_flag_and_warned_about_once(url):
     levels = [gate._level(err, o) for o in ["http://a.test", "http://a.test", "http://b.test"]]
     assert levels == [logging.WARNING, logging.INFO, logging.WARNING]
     assert gate._level(APIError(403, "x", code="host_not_allowed"), None) == logging.INFO
+
+
+def test_the_serving_line_says_what_a_client_cannot_do_and_who_may(pair):
+    """A model without tool calls, and the web pages --cors allows, are said at start."""
+    from dflash2_cli.serve_run import who_is_served
+
+    card = create_app(pair, model_name="tiny").state.card
+    said = who_is_served(card, SecurityPolicy(api_key="k"))
+    assert said == ", no tool calls (tools: a 400), API key required"
+    allowed = SecurityPolicy(cors_origins=("http://localhost:3000", "http://x.test"))
+    assert who_is_served(card, allowed).endswith(
+        ", no API key, web pages from http://localhost:3000, http://x.test"
+    )
+    assert who_is_served(card, SecurityPolicy(cors_origins=("*",))).endswith("any origin")

@@ -54,10 +54,15 @@ def test_reply_is_the_chat_reply_as_blocks(client):
     assert r.stop_reason == "end_turn" and r.id.startswith("msg_")
     assert r.usage.output_tokens > 0
     with client.messages.stream(model="tools", messages=tt.HI, max_tokens=64) as s:
-        events = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in s]
+        raw = list(s)
+        events = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in raw]
         final = s.get_final_message()
     assert [b.type for b in final.content] == ["thinking", "text"]
     assert final.content[1].text == chat.content and final.stop_reason == "end_turn"
+    # the stream's usage is the whole message's: dflash2's statistics and cache fields too
+    streamed = next(e for e in raw if e.type == "message_delta").usage.model_dump()
+    assert streamed["dflash2"]["rounds"] == r.usage.model_extra["dflash2"]["rounds"] > 0
+    assert streamed["cache_creation_input_tokens"] == 0
     # as Anthropic's: a thinking block's last delta before its stop is its signature
     first_stop = events.index(("content_block_stop", None))
     assert ("content_block_delta", "signature_delta") in events[:first_stop]

@@ -169,6 +169,7 @@ def create_app(
     )
     app.state.worker, app.state.metrics, app.state.settings = worker, metrics, settings
     app.state.limits, app.state.security, app.state.drain = limits, security, drain
+    app.state.card = card  # the model object /v1/models lists
     _add_error_handlers(app)
     _add_routes(app, handler, drain, card, limits)
     _add_middleware(app, metrics, security)

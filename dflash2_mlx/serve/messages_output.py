@@ -106,11 +106,9 @@ class MessageBuilder:
     def end(self, deltas: list[Delta], finish: str, stop: str | None, usage_: dict) -> list[dict]:
         events = self.feed(deltas) + self._close()
         reason, sequence = self._stop(finish, stop)
-        out = {"output_tokens": usage_["output_tokens"], "input_tokens": usage_["input_tokens"]}
-        out["cache_read_input_tokens"] = usage_["cache_read_input_tokens"]
         delta = {"stop_reason": reason, "stop_sequence": sequence}
-        return events + [
-            {"type": "message_delta", "delta": delta, "usage": out},
+        return events + [  # the whole usage, as a whole message's (dflash2's statistics too)
+            {"type": "message_delta", "delta": delta, "usage": dict(usage_)},
             {"type": "message_stop"},
         ]
 
