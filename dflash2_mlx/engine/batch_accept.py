@@ -60,7 +60,8 @@ def _accept_row(
     n = len(p.drafts) + 1
     logits = shape_logits(fwd.logits[i, :n], run, session.tokens, p.drafts)
     accepted, bonus = accept(logits, p, run.params.sampling, key)
-    widths.observe(p.source, len(p.drafts), accepted)
+    widths.observe(p.source, len(p.drafts), accepted)  # the batch's widths
+    run.observe(p.source, len(p.drafts), accepted)  # its own drafter's (_Run.drafter_span)
     room = run.room
     commit, finish = cut(run, p.drafts[:accepted] + [bonus])
     logprobs = run.logprobs(logits, commit)

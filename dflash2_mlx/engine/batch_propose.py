@@ -28,7 +28,7 @@ def propose_rows(
         verify_keys.append(k_verify)
         try:
             found = dec._model_free(session, run)
-            length = run.span(run.block_at(len(session.tokens)))
+            length = 0 if found is not None else run.drafter_span(len(session.tokens))
             errors.append(None)
         except Exception as e:  # this row's own code: it alone fails
             found, length = None, 0

@@ -169,14 +169,14 @@ class SpeculativeDecoder:
         follows it, else the context's own, else the prediction's after a re-sync: up to
         lookup_block - 1 tokens (no draft pass to pay for them); else the datastore's (up to
         DEFAULT_DATASTORE_LENGTH), at long contexts cut as its source's acceptance pays for
-        (_Run.cut_model_free); else the drafter's block - 1. A greedy round's are cut to
-        what it may commit (_Run.span)."""
+        (_Run.cut_model_free); else the drafter's block - 1 (none while its drafts do not pay:
+        _Run.drafter_span). A greedy round's are cut to what it may commit (_Run.span)."""
         found = self._model_free(session, run)
         if found is not None:
             found = run.cut_model_free(found, len(session.tokens))
         if found is not None and found.drafts:  # cut to nothing: the drafter's round instead
             return found
-        length = run.span(run.block_at(len(session.tokens)))
+        length = run.drafter_span(len(session.tokens))
         if length < 2:
             return NOTHING
         return self._draft(session, anchor, length, run.params.sampling, key)
@@ -239,7 +239,7 @@ class SpeculativeDecoder:
         t1 = time.perf_counter()
         fwd, logits, accepted, bonus = self._verify(session, anchor, proposal, run, k_verify)
         drafted, room = len(proposal.drafts), run.room
-        run.rates.observe(proposal.source, drafted, accepted)
+        run.observe(proposal.source, drafted, accepted)
         commit, finish = self._commit(
             session, run, fwd, drafted + 1, proposal.drafts[:accepted] + [bonus]
         )
