@@ -73,9 +73,9 @@ def _checked(value: dict | None, calls: Calls | None) -> dict | None:
         return None if value is None else closed_objects(value)
     except ValueError as e:
         raise ParameterError(f"unsupported JSON schema: {e}") from None
-    except RecursionError:  # a chain of hundreds of $refs, each inside the last
+    except RecursionError:  # hundreds of levels: objects in objects, or $refs in a chain
         raise ParameterError(
-            "unsupported JSON schema: its $refs nest too deep (hundreds of levels)"
+            "unsupported JSON schema: it nests too deep (hundreds of levels of schemas or $refs)"
         ) from None
 
 

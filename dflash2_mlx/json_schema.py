@@ -3,6 +3,8 @@ list, and the references a tool's parameters may hold."""
 
 from __future__ import annotations
 
+from collections import deque
+
 from .values import is_number
 
 
@@ -302,21 +304,42 @@ def check_can_end(schema) -> None:
     """ValueError where no finite value satisfies `schema` for sure: what it requires (a
     property, an array's first items) refers back to itself through $refs with no way out, so
     a reply could only run until max_tokens cuts it. Where unsure, it passes."""
-    if not isinstance(schema, dict):
+    if not isinstance(schema, dict) or _has_ids(schema):  # $id scopes its $refs: unsure
         return
-    refs = set(_all_refs(schema))
-    ends = {r: False for r in refs}  # least fixpoint: a ref ends once its target can
-    changed = True
-    while changed:
-        changed = False
-        for r in refs:
-            if not ends[r] and (_pointed(schema, r) is None or _can_end(_pointed(schema, r), ends)):
-                ends[r] = changed = True
+    targets = {r: _pointed(schema, r) for r in set(_all_refs(schema))}
+    dependents: dict[str, set] = {r: set() for r in targets}
+    for r, target in targets.items():
+        for inner in set(_all_refs(target)):
+            dependents[inner].add(r)
+    ends = {r: False for r in targets}  # least fixpoint: a ref ends once its target can
+    queue = deque(targets)
+    while queue:  # a ref is looked at again only when one it holds has come to end
+        r = queue.popleft()
+        if not ends[r] and (targets[r] is None or _can_end(targets[r], ends)):
+            ends[r] = True
+            queue.extend(dependents[r])
     if not _can_end(schema, ends):
         raise ValueError(
-            "no finite value satisfies it: a property it requires refers back to it through "
-            "$ref with no way out (make it optional, or allow null)"
+            "no finite value satisfies it: something it requires (a property, an array's "
+            "first items) can only be written by writing itself again, with no way out (make "
+            "it optional, or allow null), or admits nothing (false)"
         )
+
+
+def _has_ids(node) -> bool:
+    """Whether a schema below the root has an `$id` (its $refs resolve against it)."""
+    if isinstance(node, list):
+        return any(_has_ids(v) for v in node)
+    if not isinstance(node, dict):
+        return False
+    return any(
+        k not in _DATA_KEYS and isinstance(v, (dict, list)) and (_id_in(v) or _has_ids(v))
+        for k, v in node.items()
+    )
+
+
+def _id_in(node) -> bool:
+    return isinstance(node, dict) and "$id" in node
 
 
 def _all_refs(node):

@@ -272,10 +272,11 @@ class EventText:
         self.hidden = pair.with_defaults(params).stop_token_ids | hidden  # not text
 
     def chunk(self, ev: RoundEvent) -> TextChunk:
-        visible = [t for t in ev.tokens if t not in self.hidden]
+        shown = [i for i, t in enumerate(ev.tokens) if t not in self.hidden]
+        visible = [ev.tokens[i] for i in shown]
         text, hit = self.stream.feed(visible, final=ev.finish_reason is not None)
         if hit:  # the round's tokens past the stop string's last are not the reply's
-            ev = _cut(ev, self.stream.used)
+            ev = _cut(ev, shown[self.stream.used - 1] + 1)  # hidden ones before it kept
         return TextChunk(text, ev, "stop" if hit else ev.finish_reason, self.stream.hit)
 
 

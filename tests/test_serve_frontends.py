@@ -12,6 +12,7 @@ import pytest
 import tiny
 from test_serve import HI, make_tokenizer, running
 
+from dflash2_mlx import GenerationParams
 from dflash2_mlx.api import Pair
 from dflash2_mlx.serve import create_app
 from dflash2_mlx.serve.schemas import APIError
@@ -137,3 +138,48 @@ def test_the_serving_line_says_what_a_client_cannot_do_and_who_may(pair):
         ", no API key, web pages from http://localhost:3000, http://x.test"
     )
     assert who_is_served(card, SecurityPolicy(cors_origins=("*",))).endswith("any origin")
+
+
+def test_hidden_special_tokens_before_a_stop_string_stay_in_the_reply(pair):
+    """skip_special_tokens hides a special token from the text; a stop string after it in the
+    same round still ends the reply at the token that completes it (the hidden one and that
+    token kept: usage counts both, as without skipping)."""
+    from dflash2_mlx.engine.events import RoundEvent
+    from dflash2_mlx.text import EventText
+
+    a, b = pair.tokenizer.encode("ab")
+    params = GenerationParams(max_tokens=8)
+    hide = frozenset({IM_START})
+    for hidden, text in ((frozenset(), "<|im_start|>"), (hide, "")):
+        chunk = EventText(pair, PROMPT, params, ["a"], hidden).chunk(
+            RoundEvent(tokens=[IM_START, a, b], drafted=2, accepted=2)
+        )
+        assert chunk.text == text and chunk.finish_reason == "stop"
+        assert chunk.event.tokens == [IM_START, a]
+
+
+def test_echo_keeps_a_hidden_generated_tokens_entry(url):
+    """With echo the lists end with the generated token even when skip_special_tokens hides
+    it from the text (lm-eval drops the last entry)."""
+    body = {"prompt": PROMPT, "echo": True, "max_tokens": 1, "logprobs": 1}
+    body |= {"logit_bias": {str(IM_START): 100}, "skip_special_tokens": True}
+    r = post(url, "completions", body).json()["choices"][0]
+    assert r["logprobs"]["tokens"][-1] == "<|im_start|>" and len(r["logprobs"]["tokens"]) == 5
+    assert r["text"] == "".join(r["logprobs"]["tokens"][:-1])
+
+
+@pytest.mark.parametrize("value", ["x", -1])
+def test_a_bad_alias_value_is_named_as_sent(url, value):
+    r = post(url, "chat/completions", {"messages": HI, "repeat_penalty": value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "repeat_penalty", r.text
+    assert "repeat_penalty" in r.json()["error"]["message"]
+
+
+def test_no_limit_values_are_chat_and_completions_only(url):
+    """Anthropic's required max_tokens and Responses' max_output_tokens keep their APIs' rule."""
+    r = httpx.post(
+        f"{url}/v1/messages", json={"model": "tiny", "messages": HI, "max_tokens": -1}, timeout=30
+    )
+    assert r.status_code == 400 and "max_tokens" in r.text
+    r = post(url, "responses", {"input": "hi", "max_output_tokens": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens", r.text

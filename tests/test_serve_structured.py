@@ -274,13 +274,16 @@ def test_a_schema_beyond_the_grammar_engine_is_a_400_whole_and_an_error_event_st
 
 def test_a_schema_with_no_complete_value_is_an_error_not_a_finished_reply(url):
     """llguidance allows the stop token where a value cannot go on ($ref cycles with no base
-    case): the cut JSON used to come back with finish_reason "stop". A schema stuck from its
-    start is refused up front; one stuck midway ends the reply with an error."""
+    case): the cut JSON used to come back with finish_reason "stop". A schema sure to admit no
+    finite value is refused up front (json_schema.check_can_end); one it is unsure of (an $id
+    scopes its refs) and that gets stuck midway ends the reply with an error."""
     cycle = {"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}}
     stuck_at_once = {"$ref": "#/$defs/A", **cycle}
-    midway = {"type": "object", "properties": {"x": {"$ref": "#/$defs/A"}}, "required": ["x"]}
+    props = {"x": {"$ref": "#/$defs/A"}, "y": {"$id": "urn:example:y", "type": "string"}}
+    midway = {"type": "object", "properties": props, "required": ["x"]}
     for schema, needle in (
-        (stuck_at_once, "no value satisfies it"),
+        (stuck_at_once, "value satisfies it"),
+        ({**midway, "properties": props | {"y": {"type": "string"}}, **cycle}, "satisfies it"),
         ({**midway, **cycle}, "admits no complete value"),
     ):
         fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}

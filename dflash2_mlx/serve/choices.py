@@ -107,7 +107,9 @@ def _choice(job: Job, i: int) -> Job:
     sp = job.params.sampling
     seed = None if sp.seed is None else (sp.seed + i) % SEEDS
     params = replace(job.params, sampling=replace(sp, seed=seed))
-    return Job(job.prompt_ids, params, job.stop, job.score, job.generate, job.hidden)
+    choice = Job(job.prompt_ids, params, job.stop, job.score, job.generate, job.hidden)
+    choice.echo = job.echo
+    return choice
 
 
 async def _merged(streams) -> object:

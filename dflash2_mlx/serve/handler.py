@@ -16,15 +16,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..engine.events import GenerationStats
-from ..engine.generation import GenerationParams
-from ..engine.processors import check_penalty, penalties
-from ..errors import ParameterError
 from ..text import quiet_length_warning
 from .chat_prompt import ChatPrompt, ChatTemplate
 from .choices import handle_choices
 from .fim import completion_ids, fim_ids
 from .format import ChatStream, Formatter, ReplyStats, usage
-from .limits import RequestLimits, context_exceeded, prompt_too_long
+from .limits import RequestLimits
+from .plan import past_window, plan
 from .logprobs import EchoedPrompt, LogprobChunks, Logprobs
 from .queue import Item, Job, QueueFull, ShuttingDown, Worker
 from .reply import ChatReply
@@ -35,7 +33,7 @@ from .responses_output import ResponseBuilder, ResponsesStream
 from .responses_output import usage as responses_usage
 from .api_error import loggable, unknown_model
 from .constrained import reply_constraint
-from .schemas import APIError, GenRequest, invalid
+from .schemas import APIError, GenRequest
 from .server_settings import ServerSettings
 from .http_errors import (
     CLIENT_GONE,
@@ -50,13 +48,11 @@ from .stream import PENDING, SSE_KEEPALIVE, UNREAD, Reader, SSEResponse
 log = logging.getLogger("dflash2.serve")
 
 
-# OpenAI's default for a completions request with no max_tokens (chat's: the whole room).
-COMPLETION_MAX_TOKENS = 16
-
-
-def _unset_default(req: GenRequest, room: int) -> int:
-    """max_tokens for a request that gives none when the server sets no default."""
-    return COMPLETION_MAX_TOKENS if req.kind == "completion" else room
+async def echo_scores(item: Item, lp: Logprobs, reader: Reader, watch_client=False, timeout=None):
+    """A "scores" item (an echoed prompt's log-probabilities, before its completion's) given
+    to `lp`; the item after it."""
+    lp.echo_prompt(reader.job.echo, item.event)
+    return await reader.next(watch_client=watch_client, timeout=timeout)
 
 
 class Handler:
@@ -93,64 +89,6 @@ class Handler:
             return ()
         return tuple(self.pair.tokenizer.encode(req.prediction, add_special_tokens=False))
 
-    def plan(
-        self,
-        req: GenRequest,
-        ids: list[int],
-        predicted: tuple[int, ...],
-        constraint=None,  # GenerationParams.constraint
-    ) -> GenerationParams:
-        s = self.s
-        where = "messages" if req.kind == "chat" else "prompt"
-        if not ids:
-            raise invalid(where, "the prompt is empty after tokenization")
-        room = s.context - len(ids)
-        if room < 1:
-            if req.anthropic:
-                raise prompt_too_long(s.context, len(ids))
-            raise context_exceeded(s.context, where, len(ids))
-        max_tokens = req.max_tokens
-        if max_tokens is None:
-            max_tokens = min(s.default_max_tokens or _unset_default(req, room), room)
-        elif self.past_window(req, len(ids)):
-            max_tokens = room  # Anthropic's newer models: up to the context's end
-        elif max_tokens > room:
-            raise context_exceeded(
-                s.context, where, len(ids), max_tokens, param=req.max_tokens_param
-            )
-        if predicted and not s.speculative:
-            raise invalid(
-                "prediction",
-                "Predicted Outputs are a drafting hint and this server decodes without drafts "
-                "(--no-spec): leave prediction out",
-            )
-        sampling = s.sampling.complete(req.sampling_fields)
-        return GenerationParams(
-            max_tokens=max(max_tokens, 1),  # 0: a prompt only echoed (Job.generate)
-            sampling=sampling,
-            **s.drafting_fields(sampling),
-            prediction=predicted,
-            constraint=constraint,
-            logits_processors=self.processors(req, len(ids)),
-            logprobs=req.logprobs,
-        )
-
-    def past_window(self, req: GenRequest, prompt_tokens: int) -> bool:
-        """A Messages request whose max_tokens goes past the context: it generates up to the
-        context's end (stop_reason model_context_window_exceeded), not a 400."""
-        asked = req.max_tokens
-        return req.anthropic and asked is not None and prompt_tokens + asked > self.s.context
-
-    def processors(self, req: GenRequest, prompt_tokens: int) -> tuple:
-        """The request's penalties and logit_bias as logits processors (presence and frequency
-        count the completion's tokens, after the prompt's `prompt_tokens`)."""
-        for name, value in req.penalties.items():
-            try:
-                check_penalty(name, value, self.s.vocab)
-            except ParameterError as e:
-                raise invalid(name, str(e)) from None
-        return penalties(self.s.vocab, prompt_tokens, **req.penalties)
-
     # ------------------------------------------------------------------ the request
     async def handle(self, request: Request, req: GenRequest) -> Response:
         try:
@@ -177,7 +115,8 @@ class Handler:
         return {"input_tokens": len(prompt.ids)}
 
     def _encode(self, req: GenRequest):
-        """(chat prompt or None, prompt ids, stop strings, predicted ids, grammar or None)."""
+        """(chat prompt or None, prompt ids, stop strings, predicted ids, grammar or None,
+        the echoed prompt or None)."""
         prompt, stop = None, req.stop
         if req.kind == "chat":
             prompt = self.chat_prompt(req)
@@ -187,7 +126,8 @@ class Handler:
         predicted = self.predicted_ids(req)
         self.limits.check_tokens(req, ids, predicted)  # before a grammar compiles for nothing
         constraint = reply_constraint(self.pair, req, prompt, self.s.thinking_budget)
-        return prompt, ids, stop, predicted, constraint
+        echo = EchoedPrompt.of(self.pair.tokenizer, ids) if req.echo else None
+        return prompt, ids, stop, predicted, constraint, echo
 
     def reserve(self, count: int = 1) -> None:
         """Places in the queue, or a 503 (full: with Retry-After; shutting down)."""
@@ -211,13 +151,14 @@ class Handler:
         self.reserve()
         try:
             loop = asyncio.get_running_loop()
-            prompt, ids, stop, predicted, grammar = await loop.run_in_executor(
+            prompt, ids, stop, predicted, grammar, echo = await loop.run_in_executor(
                 self.tokenizer_thread, self._encode, req
             )
-            params = self.plan(req, ids, predicted, grammar)
+            params = plan(self.s, req, ids, predicted, grammar)
             score = req.logprobs if req.echo else None  # the prompt's own, echoed first
             hidden = self.special_ids if req.skip_special_tokens else frozenset()
             job = Job(ids, params, stop, score, req.max_tokens != 0, hidden)
+            job.echo = echo
         except BaseException:
             self.worker.unreserve()
             raise
@@ -267,10 +208,6 @@ class Handler:
         tok, stop_ids = self.pair.tokenizer, self.pair.eos_ids
         return Logprobs(tok, req.kind, stop_ids, job.prompt_ids, hidden=job.hidden)
 
-    def echo_of(self, req: GenRequest, job: Job) -> EchoedPrompt | None:
-        """A completion's prompt as `echo` returns it before the completion (None: no echo)."""
-        return EchoedPrompt.of(self.pair.tokenizer, job.prompt_ids) if req.echo else None
-
     def usage_of(
         self,
         req: GenRequest,
@@ -309,7 +246,7 @@ class Handler:
         """The whole response's body (a Response when the client left or the job failed)."""
         stats = GenerationStats() if stats is None else stats
         parts, deltas, finish, sent, stop = [], [], "length", 0, None
-        echo = self.echo_of(req, reader.job)
+        echo = reader.job.echo
         if echo is not None:
             parts, sent = [echo.text], len(echo.text)
         while True:
@@ -319,9 +256,8 @@ class Handler:
                 return error_response(from_worker(item.error), reader.request)
             if item.kind == "done":
                 break
-            if item.kind == "scores":  # an echoed prompt's log-probabilities
-                lp.echo_prompt(echo, item.event)
-                item = await reader.next(watch_client=True)
+            if item.kind == "scores":
+                item = await echo_scores(item, lp, reader, watch_client=True)
                 continue
             stats.add(item.event)
             if lp is not None:
@@ -343,7 +279,9 @@ class Handler:
             builder = self._response_builder(req)
             return builder.whole(deltas + more, finish, responses_usage(usage_))
         if req.anthropic:
-            message = MessageBuilder(self.s.model_name, req.stop, self.past_window(req, n_prompt))
+            message = MessageBuilder(
+                self.s.model_name, req.stop, past_window(self.s, req, n_prompt)
+            )
             return message.whole(deltas + more, finish, stop, messages_usage(usage_))
         return fmt.full(
             "".join(reply.content),
@@ -376,7 +314,9 @@ class Handler:
         if req.responses is not None:
             out = ResponsesStream(self._response_builder(req))
         elif req.anthropic:
-            builder = MessageBuilder(self.s.model_name, req.stop, self.past_window(req, n_prompt))
+            builder = MessageBuilder(
+                self.s.model_name, req.stop, past_window(self.s, req, n_prompt)
+            )
             out = MessagesStream(builder, n_prompt)
         else:
             tools = reply is not None and reply.tools is not None
@@ -390,12 +330,10 @@ class Handler:
         finish, stop = "length", None
         for line in out.start(item):
             yield line
-        echo = self.echo_of(req, reader.job)
-        if echo is not None:
-            if item.kind == "scores":  # the prompt's log-probabilities go with its text
-                lp.echo_prompt(echo, item.event)
-                item = await reader.next(watch_client=False, timeout=self.limits.keepalive_s)
-            for line in out.echo(echo.text):
+        if reader.job.echo is not None:  # the prompt first, with its log-probabilities
+            if item.kind == "scores":
+                item = await echo_scores(item, lp, reader, timeout=self.limits.keepalive_s)
+            for line in out.echo(reader.job.echo.text):
                 yield line
         quiet = time.monotonic()  # since the client last got a line
         while item.kind in ("chunk", "pending"):  # Starlette watches the client

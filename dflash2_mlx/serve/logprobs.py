@@ -48,11 +48,11 @@ class Logprobs:
 
     def add(self, event: RoundEvent) -> None:
         for lp in event.logprobs:
-            if lp.token in self.hidden and lp.token not in self.stop_ids:
-                continue
-            if self.keep_stop or lp.token not in self.stop_ids:
+            hidden = lp.token in self.hidden and lp.token not in self.stop_ids
+            if self.keep_stop or not (hidden or lp.token in self.stop_ids):
                 self.entries.append((self.base + len(self.decoder.text), lp))
-                self.decoder.add([lp.token])
+                if not hidden:  # not text: the next token's starts where it would have
+                    self.decoder.add([lp.token])
 
     def take(self, sent: int, whole: bool = False, end: bool = False) -> dict | None:
         """The entries of the tokens starting in the first `sent` characters of the text as a

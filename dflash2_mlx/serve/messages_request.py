@@ -22,7 +22,7 @@ import re
 from .api_error import APIError, brief, check_object, invalid, renamed
 from .chat_messages import add_piece, join_pieces
 from .messages_options import apply_output_config, apply_thinking, apply_tool_choice, chat_tools
-from .schemas import GenRequest, parse_chat
+from .schemas import GenRequest, check_token_limit, parse_chat
 from .unused_fields import ANTHROPIC, check_unused
 
 _SAME = ("model", "stream", "temperature", "top_p", "top_k", "max_tokens")
@@ -85,6 +85,7 @@ def parse_messages(body: dict) -> GenRequest:
     check_unused(body, ANTHROPIC)
     if body.get("max_tokens") is None:
         raise invalid("max_tokens", "max_tokens: Field required", "missing_required_parameter")
+    check_token_limit(body, "max_tokens")
     chat = {k: body[k] for k in _SAME if k in body}
     chat["messages"], origin = _messages(body)
     stops = body.get("stop_sequences")

@@ -29,7 +29,7 @@ from .responses_options import (
     wants_encrypted_reasoning,
 )
 from .responses_output import unseal
-from .schemas import GenRequest, parse_chat
+from .schemas import GenRequest, check_token_limit, parse_chat
 from .unused_fields import OPENAI, check_unused
 
 # Responses field -> its chat field (the same meaning and checks).
@@ -103,6 +103,7 @@ def parse_responses(body: dict, recent: RecentItems | None = None) -> GenRequest
     messages, origin = _messages(body, tools)
     chat["messages"] = messages
     if body.get("max_output_tokens") is not None:
+        check_token_limit(body, "max_output_tokens")
         chat["max_completion_tokens"] = body["max_output_tokens"]
     soft = tools.make_strict_by_default()
     if body.get("tools") is not None:

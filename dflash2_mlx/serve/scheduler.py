@@ -249,7 +249,6 @@ class Scheduler:
         """A step failed: every running job gets the error; the batch starts over."""
         if not isinstance(e, DFlash2Error):
             log.exception("generation failed: %d running requests end", len(self.running))
-        for r in [*self.running.values(), *self.scoring]:
+        for r in list(self.running.values()):  # the jobs being scored are not in it
             self._fail(r, e, logged=True)
-        self.scoring.clear()
         self.batch = self.pair.batch(self.max_batch, self.width_cost)

@@ -177,6 +177,15 @@ def _sampling(body: dict) -> dict[str, Any]:
     return given
 
 
+def check_token_limit(body: dict, name: str) -> None:
+    """A 400 for a limit below 1 where no "no limit" value is taken (/v1/messages' required
+    max_tokens, /v1/responses' max_output_tokens: their APIs' own rule), before the body
+    becomes a chat one (whose max_tokens takes -1 and -2: NO_LIMIT)."""
+    v = body.get(name)
+    if is_int(v) and v < 1:
+        raise invalid(name, f"{name} must be >= 1; got {v}")
+
+
 def _common(body: dict, kind: str, max_param: str, least: int = 1) -> GenRequest:
     """The fields chat and completions share; max_tokens >= `least` (0: an echo's)."""
     model = optional(body, "model", lambda v: isinstance(v, str), "a string")

@@ -250,7 +250,7 @@ class SecurityGate:
             )
             if not own:
                 if "*" not in p.cors_origins and origin.lower().rstrip("/") not in p.cors_origins:
-                    named = origin.lower().rstrip("/")[:60]
+                    named = origin.lower().rstrip("/")[:200]
                     raise APIError(
                         403,
                         f"cross-origin requests from {origin[:60]!r} are not allowed: to let "

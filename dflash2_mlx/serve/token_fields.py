@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engine.processors import check_penalty
+from ..errors import ParameterError
 from ..values import is_int, is_number
 from .api_error import brief, invalid, optional
 
@@ -25,17 +27,17 @@ ALIASES = {"repeat_penalty": "repetition_penalty"}
 
 def parse_penalties(body: dict) -> dict[str, Any]:
     """The penalty and logit_bias fields given (null: not given), typed; their values are
-    checked against the model when its processors are built (processors.penalties)."""
+    checked against the model when its processors are built (processors.penalties). An
+    alias's value is checked under the name it was sent by."""
     given = {}
     for alias, name in ALIASES.items():
-        v = body.get(alias)
-        if v is not None and body.get(name) is not None and body[name] != v:
+        v, own = body.get(alias), body.get(name)
+        if v is not None and own is not None and own != v:
             raise invalid(alias, f"{alias} and {name} disagree; send one")
-        if v is not None:
-            body = {**body, name: v}
-    for name in PENALTIES:
-        v = body.get(name)
-        if v is None:
+    sent = [(n, n) for n in PENALTIES] + list(ALIASES.items())
+    for field, name in sent:
+        v = body.get(field)
+        if v is None or name in given:
             continue
         if name == "logit_bias":
             if not isinstance(v, dict):
@@ -47,7 +49,12 @@ def parse_penalties(body: dict) -> dict[str, Any]:
             v = {int(k): w for k, w in v.items()}
         elif not (is_int(v) if name == "repetition_context_size" else is_number(v)):
             kind = "an integer" if name == "repetition_context_size" else "a number"
-            raise invalid(name, f"{name} must be {kind}; got {brief(v)}", "invalid_type")
+            raise invalid(field, f"{field} must be {kind}; got {brief(v)}", "invalid_type")
+        elif field != name:  # its range now, named as sent (the handler checks by our name)
+            try:
+                check_penalty(name, v, 0)
+            except ParameterError as e:
+                raise invalid(field, str(e).replace(name, field, 1)) from None
         given[name] = v
     return given
 
