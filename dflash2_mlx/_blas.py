@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import subprocess
 import tempfile
 import sys
@@ -153,10 +154,12 @@ def _build_shim(shim: Path, source: str) -> None:
     shim.parent.mkdir(parents=True, exist_ok=True)
     src = shim.with_suffix(f".{os.getpid()}.c")  # processes building at once never share one
     src.write_text(source)
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    # $CC whole (a wrapper: "ccache gcc"); Python's own CC without the flags it was built with
+    given = os.environ.get("CC")
+    cc = shlex.split(given) if given else (sysconfig.get_config_var("CC") or "cc").split()[:1]
     tmp = shim.with_suffix(f".{os.getpid()}.tmp")
     cmd = [
-        *cc.split()[:1],
+        *cc,
         "-O3",  # unrolls the kernel's loops, which keeps its sums in registers
         "-pthread",
         "-shared",
@@ -172,7 +175,10 @@ def _build_shim(shim: Path, source: str) -> None:
             cmd.append("-DDFLASH2_FORWARD_ONLY")
             subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise RuntimeError(f"could not compile the BLAS shim ({' '.join(cmd)}): {exc}")
+        raise RuntimeError(
+            f"could not compile the BLAS shim ({' '.join(cmd)}): {exc}; install a C compiler "
+            "(apt install gcc) or name one in CC"
+        )
     finally:
         src.unlink(missing_ok=True)
     os.replace(tmp, shim)

@@ -66,8 +66,12 @@ def calibrate(
     rounds: list[tuple[int, int]] = []
     looked_up: Counter = Counter()
     sampling = SamplingParams(temperature=temperature, seed=0 if temperature else None)
-    params = GenerationParams(
-        max_tokens=max_tokens, block_size=block, lookup_block=lookup_block, sampling=sampling
+    params = GenerationParams(  # every drafter round drafts: what the block does (no back-off)
+        max_tokens=max_tokens,
+        block_size=block,
+        lookup_block=lookup_block,
+        sampling=sampling,
+        backoff=False,
     )
     for i, p in enumerate(prompts):
         ids = chat_prompt_ids(pair.tokenizer, p.messages, thinking=thinking)

@@ -412,3 +412,22 @@ def test_a_compiler_that_cannot_build_the_kernel_still_gets_openblas(tmp_path):
     assert got["kernel"] is None and got["worst"] < 1e-2, (got, err)
     fast, err = probe({**env, "DFLASH2_BLAS": "auto"})
     assert fast["blas"] in ("system-openblas", "scipy-openblas"), (fast, err)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the BLAS binding only acts on Linux")
+def test_cc_is_taken_whole_and_a_missing_compiler_is_named_with_a_remedy(tmp_path):
+    """CC="ccache gcc" (a wrapper, then the compiler) builds the kernel: only the first word
+    was kept. Without a compiler the warning says what to install."""
+    import shutil
+    import sysconfig
+
+    real_cc = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) or "cc"
+    run = {"DFLASH2_BLAS_THREADS": "1", "DFLASH2_BLAS": "auto"}
+    plain, err = probe({**run, "DFLASH2_HOME": str(tmp_path / "a"), "CC": real_cc}, KERNEL_PROBE)
+    wrapped, err = probe(
+        {**run, "DFLASH2_HOME": str(tmp_path / "b"), "CC": f"env {real_cc}"}, KERNEL_PROBE
+    )
+    assert wrapped["kernel"] == plain["kernel"] and wrapped["worst"] < 1e-2, (wrapped, err)
+    got, err = probe({**run, "DFLASH2_HOME": str(tmp_path / "c"), "CC": str(tmp_path / "no-cc")})
+    if got["blas"] == "stock":  # no system OpenBLAS to fall back on: the shim was needed
+        assert "install a C compiler" in err, err

@@ -75,3 +75,16 @@ def test_a_seeded_request_backs_off_alike_in_a_batch(decoder):
     for i, ev in BatchDecoder(decoder, max_batch=2).stream(zip(PROMPTS, params)):
         out[i].extend(ev.tokens)
     assert out == alone
+
+
+def test_backoff_false_drafts_every_round_as_measurements_need(decoder):
+    """The autotuner and `dflash2 evaluate` measure what a block does: no back-off there."""
+    from dflash2_mlx import ParameterError
+
+    params = GenerationParams(max_tokens=40, backoff=False)
+    events = [ev for ev in decoder.stream(PROMPTS[0], params) if not ev.prefill]
+    assert all(
+        ev.drafted > 0 for ev in events if ev.source == "drafter" and ev.finish_reason is None
+    )
+    with pytest.raises(ParameterError, match="backoff must be True or False"):
+        GenerationParams(backoff="no")

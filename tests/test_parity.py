@@ -364,7 +364,9 @@ def our_generate(decoder, prompt, log, **kw):
     original = decoder._draft
     decoder._draft = draft
     try:
-        return [ev.tokens for ev in decoder.stream(prompt, GenerationParams(**kw))]
+        # the official loop drafts every round: no back-off (engine/generation.py BACKOFF_*)
+        params = GenerationParams(**kw, backoff=False)
+        return [ev.tokens for ev in decoder.stream(prompt, params)]
     finally:
         del decoder._draft
 

@@ -36,6 +36,10 @@ class GenerationParams:
     sampling: SamplingParams = SamplingParams()
     block_size: int | None = None  # None = the drafter's trained block size
     speculative: bool = True  # False = plain decoding with the same sampler
+    # True: drafter rounds verify the anchor alone while the drafter's drafts seldom pass
+    # (BACKOFF_*); False: every drafter round drafts its block (what measuring a block needs:
+    # the autotuner, `dflash2 evaluate`). The output never depends on it beyond its draws.
+    backoff: bool = True
     stop_token_ids: frozenset[int] = frozenset()
     # A guess of the answer's tokens (OpenAI's Predicted Outputs): drafted from where the
     # answer follows it; never changes the output.
@@ -77,8 +81,9 @@ class GenerationParams:
             raise ParameterError(
                 f"sampling must be a SamplingParams, got {type(self.sampling).__name__}"
             )
-        if not isinstance(self.speculative, bool):
-            raise ParameterError(f"speculative must be True or False, got {self.speculative!r}")
+        for name in ("speculative", "backoff"):
+            if not isinstance(getattr(self, name), bool):
+                raise ParameterError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if (
             not isinstance(self.max_tokens, int)
             or isinstance(self.max_tokens, bool)
@@ -230,7 +235,7 @@ class _Run:
         (BACKOFF_RATE), but for a probe every PROBE_EVERY rounds. Its acceptance alone decides
         it, so a request backs off alike alone and in a batch."""
         length = self.span(self.block_at(context))
-        if length < 2 or self.drafter_rounds < BACKOFF_AFTER:
+        if length < 2 or not self.params.backoff or self.drafter_rounds < BACKOFF_AFTER:
             return length
         if self.rates.rate("drafter") >= BACKOFF_RATE or self.since_drafted + 1 >= PROBE_EVERY:
             return length

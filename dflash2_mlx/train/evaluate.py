@@ -58,6 +58,7 @@ def measure_tau(
                     sampling=SamplingParams(
                         temperature=temp, seed=(seed + i) % SEEDS, **(filters or {})
                     ),
+                    backoff=False,  # τ of the block itself: every drafter round drafts
                 )
                 for ev in pair.stream(ids, params):
                     per_cat[p.category].add(ev)
