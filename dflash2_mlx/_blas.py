@@ -8,7 +8,8 @@ Routes, in order: a system OpenBLAS (Debian `libopenblas0-pthread`), else the pi
 `scipy-openblas32` (its symbols carry a `scipy_` prefix). Either is reached through a small C
 shim (`cblas_shim.c`, compiled once into the user cache) that computes products of a few rows
 itself, where OpenBLAS is slowest. `DFLASH2_BLAS=openblas` keeps OpenBLAS alone,
-`DFLASH2_BLAS=stock` the reference BLAS. No effect on macOS (Accelerate is used).
+`DFLASH2_BLAS=stock` the reference BLAS, `DFLASH2_BLAS=avx2` caps the kernel at AVX2 (what a
+Haswell or Zen 2/3 CPU runs, tested on an AVX-512 one). No effect on macOS (Accelerate).
 """
 
 from __future__ import annotations
@@ -109,10 +110,11 @@ def _shim() -> Path:
 
 
 def _load(
-    path: str, prefix: str, kernel: bool, asked: bool
+    path: str, prefix: str, kernel: bool, asked: bool, most: int = 2
 ) -> tuple[ctypes.CDLL, str | None, int, int]:
     """Load an OpenBLAS behind the shim; returns its handle, the shim's kernel in use, the
-    most rows that kernel takes and its threads (`asked`: see kernel_threads).
+    most rows that kernel takes and its threads (`asked`: see kernel_threads; `most`: the
+    highest kernel allowed, 2 AVX-512, 1 AVX2).
 
     The library is opened privately and its gemm entry points looked up, and the shim is
     initialised with them before it takes the global cblas_* names, so that no failure leaves
@@ -130,7 +132,7 @@ def _load(
         return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), None, 0, 0
     rows = KERNEL_MAX_ROWS if kernel else 0
     threads = kernel_threads(_threads_in_use(handle) or 1, asked)
-    level = shim.dflash2_cblas_init(*gemms, *map(ctypes.c_int, (rows, 2, threads)))
+    level = shim.dflash2_cblas_init(*gemms, *map(ctypes.c_int, (rows, most, threads)))
     _HANDLES.append(ctypes.CDLL(shim_path, mode=ctypes.RTLD_GLOBAL))  # initialised: now global
     name = _KERNEL_NAMES.get(level)
     if not name:
@@ -250,8 +252,10 @@ def bind(mode: str | None = None) -> BlasInfo:
     if mode == "stock":
         _INFO = BlasInfo("stock", None, "DFLASH2_BLAS=stock: reference BLAS kept by request")
         return _INFO
-    if mode not in ("auto", "openblas"):
-        warnings.warn(f"DFLASH2_BLAS={mode!r} is not one of auto, openblas, stock; using auto")
+    if mode not in ("auto", "openblas", "avx2"):
+        warnings.warn(
+            f"DFLASH2_BLAS={mode!r} is not one of auto, openblas, avx2, stock; using auto"
+        )
         mode = "auto"
     late = "mlx.core" in sys.modules
     # OpenBLAS spin-waits its threads: with 2 threads on a 2-core machine that is also running
@@ -266,7 +270,8 @@ def bind(mode: str | None = None) -> BlasInfo:
             path = find()
             if path is None:
                 continue
-            handle, kernel, rows, kthreads = _load(path, prefix, mode != "openblas", asked)
+            most = 1 if mode == "avx2" else 2
+            handle, kernel, rows, kthreads = _load(path, prefix, mode != "openblas", asked, most)
         except Exception as exc:  # noqa: BLE001 - report and try the next route
             errors.append(f"{route}: {exc}")
             continue

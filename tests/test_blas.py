@@ -1,6 +1,7 @@
 """The optimized BLAS is bound on Linux (and can be opted out of)."""
 
 import json
+from pathlib import Path
 import os
 import subprocess
 import sys
@@ -252,6 +253,34 @@ def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opt
     for run in (on, two, default):
         assert run["rows"] == 24 and all(run["as_kernel"][str(m)] for m in (1, 3, 4, 17, 24)), run
         assert not any(run["as_kernel"][str(m)] for m in (25, 40)), run  # OpenBLAS's
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")
+def test_the_avx2_kernel_runs_through_mlx_where_asked():
+    """DFLASH2_BLAS=avx2: MLX's few-row products are the AVX2 kernel's own (what a Haswell or
+    Zen 2/3 CPU runs), right within float32's rounding; greedy decoding stays exact there."""
+    with open("/proc/cpuinfo") as f:
+        if " avx2 " not in f.read():
+            pytest.skip("this CPU has no AVX2")
+    run, err = probe({"DFLASH2_BLAS": "avx2", "DFLASH2_BLAS_THREADS": "2"}, KERNEL_PROBE)
+    if run["kernel"] is None:
+        pytest.skip(f"the BLAS shim's kernel cannot be built here: {err}")
+    assert run["kernel"] == "avx2" and run["worst"] < 1e-2, run
+    assert all(run["as_kernel"][str(m)] for m in (1, 3, 4, 17, 24)), run
+    code = (
+        f"import json, sys, dflash2_mlx; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import tiny\n"
+        "from dflash2_mlx import GenerationParams, SpeculativeDecoder\n"
+        "from dflash2_mlx.target.adapter import TargetAdapter\n"
+        "m = tiny.make_target('qwen3'); d = tiny.make_drafter(2, block_size=8)\n"
+        "dec = SpeculativeDecoder(TargetAdapter(m, d.config.target_layer_ids), d)\n"
+        "p = [3, 9, 4, 12, 7, 30]\n"
+        "got = dec.generate(p, GenerationParams(max_tokens=40, backoff=False))\n"
+        "print(json.dumps({'same': got == tiny.greedy_reference(m, p, 40),\n"
+        "                  'kernel': dflash2_mlx._blas.info().kernel}))\n"
+    )
+    out, err = probe({"DFLASH2_BLAS": "avx2"}, code)
+    assert out == {"same": True, "kernel": "avx2"}, (out, err)
 
 
 # (m, n, k) whose products are split into chunks over threads (n * k >= 2^16), with row
