@@ -4,21 +4,20 @@ official `openai` client, as an evaluation harness (lm-evaluation-harness's
 `local-completions`) asks for a loglikelihood. The numbers are compared with the log-softmax
 of the target's own forward over the whole prompt, within float tolerance (the scoring runs in
 chunks: other matmul shapes)."""
+# ruff: noqa: F811  (test_serve's fixtures, imported by name, are the tests' arguments)
 
 from __future__ import annotations
 
 import httpx
 import mlx.core as mx
 import numpy as np
-import openai
 import pytest
 import tiny
-from test_serve import EOS, make_tokenizer, running
+from test_serve import EOS, client, make_tokenizer, pair, url  # noqa: F401  (its fixtures)
 
 from dflash2_mlx.api import Pair
 from dflash2_mlx.engine.scoring import PromptScoring
 from dflash2_mlx.errors import ParameterError
-from dflash2_mlx.serve import create_app
 
 PROMPT = [3, 9, 4, 12, 7, 7, 30, 5, 18, 22, 9, 41, 6]
 
@@ -27,23 +26,6 @@ def reference(model, ids: list[int]) -> np.ndarray:
     """Row i: the target's log-probabilities after ids[: i + 1], one forward of all of them."""
     logits = model(mx.array(ids)[None])[0].astype(mx.float32)
     return np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
-
-
-@pytest.fixture(scope="module")
-def pair():
-    model = tiny.make_target("llama")
-    return Pair.from_models(model, make_tokenizer(), tiny.make_drafter(2, block_size=4))
-
-
-@pytest.fixture(scope="module")
-def url(pair):
-    with running(create_app(pair, model_name="tiny", default_max_tokens=16)) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_5"])

@@ -2,6 +2,7 @@
 completions), against a real uvicorn server on 127.0.0.1: the fields they always send pass
 where they change nothing, are honoured where they do, and are refused with a 400 naming them
 otherwise; a web page's origin the server refuses is told the flag that allows it."""
+# ruff: noqa: F811  (test_serve's fixtures, imported by name, are the tests' arguments)
 
 from __future__ import annotations
 
@@ -9,30 +10,15 @@ import logging
 
 import httpx
 import pytest
-import tiny
-from test_serve import HI, make_tokenizer, running
+from test_serve import HI, pair, url  # noqa: F401  (its fixtures)
 
 from dflash2_mlx import GenerationParams
-from dflash2_mlx.api import Pair
 from dflash2_mlx.serve import create_app
 from dflash2_mlx.serve.schemas import APIError
 from dflash2_mlx.serve.security import SecurityGate, SecurityPolicy
 
 IM_START = 1  # a special token of the tiny tokenizer (not its EOS)
 PROMPT = [3, 9, 4, 12]
-
-
-@pytest.fixture(scope="module")
-def pair():
-    model = tiny.make_target("llama")
-    return Pair.from_models(model, make_tokenizer(), tiny.make_drafter(2, block_size=4))
-
-
-@pytest.fixture(scope="module")
-def url(pair):
-    app = create_app(pair, model_name="tiny", default_max_tokens=12)
-    with running(app) as base:
-        yield base
 
 
 def post(url, path, body):
