@@ -105,6 +105,8 @@ def _numbers_bounded(node: dict) -> dict:
     low = next((node[k] for k in ("minimum", "exclusiveMinimum") if k in node), None)
     high = next((node[k] for k in ("maximum", "exclusiveMaximum") if k in node), None)
     out = dict(node)
+    if limit == _INTEGER_LIMIT:  # bounds past what a double holds exactly: held within it
+        low, high = _integer_bounds(out, low, high)
     if high is None and not (is_number(low) and low >= limit):
         out["maximum"] = limit
     if low is None and not (is_number(high) and high <= -limit):
@@ -112,6 +114,24 @@ def _numbers_bounded(node: dict) -> dict:
     if "number" in types and low is None and high is None and "multipleOf" not in node:
         out["multipleOf"] = _DECIMALS
     return out
+
+
+def _integer_bounds(out: dict, low, high) -> tuple:
+    """An integer schema's bounds past 2**53 - 1 (llguidance rounds them to doubles, letting
+    2**53 pass a minimum of 2**53 + 1) replaced in `out` by that limit, which every value kept
+    meets; a ValueError where no value within it does. Returns the (low, high) left."""
+    if is_number(low) and low > _INTEGER_LIMIT or is_number(high) and high < -_INTEGER_LIMIT:
+        raise ValueError(
+            f"integer bounds past 2**53 ({low if is_number(low) else high}) cannot be held "
+            "exactly: JSON numbers that large lose digits in most parsers"
+        )
+    if is_number(high) and high > _INTEGER_LIMIT:
+        out.pop("exclusiveMaximum", None)
+        out["maximum"] = high = _INTEGER_LIMIT
+    if is_number(low) and low < -_INTEGER_LIMIT:
+        out.pop("exclusiveMinimum", None)
+        out["minimum"] = low = -_INTEGER_LIMIT
+    return low, high
 
 
 def _keys_listed(node: dict, defs: dict) -> dict:
@@ -379,8 +399,15 @@ def _can_end(node, ends: dict) -> bool:
 
 def _object_ends(node: dict, ends: dict) -> bool:
     props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-    required = _listed(node.get("required"))
-    return all(_can_end(props[k], ends) for k in required if isinstance(k, str) and k in props)
+    required = {k for k in _listed(node.get("required")) if isinstance(k, str)}
+    if not all(_can_end(props[k], ends) for k in required if k in props):
+        return False
+    least = node.get("minProperties", 0)
+    closed = props and not any(k in node for k in _COMBINED + _OTHER_KEYS)  # closed_objects'
+    if not closed or not isinstance(least, int) or least <= len(required):
+        return True
+    optional = sum(_can_end(v, ends) for k, v in props.items() if k not in required)
+    return len(required) + optional >= least
 
 
 def _array_ends(node: dict, ends: dict) -> bool:

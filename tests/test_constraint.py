@@ -555,7 +555,7 @@ def test_numbers_take_at_most_16_digits_and_10_decimals(qwen_like):
     g = grammars.json_schema({"type": "object", "properties": {"x": {"type": ["number", "null"]}}})
     assert _accepts(g, hf, '{"x": 3.1415926535}') and _accepts(g, hf, '{"x": null}')
     assert not _accepts(g, hf, '{"x": 3.14159265358}')  # 11 decimals
-    own = {"type": "integer", "minimum": 0, "exclusiveMaximum": 10**20}
+    own = {"type": "integer", "minimum": 0, "exclusiveMaximum": 10**15}
     assert closed_objects(own) == own  # bounded by the schema: left as it is
     big = {"type": "number", "minimum": 1e20}  # a maximum of ours would admit nothing
     assert closed_objects(big) == big
@@ -692,6 +692,9 @@ def _chain(n: int) -> dict:
         ({"type": "array", "items": {"$ref": "#"}, "minItems": 1}, False),
         ({"type": "array", "items": {"$ref": "#"}}, True),  # [] ends it
         ({"type": ["object", "null"], "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, True),
+        # a closed object of one key that must be there (minProperties): that key's cycle
+        ({"type": "object", "properties": {"a": {"$ref": "#"}}, "minProperties": 1}, False),
+        ({"type": "object", "properties": {"a": {"$ref": "#"}, "b": {}}, "minProperties": 1}, True),
     ],
 )
 def test_a_schema_no_finite_value_satisfies_is_refused(char_pair, schema, admits):
@@ -711,3 +714,17 @@ def test_a_chain_of_hundreds_of_refs_is_a_parameter_error(char_pair):
     char_pair.json_schema(_chain(20))
     with pytest.raises(ParameterError, match="nests too deep"):
         char_pair.json_schema(_chain(2000))
+
+
+def test_integer_bounds_past_a_double_are_held_within_it(char_pair):
+    """llguidance rounds bounds to doubles (a minimum of 2**53 + 1 let 2**53 through): bounds
+    past 2**53 - 1 are held at it, where every value kept meets them, and refused where no
+    value within it would."""
+    tok = char_pair.tokenizer
+    g = char_pair.grammars.json_schema({"type": "integer", "minimum": 0, "maximum": 2**64 - 1})
+    assert _accepts(g, tok, str(2**53 - 1)) and not _accepts(g, tok, str(2**53))
+    g = char_pair.grammars.json_schema({"type": "integer", "exclusiveMinimum": -(2**60)})
+    assert _accepts(g, tok, str(-(2**53) + 1)) and not _accepts(g, tok, str(-(2**53)))
+    for bound in ({"minimum": 2**53 + 1}, {"exclusiveMaximum": -(2**53) - 5}):
+        with pytest.raises(ParameterError, match="past 2"):
+            char_pair.json_schema({"type": "integer", **bound})

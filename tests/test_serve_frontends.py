@@ -104,7 +104,7 @@ def test_a_refused_web_page_is_told_the_flag_and_warned_about_once(url):
         timeout=30,
     )
     assert r.status_code == 403
-    assert "start it with --cors http://localhost:3001" in r.json()["error"]["message"]
+    assert "--cors origins: --cors http://localhost:3001" in r.json()["error"]["message"]
     gate = SecurityGate(None, SecurityPolicy())
     err = APIError(403, "refused", code="origin_not_allowed")
     levels = [gate._level(err, o) for o in ["http://a.test", "http://a.test", "http://b.test"]]

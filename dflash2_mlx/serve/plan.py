@@ -30,7 +30,7 @@ def plan(
     if not ids:
         raise invalid(where, "the prompt is empty after tokenization")
     room = s.context - len(ids)
-    if room < (0 if req.max_tokens == 0 else 1):  # max_tokens 0: an echo, none generated
+    if room < 1:
         if req.anthropic:
             raise prompt_too_long(s.context, len(ids))
         raise context_exceeded(s.context, where, len(ids))

@@ -253,8 +253,9 @@ class SecurityGate:
                     named = origin.lower().rstrip("/")[:200]
                     raise APIError(
                         403,
-                        f"cross-origin requests from {origin[:60]!r} are not allowed: to let "
-                        f"a web page there use this server, start it with --cors {named}",
+                        f"cross-origin requests from {origin[:200]!r} are not allowed: to let "
+                        f"a web page there use this server, add it to the server's --cors "
+                        f"origins: --cors {named}",
                         code="origin_not_allowed",
                     )
                 cors = {"Access-Control-Allow-Origin": origin, "Vary": "Origin", **EXPOSED}
