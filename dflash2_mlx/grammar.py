@@ -20,13 +20,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import ParameterError
-from .json_schema import (
-    check_can_end,
-    check_patterns_at_once,
-    check_refs,
-    closed_objects,
-    without_format,
-)
+from .json_schema import check_patterns_at_once, check_refs, closed_objects, without_format
+from .schema_ends import check_can_end
 
 log = logging.getLogger("dflash2")
 

@@ -275,7 +275,7 @@ def test_a_schema_beyond_the_grammar_engine_is_a_400_whole_and_an_error_event_st
 def test_a_schema_with_no_complete_value_is_an_error_not_a_finished_reply(url):
     """llguidance allows the stop token where a value cannot go on ($ref cycles with no base
     case): the cut JSON used to come back with finish_reason "stop". A schema sure to admit no
-    finite value is refused up front (json_schema.check_can_end); one it is unsure of (an $id
+    finite value is refused up front (schema_ends.check_can_end); one it is unsure of (an $id
     scopes its refs) and that gets stuck midway ends the reply with an error."""
     cycle = {"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}}
     stuck_at_once = {"$ref": "#/$defs/A", **cycle}

@@ -299,6 +299,16 @@ class Handler:
         args = (self.s.model_name, echo, req.encrypted_reasoning, req.tool_namespaces)
         return ResponseBuilder(*args, keep=self.recent_items.add)
 
+    def _stream_of(self, fmt, req: GenRequest, n_prompt: int, reply, lp, closing: bool):
+        """The SSE lines' maker of the request's API (`closing`: it sends usage and [DONE])."""
+        if req.responses is not None:
+            return ResponsesStream(self._response_builder(req))
+        if req.anthropic:
+            window = past_window(self.s, req, n_prompt)
+            return MessagesStream(MessageBuilder(self.s.model_name, req.stop, window), n_prompt)
+        tools = reply is not None and reply.tools is not None
+        return ChatStream(fmt, req.include_usage, LogprobChunks(lp), closing, tools)
+
     async def stream_lines(
         self,
         fmt: Formatter,
@@ -311,16 +321,7 @@ class Handler:
         stats=None,  # as in _complete; given: one choice of several (no usage, no [DONE])
         replies: list | None = None,
     ):
-        if req.responses is not None:
-            out = ResponsesStream(self._response_builder(req))
-        elif req.anthropic:
-            builder = MessageBuilder(
-                self.s.model_name, req.stop, past_window(self.s, req, n_prompt)
-            )
-            out = MessagesStream(builder, n_prompt)
-        else:
-            tools = reply is not None and reply.tools is not None
-            out = ChatStream(fmt, req.include_usage, LogprobChunks(lp), stats is None, tools)
+        out = self._stream_of(fmt, req, n_prompt, reply, lp, closing=stats is None)
         stats = GenerationStats() if stats is None else stats
         if item is UNREAD:  # keep-alives only once keepalive_s passes without it
             item = await reader.next(watch_client=False, timeout=self.limits.keepalive_s)
