@@ -324,14 +324,17 @@ def test_profiles_stored_at_once_never_meet(tmp_path):
             except Exception as e:  # noqa: BLE001 - counted, asserted below
                 failures.append(e)
 
-    def read():
+    def read(writers):
         path = profiles.profile_path(key, tmp_path)
-        for _ in range(300):
+        while True:  # reads while they write, and once after
+            done = not any(w.is_alive() for w in writers)
             if path.exists():
                 seen.append(json.loads(path.read_text())["chosen_block"])
+            if done:
+                return
 
-    threads = [threading.Thread(target=store, args=(p,)) for p in profiles_of]
-    threads.append(threading.Thread(target=read))
+    writers = [threading.Thread(target=store, args=(p,)) for p in profiles_of]
+    threads = [*writers, threading.Thread(target=read, args=(writers,))]
     for t in threads:
         t.start()
     for t in threads:
