@@ -158,7 +158,10 @@ def _build_shim(shim: Path, source: str) -> None:
     src.write_text(source)
     # $CC whole (a wrapper: "ccache gcc"); Python's own CC without the flags it was built with
     given = os.environ.get("CC")
-    cc = shlex.split(given) if given else (sysconfig.get_config_var("CC") or "cc").split()[:1]
+    try:
+        cc = shlex.split(given) if given else (sysconfig.get_config_var("CC") or "cc").split()[:1]
+    except ValueError as exc:  # an unclosed quote
+        raise RuntimeError(f"CC={given!r} is not a command line: {exc}") from None
     tmp = shim.with_suffix(f".{os.getpid()}.tmp")
     cmd = [
         *cc,

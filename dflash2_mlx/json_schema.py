@@ -100,11 +100,11 @@ def _numbers_bounded(node: dict) -> dict:
         limit = _INTEGER_LIMIT
     else:
         return node
-    low = next((node[k] for k in ("minimum", "exclusiveMinimum") if k in node), None)
-    high = next((node[k] for k in ("maximum", "exclusiveMaximum") if k in node), None)
     out = dict(node)
-    if limit == _INTEGER_LIMIT:  # bounds past what a double holds exactly: held within it
-        low, high = _integer_bounds(out, low, high)
+    if limit == _INTEGER_LIMIT and set(types) <= {"integer"}:  # held within what doubles hold
+        _integer_bounds(out)
+    low = next((out[k] for k in ("minimum", "exclusiveMinimum") if k in out), None)
+    high = next((out[k] for k in ("maximum", "exclusiveMaximum") if k in out), None)
     if high is None and not (is_number(low) and low >= limit):
         out["maximum"] = limit
     if low is None and not (is_number(high) and high <= -limit):
@@ -114,22 +114,32 @@ def _numbers_bounded(node: dict) -> dict:
     return out
 
 
-def _integer_bounds(out: dict, low, high) -> tuple:
+# each bound key, and its value at the limit (an exclusive one a step past it)
+_AT_LIMIT = {
+    "maximum": _INTEGER_LIMIT,
+    "exclusiveMaximum": _INTEGER_LIMIT + 1,
+    "minimum": -_INTEGER_LIMIT,
+    "exclusiveMinimum": -_INTEGER_LIMIT - 1,
+}
+
+
+def _integer_bounds(out: dict) -> None:
     """An integer schema's bounds past 2**53 - 1 (llguidance rounds them to doubles, letting
-    2**53 pass a minimum of 2**53 + 1) replaced in `out` by that limit, which every value kept
-    meets; a ValueError where no value within it does. Returns the (low, high) left."""
-    if is_number(low) and low > _INTEGER_LIMIT or is_number(high) and high < -_INTEGER_LIMIT:
-        raise ValueError(
-            f"integer bounds past 2**53 ({low if is_number(low) else high}) cannot be held "
-            "exactly: JSON numbers that large lose digits in most parsers"
-        )
-    if is_number(high) and high > _INTEGER_LIMIT:
-        out.pop("exclusiveMaximum", None)
-        out["maximum"] = high = _INTEGER_LIMIT
-    if is_number(low) and low < -_INTEGER_LIMIT:
-        out.pop("exclusiveMinimum", None)
-        out["minimum"] = low = -_INTEGER_LIMIT
-    return low, high
+    2**53 pass a minimum of 2**53 + 1), each replaced in `out` by the limit on its side, which
+    only narrows what it allows (another, tighter bound on that side stays); a ValueError where
+    no value within the limit remains."""
+    for key, at in _AT_LIMIT.items():
+        v = out.get(key)
+        if not is_number(v):
+            continue
+        upper = key.endswith("aximum")
+        if (v < -at) if upper else (v > -at):  # nothing within the limit is left
+            raise ValueError(
+                f"integer bound {key} {v}: integers are held within ±(2**53 - 1), where "
+                "doubles and JavaScript keep every digit"
+            )
+        if (v > at) if upper else (v < at):
+            out[key] = at
 
 
 def _keys_listed(node: dict, defs: dict) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .json_schema import _COMBINED, _DATA_KEYS, _OTHER_KEYS, _listed, _pointed
+from .json_schema import _DATA_KEYS, _listed, _pointed
 
 
 def check_can_end(schema) -> None:
@@ -92,7 +92,9 @@ def _object_ends(node: dict, ends: dict) -> bool:
     if not all(_can_end(props[k], ends) for k in required if k in props):
         return False
     least = node.get("minProperties", 0)
-    closed = props and not any(k in node for k in _COMBINED + _OTHER_KEYS)  # closed_objects'
+    # closed for sure (closed_objects closes more, but not the branches and definitions other
+    # schemas add keys to, which this node cannot tell)
+    closed = node.get("additionalProperties") is False and "patternProperties" not in node
     if not closed or not isinstance(least, int) or least <= len(required):
         return True
     optional = sum(_can_end(v, ends) for k, v in props.items() if k not in required)
