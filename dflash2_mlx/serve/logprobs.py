@@ -42,7 +42,7 @@ class Logprobs:
 
     def echo_prompt(self, prompt: EchoedPrompt, scores: Sequence[TokenLogprob]) -> None:
         """The prompt's tokens first: the first unscored, then `scores` (one a token after)."""
-        first = TokenLogprob(self.prompt[0], None)  # type: ignore[arg-type]
+        first = TokenLogprob(self.prompt[0], None)
         self.entries += list(zip(prompt.starts, [first, *scores]))
         self.base, self.keep_stop = len(prompt.text), True
 
