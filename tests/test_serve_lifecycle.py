@@ -244,7 +244,9 @@ def test_sigint_ends_a_cut_stream_with_an_error_and_done(tmp_path):
     """A real process, a real Ctrl-C: the waiting requests get JSON 503 at once; the running
     stream gets its grace period (3 s), then an error event and [DONE]; the port closes; the
     exit code is 130; no traceback."""
-    with _child_server("3.0", "1") as (proc, base):  # one at a time: two wait
+    # one at a time: two wait; each forward >= 10 ms, so the stream outlasts the grace period
+    # (4000 tokens of the tiny pair could end within 3 s on a fast machine)
+    with _child_server("3.0", "1", "0.01") as (proc, base):
         results: list = []
         with httpx.Client(timeout=60) as http:
             cm, lines = _open_long_stream(http, base)
