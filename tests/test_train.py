@@ -1251,7 +1251,12 @@ def test_a_kill_mid_training_saves_a_checkpoint_and_the_rerun_resumes(tmp_path, 
     args += ["--batch", "2", "--anchors", "4", "--max-new-tokens", "16", "--layers", "1"]
     args += ["--temperatures", "0", "--layer-ids", "0,2", "--block-size", "4"]
     proc = subprocess.Popen(
-        [*args, "--steps", "100000"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*args, "--steps", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # as a terminal's: under `nohup pytest` the child inherits SIGHUP ignored, and keeps it
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
     ckpt = tmp_path / "w" / "run-o" / "checkpoint"
     deadline = time.monotonic() + 180
