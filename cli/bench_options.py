@@ -120,7 +120,7 @@ class BenchRun:
 
     options: BenchOptions
     pair: Any  # dflash2_mlx.api.Pair
-    resolved: Any  # registry.Resolved: name, target, drafter
+    resolved: Any  # registry.ResolvedPair: name, target, drafter
     engine: Any  # settings.EngineSettings: block rule, lookup block, width cost
     prompts: list  # the chosen prompts
     report: dict  # the JSON report, filled in by the mode

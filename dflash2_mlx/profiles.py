@@ -174,7 +174,7 @@ def _read_profile(path: Path) -> tuple[dict | None, str | None]:
 
 def load_profile(key: Mapping, root: str | Path | None = None) -> dict | None:
     """The stored profile with exactly this key, else None (a damaged file counts as none:
-    `damaged_profile` says why)."""
+    `profile_advice(...).damaged` says why)."""
     return _matching(_read_profile(profile_path(key, root))[0], key)
 
 
@@ -280,12 +280,6 @@ def _falling(profile: dict, field: str, check, trained: int) -> tuple:
     if not all(isinstance(a, int) and trained >= a > b for a, b in zip(blocks, blocks[1:])):
         return ()
     return pairs
-
-
-def damaged_profile(pair, target: str, drafter: str, root: str | Path | None = None) -> str | None:
-    """Why this pair's stored profile on this machine is ignored (a file that does not read
-    as a profile), else None (none stored, or it reads)."""
-    return profile_advice(pair, target, drafter, root=root).damaged
 
 
 def recommended_block(

@@ -4,7 +4,7 @@ Front ends parse their flags into `EngineFlags` and render what `resolve_engine`
 rules live here and nowhere else:
 - contradicting flags (--full-vocab with --draft-vocab) are refused, naming the flags (a
   drafting flag beside --no-spec is the front end's to refuse: chat can turn speculation on
-  later, `cli/common.refuse_idle_drafting`);
+  later, `cli/common.spec_engine_flags`);
 - the response datastore (engine/datastore.py): on when the drafter ships one, unless
   --no-datastore;
 - the block size: --block, else this machine's autotune profile (`dflash2 bench --autotune`),

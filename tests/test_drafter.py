@@ -10,7 +10,7 @@ from mlx.utils import tree_flatten
 
 from dflash2_mlx.drafter.conv import GroupedDynamicConv
 from dflash2_mlx.kernels import _references as reference
-from dflash2_mlx.kernels import expected_walk
+from dflash2_mlx.kernels import expected_walk_choices
 from dflash2_mlx.kernels._references import dynamic_conv, pair_scores, walk
 from dflash2_mlx.target.adapter import TargetAdapter
 
@@ -102,7 +102,7 @@ def test_expected_walk_maximises_expected_accepted_drafts():
     for seed in range(8):
         lattice = 2.0 * mx.random.normal((4, 4, 4), key=mx.random.key(seed))  # g 4, K 4
         lat = np.array(lattice)
-        got = expected_walk(lattice, 1.5).tolist()
+        got = expected_walk_choices(lattice, 1.5).tolist()
         best = max(
             itertools.product(range(4), repeat=4), key=lambda p: _expected_accepted(lat, p, 1.5)
         )
@@ -114,13 +114,13 @@ def test_expected_walk_maximises_expected_accepted_drafts():
     # The two differ: the likelier first draft leads to a coin flip, the other to a sure one.
     lattice = mx.array([[[1.0, 0.8], [1.0, 0.8]], [[0.0, 0.0], [10.0, 0.0]]])
     assert walk(lattice, 0.0)[0].tolist() == [0, 0]
-    assert expected_walk(lattice, 1.5).tolist() == [1, 0]
+    assert expected_walk_choices(lattice, 1.5).tolist() == [1, 0]
     # Leading dimensions: each lattice walked as alone; one row: its argmax.
     batch = mx.random.normal((3, 5, 4, 4), key=mx.random.key(9))
-    rows = [expected_walk(batch[i], 1.5).tolist() for i in range(3)]
-    assert expected_walk(batch, 1.5).tolist() == rows
+    rows = [expected_walk_choices(batch[i], 1.5).tolist() for i in range(3)]
+    assert expected_walk_choices(batch, 1.5).tolist() == rows
     one = mx.random.normal((1, 1, 6), key=mx.random.key(10))
-    assert expected_walk(one, 1.5).tolist() == [int(mx.argmax(one[0, 0]).item())]
+    assert expected_walk_choices(one, 1.5).tolist() == [int(mx.argmax(one[0, 0]).item())]
 
 
 def test_expected_walk_values_are_the_best_expected_accepted_drafts():
@@ -133,7 +133,7 @@ def test_expected_walk_values_are_the_best_expected_accepted_drafts():
         p = np.exp(z - z.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         choices, values = reference.expected_walk(lattice, 1.5)
-        assert choices.tolist() == expected_walk(lattice, 1.5).tolist()
+        assert choices.tolist() == expected_walk_choices(lattice, 1.5).tolist()
         for t, a in itertools.product(range(3), range(4)):
             best = 0.0
             for path in itertools.product(range(4), repeat=3 - t):

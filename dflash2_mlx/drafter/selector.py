@@ -9,9 +9,9 @@ from the key, so the Metal walk (which takes the uniforms) makes the very same d
 lattice and walk ops are `kernels.pair_scores` / `kernels.walk` (Metal kernels, or the
 references in kernels/_references.py).
 
-Greedy drafting (temperature 0) does not walk step by step by default: `kernels.expected_walk`
-picks the path with the most accepted drafts expected under the lattice's own conditionals, a
-backward pass over the [K, K] tiles (a Metal kernel, or its reference in kernels/_references.py;
+Greedy drafting (temperature 0) does not walk step by step by default:
+`kernels.expected_walk_choices` picks the path with the most accepted drafts expected under
+the lattice's own conditionals, a backward pass over the [K, K] tiles (a Metal kernel, or its reference in kernels/_references.py;
 `walk_calibration` None: the official stepwise walk). Any path keeps the output exact (the
 verify decides); this one is accepted further.
 """
@@ -87,7 +87,7 @@ class CandidateSelector(nn.Module):
     ) -> SelectorOutput:
         cand, scores = self.lattice(hidden, logits, anchor, vocab)
         if temperature <= 0 and self.walk_calibration is not None:
-            idx, q = kernels.expected_walk(scores, float(self.walk_calibration)), None
+            idx, q = kernels.expected_walk_choices(scores, float(self.walk_calibration)), None
         else:
             idx, q = kernels.walk(scores, temperature, key)
         tokens = mx.take_along_axis(cand, idx[..., None], axis=-1)[..., 0]

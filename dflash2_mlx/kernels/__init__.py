@@ -4,9 +4,9 @@
 - `pair_scores`: the selector's K x K pair scores per drafted row.
 - `walk`: the selector's stepwise greedy walk and sampled walk (`walk_with_uniforms` takes
   the noise).
-- `expected_walk`: the path with the most accepted drafts expected, one kernel launch per round
-  (the reference is a few small ops per drafted row); greedy drafts take it, and the stepwise
-  walk only when the selector's `walk_calibration` is None.
+- `expected_walk_choices`: the path with the most accepted drafts expected, one kernel launch
+  per round (the reference is a few small ops per drafted row); greedy drafts take it, and the
+  stepwise walk only when the selector's `walk_calibration` is None.
 
 Each op dispatches to its kernel (metal/*.metal bodies, built once with
 `mx.fast.metal_kernel`) when Metal is available, `DFLASH2_KERNELS` is not `off`, the
@@ -32,7 +32,7 @@ from ._dispatch import (
     status,
 )
 from ._doctor import check_kernels
-from ._ops import dynamic_conv, expected_walk, pair_scores, walk, walk_with_uniforms
+from ._ops import dynamic_conv, expected_walk_choices, pair_scores, walk, walk_with_uniforms
 from ._settings import ENV_VAR, SETTING, KernelMode, KernelSetting
 from ._specs import SPECS, KernelSpec, kernel_source
 
@@ -42,7 +42,7 @@ __all__ = [
     "describe",
     "dynamic_conv",
     "execute",
-    "expected_walk",
+    "expected_walk_choices",
     "kernels_active",
     "metal_available",
     "override",

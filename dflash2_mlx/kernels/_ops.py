@@ -83,12 +83,12 @@ def walk(lattice: mx.array, temperature: float, key: mx.array | None = None):
     return walk_with_uniforms(lattice, temperature, uniforms)
 
 
-def expected_walk(lattice: mx.array, calibration: float) -> mx.array:
-    """The choices [..., g] (int32) of `_references.expected_walk`: the kernel also writes the
+def expected_walk_choices(lattice: mx.array, calibration: float) -> mx.array:
+    """Same contract as `_references.expected_walk_choices`: the kernel also writes the
     values, the compiled reference skips them."""
     d = current()
     if d.active():
         launch = _launch.expected_walk_launch(lattice, calibration)
         if d.use_kernel(launch):
             return d.execute(launch)[0]
-    return ref.compiled_expected_walk(lattice, calibration)
+    return ref.compiled_expected_walk_choices(lattice, calibration)

@@ -127,8 +127,8 @@ def expected_walk(lattice: mx.array, calibration: float) -> tuple[mx.array, mx.a
     maximisers forward from predecessor 0. Returns (choices [..., g] int32, values [..., g, P]
     float32 = V_t(a) for every row a, step 0's included; values[..., 0, 0] is E of the path).
     Ties go to the lowest index; a NaN gain is never chosen but makes its value NaN.
-    Reference op; metal/walk_expected.metal has this signature (`kernels.expected_walk`
-    dispatches between the two)."""
+    Reference of metal/walk_expected.metal, which writes both (the op is
+    `expected_walk_choices`: the choices alone)."""
     *lead, gamma, preds, k = lattice.shape
     probs = mx.softmax(lattice.reshape(-1, gamma, preds, k).astype(mx.float32) / calibration, -1)
     n = probs.shape[0]
@@ -172,11 +172,17 @@ def compiled_walk(lattice: mx.array, temperature: float, uniforms: mx.array | No
     return tuple(_compiled_walk(float(temperature))(lattice, uniforms))
 
 
+def expected_walk_choices(lattice: mx.array, calibration: float) -> mx.array:
+    """The choices [..., g] (int32) of `expected_walk`. Reference op: `kernels.
+    expected_walk_choices` has this signature and dispatches between the two."""
+    return expected_walk(lattice, calibration)[0]
+
+
 @functools.lru_cache(maxsize=16)
-def _compiled_expected_walk(calibration: float):
-    return mx.compile(lambda lattice: expected_walk(lattice, calibration)[0])
+def _compiled_expected_walk_choices(calibration: float):
+    return mx.compile(lambda lattice: expected_walk_choices(lattice, calibration))
 
 
-def compiled_expected_walk(lattice: mx.array, calibration: float) -> mx.array:
-    """expected_walk's choices, compiled per calibration (the values are not computed)."""
-    return _compiled_expected_walk(float(calibration))(lattice)
+def compiled_expected_walk_choices(lattice: mx.array, calibration: float) -> mx.array:
+    """expected_walk_choices compiled per calibration (the values are not computed)."""
+    return _compiled_expected_walk_choices(float(calibration))(lattice)

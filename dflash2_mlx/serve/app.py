@@ -241,13 +241,13 @@ def _checked_drafting(d: Drafting, trained: int) -> Drafting:
 
 def _check_serve_args(max_queue, max_batch, default_max_tokens, prompt_cache_mb) -> None:
     """Refuses a bad server setting before anything is built (DFlash2Error)."""
-    if max_queue < 0:
-        raise DFlash2Error(f"max_queue must be >= 0; got {max_queue}")
+    if not is_int(max_queue, 0):
+        raise DFlash2Error(f"max_queue must be an int >= 0; got {max_queue!r}")
     if not is_int(max_batch, 1):
         raise DFlash2Error(f"max_batch must be an int >= 1 (1: one at a time); got {max_batch!r}")
-    if default_max_tokens is not None and default_max_tokens < 1:
-        raise DFlash2Error(f"default_max_tokens must be >= 1; got {default_max_tokens}")
-    if not isinstance(prompt_cache_mb, int) or prompt_cache_mb < 0:
+    if default_max_tokens is not None and not is_int(default_max_tokens, 1):
+        raise DFlash2Error(f"default_max_tokens must be an int >= 1; got {default_max_tokens!r}")
+    if not is_int(prompt_cache_mb, 0):
         raise DFlash2Error(f"prompt_cache_mb must be an int >= 0 (0: off); got {prompt_cache_mb!r}")
 
 

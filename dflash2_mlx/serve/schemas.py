@@ -1,8 +1,9 @@
 """OpenAI request bodies in, library parameters out. Every field is honoured or refused.
 
-A field that would change the output and is not implemented (n > 1, best_of, ...) is refused
-with a 400 naming it, unless it has its neutral value (n=1, best_of=1, ...). Unknown fields are refused too. Only fields that cannot
-change the output (user, metadata, ...) are accepted and unused. Messages are read in chat_messages.py, tools validated in
+A field that would change the output and is not implemented (best_of, n past MAX_CHOICES, ...)
+is refused with a 400 naming it, unless it has its neutral value (best_of=1, ...). Unknown
+fields are refused too. Only fields that cannot change the output (user, metadata, ...) are
+accepted and unused. Messages are read in chat_messages.py, tools validated in
 tools.py, chat_template_kwargs in reasoning.py; whether the model supports them is checked
 against its template (chat_prompt.py).
 """

@@ -21,7 +21,7 @@ from dflash2_mlx.train.features import load_feature_cache
 from dflash2_mlx.train.trainer import make_blocks
 from dflash2_mlx.train.objective import block_hidden
 from dflash2_mlx.drafter.selector import EXPECTED_WALK_CALIBRATION
-from dflash2_mlx.kernels import expected_walk
+from dflash2_mlx.kernels import expected_walk_choices
 
 
 def path_probs(scores: mx.array, path: mx.array) -> mx.array:
@@ -68,7 +68,7 @@ for s in held:
         _, ids, gold = b.flat()
         h = block_hidden(d, b)[:, 1:]
         cand, scores = d.candidate_selector.lattice(h, d.draft_logits(h), ids[:, 0], d.draft_vocab)
-        path = expected_walk(scores, EXPECTED_WALK_CALIBRATION)
+        path = expected_walk_choices(scores, EXPECTED_WALK_CALIBRATION)
         drafts = mx.take_along_axis(cand, path[..., None], axis=-1)[..., 0]
         conf += np.round(np.array(path_probs(scores, path)), 4).tolist()
         ok = (drafts == gold).astype(mx.int32)
