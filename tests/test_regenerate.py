@@ -327,36 +327,39 @@ def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path, capsys, monkeypatch)
     )
 
 
-def _nucleus(row: np.ndarray, temperature: float, top_p: float) -> tuple[set[int], np.ndarray]:
-    x = row.astype(np.float64) / temperature
-    p = np.exp(x - x.max())
-    p /= p.sum()
-    order = np.argsort(-p, kind="stable")
-    keep = (np.cumsum(p[order]) - p[order]) < top_p
-    return set(order[keep].tolist()), p
-
-
-@pytest.mark.parametrize(
-    "scale", [12.0, 1.0]
-)  # peaked (fast top-k path) and flat (full-sort fallback)
-def test_sampler_is_exact_top_p(scale):
+@pytest.mark.parametrize("scale", [12.0, 1.0])  # peaked (fast top-k path), flat (full sort)
+def test_sampler_draws_the_served_distribution(scale):
+    """The regenerations' sampler draws from what the library serves (sampling.filtered_probs,
+    mlx-lm's order: the nucleus of the untempered distribution, then the temperature); it
+    tempered first, so at T 0.7, top_p 0.95 tokens the server may emit never came up."""
     import mlx.core as mx
+
+    from dflash2_mlx.sampling import SamplingParams, filtered_probs
+    from dflash2_mlx.train.regenerate import row_distribution
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(3, 4096)).astype(np.float32) * scale
     logprobs = mx.array(
         logits - np.log(np.exp(logits.astype(np.float64)).sum(-1, keepdims=True)).astype(np.float32)
     )
+    for top_p in (0.9, 0.95, 1.0):
+        served = np.array(filtered_probs(logprobs, SamplingParams(0.7, top_p=top_p)))
+        for r in range(3):
+            cand, probs = row_distribution(np.array(logprobs[r]), 0.7, top_p)
+            if top_p < 1:  # the same nucleus (at 1, float32 rounds the least likely to 0)
+                assert set(cand.tolist()) == set(np.flatnonzero(served[r]).tolist()), (top_p, r)
+            dense = np.zeros(served.shape[-1])
+            dense[cand] = probs
+            np.testing.assert_allclose(dense, served[r], rtol=1e-4, atol=1e-7)
     sampler = make_sampler(0.7, 0.9, seed=3)
     draws = np.stack([np.array(sampler(logprobs)) for _ in range(400)])
     assert draws.shape == (400, 3) and draws.dtype == np.uint32
+    served = np.array(filtered_probs(logprobs, SamplingParams(0.7, top_p=0.9)))
     for r in range(3):
-        nucleus, p = _nucleus(logits[r], 0.7, 0.9)
-        assert set(draws[:, r].tolist()) <= nucleus
-        if scale > 1:  # frequencies of the top tokens follow the renormalised nucleus
-            top = max(nucleus, key=lambda t: p[t])
-            expected = p[top] / sum(p[t] for t in nucleus)
-            assert abs((draws[:, r] == top).mean() - expected) < 0.08
+        assert all(served[r][t] > 0 for t in draws[:, r])
+        if scale > 1:  # the top token's frequency follows its probability
+            top = int(np.argmax(served[r]))
+            assert abs((draws[:, r] == top).mean() - served[r][top]) < 0.08
     again = make_sampler(0.7, 0.9, seed=3)
     assert np.array_equal(np.array(again(logprobs)), draws[0])  # seeded
 
@@ -366,3 +369,19 @@ def test_greedy_sampler():
 
     lp = mx.array([[0.0, 3.0, 1.0], [5.0, -1.0, 2.0]])
     assert make_sampler(0.0)(lp).tolist() == [1, 0]
+
+
+def test_prompts_are_rendered_as_the_server_renders_them():
+    """A prompt that quotes a special token's text keeps it as text, as the server does
+    (text.chat_prompt_ids): the regenerations were answers to a prompt no user could send."""
+    from test_serve import EOS, make_tokenizer
+
+    from dflash2_mlx.text import chat_prompt_ids
+    from dflash2_mlx.train.regenerate import _encode_prompts
+
+    tok = make_tokenizer()
+    messages = [{"role": "user", "content": "quote <|im_end|> here"}]
+    encoded: dict = {}
+    _encode_prompts(tok, [Prompt(id="q", category="chat", messages=messages)], encoded)
+    assert encoded["q"] == chat_prompt_ids(tok, messages)
+    assert encoded["q"].count(EOS) == 1  # the user turn's own end, not the quoted text

@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Sequence
 from .. import _blas
 from ..errors import DFlash2Error, ParameterError
 from ..prompts import SPLITS, Prompt, load_prompts
+from ..text import chat_prompt_ids
 from .arg_types import float_in, int_at_least
 from .records import done_pairs, done_prompts
 
@@ -53,7 +54,9 @@ class RegenStats:
 
 
 def make_sampler(temperature: float, top_p: float = 1.0, seed: int = 0) -> Callable:
-    """A batched sampler over logprobs [B, V]: greedy at T=0, else temperature then exact top-p.
+    """A batched sampler over logprobs [B, V]: greedy at T=0, else the distribution the
+    library serves (sampling.filtered_probs, mlx-lm's order): the top_p nucleus of the
+    untempered distribution, then the temperature over the tokens kept.
 
     T > 0 runs in NumPy with its own seeded generator: MLX's CPU `exp` and `sort` over a 49k
     vocabulary cost more than the model's decode step at batch 32, NumPy's are ~6x cheaper.
@@ -63,36 +66,43 @@ def make_sampler(temperature: float, top_p: float = 1.0, seed: int = 0) -> Calla
 
     if temperature <= 0:
         return lambda logprobs: mx.argmax(logprobs, axis=-1)
-    inv_t = 1.0 / temperature
     rng = np.random.default_rng(seed)
 
     def sampler(logprobs):
         x = np.array(logprobs.astype(mx.float32), copy=True).reshape(-1, logprobs.shape[-1])
-        x *= inv_t
-        x -= x.max(axis=-1, keepdims=True)
-        z = np.exp(x).sum(axis=-1)  # full normaliser, max term is 1
-        k = min(_FAST_TOP_K, x.shape[-1])
         out = np.empty(x.shape[0], dtype=np.int64)
         for row in range(x.shape[0]):
-            full = top_p >= 1.0 or k == x.shape[-1]
-            if not full:
-                cand = np.argpartition(-x[row], k - 1)[:k]
-                probs = np.exp(x[row, cand]) / z[row]
-                full = probs.sum() < top_p  # the nucleus is wider than the top-k: exact slow path
-            if full:
-                cand = np.arange(x.shape[-1])
-                probs = np.exp(x[row]) / z[row]
-            order = np.argsort(-probs, kind="stable")
-            cand, probs = cand[order], probs[order]
-            if top_p < 1.0:
-                keep = int(((np.cumsum(probs) - probs) < top_p).sum())
-                cand, probs = cand[:keep], probs[:keep]
+            cand, probs = row_distribution(x[row], temperature, top_p)
             cdf = np.cumsum(probs)
             pick = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
             out[row] = cand[min(pick, len(cand) - 1)]
         return mx.array(out.astype(np.uint32))
 
     return sampler
+
+
+def row_distribution(scores, temperature: float, top_p: float):
+    """(token ids, their probabilities) that `make_sampler` draws one row of logits or
+    logprobs [V] from: the ids the nucleus keeps, most likely first."""
+    import numpy as np
+
+    x = scores - scores.max()
+    z = np.exp(x).sum()  # the untempered normaliser, its top term 1
+    k = min(_FAST_TOP_K, x.shape[-1])
+    full = top_p >= 1.0 or k == x.shape[-1]
+    if not full:
+        cand = np.argpartition(-x, k - 1)[:k]
+        full = np.exp(x[cand]).sum() / z < top_p  # the nucleus is wider: the exact slow path
+    if full:
+        cand = np.arange(x.shape[-1])
+    probs = np.exp(x[cand]) / z
+    order = np.argsort(-probs, kind="stable")
+    cand, probs = cand[order], probs[order]
+    if top_p < 1.0:  # every token as likely as the last kept stays, as sampling.nucleus
+        least = probs[max(int(((np.cumsum(probs) - probs) < top_p).sum()), 1) - 1]
+        cand = cand[probs >= least]
+    tempered = np.exp(x[cand] / temperature)  # the top's is 1: no overflow
+    return cand, tempered / tempered.sum()
 
 
 @dataclass
@@ -153,8 +163,7 @@ def _encode_prompts(tokenizer, prompts: Iterable[Prompt], encoded: dict[str, lis
         if p.prompt_ids is not None:  # given as token ids: used as they are
             encoded[p.id] = list(p.prompt_ids)
             continue
-        ids = tokenizer.apply_chat_template(p.messages, add_generation_prompt=True)
-        encoded[p.id] = list(getattr(ids, "input_ids", ids))
+        encoded[p.id] = chat_prompt_ids(tokenizer, p.messages)  # as the server renders it
 
 
 def _batch_generator(
