@@ -11,31 +11,25 @@ import os
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import dflash2_mlx  # noqa: F401  (binds the optimized BLAS before MLX loads)
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny  # noqa: E402
-from test_serve import make_tokenizer  # noqa: E402
+from test_serve import make_tokenizer, slow_pair  # noqa: E402
 
 from dflash2_mlx.api import Pair  # noqa: E402
 from dflash2_mlx.serve import ServeLimits, create_app, run_server  # noqa: E402
 
 
 def main(grace: float, max_batch: int, step_s: float = 0.0) -> int:
-    pair = Pair.from_models(
-        tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2, block_size=4)
-    )
     if step_s:
-        adapter, forward = pair.decoder.target, pair.decoder.target.forward
-
-        def slow_forward(*args, **kwargs):
-            time.sleep(step_s)
-            return forward(*args, **kwargs)
-
-        adapter.forward = slow_forward  # this pair's alone
+        pair = slow_pair(step_s)
+    else:
+        pair = Pair.from_models(
+            tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2, block_size=4)
+        )
     app = create_app(
         pair,
         model_name="tiny",

@@ -162,7 +162,8 @@ def test_a_candidate_listed_twice_has_both_masses_taken_off_the_residual():
         d = int(cand[0, j].item())
         a, bonus = rejection_sample(mx.array([d]), p, q, cand, mx.random.key(s))
         counts[d if a == 1 else bonus] += 1
-    assert tv(counts / n, np.array([0.5, 0.5, 0.0])) < 0.03, counts / n
+    # TV 0.035 is 4.4 sigma: a false failure ~1e-5 (0.03 was ~1.6e-4)
+    assert tv(counts / n, np.array([0.5, 0.5, 0.0])) < 0.035, counts / n
 
 
 @pytest.mark.parametrize(

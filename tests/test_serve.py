@@ -58,6 +58,25 @@ def make_tokenizer(vocab_size: int = tiny.VOCAB, extra_specials: tuple[str, ...]
     return TokenizerWrapper(hf)
 
 
+def slow_pair(step_s: float, prefill_chunk: int | None = None) -> Pair:
+    """A tiny pair of its own whose every target forward (a prefill chunk, a verify) takes at
+    least `step_s`: a long prefill or stream outlasts a test's waits on a fast machine too."""
+    slow = Pair.from_models(
+        tiny.make_target("llama"),
+        make_tokenizer(),
+        tiny.make_drafter(2, block_size=4),
+        prefill_chunk=prefill_chunk,
+    )
+    adapter, forward = slow.decoder.target, slow.decoder.target.forward
+
+    def slow_forward(*args, **kwargs):
+        time.sleep(step_s)
+        return forward(*args, **kwargs)
+
+    adapter.forward = slow_forward  # this pair's alone
+    return slow
+
+
 def wait_until_serving(base: str, proc: subprocess.Popen, seconds: float = 60) -> None:
     """Poll /health until a `dflash2 serve` subprocess answers 200 (or it exits, or time is up)."""
     deadline = time.time() + seconds
@@ -763,17 +782,18 @@ def test_a_request_may_name_the_model_by_another_name(pair):
 
 
 # ------------------------------------------------------------------ queue, disconnect, metrics
+# 4,000 tokens with the end-of-turn banned: the tiny pair's greedy "abc" ends at 1,860 on its
+# own, within 3 s on a fast machine, where tests expect it still running
+LONG_BODY = {"prompt": "abc", "max_tokens": 4000, "temperature": 0, "logit_bias": {str(EOS): -100}}
+
+
 def _open_long_stream(http: httpx.Client, url: str):
     """Start a long streaming generation; return once it has produced text.
 
     Returns the stream's context manager and its line iterator: closing the iterator (a
     `for ... break`) would close the connection, so the caller keeps both alive.
     """
-    cm = http.stream(
-        "POST",
-        url + "/v1/completions",
-        json={"prompt": "abc", "max_tokens": 4000, "temperature": 0, "stream": True},
-    )
+    cm = http.stream("POST", url + "/v1/completions", json={**LONG_BODY, "stream": True})
     r = cm.__enter__()
     assert r.status_code == 200
     lines = r.iter_lines()
@@ -808,11 +828,7 @@ def test_client_disconnect_frees_the_worker(url, client):
         cm, _lines = _open_long_stream(http, url)
         cm.__exit__(None, None, None)  # the client leaves mid-stream
     with pytest.raises(httpx.ReadTimeout):  # and one leaves a non-streaming request
-        httpx.post(
-            url + "/v1/completions",
-            timeout=1.0,
-            json={"prompt": "abc", "max_tokens": 4000, "temperature": 0},
-        )
+        httpx.post(url + "/v1/completions", timeout=1.0, json=LONG_BODY)
     t0 = time.time()
     r = client.completions.create(model="tiny", prompt="ab", max_tokens=3, temperature=0)
     assert r.usage.completion_tokens == 3

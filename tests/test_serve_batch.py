@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 import tiny
-from test_serve import CLI, HI, make_tokenizer, metric, reference, running
+from test_serve import CLI, HI, make_tokenizer, metric, reference, running, slow_pair
 from test_serve_lifecycle import serving, wait_for
 
 from dflash2_mlx.api import Pair
@@ -312,10 +312,13 @@ def test_a_client_hears_the_end_after_its_place_is_free(pair, monkeypatch):
     assert heard == [("done", 0, 0)] * 6
 
 
-def test_retry_after_before_any_generation_finished(pair):
+def test_retry_after_before_any_generation_finished():
     """No generation has finished yet: Retry-After is the longest running one's time so far
-    (times the requests ahead over the batch), not a flat second."""
-    app = create_app(pair, model_name="tiny", max_queue=0, max_batch=1, default_max_tokens=2)
+    (times the requests ahead over the batch), not a flat second. Each forward takes 10 ms:
+    the 3,000-token stream outlasts the 2.5 s wait on any machine (6 s here at full speed)."""
+    app = create_app(
+        slow_pair(0.01), model_name="tiny", max_queue=0, max_batch=1, default_max_tokens=2
+    )
     worker = app.state.worker
     with running(app) as base:
         with holding(base, "zz"):

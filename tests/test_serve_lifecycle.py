@@ -24,7 +24,7 @@ import httpx
 import openai
 import pytest
 import tiny
-from test_serve import HI, _open_long_stream, make_tokenizer, metric, reference, running
+from test_serve import HI, _open_long_stream, make_tokenizer, metric, reference, running, slow_pair
 
 from dflash2_mlx.api import Pair
 from dflash2_mlx.engine.generation import GenerationParams
@@ -115,24 +115,8 @@ def test_library_cancel_stops_the_prefill_and_the_session_recovers(pair):
     assert out == tiny.greedy_reference(pair.model, prompt, 6, eos=set(pair.eos_ids))
 
 
-def _slow_pair(step_s: float) -> Pair:
-    """A pair of its own whose every target forward (a prefill chunk, a verify) takes at
-    least `step_s`: a long prefill outlasts a client's timeout on a fast machine too."""
-    slow = Pair.from_models(
-        tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2, 4), prefill_chunk=64
-    )
-    adapter, forward = slow.decoder.target, slow.decoder.target.forward
-
-    def slow_forward(*args, **kwargs):
-        time.sleep(step_s)
-        return forward(*args, **kwargs)
-
-    adapter.forward = slow_forward  # this pair's alone
-    return slow
-
-
 def test_client_leaving_during_a_long_prefill_frees_the_worker(logs):
-    pair = _slow_pair(0.03)  # 47 chunks: > 1.4 s of prefill anywhere
+    pair = slow_pair(0.03, prefill_chunk=64)  # 47 chunks: > 1.4 s of prefill anywhere
     t0 = time.perf_counter()  # what half of the long prompt's prefill costs, measured here
     first = pair.stream(LONG_PROMPT[:1500], GenerationParams(max_tokens=1))
     next(first)
