@@ -103,6 +103,12 @@ def test_an_unseeded_reply_follows_mx_random_seed_as_mlx_lm_does():
     mx.random.seed(5)
     assert [dec.generate(PROMPT, params) for _ in range(3)] == first
     assert len({tuple(r) for r in first}) > 1
+    # greedy draws nothing from it, as mlx-lm's greedy: a caller's seeded draws stay theirs
+    mx.random.seed(5)
+    alone = mx.random.uniform(shape=(2,)).tolist()
+    mx.random.seed(5)
+    dec.generate(PROMPT, GenerationParams(max_tokens=8))
+    assert mx.random.uniform(shape=(2,)).tolist() == alone
 
 
 def test_the_distribution_check_can_fail():

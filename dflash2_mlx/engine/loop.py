@@ -283,8 +283,11 @@ class SpeculativeDecoder:
             block = lookup_block = 1
         sp = params.sampling
         # unseeded: a draw from MLX's global generator, so mx.random.seed() reproduces a run
-        # as it does mlx-lm's (MLX seeds it from the clock)
-        seed = sp.seed if sp.seed is not None else int(mx.random.randint(0, 2**31 - 1).item())
+        # as it does mlx-lm's (MLX seeds it from the clock); greedy draws nothing from it, as
+        # mlx-lm's greedy does not (a caller's seeded draws after it stay theirs)
+        seed = sp.seed
+        if seed is None:
+            seed = 0 if sp.greedy else int(mx.random.randint(0, 2**31 - 1).item())
         constraint = None
         if params.constraint is not None:
             ends = getattr(params.constraint, "stop_ids", frozenset())
