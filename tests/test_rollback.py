@@ -165,3 +165,34 @@ def test_head_layout_is_timed_once_and_kept_only_when_faster(
         assert mx.array_equal(head.weight_t, linear.weight.T).item()  # a memory copy, no matmul
     assert isinstance(again, heads.TransposedHead) == pays  # same shape: decided once
     assert sorted(calls) == [1, 1, 3, 3]
+
+
+def test_a_transposed_head_follows_new_weights_of_its_model(monkeypatch):
+    """Where the CPU keeps a transposed copy of the head, weights given to the model after
+    the pair was made (an adapter swapped in: `update`, `load_weights`) reach the verify: the
+    copy went stale and the output was no longer the model's."""
+    from test_serve import make_tokenizer
+
+    from dflash2_mlx.api import Pair
+    from dflash2_mlx.engine.generation import GenerationParams
+    from dflash2_mlx.target import head as heads
+
+    def copy_is_faster(fn, reps):
+        return 1.0 if "weight_t" in fn.__code__.co_freevars else 2.0
+
+    monkeypatch.setattr(heads, "MIN_TIMED_ELEMENTS", 0)
+    monkeypatch.setattr(heads, "_PAYS", {})
+    monkeypatch.setattr(heads, "_median_s", copy_is_faster)
+    device = mx.default_device()
+    mx.set_default_device(mx.cpu)  # the layout question is the CPU's
+    try:
+        model = tiny.make_target("llama", tie_word_embeddings=False)
+        pair = Pair.from_models(model, make_tokenizer(), tiny.make_drafter(2, block_size=4))
+        assert isinstance(pair.decoder.target.head, heads.TransposedHead)
+        prompt = [3, 1, 4, 1, 5]
+        w = model.lm_head.weight
+        model.update({"lm_head": {"weight": mx.concatenate([w[1:], w[:1]])}})  # rows rolled
+        out, _ = pair.generate(prompt, GenerationParams(max_tokens=12))
+    finally:
+        mx.set_default_device(device)
+    assert out == tiny.greedy_reference(model, prompt, 12, eos=set(pair.eos_ids))

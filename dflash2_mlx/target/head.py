@@ -40,14 +40,19 @@ class TransposedHead:
     """`x @ W.T` with W.T stored contiguous. The two layouts take different OpenBLAS paths for
     the few-row products of decoding: on 49k x 576, the copy ran ~2x faster with the Haswell
     kernels and ~2x slower with the SkylakeX ones, so `cpu_head` times both (equal up to float
-    rounding: some kernels differ by 1 ulp between the layouts)."""
+    rounding: some kernels differ by 1 ulp between the layouts). `owner`: the module whose
+    weight this copies; weights given to it later (`update`, `load_weights`: an adapter swapped
+    in) are copied again before use, so the head stays the model's."""
 
-    def __init__(self, weight: mx.array, weight_t: mx.array | None = None):
-        self.weight = weight
+    def __init__(self, weight: mx.array, weight_t: mx.array | None = None, owner=None):
+        self.weight, self.owner = weight, owner
         self.weight_t = mx.contiguous(weight.T) if weight_t is None else weight_t
         mx.eval(self.weight_t)
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self.owner is not None and self.owner.weight is not self.weight:
+            self.weight = self.owner.weight
+            self.weight_t = mx.contiguous(self.weight.T)
         return x @ self.weight_t
 
 
@@ -136,7 +141,7 @@ def cpu_head(head: Head) -> Head:
     if type(owner) in (nn.Linear, nn.Embedding) and "bias" not in owner:
         weight_t = _transposed_if_faster(owner.weight)
         if weight_t is not None:
-            return TransposedHead(owner.weight, weight_t)
+            return TransposedHead(owner.weight, weight_t, owner)
     return head
 
 
