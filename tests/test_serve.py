@@ -642,6 +642,7 @@ BAD = [
     ("completions", {"prompt": "", "suffix": "cd"}, 400, "suffix"),
     ("completions", {"prompt": "ab", "suffix": 5}, 400, "suffix"),
     ("completions", {"prompt": "ab", "max_tokens": 4095}, 400, "max_tokens"),
+    ("chat", {"messages": [{"role": "user", "content": []}]}, 400, "messages[0].content"),
 ]
 
 

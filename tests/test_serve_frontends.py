@@ -94,6 +94,9 @@ def test_open_webuis_ollama_fields(url):
     assert plain["choices"] != named["choices"]  # the penalty does change this reply
     r = post(url, "chat/completions", {**base, "repeat_penalty": 1.8, "repetition_penalty": 1.1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "repeat_penalty"
+    assert post(url, "completions", {"prompt": PROMPT, "keep_alive": 300}).status_code == 200
+    r = post(url, "chat/completions", {**base, "keep_alive": [True]})  # of Ollama's types only
+    assert r.status_code == 400 and r.json()["error"]["param"] == "keep_alive", r.text
 
 
 def test_a_refused_web_page_is_told_the_flag_and_warned_about_once(url):

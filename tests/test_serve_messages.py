@@ -309,6 +309,9 @@ def test_a_thread_is_refused_so_the_sdks_tool_runner_goes_on_without_one(url):
         ),
         # accepted and unused, but of the reference API's types
         ({"metadata": "x"}, "metadata must be an object"),
+        ({"metadata": {"user_id": 5}}, "metadata must be an object whose user_id is a string"),
+        ({"speed": [1, 2]}, "speed must be a string"),
+        ({"inference_geo": {"a": 1}}, "inference_geo must be a string"),
         ({"service_tier": 5}, "service_tier must be a string"),
         ({"cache_control": 5}, "cache_control must be an object"),
     ],

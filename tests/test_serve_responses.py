@@ -395,6 +395,15 @@ def test_what_it_cannot_serve_is_a_400_naming_the_field(url, extra, param):
     assert r.json()["error"]["param"] == param, r.json()
 
 
+def test_an_item_reference_without_a_string_id_says_so(url):
+    """It was "item 'None' is not one of this server's recent replies"."""
+    for ref, code in [({}, "missing_required_parameter"), ({"id": 5}, "invalid_type")]:
+        body = {"model": "tools", "input": [{"type": "item_reference", **ref}]}
+        err = httpx.post(url + "/v1/responses", json=body).json()["error"]
+        assert (err["param"], err["code"]) == ("input[0].id", code), err
+        assert err["message"] == "input[0].id must be a string", err
+
+
 def test_earlier_output_items_sent_back_by_reference(client, url):
     """The Vercel AI SDK's OpenAI provider sends a turn's earlier output items back as
     `item_reference`s (its store defaults to true): the server's recent items resolve, so

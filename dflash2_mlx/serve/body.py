@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import re
 
 from starlette.concurrency import run_in_threadpool
@@ -98,8 +99,13 @@ def parse_json(raw: bytes) -> dict:
         body = json.loads(raw)
     except RecursionError:
         raise _invalid_json("could not parse the JSON body: it is nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as e:  # the message names a position, not a value
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:  # it names a position, not a value
         raise _invalid_json(f"could not parse the JSON body: {str(e)[:120]}") from None
+    except ValueError:  # Python's limit on an int's digits, with advice for Python programmers
+        raise _invalid_json(
+            "could not parse the JSON body: a number in it has more than "
+            f"{sys.get_int_max_str_digits()} digits"
+        ) from None
     if not isinstance(body, dict):
         raise _invalid_json("the request body must be a JSON object")
     check_tree(body)

@@ -33,6 +33,8 @@ def text_content(param: str, content, sep: str, refusal: bool = False) -> str:
         return content
     if not isinstance(content, list):
         raise invalid(param, f"{param} must be a string or a list of text parts", "invalid_type")
+    if not content:  # OpenAI's too: an array of at least one part
+        raise invalid(param, f"{param} is an empty list: give a string or a text part")
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -88,7 +90,7 @@ def message(i: int, m) -> dict:
     refusal = m.get("refusal") if role == "assistant" else None
     if refusal is not None and not isinstance(refusal, str):
         raise invalid(f"messages[{i}].refusal", "refusal must be a string", "invalid_type")
-    if m.get("content") is None and (calls or refusal or role == "tool"):
+    if m.get("content") in (None, []) and (calls or refusal or role == "tool"):
         content = refusal or ""  # a turn that only calls tools, refused (its text), or empty
     elif "content" not in m:
         raise invalid(f"messages[{i}].content", "content is required", "missing_required_parameter")

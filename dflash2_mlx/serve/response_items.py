@@ -47,12 +47,16 @@ class RecentItems:
             if not (isinstance(item, dict) and item.get("type") == "item_reference"):
                 out.append(item)
                 continue
+            ref = item.get("id")
+            if not isinstance(ref, str):
+                code = "missing_required_parameter" if ref is None else "invalid_type"
+                raise invalid(f"input[{i}].id", f"input[{i}].id must be a string", code)
             with self._lock:
-                found = self._items.get(str(item.get("id")))
+                found = self._items.get(ref)
             if found is None:
                 raise invalid(
                     f"input[{i}].id",
-                    f"input[{i}]: item {str(item.get('id'))[:60]!r} is not one of this "
+                    f"input[{i}]: item {ref[:60]!r} is not one of this "
                     "server's recent replies (responses are not stored): send the item itself "
                     "(the Vercel AI SDK: providerOptions.openai.store = false)",
                     "unsupported_parameter",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..values import is_int
+from ..values import is_int, is_number
 from .api_error import brief, invalid
 
 Check = tuple[Callable[[Any], bool], str]  # (value test, what the value must be)
@@ -35,11 +35,20 @@ OPENAI: dict[str, Check] = {
     "safety_identifier": _STRING,
     "max_tool_calls": (lambda v: is_int(v) and v >= 0, "an integer >= 0"),
     "client_metadata": _OBJECT,
+    # Ollama's: how long the model stays loaded, "5m" or seconds
+    "keep_alive": (lambda v: _string(v) or is_number(v), "a duration string or a number"),
 }
 ANTHROPIC: dict[str, Check] = {
-    "metadata": _OBJECT,
+    "metadata": (
+        lambda v: _object(v) and isinstance(v.get("user_id"), (str, type(None))),
+        "an object whose user_id is a string",
+    ),
     "service_tier": _STRING,
     "cache_control": _OBJECT,
+    "inference_geo": _STRING,
+    "speed": _STRING,
+    "user_profile_id": _STRING,
+    "workspace_id": _STRING,
 }
 
 
