@@ -53,8 +53,14 @@ class OpeningRefused(ParameterError):
 
 
 def _brief(error: str) -> str:
-    """llguidance's error without the parser state it dumps after the first line."""
-    first = error.strip().splitlines()[0] if error.strip() else error
+    """llguidance's error without the parser state it dumps after the first line; where that
+    line only opens the message ("regex parse error:"), with the line saying what is wrong."""
+    lines = error.strip().splitlines() or [error]
+    first = lines[0]
+    if first.rstrip().endswith(":"):
+        cause = next((x.strip() for x in lines[1:] if x.strip().startswith("error:")), None)
+        if cause:
+            first = f"{first.rstrip()} {cause.removeprefix('error:').strip()}"
     return first if len(first) <= 300 else first[:300] + "…"
 
 

@@ -25,8 +25,8 @@ _DATE = f"({_YEAR}-{_DAYS}|{_LEAP}-02-29)"
 _FORMAT_PATTERNS = {"time": f"^{_TIME}$", "date": f"^{_DATE}$", "date-time": f"^{_DATE}T{_TIME}$"}
 # Numbers a small model may write until max_tokens cuts the JSON (1111…, 0.0000…): integers
 # within 2**53 - 1 (16 digits, held exactly by llguidance's doubles and by JavaScript's
-# numbers) and numbers within 1e16 on each side the schema leaves open, and 10 decimals (no
-# exponent) where it bounds neither side.
+# numbers) and numbers within 1e16 on each side the schema leaves open (bounds past them held
+# at them), and 10 decimals (no exponent) where it bounds neither side.
 _INTEGER_LIMIT = 2**53 - 1
 _NUMBER_LIMIT = 1e16
 _DECIMALS = 1e-10  # a multipleOf: llguidance takes no finer one
@@ -54,7 +54,7 @@ def closed_objects(schema):
             return [close(v) for v in node]
         if not isinstance(node, dict):
             return node
-        node = _numbers_bounded(_keys_listed(node, definitions))
+        node = _lengths_held(_numbers_bounded(_keys_listed(node, definitions)))
         has_props = isinstance(node.get("properties"), dict)
         out = {}
         for k, v in node.items():
@@ -85,6 +85,18 @@ def closed_objects(schema):
 
 
 _VALUES_GIVEN = ("enum", "const", "allOf", "anyOf", "oneOf", "$ref", "not")
+_LENGTH_LIMIT = 2**32 - 1  # llguidance's regex repetition counts are 32-bit
+
+
+def _lengths_held(node: dict) -> dict:
+    """A string's maxLength past what the grammar engine counts is dropped (no reply is that
+    long: it bounds nothing); a minLength past it is a ValueError (no reply could meet it)."""
+    high, low = node.get("maxLength"), node.get("minLength")
+    if is_number(low) and low > _LENGTH_LIMIT:
+        raise ValueError(f"minLength {low}: no reply can be that long")
+    if is_number(high) and high > _LENGTH_LIMIT:
+        return {k: v for k, v in node.items() if k != "maxLength"}
+    return node
 
 
 def _numbers_bounded(node: dict) -> dict:
@@ -101,8 +113,10 @@ def _numbers_bounded(node: dict) -> dict:
     else:
         return node
     out = dict(node)
-    if limit == _INTEGER_LIMIT and set(types) <= {"integer"}:  # held within what doubles hold
-        _integer_bounds(out)
+    if limit == _NUMBER_LIMIT:  # llguidance cannot write the regex of a range past ~1e17
+        _bounds_within(out, "number")
+    elif set(types) <= {"integer"}:  # held within what doubles hold
+        _bounds_within(out, "integer")
     low = next((out[k] for k in ("minimum", "exclusiveMinimum") if k in out), None)
     high = next((out[k] for k in ("maximum", "exclusiveMaximum") if k in out), None)
     if high is None and not (is_number(low) and low >= limit):
@@ -114,30 +128,41 @@ def _numbers_bounded(node: dict) -> dict:
     return out
 
 
-# each bound key, and its value at the limit (an exclusive one a step past it)
+# each bound key, and its value at the limit (an integer's exclusive one a step past it)
 _AT_LIMIT = {
-    "maximum": _INTEGER_LIMIT,
-    "exclusiveMaximum": _INTEGER_LIMIT + 1,
-    "minimum": -_INTEGER_LIMIT,
-    "exclusiveMinimum": -_INTEGER_LIMIT - 1,
+    "integer": {
+        "maximum": _INTEGER_LIMIT,
+        "exclusiveMaximum": _INTEGER_LIMIT + 1,
+        "minimum": -_INTEGER_LIMIT,
+        "exclusiveMinimum": -_INTEGER_LIMIT - 1,
+    },
+    "number": {
+        "maximum": _NUMBER_LIMIT,
+        "exclusiveMaximum": _NUMBER_LIMIT,
+        "minimum": -_NUMBER_LIMIT,
+        "exclusiveMinimum": -_NUMBER_LIMIT,
+    },
+}
+_HELD = {
+    "integer": "integers are held within ±(2**53 - 1), where doubles and JavaScript keep "
+    "every digit",
+    "number": "numbers are held within ±1e16 (the grammar engine writes no wider range)",
 }
 
 
-def _integer_bounds(out: dict) -> None:
-    """An integer schema's bounds past 2**53 - 1 (llguidance rounds them to doubles, letting
-    2**53 pass a minimum of 2**53 + 1), each replaced in `out` by the limit on its side, which
-    only narrows what it allows (another, tighter bound on that side stays); a ValueError where
-    no value within the limit remains."""
-    for key, at in _AT_LIMIT.items():
+def _bounds_within(out: dict, kind: str) -> None:
+    """A `kind` ("integer" or "number") schema's bounds past its limit, each replaced in `out`
+    by the limit on its side, which only narrows what it allows (another, tighter bound on
+    that side stays); a ValueError where no value within the limit remains. Integers: llguidance
+    rounds bounds to doubles (2**53 passed a minimum of 2**53 + 1); numbers: it fails on a
+    range past ~1e17 with a message of its own internals."""
+    for key, at in _AT_LIMIT[kind].items():
         v = out.get(key)
         if not is_number(v):
             continue
         upper = key.endswith("aximum")
         if (v < -at) if upper else (v > -at):  # nothing within the limit is left
-            raise ValueError(
-                f"integer bound {key} {v}: integers are held within ±(2**53 - 1), where "
-                "doubles and JavaScript keep every digit"
-            )
+            raise ValueError(f"{kind} bound {key} {v}: {_HELD[kind]}")
         if (v > at) if upper else (v < at):
             out[key] = at
 

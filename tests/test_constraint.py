@@ -739,3 +739,29 @@ def test_integer_bounds_past_a_double_are_held_within_it(char_pair):
     for bound in ({"minimum": 2**53}, {"exclusiveMaximum": -(2**53) - 5}):
         with pytest.raises(ParameterError, match="held within"):
             char_pair.json_schema({"type": "integer", **bound})
+
+
+def test_number_bounds_past_1e16_are_held_within_it(char_pair):
+    """llguidance writes no regex for a number range past ~1e17: a maximum of 1e20, or the
+    largest double that schema generators write, was a 400 quoting its internals."""
+    tok = char_pair.tokenizer
+    for high in (1e20, 1.7976931348623157e308):
+        g = char_pair.grammars.json_schema({"type": "number", "minimum": 0, "maximum": high})
+        assert _accepts(g, tok, "12.5") and not _accepts(g, tok, "-1")
+    g = char_pair.grammars.json_schema({"type": "number", "minimum": -1e20, "exclusiveMaximum": 5})
+    assert _accepts(g, tok, "-3") and not _accepts(g, tok, "7")
+    with pytest.raises(ParameterError, match="numbers are held within"):
+        char_pair.json_schema({"type": "number", "minimum": 1e18})
+
+
+def test_string_lengths_and_patterns_the_engine_cannot_take_say_why(char_pair):
+    """A maxLength past 2**32 - 1 bounds nothing (llguidance's regex counts are 32-bit: it
+    was a 400 reading "regex parse error:"); a minLength past it is a 400 saying so; a bad
+    pattern's error keeps its cause."""
+    tok = char_pair.tokenizer
+    g = char_pair.grammars.json_schema({"type": "string", "maxLength": 2**53 - 1})
+    assert _accepts(g, tok, '"abc"')
+    with pytest.raises(ParameterError, match="minLength 4294967296: no reply can be that long"):
+        char_pair.json_schema({"type": "string", "minLength": 2**32})
+    with pytest.raises(ParameterError, match="regex parse error: unclosed group"):
+        char_pair.json_schema({"type": "string", "pattern": "(("})
