@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import tiny
-from test_serve import EOS, client, make_tokenizer, pair, url  # noqa: F401  (its fixtures)
+from test_serve import EOS, client, make_tokenizer, metric, pair, url  # noqa: F401  (its fixtures)
 
 from dflash2_mlx.api import Pair
 from dflash2_mlx.engine.scoring import PromptScoring
@@ -65,8 +65,16 @@ def check_prompt_entries(pair, lp, text: str, ids: list[int], top: int):
         assert text[start : start + len(token)] == token  # offsets point into the text
 
 
-def test_echo_with_no_tokens_scores_the_prompt_alone(pair, client):
+def test_echo_with_no_tokens_scores_the_prompt_alone(pair, client, url):
+    before = httpx.get(url + "/metrics").text
     r = client.completions.create(model="tiny", prompt=PROMPT, echo=True, logprobs=2, max_tokens=0)
+    after = httpx.get(url + "/metrics").text
+    # its queue wait and scored prompt are counted (a generation with no prefill otherwise)
+    for name, grew in [
+        ("dflash2_queue_wait_seconds_count", 1),
+        ("dflash2_scored_prompt_tokens_total", len(PROMPT)),
+    ]:
+        assert metric(after, name) - metric(before, name) == grew, name
     choice = r.choices[0]
     assert choice.text == pair.tokenizer.decode(PROMPT) and choice.finish_reason == "length"
     check_prompt_entries(pair, choice.logprobs, choice.text, PROMPT, 2)
@@ -74,14 +82,17 @@ def test_echo_with_no_tokens_scores_the_prompt_alone(pair, client):
     assert r.usage.prompt_tokens == len(PROMPT) and r.usage.completion_tokens == 0
 
 
-def test_an_evaluation_harness_loglikelihood_batch(pair, client):
+def test_an_evaluation_harness_loglikelihood_batch(pair, client, url):
     """lm-evaluation-harness's request: token-id prompts (context + continuation) in one
     batch, echo, max_tokens 1, logprobs 1, temperature 0; it sums token_logprobs[ctxlen:-1]
     (the last entry is the generated token) and checks each against its top_logprobs' best."""
     contexts, continuations = [PROMPT[:6], PROMPT[:9]], [PROMPT[6:10], PROMPT[9:]]
     prompts = [c + x for c, x in zip(contexts, continuations)]
     body = dict(model="tiny", prompt=prompts, echo=True, max_tokens=1, logprobs=1, temperature=0)
+    before = httpx.get(url + "/metrics").text
     r = client.completions.create(**body, seed=1234)
+    waits = "dflash2_queue_wait_seconds_count"  # once a prompt: at its scoring, not again
+    assert metric(httpx.get(url + "/metrics").text, waits) - metric(before, waits) == 2
     for choice, ctx, ids in zip(sorted(r.choices, key=lambda c: c.index), contexts, prompts):
         lp = choice.logprobs
         assert len(lp.tokens) == len(ids) + 1  # the prompt's entries, then the generated one

@@ -74,6 +74,7 @@ class Metrics:
         self.queue_wait = Histogram(WAIT_BUCKETS)  # per request: submitted -> prefill starts
         self.prefill = Histogram(PREFILL_BUCKETS)  # per generation: its prompt's prefill
         self.cached_prompt_tokens = 0  # prompt tokens served by the prompt cache
+        self.scored_prompt_tokens = 0  # prompt tokens scored for their log-probabilities (echo)
         self.prompt_cache: Callable[[], PromptCacheStats] | None = None  # its counters
 
     def count_response(self, endpoint: str, status: int) -> None:
@@ -91,6 +92,12 @@ class Metrics:
             self.rounds += 1
             self.drafted += ev.drafted
             self.accepted += ev.accepted
+
+    def count_scored(self, tokens: int) -> None:
+        """A prompt scored for its own log-probabilities (a pass of its own, before any
+        prefill)."""
+        with self._lock:
+            self.scored_prompt_tokens += tokens
 
     def count_generation(self, seconds: float, cancelled: bool) -> None:
         with self._lock:
@@ -195,6 +202,13 @@ _SCALARS = (
         "counter",
         "Prompt tokens of started generations (each choice of an n > 1 request counts its own).",
         "prompt_tokens",
+    ),
+    (
+        "dflash2_scored_prompt_tokens_total",
+        "counter",
+        "Prompt tokens scored for their own log-probabilities (a completion's echo with "
+        "logprobs: a pass before, and besides, its prefill).",
+        "scored_prompt_tokens",
     ),
     (
         "dflash2_generated_tokens_total",

@@ -38,6 +38,7 @@ class _Running:
     job: Job
     started: float  # perf_counter() when it left the queue
     waited_ms: float  # submit -> handed to the batch (the batch adds its own wait)
+    wait_observed: bool = False  # its queue wait is in the metrics (a scored prompt's: at once)
     text: EventText | None = None
     lease: Lease | None = None
     scoring: PromptScoring | None = None  # its prompt's log-probabilities, before it runs
@@ -120,6 +121,8 @@ class Scheduler:
                     self._fail(r, e)
                     continue
                 self.scoring.append(r)
+                self.metrics.observe_queue_wait(r.waited_ms / 1000.0)
+                r.wait_observed = True
             elif job.generate:
                 self._join(r)
             else:  # only its prompt echoed
@@ -159,6 +162,7 @@ class Scheduler:
             return
         self.scoring.popleft()
         r.job.emit(Item("scores", event=tuple(r.scoring.result)))
+        self.metrics.count_scored(len(r.job.prompt_ids))
         r.scoring = None
         if r.job.generate:
             self._join(r)
@@ -186,7 +190,8 @@ class Scheduler:
     def _deliver(self, r: _Running, event: RoundEvent) -> None:
         if event.prefill:
             event = replace(event, queue_ms=event.queue_ms + r.waited_ms)
-            self.metrics.observe_queue_wait(event.queue_ms / 1000.0)
+            if not r.wait_observed:
+                self.metrics.observe_queue_wait(event.queue_ms / 1000.0)
         self.metrics.count_event(event)
         r.produced += len(event.tokens)
         chunk = r.text.chunk(event)
