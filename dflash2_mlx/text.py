@@ -117,6 +117,7 @@ class IncrementalDecoder:
     nothing drop the first token's leading space (" Paris" -> "Paris"); the context keeps it.
     The ids of a UTF-8 character not yet complete are held back until it is: found from the
     tokens' bytes where the vocabulary gives them, else from a window's trailing U+FFFD.
+    Invalid bytes are U+FFFD as in the bytes' own decode (_window).
     """
 
     CONTEXT = 4  # prompt ids seeding the first window
@@ -163,22 +164,51 @@ class IncrementalDecoder:
 
     def add(self, tokens: Sequence[int], final: bool = False) -> str:
         self.ids.extend(int(t) for t in tokens)
+        if self.byte_level:
+            whole = self._whole(len(self.ids))
+            new = self._window(whole) if whole > self.read else ""
+            if final and whole < len(self.ids):  # cut inside a character: U+FFFD, by bytes
+                new += self._window(len(self.ids), by_bytes=True)
+        else:
+            new = self._by_text(final)
+        self.text += new
+        return new
+
+    def _window(self, end: int, by_bytes: bool = False) -> str:
+        """What ids[read:end] add to the window's text. Where that holds U+FFFD, or the window
+        rewrites text shown before (a byte-fallback vocabulary's decode turns a whole run of
+        byte tokens into U+FFFD when one of them is invalid), their own bytes are decoded
+        instead, as mlx-lm's detokenizers do: shown text is never sent again, and the text
+        does not depend on how the ids came in rounds."""
+        full = shown = ""
+        if not by_bytes:
+            full = self._decode(self.ids[self.start : end])
+            shown = self._decode(self.ids[self.start : self.read])
+        if by_bytes or not (full.startswith(shown) and "\ufffd" not in full[len(shown) :]):
+            # (from the common prefix: a prompt may end inside a character the reply ends)
+            full = self._bytes_text(self.ids[self.start : end])
+            shown = self._bytes_text(self.ids[self.start : self.read])
+        self.start, self.read = self.read, end
+        return full[len(os.path.commonprefix([shown, full])) :]
+
+    def _bytes_text(self, ids: list[int]) -> str:
+        data = b"".join(token_bytes(self.tokenizer, t) for t in ids)
+        return data.decode("utf-8", errors="replace")
+
+    def _by_text(self, final: bool) -> str:
+        """add's text for a vocabulary without bytes."""
         end = len(self.ids)
-        if not final and self.byte_level:
-            end = self._whole(end)
         if end == self.read:
             return ""
         full = self._decode(self.ids[self.start : end])
-        if not final and not self.byte_level:
+        if not final:
             end, full = self._whole_by_text(end, full)
             if end == self.read:
                 return ""
         shown = self._decode(self.ids[self.start : self.read])
         common = len(shown) if full.startswith(shown) else len(os.path.commonprefix([shown, full]))
-        new = full[common:]
         self.start, self.read = self.read, end
-        self.text += new
-        return new
+        return full[common:]
 
 
 class TextStream:

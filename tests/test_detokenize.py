@@ -114,3 +114,62 @@ def test_every_token_gets_its_logprob_entry(tok):
 )
 def test_incomplete_tail(data, tail):
     assert incomplete_tail(data) == tail
+
+
+@pytest.fixture(scope="module")
+def spm_tok(tmp_path_factory):
+    """A Llama-2 / Mistral-style tokenizer: SentencePiece pieces (▁ for a space) and a byte
+    token <0x00>..<0xFF> for every byte no piece spells (byte fallback)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    pieces = ["▁", "▁the", "▁hello", "中", "文", "é", "a", "b", "x", ",", "."]
+    vocab = ["<unk>", "<s>", "</s>", *[f"<0x{i:02X}>" for i in range(256)], *pieces]
+    model = models.BPE({w: i for i, w in enumerate(vocab)}, [], unk_token="<unk>")
+    model.byte_fallback = True
+    tok = Tokenizer(model)
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    folder = tmp_path_factory.mktemp("spm")
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>"
+    ).save_pretrained(folder)
+    return load_tokenizer(folder)
+
+
+def test_byte_fallback_text_does_not_depend_on_the_rounds(spm_tok):
+    """A byte-fallback decode turns a whole run of byte tokens into U+FFFD when one of them
+    is invalid or unfinished (a reply cut inside a character): the window rewrote text
+    already shown, which was sent again ('中' then a cut '文' came out '中����'), and the text
+    changed with how the ids fell into rounds. Now it is mlx-lm's detokenizer's text, in any
+    rounds, and the tokenizer's decode where the bytes are valid."""
+    tok, rng = spm_tok, random.Random(5)
+    assert knows_token_bytes(tok)
+    byte = {b: tok.convert_tokens_to_ids(f"<0x{b:02X}>") for b in range(256)}
+    han = [byte[b] for b in "文".encode()]  # a character no piece spells here: its bytes
+    cut = tok.encode("中", add_special_tokens=False) + han[:1]
+    assert _streamed(tok, cut, iter(lambda: 1, None)) == " 中\ufffd"  # after "Say:"
+    pool = [*byte.values(), *tok.encode("the hello 中文 é a, b.", add_special_tokens=False)]
+    for _ in range(300):
+        ids = [rng.choice(pool) for _ in range(rng.randint(1, 10))]
+        detok = tok._detokenizer
+        detok.reset()
+        for t in ids:
+            detok.add_token(t)
+        detok.finalize()
+        for step in (1, 3, len(ids)):
+            got = _streamed(tok, ids, iter(lambda s=step: s, None))
+            assert got == _streamed(tok, ids, iter(lambda: rng.randint(1, 4), None)), ids
+            assert got.lstrip(" ") == detok.text.lstrip(" "), (ids, got, detok.text)
+        if "\ufffd" not in _want(tok, ids):
+            assert (
+                got
+                == _want(tok, [*tok.encode("Say:"), *ids])[len(_want(tok, tok.encode("Say:"))) :]
+            )
