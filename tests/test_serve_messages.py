@@ -326,11 +326,40 @@ def test_errors_take_anthropics_shape_and_name_the_field(url, extra, needle):
     assert needle in err["error"]["message"], err
 
 
+def test_this_servers_sampling_additions_as_on_chat(url, tool_pair):  # noqa: F811
+    """seed, min_p, the penalties (and repeat_penalty) as chat takes them: an SDK's extra_body
+    (a Messages client could not get a reproducible sampled reply; Responses took them)."""
+
+    def reply(**extra):
+        body = {"model": "tools", "max_tokens": 12, "messages": tt.HI, **extra}
+        r = httpx.post(url + "/v1/messages", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["content"]
+
+    sampled = {"temperature": 1.5, "seed": 7, "min_p": 0.01}
+    assert reply(**sampled) == reply(**sampled)
+    assert len({json.dumps(reply(temperature=1.5, seed=s)) for s in range(4)}) > 1
+    assert reply(repetition_penalty=1.8) == reply(repeat_penalty=1.8)
+    plain = reply(temperature=0)
+    ban = {str(i): -100 for i in tool_pair.tokenizer.encode(plain[0]["thinking"])}
+    assert reply(temperature=0, logit_bias=ban) != plain  # the scripted reply cannot come
+    r = httpx.post(
+        url + "/v1/messages",
+        json={"model": "tools", "max_tokens": 4, "messages": tt.HI, "repetition_penalty": -1},
+    )
+    assert r.status_code == 400 and "repetition_penalty" in r.json()["error"]["message"]
+    r = httpx.post(
+        url + "/v1/responses",
+        json={"model": "tools", "input": "hi", "max_output_tokens": 8, "repeat_penalty": 1.8},
+    )
+    assert r.status_code == 200, r.text
+
+
 def test_count_tokens_refuses_generation_fields(url):
     """As Anthropic's: a count is of a prompt; max_tokens, sampling and stops are refused."""
     body = {"model": "tools", "messages": tt.HI}
     assert httpx.post(url + "/v1/messages/count_tokens", json=body).status_code == 200
-    for extra in ({"max_tokens": 8}, {"temperature": 5}, {"stop_sequences": ["x"]}):
+    for extra in ({"max_tokens": 8}, {"temperature": 5}, {"stop_sequences": ["x"]}, {"seed": 1}):
         r = httpx.post(url + "/v1/messages/count_tokens", json={**body, **extra})
         assert r.status_code == 400, r.text
         assert (

@@ -8,7 +8,8 @@ order, before the user's own text); `thinking` blocks sent back are dropped (tem
 past thinking); a final assistant message is the reply's prefill (chat's
 `continue_final_message`). Tools (`input_schema`), `tool_choice`
 (auto / any / tool / none, `disable_parallel_tool_use`), `stop_sequences`, `max_tokens`,
-`temperature`, `top_p`, `top_k`, `output_config.format` (a JSON schema) and `thinking`
+`temperature`, `top_p`, `top_k` (and this server's `min_p`, `seed`, penalties),
+`output_config.format` (a JSON schema) and `thinking`
 (enabled / adaptive / disabled: the template's thinking switch; `budget_tokens`: a thinking
 budget, engine/budget.py) mean what the chat fields mean. The chat parser then checks
 everything as for /v1/chat/completions, and errors name the Messages field.
@@ -23,9 +24,12 @@ from .api_error import APIError, brief, check_object, invalid, renamed
 from .chat_messages import add_piece, join_pieces
 from .messages_options import apply_output_config, apply_thinking, apply_tool_choice, chat_tools
 from .schemas import GenRequest, check_token_limit, parse_chat
+from .token_fields import ALIASES, PENALTIES
 from .unused_fields import ANTHROPIC, check_unused
 
 _SAME = ("model", "stream", "temperature", "top_p", "top_k", "max_tokens")
+# this server's additions, as on chat and Responses (an SDK's extra_body)
+_SAME += ("min_p", "seed", *PENALTIES, *ALIASES)
 # Accepted and unused: they cannot change the generated text (cache_control: this server's
 # prompt cache works without hints).
 _HARMLESS = (
@@ -59,7 +63,7 @@ def _no_threads() -> APIError:
 
 
 # generation's fields, not a count's (Anthropic's count_tokens refuses them)
-_NOT_COUNTED = ("max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences")
+_NOT_COUNTED = tuple(k for k in _SAME if k != "model") + ("stop_sequences",)
 _NOT_COUNTED += ("metadata", "service_tier")
 
 

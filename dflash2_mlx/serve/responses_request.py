@@ -30,6 +30,7 @@ from .responses_options import (
 )
 from .responses_output import unseal
 from .schemas import GenRequest, check_token_limit, parse_chat
+from .token_fields import ALIASES
 from .unused_fields import OPENAI, check_unused
 
 # Responses field -> its chat field (the same meaning and checks).
@@ -49,6 +50,7 @@ _SAME = (
     "repetition_penalty",
     "repetition_context_size",
     "logit_bias",
+    *ALIASES,  # repeat_penalty, as on chat
     "stream_options",
 )
 # Accepted and unused: they cannot change the generated text.
