@@ -199,14 +199,14 @@ def _core_name(handle: ctypes.CDLL) -> str | None:
     return None
 
 
-def default_threads() -> int:
-    """BLAS threads: DFLASH2_BLAS_THREADS, else half the cores (at least 1)."""
+def _asked_threads() -> int | None:
+    """DFLASH2_BLAS_THREADS as a count >= 1, else None (a value that is not one: warned)."""
     env = os.environ.get("DFLASH2_BLAS_THREADS", "").strip()
     if env.isdigit() and int(env) > 0:
         return int(env)
     if env:
         warnings.warn(f"DFLASH2_BLAS_THREADS={env!r} is not a count >= 1; using the default")
-    return max(1, (os.cpu_count() or 2) // 2)
+    return None
 
 
 def kernel_threads(openblas_threads: int, asked: bool) -> int:
@@ -225,10 +225,12 @@ def _set_threads() -> bool:
     """OpenBLAS reads OPENBLAS_NUM_THREADS when it loads: DFLASH2_BLAS_THREADS, dflash2's
     own setting, wins over it; else one already set is kept; else the default. Returns whether
     DFLASH2_BLAS_THREADS sets a count."""
-    ours = os.environ.get("DFLASH2_BLAS_THREADS", "").strip()
-    if ours or not os.environ.get("OPENBLAS_NUM_THREADS", "").strip().isdigit():
-        os.environ["OPENBLAS_NUM_THREADS"] = str(default_threads())  # warns about a bad one
-    return ours.isdigit() and int(ours) > 0
+    asked = _asked_threads()
+    given = os.environ.get("DFLASH2_BLAS_THREADS", "").strip()
+    if given or not os.environ.get("OPENBLAS_NUM_THREADS", "").strip().isdigit():
+        half = max(1, (os.cpu_count() or 2) // 2)  # the default: half the cores
+        os.environ["OPENBLAS_NUM_THREADS"] = str(asked or half)
+    return asked is not None
 
 
 def _threads_in_use(handle: ctypes.CDLL) -> int | None:

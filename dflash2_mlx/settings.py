@@ -237,8 +237,9 @@ class EngineSettings:
 
     @property
     def effective_block(self) -> int:
-        """Tokens verified per round: 1 when speculative decoding is off."""
-        return self.block.size if self.speculative else 1
+        """Tokens a greedy drafter round verifies at the start of a reply (1 when speculative
+        decoding is off): the block before any schedule by context or temperature."""
+        return self.drafting.block_now(0.0, 0, self.block.size)
 
     @property
     def drafting(self) -> Drafting:

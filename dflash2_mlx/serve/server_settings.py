@@ -29,8 +29,9 @@ class ServerSettings:
 
     @property
     def effective_block(self) -> int:
-        """Tokens verified per round (1 when speculative is off)."""
-        return (self.drafting.block or self.trained) if self.speculative else 1
+        """Tokens a greedy drafter round verifies at the start of a reply (1 when speculative
+        is off): the server's block before any schedule by context or temperature."""
+        return self.drafting.block_now(0.0, 0, self.trained)
 
     def drafting_fields(self, sampling: SamplingParams) -> dict:
         """GenerationParams' drafting fields of a request sampled with `sampling`."""
