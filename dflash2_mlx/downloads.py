@@ -75,24 +75,7 @@ def fetch(
             )
         )
     except LocalEntryNotFoundError:
-        from huggingface_hub import constants
-
-        # each cause with its own remedy (`dflash2 pull` itself lands here when offline)
-        why = (
-            "offline mode asks no hub: load it once without offline mode"
-            if offline
-            else "HF_HUB_OFFLINE is set, so the hub is not asked: unset it to download"
-            if constants.HF_HUB_OFFLINE
-            else "the hub cannot be reached: download it where it can (`dflash2 pull` fetches "
-            "ahead of time into this cache)"
-        )
-        local = Path(str(path_or_repo)).expanduser()
-        folder = local.parent.is_dir() and local.parent != Path(".")  # a mistyped local path?
-        raise FetchError(
-            f"{what} {path_or_repo}: "
-            + (f"no such folder in {local.parent}, and " if folder else "")
-            + f"not in the local Hugging Face cache; {why}, or pass a local folder"
-        ) from None
+        raise _not_cached(str(path_or_repo), what, offline) from None
     except GatedRepoError:
         raise FetchError(
             f"{what} {path_or_repo}: gated on the hub; accept its terms and log in "
@@ -108,6 +91,28 @@ def fetch(
         raise FetchError(
             f"{what} {path_or_repo}: download failed: {type(exc).__name__}: {exc}"
         ) from None
+
+
+def _not_cached(repo: str, what: str, offline: bool) -> FetchError:
+    """A repo not in the local cache, where the hub was not asked or could not be reached:
+    each cause with its own remedy (`dflash2 pull` itself lands here when offline)."""
+    from huggingface_hub import constants
+
+    why = (
+        "offline mode asks no hub: load it once without offline mode"
+        if offline
+        else "HF_HUB_OFFLINE is set, so the hub is not asked: unset it to download"
+        if constants.HF_HUB_OFFLINE
+        else "the hub cannot be reached: download it where it can (`dflash2 pull` fetches "
+        "ahead of time into this cache)"
+    )
+    local = Path(repo).expanduser()
+    folder = local.parent.is_dir() and local.parent != Path(".")  # a mistyped local path?
+    return FetchError(
+        f"{what} {repo}: "
+        + (f"no such folder in {local.parent}, and " if folder else "")
+        + f"not in the local Hugging Face cache; {why}, or pass a local folder"
+    )
 
 
 def hf_cache() -> list[dict]:
