@@ -26,6 +26,7 @@ from .common import (
     TopKOpt,
     TopPOpt,
     fail,
+    DraftingFlags,
     spec_engine_flags,
     sampling_flags,
 )
@@ -91,7 +92,7 @@ def chat(
         fail("--thinking-budget has no effect with --no-thinking")
     engine = spec_engine_flags(
         no_spec,
-        (block, lookup, no_datastore, full_vocab, draft_vocab),
+        DraftingFlags(block, lookup, no_datastore, full_vocab, draft_vocab),
         sampling_flags(temp, top_p, top_k, min_p, seed),
         chat_template,
         idle="a --prompt answer cannot turn speculation on" if one_answer else None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
@@ -52,24 +53,41 @@ def output_path(flag: str):
     return check
 
 
-def spec_engine_flags(no_spec: bool, drafting: tuple, sampling, chat_template, idle=None):
-    """engine_flags from a front end's --no-spec, its drafting flags (`drafting`: --block,
-    --lookup, --no-datastore, --full-vocab, --draft-vocab), sampling flags and template.
-    `idle`: why nothing could turn speculation on later: with --no-spec, a drafting flag given
-    is then refused, naming it (it would be ignored)."""
-    block, lookup, no_datastore, full_vocab, draft_vocab = drafting
-    given = (block is not None, lookup is not None, no_datastore, full_vocab, draft_vocab)
-    names = ("--block", "--lookup", "--no-datastore", "--full-vocab", "--draft-vocab")
-    for flag, was_given in zip(names, given) if no_spec and idle else ():
-        if was_given:
-            fail(f"{flag} has no effect with --no-spec: {idle}")
+@dataclass(frozen=True)
+class DraftingFlags:
+    """A front end's drafting flags as given (None / False: not given)."""
+
+    block: int | None = None
+    lookup: int | None = None
+    no_datastore: bool = False
+    full_vocab: bool = False
+    draft_vocab: int | None = None
+
+    def given(self) -> list[str]:
+        """The flags given, by name."""
+        values = {
+            "--block": self.block is not None,
+            "--lookup": self.lookup is not None,
+            "--no-datastore": self.no_datastore,
+            "--full-vocab": self.full_vocab,
+            "--draft-vocab": self.draft_vocab is not None,
+        }
+        return [flag for flag, was_given in values.items() if was_given]
+
+
+def spec_engine_flags(no_spec: bool, drafting: DraftingFlags, sampling, chat_template, idle=None):
+    """engine_flags from a front end's --no-spec, its drafting flags, sampling flags and
+    template. `idle`: why nothing could turn speculation on later: with --no-spec, a drafting
+    flag given is then refused, naming it (it would be ignored)."""
+    for flag in drafting.given() if no_spec and idle else ():
+        fail(f"{flag} has no effect with --no-spec: {idle}")
     return engine_flags(
-        block=block,
+        block=drafting.block,
         spec=not no_spec,
-        lookup=lookup,
-        datastore=not no_datastore,
-        full_vocab=full_vocab,
-        draft_vocab=draft_vocab,
+        lookup=drafting.lookup,
+        datastore=not drafting.no_datastore,
+        full_vocab=drafting.full_vocab,
+        draft_vocab=drafting.draft_vocab,
         sampling=sampling,
         chat_template=chat_template,
     )

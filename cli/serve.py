@@ -31,6 +31,7 @@ from .common import (
     TopKOpt,
     TopPOpt,
     fail,
+    DraftingFlags,
     spec_engine_flags,
     sampling_flags,
 )
@@ -230,7 +231,7 @@ def serve(
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}")
     sampling = sampling_flags(temp, top_p, top_k, min_p, seed)
-    drafting = (block, lookup, no_datastore, full_vocab, draft_vocab)
+    drafting = DraftingFlags(block, lookup, no_datastore, full_vocab, draft_vocab)
     flags = spec_engine_flags(
         no_spec, drafting, sampling, chat_template, idle="no request can turn speculation on"
     )
