@@ -13,11 +13,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import tiny
-from test_serve import EOS, client, make_tokenizer, metric, pair, url  # noqa: F401  (its fixtures)
+from test_serve import EOS, client, make_tokenizer, metric, pair, running, url  # noqa: F401
 
 from dflash2_mlx.api import Pair
+from dflash2_mlx.engine.generation import GenerationParams
 from dflash2_mlx.engine.scoring import PromptScoring
 from dflash2_mlx.errors import ParameterError
+from dflash2_mlx.serve import create_app
 
 PROMPT = [3, 9, 4, 12, 7, 7, 30, 5, 18, 22, 9, 41, 6]
 
@@ -43,6 +45,10 @@ def test_prompt_logprobs_are_the_targets_own_in_any_chunking(family):
         for i, lp in enumerate(scored):
             np.testing.assert_allclose([v for _, v in lp.top], np.sort(ref[i])[::-1][:3], atol=1e-3)
     assert [lp.logprob for lp in pair.prompt_logprobs(PROMPT)] == pytest.approx(got, abs=1e-3)
+    first = next(
+        iter(pair.decoder.stream(PROMPT, GenerationParams(max_tokens=2, prompt_logprobs=0)))
+    )
+    assert [lp.logprob for lp in first.prompt_logprobs] == pytest.approx(got, abs=1e-3)
     with pytest.raises(ParameterError, match="out of range"):
         pair.prompt_logprobs([3, 10_000])
     with pytest.raises(ParameterError, match="empty"):
@@ -162,3 +168,44 @@ def test_echo_of_a_text_prompt_and_n_choices(pair, url):
     assert [c["text"] for c in r["choices"]] == [pair.tokenizer.decode(ids)] * 2
     assert r["choices"][0]["logprobs"] == r["choices"][1]["logprobs"]
     assert len(r["choices"][0]["logprobs"]["tokens"]) == len(ids)
+
+
+def test_a_generation_scores_its_prompt_with_its_own_prefill(pair, monkeypatch):
+    """GenerationParams.prompt_logprobs: the prefill's rows give the prompt's log-probabilities
+    (the whole prompt fed again where a session holds part of it), and the reply is the one
+    asked without them; the server's echo with max_tokens >= 1 reads its prompt once (a
+    scoring pass of its own came first)."""
+    from dflash2_mlx.serve import scheduler
+
+    ref = reference(pair.model, PROMPT)
+    plain = list(pair.decoder.stream(PROMPT, GenerationParams(max_tokens=6)))
+    session = pair.decoder.new_session()
+    list(pair.decoder.stream(PROMPT[:8], GenerationParams(max_tokens=2), session))
+    for s in (None, session):
+        events = list(
+            pair.decoder.stream(PROMPT, GenerationParams(max_tokens=6, prompt_logprobs=2), s)
+        )
+        first = events[0]
+        assert first.reused_tokens == 0 and first.prompt_tokens == len(PROMPT)
+        assert [lp.token for lp in first.prompt_logprobs] == PROMPT[1:]
+        got = [lp.logprob for lp in first.prompt_logprobs]
+        np.testing.assert_allclose(got, [ref[i, t] for i, t in enumerate(PROMPT[1:])], atol=1e-3)
+        assert all(len(lp.top) == 2 for lp in first.prompt_logprobs)
+        assert sum((e.tokens for e in events), []) == sum((e.tokens for e in plain), [])
+    assert plain[0].prompt_logprobs is None
+
+    def no_second_pass(*args, **kwargs):
+        raise AssertionError("a generation's prompt was scored by a pass of its own")
+
+    monkeypatch.setattr(scheduler, "PromptScoring", no_second_pass)
+    app = create_app(pair, model_name="tiny", default_max_tokens=4)
+    with running(app) as base:
+        body = {"prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 2, "temperature": 0}
+        r = httpx.post(base + "/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        lp = r.json()["choices"][0]["logprobs"]
+        np.testing.assert_allclose(
+            lp["token_logprobs"][1 : len(PROMPT)],
+            [ref[i, t] for i, t in enumerate(PROMPT[1:])],
+            atol=1e-3,
+        )

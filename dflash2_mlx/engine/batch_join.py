@@ -63,7 +63,7 @@ def feed(decoder: SpeculativeDecoder, w: Waiting, budget: int, chunk: int) -> in
             return budget
         session = w.session if w.session is not None else decoder.new_session()
         w.queue_ms = (time.perf_counter() - w.added) * 1000.0
-        w.prefill = decoder._begin(session, w.prompt, w.cancel)
+        w.prefill = decoder._begin(session, w.prompt, w.cancel, w.run.params.prompt_logprobs)
     p = w.prefill
     while not p.done:
         n = min(chunk, p.remaining)

@@ -42,6 +42,9 @@ class RoundEvent:
     prediction_used: int = 0  # of the prediction's tokens, those this event's tokens followed
     # with GenerationParams.logprobs: one engine.logprobs.TokenLogprob per token in `tokens`
     logprobs: tuple = ()
+    # on the prefill event, with GenerationParams.prompt_logprobs: one TokenLogprob per prompt
+    # token after the first (each scored after the ones before it)
+    prompt_logprobs: tuple | None = None
     # finish_reason "error" (the batched engine): why this request left (its prefill, or its
     # own processor / grammar / logprobs raised in a round); the others go on
     error: Exception | None = None

@@ -68,9 +68,13 @@ class GenerationParams:
     # Each committed token's log-probability and this many most likely alternatives (None:
     # none), read off the verify rows (engine/logprobs.py) and carried by RoundEvent.logprobs.
     logprobs: int | None = None
+    # The prompt's own log-probabilities, each token's after the ones before it, with this
+    # many alternatives (None: not asked): read off the prefill's rows, which then reads the
+    # whole prompt (a session's cached prefix is fed again), on the prefill event.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
-        for name in ("max_tokens", "block_size", "lookup_block", "logprobs"):  # NumPy ints too
+        for name in ("max_tokens", "block_size", "lookup_block", "logprobs", "prompt_logprobs"):
             object.__setattr__(self, name, plain_number(getattr(self, name)))
         if isinstance(self.logits_processors, list):  # mlx-lm's make_logits_processors
             object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
@@ -108,6 +112,7 @@ class GenerationParams:
         ):
             raise ParameterError("logits_processors must be a tuple or list of callables")
         check_top(self.logprobs)
+        check_top(self.prompt_logprobs, "prompt_logprobs")
         object.__setattr__(self, "block_by_context", check_block_by_context(self.block_by_context))
         for name in ("block_size", "lookup_block"):
             value = getattr(self, name)

@@ -57,15 +57,16 @@ def token_logprobs(logits: mx.array, tokens: Sequence[int], top: int) -> tuple[T
     )
 
 
-def check_top(value) -> int | None:
-    """GenerationParams.logprobs: None (off) or 0 .. MAX_TOP_LOGPROBS alternatives."""
+def check_top(value, name: str = "logprobs") -> int | None:
+    """GenerationParams.logprobs (or `name`): None (off) or 0 .. MAX_TOP_LOGPROBS
+    alternatives."""
     if value is None:
         return None
     if not is_int(value, 0) or value > MAX_TOP_LOGPROBS:
         from ..errors import ParameterError
 
         raise ParameterError(
-            f"logprobs must be None or an int in [0, {MAX_TOP_LOGPROBS}] (the top alternatives "
+            f"{name} must be None or an int in [0, {MAX_TOP_LOGPROBS}] (the top alternatives "
             f"to return), got {value!r}"
         )
     return value

@@ -153,15 +153,20 @@ class SpeculativeDecoder:
         return drafter_offset(session)
 
     def _begin(
-        self, session: Session, prompt: list[int], cancel: Callable[[], bool] | None = None
+        self,
+        session: Session,
+        prompt: list[int],
+        cancel: Callable[[], bool] | None = None,
+        score: int | None = None,
     ) -> Prefill:
         """Start the prefill of `prompt` into `session` (reusing the prefix it holds; caches
-        an interrupted round left are cleared); feed it with `advance`, then `_first`."""
-        if session.in_round:
+        an interrupted round left are cleared); feed it with `advance`, then `_first`.
+        `score`: GenerationParams.prompt_logprobs (the whole prompt is then fed)."""
+        if session.in_round or (score is not None and session.tokens):
             self._clear(session)
         reused = self._reuse(session, prompt) if session.tokens else 0
         keep = self.drafter.config.context_rows_needed
-        return Prefill(self.target, session, prompt, reused, keep, cancel)
+        return Prefill(self.target, session, prompt, reused, keep, cancel, score)
 
     # --------------------------------------------------------------- rounds
     def _propose(self, session: Session, anchor: int, run: _Run, key) -> Proposal:
@@ -324,6 +329,7 @@ class SpeculativeDecoder:
             reused_tokens=prefill.reused,
             prediction_tokens=len(params.prediction),
             prediction_used=prediction_used(session),
+            prompt_logprobs=None if prefill.scores is None else tuple(prefill.scores),
         )
 
     def _start(
@@ -335,7 +341,8 @@ class SpeculativeDecoder:
     ) -> RoundEvent:
         """Prefill the prompt (reusing what the session holds) and pick the first token.
         Raises _Cancelled between prefill chunks when `cancel()` is true."""
-        return self._first(self._begin(session, prompt, cancel).run(self.prefill_chunk), run)
+        prefill = self._begin(session, prompt, cancel, run.params.prompt_logprobs)
+        return self._first(prefill.run(self.prefill_chunk), run)
 
     def stream(
         self,

@@ -18,6 +18,7 @@ from mlx_lm.models.cache import ArraysCache
 from ..target.adapter import ChunkedPrefill, TargetAdapter
 from ..target.capture import snapshot_state
 from ..sampling import SamplingParams, pick
+from .logprobs import token_logprobs
 from .session import drafter_offset
 
 
@@ -54,12 +55,16 @@ class Prefill:
         reused: int,
         keep_rows: int | None,
         cancel: Callable[[], bool] | None = None,
+        score: int | None = None,
     ):
         self.started = time.perf_counter()
         self.session, self.prompt, self.reused, self.cancel = session, prompt, reused, cancel
         session.in_round = True  # until finish: a dropped prefill leaves the caches half-filled
         ids = mx.array(prompt[reused:])[None]
-        self.feed = ChunkedPrefill(target, ids, session.target_cache, keep_rows)
+        # score (with reused 0): each prompt token's log-probability and `score` alternatives
+        self.scores: list | None = None if score is None else []
+        rows = None if score is None else (lambda logits, at: self._score(logits, at, score))
+        self.feed = ChunkedPrefill(target, ids, session.target_cache, keep_rows, rows)
         self.ms = 0.0  # from the start to the first token, once finished
         self.logits: mx.array | None = None  # the first token's shaped logits [1, V], once finished
         self.rolled_back = False  # roll_back undid the chunks
@@ -74,6 +79,12 @@ class Prefill:
     @property
     def done(self) -> bool:
         return self.feed.done
+
+    def _score(self, logits: mx.array, at: int, top: int) -> None:
+        """A chunk's rows: row i predicts prompt token at + i + 1 (the last row of the prompt
+        predicts the reply's first token, not scored here)."""
+        following = self.prompt[self.reused + at + 1 : self.reused + at + logits.shape[1] + 1]
+        self.scores.extend(token_logprobs(logits[0], following, top))
 
     @property
     def remaining(self) -> int:

@@ -8,8 +8,10 @@ stop string finishes that job and its row leaves the batch; so does a job whose 
 (`job.cancelled`, polled between prefill chunks and between rounds) without disturbing the
 others. With a prompt cache each job starts from its lease's session (only the uncached suffix
 is prefilled) and hands its caches back to it when it leaves. A job that asks for its
-prompt's own log-probabilities (`Job.score`) has them computed first, a chunk per loop
-between the batch's steps (engine/scoring.py), then joins the batch (or ends: max_tokens 0).
+prompt's own log-probabilities (`Job.score`) has them read off its prefill's rows
+(GenerationParams.prompt_logprobs: the whole prompt is fed); one that generates nothing
+(max_tokens 0) has its prompt scored a chunk per loop between the batch's steps
+(engine/scoring.py).
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ class _Running:
     job: Job
     started: float  # perf_counter() when it left the queue
     waited_ms: float  # submit -> handed to the batch (the batch adds its own wait)
-    wait_observed: bool = False  # its queue wait is in the metrics (a scored prompt's: at once)
     text: EventText | None = None
     lease: Lease | None = None
     scoring: PromptScoring | None = None  # its prompt's log-probabilities, before it runs
@@ -114,7 +115,7 @@ class Scheduler:
                 continue
             now = time.perf_counter()
             r = _Running(job, now, (now - job.submitted) * 1000.0)
-            if job.score is not None:
+            if job.score is not None and not job.generate:  # scored, nothing generated
                 try:
                     r.scoring = PromptScoring(self.pair.decoder.target, job.prompt_ids, job.score)
                 except Exception as e:  # bad ids (400), or a server bug (500)
@@ -122,7 +123,6 @@ class Scheduler:
                     continue
                 self.scoring.append(r)
                 self.metrics.observe_queue_wait(r.waited_ms / 1000.0)
-                r.wait_observed = True
             elif job.generate:
                 self._join(r)
             else:  # only its prompt echoed
@@ -133,6 +133,8 @@ class Scheduler:
         job = r.job
         try:
             params = self.pair.with_defaults(job.params)
+            if job.score is not None:  # scored by its own prefill, which then reads it all
+                params = replace(params, prompt_logprobs=job.score)
             r.text = EventText(self.pair, job.prompt_ids, params, job.stop, job.hidden)
             if self.prompt_cache is not None:
                 r.lease = self.prompt_cache.lease(job.prompt_ids)
@@ -150,7 +152,7 @@ class Scheduler:
 
     def _score(self) -> None:
         """The next chunk of the first scoring job's prompt; once scored, its log-probabilities
-        go out and it joins the batch (or ends)."""
+        go out and it ends."""
         r = self.scoring[0]
         try:
             r.scoring.advance()
@@ -164,10 +166,7 @@ class Scheduler:
         r.job.emit(Item("scores", event=tuple(r.scoring.result)))
         self.metrics.count_scored(len(r.job.prompt_ids))
         r.scoring = None
-        if r.job.generate:
-            self._join(r)
-        else:
-            self._finish(r, Item("done"))
+        self._finish(r, Item("done"))
 
     def _step(self) -> None:
         events = self.batch.step()
@@ -190,8 +189,10 @@ class Scheduler:
     def _deliver(self, r: _Running, event: RoundEvent) -> None:
         if event.prefill:
             event = replace(event, queue_ms=event.queue_ms + r.waited_ms)
-            if not r.wait_observed:
-                self.metrics.observe_queue_wait(event.queue_ms / 1000.0)
+            self.metrics.observe_queue_wait(event.queue_ms / 1000.0)
+            if event.prompt_logprobs is not None:
+                r.job.emit(Item("scores", event=event.prompt_logprobs))
+                self.metrics.count_scored(len(r.job.prompt_ids))
         self.metrics.count_event(event)
         r.produced += len(event.tokens)
         chunk = r.text.chunk(event)

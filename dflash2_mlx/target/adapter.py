@@ -9,7 +9,7 @@ recurrent caches by exact recomputation over the accepted prefix (see rollback.p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
@@ -148,10 +148,19 @@ class TargetAdapter:
 class ChunkedPrefill:
     """ids [1, P] fed through the target into `cache` a chunk per `feed` call (the caller may
     run other forwards between chunks), keeping the features of the last `keep_rows`
-    positions (all when None); `result` once `done`."""
+    positions (all when None); `result` once `done`. `rows`: shown every chunk's logits
+    [1, n, V] and the index of its first id (else only the last row is computed)."""
 
-    def __init__(self, adapter: TargetAdapter, ids: mx.array, cache: list, keep_rows: int | None):
+    def __init__(
+        self,
+        adapter: TargetAdapter,
+        ids: mx.array,
+        cache: list,
+        keep_rows: int | None,
+        rows: Callable[[mx.array, int], None] | None = None,
+    ):
         self.adapter, self.ids, self.cache, self.keep_rows = adapter, ids, cache, keep_rows
+        self.rows = rows
         self.total = int(ids.shape[1])
         self.fed = 0  # ids fed so far
         self._kept: list[mx.array] = []
@@ -169,13 +178,16 @@ class ChunkedPrefill:
     def feed(self, chunk: int) -> int:
         """Run the next `chunk` ids (fewer at the end) through the target; returns how many."""
         start, end = self.fed, min(self.fed + chunk, self.total)
-        fwd = self.adapter.forward(self.ids[:, start:end], self.cache, last_logits_only=True)
+        last_only = self.rows is None
+        fwd = self.adapter.forward(self.ids[:, start:end], self.cache, last_logits_only=last_only)
+        if self.rows is not None:
+            self.rows(fwd.logits, start)
         self._kept.append(fwd.features)
         self._kept_rows += end - start
         if self.keep_rows is not None:
             while self._kept and self._kept_rows - self._kept[0].shape[1] >= self.keep_rows:
                 self._kept_rows -= self._kept.pop(0).shape[1]
-        self._logits = fwd.logits
+        self._logits = fwd.logits[:, -1:]
         mx.eval(self._logits, self._kept[-1], [c.state for c in self.cache])
         self.fed = end
         return end - start
