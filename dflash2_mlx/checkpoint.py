@@ -256,11 +256,11 @@ def save_drafter(
     model: Drafter,
     folder: str | Path,
     dtype: mx.Dtype | None = None,
-    extra_files: Iterable[tuple[str, str]] = (),
+    extra_files: Iterable[tuple[str, str | bytes]] = (),
 ) -> Path:
-    """Write config.json + model.safetensors in the official format. Each file is written
-    beside its place and renamed over it: a failed write (a full disk) leaves the folder's
-    earlier drafter whole."""
+    """Write config.json + model.safetensors in the official format, and `extra_files`
+    (name, text or bytes). Each file is written beside its place and renamed over it: a failed
+    write (a full disk) leaves the folder's earlier drafter whole."""
     if not isinstance(model, Drafter):
         raise ParameterError(f"model must be a Drafter, got {type(model).__name__}")
     folder = Path(folder)
@@ -277,8 +277,11 @@ def save_drafter(
     written = False
     try:
         mx.save_safetensors(str(staged[WEIGHTS_NAME]), params, metadata={"format": "mlx"})
-        for name, text in texts:
-            staged[name].write_text(text)
+        for name, content in texts:
+            if isinstance(content, bytes):
+                staged[name].write_bytes(content)
+            else:
+                staged[name].write_text(content)
         written = True
     except (OSError, RuntimeError) as e:  # mlx's failed write is a RuntimeError
         raise DFlash2Error(f"{folder}: cannot write the drafter there: {e}") from None

@@ -632,6 +632,14 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
         (f"p{i}", t) for i in range(6) for t in (0.0, 0.7)
     )
     assert "of the 12 training regenerations" in (out / "draft_vocab.json").read_text()
+    # The response datastore: those responses end to end (never the held-out ones), which a
+    # pair loaded from the folder drafts from
+    from dflash2_mlx.engine.datastore import find_datastore
+
+    store = np.load(find_datastore(out))
+    separator = int(store["separator"])
+    answers = [r["response_ids"] for r in regen]
+    assert store["tokens"].tolist() == [t for ids in answers for t in (*ids, separator)]
     # Rerunning the finished command changes nothing: the record of the run stays as it was.
     record = (out / "training.json").read_text()
     capsys.readouterr()

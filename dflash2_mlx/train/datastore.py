@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 from pathlib import Path
 from typing import Sequence
@@ -57,6 +58,13 @@ def build(files: Sequence[str | Path], out: str | Path, note: str = "") -> dict:
         )
     if not any(responses):  # an empty store would be refused where it loads
         raise ConfigError(f"no response tokens in {', '.join(str(f) for f in files)}")
+    data, meta = datastore_bytes(responses, sources, note)
+    Path(out).write_bytes(data)
+    return meta
+
+
+def datastore_bytes(responses: list, sources: list[dict], note: str = "") -> tuple[bytes, dict]:
+    """The .npz of `responses` (lists of token ids, not all empty) and its meta."""
     top = max((max(r) for r in responses if r), default=0)
     dtype = np.uint16 if top < np.iinfo(np.uint16).max else np.uint32
     separator = int(np.iinfo(dtype).max)
@@ -71,8 +79,9 @@ def build(files: Sequence[str | Path], out: str | Path, note: str = "") -> dict:
         "dtype": np.dtype(dtype).name,
         "note": note,
     }
-    np.savez_compressed(out, tokens=stream, separator=np.int64(separator), meta=json.dumps(meta))
-    return meta
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, tokens=stream, separator=np.int64(separator), meta=json.dumps(meta))
+    return buffer.getvalue(), meta
 
 
 def main(argv: Sequence[str] | None = None) -> None:
