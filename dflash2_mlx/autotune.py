@@ -70,11 +70,11 @@ from .calibration import (  # noqa: F401 - acceptance_probs re-exported
     falling_blocks,
 )
 from .batch_costs import verify_at  # noqa: F401 - re-exported
+from .block_rules import QUANT_CAP
 from .engine.width import MEASURED_WIDTHS
 from .errors import ParameterError
 from .quant import describe_quant, is_quantized, quant_signature, quantized_layers, weight_dtype  # noqa: F401
 
-QUANT_CAP = 5
 # Lookup-block candidates measured beyond the drafter's blocks (tokens verified per round).
 LOOKUP_WIDTHS = (4, 6, 8, 12, 16, 24, 32)
 # Row counts and widths of the batched engine's verify cost table (widths cut to those measured

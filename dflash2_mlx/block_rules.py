@@ -32,6 +32,10 @@ def check_block(value, trained: int | None = None, flag: str = "--block") -> int
     return value
 
 
+# Blocks a quantized target verifies at most until a profile measures them: a quantized
+# matmul's cost grows fast with the rows verified on MLX (the autotuner caps its choice here too).
+QUANT_CAP = 5
+
 @dataclass(frozen=True)
 class BlockChoice:
     """Tokens verified per round, and why."""

@@ -32,6 +32,7 @@ from .block_rules import (  # noqa: F401 - the front ends import them from here
     BY_FLAG,
     BY_PROFILE,
     BY_TRAINED,
+    QUANT_CAP,
     BlockChoice,
     Drafting,
     block_for_temperature,
@@ -254,13 +255,26 @@ QUANTIZED_CPU = (
 )
 
 
-def _quantized_on_cpu(pair) -> bool:
-    """A quantized target running on the CPU (where a verify's width is dear)."""
+def _quantized_advice(auto: BlockChoice, pair) -> BlockChoice:
+    """An unmeasured block for a quantized target: capped at QUANT_CAP (an alias recommends
+    16 for its bf16 target; a 4-bit copy of it verifies that width slowly), and on the CPU
+    the advice to measure it."""
     import mlx.core as mx
 
     from .quant import quantized_layers
 
-    return mx.default_device() == mx.cpu and bool(quantized_layers(pair.model))
+    if not quantized_layers(pair.model):
+        return auto
+    if auto.size > QUANT_CAP:
+        why = (
+            f"quantized target: block {QUANT_CAP}, not the {auto.reason}'s {auto.size} (a "
+            "quantized verify slows with its width); `dflash2 bench --autotune` measures this "
+            "machine's"
+        )
+        auto = replace(auto, size=QUANT_CAP, advice=why)
+    if mx.default_device() == mx.cpu:
+        auto = replace(auto, advice=QUANTIZED_CPU)
+    return auto
 
 
 def resolve_engine(
@@ -281,8 +295,8 @@ def resolve_engine(
         ignored_profile=advice.damaged,
     )
     unmeasured = auto.reason in (BY_ALIAS, BY_TRAINED) and flags.block is None
-    if unmeasured and flags.speculative and _quantized_on_cpu(pair):
-        auto = replace(auto, advice=QUANTIZED_CPU)
+    if unmeasured and flags.speculative:
+        auto = _quantized_advice(auto, pair)
     block = choose_block(trained, flag=flags.block) if flags.block is not None else auto
     return EngineSettings(
         flags.speculative,

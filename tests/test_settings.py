@@ -287,6 +287,17 @@ def test_a_quantized_target_on_the_cpu_is_told_to_measure_its_block():
     on_cpu = mx.default_device() == mx.cpu
     s = resolve_engine(EngineFlags(), quantized, ResolvedPair("t", "d"), None)
     assert (s.auto_block.note == QUANTIZED_CPU) == on_cpu
+    # unmeasured, a quantized target verifies QUANT_CAP at most (an alias's 16 for its bf16
+    # target ran as given on a 4-bit copy of it, on a Mac's GPU too); measured or asked: as is
+    assert (s.block.size, s.block.reason) == (5, BY_TRAINED)
+    alias = resolve_engine(EngineFlags(), quantized, ResolvedPair("t", "d", block_sizes=(8,)), None)
+    assert alias.block.size == 5 and ("not the" in alias.block.note or on_cpu)
+    assert (
+        resolve_engine(EngineFlags(block=8), quantized, ResolvedPair("t", "d"), None).block.size
+        == 8
+    )
+    trained = plain.drafter.config.block_size  # unquantized: its own, however wide
+    assert resolve_engine(EngineFlags(), plain, ResolvedPair("t", "d"), None).block.size == trained
     assert (
         resolve_engine(EngineFlags(), plain, ResolvedPair("t", "d"), None).auto_block.note is None
     )
