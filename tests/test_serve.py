@@ -929,7 +929,29 @@ def test_metrics_exposition(url):
     assert metric(text, "dflash2_mlx_peak_memory_bytes") >= metric(
         text, "dflash2_mlx_active_memory_bytes"
     )
+    assert metric(text, "dflash2_mlx_cache_memory_bytes") >= 0
     assert httpx.get(url + "/health").json()["status"] == "ok"  # still serving after all that
+
+
+def test_an_idle_server_gives_mlx_buffer_cache_back(pair, monkeypatch):
+    """MLX keeps freed buffers (a long prompt's prefill intermediates) for reuse: the
+    process held its high-water mark for good; the worker clears them when it goes idle."""
+    import mlx.core as mx
+
+    cleared = []
+    clear = mx.clear_cache
+    monkeypatch.setattr(mx, "clear_cache", lambda: cleared.append(1) or clear())
+    with running(create_app(pair, model_name="tiny", default_max_tokens=2)) as base:
+        deadline = time.time() + 30
+        while not cleared:  # idle from the start
+            assert time.time() < deadline
+            time.sleep(0.05)
+        before = len(cleared)
+        r = httpx.post(base + "/v1/completions", json={"prompt": "ab", "max_tokens": 2})
+        assert r.status_code == 200
+        while len(cleared) == before:  # and again once that request is done
+            assert time.time() < deadline
+            time.sleep(0.05)
 
 
 def test_metrics_of_an_absent_prompt_cache_read_zero(pair):

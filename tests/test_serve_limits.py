@@ -451,6 +451,17 @@ def test_descriptor_exhaustion_is_bounded_and_logged_once_a_minute(monkeypatch):
     top = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
     assert calls == ([(top, hard)] if top > 256 else [])
 
+    def macos(_, limits):  # refuses past kern.maxfilesperproc, its hard limit unlimited
+        calls.append(limits)
+        if limits[0] > 10240:
+            raise ValueError("not allowed to raise maximum limit")
+
+    calls.clear()
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (256, resource.RLIM_INFINITY))
+    monkeypatch.setattr(resource, "setrlimit", macos)
+    lifecycle._more_files()  # it stayed at 256 there
+    assert [soft for soft, _ in calls] == [65536, 10240]
+
     def record(msg, at):
         r = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None, None)
         r.created = at

@@ -179,16 +179,23 @@ def make_server(app, *, log_level: str = "info") -> DrainingServer:
 
 def _more_files() -> None:
     """The soft limit on open files up to the hard one (macOS starts at 256), so the
-    connection limit is reached before the descriptors run out."""
+    connection limit is reached before the descriptors run out. macOS refuses a limit past
+    kern.maxfilesperproc (10,240 on a fresh install) even under an unlimited hard one: the
+    next lower value is tried then."""
     try:
         import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        want = min(hard if hard != resource.RLIM_INFINITY else 65536, 65536)
-        if soft != resource.RLIM_INFINITY and soft < want:
+    except ImportError:  # no such limit here
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    top = min(hard if hard != resource.RLIM_INFINITY else 65536, 65536)
+    for want in (top, 10240, 4096):
+        if soft == resource.RLIM_INFINITY or soft >= want or want > top:
+            continue
+        try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    except (ImportError, ValueError, OSError):  # no such limit here, or not allowed
-        pass
+            return
+        except (ValueError, OSError):  # not allowed: a lower one may be
+            pass
 
 
 class _Sometimes(logging.Filter):

@@ -337,6 +337,11 @@ def _memory_metrics(metric) -> None:
             "The most MLX has held since start.",
             mx.get_peak_memory(),
         ),
+        (
+            "dflash2_mlx_cache_memory_bytes",
+            "Freed buffers MLX keeps for reuse (returned when the server is idle).",
+            mx.get_cache_memory(),
+        ),
     ):
         metric(name, "gauge", help_, [((), value)])
 

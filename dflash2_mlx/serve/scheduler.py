@@ -23,6 +23,8 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable
 
+import mlx.core as mx
+
 from ..engine.events import RoundEvent
 from ..engine.prompt_cache import Lease, PromptCache
 from ..engine.scoring import PromptScoring
@@ -95,6 +97,8 @@ class Scheduler:
         """Move submitted jobs to `pending`, waiting for one only when nothing runs.
         False: the worker is stopping."""
         block = not self.running and not self.pending and not self.scoring
+        if block:  # idle: MLX's buffer cache (a prefill's intermediates) goes back to the OS
+            mx.clear_cache()
         while True:
             try:
                 job = jobs.get(block=block)
