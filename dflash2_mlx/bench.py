@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 import mlx.core as mx
 
 from .costs import batch_verify_costs, draft_costs, verify_costs  # noqa: F401  (re-exported)
+from .divergence import divergence
 from .engine.events import GenerationStats, tau
 from .engine.generation import GenerationParams
 from .sampling import SamplingParams
@@ -172,6 +173,14 @@ def dflash2_decode(
         out.extend(ev.tokens)
     secs = time.perf_counter() - t_first if t_first is not None else 0.0
     return Timed(out, secs, stats)
+
+
+def _parting(pair, ids, plain: list[int], ours: list[int], m: int) -> dict:
+    """Where the outputs part at token m: the target's logit gap between the two tokens
+    (divergence.py); a length difference (one ended) has none."""
+    if m >= len(plain) or m >= len(ours):
+        return {"near_tie": False}
+    return divergence(pair.model, ids, plain[:m], plain[m], ours[m])
 
 
 def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -370,6 +379,7 @@ def _time_prompt(
                         "index": m,
                         "plain": base.tokens[m : m + 8],
                         "dflash2": run.tokens[m : m + 8],
+                        **_parting(pair, ids, base.tokens, run.tokens, m),
                     }
                 )
     return {b: _row(p, ids, plain, spec[b], mism[b]) for b in blocks}

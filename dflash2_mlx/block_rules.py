@@ -36,6 +36,7 @@ def check_block(value, trained: int | None = None, flag: str = "--block") -> int
 # matmul's cost grows fast with the rows verified on MLX (the autotuner caps its choice here too).
 QUANT_CAP = 5
 
+
 @dataclass(frozen=True)
 class BlockChoice:
     """Tokens verified per round, and why."""
