@@ -351,6 +351,7 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
     EngineFlags): (pair, resolved, the target's folder)."""
     from dflash2_mlx import load_pair
     from dflash2_mlx.downloads import fetch
+    from dflash2_mlx.memory import wire_weights
     from dflash2_mlx.registry import resolve
 
     resolved = resolve(model, target, drafter, offline=offline)
@@ -368,6 +369,9 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
         datastore=None if flags.datastore else False,  # None: when the drafter ships one
         chat_template=flags.chat_template,
     )
+    tight = wire_weights(pair.model, pair.drafter)
+    if tight:
+        say(f"warning: {tight}")
     if flags.chat_template:
         say("chat template: from --chat-template")
     elif not getattr(pair.tokenizer, "has_chat_template", True):

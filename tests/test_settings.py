@@ -305,3 +305,23 @@ def test_a_quantized_target_on_the_cpu_is_told_to_measure_its_block():
         assert (
             resolve_engine(given, quantized, ResolvedPair("t", "d"), None).auto_block.note is None
         )
+
+
+def test_weights_are_wired_on_a_gpu_with_a_recommended_working_set(monkeypatch):
+    """As mlx-lm's generate and server: on Apple Silicon the wired limit is the recommended
+    working set (weights stay resident), and weights close to it are warned about (a 16 GB
+    Mac loading a 16 GB target thrashed or ran out of Metal memory, unsaid); a CPU: nothing."""
+    import mlx.core as mx
+
+    from dflash2_mlx.memory import weight_bytes, wire_weights
+
+    model = make_target("llama")
+    assert wire_weights(model) is None  # this machine's device reports no working set
+    size = weight_bytes(model)
+    wired = []
+    for limit, warns in ((size * 4, False), (size, True)):
+        monkeypatch.setattr(mx, "device_info", lambda: {"max_recommended_working_set_size": limit})
+        monkeypatch.setattr(mx, "set_wired_limit", lambda n: wired.append(n) or 0)
+        said = wire_weights(model)
+        assert wired[-1] == limit and (said is not None) == warns
+    assert "close to this GPU's recommended working set" in said
