@@ -93,6 +93,25 @@ def test_each_kernel_checks_itself_once_per_dtype(cpu):
         assert kernels.current().failures() == {} and kernels.describe().startswith("metal")
 
 
+def test_the_check_runs_the_instantiation_the_call_runs(cpu):
+    """The conv's GROUP is a template value: a drafter with groups of 32 launched a compiled
+    instantiation no check had run (the checks ran groups of 16). Each group is checked with
+    itself."""
+
+    class Groups(Counting):
+        def __call__(self, launch, source):
+            self.calls.append(dict(launch.template)["GROUP"])
+            return runner.HarnessLauncher.__call__(self, launch, source)
+
+    launcher = Groups(cpu)
+    with kernels.override(launcher=launcher, setting=AUTO):
+        for group in (16, 32, 32):
+            x, dyn, base = _conv_args(hidden=64)
+            dyn = dyn[..., : 64 // group]
+            kernels.dynamic_conv(x, dyn, base, group)
+    assert launcher.calls == [16, 16, 32, 32, 32]  # a check and the call, per group
+
+
 @pytest.mark.parametrize("setting", [AUTO, ON], ids=["auto", "on"])
 def test_a_wrong_result_falls_back_with_one_warning_or_raises_under_on(cpu, setting):
     launcher = Counting(cpu, wrong={"walk_greedy"})

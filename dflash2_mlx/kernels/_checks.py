@@ -73,11 +73,12 @@ def _max(a: mx.array) -> float:
     return float(mx.max(a).item())
 
 
-def _conv_case(dtypes) -> Case:
-    dtype, group = dtypes[0], 16
-    x = _normal((2, 3, 32), 1, dtype)
+def _conv_case(dtypes, template=()) -> Case:
+    """With the call's GROUP (16 unless given): its instantiation is the one checked."""
+    dtype, group = dtypes[0], dict(template).get("GROUP", 16)
+    x = _normal((2, 3, 2 * group), 1, dtype)
     dyn = _normal((2, 3, 2, 2), 2, dtype, 0.5)
-    base = _normal((2, 32), 3, dtype)
+    base = _normal((2, 2 * group), 3, dtype)
 
     # Arithmetic in float rounded once (kernel) vs several roundings in the dtype (reference).
     def mag():
@@ -88,7 +89,7 @@ def _conv_case(dtypes) -> Case:
     return Case(
         label(DYNAMIC_CONV.name),
         dtype_label([dtype]),
-        f"x[2,3,32] g={group}",
+        f"x[2,3,{2 * group}] g={group}",
         _launch.conv_launch(x, dyn, base, group),
         lambda: [ref.dynamic_conv(x, dyn, base, group)],
         lambda: 4 * _EPS[dtype] * _max(mag()) + 1e-6,
@@ -203,9 +204,11 @@ DOCTOR_DTYPES: dict[str, list[tuple]] = {
 }
 
 
-def case(spec: KernelSpec, dtypes) -> Case:
-    """The check of `spec` for launch inputs of `dtypes` (the dispatch's cache key)."""
-    return _BUILDERS[spec.name](tuple(dtypes))
+def case(spec: KernelSpec, dtypes, template: tuple = ()) -> Case:
+    """The check of `spec` for launch inputs of `dtypes` and its `template` values (the conv's
+    GROUP): the dispatch's cache key."""
+    build = _BUILDERS[spec.name]
+    return build(tuple(dtypes), tuple(template)) if template else build(tuple(dtypes))
 
 
 def max_abs_err(got: list[mx.array], want: list[mx.array]) -> float:

@@ -72,16 +72,17 @@ class Dispatcher:
 
     def use_kernel(self, launch: Launch | None) -> bool:
         """Whether this call runs its kernel (runs the self-check on a kernel's first use
-        with these input dtypes)."""
+        with these input dtypes and template values: the instantiation the call runs)."""
         if launch is None or not self.active() or not _launch.device_buffers_only(launch):
             return False
-        name, key = launch.spec.name, launch.input_dtypes
+        name, key = launch.spec.name, (launch.input_dtypes, launch.template_values)
         if (name, key) in self._passed:
             return True
         first_failure = False
-        with self._lock:  # one check per kernel and dtypes, even with several threads
+        with self._lock:  # one check per instantiation, even with several threads
             if name not in self._failed and (name, key) not in self._passed:
-                result = _checks.run(_checks.case(launch.spec, key), self.execute)
+                check = _checks.case(launch.spec, *key)
+                result = _checks.run(check, self.execute)
                 if result.ok:
                     self._passed.add((name, key))
                 else:

@@ -38,6 +38,12 @@ class Launch:
         """The dtypes that, with the template, pick the compiled instantiation."""
         return tuple(a.dtype for a in self.inputs)
 
+    @property
+    def template_values(self) -> tuple[tuple[str, int], ...]:
+        """The template's values other than dtypes (the conv's GROUP): with the input dtypes,
+        they pick the instantiation a self-check must have run."""
+        return tuple((n, v) for n, v in self.template if isinstance(v, int))
+
     def kwargs(self) -> dict:
         """Keyword arguments for the `mx.fast.metal_kernel` callable."""
         return dict(
