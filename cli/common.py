@@ -94,13 +94,14 @@ def spec_engine_flags(no_spec: bool, drafting: DraftingFlags, sampling, chat_tem
 
 
 def check_thinking_flag(tokenizer, thinking: bool | None) -> None:
-    """--thinking / --no-thinking needs a template with a thinking switch (as `serve` decides)."""
+    """--thinking / --no-thinking needs a template with a thinking switch, or asks what the
+    model does anyway (as `serve` decides, and a request's enable_thinking)."""
     from dflash2_mlx.chat_template import TemplateInfo
 
-    if thinking is not None and not TemplateInfo.of(tokenizer).thinking_switch:
+    if thinking is not None and not TemplateInfo.of(tokenizer).honours_thinking(thinking):
         fail(
             f"--{'' if thinking else 'no-'}thinking: this model's chat template has no "
-            "thinking switch"
+            f"thinking switch and it {'never' if thinking else 'always'} thinks"
         )
 
 

@@ -14,7 +14,8 @@ FOREIGN_FLAGS = {
     "--decode-concurrency": "--max-batch N (requests decoded together)",
     "--prompt-cache-size": "--prompt-cache-mb MB (a memory budget, not a count of prompts)",
     "--prompt-cache-bytes": "--prompt-cache-mb MB",
-    "--allowed-origins": "--cors ORIGIN (repeatable; loopback origins are always allowed)",
+    "--allowed-origins": "--cors ORIGIN (repeatable; a web page from any origin it does not name, "
+    "localhost's included, is refused)",
     "--adapter-path": "adapters are not loaded: fuse them into the model (mlx_lm.fuse) and give "
     "the fused folder as --target",
     "--trust-remote-code": "not needed: dflash2 runs mlx-lm's own model code only",

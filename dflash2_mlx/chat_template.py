@@ -78,6 +78,11 @@ class TemplateInfo:
         """The template turns thinking on or off with `enable_thinking` (Qwen3-style)."""
         return bool(self.reads(THINKING_KWARG))
 
+    def honours_thinking(self, on: bool) -> bool:
+        """Thinking `on` or off can be had: through the switch, or as the model does anyway
+        without one (it always or never thinks)."""
+        return self.thinking_switch or on is self.thinks
+
     @property
     def renders_tools(self) -> bool:
         return self.has_template and self.reads("tools") is not False

@@ -803,13 +803,18 @@ def test_chat_thinking_switch_needs_a_template_that_has_one(tmp_path, tiny_pair,
     shutil.copytree(tiny_pair[0], target)
     (target / "chat_template.jinja").unlink(missing_ok=True)
     save_tokenizer(target, "{% for m in messages %}{{ m['content'] }} {% endfor %}")
-    pair = ["--target", str(target), "--drafter", str(tiny_pair[1]), "--thinking"]
+    # its tokenizer has thinking markers: with no switch, the model always thinks
+    pair = ["--target", str(target), "--drafter", str(tiny_pair[1]), "--no-thinking"]
     assert run(["chat", *pair, "-p", "hi"]) == 2
-    assert "no thinking switch" in capsys.readouterr().err
+    assert "no thinking switch and it always thinks" in capsys.readouterr().err
+    # on is what it does anyway: taken, as a request's enable_thinking true is (a launcher
+    # that always passes --no-thinking could not start a model that never thinks)
+    assert run(["chat", *pair[:-1], "--thinking", "-p", "hi", "--max-tokens", "2"]) == 0
     bench = ["bench", *pair, "--limit", "1", "--max-tokens", "4", "--repeats", "1", "--no-plot"]
     assert run(bench) == 2  # bench too: the flag would have been ignored
     assert (
-        "--thinking: this model's chat template has no thinking switch" in capsys.readouterr().err
+        "--no-thinking: this model's chat template has no thinking switch"
+        in capsys.readouterr().err
     )
     # a bare /thinking shows the setting, which is no failure (a piped script exits 0);
     # /thinking on is one (exit 2)

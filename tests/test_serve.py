@@ -209,6 +209,8 @@ def test_without_speculation_a_prediction_is_refused_and_drafting_knobs_too(pair
                 prediction={"type": "content", "content": want},
             )
         assert err.value.body["param"] == "prediction" and "--no-spec" in err.value.body["message"]
+        card = httpx.get(base + "/v1/models").json()["data"][0]["dflash2"]
+        assert (card["speculative"], card["lookup"], card["datastore"]) == (False, 0, False)
     for knob in (dict(block=2), dict(lookup_block=8)):
         with pytest.raises(DFlash2Error, match="has no effect with speculative=False"):
             create_app(pair, model_name="tiny", drafting=Drafting(False, **knob))
@@ -1014,7 +1016,7 @@ def test_cli_serve_end_to_end(pair, tmp_path):
             str(target),
             "--drafter",
             str(drafter),
-            "--no-thinking",
+            "--thinking",  # a model that never thinks (--no-thinking: what it does anyway)
         ],
         capture_output=True,
         text=True,

@@ -62,12 +62,14 @@ class ChatTemplate:
     def __init__(self, tokenizer, thinking: bool | None = None):
         self.tok = tokenizer
         self.info = TemplateInfo.of(tokenizer)
-        if thinking is not None and not self.info.thinking_switch:
+        if thinking is not None and not self.info.honours_thinking(thinking):
             raise DFlash2Error(
-                f"{'--thinking' if thinking else '--no-thinking'}: this model's "
-                "chat template has no thinking switch (enable_thinking)"
+                f"{'--thinking' if thinking else '--no-thinking'}: this model's chat template "
+                f"has no thinking switch (enable_thinking) and it "
+                f"{'never' if thinking else 'always'} thinks"
             )
-        self.thinking = thinking
+        # without a switch, what the model does anyway: nothing to set
+        self.thinking = thinking if self.info.thinking_switch else None
 
     @property
     def tool_calling(self) -> bool:
@@ -79,7 +81,7 @@ class ChatTemplate:
         out = {}
         for k, v in given.items():
             if k == THINKING_KWARG and not self.info.thinking_switch:
-                if v is self.info.thinks:
+                if self.info.honours_thinking(v):
                     continue  # what the model does anyway (it always / never thinks)
                 raise invalid(
                     f"chat_template_kwargs.{k}",

@@ -45,8 +45,9 @@ def model_card(
             "drafter": drafter,
             "drafter_version": pair.drafter.config.version,
             "draft_vocab": pair.drafter.draft_vocab_size,
-            "lookup": pair.decoder.lookup,
-            "datastore": pair.decoder.datastore is not None,
+            # what drafting draws on: nothing where the server decodes plainly
+            "lookup": pair.decoder.lookup if settings.speculative else 0,
+            "datastore": settings.speculative and pair.decoder.datastore is not None,
             "block_size": settings.effective_block,
             "block_by_context": [list(p) for p in settings.drafting.by_context],
             "block_by_temperature": [list(p) for p in settings.drafting.by_temperature],
