@@ -89,7 +89,8 @@ def serve(
     model_name: Optional[str] = typer.Option(
         None,
         "--model-name",
-        help="The id clients send as `model` (default: the alias, else the target as given).",
+        help="The id clients send as `model` (default: the alias, else the target's folder or "
+        "repo name, without the path).",
     ),
     context_length: Optional[int] = typer.Option(
         None,
