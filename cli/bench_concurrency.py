@@ -4,7 +4,7 @@ at a time against one at a time (dflash2_mlx.bench_batch), rendered and added to
 from __future__ import annotations
 
 from .bench_options import BenchRun
-from .bench_view import concurrency_table, fmt_number, lossless_verdict, run_size
+from .bench_view import concurrency_table, fmt_number, lossless_verdict, near_tie_line, run_size
 
 
 def run_concurrency_mode(run: BenchRun) -> int:
@@ -83,18 +83,17 @@ def _render(result: dict, console, err) -> int:
         )
     console.print(concurrency_table(result))
     for m in result["mismatches"]:
+        where = (
+            f"concurrency {m['concurrency']} prompt {m['id']} ({m['category']}) at token "
+            f"{m['index']}: sequential {m['sequential']} vs batched {m['batched']}"
+        )
         err.print(
-            Text(
-                f"MISMATCH concurrency {m['concurrency']} prompt {m['id']} "
-                f"({m['category']}) at token {m['index']}: sequential {m['sequential']} vs "
-                f"batched {m['batched']}",
-                style="bold red",
-            )
+            near_tie_line(where, m) if m["near_tie"] else Text(f"MISMATCH {where}", "bold red")
         )
     return lossless_verdict(
         console,
         err,
-        len(result["mismatches"]),
+        sum(not m["near_tie"] for m in result["mismatches"]),
         "batched output(s) differ from the same prompt run alone",
         "batched outputs identical to the sequential ones",
     )

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from .bench_view import (
+    near_tie_line,
     env_line,
     fmt_number,
     kernels_report,
@@ -322,17 +323,9 @@ def _mismatch_verdict(mismatches: list[dict], console, err) -> int:
             f"block {m['block']} prompt {m['id']} ({m['category']}) at token {m['index']}: "
             f"plain {m['plain']} vs dflash2 {m['dflash2']}"
         )
-        if m["near_tie"]:
-            err.print(
-                Text(
-                    f"near-tie {where} (their logits {m['gap']:.2g} apart, within the "
-                    f"{m['tolerance']:.2g} rounding of the model's dtype: float rounding, not "
-                    "a lossless violation)",
-                    style="yellow",
-                )
-            )
-        else:
-            err.print(Text(f"MISMATCH {where}", style="bold red"))
+        err.print(
+            near_tie_line(where, m) if m["near_tie"] else Text(f"MISMATCH {where}", "bold red")
+        )
     return lossless_verdict(
         console,
         err,

@@ -29,6 +29,17 @@ def lossless_verdict(console, err, mismatches: int, differ_from: str, same_as: s
     return 0
 
 
+def near_tie_line(where: str, m: dict):
+    """A parting where the two tokens' logits lie within the rounding of the model's dtype."""
+    from rich.text import Text
+
+    return Text(
+        f"near-tie {where} (their logits {m['gap']:.2g} apart, within the {m['tolerance']:.2g} "
+        "rounding of the model's dtype: float rounding, not a lossless violation)",
+        style="yellow",
+    )
+
+
 def env_line(env: dict) -> str:
     threads = f" x{env['blas_threads']}" if env.get("blas_threads") else ""
     if env.get("blas_kernel"):

@@ -253,6 +253,12 @@ def test_bench_concurrency_mismatch_is_loud(tiny_pair, tmp_path, capsys, monkeyp
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["concurrency"]["all_identical"] is False
     assert report["concurrency"]["mismatches"][0]["index"] == 7
+    assert report["concurrency"]["mismatches"][0]["near_tie"] is False
+    near = {"gap": 0.06, "tolerance": 0.5, "near_tie": True}  # a batched matmul's rounding
+    monkeypatch.setattr(bench_batch, "divergence", lambda *a: near)
+    assert run(_args(tiny_pair, tmp_path, "--limit", "1", "--concurrency", "2")) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "near-tie concurrency 2" in err and "LOSSLESSNESS VIOLATED" not in err
 
 
 @pytest.mark.parametrize(

@@ -197,7 +197,9 @@ def _common(body: dict, kind: str, max_param: str, least: int = 1) -> GenRequest
             continue  # as if left out
         if v is not None and v < least:
             why = " (0 only with echo: the prompt alone)" if kind == "completion" else ""
-            raise invalid(name, f"{name} must be >= {least}{why}, or -1 / -2 for the default; got {v}")
+            raise invalid(
+                name, f"{name} must be >= {least}{why}, or -1 / -2 for the default; got {v}"
+            )
         if v is not None and limit is not None and v != limit:
             raise invalid(name, "max_tokens and max_completion_tokens disagree; send one")
         if v is not None:
