@@ -58,13 +58,18 @@ def closed_objects(schema):
         has_props = isinstance(node.get("properties"), dict)
         out = {}
         for k, v in node.items():
-            if k in _DATA_KEYS or k == "allOf":
+            if k in _DATA_KEYS:
                 out[k] = v
+            elif k == "allOf":  # not closed (it extends), but bounded
+                out[k] = _bounds_held(v)
             elif k in ("anyOf", "oneOf") and isinstance(v, list):
                 out[k] = [close(b, partial=has_props) for b in v]
             elif k in _SCHEMA_MAPS and isinstance(v, dict):
                 defs = k in ("$defs", "definitions")
-                out[k] = {n: sub if defs and n in extended else close(sub) for n, sub in v.items()}
+                out[k] = {
+                    n: _bounds_held(sub) if defs and n in extended else close(sub)
+                    for n, sub in v.items()
+                }
             else:
                 out[k] = close(v)
         if node.get("format") in _FORMAT_PATTERNS and "pattern" not in node:
@@ -85,6 +90,18 @@ def closed_objects(schema):
 
 
 _VALUES_GIVEN = ("enum", "const", "allOf", "anyOf", "oneOf", "$ref", "not")
+def _bounds_held(node):
+    """`node` with the number and length bounds of every schema in it held (_numbers_bounded,
+    _lengths_held) and no object closed: the branches of an allOf and the definitions one
+    extends, which closed_objects leaves open."""
+    if isinstance(node, list):
+        return [_bounds_held(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    node = _lengths_held(_numbers_bounded(node))
+    return {k: v if k in _DATA_KEYS else _bounds_held(v) for k, v in node.items()}
+
+
 _LENGTH_LIMIT = 2**32 - 1  # llguidance's regex repetition counts are 32-bit
 
 

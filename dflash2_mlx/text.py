@@ -186,12 +186,13 @@ class IncrementalDecoder:
             shown = self._decode(self.ids[self.start : self.read])
         if by_bytes or not (full.startswith(shown) and "\ufffd" not in full[len(shown) :]):
             # (from the common prefix: a prompt may end inside a character the reply ends)
-            full = self._bytes_text(self.ids[self.start : end])
-            shown = self._bytes_text(self.ids[self.start : self.read])
+            full = self.bytes_text(self.ids[self.start : end])
+            shown = self.bytes_text(self.ids[self.start : self.read])
         self.start, self.read = self.read, end
         return full[len(os.path.commonprefix([shown, full])) :]
 
-    def _bytes_text(self, ids: list[int]) -> str:
+    def bytes_text(self, ids: list[int]) -> str:
+        """The text of `ids`' own bytes (invalid ones U+FFFD, as mlx-lm's detokenizers)."""
         data = b"".join(token_bytes(self.tokenizer, t) for t in ids)
         return data.decode("utf-8", errors="replace")
 

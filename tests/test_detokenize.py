@@ -173,3 +173,22 @@ def test_byte_fallback_text_does_not_depend_on_the_rounds(spm_tok):
                 got
                 == _want(tok, [*tok.encode("Say:"), *ids])[len(_want(tok, tok.encode("Say:"))) :]
             )
+
+
+def test_a_token_after_held_invalid_bytes_starts_past_their_replacement(spm_tok):
+    """A lead byte no character completes is held, then shown as U+FFFD with the token after
+    it: that token's completion text_offset pointed at the U+FFFD, not at its own text."""
+    tok = spm_tok
+    byte = {b: tok.convert_tokens_to_ids(f"<0x{b:02X}>") for b in range(256)}
+    comma = tok.convert_tokens_to_ids(",")
+    ids = [*tok.encode("a", add_special_tokens=False), byte[0xCE], comma, byte[0xE4]]
+    ids += [byte[0xB8], byte[0xAD], comma]  # 中 from its bytes, then a comma
+    lp = Logprobs(tok, "completion", frozenset())
+    for t in ids:
+        lp.add(RoundEvent(tokens=[t], logprobs=(TokenLogprob(t, -1.0, ()),)))
+    text = lp.decoder.text
+    assert text == "a\ufffd,中,"
+    starts = lp.take(len(text))["text_offset"]
+    assert [text[s] for s, t in zip(starts, ids) if t == comma] == [",", ","]
+    assert text[starts[ids.index(byte[0xCE])]] == "\ufffd"  # the held byte's own
+    assert starts == sorted(starts)

@@ -249,7 +249,12 @@ def test_max_batch_is_validated(pair):
         with pytest.raises(DFlash2Error, match="max_batch must be an int >= 1"):
             create_app(pair, model_name="tiny", max_batch=bad)
     # the other counts too: 2.5 or True were taken, then every request was a 500
-    for field, bad in [("max_queue", 2.5), ("default_max_tokens", True), ("prompt_cache_mb", True)]:
+    for field, bad in [
+        ("max_queue", 2.5),
+        ("default_max_tokens", True),
+        ("prompt_cache_mb", True),
+        ("context_length", 4096.0),
+    ]:
         with pytest.raises(DFlash2Error, match=rf"{field} must be an int >= \d.*; got {bad}"):
             create_app(pair, model_name="tiny", **{field: bad})
     for bad in (1, "no"):  # refused when the app is built, not as a 500 on every request

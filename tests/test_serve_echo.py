@@ -86,6 +86,10 @@ def test_echo_with_no_tokens_scores_the_prompt_alone(pair, client, url):
     check_prompt_entries(pair, choice.logprobs, choice.text, PROMPT, 2)
     assert len(choice.logprobs.tokens) == len(PROMPT)
     assert r.usage.prompt_tokens == len(PROMPT) and r.usage.completion_tokens == 0
+    before = httpx.get(url + "/metrics").text  # without logprobs: echoed, its wait counted
+    client.completions.create(model="tiny", prompt=PROMPT, echo=True, max_tokens=0)
+    waits = "dflash2_queue_wait_seconds_count"
+    assert metric(httpx.get(url + "/metrics").text, waits) == metric(before, waits) + 1
 
 
 def test_an_evaluation_harness_loglikelihood_batch(pair, client, url):

@@ -127,8 +127,10 @@ def create_app(
     drafting = _checked_drafting(drafting, trained)
     _check_serve_args(max_queue, max_batch, default_max_tokens, prompt_cache_mb)
     _check_pair(pair, thinking_budget)
+    if context_length is not None and not is_int(context_length, 2):
+        raise DFlash2Error(f"context_length must be an int >= 2; got {context_length!r}")
     context = context_length or default_context_length(pair.model)
-    if context < 2:
+    if context < 2:  # a model's own
         raise DFlash2Error(f"context_length must be >= 2; got {context}")
     settings = ServerSettings(
         model_name,

@@ -130,6 +130,7 @@ class Scheduler:
             elif job.generate:
                 self._join(r)
             else:  # only its prompt echoed
+                self.metrics.observe_queue_wait(r.waited_ms / 1000.0)
                 self._finish(r, Item("done"))
 
     def _join(self, r: _Running) -> None:
