@@ -90,6 +90,8 @@ def closed_objects(schema):
 
 
 _VALUES_GIVEN = ("enum", "const", "allOf", "anyOf", "oneOf", "$ref", "not")
+
+
 def _bounds_held(node):
     """`node` with the number and length bounds of every schema in it held (_numbers_bounded,
     _lengths_held) and no object closed: the branches of an allOf and the definitions one
