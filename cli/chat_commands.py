@@ -143,10 +143,14 @@ class SlashCommands:
     def _set_thinking(self, name: str, arg: str) -> None:
         if not arg:  # showing it is no error, with a switch or without
             return self._say(f"thinking: {thinking_shown(self.pair.tokenizer, self.thinking)}")
-        if not _template_has_thinking(self.pair.tokenizer):
-            raise _Bad("this model's chat template has no thinking switch")
         on = _on_off(name, arg)
-        self.thinking = on
+        info = TemplateInfo.of(self.pair.tokenizer)
+        if not info.honours_thinking(on):  # what it does anyway is taken, as --thinking
+            raise _Bad(
+                "this model's chat template has no thinking switch and it "
+                f"{'never' if on else 'always'} thinks"
+            )
+        self.thinking = on if info.thinking_switch else None  # nothing to switch without one
         self._say(f"thinking {'on' if on else 'off'}", "dim")
 
     def _show_stats(self, name: str, arg: str) -> None:

@@ -246,11 +246,12 @@ def _params_per_prompt(params, n: int) -> list[GenerationParams]:
 
 def _no_logprobs(params, method: str) -> None:
     """generate's results hold tokens and stats: log-probabilities would be dropped."""
-    if getattr(params, "logprobs", None) is not None:
-        raise ParameterError(
-            f"logprobs: {method} returns no log-probabilities; read them off the events of "
-            "pair.stream / stream_batch (RoundEvent.logprobs) or generate_text(...).logprobs"
-        )
+    for name in ("logprobs", "prompt_logprobs"):
+        if getattr(params, name, None) is not None:
+            raise ParameterError(
+                f"{name}: {method} returns no log-probabilities; read them off the events of "
+                f"pair.stream / stream_batch (RoundEvent.{name}) or generate_text(...).{name}"
+            )
 
 
 _DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import mlx.core as mx
 
 from .costs import batch_verify_costs, draft_costs, verify_costs  # noqa: F401  (re-exported)
-from .divergence import divergence
+from .divergence import parting
 from .engine.events import GenerationStats, tau
 from .engine.generation import GenerationParams
 from .sampling import SamplingParams
@@ -173,14 +173,6 @@ def dflash2_decode(
         out.extend(ev.tokens)
     secs = time.perf_counter() - t_first if t_first is not None else 0.0
     return Timed(out, secs, stats)
-
-
-def _parting(pair, ids, plain: list[int], ours: list[int], m: int) -> dict:
-    """Where the outputs part at token m: the target's logit gap between the two tokens
-    (divergence.py); a length difference (one ended) has none."""
-    if m >= len(plain) or m >= len(ours):
-        return {"near_tie": False}
-    return divergence(pair.model, ids, plain[:m], plain[m], ours[m])
 
 
 def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -362,6 +354,7 @@ def _time_prompt(
     plain: list[Timed] = []
     spec: dict[int, list[Timed]] = {b: [] for b in blocks}
     mism: dict[int, int | None] = {b: None for b in blocks}
+    real: set[int] = set()  # blocks with a parting that is no near-tie recorded
     for _ in range(repeats):
         base = plain_decode(pair, ids, max_tokens)
         plain.append(base)
@@ -369,19 +362,24 @@ def _time_prompt(
             run = dflash2_decode(pair, ids, max_tokens, b, *drafting)
             spec[b].append(run)
             m = first_mismatch(base.tokens, run.tokens)
-            if m is not None and mism[b] is None:
-                mism[b] = m
-                mismatches.append(
-                    {
-                        "block": b,
-                        "id": p.id,
-                        "category": p.category,
-                        "index": m,
-                        "plain": base.tokens[m : m + 8],
-                        "dflash2": run.tokens[m : m + 8],
-                        **_parting(pair, ids, base.tokens, run.tokens, m),
-                    }
-                )
+            if m is None or b in real:
+                continue
+            # every repeat's first parting until one is no near-tie: a tie never hides it
+            where = parting(pair.model, ids, base.tokens, run.tokens, m)
+            if not where["near_tie"]:
+                real.add(b)
+            mism[b] = m if mism[b] is None else min(mism[b], m)
+            mismatches.append(
+                {
+                    "block": b,
+                    "id": p.id,
+                    "category": p.category,
+                    "index": m,
+                    "plain": base.tokens[m : m + 8],
+                    "dflash2": run.tokens[m : m + 8],
+                    **where,
+                }
+            )
     return {b: _row(p, ids, plain, spec[b], mism[b]) for b in blocks}
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from .bench import first_mismatch
-from .divergence import divergence
+from .divergence import parting
 from .engine.generation import GenerationParams
 from .sampling import SamplingParams
 from .prompts import Prompt
@@ -130,9 +130,7 @@ def run_concurrency(
         arms[f"batch {n}"] = lambda n=n: run_batched(pair, encoded, params, n, width_cost)
     runs: dict[str, list[ArmRun]] = {name: [] for name in arms}
     check = _OutputCheck(
-        prompts,
-        levels,
-        lambda j, ref, m, other: divergence(pair.model, encoded[j], ref[:m], ref[m], other),
+        prompts, levels, lambda j, ref, out, m: parting(pair.model, encoded[j], ref, out, m)
     )
     for rep in range(max(1, repeats)):
         for name in _rotated(list(arms), rep):
@@ -165,8 +163,8 @@ class _OutputCheck:
     """Batched outputs against the sequential ones, per level and prompt; the first
     mismatch of each (level, prompt) is kept."""
 
-    def __init__(self, prompts: Sequence[Prompt], levels: list[int], parting: Callable):
-        self.prompts, self.parting = prompts, parting  # parting(j, ref, m, token): divergence
+    def __init__(self, prompts: Sequence[Prompt], levels: list[int], parted: Callable):
+        self.prompts, self.parted = prompts, parted  # parted(j, ref, out, m): divergence's
         self.identical = {n: [True] * len(prompts) for n in levels}
         self.mismatches: list[dict] = []
 
@@ -175,7 +173,6 @@ class _OutputCheck:
             m = first_mismatch(ref, out)
             if m is not None and self.identical[n][j]:
                 self.identical[n][j] = False
-                both = m < len(ref) and m < len(out)  # else one ended: no tie to weigh
                 self.mismatches.append(
                     {
                         "concurrency": n,
@@ -184,7 +181,7 @@ class _OutputCheck:
                         "index": m,
                         "sequential": ref[m : m + 8],
                         "batched": out[m : m + 8],
-                        **(self.parting(j, ref, m, out[m]) if both else {"near_tie": False}),
+                        **self.parted(j, ref, out, m),
                     }
                 )
 

@@ -16,6 +16,7 @@ BY_FLAG = "--block"
 BY_PROFILE = "autotune profile"
 BY_ALIAS = "alias recommendation"
 BY_TRAINED = "drafter's trained block"
+BY_QUANT_CAP = "quantized target's cap"
 
 
 # ----------------------------------------------------------------------------- block size
@@ -43,7 +44,7 @@ class BlockChoice:
 
     size: int
     trained: int  # the drafter's trained block size
-    reason: str  # BY_FLAG, BY_PROFILE, BY_ALIAS or BY_TRAINED
+    reason: str  # BY_FLAG, BY_PROFILE, BY_ALIAS, BY_TRAINED or BY_QUANT_CAP
     clamped_from: int | None = None  # a recommendation above the trained size
     # The smaller blocks the profile chose for longer contexts (GenerationParams.
     # block_by_context) and for sampling at higher temperatures (block_for_temperature): only

@@ -30,3 +30,11 @@ def divergence(model, ids: Sequence[int], agreed: Sequence[int], plain: int, oth
     gap = abs(float(logits[plain].item()) - float(logits[other].item()))
     tolerance = rounding(float(mx.max(mx.abs(logits)).item()), dtype)
     return {"gap": gap, "tolerance": tolerance, "near_tie": gap <= tolerance}
+
+
+def parting(model, ids: Sequence[int], reference: Sequence[int], other: Sequence[int], m: int):
+    """`divergence` where two outputs of `ids` part at token m (a length difference, where one
+    ended, is no tie)."""
+    if m >= len(reference) or m >= len(other):
+        return {"near_tie": False}
+    return divergence(model, ids, reference[:m], reference[m], other[m])

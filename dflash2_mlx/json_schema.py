@@ -25,10 +25,11 @@ _DATE = f"({_YEAR}-{_DAYS}|{_LEAP}-02-29)"
 _FORMAT_PATTERNS = {"time": f"^{_TIME}$", "date": f"^{_DATE}$", "date-time": f"^{_DATE}T{_TIME}$"}
 # Numbers a small model may write until max_tokens cuts the JSON (1111…, 0.0000…): integers
 # within 2**53 - 1 (16 digits, held exactly by llguidance's doubles and by JavaScript's
-# numbers) and numbers within 1e16 on each side the schema leaves open (bounds past them held
-# at them), and 10 decimals (no exponent) where it bounds neither side.
+# numbers) and numbers within 1e16 on each side the schema leaves open (a number's own bounds
+# held within 9e17), and 10 decimals (no exponent) where it bounds neither side.
 _INTEGER_LIMIT = 2**53 - 1
 _NUMBER_LIMIT = 1e16
+_NUMBER_BOUND = 9e17  # a number schema's own bounds: llguidance writes no range from 1e18 on
 _DECIMALS = 1e-10  # a multipleOf: llguidance takes no finer one
 
 
@@ -156,16 +157,16 @@ _AT_LIMIT = {
         "exclusiveMinimum": -_INTEGER_LIMIT - 1,
     },
     "number": {
-        "maximum": _NUMBER_LIMIT,
-        "exclusiveMaximum": _NUMBER_LIMIT,
-        "minimum": -_NUMBER_LIMIT,
-        "exclusiveMinimum": -_NUMBER_LIMIT,
+        "maximum": _NUMBER_BOUND,
+        "exclusiveMaximum": _NUMBER_BOUND,
+        "minimum": -_NUMBER_BOUND,
+        "exclusiveMinimum": -_NUMBER_BOUND,
     },
 }
 _HELD = {
     "integer": "integers are held within ±(2**53 - 1), where doubles and JavaScript keep "
     "every digit",
-    "number": "numbers are held within ±1e16 (the grammar engine writes no wider range)",
+    "number": "numbers are held within ±9e17 (the grammar engine writes no wider range)",
 }
 
 

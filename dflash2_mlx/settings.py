@@ -31,6 +31,7 @@ from .block_rules import (  # noqa: F401 - the front ends import them from here
     BY_ALIAS,
     BY_FLAG,
     BY_PROFILE,
+    BY_QUANT_CAP,
     BY_TRAINED,
     QUANT_CAP,
     BlockChoice,
@@ -265,16 +266,16 @@ def _quantized_advice(auto: BlockChoice, pair) -> BlockChoice:
 
     if not quantized_layers(pair.model):
         return auto
+    advice = [QUANTIZED_CPU] if mx.default_device() == mx.cpu else []
     if auto.size > QUANT_CAP:
-        why = (
+        advice.insert(
+            0,
             f"quantized target: block {QUANT_CAP}, not the {auto.reason}'s {auto.size} (a "
             "quantized verify slows with its width); `dflash2 bench --autotune` measures this "
-            "machine's"
+            "machine's",
         )
-        auto = replace(auto, size=QUANT_CAP, advice=why)
-    if mx.default_device() == mx.cpu:
-        auto = replace(auto, advice=QUANTIZED_CPU)
-    return auto
+        auto = replace(auto, size=QUANT_CAP, reason=BY_QUANT_CAP, clamped_from=None)
+    return replace(auto, advice="; ".join(advice)) if advice else auto
 
 
 def resolve_engine(

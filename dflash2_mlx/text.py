@@ -107,6 +107,8 @@ class TextResult:
     finish_reason: str
     stats: GenerationStats = field(default_factory=GenerationStats)
     logprobs: list = field(default_factory=list)  # with GenerationParams.logprobs: one a token
+    # with GenerationParams.prompt_logprobs: one per prompt token after the first
+    prompt_logprobs: list | None = None
 
 
 class IncrementalDecoder:
@@ -361,12 +363,15 @@ def generate_text(
     parts: list[str] = []
     tokens: list[int] = []
     logprobs: list = []
+    prompt_logprobs = None
     stats = GenerationStats()
     finish = "length"
     for chunk in stream_text(pair, prompt_ids, params, stop, session):
         parts.append(chunk.text)
         tokens.extend(chunk.event.tokens)
         logprobs.extend(chunk.event.logprobs)
+        if chunk.event.prompt_logprobs is not None:
+            prompt_logprobs = list(chunk.event.prompt_logprobs)
         stats.add(chunk.event)
         finish = chunk.finish_reason or finish
-    return TextResult("".join(parts), tokens, finish, stats, logprobs)
+    return TextResult("".join(parts), tokens, finish, stats, logprobs, prompt_logprobs)

@@ -193,11 +193,18 @@ def test_bench_command_mismatch_is_loud(tiny_pair, tmp_path, capsys, monkeypatch
     # where the two tokens' logits lie within the dtype's rounding (bf16 on a GPU: a verify's
     # and a one-token forward's kernels round apart), it is said so, not called a violation
     near = {"gap": 0.06, "tolerance": 0.5, "near_tie": True}
-    monkeypatch.setattr(bench, "divergence", lambda *a: near)
+    monkeypatch.setattr(bench, "parting", lambda *a: near)
     assert run(_args(tiny_pair, tmp_path, "--limit", "1", "--block", "4", "--no-plot")) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert "near-tie block 4" in err and "LOSSLESSNESS VIOLATED" not in err
     assert "not a lossless violation" in err
+    # a tie in one repeat never hides a real parting in another (only the first was kept)
+    said = iter([near, {"gap": 3.0, "tolerance": 0.5, "near_tie": False}])
+    monkeypatch.setattr(bench, "parting", lambda *a: next(said))
+    argv = _args(tiny_pair, tmp_path, "--limit", "1", "--block", "4", "--no-plot")
+    assert run([*argv, "--repeats", "2"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "near-tie block 4" in err and "MISMATCH block 4" in err
 
 
 def test_a_parting_is_a_near_tie_only_within_the_dtypes_rounding():
@@ -255,7 +262,7 @@ def test_bench_concurrency_mismatch_is_loud(tiny_pair, tmp_path, capsys, monkeyp
     assert report["concurrency"]["mismatches"][0]["index"] == 7
     assert report["concurrency"]["mismatches"][0]["near_tie"] is False
     near = {"gap": 0.06, "tolerance": 0.5, "near_tie": True}  # a batched matmul's rounding
-    monkeypatch.setattr(bench_batch, "divergence", lambda *a: near)
+    monkeypatch.setattr(bench_batch, "parting", lambda *a: near)
     assert run(_args(tiny_pair, tmp_path, "--limit", "1", "--concurrency", "2")) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert "near-tie concurrency 2" in err and "LOSSLESSNESS VIOLATED" not in err

@@ -741,9 +741,10 @@ def test_integer_bounds_past_a_double_are_held_within_it(char_pair):
             char_pair.json_schema({"type": "integer", **bound})
 
 
-def test_number_bounds_past_1e16_are_held_within_it(char_pair):
-    """llguidance writes no regex for a number range past ~1e17: a maximum of 1e20, or the
-    largest double that schema generators write, was a 400 quoting its internals."""
+def test_number_bounds_past_9e17_are_held_within_it(char_pair):
+    """llguidance writes no regex for a number range from 1e18 on: a maximum of 1e20, or the
+    largest double that schema generators write, was a 400 quoting its internals; bounds it
+    writes stay (a minimum of 5e16 compiled before)."""
     tok = char_pair.tokenizer
     for high in (1e20, 1.7976931348623157e308):
         g = char_pair.grammars.json_schema({"type": "number", "minimum": 0, "maximum": high})
@@ -752,6 +753,8 @@ def test_number_bounds_past_1e16_are_held_within_it(char_pair):
     assert _accepts(g, tok, "-3") and not _accepts(g, tok, "7")
     with pytest.raises(ParameterError, match="numbers are held within"):
         char_pair.json_schema({"type": "number", "minimum": 1e18})
+    g = char_pair.grammars.json_schema({"type": "number", "minimum": 5e16})
+    assert _accepts(g, tok, "60000000000000000") and not _accepts(g, tok, "6")
     # inside an allOf (pydantic's allOf: [{$ref}]) and the definitions one extends too
     n = {"type": "number", "minimum": -1e20}
     wrapped = {"allOf": [{"$ref": "#/$defs/N"}], "$defs": {"N": n}}

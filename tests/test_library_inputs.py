@@ -95,6 +95,18 @@ def test_the_text_layer_reads_a_generator_prompt_once_and_returns_logprobs(tiny_
         pair.generate(ids, params)
     with pytest.raises(ParameterError, match="logprobs: generate_batch returns no log-prob"):
         pair.generate_batch([ids], params)
+    # the prompt's own: generate_text returns them; generate and generate_batch refuse them
+    # (they were taken and dropped, the prompt read whole for nothing)
+    scored = GenerationParams(max_tokens=4, prompt_logprobs=1)
+    text = d2.generate_text(pair, ids, scored)
+    assert [lp.token for lp in text.prompt_logprobs] == ids[1:] and text.tokens == want.tokens
+    assert d2.generate_text(pair, ids, params).prompt_logprobs is None
+    for method, call in (
+        ("generate", lambda: pair.generate(ids, scored)),
+        ("generate_batch", lambda: pair.generate_batch([ids], scored)),
+    ):
+        with pytest.raises(ParameterError, match=f"prompt_logprobs: {method} returns no"):
+            call()
     with pytest.raises(ParameterError, match="thinking must be a grammar.Thinking"):
         pair.json_schema({"type": "object"}, thinking=True)
 

@@ -94,8 +94,8 @@ class Metrics:
             self.accepted += ev.accepted
 
     def count_scored(self, tokens: int) -> None:
-        """A prompt scored for its own log-probabilities (a pass of its own, before any
-        prefill)."""
+        """A prompt scored for its own log-probabilities (by its prefill, or a pass of its
+        own)."""
         with self._lock:
             self.scored_prompt_tokens += tokens
 
@@ -207,7 +207,7 @@ _SCALARS = (
         "dflash2_scored_prompt_tokens_total",
         "counter",
         "Prompt tokens scored for their own log-probabilities (a completion's echo with "
-        "logprobs: a pass before, and besides, its prefill).",
+        "logprobs: by its prefill, or a pass of its own with max_tokens 0).",
         "scored_prompt_tokens",
     ),
     (
