@@ -16,7 +16,7 @@ from .engine.events import GenerationStats, RoundEvent
 from .engine.generation import GenerationParams, token_ids
 from .engine.session import Session
 from .errors import ParameterError
-from .token_bytes import incomplete_tail, knows_token_bytes, token_bytes
+from .token_bytes import incomplete_tail, knows_token_bytes, token_bytes, trims_first_space
 
 
 # transformers warns (on stderr, once per tokenizer) when a text passes the tokenizer's
@@ -190,6 +190,8 @@ class IncrementalDecoder:
             # (from the common prefix: a prompt may end inside a character the reply ends)
             full = self.bytes_text(self.ids[self.start : end])
             shown = self.bytes_text(self.ids[self.start : self.read])
+            if self.start == 0 and trims_first_space(self.tokenizer):  # as its decode does
+                full, shown = full.removeprefix(" "), shown.removeprefix(" ")
         self.start, self.read = self.read, end
         return full[len(os.path.commonprefix([shown, full])) :]
 

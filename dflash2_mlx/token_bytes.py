@@ -16,6 +16,15 @@ def knows_token_bytes(tokenizer) -> bool:
     return isinstance(getattr(tokenizer, "_detokenizer", None), _detokenizer_kinds())
 
 
+def trims_first_space(tokenizer) -> bool:
+    """A SentencePiece vocabulary whose decode drops the text's first space (the '▁' its
+    first word carries), as mlx-lm's detokenizer does too."""
+    from mlx_lm import tokenizer_utils as tu
+
+    det = getattr(tokenizer, "_detokenizer", None)
+    return isinstance(det, tu.SPMStreamingDetokenizer) and bool(getattr(det, "trim_space", 0))
+
+
 def token_bytes(tokenizer, token: int) -> bytes:
     """The bytes `token` adds to a text: from the tokenizer's byte-level or SentencePiece
     vocabulary where mlx-lm's detokenizer knows it, else its decoded text's UTF-8."""

@@ -168,6 +168,14 @@ def test_byte_fallback_text_does_not_depend_on_the_rounds(spm_tok):
             got = _streamed(tok, ids, iter(lambda s=step: s, None))
             assert got == _streamed(tok, ids, iter(lambda: rng.randint(1, 4), None)), ids
             assert got.lstrip(" ") == detok.text.lstrip(" "), (ids, got, detok.text)
+        alone = set()  # no prompt before it (the library's): its first space dropped alike
+        for sizes in ([1] * len(ids), [len(ids)], [2] * len(ids)):
+            decoder, text, i = IncrementalDecoder(tok, []), "", 0
+            for step in sizes:
+                text += decoder.add(ids[i : i + step], final=i + step >= len(ids))
+                i += step
+            alone.add(text)
+        assert alone == {detok.text}, (ids, alone, detok.text)
         if "\ufffd" not in _want(tok, ids):
             assert (
                 got
