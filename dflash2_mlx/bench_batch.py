@@ -167,12 +167,17 @@ class _OutputCheck:
         self.prompts, self.parted = prompts, parted  # parted(j, ref, out, m): divergence's
         self.identical = {n: [True] * len(prompts) for n in levels}
         self.mismatches: list[dict] = []
+        self.real: set[tuple[int, int]] = set()  # (level, prompt) with a parting no near-tie
 
     def compare(self, n: int, reference: list[list[int]], outs: list[list[int]]) -> None:
+        """Every repeat's first parting until one is no near-tie: a tie never hides it."""
         for j, (p, ref, out) in enumerate(zip(self.prompts, reference, outs)):
             m = first_mismatch(ref, out)
-            if m is not None and self.identical[n][j]:
+            if m is not None and (n, j) not in self.real:
                 self.identical[n][j] = False
+                where = self.parted(j, ref, out, m)
+                if not where["near_tie"]:
+                    self.real.add((n, j))
                 self.mismatches.append(
                     {
                         "concurrency": n,
@@ -181,7 +186,7 @@ class _OutputCheck:
                         "index": m,
                         "sequential": ref[m : m + 8],
                         "batched": out[m : m + 8],
-                        **self.parted(j, ref, out, m),
+                        **where,
                     }
                 )
 

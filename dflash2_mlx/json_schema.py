@@ -94,15 +94,24 @@ _VALUES_GIVEN = ("enum", "const", "allOf", "anyOf", "oneOf", "$ref", "not")
 
 
 def _bounds_held(node):
-    """`node` with the number and length bounds of every schema in it held (_numbers_bounded,
-    _lengths_held) and no object closed: the branches of an allOf and the definitions one
-    extends, which closed_objects leaves open."""
+    """`node` with the bounds every schema in it gives held where the grammar engine can
+    follow them (_bounds_within, _lengths_held), no open side bounded and no object closed:
+    the branches of an allOf and the definitions one extends, whose siblings may bound what
+    one branch leaves open."""
     if isinstance(node, list):
         return [_bounds_held(v) for v in node]
     if not isinstance(node, dict):
         return node
-    node = _lengths_held(_numbers_bounded(node))
-    return {k: v if k in _DATA_KEYS else _bounds_held(v) for k, v in node.items()}
+    out = dict(node)
+    types = out.get("type") if isinstance(out.get("type"), list) else [out.get("type")]
+    _bounds_within(out, "integer" if set(types) == {"integer"} else "number")
+    out = _lengths_held(out)
+    for k, v in out.items():
+        if k in _SCHEMA_MAPS and isinstance(v, dict):  # schemas by name: a key is a name
+            out[k] = {name: _bounds_held(sub) for name, sub in v.items()}
+        elif k not in _DATA_KEYS:
+            out[k] = _bounds_held(v)
+    return out
 
 
 _LENGTH_LIMIT = 2**32 - 1  # llguidance's regex repetition counts are 32-bit

@@ -256,10 +256,11 @@ QUANTIZED_CPU = (
 )
 
 
-def _quantized_advice(auto: BlockChoice, pair) -> BlockChoice:
+def _quantized_advice(auto: BlockChoice, pair, said: bool) -> BlockChoice:
     """An unmeasured block for a quantized target: capped at QUANT_CAP (an alias recommends
-    16 for its bf16 target; a 4-bit copy of it verifies that width slowly), and on the CPU
-    the advice to measure it."""
+    16 for its bf16 target; a 4-bit copy of it verifies that width slowly), and where it is
+    what runs (`said`: no --block, speculation on), the note saying why, on the CPU with the
+    advice to measure it."""
     import mlx.core as mx
 
     from .quant import quantized_layers
@@ -268,14 +269,15 @@ def _quantized_advice(auto: BlockChoice, pair) -> BlockChoice:
         return auto
     advice = [QUANTIZED_CPU] if mx.default_device() == mx.cpu else []
     if auto.size > QUANT_CAP:
+        asked = auto.clamped_from or auto.size  # an alias's 16, past a drafter trained on 8
         advice.insert(
             0,
-            f"quantized target: block {QUANT_CAP}, not the {auto.reason}'s {auto.size} (a "
+            f"quantized target: block {QUANT_CAP}, not the {auto.reason}'s {asked} (a "
             "quantized verify slows with its width); `dflash2 bench --autotune` measures this "
             "machine's",
         )
         auto = replace(auto, size=QUANT_CAP, reason=BY_QUANT_CAP, clamped_from=None)
-    return replace(auto, advice="; ".join(advice)) if advice else auto
+    return replace(auto, advice="; ".join(advice)) if advice and said else auto
 
 
 def resolve_engine(
@@ -295,9 +297,8 @@ def resolve_engine(
         by_temperature=advice.by_temperature,
         ignored_profile=advice.damaged,
     )
-    unmeasured = auto.reason in (BY_ALIAS, BY_TRAINED) and flags.block is None
-    if unmeasured and flags.speculative:
-        auto = _quantized_advice(auto, pair)
+    if auto.reason in (BY_ALIAS, BY_TRAINED):  # unmeasured (`/block auto` takes it too)
+        auto = _quantized_advice(auto, pair, flags.block is None and flags.speculative)
     block = choose_block(trained, flag=flags.block) if flags.block is not None else auto
     return EngineSettings(
         flags.speculative,

@@ -5,6 +5,7 @@ Shared by the chat front end and the server, so both stop, count and report iden
 
 from __future__ import annotations
 
+import codecs
 import logging
 import os
 from contextlib import contextmanager
@@ -194,6 +195,21 @@ class IncrementalDecoder:
                 full, shown = full.removeprefix(" "), shown.removeprefix(" ")
         self.start, self.read = self.read, end
         return full[len(os.path.commonprefix([shown, full])) :]
+
+    def start_of(self, token: int) -> int:
+        """Where `token`'s own text will start in `text` once added: after the characters
+        shown and those held back with an unfinished one, and after that one's U+FFFD where
+        the token's first byte cannot go on with it (at its start where it does)."""
+        held = b"".join(token_bytes(self.tokenizer, t) for t in self.ids[self.read :])
+        if not held:
+            return len(self.text)
+        utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        start = len(self.text) + len(utf8.decode(held))  # whole characters held with it
+        rest = utf8.getstate()[0]
+        first = token_bytes(self.tokenizer, token)[:1]
+        if rest and first and utf8.decode(first).startswith("\ufffd"):
+            start += len(rest.decode("utf-8", "replace"))
+        return start
 
     def bytes_text(self, ids: list[int]) -> str:
         """The text of `ids`' own bytes (invalid ones U+FFFD, as mlx-lm's detokenizers)."""

@@ -266,6 +266,11 @@ def test_bench_concurrency_mismatch_is_loud(tiny_pair, tmp_path, capsys, monkeyp
     assert run(_args(tiny_pair, tmp_path, "--limit", "1", "--concurrency", "2")) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert "near-tie concurrency 2" in err and "LOSSLESSNESS VIOLATED" not in err
+    said = iter([near, {"gap": 3.0, "tolerance": 0.5, "near_tie": False}])  # a tie hides none
+    monkeypatch.setattr(bench_batch, "parting", lambda *a: next(said))
+    argv = _args(tiny_pair, tmp_path, "--limit", "1", "--concurrency", "2")
+    assert run([*argv, "--repeats", "2"]) == 1
+    assert "MISMATCH concurrency 2" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

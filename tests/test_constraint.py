@@ -762,6 +762,15 @@ def test_number_bounds_past_9e17_are_held_within_it(char_pair):
     assert _accepts(g, tok, "-3.5")
     g = char_pair.grammars.json_schema({"allOf": [{"type": "string", "maxLength": 2**40}]})
     assert _accepts(g, tok, '"ab"')
+    # a branch's open side is left to its siblings (bounding it refused what they allow),
+    # and schemas inside an allOf are found by name (a property named "enum" is one)
+    for ok in (
+        {"allOf": [{"type": "number"}, {"minimum": 5e16}]},
+        {"allOf": [{"type": "integer"}, {"minimum": 10**16}]},
+        {"allOf": [{"type": "number"}, {"const": 3e16}]},
+        {"allOf": [{"properties": {"enum": {"type": "string", "maxLength": 5 * 10**9}}}]},
+    ):
+        char_pair.json_schema(ok)
 
 
 def test_string_lengths_and_patterns_the_engine_cannot_take_say_why(char_pair):

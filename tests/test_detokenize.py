@@ -200,3 +200,18 @@ def test_a_token_after_held_invalid_bytes_starts_past_their_replacement(spm_tok)
     assert [text[s] for s, t in zip(starts, ids) if t == comma] == [",", ","]
     assert text[starts[ids.index(byte[0xCE])]] == "\ufffd"  # the held byte's own
     assert starts == sorted(starts)
+    # several held in a row: an unfinished character's bytes go on with it, a new lead does
+    # not (the last token started at the text's end: its entry was never sent)
+    han = [tok.convert_tokens_to_ids("中")]
+    for held, want in (
+        ([0xCD, 0xF0, 0x9F, 0x99], "\ufffd\ufffd中"),
+        ([0xE4, 0xE4], "\ufffd\ufffd中"),
+    ):
+        lp = Logprobs(tok, "completion", frozenset(), prompt=tok.encode("Say:"))
+        ids = [byte[b] for b in held] + han
+        for t in ids:
+            lp.add(RoundEvent(tokens=[t], logprobs=(TokenLogprob(t, -1.0, ()),)))
+        text = lp.decoder.text
+        assert text.endswith(want), (held, text)
+        got = lp.take(len(text), whole=True, end=True)
+        assert len(got["tokens"]) == len(ids) and text[got["text_offset"][-1] :].startswith("中")

@@ -291,8 +291,10 @@ def test_a_quantized_target_on_the_cpu_is_told_to_measure_its_block():
     # target ran as given on a 4-bit copy of it, on a Mac's GPU too); measured or asked: as is
     assert (s.block.size, s.block.reason) == (5, "quantized target's cap")
     assert "block 5, not the drafter's trained block's 8" in s.block.note
-    alias = resolve_engine(EngineFlags(), quantized, ResolvedPair("t", "d", block_sizes=(8,)), None)
-    assert alias.block.size == 5 and "not the alias recommendation's 8" in alias.block.note
+    alias = resolve_engine(
+        EngineFlags(), quantized, ResolvedPair("t", "d", block_sizes=(16,)), None
+    )
+    assert alias.block.size == 5 and "not the alias recommendation's 16" in alias.block.note
     assert (
         resolve_engine(EngineFlags(block=8), quantized, ResolvedPair("t", "d"), None).block.size
         == 8
@@ -303,9 +305,8 @@ def test_a_quantized_target_on_the_cpu_is_told_to_measure_its_block():
         resolve_engine(EngineFlags(), plain, ResolvedPair("t", "d"), None).auto_block.note is None
     )
     for given in (EngineFlags(block=2), EngineFlags(speculative=False)):  # nothing to advise
-        assert (
-            resolve_engine(given, quantized, ResolvedPair("t", "d"), None).auto_block.note is None
-        )
+        auto = resolve_engine(given, quantized, ResolvedPair("t", "d"), None).auto_block
+        assert auto.note is None and auto.size == 5  # what `/block auto` or `/spec on` takes
 
 
 def test_weights_are_wired_on_a_gpu_with_a_recommended_working_set(monkeypatch):

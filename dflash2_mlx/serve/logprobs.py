@@ -36,7 +36,6 @@ class Logprobs:
     hidden: frozenset[int] = frozenset()  # other ids that are not text (skip_special_tokens)
     base: int = 0  # characters before the reply's text (an echoed prompt's)
     keep_stop: bool = False  # the stop token that ends the reply has an entry (echo)
-    held: list = field(default_factory=list)  # tokens added since the text last grew
 
     def __post_init__(self):
         self.decoder = IncrementalDecoder(self.tokenizer, self.prompt)
@@ -51,20 +50,12 @@ class Logprobs:
         for lp in event.logprobs:
             hidden = lp.token in self.hidden and lp.token not in self.stop_ids
             if self.keep_stop or not (hidden or lp.token in self.stop_ids):
-                start = len(self.decoder.text)
-                if not hidden:  # not text: the next token's starts where it would have
-                    start += self._after_held(lp.token, self.decoder.add([lp.token]))
+                if hidden:  # not text: the next token's starts where it would have
+                    start = len(self.decoder.text)
+                else:
+                    start = self.decoder.start_of(lp.token)
+                    self.decoder.add([lp.token])
                 self.entries.append((self.base + start, lp))
-
-    def _after_held(self, token: int, added: str) -> int:
-        """How far into the text `token` added its own starts: past the U+FFFD of bytes held
-        before it that no character completed (shown only now), else 0 (a token completing
-        a character starts where the character does)."""
-        held, self.held = self.held + [token], [] if added else self.held + [token]
-        if not added or len(held) == 1:
-            return 0
-        own = self.decoder.bytes_text([token])
-        return min(max(len(self.decoder.bytes_text(held)) - len(own), 0), len(added))
 
     def take(self, sent: int, whole: bool = False, end: bool = False) -> dict | None:
         """The entries of the tokens starting in the first `sent` characters of the text as a
