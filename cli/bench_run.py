@@ -19,7 +19,8 @@ from .bench_view import (
     speed_tables,
 )
 from .bench_options import BenchOptions, BenchRun, chosen_blocks
-from .common import check_thinking_flag, check_writable, fail, load_engine
+from .common import check_thinking_flag, check_writable, fail
+from .loading import load_engine
 
 
 def _write_json(report: dict, path: Path) -> Path:

@@ -12,7 +12,8 @@ from dflash2_mlx import GenerationParams
 from dflash2_mlx.errors import ParameterError
 
 from .chat_repl import Chat, ChatOptions
-from .common import fail, load_engine
+from .common import fail
+from .loading import load_engine
 from .terminal import ends_on_hangup, keys_unechoed
 
 

@@ -25,8 +25,8 @@ from .common import (
     fail,
     number_list,
     given_params,
-    load_resolved,
 )
+from .loading import load_resolved
 from .terminal import text_row
 
 

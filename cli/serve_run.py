@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import load_engine
+from .loading import load_engine
 
 
 def prepare_process() -> None:
