@@ -5,10 +5,10 @@ chat messages (`instructions` a system message first; `function_call` items the 
 tool calls, `function_call_output` items tool messages), its function tools and `tool_choice`
 the chat ones, `text.format` the chat `response_format`, `max_output_tokens` the token limit,
 `reasoning.effort` the template's thinking switch, `reasoning` items the next assistant
-turn's reasoning_content. The chat parser then checks everything as
-for /v1/chat/completions, and its errors name the Responses field. Responses are not stored:
-`store: true`, `previous_response_id`, `conversation`, `background` and item references are
-refused.
+turn's reasoning_content. The chat parser then checks everything as for /v1/chat/completions,
+and its errors name the Responses field. Responses are not stored: `store: true`,
+`previous_response_id`, `conversation` and `background` are refused; an `item_reference` names
+one of this server's recent output items (response_items.py).
 """
 
 from __future__ import annotations

@@ -10,11 +10,10 @@ the target generates up to `max_new_tokens` tokens with mlx-lm's continuous-batc
 `response_ids` ends with the stop token (EOS) when `finish_reason` is "stop"; it is cut at
 `max_new_tokens` when "length". Reruns skip the (id, temperature) pairs already in the file.
 
-Sampling at T > 0 applies the temperature first, then top-p (the HF / vLLM order), exactly, with a
-fast path: the nucleus is looked for among a row's top 256 tokens, and a row falls back to a
-full-vocabulary sort only when that set holds less than top_p of the mass (several times cheaper
-than mlx-lm's sampler, which sorts the 49k vocabulary of every row each step). Samples are
-seeded, but at T > 0 they depend on how sequences share batches.
+Sampling at T > 0 draws from what the library serves (sampling.filtered_probs: the top_p
+nucleus of the untempered distribution, then the temperature), the nucleus looked for among a
+row's top 256 tokens first (NumPy: several times cheaper than a sort of the 49k vocabulary each
+step). Seeded, but at T > 0 the draws depend on how sequences share batches.
 
     python -m dflash2_mlx.train.regenerate --prompts train --out regen.jsonl   # embedded SmolLM2
 """
