@@ -310,22 +310,26 @@ def train_drafter(
         "history": trainer.history,
         "stages": stages,
     }
-    # What the drafter learned to emit: every response token of its training data.
-    counts = count_tokens(s.tokens[s.response_start :] for s in data.train)
-    source = f"response tokens of the {len(data.train)} training regenerations ({pc.prompts})"
-    if data.fixed is not None:  # and the corpus's answers, which it learned from too
-        answers = [s for shard in data.fixed.shards for s in shard]
-        counts += count_tokens(s.tokens[a:b] for s in answers for a, b in s.spans)
-        source += f" and of the {len(answers)} --corpus answers ({pc.corpus})"
-    vocab = draft_vocab_text(counts, source)
     extra = [
         ("README.md", card),
-        (DRAFT_VOCAB_FILE, vocab),
+        (DRAFT_VOCAB_FILE, _draft_vocab(pc, data)),
         ("training.json", json.dumps(record, indent=2, default=str)),
         *_datastore_file(data.train, pc.prompts),
     ]
     trainer.export(pc.out, dtype=getattr(mx, pc.dtype), extra_files=extra)  # all or nothing
     return {"final": final, "stages": stages, "out": str(pc.out)}
+
+
+def _draft_vocab(pc: PipelineConfig, data: PreparedData) -> str:
+    """What the drafter learned to emit: every response token of its training data (and the
+    corpus's answers, which it learned from too)."""
+    counts = count_tokens(s.tokens[s.response_start :] for s in data.train)
+    source = f"response tokens of the {len(data.train)} training regenerations ({pc.prompts})"
+    if data.fixed is not None:
+        answers = [s for shard in data.fixed.shards for s in shard]
+        counts += count_tokens(s.tokens[a:b] for s in answers for a, b in s.spans)
+        source += f" and of the {len(answers)} --corpus answers ({pc.corpus})"
+    return draft_vocab_text(counts, source)
 
 
 def _datastore_file(train: list, prompts) -> list[tuple[str, bytes]]:
