@@ -142,7 +142,7 @@ def _numbers_bounded(node: dict) -> dict:
     else:
         return node
     out = dict(node)
-    if limit == _NUMBER_LIMIT:  # llguidance cannot write the regex of a range past ~1e17
+    if limit == _NUMBER_LIMIT:  # llguidance writes no regex for a range from 1e18 on
         _bounds_within(out, "number")
     elif set(types) <= {"integer"}:  # held within what doubles hold
         _bounds_within(out, "integer")
@@ -184,7 +184,7 @@ def _bounds_within(out: dict, kind: str) -> None:
     by the limit on its side, which only narrows what it allows (another, tighter bound on
     that side stays); a ValueError where no value within the limit remains. Integers: llguidance
     rounds bounds to doubles (2**53 passed a minimum of 2**53 + 1); numbers: it fails on a
-    range past ~1e17 with a message of its own internals."""
+    range from 1e18 on with a message of its own internals."""
     for key, at in _AT_LIMIT[kind].items():
         v = out.get(key)
         if not is_number(v):

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..engine.datastore import DATASTORE_FILE
 from ..errors import ConfigError
 from ..values import is_int
 
@@ -82,6 +83,18 @@ def datastore_bytes(responses: list, sources: list[dict], note: str = "") -> tup
     buffer = io.BytesIO()
     np.savez_compressed(buffer, tokens=stream, separator=np.int64(separator), meta=json.dumps(meta))
     return buffer.getvalue(), meta
+
+
+def datastore_file(train: list, prompts) -> list[tuple[str, bytes]]:
+    """The drafter's response datastore (engine/datastore.py): the target's answers it trained
+    on, end to end (never the held-out ones), where there are any."""
+    responses = [list(s.tokens[s.response_start :]) for s in train]
+    if not any(responses):
+        return []
+    source = {"file": f"training regenerations ({prompts})", "records": len(responses)}
+    source["tokens"] = sum(map(len, responses))
+    data, _ = datastore_bytes(responses, [source], "written by dflash2 train")
+    return [(DATASTORE_FILE, data)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -16,13 +16,12 @@ import mlx.core as mx
 
 from ..drafter.model import Drafter
 from ..drafter.vocab import DRAFT_VOCAB_FILE, count_tokens, draft_vocab_text
-from ..engine.datastore import DATASTORE_FILE
 from ..errors import DFlash2Error
 from ..prompts import load_prompts
 from ..downloads import fetch
 from ..target.adapter import TargetAdapter
 from ..target.folder import load_target_folder
-from .datastore import datastore_bytes
+from .datastore import datastore_file
 from .drafter_init import adopt_start, check_start_fits, start_tensors
 from .features import build_feature_cache, load_feature_cache, read_regenerations
 from .fixed_text import corpus_sequences, corpus_sources
@@ -314,7 +313,7 @@ def train_drafter(
         ("README.md", card),
         (DRAFT_VOCAB_FILE, _draft_vocab(pc, data)),
         ("training.json", json.dumps(record, indent=2, default=str)),
-        *_datastore_file(data.train, pc.prompts),
+        *datastore_file(data.train, pc.prompts),
     ]
     trainer.export(pc.out, dtype=getattr(mx, pc.dtype), extra_files=extra)  # all or nothing
     return {"final": final, "stages": stages, "out": str(pc.out)}
@@ -330,18 +329,6 @@ def _draft_vocab(pc: PipelineConfig, data: PreparedData) -> str:
         counts += count_tokens(s.tokens[a:b] for s in answers for a, b in s.spans)
         source += f" and of the {len(answers)} --corpus answers ({pc.corpus})"
     return draft_vocab_text(counts, source)
-
-
-def _datastore_file(train: list, prompts) -> list[tuple[str, bytes]]:
-    """The drafter's response datastore (engine/datastore.py): the target's answers it trained
-    on, end to end (never the held-out ones), where there are any."""
-    responses = [list(s.tokens[s.response_start :]) for s in train]
-    if not any(responses):
-        return []
-    source = {"file": f"training regenerations ({prompts})", "records": len(responses)}
-    source["tokens"] = sum(map(len, responses))
-    data, _ = datastore_bytes(responses, [source], "written by dflash2 train")
-    return [(DATASTORE_FILE, data)]
 
 
 def run_pipeline(
