@@ -196,3 +196,58 @@ def test_candidates_come_in_id_order_whatever_their_scores():
     assert np.array_equal(np.array(ids), np.array(ids2))
     # a gather of the same logits, no matmul: exact by construction
     assert np.array_equal(np.array(scores), np.take_along_axis(logits, np.array(ids), axis=-1))
+
+
+def _rows(n: int, seed: int) -> tuple[mx.array, mx.array]:
+    k = mx.random.normal((1, 2, n, 4), key=mx.random.key(seed))
+    return k, k * 2 + 1
+
+
+def test_context_cache_writes_rows_in_place_and_keeps_exactly_what_was_appended():
+    """Rows go into buffers grown STEP rows at a time (no copy of the whole context a round);
+    what the cache holds is every appended row, as concatenating them would give (copies:
+    exact), a block's rows are shown after it but not kept, and trim forgets the last rows."""
+    from dflash2_mlx.drafter.attention import ContextCache
+
+    cache, kept = ContextCache(), []
+    for i in range(100):
+        k, v = _rows(3, i)
+        kept.append(k)
+        got_k, got_v = cache.append(k, v)
+        if i == 0:
+            first = cache.buffers[0]
+        block_k, _ = cache.with_block(*_rows(4, 1000 + i))
+        assert block_k.shape[2] == cache.length + 4
+        assert np.array_equal(np.array(block_k[:, :, -4:]), np.array(_rows(4, 1000 + i)[0]))
+    assert cache.length == 300 and got_k.shape[2] == 300
+    assert cache.buffers[0].shape[2] == 2 * ContextCache.STEP  # grown once, not every round
+    assert first.shape[2] == ContextCache.STEP
+    whole = mx.concatenate(kept, axis=2)
+    assert np.array_equal(np.array(cache.keys), np.array(whole))
+    assert np.array_equal(np.array(cache.values), np.array(whole * 2 + 1))
+    cache.offset = 300
+    cache.trim(5)
+    assert (cache.length, cache.offset) == (295, 295)
+    k, v = _rows(2, 7)
+    cache.append(k, v)  # written over the trimmed rows
+    assert np.array_equal(np.array(cache.keys[:, :, -2:]), np.array(k))
+    assert np.array_equal(np.array(cache.keys[:, :, :295]), np.array(whole[:, :, :295]))
+    cache.compact()
+    assert cache.buffers[0].shape[2] == 297
+    assert np.array_equal(np.array(cache.keys[:, :, :295]), np.array(whole[:, :, :295]))
+
+
+def test_windowed_context_cache_keeps_its_last_rows_and_shows_a_block_after_them():
+    from dflash2_mlx.drafter.attention import ContextCache
+
+    cache, kept = ContextCache(window=6), []
+    for i in range(4):
+        k, v = _rows(3, i)
+        kept.append(k)
+        cache.append(k, v)
+    whole = mx.concatenate(kept, axis=2)
+    assert cache.length == 5
+    assert np.array_equal(np.array(cache.keys), np.array(whole[:, :, -5:]))
+    block_k, _ = cache.with_block(*_rows(4, 99))
+    assert block_k.shape[2] == 9 and cache.length == 5
+    assert np.array_equal(np.array(block_k[:, :, :5]), np.array(whole[:, :, -5:]))

@@ -16,39 +16,88 @@ import mlx.nn as nn
 class ContextCache:
     """Roped context K/V of one drafter layer. `offset` = absolute position of the next row.
 
-    With a window, only the last `window - 1` rows are kept: no block query can see further.
+    Rows live in buffers grown `STEP` rows at a time and written in place (as mlx-lm's
+    KVCache), so a round costs its new rows, not a copy of the whole context. With a window,
+    only the last `window - 1` rows are kept: no block query can see further.
     """
+
+    STEP = 256
 
     def __init__(self, window: int | None = None):
         self.keep = None if window is None else window - 1
-        self.keys: mx.array | None = None
-        self.values: mx.array | None = None
+        self.buffers: tuple[mx.array, mx.array] | None = None
+        self.length = 0  # rows of the buffers that hold context
         self.offset = 0
 
     @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+    def keys(self) -> mx.array | None:
+        return None if self.buffers is None else self.buffers[0][:, :, : self.length]
+
+    @property
+    def values(self) -> mx.array | None:
+        return None if self.buffers is None else self.buffers[1][:, :, : self.length]
 
     def append(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self.keys is not None:
-            keys = mx.concatenate([self.keys, keys], axis=2)
-            values = mx.concatenate([self.values, values], axis=2)
-        if self.keep is not None and keys.shape[2] > self.keep:
+        """Keep new context rows; the whole context K/V."""
+        if self.keep is None:
+            self.length = self._write(keys, values)
+            return self.keys, self.values
+        # a window holds at most `keep` rows: copying them costs little
+        keys, values = _joined(self.keys, keys), _joined(self.values, values)
+        if keys.shape[2] > self.keep:
             keys, values = keys[:, :, -self.keep :], values[:, :, -self.keep :]
-        self.keys, self.values = keys, values
+        self.buffers, self.length = (keys, values), keys.shape[2]
         return keys, values
+
+    def with_block(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """The context K/V followed by a block's rows, which are not kept (the next append
+        writes over them)."""
+        if self.keep is not None:
+            return _joined(self.keys, keys), _joined(self.values, values)
+        end = self._write(keys, values)
+        k, v = self.buffers
+        return k[:, :, :end], v[:, :, :end]
+
+    def _write(self, keys: mx.array, values: mx.array) -> int:
+        """Write rows in place after the context; the buffers' rows in use after them."""
+        end = self.length + keys.shape[2]
+        if self.buffers is None or end > self.buffers[0].shape[2]:
+            self._grow(end, keys, values)
+        k, v = self.buffers
+        k[:, :, self.length : end] = keys
+        v[:, :, self.length : end] = values
+        self.buffers = k, v
+        return end
+
+    def _grow(self, rows: int, keys: mx.array, values: mx.array) -> None:
+        size = -(-rows // self.STEP) * self.STEP
+        grown = []
+        for new, old in zip((keys, values), (self.keys, self.values)):
+            b, h, _, d = new.shape
+            buf = mx.zeros((b, h, size, d), new.dtype)
+            if self.length:
+                buf[:, :, : self.length] = old
+            grown.append(buf)
+        self.buffers = grown[0], grown[1]
+
+    def compact(self) -> None:
+        """Buffers cut to the rows held where the spare room is large (a kept entry)."""
+        if self.buffers is not None and self.buffers[0].shape[2] - self.length > self.length // 8:
+            self.buffers = mx.contiguous(self.keys), mx.contiguous(self.values)
 
     def trim(self, n: int) -> None:
         """Forget the last n positions (rows already outside the window are not restored)."""
         n = min(n, self.offset)
         self.offset -= n
-        drop = min(n, self.length)
-        if drop:
-            self.keys, self.values = self.keys[:, :, :-drop], self.values[:, :, :-drop]
+        self.length -= min(n, self.length)
 
     @property
     def state(self):
         return self.keys, self.values
+
+
+def _joined(held: mx.array | None, new: mx.array) -> mx.array:
+    return new if held is None else mx.concatenate([held, new], axis=2)
 
 
 class DrafterAttention(nn.Module):
@@ -113,9 +162,9 @@ class DrafterAttention(nn.Module):
             ctx, s = ctx[:, -cache.keep :], cache.keep
         ck, cv = self.project_kv(ctx, rope, cache.offset)
         cache.offset += s
-        ctx_k, ctx_v = cache.append(ck, cv)
+        cache.append(ck, cv)
+        held = cache.length
         bk, bv = self.project_kv(x, rope, cache.offset)
         q = self.project_q(x, rope, cache.offset)
-        keys = mx.concatenate([ctx_k, bk], axis=2)
-        values = mx.concatenate([ctx_v, bv], axis=2)
-        return self.attend(q, keys, values, self.mask(ctx_k.shape[2], length))
+        keys, values = cache.with_block(bk, bv)
+        return self.attend(q, keys, values, self.mask(held, length))

@@ -91,23 +91,17 @@ def _attention(
 
     def core(u: mx.array) -> mx.array:
         ck, cv = attn.project_kv(ctx, rope, mx.array([c.offset for c in caches]))
-        keys, values = [], []
+        held = []
         for i, (c, s) in enumerate(zip(caches, sizes)):
-            k, v = c.append(ck[i : i + 1, :, :s], cv[i : i + 1, :, :s])
+            held.append(c.append(ck[i : i + 1, :, :s], cv[i : i + 1, :, :s]))
             c.offset += s
-            keys.append(k)
-            values.append(v)
-        lengths = [k.shape[2] for k in keys]
-        longest = max(lengths)
-        pad = [(0, 0), (0, 0), (0, 0), (0, 0)]
-        left = [longest - n for n in lengths]
-        keys = [mx.pad(k, pad[:2] + [(p, 0)] + pad[3:]) for k, p in zip(keys, left)]
-        values = [mx.pad(v, pad[:2] + [(p, 0)] + pad[3:]) for v, p in zip(values, left)]
         at = mx.array([c.offset for c in caches])
         bk, bv = attn.project_kv(u, rope, at)
         q = attn.project_q(u, rope, at)
-        keys = mx.concatenate([mx.concatenate(keys), bk], axis=2)
-        values = mx.concatenate([mx.concatenate(values), bv], axis=2)
+        longest = max(k.shape[2] for k, _ in held)
+        left = [longest - k.shape[2] for k, _ in held]
+        keys = _rows_left_padded([k for k, _ in held], left, bk)
+        values = _rows_left_padded([v for _, v in held], left, bv)
         mask = None
         if any(left):
             visible = mx.arange(longest + u.shape[1])[None, :] >= mx.array(left)[:, None]
@@ -115,3 +109,14 @@ def _attention(
         return attn.attend(q, keys, values, mask)
 
     return core
+
+
+def _rows_left_padded(context: list[mx.array], left: list[int], block: mx.array) -> mx.array:
+    """[B, h, longest + L, d]: each row's context [1, h, n, d] after `left` zero rows, then
+    the block's rows; every row is written once into one buffer (no pad-then-concatenate)."""
+    b, h, length, d = block.shape
+    out = mx.zeros((b, h, left[0] + context[0].shape[2] + length, d), block.dtype)
+    for i, (rows, pad) in enumerate(zip(context, left)):
+        out[i : i + 1, :, pad : pad + rows.shape[2]] = rows
+    out[:, :, -length:] = block
+    return out

@@ -36,6 +36,7 @@ from typing import Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from ..drafter.attention import ContextCache
 from ..errors import ParameterError
 from .events import RoundEvent
 from .generation import token_ids
@@ -119,13 +120,17 @@ def clone_session(session: Session) -> Session:
 
 
 def _compact(session: Session) -> None:
-    """Target KV buffers cut to the rows they hold where the spare room is large: mlx-lm
-    allocates 256 rows at a time, so a short conversation kept whole would hold (and count
-    against the budget) up to 256 rows a layer. A continuation allocates again as it goes."""
+    """KV buffers cut to the rows they hold where the spare room is large: mlx-lm (and the
+    drafter's context cache) allocates 256 rows at a time, so a short conversation kept whole
+    would hold (and count against the budget) up to 256 rows a layer. A continuation
+    allocates again as it goes."""
     for c in session.target_cache:
         if type(c) is KVCache and c.keys is not None and c.keys.shape[2] - c.offset > c.offset // 8:
             c.keys = mx.contiguous(c.keys[..., : c.offset, :])
             c.values = mx.contiguous(c.values[..., : c.offset, :])
+    for c in session.drafter_cache:
+        if isinstance(c, ContextCache):
+            c.compact()
 
 
 def session_nbytes(session: Session) -> int:
