@@ -372,6 +372,52 @@ def test_an_idle_connection_outlives_the_clients_own_idle_expiry():
             assert answer(s).startswith(b"HTTP/1.1 200")
 
 
+def _closed_by_server(s: socket.socket, within: float) -> bool:
+    """True when the server closes `s` (reads drain whatever it sent) within `within` s."""
+    s.settimeout(within)
+    try:
+        while s.recv(4096):
+            pass
+    except socket.timeout:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_a_request_head_that_does_not_come_in_time_closes_its_connection():
+    """uvicorn times nothing before a request head, and its keep-alive timer stops at a next
+    request's first byte: silent or trickling connections were held forever (a review's 999
+    of them made every request a 503). Each must send a whole head within head_s of opening or
+    of its last response; a request that runs longer than head_s is not cut."""
+    app = create_app(slow_pair(0.1), model_name="tiny", limits=ServeLimits(head_s=0.5))
+    with serving(app) as (base, _, _):
+        port = int(base.rsplit(":", 1)[1])
+        silent = socket.create_connection(("127.0.0.1", port))
+        trickling = socket.create_connection(("127.0.0.1", port))
+        trickling.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        after_reply = socket.create_connection(("127.0.0.1", port))
+        after_reply.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        assert after_reply.recv(4096).startswith(b"HTTP/1.1 200")
+        after_reply.sendall(b"G")  # a next request's first byte: uvicorn's keep-alive timer stops
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for _ in range(5):  # a byte every 0.2 s (closed meanwhile: what is wanted)
+                time.sleep(0.2)
+                trickling.sendall(b"x")
+        t0 = time.monotonic()
+        for s in (silent, trickling, after_reply):
+            assert _closed_by_server(s, 5), "the connection was still open"
+            s.close()
+        assert time.monotonic() - t0 < 5
+        started = time.monotonic()
+        r = httpx.post(
+            base + "/v1/chat/completions", json={"messages": HI, "max_tokens": 8}, timeout=60
+        )
+        assert r.status_code == 200 and time.monotonic() - started > 0.5  # ran past head_s
+    with pytest.raises(DFlash2Error, match="head_s must be > 0 and finite"):
+        ServeLimits(head_s=math.inf)
+
+
 def test_a_sigint_that_was_ignored_at_start_still_exits_130():
     """A server started by a script with `&` starts with SIGINT ignored; SIGINT still stops
     it, and the exit code says so (it was 0, as if it had ended by itself)."""

@@ -499,6 +499,31 @@ def test_a_stalled_body_is_a_408_and_its_buffer_freed():
         ServeLimits(body_stall_s=0)
 
 
+def test_a_body_trickled_slower_than_the_least_rate_is_a_408():
+    """A body that never stalls but comes a byte at a time (a review held twelve 1 MB ones
+    at 1 byte/s, never cut) is refused once it has not all come body_stall_s plus its size at
+    MIN_BODY_RATE after the read began: here 2 s plus 200 bytes' worth."""
+    pair = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2))
+    app = create_app(pair, model_name="t", limits=ServeLimits(body_stall_s=2.0))
+
+    whole = b'{"messages": [{"role": "user", "content": "' + b"x" * 152 + b'"}]}'
+
+    def trickle():
+        for byte in whole:
+            time.sleep(0.05)  # never 2 s without a byte: no stall
+            yield bytes([byte])
+
+    with running(app) as base:
+        t0 = time.monotonic()
+        head = {"Content-Length": str(len(whole))}
+        status, body = raw_post(base, "/v1/chat/completions", head, trickle())
+        assert status == 408 and body["error"]["code"] == "request_timeout", body
+        assert "came too slowly" in body["error"]["message"], body
+        assert time.monotonic() - t0 < 8  # the whole body would take 10 s
+        ok = httpx.post(base + "/v1/chat/completions", json={"messages": HI, "max_tokens": 2})
+        assert ok.status_code == 200
+
+
 def test_many_consecutive_turns_are_joined_in_linear_time():
     """Consecutive turns, which Messages and Responses join into one: a join per turn copied
     the text so far each time (50,000 turns, a 4 MB body, took 10-12 s of one core). Four

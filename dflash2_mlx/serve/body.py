@@ -19,6 +19,9 @@ from .http_errors import shutting_down
 from .schemas import APIError
 
 MAX_DEPTH = 64  # OpenAI bodies nest a few levels (tool schemas a dozen)
+# After its first stall_s, a body must have come at least this fast on average (bytes/s): one
+# trickled a byte at a time never stalls, yet would hold its buffer for as long as it likes.
+MIN_BODY_RATE = 64 * 1024
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -35,33 +38,36 @@ async def read_body(
 ) -> bytes:
     """The body, refused with 413 as soon as it is known to exceed `max_bytes` (a declared
     Content-Length before reading anything, else while the chunks arrive), with 408 when
-    nothing of it arrives for `stall_s` seconds, and with 503 when `stop` is set (the server
-    shuts down: an upload still coming would hold the shutdown up to its stall timeout)."""
+    nothing of it arrives for `stall_s` seconds or it all has not come `stall_s` seconds plus
+    its size (declared, else `max_bytes`) at MIN_BODY_RATE after the read began, and with 503
+    when `stop` is set (the server shuts down: an upload still coming would hold the shutdown
+    up to its stall timeout)."""
     too_large = APIError(
         413,
         f"the request body exceeds this server's limit of {max_bytes} bytes",
         code="request_too_large",
     )
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+    size = int(declared) if declared is not None and declared.isdigit() else None
+    if size is not None and size > max_bytes:
         raise too_large
+    loop = asyncio.get_running_loop()
+    allowed = stall_s + (max_bytes if size is None else size) / MIN_BODY_RATE
+    deadline = loop.time() + allowed
     body, chunks = bytearray(), request.stream().__aiter__()
     stopping = {asyncio.ensure_future(stop.wait())} if stop is not None else set()
     chunk = None
     try:
         while True:
             chunk = asyncio.ensure_future(chunks.__anext__())
+            wait = min(stall_s, deadline - loop.time())
             done, _ = await asyncio.wait(
-                {chunk, *stopping}, timeout=stall_s, return_when="FIRST_COMPLETED"
+                {chunk, *stopping}, timeout=max(wait, 0.0), return_when="FIRST_COMPLETED"
             )
             if chunk not in done:
                 if stop is not None and stop.is_set():
                     raise shutting_down()
-                raise APIError(
-                    408,
-                    f"the request body stalled: nothing of it came for {stall_s:g} s",
-                    code="request_timeout",
-                )
+                raise _too_slow(len(body), stall_s, allowed, loop.time() >= deadline)
             try:
                 body += chunk.result()
             except StopAsyncIteration:
@@ -74,6 +80,14 @@ async def read_body(
         for waiter in (*stopping, chunk):
             if waiter is not None and not waiter.done():
                 waiter.cancel()
+
+
+def _too_slow(received: int, stall_s: float, allowed: float, late: bool) -> APIError:
+    if late:
+        why = f"came too slowly: {received} bytes in {allowed:g} s"
+    else:
+        why = f"stalled: nothing of it came for {stall_s:g} s"
+    return APIError(408, f"the request body {why}", code="request_timeout")
 
 
 async def read_json(

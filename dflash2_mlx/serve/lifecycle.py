@@ -19,6 +19,7 @@ import threading
 import uvicorn
 
 from .api_error import loggable
+from .connections import timed_head_protocol
 from .log_output import drain_logs, write_in_background
 from .queue import ShuttingDown, Worker
 from .request_ids import NameRequests
@@ -171,6 +172,7 @@ def make_server(app, *, log_level: str = "info") -> DrainingServer:
         timeout_graceful_shutdown=drain.grace_s + DELIVERY_MARGIN_S,
         timeout_keep_alive=KEEP_ALIVE_S,
         limit_concurrency=MAX_CONNECTIONS,
+        http=timed_head_protocol(app.state.limits.head_s),
         **security.uvicorn_options(),
     )  # which sets up uvicorn's logging: its lines and ours are then written by a thread
     write_in_background([*OWN_LOGGERS, "uvicorn", "uvicorn.access"])

@@ -29,7 +29,10 @@ class ServeLimits:
     sends its headers, then an SSE comment every keepalive_s until the token comes (clients
     time out on silent connections; a non-streaming request cannot do that).
     body_stall_s: a request body that sends nothing for this long is refused with 408 (a
-    stalled upload would hold its buffer, up to max_body_bytes, as long as it stays open).
+    stalled upload would hold its buffer, up to max_body_bytes, as long as it stays open); so
+    is one slower on average than MIN_BODY_RATE after its first body_stall_s.
+    head_s: a connection that has not sent a whole request head this long after it opened, or
+    after its last response, is closed (serve/connections.py).
     """
 
     max_body_bytes: int = int(defaults.MAX_BODY_MB * MB)
@@ -39,6 +42,7 @@ class ServeLimits:
     shutdown_grace_s: float = defaults.SHUTDOWN_GRACE_S
     keepalive_s: float = 5.0
     body_stall_s: float = 30.0
+    head_s: float = 30.0
 
     def __post_init__(self):
         for name in ("max_body_bytes", "max_stop_chars"):
@@ -52,9 +56,9 @@ class ServeLimits:
             raise DFlash2Error(
                 f"shutdown_grace_s must be >= 0 and finite; got {self.shutdown_grace_s}"
             )
-        for name in ("keepalive_s", "body_stall_s"):
-            if not getattr(self, name) > 0:
-                raise DFlash2Error(f"{name} must be > 0; got {getattr(self, name)}")
+        for name in ("keepalive_s", "body_stall_s", "head_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise DFlash2Error(f"{name} must be > 0 and finite; got {getattr(self, name)}")
 
 
 def longest_token_chars(tokenizer) -> int | None:

@@ -1,0 +1,59 @@
+"""uvicorn's HTTP/1.1 protocol (h11) with a deadline on each request head.
+
+uvicorn times nothing until a response has gone out, and its keep-alive timer stops at the
+first byte of a next request: a client that opens a connection and sends nothing, or a few
+header bytes now and then, holds one of the server's connections for as long as it likes, and
+`MAX_CONNECTIONS` of them refuse everyone else (a measured 999 idle sockets made /health a
+503). Here a connection that has not sent a whole request head `head_s` seconds after it
+opened, or after its last response, is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+class TimedHeadProtocol(H11Protocol):
+    """H11Protocol closing a connection whose request head does not come within `head_s`."""
+
+    head_s: float = 30.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._arm_head_timer()
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle and self._head_timer is not None:  # a request head came
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.cycle.response_complete:  # no pipelined request began: wait for the next head
+            self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.head_s, self._head_too_late)
+
+    def _head_too_late(self) -> None:
+        self._head_timer = None
+        waiting = self.cycle is None or self.cycle.response_complete  # no request running
+        if waiting and not self.transport.is_closing():
+            self.transport.close()
+
+
+def timed_head_protocol(head_s: float) -> type[TimedHeadProtocol]:
+    """The protocol class for a server whose request heads must come within `head_s`."""
+    return type("TimedHeadProtocol", (TimedHeadProtocol,), {"head_s": head_s})
