@@ -6,12 +6,12 @@ Outputs compared token for token; tokens/s per arm and per 512-token window.
 Usage: python drafter_cache_ab.py OUT.json"""
 
 import json
-import platform
 import sys
 import time
 
 import dflash2_mlx  # noqa: F401  (binds the optimized BLAS before MLX loads)
 import mlx.core as mx
+from dflash2_mlx.bench import environment
 from dflash2_mlx.api import load_pair
 from dflash2_mlx.drafter.attention import ContextCache
 from dflash2_mlx.embedded import ensure_smollm2
@@ -82,7 +82,7 @@ def main(out_path: str) -> None:
             "cpu_before_over_now": cpu["before"] / cpu["now"],
         }
     print(json.dumps(summary, indent=1))
-    machine = {"cpu": platform.processor() or platform.machine(), "mlx": mx.__version__}
+    machine = environment()
     with open(out_path, "w") as f:
         json.dump({"machine": machine, "summary": summary, "runs": res}, f, indent=1)
 
