@@ -24,13 +24,13 @@ from .loading import load_engine
 
 
 def _write_json(report: dict, path: Path) -> Path:
-    path = Path(path)
+    """Written whole or not at all: a full disk leaves the report that was there."""
+    from dflash2_mlx.paths import write_whole
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        return write_whole(path, json.dumps(report, indent=2, default=str) + "\n")
     except OSError as exc:
         fail(f"cannot write {path}: {exc.strerror or exc}")
-    return path
 
 
 def run_bench_command(options: BenchOptions) -> int:

@@ -78,6 +78,7 @@ def evaluate(
     from rich.text import Text
 
     from dflash2_mlx.bench import select_prompts
+    from dflash2_mlx.paths import write_whole
     from dflash2_mlx.prompts import load_prompts
     from dflash2_mlx.train.evaluate import measure_tau
 
@@ -112,8 +113,10 @@ def evaluate(
     if json_path:  # check_writable found its folder writable
         record = {"prompts": prompts, "prompt_ids": [p.id for p in chosen]}
         record.update(max_tokens=max_tokens, seed=seed, filters=filters, results=result)
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(_report(pair, resolved, record), indent=2))
+        try:  # whole or not at all: a full disk leaves the file that was there
+            write_whole(json_path, json.dumps(_report(pair, resolved, record), indent=2))
+        except OSError as exc:
+            fail(f"cannot write {json_path}: {exc.strerror or exc}")
         Console().print(Text(f"results: {json_path}", style="dim"))  # as bench says it
 
 

@@ -15,21 +15,15 @@ Haswell or Zen 2/3 CPU runs, tested on an AVX-512 one). No effect on macOS (Acce
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shlex
 import subprocess
-import tempfile
 import sys
-import sysconfig
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .paths import cache_root
+from ._blas_shim import open_shim
 
-_SHIM_SOURCE = Path(__file__).with_name("cblas_shim.c")
 # The shim's own kernel takes products of up to this many rows (a decode step, a verify of a
 # few tokens, small batches), split over its own threads (kernel_threads). Measured on
 # SmolLM2's weight shapes against OpenBLAS's gemm: at 1 thread 1.0-3.5x faster up to 24 rows
@@ -94,21 +88,6 @@ def _scipy_openblas() -> str | None:
     return str(libs[0]) if libs else None
 
 
-def _shim() -> Path:
-    """The compiled shim, built once into the cache (an error where it cannot be)."""
-    source = _SHIM_SOURCE.read_text()
-    key = hashlib.sha256((source + platform.machine()).encode()).hexdigest()[:16]
-    shim = cache_root() / "blas" / f"cblas_shim_{key}.so"
-    if not shim.exists():
-        try:
-            _build_shim(shim, source)
-        except OSError:  # a read-only cache: a private folder of this user's instead
-            shim = _private_folder() / shim.name
-            if not shim.exists():
-                _build_shim(shim, source)
-    return shim
-
-
 def _load(
     path: str, prefix: str, kernel: bool, asked: bool, most: int = 2
 ) -> tuple[ctypes.CDLL, str | None, int, int]:
@@ -124,8 +103,7 @@ def _load(
     # an ILP64 build (names ending in 64_) fails here, with nothing bound yet
     gemms = [ctypes.cast(getattr(handle, f"{prefix}cblas_{t}gemm"), ctypes.c_void_p) for t in "sdc"]
     try:
-        shim_path = str(_shim())
-        shim = ctypes.CDLL(shim_path, mode=ctypes.RTLD_LOCAL)
+        shim, shim_path = open_shim()
     except (OSError, RuntimeError):
         if prefix:  # scipy-openblas's names are prefixed: MLX cannot use it without the shim
             raise
@@ -138,55 +116,6 @@ def _load(
     if not name:
         rows = threads = 0
     return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), name, rows, threads
-
-
-def _private_folder() -> Path:
-    """A temporary folder only this user can write (a shim is code: never one another user
-    could have placed), made once and reused by later processes."""
-    folder = Path(tempfile.gettempdir()) / f"dflash2-blas-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    info = folder.stat()
-    if info.st_uid != os.getuid() or info.st_mode & 0o022 or folder.is_symlink():
-        return Path(tempfile.mkdtemp(prefix="dflash2-blas-"))  # someone else's: a fresh one
-    return folder
-
-
-def _build_shim(shim: Path, source: str) -> None:
-    """Compile the shim into `shim` (an OSError where its folder cannot be written)."""
-    shim.parent.mkdir(parents=True, exist_ok=True)
-    src = shim.with_suffix(f".{os.getpid()}.c")  # processes building at once never share one
-    src.write_text(source)
-    # $CC whole (a wrapper: "ccache gcc"); Python's own CC without the flags it was built with
-    given = os.environ.get("CC")
-    try:
-        cc = shlex.split(given) if given else (sysconfig.get_config_var("CC") or "cc").split()[:1]
-    except ValueError as exc:  # an unclosed quote
-        raise RuntimeError(f"CC={given!r} is not a command line: {exc}") from None
-    tmp = shim.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [
-        *cc,
-        "-O3",  # unrolls the kernel's loops, which keeps its sums in registers
-        "-pthread",
-        "-shared",
-        "-fPIC",
-        str(src),
-        "-o",
-        str(tmp),
-    ]
-    try:
-        try:
-            subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-        except subprocess.CalledProcessError:  # a compiler without the kernel's intrinsics
-            cmd.append("-DDFLASH2_FORWARD_ONLY")
-            subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise RuntimeError(
-            f"could not compile the BLAS shim ({' '.join(cmd)}): {exc}; install a C compiler "
-            "(apt install gcc) or name one in CC"
-        )
-    finally:
-        src.unlink(missing_ok=True)
-    os.replace(tmp, shim)
 
 
 def _core_name(handle: ctypes.CDLL) -> str | None:

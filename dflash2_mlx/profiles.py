@@ -5,9 +5,9 @@ bench (read once: `ProfileAdvice`)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
-import os
 import platform
 import tempfile
 from dataclasses import dataclass, replace
@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 from .errors import ConfigError
 from .quant import quant_signature
 from .values import is_int
-from .paths import cache_root
+from .paths import cache_root, write_whole
 
 SCHEMA = "dflash2.autotune/1"
 
@@ -118,9 +118,10 @@ def check_storable(root: str | Path | None = None) -> None:
 
 
 def _unstorable(folder: Path, exc: OSError) -> str:
+    fix = "free some space there, or set" if exc.errno == errno.ENOSPC else "set"
     return (
-        f"{folder}: cannot store the autotune profile there ({exc.strerror or exc}): set "
-        "DFLASH2_HOME to a writable folder"
+        f"{folder}: cannot store the autotune profile there ({exc.strerror or exc}): {fix} "
+        "DFLASH2_HOME to a writable folder with room"
     )
 
 
@@ -131,29 +132,10 @@ def profile_path(key: Mapping, root: str | Path | None = None) -> Path:
 
 def save_profile(profile: Mapping, root: str | Path | None = None) -> Path:
     path = profile_path(profile["key"], root)
-    text = json.dumps(profile, indent=2) + "\n"
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # a temporary file of its own: two autotunes storing at once never share one
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            os.fchmod(fh.fileno(), 0o666 & ~_umask())  # as a plain write's (mkstemp: 0600)
-            fh.write(text)
-        os.replace(tmp, path)
-        tmp = None
+        return write_whole(path, json.dumps(profile, indent=2) + "\n")
     except OSError as exc:
         raise ConfigError(_unstorable(path.parent, exc)) from None
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _read_profile(path: Path) -> tuple[dict | None, str | None]:

@@ -432,3 +432,51 @@ def test_bench_says_it_measures_greedy_a_model_that_samples_by_default(
     (t / "generation_config.json").write_text(json.dumps({"top_k": "twenty"}))
     assert run(args) == 0  # bench samples nothing: a file chat and serve refuse stops it not
     assert "measured greedy" not in capsys.readouterr().err
+
+
+_FULL_DISK = """
+import json, resource, signal, sys
+from pathlib import Path
+from dflash2_cli.bench_run import _write_json
+from dflash2_mlx.errors import ConfigError
+from dflash2_mlx.profiles import save_profile
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+try:
+    save_profile({"key": {"a": 1}, "rows": "y" * 100000}, sys.argv[2])
+except ConfigError as e:
+    print("profile:", e)
+_write_json({"rows": "x" * 100000}, Path(sys.argv[1]))
+"""
+
+
+def test_a_report_or_profile_that_cannot_be_written_whole_leaves_the_old_one(tmp_path):
+    """A full disk (here a file-size limit: the same failed write) cut a `bench --json` report
+    short, and the report that was there was gone; now the new one is written whole or the old
+    one stays, and no temporary file is left."""
+    import subprocess
+    import sys
+
+    from dflash2_mlx.profiles import profile_path
+
+    out = tmp_path / "out"
+    report = out / "report.json"
+    report.parent.mkdir()
+    report.write_text('{"old": true}\n')
+    profile = profile_path({"a": 1}, out / "profiles")
+    profile.parent.mkdir()
+    profile.write_text('{"old": true}\n')
+    run = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, str(report), str(profile.parent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    assert f"cannot write {report}" in run.stderr, run.stderr
+    assert "cannot store the autotune profile" in run.stdout, run.stdout
+    assert json.loads(report.read_text()) == {"old": True}
+    assert json.loads(profile.read_text()) == {"old": True}
+    assert sorted(p.name for p in out.rglob("*") if p.is_file()) == sorted(
+        ["report.json", profile.name]
+    )

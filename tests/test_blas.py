@@ -144,9 +144,9 @@ def test_the_few_row_kernel_computes_a_times_b_transposed(level):
 
     import numpy as np
 
-    from dflash2_mlx import _blas
+    from dflash2_mlx import _blas, _blas_shim
 
-    shim = ctypes.CDLL(str(_blas._shim()))
+    shim = ctypes.CDLL(str(_blas_shim.shim()))
     rng = np.random.default_rng(level)
     keep = []
     for m in range(1, _blas.KERNEL_MAX_ROWS + 1):
@@ -179,9 +179,9 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(level):
 
     import numpy as np
 
-    from dflash2_mlx import _blas
+    from dflash2_mlx import _blas_shim
 
-    shim = ctypes.CDLL(str(_blas._shim()))
+    shim = ctypes.CDLL(str(_blas_shim.shim()))
     rng = np.random.default_rng(7)
     a = rng.standard_normal((9, 200), dtype=np.float32)
     b = rng.standard_normal((37, 200), dtype=np.float32)
@@ -195,9 +195,9 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(level):
 
 KERNEL_PROBE = (
     "import ctypes, json, dflash2_mlx, mlx.core as mx, numpy as np\n"
-    "from dflash2_mlx import _blas\n"
+    "from dflash2_mlx import _blas, _blas_shim\n"
     "info = _blas.info(); level = {'avx2': 1, 'avx512': 2}.get(info.kernel)\n"
-    "shim = ctypes.CDLL(str(_blas._shim())) if level else None\n"
+    "shim = ctypes.CDLL(str(_blas_shim.shim())) if level else None\n"
     "ptr = ctypes.POINTER(ctypes.c_float)\n"
     "rng = np.random.default_rng(0); worst = 0.0; as_kernel = {}\n"
     "N = 1029\n"  # rows of B: enough for a product to be split over threads
@@ -224,7 +224,7 @@ def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opt
     them), none under DFLASH2_BLAS=openblas; all are right within float32's rounding. The
     kernel runs DFLASH2_BLAS_THREADS's count where it is set (OpenBLAS's too), else at least 2
     where there are 2 cores, whatever OPENBLAS_NUM_THREADS says (a dflash2 parent sets it)."""
-    from dflash2_mlx import _blas
+    from dflash2_mlx import _blas_shim
 
     on, _ = probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "1"}, KERNEL_PROBE)
     off, _ = probe({"DFLASH2_BLAS": "openblas", "DFLASH2_BLAS_THREADS": "1"}, KERNEL_PROBE)
@@ -234,7 +234,7 @@ def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opt
     assert off["kernel"] is None and off["rows"] == 0, off
     if on["kernel"] is None:
         try:
-            _blas._shim()
+            _blas_shim.shim()
         except (OSError, RuntimeError) as exc:
             pytest.skip(f"the BLAS shim cannot be built here: {exc}")
         with open("/proc/cpuinfo") as f:
@@ -301,9 +301,9 @@ def test_the_kernel_over_threads_gives_the_one_thread_products_bit_for_bit(level
 
     import numpy as np
 
-    from dflash2_mlx import _blas
+    from dflash2_mlx import _blas_shim
 
-    shim = ctypes.CDLL(str(_blas._shim()))
+    shim = ctypes.CDLL(str(_blas_shim.shim()))
     shim.dflash2_pool_helper_chunks.restype = ctypes.c_long
     helped = shim.dflash2_pool_helper_chunks()
     rng = np.random.default_rng(11)
@@ -347,9 +347,9 @@ def test_the_kernel_over_threads_gives_the_one_thread_products_bit_for_bit(level
 
 FORK_PROBE = (
     "import ctypes, json, os, threading, dflash2_mlx, numpy as np\n"
-    "from dflash2_mlx import _blas\n"
+    "from dflash2_mlx import _blas, _blas_shim\n"
     "info = _blas.info(); level = {'avx2': 1, 'avx512': 2}[info.kernel]\n"
-    "shim = ctypes.CDLL(str(_blas._shim())); ptr = ctypes.POINTER(ctypes.c_float)\n"
+    "shim = ctypes.CDLL(str(_blas_shim.shim())); ptr = ctypes.POINTER(ctypes.c_float)\n"
     "shim.dflash2_pool_helper_chunks.restype = ctypes.c_long\n"
     "a = np.ones((4, 576), np.float32); w = np.ones((8192, 576), np.float32)\n"
     "def product():\n"
@@ -460,3 +460,79 @@ def test_cc_is_taken_whole_and_a_missing_compiler_is_named_with_a_remedy(tmp_pat
     got, err = probe({**run, "DFLASH2_HOME": str(tmp_path / "c"), "CC": str(tmp_path / "no-cc")})
     if got["blas"] == "stock":  # no system OpenBLAS to fall back on: the shim was needed
         assert "install a C compiler" in err, err
+
+
+SHIM_PROBE = (
+    "import json, dflash2_mlx\n"
+    "from dflash2_mlx import _blas\n"
+    "info = _blas.info()\n"
+    "print(json.dumps({'route': info.route, 'kernel': info.kernel, 'note': info.note}))\n"
+)
+
+
+def _fresh_shim(home) -> "Path":
+    """A shim built into the cache root `home` (skips where none can be built here)."""
+    os.environ["DFLASH2_HOME"] = str(home)  # restored by the caller's monkeypatch
+    from dflash2_mlx import _blas_shim
+
+    try:
+        return _blas_shim.shim()
+    except (OSError, RuntimeError) as exc:
+        pytest.skip(f"the BLAS shim cannot be built here: {exc}")
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the shim is built and bound on Linux")
+def test_a_damaged_shim_is_built_again_instead_of_crashing_or_slowing_every_command(
+    tmp_path, monkeypatch
+):
+    """A shim cut short (an interrupted copy) made every command, `--version` too, die of
+    SIGBUS when loaded; garbage or another library in its place left MLX on the slow reference
+    BLAS for good. Each is built again where it lies, and the process binds the shim."""
+    import _ctypes
+    import shutil
+
+    monkeypatch.setenv("DFLASH2_HOME", str(tmp_path))
+    shim = _fresh_shim(tmp_path)
+    whole = shim.read_bytes()
+    want, _ = probe({"DFLASH2_HOME": str(tmp_path)}, SHIM_PROBE)
+    for damage in ("truncated", "garbage", "another library"):
+        if damage == "truncated":
+            shim.write_bytes(whole[:5000])
+        elif damage == "garbage":
+            shim.write_bytes(b"not a library\n" * 100)
+        else:
+            shutil.copy(_ctypes.__file__, shim)
+        got, err = probe({"DFLASH2_HOME": str(tmp_path)}, SHIM_PROBE)
+        assert got == want, (damage, got, err)
+        assert "reference BLAS" not in err, (damage, err)
+        assert shim.stat().st_size == len(whole), damage
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the shim is built and bound on Linux")
+def test_no_room_to_build_the_shim_leaves_no_lesser_shim_behind(tmp_path):
+    """A full disk failed the shim's build, whose retry for compilers without the kernel's
+    intrinsics (smaller) then fitted: the forward-only shim stayed for good, plain decoding
+    about 2x slower. Here a file-size limit fails the full build (the forward-only one would
+    fit): no shim is left, and a later build with room is the full one."""
+    code = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (24000, resource.RLIM_INFINITY))\n"
+        "from dflash2_mlx import _blas_shim\n"
+        "try:\n"
+        "    print(_blas_shim.shim())\n"
+        "except (OSError, RuntimeError) as e:\n"
+        "    print('refused:', e)\n"
+    )
+    env = {**os.environ, "DFLASH2_HOME": str(tmp_path), "DFLASH2_BLAS": "stock"}
+    env["TMPDIR"] = str(tmp_path / "tmp")  # its private-folder retry stays in this test's
+    (tmp_path / "tmp").mkdir()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    if "command not found" in out.stdout:
+        pytest.skip(f"no C compiler here: {out.stdout}")
+    assert out.stdout.startswith("refused:") and "no space left" in out.stdout, out.stdout
+    assert not list(tmp_path.rglob("*.so")), list(tmp_path.rglob("*"))
+    assert not [p for p in tmp_path.rglob("*") if p.suffix in (".c", ".tmp")]
