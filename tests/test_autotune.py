@@ -509,7 +509,7 @@ def test_chat_uses_the_stored_profile_unless_block_is_given(
         path.write_text(json.dumps({**good, "chosen_block": bad, "block_by_context": [[64, 2]]}))
         assert run(chat) == 0
         err = " ".join(capsys.readouterr().err.split())
-        assert f"{path}: the profile's chosen_block do not read, ignored" in err, err
+        assert f"{path}: the profile's chosen_block (missing or unreadable) ignored" in err, err
     # another device's or pair's profile at this path: said, not silently passed over
     path.write_text(json.dumps({**good, "key": {**good["key"], "device": "elsewhere"}}))
     assert run(chat) == 0

