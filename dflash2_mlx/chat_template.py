@@ -29,6 +29,25 @@ def _template_source(tokenizer) -> str | None:
     return src if isinstance(src, str) and src else None
 
 
+def template_syntax_error(tokenizer) -> Exception | None:
+    """Why the first of the tokenizer's own Jinja templates (each named one too) does not
+    compile, as transformers compiles them; None where all do (or none is Jinja). Compiled
+    only, not rendered: a template may rightly refuse some inputs."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # another transformers: its own errors say it on the first request
+        return None
+    if getattr(tokenizer, "_chat_template", None) is not None:  # a Python renderer
+        return None
+    src = getattr(tokenizer, "chat_template", None)
+    for source in src.values() if isinstance(src, dict) else [] if src is None else [src]:
+        try:
+            _compile_jinja_template(source)
+        except Exception as e:  # noqa: BLE001 - a syntax error; a template that is no string
+            return e
+    return None
+
+
 def template_variables(source: str) -> frozenset[str] | None:
     """The variables a Jinja template reads from its caller; None if jinja2 cannot parse it."""
     import jinja2

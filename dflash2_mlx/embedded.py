@@ -106,7 +106,7 @@ def ensure_smollm2(
     except OSError as exc:
         space = (
             f" (it needs about {NEEDS_MB} MB free; DFLASH2_HOME moves the cache)"
-            if exc.errno == errno.ENOSPC
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT)
             else ""
         )
         raise EmbeddedModelError(

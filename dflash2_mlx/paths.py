@@ -4,7 +4,7 @@ autotune profiles and the BLAS shim. MLX-free: _blas reads it before MLX loads."
 from __future__ import annotations
 
 import os
-import tempfile
+import stat
 from pathlib import Path
 
 
@@ -17,24 +17,38 @@ def cache_root() -> Path:
 
 
 def write_whole(path: str | Path, text: str) -> Path:
-    """Write `text` to `path` whole or not at all: into a temporary file of its own beside it
-    (two writers never share one), then renamed over it. A failure (a full disk) raises the
-    OSError and leaves the file that was there as it was."""
+    """Write `text` to `path` whole or not at all: into a new file beside it (two writers
+    never share one), then renamed over it. A failure (a full disk) raises the OSError and
+    leaves the file that was there as it was. A symlink is written through (its target is
+    replaced); the file keeps its mode, a new one gets the umask's."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        info = path.stat()  # through links: /dev/stdout is the pipe it names
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):  # /dev/stdout, a pipe: as it is
+        with open(path, "w") as fh:
+            fh.write(text)
+        return path
+    mode = None if info is None else info.st_mode & 0o7777
+    for attempt in range(100):
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{attempt}.tmp")
+        try:  # 0o666: the kernel applies the umask, as to a plain write
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"{target.parent}: no free name for a temporary file")
     try:
         with os.fdopen(fd, "w") as fh:
-            os.fchmod(fh.fileno(), 0o666 & ~_umask())  # as a plain write's (mkstemp: 0600)
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)
             fh.write(text)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -480,3 +480,18 @@ def test_a_report_or_profile_that_cannot_be_written_whole_leaves_the_old_one(tmp
     assert sorted(p.name for p in out.rglob("*") if p.is_file()) == sorted(
         ["report.json", profile.name]
     )
+
+
+def test_a_report_written_through_a_link_keeps_the_link_and_the_files_mode(tmp_path):
+    """A report path that is a symlink was replaced by a plain file (its target kept the old
+    report), and a 0600 report came out 0644."""
+    from dflash2_mlx.paths import write_whole
+
+    real, link = tmp_path / "real.json", tmp_path / "link.json"
+    real.write_text("old")
+    real.chmod(0o600)
+    link.symlink_to(real)
+    write_whole(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+    assert real.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]

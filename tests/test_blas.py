@@ -14,9 +14,10 @@ import dflash2_mlx
 PROBE = (
     "import json, time, dflash2_mlx, mlx.core as mx\n"
     "a = mx.random.normal((512, 512)); mx.eval(a)\n"
-    "mx.eval(a @ a); t = time.perf_counter()\n"
-    "for _ in range(5): mx.eval(a @ a)\n"
-    "ms = (time.perf_counter() - t) * 200\n"
+    "mx.eval(a @ a); times = []\n"
+    "for _ in range(7):\n"  # the quickest: what a busy machine leaves of the speed
+    "    t = time.perf_counter(); mx.eval(a @ a); times.append(time.perf_counter() - t)\n"
+    "ms = min(times) * 1000\n"
     "d = dflash2_mlx.doctor(); d['ms'] = ms\n"  # doctor() imports more: not timed
     "print(json.dumps(d))\n"
 )
@@ -485,9 +486,10 @@ def _fresh_shim(home) -> "Path":
 def test_a_damaged_shim_is_built_again_instead_of_crashing_or_slowing_every_command(
     tmp_path, monkeypatch
 ):
-    """A shim cut short (an interrupted copy) made every command, `--version` too, die of
-    SIGBUS when loaded; garbage or another library in its place left MLX on the slow reference
-    BLAS for good. Each is built again where it lies, and the process binds the shim."""
+    """A shim cut short or with a zeroed tail (an interrupted copy, a crash before the disk
+    had it) made every command, `--version` too, die of SIGBUS or SIGSEGV when loaded;
+    garbage or another library in its place left MLX on the slow reference BLAS for good. A
+    shim is named after its bytes' hash: a damaged one is deleted and built again."""
     import _ctypes
     import shutil
 
@@ -495,9 +497,11 @@ def test_a_damaged_shim_is_built_again_instead_of_crashing_or_slowing_every_comm
     shim = _fresh_shim(tmp_path)
     whole = shim.read_bytes()
     want, _ = probe({"DFLASH2_HOME": str(tmp_path)}, SHIM_PROBE)
-    for damage in ("truncated", "garbage", "another library"):
+    for damage in ("truncated", "zeroed tail", "garbage", "another library"):
         if damage == "truncated":
             shim.write_bytes(whole[:5000])
+        elif damage == "zeroed tail":
+            shim.write_bytes(whole[:5000] + bytes(len(whole) - 5000))
         elif damage == "garbage":
             shim.write_bytes(b"not a library\n" * 100)
         else:
@@ -505,34 +509,54 @@ def test_a_damaged_shim_is_built_again_instead_of_crashing_or_slowing_every_comm
         got, err = probe({"DFLASH2_HOME": str(tmp_path)}, SHIM_PROBE)
         assert got == want, (damage, got, err)
         assert "reference BLAS" not in err, (damage, err)
-        assert shim.stat().st_size == len(whole), damage
+        assert [p.read_bytes() for p in shim.parent.glob("*.so")] == [whole], damage
+
+
+def _counting_compiler(tmp_path, full_build_says: str) -> tuple[dict, "Path"]:
+    """An environment whose CC logs each call and fails the shim's full build (the one
+    without -DDFLASH2_FORWARD_ONLY) saying `full_build_says`; the forward-only one compiles."""
+    tmp_path.mkdir(exist_ok=True)
+    log = tmp_path / "cc.log"
+    cc = tmp_path / "cc"
+    cc.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {log}\n'
+        'case "$*" in *FORWARD_ONLY*) exec cc "$@";; esac\n'
+        f'echo "{full_build_says}" >&2\n'
+        "exit 1\n"
+    )
+    cc.chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "DFLASH2_HOME": str(tmp_path / "home"), "CC": str(cc)}
+    env |= {"TMPDIR": str(tmp_path / "tmp"), "DFLASH2_BLAS": "stock"}
+    return env, log
 
 
 @pytest.mark.skipif(not LINUX_X86, reason="the shim is built and bound on Linux")
 def test_no_room_to_build_the_shim_leaves_no_lesser_shim_behind(tmp_path):
     """A full disk failed the shim's build, whose retry for compilers without the kernel's
     intrinsics (smaller) then fitted: the forward-only shim stayed for good, plain decoding
-    about 2x slower. Here a file-size limit fails the full build (the forward-only one would
-    fit): no shim is left, and a later build with room is the full one."""
+    about 2x slower. A build that fails for want of room is refused (the cache, then a
+    private folder: two tries a start), and nothing is left; a compiler that lacks the
+    intrinsics still gets the forward-only shim."""
+    import shutil
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) here")
     code = (
-        "import resource, signal, sys\n"
-        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-        "resource.setrlimit(resource.RLIMIT_FSIZE, (24000, resource.RLIM_INFINITY))\n"
         "from dflash2_mlx import _blas_shim\n"
         "try:\n"
         "    print(_blas_shim.shim())\n"
         "except (OSError, RuntimeError) as e:\n"
         "    print('refused:', e)\n"
     )
-    env = {**os.environ, "DFLASH2_HOME": str(tmp_path), "DFLASH2_BLAS": "stock"}
-    env["TMPDIR"] = str(tmp_path / "tmp")  # its private-folder retry stays in this test's
-    (tmp_path / "tmp").mkdir()
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
-    )
+    env, log = _counting_compiler(tmp_path, "cc1: fatal error: No space left on device")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
-    if "command not found" in out.stdout:
-        pytest.skip(f"no C compiler here: {out.stdout}")
     assert out.stdout.startswith("refused:") and "no space left" in out.stdout, out.stdout
     assert not list(tmp_path.rglob("*.so")), list(tmp_path.rglob("*"))
+    assert len(log.read_text().splitlines()) == 2  # the cache, then the private folder
     assert not [p for p in tmp_path.rglob("*") if p.suffix in (".c", ".tmp")]
+    env, log = _counting_compiler(tmp_path / "old", "error: unknown type name '__m512'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.strip().endswith(".so"), out.stdout  # the forward-only shim

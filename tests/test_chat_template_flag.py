@@ -111,3 +111,18 @@ def test_a_folder_whose_own_template_does_not_parse_is_refused_at_load(tiny_pair
     assert chat_prompt_ids(pair.tokenizer, HELLO) == chat_prompt_ids(
         d2.load_pair(*tiny_pair).tokenizer, HELLO
     )
+    # one that compiles but fails on a lone user turn (it wants tools) is not refused
+    (folder / "chat_template.jinja").write_text(
+        "{% if tools|length > 0 %}T{% endif %}" + CHAT_TEMPLATE
+    )
+    d2.load_pair(folder, tiny_pair[1])
+    # a named template that does not compile is refused, whichever it is
+    (folder / "chat_template.jinja").unlink()
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = [
+        {"name": "default", "template": CHAT_TEMPLATE},
+        {"name": "tool_use", "template": "{{ tools }"},
+    ]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(CompatibilityError, match=r"tokenizer_config.json: .*does not parse"):
+        d2.load_pair(folder, tiny_pair[1])

@@ -524,36 +524,22 @@ def test_a_body_trickled_slower_than_the_least_rate_is_a_408():
         assert ok.status_code == 200
 
 
-def test_a_body_refused_before_it_all_came_closes_its_connection():
-    """After a 413 on a declared Content-Length the connection stayed open, reading (and
-    dropping) what a slow sender went on sending: it closes after the answer."""
+def test_a_413_reaches_a_client_that_sends_its_whole_body_before_reading():
+    """Python's http.client sends a whole body before it reads: a 413 that closed its
+    connection at once met it with a reset instead of the answer (a slow sender after a 413
+    is cut by the next request head's deadline instead: test_serve_lifecycle)."""
+    import http.client
+
     pair = Pair.from_models(tiny.make_target("llama"), make_tokenizer(), tiny.make_drafter(2))
     app = create_app(pair, model_name="t", limits=ServeLimits(max_body_bytes=1000))
     with running(app) as base:
-        port = int(base.rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            head = (
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
-            )
-            s.sendall(head.encode() + b"{")
-            answer = s.recv(65536)
-            assert answer.startswith(b"HTTP/1.1 413") and b"connection: close" in answer.lower()
-            t0 = time.monotonic()
-            closed = False
-            while time.monotonic() - t0 < 3 and not closed:
-                try:
-                    s.sendall(b"x")  # a slow sender goes on
-                    time.sleep(0.1)
-                    s.setblocking(False)
-                    closed = s.recv(65536) == b""
-                except BlockingIOError:
-                    pass
-                except (BrokenPipeError, ConnectionResetError):
-                    closed = True
-                finally:
-                    s.setblocking(True)
-            assert closed, "the connection stayed open after the 413"
+        conn = http.client.HTTPConnection("127.0.0.1", int(base.rsplit(":", 1)[1]), timeout=30)
+        body = b'{"messages": "' + b"x" * 2_000_000 + b'"}'
+        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        assert answer.status == 413
+        assert json.loads(answer.read())["error"]["code"] == "request_too_large"
+        conn.close()
 
 
 def test_many_consecutive_turns_are_joined_in_linear_time():

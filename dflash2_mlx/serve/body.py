@@ -22,8 +22,10 @@ MAX_DEPTH = 64  # OpenAI bodies nest a few levels (tool schemas a dozen)
 # After its first stall_s, a body must have come at least this fast on average (bytes/s): one
 # trickled a byte at a time never stalls, yet would hold its buffer for as long as it likes.
 MIN_BODY_RATE = 64 * 1024
-# A body refused before it all came closes its connection: kept open, the server would read
-# (and drop) the rest first, for as long as a slow sender takes.
+# A body refused for coming too slowly closes its connection: kept open, the server would read
+# (and drop) the rest first, as slowly. (A 413 does not: a client that sends its whole body
+# before it reads, as Python's http.client, would meet a reset instead of the answer; a slow
+# sender after one is cut by the next request head's deadline, serve/connections.py.)
 CLOSE = {"Connection": "close"}
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -49,7 +51,6 @@ async def read_body(
         413,
         f"the request body exceeds this server's limit of {max_bytes} bytes",
         code="request_too_large",
-        headers=CLOSE,
     )
     declared = request.headers.get("content-length")
     size = int(declared) if declared is not None and declared.isdigit() else None
@@ -88,7 +89,7 @@ async def read_body(
 
 def _too_slow(received: int, stall_s: float, allowed: float, late: bool) -> APIError:
     if late:
-        why = f"came too slowly: {received} bytes in {allowed:g} s"
+        why = f"came too slowly: {received} bytes in {allowed:.0f} s"
     else:
         why = f"stalled: nothing of it came for {stall_s:g} s"
     return APIError(408, f"the request body {why}", code="request_timeout", headers=CLOSE)

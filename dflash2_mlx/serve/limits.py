@@ -56,9 +56,9 @@ class ServeLimits:
             raise DFlash2Error(
                 f"shutdown_grace_s must be >= 0 and finite; got {self.shutdown_grace_s}"
             )
-        for name in ("keepalive_s", "body_stall_s", "head_s"):
-            if not 0 < getattr(self, name) < math.inf:
-                raise DFlash2Error(f"{name} must be > 0 and finite; got {getattr(self, name)}")
+        for name in ("keepalive_s", "body_stall_s", "head_s"):  # math.inf: no limit
+            if not getattr(self, name) > 0:
+                raise DFlash2Error(f"{name} must be > 0; got {getattr(self, name)}")
 
 
 def longest_token_chars(tokenizer) -> int | None:

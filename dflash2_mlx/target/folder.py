@@ -151,26 +151,22 @@ def load_target_folder(folder: Path, chat_template: str | None = None):
 
 
 def _check_own_template(folder: Path, tokenizer) -> None:
-    """A CompatibilityError naming the file when the folder's chat template does not parse:
+    """A CompatibilityError naming the file when the folder's chat template does not compile:
     else every chat request would be refused, as if its messages were at fault."""
-    import jinja2
+    from ..chat_template import template_syntax_error
 
-    try:
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
-        )
-    except (jinja2.TemplateSyntaxError, TypeError) as exc:  # a template that is no template
-        where = next(
-            (folder / n for n in TEMPLATE_FILES if (folder / n).is_file()),
-            folder / "tokenizer_config.json",
-        )
-        line = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
-        raise CompatibilityError(
-            f"{where}: its chat template does not parse{line}: {exc}; mend it, or give one "
-            "in its place (chat_template=, --chat-template)"
-        ) from None
-    except Exception:  # noqa: BLE001 - a template may refuse a lone user turn; requests say
-        pass
+    exc = template_syntax_error(tokenizer)
+    if exc is None:
+        return
+    where = next(
+        (folder / n for n in TEMPLATE_FILES if (folder / n).is_file()),
+        folder / "tokenizer_config.json",
+    )
+    line = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
+    raise CompatibilityError(
+        f"{where}: its chat template does not parse{line}: {exc}; mend it, or give one "
+        "in its place (chat_template=, --chat-template)"
+    )
 
 
 # where transformers reads a chat template before tokenizer_config.json's
