@@ -425,6 +425,24 @@ def test_a_request_head_that_does_not_come_in_time_closes_its_connection():
         ServeLimits(head_s=0)
 
 
+def test_past_the_connection_limit_the_answer_is_the_apps_json_503(pair, monkeypatch):
+    """uvicorn's own answer past its connection limit was a plain-text 503 without
+    Retry-After, unlike every other refusal: SDKs saw an error of another shape."""
+    from dflash2_mlx.serve import lifecycle
+
+    monkeypatch.setattr(lifecycle, "MAX_CONNECTIONS", 4)
+    with serving(create_app(pair, model_name="tiny")) as (base, _, _):
+        port = int(base.rsplit(":", 1)[1])
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        wait_for(lambda: httpx.get(base + "/health").status_code == 503, what="the limit")
+        r = httpx.get(base + "/health")
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.headers
+        assert r.json()["error"]["code"] == "too_many_connections", r.text
+        for s in held:
+            s.close()
+        wait_for(lambda: httpx.get(base + "/health").status_code == 200, what="room again")
+
+
 def test_a_sigint_that_was_ignored_at_start_still_exits_130():
     """A server started by a script with `&` starts with SIGINT ignored; SIGINT still stops
     it, and the exit code says so (it was 0, as if it had ended by itself)."""

@@ -1,4 +1,5 @@
-"""uvicorn's HTTP/1.1 protocol (h11) with a deadline on each request head.
+"""uvicorn's HTTP/1.1 protocol (h11) with a deadline on each request head, and a JSON 503
+with Retry-After past its connection limit (uvicorn's is plain text, unlike the app's own).
 
 uvicorn times nothing until a response has gone out, and its keep-alive timer stops at the
 first byte of a next request: a client that opens a connection and sends nothing, or a few
@@ -11,6 +12,7 @@ opened, or after its last response, is closed.
 from __future__ import annotations
 
 import asyncio
+import json
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -20,14 +22,24 @@ class TimedHeadProtocol(H11Protocol):
 
     head_s: float = 30.0
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cap, self.limit_concurrency = self.limit_concurrency, None  # checked here
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
         self._arm_head_timer()
 
     def handle_events(self) -> None:
-        cycle = self.cycle
-        super().handle_events()
+        cycle, app = self.cycle, self.app
+        cap = self.cap
+        if cap is not None and (len(self.connections) >= cap or len(self.tasks) >= cap):
+            self.app = too_many_connections  # for requests whose heads come now
+        try:
+            super().handle_events()
+        finally:
+            self.app = app
         if self.cycle is not cycle and self._head_timer is not None:  # a request head came
             self._head_timer.cancel()
             self._head_timer = None
@@ -52,6 +64,25 @@ class TimedHeadProtocol(H11Protocol):
         waiting = self.cycle is None or self.cycle.response_complete  # no request running
         if waiting and not self.transport.is_closing():
             self.transport.close()
+
+
+async def too_many_connections(scope, receive, send) -> None:
+    """The answer past the connection limit: as the app's own 503s, JSON with Retry-After."""
+    error = {
+        "message": "the server holds as many connections as it may: retry shortly",
+        "type": "server_error",
+        "param": None,
+        "code": "too_many_connections",
+    }
+    body = json.dumps({"error": error}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", b"1"),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def timed_head_protocol(head_s: float) -> type[TimedHeadProtocol]:
