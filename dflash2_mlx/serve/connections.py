@@ -18,7 +18,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
 class TimedHeadProtocol(H11Protocol):
-    """H11Protocol closing a connection whose request head does not come within `head_s`."""
+    """H11Protocol closing a connection whose request head does not come within `head_s`,
+    and answering a request past the connection limit with `too_many_connections`."""
 
     head_s: float = 30.0
 
