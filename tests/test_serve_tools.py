@@ -6,6 +6,7 @@ one mlx-lm infers from the template); the answers are the target's greedy ones."
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
@@ -269,11 +270,21 @@ def test_a_prefilled_call_a_strict_tool_cannot_take_names_the_message(tool_url):
     assert err["param"] == "messages" and "the final assistant message opens" in err["message"]
 
 
-def test_a_stream_held_on_a_long_call_keeps_the_connection_alive(tool_pair):
+def test_a_stream_held_on_a_long_call_keeps_the_connection_alive(tool_pair, monkeypatch):
     """A call's text is sent when its end marker comes; meanwhile (a file written through a
     tool call runs for minutes) the stream sends keep-alive comments, as before the first
-    token, so clients and proxies do not time out on a silent connection."""
+    token, so clients and proxies do not time out on a silent connection. Each forward is
+    made to outlast keepalive_s (a fast machine's whole reply came without a gap)."""
     from dflash2_mlx.serve import ServeLimits
+
+    adapter = tool_pair.decoder.target
+    forward = adapter.forward
+
+    def slow_forward(*args, **kwargs):
+        time.sleep(0.06)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(adapter, "forward", slow_forward)  # this pair's alone, for this test
 
     quote = tool_pair.tokenizer.encode('"', add_special_tokens=False)
     body = {
@@ -281,7 +292,7 @@ def test_a_stream_held_on_a_long_call_keeps_the_connection_alive(tool_pair):
         "messages": tt.ASK,
         "tools": [strict(tt.WEATHER)],
         "tool_choice": "required",
-        "max_tokens": 120,
+        "max_tokens": 40,
         "temperature": 0,
         "stream": True,
         "logit_bias": {str(t): -100 for t in quote},  # the argument's string never closes
