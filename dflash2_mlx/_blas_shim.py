@@ -53,14 +53,17 @@ def open_shim() -> tuple[ctypes.CDLL, str]:
 def _found(folder: Path, key: str) -> Path | None:
     """A shim of `key` in `folder` whose bytes still hash to its name; those that do not
     (damaged) are deleted."""
-    for path in sorted(folder.glob(f"cblas_shim_{key}_*.so")):
+    found = []
+    for path in folder.glob(f"cblas_shim_{key}_*.so"):
         try:
+            before = path.stat()
             if _digest(path.read_bytes()) == path.stem.rsplit("_", 1)[1]:
-                return path
-            path.unlink()
+                found.append((before.st_size, path))
+            elif path.stat().st_ino == before.st_ino:  # not one just built again in its place
+                path.unlink()
         except OSError:  # unreadable, or gone meanwhile: another may do
             continue
-    return None
+    return max(found)[1] if found else None  # the largest: the full build, where two are
 
 
 def _digest(data: bytes) -> str:
@@ -93,7 +96,7 @@ def _build(folder: Path, key: str, source: str) -> Path:
         try:
             _run(cmd)
         except subprocess.CalledProcessError as exc:
-            if _out_of_space(folder, exc):
+            if _out_of_space(exc):
                 raise OSError(errno.ENOSPC, "no space left to build the BLAS shim") from None
             cmd.append("-DDFLASH2_FORWARD_ONLY")  # a compiler without the kernel's intrinsics
             _run(cmd)
@@ -115,8 +118,9 @@ def _build(folder: Path, key: str, source: str) -> Path:
 
 
 def _run(cmd: list[str]) -> None:
-    try:
-        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    try:  # in English: its messages are read (_out_of_space)
+        env = {**os.environ, "LC_ALL": "C"}
+        subprocess.run(cmd, check=True, capture_output=True, timeout=120, env=env)
     except FileNotFoundError:  # no such compiler (not an unwritable folder)
         raise subprocess.SubprocessError(f"{cmd[0]}: command not found") from None
 
@@ -130,13 +134,7 @@ def _compiler() -> list[str]:
         raise RuntimeError(f"CC={given!r} is not a command line: {exc}") from None
 
 
-def _out_of_space(folder: Path, exc: subprocess.CalledProcessError) -> bool:
+def _out_of_space(exc: subprocess.CalledProcessError) -> bool:
     """The build failed for want of room (a full disk, a file-size limit), not intrinsics."""
     said = ((exc.stderr or b"") + (exc.stdout or b"")).lower()
-    if any(w in said for w in (b"no space left", b"file too large", b"file size limit")):
-        return True
-    try:
-        stat = os.statvfs(folder)
-        return stat.f_bavail * stat.f_frsize < 1 << 20
-    except OSError:
-        return False
+    return any(w in said for w in (b"no space left", b"file too large", b"file size limit"))

@@ -29,10 +29,10 @@ def _template_source(tokenizer) -> str | None:
     return src if isinstance(src, str) and src else None
 
 
-def template_syntax_error(tokenizer) -> Exception | None:
-    """Why the first of the tokenizer's own Jinja templates (each named one too) does not
-    compile, as transformers compiles them; None where all do (or none is Jinja). Compiled
-    only, not rendered: a template may rightly refuse some inputs."""
+def template_syntax_error(tokenizer) -> tuple[str | None, Exception] | None:
+    """(its name, or None for the one template; the error) of the first of the tokenizer's
+    own Jinja templates that does not compile as transformers compiles them; None where all
+    do (or none is Jinja). Compiled only, not rendered: a template may refuse some inputs."""
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template
     except ImportError:  # another transformers: its own errors say it on the first request
@@ -40,11 +40,12 @@ def template_syntax_error(tokenizer) -> Exception | None:
     if getattr(tokenizer, "_chat_template", None) is not None:  # a Python renderer
         return None
     src = getattr(tokenizer, "chat_template", None)
-    for source in src.values() if isinstance(src, dict) else [] if src is None else [src]:
+    named = src.items() if isinstance(src, dict) else [] if src is None else [(None, src)]
+    for name, source in named:
         try:
             _compile_jinja_template(source)
         except Exception as e:  # noqa: BLE001 - a syntax error; a template that is no string
-            return e
+            return name, e
     return None
 
 

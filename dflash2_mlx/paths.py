@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 
@@ -22,16 +23,14 @@ def write_whole(path: str | Path, text: str) -> Path:
     leaves the file that was there as it was. A symlink is written through (its target is
     replaced); the file keeps its mode, a new one gets the umask's."""
     path = Path(path)
-    target = Path(os.path.realpath(path))
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        info = path.stat()  # through links: /dev/stdout is the pipe it names
+        info = path.stat()  # through links: /dev/stdout is the pipe or file it leads to
     except FileNotFoundError:
         info = None
-    if info is not None and not stat.S_ISREG(info.st_mode):  # /dev/stdout, a pipe: as it is
-        with open(path, "w") as fh:
-            fh.write(text)
+    if _written_as_it_is(path, info, text):
         return path
+    target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
     mode = None if info is None else info.st_mode & 0o7777
     for attempt in range(100):
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{attempt}.tmp")
@@ -52,3 +51,25 @@ def write_whole(path: str | Path, text: str) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+_STDOUT = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+_STDERR = ("/dev/stderr", "/dev/fd/2", "/proc/self/fd/2")
+
+
+def _written_as_it_is(path: Path, info: os.stat_result | None, text: str) -> bool:
+    """True where `path` is no file to replace, and `text` went to it: the process's own
+    stdout or stderr (written at their offset: a file the shell opened for them is kept), a
+    pipe, a FIFO or a device (appended to)."""
+    name = os.path.abspath(path)
+    stream = sys.stdout if name in _STDOUT else sys.stderr if name in _STDERR else None
+    if stream is not None:
+        stream.write(text)
+        stream.flush()
+        return True
+    special = Path(name).parts[1:2] in (("dev",), ("proc",))
+    if not special and (info is None or stat.S_ISREG(info.st_mode)):
+        return False
+    with open(path, "a") as fh:
+        fh.write(text)
+    return True

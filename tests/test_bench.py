@@ -495,3 +495,20 @@ def test_a_report_written_through_a_link_keeps_the_link_and_the_files_mode(tmp_p
     assert link.is_symlink() and real.read_text() == "new"
     assert real.stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
+
+
+def test_a_report_to_dev_stdout_redirected_to_a_file_is_written_into_it(tmp_path):
+    """`--json /dev/stdout >> out.txt`: /dev/stdout leads to out.txt itself, and a new file
+    renamed over it lost what it held (and what was printed after went to a deleted file)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out.txt"
+    out.write_text("earlier\n")
+    code = (
+        "import sys; from dflash2_mlx.paths import write_whole\n"
+        "print('before', flush=True); write_whole('/dev/stdout', 'report\\n'); print('after')\n"
+    )
+    with open(out, "a") as fh:
+        subprocess.run([sys.executable, "-c", code], stdout=fh, check=True, timeout=60)
+    assert out.read_text() == "earlier\nbefore\nreport\nafter\n"

@@ -560,3 +560,24 @@ def test_no_room_to_build_the_shim_leaves_no_lesser_shim_behind(tmp_path):
     env, log = _counting_compiler(tmp_path / "old", "error: unknown type name '__m512'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.strip().endswith(".so"), out.stdout  # the forward-only shim
+
+
+def test_of_two_whole_shims_the_full_build_is_taken_and_a_damaged_one_deleted(tmp_path):
+    """Two builds at once may leave two shims (a full one and a forward-only one, by hash
+    order the forward-only one came first, and no kernel ran)."""
+    import hashlib
+
+    from dflash2_mlx import _blas_shim
+
+    key = "0123456789abcdef"
+
+    def shim(data: bytes):
+        path = tmp_path / f"cblas_shim_{key}_{hashlib.sha256(data).hexdigest()[:16]}.so"
+        path.write_bytes(data)
+        return path
+
+    small, large = shim(b"\0" * 10), shim(b"\1" * 20)
+    damaged = shim(b"\2" * 5)
+    damaged.write_bytes(b"\3" * 5)
+    assert _blas_shim._found(tmp_path, key) == large
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([small.name, large.name])

@@ -12,9 +12,12 @@ opened, or after its last response, is closed.
 from __future__ import annotations
 
 import asyncio
-import json
 
+from fastapi.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .api_error import APIError
+from .messages_output import MESSAGES_PATH, error_body
 
 
 class TimedHeadProtocol(H11Protocol):
@@ -67,23 +70,21 @@ class TimedHeadProtocol(H11Protocol):
             self.transport.close()
 
 
+TOO_MANY = APIError(
+    503,
+    "the server holds as many connections as it may: retry shortly",
+    type="server_error",
+    code="too_many_connections",
+    headers={"Retry-After": "1", "Connection": "close"},
+)
+
+
 async def too_many_connections(scope, receive, send) -> None:
-    """The answer past the connection limit: as the app's own 503s, JSON with Retry-After."""
-    error = {
-        "message": "the server holds as many connections as it may: retry shortly",
-        "type": "server_error",
-        "param": None,
-        "code": "too_many_connections",
-    }
-    body = json.dumps({"error": error}).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"retry-after", b"1"),
-        (b"connection", b"close"),
-    ]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    """The answer past the connection limit, as the app's own 503s: JSON (Anthropic's shape
+    on its path) with Retry-After."""
+    anthropic = str(scope.get("path", "")).startswith(MESSAGES_PATH)
+    body = error_body(TOO_MANY) if anthropic else TOO_MANY.body()
+    await JSONResponse(body, 503, headers=TOO_MANY.headers)(scope, receive, send)
 
 
 def timed_head_protocol(head_s: float) -> type[TimedHeadProtocol]:

@@ -155,17 +155,22 @@ def _check_own_template(folder: Path, tokenizer) -> None:
     else every chat request would be refused, as if its messages were at fault."""
     from ..chat_template import template_syntax_error
 
-    exc = template_syntax_error(tokenizer)
-    if exc is None:
+    failed = template_syntax_error(tokenizer)
+    if failed is None:
         return
-    where = next(
-        (folder / n for n in TEMPLATE_FILES if (folder / n).is_file()),
-        folder / "tokenizer_config.json",
-    )
+    name, exc = failed
+    if name is None:  # the one template: from the file transformers read it from
+        where = next(
+            (folder / n for n in TEMPLATE_FILES if (folder / n).is_file()),
+            folder / "tokenizer_config.json",
+        )
+        what = "its chat template"
+    else:
+        where, what = folder, f"its chat template {name!r}"
     line = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
     raise CompatibilityError(
-        f"{where}: its chat template does not parse{line}: {exc}; mend it, or give one "
-        "in its place (chat_template=, --chat-template)"
+        f"{where}: {what} does not parse{line}: {exc}; mend it, or give one in its place "
+        "(chat_template=, --chat-template)"
     )
 
 
