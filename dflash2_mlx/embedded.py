@@ -81,8 +81,7 @@ def ensure_smollm2(
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         say = say or _to_stderr
-        busy = "another dflash2 process is converting SmolLM2 there: waiting for it"
-        with _lock(dest.parent / f".{FOLDER_NAME}.lock", lambda: say(busy)):
+        with _lock(dest.parent / f".{FOLDER_NAME}.lock", lambda: say(BUSY)):
             if _is_valid(dest):  # another process finished while we waited
                 return dest
             say(first_run_message(dest, wheel))
@@ -147,6 +146,9 @@ def _resolve_wheel(wheel: Path | None) -> Path | None:
     if wheel is None:
         return None
     return Path(wheel).expanduser()
+
+
+BUSY = "another dflash2 process is converting SmolLM2 there: waiting for it"
 
 
 class _lock:
