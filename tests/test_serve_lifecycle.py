@@ -425,12 +425,13 @@ def test_a_request_head_that_does_not_come_in_time_closes_its_connection():
         ServeLimits(head_s=0)
 
 
-def test_past_the_connection_limit_the_answer_is_the_apps_json_503(pair, monkeypatch):
+def test_past_the_connection_limit_the_answer_is_the_apps_json_503(pair, monkeypatch, logs):
     """uvicorn's own answer past its connection limit was a plain-text 503 without
     Retry-After, unlike every other refusal: SDKs saw an error of another shape."""
-    from dflash2_mlx.serve import lifecycle
+    from dflash2_mlx.serve import connections, lifecycle
 
     monkeypatch.setattr(lifecycle, "MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(connections, "_SAID", [-math.inf])  # not said yet in this process
     with serving(create_app(pair, model_name="tiny")) as (base, _, _):
         port = int(base.rsplit(":", 1)[1])
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
@@ -446,6 +447,8 @@ def test_past_the_connection_limit_the_answer_is_the_apps_json_503(pair, monkeyp
         for s in held:
             s.close()
         wait_for(lambda: httpx.get(base + "/health").status_code == 200, what="room again")
+    said = [r for r in logs.records if "at the connection limit" in r.getMessage()]
+    assert len(said) == 1, said  # once a minute at most, however many were refused
 
 
 def test_a_sigint_that_was_ignored_at_start_still_exits_130():

@@ -12,6 +12,8 @@ opened, or after its last response, is closed.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 from fastapi.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -70,6 +72,8 @@ class TimedHeadProtocol(H11Protocol):
             self.transport.close()
 
 
+log = logging.getLogger("dflash2.serve")
+_SAID = [-float("inf")]  # when the limit was last said in the log
 TOO_MANY = APIError(
     503,
     "the server holds as many connections as it may: retry shortly",
@@ -81,7 +85,11 @@ TOO_MANY = APIError(
 
 async def too_many_connections(scope, receive, send) -> None:
     """The answer past the connection limit, as the app's own 503s: JSON (Anthropic's shape
-    on its path) with Retry-After."""
+    on its path) with Retry-After; said in the log once a minute at most (a flood)."""
+    now = time.monotonic()
+    if now - _SAID[0] >= 60.0:
+        _SAID[0] = now
+        log.warning("at the connection limit: requests are refused (503) until some close")
     anthropic = str(scope.get("path", "")).startswith(MESSAGES_PATH)
     body = error_body(TOO_MANY) if anthropic else TOO_MANY.body()
     await JSONResponse(body, 503, headers=TOO_MANY.headers)(scope, receive, send)
