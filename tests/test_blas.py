@@ -471,9 +471,8 @@ SHIM_PROBE = (
 )
 
 
-def _fresh_shim(home) -> "Path":
-    """A shim built into the cache root `home` (skips where none can be built here)."""
-    os.environ["DFLASH2_HOME"] = str(home)  # restored by the caller's monkeypatch
+def _fresh_shim() -> "Path":
+    """A shim built into the cache root DFLASH2_HOME names (skips where none can be built)."""
     from dflash2_mlx import _blas_shim
 
     try:
@@ -494,7 +493,7 @@ def test_a_damaged_shim_is_built_again_instead_of_crashing_or_slowing_every_comm
     import shutil
 
     monkeypatch.setenv("DFLASH2_HOME", str(tmp_path))
-    shim = _fresh_shim(tmp_path)
+    shim = _fresh_shim()
     whole = shim.read_bytes()
     want, _ = probe({"DFLASH2_HOME": str(tmp_path)}, SHIM_PROBE)
     for damage in ("truncated", "zeroed tail", "garbage", "another library"):
