@@ -6,7 +6,10 @@ first byte of a next request: a client that opens a connection and sends nothing
 header bytes now and then, holds one of the server's connections for as long as it likes, and
 `MAX_CONNECTIONS` of them refuse everyone else (a measured 999 idle sockets made /health a
 503). Here a connection that has not sent a whole request head `head_s` seconds after it
-opened, or after its last response, is closed.
+opened, or after its last response, is closed; and a connection that opens at the limit
+closes the one that has waited longest for a request head (idle, or sending its head a byte
+at a time), so a client that keeps reopening sockets cannot fill the limit either. Only
+connections whose requests all run refuse a newcomer (the JSON 503).
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ class TimedHeadProtocol(H11Protocol):
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
         self._arm_head_timer()
+        if self.cap is not None and len(self.connections) >= self.cap:
+            self._make_room()
 
     def handle_events(self) -> None:
         cycle, app = self.cycle, self.app
-        cap = self.cap
-        if cap is not None and (len(self.connections) >= cap or len(self.tasks) >= cap):
+        if self._at_limit():
             self.app = too_many_connections  # for requests whose heads come now
         try:
             super().handle_events()
@@ -60,6 +64,30 @@ class TimedHeadProtocol(H11Protocol):
             self._head_timer.cancel()
         super().connection_lost(exc)
 
+    def _at_limit(self) -> bool:
+        cap = self.cap
+        if cap is None or (len(self.connections) < cap and len(self.tasks) < cap):
+            return False
+        # a connection closed to make room leaves the set a moment later
+        return (
+            len(self.tasks) >= cap
+            or sum(not c.transport.is_closing() for c in self.connections) >= cap
+        )
+
+    def _make_room(self) -> None:
+        """Close the connections that have waited longest for a request head (not this one),
+        so that this one's request is below the limit."""
+        excess = sum(not c.transport.is_closing() for c in self.connections) - self.cap + 1
+        waiting = [
+            c
+            for c in self.connections
+            if c is not self and getattr(c, "_head_timer", None) and not c.transport.is_closing()
+        ]
+        if excess > 0 and waiting:
+            say_once_a_minute("at the connection limit: the longest idle connections are closed")
+            for c in sorted(waiting, key=lambda c: c._head_timer.when())[:excess]:
+                c._close_idle()
+
     def _arm_head_timer(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
@@ -71,9 +99,25 @@ class TimedHeadProtocol(H11Protocol):
         if waiting and not self.transport.is_closing():
             self.transport.close()
 
+    def _close_idle(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_too_late()
+
 
 log = logging.getLogger("dflash2.serve")
-_SAID = [-float("inf")]  # when the limit was last said in the log
+_SAID: dict[str, float] = {}  # when each line about the limit was last said in the log
+
+
+def say_once_a_minute(line: str) -> None:
+    """`line` as a warning in the server's log, unless it was said in the last minute (a
+    flood would otherwise write it for each connection)."""
+    now = time.monotonic()
+    if now - _SAID.get(line, -float("inf")) >= 60.0:
+        _SAID[line] = now
+        log.warning(line)
+
+
 TOO_MANY = APIError(
     503,
     "the server holds as many connections as it may: retry shortly",
@@ -86,10 +130,7 @@ TOO_MANY = APIError(
 async def too_many_connections(scope, receive, send) -> None:
     """The answer past the connection limit, as the app's own 503s: JSON (Anthropic's shape
     on its path) with Retry-After; said in the log once a minute at most (a flood)."""
-    now = time.monotonic()
-    if now - _SAID[0] >= 60.0:
-        _SAID[0] = now
-        log.warning("at the connection limit: requests are refused (503) until some close")
+    say_once_a_minute("at the connection limit: requests are refused (503) until some close")
     anthropic = str(scope.get("path", "")).startswith(MESSAGES_PATH)
     body = error_body(TOO_MANY) if anthropic else TOO_MANY.body()
     await JSONResponse(body, 503, headers=TOO_MANY.headers)(scope, receive, send)

@@ -32,8 +32,8 @@ log = logging.getLogger("dflash2.serve")
 # on a CPU or for a large model). uvicorn stops waiting as soon as the connections close, so
 # the margin only bounds a hung one; a second Ctrl-C exits at once.
 DELIVERY_MARGIN_S = 60.0
-# Connections uvicorn holds at once; beyond, a plain 503 (a flood of idle connections would
-# otherwise take every file descriptor, and /health with them).
+# Connections held at once; beyond, the longest idle are closed, else a JSON 503
+# (serve/connections.py: a flood of connections would otherwise take every file descriptor).
 MAX_CONNECTIONS = 1000
 # Signals that drain and stop the server. uvicorn takes SIGINT and SIGTERM; SIGHUP (a closed
 # terminal, `kill -HUP`) would otherwise end the process mid-stream, so it drains too where its
