@@ -161,6 +161,41 @@ def test_keystroke_branches_are_evicted_before_a_long_conversation():
     assert ev.reused_tokens >= len(code) and out == cold(dec, code + [77, 47])
 
 
+@pytest.mark.parametrize("family", ["qwen3_5", "llama"])
+def test_conversations_sharing_a_system_prompt_resume_at_their_branch_point(family, monkeypatch):
+    """A recurrent state cannot roll back, so a hybrid target's conversations that shared a
+    long system prompt (an agent's, with its tools) each prefilled it all again: where a
+    prompt branches off a stored one far enough past what it is served, the state there is
+    kept on the way, and the next branch resumes at it. Attention caches trim: no copies."""
+    from dflash2_mlx.engine import prompt_cache
+
+    monkeypatch.setattr(prompt_cache, "BRANCH_MIN_TOKENS", 16)
+    dec = decoder(family, prefill_chunk=8)
+    system = [(7 * i + 3) % 90 + 1 for i in range(40)]
+    cache = PromptCache(dec, 1 << 30)
+    convs = [system + [60 + k, 61, 62 + k] for k in range(4)]
+    out, ev, _ = run(dec, cache, convs[0])
+    assert ev.reused_tokens == 0 and out == cold(dec, convs[0])
+    entries = cache.stats().entries
+    out, ev, lease = run(dec, cache, convs[1])  # branches at the system prompt's end
+    assert out == cold(dec, convs[1])
+    if cache.trimmable:
+        assert ev.reused_tokens == len(system) and lease.session.branch_points == ()
+        assert cache.stats().entries == entries + 1  # its own: no branch copy
+        return
+    assert ev.reused_tokens == 0 and cache.stats().entries == entries + 3  # + the branch's
+    for conv in convs[2:]:
+        out, ev, _ = run(dec, cache, conv)
+        assert ev.reused_tokens == len(system) and out == cold(dec, conv)
+    # a branch's own next turn resumes at its prompt's last token
+    nxt = convs[3] + out + [5, 6]
+    out, ev, _ = run(dec, cache, nxt)
+    assert ev.reused_tokens >= len(convs[3]) - 1 and out == cold(dec, nxt)
+    short = system[:10] + [70, 71]  # too short a branch to keep a state for
+    with cache.lease(short) as lease:
+        assert lease.session.branch_points == ()
+
+
 def test_leases_in_flight_together_do_not_interfere(dec):
     """With turn 1 stored: a branch off its prompt (gets a copy), its next turn (takes the
     entry, or a copy for hybrid) and the same next turn again (the entry is out: another

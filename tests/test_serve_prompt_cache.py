@@ -17,6 +17,7 @@ import tiny
 from test_serve import HI, make_tokenizer, metric, reference, running
 
 from dflash2_mlx.api import Pair
+from dflash2_mlx.engine.prompt_cache import common_prefix
 from dflash2_mlx.serve import create_app
 from dflash2_mlx.text import chat_prompt_ids
 
@@ -96,6 +97,30 @@ def test_second_turn_prefills_only_new_tokens(family):
         assert 0 < metric(body, "dflash2_prompt_cache_bytes") <= 64 << 20
         card = client.models.retrieve("tiny").model_extra["dflash2"]
         assert card["prompt_cache_mb"] == 64
+
+
+def test_a_hybrid_targets_conversations_sharing_a_system_prompt_resume_at_it():
+    """An agent opens each conversation with the same long system prompt: a hybrid target's
+    recurrent state cannot roll back to it, so each prefilled it all again; the state where
+    the second branched off the first is kept, and the third on resume there."""
+    from dflash2_mlx.engine.prompt_cache import BRANCH_MIN_TOKENS
+
+    system = "You are a careful agent. Use the tools below. " * 8
+    pair, server = serve("qwen3_5", 64)
+    with server as url:
+        client = client_for(url)
+        convs = [
+            [{"role": "system", "content": system}, {"role": "user", "content": q}]
+            for q in ("List files", "Read the README", "Run the tests", "Fix the bug")
+        ]
+        first, second = (chat_prompt_ids(pair.tokenizer, c) for c in convs[:2])
+        shared = common_prefix(first, second, len(second))
+        assert shared >= BRANCH_MIN_TOKENS
+        for i, conv in enumerate(convs):
+            reply = ask(client, conv)
+            ids = chat_prompt_ids(pair.tokenizer, conv)
+            assert cached(reply.usage) == (shared if i >= 2 else 0), i
+            assert reply.choices[0].message.content == reference(pair, ids, N)[0]
 
 
 def ask_together(client, convs: list) -> list:

@@ -73,8 +73,12 @@ class Prefill:
         self.between_chunks = True
         # what roll_back restores: each cache that cannot trim (a recurrent one), as it was
         self.saved = [(c, snapshot_state(c)) for c in session.target_cache if _restorable(c)]
-        # ids fed when the session is shown to its on_checkpoint (all but the last)
-        self.checkpoint_at = self.feed.total - 1 if session.on_checkpoint else None
+        # ids fed (of this prefill's) when the session is shown to its on_checkpoint: all but
+        # the last, and its branch points
+        self.checkpoints: list[int] = []
+        if session.on_checkpoint:
+            ends = [p - reused for p in session.branch_points] + [self.feed.total - 1]
+            self.checkpoints = sorted({n for n in ends if 0 < n < self.feed.total})
 
     @property
     def done(self) -> bool:
@@ -97,18 +101,19 @@ class Prefill:
             self.roll_back()
             raise _Cancelled
         self.between_chunks = False
-        if self.checkpoint_at and self.feed.fed < self.checkpoint_at:
-            chunk = min(chunk, self.checkpoint_at - self.feed.fed)
+        ahead = [n for n in self.checkpoints if n > self.feed.fed]
+        if ahead:
+            chunk = min(chunk, ahead[0] - self.feed.fed)
         n = self.feed.feed(chunk)
         self.between_chunks = True
-        if self.checkpoint_at and self.feed.fed == self.checkpoint_at:
+        if self.feed.fed in self.checkpoints:
             self._checkpoint()
         return n
 
     def _checkpoint(self) -> None:
-        """Show the session to its on_checkpoint as it stands, all the prompt but its last
-        token fed: for that call its tokens and the drafter's features are those of a prefill
-        that ended there, then back as they were."""
+        """Show the session to its on_checkpoint as it stands (all the prompt but its last
+        token fed, or up to a branch point): for that call its tokens and the drafter's
+        features are those of a prefill that ended there, then back as they were."""
         session = self.session
         offsets = [c.offset for c in session.drafter_cache]
         saved = session.tokens, session.pending, session.in_round

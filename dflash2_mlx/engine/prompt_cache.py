@@ -11,7 +11,10 @@ Attention caches trim, so an entry serves any prefix it shares with a prompt. Re
 prompts that extend all it holds; for those targets the state at each prompt's last token
 (all of it fed but that one) is stored too: the same prompt sent again resumes there, and so
 does a next turn, which re-renders the answer through the chat template and seldom matches the
-state after the generation token for token.
+state after the generation token for token. And where a prompt branches off a stored prompt
+(BRANCH_MIN_TOKENS past what it is served), the state at the branch point is stored on the
+way: an agent's or an editor's requests that share a long system prompt and tools, or a
+history edited at one message, then resume there from the third conversation on.
 
 A request that continues an entry's conversation (its prompt holds the entry's whole prompt)
 takes the entry; one that branches off inside it (another conversation with the same system
@@ -67,6 +70,10 @@ def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 # An entry all but this many of whose tokens (or an eighth of them) another entry holds is
 # evicted first: what it alone holds is a short prefill away.
 NEARLY_HELD_TOKENS = 32
+# A recurrent state is also kept where a prompt branches off a stored one's prompt (another
+# conversation with the same system prompt and tools, an edited message) when that is this
+# many tokens past what the cache serves it: the next such branch resumes there.
+BRANCH_MIN_TOKENS = 256
 
 
 def _is_cache(x) -> bool:
@@ -116,6 +123,7 @@ def clone_session(session: Session) -> Session:
         prediction=None,
         holder=None,  # a copy is not in use by the generation that uses the original
         on_checkpoint=None,
+        branch_points=(),
     )
 
 
@@ -215,9 +223,13 @@ class PromptCache:
                 else:
                     self._entries.move_to_end(key)
                     session = clone_session(entry.session)
+            branch = 0 if self.trimmable else self._branch_point(prompt)
         if session is None:
             session = self.decoder.new_session()
-        return Lease(self, session, len(prompt), served, taken)
+        lease = Lease(self, session, len(prompt), served, taken)
+        if branch - served >= BRANCH_MIN_TOKENS:
+            session.branch_points = (branch,)
+        return lease
 
     def stats(self) -> PromptCacheStats:
         with self._lock:
@@ -251,6 +263,17 @@ class PromptCache:
             if n and n >= served:
                 best, served = key, n
         return best, served
+
+    def _branch_point(self, prompt: list[int]) -> int:
+        """The longest prefix (short of its last token) `prompt` shares with a stored
+        entry's prompt."""
+        return max(
+            (
+                common_prefix(e.tokens[: e.prompt_len], prompt, len(prompt) - 1)
+                for e in self._entries.values()
+            ),
+            default=0,
+        )
 
     def _remove(self, key: int) -> _Entry:
         entry = self._entries.pop(key)
@@ -340,7 +363,8 @@ class Lease:
     def _checkpoint(self, session: Session) -> None:
         """The prefill has fed all of the prompt but its last token: a copy of the state
         there serves the same prompt sent again (a regeneration, a retry) and what a next
-        turn usually shares (the template re-renders the answer)."""
+        turn usually shares (the template re-renders the answer); or it has fed up to a
+        branch point, shared with another prompt."""
         self.cache._store(clone_session(session), self.prompt_len)
 
     def observe(self, event: RoundEvent) -> None:
@@ -352,7 +376,7 @@ class Lease:
         if self._closed:
             return
         self._closed = True
-        self.session.on_checkpoint = None
+        self.session.on_checkpoint, self.session.branch_points = None, ()
         untouched = _positions(self.session) == self._as_leased
         if self._prefilled:
             self.cache._store(self.session, self.prompt_len)

@@ -32,8 +32,10 @@ class Session:
     # the generation using it (a weak reference: a dropped batch or stream frees it)
     holder: weakref.ref | None = field(default=None, repr=False, compare=False)
     # shown the session, consistent, when a prefill has fed all of its prompt but the last
-    # token: a prompt cache keeps a recurrent state there (one the same prompt can resume)
+    # token, and when it has fed `branch_points` tokens: a prompt cache keeps a recurrent
+    # state there (one the same prompt, or another branching there, can resume)
     on_checkpoint: Callable[[Session], None] | None = field(default=None, repr=False, compare=False)
+    branch_points: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def busy(self) -> bool:
