@@ -267,9 +267,10 @@ class PromptCache:
     def _branch_point(self, prompt: list[int]) -> int:
         """The longest prefix (short of its last token) `prompt` shares with a stored
         entry's prompt."""
+        limit = len(prompt) - 1
         return max(
             (
-                common_prefix(e.tokens[: e.prompt_len], prompt, len(prompt) - 1)
+                common_prefix(e.tokens, prompt, min(e.prompt_len, limit))
                 for e in self._entries.values()
             ),
             default=0,
