@@ -1241,3 +1241,26 @@ def test_a_call_max_tokens_cuts_is_no_markup_on_any_endpoint(client, tool_url):
     assert [o.type for o in r.output if o.type != "reasoning"] in ([], ["message"])
     after = metric(httpx.get(tool_url + "/metrics").text, "dflash2_dropped_tool_calls_total")
     assert after - before == 3  # whole, streamed, Responses: each counted
+
+
+def test_a_chat_prompts_preamble_is_what_conversations_with_its_system_and_tools_share(
+    tool_tokenizer,
+):
+    """A hybrid target's prompt cache keeps the state where another conversation with the
+    same system messages and tools branches off (engine/prompt_cache.py): ChatPrompt.preamble,
+    found (only when asked) from a rendering with another user message."""
+    chat = ChatTemplate(tool_tokenizer)
+    system = {"role": "system", "content": "You are an agent."}
+    convs = [[system, {"role": "user", "content": q}] for q in ("weather in paris?", "hi")]
+    assert chat.prompt(convs[0], parse_tools_body(), {}).preamble == 0  # not asked
+    chat.find_preamble = True
+    for tools in (parse_tools_body(), None):
+        a, b = (chat.prompt(c, tools, {}) for c in convs)
+        shared = next(i for i, (x, y) in enumerate(zip(a.ids, b.ids)) if x != y)
+        assert a.preamble == b.preamble == shared, tools
+        text = tool_tokenizer.decode(a.ids[: a.preamble])
+        assert text.endswith("<|im_start|>user\n") and ("get_weather" in text) == bool(tools)
+    alone = chat.prompt([{"role": "user", "content": "hi"}], None, {})
+    assert alone.preamble == 0  # no system messages, no tools: nothing to share
+    with_tools = chat.prompt([{"role": "user", "content": "hi"}], parse_tools_body(), {})
+    assert "get_weather" in tool_tokenizer.decode(with_tools.ids[: with_tools.preamble])

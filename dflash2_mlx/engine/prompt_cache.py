@@ -11,17 +11,17 @@ Attention caches trim, so an entry serves any prefix it shares with a prompt. Re
 prompts that extend all it holds; for those targets the state at each prompt's last token
 (all of it fed but that one) is stored too: the same prompt sent again resumes there, and so
 does a next turn, which re-renders the answer through the chat template and seldom matches the
-state after the generation token for token. And where a prompt branches off a stored prompt
-(BRANCH_MIN_TOKENS past what it is served), the state at the branch point is stored on the
-way: an agent's or an editor's requests that share a long system prompt and tools, or a
-history edited at one message, then resume there from the third conversation on.
+state after the generation token for token. And the state is stored on the way where a
+prompt branches off a stored prompt, or at a position the caller names (the server: where a
+chat's system messages and tools end), when that is BRANCH_MIN_TOKENS past what the prompt is
+served: an agent's conversations that share a long system prompt and tools, or a history
+edited at one message, resume there.
 
 A request that continues an entry's conversation (its prompt holds the entry's whole prompt)
 takes the entry; one that branches off inside it (another conversation with the same system
 prompt, an edited history) gets a copy, and the entry stays for its own conversation. A
 recurrent entry is always copied: it is a fixed point that no later state can be rolled back
-to. Copies are cheap: MLX arrays have value semantics, so a copy holds new handles on the same
-buffers and the first write through either handle copies the buffer.
+to. Copies are cheap (engine/session_copy.py).
 
 Bounded by a byte budget over the stored entries' arrays; out first, the least recently used
 of the entries whose tokens another entry nearly all holds, else the least recently used.
@@ -29,22 +29,20 @@ of the entries whose tokens another entry nearly all holds, else the least recen
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
-from ..drafter.attention import ContextCache
 from ..errors import ParameterError
 from .events import RoundEvent
 from .generation import token_ids
 from .loop import SpeculativeDecoder
 from .session import Session
+from .session_copy import clone_session, compact, session_arrays, session_nbytes
 from ..values import is_int
 
 log = logging.getLogger(__name__)
@@ -74,80 +72,6 @@ NEARLY_HELD_TOKENS = 32
 # conversation with the same system prompt and tools, an edited message) when that is this
 # many tokens past what the cache serves it: the next such branch resumes there.
 BRANCH_MIN_TOKENS = 256
-
-
-def _is_cache(x) -> bool:
-    return hasattr(x, "__dict__") and hasattr(type(x), "state")
-
-
-def _clone(x):
-    """x with every array behind a new handle (same buffer), containers and caches copied."""
-    if isinstance(x, mx.array):
-        return x[...]
-    if isinstance(x, (list, tuple)):
-        return type(x)(_clone(v) for v in x)
-    if isinstance(x, dict):
-        return {k: _clone(v) for k, v in x.items()}
-    if _is_cache(x):
-        new = copy.copy(x)
-        for name, value in vars(x).items():
-            setattr(new, name, _clone(value))
-        return new
-    return x
-
-
-def _arrays(x):
-    """The arrays inside x (containers and cache objects walked)."""
-    if isinstance(x, mx.array):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            yield from _arrays(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from _arrays(v)
-    elif _is_cache(x):
-        for v in vars(x).values():
-            yield from _arrays(v)
-
-
-def clone_session(session: Session) -> Session:
-    """An independent copy of `session`: using either never changes the other."""
-    return replace(
-        session,
-        target_cache=_clone(session.target_cache),
-        drafter_cache=_clone(session.drafter_cache),
-        tokens=list(session.tokens),
-        pending=_clone(session.pending),
-        lookup=copy.deepcopy(session.lookup),
-        prediction=None,
-        holder=None,  # a copy is not in use by the generation that uses the original
-        on_checkpoint=None,
-        branch_points=(),
-    )
-
-
-def _compact(session: Session) -> None:
-    """KV buffers cut to the rows they hold where the spare room is large: mlx-lm (and the
-    drafter's context cache) allocates 256 rows at a time, so a short conversation kept whole
-    would hold (and count against the budget) up to 256 rows a layer. A continuation
-    allocates again as it goes."""
-    for c in session.target_cache:
-        if type(c) is KVCache and c.keys is not None and c.keys.shape[2] - c.offset > c.offset // 8:
-            c.keys = mx.contiguous(c.keys[..., : c.offset, :])
-            c.values = mx.contiguous(c.values[..., : c.offset, :])
-    for c in session.drafter_cache:
-        if isinstance(c, ContextCache):
-            c.compact()
-
-
-def session_nbytes(session: Session) -> int:
-    """Bytes of a session's cache arrays and pending features (what an entry keeps alive)."""
-    return sum(a.nbytes for a in _session_arrays(session))
-
-
-def _session_arrays(session: Session) -> list[mx.array]:
-    return list(_arrays([session.target_cache, session.drafter_cache, session.pending]))
 
 
 @dataclass
@@ -204,9 +128,11 @@ class PromptCache:
         self._hits = self._misses = self._evictions = 0
         self._said_too_large = False  # the note on a state past the budget: once
 
-    def lease(self, prompt: Sequence[int]) -> "Lease":
+    def lease(self, prompt: Sequence[int], hints: Sequence[int] = ()) -> "Lease":
         """A session for `prompt`: the stored one that serves its longest prefix (taken, or
-        copied when the prompt branches off inside it), else a fresh one."""
+        copied when the prompt branches off inside it), else a fresh one. `hints`: prompt
+        positions other prompts are known to share (a chat's system messages and tools),
+        branch points for a recurrent state too."""
         prompt = token_ids(prompt, "prompt", self.decoder.target.vocab_size)
         taken = None  # the entry handed out itself (not a copy)
         with self._lock:
@@ -223,12 +149,13 @@ class PromptCache:
                 else:
                     self._entries.move_to_end(key)
                     session = clone_session(entry.session)
-            branch = 0 if self.trimmable else self._branch_point(prompt)
+            branch = () if self.trimmable else (self._branch_point(prompt), *hints)
         if session is None:
             session = self.decoder.new_session()
         lease = Lease(self, session, len(prompt), served, taken)
-        if branch - served >= BRANCH_MIN_TOKENS:
-            session.branch_points = (branch,)
+        session.branch_points = tuple(
+            sorted({p for p in branch if p - served >= BRANCH_MIN_TOKENS})
+        )
         return lease
 
     def stats(self) -> PromptCacheStats:
@@ -290,8 +217,8 @@ class PromptCache:
     def _store(self, session: Session, prompt_len: int) -> None:
         if session.in_round or session.fed == 0:  # interrupted mid-round: not consistent
             return
-        _compact(session)
-        mx.eval(_session_arrays(session))
+        compact(session)
+        mx.eval(session_arrays(session))
         entry = _Entry(session, prompt_len, session_nbytes(session))
         with self._lock:
             if entry.nbytes > self.max_bytes:  # kept, it would push out every other one first

@@ -146,6 +146,8 @@ def create_app(
     chat = ChatTemplate(pair.tokenizer, thinking)
     metrics = metrics_mod.Metrics(model_name)
     worker = _start_worker(pair, max_queue, metrics, prompt_cache_mb, max_batch, width_cost)
+    cache = worker.scheduler.prompt_cache
+    chat.find_preamble = cache is not None and not cache.trimmable  # a recurrent state's
     handler = Handler(pair, worker, settings, chat, RequestLimits(limits, pair.tokenizer, context))
     drain = Drain(worker, limits.shutdown_grace_s)
     card = model_card(

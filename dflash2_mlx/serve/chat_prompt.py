@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from ..chat_template import THINKING_KWARG, TemplateInfo, render_text, thinking_left_open
+from ..engine.prompt_cache import common_prefix
 from ..errors import DFlash2Error
 from ..text import chat_prompt_ids, quiet_length_warning
 from .api_error import APIError, invalid
@@ -40,6 +41,8 @@ class ChatPrompt:
     tools: ToolRequest | None = None  # active tools: the reply's calls are parsed
     call_id_length: int | None = None  # the template's required tool-call id length
     call_prefilled: bool = False  # the client's prefill opened the call (it has that text)
+    # ids another conversation with the same system messages and tools shares (0: not known)
+    preamble: int = 0
 
 
 def _template_call(fn) -> object:
@@ -61,6 +64,9 @@ class ChatTemplate:
 
     def __init__(self, tokenizer, thinking: bool | None = None):
         self.tok = tokenizer
+        # find each prompt's ChatPrompt.preamble (a hybrid target's prompt cache keeps the
+        # state there: engine/prompt_cache.py)
+        self.find_preamble = False
         self.info = TemplateInfo.of(tokenizer)
         if thinking is not None and not self.info.honours_thinking(thinking):
             raise DFlash2Error(
@@ -163,10 +169,15 @@ class ChatTemplate:
             # the end of the first call ends the reply (without an end marker, Mistral's,
             # the reply keeps its first call: serve/reply.py)
             stops = (self.tok.tool_call_end,)
+        preamble = self._preamble(messages, listed, kwargs, ids) if self.find_preamble else 0
         if call is not None:
-            return ChatPrompt(ids, "tool", call, stops, active, self.info.call_id_length, True)
+            return ChatPrompt(
+                ids, "tool", call, stops, active, self.info.call_id_length, True, preamble
+            )
         if active is None or not active.forced:
-            return ChatPrompt(ids, state, "", stops, active, self.info.call_id_length)
+            return ChatPrompt(
+                ids, state, "", stops, active, self.info.call_id_length, False, preamble
+            )
         lead, opening = _template_call(
             lambda: self._call_opening(messages, listed, kwargs, active.name)
         )
@@ -178,7 +189,25 @@ class ChatTemplate:
                 f"leaves a thinking section open; {THINKING_OFF}",
             )
         call = opening[len(self.tok.tool_call_start) :]
-        return ChatPrompt(ids, "tool", call, stops, active, self.info.call_id_length)
+        return ChatPrompt(
+            ids, "tool", call, stops, active, self.info.call_id_length, False, preamble
+        )
+
+    def _preamble(self, messages: list[dict], tools, kwargs: dict, ids: list[int]) -> int:
+        """The ids of `ids` that a conversation with the same leading system messages and
+        tools renders alike: those of another one rendered with them (up to where its first
+        user message's text begins); 0 with neither, or if the template refuses it."""
+        lead = 0
+        while lead < len(messages) and messages[lead].get("role") in ("system", "developer"):
+            lead += 1
+        if lead == 0 and not tools:
+            return 0
+        other = [*messages[:lead], {"role": "user", "content": "\u2063"}]
+        try:
+            probe = chat_prompt_ids(self.tok, other, tools=tools, template_kwargs=kwargs)
+        except Exception:  # a template that wants more (e.g. alternating turns): none known
+            return 0
+        return common_prefix(ids, probe, len(ids))
 
     def _prefilled(self, ids: list[int], prefill: str, tools) -> tuple[list[int], str | None]:
         """The prompt with the reply's prefill after it, and the text of the tool call it

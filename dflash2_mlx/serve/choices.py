@@ -108,7 +108,7 @@ def _choice(job: Job, i: int) -> Job:
     seed = None if sp.seed is None else (sp.seed + i) % SEEDS
     params = replace(job.params, sampling=replace(sp, seed=seed))
     choice = Job(job.prompt_ids, params, job.stop, job.score, job.generate, job.hidden)
-    choice.echo = job.echo
+    choice.echo, choice.preamble = job.echo, job.preamble
     return choice
 
 

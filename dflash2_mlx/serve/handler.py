@@ -159,6 +159,7 @@ class Handler:
             hidden = self.special_ids if req.skip_special_tokens else frozenset()
             job = Job(ids, params, stop, score, req.max_tokens != 0, hidden)
             job.echo = echo
+            job.preamble = prompt.preamble if prompt is not None else 0
         except BaseException:
             self.worker.unreserve()
             raise

@@ -58,6 +58,7 @@ class Job:
         self.score, self.generate = score, generate
         self.hidden = hidden  # token ids that are not text (skip_special_tokens)
         self.echo = None  # the HTTP side's: a completion's echoed prompt (logprobs.EchoedPrompt)
+        self.preamble = 0  # prompt ids other conversations share (chat_prompt.ChatPrompt's)
         self.loop = asyncio.get_running_loop()
         self.out: asyncio.Queue[Item] = asyncio.Queue()
         self.cancelled = threading.Event()

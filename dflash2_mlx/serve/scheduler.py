@@ -142,7 +142,7 @@ class Scheduler:
                 params = replace(params, prompt_logprobs=job.score)
             r.text = EventText(self.pair, job.prompt_ids, params, job.stop, job.hidden)
             if self.prompt_cache is not None:
-                r.lease = self.prompt_cache.lease(job.prompt_ids)
+                r.lease = self.prompt_cache.lease(job.prompt_ids, (job.preamble,))
             r.rid = self.batch.add(
                 job.prompt_ids,
                 params,
