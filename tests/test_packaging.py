@@ -4,10 +4,11 @@ the kernel sources, the embedded drafter and the CLI."""
 
 from __future__ import annotations
 
-import shutil
 import os
+import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -102,7 +103,6 @@ def test_type_checkers_see_every_public_name_where_it_loads():
 
 
 def test_the_package_list_matches_the_tree():
-    tomllib = pytest.importorskip("tomllib")
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     mapped = cfg["package-dir"]
     found = {
@@ -121,7 +121,6 @@ def test_the_version_is_written_once():
 
     import dflash2_mlx
 
-    tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "version" not in project and "version" in project["dynamic"]
     assert version("dflash2") == dflash2_mlx.__version__
