@@ -79,7 +79,11 @@ class Drain:
             "shutting down: waiting requests answered 503; running generations have %g s",
             self.grace_s,
         )
-        asyncio.get_running_loop().call_later(self.grace_s, self.worker.cut, ShuttingDown())
+        asyncio.get_running_loop().call_later(self.grace_s, self.cut_now)
+
+    def cut_now(self) -> None:
+        """The running generations stop at their next step (a second Ctrl-C)."""
+        self.worker.cut(ShuttingDown())
 
 
 class DrainingServer(uvicorn.Server):
@@ -89,10 +93,23 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.drain = drain
         self.stopped_by: int | None = None  # a signal that stopped it without ending the process
+        self._loop: asyncio.AbstractEventLoop | None = None  # once shutting down
 
     async def shutdown(self, sockets=None) -> None:
         self.drain.begin()
+        self._loop = asyncio.get_running_loop()
+        if self.force_exit:  # a second signal came before the shutdown began
+            self.drain.cut_now()
         await super().shutdown(sockets)
+
+    def handle_exit(self, sig, frame) -> None:
+        """uvicorn's; a second signal also stops the running generations now. uvicorn's own
+        force exit no longer does: from Python 3.12 on, closing its server waits for every
+        open connection (asyncio.Server.wait_closed), so a running request held the process
+        for the whole grace period."""
+        super().handle_exit(sig, frame)
+        if self.force_exit and self._loop is not None:  # from a signal handler: via the loop
+            self._loop.call_soon_threadsafe(self.drain.cut_now)
 
     @contextlib.contextmanager
     def capture_signals(self):
