@@ -425,8 +425,20 @@ def test_a_request_head_that_does_not_come_in_time_closes_its_connection():
         ServeLimits(head_s=0)
 
 
-def _busy(port: int) -> socket.socket:
-    """A connection whose request runs (its body has yet to come): not one to close."""
+def _running(port: int) -> socket.socket:
+    """A connection whose request generates (a long one): not one to close to make room."""
+    s = socket.create_connection(("127.0.0.1", port))
+    body = {"prompt": "abc", "max_tokens": 500, "temperature": 0, "logit_bias": {"2": -100}}
+    body = json.dumps(body).encode()  # its end of turn banned: it runs ~25 s
+    s.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    return s
+
+
+def _bodiless(port: int) -> socket.socket:
+    """A connection that sent a request head and no body: nothing generates yet."""
     s = socket.create_connection(("127.0.0.1", port))
     s.sendall(
         b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -435,16 +447,17 @@ def _busy(port: int) -> socket.socket:
     return s
 
 
-def test_past_the_connection_limit_the_answer_is_the_apps_json_503(pair, monkeypatch, logs):
+def test_past_the_connection_limit_the_answer_is_the_apps_json_503(monkeypatch, logs):
     """uvicorn's own answer past its connection limit was a plain-text 503 without
-    Retry-After, unlike every other refusal: SDKs saw an error of another shape."""
+    Retry-After, unlike every other refusal: SDKs saw an error of another shape. It comes
+    when every connection has a request that generates (or waits its turn to)."""
     from dflash2_mlx.serve import connections, lifecycle
 
     monkeypatch.setattr(lifecycle, "MAX_CONNECTIONS", 4)
     monkeypatch.setattr(connections, "_SAID", {})  # not said yet in this process
-    with serving(create_app(pair, model_name="tiny")) as (base, _, _):
+    with serving(create_app(slow_pair(0.05), model_name="tiny")) as (base, _, _):
         port = int(base.rsplit(":", 1)[1])
-        held = [_busy(port) for _ in range(4)]
+        held = [_running(port) for _ in range(4)]
         wait_for(lambda: httpx.get(base + "/health").status_code == 503, what="the limit")
         r = httpx.get(base + "/health")
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.headers
@@ -462,29 +475,31 @@ def test_past_the_connection_limit_the_answer_is_the_apps_json_503(pair, monkeyp
 
 
 def test_at_the_connection_limit_the_longest_idle_connections_make_room(pair, monkeypatch, logs):
-    """A client reopening sockets faster than the head deadline closed them held every
-    connection, and every other client got 503s for as long as it kept on: a connection that
-    opens at the limit closes the ones that have waited longest for a request head."""
+    """A client reopening sockets faster than the head deadline closed them, or sending
+    request heads without their bodies, held every connection, and every other client got
+    503s for as long as it kept on: a connection that opens at the limit closes those not
+    generating that have gone longest without sending a byte."""
     from dflash2_mlx.serve import connections, lifecycle
 
     monkeypatch.setattr(lifecycle, "MAX_CONNECTIONS", 4)
     monkeypatch.setattr(connections, "_SAID", {})
-    with serving(create_app(pair, model_name="tiny")) as (base, _, _):
+    with serving(create_app(slow_pair(0.05), model_name="tiny")) as (base, _, _):
         port = int(base.rsplit(":", 1)[1])
-        busy = _busy(port)
-        idle = []
-        for _ in range(3):  # opened in this order; the second trickles a head
-            idle.append(socket.create_connection(("127.0.0.1", port)))
-            time.sleep(0.05)
-        idle[1].sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        running = _running(port)
+        trickle = socket.create_connection(("127.0.0.1", port))
+        trickle.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # a head, cut short
         time.sleep(0.05)
-        with httpx.Client() as client:  # one connection: the fourth open one, the fifth made
+        bodiless = _bodiless(port)
+        time.sleep(0.05)
+        silent = socket.create_connection(("127.0.0.1", port))  # the latest to send (connect)
+        time.sleep(0.05)
+        with httpx.Client() as client:  # one connection: the fifth open one
             for _ in range(3):
                 r = client.get(base + "/health")
                 assert r.status_code == 200, r.text
-        assert _closed_by_server(idle[0], 5) and _closed_by_server(idle[1], 5)
-        assert not _closed_by_server(idle[2], 0.5) and not _closed_by_server(busy, 0.1)
-        for s in (busy, *idle):
+        assert _closed_by_server(trickle, 5) and _closed_by_server(bodiless, 5)
+        assert not _closed_by_server(silent, 0.5) and not _closed_by_server(running, 0.1)
+        for s in (running, trickle, bodiless, silent):
             s.close()
     said = [r for r in logs.records if "the longest idle connections" in r.getMessage()]
     assert len(said) == 1, said

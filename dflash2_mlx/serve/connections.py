@@ -7,9 +7,10 @@ header bytes now and then, holds one of the server's connections for as long as 
 `MAX_CONNECTIONS` of them refuse everyone else (a measured 999 idle sockets made /health a
 503). Here a connection that has not sent a whole request head `head_s` seconds after it
 opened, or after its last response, is closed; and a connection that opens at the limit
-closes the one that has waited longest for a request head (idle, or sending its head a byte
-at a time), so a client that keeps reopening sockets cannot fill the limit either. Only
-connections whose requests all run refuse a newcomer (the JSON 503).
+closes the ones that have gone longest without sending a byte among those that are not
+generating (waiting for a request head, or for the rest of a request's body), so a client
+that keeps reopening sockets, or sends heads without bodies, cannot fill the limit either.
+Only connections whose requests all run refuse a newcomer (the JSON 503).
 """
 
 from __future__ import annotations
@@ -38,9 +39,14 @@ class TimedHeadProtocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._heard = self.loop.time()  # its last byte's time
         self._arm_head_timer()
         if self.cap is not None and len(self.connections) >= self.cap:
             self._make_room()
+
+    def data_received(self, data: bytes) -> None:
+        self._heard = self.loop.time()
+        super().data_received(data)
 
     def handle_events(self) -> None:
         cycle, app = self.cycle, self.app
@@ -75,18 +81,14 @@ class TimedHeadProtocol(H11Protocol):
         )
 
     def _make_room(self) -> None:
-        """Close the connections that have waited longest for a request head (not this one),
-        so that this one's request is below the limit."""
+        """Close the connections not generating that have gone longest without a byte (not
+        this one), so that this one's request is below the limit."""
         excess = sum(not c.transport.is_closing() for c in self.connections) - self.cap + 1
-        waiting = [
-            c
-            for c in self.connections
-            if c is not self and getattr(c, "_head_timer", None) and not c.transport.is_closing()
-        ]
-        if excess > 0 and waiting:
+        idle = [c for c in self.connections if c is not self and _not_generating(c)]
+        if excess > 0 and idle:
             say_once_a_minute("at the connection limit: the longest idle connections are closed")
-            for c in sorted(waiting, key=lambda c: c._head_timer.when())[:excess]:
-                c._close_idle()
+            for c in sorted(idle, key=lambda c: c._heard)[:excess]:
+                c.transport.close()
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -99,10 +101,13 @@ class TimedHeadProtocol(H11Protocol):
         if waiting and not self.transport.is_closing():
             self.transport.close()
 
-    def _close_idle(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-        self._head_too_late()
+
+def _not_generating(c) -> bool:
+    """A connection of this protocol, open, waiting for a request head or for the rest of a
+    request's body (closing it stops no generation)."""
+    if not isinstance(c, TimedHeadProtocol) or c.transport.is_closing():
+        return False
+    return c.cycle is None or c.cycle.response_complete or c.cycle.more_body
 
 
 log = logging.getLogger("dflash2.serve")
