@@ -343,6 +343,34 @@ def test_a_second_ctrl_c_answers_a_waiting_request_in_json():
     assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
 
 
+def test_a_forced_exit_of_an_embedded_server_stops_its_generations_at_once():
+    """A program that runs the server in a thread stops it with `should_exit`, then
+    `force_exit`: from Python 3.12 on, uvicorn's force exit waited for every open connection,
+    so a running request held the thread for the whole grace period (11 s of 10 in a
+    reviewer's run); it is cut at once, its client answered the JSON 503."""
+    app = create_app(slow_pair(0.05), model_name="tiny", limits=ServeLimits(shutdown_grace_s=30))
+    with serving(app) as (base, server, thread):
+        results: list = []
+        body = {"prompt": "abc", "max_tokens": 500, "temperature": 0, "logit_bias": {"2": -100}}
+        post = threading.Thread(
+            target=lambda: results.append(
+                httpx.post(base + "/v1/completions", json=body, timeout=60)
+            )
+        )
+        post.start()
+        wait_for(lambda: health(base)["in_flight"] == 1, what="the request running")
+        server.should_exit = True
+        time.sleep(0.5)  # the drain has begun: the request runs on in its grace
+        assert post.is_alive()
+        started = time.monotonic()
+        server.force_exit = True
+        post.join(10)
+        thread.join(10)
+        assert not thread.is_alive() and time.monotonic() - started < 5
+    (r,) = results
+    assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
+
+
 def test_an_idle_connection_outlives_the_clients_own_idle_expiry():
     """httpx's pool (the openai and anthropic SDKs') reuses a connection idle for up to 5 s;
     uvicorn closed them at 5 s, and a request sent just then met "Server disconnected

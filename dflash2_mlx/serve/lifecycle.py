@@ -93,23 +93,23 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.drain = drain
         self.stopped_by: int | None = None  # a signal that stopped it without ending the process
-        self._loop: asyncio.AbstractEventLoop | None = None  # once shutting down
 
     async def shutdown(self, sockets=None) -> None:
         self.drain.begin()
-        self._loop = asyncio.get_running_loop()
-        if self.force_exit:  # a second signal came before the shutdown began
-            self.drain.cut_now()
-        await super().shutdown(sockets)
+        forced = asyncio.create_task(self._cut_when_forced())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            forced.cancel()
 
-    def handle_exit(self, sig, frame) -> None:
-        """uvicorn's; a second signal also stops the running generations now. uvicorn's own
-        force exit no longer does: from Python 3.12 on, closing its server waits for every
-        open connection (asyncio.Server.wait_closed), so a running request held the process
-        for the whole grace period."""
-        super().handle_exit(sig, frame)
-        if self.force_exit and self._loop is not None:  # from a signal handler: via the loop
-            self._loop.call_soon_threadsafe(self.drain.cut_now)
+    async def _cut_when_forced(self) -> None:
+        """A forced exit (a second Ctrl-C, or `force_exit` set by an embedding program) stops
+        the running generations now. uvicorn's own no longer does: from Python 3.12 on,
+        closing its server waits for every open connection (asyncio.Server.wait_closed), so
+        a running request held the process for the whole grace period."""
+        while not self.force_exit:
+            await asyncio.sleep(0.05)
+        self.drain.cut_now()
 
     @contextlib.contextmanager
     def capture_signals(self):
