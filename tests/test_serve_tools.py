@@ -1260,6 +1260,8 @@ def test_a_chat_prompts_preamble_is_what_conversations_with_its_system_and_tools
         assert a.preamble == b.preamble == shared, tools
         text = tool_tokenizer.decode(a.ids[: a.preamble])
         assert text.endswith("<|im_start|>user\n") and ("get_weather" in text) == bool(tools)
+    probe_like = [system, {"role": "user", "content": "\u2063~ a question"}]
+    assert chat.prompt(probe_like, None, {}).preamble == b.preamble  # not one id into it
     alone = chat.prompt([{"role": "user", "content": "hi"}], None, {})
     assert alone.preamble == 0  # no system messages, no tools: nothing to share
     with_tools = chat.prompt([{"role": "user", "content": "hi"}], parse_tools_body(), {})

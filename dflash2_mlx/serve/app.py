@@ -146,8 +146,10 @@ def create_app(
     chat = ChatTemplate(pair.tokenizer, thinking)
     metrics = metrics_mod.Metrics(model_name)
     worker = _start_worker(pair, max_queue, metrics, prompt_cache_mb, max_batch, width_cost)
+    # a hybrid target's prompt cache also keeps the state where a chat's system messages and
+    # tools end (an attention target's trims to any prefix: nothing to find)
     cache = worker.scheduler.prompt_cache
-    chat.find_preamble = cache is not None and not cache.trimmable  # a recurrent state's
+    chat.find_preamble = cache is not None and not cache.trimmable
     handler = Handler(pair, worker, settings, chat, RequestLimits(limits, pair.tokenizer, context))
     drain = Drain(worker, limits.shutdown_grace_s)
     card = model_card(

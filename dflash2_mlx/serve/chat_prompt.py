@@ -12,6 +12,7 @@ calls do not open with a fixed text (the name included, for a named function) ge
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -23,6 +24,11 @@ from ..text import chat_prompt_ids, quiet_length_warning
 from .api_error import APIError, invalid
 from .tools import ToolRequest
 
+
+# Two user messages whose first tokens differ (different first bytes): ChatTemplate._preamble
+# renders the system messages and tools with each, and keeps what the two share.
+PREAMBLE_PROBES = ("\u2063", "~")
+PREAMBLES_KEPT = 16
 
 # How each API turns thinking off (an error about one names them all: it may have come through
 # any of them).
@@ -67,6 +73,7 @@ class ChatTemplate:
         # find each prompt's ChatPrompt.preamble (a hybrid target's prompt cache keeps the
         # state there: engine/prompt_cache.py)
         self.find_preamble = False
+        self._preambles: dict[str, list[int]] = {}  # _preamble's renderings, by their input
         self.info = TemplateInfo.of(tokenizer)
         if thinking is not None and not self.info.honours_thinking(thinking):
             raise DFlash2Error(
@@ -170,14 +177,11 @@ class ChatTemplate:
             # the reply keeps its first call: serve/reply.py)
             stops = (self.tok.tool_call_end,)
         preamble = self._preamble(messages, listed, kwargs, ids) if self.find_preamble else 0
+        common = dict(tools=active, call_id_length=self.info.call_id_length, preamble=preamble)
         if call is not None:
-            return ChatPrompt(
-                ids, "tool", call, stops, active, self.info.call_id_length, True, preamble
-            )
+            return ChatPrompt(ids, "tool", call, stops, call_prefilled=True, **common)
         if active is None or not active.forced:
-            return ChatPrompt(
-                ids, state, "", stops, active, self.info.call_id_length, False, preamble
-            )
+            return ChatPrompt(ids, state, "", stops, **common)
         lead, opening = _template_call(
             lambda: self._call_opening(messages, listed, kwargs, active.name)
         )
@@ -189,25 +193,38 @@ class ChatTemplate:
                 f"leaves a thinking section open; {THINKING_OFF}",
             )
         call = opening[len(self.tok.tool_call_start) :]
-        return ChatPrompt(
-            ids, "tool", call, stops, active, self.info.call_id_length, False, preamble
-        )
+        return ChatPrompt(ids, "tool", call, stops, **common)
 
     def _preamble(self, messages: list[dict], tools, kwargs: dict, ids: list[int]) -> int:
         """The ids of `ids` that a conversation with the same leading system messages and
-        tools renders alike: those of another one rendered with them (up to where its first
-        user message's text begins); 0 with neither, or if the template refuses it."""
+        tools renders alike: what two renderings of them with different user messages
+        share (kept for the last few such preambles); 0 with neither, or if the template
+        refuses them."""
         lead = 0
         while lead < len(messages) and messages[lead].get("role") in ("system", "developer"):
             lead += 1
         if lead == 0 and not tools:
             return 0
-        other = [*messages[:lead], {"role": "user", "content": "\u2063"}]
-        try:
-            probe = chat_prompt_ids(self.tok, other, tools=tools, template_kwargs=kwargs)
-        except Exception:  # a template that wants more (e.g. alternating turns): none known
-            return 0
-        return common_prefix(ids, probe, len(ids))
+        key = json.dumps([messages[:lead], tools, kwargs], sort_keys=True, default=str)
+        shared = self._preambles.pop(key, None)
+        if shared is None:
+            try:
+                a, b = (
+                    chat_prompt_ids(
+                        self.tok,
+                        [*messages[:lead], {"role": "user", "content": probe}],
+                        tools=tools,
+                        template_kwargs=kwargs,
+                    )
+                    for probe in PREAMBLE_PROBES
+                )
+            except Exception:  # a template that wants more (e.g. alternating turns): none known
+                a = b = []
+            shared = a[: common_prefix(a, b, len(a))]
+        self._preambles[key] = shared  # the most recent last
+        while len(self._preambles) > PREAMBLES_KEPT:
+            del self._preambles[next(iter(self._preambles))]
+        return common_prefix(ids, shared, len(shared))
 
     def _prefilled(self, ids: list[int], prefill: str, tools) -> tuple[list[int], str | None]:
         """The prompt with the reply's prefill after it, and the text of the tool call it
