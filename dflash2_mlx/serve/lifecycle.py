@@ -82,7 +82,8 @@ class Drain:
         asyncio.get_running_loop().call_later(self.grace_s, self.cut_now)
 
     def cut_now(self) -> None:
-        """The running generations stop at their next step (a second Ctrl-C)."""
+        """The running generations stop at their next step (the grace is over, or an exit was
+        forced)."""
         self.worker.cut(ShuttingDown())
 
 
