@@ -32,6 +32,7 @@ from ..values import is_int
 from . import metrics as metrics_mod
 from .api_error import loggable, unknown_model
 from .body import ClientGone, read_json
+from .connections import say_once_a_minute
 from .count_responses import CountResponses
 from .chat_prompt import ChatTemplate
 from .guard import FaultGuard
@@ -279,10 +280,11 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ClientGone)
     async def _client_gone(request, exc: ClientGone):
-        log.info(
-            "%s %s: the client closed the connection during its upload",
-            loggable(request.method, 20),
-            loggable(request.url.path, 200),
+        say_once_a_minute(  # a flood's connections closed to make room would each write one
+            f"{loggable(request.method, 20)} {loggable(request.url.path, 200)}: the client closed "
+            "the connection during its upload (said once a minute at most)",
+            logging.INFO,
+            key="upload cut",
         )
         return Response(status_code=CLIENT_GONE)
 

@@ -132,8 +132,14 @@ class DrainingServer(uvicorn.Server):
     def run(self, sockets=None) -> None:
         """uvicorn's, re-raising the captured signals once the event loop has closed: raised
         inside it (as uvicorn does), a Ctrl-C pressed twice cut the tasks still running with
-        a KeyboardInterrupt and logged their tracebacks."""
-        super().run(sockets=sockets)
+        a KeyboardInterrupt and logged their tracebacks. A forced exit's tracebacks of the
+        tasks it cancels are dropped (_QuitNow), for a program running it in a thread too."""
+        quit_now = _QuitNow(self)
+        logging.getLogger("uvicorn.error").addFilter(quit_now)
+        try:
+            super().run(sockets=sockets)
+        finally:
+            logging.getLogger("uvicorn.error").removeFilter(quit_now)
         drain_logs()
         for sig in reversed(self._captured_signals):
             signal.raise_signal(sig)
@@ -290,12 +296,8 @@ def run(app, sock: socket.socket, *, log_level: str = "info") -> int:
     logging.getLogger("asyncio").addFilter(_ACCEPT_ERRORS)  # once: the same filter object
     logging.getLogger("uvicorn.access").addFilter(_ACCESS_PATHS)
     server = make_server(app, log_level=log_level)
-    quit_now = _QuitNow(server)
-    logging.getLogger("uvicorn.error").addFilter(quit_now)
     try:
         server.run(sockets=[_said_tcp(sock)])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it captured once it has shut down
         return 130
-    finally:
-        logging.getLogger("uvicorn.error").removeFilter(quit_now)
     return 128 + int(server.stopped_by) if server.stopped_by is not None else 0
