@@ -85,15 +85,16 @@ class TimedHeadProtocol(H11Protocol):
         # a connection closed to make room leaves the set a moment later, and its request's
         # task once it has unwound (a flood can leave many unwinding: they are not counted
         # against the limit up to a bound)
-        return (
-            len(self.tasks) >= TASKS_PER_CONNECTION * cap
-            or sum(not c.transport.is_closing() for c in self.connections) >= cap
-        )
+        return len(self.tasks) >= TASKS_PER_CONNECTION * cap or self._open() >= cap
+
+    def _open(self) -> int:
+        """Connections open, those closed to make room but not yet gone left out."""
+        return sum(not c.transport.is_closing() for c in self.connections)
 
     def _make_room(self) -> None:
         """Close the connections not generating that have gone longest without a byte (not
         this one), so that this one's request is below the limit."""
-        excess = sum(not c.transport.is_closing() for c in self.connections) - self.cap + 1
+        excess = self._open() - self.cap + 1
         idle = [c for c in self.connections if c is not self and _not_generating(c)]
         if excess > 0 and idle:
             say_once_a_minute("at the connection limit: the longest idle connections are closed")
@@ -121,7 +122,7 @@ def _not_generating(c) -> bool:
 
 
 log = logging.getLogger("dflash2.serve")
-_SAID: dict[str, float] = {}  # when each line about the limit was last said in the log
+_SAID: dict[str, float] = {}  # when each key's line was last said in the log
 
 
 def say_once_a_minute(line: str, level: int = logging.WARNING, key: str | None = None) -> None:
