@@ -23,7 +23,9 @@ def load_engine(
             own = resolve_sampling({}, target_dir)
             if not own.params.greedy:
                 say(f"note: measured greedy; the model samples by default ({own.describe()})")
-    return pair, resolved, resolve_engine(flags, pair, resolved, target_dir if sampling else None)
+    settings = resolve_engine(flags, pair, resolved, target_dir if sampling else None)
+    pair.drafting = settings.drafting  # as load_pair's, with this front end's flags
+    return pair, resolved, settings
 
 
 def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], None], flags):

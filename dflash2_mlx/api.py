@@ -26,7 +26,8 @@ from .errors import CompatibilityError, ConfigError, ParameterError
 from .grammar import Grammar, Grammars, Thinking
 from .downloads import fetch, is_repo_id
 from .errors import FetchError, ModelNotFoundError
-from .registry import closest, lookup, resolve
+from .registry import ResolvedPair, closest, lookup, resolve
+from .settings import Drafting, default_drafting
 from .target.adapter import TargetAdapter
 from .target.folder import load_target_folder
 
@@ -68,6 +69,10 @@ class Pair:
     drafter: Drafter
     decoder: SpeculativeDecoder
     _grammars: Grammars | None = field(default=None, repr=False)
+    # How a generation that leaves block_size out drafts: load_pair resolves it as chat and
+    # serve do (this machine's autotune profile, else the pair's recommended block); empty
+    # (from_models): the drafter's trained block.
+    drafting: Drafting = field(default_factory=Drafting)
 
     @classmethod
     def from_models(
@@ -142,11 +147,27 @@ class Pair:
     def with_defaults(self, params: GenerationParams) -> GenerationParams:
         """`params` with the tokenizer's EOS ids added to its stop tokens (a reply ends at its
         end of turn, as OpenAI's `stop` adds to it; the engine's `decoder.stream` stops at
-        exactly the ids it is given)."""
+        exactly the ids it is given), drafting as `drafting` says where it leaves block_size
+        out."""
         if not isinstance(params, GenerationParams):
             raise ParameterError(f"params must be a GenerationParams, got {type(params).__name__}")
         stops = params.stop_token_ids | self.eos_ids
-        return params if stops == params.stop_token_ids else replace(params, stop_token_ids=stops)
+        if stops != params.stop_token_ids:
+            params = replace(params, stop_token_ids=stops)
+        return self._drafted(params)
+
+    def _drafted(self, params: GenerationParams) -> GenerationParams:
+        """`params` that leave the block and its schedule out, drafting as `drafting` says
+        (a lookup_block given is kept); any other params as they are."""
+        own_schedule = params.block_by_context or params.verify_cost is not None
+        if not params.speculative or params.block_size is not None or own_schedule:
+            return params
+        if self.drafting.block is None:
+            return params
+        fields = self.drafting.fields(params.sampling.temperature, self.drafter.config.block_size)
+        if params.lookup_block is not None:
+            fields["lookup_block"] = params.lookup_block
+        return replace(params, **fields)
 
     def stream(
         self,
@@ -293,19 +314,20 @@ def load_pair(
     check_draft_vocab_limit(draft_vocab_limit)
     if chat_template is not None:  # a file's path, or the template's text
         chat_template = read_chat_template(chat_template)
-    if drafter is None:  # a registered pair (its block sizes are the front ends' business)
-        pair = _registered_pair(str(target), offline)
-        target, drafter = pair.target, pair.drafter
+    if drafter is None:  # a registered pair, with its recommended block
+        resolved = _registered_pair(str(target), offline)
     elif _names_a_pair(target):  # a pair's name with another drafter: that pair's target
-        target = resolve(str(target), drafter=str(drafter), offline=offline).target
-    target = fetch(target, "target", offline=offline)
+        resolved = resolve(str(target), drafter=str(drafter), offline=offline)
+    else:
+        resolved = ResolvedPair(str(target), str(drafter))
+    target = fetch(resolved.target, "target", offline=offline)
     model, tokenizer = load_target_folder(target, chat_template)
     if chat_template:
         tokenizer._chat_template = None  # a Python renderer (chat_template_type) would win
         check_chat_template(tokenizer, "chat_template")
     adapter_probe = TargetAdapter(model, ())
     weight_dtype = _DTYPES.get(dtype or "", _drafter_dtype(model, adapter_probe))
-    folder = fetch(drafter, "drafter", offline=offline)
+    folder = fetch(resolved.drafter, "drafter", offline=offline)
     d = load_drafter(
         folder,
         dtype=weight_dtype,
@@ -314,11 +336,13 @@ def load_pair(
         draft_vocab_limit=draft_vocab_limit,
     )
     try:
-        return Pair.from_models(
+        pair = Pair.from_models(
             model, tokenizer, d, lookup=lookup, datastore=_drafter_datastore(folder, datastore)
         )
     except CompatibilityError as exc:  # name the folders: the pair's own message cannot
         raise CompatibilityError(f"target {target}, drafter {folder}: {exc}") from None
+    pair.drafting = default_drafting(pair, resolved)
+    return pair
 
 
 def _drafter_dtype(model, adapter: TargetAdapter):

@@ -34,7 +34,7 @@ class GenerationParams:
 
     max_tokens: int = 256
     sampling: SamplingParams = SamplingParams()
-    block_size: int | None = None  # None = the drafter's trained block size
+    block_size: int | None = None  # None: the trained block (through a Pair: pair.drafting's)
     speculative: bool = True  # False = plain decoding with the same sampler
     # True: drafter rounds verify the anchor alone while the drafter's drafts seldom pass
     # (BACKOFF_*); False: every drafter round drafts its block (what measuring a block needs:

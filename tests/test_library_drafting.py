@@ -1,0 +1,81 @@
+"""A library pair drafts as chat and serve do when a generation leaves `block_size` out: this
+machine's autotune profile, else the pair's recommended block, else the drafter's trained one."""
+
+from __future__ import annotations
+
+import pytest
+
+import dflash2_mlx as d2
+from dflash2_mlx import autotune as A
+from tiny import make_drafter, make_target
+
+PROMPT = [5, 9, 2, 7, 11, 3, 8, 1]
+
+
+def _first_drafter_round(pair, params) -> int:
+    """Tokens the first drafter round verified (anchor + drafts)."""
+    for ev in pair.stream(PROMPT, params):
+        if not ev.prefill and ev.source == "drafter" and ev.drafted:
+            return ev.block_size
+    raise AssertionError("no drafter round")
+
+
+def _params(**kw) -> d2.GenerationParams:
+    return d2.GenerationParams(max_tokens=24, backoff=False, **kw)
+
+
+def _store_profile(pair, target, drafter, **fields) -> None:
+    key = A.profile_key(pair, str(target), str(drafter))
+    A.save_profile({"schema": A.SCHEMA, "key": key, **fields})
+
+
+def test_a_pair_of_models_drafts_at_the_trained_block(dflash2_home):
+    pair = d2.Pair.from_models(make_target("llama"), None, make_drafter(2, block_size=8))
+    assert pair.drafting.block is None
+    assert _first_drafter_round(pair, _params()) == 8
+
+
+def test_load_pair_drafts_at_this_machines_profile(tiny_pair, dflash2_home):
+    target, drafter = tiny_pair
+    pair = d2.load_pair(target, drafter)
+    trained = pair.drafter.config.block_size
+    assert pair.drafting.block == trained  # no profile, no alias: the trained block
+    _store_profile(pair, target, drafter, chosen_block=3, chosen_lookup_block=6)
+    pair = d2.load_pair(target, drafter)  # as `dflash2 chat --target T --drafter D` reads it
+    assert (pair.drafting.block, pair.drafting.lookup_block) == (3, 6)
+    assert _first_drafter_round(pair, _params()) == 3
+    filled = pair.with_defaults(_params())
+    assert (filled.block_size, filled.lookup_block) == (3, 6)
+
+
+def test_what_a_generation_gives_is_kept(tiny_pair, dflash2_home):
+    target, drafter = tiny_pair
+    pair = d2.load_pair(target, drafter)
+    _store_profile(pair, target, drafter, chosen_block=3, chosen_lookup_block=6)
+    pair = d2.load_pair(target, drafter)
+    trained = pair.drafter.config.block_size
+    assert _first_drafter_round(pair, _params(block_size=2)) == 2
+    own = pair.with_defaults(_params(lookup_block=9))
+    assert (own.block_size, own.lookup_block) == (3, 9)
+    schedule = ((4, trained - 1),)  # a schedule falls from the block it was written for
+    kept = pair.with_defaults(_params(block_by_context=schedule))
+    assert (kept.block_size, kept.block_by_context, kept.lookup_block) == (None, schedule, None)
+    plain = pair.with_defaults(_params(speculative=False))
+    assert (plain.block_size, plain.lookup_block) == (None, None)
+
+
+@pytest.mark.real_model
+def test_the_embedded_pair_drafts_at_its_recommended_block(monkeypatch, tmp_path):
+    """`chat`, `serve` and `bench` run smollm2-135m at the alias's block 4 where no profile
+    was measured: so does the library, which drafted at the trained 8 before."""
+    from dflash2_mlx.registry import resolve
+    from dflash2_mlx.settings import default_drafting
+
+    pair = d2.load_pair("smollm2-135m", offline=True)
+    resolved = resolve("smollm2-135m", offline=True)
+    assert pair.drafting == default_drafting(pair, resolved)  # this machine's, profile or not
+    monkeypatch.setenv("DFLASH2_HOME", str(tmp_path))  # no profile
+    drafting = default_drafting(pair, resolved)
+    assert drafting.block == resolved.block_size < pair.drafter.config.block_size
+    pair.drafting = drafting
+    assert pair.with_defaults(d2.GenerationParams()).block_size == resolved.block_size
