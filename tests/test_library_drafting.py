@@ -46,6 +46,10 @@ def test_load_pair_drafts_at_this_machines_profile(tiny_pair, dflash2_home):
     assert _first_drafter_round(pair, _params()) == 3
     filled = pair.with_defaults(_params())
     assert (filled.block_size, filled.lookup_block) == (3, 6)
+    from dflash2_mlx.serve.app import create_app
+
+    app = create_app(pair, model_name="m")  # a server the library starts drafts alike
+    assert app.state.settings.drafting == pair.drafting
 
 
 def test_what_a_generation_gives_is_kept(tiny_pair, dflash2_home):

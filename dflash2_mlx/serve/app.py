@@ -83,7 +83,7 @@ def create_app(
     max_batch: int = defaults.MAX_BATCH,
     context_length: int | None = None,
     default_max_tokens: int | None = None,
-    drafting: Drafting = Drafting(),
+    drafting: Drafting | None = None,
     target_name: str | None = None,
     drafter_name: str | None = None,
     sampling: SamplingDefaults | None = None,
@@ -105,7 +105,7 @@ def create_app(
     leaves (None: all it leaves, as OpenAI's API).
     drafting: how every request drafts (speculation on or off, the block, the lookup block, the
     profile's schedules by context and temperature and its verify cost: settings.Drafting; a
-    front end's is `EngineSettings.drafting`).
+    front end's is `EngineSettings.drafting`; None: `pair.drafting`, load_pair's).
     target_name, drafter_name: shown in /v1/models (a path shows as its last part).
     sampling: what a request gets for the sampling fields it leaves out
     (dflash2_mlx.settings.resolve_sampling; default: greedy).
@@ -125,7 +125,7 @@ def create_app(
     limits = limits or ServeLimits()
     security = security or SecurityPolicy()
     trained = pair.drafter.config.block_size
-    drafting = _checked_drafting(drafting, trained)
+    drafting = _checked_drafting(pair.drafting if drafting is None else drafting, trained)
     _check_serve_args(max_queue, max_batch, default_max_tokens, prompt_cache_mb)
     _check_pair(pair, thinking_budget)
     if context_length is not None and not is_int(context_length, 2):
