@@ -320,3 +320,34 @@ def test_not_found_names_the_endpoint_to_use(url):
         assert err["code"] == "not_found" and hint in err["message"], (path, err)
     err = _error(httpx.get(url + "/v2/nothing"), 404)
     assert err["message"].startswith("GET /v2/nothing: Not Found"), err
+
+
+def test_client_bookkeeping_on_messages_is_accepted(url):
+    """LiteLLM sends a reply's `provider_specific_fields` back with it (a second turn was a
+    400); SDK dumps and chat UIs send message ids. Neither instructs the model."""
+    from dflash2_mlx.serve.chat_messages import message
+
+    reply = {"role": "assistant", "content": "hello", "id": "m2"}
+    reply["provider_specific_fields"] = {"reasoning": "greet back"}
+    msgs = [{"role": "user", "content": "hi", "id": "m1"}, reply, *HI]
+    ok = httpx.post(url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
+    assert message(1, reply) == {
+        "role": "assistant",
+        "content": "hello",
+        "reasoning_content": "greet back",  # where the message gives none of its own
+    }
+    own = message(1, {**reply, "reasoning_content": "own"})
+    assert own["reasoning_content"] == "own"
+    for fields, param in (
+        ("x", "messages[1].provider_specific_fields"),
+        ({"reasoning": 3}, "messages[1].provider_specific_fields.reasoning"),
+    ):
+        bad = [msgs[0], {**reply, "provider_specific_fields": fields}, *HI]
+        err = _error(httpx.post(url + "/v1/chat/completions", json={"messages": bad}), 400)
+        assert err["param"] == param and err["code"] == "invalid_type", err
+    err = _error(  # a field that would instruct the model is still refused by name
+        httpx.post(url + "/v1/chat/completions", json={"messages": [{**HI[0], "prefix": True}]}),
+        400,
+    )
+    assert err["param"] == "messages[0].prefix" and err["code"] == "unsupported_parameter", err

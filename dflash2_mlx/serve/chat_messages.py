@@ -62,6 +62,10 @@ _MESSAGE_FIELDS = {
     "assistant": ("name", "tool_calls", "reasoning_content", "reasoning", "refusal"),
     "tool": ("tool_call_id", "name"),
 }
+# A client's bookkeeping on any message, no instruction to the model: `id` (SDK dumps, chat
+# UIs), LiteLLM's `provider_specific_fields` (copies of the message's own fields; its
+# `reasoning` is the turn's reasoning where the message gives none).
+_BOOKKEEPING = ("id", "provider_specific_fields")
 
 
 def message(i: int, m) -> dict:
@@ -75,7 +79,9 @@ def message(i: int, m) -> dict:
             f"role must be system, developer, user, assistant or tool; got {brief(role)}",
         )
     for k, v in m.items():
-        if k not in ("role", "content", *_MESSAGE_FIELDS[role]) and v not in (None, []):
+        if k in _BOOKKEEPING or k in ("role", "content", *_MESSAGE_FIELDS[role]):
+            continue
+        if v not in (None, []):
             raise invalid(
                 f"messages[{i}].{k}",
                 f"message field {brief(k)} is not supported"
@@ -109,7 +115,27 @@ def message(i: int, m) -> dict:
                     f"messages[{i}].{k}", f"messages[{i}].{k} must be a string", "invalid_type"
                 )
             out.setdefault("reasoning_content" if k == "reasoning" else k, m[k])
+    if role == "assistant" and "reasoning_content" not in out:
+        kept = _kept_reasoning(i, m.get("provider_specific_fields"))
+        if kept:
+            out["reasoning_content"] = kept
     return out
+
+
+def _kept_reasoning(i: int, fields) -> str | None:
+    """The reasoning LiteLLM keeps in an assistant message's provider_specific_fields."""
+    param = f"messages[{i}].provider_specific_fields"
+    if fields is None:
+        return None
+    if not isinstance(fields, dict):
+        raise invalid(param, f"{param} must be an object", "invalid_type")
+    for k in ("reasoning_content", "reasoning"):
+        value = fields.get(k)
+        if value is not None and not isinstance(value, str):
+            raise invalid(f"{param}.{k}", f"{param}.{k} must be a string", "invalid_type")
+        if value:
+            return value
+    return None
 
 
 def continuation(body: dict, messages: list[dict]) -> tuple[list[dict], str | None, bool]:
