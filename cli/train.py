@@ -73,8 +73,14 @@ def train(
     mask_token_id: Optional[int] = typer.Option(
         None, min=0, help="Mask token id (default: a reserved token of the tokenizer)."
     ),
-    steps: int = typer.Option(TrainConfig.steps, min=1),
-    batch: int = typer.Option(TrainConfig.batch_seqs, min=1),
+    steps: int = typer.Option(
+        TrainConfig.steps,
+        min=1,
+        help="Optimizer steps in all (a rerun with more resumes from its checkpoint).",
+    ),
+    batch: int = typer.Option(
+        TrainConfig.batch_seqs, min=1, help="Sequences (answers) drawn per step."
+    ),
     anchors: int = typer.Option(
         TrainConfig.anchors_per_seq, min=1, help="Anchors (blocks) per sequence and step."
     ),
@@ -300,6 +306,13 @@ def _run_training(pc, tc, *, ablation: bool, target: str) -> None:
     except KeyboardInterrupt as e:
         console.print("[yellow]stopped; rerun the same command to resume[/]")
         raise typer.Exit(interrupt_status(e))
+    except OSError as e:  # a read-only or vanished --work or --out: its path, no traceback
+        if e.filename is None:
+            raise
+        fail(
+            f"{e.filename}: {e.strerror or e}; what was done so far is kept: rerun the same "
+            "command once it can be written"
+        )
     if ablation:
         for name, r in summary["variants"].items():
             gain = r["gain_over_dflash"]

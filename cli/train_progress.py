@@ -49,12 +49,8 @@ def training_progress(console, steps: int):
 
 def _times(task: dict, step: int) -> str:
     """Elapsed and remaining time of a log line (a terminal's bar shows its own)."""
+    from dflash2_mlx.train.eta import clock, remaining
+
     elapsed = time.monotonic() - task["t0"]
-    done = step - task["first"]
-    left = elapsed / done * (task["total"] - step) if done > 0 else 0.0
-    return f"  {_clock(elapsed)} elapsed, ~{_clock(left)} left"
-
-
-def _clock(seconds: float) -> str:
-    m, s = divmod(int(seconds), 60)
-    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+    left = remaining(elapsed, step - task["first"], task["total"] - step) or "~0:00 left"
+    return f"  {clock(elapsed)} elapsed, {left}"

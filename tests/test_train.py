@@ -380,6 +380,32 @@ def test_feature_cache_roundtrip_resume_and_disk_full(target, tmp_path, monkeypa
         build_feature_cache(adapter, seqs, full, batch=2, shard_rows=1, log=lambda s: None)
 
 
+@pytest.mark.parametrize(
+    "error, said",
+    [  # numpy's own short write on a full disk carries no errno
+        (OSError("3376896 requested and 974784 written"), "the disk is full. Free space"),
+        (OSError(errno.EROFS, os.strerror(errno.EROFS)), "Read-only file system. Fix that"),
+    ],
+)
+def test_a_shard_that_cannot_be_written_is_named_with_why(
+    target, tmp_path, monkeypatch, error, said
+):
+    """The shard's name and why, and what is kept: no traceback of a second error from the
+    cleanup (a read-only folder refuses the temporary file's removal too)."""
+    d = tiny.make_drafter(2, block_size=4)
+    adapter = TargetAdapter(target, d.config.target_layer_ids)
+    seqs = [Sequence_("a", 0.0, [1, 2, 3, 4, 5, 6], 2)]
+
+    def fails(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(np, "save", fails)
+    monkeypatch.setattr(Path, "unlink", fails)
+    with pytest.raises(FeatureCacheError, match=f"shard_00000.npy: {said}") as e:
+        build_feature_cache(adapter, seqs, tmp_path / "f", batch=2, shard_rows=1, log=print)
+    assert "0 sequences are cached and will be kept" in str(e.value)
+
+
 def test_batched_blocks_of_unequal_sequences_match_inference(target):
     """Two sequences right-padded into one batch: every block equals the cached inference forward."""
     d = tiny.make_drafter(2, block_size=8)
@@ -654,6 +680,20 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     said = " ".join(capsys.readouterr().out.split())
     assert "already trained to step 4: nothing to do" in said and "written" not in said
     assert (out / "training.json").read_text() == record
+    # Other data at the same --steps: nothing left to train on it, said (not "nothing to do")
+    assert run([*again, "--prompts", prompts + "@0"]) != 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert "already trained to step 4 (the --steps asked) on other data" in said, said
+    assert "raise --steps to train on it" in said and (out / "training.json").read_text() == record
+    # OUT holding an earlier drafter than the checkpoint (interrupted after the last step's
+    # checkpoint, before its export): the rerun exports the checkpoint
+    earlier = json.loads(record)
+    earlier["stages"]["train"]["steps"] = 2
+    (out / "training.json").write_text(json.dumps(earlier))
+    assert run([*again, "--prompts", prompts + "@0,0.7"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "nothing to do" not in said, said
+    assert json.loads((out / "training.json").read_text())["stages"]["train"]["steps"] == 4
     # another work folder (so other settings may apply) replaces it, and says so first
     other = [tmp_path / "work2" if a == str(tmp_path / "work") else a for a in again]
     assert run([*map(str, other), "--prompts", prompts + "@0,0.7"]) == 0
@@ -1381,3 +1421,24 @@ def test_the_closing_note_never_says_to_delete_a_users_files(tmp_path):
     note = _work_note(work)
     assert "delete it once" not in note and "regen_*" in note and "run-*" in note, note
     assert "other files there are not train's: thesis.tex" in note, note
+
+
+def test_an_unwritable_work_or_out_path_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    """A read-only --work or --out (a file system mounted read-only, a vanished disk): the path
+    and why on one line, no traceback."""
+    from dflash2_cli.app import run
+    from dflash2_mlx.train import pipeline
+    from tiny_pair import save_target
+
+    target_dir = save_target(tmp_path / "target")
+    where = tmp_path / "w" / "work.json"
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(where))
+
+    monkeypatch.setattr(pipeline, "run_pipeline", read_only)
+    argv = ["train", str(target_dir), "--out", str(tmp_path / "d"), "--work", str(where.parent)]
+    code = run([*argv, "--steps", "2"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2 and "Traceback" not in err, err
+    assert f"error: {where}: Read-only file system; what was done so far is kept" in err, err

@@ -11,10 +11,11 @@ run (Ctrl-C, disk full) resumes where it stopped.
 
 from __future__ import annotations
 
-import errno
 import contextlib
+import errno
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -24,6 +25,7 @@ import numpy as np
 
 from ..errors import DFlash2Error
 from ..target.adapter import TargetAdapter
+from .eta import remaining
 from .records import read_records
 
 
@@ -155,10 +157,14 @@ class _ShardWriter:
             with open(self.folder / "index.jsonl", "a") as fh:
                 fh.writelines(json.dumps(e) + "\n" for e in self.entries)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            why = "the disk is full" if exc.errno == errno.ENOSPC else str(exc)
+            with contextlib.suppress(OSError):  # a read-only folder refuses this too
+                tmp.unlink(missing_ok=True)
+            # numpy's short write carries no errno: "N requested and M written"
+            full = exc.errno == errno.ENOSPC or "requested and" in str(exc)
+            why = "the disk is full" if full else exc.strerror or str(exc)
             raise FeatureCacheError(
-                f"{self.folder}: cannot write {path.name}: {why}. Free space and rerun: "
+                f"{self.folder}: cannot write {path.name}: {why}. "
+                f"{'Free space' if full else 'Fix that'} and rerun: "
                 f"{len(self.done)} sequences are cached and will be kept"
             ) from None
         self.done.update(_key(e["id"], e["temperature"]) for e in self.entries)
@@ -202,15 +208,21 @@ def build_feature_cache(
     cached, total = len(done), len(done) + len(todo)
     if todo:
         log(f"features: {len(todo)} sequences to compute ({cached} cached) in {folder}")
+    t0, tokens, todo_tokens = time.perf_counter(), 0, sum(len(s.tokens) for s in todo)
     for start in range(0, len(todo), batch):
         group = todo[start : start + batch]
         feats, top = target_features(adapter, group, greedy)
         for j, (s, f) in enumerate(zip(group, feats)):
             n = len(s.tokens)
+            tokens += n
             shard.add(s, f[:n], None if top is None else top[j, :n].tolist())
         if shard.n_rows >= shard_rows:
             shard.flush()  # a stop loses at most the rows not yet written
-            log(f"features: {cached + start + len(group)}/{total} sequences")
+            took = time.perf_counter() - t0
+            log(
+                f"features: {cached + start + len(group)}/{total} sequences, "
+                f"{tokens / took:.0f} tok/s, {remaining(took, tokens, todo_tokens - tokens)}"
+            )
     shard.flush()
     if todo:
         log(f"features: {total}/{total} sequences")

@@ -28,6 +28,7 @@ from .fixed_text import corpus_sequences, corpus_sources
 from .live import live_sequences
 from .model_card import model_card
 from .pipeline_config import PipelineConfig, prompt_parts
+from .run_record import check_same_data, exported_record, pipeline_record
 from .preflight import (
     check_anchorable,
     check_earlier_run,
@@ -274,12 +275,12 @@ def train_drafter(
     trainer = Trainer(data.adapter, drafter, data.train, data.heldout, tc, run, log, data.fixed)
     if trainer.try_resume():
         log(f"resumed at step {trainer.step}")
-        record = pc.out / "training.json"
-        if trainer.step >= tc.steps and record.exists():  # a rerun of a finished command
-            log(f"{pc.out} is already trained to step {trainer.step}: nothing to do")
+        done = exported_record(pc, trainer.step) if trainer.step >= tc.steps else None
+        if done is not None:  # a rerun of a finished command
             if data.fixed is not None:
                 data.fixed.close()
-            done = json.loads(record.read_text())
+            check_same_data(pc, done, trainer.step)
+            log(f"{pc.out} is already trained to step {trainer.step}: nothing to do")
             return {
                 "final": done["final"],
                 "stages": done["stages"],
@@ -303,7 +304,7 @@ def train_drafter(
     }
     card = model_card(pc, tc, final, stages)
     record = {
-        "pipeline": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(pc).items()},
+        "pipeline": pipeline_record(pc),
         "train": asdict(tc),
         "final": final,
         "history": trainer.history,

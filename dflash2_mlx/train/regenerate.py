@@ -35,6 +35,7 @@ from ..errors import DFlash2Error, ParameterError
 from ..prompts import SPLITS, Prompt, load_prompts
 from ..text import chat_prompt_ids
 from .arg_types import float_in, int_at_least
+from .eta import remaining
 from .records import done_pairs, done_prompts
 
 _FAST_TOP_K = 256
@@ -114,10 +115,12 @@ class _Progress:
     generated: int = 0  # every decoded token, finished sequences or not
     window_tokens: int = 0
     window_start: float = 0.0
+    pass_done: int = 0  # prompts of this temperature done before this call
 
     def begin(self, temp: float, todo: int, done: int) -> None:
         """A new window for temperature `temp`, and its first line."""
         self.window_tokens, self.window_start = 0, time.perf_counter()
+        self.pass_start, self.pass_done = self.window_start, done
         self.log(f"[regen] T={temp:g}: {todo} prompts to generate, {done} already done")
 
     def count_token(self) -> None:
@@ -133,7 +136,8 @@ class _Progress:
             f"{self.window_tokens / max(now - self.window_start, 1e-9):.1f} tok/s "
             f"(last {self.window_tokens} tokens) | "
             f"{self.generated / max(now - self.start, 1e-9):.1f} tok/s overall | "
-            f"{now - self.start:.0f} s"
+            f"{now - self.start:.0f} s "
+            f"{remaining(now - self.pass_start, finished - self.pass_done, total - finished)}"
         )
         self.window_tokens, self.window_start = 0, now
 

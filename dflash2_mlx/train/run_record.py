@@ -1,0 +1,46 @@
+"""A run's record in its drafter folder (training.json): what it holds, and whether a rerun of
+the command finds its own export there."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from ..errors import DFlash2Error
+from .pipeline_config import PipelineConfig
+
+# PipelineConfig fields that say what a drafter is trained on.
+DATA_FIELDS = ("prompts", "temperatures", "corpus", "corpus_tokens")
+
+
+def pipeline_record(pc: PipelineConfig) -> dict:
+    """`pc` as training.json records it (plain JSON values)."""
+    fields = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(pc).items()}
+    return json.loads(json.dumps(fields, default=str))
+
+
+def exported_record(pc: PipelineConfig, step: int) -> dict | None:
+    """OUT's training.json where it is the export of the checkpoint at `step` in this --work;
+    None where OUT holds none, or an earlier drafter (an interrupt after the last step's
+    checkpoint and before its export, or a run grown past the one OUT holds)."""
+    try:
+        done = json.loads((pc.out / "training.json").read_text())
+        ours = done["pipeline"]["work"] == str(pc.work) and done["stages"]["train"]["steps"] == step
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return done if ours else None
+
+
+def check_same_data(pc: PipelineConfig, done: dict, step: int) -> None:
+    """A finished run asked for other data (added, or another set) at the same --steps: its
+    answers are ready in --work, but nothing is left to train on them."""
+    now = pipeline_record(pc)
+    changed = [f for f in DATA_FIELDS if done["pipeline"].get(f) != now[f]]
+    if changed:
+        was = ", ".join(f"--{f.replace('_', '-')} {done['pipeline'].get(f)}" for f in changed)
+        raise DFlash2Error(
+            f"{pc.out} is already trained to step {step} (the --steps asked) on other data "
+            f"({was}); this run's data is ready in {pc.work}: raise --steps to train on it "
+            f"(the run resumes from step {step})"
+        )
