@@ -36,11 +36,12 @@ def check_same_data(pc: PipelineConfig, done: dict, step: int) -> None:
     """A finished run asked for other data (added, or another set) at the same --steps: its
     answers are ready in --work, but nothing is left to train on them."""
     now = pipeline_record(pc)
-    changed = [f for f in DATA_FIELDS if done["pipeline"].get(f) != now[f]]
+    was = done["pipeline"]  # an older version's record may lack a field: not a change
+    changed = [f for f in DATA_FIELDS if f in was and was[f] != now[f]]
     if changed:
-        was = ", ".join(f"--{f.replace('_', '-')} {done['pipeline'].get(f)}" for f in changed)
+        before = ", ".join(f"--{f.replace('_', '-')} {was[f]}" for f in changed)
         raise DFlash2Error(
             f"{pc.out} is already trained to step {step} (the --steps asked) on other data "
-            f"({was}); this run's data is ready in {pc.work}: raise --steps to train on it "
+            f"({before}); this run's data is ready in {pc.work}: raise --steps to train on it "
             f"(the run resumes from step {step})"
         )
