@@ -671,6 +671,9 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     separator = int(store["separator"])
     answers = [r["response_ids"] for r in regen]
     assert store["tokens"].tolist() == [t for ids in answers for t in (*ids, separator)]
+    tokens = sum(map(len, answers))  # the card says how much it trained on, and the store
+    assert f"; 12 answers, {tokens:,} answer tokens" in card
+    assert "Response datastore: `datastore.npz` holds those answers" in card
     # Rerunning the finished command changes nothing: the record of the run stays as it was.
     record = (out / "training.json").read_text()
     capsys.readouterr()

@@ -300,9 +300,12 @@ def train_drafter(
             "steps": trainer.step,
             "resumed_at_step": start,
             "seconds_this_run": round(time.perf_counter() - t0, 1),
+            "answers": len(data.train),
+            "answer_tokens": sum(len(s.tokens) - s.response_start for s in data.train),
         },
     }
-    card = model_card(pc, tc, final, stages)
+    store = datastore_file(data.train, pc.prompts)
+    card = model_card(pc, tc, final, stages, datastore=bool(store))
     record = {
         "pipeline": pipeline_record(pc),
         "train": asdict(tc),
@@ -314,7 +317,7 @@ def train_drafter(
         ("README.md", card),
         (DRAFT_VOCAB_FILE, _draft_vocab(pc, data)),
         ("training.json", json.dumps(record, indent=2, default=str)),
-        *datastore_file(data.train, pc.prompts),
+        *store,
     ]
     trainer.export(pc.out, dtype=getattr(mx, pc.dtype), extra_files=extra)  # all or nothing
     return {"final": final, "stages": stages, "out": str(pc.out)}
