@@ -157,16 +157,22 @@ class Pair:
         return self._drafted(params)
 
     def _drafted(self, params: GenerationParams) -> GenerationParams:
-        """`params` that leave the block and its schedule out, drafting as `drafting` says
-        (a lookup_block given is kept); any other params as they are."""
-        own_schedule = params.block_by_context or params.verify_cost is not None
-        if not params.speculative or params.block_size is not None or own_schedule:
-            return params
-        if self.drafting.block is None:
+        """`params` that leave block_size out, drafting as `drafting` says: its block, and its
+        schedule, verify cost and lookup block where `params` leave those out too (a schedule
+        given applies from its contexts on, as given). Params with a block as they are."""
+        if not isinstance(self.drafting, Drafting):
+            raise ParameterError(
+                f"pair.drafting must be a dflash2_mlx.settings.Drafting, got {self.drafting!r}"
+            )
+        if not params.speculative or params.block_size is not None or self.drafting.block is None:
             return params
         fields = self.drafting.fields(params.sampling.temperature, self.drafter.config.block_size)
-        if params.lookup_block is not None:
-            fields["lookup_block"] = params.lookup_block
+        if params.block_by_context:  # the caller's schedule, with its own verify cost or none
+            fields["block_by_context"], fields["verify_cost"] = (), None
+        for name in ("block_by_context", "verify_cost", "lookup_block"):
+            own = getattr(params, name)
+            if own is not None and own != ():
+                fields[name] = own
         return replace(params, **fields)
 
     def stream(
@@ -304,6 +310,11 @@ def load_pair(
     place of the target's own (or for a target that has none; chat_template.read_chat_template
     reads one from a file)."""
 
+    for name, value in (("target", target), ("drafter", drafter)):
+        if not isinstance(value, (str, Path)) and not (name == "drafter" and value is None):
+            raise ParameterError(
+                f"{name} must be a folder, a repo id or a pair's name (str or Path), got {value!r}"
+            )
     if dtype is not None and dtype not in _DTYPES:
         raise ParameterError(f"dtype must be one of {', '.join(_DTYPES)} or None, got {dtype!r}")
     for name, flag in (("offline", offline), ("full_vocab", full_vocab)):

@@ -61,9 +61,13 @@ def test_what_a_generation_gives_is_kept(tiny_pair, dflash2_home):
     assert _first_drafter_round(pair, _params(block_size=2)) == 2
     own = pair.with_defaults(_params(lookup_block=9))
     assert (own.block_size, own.lookup_block) == (3, 9)
-    schedule = ((4, trained - 1),)  # a schedule falls from the block it was written for
+    schedule = ((4, 2),)  # a schedule given: the pair's block, the caller's schedule
     kept = pair.with_defaults(_params(block_by_context=schedule))
-    assert (kept.block_size, kept.block_by_context, kept.lookup_block) == (None, schedule, None)
+    assert (kept.block_size, kept.block_by_context, kept.lookup_block) == (3, schedule, 6)
+    assert _first_drafter_round(pair, _params(block_by_context=((10_000, 2),))) == 3
+    later = _params(block_by_context=((4, trained),))  # from 4 tokens of context: its block
+    assert _first_drafter_round(pair, later) == trained
+    assert pair.with_defaults(_params(block_size=3)).lookup_block is None  # a block: no default
     plain = pair.with_defaults(_params(speculative=False))
     assert (plain.block_size, plain.lookup_block) == (None, None)
 
@@ -83,3 +87,25 @@ def test_the_embedded_pair_drafts_at_its_recommended_block(monkeypatch, tmp_path
     assert drafting.block == resolved.block_size < pair.drafter.config.block_size
     pair.drafting = drafting
     assert pair.with_defaults(d2.GenerationParams()).block_size == resolved.block_size
+
+
+def test_bad_library_arguments_name_the_field(tiny_pair):
+    target, drafter = tiny_pair
+    for bad in (None, 123, ["smollm2-135m"]):
+        with pytest.raises(d2.ParameterError, match="target must be a folder"):
+            d2.load_pair(bad)
+    with pytest.raises(d2.ParameterError, match="drafter must be a folder"):
+        d2.load_pair(target, 123)
+    pair = d2.load_pair(target, drafter)
+    pair.drafting = {"block": 4}
+    with pytest.raises(d2.ParameterError, match="pair.drafting must be a"):
+        pair.with_defaults(_params())
+    with pytest.raises(d2.ParameterError, match="verify_cost must take"):
+        _params(block_by_context=((8, 2),), verify_cost=lambda: 1.0)
+    with pytest.raises(d2.ParameterError, match="must return ms >= 0, got 'x'"):
+        _params(block_by_context=((8, 2),), verify_cost=lambda c, w: "x")
+    np = pytest.importorskip("numpy")
+    ok = _params(block_by_context=((np.int64(8), np.int64(2)),))  # as max_tokens takes them
+    assert ok.block_by_context == ((8, 2),) and type(ok.block_by_context[0][0]) is int
+    with pytest.raises(d2.ParameterError, match="top must be None or an int"):
+        pair.prompt_logprobs(PROMPT, top=-1)

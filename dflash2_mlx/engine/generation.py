@@ -25,7 +25,7 @@ from ..values import is_int, is_number
 @dataclass(frozen=True)
 class GenerationParams:
     """How one generation runs: `max_tokens`, `sampling` (SamplingParams), the drafter's
-    `block_size` (None: its trained one) or `speculative=False` (plain decoding), extra
+    `block_size` (None: its trained one; through a Pair, `pair.drafting`'s) or `speculative=False` (plain decoding), extra
     `stop_token_ids`, a `prediction` of the answer's tokens, a JSON-schema `constraint`,
     `logits_processors` (penalties), `logprobs` (alternatives per token, 0-20), and the
     autotuner's `lookup_block` / `block_by_context` / `verify_cost`. The output is plain
@@ -94,10 +94,8 @@ class GenerationParams:
             or self.max_tokens < 1
         ):
             raise ParameterError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if self.verify_cost is not None and not callable(self.verify_cost):
-            raise ParameterError(
-                f"verify_cost must be a callable or None, got {self.verify_cost!r}"
-            )
+        if self.verify_cost is not None:
+            check_cost(self.verify_cost)
         if self.verify_cost is not None and self.speculative and not self.block_by_context:
             raise ParameterError(
                 "verify_cost applies from block_by_context's first context on: give that too"
@@ -133,6 +131,19 @@ class GenerationParams:
                     )
 
 
+def check_cost(cost) -> None:
+    """GenerationParams.verify_cost: called once, as the engine calls it (context, width) ->
+    ms, so a callable of another shape is refused here, not in the middle of a reply."""
+    if not callable(cost):
+        raise ParameterError(f"verify_cost must be a callable or None, got {cost!r}")
+    try:
+        ms = plain_number(cost(1, 1))
+    except TypeError as exc:
+        raise ParameterError(f"verify_cost must take (context, width): {exc}") from None
+    if not is_number(ms) or not ms >= 0:
+        raise ParameterError(f"verify_cost(context, width) must return ms >= 0, got {ms!r}")
+
+
 def check_block_by_context(pairs) -> tuple[tuple[int, int], ...]:
     """GenerationParams.block_by_context checked: (context, block) pairs of ints >= 1, the
     contexts strictly ascending."""
@@ -151,7 +162,7 @@ def check_block_by_temperature(pairs) -> tuple[tuple[float, int], ...]:
 def _schedule(pairs, what: str, key: str, kind: str, key_ok) -> tuple:
     """(key, block) pairs: keys that `key_ok` accepts, strictly ascending; blocks ints >= 1."""
     try:
-        out = tuple((k, b) for k, b in pairs)
+        out = tuple((plain_number(k), plain_number(b)) for k, b in pairs)
     except (TypeError, ValueError):
         raise ParameterError(f"{what} must be ({key}, block) pairs, got {pairs!r}") from None
     for k, b in out:

@@ -35,7 +35,7 @@ class PromptScoring:
                 f"prompt token id {bad[0]} is out of range for a vocabulary of "
                 f"{target.vocab_size} ids"
             )
-        self.target, self.top = target, check_top(top) or 0
+        self.target, self.top = target, check_top(top, "top") or 0
         self.cache = target.make_cache()
         self.fed = 0
         self.result: list[TokenLogprob] = []
