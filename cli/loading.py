@@ -24,7 +24,7 @@ def load_engine(
             if not own.params.greedy:
                 say(f"note: measured greedy; the model samples by default ({own.describe()})")
     settings = resolve_engine(flags, pair, resolved, target_dir if sampling else None)
-    pair.drafting = settings.drafting  # as load_pair's, with this front end's flags
+    pair.drafting, pair.width_cost = settings.drafting, settings.width_cost  # with the flags
     return pair, resolved, settings
 
 

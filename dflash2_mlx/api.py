@@ -27,7 +27,7 @@ from .grammar import Grammar, Grammars, Thinking
 from .downloads import fetch, is_repo_id
 from .errors import FetchError, ModelNotFoundError
 from .registry import ResolvedPair, closest, lookup, resolve
-from .settings import Drafting, default_drafting
+from .settings import Drafting, EngineFlags, resolve_engine
 from .target.adapter import TargetAdapter
 from .target.folder import load_target_folder
 
@@ -73,6 +73,9 @@ class Pair:
     # serve do (this machine's autotune profile, else the pair's recommended block); empty
     # (from_models): the drafter's trained block.
     drafting: Drafting = field(default_factory=Drafting)
+    # cost(rows, width) of a batched verify from this machine's autotune profile (load_pair,
+    # as serve's); None: engine/width.py's default model. `batch` uses it unless given one.
+    width_cost: Callable[[int, int], float] | None = field(default=None, repr=False)
 
     @classmethod
     def from_models(
@@ -194,7 +197,8 @@ class Pair:
         """A continuous-batching loop over this pair (engine/batch.py): `add` requests at any
         time (their params get `with_defaults`), `step` it; each returns what it returns alone.
         `width_cost`: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost,
-        from the autotune profile); None: engine/width.py's default model."""
+        from the autotune profile); None: the pair's `width_cost`."""
+        width_cost = self.width_cost if width_cost is None else width_cost
         if width_cost is not None and not callable(width_cost):
             raise ParameterError(f"width_cost must be a callable or None, got {width_cost!r}")
         if width_cost is None:  # the default model's slope was measured on x86 CPUs only
@@ -352,7 +356,8 @@ def load_pair(
         )
     except CompatibilityError as exc:  # name the folders: the pair's own message cannot
         raise CompatibilityError(f"target {target}, drafter {folder}: {exc}") from None
-    pair.drafting = default_drafting(pair, resolved)
+    settings = resolve_engine(EngineFlags(), pair, resolved, None)  # as chat's, no flags
+    pair.drafting, pair.width_cost = settings.drafting, settings.width_cost
     return pair
 
 

@@ -311,10 +311,3 @@ def resolve_engine(
         advice.width_cost,
         advice.verify_cost,
     )
-
-
-def default_drafting(pair, resolved) -> Drafting:
-    """How a library pair's generations draft when they leave block_size out: as chat and
-    serve do without flags (this machine's autotune profile, else `resolved`'s recommended
-    block, else the drafter's trained one)."""
-    return resolve_engine(EngineFlags(), pair, resolved, None).drafting

@@ -40,9 +40,12 @@ def test_load_pair_drafts_at_this_machines_profile(tiny_pair, dflash2_home):
     pair = d2.load_pair(target, drafter)
     trained = pair.drafter.config.block_size
     assert pair.drafting.block == trained  # no profile, no alias: the trained block
-    _store_profile(pair, target, drafter, chosen_block=3, chosen_lookup_block=6)
+    assert pair.width_cost is None  # no profile: the batch's default model
+    table = {"ms": {"1": {"1": 10.0, "4": 14.0}, "2": {"1": 12.0, "4": 20.0}}}
+    _store_profile(pair, target, drafter, chosen_block=3, chosen_lookup_block=6, batch_verify=table)
     pair = d2.load_pair(target, drafter)  # as `dflash2 chat --target T --drafter D` reads it
     assert (pair.drafting.block, pair.drafting.lookup_block) == (3, 6)
+    assert pair.width_cost(2, 4) == 20.0 and pair.batch().widths.cost is pair.width_cost
     assert _first_drafter_round(pair, _params()) == 3
     filled = pair.with_defaults(_params())
     assert (filled.block_size, filled.lookup_block) == (3, 6)
@@ -77,7 +80,10 @@ def test_the_embedded_pair_drafts_at_its_recommended_block(monkeypatch, tmp_path
     """`chat`, `serve` and `bench` run smollm2-135m at the alias's block 4 where no profile
     was measured: so does the library, which drafted at the trained 8 before."""
     from dflash2_mlx.registry import resolve
-    from dflash2_mlx.settings import default_drafting
+    from dflash2_mlx.settings import EngineFlags, resolve_engine
+
+    def default_drafting(pair, resolved):
+        return resolve_engine(EngineFlags(), pair, resolved, None).drafting
 
     pair = d2.load_pair("smollm2-135m", offline=True)
     resolved = resolve("smollm2-135m", offline=True)
