@@ -311,7 +311,7 @@ def _run_training(pc, tc, *, ablation: bool, target: str) -> None:
             raise
         fail(
             f"{e.filename}: {e.strerror or e}; what was done so far is kept: rerun the same "
-            "command once it can be written"
+            "command once that is fixed"
         )
     if ablation:
         for name, r in summary["variants"].items():

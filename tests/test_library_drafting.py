@@ -53,6 +53,11 @@ def test_load_pair_drafts_at_this_machines_profile(tiny_pair, dflash2_home):
 
     app = create_app(pair, model_name="m")  # a server the library starts drafts alike
     assert app.state.settings.drafting == pair.drafting
+    from dflash2_mlx.settings import Drafting
+
+    trained_app = create_app(pair, model_name="m", drafting=Drafting())  # no block: the trained
+    fields = trained_app.state.settings.drafting_fields(d2.SamplingParams())
+    assert fields["block_size"] == trained  # in every request: not pair.drafting's 3
 
 
 def test_what_a_generation_gives_is_kept(tiny_pair, dflash2_home):
@@ -87,7 +92,10 @@ def test_the_embedded_pair_drafts_at_its_recommended_block(monkeypatch, tmp_path
 
     pair = d2.load_pair("smollm2-135m", offline=True)
     resolved = resolve("smollm2-135m", offline=True)
-    assert pair.drafting == default_drafting(pair, resolved)  # this machine's, profile or not
+    again = default_drafting(pair, resolved)  # this machine's, profile or not
+    same = ("speculative", "block", "by_context", "by_temperature", "lookup_block")
+    assert all(getattr(pair.drafting, f) == getattr(again, f) for f in same)
+    assert (pair.drafting.verify_cost is None) == (again.verify_cost is None)  # a new closure
     monkeypatch.setenv("DFLASH2_HOME", str(tmp_path))  # no profile
     drafting = default_drafting(pair, resolved)
     assert drafting.block == resolved.block_size < pair.drafter.config.block_size
@@ -108,6 +116,8 @@ def test_bad_library_arguments_name_the_field(tiny_pair):
         pair.with_defaults(_params())
     with pytest.raises(d2.ParameterError, match="verify_cost must take"):
         _params(block_by_context=((8, 2),), verify_cost=lambda: 1.0)
+    with pytest.raises(d2.ParameterError, match=r"verify_cost\(1, 1\) raised IndexError"):
+        _params(block_by_context=((8, 2),), verify_cost=lambda c, w: [][c])
     with pytest.raises(d2.ParameterError, match="must return ms >= 0, got 'x'"):
         _params(block_by_context=((8, 2),), verify_cost=lambda c, w: "x")
     np = pytest.importorskip("numpy")

@@ -339,11 +339,13 @@ def test_client_bookkeeping_on_messages_is_accepted(url):
     }
     own = message(1, {**reply, "reasoning_content": "own"})
     assert own["reasoning_content"] == "own"
-    for fields, param in (
-        ("x", "messages[1].provider_specific_fields"),
-        ({"reasoning": 3}, "messages[1].provider_specific_fields.reasoning"),
+    for at, fields, param in (
+        (1, "x", "messages[1].provider_specific_fields"),
+        (1, {"reasoning": 3}, "messages[1].provider_specific_fields.reasoning"),
+        (0, "x", "messages[0].provider_specific_fields"),  # on any message
     ):
-        bad = [msgs[0], {**reply, "provider_specific_fields": fields}, *HI]
+        bad = [msgs[0], reply, *HI]
+        bad[at] = {**bad[at], "provider_specific_fields": fields}
         err = _error(httpx.post(url + "/v1/chat/completions", json={"messages": bad}), 400)
         assert err["param"] == param and err["code"] == "invalid_type", err
     err = _error(  # a field that would instruct the model is still refused by name

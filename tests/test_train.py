@@ -590,7 +590,7 @@ def _prompt_file(path: Path, n: int, stem: str) -> Path:
     return path
 
 
-def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
+def test_train_command_end_to_end_then_ablation(tmp_path, capsys, monkeypatch):
     """`dflash2 train` on a tiny real target folder: regenerate, cache features, train, export an
     official-format folder with its card; `--ablation` trains the four variants side by side."""
     import json
@@ -683,6 +683,12 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys):
     said = " ".join(capsys.readouterr().out.split())
     assert "already trained to step 4: nothing to do" in said and "written" not in said
     assert (out / "training.json").read_text() == record
+    # The same data and work folder spelled otherwise: still nothing to do
+    monkeypatch.chdir(tmp_path)
+    spelled = [{str(tmp_path / "work"): "work"}.get(a, a) for a in again]
+    assert run([*spelled, "--prompts", "p.jsonl@0.7,0"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "already trained to step 4: nothing to do" in said, said
     # Other data at the same --steps: nothing left to train on it, said (not "nothing to do")
     assert run([*again, "--prompts", prompts + "@0"]) != 0
     said = " ".join(capsys.readouterr().err.split())
@@ -1428,7 +1434,7 @@ def test_the_closing_note_never_says_to_delete_a_users_files(tmp_path):
 
 def test_an_unwritable_work_or_out_path_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
     """A read-only --work or --out (a file system mounted read-only, a vanished disk): the path
-    and why on one line, no traceback."""
+    and why on one line, no traceback."""  # as root, chmod would not stop the writes
     from dflash2_cli.app import run
     from dflash2_mlx.train import pipeline
     from tiny_pair import save_target
@@ -1445,3 +1451,19 @@ def test_an_unwritable_work_or_out_path_is_one_line_naming_it(tmp_path, capsys, 
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2 and "Traceback" not in err, err
     assert f"error: {where}: Read-only file system; what was done so far is kept" in err, err
+
+
+def test_the_regeneration_lines_say_the_time_left(tmp_path, monkeypatch):
+    """At the pass's rate so far, over this call's prompts (a resumed pass counts from its
+    restart: the prompts done before it are not in `finished`)."""
+    from dflash2_mlx.train import regenerate
+
+    now = [0.0]
+    monkeypatch.setattr(regenerate.time, "perf_counter", lambda: now[0])
+    lines: list[str] = []
+    progress = regenerate._Progress(lines.append, start=0.0)
+    progress.begin(0.0, todo=900, done=100)
+    with open(tmp_path / "answers.jsonl", "w") as fh:
+        now[0] = 100.0
+        progress.sync_and_report(fh, 0.0, 100, 900)
+    assert lines[-1].startswith("[regen] T=0 100/900 done") and lines[-1].endswith("~13:20 left")

@@ -138,8 +138,11 @@ def check_cost(cost) -> None:
         raise ParameterError(f"verify_cost must be a callable or None, got {cost!r}")
     try:
         ms = plain_number(cost(1, 1))
-    except TypeError as exc:
-        raise ParameterError(f"verify_cost must take (context, width): {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the caller's function: its failure, named
+        raise ParameterError(
+            f"verify_cost must take (context, width) and return ms: verify_cost(1, 1) raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
     if not is_number(ms) or not ms >= 0:
         raise ParameterError(f"verify_cost(context, width) must return ms >= 0, got {ms!r}")
 

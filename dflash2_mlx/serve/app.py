@@ -117,7 +117,7 @@ def create_app(
     prompt_cache_mb: memory for the engine state of recent conversations, reused by prompt
     prefix across requests (engine/prompt_cache.py); 0: off.
     width_cost: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost);
-    None: engine/width.py's default model.
+    None: `pair.width_cost` (load_pair's: the profile's, else engine/width.py's default model).
     limits: body size, prompt / prediction / stop lengths, shutdown grace (serve/limits.py);
     security: hosts, origins, API key (serve/security.py). The worker thread starts and stops
     with the app (its lifespan).
@@ -241,8 +241,11 @@ def _checked_drafting(d: Drafting, trained: int) -> Drafting:
     for _, value in by_temperature:
         check_block(value, trained, "block_by_temperature")
     check_falling(d.block or trained, by_temperature, "block_by_temperature")
-    return replace(
-        d, by_context=check_block_by_context(d.by_context), by_temperature=by_temperature
+    return replace(  # no block: the trained one, said in every request (not pair.drafting's)
+        d,
+        block=d.block or (trained if d.speculative else None),
+        by_context=check_block_by_context(d.by_context),
+        by_temperature=by_temperature,
     )
 
 

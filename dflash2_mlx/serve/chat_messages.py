@@ -115,10 +115,9 @@ def message(i: int, m) -> dict:
                     f"messages[{i}].{k}", f"messages[{i}].{k} must be a string", "invalid_type"
                 )
             out.setdefault("reasoning_content" if k == "reasoning" else k, m[k])
-    if role == "assistant" and "reasoning_content" not in out:
-        kept = _kept_reasoning(i, m.get("provider_specific_fields"))
-        if kept:
-            out["reasoning_content"] = kept
+    kept = _kept_reasoning(i, m.get("provider_specific_fields"))
+    if kept and role == "assistant" and "reasoning_content" not in out:
+        out["reasoning_content"] = kept
     return out
 
 

@@ -115,12 +115,11 @@ class _Progress:
     generated: int = 0  # every decoded token, finished sequences or not
     window_tokens: int = 0
     window_start: float = 0.0
-    pass_done: int = 0  # prompts of this temperature done before this call
 
     def begin(self, temp: float, todo: int, done: int) -> None:
         """A new window for temperature `temp`, and its first line."""
         self.window_tokens, self.window_start = 0, time.perf_counter()
-        self.pass_start, self.pass_done = self.window_start, done
+        self.pass_start = self.window_start
         self.log(f"[regen] T={temp:g}: {todo} prompts to generate, {done} already done")
 
     def count_token(self) -> None:
@@ -137,7 +136,7 @@ class _Progress:
             f"(last {self.window_tokens} tokens) | "
             f"{self.generated / max(now - self.start, 1e-9):.1f} tok/s overall | "
             f"{now - self.start:.0f} s "
-            f"{remaining(now - self.pass_start, finished - self.pass_done, total - finished)}"
+            f"{remaining(now - self.pass_start, finished, total - finished)}"
         )
         self.window_tokens, self.window_start = 0, now
 
