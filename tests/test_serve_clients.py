@@ -329,7 +329,11 @@ def test_client_bookkeeping_on_messages_is_accepted(url):
 
     reply = {"role": "assistant", "content": "hello", "id": "m2"}
     reply["provider_specific_fields"] = {"reasoning": "greet back"}
-    msgs = [{"role": "user", "content": "hi", "id": "m1"}, reply, *HI]
+    msgs = [
+        {"role": "user", "content": "hi", "id": "m1", "provider_specific_fields": []},
+        reply,
+        *HI,
+    ]
     ok = httpx.post(url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 2})
     assert ok.status_code == 200, ok.text
     assert message(1, reply) == {

@@ -699,6 +699,9 @@ def test_train_command_end_to_end_then_ablation(tmp_path, capsys, monkeypatch):
     earlier = json.loads(record)
     earlier["stages"]["train"]["steps"] = 2
     (out / "training.json").write_text(json.dumps(earlier))
+    assert run([*again, "--prompts", prompts + "@0"]) != 0  # not exported as other data's
+    assert "on other data" in capsys.readouterr().err
+    assert (out / "training.json").read_text() == json.dumps(earlier)
     assert run([*again, "--prompts", prompts + "@0,0.7"]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "nothing to do" not in said, said
@@ -1466,4 +1469,6 @@ def test_the_regeneration_lines_say_the_time_left(tmp_path, monkeypatch):
     with open(tmp_path / "answers.jsonl", "w") as fh:
         now[0] = 100.0
         progress.sync_and_report(fh, 0.0, 100, 900)
-    assert lines[-1].startswith("[regen] T=0 100/900 done") and lines[-1].endswith("~13:20 left")
+    assert lines[-1].startswith("[regen] T=0 100/900 done") and lines[-1].endswith(
+        "~13:20 left at T=0"
+    )

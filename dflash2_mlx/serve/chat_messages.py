@@ -124,7 +124,7 @@ def message(i: int, m) -> dict:
 def _kept_reasoning(i: int, fields) -> str | None:
     """The reasoning LiteLLM keeps in an assistant message's provider_specific_fields."""
     param = f"messages[{i}].provider_specific_fields"
-    if fields is None:
+    if fields in (None, []):  # empty, as other fields' [] is
         return None
     if not isinstance(fields, dict):
         raise invalid(param, f"{param} must be an object", "invalid_type")

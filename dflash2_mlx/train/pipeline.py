@@ -28,7 +28,7 @@ from .fixed_text import corpus_sequences, corpus_sources
 from .live import live_sequences
 from .model_card import model_card
 from .pipeline_config import PipelineConfig, prompt_parts
-from .run_record import check_same_data, exported_record, pipeline_record
+from .run_record import check_same_data, exported_record, note_data, pipeline_record
 from .preflight import (
     check_anchorable,
     check_earlier_run,
@@ -273,13 +273,23 @@ def train_drafter(
     run = _run_folder(pc)
     claim_run(run, pc.out)
     trainer = Trainer(data.adapter, drafter, data.train, data.heldout, tc, run, log, data.fixed)
-    if trainer.try_resume():
+    resumed = trainer.try_resume()
+    finished = resumed and trainer.step >= tc.steps
+    if finished:  # nothing left to train: its data must be this run's
+        try:
+            check_same_data(pc, run, trainer.step)
+        except DFlash2Error:
+            if data.fixed is not None:
+                data.fixed.close()
+            raise
+    else:
+        note_data(pc, run)
+    if resumed:
         log(f"resumed at step {trainer.step}")
-        done = exported_record(pc, trainer.step) if trainer.step >= tc.steps else None
+        done = exported_record(pc, trainer.step) if finished else None
         if done is not None:  # a rerun of a finished command
             if data.fixed is not None:
                 data.fixed.close()
-            check_same_data(pc, done, trainer.step)
             log(f"{pc.out} is already trained to step {trainer.step}: nothing to do")
             return {
                 "final": done["final"],

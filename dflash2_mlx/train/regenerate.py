@@ -136,7 +136,7 @@ class _Progress:
             f"(last {self.window_tokens} tokens) | "
             f"{self.generated / max(now - self.start, 1e-9):.1f} tok/s overall | "
             f"{now - self.start:.0f} s "
-            f"{remaining(now - self.pass_start, finished, total - finished)}"
+            f"{remaining(now - self.pass_start, finished, total - finished)} at T={temp:g}"
         )
         self.window_tokens, self.window_start = 0, now
 

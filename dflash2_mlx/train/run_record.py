@@ -10,13 +10,12 @@ from pathlib import Path
 from ..errors import DFlash2Error
 from .pipeline_config import PipelineConfig, prompt_parts
 
-# PipelineConfig fields that say what a drafter is trained on.
-DATA_FIELDS = ("prompts", "temperatures", "corpus", "corpus_tokens")
+TRAINED_ON = "data.json"  # in the checkpoint's folder: what its steps were trained on
 
 
 def pipeline_record(pc: PipelineConfig) -> dict:
-    """`pc` as training.json records it (plain JSON values)."""
-    fields = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(pc).items()}
+    """`pc` as training.json records it (plain JSON values; folders resolved)."""
+    fields = {k: str(v.resolve()) if isinstance(v, Path) else v for k, v in asdict(pc).items()}
     return json.loads(json.dumps(fields, default=str))
 
 
@@ -26,39 +25,47 @@ def exported_record(pc: PipelineConfig, step: int) -> dict | None:
     checkpoint and before its export, or a run grown past the one OUT holds)."""
     try:
         done = json.loads((pc.out / "training.json").read_text())
-        work = Path(done["pipeline"]["work"]).resolve()  # ./w and /abs/w are one folder
+        work = Path(done["pipeline"]["work"]).resolve()  # an older record's may be relative
         ours = work == pc.work.resolve() and done["stages"]["train"]["steps"] == step
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return done if ours else None
 
 
-def check_same_data(pc: PipelineConfig, done: dict, step: int) -> None:
-    """A finished run asked for other data (added, or another set) at the same --steps: its
-    answers are ready in --work, but nothing is left to train on them."""
-    was, now = done["pipeline"], pipeline_record(pc)
-    if any(f not in was for f in DATA_FIELDS):  # an older version's record: not comparable
-        return
-    if _data_key(was) != _data_key(now):
-        before = ", ".join(
-            f"--{f.replace('_', '-')} {was[f]}" for f in DATA_FIELDS if was[f] != now[f]
-        )
-        raise DFlash2Error(
-            f"{pc.out} is already trained to step {step} (the --steps asked) on other data "
-            f"({before}); this run's data is ready in {pc.work}: raise --steps to train on it "
-            f"(the run resumes from step {step})"
-        )
+def note_data(pc: PipelineConfig, run: Path) -> None:
+    """Beside the checkpoint: the data its next steps train on (a resumed run may add data)."""
+    (run / TRAINED_ON).write_text(json.dumps(data_key(pc)))
 
 
-def _data_key(fields: dict) -> tuple:
-    """What a run trains on, however it was spelled: each prompt set (a file as its resolved
-    path) with its temperatures in order, the corpus and how much of it."""
+def check_same_data(pc: PipelineConfig, run: Path, step: int) -> None:
+    """A finished checkpoint asked for other data (added, or another set) at the same --steps:
+    this run's answers are ready in --work, but nothing is left to train on them. A run made
+    before the data was noted is not checked."""
     try:
-        parts = prompt_parts(str(fields["prompts"]), tuple(fields["temperatures"]))
-    except DFlash2Error:
-        parts = [(fields["prompts"], tuple(fields["temperatures"]))]
-    sets = sorted((_path(name), tuple(sorted(temps))) for name, temps in parts)
-    return sets, _path(fields["corpus"]), fields["corpus_tokens"]
+        trained_on = json.loads((run / TRAINED_ON).read_text())
+    except (OSError, ValueError):
+        return
+    if trained_on != data_key(pc):
+        raise DFlash2Error(
+            f"{run} is already trained to step {step} (the --steps asked) on other data than "
+            f"--prompts {pc.prompts} (see {run / TRAINED_ON}); this run's data is ready in "
+            f"{pc.work}: raise --steps to train on it (the run resumes from step {step})"
+        )
+
+
+def data_key(pc: PipelineConfig) -> dict:
+    """What a run trains on, however it was spelled: each prompt set (a file as its resolved
+    path) with its temperatures, the corpus and how much of it."""
+    sets = sorted(
+        [_path(name), sorted(set(temps))]
+        for name, temps in prompt_parts(pc.prompts, pc.temperatures)
+    )
+    corpus = _path(pc.corpus)
+    return {
+        "prompt_sets": sets,
+        "corpus": corpus,
+        "corpus_tokens": pc.corpus_tokens if corpus else None,
+    }
 
 
 def _path(name):
