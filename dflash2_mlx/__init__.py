@@ -18,7 +18,7 @@ _blas.bind()
 _EXPORTS = {  # public name -> the module that defines it
     "Pair": "api",
     "doctor": "diagnostics",
-    "load_pair": "api",
+    "load_pair": "loader",
     "BatchDecoder": "engine.batch",
     "load_drafter": "checkpoint",
     "save_drafter": "checkpoint",
@@ -45,7 +45,8 @@ _EXPORTS = {  # public name -> the module that defines it
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:  # what type checkers and editors see: the names __getattr__ loads
-    from .api import Pair as Pair, load_pair as load_pair
+    from .api import Pair as Pair
+    from .loader import load_pair as load_pair
     from .diagnostics import doctor as doctor
     from .checkpoint import load_drafter as load_drafter, save_drafter as save_drafter
     from .config import DrafterConfig as DrafterConfig

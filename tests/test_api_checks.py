@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 import tiny
 
-import dflash2_mlx.api as api
 from dflash2_mlx import GenerationParams, ParameterError, SamplingParams
 from dflash2_mlx.api import Pair
 from dflash2_mlx.engine.batch import BatchDecoder
@@ -89,9 +88,11 @@ def test_generate_batch_takes_any_sequence(pairs):
     ],
 )
 def test_load_pair_refuses_bad_settings_before_loading(monkeypatch, kwargs, needle):
-    monkeypatch.setattr(api, "fetch", lambda *a, **k: pytest.fail("fetched a model"))
+    from dflash2_mlx import loader
+
+    monkeypatch.setattr(loader, "fetch", lambda *a, **k: pytest.fail("fetched a model"))
     with pytest.raises(ParameterError, match=needle):
-        api.load_pair("/nowhere/target", "/nowhere/drafter", **kwargs)
+        loader.load_pair("/nowhere/target", "/nowhere/drafter", **kwargs)
 
 
 @pytest.mark.parametrize("eos", [2, [2, 7], {2}])
