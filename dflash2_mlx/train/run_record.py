@@ -1,5 +1,5 @@
-"""A run's record in its drafter folder (training.json): what it holds, and whether a rerun of
-the command finds its own export there."""
+"""What a run records: training.json in its drafter folder (and whether a rerun finds its own
+export there), and data.json beside its checkpoint (the data its steps were trained on)."""
 
 from __future__ import annotations
 
