@@ -28,7 +28,7 @@ from .fixed_text import corpus_sequences, corpus_sources
 from .live import live_sequences
 from .model_card import model_card
 from .pipeline_config import PipelineConfig, prompt_parts
-from .run_record import check_same_data, exported_record, note_data, pipeline_record
+from .run_record import pipeline_record, resume_run
 from .preflight import (
     check_anchorable,
     check_earlier_run,
@@ -273,32 +273,14 @@ def train_drafter(
     run = _run_folder(pc)
     claim_run(run, pc.out)
     trainer = Trainer(data.adapter, drafter, data.train, data.heldout, tc, run, log, data.fixed)
-    resumed = trainer.try_resume()
-    finished = resumed and trainer.step >= tc.steps
-    if finished:  # nothing left to train: its data must be this run's
-        try:
-            check_same_data(pc, run, trainer.step)
-        except DFlash2Error:
-            if data.fixed is not None:
-                data.fixed.close()
-            raise
-    else:
-        note_data(pc, run)
-    if resumed:
-        log(f"resumed at step {trainer.step}")
-        done = exported_record(pc, trainer.step) if finished else None
-        if done is not None:  # a rerun of a finished command
-            if data.fixed is not None:
-                data.fixed.close()
-            log(f"{pc.out} is already trained to step {trainer.step}: nothing to do")
-            return {
-                "final": done["final"],
-                "stages": done["stages"],
-                "out": str(pc.out),
-                "unchanged": True,
-            }
-    elif (pc.out / "training.json").exists():  # a new run (another --work, other settings)
-        log(f"{pc.out} holds a drafter trained before: this run replaces it when it ends")
+    done = resume_run(pc, tc.steps, data.fixed, trainer, run, log)
+    if done is not None:  # a rerun of a finished command
+        return {
+            "final": done["final"],
+            "stages": done["stages"],
+            "out": str(pc.out),
+            "unchanged": True,
+        }
     start, t0 = trainer.step, time.perf_counter()
     final = trainer.run(on_step)
     if data.fixed is not None:  # its features go; the corpus recomputes them when needed

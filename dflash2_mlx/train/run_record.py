@@ -1,5 +1,5 @@
-"""What a run records: training.json in its drafter folder (and whether a rerun finds its own
-export there), and data.json beside its checkpoint (the data its steps were trained on)."""
+"""What a run records and how a rerun reads it: training.json in its drafter folder (is it this
+checkpoint's export?) and data.json beside its checkpoint (the data its steps trained on)."""
 
 from __future__ import annotations
 
@@ -37,20 +37,21 @@ def note_data(pc: PipelineConfig, run: Path) -> None:
     (run / TRAINED_ON).write_text(json.dumps(data_key(pc)))
 
 
-def check_same_data(pc: PipelineConfig, run: Path, step: int) -> None:
-    """A finished checkpoint asked for other data (added, or another set) at the same --steps:
-    this run's answers are ready in --work, but nothing is left to train on them. A run made
-    before the data was noted is not checked."""
+def other_data(pc: PipelineConfig, run: Path, step: int) -> str | None:
+    """Why a finished checkpoint cannot serve this run: it was trained on other data (added,
+    or another set) and nothing is left to train at the same --steps, though this run's
+    answers are ready in --work. None: the same data, or a run made before it was noted."""
     try:
         trained_on = json.loads((run / TRAINED_ON).read_text())
     except (OSError, ValueError):
-        return
-    if trained_on != data_key(pc):
-        raise DFlash2Error(
-            f"{run} is already trained to step {step} (the --steps asked) on other data than "
-            f"--prompts {pc.prompts} (see {run / TRAINED_ON}); this run's data is ready in "
-            f"{pc.work}: raise --steps to train on it (the run resumes from step {step})"
-        )
+        return None
+    if trained_on == data_key(pc):
+        return None
+    return (
+        f"{run} is already trained to step {step} (the --steps asked) on other data than "
+        f"--prompts {pc.prompts} (see {run / TRAINED_ON}); this run's data is ready in "
+        f"{pc.work}: raise --steps to train on it (the run resumes from step {step})"
+    )
 
 
 def data_key(pc: PipelineConfig) -> dict:
@@ -71,3 +72,27 @@ def data_key(pc: PipelineConfig) -> dict:
 def _path(name):
     """A file or folder as its resolved path; a split's name (or None) as it is."""
     return str(Path(name).resolve()) if name and Path(name).exists() else name
+
+
+def resume_run(pc: PipelineConfig, steps: int, fixed, trainer, run: Path, log) -> dict | None:
+    """`trainer` resumes `run`'s checkpoint if there is one (`fixed`: the corpus stream, or
+    None). Returns OUT's record where the checkpoint is finished and exported there (nothing
+    to do), else None (train, then export). A finished checkpoint asked for other data is
+    refused; any other run notes the data it trains on."""
+    resumed = trainer.try_resume()
+    finished = resumed and trainer.step >= steps
+    refused = other_data(pc, run, trainer.step) if finished else None
+    done = exported_record(pc, trainer.step) if finished and not refused else None
+    if (refused or done is not None) and fixed is not None:
+        fixed.close()  # nothing will be trained
+    if refused:
+        raise DFlash2Error(refused)
+    if not finished:
+        note_data(pc, run)
+    if resumed:
+        log(f"resumed at step {trainer.step}")
+        if done is not None:
+            log(f"{pc.out} is already trained to step {trainer.step}: nothing to do")
+    elif (pc.out / "training.json").exists():  # a new run (another --work, other settings)
+        log(f"{pc.out} holds a drafter trained before: this run replaces it when it ends")
+    return done
