@@ -50,6 +50,7 @@ def load_resolved(model, target, drafter, offline: bool, say: Callable[[str], No
         lookup=flags.lookup_or_default,
         datastore=None if flags.datastore else False,  # None: when the drafter ships one
         chat_template=flags.chat_template,
+        resolve_drafting=False,  # load_engine resolves it once, with the flags
     )
     tight = wire_weights(pair.model, pair.drafter)
     if tight:

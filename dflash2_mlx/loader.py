@@ -36,6 +36,7 @@ def load_pair(
     lookup: int = DEFAULT_LOOKUP,
     datastore: bool | None = None,
     chat_template: str | None = None,
+    resolve_drafting: bool = True,
 ) -> Pair:
     """Load an mlx-lm target (folder or repo id) and a DFlash / DFlash2 drafter; with no
     `drafter`, `target` names a pair of `dflash2 models` (e.g. "smollm2-135m", the embedded
@@ -49,7 +50,9 @@ def load_pair(
     `datastore`: the drafter folder's response datastore (engine/datastore.py) — None: used
     when it ships one, True: required, False: off. `chat_template`: a Jinja chat template in
     place of the target's own (or for a target that has none; chat_template.read_chat_template
-    reads one from a file)."""
+    reads one from a file). `resolve_drafting`: False leaves `pair.drafting` and
+    `pair.width_cost` empty (the trained block, the default cost model), for a caller that
+    resolves its own settings (the CLI, with its flags)."""
 
     for name, value in (("target", target), ("drafter", drafter)):
         if not isinstance(value, (str, Path)) and not (name == "drafter" and value is None):
@@ -58,7 +61,11 @@ def load_pair(
             )
     if dtype is not None and dtype not in _DTYPES:
         raise ParameterError(f"dtype must be one of {', '.join(_DTYPES)} or None, got {dtype!r}")
-    for name, flag in (("offline", offline), ("full_vocab", full_vocab)):
+    for name, flag in (
+        ("offline", offline),
+        ("full_vocab", full_vocab),
+        ("resolve_drafting", resolve_drafting),
+    ):
         if not isinstance(flag, bool):
             raise ParameterError(f"{name} must be True or False, got {flag!r}")
     check_lookup(lookup)  # these before anything loads (a hub target downloads)
@@ -93,8 +100,9 @@ def load_pair(
         )
     except CompatibilityError as exc:  # name the folders: the pair's own message cannot
         raise CompatibilityError(f"target {target}, drafter {folder}: {exc}") from None
-    settings = resolve_engine(EngineFlags(), pair, resolved, None)  # as chat's, no flags
-    pair.drafting, pair.width_cost = settings.drafting, settings.width_cost
+    if resolve_drafting:
+        settings = resolve_engine(EngineFlags(), pair, resolved, None)  # as chat's, no flags
+        pair.drafting, pair.width_cost = settings.drafting, settings.width_cost
     return pair
 
 

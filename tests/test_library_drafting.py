@@ -46,6 +46,8 @@ def test_load_pair_drafts_at_this_machines_profile(tiny_pair, dflash2_home):
     pair = d2.load_pair(target, drafter)  # as `dflash2 chat --target T --drafter D` reads it
     assert (pair.drafting.block, pair.drafting.lookup_block) == (3, 6)
     assert pair.width_cost(2, 4) == 20.0 and pair.batch().widths.cost is pair.width_cost
+    own = d2.load_pair(target, drafter, resolve_drafting=False)  # a caller resolving its own
+    assert own.drafting.block is None and own.width_cost is None
     assert _first_drafter_round(pair, _params()) == 3
     filled = pair.with_defaults(_params())
     assert (filled.block_size, filled.lookup_block) == (3, 6)
