@@ -38,6 +38,7 @@ def run_bench_command(options: BenchOptions) -> int:
     from rich.text import Text
 
     from dflash2_mlx import bench as B
+    from dflash2_mlx import bench_env as E
     from dflash2_mlx.prompts import load_prompts
 
     reads = {"--prompts": options.prompts}
@@ -48,7 +49,7 @@ def run_bench_command(options: BenchOptions) -> int:
     chosen = None
     if not options.kernels_only:  # fail fast, before any model
         chosen = B.select_prompts(load_prompts(options.prompts), options.limit)
-    report = B.report_header(B.SCHEMA, options.argv)
+    report = E.report_header(B.SCHEMA, options.argv)
     console.print(Text(env_line(report["environment"]), style="dim"))
     code = 0
     if not options.kernels_only:
@@ -84,7 +85,7 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
     from rich.text import Text
 
     from dflash2_mlx import autotune as A
-    from dflash2_mlx import bench as B
+    from dflash2_mlx import bench_env as E
     from dflash2_mlx.costs import check_context
     from dflash2_mlx.settings import check_block
 
@@ -104,7 +105,7 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
         widest = max(options.blocks or [trained])
         widest = max(A.LOOKUP_WIDTHS) if options.autotune else widest
         check_context(pair, options.context, widest, name="--context")
-    report["pair"] = B.pair_record(pair, resolved)
+    report["pair"] = E.pair_record(pair, resolved)
     report["settings"] = {
         "prompts": str(options.prompts),
         "limit": options.limit,
@@ -180,10 +181,11 @@ def _replaced(before: dict, after: dict) -> str:
 def _speed(run: BenchRun) -> int:
     """The speed benchmark: plain vs dflash2 per block, verify costs, tables, plot, verdict."""
     from dflash2_mlx import bench as B
+    from dflash2_mlx import bench_env as E
 
     o = run.options
     blocks = _speed_settings(run)
-    load_before = B.machine_load()
+    load_before, since = E.machine_load(), E.cpu_clock()
     result = B.run_bench(
         run.pair,
         run.prompts,
@@ -197,13 +199,13 @@ def _speed(run: BenchRun) -> int:
         verify_cost=run.engine.verify_cost if run.report["settings"]["block_by_context"] else None,
     )
     run.report.update(result)
-    loads = (load_before, B.machine_load())
+    loads = (load_before, E.machine_load(since))
     run.report["machine_load"] = {"before": loads[0], "after": loads[1]}
     vc = _verify_cost(run, blocks)
     for t in speed_tables(run.report):
         run.console.print(t)
     _print_verify_ms(vc, run.console)
-    note = B.busy_note(*loads)
+    note = E.busy_note(*loads)
     if note:
         run.err.print(f"note: {note}", style="yellow", markup=False, highlight=False)
     if o.plot_path is not False:

@@ -186,7 +186,7 @@ def _tau_table(result: dict, title: str):
 
 def _report(pair, resolved, record: dict) -> dict:
     """The JSON written by --json: the command, machine and pair, then `record`."""
-    from dflash2_mlx.bench import pair_record, report_header
+    from dflash2_mlx.bench_env import pair_record, report_header
 
     named = pair_record(pair, resolved)
     return {

@@ -13,7 +13,6 @@ here. Everything returns plain dicts, ready for JSON.
 from __future__ import annotations
 
 import statistics
-import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -26,75 +25,10 @@ from .divergence import parting
 from .engine.events import GenerationStats, tau
 from .engine.generation import GenerationParams
 from .sampling import SamplingParams
-from .profiles import chip_name
 from .prompts import Prompt
 from .text import chat_prompt_ids
 
 SCHEMA = "dflash2.bench/1"
-
-
-# ----------------------------------------------------------------------------- environment
-def report_header(schema: str, argv: Sequence[str]) -> dict:
-    """The start of a --json report: its schema, when, the command, the machine."""
-    return {
-        "schema": schema,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": "dflash2 " + " ".join(argv),
-        "environment": environment(),
-    }
-
-
-def machine_load() -> dict | None:
-    """The 1-minute load average beside the cores (None where the system keeps none)."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
-    return {"load_1m": round(load, 2), "cores": os.cpu_count() or 1}
-
-
-def busy_note(*loads: dict | None) -> str | None:
-    """What to say of timings taken while the machine ran more than it has cores (other
-    jobs take turns with the measured one: each prompt's speedup swings by half), or None."""
-    busy = [x for x in loads if x is not None and x["load_1m"] > x["cores"]]
-    if not busy:
-        return None
-    worst = max(busy, key=lambda x: x["load_1m"])
-    return (
-        f"the machine was busy while this ran (load {worst['load_1m']:g} on {worst['cores']} "
-        "cores): speedups may be off by half, prompt by prompt; rerun on a quiet machine (tau "
-        "and the identical outputs do not depend on it)"
-    )
-
-
-def pair_record(pair, resolved) -> dict:
-    """The measured pair (`resolved`: registry.ResolvedPair): names, drafter, drafting
-    sources, the weights' quantization."""
-    from .quant import describe_quant, quant_signature
-
-    qsig = quant_signature(pair)
-    return {
-        "name": resolved.name,
-        "alias": resolved.alias,
-        "target": resolved.target,
-        "drafter": resolved.drafter,
-        "drafter_version": pair.drafter.config.version,
-        "draft_vocab": pair.drafter.draft_vocab_size,
-        "lookup": pair.decoder.lookup,
-        "datastore": pair.decoder.datastore is not None,
-        "trained_block": pair.drafter.config.block_size,
-        "quantization": qsig,
-        "quantization_text": describe_quant(qsig),
-    }
-
-
-def environment() -> dict:
-    """doctor() plus the chip name: what a benchmark result depends on."""
-    from .diagnostics import doctor
-
-    info = doctor()
-    info["chip"] = chip_name()
-    return info
 
 
 # ----------------------------------------------------------------------------- one generation

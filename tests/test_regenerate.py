@@ -13,7 +13,8 @@ from dflash2_mlx.errors import ParameterError
 from dflash2_mlx.prompts import SPLITS, Prompt
 from dflash2_mlx.train import regenerate as regen_module
 from dflash2_mlx.train.records import done_pairs
-from dflash2_mlx.train.regenerate import main, make_sampler, regenerate
+from dflash2_mlx.train.regen_sampling import make_sampler
+from dflash2_mlx.train.regenerate import main, regenerate
 from smollm2 import any_conversion
 
 VOCAB = 49152
@@ -335,7 +336,7 @@ def test_sampler_draws_the_served_distribution(scale):
     import mlx.core as mx
 
     from dflash2_mlx.sampling import SamplingParams, filtered_probs
-    from dflash2_mlx.train.regenerate import row_distribution
+    from dflash2_mlx.train.regen_sampling import row_distribution
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(3, 4096)).astype(np.float32) * scale

@@ -16,7 +16,7 @@ from pathlib import Path
 import dflash2_mlx as d2  # binds the optimized BLAS before MLX loads
 import mlx.core as mx
 
-from dflash2_mlx import bench as B
+from dflash2_mlx import bench_env
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.registry import EMBEDDED_DRAFTER
 from dflash2_mlx.target import batch as tbatch
@@ -80,7 +80,7 @@ def main():
         med["shift/refill"] = round(med["shift"] / med["refill"], 2)
         results[str(context)] = med
         print(context, med, flush=True)
-    env = B.environment()
+    env = bench_env.environment()
     res = {
         "what": f"Rollback + cache evaluation after a verify of {ROWS} rows x width {WIDTH} "
         "(rows keep different amounts), median ms: the engine's O(width) refill vs "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import dflash2_mlx as d2
 from dflash2_mlx import bench as B
+from dflash2_mlx import bench_env
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.prompts import load_prompts
 from dflash2_mlx.registry import EMBEDDED_DRAFTER
@@ -95,7 +96,7 @@ def main():
         }
         for name, ws in walls.items()
     }
-    env = B.environment()
+    env = bench_env.environment()
     res = {
         "what": "Greedy chat requests on the embedded SmolLM2-135M pair (shipped drafter, "
         "context lookup 3, block 8): aggregate tokens/s (all tokens / wall time of "

@@ -71,7 +71,7 @@ def main() -> None:
         }
         ms = summary[core]["verify_ms"]
         summary[core]["ratio"] = {w: round(ms[w] / ms["1"], 3) for w in ms}
-    from dflash2_mlx.bench import environment  # noqa: E402  (after the children: binds BLAS)
+    from dflash2_mlx.bench_env import environment  # noqa: E402  (after the children: binds BLAS)
 
     result = {
         "command": " ".join(sys.argv),

@@ -12,7 +12,7 @@ import time
 
 import dflash2_mlx  # noqa: F401  (binds the optimized BLAS before MLX loads)
 import mlx.core as mx
-from dflash2_mlx.bench import environment
+from dflash2_mlx.bench_env import environment
 import numpy as np
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import dflash2_mlx as d2
-from dflash2_mlx import bench as B
+from dflash2_mlx import bench_env
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.engine.datastore import Datastore
 from dflash2_mlx.engine.events import GenerationStats
@@ -124,7 +124,7 @@ def describe(store):
 
 def write(args, chosen, total, secs, table, per_prompt, identical, stores):
     (base, test), store = stores, list(stores.values())[-1]
-    env = B.environment()
+    env = bench_env.environment()
     arms = {arm: summary(total[arm], secs[arm]) for arm in total}
     res = {
         "what": f"Response datastore arms {base} vs {test} (engine/datastore.py; `datastore`: "

@@ -18,7 +18,7 @@ import time
 
 import dflash2_mlx as d2  # binds the optimized BLAS before MLX loads
 
-from dflash2_mlx import bench as B
+from dflash2_mlx import bench_env
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.engine.batch import BatchDecoder
 from dflash2_mlx.prompts import load_prompts
@@ -107,7 +107,7 @@ def main() -> None:
     for s in summary.values():
         for k in ("longest_gap_s", "joiner_ttft_s"):
             s["mean_" + k] = round(statistics.mean(s[k]), 2)
-    env = B.environment()
+    env = bench_env.environment()
     res = {
         "what": "A running stream's longest gap between token events while a request with a "
         f"{len(join_ids)}-token prompt joins it (BatchDecoder, max_batch 4), embedded "

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import dflash2_mlx as d2
 from dflash2_mlx import bench as B
+from dflash2_mlx import bench_env
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.profiles import (
     recommended_block,
@@ -189,7 +190,7 @@ def write_record(args, script, what, drafting, rows, summary, arms):
         "what": what,
         "command": f"python docs/results/scripts/{script} OUT "
         f"--contexts {args.contexts} --questions {args.questions} --max-tokens {args.max_tokens}",
-        "environment": B.environment(),
+        "environment": bench_env.environment(),
         "block": block,
         "lookup_block": lookup_block,
         "block_by_context": [list(p) for p in schedule],

@@ -18,6 +18,7 @@ from pathlib import Path
 import dflash2_mlx as d2
 from dflash2_mlx import autotune as A
 from dflash2_mlx import bench as B
+from dflash2_mlx import bench_env
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.registry import EMBEDDED_DRAFTER
 from dflash2_mlx.text import chat_prompt_ids
@@ -112,7 +113,7 @@ def main():
             "tau": [a["tau"] for a in arm],
             "speedup": [a["speedup"] for a in arm],
         }
-    env = B.environment()
+    env = bench_env.environment()
     res = {
         "what": f"Greedy (T=0) chat requests that quote what the answer repeats, on the "
         f"embedded SmolLM2-135M pair (shipped drafter, context lookup 3), drafter "

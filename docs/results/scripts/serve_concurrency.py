@@ -305,6 +305,7 @@ def main():
     from transformers import AutoTokenizer
 
     from dflash2_mlx import bench as B
+    from dflash2_mlx import bench_env
     from dflash2_mlx.embedded import ensure_smollm2
     from dflash2_mlx.prompts import load_prompts
     from dflash2_mlx.text import chat_prompt_ids
@@ -318,7 +319,7 @@ def main():
     models = {"a": "default_model", "b": None, "c": None}  # mlx_lm: the --model it loaded
     runs, skipped = {}, {}
     workdir = Path(tempfile.mkdtemp(prefix="serve_concurrency-"))
-    env = B.environment()
+    env = bench_env.environment()
     for name in args.servers:
         if name == "c" and not has_max_batch:
             skipped["c"] = "`dflash2 serve --help` has no --max-batch: batched serving not built"

@@ -19,6 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from dflash2_mlx import bench as B
+from dflash2_mlx import bench_env
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.registry import EMBEDDED_DRAFTER
 from dflash2_mlx.train.batches import make_blocks
@@ -98,7 +99,7 @@ def main():
             "round_ms_with_sibling": round(wider, 3),
             "speed_ratio": round((tau + gain) / tau * base / wider, 4),
         }
-    env = B.environment()
+    env = bench_env.environment()
     res = {
         "what": "A top-2 sibling at draft position 1 (issue 16 item 7), measured before "
         "building: the verify cost of one more row, and what it would rescue. Teacher-forced "

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import dflash2_mlx as d2
-from dflash2_mlx import bench as B
+from dflash2_mlx import bench_env
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.registry import EMBEDDED_DRAFTER
 from dflash2_mlx.text import chat_prompt_ids
@@ -129,7 +129,7 @@ def main():
         )
         for name in rows[0]["arms"]
     }
-    env = B.environment()
+    env = bench_env.environment()
     Path(args.out).write_text(
         json.dumps(
             {

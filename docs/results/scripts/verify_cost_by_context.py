@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import dflash2_mlx as d2
-from dflash2_mlx import bench as B
+from dflash2_mlx import bench_env
 from dflash2_mlx import costs
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.registry import EMBEDDED_DRAFTER
@@ -32,7 +32,7 @@ def main():
         "a warm cache of N tokens, embedded SmolLM2-135M pair, medians; ratio = cost(w)/cost(1).",
         "command": f"python docs/results/scripts/verify_cost_by_context.py OUT "
         f"--contexts {args.contexts} --repeats {args.repeats}",
-        "environment": B.environment(),
+        "environment": bench_env.environment(),
         "by_context": rows,
     }
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
