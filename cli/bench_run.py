@@ -205,7 +205,7 @@ def _speed(run: BenchRun) -> int:
     for t in speed_tables(run.report):
         run.console.print(t)
     _print_verify_ms(vc, run.console)
-    note = E.busy_note(*loads)
+    note = E.busy_note(loads[1])  # the load of the run's last minute (before: the last run's)
     if note:
         run.err.print(f"note: {note}", style="yellow", markup=False, highlight=False)
     if o.plot_path is not False:
