@@ -196,7 +196,8 @@ def serve(
         "--api-key",
         envvar=API_KEY_ENV,
         show_envvar=True,
-        help="Require `Authorization: Bearer KEY` on every endpoint but /health. "
+        help="Require `Authorization: Bearer KEY` (or `x-api-key: KEY`, as Anthropic's clients send) "
+        "on every endpoint but /health. "
         "The environment variable keeps the key out of `ps`, which any local user can read.",
     ),
     trust_proxy: Optional[List[str]] = typer.Option(

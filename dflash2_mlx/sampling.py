@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import mlx.core as mx
 
@@ -76,12 +76,9 @@ class SamplingParams:
         for name in _CHECKS:
             problem = field_problem(name, getattr(self, name))
             if problem:
-                raise ParameterError(f"{problem}; got {self._describe()}")
+                raise ParameterError(f"{problem}; got {name}={getattr(self, name)!r}")
         if self.temperature < GREEDY_BELOW:  # the T -> 0 limit: exactly greedy (see above)
             object.__setattr__(self, "temperature", 0.0)
-
-    def _describe(self) -> str:
-        return ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
 
     @property
     def greedy(self) -> bool:

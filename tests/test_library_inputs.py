@@ -132,8 +132,9 @@ def test_prompt_ids_as_arrays_are_the_same_prompt(decoder):
 
 @pytest.mark.parametrize("seed", [2**64, 2**70, -1])
 def test_seeds_outside_uint64_are_refused(seed):
-    with pytest.raises(ParameterError, match=r"seed must be an int in \[0, 2\*\*64\)"):
+    with pytest.raises(ParameterError, match=r"seed must be an int in \[0, 2\*\*64\)") as err:
         SamplingParams(temperature=0.7, seed=seed)
+    assert str(err.value).endswith(f"got seed={seed!r}")  # the field alone, not every field
 
 
 def test_numpy_scalars_and_a_list_of_processors_are_the_same_parameters(decoder):
