@@ -15,7 +15,8 @@ import time
 
 import dflash2_mlx  # noqa: F401  (binds the fast BLAS before MLX loads)
 import mlx.core as mx
-from dflash2_cli.common import load_engine, engine_flags
+from dflash2_cli.common import engine_flags
+from dflash2_cli.loading import load_engine
 from dflash2_mlx.prompts import load_prompts
 from dflash2_mlx.text import chat_prompt_ids
 from dflash2_mlx.engine.generation import GenerationParams
