@@ -11,7 +11,7 @@ import sys
 import time
 
 from dflash2_mlx import GenerationParams, SamplingParams
-from dflash2_mlx.api import load_pair
+from dflash2_mlx import load_pair
 from dflash2_mlx.bench import chat_prompt_ids, select_prompts
 from dflash2_mlx.engine import proposal
 from dflash2_mlx.prompts import load_prompts

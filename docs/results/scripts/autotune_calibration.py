@@ -28,7 +28,7 @@ BENCH7 = [
 
 
 def record(path: Path) -> None:
-    from dflash2_mlx.api import load_pair
+    from dflash2_mlx import load_pair
     from dflash2_mlx.engine.generation import GenerationParams
     from dflash2_mlx.prompts import load_prompts
     from dflash2_mlx.text import chat_prompt_ids

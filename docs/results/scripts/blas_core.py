@@ -20,7 +20,7 @@ def child() -> None:
     from dflash2_mlx import _blas  # binds the BLAS before MLX loads
 
     import mlx.core as mx
-    from dflash2_mlx.api import load_pair
+    from dflash2_mlx import load_pair
     from dflash2_mlx.costs import context_ids, verify_costs
 
     pair = load_pair("smollm2-135m")

@@ -10,7 +10,7 @@ import argparse
 import json
 import time
 
-from dflash2_mlx.api import load_pair
+from dflash2_mlx import load_pair
 from dflash2_mlx.engine.datastore import DEFAULT_MIN_SHARE, Datastore
 from dflash2_mlx.prompts import load_prompts
 from dflash2_mlx.registry import resolve

@@ -10,7 +10,7 @@ import json
 import sys
 
 from dflash2_mlx import GenerationParams, SamplingParams
-from dflash2_mlx.api import load_pair
+from dflash2_mlx import load_pair
 from dflash2_mlx.bench import chat_prompt_ids, select_prompts
 from dflash2_mlx.calibration import acceptance_probs
 from dflash2_mlx.prompts import load_prompts

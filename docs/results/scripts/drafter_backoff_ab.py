@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from dflash2_mlx.api import load_pair
+from dflash2_mlx import load_pair
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.engine import generation
 from dflash2_mlx.engine.generation import GenerationParams

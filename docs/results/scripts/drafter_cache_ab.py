@@ -12,7 +12,7 @@ import time
 import dflash2_mlx  # noqa: F401  (binds the optimized BLAS before MLX loads)
 import mlx.core as mx
 from dflash2_mlx.bench_env import environment
-from dflash2_mlx.api import load_pair
+from dflash2_mlx import load_pair
 from dflash2_mlx.drafter.attention import ContextCache
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.engine.generation import GenerationParams

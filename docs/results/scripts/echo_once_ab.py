@@ -10,7 +10,7 @@ import sys
 import time
 
 import dflash2_mlx  # noqa: F401  (binds the optimized BLAS before MLX loads)
-from dflash2_mlx.api import load_pair
+from dflash2_mlx import load_pair
 from dflash2_mlx.embedded import ensure_smollm2
 from dflash2_mlx.engine.generation import GenerationParams
 from dflash2_mlx.engine.scoring import PromptScoring

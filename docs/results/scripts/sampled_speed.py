@@ -15,7 +15,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
 from dflash2_mlx import GenerationParams, GenerationStats, SamplingParams
-from dflash2_mlx.api import load_pair
+from dflash2_mlx import load_pair
 from dflash2_mlx.bench import chat_prompt_ids, select_prompts
 from dflash2_mlx.bench_env import environment
 from dflash2_mlx.prompts import load_prompts
