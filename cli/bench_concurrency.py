@@ -3,6 +3,7 @@ at a time against one at a time (dflash2_mlx.bench_batch), rendered and added to
 
 from __future__ import annotations
 
+from .bench_load import say_busy, watch_load
 from .bench_options import BenchRun
 from .bench_view import concurrency_table, fmt_number, lossless_verdict, near_tie_line, run_size
 
@@ -13,6 +14,7 @@ def run_concurrency_mode(run: BenchRun) -> int:
 
     o, engine = run.options, run.engine
     block = _concurrency_settings(run)
+    measured = watch_load(run)
     result = run_concurrency(
         run.pair,
         run.prompts,
@@ -26,7 +28,10 @@ def run_concurrency_mode(run: BenchRun) -> int:
         progress=_progress(run.err),
     )
     run.report["concurrency"] = result
-    return _render(result, run.console, run.err)
+    note = measured()
+    code = _render(result, run.console, run.err)
+    say_busy(run, note)
+    return code
 
 
 def _concurrency_settings(run: BenchRun) -> int:

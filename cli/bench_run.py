@@ -18,6 +18,7 @@ from .bench_view import (
     run_size,
     speed_tables,
 )
+from .bench_load import say_busy, watch_load
 from .bench_options import BenchOptions, BenchRun, chosen_blocks
 from .common import check_thinking_flag, check_writable, fail
 from .loading import load_engine
@@ -85,6 +86,7 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
     from rich.text import Text
 
     from dflash2_mlx import autotune as A
+    from dflash2_mlx import bench as B
     from dflash2_mlx import bench_env as E
     from dflash2_mlx.costs import check_context
     from dflash2_mlx.settings import check_block
@@ -98,6 +100,7 @@ def _load_run(options: BenchOptions, prompts, report: dict, console, err) -> Ben
         o.model, o.target, o.drafter, o.offline, say, o.engine_flags, sampling=False
     )
     check_thinking_flag(pair.tokenizer, options.thinking)
+    B.check_prompt_lengths(pair, prompts, options.max_tokens, options.thinking)
     trained = engine.block.trained
     for b in options.blocks:
         check_block(b, trained)
@@ -135,6 +138,7 @@ def _autotune(run: BenchRun) -> int:
 
     o, console = run.options, run.console
     A.check_storable()  # before minutes of measuring, not after
+    measured = watch_load(run)
     profile = A.autotune(
         run.pair,
         run.prompts,
@@ -147,6 +151,7 @@ def _autotune(run: BenchRun) -> int:
         thinking=o.thinking,
         progress=lambda msg: run.err.print(Text(msg, style="dim")),
     )
+    note = measured(AUTOTUNE_BUSY)
     run.report["settings"]["repeats"] = o.autotune_repeats
     before = A.load_profile(profile["key"])
     saved = A.save_profile(profile)
@@ -158,7 +163,14 @@ def _autotune(run: BenchRun) -> int:
     )
     if before is not None:
         console.print(Text(_replaced(before, profile), style="dim"))
+    say_busy(run, note)
     return 0
+
+
+AUTOTUNE_BUSY = (
+    "the costs it timed, and so the block it stored, may be off; rerun --autotune on a quiet "
+    "machine"
+)
 
 
 def _replaced(before: dict, after: dict) -> str:
@@ -181,11 +193,10 @@ def _replaced(before: dict, after: dict) -> str:
 def _speed(run: BenchRun) -> int:
     """The speed benchmark: plain vs dflash2 per block, verify costs, tables, plot, verdict."""
     from dflash2_mlx import bench as B
-    from dflash2_mlx import bench_env as E
 
     o = run.options
     blocks = _speed_settings(run)
-    load_before, since = E.machine_load(), E.cpu_clock()
+    measured = watch_load(run)
     result = B.run_bench(
         run.pair,
         run.prompts,
@@ -199,15 +210,12 @@ def _speed(run: BenchRun) -> int:
         verify_cost=run.engine.verify_cost if run.report["settings"]["block_by_context"] else None,
     )
     run.report.update(result)
-    loads = (load_before, E.machine_load(since))
-    run.report["machine_load"] = {"before": loads[0], "after": loads[1]}
+    note = measured()
     vc = _verify_cost(run, blocks)
     for t in speed_tables(run.report):
         run.console.print(t)
     _print_verify_ms(vc, run.console)
-    note = E.busy_note(loads[1])  # the load of the run's last minute (before: the last run's)
-    if note:
-        run.err.print(f"note: {note}", style="yellow", markup=False, highlight=False)
+    say_busy(run, note)
     if o.plot_path is not False:
         _plot(run)
     return _mismatch_verdict(result["mismatches"], run.console, run.err)

@@ -24,6 +24,7 @@ from .costs import batch_verify_costs, draft_costs, verify_costs  # noqa: F401  
 from .divergence import parting
 from .engine.events import GenerationStats, tau
 from .engine.generation import GenerationParams
+from .errors import ParameterError
 from .sampling import SamplingParams
 from .prompts import Prompt
 from .text import chat_prompt_ids
@@ -135,6 +136,21 @@ def select_prompts(prompts: Sequence[Prompt], limit: int | None) -> list[Prompt]
             out.append(q.pop(0))
         i += 1
     return out
+
+
+def check_prompt_lengths(pair, prompts: Sequence[Prompt], max_tokens: int, thinking=None) -> None:
+    """A ParameterError naming the first prompt whose ids plus `max_tokens` exceed the model's
+    context (it would run past what the model was trained on, slowly, measuring nothing)."""
+    from .target.context import default_context_length
+
+    limit = default_context_length(pair.model)
+    for p in prompts:
+        n = len(chat_prompt_ids(pair.tokenizer, p.messages, thinking=thinking))
+        if n + max_tokens > limit:
+            raise ParameterError(
+                f"prompt {p.id!r}: {n:,} tokens plus max_tokens {max_tokens} exceed the model's "
+                f"context ({limit:,} tokens)"
+            )
 
 
 # ----------------------------------------------------------------------------- the benchmark

@@ -47,26 +47,28 @@ def machine_load(since: tuple[float, float] | None = None) -> dict | None:
 BUSY_OTHER_CORES = 1.0
 
 
-def busy_note(*loads: dict | None) -> str | None:
-    """What to say of timings taken while the machine ran more than it has cores, beyond this
-    process's own threads (other jobs take turns with the measured one: each prompt's speedup
-    swings by half), or None. The run's own threads are not other work: on 2 cores, dflash2's
-    decoding alone keeps the load above 2."""
-    busy = [
-        x
-        for x in loads
-        if x is not None
-        and x["load_1m"] > x["cores"]
-        and x["load_1m"] - x.get("own_cores", 0.0) > BUSY_OTHER_CORES
-    ]
-    if not busy:
+SPEED_BUSY = (
+    "speedups may be off by half, prompt by prompt; rerun on a quiet machine (tau and the "
+    "identical outputs do not depend on it)"
+)
+
+
+def busy_note(load: dict | None, effect: str = SPEED_BUSY) -> str | None:
+    """What to say of timings whose `load` (machine_load) shows other work beside the run, or
+    None: the load above the cores, and more than BUSY_OTHER_CORES of it not the run's own
+    (other jobs take turns with the measured one: each prompt's speedup swings by half; on 2
+    cores dflash2's decoding alone keeps the load above 2). `effect`: what the load may have
+    done to the results. On a Mac the GPU's work is no CPU time: the run's own share reads
+    small there."""
+    if load is None or load["load_1m"] <= load["cores"]:
         return None
-    worst = max(busy, key=lambda x: x["load_1m"] - x.get("own_cores", 0.0))
-    own = f", {worst['own_cores']:g} of it this run's" if "own_cores" in worst else ""
+    other = load["load_1m"] - load.get("own_cores", 0.0)
+    if other <= BUSY_OTHER_CORES:
+        return None
+    own = f", {load['own_cores']:g} of it this run's" if "own_cores" in load else ""
     return (
-        f"the machine was busy while this ran (load {worst['load_1m']:g} on {worst['cores']} "
-        f"cores{own}): speedups may be off by half, prompt by prompt; rerun on a quiet machine "
-        "(tau and the identical outputs do not depend on it)"
+        f"the machine was busy while this ran (load {load['load_1m']:g} on {load['cores']} "
+        f"cores{own}): {effect}"
     )
 
 

@@ -411,6 +411,26 @@ def test_bench_autotune_command_then_bench_uses_the_profile(tmp_path, capsys, st
     assert f"it replaces the profile of {prof['created']}: " in said, said
 
 
+def test_autotune_says_a_busy_machine_beside_the_profile_it_stored(
+    tmp_path, capsys, monkeypatch, steady_timings
+):
+    """A review's two autotunes on a busy machine stored block 3, then block 4, from the same
+    calibration, saying nothing: the choice rests on timings, so other work is said."""
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.8, 7.0, 5.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    t, d = save_pair(tmp_path / "pair")
+    args = ["bench", "--target", str(t), "--drafter", str(d), "--limit", "2", "--block", "2"]
+    args += ["--max-tokens", "16", "--repeats", "1", "--context", "16", "--autotune"]
+    assert run([*args, "--json", str(tmp_path / "a.json")]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "note: the machine was busy while this ran (load 9.8 on 2 cores" in err
+    assert "the block it stored, may be off; rerun --autotune on a quiet machine" in err
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert report["machine_load"]["after"]["load_1m"] == 9.8
+
+
 def test_autotune_refuses_implausible_verify_timings_and_stores_nothing(
     tmp_path, capsys, monkeypatch
 ):

@@ -243,6 +243,37 @@ def test_bench_concurrency_command_json(tiny_pair, tmp_path, capsys):
     assert "results" not in report and "verify_cost" not in report  # the speed mode did not run
 
 
+def test_a_busy_machine_is_said_after_a_concurrency_run(tiny_pair, tmp_path, capsys, monkeypatch):
+    """--concurrency times throughput as the speed run does: its report keeps the load, and
+    other work beside it is said."""
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.8, 7.0, 5.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    argv = _args(tiny_pair, tmp_path, "--limit", "2", "--concurrency", "2", "--block", "4")
+    assert run(argv) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "note: the machine was busy while this ran (load 9.8 on 2 cores" in err
+    loads = json.loads((tmp_path / "r.json").read_text())["machine_load"]
+    assert loads["before"]["load_1m"] == 9.8 and "own_cores" in loads["after"]
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_any_timing(tiny_pair, tmp_path, capsys):
+    """A prompt that with --max-tokens outruns the model's context would run past what the
+    model was trained on, slowly, measuring nothing: one line names it, before any timing."""
+    prompts = tmp_path / "p.jsonl"
+    long_text = " ".join(["word"] * 5000)  # the tiny model's context is 4,096
+    rows = [
+        {"id": "short", "category": "chat", "messages": [{"role": "user", "content": "hi"}]},
+        {"id": "long-1", "category": "chat", "messages": [{"role": "user", "content": long_text}]},
+    ]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert run(_args(tiny_pair, tmp_path, "--prompts", str(prompts))) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "prompt 'long-1':" in err and "exceed the model's context (4,096 tokens)" in err
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_bench_concurrency_mismatch_is_loud(tiny_pair, tmp_path, capsys, monkeypatch):
     from dflash2_mlx import bench_batch
 
@@ -410,8 +441,8 @@ def test_a_busy_machine_is_said_beside_the_speeds(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     busy = E.machine_load()
     assert busy == {"load_1m": 9.8, "cores": 2}
-    assert "load 9.8 on 2 cores" in E.busy_note({"load_1m": 0.5, "cores": 2}, busy)
-    assert E.busy_note({"load_1m": 1.9, "cores": 2}, None) is None
+    assert "load 9.8 on 2 cores" in E.busy_note(busy)
+    assert E.busy_note({"load_1m": 1.9, "cores": 2}) is None and E.busy_note(None) is None
     # a bench alone on 2 cores (measured): quiet; 1.5 cores of other work beside it: busy
     assert E.busy_note({"load_1m": 2.21, "cores": 2, "own_cores": 1.67}) is None
     note = E.busy_note({"load_1m": 3.2, "cores": 2, "own_cores": 1.7})
