@@ -1,7 +1,4 @@
-"""The sampler of regeneration at T > 0: the distribution the library serves
-(sampling.filtered_probs: the top_p nucleus of the untempered distribution, then the
-temperature), drawn in NumPy with a seeded generator, the nucleus looked for among a row's top
-256 tokens first (several times cheaper than a sort of the 49k vocabulary each step)."""
+"""The NumPy sampler regeneration draws its T > 0 answers with (see make_sampler)."""
 
 from __future__ import annotations
 

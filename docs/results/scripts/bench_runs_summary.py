@@ -16,6 +16,10 @@ from pathlib import Path
 
 def run_record(path: Path) -> dict:
     d = json.loads(path.read_text())
+    if len(d.get("results", [])) != 1:
+        raise SystemExit(
+            f"{path}: a run of one block is summarised; it has {len(d.get('results', []))}"
+        )
     r = d["results"][0]
     s, settings = r["summary"], d["settings"]
     return {
@@ -49,7 +53,7 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("what")
     ap.add_argument("--autotune", action="append", default=[], metavar="LABEL=FILE")
-    ap.add_argument("--group", action="append", default=[], metavar="NAME=FILE,FILE")
+    ap.add_argument("--group", action="append", required=True, metavar="NAME=FILE,FILE")
     args = ap.parse_args()
     groups = {}
     for g in args.group:

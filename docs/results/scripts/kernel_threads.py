@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 import dflash2_mlx  # noqa: F401  (binds the BLAS and builds the shim)
-from dflash2_mlx import _blas
+from dflash2_mlx import _blas, _blas_shim
 
 SHAPES = {"q/o": (576, 576), "k/v": (192, 576), "gate/up": (1536, 576), "down": (576, 1536)}
 SHAPES["head"] = (49152, 576)
@@ -32,7 +32,7 @@ def _cpu() -> str:
 def main(out: str) -> None:
     info = _blas.info()
     level = {"avx2": 1, "avx512": 2}[info.kernel]
-    shim = ctypes.CDLL(str(_blas._shim()))
+    shim = ctypes.CDLL(str(_blas_shim.shim()))
     lib = ctypes.CDLL(info.library)
     prefix = "scipy_" if info.route == "scipy-openblas" else ""
     gemm = getattr(lib, f"{prefix}cblas_sgemm")
