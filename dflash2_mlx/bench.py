@@ -225,10 +225,10 @@ def _row(p: Prompt, ids, plain: list[Timed], spec: list[Timed], mism: int | None
         "accepted": st.accepted,
         "lookup_rounds": st.lookup_rounds,
         "lookup_accepted": st.lookup_accepted,
-        "lookup_tau": round(st.lookup_tau, 4),
+        "lookup_tau": round(st.lookup_tau, 4) if st.lookup_rounds else None,  # as the summary's
         "datastore_rounds": st.datastore_rounds,
         "datastore_accepted": st.datastore_accepted,
-        "datastore_tau": round(st.datastore_tau, 4),
+        "datastore_tau": round(st.datastore_tau, 4) if st.datastore_rounds else None,
         "longest_round": st.longest_round,
         "acceptance_rate": round(st.acceptance_rate, 4),
         "draft_ms": round(statistics.median(t.stats.draft_ms for t in spec), 4),

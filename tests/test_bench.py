@@ -171,6 +171,10 @@ def test_bench_command_json_and_png(tiny_pair, tmp_path, capsys):
     assert set(report["verify_cost"]["ratio"]) == {"1", "2", "4"}
     assert [r["block"] for r in report["results"]] == [2, 4]
     assert report["results"][1]["summary"]["verify_cost_ratio"] > 0
+    for row in report["results"][0]["rows"]:  # no rounds of a source: no τ (as the summary)
+        for src in ("lookup", "datastore"):
+            tau_ = row[f"{src}_tau"]
+            assert (tau_ is None) if row[f"{src}_rounds"] == 0 else tau_ >= 1.0
     png = Path(report["plot"])
     assert png == tmp_path / "r.png" and png.read_bytes()[:8] == PNG
 
