@@ -28,7 +28,9 @@ def run_concurrency_mode(run: BenchRun) -> int:
         progress=_progress(run.err),
     )
     run.report["concurrency"] = result
-    note = measured()
+    from dflash2_mlx.bench_env import CONCURRENCY_BUSY
+
+    note = measured(CONCURRENCY_BUSY)
     code = _render(result, run.console, run.err)
     say_busy(run, note)
     return code

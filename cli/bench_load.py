@@ -24,4 +24,6 @@ def watch_load(run: BenchRun):
 
 def say_busy(run: BenchRun, note: str | None) -> None:
     if note:
-        run.err.print(f"note: {note}", style="yellow", markup=False, highlight=False)
+        run.err.print(  # one line, whole: a piped log is grepped for it
+            f"note: {note}", style="yellow", markup=False, highlight=False, soft_wrap=True
+        )

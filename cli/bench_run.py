@@ -135,22 +135,27 @@ def _autotune(run: BenchRun) -> int:
     from rich.text import Text
 
     from dflash2_mlx import autotune as A
+    from dflash2_mlx.errors import ParameterError
 
     o, console = run.options, run.console
     A.check_storable()  # before minutes of measuring, not after
     measured = watch_load(run)
-    profile = A.autotune(
-        run.pair,
-        run.prompts,
-        target=run.resolved.target,
-        drafter=run.resolved.drafter,
-        max_block=o.blocks[0] if o.blocks else run.engine.block.trained,
-        context=o.context,
-        repeats=o.autotune_repeats,
-        max_tokens=o.max_tokens,
-        thinking=o.thinking,
-        progress=lambda msg: run.err.print(Text(msg, style="dim")),
-    )
+    try:
+        profile = A.autotune(
+            run.pair,
+            run.prompts,
+            target=run.resolved.target,
+            drafter=run.resolved.drafter,
+            max_block=o.blocks[0] if o.blocks else run.engine.block.trained,
+            context=o.context,
+            repeats=o.autotune_repeats,
+            max_tokens=o.max_tokens,
+            thinking=o.thinking,
+            progress=lambda msg: run.err.print(Text(msg, style="dim")),
+        )
+    except ParameterError:  # implausible timings, too few rounds: was the machine busy?
+        say_busy(run, measured(AUTOTUNE_BUSY))
+        raise
     note = measured(AUTOTUNE_BUSY)
     run.report["settings"]["repeats"] = o.autotune_repeats
     before = A.load_profile(profile["key"])

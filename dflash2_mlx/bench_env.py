@@ -53,6 +53,12 @@ SPEED_BUSY = (
 )
 
 
+CONCURRENCY_BUSY = (
+    "the aggregate tok/s and their ratios may be off; rerun on a quiet machine (the identical "
+    "outputs do not depend on it)"
+)
+
+
 def busy_note(load: dict | None, effect: str = SPEED_BUSY) -> str | None:
     """What to say of timings whose `load` (machine_load) shows other work beside the run, or
     None: the load above the cores, and more than BUSY_OTHER_CORES of it not the run's own

@@ -446,6 +446,10 @@ def test_autotune_refuses_implausible_verify_timings_and_stores_nothing(
         return out
 
     monkeypatch.setattr(costs, "verify_costs", busy)
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.8, 7.0, 5.0))  # and the load says why
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     t, d = save_pair(tmp_path / "pair")
     args = ["bench", "--target", str(t), "--drafter", str(d), "--limit", "2", "--block", "2"]
     args += ["--max-tokens", "24", "--repeats", "1", "--context", "16", "--autotune", "--no-plot"]
@@ -453,6 +457,7 @@ def test_autotune_refuses_implausible_verify_timings_and_stores_nothing(
     err = " ".join(capsys.readouterr().err.split())
     assert "the verify timings are not plausible: one token took" in err
     assert "nothing was stored: rerun it on a quiet machine" in err
+    assert "note: the machine was busy while this ran (load 9.8 on 2 cores" in err
     assert A.recommended_block(d2.load_pair(t, d), str(t), str(d)) is None
 
 
