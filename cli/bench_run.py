@@ -135,6 +135,7 @@ def _autotune(run: BenchRun) -> int:
     from rich.text import Text
 
     from dflash2_mlx import autotune as A
+    from dflash2_mlx import bench_env as E
     from dflash2_mlx.errors import ParameterError
 
     o, console = run.options, run.console
@@ -154,9 +155,9 @@ def _autotune(run: BenchRun) -> int:
             progress=lambda msg: run.err.print(Text(msg, style="dim")),
         )
     except ParameterError:  # implausible timings, too few rounds: was the machine busy?
-        say_busy(run, measured(AUTOTUNE_BUSY))
+        say_busy(run, measured(E.AUTOTUNE_BUSY))
         raise
-    note = measured(AUTOTUNE_BUSY)
+    note = measured(E.AUTOTUNE_BUSY)
     run.report["settings"]["repeats"] = o.autotune_repeats
     before = A.load_profile(profile["key"])
     saved = A.save_profile(profile)
@@ -170,12 +171,6 @@ def _autotune(run: BenchRun) -> int:
         console.print(Text(_replaced(before, profile), style="dim"))
     say_busy(run, note)
     return 0
-
-
-AUTOTUNE_BUSY = (
-    "the costs it timed, and so the block it stored, may be off; rerun --autotune on a quiet "
-    "machine"
-)
 
 
 def _replaced(before: dict, after: dict) -> str:

@@ -53,6 +53,10 @@ SPEED_BUSY = (
 )
 
 
+AUTOTUNE_BUSY = (
+    "the costs it timed, and so the block it stored, may be off; rerun --autotune on a quiet "
+    "machine"
+)
 CONCURRENCY_BUSY = (
     "the aggregate tok/s and their ratios may be off; rerun on a quiet machine (the identical "
     "outputs do not depend on it)"
