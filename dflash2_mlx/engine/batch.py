@@ -84,15 +84,9 @@ class BatchDecoder:
     _held_last: bool = field(default=False, init=False)  # the last step ran no round: a joiner
 
     def __post_init__(self):
-        if (
-            not isinstance(self.max_batch, int)
-            or isinstance(self.max_batch, bool)
-            or self.max_batch < 1
-        ):
-            raise ParameterError(f"max_batch must be an int >= 1, got {self.max_batch!r}")
-        step = self.prefill_step
-        if not is_int(step, 1):
-            raise ParameterError(f"prefill_step must be an int >= 1, got {step!r}")
+        for name in ("max_batch", "prefill_step"):
+            if not is_int(getattr(self, name), 1):
+                raise ParameterError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
         self.fallback = tbatch.batchable(self.decoder.target)
         self._in_order = tbatch.windowed(self.decoder.target)
 

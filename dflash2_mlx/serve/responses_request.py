@@ -6,18 +6,17 @@ tool calls, `function_call_output` items tool messages), its function tools and 
 the chat ones, `text.format` the chat `response_format`, `max_output_tokens` the token limit,
 `reasoning.effort` the template's thinking switch, `reasoning` items the next assistant
 turn's reasoning_content. The chat parser then checks everything as for /v1/chat/completions,
-and its errors name the Responses field. Responses are not stored: `store: true`,
+and its errors name the Responses field (responses_errors.py). Responses are not stored: `store: true`,
 `previous_response_id`, `conversation` and `background` are refused; an `item_reference` names
 one of this server's recent output items (response_items.py).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from typing import Any
 
-from .api_error import APIError, brief, invalid, renamed
+from .api_error import APIError, brief, invalid
 from .chat_messages import add_piece, join_pieces
 from .response_items import RecentItems
 from .responses_options import (
@@ -28,6 +27,7 @@ from .responses_options import (
     chat_tools,
     wants_encrypted_reasoning,
 )
+from .responses_errors import THINKING_SWITCH, renamer
 from .responses_output import unseal
 from .schemas import GenRequest, check_token_limit, parse_chat
 from .token_fields import ALIASES
@@ -115,12 +115,12 @@ def parse_responses(body: dict, recent: RecentItems | None = None) -> GenRequest
         chat["tool_choice"] = chat_tool_choice(body["tool_choice"], tools)
     apply_text_format(body.get("text"), chat)
     if apply_reasoning(body.get("reasoning"), chat):
-        origin[_SWITCH] = "reasoning.effort"
+        origin[THINKING_SWITCH] = "reasoning.effort"
     encrypted = wants_encrypted_reasoning(body.get("include"))
     try:
         req = parse_chat(chat)
     except APIError as err:
-        raise _renamed(err, origin) from None
+        raise renamer(origin)(err) from None
     if req.tools is not None and soft:
         req.tools = replace(req.tools, soft=req.tools.soft | soft)
     req.responses, req.rename = _echo(body), renamer(origin)
@@ -347,56 +347,3 @@ def _call_output(where: str, item: dict) -> dict:
     if not isinstance(output, (str, list)):
         raise invalid(f"{where}.output", "output must be a string or text parts", "invalid_type")
     return {"role": "tool", "tool_call_id": item["call_id"], "content": output}
-
-
-_RENAMES = (
-    (r"^messages$", "input"),
-    (r"^tools\[(\d+)\]\.function\.", r"tools[\1]."),
-    (r"^tool_choice\.function\.", "tool_choice."),
-    (r"^response_format\.json_schema\b", "text.format"),
-    (r"^response_format", "text.format"),
-    (r"^max_completion_tokens", "max_output_tokens"),
-)
-_SWITCH = "chat_template_kwargs.enable_thinking"
-
-
-def _renamed(err: APIError, origin: dict[str, str]) -> APIError:
-    """An error about the chat request, naming the Responses field it came from."""
-    param = err.param or ""
-    tool = re.match(r"^(tools\[\d+\])(\.function)?(.*)$", param)
-    if tool and tool.group(1) in origin:  # a function of a namespace has a path of its own
-        param = origin[tool.group(1)] + tool.group(3)
-    m = re.match(r"^messages\[(\d+)\](\.tool_calls\[(\d+)\])?(.*)$", param)
-    if m:
-        message, call, rest = f"messages[{m.group(1)}]", m.group(2), m.group(4)
-        if call and message + call in origin:
-            base = origin[message + call]
-            rest = re.sub(r"^\.function\.", ".", rest).replace(".id", ".call_id", 1)
-        elif rest == ".tool_calls" and message + ".tool_calls[0]" in origin:
-            base, rest = origin[message + ".tool_calls[0]"], ""  # the calls: function_call items
-        else:
-            base = origin.get(message, "input")
-            if call:
-                rest = call + rest
-        if base != "instructions" and rest.startswith((".tool_call_id", ".content")):
-            if _is_output(origin, message):
-                rest = rest.replace(".tool_call_id", ".call_id", 1).replace(
-                    ".content", ".output", 1
-                )
-        param = base + rest
-    if param.startswith(_SWITCH) and _SWITCH in origin:  # the switch reasoning.effort set
-        param = origin[_SWITCH] + param[len(_SWITCH) :]
-    err = renamed(err, param, _RENAMES)
-    if err.code == "context_length_exceeded":  # its message names the prompt's field too
-        message = err.message.replace("the messages", "the input")
-        err = APIError(err.status, message, param=err.param, type=err.type, code=err.code)
-    return err
-
-
-def _is_output(origin: dict[str, str], message: str) -> bool:
-    return origin.get(message + "#kind") == "function_call_output"
-
-
-def renamer(origin: dict[str, str]):
-    """Renames any APIError of this request to the Responses fields (handler errors too)."""
-    return lambda err: _renamed(err, origin)
