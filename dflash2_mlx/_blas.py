@@ -30,6 +30,12 @@ from ._blas_shim import open_shim
 # and slower from about 32 (docs/results/smollm2-blas-kernel-ab.json); at 2 threads 1.0-3.3x
 # faster but for one shape at 8 and 24 rows (0.8x, 0.97x: smollm2-blas-kernel-threads.json).
 KERNEL_MAX_ROWS = 24
+# Where OpenBLAS runs one thread and the kernel two or more, products of more rows go to
+# OpenBLAS in chunks over the kernel's threads (the shim's split_threads: 1.8-1.9x OpenBLAS
+# alone at 24-512 rows on 2 cores), and the kernel at 2 threads stays ahead of that to 64 rows
+# (45 vs 59 ms a SmolLM2 forward's products at 24, 110 vs 122 at 64, behind from 96:
+# docs/results/smollm2-blas-split.json).
+KERNEL_MAX_ROWS_SPLIT = 64
 _KERNEL_NAMES = {1: "avx2", 2: "avx512"}
 
 
@@ -45,6 +51,7 @@ class BlasInfo:
     kernel: str | None = None  # the shim's few-row kernel ("avx512", "avx2"), if it runs
     kernel_rows: int = 0  # the most rows it takes (more go to OpenBLAS)
     kernel_threads: int = 0  # the threads it splits a product over
+    split: bool = False  # products of more rows: OpenBLAS in chunks over the kernel's threads
 
     @property
     def optimized(self) -> bool:
@@ -60,6 +67,7 @@ class BlasInfo:
             "blas_kernel": self.kernel,
             "blas_kernel_rows": self.kernel_rows or None,
             "blas_kernel_threads": self.kernel_threads or None,
+            "blas_split": self.split,
             "blas_note": self.note,
         }
 
@@ -90,10 +98,10 @@ def _scipy_openblas() -> str | None:
 
 def _load(
     path: str, prefix: str, kernel: bool, asked: bool, most: int = 2
-) -> tuple[ctypes.CDLL, str | None, int, int]:
+) -> tuple[ctypes.CDLL, str | None, int, int, bool]:
     """Load an OpenBLAS behind the shim; returns its handle, the shim's kernel in use, the
-    most rows that kernel takes and its threads (`asked`: see kernel_threads; `most`: the
-    highest kernel allowed, 2 AVX-512, 1 AVX2).
+    most rows that kernel takes, its threads and whether larger products are split over them
+    (`asked`: see kernel_threads; `most`: the highest kernel allowed, 2 AVX-512, 1 AVX2).
 
     The library is opened privately and its gemm entry points looked up, and the shim is
     initialised with them before it takes the global cblas_* names, so that no failure leaves
@@ -107,15 +115,17 @@ def _load(
     except (OSError, RuntimeError):
         if prefix:  # scipy-openblas's names are prefixed: MLX cannot use it without the shim
             raise
-        return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), None, 0, 0
-    rows = KERNEL_MAX_ROWS if kernel else 0
-    threads = kernel_threads(_threads_in_use(handle) or 1, asked)
-    level = shim.dflash2_cblas_init(*gemms, *map(ctypes.c_int, (rows, most, threads)))
+        return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), None, 0, 0, False
+    openblas_threads = _threads_in_use(handle) or 1
+    threads = kernel_threads(openblas_threads, asked)
+    split = int(kernel and openblas_threads == 1 and threads > 1)
+    rows = (KERNEL_MAX_ROWS_SPLIT if split else KERNEL_MAX_ROWS) if kernel else 0
+    level = shim.dflash2_cblas_init(*gemms, *map(ctypes.c_int, (rows, most, threads, split)))
     _HANDLES.append(ctypes.CDLL(shim_path, mode=ctypes.RTLD_GLOBAL))  # initialised: now global
     name = _KERNEL_NAMES.get(level)
     if not name:
-        rows = threads = 0
-    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), name, rows, threads
+        rows = threads = split = 0
+    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), name, rows, threads, bool(split)
 
 
 def _core_name(handle: ctypes.CDLL) -> str | None:
@@ -205,7 +215,9 @@ def bind(mode: str | None = None) -> BlasInfo:
             if path is None:
                 continue
             most = 1 if mode == "avx2" else 2
-            handle, kernel, rows, kthreads = _load(path, prefix, mode != "openblas", asked, most)
+            handle, kernel, rows, kthreads, split = _load(
+                path, prefix, mode != "openblas", asked, most
+            )
         except Exception as exc:  # noqa: BLE001 - report and try the next route
             errors.append(f"{route}: {exc}")
             continue
@@ -219,7 +231,7 @@ def bind(mode: str | None = None) -> BlasInfo:
                 stacklevel=3,
             )
         threads, core = _threads_in_use(handle), _core_name(handle)
-        _INFO = BlasInfo(route, path, note, threads, core, kernel, rows, kthreads)
+        _INFO = BlasInfo(route, path, note, threads, core, kernel, rows, kthreads, split)
         return _INFO
     why = (
         "; ".join(errors)

@@ -7,6 +7,7 @@
    beta 0) -- every linear layer of a decode step or a verify of a few tokens. OpenBLAS's gemm
    packs the whole weight B on each such call; this kernel streams each row of B once and
    dots it with every row of A, so a product costs about one read of the weight at 1-24 rows.
+   Where asked (split), the same case with more rows goes to OpenBLAS in chunks over the pool.
    Each output is summed in the same order whatever the number of rows (up to the cap), so a
    row's product does not depend on the rows beside it, nor on how many threads share the
    product (dflash2_cblas_init's `threads`: chunks of B's rows taken by a small pool of helper
@@ -31,6 +32,7 @@ static cgemm_fn next_cgemm;
 static int skinny_level; /* 0: off, 1: AVX2 + FMA, 2: AVX-512 */
 static int skinny_max_rows;
 static int skinny_threads_n = 1; /* threads a product is split over */
+static int split_large; /* products of more rows: OpenBLAS on chunks over the pool */
 #define POOL_MAX 16
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
@@ -180,7 +182,7 @@ static void skinny(int level, int m, int n, int k, const float *a, int lda, cons
 enum { FUTEX_WAIT_P = 0 | 128, FUTEX_WAKE_P = 1 | 128 };
 
 struct pool_job {
-  int level, m, n, k, lda, ldb, ldc, rows; /* rows: of B per chunk */
+  int level, m, n, k, lda, ldb, ldc, rows; /* level 0: OpenBLAS's gemm; rows: of B per chunk */
   const float *a, *b;
   float *c;
 };
@@ -197,8 +199,12 @@ static int pool_cannot_grow;            /* a helper could not be started: none m
 
 static void pool_chunk(const struct pool_job *j, int i) {
   int n0 = i * j->rows, nb = j->n - n0 < j->rows ? j->n - n0 : j->rows;
-  skinny(j->level, j->m, nb, j->k, j->a, j->lda, j->b + (size_t)n0 * j->ldb, j->ldb, j->c + n0,
-         j->ldc);
+  const float *b = j->b + (size_t)n0 * j->ldb;
+  if (j->level)
+    skinny(j->level, j->m, nb, j->k, j->a, j->lda, b, j->ldb, j->c + n0, j->ldc);
+  else
+    next_sgemm(ROW_MAJOR, NO_TRANS, TRANS, j->m, nb, j->k, 1.0f, j->a, j->lda, b, j->ldb, 0.0f,
+               j->c + n0, j->ldc);
 }
 
 /* Take and compute chunks of job `number` while it has any left. A chunk is claimed by
@@ -288,21 +294,15 @@ static void pool_grow(int helpers) {
   }
 }
 
-/* The kernel over `threads` threads (this one and pool helpers) where the product is large
-   enough; alone where it is not, or while another thread's product has the pool. Every output
-   is computed by the same code in the same order whichever thread takes it. */
-static void skinny_threads(int level, int threads, int m, int n, int k, const float *a, int lda,
-                           const float *b, int ldb, float *c, int ldc) {
-  int rows = (n + 4 * threads - 1) / (4 * threads); /* ~4 chunks a thread */
-  rows = rows < POOL_CHUNK_ROWS ? POOL_CHUNK_ROWS : (rows + 15) & ~15;
-  int chunks = (n + rows - 1) / rows;
-  if (threads < 2 || chunks < 2 || chunks > 0xffff || (long)n * k < POOL_MIN_WORK ||
-      pthread_mutex_trylock(&pool_lock)) {
-    skinny(level, m, n, k, a, lda, b, ldb, c, ldc);
+/* A job's chunks over `threads` threads (this one and pool helpers); all by this one while
+   another thread's product has the pool. */
+static void pool_run(struct pool_job job, int threads) {
+  int chunks = (job.n + job.rows - 1) / job.rows;
+  if (threads < 2 || pthread_mutex_trylock(&pool_lock)) {
+    for (int i = 0; i < chunks; i++) pool_chunk(&job, i);
     return;
   }
   pool_grow(threads - 1);
-  struct pool_job job = {level, m, n, k, lda, ldb, ldc, rows, a, b, c};
   pool_job = job;
   atomic_store_explicit(&pool_done, 0, memory_order_relaxed);
   uint32_t number = atomic_load(&pool_number) + 1;
@@ -314,6 +314,41 @@ static void skinny_threads(int level, int threads, int m, int n, int k, const fl
   pool_work(number, 0);
   pool_wait(chunks);
   pthread_mutex_unlock(&pool_lock);
+}
+
+/* The kernel over `threads` threads where the product is large enough, else alone. Every
+   output is computed by the same code in the same order whichever thread takes it. */
+static void skinny_threads(int level, int threads, int m, int n, int k, const float *a, int lda,
+                           const float *b, int ldb, float *c, int ldc) {
+  int rows = (n + 4 * threads - 1) / (4 * threads); /* ~4 chunks a thread */
+  rows = rows < POOL_CHUNK_ROWS ? POOL_CHUNK_ROWS : (rows + 15) & ~15;
+  int chunks = (n + rows - 1) / rows;
+  if (threads < 2 || chunks < 2 || chunks > 0xffff || (long)n * k < POOL_MIN_WORK) {
+    skinny(level, m, n, k, a, lda, b, ldb, c, ldc);
+    return;
+  }
+  struct pool_job job = {level, m, n, k, lda, ldb, ldc, rows, a, b, c};
+  pool_run(job, threads);
+}
+
+/* A product of more rows than the kernel takes, where OpenBLAS runs one thread: OpenBLAS's
+   gemm on chunks of B's rows over the pool (a prefill's products: 1.8x at 512 rows on 2
+   cores), without OpenBLAS's own threads, which spin-wait and made a decode step 5x slower
+   beside another busy process. The chunks depend on the shape alone, so the product is the
+   same at any thread count and while the pool is busy. */
+#define SPLIT_CHUNKS 8        /* chunks of B's rows a product is cut into */
+#define SPLIT_MIN_ROWS 128    /* at least this many rows of B a chunk */
+#define SPLIT_MIN_WORK (1 << 22) /* m * n * k below this: OpenBLAS whole */
+static void split_threads(int threads, int m, int n, int k, const float *a, int lda,
+                          const float *b, int ldb, float *c, int ldc) {
+  int rows = (n + SPLIT_CHUNKS - 1) / SPLIT_CHUNKS;
+  rows = rows < SPLIT_MIN_ROWS ? SPLIT_MIN_ROWS : (rows + 15) & ~15;
+  if ((double)m * n * k < SPLIT_MIN_WORK || n <= rows) {
+    next_sgemm(ROW_MAJOR, NO_TRANS, TRANS, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    return;
+  }
+  struct pool_job job = {0, m, n, k, lda, ldb, ldc, rows, a, b, c};
+  pool_run(job, threads);
 }
 
 static int cpu_level(void) {
@@ -333,15 +368,17 @@ static int best_level(int max_level) {
 
 /* Set the forwarding targets and the kernel: products of up to `max_rows` rows, with the
    widest instructions up to `max_level` (0 none, 1 AVX2 + FMA, 2 AVX-512) this CPU has, over
-   `threads` threads. Returns the level in use. */
+   `threads` threads; `split`: larger products go to OpenBLAS in chunks over those threads
+   (where OpenBLAS runs one). Returns the level in use. */
 int dflash2_cblas_init(void *sgemm, void *dgemm, void *cgemm, int max_rows, int max_level,
-                       int threads) {
+                       int threads, int split) {
   next_sgemm = (sgemm_fn)sgemm;
   next_dgemm = (dgemm_fn)dgemm;
   next_cgemm = (cgemm_fn)cgemm;
   skinny_max_rows = max_rows;
   skinny_level = max_rows > 0 ? best_level(max_level) : 0;
   skinny_threads_n = threads < 1 ? 1 : threads > POOL_MAX ? POOL_MAX : threads;
+  split_large = skinny_level && split && skinny_threads_n > 1;
   return skinny_level;
 }
 
@@ -357,6 +394,22 @@ int dflash2_skinny_sgemm(int max_level, int threads, int m, int n, int k, const 
   (void)max_level, (void)threads, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b;
   (void)ldb, (void)c, (void)ldc;
   return -1;
+}
+
+/* A product through OpenBLAS in chunks over `threads` threads, for tests: 0, or -1 where this
+   build has no pool. */
+int dflash2_split_sgemm(int threads, int m, int n, int k, const float *a, int lda,
+                        const float *b, int ldb, float *c, int ldc) {
+#if defined(__x86_64__) && !defined(DFLASH2_FORWARD_ONLY)
+  if (!next_sgemm) return -1;
+  split_threads(threads < 1 ? 1 : threads > POOL_MAX ? POOL_MAX : threads, m, n, k, a, lda, b,
+                ldb, c, ldc);
+  return 0;
+#else
+  (void)threads, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)c;
+  (void)ldc;
+  return -1;
+#endif
 }
 
 /* Chunks of products that pool helpers computed so far (tests: the threads do share work). */
@@ -382,6 +435,12 @@ void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const flo
       be == 0.0f && m >= 1 && m <= skinny_max_rows && n >= 1 && k >= 1 && lda >= k &&
       ldb >= k && ldc >= n) { /* illegal strides go on to OpenBLAS, which reports them */
     skinny_threads(skinny_level, skinny_threads_n, m, n, k, a, lda, b, ldb, c, ldc);
+    return;
+  }
+  if (split_large && o == ROW_MAJOR && ta == NO_TRANS && tb == TRANS && al == 1.0f &&
+      be == 0.0f && m > skinny_max_rows && n >= 1 && k >= 1 && lda >= k && ldb >= k &&
+      ldc >= n) {
+    split_threads(skinny_threads_n, m, n, k, a, lda, b, ldb, c, ldc);
     return;
   }
 #endif

@@ -278,7 +278,12 @@ def test_profile_is_stored_found_and_ignored_when_the_key_changes(
         # and so does the shim's kernel over another number of threads
         more = dataclasses.replace(info, kernel="avx2", kernel_threads=info.kernel_threads + 2)
         monkeypatch.setattr(_blas, "info", lambda: more)
-        assert profiles.device_key().endswith(f" avx2 x{info.kernel_threads + 2}")
+        assert f" avx2 x{info.kernel_threads + 2}" in profiles.device_key()
+        assert A.recommended_block(llama_pair, "org/target", "org/drafter", root=root) is None
+        # and with larger products split over them or not
+        toggled = dataclasses.replace(info, split=not info.split)
+        monkeypatch.setattr(_blas, "info", lambda: toggled)
+        assert profiles.device_key().endswith(" split") == toggled.split
         assert A.recommended_block(llama_pair, "org/target", "org/drafter", root=root) is None
         monkeypatch.setattr(_blas, "info", lambda: info)
     # The default root is cache_root()/autotune; a corrupt file counts as no profile.

@@ -200,21 +200,25 @@ KERNEL_PROBE = (
     "info = _blas.info(); level = {'avx2': 1, 'avx512': 2}.get(info.kernel)\n"
     "shim = ctypes.CDLL(str(_blas_shim.shim())) if level else None\n"
     "ptr = ctypes.POINTER(ctypes.c_float)\n"
-    "rng = np.random.default_rng(0); worst = 0.0; as_kernel = {}\n"
+    "rng = np.random.default_rng(0); worst = 0.0; as_kernel = {}; as_split = {}\n"
     "N = 1029\n"  # rows of B: enough for a product to be split over threads
-    "for m in (1, 3, 4, 17, 24, 25, 40):\n"  # the kernel's rows and OpenBLAS's beyond them
+    "for m in (1, 3, 4, 17, 24, 25, 40, 64, 65, 130):\n"  # the kernel's rows, OpenBLAS's beyond
     "    a = rng.standard_normal((m, 333), dtype=np.float32)\n"
     "    w = rng.standard_normal((N, 333), dtype=np.float32)\n"
     "    got = np.array(mx.array(a) @ mx.array(w).T)\n"
     "    exact = a.astype(np.float64) @ w.astype(np.float64).T\n"
     "    worst = max(worst, float(np.abs(got - exact).max()))\n"
     "    if level:\n"  # the kernel's own result, bit for bit (its summation order is fixed)
-    "        c = np.empty((m, N), np.float32)\n"
+    "        c = np.empty((m, N), np.float32); s = np.empty((m, N), np.float32)\n"
     "        shim.dflash2_skinny_sgemm(level, 1, m, N, 333, a.ctypes.data_as(ptr), 333,\n"
     "                                  w.ctypes.data_as(ptr), 333, c.ctypes.data_as(ptr), N)\n"
     "        as_kernel[m] = bool(np.array_equal(got, c))\n"
+    "        shim.dflash2_split_sgemm(1, m, N, 333, a.ctypes.data_as(ptr), 333,\n"
+    "                                 w.ctypes.data_as(ptr), 333, s.ctypes.data_as(ptr), N)\n"
+    "        as_split[m] = bool(np.array_equal(got, s))\n"
     "print(json.dumps({'kernel': info.kernel, 'rows': info.kernel_rows, 'threads': info.threads,\n"
-    "                  'kthreads': info.kernel_threads, 'worst': worst, 'as_kernel': as_kernel}))\n"
+    "                  'kthreads': info.kernel_threads, 'split': info.split, 'worst': worst,\n"
+    "                  'as_kernel': as_kernel, 'as_split': as_split}))\n"
 )
 
 
@@ -224,7 +228,9 @@ def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opt
     at two and by default (split over its pool there: the same sums whichever thread makes
     them), none under DFLASH2_BLAS=openblas; all are right within float32's rounding. The
     kernel runs DFLASH2_BLAS_THREADS's count where it is set (OpenBLAS's too), else at least 2
-    where there are 2 cores, whatever OPENBLAS_NUM_THREADS says (a dflash2 parent sets it)."""
+    where there are 2 cores, whatever OPENBLAS_NUM_THREADS says (a dflash2 parent sets it).
+    Where OpenBLAS runs one thread and the kernel more (the default on 2 cores), the kernel
+    takes up to 64 rows and larger products are OpenBLAS's in the shim's chunks."""
     from dflash2_mlx import _blas_shim
 
     on, _ = probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "1"}, KERNEL_PROBE)
@@ -251,9 +257,15 @@ def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opt
     cores = len(os.sched_getaffinity(0))
     assert default["threads"] == 1 and default["kthreads"] == min(2, cores), default
     assert on["kthreads"] == 1 and two["kthreads"] == two["threads"], (on, two)
+    assert default["split"] == (cores >= 2) and not on["split"], (default, on)
+    assert not two["split"], two  # OpenBLAS runs threads of its own
     for run in (on, two, default):
-        assert run["rows"] == 24 and all(run["as_kernel"][str(m)] for m in (1, 3, 4, 17, 24)), run
-        assert not any(run["as_kernel"][str(m)] for m in (25, 40)), run  # OpenBLAS's
+        rows = 64 if run["split"] else 24
+        assert run["rows"] == rows, run
+        assert all(run["as_kernel"][m] for m in run["as_kernel"] if int(m) <= rows), run
+        assert not any(run["as_kernel"][m] for m in run["as_kernel"] if int(m) > rows), run
+        if run["split"]:
+            assert run["as_split"]["65"] and run["as_split"]["130"], run
 
 
 @pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")
@@ -343,6 +355,92 @@ def test_the_kernel_over_threads_gives_the_one_thread_products_bit_for_bit(level
         deadline = time.monotonic() + 30
         while shim.dflash2_pool_helper_chunks() == helped and time.monotonic() < deadline:
             assert np.array_equal(_kernel_product(shim, level, a, b, threads=2), alone)
+        assert shim.dflash2_pool_helper_chunks() > helped
+
+
+def _split_product(shim, a, b, c=None, threads=1):
+    """C = A @ B.T by OpenBLAS in the shim's chunks over `threads` threads (split_threads);
+    None where this build has no pool."""
+    import ctypes
+
+    import numpy as np
+
+    m, k = a.shape
+    n = b.shape[0]
+    c = np.full((m, n), np.nan, dtype=np.float32) if c is None else c
+    ptr = ctypes.POINTER(ctypes.c_float)
+    used = shim.dflash2_split_sgemm(
+        threads, m, n, k,
+        a.ctypes.data_as(ptr), a.strides[0] // 4,
+        b.ctypes.data_as(ptr), b.strides[0] // 4,
+        c.ctypes.data_as(ptr), c.strides[0] // 4,
+    )  # fmt: skip
+    return c if used == 0 else None
+
+
+# (m, n, k) of products with more rows than the kernel takes (a prefill's), cut into chunks
+# of B's rows or (the last two) too small to cut
+SPLIT_CASES = [(65, 1029, 333), (200, 4099, 70), (97, 2050, 129), (300, 130, 64), (70, 900, 20)]
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the thread pool is x86-64 code in the Linux shim")
+def test_a_large_product_in_chunks_over_threads_is_the_same_at_any_thread_count():
+    """OpenBLAS's gemm on chunks of B's rows, taken by the pool and the caller: the chunks
+    depend on the shape alone, so the product is the same bit for bit at 1-5 threads and from
+    several Python threads at once (a busy pool: the caller takes every chunk), right within
+    float32's rounding; A and B end at an unreadable page and C's rows are wider than n with
+    sentinels (chunk edges stay inside). With two cores or more, helpers take chunks."""
+    import ctypes
+    import threading
+
+    import numpy as np
+
+    from dflash2_mlx import _blas, _blas_shim
+
+    if _blas.info().kernel is None:
+        pytest.skip("no kernel on this machine (see the tests above for why)")
+    shim = ctypes.CDLL(str(_blas_shim.shim()))
+    shim.dflash2_pool_helper_chunks.restype = ctypes.c_long
+    helped = shim.dflash2_pool_helper_chunks()
+    rng = np.random.default_rng(5)
+    keep, cases = [], []
+    for m, n, k in SPLIT_CASES:
+        a_values = rng.standard_normal((m, k), dtype=np.float32)
+        a = _before_a_guard_page(a_values, k + 2, keep)
+        b = _before_a_guard_page(rng.standard_normal((n, k), dtype=np.float32), k + 3, keep)
+        alone = _split_product(shim, a, b)
+        if alone is None:
+            pytest.skip("this shim was built without its kernel and pool")
+        exact = a_values.astype(np.float64) @ b.astype(np.float64).T
+        scale = np.abs(a_values).astype(np.float64) @ np.abs(b).T
+        assert np.all(np.abs(alone - exact) <= 1e-6 * k * scale + 1e-30), (m, n, k)
+        cases.append((a, b, alone))
+    for threads in (2, 3, 5):
+        for a, b, alone in cases:
+            m, n = alone.shape
+            out = np.full((m + 1, n + 2), 7.5, dtype=np.float32)
+            _split_product(shim, a, b, out[:m, :n], threads=threads)
+            assert np.array_equal(out[:m, :n], alone), (threads, alone.shape)
+            assert np.all(out[:, n:] == 7.5) and np.all(out[m:] == 7.5), (threads, alone.shape)
+    failures = []
+
+    def many(seed):
+        for i in range(8):
+            a, b, alone = cases[(seed + i) % len(cases)]
+            if not np.array_equal(_split_product(shim, a, b, threads=2), alone):
+                failures.append((seed, i))
+
+    workers = [threading.Thread(target=many, args=(s,), daemon=True) for s in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert not any(w.is_alive() for w in workers) and not failures, failures
+    if len(os.sched_getaffinity(0)) >= 2:  # on a busy machine a helper may take a while to run
+        a, b, alone = cases[1]
+        deadline = time.monotonic() + 30
+        while shim.dflash2_pool_helper_chunks() == helped and time.monotonic() < deadline:
+            assert np.array_equal(_split_product(shim, a, b, threads=2), alone)
         assert shim.dflash2_pool_helper_chunks() > helped
 
 
