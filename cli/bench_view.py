@@ -44,6 +44,7 @@ def env_line(env: dict) -> str:
     threads = f" x{env['blas_threads']}" if env.get("blas_threads") else ""
     if env.get("blas_kernel"):
         threads += f" + {env['blas_kernel']} kernel x{env.get('blas_kernel_threads') or 1}"
+        threads += " (larger products chunked over its threads)" if env.get("blas_split") else ""
     return (
         f"device {env['device']} ({env.get('chip', '?')}) · mlx {env['mlx']} · mlx-lm "
         f"{env['mlx_lm']} · BLAS {env['blas']}{threads} · {env['platform']}"

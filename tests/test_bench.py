@@ -558,3 +558,17 @@ def test_a_report_to_dev_stdout_redirected_to_a_file_is_written_into_it(tmp_path
     with open(out, "a") as fh:
         subprocess.run([sys.executable, "-c", code], stdout=fh, check=True, timeout=60)
     assert out.read_text() == "earlier\nbefore\nreport\nafter\n"
+
+
+def test_the_header_says_how_the_blas_runs():
+    """The BLAS line of a bench's header: OpenBLAS's threads, the shim's kernel and its
+    threads, and whether larger products run in chunks over them (what the timings depend on)."""
+    from dflash2_cli.bench_view import env_line
+
+    env = {"device": "cpu", "chip": "AMD EPYC", "mlx": "0.32.4", "mlx_lm": "0.32.2"}
+    env |= {"platform": "Linux x86_64", "blas": "scipy-openblas", "blas_threads": 1}
+    kernel = env | {"blas_kernel": "avx512", "blas_kernel_threads": 2}
+    assert "BLAS scipy-openblas x1 · " in env_line(env)
+    assert "x1 + avx512 kernel x2 · " in env_line(kernel)
+    split = env_line(kernel | {"blas_split": True})
+    assert "x1 + avx512 kernel x2 (larger products chunked over its threads) · " in split
