@@ -7,7 +7,7 @@
    beta 0) -- every linear layer of a decode step or a verify of a few tokens. OpenBLAS's gemm
    packs the whole weight B on each such call; this kernel streams each row of B once and
    dots it with every row of A, so a product costs about one read of the weight at 1-24 rows.
-   Where asked (split), the same case with more rows goes to OpenBLAS in chunks over the pool.
+   Where asked (split), the products it does not take go to OpenBLAS in chunks over the pool.
    Each output is summed in the same order whatever the number of rows (up to the cap), so a
    row's product does not depend on the rows beside it, nor on how many threads share the
    product (dflash2_cblas_init's `threads`: chunks of B's rows taken by a small pool of helper
@@ -185,6 +185,8 @@ struct pool_job {
   int level, m, n, k, lda, ldb, ldc, rows; /* level 0: OpenBLAS's gemm; rows: of B per chunk */
   const float *a, *b;
   float *c;
+  int ta, tb; /* OpenBLAS's jobs: op(A) @ op(B) * alpha + C * beta */
+  float alpha, beta;
 };
 static struct pool_job pool_job;
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER; /* one product at a time */
@@ -199,12 +201,14 @@ static int pool_cannot_grow;            /* a helper could not be started: none m
 
 static void pool_chunk(const struct pool_job *j, int i) {
   int n0 = i * j->rows, nb = j->n - n0 < j->rows ? j->n - n0 : j->rows;
-  const float *b = j->b + (size_t)n0 * j->ldb;
-  if (j->level)
-    skinny(j->level, j->m, nb, j->k, j->a, j->lda, b, j->ldb, j->c + n0, j->ldc);
-  else
-    next_sgemm(ROW_MAJOR, NO_TRANS, TRANS, j->m, nb, j->k, 1.0f, j->a, j->lda, b, j->ldb, 0.0f,
-               j->c + n0, j->ldc);
+  if (j->level) {
+    skinny(j->level, j->m, nb, j->k, j->a, j->lda, j->b + (size_t)n0 * j->ldb, j->ldb, j->c + n0,
+           j->ldc);
+    return;
+  } /* columns n0.. of op(B): rows of B stored n x k (TRANS), else its columns */
+  const float *b = j->tb == TRANS ? j->b + (size_t)n0 * j->ldb : j->b + n0;
+  next_sgemm(ROW_MAJOR, j->ta, j->tb, j->m, nb, j->k, j->alpha, j->a, j->lda, b, j->ldb, j->beta,
+             j->c + n0, j->ldc);
 }
 
 /* Take and compute chunks of job `number` while it has any left. A chunk is claimed by
@@ -327,28 +331,37 @@ static void skinny_threads(int level, int threads, int m, int n, int k, const fl
     skinny(level, m, n, k, a, lda, b, ldb, c, ldc);
     return;
   }
-  struct pool_job job = {level, m, n, k, lda, ldb, ldc, rows, a, b, c};
+  struct pool_job job = {level, m, n, k, lda, ldb, ldc, rows, a, b, c, NO_TRANS, TRANS, 1, 0};
   pool_run(job, threads);
 }
 
-/* A product of more rows than the kernel takes, where OpenBLAS runs one thread: OpenBLAS's
-   gemm on chunks of B's rows over the pool (a prefill's products: 1.8x at 512 rows on 2
-   cores), without OpenBLAS's own threads, which spin-wait and made a decode step 5x slower
-   beside another busy process. The chunks depend on the shape alone, so the product is the
-   same at any thread count and while the pool is busy. */
-#define SPLIT_CHUNKS 8        /* chunks of B's rows a product is cut into */
-#define SPLIT_MIN_ROWS 128    /* at least this many rows of B a chunk */
+/* A product the kernel does not take (more rows, or another layout: training's backward
+   passes), where OpenBLAS runs one thread: OpenBLAS's gemm on chunks of C's columns over the
+   pool (a prefill's products: 1.8x at 512 rows on 2 cores), without OpenBLAS's own threads,
+   which spin-wait and made a decode step 5x slower beside another busy process. The chunks
+   depend on the shape alone, so the product is the same at any thread count and while the
+   pool is busy. Row-major, ta and tb NO_TRANS or TRANS, legal strides. */
+#define SPLIT_CHUNKS 8        /* chunks of C's columns a product is cut into */
+#define SPLIT_MIN_ROWS 128    /* at least this many columns a chunk */
 #define SPLIT_MIN_WORK (1 << 22) /* m * n * k below this: OpenBLAS whole */
-static void split_threads(int threads, int m, int n, int k, const float *a, int lda,
-                          const float *b, int ldb, float *c, int ldc) {
+static void split_threads(int threads, int ta, int tb, int m, int n, int k, float alpha,
+                          const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                          int ldc) {
   int rows = (n + SPLIT_CHUNKS - 1) / SPLIT_CHUNKS;
   rows = rows < SPLIT_MIN_ROWS ? SPLIT_MIN_ROWS : (rows + 15) & ~15;
   if ((double)m * n * k < SPLIT_MIN_WORK || n <= rows) {
-    next_sgemm(ROW_MAJOR, NO_TRANS, TRANS, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    next_sgemm(ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  struct pool_job job = {0, m, n, k, lda, ldb, ldc, rows, a, b, c};
+  struct pool_job job = {0, m, n, k, lda, ldb, ldc, rows, a, b, c, ta, tb, alpha, beta};
   pool_run(job, threads);
+}
+
+/* Row-major, each op NO_TRANS or TRANS, positive sizes and strides no shorter than rows. */
+static int plain_layout(int o, int ta, int tb, int m, int n, int k, int lda, int ldb, int ldc) {
+  return o == ROW_MAJOR && (ta == NO_TRANS || ta == TRANS) && (tb == NO_TRANS || tb == TRANS) &&
+         m >= 1 && n >= 1 && k >= 1 && lda >= (ta == TRANS ? m : k) &&
+         ldb >= (tb == TRANS ? k : n) && ldc >= n;
 }
 
 static int cpu_level(void) {
@@ -396,18 +409,20 @@ int dflash2_skinny_sgemm(int max_level, int threads, int m, int n, int k, const 
   return -1;
 }
 
-/* A product through OpenBLAS in chunks over `threads` threads, for tests: 0, or -1 where this
-   build has no pool. */
-int dflash2_split_sgemm(int threads, int m, int n, int k, const float *a, int lda,
-                        const float *b, int ldb, float *c, int ldc) {
+/* A product through OpenBLAS in chunks over `threads` threads, for tests: 0, -2 where the
+   layout is not one split_threads takes, or -1 where this build has no pool. */
+int dflash2_split_sgemm(int threads, int ta, int tb, int m, int n, int k, float alpha,
+                        const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                        int ldc) {
 #if defined(__x86_64__) && !defined(DFLASH2_FORWARD_ONLY)
   if (!next_sgemm) return -1;
-  split_threads(threads < 1 ? 1 : threads > POOL_MAX ? POOL_MAX : threads, m, n, k, a, lda, b,
-                ldb, c, ldc);
+  if (!plain_layout(ROW_MAJOR, ta, tb, m, n, k, lda, ldb, ldc)) return -2;
+  threads = threads < 1 ? 1 : threads > POOL_MAX ? POOL_MAX : threads;
+  split_threads(threads, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   return 0;
 #else
-  (void)threads, (void)m, (void)n, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)c;
-  (void)ldc;
+  (void)threads, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda;
+  (void)b, (void)ldb, (void)beta, (void)c, (void)ldc;
   return -1;
 #endif
 }
@@ -431,17 +446,16 @@ static void missing(const char *name) {
 void cblas_sgemm(int o, int ta, int tb, int m, int n, int k, float al, const float *a, int lda,
                  const float *b, int ldb, float be, float *c, int ldc) {
 #if defined(__x86_64__) && !defined(DFLASH2_FORWARD_ONLY)
-  if (skinny_level && o == ROW_MAJOR && ta == NO_TRANS && tb == TRANS && al == 1.0f &&
-      be == 0.0f && m >= 1 && m <= skinny_max_rows && n >= 1 && k >= 1 && lda >= k &&
-      ldb >= k && ldc >= n) { /* illegal strides go on to OpenBLAS, which reports them */
-    skinny_threads(skinny_level, skinny_threads_n, m, n, k, a, lda, b, ldb, c, ldc);
-    return;
-  }
-  if (split_large && o == ROW_MAJOR && ta == NO_TRANS && tb == TRANS && al == 1.0f &&
-      be == 0.0f && m > skinny_max_rows && n >= 1 && k >= 1 && lda >= k && ldb >= k &&
-      ldc >= n) {
-    split_threads(skinny_threads_n, m, n, k, a, lda, b, ldb, c, ldc);
-    return;
+  /* illegal strides go on to OpenBLAS, which reports them */
+  if (skinny_level && plain_layout(o, ta, tb, m, n, k, lda, ldb, ldc)) {
+    if (ta == NO_TRANS && tb == TRANS && al == 1.0f && be == 0.0f && m <= skinny_max_rows) {
+      skinny_threads(skinny_level, skinny_threads_n, m, n, k, a, lda, b, ldb, c, ldc);
+      return;
+    }
+    if (split_large) {
+      split_threads(skinny_threads_n, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
+      return;
+    }
   }
 #endif
   if (!next_sgemm) missing("cblas_sgemm");

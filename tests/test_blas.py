@@ -213,8 +213,9 @@ KERNEL_PROBE = (
     "        shim.dflash2_skinny_sgemm(level, 1, m, N, 333, a.ctypes.data_as(ptr), 333,\n"
     "                                  w.ctypes.data_as(ptr), 333, c.ctypes.data_as(ptr), N)\n"
     "        as_kernel[m] = bool(np.array_equal(got, c))\n"
-    "        shim.dflash2_split_sgemm(1, m, N, 333, a.ctypes.data_as(ptr), 333,\n"
-    "                                 w.ctypes.data_as(ptr), 333, s.ctypes.data_as(ptr), N)\n"
+    "        shim.dflash2_split_sgemm(1, 111, 112, m, N, 333, ctypes.c_float(1),\n"
+    "                                 a.ctypes.data_as(ptr), 333, w.ctypes.data_as(ptr), 333,\n"
+    "                                 ctypes.c_float(0), s.ctypes.data_as(ptr), N)\n"
     "        as_split[m] = bool(np.array_equal(got, s))\n"
     "print(json.dumps({'kernel': info.kernel, 'rows': info.kernel_rows, 'threads': info.threads,\n"
     "                  'kthreads': info.kernel_threads, 'split': info.split, 'worst': worst,\n"
@@ -358,23 +359,26 @@ def test_the_kernel_over_threads_gives_the_one_thread_products_bit_for_bit(level
         assert shim.dflash2_pool_helper_chunks() > helped
 
 
-def _split_product(shim, a, b, c=None, threads=1):
-    """C = A @ B.T by OpenBLAS in the shim's chunks over `threads` threads (split_threads);
-    None where this build has no pool."""
+def _split_product(shim, a, b, c=None, threads=1, ta=False, tb=True, alpha=1.0, beta=0.0):
+    """C = alpha * op(A) @ op(B) + beta * C (op: transposed where `ta` / `tb`: A stored k x m,
+    B n x k) by OpenBLAS in the shim's chunks over `threads` threads (split_threads); None
+    where this build has no pool."""
     import ctypes
 
     import numpy as np
 
-    m, k = a.shape
-    n = b.shape[0]
+    m = a.shape[1] if ta else a.shape[0]
+    n = b.shape[0] if tb else b.shape[1]
+    k = b.shape[1] if tb else b.shape[0]
     c = np.full((m, n), np.nan, dtype=np.float32) if c is None else c
     ptr = ctypes.POINTER(ctypes.c_float)
     used = shim.dflash2_split_sgemm(
-        threads, m, n, k,
+        threads, 112 if ta else 111, 112 if tb else 111, m, n, k, ctypes.c_float(alpha),
         a.ctypes.data_as(ptr), a.strides[0] // 4,
         b.ctypes.data_as(ptr), b.strides[0] // 4,
-        c.ctypes.data_as(ptr), c.strides[0] // 4,
+        ctypes.c_float(beta), c.ctypes.data_as(ptr), c.strides[0] // 4,
     )  # fmt: skip
+    assert used in (0, -1), used  # -2: a layout these tests should not give
     return c if used == 0 else None
 
 
@@ -442,6 +446,48 @@ def test_a_large_product_in_chunks_over_threads_is_the_same_at_any_thread_count(
         while shim.dflash2_pool_helper_chunks() == helped and time.monotonic() < deadline:
             assert np.array_equal(_split_product(shim, a, b, threads=2), alone)
         assert shim.dflash2_pool_helper_chunks() > helped
+
+
+@pytest.mark.skipif(not LINUX_X86, reason="the thread pool is x86-64 code in the Linux shim")
+def test_every_layout_in_chunks_is_right_and_the_same_at_any_thread_count():
+    """The products of a training step's backward pass (A @ B, Aᵀ @ B, Aᵀ @ Bᵀ, with alpha and
+    beta): in chunks over 1-3 threads, the same bit for bit, right within float32's rounding,
+    beta scaling what C held; MLX's own products of those layouts are right too."""
+    import numpy as np
+
+    from dflash2_mlx import _blas, _blas_shim
+
+    if _blas.info().kernel is None:
+        pytest.skip("no kernel on this machine (see the tests above for why)")
+    import ctypes
+
+    shim = ctypes.CDLL(str(_blas_shim.shim()))
+    rng = np.random.default_rng(9)
+    m, n, k = 150, 1100, 90
+    for ta, tb in ((False, False), (True, False), (True, True), (False, True)):
+        a = rng.standard_normal((k, m) if ta else (m, k), dtype=np.float32)
+        b = rng.standard_normal((n, k) if tb else (k, n), dtype=np.float32)
+        c0 = rng.standard_normal((m, n), dtype=np.float32)
+        results = []
+        for threads in (1, 2, 3):
+            c = c0.copy()
+            if _split_product(shim, a, b, c, threads, ta, tb, alpha=0.5, beta=2.0) is None:
+                pytest.skip("this shim was built without its kernel and pool")
+            results.append(c)
+        op_a = (a.T if ta else a).astype(np.float64)
+        op_b = (b.T if tb else b).astype(np.float64)
+        exact = 0.5 * op_a @ op_b + 2.0 * c0
+        scale = 0.5 * np.abs(op_a) @ np.abs(op_b) + 2.0 * np.abs(c0)
+        assert np.all(np.abs(results[0] - exact) <= 1e-6 * k * scale), (ta, tb)
+        assert all(np.array_equal(results[0], r) for r in results[1:]), (ta, tb)
+    import mlx.core as mx
+
+    a = rng.standard_normal((300, 200), dtype=np.float32)
+    b = rng.standard_normal((200, 700), dtype=np.float32)
+    got = np.array(mx.array(a) @ mx.array(b))
+    assert np.allclose(got, a.astype(np.float64) @ b.astype(np.float64), atol=1e-3)
+    got = np.array(mx.array(b).T @ mx.array(a).T)
+    assert np.allclose(got, (a.astype(np.float64) @ b.astype(np.float64)).T, atol=1e-3)
 
 
 FORK_PROBE = (
