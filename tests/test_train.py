@@ -316,11 +316,14 @@ def test_a_ctrl_c_mid_step_waits_for_the_step_and_resumes_alike(target, sequence
 
         cut.next_batch = signalled
         before = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+        # Python's own SIGINT handler, whatever this process inherited (a `&` job ignores it)
+        before_int = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             with pytest.raises(KeyboardInterrupt):
                 cut.run()
         finally:
             signal.signal(signal.SIGTERM, before)
+            signal.signal(signal.SIGINT, before_int)
         again = _trainer(target, sequences, folder, steps=12)
         assert again.try_resume() and again.step == 6  # the cut step whole
         again.run()

@@ -345,6 +345,8 @@ def main():
                 "blas_threads",
                 "blas_core",
                 "blas_kernel",
+                "blas_kernel_threads",
+                "blas_split",
                 "mlx",
                 "mlx_lm",
                 "device",
