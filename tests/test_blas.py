@@ -297,6 +297,43 @@ def test_the_avx2_kernel_runs_through_mlx_where_asked():
     assert out == {"same": True, "kernel": "avx2"}, (out, err)
 
 
+def _shared_by_threads(shim, product, cases, rounds=12):
+    """`product(a, b)` from 3 Python threads at once (they share one pool) gives each case's
+    `alone` result bit for bit."""
+    import threading
+
+    import numpy as np
+
+    failures = []
+
+    def many(seed):
+        for i in range(rounds):
+            a, b, alone = cases[(seed + i) % len(cases)]
+            if not np.array_equal(product(a, b), alone):
+                failures.append((seed, i))
+
+    workers = [threading.Thread(target=many, args=(s,), daemon=True) for s in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert not any(w.is_alive() for w in workers) and not failures, failures
+
+
+def _helpers_take_chunks(shim, product, case, helped):
+    """With two cores or more, the pool's helpers take chunks of `product` (not the caller
+    alone); on a busy machine a helper may take a while to run."""
+    import numpy as np
+
+    if len(os.sched_getaffinity(0)) < 2:
+        return
+    a, b, alone = case
+    deadline = time.monotonic() + 30
+    while shim.dflash2_pool_helper_chunks() == helped and time.monotonic() < deadline:
+        assert np.array_equal(product(a, b), alone)
+    assert shim.dflash2_pool_helper_chunks() > helped
+
+
 # (m, n, k) whose products are split into chunks over threads (n * k >= 2^16), with row
 # counts and sizes that are not multiples of the vector or chunk widths
 THREADS_CASES = [(1, 577, 300), (4, 1029, 333), (13, 4099, 70), (24, 700, 129), (2, 581, 513)]
@@ -311,7 +348,6 @@ def test_the_kernel_over_threads_gives_the_one_thread_products_bit_for_bit(level
     inside); products from several Python threads at once, which share one pool, too. With
     two cores or more, the pool's helpers do take chunks (not the caller alone)."""
     import ctypes
-    import threading
 
     import numpy as np
 
@@ -337,26 +373,9 @@ def test_the_kernel_over_threads_gives_the_one_thread_products_bit_for_bit(level
             _kernel_product(shim, level, a, b, out[:m, :n], threads=threads)
             assert np.array_equal(out[:m, :n], alone), (threads, alone.shape)
             assert np.all(out[:, n:] == 7.5) and np.all(out[m:] == 7.5), (threads, alone.shape)
-    failures = []
-
-    def many(seed):
-        for i in range(20):
-            a, b, alone = cases[(seed + i) % len(cases)]
-            if not np.array_equal(_kernel_product(shim, level, a, b, threads=2), alone):
-                failures.append((seed, i))
-
-    workers = [threading.Thread(target=many, args=(s,), daemon=True) for s in range(3)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=120)
-    assert not any(w.is_alive() for w in workers) and not failures, failures
-    if len(os.sched_getaffinity(0)) >= 2:  # on a busy machine a helper may take a while to run
-        a, b, alone = cases[2]
-        deadline = time.monotonic() + 30
-        while shim.dflash2_pool_helper_chunks() == helped and time.monotonic() < deadline:
-            assert np.array_equal(_kernel_product(shim, level, a, b, threads=2), alone)
-        assert shim.dflash2_pool_helper_chunks() > helped
+    two_threads = lambda a, b: _kernel_product(shim, level, a, b, threads=2)  # noqa: E731
+    _shared_by_threads(shim, two_threads, cases, rounds=20)
+    _helpers_take_chunks(shim, two_threads, cases[2], helped)
 
 
 def _split_product(shim, a, b, c=None, threads=1, ta=False, tb=True, alpha=1.0, beta=0.0):
@@ -395,7 +414,6 @@ def test_a_large_product_in_chunks_over_threads_is_the_same_at_any_thread_count(
     float32's rounding; A and B end at an unreadable page and C's rows are wider than n with
     sentinels (chunk edges stay inside). With two cores or more, helpers take chunks."""
     import ctypes
-    import threading
 
     import numpy as np
 
@@ -426,26 +444,9 @@ def test_a_large_product_in_chunks_over_threads_is_the_same_at_any_thread_count(
             _split_product(shim, a, b, out[:m, :n], threads=threads)
             assert np.array_equal(out[:m, :n], alone), (threads, alone.shape)
             assert np.all(out[:, n:] == 7.5) and np.all(out[m:] == 7.5), (threads, alone.shape)
-    failures = []
-
-    def many(seed):
-        for i in range(8):
-            a, b, alone = cases[(seed + i) % len(cases)]
-            if not np.array_equal(_split_product(shim, a, b, threads=2), alone):
-                failures.append((seed, i))
-
-    workers = [threading.Thread(target=many, args=(s,), daemon=True) for s in range(3)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=120)
-    assert not any(w.is_alive() for w in workers) and not failures, failures
-    if len(os.sched_getaffinity(0)) >= 2:  # on a busy machine a helper may take a while to run
-        a, b, alone = cases[1]
-        deadline = time.monotonic() + 30
-        while shim.dflash2_pool_helper_chunks() == helped and time.monotonic() < deadline:
-            assert np.array_equal(_split_product(shim, a, b, threads=2), alone)
-        assert shim.dflash2_pool_helper_chunks() > helped
+    two_threads = lambda a, b: _split_product(shim, a, b, threads=2)  # noqa: E731
+    _shared_by_threads(shim, two_threads, cases, rounds=8)
+    _helpers_take_chunks(shim, two_threads, cases[1], helped)
 
 
 @pytest.mark.skipif(not LINUX_X86, reason="the thread pool is x86-64 code in the Linux shim")
