@@ -30,12 +30,13 @@ from ._blas_shim import open_shim
 # and slower from about 32 (docs/results/smollm2-blas-kernel-ab.json); at 2 threads 1.0-3.3x
 # faster but for one shape at 8 and 24 rows (0.8x, 0.97x: smollm2-blas-kernel-threads.json).
 KERNEL_MAX_ROWS = 24
-# Where OpenBLAS runs one thread and the kernel two or more, products of more rows go to
-# OpenBLAS in chunks over the kernel's threads (the shim's split_threads: 1.8-1.9x OpenBLAS
-# alone at 24-512 rows on 2 cores), and the kernel at 2 threads stays ahead of that to 64 rows
-# (45 vs 59 ms a SmolLM2 forward's products at 24, 110 vs 122 at 64, behind from 96:
+# Where OpenBLAS runs one thread and the kernel two or more, the products the kernel does not
+# take go to OpenBLAS in chunks over the kernel's threads (the shim's split_threads: 1.8-1.9x
+# OpenBLAS alone at 24-512 rows on 2 cores), and the kernel at 2 threads stays ahead of that to
+# about 48 rows (45 vs 58 ms a SmolLM2 forward's products at 24, 84 vs 90 at 48, 106-109 vs
+# 111-114 at 64 but slower there on some shapes, behind from 96:
 # docs/results/smollm2-blas-split.json).
-KERNEL_MAX_ROWS_SPLIT = 64
+KERNEL_MAX_ROWS_SPLIT = 48
 _KERNEL_NAMES = {1: "avx2", 2: "avx512"}
 
 

@@ -341,14 +341,15 @@ static void skinny_threads(int level, int threads, int m, int n, int k, const fl
    which spin-wait and made a decode step 5x slower beside another busy process. The chunks
    depend on the shape alone, so the product is the same at any thread count and while the
    pool is busy. Row-major, ta and tb NO_TRANS or TRANS, legal strides. */
-#define SPLIT_CHUNKS 8        /* chunks of C's columns a product is cut into */
-#define SPLIT_MIN_ROWS 128    /* at least this many columns a chunk */
+#define SPLIT_CHUNKS 8           /* most chunks of C's columns a product is cut into */
+#define SPLIT_COLUMNS 128        /* a chunk per this many columns (even chunks: 257 -> 3) */
 #define SPLIT_MIN_WORK (1 << 22) /* m * n * k below this: OpenBLAS whole */
 static void split_threads(int threads, int ta, int tb, int m, int n, int k, float alpha,
                           const float *a, int lda, const float *b, int ldb, float beta, float *c,
                           int ldc) {
-  int rows = (n + SPLIT_CHUNKS - 1) / SPLIT_CHUNKS;
-  rows = rows < SPLIT_MIN_ROWS ? SPLIT_MIN_ROWS : (rows + 15) & ~15;
+  int chunks = (n + SPLIT_COLUMNS - 1) / SPLIT_COLUMNS;
+  chunks = chunks > SPLIT_CHUNKS ? SPLIT_CHUNKS : chunks;
+  int rows = ((n + chunks - 1) / chunks + 15) & ~15; /* columns a chunk, whole vectors */
   if ((double)m * n * k < SPLIT_MIN_WORK || n <= rows) {
     next_sgemm(ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;

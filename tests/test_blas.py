@@ -202,7 +202,7 @@ KERNEL_PROBE = (
     "ptr = ctypes.POINTER(ctypes.c_float)\n"
     "rng = np.random.default_rng(0); worst = 0.0; as_kernel = {}; as_split = {}\n"
     "N = 1029\n"  # rows of B: enough for a product to be split over threads
-    "for m in (1, 3, 4, 17, 24, 25, 40, 64, 65, 130):\n"  # the kernel's rows, OpenBLAS's beyond
+    "for m in (1, 3, 4, 17, 24, 25, 40, 48, 49, 130):\n"  # the kernel's rows, OpenBLAS's beyond
     "    a = rng.standard_normal((m, 333), dtype=np.float32)\n"
     "    w = rng.standard_normal((N, 333), dtype=np.float32)\n"
     "    got = np.array(mx.array(a) @ mx.array(w).T)\n"
@@ -231,7 +231,7 @@ def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opt
     kernel runs DFLASH2_BLAS_THREADS's count where it is set (OpenBLAS's too), else at least 2
     where there are 2 cores, whatever OPENBLAS_NUM_THREADS says (a dflash2 parent sets it).
     Where OpenBLAS runs one thread and the kernel more (the default on 2 cores), the kernel
-    takes up to 64 rows and larger products are OpenBLAS's in the shim's chunks."""
+    takes up to 48 rows and larger products are OpenBLAS's in the shim's chunks."""
     from dflash2_mlx import _blas_shim
 
     on, _ = probe({"DFLASH2_BLAS": "auto", "DFLASH2_BLAS_THREADS": "1"}, KERNEL_PROBE)
@@ -261,12 +261,12 @@ def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opt
     assert default["split"] == (cores >= 2) and not on["split"], (default, on)
     assert not two["split"], two  # OpenBLAS runs threads of its own
     for run in (on, two, default):
-        rows = 64 if run["split"] else 24
+        rows = 48 if run["split"] else 24
         assert run["rows"] == rows, run
         assert all(run["as_kernel"][m] for m in run["as_kernel"] if int(m) <= rows), run
         assert not any(run["as_kernel"][m] for m in run["as_kernel"] if int(m) > rows), run
         if run["split"]:
-            assert run["as_split"]["65"] and run["as_split"]["130"], run
+            assert run["as_split"]["49"] and run["as_split"]["130"], run
 
 
 @pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")

@@ -38,7 +38,10 @@ def main(out: str) -> None:
         gemm(101, 111, 112, m, n, k, one, _p(a), k, _p(w), k, zero, _p(c), n)
 
     def split(a, w, c):
-        shim.dflash2_split_sgemm(2, *_args(a, w, c))
+        m, n, k, pa, lda, pw, ldw, pc, ldc = _args(a, w, c)
+        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        done = shim.dflash2_split_sgemm(2, 111, 112, m, n, k, one, pa, lda, pw, ldw, zero, pc, ldc)
+        assert done == 0, done
 
     def kernel(a, w, c):
         shim.dflash2_skinny_sgemm(level, 2, *_args(a, w, c))
