@@ -397,7 +397,7 @@ def test_models_health_and_harmless_fields(url):
         "context_length": 4096,
         "default_max_tokens": 8,
         "max_queue": 8,
-        "max_batch": 4,
+        "max_batch": 8,
         "tool_calling": False,
         "thinking": None,
         "thinking_budget": None,
