@@ -117,7 +117,8 @@ def serve(
         "--max-batch",
         min=1,
         help="Requests generating together in one batched speculative loop (each exactly as "
-        "alone); 1: one at a time. Targets that cannot be batched run one at a time.",
+        "alone); 1: one at a time. Targets that cannot be batched run one at a time. Each holds "
+        "a KV cache as long as the longest in the batch: lower it where memory is short.",
     ),
     block: BlockOpt = None,
     no_spec: NoSpecOpt = False,

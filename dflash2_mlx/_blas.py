@@ -31,10 +31,10 @@ from ._blas_shim import open_shim
 # faster but for one shape at 8 and 24 rows (0.8x, 0.97x: smollm2-blas-kernel-threads.json).
 KERNEL_MAX_ROWS = 24
 # Where OpenBLAS runs one thread and the kernel two or more, the products the kernel does not
-# take go to OpenBLAS in chunks over the kernel's threads (the shim's split_threads: 1.8-1.9x
+# take go to OpenBLAS in chunks over the kernel's threads (the shim's split_threads: 1.8-1.95x
 # OpenBLAS alone at 24-512 rows on 2 cores), and the kernel at 2 threads stays ahead of that to
-# about 48 rows (45 vs 58 ms a SmolLM2 forward's products at 24, 84 vs 90 at 48, 106-109 vs
-# 111-114 at 64 but slower there on some shapes, behind from 96:
+# about 48 rows (45 vs 58 ms a SmolLM2 forward's products at 24, 84 vs 90 at 48, 106 vs 114 at
+# 64 but slower than the chunks on some weight shapes there, behind from 96:
 # docs/results/smollm2-blas-split.json).
 KERNEL_MAX_ROWS_SPLIT = 48
 _KERNEL_NAMES = {1: "avx2", 2: "avx512"}

@@ -190,8 +190,10 @@ class Pair:
     ) -> BatchDecoder:
         """A continuous-batching loop over this pair (engine/batch.py): `add` requests at any
         time (their params get `with_defaults`), `step` it; each returns what it returns alone.
-        `width_cost`: cost(rows, width) of a batched verify (settings.EngineSettings.width_cost,
-        from the autotune profile); None: the pair's `width_cost`."""
+        `max_batch`: requests generating together, each with a KV cache as long as the longest
+        running (lower it where memory is short). `width_cost`: cost(rows, width) of a batched
+        verify (settings.EngineSettings.width_cost, from the autotune profile); None: the
+        pair's `width_cost`."""
         width_cost = self.width_cost if width_cost is None else width_cost
         if width_cost is not None and not callable(width_cost):
             raise ParameterError(f"width_cost must be a callable or None, got {width_cost!r}")

@@ -78,8 +78,10 @@ from .quant import describe_quant, is_quantized, quant_signature, quantized_laye
 # Lookup-block candidates measured beyond the drafter's blocks (tokens verified per round).
 LOOKUP_WIDTHS = (4, 6, 8, 12, 16, 24, 32)
 # Row counts and widths of the batched engine's verify cost table (widths cut to those measured
-# for one row); the width rule interpolates between them (batch_costs.width_costs).
-BATCH_ROWS = (2, 4)
+# for one row); the width rule interpolates between them (batch_costs.width_costs). Up to the
+# server's default batch (defaults.MAX_BATCH): beyond 48 rows a product leaves the few-row
+# kernel on x86, so 8 rows do not cost what 2 and 4 extrapolate to.
+BATCH_ROWS = (2, 4, 8)
 BATCH_WIDTHS = MEASURED_WIDTHS  # the batch table's widths: the width rule compares them
 
 

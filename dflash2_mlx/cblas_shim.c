@@ -6,7 +6,7 @@
    One case is computed here instead: C = A @ B^T with few rows of A (row-major, alpha 1,
    beta 0) -- every linear layer of a decode step or a verify of a few tokens. OpenBLAS's gemm
    packs the whole weight B on each such call; this kernel streams each row of B once and
-   dots it with every row of A, so a product costs about one read of the weight at 1-24 rows.
+   dots it with every row of A, so a product costs about one read of the weight at a few rows.
    Where asked (split), the products it does not take go to OpenBLAS in chunks over the pool.
    Each output is summed in the same order whatever the number of rows (up to the cap), so a
    row's product does not depend on the rows beside it, nor on how many threads share the
@@ -182,7 +182,8 @@ static void skinny(int level, int m, int n, int k, const float *a, int lda, cons
 enum { FUTEX_WAIT_P = 0 | 128, FUTEX_WAKE_P = 1 | 128 };
 
 struct pool_job {
-  int level, m, n, k, lda, ldb, ldc, rows; /* level 0: OpenBLAS's gemm; rows: of B per chunk */
+  int level, m, n, k, lda, ldb, ldc, rows; /* level 0: OpenBLAS's gemm; rows of B (columns of C)
+                                             a chunk */
   const float *a, *b;
   float *c;
   int ta, tb; /* OpenBLAS's jobs: op(A) @ op(B) * alpha + C * beta */
@@ -349,12 +350,12 @@ static void split_threads(int threads, int ta, int tb, int m, int n, int k, floa
                           int ldc) {
   int chunks = (n + SPLIT_COLUMNS - 1) / SPLIT_COLUMNS;
   chunks = chunks > SPLIT_CHUNKS ? SPLIT_CHUNKS : chunks;
-  int rows = ((n + chunks - 1) / chunks + 15) & ~15; /* columns a chunk, whole vectors */
-  if ((double)m * n * k < SPLIT_MIN_WORK || n <= rows) {
+  int columns = ((n + chunks - 1) / chunks + 15) & ~15; /* a chunk's, whole vectors */
+  if ((double)m * n * k < SPLIT_MIN_WORK || n <= columns) {
     next_sgemm(ROW_MAJOR, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  struct pool_job job = {0, m, n, k, lda, ldb, ldc, rows, a, b, c, ta, tb, alpha, beta};
+  struct pool_job job = {0, m, n, k, lda, ldb, ldc, columns, a, b, c, ta, tb, alpha, beta};
   pool_run(job, threads);
 }
 

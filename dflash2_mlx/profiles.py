@@ -77,7 +77,6 @@ def device_key() -> str:
         key += f" {info.core}" if info.core else ""
         key += f" {info.kernel}" if info.kernel else ""
         key += f" x{info.kernel_threads}" if info.kernel_threads > 1 else ""
-        key += " split" if info.split else ""
     return key
 
 

@@ -280,11 +280,6 @@ def test_profile_is_stored_found_and_ignored_when_the_key_changes(
         monkeypatch.setattr(_blas, "info", lambda: more)
         assert f" avx2 x{info.kernel_threads + 2}" in profiles.device_key()
         assert A.recommended_block(llama_pair, "org/target", "org/drafter", root=root) is None
-        # and with larger products split over them or not
-        toggled = dataclasses.replace(info, split=not info.split)
-        monkeypatch.setattr(_blas, "info", lambda: toggled)
-        assert profiles.device_key().endswith(" split") == toggled.split
-        assert A.recommended_block(llama_pair, "org/target", "org/drafter", root=root) is None
         monkeypatch.setattr(_blas, "info", lambda: info)
     # The default root is cache_root()/autotune; a corrupt file counts as no profile.
     default = A.save_profile(profile)

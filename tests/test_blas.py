@@ -225,11 +225,12 @@ KERNEL_PROBE = (
 
 @pytest.mark.skipif(not LINUX_X86, reason="the few-row kernel is x86-64 code in the Linux shim")
 def test_mlx_products_go_through_the_kernel_at_any_thread_count_and_not_when_opted_out():
-    """MLX's products of up to 24 rows are the kernel's own, bit for bit, at one BLAS thread,
-    at two and by default (split over its pool there: the same sums whichever thread makes
-    them), none under DFLASH2_BLAS=openblas; all are right within float32's rounding. The
-    kernel runs DFLASH2_BLAS_THREADS's count where it is set (OpenBLAS's too), else at least 2
-    where there are 2 cores, whatever OPENBLAS_NUM_THREADS says (a dflash2 parent sets it).
+    """MLX's products of up to 24 rows (48 where it splits) are the kernel's own, bit for bit,
+    at one BLAS thread, at two and by default (split over its pool there: the same sums
+    whichever thread makes them), none under DFLASH2_BLAS=openblas; all are right within
+    float32's rounding. The kernel runs DFLASH2_BLAS_THREADS's count where it is set
+    (OpenBLAS's too), else at least 2 where there are 2 cores, whatever OPENBLAS_NUM_THREADS
+    says (a dflash2 parent sets it).
     Where OpenBLAS runs one thread and the kernel more (the default on 2 cores), the kernel
     takes up to 48 rows and larger products are OpenBLAS's in the shim's chunks."""
     from dflash2_mlx import _blas_shim
@@ -297,7 +298,7 @@ def test_the_avx2_kernel_runs_through_mlx_where_asked():
     assert out == {"same": True, "kernel": "avx2"}, (out, err)
 
 
-def _shared_by_threads(shim, product, cases, rounds=12):
+def _shared_by_threads(product, cases, rounds=12):
     """`product(a, b)` from 3 Python threads at once (they share one pool) gives each case's
     `alone` result bit for bit."""
     import threading
@@ -374,7 +375,7 @@ def test_the_kernel_over_threads_gives_the_one_thread_products_bit_for_bit(level
             assert np.array_equal(out[:m, :n], alone), (threads, alone.shape)
             assert np.all(out[:, n:] == 7.5) and np.all(out[m:] == 7.5), (threads, alone.shape)
     two_threads = lambda a, b: _kernel_product(shim, level, a, b, threads=2)  # noqa: E731
-    _shared_by_threads(shim, two_threads, cases, rounds=20)
+    _shared_by_threads(two_threads, cases, rounds=20)
     _helpers_take_chunks(shim, two_threads, cases[2], helped)
 
 
@@ -408,7 +409,7 @@ SPLIT_CASES = [(65, 1029, 333), (200, 4099, 70), (97, 2050, 129), (300, 130, 64)
 
 @pytest.mark.skipif(not LINUX_X86, reason="the thread pool is x86-64 code in the Linux shim")
 def test_a_large_product_in_chunks_over_threads_is_the_same_at_any_thread_count():
-    """OpenBLAS's gemm on chunks of B's rows, taken by the pool and the caller: the chunks
+    """OpenBLAS's gemm on chunks of C's columns, taken by the pool and the caller: the chunks
     depend on the shape alone, so the product is the same bit for bit at 1-5 threads and from
     several Python threads at once (a busy pool: the caller takes every chunk), right within
     float32's rounding; A and B end at an unreadable page and C's rows are wider than n with
@@ -445,7 +446,7 @@ def test_a_large_product_in_chunks_over_threads_is_the_same_at_any_thread_count(
             assert np.array_equal(out[:m, :n], alone), (threads, alone.shape)
             assert np.all(out[:, n:] == 7.5) and np.all(out[m:] == 7.5), (threads, alone.shape)
     two_threads = lambda a, b: _split_product(shim, a, b, threads=2)  # noqa: E731
-    _shared_by_threads(shim, two_threads, cases, rounds=8)
+    _shared_by_threads(two_threads, cases, rounds=8)
     _helpers_take_chunks(shim, two_threads, cases[1], helped)
 
 
