@@ -39,11 +39,9 @@ from .prefill import _Cancelled
 from .width import WidthRule
 from ..values import is_int
 
-# Requests verified together when the caller names no limit: on bandwidth-bound hardware a
-# verify over several rows costs little more than over one (docs/results/batch_*.json); on a
-# 2-core CPU, 8 clients got 106-111 tok/s and a median first token of 0.36-0.55 s at 8 against
-# 88-97 tok/s and 1.5-1.9 s at 4 (docs/results/smollm2-serve-max-batch-amd.json). Each row
-# holds its own KV cache: --max-batch lower where memory is short.
+# Requests verified together when the caller names no limit: 8 clients on a 2-core CPU got
+# 106-111 tok/s at 8 vs 88-97 at 4 (docs/results/smollm2-serve-max-batch-amd.json). Each row
+# holds its own KV cache: lower it where memory is short.
 DEFAULT_MAX_BATCH = defaults.MAX_BATCH
 # Prompt tokens a joining request prefills per step while others run. Measured on a 2-core
 # CPU (docs/results/smollm2-join-stall.json, a 2,000-token join): a running stream's longest
