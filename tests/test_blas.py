@@ -455,14 +455,15 @@ def test_every_layout_in_chunks_is_right_and_the_same_at_any_thread_count():
     """The products of a training step's backward pass (A @ B, Aᵀ @ B, Aᵀ @ Bᵀ, with alpha and
     beta): in chunks over 1-3 threads, the same bit for bit, right within float32's rounding,
     beta scaling what C held; MLX's own products of those layouts are right too."""
+    import ctypes
+
+    import mlx.core as mx
     import numpy as np
 
     from dflash2_mlx import _blas, _blas_shim
 
     if _blas.info().kernel is None:
         pytest.skip("no kernel on this machine (see the tests above for why)")
-    import ctypes
-
     shim = ctypes.CDLL(str(_blas_shim.shim()))
     rng = np.random.default_rng(9)
     m, n, k = 150, 1100, 90
@@ -482,8 +483,6 @@ def test_every_layout_in_chunks_is_right_and_the_same_at_any_thread_count():
         scale = 0.5 * np.abs(op_a) @ np.abs(op_b) + 2.0 * np.abs(c0)
         assert np.all(np.abs(results[0] - exact) <= 1e-6 * k * scale), (ta, tb)
         assert all(np.array_equal(results[0], r) for r in results[1:]), (ta, tb)
-    import mlx.core as mx
-
     a = rng.standard_normal((300, 200), dtype=np.float32)
     b = rng.standard_normal((200, 700), dtype=np.float32)
     got = np.array(mx.array(a) @ mx.array(b))
